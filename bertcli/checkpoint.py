@@ -1,0 +1,164 @@
+"""Checkpoints: atomic save, validated load, resume selection, pruning.
+
+A checkpoint is a folder `output_dir/checkpoints/step-NNNNNNN/` holding
+  model.safetensors    weights under Hugging Face BertForPreTraining key names (tied aliases left out)
+  config.yaml          the resolved run config
+  training_state.pt    optimizer and grad-scaler state; loads with torch.load(weights_only=True)
+  trainer_state.json   step, tokens seen, last metrics (what `inspect` reads, no torch needed)
+It is written into a temporary folder and renamed into place, so a folder named step-* is
+always complete. The RNG needs no saved state: every step reseeds from (seed, step).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import safetensors
+import safetensors.torch
+import torch
+import yaml
+from torch import nn
+
+from bertcli import __version__, atomic
+from bertcli.config import Config, config_from_dict, to_dict, to_yaml
+from bertcli.errors import RunError, UsageError
+from bertcli.model import TIED_ALIASES
+
+FORMAT_VERSION = 1
+FILES = ("model.safetensors", "config.yaml", "training_state.pt", "trainer_state.json")
+STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+def checkpoints_dir(output_dir: Path) -> Path:
+    return Path(output_dir) / "checkpoints"
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:07d}"
+
+
+def is_checkpoint(path: Path) -> bool:
+    return path.is_dir() and all((path / name).is_file() for name in FILES)
+
+
+def list_checkpoints(output_dir: Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints in output_dir, oldest first."""
+    root = checkpoints_dir(output_dir)
+    if not root.is_dir():
+        return []
+    found = []
+    for child in root.iterdir():
+        match = STEP_DIR.match(child.name)
+        if match and is_checkpoint(child):
+            found.append((int(match.group(1)), child))
+    return sorted(found)
+
+
+def weights_to_save(model: nn.Module) -> dict[str, torch.Tensor]:
+    """state_dict() without the tied aliases, as contiguous CPU tensors (what safetensors needs)."""
+    return {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items() if k not in TIED_ALIASES}
+
+
+def save(output_dir: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
+         scaler: torch.amp.GradScaler, cfg: Config, trainer_state: dict[str, Any], keep_last: int) -> Path:
+    """Write checkpoint `step` atomically and prune all but the newest `keep_last`."""
+    root = checkpoints_dir(output_dir)
+    final = root / step_dir_name(step)
+    with atomic.folder(final) as tmp:
+        safetensors.torch.save_file(weights_to_save(model), tmp / "model.safetensors",
+                                    metadata={"format": "pt", "producer": f"bertcli {__version__}"})
+        (tmp / "config.yaml").write_text(to_yaml(cfg, f"Resolved config of the run, saved at step {step}."))
+        torch.save({"optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(), "step": step},
+                   tmp / "training_state.pt")
+        state = {"format_version": FORMAT_VERSION, "bertcli_version": __version__, "step": step,
+                 "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **trainer_state}
+        (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2) + "\n")
+        for name in FILES:
+            atomic.fsync_path(tmp / name)
+    for _, old in list_checkpoints(output_dir)[:-keep_last]:
+        atomic.remove_folder(old)
+    return final
+
+
+def read_config(path: Path) -> Config:
+    """The resolved config stored in a checkpoint folder."""
+    raw = yaml.safe_load((Path(path) / "config.yaml").read_text(encoding="utf-8"))
+    return config_from_dict(raw or {}, str(Path(path) / "config.yaml"))
+
+
+def read_trainer_state(path: Path) -> dict[str, Any]:
+    return json.loads((Path(path) / "trainer_state.json").read_text(encoding="utf-8"))
+
+
+def load_weights(model: nn.Module, path: Path) -> None:
+    """Load model.safetensors into `model`, strictly: every key present, every shape right."""
+    file = Path(path) / "model.safetensors"
+    try:
+        weights = safetensors.torch.load_file(file)
+    except (safetensors.SafetensorError, OSError, ValueError) as exc:
+        raise RunError(f"{file}: cannot read weights ({exc}); the file is damaged: resume from another checkpoint") from None
+    expected = {k: v.shape for k, v in model.state_dict().items() if k not in TIED_ALIASES}
+    missing = sorted(set(expected) - set(weights))
+    unexpected = sorted(set(weights) - set(expected))
+    wrong = sorted(k for k in set(expected) & set(weights) if tuple(weights[k].shape) != tuple(expected[k]))
+    if missing or unexpected or wrong:
+        parts = []
+        if missing:
+            parts.append(f"{len(missing)} missing (e.g. {missing[0]})")
+        if unexpected:
+            parts.append(f"{len(unexpected)} unexpected (e.g. {unexpected[0]})")
+        if wrong:
+            k = wrong[0]
+            parts.append(f"{len(wrong)} of another shape (e.g. {k}: {tuple(weights[k].shape)} vs {tuple(expected[k])})")
+        raise UsageError(f"{file}: weights do not fit this model: {'; '.join(parts)}")
+    model.load_state_dict(weights, strict=False)  # the tied aliases follow their targets
+
+
+def load_training_state(path: Path, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+                        device: torch.device) -> int:
+    """Restore optimizer and scaler; return the step. Never unpickles arbitrary objects."""
+    file = Path(path) / "training_state.pt"
+    try:
+        state = torch.load(file, map_location=device, weights_only=True)
+    except Exception as exc:  # weights_only refuses anything but tensors and plain containers
+        raise RunError(f"{file}: cannot load training state ({str(exc).splitlines()[0]})") from None
+    optimizer.load_state_dict(state["optimizer"])
+    if state.get("scaler"):
+        scaler.load_state_dict(state["scaler"])
+    return int(state["step"])
+
+
+def model_differences(a: Config, b: Config) -> list[str]:
+    """Model fields that differ between two configs, as 'model.key: a vs b'."""
+    da, db = to_dict(a)["model"], to_dict(b)["model"]
+    return [f"model.{k}={da[k]!r} in the checkpoint vs {db[k]!r} in the config" for k in da if da[k] != db[k]]
+
+
+def choose_resume(output_dir: Path, resume: str, cfg: Config) -> Path | None:
+    """The checkpoint to resume from (None = start fresh), per --resume auto|never|PATH."""
+    found = list_checkpoints(output_dir)
+    if resume == "never":
+        if found:
+            raise UsageError(f"{checkpoints_dir(output_dir)} already holds {len(found)} checkpoint(s) and --resume never "
+                             "was given; use --resume auto to continue, or another output_dir to start fresh")
+        return None
+    if resume == "auto":
+        if not found:
+            return None
+        path = found[-1][1]
+    else:
+        path = Path(resume)
+        if not path.exists():
+            raise UsageError(f"--resume {resume}: no such checkpoint folder")
+        if not is_checkpoint(path):
+            missing = [name for name in FILES if not (path / name).is_file()]
+            raise UsageError(f"--resume {resume}: not a complete checkpoint (missing {', '.join(missing)})")
+    diffs = model_differences(read_config(path), cfg)
+    if diffs:
+        raise UsageError(f"cannot resume from {path}: {'; '.join(diffs)}; to start fresh, set output_dir to a new "
+                         f"folder (or remove {checkpoints_dir(output_dir)})")
+    return path

@@ -1,0 +1,179 @@
+"""The `bertcli` command line: parse, call one function, map errors to exit codes.
+
+Data goes to stdout; logs, progress and errors go to stderr. Exit codes: 0 success,
+2 usage/config/input errors, 1 run-time errors, 130 interrupted. An error is one line
+(`bertcli: error: ...`), with a traceback only under `--debug` (accepted anywhere).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+try:  # Typer >= 0.2x runs on its own vendored copy of Click: catch that one's exceptions
+    from typer import _click as click
+except ImportError:  # older Typer uses the click package
+    import click
+
+from bertcli import __version__
+from bertcli.errors import BertcliError, UsageError
+
+app = typer.Typer(
+    name="bertcli",
+    help="Pretrain BERT encoders and put them to use.",
+    context_settings={"help_option_names": ["-h", "--help"]},
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+class Preset(str, Enum):
+    tiny = "tiny"
+    small = "small"
+    base = "base"
+    large = "large"
+
+
+def err(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+class PipeClosed(Exception):
+    """The reader of stdout went away (`| head`). Not an OSError, so Typer lets it through to main()."""
+
+
+def out(text: str) -> None:
+    """Write data to stdout; a closed pipe ends the command quietly with exit 0."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        raise PipeClosed from None
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"bertcli {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks on errors (accepted anywhere on the line)."),
+) -> None:
+    """Pretrain BERT encoders and put them to use: init -> pretrain -> inspect."""
+
+
+SET_HELP = "Override a config value, e.g. --set train.max_steps=200 (repeatable; values are YAML scalars)."
+
+
+@app.command()
+def init(
+    directory: Path = typer.Argument(..., help="Folder to create; config.yaml is written inside it."),
+    preset: Preset = typer.Option(Preset.tiny, "--preset", "-p", help="tiny (d2l textbook sizes), small, base (BERT-base) or large (BERT-large)."),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing config.yaml."),
+    overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
+) -> None:
+    """Scaffold a run: write DIRECTORY/config.yaml from a preset, every field commented."""
+    from bertcli import atomic
+    from bertcli.config import preset_config, preset_header, to_yaml
+
+    cfg = preset_config(preset.value, overrides)
+    path = directory / "config.yaml"
+    if path.exists() and not force:
+        raise UsageError(f"{path} already exists; pass --force to overwrite it, or choose another folder")
+    if directory.exists() and not directory.is_dir():
+        raise UsageError(f"{directory} exists and is not a folder")
+    directory.mkdir(parents=True, exist_ok=True)
+    atomic.write_text(path, to_yaml(cfg, preset_header(preset.value)))
+    m = cfg.model
+    err(f"wrote {path} (preset {preset.value}: {m.num_hidden_layers} layers, hidden {m.hidden_size}, "
+        f"{m.num_attention_heads} heads, sequences of {cfg.data.max_seq_length})")
+    err(f"next: bertcli pretrain --config {path}")
+
+
+DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
+
+
+@app.command()
+def pretrain(
+    config: Path = typer.Option(..., "--config", "-c", help="The run's config.yaml (see `bertcli init`)."),
+    overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
+    resume: str = typer.Option("auto", "--resume", help="auto (newest checkpoint in output_dir, if any), never, or a checkpoint folder."),
+    device: Optional[str] = typer.Option(None, "--device", help="auto, cpu, cuda or cuda:N (overrides train.device)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output; errors and the final summary only."),
+) -> None:
+    """Pretrain BERT (MLM + NSP) as the config says, resuming from the newest checkpoint."""
+    from bertcli.config import load_config
+    from bertcli.trainer import pretrain as run
+
+    if device is not None and not DEVICE.match(device):
+        raise UsageError(f"--device {device!r}: expected auto, cpu, cuda or cuda:N")
+    cfg = load_config(config, overrides + ([f"train.device={device}"] if device else []))
+    result = run(cfg, config, resume=resume, quiet=quiet)
+    metrics = result["metrics"]
+    shown = ", ".join(f"{k} {metrics[k]:.4g}" for k in ("mlm_loss", "mlm_acc", "nsp_acc") if k in metrics)
+    err(f"done: step {result['step']:,}, {result['tokens_seen']:,} tokens seen{'; ' + shown if shown else ''}")
+    err(f"checkpoint: {result['checkpoint']}")
+    err(f"next: bertcli inspect {config.parent}")
+
+
+@app.command("inspect")
+def inspect_command(
+    path: Path = typer.Argument(..., help="A config file, a run folder or a checkpoint folder."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
+) -> None:
+    """Explain a config, a run or a checkpoint: sizes, parameters, FLOPs, progress, checkpoints."""
+    from bertcli.summary import format_report, inspect_path
+
+    report = inspect_path(path)
+    out(json.dumps(report) if as_json else format_report(report))
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args or bool(os.environ.get("BERTCLI_DEBUG"))
+    args = [a for a in args if a != "--debug"]
+    command = typer.main.get_command(app)
+    try:
+        code = command.main(args, prog_name="bertcli", standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as exc:
+        err(exc.ctx.get_help() if exc.ctx else "usage: bertcli COMMAND --help")
+        code = 2
+    except click.exceptions.UsageError as exc:
+        hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx else ""
+        err(f"bertcli: error: {exc.format_message()}{hint}")
+        code = 2
+    except click.exceptions.ClickException as exc:
+        err(f"bertcli: error: {exc.format_message()}")
+        code = exc.exit_code
+    except (typer.Abort, KeyboardInterrupt):
+        err("bertcli: interrupted")
+        code = 130
+    except BertcliError as exc:
+        if debug:
+            raise
+        for problem in exc.problems:
+            err(f"bertcli: error: {problem}")
+        code = exc.exit_code
+    except PipeClosed:
+        # The reader of our stdout went away: not an error. Point stdout at /dev/null so the
+        # interpreter's final flush does not complain.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        code = 0
+    except Exception as exc:  # noqa: BLE001  a bug or an unexpected failure: still one line
+        if debug:
+            raise
+        err(f"bertcli: error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} "
+            "(run again with --debug for the traceback)")
+        code = 1
+    sys.exit(code if isinstance(code, int) else 0)

@@ -1,0 +1,578 @@
+"""Run configuration: typed nested dataclasses, presets, strict YAML loading, `--set`, validation.
+
+Precedence: dataclass defaults < YAML file < `--set section.key=value` overrides.
+Every field carries a docstring (the string literal under it); `bertcli init` writes those
+as one-line YAML comments, and `field_docs()` is how the rest of the code reads them.
+Loading is strict: unknown keys, wrong types and impossible values are all collected and
+reported together, one line each, as a `UsageError` (exit 2).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import inspect
+import math
+import typing
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from bertcli.errors import UsageError
+
+HiddenAct = Literal["gelu", "gelu_new", "gelu_pytorch_tanh", "relu"]
+
+
+@dataclass
+class ModelConfig:
+    """The architecture; field names and meanings are Hugging Face `BertConfig`'s."""
+
+    vocab_size: int = 30522
+    """Number of token ids the embeddings and the MLM decoder cover."""
+    hidden_size: int = 768
+    """Width of the embeddings and of every encoder layer."""
+    num_hidden_layers: int = 12
+    """Number of transformer encoder layers."""
+    num_attention_heads: int = 12
+    """Attention heads per layer; must divide hidden_size."""
+    intermediate_size: int = 3072
+    """Width of the feed-forward block inside each layer."""
+    hidden_act: HiddenAct = "gelu"
+    """Activation of the feed-forward block and the MLM head (relu = the d2l textbook)."""
+    hidden_dropout_prob: float = 0.1
+    """Dropout on embeddings and on every residual branch."""
+    attention_probs_dropout_prob: float = 0.1
+    """Dropout on the attention weights."""
+    max_position_embeddings: int = 512
+    """Longest sequence the learned position embeddings cover."""
+    type_vocab_size: int = 2
+    """Number of segment ids (2: sentence A and sentence B)."""
+    initializer_range: float = 0.02
+    """Standard deviation of the normal initialisation of weights."""
+    layer_norm_eps: float = 1e-12
+    """Epsilon of every LayerNorm."""
+    pad_token_id: int = 0
+    """Token id of [PAD]."""
+
+
+@dataclass
+class SyntheticConfig:
+    """A generated corpus with learnable structure: a seeded random Markov chain over the vocabulary."""
+
+    num_documents: int = 2000
+    """Documents in the generated corpus."""
+    min_sentences: int = 2
+    """Fewest sentences (segments) per document."""
+    max_sentences: int = 12
+    """Most sentences (segments) per document."""
+    min_sentence_length: int = 4
+    """Fewest tokens per sentence."""
+    max_sentence_length: int = 24
+    """Most tokens per sentence."""
+    branching: int = 4
+    """Successors each token can have in the chain (fewer = easier to learn)."""
+    num_topics: int = 64
+    """Vocabulary bands; each document stays in one (makes random next sentences detectable)."""
+    seed: int = 1234
+    """Seed of the generated corpus (independent of train.seed)."""
+
+
+@dataclass
+class DataConfig:
+    """Where examples come from and how BERT examples (pairs + masks) are built."""
+
+    source: Literal["synthetic"] = "synthetic"
+    """Corpus: synthetic (generated Markov-chain documents)."""
+    max_seq_length: int = 128
+    """Tokens per example, [CLS] and both [SEP] included."""
+    masked_lm_prob: float = 0.15
+    """Share of non-special tokens chosen for MLM prediction."""
+    max_predictions_per_seq: int = 20
+    """Cap on the number of chosen tokens per example."""
+    mask_token_prob: float = 0.8
+    """Of the chosen tokens, the share replaced by [MASK]."""
+    random_token_prob: float = 0.1
+    """Of the chosen tokens, the share replaced by a random token (the rest stay unchanged)."""
+    random_next_prob: float = 0.5
+    """Probability that sentence B comes from another document (NSP label 1)."""
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+    """Settings of the synthetic corpus (used when source is synthetic)."""
+
+
+@dataclass
+class TrainConfig:
+    """The training loop."""
+
+    seed: int = 42
+    """Seed of initialisation, data order, masks and dropout."""
+    max_steps: int = 1_000_000
+    """Optimizer steps to train for."""
+    batch_size: int = 32
+    """Examples per micro-batch on each device."""
+    grad_accum_steps: int = 1
+    """Micro-batches accumulated per optimizer step."""
+    mlm_weight: float = 1.0
+    """Weight of the masked-LM loss in the total loss."""
+    nsp_weight: float = 1.0
+    """Weight of the next-sentence loss in the total loss (0 turns NSP off)."""
+    max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this value (0 = no clipping)."""
+    device: str = "auto"
+    """Where to train: auto (CUDA when available), cpu, cuda or cuda:N."""
+
+
+@dataclass
+class OptimizerConfig:
+    """AdamW and its learning-rate schedule."""
+
+    lr: float = 1e-4
+    """Peak learning rate, reached at the end of warm-up."""
+    weight_decay: float = 0.01
+    """Decoupled weight decay (never applied to biases and LayerNorm weights)."""
+    beta1: float = 0.9
+    """AdamW beta1."""
+    beta2: float = 0.999
+    """AdamW beta2."""
+    eps: float = 1e-6
+    """AdamW epsilon."""
+    schedule: Literal["linear", "cosine", "constant"] = "linear"
+    """Decay after warm-up: linear, cosine or constant."""
+    warmup_steps: int = 10_000
+    """Steps of linear warm-up from 0 to lr."""
+    min_lr_ratio: float = 0.0
+    """Learning rate at the last step, as a share of lr."""
+
+
+@dataclass
+class PrecisionConfig:
+    """Numeric precision of the training step."""
+
+    mode: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    """auto = bf16 on GPUs that support it, fp16 + loss scaling on older GPUs, fp32 on CPU."""
+    allow_tf32: bool = True
+    """Let CUDA use TF32 matrix units for fp32 matrix products."""
+    fp16_init_scale: float = 65536.0
+    """Initial loss scale of the fp16 gradient scaler."""
+
+
+@dataclass
+class CheckpointConfig:
+    """When checkpoints are written and how many are kept."""
+
+    save_every: int = 1000
+    """Write a checkpoint every N steps (and always at the end)."""
+    keep_last: int = 3
+    """Keep only the newest N checkpoints."""
+
+
+@dataclass
+class LoggingConfig:
+    """Metrics: metrics.jsonl, TensorBoard and the progress line."""
+
+    log_every: int = 10
+    """Log metrics every N steps (the only steps that wait for the GPU)."""
+    tensorboard: bool = True
+    """Write TensorBoard event files to output_dir/tensorboard/."""
+
+
+@dataclass
+class Config:
+    """A whole run."""
+
+    output_dir: str = "."
+    """Folder for checkpoints, TensorBoard logs and metrics.jsonl, relative to the config file."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The architecture."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """The corpus and example construction."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """The training loop."""
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    """AdamW and the learning-rate schedule."""
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    """Mixed precision."""
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """Checkpointing."""
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    """Logging."""
+
+
+# Presets: overrides on top of the defaults. Only what differs from the defaults is listed.
+PRESETS: dict[str, dict[str, Any]] = {
+    # The d2l textbook's BERT: 2 layers, hidden 128, 2 heads, FFN 256, sequences of 64.
+    "tiny": {
+        "model": {"vocab_size": 1024, "hidden_size": 128, "num_hidden_layers": 2,
+                  "num_attention_heads": 2, "intermediate_size": 256},
+        "data": {"max_seq_length": 64, "max_predictions_per_seq": 10},
+        "train": {"max_steps": 1000, "batch_size": 64},
+        "optimizer": {"lr": 3e-3, "warmup_steps": 30},
+        "checkpoint": {"save_every": 100},
+    },
+    "small": {
+        "model": {"hidden_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8,
+                  "intermediate_size": 2048},
+        "train": {"max_steps": 100_000, "batch_size": 64, "grad_accum_steps": 4},
+        "optimizer": {"lr": 5e-4, "warmup_steps": 2_000},
+    },
+    # BERT-base and BERT-large at sequence 128 with the global batch of the paper (256).
+    "base": {
+        "train": {"batch_size": 64, "grad_accum_steps": 4},
+    },
+    "large": {
+        "model": {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16,
+                  "intermediate_size": 4096},
+        "train": {"batch_size": 32, "grad_accum_steps": 8},
+    },
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Field docs and types
+
+
+@cache
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring under each field of dataclass `cls` (attribute docstrings, read from source)."""
+    tree = ast.parse(inspect.getsource(cls))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs: dict[str, str] = {}
+    for stmt, nxt in zip(body, body[1:]):
+        if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
+                and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
+                and isinstance(nxt.value.value, str)):
+            docs[stmt.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+@cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) is Literal:
+        return "|".join(str(a) for a in typing.get_args(tp))
+    return {int: "int", float: "float", str: "str", bool: "bool"}.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def _check_value(value: Any, tp: Any) -> tuple[Any, str | None]:
+    """Return (value converted to type tp, None) or (None, what is wrong)."""
+    got = f"{value!r} ({type(value).__name__})"
+    if typing.get_origin(tp) is Literal:
+        choices = typing.get_args(tp)
+        if value in choices:
+            return value, None
+        return None, f"must be one of {', '.join(map(str, choices))}; got {value!r}"
+    if tp is bool:
+        return (value, None) if isinstance(value, bool) else (None, f"expected true or false, got {got}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value, None
+        number = _as_float(value)  # accept 1e6 and 1.0e+6 for whole numbers
+        if number is not None and math.isfinite(number) and number.is_integer():
+            return int(number), None
+        return None, f"expected an integer, got {got}"
+    if tp is float:
+        number = _as_float(value)  # YAML 1.1 reads `1e-4` as a string: accept it as a number
+        return (number, None) if number is not None else (None, f"expected a number, got {got}")
+    if tp is str:
+        return (value, None) if isinstance(value, str) else (None, f"expected a string, got {got}")
+    raise TypeError(f"unsupported config type {tp!r}")
+
+
+def _as_float(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+@cache
+def _all_paths(cls: type, prefix: str = "") -> tuple[str, ...]:
+    """Every leaf key path of dataclass cls, e.g. ('output_dir', 'model.vocab_size', ...)."""
+    paths: list[str] = []
+    for f in dataclasses.fields(cls):
+        tp = _hints(cls)[f.name]
+        path = f"{prefix}{f.name}"
+        paths += _all_paths(tp, path + ".") if dataclasses.is_dataclass(tp) else [path]
+    return tuple(paths)
+
+
+def _closest(name: str, options: list[str]) -> str:
+    match = difflib.get_close_matches(name, options, n=1, cutoff=0.5)
+    return f"; did you mean '{match[0]}'?" if match else f"; valid keys: {', '.join(options)}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Building configs from nested dicts
+
+
+def _build(cls: type, raw: Any, path: str, errors: list[str], origin: dict[str, str]) -> Any:
+    """Build dataclass `cls` from nested dict `raw`, appending every problem to `errors`."""
+    where = lambda p: f"{origin.get(p, origin.get('', 'config'))}: {p}"  # noqa: E731
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        errors.append(f"{where(path or '(top level)')}: expected a mapping of keys, got {raw!r}")
+        return cls()
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs: dict[str, Any] = {}
+    for key, value in raw.items():
+        sub = f"{path}.{key}" if path else str(key)
+        if key not in names:
+            section = f"section '{path}'" if path else "the top level"
+            elsewhere = [p for p in _all_paths(Config) if p.rsplit(".", 1)[-1] == key]
+            hint = f"; it belongs in '{elsewhere[0]}'" if elsewhere else _closest(str(key), names)
+            errors.append(f"{where(sub)}: unknown key in {section}{hint}")
+            continue
+        tp = _hints(cls)[key]
+        if dataclasses.is_dataclass(tp):
+            kwargs[key] = _build(tp, value, sub, errors, origin)
+            continue
+        converted, problem = _check_value(value, tp)
+        if problem:
+            errors.append(f"{where(sub)}: {problem}")
+        else:
+            kwargs[key] = converted
+    return cls(**kwargs)
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def parse_overrides(overrides: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Turn `["model.hidden_size=256", ...]` into a nested dict, and each path's origin label."""
+    nested: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise UsageError(f"--set {item!r}: expected section.key=value, for example --set train.max_steps=200")
+        try:
+            value = yaml.safe_load(text) if text.strip() else ""
+        except yaml.YAMLError as exc:
+            raise UsageError(f"--set {item!r}: the value is not a YAML scalar ({exc.problem})") from None
+        node = nested
+        parts = key.split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise UsageError(f"--set {item!r}: '{part}' is set both as a value and as a section")
+            node = child
+        node[parts[-1]] = value
+        origin[key] = "--set"
+    return nested, origin
+
+
+def preset_dict(name: str) -> dict[str, Any]:
+    if name not in PRESETS:
+        raise UsageError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+    return PRESETS[name]
+
+
+def build_config(raw: dict[str, Any], origin: dict[str, str]) -> Config:
+    """Build and validate a Config from a nested dict; raise UsageError listing every problem."""
+    errors: list[str] = []
+    cfg = _build(Config, raw, "", errors, origin)
+    if not errors:  # value checks only make sense once every field has the right type
+        errors += [f"{origin.get(p, origin.get('', 'config'))}: {p}: {msg}" for p, msg in validate(cfg)]
+    if errors:
+        raise UsageError(*errors)
+    return cfg
+
+
+def preset_config(name: str, overrides: list[str] | None = None) -> Config:
+    extra, origin = parse_overrides(overrides or [])
+    return build_config(_merge(preset_dict(name), extra), {"": f"preset {name}", **origin})
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """Read a YAML mapping, turning every way it can fail into one UsageError line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"{path}: config file not found; create one with `bertcli init DIR --preset tiny`") from None
+    except IsADirectoryError:
+        raise UsageError(f"{path}: is a folder; pass the config file inside it (e.g. {path / 'config.yaml'})") from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{path}: not UTF-8 text (byte {exc.start}); is this a config file?") from None
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise UsageError(f"{path}: malformed YAML{at}: {problem}") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise UsageError(f"{path}: expected a mapping of sections (model:, data:, train: ...), got {type(raw).__name__}")
+    return raw
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
+    """defaults < YAML file < --set overrides, strictly checked."""
+    path = Path(path)
+    raw = read_yaml(path)
+    extra, origin = parse_overrides(overrides or [])
+    return build_config(_merge(raw, extra), {"": str(path), **origin})
+
+
+def config_from_dict(raw: dict[str, Any], source: str) -> Config:
+    return build_config(raw, {"": source})
+
+
+def resolve_output_dir(cfg: Config, config_path: Path | None) -> Path:
+    """output_dir, relative to the config file's folder."""
+    out = Path(cfg.output_dir).expanduser()
+    if not out.is_absolute():
+        base = config_path.resolve().parent if config_path else Path.cwd()
+        out = base / out
+    return out
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation of values (types are already right here)
+
+
+def validate(cfg: Config) -> list[tuple[str, str]]:
+    """Every impossible value in cfg as (path, message)."""
+    problems: list[tuple[str, str]] = []
+
+    def need(ok: bool, path: str, message: str) -> None:
+        if not ok:
+            problems.append((path, message))
+
+    m, d, t, o = cfg.model, cfg.data, cfg.train, cfg.optimizer
+    need(m.vocab_size >= 8, "model.vocab_size", f"must be at least 8 (5 special tokens and some words), got {m.vocab_size}")
+    need(m.hidden_size >= 1, "model.hidden_size", f"must be positive, got {m.hidden_size}")
+    need(m.num_hidden_layers >= 1, "model.num_hidden_layers", f"must be at least 1, got {m.num_hidden_layers}")
+    need(m.num_attention_heads >= 1, "model.num_attention_heads", f"must be at least 1, got {m.num_attention_heads}")
+    if m.hidden_size >= 1 and m.num_attention_heads >= 1:
+        need(m.hidden_size % m.num_attention_heads == 0, "model.hidden_size",
+             f"{m.hidden_size} is not divisible by model.num_attention_heads={m.num_attention_heads}")
+    need(m.intermediate_size >= 1, "model.intermediate_size", f"must be positive, got {m.intermediate_size}")
+    for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+        value = getattr(m, name)
+        need(0.0 <= value < 1.0, f"model.{name}", f"must be in [0, 1), got {value}")
+    need(m.max_position_embeddings >= 1, "model.max_position_embeddings", f"must be positive, got {m.max_position_embeddings}")
+    need(m.type_vocab_size >= 2, "model.type_vocab_size", f"must be at least 2 (segments A and B), got {m.type_vocab_size}")
+    need(m.initializer_range > 0, "model.initializer_range", f"must be positive, got {m.initializer_range}")
+    need(m.layer_norm_eps > 0, "model.layer_norm_eps", f"must be positive, got {m.layer_norm_eps}")
+    need(0 <= m.pad_token_id < m.vocab_size, "model.pad_token_id", f"must be a token id below vocab_size={m.vocab_size}, got {m.pad_token_id}")
+
+    need(d.max_seq_length >= 5, "data.max_seq_length", f"must be at least 5 ([CLS] A [SEP] B [SEP]), got {d.max_seq_length}")
+    need(d.max_seq_length <= m.max_position_embeddings, "data.max_seq_length",
+         f"{d.max_seq_length} is above model.max_position_embeddings={m.max_position_embeddings}")
+    need(0.0 < d.masked_lm_prob < 1.0, "data.masked_lm_prob", f"must be in (0, 1), got {d.masked_lm_prob}")
+    need(d.max_predictions_per_seq >= 1, "data.max_predictions_per_seq", f"must be at least 1, got {d.max_predictions_per_seq}")
+    for name in ("mask_token_prob", "random_token_prob", "random_next_prob"):
+        value = getattr(d, name)
+        need(0.0 <= value <= 1.0, f"data.{name}", f"must be in [0, 1], got {value}")
+    need(d.mask_token_prob + d.random_token_prob <= 1.0 + 1e-9, "data.random_token_prob",
+         f"data.mask_token_prob + data.random_token_prob must be at most 1, got {d.mask_token_prob + d.random_token_prob}")
+    s = d.synthetic
+    need(s.num_documents >= 2, "data.synthetic.num_documents", f"must be at least 2 (random next sentences come from another document), got {s.num_documents}")
+    need(1 <= s.min_sentences <= s.max_sentences, "data.synthetic.min_sentences",
+         f"need 1 <= min_sentences <= max_sentences, got {s.min_sentences} and {s.max_sentences}")
+    need(1 <= s.min_sentence_length <= s.max_sentence_length, "data.synthetic.min_sentence_length",
+         f"need 1 <= min_sentence_length <= max_sentence_length, got {s.min_sentence_length} and {s.max_sentence_length}")
+    need(s.branching >= 1, "data.synthetic.branching", f"must be at least 1, got {s.branching}")
+    need(s.num_topics >= 1, "data.synthetic.num_topics", f"must be at least 1, got {s.num_topics}")
+
+    need(t.max_steps >= 1, "train.max_steps", f"must be at least 1, got {t.max_steps}")
+    need(t.batch_size >= 1, "train.batch_size", f"must be at least 1, got {t.batch_size}")
+    need(t.grad_accum_steps >= 1, "train.grad_accum_steps", f"must be at least 1, got {t.grad_accum_steps}")
+    need(t.mlm_weight >= 0, "train.mlm_weight", f"must not be negative, got {t.mlm_weight}")
+    need(t.nsp_weight >= 0, "train.nsp_weight", f"must not be negative, got {t.nsp_weight}")
+    need(t.mlm_weight > 0 or t.nsp_weight > 0, "train.mlm_weight", "train.mlm_weight and train.nsp_weight are both 0: nothing to learn")
+    need(t.max_grad_norm >= 0, "train.max_grad_norm", f"must not be negative (0 = no clipping), got {t.max_grad_norm}")
+    need(t.device in ("auto", "cpu", "cuda") or (t.device.startswith("cuda:") and t.device[5:].isdigit()),
+         "train.device", f"must be auto, cpu, cuda or cuda:N, got {t.device!r}")
+
+    need(o.lr > 0, "optimizer.lr", f"must be positive, got {o.lr}")
+    need(o.weight_decay >= 0, "optimizer.weight_decay", f"must not be negative, got {o.weight_decay}")
+    need(0 <= o.beta1 < 1, "optimizer.beta1", f"must be in [0, 1), got {o.beta1}")
+    need(0 <= o.beta2 < 1, "optimizer.beta2", f"must be in [0, 1), got {o.beta2}")
+    need(o.eps > 0, "optimizer.eps", f"must be positive, got {o.eps}")
+    need(o.warmup_steps >= 0, "optimizer.warmup_steps", f"must not be negative, got {o.warmup_steps}")
+    need(0 <= o.min_lr_ratio <= 1, "optimizer.min_lr_ratio", f"must be in [0, 1], got {o.min_lr_ratio}")
+
+    need(cfg.precision.fp16_init_scale > 0, "precision.fp16_init_scale", f"must be positive, got {cfg.precision.fp16_init_scale}")
+    need(cfg.checkpoint.save_every >= 1, "checkpoint.save_every", f"must be at least 1, got {cfg.checkpoint.save_every}")
+    need(cfg.checkpoint.keep_last >= 1, "checkpoint.keep_last", f"must be at least 1, got {cfg.checkpoint.keep_last}")
+    need(cfg.logging.log_every >= 1, "logging.log_every", f"must be at least 1, got {cfg.logging.log_every}")
+    for name in ("mlm_weight", "nsp_weight", "max_grad_norm"):
+        need(math.isfinite(getattr(t, name)), f"train.{name}", "must be a finite number")
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing YAML
+
+
+def _scalar(value: Any) -> str:
+    """A value as a YAML scalar that reads back as the same Python value."""
+    text = yaml.safe_dump(value, default_flow_style=True, width=10_000)
+    return text.removesuffix("\n...\n").strip()
+
+
+def to_yaml(cfg: Config, header: str = "", comments: bool = True) -> str:
+    """The config as YAML: every field, each with a one-line comment (meaning, type, default)."""
+    lines = [f"# {line}" if line else "#" for line in header.splitlines()]
+    if lines:
+        lines.append("")
+
+    def emit(obj: Any, indent: int) -> None:
+        cls = type(obj)
+        docs, defaults = field_docs(cls), cls()
+        for f in dataclasses.fields(cls):
+            value = getattr(obj, f.name)
+            pad = "  " * indent
+            if dataclasses.is_dataclass(value):
+                if comments:
+                    lines.append(f"{pad}# {docs.get(f.name, '')}")
+                lines.append(f"{pad}{f.name}:")
+                emit(value, indent + 1)
+                if indent == 0:
+                    lines.append("")
+                continue
+            if comments:
+                tp = _type_name(_hints(cls)[f.name])
+                lines.append(f"{pad}# {docs.get(f.name, '')} ({tp}, default {_scalar(getattr(defaults, f.name))})")
+            lines.append(f"{pad}{f.name}: {_scalar(value)}")
+            if indent == 0:
+                lines.append("")
+
+    emit(cfg, 0)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def preset_header(name: str) -> str:
+    return (f"bertcli run configuration, preset '{name}'. Written by `bertcli init`; edit freely.\n"
+            "Precedence: defaults < this file < `--set section.key=value` on the command line.\n"
+            "Each comment gives the meaning, the type and the default (the value used when a key is left out).")

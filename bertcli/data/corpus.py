@@ -1,0 +1,112 @@
+"""The corpus abstraction: documents made of segments (sentences) of token ids.
+
+A corpus is three flat arrays, the layout prepared shards use on disk too:
+  tokens       (N,)    token ids of every segment, back to back
+  seg_offsets  (S+1,)  segment s is tokens[seg_offsets[s]:seg_offsets[s+1]]
+  doc_offsets  (D+1,)  document d is segments doc_offsets[d]..doc_offsets[d+1]-1
+so a corpus can live in memory (synthetic) or in memory-mapped files without changing
+the example builder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from bertcli.config import SyntheticConfig
+from bertcli.errors import UsageError
+
+
+@dataclass(frozen=True)
+class SpecialTokens:
+    """Ids of the special tokens; bertcli's own vocabularies put them first (0..4)."""
+
+    pad: int = 0
+    unk: int = 1
+    cls: int = 2
+    sep: int = 3
+    mask: int = 4
+
+    @property
+    def first_regular_id(self) -> int:
+        """Random replacement tokens are drawn from [first_regular_id, vocab_size)."""
+        return max(self.pad, self.unk, self.cls, self.sep, self.mask) + 1
+
+
+@dataclass
+class Corpus:
+    tokens: np.ndarray
+    seg_offsets: np.ndarray
+    doc_offsets: np.ndarray
+    vocab_size: int
+    special: SpecialTokens
+
+    @property
+    def num_documents(self) -> int:
+        return len(self.doc_offsets) - 1
+
+    @property
+    def num_segments(self) -> int:
+        return len(self.seg_offsets) - 1
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.seg_offsets[-1])
+
+    def segment(self, s: int) -> np.ndarray:
+        return self.tokens[self.seg_offsets[s]:self.seg_offsets[s + 1]]
+
+    def document_of_segment(self) -> np.ndarray:
+        """(S,) the document each segment belongs to."""
+        return np.repeat(np.arange(self.num_documents), np.diff(self.doc_offsets))
+
+
+def synthetic_corpus(cfg: SyntheticConfig, vocab_size: int, special: SpecialTokens = SpecialTokens()) -> Corpus:
+    """Documents from a seeded random Markov chain, with structure a small BERT can learn.
+
+    The regular vocabulary is cut into `num_topics` bands; each document stays in one band
+    (so a random next sentence from another document is usually detectable: NSP is learnable),
+    and each token has `branching` possible successors with falling probabilities (so masked
+    tokens are predictable from their neighbours: MLM is learnable). The chain runs on across
+    sentence boundaries inside a document, so B really continues A.
+    """
+    rng = np.random.default_rng(cfg.seed)
+    low = special.first_regular_id
+    regular = vocab_size - low
+    if regular < 2:
+        raise UsageError(f"model.vocab_size={vocab_size} leaves no room for regular tokens after the special ones")
+    num_topics = max(1, min(cfg.num_topics, regular // max(2, cfg.branching)))
+    band = regular // num_topics
+    # successors[t] = `branching` token ids drawn from t's own band.
+    ids = np.arange(vocab_size)
+    topic_of = np.clip((ids - low) // band, 0, num_topics - 1)
+    successors = low + topic_of[:, None] * band + rng.integers(0, band, size=(vocab_size, cfg.branching))
+    weights = 1.0 / np.arange(1, cfg.branching + 1)
+    weights /= weights.sum()
+
+    sentences_per_doc = rng.integers(cfg.min_sentences, cfg.max_sentences + 1, size=cfg.num_documents)
+    lengths = rng.integers(cfg.min_sentence_length, cfg.max_sentence_length + 1, size=int(sentences_per_doc.sum()))
+    tokens = np.empty(int(lengths.sum()), dtype=np.int64)
+    picks = rng.choice(cfg.branching, size=len(tokens), p=weights)
+    doc_starts = np.concatenate([[0], np.cumsum(lengths)])[np.concatenate([[0], np.cumsum(sentences_per_doc)])[:-1]]
+    first = low + rng.integers(0, num_topics, size=cfg.num_documents) * band + rng.integers(0, band, size=cfg.num_documents)
+    starts = set(doc_starts.tolist())
+    doc = 0
+    current = 0
+    for i in range(len(tokens)):  # ~200k steps for the defaults: well under a second
+        if i in starts:
+            current = int(first[doc])
+            doc += 1
+        else:
+            current = int(successors[current, picks[i]])
+        tokens[i] = current
+
+    dtype = np.uint16 if vocab_size <= np.iinfo(np.uint16).max + 1 else np.uint32
+    return Corpus(
+        tokens=tokens.astype(dtype),
+        seg_offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+        doc_offsets=np.concatenate([[0], np.cumsum(sentences_per_doc)]).astype(np.int64),
+        vocab_size=vocab_size,
+        special=special,
+    )

@@ -1,0 +1,30 @@
+"""The two kinds of failure a user can see, and the exit codes they map to.
+
+Everything the user can fix (a flag, a config value, an input file) is a `UsageError`
+(exit 2); everything that goes wrong while doing the work is a `RunError` (exit 1).
+The CLI prints `str(error)` as one line on stderr, with no traceback unless `--debug`.
+"""
+
+from __future__ import annotations
+
+
+class BertcliError(Exception):
+    """Base class: a message meant for the user, one line per problem."""
+
+    exit_code = 1
+
+    def __init__(self, *problems: str) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = list(problems)
+
+
+class UsageError(BertcliError):
+    """A bad flag, config or input: the user must change something (exit 2)."""
+
+    exit_code = 2
+
+
+class RunError(BertcliError):
+    """Something failed while working (exit 1)."""
+
+    exit_code = 1

@@ -1,0 +1,274 @@
+"""BERT for pretraining: an encoder plus the masked-LM and next-sentence heads, in one model.
+
+The design is d2l's (BERTEncoder + MaskLM + NextSentencePred; the MLM head gathers the
+predicted positions first, so it only runs where there is something to predict), built the
+way the original BERT was (LayerNorm after the embeddings, post-LN blocks, biases everywhere,
+GELU, an MLM head of dense -> act -> LayerNorm -> decoder tied to the word embeddings).
+Modules carry Hugging Face's names, so `state_dict()` keys equal `BertForPreTraining`'s,
+including the two tied aliases `cls.predictions.decoder.weight` and `cls.predictions.decoder.bias`.
+
+Architecture only: no device, dtype or rank decisions live here.
+Shapes: B batch, T sequence length, H hidden size, P prediction slots per example, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Callable, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bertcli.config import ModelConfig
+
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "gelu": F.gelu,  # exact (erf) GELU, as in Google BERT and HF "gelu"
+    "gelu_new": partial(F.gelu, approximate="tanh"),
+    "gelu_pytorch_tanh": partial(F.gelu, approximate="tanh"),
+    "relu": F.relu,  # the d2l textbook's choice
+}
+
+# In state_dict() but not stored in weight files: aliases of other parameters (tied weights).
+TIED_ALIASES = {
+    "cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
+    "cls.predictions.decoder.bias": "cls.predictions.bias",
+}
+
+
+class BertEmbeddings(nn.Module):
+    """Sum of token, segment and learned position embeddings, then LayerNorm and dropout."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.word_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size, padding_idx=cfg.pad_token_id)
+        self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
+        self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
+        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+
+    def forward(self, tokens: torch.Tensor, segments: torch.Tensor) -> torch.Tensor:
+        T = tokens.shape[1]
+        x = self.word_embeddings(tokens) + self.token_type_embeddings(segments)  # (B, T, H)
+        x = x + self.position_embeddings.weight[:T]  # positions 0..T-1, broadcast over B
+        return self.dropout(self.LayerNorm(x))
+
+
+class BertSelfAttention(nn.Module):
+    """Multi-head self-attention through scaled_dot_product_attention (flash/efficient kernels)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.num_heads = cfg.num_attention_heads
+        self.head_dim = cfg.hidden_size // cfg.num_attention_heads
+        self.query = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.key = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.dropout_p = cfg.attention_probs_dropout_prob
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+        B, T, H = x.shape
+        split = lambda t: t.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # noqa: E731  (B, nh, T, hd)
+        q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
+                                             dropout_p=self.dropout_p if self.training else 0.0)
+        return out.transpose(1, 2).reshape(B, T, H)
+
+
+class BertSelfOutput(nn.Module):
+    """Output projection of attention, dropout, residual, then LayerNorm (post-LN)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+
+    def forward(self, hidden: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.dropout(self.dense(hidden)) + residual)
+
+
+class BertAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.self = BertSelfAttention(cfg)
+        self.output = BertSelfOutput(cfg)
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+        return self.output(self.self(x, attn_mask), x)
+
+
+class BertIntermediate(nn.Module):
+    """First half of the feed-forward block: H -> intermediate_size, then the activation."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
+        self.act = ACTIVATIONS[cfg.hidden_act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.dense(x))
+
+
+class BertOutput(nn.Module):
+    """Second half of the feed-forward block: back to H, dropout, residual, LayerNorm."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
+        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+
+    def forward(self, hidden: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.dropout(self.dense(hidden)) + residual)
+
+
+class BertLayer(nn.Module):
+    """One post-LN transformer encoder block."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.attention = BertAttention(cfg)
+        self.intermediate = BertIntermediate(cfg)
+        self.output = BertOutput(cfg)
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+        x = self.attention(x, attn_mask)
+        return self.output(self.intermediate(x), x)
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.layer = nn.ModuleList(BertLayer(cfg) for _ in range(cfg.num_hidden_layers))
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+        for layer in self.layer:
+            x = layer(x, attn_mask)
+        return x
+
+
+class BertPooler(nn.Module):
+    """The tanh hidden layer over the [CLS] representation (input of the NSP classifier)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+
+    def forward(self, encoded: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.dense(encoded[:, 0]))  # (B, H)
+
+
+def padding_mask(valid_lens: torch.Tensor, T: int) -> torch.Tensor:
+    """Key-padding mask for SDPA: True where a key may be attended. (B,) -> (B, 1, 1, T)."""
+    keep = torch.arange(T, device=valid_lens.device)[None, :] < valid_lens[:, None]  # (B, T)
+    return keep[:, None, None, :]
+
+
+class BertModel(nn.Module):
+    """d2l's BERTEncoder: embeddings, the encoder stack and the pooler."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.embeddings = BertEmbeddings(cfg)
+        self.encoder = BertEncoder(cfg)
+        self.pooler = BertPooler(cfg)
+
+    def forward(self, tokens: torch.Tensor, segments: torch.Tensor,
+                valid_lens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        mask = None if valid_lens is None else padding_mask(valid_lens, tokens.shape[1])
+        encoded = self.encoder(self.embeddings(tokens, segments), mask)  # (B, T, H)
+        return encoded, self.pooler(encoded)
+
+
+class BertPredictionHeadTransform(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.act = ACTIVATIONS[cfg.hidden_act]
+        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.act(self.dense(x)))
+
+
+class BertLMPredictionHead(nn.Module):
+    """d2l's MaskLM: transform, then a decoder tied to the word embeddings plus its own bias."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.transform = BertPredictionHeadTransform(cfg)
+        self.decoder = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)  # weight tied by the parent
+        self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
+        self.decoder.bias = self.bias  # HF's alias: the key cls.predictions.decoder.bias exists too
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.transform(x))  # (..., V)
+
+
+class BertPreTrainingHeads(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.predictions = BertLMPredictionHead(cfg)
+        self.seq_relationship = nn.Linear(cfg.hidden_size, 2)  # d2l's NextSentencePred
+
+
+class PretrainingOutput(NamedTuple):
+    encoded: torch.Tensor  # (B, T, H) last layer
+    mlm_logits: torch.Tensor  # (B, P, V) at pred_positions, or (B, T, V) when none are given
+    nsp_logits: torch.Tensor  # (B, 2); class 0 = "B follows A"
+
+
+class BertForPreTraining(nn.Module):
+    """The whole pretraining model; weights map one-to-one onto HF's BertForPreTraining."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.bert = BertModel(cfg)
+        self.cls = BertPreTrainingHeads(cfg)
+        self.apply(self._init_weights)
+        self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """BERT's initialisation: normal(0, initializer_range) weights, zero biases, unit LayerNorm."""
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.padding_idx is not None:
+                with torch.no_grad():
+                    module.weight[module.padding_idx].zero_()
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+        elif isinstance(module, BertLMPredictionHead):
+            nn.init.zeros_(module.bias)
+
+    def forward(self, tokens: torch.Tensor, segments: torch.Tensor, valid_lens: torch.Tensor | None = None,
+                pred_positions: torch.Tensor | None = None) -> PretrainingOutput:
+        encoded, pooled = self.bert(tokens, segments, valid_lens)
+        if pred_positions is not None:
+            # Gather the P predicted positions first so the MLM head (and its V-wide decoder)
+            # only runs there; P is fixed per batch, so shapes stay static.
+            index = pred_positions[..., None].expand(-1, -1, encoded.shape[-1])  # (B, P, H)
+            to_predict = encoded.gather(1, index)
+        else:
+            to_predict = encoded
+        mlm_logits = self.cls.predictions(to_predict)
+        nsp_logits = self.cls.seq_relationship(pooled)
+        return PretrainingOutput(encoded, mlm_logits, nsp_logits)
+
+
+def flops_per_token(cfg: ModelConfig, seq_len: float, pred_share: float) -> float:
+    """Training FLOPs (forward + backward = 3x forward, 2 per multiply-add) per token.
+
+    Matrix products only: per layer 4H^2 (Q, K, V, output) + 2*H*I (feed-forward) weights, the
+    attention scores and values 2*H*s per token, and the MLM head (H^2 + V*H) at the share of
+    tokens predicted. With I = 4H this is issue #5's 72*L*H^2 + 12*L*H*s + 6*p*(H^2 + V*H).
+    """
+    H, L, I, V = cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size, cfg.vocab_size
+    return 6 * L * (4 * H * H + 2 * H * I) + 12 * L * H * seq_len + 6 * pred_share * (H * H + V * H)

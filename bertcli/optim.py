@@ -1,0 +1,43 @@
+"""AdamW parameter groups and the learning-rate schedule.
+
+The schedule is a pure function of the step, so resuming needs no scheduler state.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from bertcli.config import OptimizerConfig
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Biases and LayerNorm weights get no weight decay (as in Google BERT)."""
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():  # tied weights appear once
+        if not param.requires_grad:
+            continue
+        (no_decay if name.endswith("bias") or "LayerNorm" in name else decay).append(param)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def build_optimizer(model: nn.Module, cfg: OptimizerConfig, fused: bool = False) -> torch.optim.AdamW:
+    """AdamW; `fused` (one kernel for all parameters) is for CUDA."""
+    return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
+                             eps=cfg.eps, fused=fused or None)
+
+
+def lr_at(step: int, cfg: OptimizerConfig, max_steps: int) -> float:
+    """Learning rate of optimizer step `step` (0-based): linear warm-up, then the chosen decay."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    if cfg.schedule == "constant" or max_steps <= cfg.warmup_steps:
+        return cfg.lr
+    progress = min(1.0, (step - cfg.warmup_steps) / max(1, max_steps - 1 - cfg.warmup_steps))  # 0 -> 1
+    if cfg.schedule == "linear":
+        factor = 1.0 - progress
+    else:  # cosine
+        factor = 0.5 * (1.0 + math.cos(math.pi * progress))
+    return cfg.lr * (cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * factor)

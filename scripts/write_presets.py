@@ -1,0 +1,18 @@
+"""Regenerate configs/<preset>.yaml from the code: exactly what `bertcli init --preset NAME` writes.
+
+    python scripts/write_presets.py
+
+tests/test_config.py fails when the two drift apart.
+"""
+
+from pathlib import Path
+
+from bertcli import atomic
+from bertcli.config import PRESETS, preset_config, preset_header, to_yaml
+
+if __name__ == "__main__":
+    folder = Path(__file__).resolve().parents[1] / "configs"
+    folder.mkdir(exist_ok=True)
+    for name in PRESETS:
+        atomic.write_text(folder / f"{name}.yaml", to_yaml(preset_config(name), preset_header(name)))
+        print(f"wrote {folder / name}.yaml")

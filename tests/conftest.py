@@ -1,0 +1,72 @@
+"""Shared test helpers: a micro config that trains in a second, and an in-process CLI runner."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bertcli.cli import main
+from bertcli.config import Config, preset_config, preset_header, to_yaml
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Small enough that a training step takes a few milliseconds on a laptop CPU.
+MICRO = [
+    "model.vocab_size=128", "model.hidden_size=32", "model.num_hidden_layers=2", "model.num_attention_heads=2",
+    "model.intermediate_size=64", "model.max_position_embeddings=64", "data.max_seq_length=32",
+    "data.max_predictions_per_seq=5", "data.synthetic.num_documents=100", "data.synthetic.num_topics=4",
+    "train.batch_size=8", "train.max_steps=12", "optimizer.warmup_steps=2", "logging.log_every=4",
+    "checkpoint.save_every=4", "checkpoint.keep_last=2",
+]
+
+
+def micro_config(*overrides: str) -> Config:
+    return preset_config("tiny", MICRO + list(overrides))
+
+
+def write_config(folder: Path, *overrides: str) -> Path:
+    """A micro run config written the way `bertcli init` writes one."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "config.yaml"
+    path.write_text(to_yaml(micro_config(*overrides), preset_header("tiny")))
+    return path
+
+
+def read_yaml(path: Path) -> dict:
+    return yaml.safe_load(path.read_text())
+
+
+class CliResult:
+    def __init__(self, code: int, out: str, err: str) -> None:
+        self.code, self.out, self.err = code, out, err
+
+    @property
+    def err_lines(self) -> list[str]:
+        return [line for line in self.err.splitlines() if line.strip()]
+
+
+@pytest.fixture
+def cli(capsys):
+    """Run `bertcli ARGS...` in this process; returns exit code, stdout and stderr."""
+
+    def run(*args: str) -> CliResult:
+        capsys.readouterr()
+        try:
+            main([str(a) for a in args])
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        captured = capsys.readouterr()
+        return CliResult(code, captured.out, captured.err)
+
+    return run
+
+
+def run_process(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    """Run `python -m bertcli ARGS...` as a real process."""
+    return subprocess.run([sys.executable, "-m", "bertcli", *map(str, args)], capture_output=True, text=True,
+                          cwd=kwargs.pop("cwd", REPO), timeout=kwargs.pop("timeout", 120), **kwargs)

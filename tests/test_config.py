@@ -1,0 +1,148 @@
+"""Config: presets vs configs/, docs on every field, strict loading, --set, validation."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from bertcli.config import (PRESETS, Config, field_docs, load_config, parse_overrides, preset_config, to_dict,
+                            to_yaml, validate)
+from bertcli.errors import UsageError
+from conftest import REPO, write_config
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_configs_folder_equals_what_init_writes(preset, tmp_path, cli):
+    result = cli("init", tmp_path / preset, "--preset", preset)
+    assert result.code == 0, result.err
+    written = (tmp_path / preset / "config.yaml").read_text()
+    assert written == (REPO / "configs" / f"{preset}.yaml").read_text(), \
+        f"configs/{preset}.yaml drifted from `bertcli init --preset {preset}`; regenerate it with scripts/write_presets.py"
+    assert load_config(tmp_path / preset / "config.yaml") == preset_config(preset)
+
+
+def test_preset_sizes_are_the_documented_ones():
+    sizes = {name: preset_config(name).model for name in PRESETS}
+    shape = lambda m: (m.num_hidden_layers, m.hidden_size, m.num_attention_heads, m.intermediate_size)  # noqa: E731
+    assert shape(sizes["tiny"]) == (2, 128, 2, 256) and preset_config("tiny").data.max_seq_length == 64
+    assert shape(sizes["small"]) == (4, 512, 8, 2048)
+    assert shape(sizes["base"]) == (12, 768, 12, 3072) and sizes["base"].vocab_size == 30522
+    assert shape(sizes["large"]) == (24, 1024, 16, 4096) and sizes["large"].vocab_size == 30522
+    assert all(preset_config(name).data.max_seq_length == 128 for name in ("small", "base", "large"))
+
+
+def _sections(obj=None):
+    """Config and every nested section class."""
+    obj = obj if obj is not None else Config()
+    yield type(obj)
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            yield from _sections(value)
+
+
+def test_every_field_has_a_docstring_and_every_line_of_yaml_a_comment():
+    for cls in set(_sections()):
+        docs = field_docs(cls)
+        missing = [f.name for f in dataclasses.fields(cls) if not docs.get(f.name)]
+        assert not missing, f"{cls.__name__} fields without a docstring: {missing}"
+    lines = to_yaml(preset_config("tiny")).splitlines()
+    for i, line in enumerate(lines):
+        if line.strip() and not line.lstrip().startswith("#"):
+            assert lines[i - 1].lstrip().startswith("#"), f"no comment above {line!r}"
+            if not line.rstrip().endswith(":"):  # a value line: its comment gives type and default
+                assert "default" in lines[i - 1], lines[i - 1]
+
+
+def test_precedence_defaults_then_yaml_then_set(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text("train:\n  max_steps: 5\n  batch_size: 3\noptimizer:\n  lr: 1e-4\n")
+    cfg = load_config(path, ["train.max_steps=7"])
+    assert cfg.train.max_steps == 7  # --set beats YAML
+    assert cfg.train.batch_size == 3  # YAML beats default
+    assert cfg.train.seed == Config().train.seed  # default when absent
+    assert cfg.optimizer.lr == pytest.approx(1e-4)  # YAML 1.1 reads 1e-4 as a string: still a number
+
+
+def test_unknown_keys_name_section_and_closest_key(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text("model:\n  hidden_sze: 64\ntrian:\n  seed: 1\ntrain:\n  lr: 0.1\n")
+    with pytest.raises(UsageError) as info:
+        load_config(path)
+    problems = info.value.problems
+    assert len(problems) == 3  # all reported at once
+    assert any("model.hidden_sze" in p and "section 'model'" in p and "did you mean 'hidden_size'" in p for p in problems)
+    assert any("trian" in p and "did you mean 'train'" in p for p in problems)
+    assert any("train.lr" in p and "optimizer.lr" in p for p in problems)
+    assert all(p.startswith(str(path)) for p in problems)
+
+
+def test_wrong_types_are_reported(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text("model:\n  hidden_size: big\n  hidden_act: swish\nlogging:\n  tensorboard: maybe\ntrain: 3\n")
+    with pytest.raises(UsageError) as info:
+        load_config(path)
+    text = "\n".join(info.value.problems)
+    assert "model.hidden_size: expected an integer, got 'big'" in text
+    assert "model.hidden_act: must be one of gelu" in text
+    assert "logging.tensorboard: expected true or false" in text
+    assert "train: expected a mapping" in text
+    assert len(info.value.problems) == 4
+
+
+@pytest.mark.parametrize("overrides, needle", [
+    (["model.hidden_size=100", "model.num_attention_heads=3"], "not divisible by model.num_attention_heads=3"),
+    (["data.max_seq_length=600"], "above model.max_position_embeddings=512"),
+    (["data.masked_lm_prob=0"], "data.masked_lm_prob: must be in (0, 1)"),
+    (["data.masked_lm_prob=1.0"], "data.masked_lm_prob: must be in (0, 1)"),
+    (["train.mlm_weight=-1"], "train.mlm_weight: must not be negative"),
+    (["train.mlm_weight=0", "train.nsp_weight=0"], "both 0"),
+    (["data.mask_token_prob=0.9", "data.random_token_prob=0.2"], "at most 1"),
+    (["checkpoint.keep_last=0"], "checkpoint.keep_last: must be at least 1"),
+    (["train.device=gpu"], "train.device: must be auto, cpu, cuda or cuda:N"),
+])
+def test_impossible_values(overrides, needle):
+    with pytest.raises(UsageError) as info:
+        preset_config("tiny", overrides)
+    assert any(needle in p for p in info.value.problems), info.value.problems
+
+
+def test_valid_presets_have_no_problems():
+    for name in PRESETS:
+        assert validate(preset_config(name)) == []
+
+
+@pytest.mark.parametrize("item, needle", [
+    ("train.max_steps", "expected section.key=value"),
+    ("=3", "expected section.key=value"),
+    ("train..seed=1", "expected section.key=value"),
+    ("train.seed=[1, 2", "not a YAML scalar"),
+])
+def test_bad_set_syntax(item, needle):
+    with pytest.raises(UsageError, match=None) as info:
+        parse_overrides([item])
+    assert needle in str(info.value)
+
+
+def test_set_values_are_yaml_scalars_and_bad_values_name_set():
+    cfg = preset_config("tiny", ["logging.tensorboard=false", "train.max_steps=1e3", "optimizer.schedule=cosine"])
+    assert cfg.logging.tensorboard is False and cfg.train.max_steps == 1000 and cfg.optimizer.schedule == "cosine"
+    with pytest.raises(UsageError) as info:
+        preset_config("tiny", ["train.max_steps=many"])
+    assert info.value.problems == ["--set: train.max_steps: expected an integer, got 'many' (str)"]
+
+
+def test_malformed_yaml_names_line(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text("model:\n  hidden_size: [1, 2\n")
+    with pytest.raises(UsageError) as info:
+        load_config(path)
+    assert "malformed YAML at line" in str(info.value) and str(path) in str(info.value)
+
+
+def test_round_trip_through_yaml(tmp_path):
+    path = write_config(tmp_path, "optimizer.lr=1.5e-3", "model.layer_norm_eps=1e-7")
+    cfg = load_config(path)
+    assert cfg.optimizer.lr == 1.5e-3 and cfg.model.layer_norm_eps == 1e-7
+    assert to_dict(load_config(path)) == to_dict(cfg)

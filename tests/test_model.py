@@ -1,0 +1,118 @@
+"""Model: Hugging Face key names and numerics, parameter counts, gathered MLM head, padding mask."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from bertcli.config import ModelConfig, preset_config
+from bertcli.model import TIED_ALIASES, BertForPreTraining, flops_per_token
+from bertcli.summary import parameter_counts
+
+transformers = pytest.importorskip("transformers")
+
+SMALL = ModelConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
+                    max_position_embeddings=40)
+
+
+def hf_model(cfg: ModelConfig):
+    config = transformers.BertConfig(**dataclasses.asdict(cfg), attn_implementation="sdpa")
+    return transformers.BertForPreTraining(config)
+
+
+def random_inputs(cfg: ModelConfig, B: int = 4, T: int = 16, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(5, cfg.vocab_size, (B, T), generator=g)
+    valid_lens = torch.tensor([T, T - 3, 7, 5][:B])
+    segments = (torch.arange(T)[None, :] >= (valid_lens[:, None] // 2)).long()
+    return tokens, segments, valid_lens
+
+
+def test_state_dict_keys_and_shapes_equal_hugging_face():
+    ours = BertForPreTraining(SMALL).state_dict()
+    theirs = hf_model(SMALL).state_dict()
+    assert list(ours) == list(theirs)
+    assert all(ours[k].shape == theirs[k].shape for k in ours)
+    assert set(TIED_ALIASES) <= set(ours)
+
+
+@pytest.mark.parametrize("act", ["gelu", "relu", "gelu_new"])
+def test_logits_equal_hugging_face_with_our_weights(act):
+    cfg = dataclasses.replace(SMALL, hidden_act=act)
+    torch.manual_seed(0)
+    ours = BertForPreTraining(cfg).eval()
+    theirs = hf_model(cfg).eval()
+    theirs.load_state_dict(ours.state_dict(), strict=True)
+    tokens, segments, valid_lens = random_inputs(cfg)
+    attention_mask = (torch.arange(tokens.shape[1])[None, :] < valid_lens[:, None]).long()
+    with torch.no_grad():
+        out = ours(tokens, segments, valid_lens)
+        ref = theirs(input_ids=tokens, token_type_ids=segments, attention_mask=attention_mask)
+    for row, n in enumerate(valid_lens.tolist()):  # padded positions are don't-care in both
+        torch.testing.assert_close(out.mlm_logits[row, :n], ref.prediction_logits[row, :n], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.nsp_logits, ref.seq_relationship_logits, rtol=1e-5, atol=1e-5)
+
+
+def test_decoder_is_tied_to_word_embeddings():
+    model = BertForPreTraining(SMALL)
+    assert model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
+    assert model.cls.predictions.decoder.bias is model.cls.predictions.bias
+
+
+@pytest.mark.parametrize("preset, expected", [("base", 110_106_428), ("large", 336_226_108)])
+def test_parameter_counts_equal_hugging_face(preset, expected):
+    cfg = preset_config(preset).model
+    counts = parameter_counts(cfg)
+    assert counts["total"] == expected  # the issue's figure for BertForPreTraining, 30,522 tokens
+    with torch.device("meta"):
+        hf = hf_model(cfg)
+    assert counts["total"] == hf.num_parameters()
+    assert counts["total"] == sum(v for k, v in counts.items() if k != "total")
+    assert counts["nsp_head"] == 2 * cfg.hidden_size + 2
+    assert counts["pooler"] == cfg.hidden_size ** 2 + cfg.hidden_size
+
+
+def test_mlm_head_runs_only_at_gathered_positions():
+    torch.manual_seed(0)
+    model = BertForPreTraining(SMALL).eval()
+    tokens, segments, valid_lens = random_inputs(SMALL)
+    positions = torch.tensor([[1, 3, 0], [2, 2, 0], [6, 1, 0], [4, 0, 0]])
+    with torch.no_grad():
+        full = model(tokens, segments, valid_lens).mlm_logits  # (B, T, V)
+        gathered = model(tokens, segments, valid_lens, positions).mlm_logits  # (B, P, V)
+    assert gathered.shape == (4, 3, SMALL.vocab_size)
+    torch.testing.assert_close(gathered, full.gather(1, positions[..., None].expand(-1, -1, SMALL.vocab_size)))
+
+
+def test_padding_does_not_leak_into_real_positions():
+    torch.manual_seed(0)
+    model = BertForPreTraining(SMALL).eval()
+    tokens, segments, valid_lens = random_inputs(SMALL)
+    changed = tokens.clone()
+    for row, n in enumerate(valid_lens.tolist()):
+        changed[row, n:] = torch.randint(5, SMALL.vocab_size, (tokens.shape[1] - n,))
+    with torch.no_grad():
+        a = model(tokens, segments, valid_lens)
+        b = model(changed, segments, valid_lens)
+    for row, n in enumerate(valid_lens.tolist()):
+        torch.testing.assert_close(a.encoded[row, :n], b.encoded[row, :n])
+    torch.testing.assert_close(a.nsp_logits, b.nsp_logits)
+
+
+def test_initialisation_follows_bert():
+    torch.manual_seed(0)
+    model = BertForPreTraining(preset_config("tiny").model)
+    std = model.config.initializer_range
+    weight = model.bert.encoder.layer[0].intermediate.dense.weight
+    assert abs(weight.std().item() - std) < 0.1 * std
+    assert torch.all(model.bert.encoder.layer[0].intermediate.dense.bias == 0)
+    assert torch.all(model.bert.embeddings.LayerNorm.weight == 1)
+    assert torch.all(model.bert.embeddings.word_embeddings.weight[model.config.pad_token_id] == 0)
+
+
+def test_flops_formula_matches_issue_form_when_ffn_is_4h():
+    cfg = preset_config("base").model
+    L, H, V, s, p = cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size, 128, 0.15
+    assert flops_per_token(cfg, s, p) == pytest.approx(72 * L * H * H + 12 * L * H * s + 6 * p * (H * H + V * H))
