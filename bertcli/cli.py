@@ -110,6 +110,7 @@ def pretrain(
     resume: str = typer.Option("auto", "--resume", help="auto (newest checkpoint in output_dir, if any), never, or a checkpoint folder."),
     device: Optional[str] = typer.Option(None, "--device", help="auto, cpu, cuda or cuda:N (overrides train.device)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output; errors and the final summary only."),
+    stop_at: Optional[int] = typer.Option(None, "--stop-at", min=1, help="Stop after this step with a checkpoint (the schedule still follows train.max_steps); rerun to continue."),
 ) -> None:
     """Pretrain BERT (MLM + NSP) as the config says, resuming from the newest checkpoint."""
     from bertcli.config import load_config
@@ -118,7 +119,7 @@ def pretrain(
     if device is not None and not DEVICE.match(device):
         raise UsageError(f"--device {device!r}: expected auto, cpu, cuda or cuda:N")
     cfg = load_config(config, overrides + ([f"train.device={device}"] if device else []))
-    result = run(cfg, config, resume=resume, quiet=quiet)
+    result = run(cfg, config, resume=resume, quiet=quiet, stop_at=stop_at)
     metrics = result["metrics"]
     shown = ", ".join(f"{k} {metrics[k]:.4g}" for k in ("mlm_loss", "mlm_acc", "nsp_acc") if k in metrics)
     err(f"done: step {result['step']:,}, {result['tokens_seen']:,} tokens seen{'; ' + shown if shown else ''}")

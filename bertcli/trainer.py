@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from bertcli import __version__, checkpoint, runtime
+from bertcli import __version__, atomic, checkpoint, runtime
 from bertcli.config import Config, TrainConfig, resolve_output_dir, to_dict
 from bertcli.data import Batch, ExampleBuilder, build_corpus
 from bertcli.data.examples import IGNORE
@@ -59,13 +59,16 @@ def pretraining_loss(out: PretrainingOutput, batch: Batch, cfg: TrainConfig) -> 
     return Losses(total, stats)
 
 
-def pretrain(cfg: Config, config_path: Path | None = None, resume: str = "auto", quiet: bool = False) -> dict[str, Any]:
-    """Train per `cfg`; return the last logged metrics plus where the final checkpoint is."""
+def pretrain(cfg: Config, config_path: Path | None = None, resume: str = "auto", quiet: bool = False,
+             stop_at: int | None = None) -> dict[str, Any]:
+    """Train per `cfg` (until step `stop_at` if given: the schedule still follows max_steps);
+    return the last logged metrics plus where the final checkpoint is."""
     output_dir = resolve_output_dir(cfg, config_path)
     rt = runtime.setup(cfg.train.device, cfg.precision)
     log(f"bertcli {__version__}: {rt.describe()}; output in {output_dir}")
     log("resolved config:\n" + yaml.safe_dump(to_dict(cfg), sort_keys=False).rstrip())
     output_dir.mkdir(parents=True, exist_ok=True)
+    atomic.clean_leftovers(checkpoint.checkpoints_dir(output_dir))  # what a killed run was writing
     resume_from = checkpoint.choose_resume(output_dir, resume, cfg)
 
     corpus = build_corpus(cfg)
@@ -86,6 +89,7 @@ def pretrain(cfg: Config, config_path: Path | None = None, resume: str = "auto",
 
     tc = cfg.train
     B, A = tc.batch_size, tc.grad_accum_steps
+    last_step = min(tc.max_steps, stop_at or tc.max_steps)
     logger = MetricsLogger(output_dir, step, tc.max_steps, cfg.logging.tensorboard, quiet)
     stats = torch.zeros(7, device=rt.device)  # summed over the micro-batches since the last log
     window_tokens, window_start = 0, time.perf_counter()
@@ -95,7 +99,7 @@ def pretrain(cfg: Config, config_path: Path | None = None, resume: str = "auto",
     pin = rt.device.type == "cuda"
     model.train()
     try:
-        while step < tc.max_steps:
+        while step < last_step:
             runtime.seed_step(tc.seed, step)  # dropout of this step: a function of (seed, step)
             lr = lr_at(step, cfg.optimizer, tc.max_steps)
             for group in optimizer.param_groups:
@@ -118,7 +122,7 @@ def pretrain(cfg: Config, config_path: Path | None = None, resume: str = "auto",
             step += 1
             logger.advance()
 
-            if step % cfg.logging.log_every == 0 or step == tc.max_steps:
+            if step % cfg.logging.log_every == 0 or step == last_step:
                 s = stats.tolist()  # the sync point
                 elapsed = time.perf_counter() - window_start
                 micro_steps = s[6] / B
@@ -133,7 +137,7 @@ def pretrain(cfg: Config, config_path: Path | None = None, resume: str = "auto",
                 stats.zero_()
                 window_tokens, window_start = 0, time.perf_counter()
 
-            if step % cfg.checkpoint.save_every == 0 or step == tc.max_steps:
+            if step % cfg.checkpoint.save_every == 0 or step == last_step:
                 state = {"tokens_seen": tokens_seen, "train_time_s": start_time_s + time.perf_counter() - run_start,
                          "metrics": last_metrics}
                 last_saved = checkpoint.save(output_dir, step, model, optimizer, scaler, cfg, state,
@@ -142,5 +146,5 @@ def pretrain(cfg: Config, config_path: Path | None = None, resume: str = "auto",
         logger.close()
     if last_saved is None and resume_from is not None:
         last_saved = resume_from  # nothing left to train: the run was already complete
-        log(f"nothing to do: {resume_from} is already at train.max_steps={tc.max_steps}")
+        log(f"nothing to do: {resume_from} is already at step {step}")
     return {"step": step, "tokens_seen": tokens_seen, "checkpoint": str(last_saved), "metrics": last_metrics}

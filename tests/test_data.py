@@ -1,0 +1,148 @@
+"""Examples: pair structure, masking statistics, determinism, and the loss ignoring padded slots."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from bertcli.config import DataConfig
+from bertcli.data import Corpus, ExampleBuilder, SpecialTokens, build_corpus
+from bertcli.data.examples import IGNORE, Batch, truncate_pair
+from bertcli.model import BertForPreTraining
+from bertcli.trainer import pretraining_loss
+from conftest import micro_config
+
+SP = SpecialTokens()
+
+
+def one_token_per_document_corpus(num_docs: int = 40, seed: int = 0) -> Corpus:
+    """Every token of document d is 10 + d, so the document of any token is known."""
+    rng = np.random.default_rng(seed)
+    sentences = rng.integers(2, 6, size=num_docs)
+    lengths = rng.integers(3, 12, size=int(sentences.sum()))
+    doc_of_segment = np.repeat(np.arange(num_docs), sentences)
+    tokens = np.concatenate([np.full(n, 10 + d) for n, d in zip(lengths, doc_of_segment)])
+    return Corpus(tokens=tokens.astype(np.uint16), seg_offsets=np.concatenate([[0], np.cumsum(lengths)]),
+                  doc_offsets=np.concatenate([[0], np.cumsum(sentences)]), vocab_size=10 + num_docs, special=SP)
+
+
+def test_pair_layout():
+    cfg = micro_config()
+    builder = ExampleBuilder(build_corpus(cfg), cfg.data)
+    for i in range(200):
+        e = builder.example(np.random.default_rng(i))
+        # [CLS] first, then exactly one [SEP] in the middle and one at the end (labels restore masked ones)
+        original = e.tokens.copy()
+        original[e.pred_positions] = e.pred_labels
+        seps = np.flatnonzero(original == SP.sep)
+        assert original[0] == SP.cls and len(seps) == 2 and seps[1] == len(original) - 1
+        assert np.all(e.segments[:seps[0] + 1] == 0) and np.all(e.segments[seps[0] + 1:] == 1)
+        assert len(e.tokens) <= cfg.data.max_seq_length
+        assert not np.isin(e.pred_positions, np.concatenate([[0], seps])).any(), "special tokens are never chosen"
+        assert np.all(np.diff(e.pred_positions) > 0)
+
+
+def test_batch_is_a_pure_function_of_seed_and_step_and_splits_like_one_batch():
+    cfg = micro_config()
+    builder = ExampleBuilder(build_corpus(cfg), cfg.data)
+    a, b = builder.batch(7, 3, range(8)), builder.batch(7, 3, range(8))
+    for f in dataclasses.fields(Batch):
+        assert torch.equal(getattr(a, f.name), getattr(b, f.name))
+    assert not torch.equal(a.input_ids, builder.batch(7, 4, range(8)).input_ids)
+    assert not torch.equal(a.input_ids, builder.batch(8, 3, range(8)).input_ids)
+    # Rows 4..7 of a batch are the same examples whether built alone or with rows 0..3.
+    half = builder.batch(7, 3, range(4, 8))
+    for row in range(4):
+        n = int(half.valid_lens[row])
+        assert torch.equal(half.input_ids[row, :n], a.input_ids[row + 4, :n])
+        assert torch.equal(half.mlm_labels[row], a.mlm_labels[row + 4])
+
+
+def test_masking_and_nsp_statistics_on_a_large_sample():
+    corpus = one_token_per_document_corpus()
+    cfg = DataConfig(max_seq_length=64, max_predictions_per_seq=64)
+    builder = ExampleBuilder(corpus, cfg)
+    chosen = candidates = masked = randomised = kept = random_next = 0
+    n = 4000
+    for i in range(n):
+        e = builder.example(np.random.default_rng([1, i]))
+        original = e.tokens.copy()
+        original[e.pred_positions] = e.pred_labels
+        sep = int(np.flatnonzero(original == SP.sep)[0])
+        a_docs = set(original[1:sep].tolist())
+        b_docs = set(original[sep + 1:-1].tolist())
+        assert len(a_docs) == 1 and len(b_docs) == 1
+        if e.nsp_label == 1:
+            random_next += 1
+            assert a_docs != b_docs, "a random next sentence never comes from A's document"
+        else:
+            assert a_docs == b_docs
+        candidates += len(original) - 3
+        chosen += len(e.pred_positions)
+        now = e.tokens[e.pred_positions]
+        masked += int((now == SP.mask).sum())
+        kept += int((now == e.pred_labels).sum())
+        randomised += int(((now != SP.mask) & (now != e.pred_labels)).sum())
+    assert abs(random_next / n - 0.5) < 0.03
+    assert abs(chosen / candidates - 0.15) < 0.01
+    # A random replacement can draw the original token by chance (1 in ~40 here): count it as kept.
+    assert abs(masked / chosen - 0.8) < 0.02
+    assert abs((randomised + kept) / chosen - 0.2) < 0.02 and abs(randomised / chosen - 0.1) < 0.02
+
+
+def test_max_predictions_caps_the_choice():
+    cfg = micro_config("data.max_predictions_per_seq=2", "data.masked_lm_prob=0.5")
+    builder = ExampleBuilder(build_corpus(cfg), cfg.data)
+    assert all(len(builder.example(np.random.default_rng(i)).pred_positions) <= 2 for i in range(50))
+
+
+def test_truncation_keeps_within_budget_and_trims_the_longer_side():
+    rng = np.random.default_rng(0)
+    a, b = np.arange(30), np.arange(100, 105)
+    ta, tb = truncate_pair(a, b, 20, rng)
+    assert len(ta) + len(tb) == 20 and len(tb) == 5  # only the longer side was cut
+    assert np.all(np.isin(ta, a)) and np.all(np.diff(ta) == 1)  # still a contiguous piece of A
+
+
+def test_padded_prediction_slots_do_not_change_the_loss():
+    """d2l's weighting bug: padded slots must not enter the MLM mean (numerator or denominator)."""
+    cfg = micro_config()
+    builder = ExampleBuilder(build_corpus(cfg), cfg.data)
+    batch = builder.batch(0, 0, range(8))
+    torch.manual_seed(0)
+    model = BertForPreTraining(cfg.model).eval()
+
+    def loss(b: Batch):
+        with torch.no_grad():
+            out = model(b.input_ids, b.token_type_ids, b.valid_lens, b.pred_positions)
+        return pretraining_loss(out, b, cfg.train)
+
+    base = loss(batch)
+    # Ten more padded slots per row, pointing at arbitrary positions.
+    extra = 10
+    wider = dataclasses.replace(
+        batch,
+        pred_positions=torch.cat([batch.pred_positions, torch.randint(0, 8, (8, extra))], dim=1),
+        mlm_labels=torch.cat([batch.mlm_labels, torch.full((8, extra), IGNORE)], dim=1),
+    )
+    padded = loss(wider)
+    torch.testing.assert_close(padded.total, base.total)
+    # And the value is the plain mean over real predictions, computed by hand.
+    with torch.no_grad():
+        logits = model(batch.input_ids, batch.token_type_ids, batch.valid_lens, batch.pred_positions).mlm_logits
+    real = batch.mlm_labels != IGNORE
+    by_hand = torch.nn.functional.cross_entropy(logits[real], batch.mlm_labels[real])
+    torch.testing.assert_close(base.stats[1], by_hand)
+    assert base.stats[4] == real.sum()
+
+
+def test_corpus_needs_pairs():
+    corpus = Corpus(tokens=np.arange(10, 20, dtype=np.uint16), seg_offsets=np.array([0, 5, 10]),
+                    doc_offsets=np.array([0, 1, 2]), vocab_size=30, special=SP)
+    from bertcli.errors import UsageError
+
+    with pytest.raises(UsageError, match="2 or more sentences"):
+        ExampleBuilder(corpus, DataConfig(max_seq_length=16))

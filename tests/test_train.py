@@ -1,0 +1,162 @@
+"""Training: outputs, exact resume, resume modes, crash-safety, precisions, learning."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import safetensors.torch
+import torch
+
+from bertcli import checkpoint
+from bertcli.config import load_config
+from bertcli.errors import UsageError
+from bertcli.metrics import read_metrics
+from bertcli.model import TIED_ALIASES, BertForPreTraining
+from bertcli.trainer import pretrain
+from conftest import REPO, micro_config, write_config
+
+
+def train(folder: Path, *overrides: str, resume: str = "auto", stop_at: int | None = None) -> dict:
+    path = write_config(folder, *overrides)
+    return pretrain(load_config(path), path, resume=resume, quiet=True, stop_at=stop_at)
+
+
+def weights(ckpt: Path) -> dict[str, torch.Tensor]:
+    return safetensors.torch.load_file(ckpt / "model.safetensors")
+
+
+def assert_bitwise_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    different = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not different, f"{len(different)} tensors differ, e.g. {different[:3]}"
+
+
+def test_run_writes_metrics_tensorboard_and_checkpoints(tmp_path):
+    result = train(tmp_path)  # 12 steps, log every 4, save every 4, keep 2
+    assert result["step"] == 12
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in records] == [4, 8, 12]
+    for key in ("loss", "mlm_loss", "nsp_loss", "mlm_acc", "nsp_acc", "lr", "grad_norm", "tokens_per_s"):
+        assert all(isinstance(r[key], float) and math.isfinite(r[key]) for r in records), key
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    assert [s for s, _ in checkpoint.list_checkpoints(tmp_path)] == [8, 12]  # keep_last 2
+    ckpt = tmp_path / "checkpoints" / "step-0000012"
+    stored = weights(ckpt)
+    model = BertForPreTraining(micro_config().model)
+    assert set(stored) == set(model.state_dict()) - set(TIED_ALIASES)  # Hugging Face names, no tied copies
+    state = torch.load(ckpt / "training_state.pt", weights_only=True)  # nothing but tensors and containers
+    assert state["step"] == 12 and state["optimizer"]["state"]
+    trainer_state = json.loads((ckpt / "trainer_state.json").read_text())
+    assert trainer_state["step"] == 12 and trainer_state["tokens_seen"] > 12 * 8 * 5
+    assert load_config(ckpt / "config.yaml") == load_config(tmp_path / "config.yaml")
+
+
+def test_exact_resume_is_bitwise_identical(tmp_path):
+    """2N steps in one go == N steps, stop, resume for N more (CPU, fp32, dropout on)."""
+    train(tmp_path / "one_go")
+    train(tmp_path / "two_halves", stop_at=6)
+    assert [s for s, _ in checkpoint.list_checkpoints(tmp_path / "two_halves")][-1] == 6
+    result = train(tmp_path / "two_halves")
+    assert result["step"] == 12
+    a, b = tmp_path / "one_go" / "checkpoints" / "step-0000012", tmp_path / "two_halves" / "checkpoints" / "step-0000012"
+    assert_bitwise_equal(weights(a), weights(b))
+    opt_a = torch.load(a / "training_state.pt", weights_only=True)["optimizer"]["state"]
+    opt_b = torch.load(b / "training_state.pt", weights_only=True)["optimizer"]["state"]
+    for i in opt_a:
+        assert torch.equal(opt_a[i]["exp_avg"], opt_b[i]["exp_avg"])
+        assert torch.equal(opt_a[i]["exp_avg_sq"], opt_b[i]["exp_avg_sq"])
+    assert json.loads((a / "trainer_state.json").read_text())["tokens_seen"] == \
+        json.loads((b / "trainer_state.json").read_text())["tokens_seen"]
+    # metrics.jsonl of the resumed run has each step once, in order
+    steps = [r["step"] for r in read_metrics(tmp_path / "two_halves" / "metrics.jsonl")]
+    assert steps == sorted(set(steps)) and steps[-1] == 12
+
+
+def test_resume_modes(tmp_path):
+    train(tmp_path, stop_at=8)
+    with pytest.raises(UsageError, match="--resume never"):
+        train(tmp_path, resume="never")
+    older = tmp_path / "checkpoints" / "step-0000004"
+    result = train(tmp_path, resume=str(older), stop_at=6)
+    assert result["step"] == 6
+    with pytest.raises(UsageError, match="no such checkpoint"):
+        train(tmp_path, resume=str(tmp_path / "nowhere"))
+    with pytest.raises(UsageError) as info:
+        train(tmp_path, "model.hidden_size=64")
+    assert "model.hidden_size=32 in the checkpoint vs 64 in the config" in str(info.value)
+    assert "new folder" in str(info.value)
+
+
+def test_incomplete_and_temporary_checkpoint_folders_are_never_picked(tmp_path):
+    train(tmp_path, stop_at=4)
+    root = tmp_path / "checkpoints"
+    (root / "step-0000099").mkdir()
+    (root / "step-0000099" / "config.yaml").write_text("half written")
+    (root / ".tmp-step-0000100.123").mkdir()
+    assert [s for s, _ in checkpoint.list_checkpoints(tmp_path)] == [4]
+    result = train(tmp_path, stop_at=8)  # resumes from 4, not from the broken 99
+    assert result["step"] == 8
+    assert not (root / ".tmp-step-0000100.123").exists(), "leftovers of a killed writer are cleaned"
+
+
+@pytest.mark.parametrize("mode", ["bf16", "fp16"])
+def test_mixed_precision_on_cpu(tmp_path, mode):
+    result = train(tmp_path, f"precision.mode={mode}", "train.max_steps=4")
+    assert all(math.isfinite(v) for v in result["metrics"].values())
+    stored = weights(tmp_path / "checkpoints" / "step-0000004")
+    assert all(t.dtype == torch.float32 for t in stored.values()), "master weights stay fp32"
+
+
+def test_grad_accumulation_sees_the_same_examples(tmp_path):
+    """batch 8 x 1 and batch 4 x 2 train on the same examples: same tokens, close weights."""
+    a = train(tmp_path / "a", "train.max_steps=3", "model.hidden_dropout_prob=0", "model.attention_probs_dropout_prob=0")
+    b = train(tmp_path / "b", "train.max_steps=3", "train.batch_size=4", "train.grad_accum_steps=2",
+              "model.hidden_dropout_prob=0", "model.attention_probs_dropout_prob=0")
+    assert a["tokens_seen"] == b["tokens_seen"]
+    wa, wb = weights(tmp_path / "a/checkpoints/step-0000003"), weights(tmp_path / "b/checkpoints/step-0000003")
+    # Not bitwise: the MLM mean is per micro-batch. Close, though, and far from the start.
+    start = BertForPreTraining(micro_config().model).state_dict()
+    key = "bert.encoder.layer.0.attention.self.query.weight"
+    assert (wa[key] - wb[key]).abs().max() < 0.2 * (wa[key] - start[key]).abs().max()
+
+
+def test_training_learns(tmp_path):
+    train(tmp_path, "train.max_steps=160", "logging.log_every=20", "checkpoint.save_every=160", "train.batch_size=16",
+          "optimizer.lr=5e-3", "data.synthetic.num_topics=16", "model.hidden_size=64", "model.intermediate_size=128")
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    first, last = records[0], records[-1]
+    assert last["mlm_loss"] < first["mlm_loss"] - 1.0, (first, last)
+    assert last["nsp_acc"] > 0.65
+
+
+def test_sigkill_then_rerun_continues_from_the_last_checkpoint(tmp_path):
+    """Kill -9 a real `bertcli pretrain` mid-run; the same command then finishes the run, and
+    the result is bitwise what an uninterrupted run gives."""
+    overrides = ["train.max_steps=120", "checkpoint.save_every=10", "logging.log_every=10"]
+    config = write_config(tmp_path / "killed", *overrides)
+    command = [sys.executable, "-m", "bertcli", "pretrain", "--config", str(config), "--quiet"]
+    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not (tmp_path / "killed" / "checkpoints" / "step-0000030").exists():
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.time() < deadline
+        time.sleep(0.005)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    proc.stderr.close()
+    survivors = [s for s, _ in checkpoint.list_checkpoints(tmp_path / "killed")]
+    assert survivors and survivors[-1] < 120, "killed before the end"
+    rerun = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    assert f"resuming from {tmp_path / 'killed' / 'checkpoints'}" in rerun.stderr
+    train(tmp_path / "clean", *overrides)
+    assert_bitwise_equal(weights(tmp_path / "killed/checkpoints/step-0000120"),
+                         weights(tmp_path / "clean/checkpoints/step-0000120"))
