@@ -208,7 +208,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "model": {"vocab_size": 1024, "hidden_size": 128, "num_hidden_layers": 2,
                   "num_attention_heads": 2, "intermediate_size": 256},
         "data": {"max_seq_length": 64, "max_predictions_per_seq": 10},
-        "train": {"max_steps": 1000, "batch_size": 64},
+        "train": {"max_steps": 500, "batch_size": 64},
         "optimizer": {"lr": 3e-3, "warmup_steps": 30},
         "checkpoint": {"save_every": 100},
     },
@@ -576,3 +576,21 @@ def preset_header(name: str) -> str:
     return (f"bertcli run configuration, preset '{name}'. Written by `bertcli init`; edit freely.\n"
             "Precedence: defaults < this file < `--set section.key=value` on the command line.\n"
             "Each comment gives the meaning, the type and the default (the value used when a key is left out).")
+
+
+def markdown_reference() -> str:
+    """The config reference table of the README, generated from the field docstrings."""
+    rows = ["| key | type | default | meaning |", "| --- | --- | --- | --- |"]
+
+    def walk(obj: Any, prefix: str) -> None:
+        cls = type(obj)
+        for f in dataclasses.fields(cls):
+            value = getattr(obj, f.name)
+            if dataclasses.is_dataclass(value):
+                walk(value, f"{prefix}{f.name}.")
+            else:
+                tp = _type_name(_hints(cls)[f.name]).replace("|", " \\| ")
+                rows.append(f"| `{prefix}{f.name}` | {tp} | `{_scalar(value)}` | {field_docs(cls)[f.name]} |")
+
+    walk(Config(), "")
+    return "\n".join(rows)

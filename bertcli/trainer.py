@@ -65,11 +65,11 @@ def pretrain(cfg: Config, config_path: Path | None = None, resume: str = "auto",
     return the last logged metrics plus where the final checkpoint is."""
     output_dir = resolve_output_dir(cfg, config_path)
     rt = runtime.setup(cfg.train.device, cfg.precision)
+    atomic.clean_leftovers(checkpoint.checkpoints_dir(output_dir))  # what a killed run was writing
+    resume_from = checkpoint.choose_resume(output_dir, resume, cfg)  # fails before any output
     log(f"bertcli {__version__}: {rt.describe()}; output in {output_dir}")
     log("resolved config:\n" + yaml.safe_dump(to_dict(cfg), sort_keys=False).rstrip())
     output_dir.mkdir(parents=True, exist_ok=True)
-    atomic.clean_leftovers(checkpoint.checkpoints_dir(output_dir))  # what a killed run was writing
-    resume_from = checkpoint.choose_resume(output_dir, resume, cfg)
 
     corpus = build_corpus(cfg)
     builder = ExampleBuilder(corpus, cfg.data)

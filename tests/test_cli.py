@@ -1,0 +1,124 @@
+"""The command line: exit codes, one-line errors, stdout for data only, inspect."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from bertcli import __version__
+from conftest import REPO, run_process, write_config
+
+
+def test_version_and_help(cli):
+    result = cli("--version")
+    assert result.code == 0 and result.out.strip() == f"bertcli {__version__}"
+    for args in (["-h"], ["init", "-h"], ["pretrain", "--help"], ["inspect", "-h"]):
+        result = cli(*args)
+        assert result.code == 0 and "Usage" in result.out, args
+
+
+def test_python_dash_m_and_usage_errors_exit_2():
+    proc = run_process("pretrain")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "bertcli: error: Missing option '--config' / '-c'. (see 'bertcli pretrain --help')"]
+    assert proc.stdout == ""
+
+
+def test_init_writes_a_config_and_refuses_to_overwrite(tmp_path, cli):
+    result = cli("init", tmp_path / "run", "--preset", "small", "--set", "train.max_steps=50")
+    assert result.code == 0 and result.out == ""
+    assert f"next: bertcli pretrain --config {tmp_path / 'run' / 'config.yaml'}" in result.err
+    text = (tmp_path / "run" / "config.yaml").read_text()
+    assert "max_steps: 50" in text and "hidden_size: 512" in text
+    again = cli("init", tmp_path / "run", "--preset", "tiny")
+    assert again.code == 2 and len(again.err_lines) == 1 and "--force" in again.err
+    assert (tmp_path / "run" / "config.yaml").read_text() == text, "nothing was overwritten"
+    forced = cli("init", tmp_path / "run", "--preset", "tiny", "--force")
+    assert forced.code == 0 and "hidden_size: 128" in (tmp_path / "run" / "config.yaml").read_text()
+    bad = cli("init", tmp_path / "other", "--preset", "huge")
+    assert bad.code == 2 and len(bad.err_lines) == 1 and "huge" in bad.err
+    assert not (tmp_path / "other").exists()
+
+
+def test_bad_config_exits_2_with_one_line_per_problem_and_no_traceback(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text("model:\n  hidden_sze: 64\n  num_attention_heads: two\ndata:\n  masked_lm_prob: 1.5\n")
+    proc = run_process("pretrain", "--config", path)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 2, lines  # unknown key + wrong type (values are checked once types are right)
+    assert all(line.startswith(f"bertcli: error: {path}: ") for line in lines)
+    assert "did you mean 'hidden_size'" in lines[0] and "expected an integer" in lines[1]
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    path.write_text("model:\n  hidden_size: 100\n  num_attention_heads: 3\ndata:\n  masked_lm_prob: 1.5\n"
+                    "train:\n  mlm_weight: 0\n  nsp_weight: 0\n")
+    proc = run_process("pretrain", "--config", path)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 3, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["pretrain", "--config", "missing.yaml"], "config file not found"),
+    (["pretrain", "--config", "{cfg}", "--set", "train.max_stepz=3"], "did you mean 'max_steps'"),
+    (["pretrain", "--config", "{cfg}", "--set", "nonsense"], "expected section.key=value"),
+    (["pretrain", "--config", "{cfg}", "--device", "tpu"], "--device 'tpu'"),
+    (["pretrain", "--config", "{cfg}", "--resume", "nowhere"], "no such checkpoint"),
+    (["inspect", "nowhere"], "no such file or folder"),
+    (["inspect", "{dir}"], "not a config file, a run folder"),
+])
+def test_usage_errors(tmp_path, cli, args, needle):
+    cfg = write_config(tmp_path / "run")
+    (tmp_path / "empty").mkdir()
+    args = [a.format(cfg=cfg, dir=tmp_path / "empty") for a in args]
+    result = cli(*args)
+    assert result.code == 2, result.err
+    assert len(result.err_lines) == 1 and needle in result.err and "Traceback" not in result.err
+    assert result.out == ""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
+def test_cuda_without_a_gpu_is_a_usage_error(tmp_path, cli):
+    result = cli("pretrain", "--config", write_config(tmp_path), "--device", "cuda")
+    assert result.code == 2 and "no CUDA GPU" in result.err
+
+
+def test_pretrain_then_inspect_run_checkpoint_and_config(tmp_path, cli):
+    cfg = write_config(tmp_path / "run")
+    result = cli("pretrain", "--config", cfg, "--quiet")
+    assert result.code == 0, result.err
+    assert result.out == "", "pretrain writes nothing to stdout"
+    assert "done: step 12" in result.err and "resolved config:" in result.err
+
+    report = json.loads(cli("inspect", tmp_path / "run", "--json").out)
+    assert report["kind"] == "run"
+    assert report["training"]["step"] == 12
+    assert report["training"]["last_metrics"]["step"] == 12
+    assert set(report["training"]["last_metrics"]) >= {"loss", "mlm_loss", "nsp_loss", "mlm_acc", "nsp_acc"}
+    assert [c["step"] for c in report["training"]["checkpoints"]] == [8, 12]
+    assert report["parameters"]["total"] == 25_730
+
+    ckpt = json.loads(cli("inspect", tmp_path / "run" / "checkpoints" / "step-0000008", "--json").out)
+    assert ckpt["kind"] == "checkpoint" and ckpt["training"]["step"] == 8
+
+    text = cli("inspect", cfg)
+    assert text.code == 0 and "parameters" in text.out and "25,730" in text.out and "training FLOPs" in text.out
+
+
+def test_inspect_base_and_large_parameter_counts(cli):
+    for preset, total in (("base", 110_106_428), ("large", 336_226_108)):
+        report = json.loads(cli("inspect", REPO / "configs" / f"{preset}.yaml", "--json").out)
+        assert report["parameters"]["total"] == total
+
+
+def test_closed_pipe_exits_quietly():
+    proc = subprocess.run(f"{sys.executable} -m bertcli inspect configs/base.yaml | head -1", shell=True, cwd=REPO,
+                          capture_output=True, text=True, executable="/bin/bash")
+    assert proc.stdout.startswith("config: configs/base.yaml") and proc.stderr == ""
+    proc = subprocess.run(f"set -o pipefail; {sys.executable} -m bertcli inspect configs/base.yaml | head -1",
+                          shell=True, cwd=REPO, capture_output=True, text=True, executable="/bin/bash")
+    assert proc.returncode == 0, proc.stderr

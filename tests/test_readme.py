@@ -1,0 +1,33 @@
+"""The README's reference sections are checked against the code, so they cannot drift."""
+
+from __future__ import annotations
+
+import re
+
+from bertcli.config import PRESETS, markdown_reference, preset_config
+from bertcli.summary import parameter_counts
+from conftest import REPO
+
+README = (REPO / "README.md").read_text()
+
+
+def test_config_reference_is_the_generated_one():
+    assert markdown_reference() in README, "README config reference is stale: paste markdown_reference() output"
+
+
+def test_preset_table_matches_the_code():
+    for name in PRESETS:
+        row = re.search(rf"^\| `{name}`[^|]*\|(.*)$", README, re.M)
+        assert row, f"no README row for preset {name}"
+        cells = [c.strip() for c in row.group(1).split("|") if c.strip()]
+        cfg = preset_config(name)
+        m = cfg.model
+        assert [int(c) for c in cells[:5]] == [m.num_hidden_layers, m.hidden_size, m.num_attention_heads,
+                                                m.intermediate_size, cfg.data.max_seq_length]
+        assert int(cells[5].split()[0].replace(",", "")) == parameter_counts(m)["total"]
+
+
+def test_quick_start_and_ci_run_the_same_test_command():
+    ci = (REPO / ".ci" / "run").read_text()
+    command = "bash scripts/setup.sh --test && python3 -m pytest -q"
+    assert command in ci and command in README
