@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from bertcli.model import TIED_ALIASES
 FORMAT_VERSION = 1
 FILES = ("model.safetensors", "config.yaml", "training_state.pt", "trainer_state.json")
 STEP_DIR = re.compile(r"^step-(\d+)$")
+BEST = "best"  # checkpoints/best: the lowest held-out MLM loss so far
 
 
 def checkpoints_dir(output_dir: Path) -> Path:
@@ -64,11 +66,17 @@ def weights_to_save(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def save(output_dir: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-         scaler: torch.amp.GradScaler, cfg: Config, trainer_state: dict[str, Any], keep_last: int) -> Path:
-    """Write checkpoint `step` atomically and prune all but the newest `keep_last`."""
+         scaler: torch.amp.GradScaler, cfg: Config, trainer_state: dict[str, Any], keep_last: int,
+         extra_files: list[Path] = (), name: str | None = None) -> Path:
+    """Write checkpoint `step` atomically (as checkpoints/step-NNNNNNN, or checkpoints/NAME),
+    with copies of `extra_files` (the tokenizer: a checkpoint is self-contained), and prune all
+    step checkpoints but the newest `keep_last`."""
     root = checkpoints_dir(output_dir)
-    final = root / step_dir_name(step)
+    final = root / (name or step_dir_name(step))
     with atomic.folder(final) as tmp:
+        for extra in extra_files:
+            shutil.copyfile(extra, tmp / Path(extra).name)
+            atomic.fsync_path(tmp / Path(extra).name)
         safetensors.torch.save_file(weights_to_save(model), tmp / "model.safetensors",
                                     metadata={"format": "pt", "producer": f"bertcli {__version__}"})
         (tmp / "config.yaml").write_text(to_yaml(cfg, f"Resolved config of the run, saved at step {step}."))
@@ -82,6 +90,14 @@ def save(output_dir: Path, step: int, model: nn.Module, optimizer: torch.optim.O
     for _, old in list_checkpoints(output_dir)[:-keep_last]:
         atomic.remove_folder(old)
     return final
+
+
+def best_eval_loss(output_dir: Path) -> float | None:
+    """Held-out MLM loss of checkpoints/best, if there is one."""
+    best = checkpoints_dir(output_dir) / BEST
+    if not is_checkpoint(best):
+        return None
+    return read_trainer_state(best).get("eval_metrics", {}).get("mlm_loss")
 
 
 def read_config(path: Path) -> Config:

@@ -69,7 +69,7 @@ def root(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks on errors (accepted anywhere on the line)."),
 ) -> None:
-    """Pretrain BERT encoders and put them to use: init -> pretrain -> inspect."""
+    """Pretrain BERT encoders and put them to use: init -> (prepare) -> pretrain -> inspect."""
 
 
 SET_HELP = "Override a config value, e.g. --set train.max_steps=200 (repeatable; values are YAML scalars)."
@@ -79,13 +79,18 @@ SET_HELP = "Override a config value, e.g. --set train.max_steps=200 (repeatable;
 def init(
     directory: Path = typer.Argument(..., help="Folder to create; config.yaml is written inside it."),
     preset: Preset = typer.Option(Preset.tiny, "--preset", "-p", help="tiny (d2l textbook sizes), small, base (BERT-base) or large (BERT-large)."),
+    corpus: Optional[Path] = typer.Option(None, "--corpus", help="Text/JSONL file or folder to train on (default: the bundled sample)."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing config.yaml."),
     overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
 ) -> None:
     """Scaffold a run: write DIRECTORY/config.yaml from a preset, every field commented."""
     from bertcli import atomic
     from bertcli.config import preset_config, preset_header, to_yaml
+    from bertcli.data.text import corpus_files
 
+    if corpus is not None:
+        corpus_files(corpus)  # fail now, not at pretrain time, if it is missing or holds no text files
+        overrides = [f"data.corpus={corpus.expanduser().resolve()}"] + overrides
     cfg = preset_config(preset.value, overrides)
     path = directory / "config.yaml"
     if path.exists() and not force:
@@ -98,6 +103,24 @@ def init(
     err(f"wrote {path} (preset {preset.value}: {m.num_hidden_layers} layers, hidden {m.hidden_size}, "
         f"{m.num_attention_heads} heads, sequences of {cfg.data.max_seq_length})")
     err(f"next: bertcli pretrain --config {path}")
+
+
+@app.command()
+def prepare(
+    config: Path = typer.Option(..., "--config", "-c", help="The run's config.yaml."),
+    overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
+    force: bool = typer.Option(False, "--force", help="Prepare again even if the prepared data is up to date."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
+) -> None:
+    """Train the tokenizer and write token shards for the config's corpus (pretrain does this when needed)."""
+    from bertcli.config import load_config
+    from bertcli.data.prepare import prepare as run
+
+    cfg = load_config(config, overrides)
+    if cfg.data.corpus == "synthetic":
+        raise UsageError("data.corpus is synthetic: there is nothing to prepare")
+    folder = run(cfg, config, quiet=quiet, force=force)
+    err(f"next: bertcli inspect {folder}   or   bertcli pretrain --config {config}")
 
 
 DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
@@ -129,10 +152,10 @@ def pretrain(
 
 @app.command("inspect")
 def inspect_command(
-    path: Path = typer.Argument(..., help="A config file, a run folder or a checkpoint folder."),
+    path: Path = typer.Argument(..., help="A config file, a run folder, a checkpoint folder or a prepared-data folder."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
 ) -> None:
-    """Explain a config, a run or a checkpoint: sizes, parameters, FLOPs, progress, checkpoints."""
+    """Explain a config, a run, a checkpoint or prepared data: sizes, parameters, FLOPs, progress, corpus statistics."""
     from bertcli.summary import format_report, inspect_path
 
     report = inspect_path(path)

@@ -18,7 +18,7 @@ import typing
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Optional
 
 import yaml
 
@@ -31,8 +31,10 @@ HiddenAct = Literal["gelu", "gelu_new", "gelu_pytorch_tanh", "relu"]
 class ModelConfig:
     """The architecture; field names and meanings are Hugging Face `BertConfig`'s."""
 
-    vocab_size: int = 30522
-    """Number of token ids the embeddings and the MLM decoder cover."""
+    vocab_size: Optional[int] = None
+    """Number of token ids (the tokenizer's size); null = take it from the tokenizer."""
+    pad_vocab_multiple: int = 64
+    """Pad embedding and decoder rows to a multiple of this, for speed (1 = none; never targets)."""
     hidden_size: int = 768
     """Width of the embeddings and of every encoder layer."""
     num_hidden_layers: int = 12
@@ -82,25 +84,55 @@ class SyntheticConfig:
 
 
 @dataclass
+class TokenizerConfig:
+    """The WordPiece tokenizer: trained on the corpus by `prepare`, or an existing one."""
+
+    path: str = ""
+    """An existing tokenizer.json or BERT vocab.txt to use; empty = train one on the corpus."""
+    vocab_size: int = 30522
+    """Size of the vocabulary to train (the result can be smaller on a small corpus)."""
+    min_frequency: int = 2
+    """Fewest occurrences for a merged piece to enter the trained vocabulary."""
+    lowercase: bool = True
+    """Lower-case text before tokenizing (an 'uncased' model)."""
+    strip_accents: bool = True
+    """Remove accents before tokenizing."""
+
+
+@dataclass
 class DataConfig:
     """Where examples come from and how BERT examples (pairs + masks) are built."""
 
-    source: Literal["synthetic"] = "synthetic"
-    """Corpus: synthetic (generated Markov-chain documents)."""
+    corpus: str = "sample"
+    """sample (the bundled text), synthetic, or a text/JSONL file or folder (relative to this file)."""
+    prepared_dir: str = "data"
+    """Folder for the tokenizer and token shards made by `prepare`, relative to this file."""
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    """The WordPiece tokenizer."""
+    split_sentences: bool = True
+    """Split lines into sentences (lines may be whole paragraphs)."""
+    validation_fraction: float = 0.02
+    """Share of documents held out for evaluation (whole documents; 0 = none)."""
     max_seq_length: int = 128
-    """Tokens per example, [CLS] and both [SEP] included."""
+    """Tokens per example, [CLS] and [SEP]s included."""
+    pairs: bool = True
+    """Build [CLS] A [SEP] B [SEP] pairs for NSP; false = one span per example (needs train.nsp_weight 0)."""
+    short_seq_prob: float = 0.1
+    """Probability of a shorter target length for an example (Google BERT's short_seq_prob)."""
+    random_next_prob: float = 0.5
+    """Probability that sentence B comes from another document (NSP label 1)."""
     masked_lm_prob: float = 0.15
     """Share of non-special tokens chosen for MLM prediction."""
     max_predictions_per_seq: int = 20
     """Cap on the number of chosen tokens per example."""
+    whole_word_mask: bool = False
+    """Choose all the pieces of a word together."""
     mask_token_prob: float = 0.8
     """Of the chosen tokens, the share replaced by [MASK]."""
     random_token_prob: float = 0.1
     """Of the chosen tokens, the share replaced by a random token (the rest stay unchanged)."""
-    random_next_prob: float = 0.5
-    """Probability that sentence B comes from another document (NSP label 1)."""
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
-    """Settings of the synthetic corpus (used when source is synthetic)."""
+    """Settings of the synthetic corpus (used when corpus is synthetic)."""
 
 
 @dataclass
@@ -123,6 +155,10 @@ class TrainConfig:
     """Clip the global gradient norm to this value (0 = no clipping)."""
     device: str = "auto"
     """Where to train: auto (CUDA when available), cpu, cuda or cuda:N."""
+    eval_every: int = 1000
+    """Evaluate on the held-out examples every N steps (and at the end); 0 = never."""
+    eval_examples: int = 512
+    """Size of the fixed held-out example set (the same examples and masks every time)."""
 
 
 @dataclass
@@ -203,18 +239,18 @@ class Config:
 
 # Presets: overrides on top of the defaults. Only what differs from the defaults is listed.
 PRESETS: dict[str, dict[str, Any]] = {
-    # The d2l textbook's BERT: 2 layers, hidden 128, 2 heads, FFN 256, sequences of 64.
+    # The d2l textbook's BERT: 2 layers, hidden 128, 2 heads, FFN 256, sequences of 64; sized to
+    # train on the bundled sample in a few minutes on a laptop CPU.
     "tiny": {
-        "model": {"vocab_size": 1024, "hidden_size": 128, "num_hidden_layers": 2,
-                  "num_attention_heads": 2, "intermediate_size": 256},
-        "data": {"max_seq_length": 64, "max_predictions_per_seq": 10},
-        "train": {"max_steps": 500, "batch_size": 64},
-        "optimizer": {"lr": 3e-3, "warmup_steps": 30},
+        "model": {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 256},
+        "data": {"max_seq_length": 64, "max_predictions_per_seq": 10, "tokenizer": {"vocab_size": 8000},
+                 "validation_fraction": 0.05},
+        "train": {"max_steps": 500, "batch_size": 64, "eval_every": 100},
+        "optimizer": {"lr": 2e-3, "warmup_steps": 100},
         "checkpoint": {"save_every": 100},
     },
     "small": {
-        "model": {"hidden_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8,
-                  "intermediate_size": 2048},
+        "model": {"hidden_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8, "intermediate_size": 2048},
         "train": {"max_steps": 100_000, "batch_size": 64, "grad_accum_steps": 4},
         "optimizer": {"lr": 5e-4, "warmup_steps": 2_000},
     },
@@ -223,8 +259,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "train": {"batch_size": 64, "grad_accum_steps": 4},
     },
     "large": {
-        "model": {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16,
-                  "intermediate_size": 4096},
+        "model": {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "intermediate_size": 4096},
         "train": {"batch_size": 32, "grad_accum_steps": 8},
     },
 }
@@ -254,6 +289,8 @@ def _hints(cls: type) -> dict[str, Any]:
 
 
 def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) is typing.Union:
+        return " or ".join("null" if a is type(None) else _type_name(a) for a in typing.get_args(tp))
     if typing.get_origin(tp) is Literal:
         return "|".join(str(a) for a in typing.get_args(tp))
     return {int: "int", float: "float", str: "str", bool: "bool"}.get(tp, getattr(tp, "__name__", str(tp)))
@@ -262,6 +299,12 @@ def _type_name(tp: Any) -> str:
 def _check_value(value: Any, tp: Any) -> tuple[Any, str | None]:
     """Return (value converted to type tp, None) or (None, what is wrong)."""
     got = f"{value!r} ({type(value).__name__})"
+    if typing.get_origin(tp) is typing.Union:  # Optional[X]: null or an X
+        if value is None:
+            return None, None
+        inner = next(a for a in typing.get_args(tp) if a is not type(None))
+        converted, problem = _check_value(value, inner)
+        return converted, (problem + " (or null)" if problem else None)
     if typing.get_origin(tp) is Literal:
         choices = typing.get_args(tp)
         if value in choices:
@@ -468,7 +511,11 @@ def validate(cfg: Config) -> list[tuple[str, str]]:
             problems.append((path, message))
 
     m, d, t, o = cfg.model, cfg.data, cfg.train, cfg.optimizer
-    need(m.vocab_size >= 8, "model.vocab_size", f"must be at least 8 (5 special tokens and some words), got {m.vocab_size}")
+    if m.vocab_size is not None:
+        need(m.vocab_size >= 8, "model.vocab_size", f"must be at least 8 (5 special tokens and some words), got {m.vocab_size}")
+        need(0 <= m.pad_token_id < m.vocab_size, "model.pad_token_id",
+             f"must be a token id below vocab_size={m.vocab_size}, got {m.pad_token_id}")
+    need(m.pad_vocab_multiple >= 1, "model.pad_vocab_multiple", f"must be at least 1, got {m.pad_vocab_multiple}")
     need(m.hidden_size >= 1, "model.hidden_size", f"must be positive, got {m.hidden_size}")
     need(m.num_hidden_layers >= 1, "model.num_hidden_layers", f"must be at least 1, got {m.num_hidden_layers}")
     need(m.num_attention_heads >= 1, "model.num_attention_heads", f"must be at least 1, got {m.num_attention_heads}")
@@ -483,7 +530,6 @@ def validate(cfg: Config) -> list[tuple[str, str]]:
     need(m.type_vocab_size >= 2, "model.type_vocab_size", f"must be at least 2 (segments A and B), got {m.type_vocab_size}")
     need(m.initializer_range > 0, "model.initializer_range", f"must be positive, got {m.initializer_range}")
     need(m.layer_norm_eps > 0, "model.layer_norm_eps", f"must be positive, got {m.layer_norm_eps}")
-    need(0 <= m.pad_token_id < m.vocab_size, "model.pad_token_id", f"must be a token id below vocab_size={m.vocab_size}, got {m.pad_token_id}")
 
     need(d.max_seq_length >= 5, "data.max_seq_length", f"must be at least 5 ([CLS] A [SEP] B [SEP]), got {d.max_seq_length}")
     need(d.max_seq_length <= m.max_position_embeddings, "data.max_seq_length",
@@ -495,6 +541,15 @@ def validate(cfg: Config) -> list[tuple[str, str]]:
         need(0.0 <= value <= 1.0, f"data.{name}", f"must be in [0, 1], got {value}")
     need(d.mask_token_prob + d.random_token_prob <= 1.0 + 1e-9, "data.random_token_prob",
          f"data.mask_token_prob + data.random_token_prob must be at most 1, got {d.mask_token_prob + d.random_token_prob}")
+    need(d.corpus.strip() != "", "data.corpus", "is empty; use sample, synthetic, or a path to text or JSONL files")
+    need(d.corpus != "synthetic" or m.vocab_size is not None, "model.vocab_size",
+         "the synthetic corpus has no tokenizer: set model.vocab_size (e.g. 1024)")
+    need(d.tokenizer.vocab_size >= 16, "data.tokenizer.vocab_size", f"must be at least 16, got {d.tokenizer.vocab_size}")
+    need(d.tokenizer.min_frequency >= 1, "data.tokenizer.min_frequency", f"must be at least 1, got {d.tokenizer.min_frequency}")
+    need(0.0 <= d.validation_fraction <= 0.5, "data.validation_fraction", f"must be in [0, 0.5], got {d.validation_fraction}")
+    need(0.0 <= d.short_seq_prob <= 1.0, "data.short_seq_prob", f"must be in [0, 1], got {d.short_seq_prob}")
+    need(d.pairs or t.nsp_weight == 0, "data.pairs",
+         "is false (single spans, no sentence pairs) but train.nsp_weight is not 0: NSP needs pairs")
     s = d.synthetic
     need(s.num_documents >= 2, "data.synthetic.num_documents", f"must be at least 2 (random next sentences come from another document), got {s.num_documents}")
     need(1 <= s.min_sentences <= s.max_sentences, "data.synthetic.min_sentences",
@@ -505,6 +560,8 @@ def validate(cfg: Config) -> list[tuple[str, str]]:
     need(s.num_topics >= 1, "data.synthetic.num_topics", f"must be at least 1, got {s.num_topics}")
 
     need(t.max_steps >= 1, "train.max_steps", f"must be at least 1, got {t.max_steps}")
+    need(t.eval_every >= 0, "train.eval_every", f"must not be negative (0 = never), got {t.eval_every}")
+    need(t.eval_examples >= 1, "train.eval_examples", f"must be at least 1, got {t.eval_examples}")
     need(t.batch_size >= 1, "train.batch_size", f"must be at least 1, got {t.batch_size}")
     need(t.grad_accum_steps >= 1, "train.grad_accum_steps", f"must be at least 1, got {t.grad_accum_steps}")
     need(t.mlm_weight >= 0, "train.mlm_weight", f"must not be negative, got {t.mlm_weight}")

@@ -59,21 +59,29 @@ class MetricsLogger:
         if self.bar is not None:
             self.bar.update(1)
 
-    def log(self, step: int, metrics: dict[str, float]) -> None:
-        record = {"step": step, **{k: (v if math.isfinite(v) else None) for k, v in metrics.items()}}
+    def log(self, step: int, metrics: dict[str, float], split: str = "train") -> None:
+        """One record: metrics.jsonl ({"step", "split", ...}), TensorBoard (split/key), the progress line."""
+        record = {"step": step, "split": split, **{k: (v if math.isfinite(v) else None) for k, v in metrics.items()}}
         self.jsonl.write(json.dumps(record) + "\n")
         self.jsonl.flush()
         if self.writer is not None:
             for key, value in metrics.items():
-                self.writer.add_scalar(f"train/{key}", value, step)
+                self.writer.add_scalar(f"{split}/{key}", value, step)
             self.writer.flush()
-        summary = {"loss": f"{metrics['loss']:.4f}", "mlm": f"{metrics['mlm_loss']:.3f}",
-                   "nsp_acc": f"{metrics['nsp_acc']:.3f}", "tok/s": _short(metrics["tokens_per_s"])}
+        shown = {"loss": "loss", "mlm_loss": "mlm", "mlm_acc": "mlm_acc", "nsp_acc": "nsp_acc", "perplexity": "ppl",
+                 "tokens_per_s": "tok/s"}
+        summary = {label: (_short(metrics[k]) if k == "tokens_per_s" else f"{metrics[k]:.4g}")
+                   for k, label in shown.items() if k in metrics}
         if self.bar is not None:
-            self.bar.set_postfix(summary, refresh=True)
+            if split == "train":
+                self.bar.set_postfix(summary, refresh=True)
+            else:
+                self.bar.write(f"{split} at step {step}: " + ", ".join(f"{k} {v}" for k, v in summary.items()),
+                               file=sys.stderr)
         elif not self.quiet:
             fields = " | ".join(f"{k} {v}" for k, v in summary.items())
-            print(f"step {step}/{self.max_steps} | {fields} | lr {metrics['lr']:.3g}", file=sys.stderr, flush=True)
+            prefix = "step" if split == "train" else f"{split} at step"
+            print(f"{prefix} {step}/{self.max_steps} | {fields}", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         if self.bar is not None:

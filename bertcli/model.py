@@ -36,12 +36,20 @@ TIED_ALIASES = {
 }
 
 
+def padded_vocab_size(cfg: ModelConfig) -> int:
+    """Rows of the embedding and decoder matrices: vocab_size rounded up to pad_vocab_multiple
+    (matrix units like multiples of 64). Padding rows are never looked up and never targets."""
+    if cfg.vocab_size is None:
+        raise ValueError("model.vocab_size is not resolved yet (it comes from the tokenizer)")
+    return -(-cfg.vocab_size // cfg.pad_vocab_multiple) * cfg.pad_vocab_multiple
+
+
 class BertEmbeddings(nn.Module):
     """Sum of token, segment and learned position embeddings, then LayerNorm and dropout."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.word_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size, padding_idx=cfg.pad_token_id)
+        self.word_embeddings = nn.Embedding(padded_vocab_size(cfg), cfg.hidden_size, padding_idx=cfg.pad_token_id)
         self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
         self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
         self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
@@ -198,8 +206,8 @@ class BertLMPredictionHead(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.transform = BertPredictionHeadTransform(cfg)
-        self.decoder = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)  # weight tied by the parent
-        self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
+        self.decoder = nn.Linear(cfg.hidden_size, padded_vocab_size(cfg), bias=False)  # weight tied by the parent
+        self.bias = nn.Parameter(torch.zeros(padded_vocab_size(cfg)))
         self.decoder.bias = self.bias  # HF's alias: the key cls.predictions.decoder.bias exists too
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -215,7 +223,7 @@ class BertPreTrainingHeads(nn.Module):
 
 class PretrainingOutput(NamedTuple):
     encoded: torch.Tensor  # (B, T, H) last layer
-    mlm_logits: torch.Tensor  # (B, P, V) at pred_positions, or (B, T, V) when none are given
+    mlm_logits: torch.Tensor  # (B, P, V) at pred_positions, or (B, T, V) when none are given; V unpadded
     nsp_logits: torch.Tensor  # (B, 2); class 0 = "B follows A"
 
 
@@ -258,7 +266,7 @@ class BertForPreTraining(nn.Module):
             to_predict = encoded.gather(1, index)
         else:
             to_predict = encoded
-        mlm_logits = self.cls.predictions(to_predict)
+        mlm_logits = self.cls.predictions(to_predict)[..., :self.config.vocab_size]  # drop padding rows (a view)
         nsp_logits = self.cls.seq_relationship(pooled)
         return PretrainingOutput(encoded, mlm_logits, nsp_logits)
 
@@ -270,5 +278,5 @@ def flops_per_token(cfg: ModelConfig, seq_len: float, pred_share: float) -> floa
     attention scores and values 2*H*s per token, and the MLM head (H^2 + V*H) at the share of
     tokens predicted. With I = 4H this is issue #5's 72*L*H^2 + 12*L*H*s + 6*p*(H^2 + V*H).
     """
-    H, L, I, V = cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size, cfg.vocab_size
+    H, L, I, V = cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size, padded_vocab_size(cfg)
     return 6 * L * (4 * H * H + 2 * H * I) + 12 * L * H * seq_len + 6 * pred_share * (H * H + V * H)

@@ -5,13 +5,18 @@ the meta device (no memory, no time), so they cannot drift from the architecture
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from bertcli import checkpoint
 from bertcli.config import Config, ModelConfig, load_config, resolve_output_dir
+from bertcli.data.examples import ExampleBuilder
+from bertcli.data.prepare import MANIFEST, load_prepared, prepared_dir
 from bertcli.errors import UsageError
 from bertcli.metrics import read_metrics
 from bertcli.model import BertForPreTraining, flops_per_token
@@ -21,14 +26,21 @@ PARTS = {"embeddings": "bert.embeddings.", "encoder": "bert.encoder.", "pooler":
 
 
 def parameter_counts(cfg: ModelConfig) -> dict[str, int]:
-    """Parameters per part and in total; the tied decoder weight is counted once (in embeddings)."""
-    with torch.device("meta"):
-        model = BertForPreTraining(cfg)
-    counts = dict.fromkeys(PARTS, 0)
-    for name, param in model.named_parameters():  # yields each tied parameter once, under its first name
-        part = next(p for p, prefix in PARTS.items() if name.startswith(prefix))
-        counts[part] += param.numel()
-    counts["total"] = sum(counts.values())
+    """Parameters per part and in total, as Hugging Face counts them (no vocabulary padding, the
+    tied decoder once, in embeddings), plus `total_with_padding`: what bertcli trains."""
+
+    def count(model_cfg: ModelConfig) -> dict[str, int]:
+        with torch.device("meta"):
+            model = BertForPreTraining(model_cfg)
+        counts = dict.fromkeys(PARTS, 0)
+        for name, param in model.named_parameters():  # each tied parameter once, under its first name
+            part = next(p for p, prefix in PARTS.items() if name.startswith(prefix))
+            counts[part] += param.numel()
+        counts["total"] = sum(counts.values())
+        return counts
+
+    counts = count(dataclasses.replace(cfg, pad_vocab_multiple=1))
+    counts["total_with_padding"] = count(cfg)["total"]
     return counts
 
 
@@ -51,10 +63,16 @@ def flops(cfg: Config) -> dict[str, Any]:
 def _training(output_dir: Path, cfg: Config, only: Path | None = None) -> dict[str, Any]:
     ckpts = checkpoint.list_checkpoints(output_dir)
     records = read_metrics(output_dir / "metrics.jsonl")
+    train_records = [r for r in records if r.get("split", "train") == "train"]
+    eval_records = [r for r in records if r.get("split") == "eval"]
     source = only or (ckpts[-1][1] if ckpts else None)
     state = checkpoint.read_trainer_state(source) if source else {}
-    last = state.get("metrics") if only else (records[-1] if records else state.get("metrics"))
+    last = state.get("metrics") if only else (train_records[-1] if train_records else state.get("metrics"))
+    last_eval = state.get("eval_metrics") if only else (eval_records[-1] if eval_records else state.get("eval_metrics"))
+    best = checkpoint.checkpoints_dir(output_dir) / checkpoint.BEST
     return {
+        "last_eval_metrics": last_eval or {},
+        "best_checkpoint": str(best) if checkpoint.is_checkpoint(best) else None,
         "output_dir": str(output_dir),
         "step": state.get("step", 0) if only else max([state.get("step", 0)] + [r.get("step", 0) for r in records[-1:]]),
         # The resolved config of the newest checkpoint knows about --set overrides; the file does not.
@@ -71,8 +89,11 @@ def inspect_path(path: Path) -> dict[str, Any]:
     """The report for a config file, a run folder (holding config.yaml) or a checkpoint folder."""
     path = Path(path)
     if not path.exists():
-        raise UsageError(f"{path}: no such file or folder; pass a config file, a run folder or a checkpoint folder")
+        raise UsageError(f"{path}: no such file or folder; pass a config file, a run folder, a checkpoint folder "
+                         "or a prepared-data folder")
     training = None
+    if path.is_dir() and (path / MANIFEST).is_file():
+        return data_report(path)
     if path.is_file():
         kind, cfg = "config", load_config(path)
     elif checkpoint.is_checkpoint(path):
@@ -88,11 +109,60 @@ def inspect_path(path: Path) -> dict[str, Any]:
     else:
         raise UsageError(f"{path}: not a config file, a run folder (with config.yaml) or a checkpoint folder "
                          f"(with {', '.join(checkpoint.FILES)})")
+    cfg, vocab_note = _with_vocab(cfg, path if path.is_file() else path / "config.yaml")
     report: dict[str, Any] = {"kind": kind, "path": str(path), "architecture": architecture(cfg),
                               "parameters": parameter_counts(cfg.model), "flops": flops(cfg)}
+    if vocab_note:
+        report["architecture"]["vocab_size_note"] = vocab_note
     if training is not None:
         report["training"] = training
     return report
+
+
+def _with_vocab(cfg: Config, config_path: Path) -> tuple[Config, str | None]:
+    """A config whose vocab_size is null gets the prepared tokenizer's size, or else the size
+    the tokenizer will be trained to (said in a note)."""
+    if cfg.model.vocab_size is not None:
+        return cfg, None
+    manifest = prepared_dir(cfg, config_path) / MANIFEST
+    if manifest.is_file():
+        size, note = json.loads(manifest.read_text())["tokenizer"]["vocab_size"], f"from the tokenizer in {manifest.parent}"
+    else:
+        size, note = cfg.data.tokenizer.vocab_size, "data.tokenizer.vocab_size (not prepared yet: the trained size may be smaller)"
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=size)), note
+
+
+def data_report(folder: Path, examples: int = 512) -> dict[str, Any]:
+    """Statistics of prepared data, and one decoded example pair with its masked positions marked."""
+    prepared = load_prepared(folder)
+    m = prepared.manifest
+    try:  # the run config that owns this folder gives the sequence length and masking settings
+        cfg = load_config(folder.parent / "config.yaml")
+    except UsageError:
+        cfg = Config()
+    train = prepared.corpus("train")
+    lengths = np.diff(np.asarray(train.seg_offsets))
+    builder = ExampleBuilder(train, cfg.data)
+    rows = [builder.example(np.random.default_rng([cfg.train.seed, 2, 0, i])) for i in range(examples)]
+    padding = 1.0 - float(np.mean([len(e.tokens) for e in rows])) / cfg.data.max_seq_length
+    e = rows[0]
+    shown = [prepared.tokenizer.id_to_token(int(t)) for t in e.tokens]
+    for position, label in zip(e.pred_positions, e.pred_labels):
+        original = prepared.tokenizer.id_to_token(int(label))
+        shown[position] = f"[{shown[position]}→{original}]" if shown[position] != original else f"[={original}]"
+    splits = m["splits"]
+    tokens = splits["train"]["tokens"] + splits["valid"]["tokens"]
+    return {
+        "kind": "prepared data", "path": str(folder), "corpus": m["corpus"]["source"],
+        "files": len(m["corpus"]["files"]), "corpus_bytes": sum(f["bytes"] for f in m["corpus"]["files"]),
+        "splits": splits, "vocab_size": prepared.vocab_size, "tokenizer": m["tokenizer"]["source"],
+        "dtype": m["dtype"], "unknown_rate": m["unknown_tokens"] / max(tokens, 1),
+        "segment_length_mean": float(lengths.mean()), "segment_length_p95": float(np.percentile(lengths, 95)),
+        "max_seq_length": cfg.data.max_seq_length, "padding_share": padding,
+        "example": {"nsp_label": int(e.nsp_label), "text": " ".join(shown),
+                    "legend": "[shown→original] masked or replaced, [=original] chosen but kept"},
+        "prepare_tokens_per_s": m.get("tokens_per_s"),
+    }
 
 
 def _table(rows: list[tuple[str, str]]) -> list[str]:
@@ -109,6 +179,8 @@ def _num(value: Any) -> str:
 
 
 def format_report(report: dict[str, Any]) -> str:
+    if report["kind"] == "prepared data":
+        return _format_data(report)
     lines = [f"{report['kind']}: {report['path']}", "", "architecture"]
     lines += _table([(k, _num(v)) for k, v in report["architecture"].items()])
     lines += ["", "parameters (tied decoder counted once)"]
@@ -124,8 +196,27 @@ def format_report(report: dict[str, Any]) -> str:
                 ("tokens seen", _num(t["tokens_seen"]))]
         if t.get("train_time_s") is not None:
             rows.append(("train time", f"{t['train_time_s']:.1f} s"))
-        rows += [(f"last {k}", _num(v)) for k, v in t["last_metrics"].items() if k != "step"]
+        rows += [(f"last {k}", _num(v)) for k, v in t["last_metrics"].items() if k not in ("step", "split")]
+        rows += [(f"held-out {k}", _num(v)) for k, v in t["last_eval_metrics"].items() if k not in ("step", "split")]
+        if t.get("best_checkpoint"):
+            rows.append(("best checkpoint", t["best_checkpoint"]))
         lines += _table(rows)
         lines += ["", f"checkpoints ({len(t['checkpoints'])})"]
         lines += [f"  step {c['step']:>9,}  {c['path']}" for c in t["checkpoints"]] or ["  none yet"]
     return "\n".join(lines)
+
+
+def _format_data(r: dict[str, Any]) -> str:
+    sp = r["splits"]
+    rows = [("corpus", f"{r['corpus']} ({r['files']} file(s), {r['corpus_bytes']:,} bytes)"),
+            ("documents", f"{sp['train']['documents']:,} train + {sp['valid']['documents']:,} held out"),
+            ("sentences", f"{sp['train']['segments']:,} + {sp['valid']['segments']:,}"),
+            ("tokens", f"{sp['train']['tokens']:,} + {sp['valid']['tokens']:,} ({r['dtype']})"),
+            ("vocabulary", f"{r['vocab_size']:,} ({r['tokenizer']})"),
+            ("unknown tokens", f"{100 * r['unknown_rate']:.3f}%"),
+            ("sentence length", f"mean {r['segment_length_mean']:.1f}, 95th percentile {r['segment_length_p95']:.0f} tokens"),
+            ("padding", f"{100 * r['padding_share']:.1f}% of a batch at max_seq_length {r['max_seq_length']}")]
+    ex = r["example"]
+    return "\n".join([f"prepared data: {r['path']}", ""] + _table(rows) + [
+        "", f"example (NSP label {ex['nsp_label']}: {'B follows A' if ex['nsp_label'] == 0 else 'B is random'}; "
+        f"{ex['legend']})", "  " + ex["text"]])

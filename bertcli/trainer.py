@@ -8,19 +8,23 @@ steps save. The only host-device syncs are at log steps.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import sys
 import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 import yaml
 
 from bertcli import __version__, atomic, checkpoint, runtime
 from bertcli.config import Config, TrainConfig, resolve_output_dir, to_dict
-from bertcli.data import Batch, ExampleBuilder, build_corpus
+from bertcli.data import Batch, Corpus, ExampleBuilder, load_data
 from bertcli.data.examples import IGNORE
+from bertcli.errors import UsageError
 from bertcli.metrics import MetricsLogger
 from bertcli.model import BertForPreTraining, PretrainingOutput
 from bertcli.optim import build_optimizer, lr_at
@@ -35,28 +39,84 @@ class Losses(NamedTuple):
     stats: torch.Tensor  # (7,) detached: total, mlm, nsp, mlm correct, mlm count, nsp correct, nsp count
 
 
-def pretraining_loss(out: PretrainingOutput, batch: Batch, cfg: TrainConfig) -> Losses:
+def pretraining_loss(out: PretrainingOutput, batch: Batch, mlm_weight: float, nsp_weight: float,
+                     nsp: bool = True) -> Losses:
     """mlm_weight * MLM cross-entropy (mean over real predictions) + nsp_weight * NSP cross-entropy.
 
     Padded prediction slots carry the label IGNORE, so they add nothing to the loss or to its
-    denominator (the textbook's weighting bug cannot happen). Computed in fp32.
+    denominator (the textbook's weighting bug cannot happen). Computed in fp32. Without
+    sentence pairs (`nsp=False`) the NSP terms are zero.
     """
     V = out.mlm_logits.shape[-1]
     mlm_logits = out.mlm_logits.float().reshape(-1, V)  # (B*P, V)
     labels = batch.mlm_labels.reshape(-1)  # (B*P,)
     mlm = F.cross_entropy(mlm_logits, labels, ignore_index=IGNORE)
     nsp_logits = out.nsp_logits.float()
-    nsp = F.cross_entropy(nsp_logits, batch.nsp_labels)
-    total = cfg.mlm_weight * mlm + cfg.nsp_weight * nsp
+    nsp_loss = F.cross_entropy(nsp_logits, batch.nsp_labels) if nsp else mlm.new_zeros(())
+    total = mlm_weight * mlm + nsp_weight * nsp_loss
     with torch.no_grad():
         real = labels != IGNORE
+        nsp_rows = batch.nsp_labels != IGNORE
         stats = torch.stack([
-            total.detach(), mlm.detach(), nsp.detach(),
+            total.detach(), mlm.detach(), nsp_loss.detach(),
             ((mlm_logits.argmax(-1) == labels) & real).sum().float(), real.sum().float(),
-            (nsp_logits.argmax(-1) == batch.nsp_labels).sum().float(),
-            (batch.nsp_labels >= 0).sum().float(),  # the row count, made on the device: no host copy
+            ((nsp_logits.argmax(-1) == batch.nsp_labels) & nsp_rows).sum().float(),
+            nsp_rows.sum().float(),  # counted on the device: no host copy
         ])
     return Losses(total, stats)
+
+
+def metrics_from(stats: list[float], micro_steps: float, nsp: bool) -> dict[str, float]:
+    """Averages from summed Losses.stats: losses per micro-batch, accuracies per prediction."""
+    metrics = {"loss": stats[0] / micro_steps, "mlm_loss": stats[1] / micro_steps,
+               "mlm_acc": stats[3] / max(stats[4], 1.0)}
+    if nsp:
+        metrics.update(nsp_loss=stats[2] / micro_steps, nsp_acc=stats[5] / max(stats[6], 1.0))
+    return metrics
+
+
+@torch.no_grad()
+def evaluate(model: BertForPreTraining, batches: list[Batch], rt: runtime.Runtime, tc: TrainConfig,
+             nsp: bool) -> dict[str, float]:
+    """MLM and NSP loss and accuracy on the fixed held-out batches (weighted by predictions)."""
+    model.eval()
+    sums = torch.zeros(5, device=rt.device)  # mlm loss*count, mlm correct, mlm count, nsp loss*rows, nsp correct
+    rows = 0
+    for batch in batches:
+        batch = batch.to(rt.device)
+        with rt.autocast():
+            out = model(batch.input_ids, batch.token_type_ids, batch.valid_lens, batch.pred_positions)
+        s = pretraining_loss(out, batch, tc.mlm_weight, tc.nsp_weight, nsp).stats
+        sums += torch.stack([s[1] * s[4], s[3], s[4], s[2] * s[6], s[5]])
+        rows += len(batch.nsp_labels)
+    model.train()
+    mlm_loss_sum, mlm_correct, mlm_count, nsp_loss_sum, nsp_correct = sums.tolist()
+    metrics = {"mlm_loss": mlm_loss_sum / mlm_count, "mlm_acc": mlm_correct / mlm_count,
+               "perplexity": math.exp(min(mlm_loss_sum / mlm_count, 50.0))}
+    if nsp:
+        metrics.update(nsp_loss=nsp_loss_sum / rows, nsp_acc=nsp_correct / rows)
+    return metrics
+
+
+def most_frequent_token_accuracy(train: Corpus, batches: list[Batch]) -> float:
+    """MLM accuracy on `batches` of always predicting the most frequent regular token of the
+    training corpus: the bar a model must clear to have learned anything beyond unigrams."""
+    sample = np.asarray(train.tokens[: 50_000_000], dtype=np.int64)  # plenty to find the top token
+    counts = np.bincount(sample, minlength=train.vocab_size)
+    counts[[train.special.pad, train.special.unk, train.special.cls, train.special.sep, train.special.mask]] = 0
+    top = int(counts.argmax())
+    labels = torch.cat([b.mlm_labels[b.mlm_labels != IGNORE] for b in batches])
+    return float((labels == top).float().mean())
+
+
+def resolve_vocab(cfg: Config, vocab_size: int, source: str) -> Config:
+    """model.vocab_size from the tokenizer (null), or checked against it."""
+    if cfg.model.vocab_size is None:
+        return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab_size))
+    if cfg.model.vocab_size != vocab_size:
+        raise UsageError(f"model.vocab_size={cfg.model.vocab_size} but the tokenizer of {source} has {vocab_size:,} "
+                         "tokens; set model.vocab_size: null to take the size from the tokenizer")
+    return cfg
 
 
 def pretrain(cfg: Config, config_path: Path | None = None, resume: str = "auto", quiet: bool = False,
@@ -66,18 +126,31 @@ def pretrain(cfg: Config, config_path: Path | None = None, resume: str = "auto",
     output_dir = resolve_output_dir(cfg, config_path)
     rt = runtime.setup(cfg.train.device, cfg.precision)
     atomic.clean_leftovers(checkpoint.checkpoints_dir(output_dir))  # what a killed run was writing
-    resume_from = checkpoint.choose_resume(output_dir, resume, cfg)  # fails before any output
+    if resume not in ("auto", "never") and not Path(resume).exists():
+        raise UsageError(f"--resume {resume}: no such checkpoint folder")
+    data = load_data(cfg, config_path, quiet)  # prepares text corpora first when needed (cached)
+    cfg = resolve_vocab(cfg, data.vocab_size, cfg.data.corpus)
+    resume_from = checkpoint.choose_resume(output_dir, resume, cfg)
     log(f"bertcli {__version__}: {rt.describe()}; output in {output_dir}")
     log("resolved config:\n" + yaml.safe_dump(to_dict(cfg), sort_keys=False).rstrip())
     output_dir.mkdir(parents=True, exist_ok=True)
 
-    corpus = build_corpus(cfg)
+    corpus, nsp = data.train, cfg.data.pairs
     builder = ExampleBuilder(corpus, cfg.data)
+    tc = cfg.train
+    eval_batches: list[Batch] = []
+    if data.valid is not None and tc.eval_every > 0:
+        # A fixed held-out set: the same examples and masks at every evaluation.
+        held_out = ExampleBuilder(data.valid, cfg.data)
+        eval_batches = [held_out.batch(tc.seed, 0, range(i, min(i + tc.batch_size, tc.eval_examples)), ExampleBuilder.EVAL)
+                        for i in range(0, tc.eval_examples, tc.batch_size)]
+        baseline = most_frequent_token_accuracy(corpus, eval_batches)
     torch.manual_seed(cfg.train.seed)
     model = BertForPreTraining(cfg.model).to(rt.device)
     optimizer = build_optimizer(model, cfg.optimizer, fused=rt.device.type == "cuda")
     scaler = rt.grad_scaler(cfg.precision)
     step, tokens_seen, start_time_s = 0, 0, 0.0
+    best = checkpoint.best_eval_loss(output_dir)
     if resume_from is not None:
         checkpoint.load_weights(model, resume_from)
         step = checkpoint.load_training_state(resume_from, optimizer, scaler, rt.device)
@@ -87,12 +160,11 @@ def pretrain(cfg: Config, config_path: Path | None = None, resume: str = "auto",
     n_params = sum(p.numel() for p in model.parameters())
     log(f"model: {n_params:,} parameters; corpus: {corpus.num_documents:,} documents, {corpus.num_tokens:,} tokens")
 
-    tc = cfg.train
     B, A = tc.batch_size, tc.grad_accum_steps
     last_step = min(tc.max_steps, stop_at or tc.max_steps)
     logger = MetricsLogger(output_dir, step, tc.max_steps, cfg.logging.tensorboard, quiet)
     stats = torch.zeros(7, device=rt.device)  # summed over the micro-batches since the last log
-    window_tokens, window_start = 0, time.perf_counter()
+    window_tokens, window_start, window_step = 0, time.perf_counter(), step
     run_start, last_metrics, last_saved = time.perf_counter(), {}, None
     if rt.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(rt.device)
@@ -111,7 +183,7 @@ def pretrain(cfg: Config, config_path: Path | None = None, resume: str = "auto",
                 batch = (batch.pin_memory() if pin else batch).to(rt.device, non_blocking=pin)
                 with rt.autocast():
                     out = model(batch.input_ids, batch.token_type_ids, batch.valid_lens, batch.pred_positions)
-                losses = pretraining_loss(out, batch, tc)
+                losses = pretraining_loss(out, batch, tc.mlm_weight, tc.nsp_weight, nsp)
                 scaler.scale(losses.total / A).backward()
                 stats += losses.stats
             scaler.unscale_(optimizer)  # no-op unless fp16
@@ -123,25 +195,31 @@ def pretrain(cfg: Config, config_path: Path | None = None, resume: str = "auto",
             logger.advance()
 
             if step % cfg.logging.log_every == 0 or step == last_step:
-                s = stats.tolist()  # the sync point
                 elapsed = time.perf_counter() - window_start
-                micro_steps = s[6] / B
-                last_metrics = {
-                    "loss": s[0] / micro_steps, "mlm_loss": s[1] / micro_steps, "nsp_loss": s[2] / micro_steps,
-                    "mlm_acc": s[3] / max(s[4], 1.0), "nsp_acc": s[5] / max(s[6], 1.0),
-                    "lr": lr, "grad_norm": float(grad_norm), "tokens_per_s": window_tokens / max(elapsed, 1e-9),
-                }
+                micro_steps = (step - window_step) * A
+                last_metrics = metrics_from(stats.tolist(), micro_steps, nsp)  # the sync point
+                last_metrics.update(lr=lr, grad_norm=float(grad_norm), tokens_per_s=window_tokens / max(elapsed, 1e-9))
                 if rt.device.type == "cuda":
                     last_metrics["peak_mem_gib"] = torch.cuda.max_memory_allocated(rt.device) / 2**30
                 logger.log(step, last_metrics)
                 stats.zero_()
-                window_tokens, window_start = 0, time.perf_counter()
+                window_tokens, window_start, window_step = 0, time.perf_counter(), step
+
+            state = {"tokens_seen": tokens_seen, "train_time_s": start_time_s + time.perf_counter() - run_start,
+                     "metrics": last_metrics}
+            if eval_batches and (step % tc.eval_every == 0 or step == last_step):
+                eval_start = time.perf_counter()
+                state["eval_metrics"] = {**evaluate(model, eval_batches, rt, tc, nsp), "mlm_acc_baseline": baseline}
+                logger.log(step, state["eval_metrics"], split="eval")
+                window_start += time.perf_counter() - eval_start  # keep evaluation out of tokens/s
+                if best is None or state["eval_metrics"]["mlm_loss"] < best:
+                    best = state["eval_metrics"]["mlm_loss"]
+                    checkpoint.save(output_dir, step, model, optimizer, scaler, cfg, state, cfg.checkpoint.keep_last,
+                                    data.tokenizer_files, name=checkpoint.BEST)
 
             if step % cfg.checkpoint.save_every == 0 or step == last_step:
-                state = {"tokens_seen": tokens_seen, "train_time_s": start_time_s + time.perf_counter() - run_start,
-                         "metrics": last_metrics}
                 last_saved = checkpoint.save(output_dir, step, model, optimizer, scaler, cfg, state,
-                                             cfg.checkpoint.keep_last)
+                                             cfg.checkpoint.keep_last, data.tokenizer_files)
     finally:
         logger.close()
     if last_saved is None and resume_from is not None:

@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 # Small enough that a training step takes a few milliseconds on a laptop CPU.
 MICRO = [
-    "model.vocab_size=128", "model.hidden_size=32", "model.num_hidden_layers=2", "model.num_attention_heads=2",
+    "data.corpus=synthetic", "model.vocab_size=128", "model.hidden_size=32", "model.num_hidden_layers=2", "model.num_attention_heads=2",
     "model.intermediate_size=64", "model.max_position_embeddings=64", "data.max_seq_length=32",
     "data.max_predictions_per_seq=5", "data.synthetic.num_documents=100", "data.synthetic.num_topics=4",
     "train.batch_size=8", "train.max_steps=12", "optimizer.warmup_steps=2", "logging.log_every=4",

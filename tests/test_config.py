@@ -27,8 +27,9 @@ def test_preset_sizes_are_the_documented_ones():
     shape = lambda m: (m.num_hidden_layers, m.hidden_size, m.num_attention_heads, m.intermediate_size)  # noqa: E731
     assert shape(sizes["tiny"]) == (2, 128, 2, 256) and preset_config("tiny").data.max_seq_length == 64
     assert shape(sizes["small"]) == (4, 512, 8, 2048)
-    assert shape(sizes["base"]) == (12, 768, 12, 3072) and sizes["base"].vocab_size == 30522
-    assert shape(sizes["large"]) == (24, 1024, 16, 4096) and sizes["large"].vocab_size == 30522
+    assert shape(sizes["base"]) == (12, 768, 12, 3072) and preset_config("base").data.tokenizer.vocab_size == 30522
+    assert shape(sizes["large"]) == (24, 1024, 16, 4096) and preset_config("large").data.tokenizer.vocab_size == 30522
+    assert all(m.vocab_size is None for m in sizes.values()), "text presets take vocab_size from the tokenizer"
     assert all(preset_config(name).data.max_seq_length == 128 for name in ("small", "base", "large"))
 
 

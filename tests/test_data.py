@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from bertcli.config import DataConfig
-from bertcli.data import Corpus, ExampleBuilder, SpecialTokens, build_corpus
+from bertcli.data import Corpus, ExampleBuilder, SpecialTokens
+from bertcli.data.corpus import synthetic_corpus
 from bertcli.data.examples import IGNORE, Batch, truncate_pair
 from bertcli.model import BertForPreTraining
 from bertcli.trainer import pretraining_loss
@@ -31,7 +32,7 @@ def one_token_per_document_corpus(num_docs: int = 40, seed: int = 0) -> Corpus:
 
 def test_pair_layout():
     cfg = micro_config()
-    builder = ExampleBuilder(build_corpus(cfg), cfg.data)
+    builder = ExampleBuilder(synthetic_corpus(cfg.data.synthetic, cfg.model.vocab_size), cfg.data)
     for i in range(200):
         e = builder.example(np.random.default_rng(i))
         # [CLS] first, then exactly one [SEP] in the middle and one at the end (labels restore masked ones)
@@ -47,7 +48,7 @@ def test_pair_layout():
 
 def test_batch_is_a_pure_function_of_seed_and_step_and_splits_like_one_batch():
     cfg = micro_config()
-    builder = ExampleBuilder(build_corpus(cfg), cfg.data)
+    builder = ExampleBuilder(synthetic_corpus(cfg.data.synthetic, cfg.model.vocab_size), cfg.data)
     a, b = builder.batch(7, 3, range(8)), builder.batch(7, 3, range(8))
     for f in dataclasses.fields(Batch):
         assert torch.equal(getattr(a, f.name), getattr(b, f.name))
@@ -95,7 +96,7 @@ def test_masking_and_nsp_statistics_on_a_large_sample():
 
 def test_max_predictions_caps_the_choice():
     cfg = micro_config("data.max_predictions_per_seq=2", "data.masked_lm_prob=0.5")
-    builder = ExampleBuilder(build_corpus(cfg), cfg.data)
+    builder = ExampleBuilder(synthetic_corpus(cfg.data.synthetic, cfg.model.vocab_size), cfg.data)
     assert all(len(builder.example(np.random.default_rng(i)).pred_positions) <= 2 for i in range(50))
 
 
@@ -110,7 +111,7 @@ def test_truncation_keeps_within_budget_and_trims_the_longer_side():
 def test_padded_prediction_slots_do_not_change_the_loss():
     """d2l's weighting bug: padded slots must not enter the MLM mean (numerator or denominator)."""
     cfg = micro_config()
-    builder = ExampleBuilder(build_corpus(cfg), cfg.data)
+    builder = ExampleBuilder(synthetic_corpus(cfg.data.synthetic, cfg.model.vocab_size), cfg.data)
     batch = builder.batch(0, 0, range(8))
     torch.manual_seed(0)
     model = BertForPreTraining(cfg.model).eval()
@@ -118,7 +119,7 @@ def test_padded_prediction_slots_do_not_change_the_loss():
     def loss(b: Batch):
         with torch.no_grad():
             out = model(b.input_ids, b.token_type_ids, b.valid_lens, b.pred_positions)
-        return pretraining_loss(out, b, cfg.train)
+        return pretraining_loss(out, b, cfg.train.mlm_weight, cfg.train.nsp_weight)
 
     base = loss(batch)
     # Ten more padded slots per row, pointing at arbitrary positions.
@@ -139,10 +140,10 @@ def test_padded_prediction_slots_do_not_change_the_loss():
     assert base.stats[4] == real.sum()
 
 
-def test_corpus_needs_pairs():
+def test_pairs_need_two_documents():
     corpus = Corpus(tokens=np.arange(10, 20, dtype=np.uint16), seg_offsets=np.array([0, 5, 10]),
-                    doc_offsets=np.array([0, 1, 2]), vocab_size=30, special=SP)
+                    doc_offsets=np.array([0, 2]), vocab_size=30, special=SP)
     from bertcli.errors import UsageError
 
-    with pytest.raises(UsageError, match="2 or more sentences"):
+    with pytest.raises(UsageError, match="at least 2 documents"):
         ExampleBuilder(corpus, DataConfig(max_seq_length=16))

@@ -14,11 +14,12 @@ from bertcli.summary import parameter_counts
 transformers = pytest.importorskip("transformers")
 
 SMALL = ModelConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
-                    max_position_embeddings=40)
+                    max_position_embeddings=40, pad_vocab_multiple=1)
 
 
 def hf_model(cfg: ModelConfig):
-    config = transformers.BertConfig(**dataclasses.asdict(cfg), attn_implementation="sdpa")
+    fields = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "pad_vocab_multiple"}
+    config = transformers.BertConfig(**fields, attn_implementation="sdpa")
     return transformers.BertForPreTraining(config)
 
 
@@ -63,15 +64,17 @@ def test_decoder_is_tied_to_word_embeddings():
 
 @pytest.mark.parametrize("preset, expected", [("base", 110_106_428), ("large", 336_226_108)])
 def test_parameter_counts_equal_hugging_face(preset, expected):
-    cfg = preset_config(preset).model
+    cfg = dataclasses.replace(preset_config(preset).model, vocab_size=30522)  # the tokenizer's size
     counts = parameter_counts(cfg)
     assert counts["total"] == expected  # the issue's figure for BertForPreTraining, 30,522 tokens
     with torch.device("meta"):
         hf = hf_model(cfg)
     assert counts["total"] == hf.num_parameters()
-    assert counts["total"] == sum(v for k, v in counts.items() if k != "total")
+    assert counts["total"] == sum(v for k, v in counts.items() if k not in ("total", "total_with_padding"))
     assert counts["nsp_head"] == 2 * cfg.hidden_size + 2
     assert counts["pooler"] == cfg.hidden_size ** 2 + cfg.hidden_size
+    # bertcli pads the embedding and decoder rows to a multiple of 64 (30,528): 6 rows of H, and 6 biases.
+    assert counts["total_with_padding"] - counts["total"] == 6 * cfg.hidden_size + 6
 
 
 def test_mlm_head_runs_only_at_gathered_positions():
@@ -101,9 +104,20 @@ def test_padding_does_not_leak_into_real_positions():
     torch.testing.assert_close(a.nsp_logits, b.nsp_logits)
 
 
+def test_vocabulary_padding_rows_are_never_in_the_logits():
+    cfg = dataclasses.replace(SMALL, pad_vocab_multiple=64)
+    model = BertForPreTraining(cfg)
+    assert model.bert.embeddings.word_embeddings.weight.shape[0] == 128
+    tokens, segments, valid_lens = random_inputs(cfg)
+    out = model(tokens, segments, valid_lens, torch.zeros(4, 2, dtype=torch.long))
+    assert out.mlm_logits.shape == (4, 2, 99)
+    out.mlm_logits.sum().backward()
+    assert torch.all(model.bert.embeddings.word_embeddings.weight.grad[99:] == 0)
+
+
 def test_initialisation_follows_bert():
     torch.manual_seed(0)
-    model = BertForPreTraining(preset_config("tiny").model)
+    model = BertForPreTraining(dataclasses.replace(preset_config("tiny").model, vocab_size=8000))
     std = model.config.initializer_range
     weight = model.bert.encoder.layer[0].intermediate.dense.weight
     assert abs(weight.std().item() - std) < 0.1 * std
@@ -113,6 +127,6 @@ def test_initialisation_follows_bert():
 
 
 def test_flops_formula_matches_issue_form_when_ffn_is_4h():
-    cfg = preset_config("base").model
+    cfg = dataclasses.replace(preset_config("base").model, vocab_size=30528)  # a multiple of 64: no padding
     L, H, V, s, p = cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size, 128, 0.15
     assert flops_per_token(cfg, s, p) == pytest.approx(72 * L * H * H + 12 * L * H * s + 6 * p * (H * H + V * H))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 from bertcli.config import PRESETS, markdown_reference, preset_config
@@ -21,7 +22,7 @@ def test_preset_table_matches_the_code():
         assert row, f"no README row for preset {name}"
         cells = [c.strip() for c in row.group(1).split("|") if c.strip()]
         cfg = preset_config(name)
-        m = cfg.model
+        m = dataclasses.replace(cfg.model, vocab_size=cfg.data.tokenizer.vocab_size)  # counted at the tokenizer's size
         assert [int(c) for c in cells[:5]] == [m.num_hidden_layers, m.hidden_size, m.num_attention_heads,
                                                 m.intermediate_size, cfg.data.max_seq_length]
         assert int(cells[5].split()[0].replace(",", "")) == parameter_counts(m)["total"]

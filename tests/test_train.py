@@ -42,8 +42,9 @@ def assert_bitwise_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor])
 def test_run_writes_metrics_tensorboard_and_checkpoints(tmp_path):
     result = train(tmp_path)  # 12 steps, log every 4, save every 4, keep 2
     assert result["step"] == 12
-    records = read_metrics(tmp_path / "metrics.jsonl")
+    records = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["split"] == "train"]
     assert [r["step"] for r in records] == [4, 8, 12]
+    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl") if r["split"] == "eval"] == [12]
     for key in ("loss", "mlm_loss", "nsp_loss", "mlm_acc", "nsp_acc", "lr", "grad_norm", "tokens_per_s"):
         assert all(isinstance(r[key], float) and math.isfinite(r[key]) for r in records), key
     assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
@@ -76,8 +77,9 @@ def test_exact_resume_is_bitwise_identical(tmp_path):
     assert json.loads((a / "trainer_state.json").read_text())["tokens_seen"] == \
         json.loads((b / "trainer_state.json").read_text())["tokens_seen"]
     # metrics.jsonl of the resumed run has each step once, in order
-    steps = [r["step"] for r in read_metrics(tmp_path / "two_halves" / "metrics.jsonl")]
-    assert steps == sorted(set(steps)) and steps[-1] == 12
+    for split in ("train", "eval"):
+        steps = [r["step"] for r in read_metrics(tmp_path / "two_halves" / "metrics.jsonl") if r["split"] == split]
+        assert steps == sorted(set(steps)) and steps[-1] == 12
 
 
 def test_resume_modes(tmp_path):
@@ -131,7 +133,7 @@ def test_grad_accumulation_sees_the_same_examples(tmp_path):
 def test_training_learns(tmp_path):
     train(tmp_path, "train.max_steps=160", "logging.log_every=20", "checkpoint.save_every=160", "train.batch_size=16",
           "optimizer.lr=5e-3", "data.synthetic.num_topics=16", "model.hidden_size=64", "model.intermediate_size=128")
-    records = read_metrics(tmp_path / "metrics.jsonl")
+    records = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["split"] == "train"]
     first, last = records[0], records[-1]
     assert last["mlm_loss"] < first["mlm_loss"] - 1.0, (first, last)
     assert last["nsp_acc"] > 0.65

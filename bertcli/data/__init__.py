@@ -1,14 +1,38 @@
-"""Data: the corpus abstraction and BERT example construction (pairs + masking)."""
+"""Data: corpora (synthetic or prepared from text) and BERT example construction (pairs + masking)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+
 from bertcli.config import Config
-from bertcli.data.corpus import Corpus, SpecialTokens, synthetic_corpus
+from bertcli.data.corpus import Corpus, SpecialTokens, held_out, select_documents, synthetic_corpus
 from bertcli.data.examples import Batch, ExampleBuilder
 
-__all__ = ["Batch", "Corpus", "ExampleBuilder", "SpecialTokens", "build_corpus", "synthetic_corpus"]
+__all__ = ["Batch", "Corpus", "Dataset", "ExampleBuilder", "SpecialTokens", "load_data"]
 
 
-def build_corpus(cfg: Config) -> Corpus:
-    """The corpus named by cfg.data.source."""
-    return synthetic_corpus(cfg.data.synthetic, cfg.model.vocab_size)
+@dataclass
+class Dataset:
+    """What training reads: the training corpus, the held-out one, and the tokenizer's files."""
+
+    train: Corpus
+    valid: Corpus | None
+    vocab_size: int
+    tokenizer_files: list[Path]  # copied into every checkpoint (none for the synthetic corpus)
+
+
+def load_data(cfg: Config, config_path: Path | None, quiet: bool = False) -> Dataset:
+    """The corpus named by data.corpus: generated, or prepared from text (prepared first if needed)."""
+    if cfg.data.corpus == "synthetic":
+        assert cfg.model.vocab_size is not None  # validated in config
+        corpus = synthetic_corpus(cfg.data.synthetic, cfg.model.vocab_size)
+        valid = held_out(corpus.num_documents, cfg.data.validation_fraction)
+        return Dataset(select_documents(corpus, (~valid).nonzero()[0]),
+                       select_documents(corpus, valid.nonzero()[0]) if valid.any() else None,
+                       corpus.vocab_size, [])
+    from bertcli.data.prepare import load_prepared, prepare  # tokenizers is only needed for text
+
+    prepared = load_prepared(prepare(cfg, config_path, quiet=quiet))
+    return Dataset(prepared.corpus("train"), prepared.corpus("valid"), prepared.vocab_size,
+                   [prepared.folder / "tokenizer.json", prepared.folder / "vocab.txt"])

@@ -41,6 +41,7 @@ class Corpus:
     doc_offsets: np.ndarray
     vocab_size: int
     special: SpecialTokens
+    continuation: np.ndarray | None = None  # (V,) True for "##" pieces; needed by whole-word masking
 
     @property
     def num_documents(self) -> int:
@@ -60,6 +61,28 @@ class Corpus:
     def document_of_segment(self) -> np.ndarray:
         """(S,) the document each segment belongs to."""
         return np.repeat(np.arange(self.num_documents), np.diff(self.doc_offsets))
+
+
+def select_documents(corpus: Corpus, docs: np.ndarray) -> Corpus:
+    """A new in-memory corpus made of the given documents, in order."""
+    segs = [np.arange(corpus.doc_offsets[d], corpus.doc_offsets[d + 1]) for d in docs]
+    seg_ids = np.concatenate(segs) if segs else np.zeros(0, dtype=np.int64)
+    lengths = np.diff(corpus.seg_offsets)[seg_ids]
+    tokens = np.concatenate([corpus.segment(s) for s in seg_ids]) if len(seg_ids) else corpus.tokens[:0]
+    return Corpus(tokens=tokens, seg_offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+                  doc_offsets=np.concatenate([[0], np.cumsum([len(x) for x in segs])]).astype(np.int64),
+                  vocab_size=corpus.vocab_size, special=corpus.special, continuation=corpus.continuation)
+
+
+def is_held_out(document: int, fraction: float) -> bool:
+    """Whether document number `document` is held out: every k-th one, k = round(1/fraction)."""
+    stride = round(1 / fraction) if fraction > 0 else 0
+    return bool(stride) and document % stride == stride - 1
+
+
+def held_out(num_documents: int, fraction: float) -> np.ndarray:
+    """(D,) is_held_out for documents 0..D-1."""
+    return np.array([is_held_out(d, fraction) for d in range(num_documents)], dtype=bool)
 
 
 def synthetic_corpus(cfg: SyntheticConfig, vocab_size: int, special: SpecialTokens = SpecialTokens()) -> Corpus:

@@ -26,7 +26,8 @@ class Example:
     segments: np.ndarray  # (T,) 0 for [CLS] A [SEP], 1 for B [SEP]
     pred_positions: np.ndarray  # (n,) positions chosen for MLM, ascending
     pred_labels: np.ndarray  # (n,) original tokens at those positions
-    nsp_label: int  # 0 = B follows A, 1 = B is random
+    nsp_label: int  # 0 = B follows A, 1 = B is random, IGNORE without pairs
+    documents: tuple[int, int] = (-1, -1)  # documents A and B came from (for tests and inspection)
 
 
 @dataclass
@@ -48,36 +49,68 @@ class Batch:
 class ExampleBuilder:
     """Builds examples from a corpus; `batch(seed, step, indices)` is a pure function."""
 
+    TRAIN, EVAL = 0, 1  # example streams: the held-out set never shares a seed with training
+
     def __init__(self, corpus: Corpus, cfg: DataConfig) -> None:
         self.corpus, self.cfg = corpus, cfg
-        doc_of = corpus.document_of_segment()
-        # Pairs (s, s+1) inside one document: the true next sentences to draw from.
-        self.pair_starts = np.flatnonzero(doc_of[:-1] == doc_of[1:])
-        if corpus.num_documents < 2 or len(self.pair_starts) == 0:
-            raise UsageError("the corpus needs at least 2 documents and one document of 2 or more sentences to build NSP pairs")
-        self.doc_of = doc_of
+        if corpus.num_documents < 2 and cfg.pairs:
+            raise UsageError("the corpus needs at least 2 documents to build NSP pairs (random next sentences "
+                             "come from another document)")
+        self.doc_of = corpus.document_of_segment()  # (S,)
+        self.offsets = np.asarray(corpus.seg_offsets)  # (S+1,) token offset of each segment
+
+    def _chunk(self, s: int, target: int) -> int:
+        """End (exclusive) of the chunk of consecutive segments from s: the fewest that reach
+        `target` tokens, stopping at the document's end; at least one segment."""
+        doc_end = int(self.corpus.doc_offsets[self.doc_of[s] + 1])
+        end = int(np.searchsorted(self.offsets, self.offsets[s] + target, side="left"))
+        return min(max(end, s + 1), doc_end)
+
+    def _tokens(self, first: int, end: int) -> np.ndarray:
+        return np.asarray(self.corpus.tokens[self.offsets[first]:self.offsets[end]], dtype=np.int64)
 
     def example(self, rng: np.random.Generator) -> Example:
+        """Google BERT's create_instances_from_document, made random-access: fill a chunk of
+        consecutive sentences of one document up to a target length (shorter with probability
+        short_seq_prob), take A as a random prefix of it and B as the rest, or (with probability
+        random_next_prob, and always for a one-sentence chunk) from a different document."""
         c, cfg, sp = self.corpus, self.cfg, self.corpus.special
-        s = int(self.pair_starts[rng.integers(len(self.pair_starts))])
-        a = c.segment(s)
-        if rng.random() < cfg.random_next_prob:
-            # B from a uniformly drawn *other* document (never the same one).
-            doc = (int(self.doc_of[s]) + 1 + int(rng.integers(c.num_documents - 1))) % c.num_documents
-            first, last = int(c.doc_offsets[doc]), int(c.doc_offsets[doc + 1])
-            b, nsp_label = c.segment(int(rng.integers(first, last))), 1
+        max_tokens = cfg.max_seq_length - (3 if cfg.pairs else 2)
+        target = int(rng.integers(2, max_tokens + 1)) if rng.random() < cfg.short_seq_prob else max_tokens
+        s = int(rng.integers(c.num_segments))  # documents are drawn in proportion to their length
+        end = self._chunk(s, target)
+        if end - s == 1 and s > c.doc_offsets[self.doc_of[s]] and len(self._tokens(s, end)) < target:
+            # Google's chunks run from a document's start, so a lone last sentence is rare there;
+            # starting anywhere would make it (and its forced random B) common: take one more.
+            s -= 1
+        if not cfg.pairs:
+            span = self._tokens(s, end)[:max_tokens]
+            tokens = np.concatenate([[sp.cls], span, [sp.sep]]).astype(np.int64)
+            special = np.zeros(len(tokens), dtype=bool)
+            special[[0, -1]] = True
+            masked, positions, labels = mask_tokens(tokens, special, cfg, c, rng)
+            doc = int(self.doc_of[s])
+            return Example(masked, np.zeros(len(tokens), dtype=np.int64), positions, labels, IGNORE, (doc, doc))
+        a_end = s + 1 if end - s == 1 else int(rng.integers(s + 1, end))
+        a = self._tokens(s, a_end)
+        if end - s == 1 or rng.random() < cfg.random_next_prob:
+            other = (int(self.doc_of[s]) + 1 + int(rng.integers(c.num_documents - 1))) % c.num_documents
+            first = int(rng.integers(c.doc_offsets[other], c.doc_offsets[other + 1]))
+            b, nsp_label, b_doc = self._tokens(first, self._chunk(first, max(1, target - len(a)))), 1, other
         else:
-            b, nsp_label = c.segment(s + 1), 0
-        a, b = truncate_pair(a, b, cfg.max_seq_length - 3, rng)
+            b, nsp_label, b_doc = self._tokens(a_end, end), 0, int(self.doc_of[s])
+        a, b = truncate_pair(a, b, max_tokens, rng)
         tokens = np.concatenate([[sp.cls], a, [sp.sep], b, [sp.sep]]).astype(np.int64)
         segments = np.zeros(len(tokens), dtype=np.int64)
         segments[len(a) + 2:] = 1
-        masked, positions, labels = mask_tokens(tokens, len(a), cfg, c.vocab_size, sp.mask, sp.first_regular_id, rng)
-        return Example(masked, segments, positions, labels, nsp_label)
+        special = np.zeros(len(tokens), dtype=bool)
+        special[[0, len(a) + 1, len(tokens) - 1]] = True
+        masked, positions, labels = mask_tokens(tokens, special, cfg, c, rng)
+        return Example(masked, segments, positions, labels, nsp_label, (int(self.doc_of[s]), b_doc))
 
-    def batch(self, seed: int, step: int, indices: range) -> Batch:
+    def batch(self, seed: int, step: int, indices: range, stream: int = TRAIN) -> Batch:
         """Examples `indices` of step `step`; padded to the longest row, rounded up to 8."""
-        examples = [self.example(np.random.default_rng([seed, step, i])) for i in indices]
+        examples = [self.example(np.random.default_rng([seed, stream, step, i])) for i in indices]
         return collate(examples, self.cfg.max_predictions_per_seq, self.corpus.special.pad)
 
 
@@ -98,22 +131,43 @@ def truncate_pair(a: np.ndarray, b: np.ndarray, max_tokens: int,
     return a[a_lo:a_hi], b[b_lo:b_hi]
 
 
-def mask_tokens(tokens: np.ndarray, len_a: int, cfg: DataConfig, vocab_size: int, mask_id: int,
-                first_regular_id: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Choose masked_lm_prob of the non-special tokens (at most max_predictions_per_seq);
-    replace each by [MASK] (mask_token_prob), a random token (random_token_prob) or keep it."""
-    # Non-special positions: everything but [CLS] (0), the middle [SEP] and the final [SEP].
-    candidates = np.concatenate([np.arange(1, len_a + 1), np.arange(len_a + 2, len(tokens) - 1)])
-    n = min(cfg.max_predictions_per_seq, max(1, int(round(len(candidates) * cfg.masked_lm_prob))))
-    n = min(n, len(candidates))
-    positions = np.sort(rng.choice(candidates, size=n, replace=False))
+def _words(candidates: np.ndarray, tokens: np.ndarray, continuation: np.ndarray | None) -> list[np.ndarray]:
+    """Candidate positions grouped into words: a "##" piece joins the word of the position before
+    it (never across a special token, which is not a candidate)."""
+    if continuation is None:
+        return [candidates[i:i + 1] for i in range(len(candidates))]
+    joins = continuation[tokens[candidates]] & np.concatenate([[False], np.diff(candidates) == 1])
+    return np.split(candidates, np.flatnonzero(~joins)[1:])
+
+
+def mask_tokens(tokens: np.ndarray, special: np.ndarray, cfg: DataConfig, corpus: Corpus,
+                rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Choose masked_lm_prob of the non-special tokens (at most max_predictions_per_seq), whole words
+    together with whole_word_mask; replace each chosen token by [MASK] (mask_token_prob), a random
+    regular token (random_token_prob) or keep it. Returns (masked tokens, positions, labels)."""
+    candidates = np.flatnonzero(~special)
+    n = min(cfg.max_predictions_per_seq, max(1, int(round(len(candidates) * cfg.masked_lm_prob))), len(candidates))
+    if cfg.whole_word_mask and corpus.continuation is not None:
+        chosen: list[np.ndarray] = []
+        count = 0
+        words = _words(candidates, tokens, corpus.continuation)
+        for w in rng.permutation(len(words)):  # Google's rule: skip a word that would overshoot n
+            if count + len(words[w]) <= n:
+                chosen.append(words[w])
+                count += len(words[w])
+                if count == n:
+                    break
+        positions = np.sort(np.concatenate(chosen)) if chosen else candidates[:1]
+    else:
+        positions = np.sort(rng.choice(candidates, size=n, replace=False))
     labels = tokens[positions].copy()
     masked = tokens.copy()
-    r = rng.random(n)
+    r = rng.random(len(positions))
     to_mask = r < cfg.mask_token_prob
     to_random = (r >= cfg.mask_token_prob) & (r < cfg.mask_token_prob + cfg.random_token_prob)
-    masked[positions[to_mask]] = mask_id
-    masked[positions[to_random]] = rng.integers(first_regular_id, vocab_size, size=int(to_random.sum()))
+    masked[positions[to_mask]] = corpus.special.mask
+    masked[positions[to_random]] = rng.integers(corpus.special.first_regular_id, corpus.vocab_size,
+                                                size=int(to_random.sum()))
     return masked, positions, labels
 
 

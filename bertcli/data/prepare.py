@@ -1,0 +1,287 @@
+"""`bertcli prepare`: raw text -> tokenizer -> token-id shards that training memory-maps.
+
+Layout of the prepared folder (written into a temporary folder, then renamed into place):
+  manifest.json        format version, corpus files (size, mtime, sha256), tokenizer settings,
+                       counts, and the fingerprint that decides whether the data can be reused
+  tokenizer.json       the WordPiece tokenizer (Hugging Face tokenizers format)
+  vocab.txt            the same vocabulary, one token per line (BERT format)
+  train/, valid/       tokens.bin (uint16 when the vocabulary fits, else uint32),
+                       seg_offsets.bin and doc_offsets.bin (int64): the corpus.Corpus layout
+The corpus is streamed twice (once to train the tokenizer, once to encode), in batches, so
+memory stays bounded whatever its size. Held-out documents are every k-th document (k =
+1/validation_fraction): deterministic, spread over the corpus, whole documents only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from bertcli import __version__, atomic
+from bertcli.config import Config, DataConfig
+from bertcli.data.corpus import Corpus, SpecialTokens, is_held_out
+from bertcli.data.text import corpus_files, read_sentences
+from bertcli.data.tokenizer import continuation_mask, find_tokenizer_file, load_tokenizer, save_tokenizer, special_tokens, train_tokenizer
+from bertcli.errors import UsageError
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+SAMPLE = Path(__file__).resolve().parent / "sample" / "python-docs-sample.txt.gz"
+ENCODE_BATCH = 2048  # sentences per tokenizer call: large enough for its thread pool, small for memory
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def corpus_path(cfg: Config, config_path: Path | None) -> Path:
+    """data.corpus as a path: the bundled sample, or a path relative to the config file's folder."""
+    if cfg.data.corpus == "sample":
+        return SAMPLE
+    path = Path(cfg.data.corpus).expanduser()
+    if not path.is_absolute() and config_path is not None:
+        path = Path(config_path).resolve().parent / path
+    return path
+
+
+def prepared_dir(cfg: Config, config_path: Path | None) -> Path:
+    path = Path(cfg.data.prepared_dir).expanduser()
+    if not path.is_absolute():
+        path = (Path(config_path).resolve().parent if config_path else Path.cwd()) / path
+    return path
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _file_entries(files: list[Path], previous: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Path, size, mtime and sha256 of each file; a file whose size and mtime are unchanged since
+    the last prepare keeps its recorded hash (so checking the cache does not reread the corpus)."""
+    known = {e["path"]: e for e in previous}
+    entries = []
+    for f in files:
+        st = f.stat()
+        old = known.get(str(f.resolve()))
+        same = old is not None and old["bytes"] == st.st_size and old["mtime_ns"] == st.st_mtime_ns
+        entries.append({"path": str(f.resolve()), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns,
+                        "sha256": old["sha256"] if same else _sha256(f)})
+    return entries
+
+
+def _fingerprint(entries: list[dict[str, Any]], data: DataConfig, tokenizer_hash: str | None) -> str:
+    """What the prepared data depends on: corpus contents, tokenizer settings, splitting, format."""
+    t = data.tokenizer
+    key = {"format_version": FORMAT_VERSION, "files": [e["sha256"] for e in entries],
+           "tokenizer": {"path_sha256": tokenizer_hash, "vocab_size": t.vocab_size, "min_frequency": t.min_frequency,
+                         "lowercase": t.lowercase, "strip_accents": t.strip_accents},
+           "split_sentences": data.split_sentences, "validation_fraction": data.validation_fraction}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+
+class ShardWriter:
+    """Appends segments and document ends to one split's files, in bounded memory."""
+
+    FLUSH_TOKENS = 1 << 20
+
+    def __init__(self, folder: Path, dtype: np.dtype) -> None:
+        folder.mkdir(parents=True)
+        self.folder, self.dtype = folder, dtype
+        self.files: dict[str, BinaryIO] = {name: open(folder / f"{name}.bin", "wb")
+                                           for name in ("tokens", "seg_offsets", "doc_offsets")}
+        self.tokens: list[int] = []
+        self.seg_offsets: list[int] = [0]
+        self.doc_offsets: list[int] = [0]
+        self.num_tokens = self.num_segments = self.num_documents = 0
+        self.open_segments = 0  # segments of the document being written
+
+    def add_segment(self, ids: list[int]) -> None:
+        self.tokens.extend(ids)
+        self.num_tokens += len(ids)
+        self.num_segments += 1
+        self.open_segments += 1
+        self.seg_offsets.append(self.num_tokens)
+        if len(self.tokens) >= self.FLUSH_TOKENS:
+            self.flush()
+
+    def end_document(self) -> None:
+        if self.open_segments:
+            self.num_documents += 1
+            self.doc_offsets.append(self.num_segments)
+            self.open_segments = 0
+
+    def flush(self) -> None:
+        np.asarray(self.tokens, dtype=self.dtype).tofile(self.files["tokens"])
+        np.asarray(self.seg_offsets, dtype=np.int64).tofile(self.files["seg_offsets"])
+        np.asarray(self.doc_offsets, dtype=np.int64).tofile(self.files["doc_offsets"])
+        self.tokens, self.seg_offsets, self.doc_offsets = [], [], []
+
+    def close(self) -> dict[str, int]:
+        self.end_document()
+        self.flush()
+        for fh in self.files.values():
+            fh.flush()
+            os.fsync(fh.fileno())
+            fh.close()
+        return {"documents": self.num_documents, "segments": self.num_segments, "tokens": self.num_tokens}
+
+
+def _progress(total: int | None, desc: str, quiet: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="B", unit_scale=True, desc=desc, file=sys.stderr, disable=quiet or None,
+                dynamic_ncols=True)
+
+
+def prepare(cfg: Config, config_path: Path | None, quiet: bool = False, force: bool = False) -> Path:
+    """Prepare cfg's corpus unless prepared data with the same fingerprint is already there."""
+    data = cfg.data
+    folder = prepared_dir(cfg, config_path)
+    files = corpus_files(corpus_path(cfg, config_path))
+    old = _read_manifest(folder)
+    entries = _file_entries(files, old["corpus"]["files"] if old else [])
+    tokenizer_file = tok = None
+    if data.tokenizer.path:
+        path = Path(data.tokenizer.path).expanduser()
+        if not path.is_absolute() and config_path is not None:
+            path = Path(config_path).resolve().parent / path
+        tokenizer_file = find_tokenizer_file(path)
+        tok = load_tokenizer(tokenizer_file, data.tokenizer)
+    fingerprint = _fingerprint(entries, data, _sha256(tokenizer_file) if tokenizer_file else None)
+    if old and old.get("fingerprint") == fingerprint and not force:
+        log(f"prepared data in {folder} is up to date (corpus and settings unchanged): reusing it")
+        return folder
+
+    start = time.perf_counter()
+    total_bytes = None if any(f.name.endswith(".gz") for f in files) else sum(e["bytes"] for e in entries)
+    with atomic.folder(folder) as tmp:
+        if tok is None:
+            with _progress(total_bytes, "training tokenizer", quiet) as bar:
+                sentences = (s for s in read_sentences(files, data.split_sentences, bar.update) if s is not None)
+                tok = train_tokenizer(sentences, data.tokenizer)
+        save_tokenizer(tok, tmp)
+        vocab_size = tok.get_vocab_size(with_added_tokens=True)
+        dtype = np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
+        writers = {"train": ShardWriter(tmp / "train", dtype), "valid": ShardWriter(tmp / "valid", dtype)}
+        unk = special_tokens(tok).unk
+        counts = {"documents": 0, "unknown": 0}
+        encode = getattr(tok, "encode_batch_fast", tok.encode_batch)  # no offsets: faster where available
+
+        def flush(items: list[str | None]) -> None:
+            encodings = iter(encode([s for s in items if s is not None], add_special_tokens=False))
+            for item in items:
+                writer = writers["valid" if is_held_out(counts["documents"], data.validation_fraction) else "train"]
+                if item is None:
+                    if writer.open_segments:
+                        counts["documents"] += 1
+                    writer.end_document()
+                    continue
+                ids = next(encodings).ids
+                if ids:
+                    counts["unknown"] += ids.count(unk)
+                    writer.add_segment(ids)
+
+        with _progress(total_bytes, "tokenizing", quiet) as bar:
+            batch: list[str | None] = []
+            pending = 0
+            for item in read_sentences(files, data.split_sentences, bar.update):
+                batch.append(item)
+                pending += item is not None
+                if pending >= ENCODE_BATCH and item is None or pending >= 4 * ENCODE_BATCH:
+                    flush(batch)
+                    batch, pending = [], 0
+            flush(batch)
+        splits = {name: w.close() for name, w in writers.items()}
+        _check_sizes(splits, data, folder)
+        elapsed = time.perf_counter() - start
+        total_tokens = splits["train"]["tokens"] + splits["valid"]["tokens"]
+        manifest = {
+            "format_version": FORMAT_VERSION, "bertcli_version": __version__, "fingerprint": fingerprint,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "corpus": {"source": data.corpus, "files": entries},
+            "tokenizer": {"source": str(tokenizer_file) if tokenizer_file else "trained", "vocab_size": vocab_size,
+                          "requested_vocab_size": data.tokenizer.vocab_size, "lowercase": data.tokenizer.lowercase,
+                          "strip_accents": data.tokenizer.strip_accents, "min_frequency": data.tokenizer.min_frequency},
+            "split_sentences": data.split_sentences, "validation_fraction": data.validation_fraction,
+            "dtype": dtype.name, "splits": splits, "unknown_tokens": counts["unknown"],
+            "seconds": elapsed, "tokens_per_s": total_tokens / max(elapsed, 1e-9),
+        }
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        for path in tmp.rglob("*"):
+            if path.is_file():
+                atomic.fsync_path(path)
+    t, v = splits["train"], splits["valid"]
+    log(f"prepared {folder}: {t['documents'] + v['documents']:,} documents ({v['documents']:,} held out), "
+        f"{t['segments'] + v['segments']:,} sentences, {total_tokens:,} tokens, vocabulary {vocab_size:,}, "
+        f"unknown {100 * counts['unknown'] / max(total_tokens, 1):.2f}%; {elapsed:.1f} s, "
+        f"{total_tokens / max(elapsed, 1e-9):,.0f} tokens/s")
+    return folder
+
+
+def _check_sizes(splits: dict[str, dict[str, int]], data: DataConfig, folder: Path) -> None:
+    train, valid = splits["train"]["documents"], splits["valid"]["documents"]
+    total = train + valid
+    if total == 0:
+        raise UsageError(f"data.corpus={data.corpus!r}: the corpus is empty (no text after reading and tokenizing)")
+    if data.validation_fraction > 0 and valid < 2:
+        raise UsageError(f"data.corpus={data.corpus!r}: {total} document(s) is too small for the held-out split "
+                         f"(validation_fraction={data.validation_fraction} holds out {valid}; at least 2 are needed): "
+                         "add documents (blank lines separate them), raise data.validation_fraction, or set it to 0")
+    if train < 2:
+        raise UsageError(f"data.corpus={data.corpus!r}: {train} training document(s); at least 2 are needed (random next "
+                         "sentences come from another document). Separate documents with blank lines")
+
+
+def _read_manifest(folder: Path) -> dict[str, Any] | None:
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return manifest if isinstance(manifest, dict) and manifest.get("format_version") == FORMAT_VERSION else None
+
+
+@dataclass
+class PreparedData:
+    """Prepared data, memory-mapped: what training and `inspect` read."""
+
+    folder: Path
+    manifest: dict[str, Any]
+    tokenizer: Tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def special(self) -> SpecialTokens:
+        return special_tokens(self.tokenizer)
+
+    def corpus(self, split: str) -> Corpus | None:
+        if self.manifest["splits"][split]["documents"] == 0:
+            return None
+        base = self.folder / split
+        return Corpus(
+            tokens=np.memmap(base / "tokens.bin", dtype=self.manifest["dtype"], mode="r"),
+            seg_offsets=np.memmap(base / "seg_offsets.bin", dtype=np.int64, mode="r"),
+            doc_offsets=np.memmap(base / "doc_offsets.bin", dtype=np.int64, mode="r"),
+            vocab_size=self.vocab_size, special=self.special, continuation=continuation_mask(self.tokenizer))
+
+
+def load_prepared(folder: Path) -> PreparedData:
+    manifest = _read_manifest(folder)
+    if manifest is None:
+        raise UsageError(f"{folder}: no prepared data here (or of another format version); run `bertcli prepare`")
+    return PreparedData(folder=folder, manifest=manifest, tokenizer=Tokenizer.from_file(str(folder / "tokenizer.json")))

@@ -1,0 +1,288 @@
+"""Real text: reading, the tokenizer, `prepare` (shards, manifest, caching, errors), Google-style
+pairs and whole-word masking on real text, evaluation, and exact resume on real text."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bertcli import checkpoint
+from bertcli.config import load_config, preset_config, preset_header, to_yaml
+from bertcli.data.examples import IGNORE, ExampleBuilder
+from bertcli.data.prepare import SAMPLE, load_prepared, prepare
+from bertcli.data.text import read_sentences, split_sentences
+from bertcli.errors import UsageError
+from bertcli.metrics import read_metrics
+from bertcli.trainer import pretrain
+from conftest import MICRO
+
+# A micro model on real text: the bundled sample cut to 60 documents, a 1,000-token vocabulary.
+TEXT = [o for o in MICRO if not o.startswith(("data.corpus", "model.vocab_size", "data.synthetic"))] + [
+    "model.vocab_size=null", "data.tokenizer.vocab_size=1000", "data.validation_fraction=0.1",
+    "data.max_seq_length=48", "model.max_position_embeddings=64", "train.eval_every=6", "train.eval_examples=32"]
+
+
+@pytest.fixture(scope="module")
+def small_corpus(tmp_path_factory) -> Path:
+    documents = gzip.decompress(SAMPLE.read_bytes()).decode().split("\n\n")[:60]
+    path = tmp_path_factory.mktemp("corpus") / "docs.txt"
+    path.write_text("\n\n".join(documents) + "\n")
+    return path
+
+
+def text_run(folder: Path, corpus: Path, *overrides: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "config.yaml"
+    path.write_text(to_yaml(preset_config("tiny", TEXT + [f"data.corpus={corpus}", *overrides]), preset_header("tiny")))
+    return path
+
+
+def train(config: Path, **kwargs) -> dict:
+    return pretrain(load_config(config), config, quiet=True, **kwargs)
+
+
+# ------------------------------------------------------------------ reading
+
+
+def test_sentence_splitter():
+    assert split_sentences("The module defines functions. See e.g. the docs. Dr. Who met J. Smith. "
+                           "It returns 3. Then it stops! Really? Yes.") == [
+        "The module defines functions.", "See e.g. the docs.", "Dr. Who met J. Smith.", "It returns 3.",
+        "Then it stops!", "Really?", "Yes."]
+    assert split_sentences("short line") == ["short line"]
+
+
+def test_reading_text_gzip_folders_and_jsonl(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "a.txt").write_text("First doc line one.\nLine two.\n\n\nSecond doc.\n")
+    with gzip.open(tmp_path / "sub" / "b.txt.gz", "wt") as fh:
+        fh.write("Third doc.\n")
+    (tmp_path / "c.jsonl").write_text(json.dumps({"text": "Fourth doc.\nStill fourth."}) + "\n\n"
+                                      + json.dumps({"text": "Fifth doc.", "id": 5}) + "\n")
+    (tmp_path / "ignored.md").write_text("not a corpus file\n")
+    from bertcli.data.text import corpus_files
+
+    items = list(read_sentences(corpus_files(tmp_path)))
+    assert items == ["First doc line one.", "Line two.", None, "Second doc.", None,
+                     "Fourth doc.", "Still fourth.", None, "Fifth doc.", None, "Third doc.", None]
+
+
+@pytest.mark.parametrize("content, needle", [
+    (b"good line\nbad \xff byte\n", "bad.txt: byte 14 (line 2): not valid UTF-8"),
+    (b"text\x00with nul\n", "bad.txt: byte 4: a NUL byte; this looks like a binary file"),
+])
+def test_bad_bytes_name_file_and_offset(tmp_path, content, needle):
+    (tmp_path / "bad.txt").write_bytes(content)
+    with pytest.raises(UsageError) as info:
+        list(read_sentences([tmp_path / "bad.txt"]))
+    assert needle in str(info.value)
+
+
+# ------------------------------------------------------------------ prepare
+
+
+def test_prepare_writes_shards_manifest_and_tokenizer(tmp_path, small_corpus):
+    config = text_run(tmp_path, small_corpus)
+    folder = prepare(load_config(config), config, quiet=True)
+    assert folder == tmp_path / "data"
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["format_version"] == 1 and manifest["dtype"] == "uint16"
+    assert manifest["corpus"]["files"][0]["bytes"] == small_corpus.stat().st_size
+    assert len(manifest["corpus"]["files"][0]["sha256"]) == 64
+    prepared = load_prepared(folder)
+    assert prepared.vocab_size == manifest["tokenizer"]["vocab_size"] <= 1000
+    assert (folder / "vocab.txt").read_text().splitlines()[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    train, valid = prepared.corpus("train"), prepared.corpus("valid")
+    assert train.num_documents + valid.num_documents == 60
+    assert valid.num_documents == 6  # every 10th document with validation_fraction 0.1
+    assert train.num_tokens == manifest["splits"]["train"]["tokens"] == int(train.seg_offsets[-1])
+    assert np.all(np.diff(np.asarray(train.seg_offsets)) > 0), "no empty sentences"
+    # The shards decode back to the text they came from.
+    first = prepared.tokenizer.decode(np.asarray(train.segment(0)).tolist())
+    first_line = small_corpus.read_text().splitlines()[0].lower()
+    assert first_line.startswith(first[:20])
+
+
+def test_prepare_is_cached_and_redone_when_the_corpus_changes(tmp_path, small_corpus, capsys):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(small_corpus.read_text())
+    config = text_run(tmp_path / "run", corpus)
+    cfg = load_config(config)
+    folder = prepare(cfg, config, quiet=True)
+    tokens = folder / "train" / "tokens.bin"
+    before = (tokens.stat().st_mtime_ns, json.loads((folder / "manifest.json").read_text())["created"])
+    capsys.readouterr()
+    result = train(config, stop_at=1)  # pretrain reuses it
+    assert result["step"] == 1
+    assert "up to date" in capsys.readouterr().err
+    assert tokens.stat().st_mtime_ns == before[0], "not re-tokenized"
+    corpus.write_text(corpus.read_text() + "\nOne more document about something new.\n")
+    prepare(cfg, config, quiet=True)
+    assert "up to date" not in capsys.readouterr().err
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["splits"]["train"]["documents"] + manifest["splits"]["valid"]["documents"] == 61
+
+
+@pytest.mark.parametrize("make, needle", [
+    (lambda d: d / "missing.txt", "corpus not found"),
+    (lambda d: (d / "empty.txt").write_text("\n\n  \n") and d / "empty.txt", "the corpus is empty"),
+    (lambda d: (d / "latin1.txt").write_bytes("caf\xe9 au lait\n".encode("latin-1")) and d / "latin1.txt",
+     "latin1.txt: byte 3 (line 1): not valid UTF-8"),
+    (lambda d: (d / "few.txt").write_text("One doc.\n\nTwo docs.\n\nThree docs.\n") and d / "few.txt",
+     "too small for the held-out split"),
+    (lambda d: (d / "folder").mkdir() or d / "folder", "no *.txt, *.txt.gz, *.jsonl, *.jsonl.gz files"),
+])
+def test_bad_corpora_exit_2_with_one_line_and_no_output(tmp_path, cli, make, needle):
+    corpus = make(tmp_path)
+    config = text_run(tmp_path / "run", corpus)
+    result = cli("prepare", "--config", config, "--quiet")
+    assert result.code == 2, result.err
+    assert len(result.err_lines) == 1 and needle in result.err and "Traceback" not in result.err
+    assert not (tmp_path / "run" / "data").exists(), "no partial prepared data left behind"
+    assert not list((tmp_path / "run").glob(".tmp-*"))
+
+
+def test_vocab_size_that_disagrees_with_the_tokenizer_is_an_error(tmp_path, small_corpus):
+    config = text_run(tmp_path, small_corpus, "model.vocab_size=5000")
+    with pytest.raises(UsageError, match="set model.vocab_size: null"):
+        train(config)
+
+
+def test_existing_vocab_txt_is_used_as_the_tokenizer(tmp_path, small_corpus):
+    first = text_run(tmp_path / "a", small_corpus)
+    folder = prepare(load_config(first), first, quiet=True)
+    second = text_run(tmp_path / "b", small_corpus, f"data.tokenizer.path={folder / 'vocab.txt'}")
+    again = load_prepared(prepare(load_config(second), second, quiet=True))
+    assert again.manifest["tokenizer"]["source"] == str(folder / "vocab.txt")
+    a, b = load_prepared(folder).corpus("train"), again.corpus("train")
+    assert np.array_equal(np.asarray(a.tokens), np.asarray(b.tokens)), "vocab.txt reproduces the trained tokenizer"
+
+
+# ------------------------------------------------------------------ examples on real text
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory, small_corpus):
+    folder = tmp_path_factory.mktemp("prepared")
+    config = text_run(folder, small_corpus)
+    return load_prepared(prepare(load_config(config), config, quiet=True))
+
+
+def test_pair_statistics_on_real_text(prepared):
+    cfg = preset_config("tiny", [*TEXT, "data.max_seq_length=128", "data.max_predictions_per_seq=40",
+                                 "model.max_position_embeddings=128"]).data
+    corpus = prepared.corpus("train")
+    builder = ExampleBuilder(corpus, cfg)
+    n, labels, chosen, candidates, masked, kept = 3000, [], 0, 0, 0, 0
+    for i in range(n):
+        e = builder.example(np.random.default_rng([5, i]))
+        labels.append(e.nsp_label)
+        a_doc, b_doc = e.documents
+        assert (a_doc != b_doc) if e.nsp_label == 1 else (a_doc == b_doc)
+        assert len(e.tokens) <= 128
+        candidates += len(e.tokens) - 3
+        chosen += len(e.pred_positions)
+        now = e.tokens[e.pred_positions]
+        masked += int((now == corpus.special.mask).sum())
+        kept += int((now == e.pred_labels).sum())
+    share_random = np.mean(labels)
+    assert abs(share_random - 0.5) < 0.05, share_random  # a few forced by one-sentence documents
+    assert abs(chosen / candidates - 0.15) < 0.01
+    assert abs(masked / chosen - 0.8) < 0.02 and abs(kept / chosen - 0.1) < 0.02
+
+
+def test_whole_word_masking_never_splits_a_word(prepared):
+    cfg = preset_config("tiny", [*TEXT, "data.whole_word_mask=true"]).data
+    corpus = prepared.corpus("train")
+    builder = ExampleBuilder(corpus, cfg)
+    continuation = corpus.continuation
+    words_with_pieces = 0
+    for i in range(1500):
+        e = builder.example(np.random.default_rng([6, i]))
+        original = e.tokens.copy()
+        original[e.pred_positions] = e.pred_labels
+        special = np.isin(np.arange(len(original)), [0, len(original) - 1]) | (original == corpus.special.sep)
+        chosen = set(e.pred_positions.tolist())
+        for p in range(1, len(original)):
+            joined = continuation[original[p]] and not special[p - 1] and not special[p]
+            if joined:
+                assert (p in chosen) == (p - 1 in chosen), f"example {i} splits a word at {p}"
+                words_with_pieces += p in chosen
+    assert words_with_pieces > 20, "the check saw multi-piece words"
+
+
+def test_single_spans_without_nsp(tmp_path, small_corpus):
+    config = text_run(tmp_path, small_corpus, "data.pairs=false", "train.nsp_weight=0", "data.masked_lm_prob=0.3")
+    result = train(config)
+    assert result["step"] == 12 and "nsp_acc" not in result["metrics"]
+    cfg = load_config(config)
+    e = ExampleBuilder(load_prepared(tmp_path / "data").corpus("train"), cfg.data).example(np.random.default_rng(0))
+    assert e.nsp_label == IGNORE and np.all(e.segments == 0) and (e.tokens == 3).sum() <= 1 + (e.pred_labels == 3).sum()
+    records = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["split"] == "train"]
+    assert all(r["mlm_loss"] is not None and "nsp_loss" not in r for r in records)
+
+
+def test_pairs_false_with_nsp_weight_is_a_config_error():
+    with pytest.raises(UsageError, match="NSP needs pairs"):
+        preset_config("tiny", ["data.pairs=false"])
+
+
+# ------------------------------------------------------------------ training on real text
+
+
+def test_evaluation_best_checkpoint_and_self_contained_checkpoints(tmp_path, small_corpus):
+    config = text_run(tmp_path, small_corpus)
+    train(config)
+    evals = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["split"] == "eval"]
+    assert [r["step"] for r in evals] == [6, 12]
+    for key in ("mlm_loss", "mlm_acc", "perplexity", "nsp_loss", "nsp_acc", "mlm_acc_baseline"):
+        assert all(isinstance(r[key], float) for r in evals), key
+    best = tmp_path / "checkpoints" / "best"
+    assert checkpoint.is_checkpoint(best)
+    best_loss = json.loads((best / "trainer_state.json").read_text())["eval_metrics"]["mlm_loss"]
+    assert best_loss == min(r["mlm_loss"] for r in evals)
+    for ckpt in (best, tmp_path / "checkpoints" / "step-0000012"):
+        assert (ckpt / "tokenizer.json").is_file() and (ckpt / "vocab.txt").is_file()
+    assert [s for s, _ in checkpoint.list_checkpoints(tmp_path)] == [8, 12], "best is not a step checkpoint"
+
+
+def test_exact_resume_on_real_text(tmp_path, small_corpus):
+    # Both runs read the same prepared data: a WordPiece vocabulary trained twice can differ
+    # (huggingface/tokenizers#1794), which is why prepared data and checkpoints keep the tokenizer.
+    shared = f"data.prepared_dir={tmp_path / 'data'}"
+    one = text_run(tmp_path / "one", small_corpus, shared)
+    two = text_run(tmp_path / "two", small_corpus, shared)
+    train(one)
+    train(two, stop_at=6)
+    train(two)
+    a = tmp_path / "one" / "checkpoints" / "step-0000012" / "model.safetensors"
+    b = tmp_path / "two" / "checkpoints" / "step-0000012" / "model.safetensors"
+    from safetensors.torch import load_file
+
+    wa, wb = load_file(a), load_file(b)
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_inspect_prepared_data(tmp_path, small_corpus, cli):
+    config = text_run(tmp_path, small_corpus)
+    assert cli("prepare", "--config", config, "--quiet").code == 0
+    report = json.loads(cli("inspect", tmp_path / "data", "--json").out)
+    assert report["kind"] == "prepared data"
+    assert report["splits"]["train"]["documents"] == 54 and report["vocab_size"] <= 1000
+    assert 0 <= report["unknown_rate"] < 0.01 and 0 < report["padding_share"] < 1
+    assert report["segment_length_p95"] >= report["segment_length_mean"] > 0
+    assert report["example"]["text"].startswith("[CLS]") and "→" in report["example"]["text"]
+    text = cli("inspect", tmp_path / "data").out
+    assert "documents" in text and "unknown tokens" in text and "padding" in text
+
+
+def test_init_with_corpus_and_missing_corpus(tmp_path, small_corpus, cli):
+    result = cli("init", tmp_path / "run", "--corpus", small_corpus)
+    assert result.code == 0 and f"corpus: {small_corpus}" in (tmp_path / "run" / "config.yaml").read_text()
+    missing = cli("init", tmp_path / "other", "--corpus", tmp_path / "nothing")
+    assert missing.code == 2 and "corpus not found" in missing.err and not (tmp_path / "other").exists()
