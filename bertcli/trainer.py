@@ -22,8 +22,8 @@ import yaml
 
 from bertcli import __version__, atomic, checkpoint, runtime
 from bertcli.config import Config, TrainConfig, resolve_output_dir, to_dict
-from bertcli.data import Batch, Corpus, ExampleBuilder, load_data
-from bertcli.data.examples import IGNORE
+from bertcli.data import Corpus, load_data
+from bertcli.data.examples import IGNORE, Batch, ExampleBuilder
 from bertcli.errors import UsageError
 from bertcli.metrics import MetricsLogger
 from bertcli.model import BertForPreTraining, PretrainingOutput

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from bertcli.config import DataConfig
-from bertcli.data import Corpus, ExampleBuilder, SpecialTokens
+from bertcli.data import Corpus, SpecialTokens
+from bertcli.data.examples import ExampleBuilder
 from bertcli.data.corpus import synthetic_corpus
 from bertcli.data.examples import IGNORE, Batch, truncate_pair
 from bertcli.model import BertForPreTraining

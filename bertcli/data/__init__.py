@@ -7,9 +7,10 @@ from pathlib import Path
 
 from bertcli.config import Config
 from bertcli.data.corpus import Corpus, SpecialTokens, held_out, select_documents, synthetic_corpus
-from bertcli.data.examples import Batch, ExampleBuilder
 
-__all__ = ["Batch", "Corpus", "Dataset", "ExampleBuilder", "SpecialTokens", "load_data"]
+# Example building (data/examples.py) needs torch; this package does not import it, so that
+# `bertcli prepare` runs without loading torch.
+__all__ = ["Corpus", "Dataset", "SpecialTokens", "load_data"]
 
 
 @dataclass
