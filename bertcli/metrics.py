@@ -15,6 +15,11 @@ from tqdm import tqdm
 from bertcli import atomic
 
 
+def log(message: str) -> None:
+    """A line for the user on stderr (stdout is for data)."""
+    print(message, file=sys.stderr, flush=True)
+
+
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     """Records of a metrics.jsonl; a torn last line (crash mid-write) is skipped."""
     records = []

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
 import time
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -25,13 +24,9 @@ from bertcli.config import Config, TrainConfig, resolve_output_dir, to_dict
 from bertcli.data import Corpus, load_data
 from bertcli.data.examples import IGNORE, Batch, ExampleBuilder
 from bertcli.errors import UsageError
-from bertcli.metrics import MetricsLogger
+from bertcli.metrics import MetricsLogger, log
 from bertcli.model import BertForPreTraining, PretrainingOutput
 from bertcli.optim import build_optimizer, lr_at
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 class Losses(NamedTuple):

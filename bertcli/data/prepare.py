@@ -32,15 +32,12 @@ from bertcli.data.corpus import Corpus, SpecialTokens, is_held_out
 from bertcli.data.text import corpus_files, read_sentences
 from bertcli.data.tokenizer import continuation_mask, find_tokenizer_file, load_tokenizer, save_tokenizer, special_tokens, train_tokenizer
 from bertcli.errors import UsageError
+from bertcli.metrics import log
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 SAMPLE = Path(__file__).resolve().parent / "sample" / "python-docs-sample.txt.gz"
 ENCODE_BATCH = 2048  # sentences per tokenizer call: large enough for its thread pool, small for memory
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 def corpus_path(cfg: Config, config_path: Path | None) -> Path:
@@ -82,7 +79,7 @@ def _file_entries(files: list[Path], previous: list[dict[str, Any]]) -> list[dic
     return entries
 
 
-def _fingerprint(entries: list[dict[str, Any]], data: DataConfig, tokenizer_hash: str | None) -> str:
+def _input_digest(entries: list[dict[str, Any]], data: DataConfig, tokenizer_hash: str | None) -> str:
     """What the prepared data depends on: corpus contents, tokenizer settings, splitting, format."""
     t = data.tokenizer
     key = {"format_version": FORMAT_VERSION, "files": [e["sha256"] for e in entries],
@@ -160,7 +157,7 @@ def prepare(cfg: Config, config_path: Path | None, quiet: bool = False, force: b
             path = Path(config_path).resolve().parent / path
         tokenizer_file = find_tokenizer_file(path)
         tok = load_tokenizer(tokenizer_file, data.tokenizer)
-    fingerprint = _fingerprint(entries, data, _sha256(tokenizer_file) if tokenizer_file else None)
+    fingerprint = _input_digest(entries, data, _sha256(tokenizer_file) if tokenizer_file else None)
     if old and old.get("fingerprint") == fingerprint and not force:
         log(f"prepared data in {folder} is up to date (corpus and settings unchanged): reusing it")
         return folder
