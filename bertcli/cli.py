@@ -162,6 +162,19 @@ def inspect_command(
     out(json.dumps(report) if as_json else format_report(report))
 
 
+@app.command()
+def export(
+    source: Path = typer.Argument(..., help="A checkpoint folder, or a run folder (its best checkpoint, else the newest)."),
+    out_dir: Path = typer.Argument(..., help="Folder to write: config.json, model.safetensors and the tokenizer files."),
+    force: bool = typer.Option(False, "--force", help="Replace OUT_DIR if it exists."),
+) -> None:
+    """Write a checkpoint as a Hugging Face folder (BertForPreTraining, loads with no custom code)."""
+    from bertcli.hf import export as run
+
+    folder = run(source, out_dir, force=force)
+    err(f"wrote {folder}; load it with transformers.BertForPreTraining.from_pretrained({str(folder)!r})")
+
+
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args or bool(os.environ.get("BERTCLI_DEBUG"))

@@ -442,6 +442,18 @@ def build_config(raw: dict[str, Any], origin: dict[str, str]) -> Config:
     return cfg
 
 
+def model_config_from_dict(raw: dict[str, Any], source: str) -> ModelConfig:
+    """A ModelConfig alone (from an imported config.json, say), with the same strict checks."""
+    errors: list[str] = []
+    model = _build(ModelConfig, raw, "model", errors, {"": source})
+    if not errors:
+        whole = Config(model=model, data=DataConfig(corpus="synthetic", max_seq_length=5))
+        errors = [f"{source}: {p}: {msg}" for p, msg in validate(whole) if p.startswith("model.")]
+    if errors:
+        raise UsageError(*errors)
+    return model
+
+
 def preset_config(name: str, overrides: list[str] | None = None) -> Config:
     extra, origin = parse_overrides(overrides or [])
     return build_config(_merge(preset_dict(name), extra), {"": f"preset {name}", **origin})

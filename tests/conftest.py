@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ import yaml
 
 from bertcli.cli import main
 from bertcli.config import Config, preset_config, preset_header, to_yaml
+from bertcli.data.prepare import SAMPLE
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -22,6 +24,27 @@ MICRO = [
     "train.batch_size=8", "train.max_steps=12", "optimizer.warmup_steps=2", "logging.log_every=4",
     "checkpoint.save_every=4", "checkpoint.keep_last=2",
 ]
+
+
+# A micro model on real text: the bundled sample cut to 60 documents, a 1,000-token vocabulary.
+TEXT = [o for o in MICRO if not o.startswith(("data.corpus", "model.vocab_size", "data.synthetic"))] + [
+    "model.vocab_size=null", "data.tokenizer.vocab_size=1000", "data.validation_fraction=0.1",
+    "data.max_seq_length=48", "model.max_position_embeddings=64", "train.eval_every=6", "train.eval_examples=32"]
+
+
+@pytest.fixture(scope="session")
+def small_corpus(tmp_path_factory) -> Path:
+    documents = gzip.decompress(SAMPLE.read_bytes()).decode().split("\n\n")[:60]
+    path = tmp_path_factory.mktemp("corpus") / "docs.txt"
+    path.write_text("\n\n".join(documents) + "\n")
+    return path
+
+
+def text_run(folder: Path, corpus: Path, *overrides: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "config.yaml"
+    path.write_text(to_yaml(preset_config("tiny", TEXT + [f"data.corpus={corpus}", *overrides]), preset_header("tiny")))
+    return path
 
 
 def micro_config(*overrides: str) -> Config:

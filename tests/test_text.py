@@ -12,35 +12,14 @@ import pytest
 import torch
 
 from bertcli import checkpoint
-from bertcli.config import load_config, preset_config, preset_header, to_yaml
+from bertcli.config import load_config, preset_config
 from bertcli.data.examples import IGNORE, ExampleBuilder
-from bertcli.data.prepare import SAMPLE, load_prepared, prepare
+from bertcli.data.prepare import load_prepared, prepare
 from bertcli.data.text import read_sentences, split_sentences
 from bertcli.errors import UsageError
 from bertcli.metrics import read_metrics
 from bertcli.trainer import pretrain
-from conftest import MICRO
-
-# A micro model on real text: the bundled sample cut to 60 documents, a 1,000-token vocabulary.
-TEXT = [o for o in MICRO if not o.startswith(("data.corpus", "model.vocab_size", "data.synthetic"))] + [
-    "model.vocab_size=null", "data.tokenizer.vocab_size=1000", "data.validation_fraction=0.1",
-    "data.max_seq_length=48", "model.max_position_embeddings=64", "train.eval_every=6", "train.eval_examples=32"]
-
-
-@pytest.fixture(scope="module")
-def small_corpus(tmp_path_factory) -> Path:
-    documents = gzip.decompress(SAMPLE.read_bytes()).decode().split("\n\n")[:60]
-    path = tmp_path_factory.mktemp("corpus") / "docs.txt"
-    path.write_text("\n\n".join(documents) + "\n")
-    return path
-
-
-def text_run(folder: Path, corpus: Path, *overrides: str) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "config.yaml"
-    path.write_text(to_yaml(preset_config("tiny", TEXT + [f"data.corpus={corpus}", *overrides]), preset_header("tiny")))
-    return path
-
+from conftest import TEXT, text_run
 
 def train(config: Path, **kwargs) -> dict:
     return pretrain(load_config(config), config, quiet=True, **kwargs)

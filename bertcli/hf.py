@@ -1,0 +1,164 @@
+"""Hugging Face interoperability: export a bertcli checkpoint as a folder that `transformers` loads
+as `BertForPreTraining` with no custom code, and read Hugging Face BERT folders back.
+
+bertcli's weights already carry Hugging Face's key names; what differs is bookkeeping: bertcli
+pads the vocabulary rows to a multiple of 64 (export drops the padding, import adds it back),
+and stores no tied aliases. Only safetensors weights are read: nothing is ever unpickled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import safetensors
+import safetensors.torch
+import torch
+
+from bertcli import __version__, atomic, checkpoint
+from bertcli.config import ModelConfig, model_config_from_dict
+from bertcli.errors import UsageError
+from bertcli.model import TIED_ALIASES, BertForPreTraining, padded_vocab_size
+
+HF_FIELDS = [f.name for f in dataclasses.fields(ModelConfig) if f.name != "pad_vocab_multiple"]
+SPECIAL_TOKENS = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
+                  "mask_token": "[MASK]"}
+
+
+def find_checkpoint(path: Path) -> Path:
+    """A checkpoint folder, or a run folder's best checkpoint (else its newest)."""
+    path = Path(path)
+    if checkpoint.is_checkpoint(path):
+        return path
+    best = checkpoint.checkpoints_dir(path) / checkpoint.BEST
+    if checkpoint.is_checkpoint(best):
+        return best
+    found = checkpoint.list_checkpoints(path)
+    if found:
+        return found[-1][1]
+    raise UsageError(f"{path}: no checkpoint here; pass a checkpoint folder or a run folder that holds checkpoints/")
+
+
+def is_hf_folder(path: Path) -> bool:
+    return Path(path).is_dir() and (Path(path) / "config.json").is_file()
+
+
+# ------------------------------------------------------------------------------------------ export
+
+
+def export(source: Path, out_dir: Path, force: bool = False) -> Path:
+    """Write checkpoint `source` (or a run's best/newest) as a Hugging Face folder."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not force:
+        raise UsageError(f"{out_dir} already exists; pass --force to replace it, or choose another folder")
+    ckpt = find_checkpoint(source)
+    cfg = checkpoint.read_config(ckpt)
+    m = cfg.model
+    weights = safetensors.torch.load_file(ckpt / "model.safetensors")
+    for key in ("bert.embeddings.word_embeddings.weight", "cls.predictions.bias"):
+        weights[key] = weights[key][: m.vocab_size].contiguous()  # drop the speed padding rows
+    config = {"architectures": ["BertForPreTraining"], "model_type": "bert",
+              **{k: getattr(m, k) for k in HF_FIELDS}, "tie_word_embeddings": True, "torch_dtype": "float32",
+              "position_embedding_type": "absolute", "bertcli_version": __version__}
+    with atomic.folder(out_dir) as tmp:
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        safetensors.torch.save_file(weights, tmp / "model.safetensors", metadata={"format": "pt"})
+        for name in ("tokenizer.json", "vocab.txt"):
+            if not (ckpt / name).is_file():
+                raise UsageError(f"{ckpt}: no {name}; a checkpoint of the synthetic corpus has no tokenizer to export")
+            shutil.copyfile(ckpt / name, tmp / name)
+        tokenizer_config = {"tokenizer_class": "BertTokenizer", "do_lower_case": cfg.data.tokenizer.lowercase,
+                            "strip_accents": None if cfg.data.tokenizer.strip_accents == cfg.data.tokenizer.lowercase
+                            else cfg.data.tokenizer.strip_accents,
+                            "tokenize_chinese_chars": True, "model_max_length": m.max_position_embeddings,
+                            **SPECIAL_TOKENS}
+        (tmp / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
+        (tmp / "special_tokens_map.json").write_text(json.dumps(SPECIAL_TOKENS, indent=2) + "\n")
+        for path in tmp.iterdir():
+            atomic.fsync_path(path)
+    return out_dir
+
+
+# ------------------------------------------------------------------------------------------ import
+
+
+def read_hf_config(folder: Path) -> ModelConfig:
+    """The ModelConfig of a Hugging Face BERT folder's config.json."""
+    file = Path(folder) / "config.json"
+    try:
+        raw = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{file}: cannot read ({exc})") from None
+    if raw.get("model_type", "bert") != "bert":
+        raise UsageError(f"{file}: model_type is {raw.get('model_type')!r}; bertcli reads BERT models only")
+    values: dict[str, Any] = {}
+    for name in HF_FIELDS:
+        if name in raw and raw[name] is not None:
+            values[name] = raw[name]
+    if raw.get("position_embedding_type", "absolute") != "absolute":
+        raise UsageError(f"{file}: position_embedding_type {raw['position_embedding_type']!r} is not supported (absolute only)")
+    return model_config_from_dict(values, str(file))  # strict: types, choices, divisibility
+
+
+def _rename(key: str) -> str | None:
+    """A Hugging Face (or original TF-converted) key as bertcli's BertForPreTraining key; None to drop."""
+    key = key.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
+    if key.endswith("position_ids") or key in TIED_ALIASES:
+        return None  # a buffer of old transformers versions; tied aliases follow their targets
+    if key.startswith(("embeddings.", "encoder.", "pooler.")):
+        return "bert." + key  # a bare BertModel
+    return key
+
+
+def load_hf_weights(folder: Path, cfg: ModelConfig) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """Weights of a Hugging Face BERT folder under bertcli's names, vocabulary rows padded; and the
+    parts (pooler, MLM head, NSP head) it lacks, which the caller initialises fresh."""
+    folder = Path(folder)
+    file = folder / "model.safetensors"
+    if not file.is_file():
+        if (folder / "pytorch_model.bin").is_file():
+            raise UsageError(f"{folder}: only pytorch_model.bin here; bertcli reads safetensors only (a .bin file is a "
+                             "pickle that can run code when loaded). Convert it where you trust the file: "
+                             "BertForPreTraining.from_pretrained(folder).save_pretrained(folder, safe_serialization=True)")
+        raise UsageError(f"{folder}: no model.safetensors")
+    try:
+        raw = safetensors.torch.load_file(file)
+    except (safetensors.SafetensorError, OSError, ValueError) as exc:
+        raise UsageError(f"{file}: cannot read weights ({exc})") from None
+    weights = {new: value for key, value in raw.items() if (new := _rename(key)) is not None}
+    with torch.device("meta"):
+        expected = {k: v.shape for k, v in BertForPreTraining(cfg).state_dict().items() if k not in TIED_ALIASES}
+    unexpected = sorted(set(weights) - set(expected))
+    if unexpected:
+        raise UsageError(f"{file}: {len(unexpected)} weights bertcli does not know (e.g. {unexpected[0]}); "
+                         "is this a BERT model with an unusual head?")
+    V, padded = cfg.vocab_size, padded_vocab_size(cfg)
+    for key in ("bert.embeddings.word_embeddings.weight", "cls.predictions.bias"):
+        if key in weights and weights[key].shape[0] == V and padded > V:
+            pad = torch.zeros((padded - V, *weights[key].shape[1:]), dtype=weights[key].dtype)
+            weights[key] = torch.cat([weights[key], pad])
+    wrong = [k for k in weights if tuple(weights[k].shape) != tuple(expected[k])]
+    if wrong:
+        k = wrong[0]
+        raise UsageError(f"{file}: {k} has shape {tuple(weights[k].shape)}, config.json implies {tuple(expected[k])}")
+    missing = sorted(set(expected) - set(weights))
+    body = [k for k in missing if k.startswith(("bert.embeddings.", "bert.encoder."))]
+    if body:
+        raise UsageError(f"{file}: the encoder is incomplete ({len(body)} missing, e.g. {body[0]})")
+    parts = {"bert.pooler.": "pooler", "cls.predictions.": "MLM head", "cls.seq_relationship.": "NSP head"}
+    fresh = sorted({name for prefix, name in parts.items() if any(k.startswith(prefix) for k in missing)})
+    return {k: v.float() for k, v in weights.items()}, fresh
+
+
+def init_from(model: BertForPreTraining, path: Path) -> list[str]:
+    """Load a Hugging Face folder or a bertcli checkpoint into `model`; return the parts left fresh."""
+    path = Path(path)
+    if checkpoint.is_checkpoint(path):
+        checkpoint.load_weights(model, path)
+        return []
+    weights, fresh = load_hf_weights(path, model.config)
+    model.load_state_dict(weights, strict=False)  # absent parts keep their fresh initialisation
+    return fresh

@@ -1,0 +1,147 @@
+"""Hugging Face interoperability: export parity, import of HF folders, round trip, refusals."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import safetensors.torch
+import torch
+
+from bertcli import checkpoint
+from bertcli.config import ModelConfig
+from bertcli.errors import UsageError
+from bertcli.hf import export, init_from, load_hf_weights, read_hf_config
+from bertcli.model import BertForPreTraining
+from conftest import text_run
+from test_text import train
+
+transformers = pytest.importorskip("transformers")
+
+TEXTS = ["Hello world, this is a test.", "Naïve café — crème brûlée!", "東京 and 北京 are cities.",
+         "supercalifragilisticexpialidocious antidisestablishmentarianism", "x = f(a[1], b={'k': 2}) # ok?",
+         "ÀÉÎÕÜ àéîõü ñ ç ø å", "", "tabs\tand  spaces", "unknownwordzzqqxx", "3.14159 is π; e ≈ 2.718"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, small_corpus) -> Path:
+    folder = tmp_path_factory.mktemp("run")
+    train(text_run(folder, small_corpus, "train.max_steps=4", "train.eval_every=0"))
+    return folder
+
+
+def hf_inputs(tokenizer, texts):
+    return tokenizer(texts[:4], texts[4:8], return_tensors="pt", padding=True)
+
+
+def test_export_loads_in_transformers_with_equal_logits_and_tokens(trained, tmp_path):
+    out = export(trained, tmp_path / "hf")
+    ckpt = checkpoint.list_checkpoints(trained)[-1][1]
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["BertForPreTraining"] and config["vocab_size"] <= 1000
+    theirs = transformers.BertForPreTraining.from_pretrained(out).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    from tokenizers import Tokenizer
+
+    ours_tok = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
+    for text in TEXTS:
+        assert tokenizer(text)["input_ids"] == ours_tok.encode(text).ids, text
+    cfg = checkpoint.read_config(ckpt)
+    ours = BertForPreTraining(cfg.model).eval()
+    checkpoint.load_weights(ours, ckpt)
+    batch = hf_inputs(tokenizer, TEXTS)
+    valid = batch["attention_mask"].sum(1)
+    with torch.no_grad():
+        ref = theirs(**batch)
+        out_ = ours(batch["input_ids"], batch["token_type_ids"], valid)
+    for row, n in enumerate(valid.tolist()):
+        torch.testing.assert_close(out_.mlm_logits[row, :n], ref.prediction_logits[row, :n], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out_.nsp_logits, ref.seq_relationship_logits, rtol=1e-5, atol=1e-5)
+
+
+def test_export_refuses_an_existing_folder(trained, tmp_path, cli):
+    (tmp_path / "hf").mkdir()
+    result = cli("export", trained, tmp_path / "hf")
+    assert result.code == 2 and "--force" in result.err and len(result.err_lines) == 1
+    assert cli("export", trained, tmp_path / "hf", "--force").code == 0
+    assert (tmp_path / "hf" / "model.safetensors").is_file()
+
+
+def random_hf(kind: str, cfg: ModelConfig, folder: Path) -> torch.nn.Module:
+    config = transformers.BertConfig(**{k: v for k, v in dataclasses.asdict(cfg).items() if k != "pad_vocab_multiple"})
+    torch.manual_seed(1)
+    model = getattr(transformers, kind)(config).eval()
+    model.save_pretrained(folder)
+    return model
+
+
+SMALL = ModelConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
+                    max_position_embeddings=40)
+
+
+def test_import_bert_for_pretraining_gives_equal_outputs(tmp_path):
+    theirs = random_hf("BertForPreTraining", SMALL, tmp_path / "hf")
+    cfg = read_hf_config(tmp_path / "hf")
+    assert dataclasses.replace(cfg, pad_vocab_multiple=64) == dataclasses.replace(SMALL, pad_vocab_multiple=64)
+    ours = BertForPreTraining(cfg).eval()
+    assert init_from(ours, tmp_path / "hf") == []
+    tokens = torch.randint(5, 99, (3, 12))
+    segments = torch.zeros_like(tokens)
+    with torch.no_grad():
+        ref = theirs(input_ids=tokens, token_type_ids=segments)
+        out = ours(tokens, segments, torch.full((3,), 12))
+    torch.testing.assert_close(out.mlm_logits, ref.prediction_logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.nsp_logits, ref.seq_relationship_logits, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind, fresh", [("BertForMaskedLM", ["NSP head", "pooler"]),
+                                         ("BertModel", ["MLM head", "NSP head"])])
+def test_import_other_architectures_reports_fresh_heads(tmp_path, kind, fresh):
+    theirs = random_hf(kind, SMALL, tmp_path / "hf")
+    cfg = read_hf_config(tmp_path / "hf")
+    ours = BertForPreTraining(cfg).eval()
+    assert init_from(ours, tmp_path / "hf") == fresh
+    encoder = theirs.bert if kind == "BertForMaskedLM" else theirs
+    tokens = torch.randint(5, 99, (2, 9))
+    with torch.no_grad():
+        ref = encoder(input_ids=tokens, token_type_ids=torch.zeros_like(tokens)).last_hidden_state
+        out = ours(tokens, torch.zeros_like(tokens), torch.full((2,), 9)).encoded
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_legacy_gamma_beta_names(tmp_path):
+    random_hf("BertForPreTraining", SMALL, tmp_path / "hf")
+    weights = safetensors.torch.load_file(tmp_path / "hf" / "model.safetensors")
+    legacy = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+              for k, v in weights.items()}
+    assert any("gamma" in k for k in legacy)
+    safetensors.torch.save_file(legacy, tmp_path / "hf" / "model.safetensors")
+    renamed, fresh = load_hf_weights(tmp_path / "hf", read_hf_config(tmp_path / "hf"))
+    assert fresh == [] and torch.equal(renamed["bert.embeddings.LayerNorm.weight"], weights["bert.embeddings.LayerNorm.weight"])
+
+
+def test_pickle_weights_are_refused_with_an_explanation(tmp_path):
+    random_hf("BertForPreTraining", SMALL, tmp_path / "hf")
+    (tmp_path / "hf" / "model.safetensors").rename(tmp_path / "hf" / "pytorch_model.bin")
+    with pytest.raises(UsageError, match="safetensors only"):
+        load_hf_weights(tmp_path / "hf", read_hf_config(tmp_path / "hf"))
+
+
+def test_round_trip_export_import_export_is_byte_identical(trained, tmp_path):
+    first = export(trained, tmp_path / "one")
+    cfg = checkpoint.read_config(checkpoint.list_checkpoints(trained)[-1][1])
+    model = BertForPreTraining(cfg.model)
+    assert init_from(model, first) == []
+    # Save the imported model as a bertcli checkpoint (as training would), then export again.
+    opt = torch.optim.AdamW(model.parameters())
+    again = checkpoint.save(tmp_path / "run2", 4, model, opt, torch.amp.GradScaler("cpu", enabled=False), cfg, {}, 1,
+                            [first / "tokenizer.json", first / "vocab.txt"])
+    second = export(again, tmp_path / "two")
+    a = safetensors.torch.load_file(first / "model.safetensors")
+    b = safetensors.torch.load_file(second / "model.safetensors")
+    assert a.keys() == b.keys()
+    for key in a:
+        assert a[key].dtype == b[key].dtype and a[key].shape == b[key].shape
+        assert a[key].numpy().tobytes() == b[key].numpy().tobytes(), key
