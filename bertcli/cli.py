@@ -23,7 +23,7 @@ except ImportError:  # older Typer uses the click package
     import click
 
 from bertcli import __version__
-from bertcli.errors import BertcliError, UsageError
+from bertcli.errors import BertcliError, PipeClosed, UsageError
 
 app = typer.Typer(
     name="bertcli",
@@ -44,10 +44,6 @@ class Preset(str, Enum):
 
 def err(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-class PipeClosed(Exception):
-    """The reader of stdout went away (`| head`). Not an OSError, so Typer lets it through to main()."""
 
 
 def out(text: str) -> None:
@@ -173,6 +169,62 @@ def export(
 
     folder = run(source, out_dir, force=force)
     err(f"wrote {folder}; load it with transformers.BertForPreTraining.from_pretrained({str(folder)!r})")
+
+
+class Pooling(str, Enum):
+    cls = "cls"
+    mean = "mean"
+    max = "max"
+    pooler = "pooler"
+
+
+class Format(str, Enum):
+    jsonl = "jsonl"
+    tsv = "tsv"
+    npy = "npy"
+
+
+@app.command()
+def encode(
+    inputs: list[str] = typer.Argument(None, help="Text files, one text per line ('-' or none: stdin)."),
+    model: Path = typer.Option(..., "--model", "-m", help="A run folder, a checkpoint folder or a Hugging Face BERT folder."),
+    pooling: Pooling = typer.Option(Pooling.cls, "--pooling", help="cls, mean or max (over all non-padding positions), or pooler."),
+    layer: int = typer.Option(-1, "--layer", help="Layer to read: 0 = embeddings, 1..L, negative from the end (-1 = last)."),
+    normalize: bool = typer.Option(False, "--normalize", help="Scale each vector to unit length."),
+    fmt: Format = typer.Option(Format.jsonl, "--format", "-f", help="jsonl, tsv (to stdout) or npy (to --output)."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="File for --format npy."),
+    with_text: bool = typer.Option(False, "--with-text", help="Add the text to each JSONL row."),
+    tokens: bool = typer.Option(False, "--tokens", help="Per-token vectors (JSONL): tokens and one vector each."),
+    pairs: bool = typer.Option(False, "--pairs", help="Lines are A<TAB>B sentence pairs, encoded with segment ids."),
+    batch_size: int = typer.Option(32, "--batch-size", min=1, help="Texts per forward pass."),
+    max_length: Optional[int] = typer.Option(None, "--max-length", min=2, help="Truncate longer texts (default: the model's limit)."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N."),
+    dtype: str = typer.Option("fp32", "--dtype", help="fp32, bf16 or fp16."),
+    errors: str = typer.Option("strict", "--errors", help="strict: a line that is not UTF-8 is an error; replace: replace bad bytes."),
+) -> None:
+    """Turn lines of text into vectors: one row per input line, in input order, streamed."""
+    from bertcli import encode as enc_mod
+    from bertcli.runtime import resolve_device
+
+    if not DEVICE.match(device):
+        raise UsageError(f"--device {device!r}: expected auto, cpu, cuda or cuda:N")
+    if dtype not in ("fp32", "bf16", "fp16"):
+        raise UsageError(f"--dtype {dtype!r}: expected fp32, bf16 or fp16")
+    if errors not in ("strict", "replace"):
+        raise UsageError(f"--errors {errors!r}: expected strict or replace")
+    if tokens and fmt != Format.jsonl:
+        raise UsageError("--tokens writes JSONL: drop --format or use --format jsonl")
+    encoder = enc_mod.load_encoder(model, resolve_device(device), dtype)
+    writer = enc_mod.Writer(fmt.value, sys.stdout, output, with_text)
+    try:
+        counts = enc_mod.encode(encoder, enc_mod.read_lines(inputs or [], errors), writer, pooling.value, layer, normalize,
+                                batch_size, max_length, pairs, tokens)
+    except BaseException:
+        writer.abort()
+        raise
+    writer.close(encoder.model.config.hidden_size)
+    if counts["truncated"]:
+        err(f"bertcli encode: {counts['truncated']:,} of {counts['lines']:,} lines were truncated to the length limit")
 
 
 def main(argv: list[str] | None = None) -> None:

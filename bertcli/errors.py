@@ -28,3 +28,8 @@ class RunError(BertcliError):
     """Something failed while working (exit 1)."""
 
     exit_code = 1
+
+
+class PipeClosed(Exception):
+    """The reader of stdout went away (`| head`): the command ends quietly with exit 0.
+    Not an OSError, so that Typer (which turns EPIPE into exit 1) lets it through to main()."""

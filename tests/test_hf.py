@@ -15,21 +15,12 @@ from bertcli.config import ModelConfig
 from bertcli.errors import UsageError
 from bertcli.hf import export, init_from, load_hf_weights, read_hf_config
 from bertcli.model import BertForPreTraining
-from conftest import text_run
-from test_text import train
 
 transformers = pytest.importorskip("transformers")
 
 TEXTS = ["Hello world, this is a test.", "Naïve café — crème brûlée!", "東京 and 北京 are cities.",
          "supercalifragilisticexpialidocious antidisestablishmentarianism", "x = f(a[1], b={'k': 2}) # ok?",
          "ÀÉÎÕÜ àéîõü ñ ç ø å", "", "tabs\tand  spaces", "unknownwordzzqqxx", "3.14159 is π; e ≈ 2.718"]
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory, small_corpus) -> Path:
-    folder = tmp_path_factory.mktemp("run")
-    train(text_run(folder, small_corpus, "train.max_steps=4", "train.eval_every=0"))
-    return folder
 
 
 def hf_inputs(tokenizer, texts):

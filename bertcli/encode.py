@@ -1,0 +1,250 @@
+"""`bertcli encode`: lines of text in, one vector per line out, streamed.
+
+Lines are read a window at a time (32 batches), tokenized together, sorted by length inside the
+window so that each batch carries little padding, run through the encoder under
+torch.inference_mode, and written back in input order before the next window is read: memory is
+bounded whatever the input's length, and a consumer sees rows while the input still flows.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, TextIO
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tokenizers import Tokenizer
+
+from bertcli import atomic, checkpoint, hf
+from bertcli.config import TokenizerConfig
+from bertcli.data.tokenizer import load_tokenizer
+from bertcli.errors import PipeClosed, UsageError
+from bertcli.model import BertForPreTraining, padding_mask
+
+POOLINGS = ("cls", "mean", "max", "pooler")
+WINDOW_BATCHES = 32
+
+
+@dataclass
+class Encoder:
+    model: BertForPreTraining
+    tokenizer: Tokenizer
+    device: torch.device
+    dtype: torch.dtype | None  # autocast dtype, None = fp32
+
+    @property
+    def max_length(self) -> int:
+        return self.model.config.max_position_embeddings
+
+
+def load_encoder(path: Path, device: torch.device, dtype: str = "fp32") -> Encoder:
+    """A run folder (best checkpoint, else newest), a checkpoint folder, or a Hugging Face BERT folder."""
+    path = Path(path)
+    if not path.exists():
+        raise UsageError(f"--model {path}: no such folder; pass a run folder, a checkpoint folder or a Hugging Face BERT folder")
+    if hf.is_hf_folder(path):
+        cfg = hf.read_hf_config(path)
+        model = BertForPreTraining(cfg)
+        hf.init_from(model, path)
+        lowercase = True
+        if (path / "tokenizer_config.json").is_file():
+            lowercase = bool(json.loads((path / "tokenizer_config.json").read_text()).get("do_lower_case", True))
+        tokenizer = load_tokenizer(path, TokenizerConfig(lowercase=lowercase, strip_accents=lowercase))
+    else:
+        ckpt = hf.find_checkpoint(path)
+        cfg = checkpoint.read_config(ckpt).model
+        model = BertForPreTraining(cfg)
+        checkpoint.load_weights(model, ckpt)
+        if not (ckpt / "tokenizer.json").is_file():
+            raise UsageError(f"{ckpt}: no tokenizer.json (a synthetic-corpus run has no tokenizer to encode text with)")
+        tokenizer = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
+    model.to(device).eval()
+    autocast = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    return Encoder(model, tokenizer, device, autocast)
+
+
+def read_lines(sources: list[str], errors: str) -> Iterator[str]:
+    """Lines of the files (or stdin for '-'), without their line ends; a line that is not UTF-8 is
+    an error naming it, unless errors='replace'."""
+    for source in sources or ["-"]:
+        stream: BinaryIO = sys.stdin.buffer if source == "-" else _open(source)
+        name = "stdin" if source == "-" else source
+        try:
+            for number, raw in enumerate(stream, start=1):
+                try:
+                    text = raw.decode("utf-8", errors=errors)
+                except UnicodeDecodeError as exc:
+                    raise UsageError(f"{name}: line {number} is not valid UTF-8 (byte {exc.start} of the line); "
+                                     "fix the input or pass --errors replace") from None
+                yield text.rstrip("\r\n")
+        finally:
+            if stream is not sys.stdin.buffer:
+                stream.close()
+
+
+def _open(path: str) -> BinaryIO:
+    try:
+        return open(path, "rb")
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such input file") from None
+    except IsADirectoryError:
+        raise UsageError(f"{path}: is a folder, not a text file") from None
+
+
+def _pool(hidden: torch.Tensor, valid_lens: torch.Tensor, pooling: str, model: BertForPreTraining) -> torch.Tensor:
+    """(B, T, H) -> (B, H). mean and max run over every non-padding position, [CLS] and [SEP]
+    included (the convention of sentence-embedding libraries)."""
+    if pooling == "cls":
+        return hidden[:, 0]
+    if pooling == "pooler":
+        return model.bert.pooler(hidden)
+    keep = padding_mask(valid_lens, hidden.shape[1])[:, 0, 0, :, None]  # (B, T, 1)
+    if pooling == "mean":
+        return (hidden * keep).sum(1) / valid_lens[:, None].to(hidden.dtype)
+    return hidden.masked_fill(~keep, float("-inf")).amax(1)
+
+
+def _forward(enc: Encoder, ids: list[list[int]], types: list[list[int]], layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Hidden states of `layer` (0 = embeddings, L = last) for a batch of token-id lists (called
+    under torch.inference_mode)."""
+    B, T = len(ids), max(len(x) for x in ids)
+    tokens = torch.zeros((B, T), dtype=torch.long)
+    segments = torch.zeros((B, T), dtype=torch.long)
+    for row, (x, t) in enumerate(zip(ids, types)):
+        tokens[row, :len(x)] = torch.tensor(x)
+        segments[row, :len(t)] = torch.tensor(t)
+    valid = torch.tensor([len(x) for x in ids])
+    tokens, segments, valid = tokens.to(enc.device), segments.to(enc.device), valid.to(enc.device)
+    ctx = torch.autocast(enc.device.type, dtype=enc.dtype) if enc.dtype else torch.autocast(enc.device.type, enabled=False)
+    with ctx:
+        bert = enc.model.bert
+        mask = padding_mask(valid, T)
+        x = bert.embeddings(tokens, segments)
+        for block in bert.encoder.layer[:layer]:
+            x = block(x, mask)
+    return x, valid
+
+
+def encode(enc: Encoder, lines: Iterator[str], out: "Writer", pooling: str = "cls", layer: int = -1,
+           normalize: bool = False, batch_size: int = 32, max_length: int | None = None, pairs: bool = False,
+           per_token: bool = False) -> dict[str, int]:
+    """Encode every line and hand the rows to `out` in input order; return counts."""
+    L = enc.model.config.num_hidden_layers
+    layer = layer if layer >= 0 else L + 1 + layer
+    if not 0 <= layer <= L:
+        raise UsageError(f"--layer {layer}: this model has layers 0 (embeddings) to {L}")
+    if pooling == "pooler" and layer != L:
+        raise UsageError("--pooling pooler reads the last layer; drop --layer or pick another pooling")
+    limit = min(max_length or enc.max_length, enc.max_length)
+    enc.tokenizer.enable_truncation(limit)
+    counts = {"lines": 0, "truncated": 0}
+    window: list[str] = []
+
+    @torch.inference_mode()
+    def flush() -> None:
+        if not window:
+            return
+        if pairs:
+            inputs = [tuple(line.split("\t", 1)) if "\t" in line else (line, "") for line in window]
+        else:
+            inputs = window
+        encodings = enc.tokenizer.encode_batch(inputs, add_special_tokens=True)
+        counts["truncated"] += sum(1 for e in encodings if e.overflowing)
+        order = sorted(range(len(window)), key=lambda i: len(encodings[i].ids))
+        rows: list = [None] * len(window)
+        for start in range(0, len(order), batch_size):
+            chunk = order[start:start + batch_size]
+            hidden, valid = _forward(enc, [encodings[i].ids for i in chunk], [encodings[i].type_ids for i in chunk], layer)
+            if per_token:
+                for j, i in enumerate(chunk):
+                    vectors = hidden[j, : int(valid[j])].float()
+                    rows[i] = (F.normalize(vectors, dim=-1) if normalize else vectors).cpu().numpy()
+                continue
+            pooled = _pool(hidden, valid, pooling, enc.model).float()
+            if normalize:
+                pooled = F.normalize(pooled, dim=-1)
+            for j, i in enumerate(chunk):
+                rows[i] = pooled[j].cpu().numpy()
+        for i, row in enumerate(rows):
+            out.write(counts["lines"] + i + 1, window[i], row, encodings[i].tokens if per_token else None)
+        out.flush()
+        counts["lines"] += len(window)
+        window.clear()
+
+    for line in lines:
+        window.append(line)
+        if len(window) >= batch_size * WINDOW_BATCHES:
+            flush()
+    flush()
+    enc.tokenizer.no_truncation()
+    return counts
+
+
+class Writer:
+    """Rows out: jsonl or tsv to a text stream, or npy to a file (written atomically at the end)."""
+
+    def __init__(self, fmt: str, stream: TextIO | None, output: Path | None, with_text: bool) -> None:
+        self.fmt, self.stream, self.with_text = fmt, stream, with_text
+        self.output, self.rows, self.width = output, 0, None
+        self.raw: io.BufferedWriter | None = None
+        if fmt == "npy":
+            if output is None:
+                raise UsageError("--format npy writes a file: pass --output FILE.npy")
+            self.raw_path = output.with_name(f"{atomic.TMP_PREFIX}{output.name}.{os.getpid()}.raw")
+            self.raw = open(self.raw_path, "wb")
+
+    def write(self, number: int, text: str, row: np.ndarray, tokens: list[str] | None) -> None:
+        self.rows += 1
+        if self.raw is not None:
+            self.width = row.shape[-1]
+            self.raw.write(np.ascontiguousarray(row, dtype=np.float32).tobytes())
+            return
+        if self.fmt == "tsv":
+            line = "\t".join(f"{x:.6g}" for x in row)
+        elif tokens is not None:
+            record = {"line": number, "tokens": tokens, "vectors": [[float(f"{x:.6g}") for x in v] for v in row]}
+            line = json.dumps(record | ({"text": text} if self.with_text else {}), ensure_ascii=False)
+        else:
+            record = {"line": number, **({"text": text} if self.with_text else {}),
+                      "vector": [float(f"{x:.6g}") for x in row]}
+            line = json.dumps(record, ensure_ascii=False)
+        try:
+            self.stream.write(line + "\n")
+        except BrokenPipeError:
+            raise PipeClosed from None
+
+    def flush(self) -> None:
+        if self.stream is not None and self.raw is None:
+            try:
+                self.stream.flush()
+            except BrokenPipeError:
+                raise PipeClosed from None
+
+    def close(self, hidden_size: int) -> None:
+        """For npy: header + the rows, renamed into place (an empty input gives shape (0, H))."""
+        if self.raw is None:
+            return
+        self.raw.close()
+        tmp = self.output.with_name(f"{atomic.TMP_PREFIX}{self.output.name}.{os.getpid()}")
+        header = {"descr": np.lib.format.dtype_to_descr(np.dtype("<f4")), "fortran_order": False,
+                  "shape": (self.rows, self.width or hidden_size)}
+        with open(tmp, "wb") as fh, open(self.raw_path, "rb") as rows:
+            np.lib.format.write_array_header_1_0(fh, header)
+            shutil.copyfileobj(rows, fh, 1 << 20)  # streamed: memory stays bounded
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.output)
+        self.raw_path.unlink(missing_ok=True)
+
+    def abort(self) -> None:
+        if self.raw is not None:
+            self.raw.close()
+            self.raw_path.unlink(missing_ok=True)

@@ -1,0 +1,135 @@
+"""`bertcli encode`: rows in input order, pooling, formats, streaming, pipeline manners."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from bertcli import checkpoint
+from bertcli.encode import Writer, encode, load_encoder
+from bertcli.hf import export
+from conftest import REPO
+
+LINES = ["the python tutorial", "", "modules and packages are explained here in some detail .",
+         "a", "naïve café 東京", "x" * 50]
+
+
+def run_encode(model, lines, fmt="jsonl", **kwargs):
+    import io
+
+    enc = load_encoder(model, torch.device("cpu"))
+    stream = io.StringIO()
+    counts = encode(enc, iter(lines), Writer(fmt, stream, None, kwargs.pop("with_text", False)), **kwargs)
+    return [json.loads(line) for line in stream.getvalue().splitlines()] if fmt == "jsonl" else stream.getvalue(), counts
+
+
+def reference(trained, text, layer=None):
+    """The encoder run by hand on one text: (T, H) hidden states of the last layer."""
+    ckpt = checkpoint.list_checkpoints(trained)[-1][1]
+    from tokenizers import Tokenizer
+
+    from bertcli.model import BertForPreTraining
+
+    model = BertForPreTraining(checkpoint.read_config(ckpt).model).eval()
+    checkpoint.load_weights(model, ckpt)
+    ids = Tokenizer.from_file(str(ckpt / "tokenizer.json")).encode(text).ids
+    with torch.no_grad():
+        return model(torch.tensor([ids]), torch.zeros(1, len(ids), dtype=torch.long), torch.tensor([len(ids)])).encoded[0], model
+
+
+def test_rows_in_input_order_including_empty_lines(trained):
+    rows, counts = run_encode(trained, LINES, with_text=True, batch_size=2)
+    assert [r["line"] for r in rows] == list(range(1, len(LINES) + 1)) and counts["lines"] == len(LINES)
+    assert [r["text"] for r in rows] == LINES
+    hidden, _ = reference(trained, LINES[2])
+    np.testing.assert_allclose(rows[2]["vector"], hidden[0].numpy(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("pooling", ["cls", "mean", "max", "pooler"])
+def test_pooling_matches_a_hand_computation(trained, pooling):
+    rows, _ = run_encode(trained, LINES, pooling=pooling, batch_size=4)
+    hidden, model = reference(trained, LINES[2])
+    expected = {"cls": hidden[0], "mean": hidden.mean(0), "max": hidden.max(0).values,
+                "pooler": model.bert.pooler(hidden[None])[0].detach()}[pooling]
+    np.testing.assert_allclose(rows[2]["vector"], expected.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_batching_and_length_sorting_do_not_change_vectors(trained):
+    one, _ = run_encode(trained, LINES, batch_size=1, pooling="mean")
+    many, _ = run_encode(trained, LINES, batch_size=6, pooling="mean")
+    for a, b in zip(one, many):
+        np.testing.assert_allclose(a["vector"], b["vector"], rtol=1e-4, atol=1e-4)
+
+
+def test_normalize_layer_tokens_and_pairs(trained):
+    rows, _ = run_encode(trained, LINES, normalize=True)
+    assert all(abs(np.linalg.norm(r["vector"]) - 1) < 1e-4 for r in rows)
+    layer0, _ = run_encode(trained, LINES[:1], layer=0)
+    last, _ = run_encode(trained, LINES[:1])
+    assert not np.allclose(layer0[0]["vector"], last[0]["vector"])
+    per_token, _ = run_encode(trained, LINES[:1], per_token=True)
+    assert per_token[0]["tokens"][0] == "[CLS]" and len(per_token[0]["vectors"]) == len(per_token[0]["tokens"])
+    pair, _ = run_encode(trained, ["the tutorial\tmodules"], pairs=True)
+    single, _ = run_encode(trained, ["the tutorial modules"])
+    assert not np.allclose(pair[0]["vector"], single[0]["vector"]), "segment ids are used"
+
+
+def test_npy_tsv_and_empty_input(trained, tmp_path, cli):
+    (tmp_path / "in.txt").write_text("\n".join(LINES) + "\n")
+    result = cli("encode", "--model", trained, tmp_path / "in.txt", "-f", "npy", "-o", tmp_path / "v.npy")
+    assert result.code == 0 and result.out == ""
+    array = np.load(tmp_path / "v.npy")
+    assert array.shape == (len(LINES), 32) and array.dtype == np.float32
+    tsv = cli("encode", "--model", trained, tmp_path / "in.txt", "-f", "tsv")
+    assert np.allclose(np.loadtxt(tsv.out.splitlines(), delimiter="\t"), array, atol=1e-4)
+    (tmp_path / "empty.txt").write_text("")
+    empty = cli("encode", "--model", trained, tmp_path / "empty.txt")
+    assert empty.code == 0 and empty.out == "" and empty.err == ""
+    assert cli("encode", "--model", trained, tmp_path / "empty.txt", "-f", "npy", "-o", tmp_path / "e.npy").code == 0
+    assert np.load(tmp_path / "e.npy").shape == (0, 32)
+
+
+def test_a_hugging_face_folder_gives_the_same_vectors(trained, tmp_path):
+    folder = export(trained, tmp_path / "hf")
+    a, _ = run_encode(trained, LINES, pooling="mean")
+    b, _ = run_encode(folder, LINES, pooling="mean")
+    for x, y in zip(a, b):
+        np.testing.assert_allclose(x["vector"], y["vector"], rtol=1e-5, atol=1e-5)
+
+
+def test_errors_truncation_and_missing_model(trained, tmp_path, cli):
+    (tmp_path / "bad.txt").write_bytes(b"fine\nbad \xff line\n")
+    bad = cli("encode", "--model", trained, tmp_path / "bad.txt")
+    assert bad.code == 2 and "line 2 is not valid UTF-8" in bad.err and len(bad.err_lines) == 1
+    replaced = cli("encode", "--model", trained, tmp_path / "bad.txt", "--errors", "replace")
+    assert replaced.code == 0 and len(replaced.out.splitlines()) == 2
+    (tmp_path / "long.txt").write_text("word " * 100 + "\nshort\n")
+    long = cli("encode", "--model", trained, tmp_path / "long.txt", "--max-length", "16")
+    assert long.code == 0 and "1 of 2 lines were truncated" in long.err
+    missing = cli("encode", "--model", tmp_path / "nothing", tmp_path / "long.txt")
+    assert missing.code == 2 and "no such folder" in missing.err
+
+
+def test_closed_pipe_and_streaming(trained):
+    command = f"seq 1 5000 | {sys.executable} -m bertcli encode --model {trained} | head -3"
+    proc = subprocess.run(command, shell=True, cwd=REPO, capture_output=True, text=True, executable="/bin/bash")
+    assert len(proc.stdout.splitlines()) == 3 and proc.stderr == ""
+    proc = subprocess.run(f"set -o pipefail; {command}", shell=True, cwd=REPO, capture_output=True, text=True,
+                          executable="/bin/bash")
+    assert proc.returncode == 0, proc.stderr
+    # Rows come out before the input ends: send one window (2 x 32 lines) and read it back.
+    p = subprocess.Popen([sys.executable, "-m", "bertcli", "encode", "--model", str(trained), "--batch-size", "2"],
+                         cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p.stdin.write("".join(f"line {i}\n" for i in range(64)))
+    p.stdin.flush()
+    first = p.stdout.readline()  # blocks until the first window is written, stdin still open
+    assert json.loads(first)["line"] == 1
+    p.stdin.close()
+    rest = p.stdout.read().splitlines()
+    assert p.wait(timeout=60) == 0 and len(rest) == 63
