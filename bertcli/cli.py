@@ -76,6 +76,7 @@ def init(
     directory: Path = typer.Argument(..., help="Folder to create; config.yaml is written inside it."),
     preset: Preset = typer.Option(Preset.tiny, "--preset", "-p", help="tiny (d2l textbook sizes), small, base (BERT-base) or large (BERT-large)."),
     corpus: Optional[Path] = typer.Option(None, "--corpus", help="Text/JSONL file or folder to train on (default: the bundled sample)."),
+    init_from: Optional[Path] = typer.Option(None, "--init-from", help="Continue from a Hugging Face BERT folder or a bertcli checkpoint (its sizes and tokenizer)."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing config.yaml."),
     overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
 ) -> None:
@@ -87,6 +88,12 @@ def init(
     if corpus is not None:
         corpus_files(corpus)  # fail now, not at pretrain time, if it is missing or holds no text files
         overrides = [f"data.corpus={corpus.expanduser().resolve()}"] + overrides
+    if init_from is not None:
+        from bertcli.hf import HF_FIELDS, imported_config
+
+        imported = imported_config(init_from.expanduser().resolve())
+        overrides = [f"model.{k}={getattr(imported, k)}" for k in HF_FIELDS] + [
+            f"model.init_from={init_from.expanduser().resolve()}"] + overrides
     cfg = preset_config(preset.value, overrides)
     path = directory / "config.yaml"
     if path.exists() and not force:

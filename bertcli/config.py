@@ -35,6 +35,8 @@ class ModelConfig:
     """Number of token ids (the tokenizer's size); null = take it from the tokenizer."""
     pad_vocab_multiple: int = 64
     """Pad embedding and decoder rows to a multiple of this, for speed (1 = none; never targets)."""
+    init_from: str = ""
+    """Start from these weights: a Hugging Face BERT folder or a bertcli checkpoint (empty = fresh)."""
     hidden_size: int = 768
     """Width of the embeddings and of every encoder layer."""
     num_hidden_layers: int = 12

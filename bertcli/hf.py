@@ -23,7 +23,7 @@ from bertcli.config import ModelConfig, model_config_from_dict
 from bertcli.errors import UsageError
 from bertcli.model import TIED_ALIASES, BertForPreTraining, padded_vocab_size
 
-HF_FIELDS = [f.name for f in dataclasses.fields(ModelConfig) if f.name != "pad_vocab_multiple"]
+HF_FIELDS = [f.name for f in dataclasses.fields(ModelConfig) if f.name not in ("pad_vocab_multiple", "init_from")]
 SPECIAL_TOKENS = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
                   "mask_token": "[MASK]"}
 
@@ -162,3 +162,29 @@ def init_from(model: BertForPreTraining, path: Path) -> list[str]:
     weights, fresh = load_hf_weights(path, model.config)
     model.load_state_dict(weights, strict=False)  # absent parts keep their fresh initialisation
     return fresh
+
+
+def imported_config(path: Path) -> ModelConfig:
+    """The architecture of an init_from source: a Hugging Face folder's config.json or a checkpoint's config."""
+    path = Path(path)
+    if checkpoint.is_checkpoint(path):
+        return checkpoint.read_config(path).model
+    if is_hf_folder(path):
+        return read_hf_config(path)
+    raise UsageError(f"model.init_from={str(path)!r}: not a Hugging Face BERT folder (config.json + model.safetensors) "
+                     "nor a bertcli checkpoint folder")
+
+
+def adopt_imported(cfg: Any, path: Path) -> Any:
+    """cfg with the model section of the init_from source; a YAML value that contradicts it is an error."""
+    imported = imported_config(path)
+    clashes = [f"model.{k}={getattr(cfg.model, k)!r} but {path} has {getattr(imported, k)!r}"
+               for k in HF_FIELDS if getattr(cfg.model, k) is not None and getattr(cfg.model, k) != getattr(imported, k)]
+    if clashes:
+        raise UsageError(f"{'; '.join(clashes)}: the architecture comes from model.init_from; remove those keys or "
+                         f"write a matching config with `bertcli init DIR --init-from {path}`")
+    model = dataclasses.replace(imported, pad_vocab_multiple=cfg.model.pad_vocab_multiple, init_from=cfg.model.init_from)
+    data = cfg.data
+    if not data.tokenizer.path:  # the imported model's own tokenizer
+        data = dataclasses.replace(data, tokenizer=dataclasses.replace(data.tokenizer, path=str(path)))
+    return dataclasses.replace(cfg, model=model, data=data)

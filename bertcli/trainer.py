@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from bertcli import __version__, atomic, checkpoint, runtime
+from bertcli import __version__, atomic, checkpoint, hf, runtime
 from bertcli.config import Config, TrainConfig, resolve_output_dir, to_dict
 from bertcli.data import Corpus, load_data
 from bertcli.data.examples import IGNORE, Batch, ExampleBuilder
@@ -123,6 +123,12 @@ def pretrain(cfg: Config, config_path: Path | None = None, resume: str = "auto",
     atomic.clean_leftovers(checkpoint.checkpoints_dir(output_dir))  # what a killed run was writing
     if resume not in ("auto", "never") and not Path(resume).exists():
         raise UsageError(f"--resume {resume}: no such checkpoint folder")
+    init_path = None
+    if cfg.model.init_from:
+        init_path = Path(cfg.model.init_from).expanduser()
+        if not init_path.is_absolute() and config_path is not None:
+            init_path = config_path.resolve().parent / init_path
+        cfg = hf.adopt_imported(cfg, init_path)  # the architecture (and tokenizer) of the imported model
     data = load_data(cfg, config_path, quiet)  # prepares text corpora first when needed (cached)
     cfg = resolve_vocab(cfg, data.vocab_size, cfg.data.corpus)
     resume_from = checkpoint.choose_resume(output_dir, resume, cfg)
@@ -146,6 +152,9 @@ def pretrain(cfg: Config, config_path: Path | None = None, resume: str = "auto",
     scaler = rt.grad_scaler(cfg.precision)
     step, tokens_seen, start_time_s = 0, 0, 0.0
     best = checkpoint.best_eval_loss(output_dir)
+    if init_path is not None and resume_from is None:
+        fresh = hf.init_from(model, init_path)
+        log(f"initialised from {init_path}" + (f"; not in it, so trained from scratch: {', '.join(fresh)}" if fresh else ""))
     if resume_from is not None:
         checkpoint.load_weights(model, resume_from)
         step = checkpoint.load_training_state(resume_from, optimizer, scaler, rt.device)

@@ -61,7 +61,7 @@ def test_export_refuses_an_existing_folder(trained, tmp_path, cli):
 
 
 def random_hf(kind: str, cfg: ModelConfig, folder: Path) -> torch.nn.Module:
-    config = transformers.BertConfig(**{k: v for k, v in dataclasses.asdict(cfg).items() if k != "pad_vocab_multiple"})
+    config = transformers.BertConfig(**{k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("pad_vocab_multiple", "init_from")})
     torch.manual_seed(1)
     model = getattr(transformers, kind)(config).eval()
     model.save_pretrained(folder)
@@ -136,3 +136,49 @@ def test_round_trip_export_import_export_is_byte_identical(trained, tmp_path):
     for key in a:
         assert a[key].dtype == b[key].dtype and a[key].shape == b[key].shape
         assert a[key].numpy().tobytes() == b[key].numpy().tobytes(), key
+
+
+def test_continued_pretraining_from_an_exported_folder(tmp_path, small_corpus, capsys):
+    from bertcli.config import load_config
+    from bertcli.metrics import read_metrics
+    from bertcli.trainer import pretrain
+    from conftest import text_run
+
+    def first_mlm_loss(folder):
+        return [r for r in read_metrics(folder / "metrics.jsonl") if r["split"] == "train"][0]["mlm_loss"]
+
+    def run(folder, *overrides):
+        config = text_run(folder, small_corpus, "train.eval_every=0", *overrides)
+        pretrain(load_config(config), config, quiet=True)
+
+    run(tmp_path / "teacher", "train.max_steps=60", "optimizer.lr=5e-3", "checkpoint.save_every=60")
+    hf_dir = export(tmp_path / "teacher", tmp_path / "hf")
+    capsys.readouterr()
+    run(tmp_path / "continued", f"model.init_from={hf_dir}", "train.max_steps=4")
+    assert f"initialised from {hf_dir}" in capsys.readouterr().err
+    run(tmp_path / "fresh", f"data.tokenizer.path={hf_dir}", "train.max_steps=4")
+    continued, fresh = first_mlm_loss(tmp_path / "continued"), first_mlm_loss(tmp_path / "fresh")
+    assert continued < fresh - 0.5, (continued, fresh)
+    with pytest.raises(UsageError, match="architecture comes from model.init_from"):
+        run(tmp_path / "clash", f"model.init_from={hf_dir}", "model.hidden_size=64", "model.num_attention_heads=2")
+
+
+def test_init_from_a_bare_bert_model_says_which_heads_are_fresh(tmp_path, small_corpus, cli):
+    from bertcli.data.prepare import load_prepared, prepare
+    from bertcli.config import load_config
+    from conftest import text_run
+
+    config = text_run(tmp_path / "tok", small_corpus)
+    prepared = load_prepared(prepare(load_config(config), config, quiet=True))
+    cfg = dataclasses.replace(SMALL, vocab_size=prepared.vocab_size, max_position_embeddings=64)
+    random_hf("BertModel", cfg, tmp_path / "hf")
+    for name in ("tokenizer.json", "vocab.txt"):
+        (tmp_path / "hf" / name).write_bytes((prepared.folder / name).read_bytes())
+    assert cli("init", tmp_path / "run", "--init-from", tmp_path / "hf", "--corpus", small_corpus,
+               *sum((["--set", o] for o in ("train.max_steps=2", "train.batch_size=4", "data.max_seq_length=32",
+                                            "train.eval_every=0", "data.tokenizer.vocab_size=1000")), [])).code == 0
+    text = (tmp_path / "run" / "config.yaml").read_text()
+    assert "hidden_size: 32" in text and f"init_from: {tmp_path / 'hf'}" in text
+    result = cli("pretrain", "--config", tmp_path / "run" / "config.yaml", "--quiet")
+    assert result.code == 0, result.err
+    assert "not in it, so trained from scratch: MLM head, NSP head" in result.err

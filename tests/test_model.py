@@ -18,7 +18,7 @@ SMALL = ModelConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_atte
 
 
 def hf_model(cfg: ModelConfig):
-    fields = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "pad_vocab_multiple"}
+    fields = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("pad_vocab_multiple", "init_from")}
     config = transformers.BertConfig(**fields, attn_implementation="sdpa")
     return transformers.BertForPreTraining(config)
 
