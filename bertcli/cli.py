@@ -146,6 +146,8 @@ def pretrain(
         raise UsageError(f"--device {device!r}: expected auto, cpu, cuda or cuda:N")
     cfg = load_config(config, overrides + ([f"train.device={device}"] if device else []))
     result = run(cfg, config, resume=resume, quiet=quiet, stop_at=stop_at)
+    if not result["is_main"]:
+        return  # under torchrun, rank 0 reports for everyone
     metrics = result["metrics"]
     shown = ", ".join(f"{k} {metrics[k]:.4g}" for k in ("mlm_loss", "mlm_acc", "nsp_acc") if k in metrics)
     err(f"done: step {result['step']:,}, {result['tokens_seen']:,} tokens seen{'; ' + shown if shown else ''}")

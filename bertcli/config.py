@@ -215,6 +215,8 @@ class LoggingConfig:
     """Log metrics every N steps (the only steps that wait for the GPU)."""
     tensorboard: bool = True
     """Write TensorBoard event files to output_dir/tensorboard/."""
+    peak_tflops: float = 0.0
+    """Device peak (dense bf16 TFLOP/s) for MFU; 0 = known GPUs' datasheet value, none on CPU."""
 
 
 @dataclass
@@ -597,6 +599,7 @@ def validate(cfg: Config) -> list[tuple[str, str]]:
     need(cfg.checkpoint.save_every >= 1, "checkpoint.save_every", f"must be at least 1, got {cfg.checkpoint.save_every}")
     need(cfg.checkpoint.keep_last >= 1, "checkpoint.keep_last", f"must be at least 1, got {cfg.checkpoint.keep_last}")
     need(cfg.logging.log_every >= 1, "logging.log_every", f"must be at least 1, got {cfg.logging.log_every}")
+    need(cfg.logging.peak_tflops >= 0, "logging.peak_tflops", f"must not be negative (0 = auto), got {cfg.logging.peak_tflops}")
     for name in ("mlm_weight", "nsp_weight", "max_grad_norm"):
         need(math.isfinite(getattr(t, name)), f"train.{name}", "must be a finite number")
     return problems

@@ -6,10 +6,12 @@ The model and the data code never look at devices or dtypes; the trainer asks th
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from bertcli.config import PrecisionConfig
 from bertcli.errors import UsageError
@@ -19,6 +21,31 @@ from bertcli.errors import UsageError
 class Runtime:
     device: torch.device
     precision: str  # resolved: fp32, bf16 or fp16
+    rank: int = 0  # this process among all (torchrun's RANK)
+    world_size: int = 1  # processes in the job (torchrun's WORLD_SIZE)
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the only process that logs, writes metrics and checkpoints."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum a tensor over all processes, in place (a no-op in a single process)."""
+        if self.distributed:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor
+
+    def barrier(self) -> None:
+        if self.distributed:
+            dist.barrier()
+
+    def close(self) -> None:
+        if self.distributed and dist.is_initialized():
+            dist.destroy_process_group()
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
@@ -67,15 +94,38 @@ def resolve_precision(mode: str, device: torch.device) -> str:
 
 
 def setup(device: str, precision: PrecisionConfig) -> Runtime:
+    """Device and precision; under torchrun (WORLD_SIZE > 1) also the process group: NCCL on
+    GPUs (one per local rank), gloo on CPU."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     dev = resolve_device(device)
+    if world_size > 1 and dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", local_rank)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
         torch.backends.cuda.matmul.allow_tf32 = precision.allow_tf32
         torch.backends.cudnn.allow_tf32 = precision.allow_tf32
-    return Runtime(device=dev, precision=resolve_precision(precision.mode, dev))
+    if world_size > 1 and not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
+    return Runtime(device=dev, precision=resolve_precision(precision.mode, dev), rank=rank, world_size=world_size)
 
 
-def seed_step(seed: int, step: int) -> None:
-    """Seed torch (dropout) for one step from (seed, step): the step's randomness is then a
+def seed_step(seed: int, step: int, rank: int = 0) -> None:
+    """Seed torch (dropout) for one step from (seed, step, rank): the step's randomness is then a
     pure function of them, so resuming restores it without saved generator states."""
-    torch.manual_seed(int(np.random.SeedSequence([seed, step]).generate_state(1, dtype=np.uint64)[0] >> 1))
+    torch.manual_seed(int(np.random.SeedSequence([seed, step, rank]).generate_state(1, dtype=np.uint64)[0] >> 1))
+
+
+# Dense bf16 matrix peak of known GPUs, TFLOP/s, for MFU (logging.peak_tflops overrides).
+PEAK_BF16_TFLOPS = {"H100 SXM": 989.0, "H100 80GB HBM3": 989.0, "H100 PCIe": 756.0, "H100 NVL": 835.0,
+                    "H200": 989.0, "A100": 312.0, "L40S": 362.0, "L4": 121.0, "A10G": 125.0}
+
+
+def peak_tflops(device: torch.device, override: float) -> float | None:
+    """The device's dense bf16 peak (TFLOP/s), None when unknown (CPUs, unlisted GPUs)."""
+    if override > 0:
+        return override
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)

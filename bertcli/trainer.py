@@ -8,6 +8,7 @@ steps save. The only host-device syncs are at log steps.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
@@ -17,6 +18,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
 import yaml
 
 from bertcli import __version__, atomic, checkpoint, hf, runtime
@@ -25,7 +27,7 @@ from bertcli.data import Corpus, load_data
 from bertcli.data.examples import IGNORE, Batch, ExampleBuilder
 from bertcli.errors import UsageError
 from bertcli.metrics import MetricsLogger, log
-from bertcli.model import BertForPreTraining, PretrainingOutput
+from bertcli.model import BertForPreTraining, PretrainingOutput, flops_per_token
 from bertcli.optim import build_optimizer, lr_at
 
 
@@ -35,22 +37,27 @@ class Losses(NamedTuple):
 
 
 def pretraining_loss(out: PretrainingOutput, batch: Batch, mlm_weight: float, nsp_weight: float,
-                     nsp: bool = True) -> Losses:
+                     nsp: bool = True, mlm_denominator: torch.Tensor | None = None, world_size: int = 1) -> Losses:
     """mlm_weight * MLM cross-entropy (mean over real predictions) + nsp_weight * NSP cross-entropy.
 
     Padded prediction slots carry the label IGNORE, so they add nothing to the loss or to its
     denominator (the textbook's weighting bug cannot happen). Computed in fp32. Without
-    sentence pairs (`nsp=False`) the NSP terms are zero.
+    sentence pairs (`nsp=False`) the NSP terms are zero. With several processes, `mlm_denominator`
+    is the number of real predictions over all of them: the MLM term is then the mean over the
+    whole global micro-batch (times world_size, since DDP averages gradients over processes),
+    exactly what one process with the whole batch computes.
     """
     V = out.mlm_logits.shape[-1]
     mlm_logits = out.mlm_logits.float().reshape(-1, V)  # (B*P, V)
     labels = batch.mlm_labels.reshape(-1)  # (B*P,)
-    mlm = F.cross_entropy(mlm_logits, labels, ignore_index=IGNORE)
+    real = labels != IGNORE
+    mlm_sum = F.cross_entropy(mlm_logits, labels, ignore_index=IGNORE, reduction="sum")
+    mlm = mlm_sum / real.sum().clamp(min=1)  # this process's mean (what is logged)
+    mlm_term = mlm if mlm_denominator is None else mlm_sum * world_size / mlm_denominator
     nsp_logits = out.nsp_logits.float()
     nsp_loss = F.cross_entropy(nsp_logits, batch.nsp_labels) if nsp else mlm.new_zeros(())
-    total = mlm_weight * mlm + nsp_weight * nsp_loss
+    total = mlm_weight * mlm_term + nsp_weight * nsp_loss
     with torch.no_grad():
-        real = labels != IGNORE
         nsp_rows = batch.nsp_labels != IGNORE
         stats = torch.stack([
             total.detach(), mlm.detach(), nsp_loss.detach(),
@@ -120,7 +127,17 @@ def pretrain(cfg: Config, config_path: Path | None = None, resume: str = "auto",
     return the last logged metrics plus where the final checkpoint is."""
     output_dir = resolve_output_dir(cfg, config_path)
     rt = runtime.setup(cfg.train.device, cfg.precision)
-    atomic.clean_leftovers(checkpoint.checkpoints_dir(output_dir))  # what a killed run was writing
+    try:
+        return _pretrain(cfg, config_path, resume, quiet, stop_at, output_dir, rt)
+    finally:
+        rt.close()
+
+
+def _pretrain(cfg: Config, config_path: Path | None, resume: str, quiet: bool, stop_at: int | None,
+              output_dir: Path, rt: runtime.Runtime) -> dict[str, Any]:
+    log_ = log if rt.is_main else (lambda message: None)  # only rank 0 speaks
+    if rt.is_main:
+        atomic.clean_leftovers(checkpoint.checkpoints_dir(output_dir))  # what a killed run was writing
     if resume not in ("auto", "never") and not Path(resume).exists():
         raise UsageError(f"--resume {resume}: no such checkpoint folder")
     init_path = None
@@ -129,11 +146,15 @@ def pretrain(cfg: Config, config_path: Path | None = None, resume: str = "auto",
         if not init_path.is_absolute() and config_path is not None:
             init_path = config_path.resolve().parent / init_path
         cfg = hf.adopt_imported(cfg, init_path)  # the architecture (and tokenizer) of the imported model
-    data = load_data(cfg, config_path, quiet)  # prepares text corpora first when needed (cached)
+    if rt.is_main:
+        data = load_data(cfg, config_path, quiet)  # prepares text corpora first when needed (cached)
+    rt.barrier()
+    if not rt.is_main:
+        data = load_data(cfg, config_path, quiet=True)  # prepared by rank 0 by now
     cfg = resolve_vocab(cfg, data.vocab_size, cfg.data.corpus)
     resume_from = checkpoint.choose_resume(output_dir, resume, cfg)
-    log(f"bertcli {__version__}: {rt.describe()}; output in {output_dir}")
-    log("resolved config:\n" + yaml.safe_dump(to_dict(cfg), sort_keys=False).rstrip())
+    log_(f"bertcli {__version__}: {rt.describe()}; {rt.world_size} process(es); output in {output_dir}")
+    log_("resolved config:\n" + yaml.safe_dump(to_dict(cfg), sort_keys=False).rstrip())
     output_dir.mkdir(parents=True, exist_ok=True)
 
     corpus, nsp = data.train, cfg.data.pairs
@@ -154,21 +175,29 @@ def pretrain(cfg: Config, config_path: Path | None = None, resume: str = "auto",
     best = checkpoint.best_eval_loss(output_dir)
     if init_path is not None and resume_from is None:
         fresh = hf.init_from(model, init_path)
-        log(f"initialised from {init_path}" + (f"; not in it, so trained from scratch: {', '.join(fresh)}" if fresh else ""))
+        log_(f"initialised from {init_path}" + (f"; not in it, so trained from scratch: {', '.join(fresh)}" if fresh else ""))
     if resume_from is not None:
         checkpoint.load_weights(model, resume_from)
         step = checkpoint.load_training_state(resume_from, optimizer, scaler, rt.device)
         state = checkpoint.read_trainer_state(resume_from)
         tokens_seen, start_time_s = int(state.get("tokens_seen", 0)), float(state.get("train_time_s", 0.0))
-        log(f"resuming from {resume_from} (step {step})")
+        log_(f"resuming from {resume_from} (step {step})")
     n_params = sum(p.numel() for p in model.parameters())
-    log(f"model: {n_params:,} parameters; corpus: {corpus.num_documents:,} documents, {corpus.num_tokens:,} tokens")
+    log_(f"model: {n_params:,} parameters; corpus: {corpus.num_documents:,} documents, {corpus.num_tokens:,} tokens")
 
-    B, A = tc.batch_size, tc.grad_accum_steps
+    B, A, W = tc.batch_size, tc.grad_accum_steps, rt.world_size
     last_step = min(tc.max_steps, stop_at or tc.max_steps)
-    logger = MetricsLogger(output_dir, step, tc.max_steps, cfg.logging.tensorboard, quiet)
+    logger = MetricsLogger(output_dir, step, tc.max_steps, cfg.logging.tensorboard, quiet) if rt.is_main else None
+    train_model: torch.nn.Module = model
+    if rt.distributed:
+        # Without NSP the pooler and NSP head get no gradient: DDP must be told to expect that.
+        train_model = DDP(model, device_ids=[rt.device.index] if rt.device.type == "cuda" else None,
+                          find_unused_parameters=not nsp)
+    peak = runtime.peak_tflops(rt.device, cfg.logging.peak_tflops)
+    tokens_since_start = 0  # this process's, summed over processes when saved
     stats = torch.zeros(7, device=rt.device)  # summed over the micro-batches since the last log
     window_tokens, window_start, window_step = 0, time.perf_counter(), step
+    start_tokens = tokens_seen
     run_start, last_metrics, last_saved = time.perf_counter(), {}, None
     if rt.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(rt.device)
@@ -176,19 +205,27 @@ def pretrain(cfg: Config, config_path: Path | None = None, resume: str = "auto",
     model.train()
     try:
         while step < last_step:
-            runtime.seed_step(tc.seed, step)  # dropout of this step: a function of (seed, step)
+            runtime.seed_step(tc.seed, step, rt.rank)  # dropout of this step: a function of (seed, step, rank)
             lr = lr_at(step, cfg.optimizer, tc.max_steps)
             for group in optimizer.param_groups:
                 group["lr"] = lr
             for micro in range(A):
-                batch = builder.batch(tc.seed, step, range(micro * B, (micro + 1) * B))
+                # This process's share of the step's examples: micro-batch `micro` of the global
+                # batch is split over the W processes, so any W sees the same examples.
+                first = (micro * W + rt.rank) * B
+                batch = builder.batch(tc.seed, step, range(first, first + B))
                 tokens = int(batch.valid_lens.sum())  # non-padding tokens, counted on the host copy: no sync
-                tokens_seen, window_tokens = tokens_seen + tokens, window_tokens + tokens
+                tokens_since_start, window_tokens = tokens_since_start + tokens, window_tokens + tokens
                 batch = (batch.pin_memory() if pin else batch).to(rt.device, non_blocking=pin)
-                with rt.autocast():
-                    out = model(batch.input_ids, batch.token_type_ids, batch.valid_lens, batch.pred_positions)
-                losses = pretraining_loss(out, batch, tc.mlm_weight, tc.nsp_weight, nsp)
-                scaler.scale(losses.total / A).backward()
+                denominator = None
+                if rt.distributed:  # real predictions of the whole global micro-batch (async on GPUs)
+                    denominator = rt.all_reduce_sum((batch.mlm_labels != IGNORE).sum().float())
+                sync = contextlib.nullcontext() if micro == A - 1 or not rt.distributed else train_model.no_sync()
+                with sync:  # gradients are all-reduced on the last micro-batch only
+                    with rt.autocast():
+                        out = train_model(batch.input_ids, batch.token_type_ids, batch.valid_lens, batch.pred_positions)
+                    losses = pretraining_loss(out, batch, tc.mlm_weight, tc.nsp_weight, nsp, denominator, W)
+                    scaler.scale(losses.total / A).backward()
                 stats += losses.stats
             scaler.unscale_(optimizer)  # no-op unless fp16
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tc.max_grad_norm or float("inf"))
@@ -196,37 +233,58 @@ def pretrain(cfg: Config, config_path: Path | None = None, resume: str = "auto",
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
             step += 1
-            logger.advance()
+            if logger:
+                logger.advance()
 
+            # Every process reaches the blocks below at the same steps: their collectives match.
             if step % cfg.logging.log_every == 0 or step == last_step:
+                counts = rt.all_reduce_sum(torch.tensor([window_tokens], dtype=torch.float64, device=rt.device))
+                rt.all_reduce_sum(stats)
                 elapsed = time.perf_counter() - window_start
-                micro_steps = (step - window_step) * A
-                last_metrics = metrics_from(stats.tolist(), micro_steps, nsp)  # the sync point
-                last_metrics.update(lr=lr, grad_norm=float(grad_norm), tokens_per_s=window_tokens / max(elapsed, 1e-9))
+                micro_steps = (step - window_step) * A * W
+                s_ = stats.tolist()  # the sync point
+                last_metrics = metrics_from(s_, micro_steps, nsp)
+                tokens_per_s = float(counts[0]) / max(elapsed, 1e-9)
+                last_metrics.update(lr=lr, grad_norm=float(grad_norm), tokens_per_s=tokens_per_s)
+                # Model FLOPs at the measured mean sequence length and share of tokens predicted.
+                flops = flops_per_token(cfg.model, float(counts[0]) / (micro_steps * B), s_[4] / max(float(counts[0]), 1.0))
+                last_metrics["model_tflops"] = tokens_per_s * flops / 1e12
+                if peak:
+                    last_metrics["mfu"] = last_metrics["model_tflops"] / (peak * W)
                 if rt.device.type == "cuda":
                     last_metrics["peak_mem_gib"] = torch.cuda.max_memory_allocated(rt.device) / 2**30
-                logger.log(step, last_metrics)
+                if logger:
+                    logger.log(step, last_metrics)
                 stats.zero_()
                 window_tokens, window_start, window_step = 0, time.perf_counter(), step
 
+            saving = step % cfg.checkpoint.save_every == 0 or step == last_step
+            evaluating = bool(eval_batches) and (step % tc.eval_every == 0 or step == last_step)
+            if not (saving or evaluating):
+                continue
+            seen = rt.all_reduce_sum(torch.tensor([tokens_since_start], dtype=torch.float64, device=rt.device))
+            tokens_seen = start_tokens + int(seen[0])
             state = {"tokens_seen": tokens_seen, "train_time_s": start_time_s + time.perf_counter() - run_start,
                      "metrics": last_metrics}
-            if eval_batches and (step % tc.eval_every == 0 or step == last_step):
+            if evaluating:
                 eval_start = time.perf_counter()
                 state["eval_metrics"] = {**evaluate(model, eval_batches, rt, tc, nsp), "mlm_acc_baseline": baseline}
-                logger.log(step, state["eval_metrics"], split="eval")
+                if logger:
+                    logger.log(step, state["eval_metrics"], split="eval")
                 window_start += time.perf_counter() - eval_start  # keep evaluation out of tokens/s
                 if best is None or state["eval_metrics"]["mlm_loss"] < best:
                     best = state["eval_metrics"]["mlm_loss"]
-                    checkpoint.save(output_dir, step, model, optimizer, scaler, cfg, state, cfg.checkpoint.keep_last,
-                                    data.tokenizer_files, name=checkpoint.BEST)
-
-            if step % cfg.checkpoint.save_every == 0 or step == last_step:
+                    if rt.is_main:
+                        checkpoint.save(output_dir, step, model, optimizer, scaler, cfg, state,
+                                        cfg.checkpoint.keep_last, data.tokenizer_files, name=checkpoint.BEST)
+            if saving and rt.is_main:
                 last_saved = checkpoint.save(output_dir, step, model, optimizer, scaler, cfg, state,
                                              cfg.checkpoint.keep_last, data.tokenizer_files)
     finally:
-        logger.close()
+        if logger:
+            logger.close()
     if last_saved is None and resume_from is not None:
         last_saved = resume_from  # nothing left to train: the run was already complete
-        log(f"nothing to do: {resume_from} is already at step {step}")
-    return {"step": step, "tokens_seen": tokens_seen, "checkpoint": str(last_saved), "metrics": last_metrics}
+        log_(f"nothing to do: {resume_from} is already at step {step}")
+    return {"step": step, "tokens_seen": tokens_seen, "checkpoint": str(last_saved), "metrics": last_metrics,
+            "is_main": rt.is_main}

@@ -1,0 +1,74 @@
+"""Data-parallel training with torchrun: 2 CPU processes (gloo) against one process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import safetensors.torch
+import torch
+
+from bertcli import checkpoint
+from conftest import REPO, write_config
+
+pytestmark = pytest.mark.skipif(not torch.distributed.is_gloo_available(), reason="needs the gloo backend")
+
+NO_DROPOUT = ["model.hidden_dropout_prob=0", "model.attention_probs_dropout_prob=0"]
+
+
+def torchrun(config, *args, nproc=2, **kwargs):
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+               "-m", "bertcli", "pretrain", "--config", str(config), "--quiet", *args]
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=180, **kwargs)
+
+
+def single(config, *args):
+    return subprocess.run([sys.executable, "-m", "bertcli", "pretrain", "--config", str(config), "--quiet", *args],
+                          cwd=REPO, capture_output=True, text=True, timeout=180)
+
+
+def weights(folder, step):
+    return safetensors.torch.load_file(folder / "checkpoints" / f"step-{step:07d}" / "model.safetensors")
+
+
+def test_two_processes_equal_one_process_with_the_global_batch(tmp_path):
+    one = write_config(tmp_path / "one", "train.batch_size=8", "train.grad_accum_steps=2", "train.max_steps=8", *NO_DROPOUT)
+    two = write_config(tmp_path / "two", "train.batch_size=4", "train.grad_accum_steps=2", "train.max_steps=8", *NO_DROPOUT)
+    assert single(one).returncode == 0
+    result = torchrun(two)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stderr.count("done: step 8") == 1, "only rank 0 reports"
+    a, b = weights(tmp_path / "one", 8), weights(tmp_path / "two", 8)
+    start = {k: v for k, v in a.items()}
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], rtol=0, atol=1e-5)
+    assert any((start[k] != 0).any() for k in start)
+    state = lambda f: checkpoint.read_trainer_state(f / "checkpoints" / "step-0000008")  # noqa: E731
+    assert state(tmp_path / "one")["tokens_seen"] == state(tmp_path / "two")["tokens_seen"]
+    # metrics are averaged over the processes: the logged losses agree with the single process
+    one_m = state(tmp_path / "one")["metrics"]
+    two_m = state(tmp_path / "two")["metrics"]
+    assert abs(one_m["nsp_loss"] - two_m["nsp_loss"]) < 1e-4 and abs(one_m["mlm_acc"] - two_m["mlm_acc"]) < 1e-6
+
+
+def test_killed_two_process_run_resumes(tmp_path):
+    overrides = ["train.batch_size=4", "train.max_steps=200", "checkpoint.save_every=10", "logging.log_every=10"]
+    config = write_config(tmp_path / "killed", *overrides)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               "-m", "bertcli", "pretrain", "--config", str(config), "--quiet"]
+    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 120
+    while not (tmp_path / "killed" / "checkpoints" / "step-0000020").exists():
+        assert proc.poll() is None and time.time() < deadline
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGKILL)  # the launcher and both workers
+    proc.wait()
+    assert checkpoint.list_checkpoints(tmp_path / "killed")[-1][0] < 200
+    rerun = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert "resuming from" in rerun.stderr and rerun.stderr.count("resuming from") == 1
+    assert checkpoint.list_checkpoints(tmp_path / "killed")[-1][0] == 200
