@@ -1,0 +1,133 @@
+"""Training-step speed of bertcli against transformers' BertForPreTraining, side by side in one process.
+
+    python scripts/bench_pretrain.py                                   # tiny preset on CPU
+    python scripts/bench_pretrain.py --preset base --seq 128 --batch 256 --device cuda
+    python scripts/bench_pretrain.py --preset large --seq 512 --batch 32 --device cuda
+
+Both get the same sizes, batch, sequence length, masking rate (15% of positions, at most
+max_predictions) and the same synthetic batches (random tokens, full rows), AdamW (fused on CUDA),
+bf16 autocast on CUDA and fp32 on CPU, and transformers uses attn_implementation="sdpa".
+bertcli runs its MLM head only at the masked positions; transformers computes logits everywhere and
+ignores the unmasked ones (-100 labels). Warm-up steps are excluded; the figure is the median of
+--windows timed windows of --steps steps each. Reports tokens/s, model TFLOP/s, MFU (on GPUs with a
+known peak), peak memory, and the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+import transformers
+
+from bertcli.config import preset_config
+from bertcli.data.examples import IGNORE
+from bertcli.model import BertForPreTraining, flops_per_token
+from bertcli.optim import param_groups
+from bertcli.runtime import peak_tflops
+
+
+def make_batches(n: int, B: int, T: int, V: int, P: int, device: torch.device, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    batches = []
+    for _ in range(n):
+        tokens = torch.randint(5, V, (B, T), generator=g)
+        tokens[:, 0] = 2
+        positions = torch.stack([torch.randperm(T - 1, generator=g)[:P] + 1 for _ in range(B)]).sort(1).values  # (B, P)
+        labels = tokens.gather(1, positions)
+        masked = tokens.scatter(1, positions, 4)
+        segments = (torch.arange(T) >= T // 2).long().expand(B, T).contiguous()
+        nsp = torch.randint(0, 2, (B,), generator=g)
+        full_labels = torch.full((B, T), IGNORE).scatter(1, positions, labels)  # transformers' form
+        batches.append({k: v.to(device) for k, v in dict(tokens=masked, segments=segments, positions=positions,
+                                                           labels=labels, full_labels=full_labels, nsp=nsp).items()})
+    return batches
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--vocab", type=int, default=None, help="vocabulary size (default: the preset's tokenizer size)")
+    parser.add_argument("--seq", type=int, default=None, help="sequence length (default: the preset's)")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--windows", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    cfg = preset_config(args.preset)
+    V = args.vocab or cfg.data.tokenizer.vocab_size
+    T = args.seq or cfg.data.max_seq_length
+    mcfg = dataclasses.replace(cfg.model, vocab_size=V, max_position_embeddings=max(T, cfg.model.max_position_embeddings),
+                               hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+    P = min(cfg.data.max_predictions_per_seq * T // cfg.data.max_seq_length, round(0.15 * T)) or 1
+    cuda = device.type == "cuda"
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda)
+    batches = make_batches(4, args.batch, T, V, P, device)
+    valid = torch.full((args.batch,), T, device=device)
+
+    torch.manual_seed(0)
+    ours = BertForPreTraining(mcfg).to(device).train()
+    ours_opt = torch.optim.AdamW(param_groups(ours, 0.01), lr=1e-4, fused=cuda or None)
+
+    def ours_step(b):
+        with autocast:
+            out = ours(b["tokens"], b["segments"], valid, b["positions"])
+        loss = F.cross_entropy(out.mlm_logits.float().flatten(0, 1), b["labels"].flatten()) + \
+            F.cross_entropy(out.nsp_logits.float(), b["nsp"])
+        loss.backward()
+        ours_opt.step()
+        ours_opt.zero_grad(set_to_none=True)
+
+    hf_cfg = transformers.BertConfig(**{k: v for k, v in dataclasses.asdict(mcfg).items()
+                                        if k not in ("pad_vocab_multiple", "init_from")}, attn_implementation="sdpa")
+    theirs = transformers.BertForPreTraining(hf_cfg).to(device).train()
+    theirs_opt = torch.optim.AdamW(param_groups(theirs, 0.01), lr=1e-4, fused=cuda or None)
+    attention_mask = torch.ones(args.batch, T, dtype=torch.long, device=device)
+
+    def theirs_step(b):
+        with autocast:
+            out = theirs(input_ids=b["tokens"], token_type_ids=b["segments"], attention_mask=attention_mask,
+                         labels=b["full_labels"], next_sentence_label=b["nsp"])
+        out.loss.backward()
+        theirs_opt.step()
+        theirs_opt.zero_grad(set_to_none=True)
+
+    flops = flops_per_token(mcfg, T, P / T)
+    peak = peak_tflops(device, 0.0)
+    results = {}
+    for name, step, model in (("bertcli", ours_step, ours), ("transformers", theirs_step, theirs)):
+        for i in range(args.warmup):
+            step(batches[i % len(batches)])
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        times = []
+        for w in range(args.windows):
+            start = time.perf_counter()
+            for i in range(args.steps):
+                step(batches[(w + i) % len(batches)])
+            if cuda:
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+        tokens_per_s = args.batch * T * args.steps / statistics.median(times)
+        results[name] = {"tokens_per_s": tokens_per_s, "tflops": tokens_per_s * flops / 1e12,
+                         "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None}
+    where = torch.cuda.get_device_name(device) if cuda else f"CPU, {torch.get_num_threads()} threads"
+    print(f"preset {args.preset} (L={mcfg.num_hidden_layers}, H={mcfg.hidden_size}), vocab {V}, seq {T}, batch {args.batch}, "
+          f"{P} predictions per row, {'bf16 autocast' if cuda else 'fp32'}; {where}; torch {torch.__version__}, "
+          f"transformers {transformers.__version__}; median of {args.windows} windows x {args.steps} steps")
+    for name, r in results.items():
+        extra = f", MFU {r['tflops'] / peak:.1%}" if peak else ""
+        mem = f", peak {r['peak_gib']:.1f} GiB" if r["peak_gib"] is not None else ""
+        print(f"{name:<13} {r['tokens_per_s']:>12,.0f} tokens/s, {r['tflops']:.3f} model TFLOP/s{extra}{mem}")
+    print(f"ratio bertcli/transformers: {results['bertcli']['tokens_per_s'] / results['transformers']['tokens_per_s']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
