@@ -12,6 +12,7 @@ always complete. The RNG needs no saved state: every step reseeds from (seed, st
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import time
@@ -178,3 +179,36 @@ def choose_resume(output_dir: Path, resume: str, cfg: Config) -> Path | None:
         raise UsageError(f"cannot resume from {path}: {'; '.join(diffs)}; to start fresh, set output_dir to a new "
                          f"folder (or remove {checkpoints_dir(output_dir)})")
     return path
+
+
+class OutputLock:
+    """An exclusive lock on output_dir/.lock for the length of a run, so that two `pretrain`
+    processes never write the same folder. flock is released by the kernel when its holder
+    dies, so a crashed run never leaves the folder locked."""
+
+    def __init__(self, output_dir: Path) -> None:
+        self.path = Path(output_dir) / ".lock"
+        self.fh = None
+
+    def __enter__(self) -> "OutputLock":
+        import fcntl
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.fh = open(self.path, "a+")
+        try:
+            fcntl.flock(self.fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.fh.seek(0)
+            holder = self.fh.read().strip() or "another process"
+            self.fh.close()
+            raise RunError(f"{self.path.parent} is in use by another bertcli pretrain ({holder}); wait for it to "
+                           "finish, or set output_dir to another folder") from None
+        self.fh.seek(0)
+        self.fh.truncate()
+        self.fh.write(f"pid {os.getpid()}\n")
+        self.fh.flush()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fh is not None:
+            self.fh.close()  # closing releases the lock

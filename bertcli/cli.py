@@ -23,7 +23,7 @@ except ImportError:  # older Typer uses the click package
     import click
 
 from bertcli import __version__
-from bertcli.errors import BertcliError, PipeClosed, UsageError
+from bertcli.errors import BertcliError, Interrupted, PipeClosed, UsageError
 
 app = typer.Typer(
     name="bertcli",
@@ -259,8 +259,9 @@ def main(argv: list[str] | None = None) -> None:
     except BertcliError as exc:
         if debug:
             raise
+        prefix = "bertcli: " if isinstance(exc, Interrupted) else "bertcli: error: "
         for problem in exc.problems:
-            err(f"bertcli: error: {problem}")
+            err(f"{prefix}{problem}")
         code = exc.exit_code
     except PipeClosed:
         # The reader of our stdout went away: not an error. Point stdout at /dev/null so the

@@ -33,3 +33,11 @@ class RunError(BertcliError):
 class PipeClosed(Exception):
     """The reader of stdout went away (`| head`): the command ends quietly with exit 0.
     Not an OSError, so that Typer (which turns EPIPE into exit 1) lets it through to main()."""
+
+
+class Interrupted(BertcliError):
+    """Stopped by a signal after saving a checkpoint: exit 128 + the signal number (130, 143)."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.exit_code = 128 + signum

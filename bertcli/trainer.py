@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -25,7 +27,7 @@ from bertcli import __version__, atomic, checkpoint, hf, runtime
 from bertcli.config import Config, TrainConfig, resolve_output_dir, to_dict
 from bertcli.data import Corpus, load_data
 from bertcli.data.examples import IGNORE, Batch, ExampleBuilder
-from bertcli.errors import UsageError
+from bertcli.errors import Interrupted, UsageError
 from bertcli.metrics import MetricsLogger, log
 from bertcli.model import BertForPreTraining, PretrainingOutput, flops_per_token
 from bertcli.optim import build_optimizer, lr_at
@@ -128,13 +130,40 @@ def pretrain(cfg: Config, config_path: Path | None = None, resume: str = "auto",
     output_dir = resolve_output_dir(cfg, config_path)
     rt = runtime.setup(cfg.train.device, cfg.precision)
     try:
-        return _pretrain(cfg, config_path, resume, quiet, stop_at, output_dir, rt)
+        # Rank 0 locks output_dir for the whole run: a second pretrain on it refuses to start.
+        with checkpoint.OutputLock(output_dir) if rt.is_main else contextlib.nullcontext(), StopOnSignal() as stopper:
+            return _pretrain(cfg, config_path, resume, quiet, stop_at, output_dir, rt, stopper)
     finally:
         rt.close()
 
 
+class StopOnSignal:
+    """SIGINT and SIGTERM ask the loop to finish the current step, write a checkpoint and stop
+    (exit 130 or 143); a second SIGINT stops at once (the last complete checkpoint stays valid)."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "StopOnSignal":
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self.previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signum is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signum = signum
+        log(f"{signal.Signals(signum).name}: stopping after this step with a checkpoint (Ctrl-C again stops at once)")
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+
+
 def _pretrain(cfg: Config, config_path: Path | None, resume: str, quiet: bool, stop_at: int | None,
-              output_dir: Path, rt: runtime.Runtime) -> dict[str, Any]:
+              output_dir: Path, rt: runtime.Runtime, stopper: StopOnSignal) -> dict[str, Any]:
     log_ = log if rt.is_main else (lambda message: None)  # only rank 0 speaks
     if rt.is_main:
         atomic.clean_leftovers(checkpoint.checkpoints_dir(output_dir))  # what a killed run was writing
@@ -237,7 +266,12 @@ def _pretrain(cfg: Config, config_path: Path | None, resume: str, quiet: bool, s
                 logger.advance()
 
             # Every process reaches the blocks below at the same steps: their collectives match.
-            if step % cfg.logging.log_every == 0 or step == last_step:
+            at_log = step % cfg.logging.log_every == 0 or step == last_step
+            stop_now = stopper.signum is not None and not rt.distributed  # a host flag: no device sync
+            if rt.distributed and at_log:  # the processes agree on stopping where they sync anyway
+                flag = torch.tensor([float(stopper.signum or 0)], device=rt.device)
+                stop_now = float(rt.all_reduce_sum(flag)[0]) > 0
+            if at_log:
                 counts = rt.all_reduce_sum(torch.tensor([window_tokens], dtype=torch.float64, device=rt.device))
                 rt.all_reduce_sum(stats)
                 elapsed = time.perf_counter() - window_start
@@ -258,7 +292,7 @@ def _pretrain(cfg: Config, config_path: Path | None, resume: str, quiet: bool, s
                 stats.zero_()
                 window_tokens, window_start, window_step = 0, time.perf_counter(), step
 
-            saving = step % cfg.checkpoint.save_every == 0 or step == last_step
+            saving = step % cfg.checkpoint.save_every == 0 or step == last_step or stop_now
             evaluating = bool(eval_batches) and (step % tc.eval_every == 0 or step == last_step)
             if not (saving or evaluating):
                 continue
@@ -280,6 +314,10 @@ def _pretrain(cfg: Config, config_path: Path | None, resume: str, quiet: bool, s
             if saving and rt.is_main:
                 last_saved = checkpoint.save(output_dir, step, model, optimizer, scaler, cfg, state,
                                              cfg.checkpoint.keep_last, data.tokenizer_files)
+            if stop_now:
+                signum = stopper.signum or signal.SIGTERM
+                raise Interrupted(f"stopped by {signal.Signals(signum).name} at step {step}; checkpoint {last_saved}; "
+                                  "run the same command again to resume", signum)
     finally:
         if logger:
             logger.close()

@@ -65,7 +65,15 @@ def test_killed_two_process_run_resumes(tmp_path):
     while not (tmp_path / "killed" / "checkpoints" / "step-0000020").exists():
         assert proc.poll() is None and time.time() < deadline
         time.sleep(0.01)
-    os.killpg(proc.pid, signal.SIGKILL)  # the launcher and both workers
+    # Kill every process of the run, as a lost machine would: the launcher's group and the
+    # workers (torchrun starts them in sessions of their own).
+    os.killpg(proc.pid, signal.SIGKILL)
+    for pid in os.listdir("/proc"):
+        try:
+            if pid.isdigit() and str(config).encode() in open(f"/proc/{pid}/cmdline", "rb").read():
+                os.kill(int(pid), signal.SIGKILL)
+        except OSError:
+            pass
     proc.wait()
     assert checkpoint.list_checkpoints(tmp_path / "killed")[-1][0] < 200
     rerun = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
