@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle  # only for its exception type: nothing is unpickled here
 import re
 import shutil
 import time
@@ -141,8 +142,13 @@ def load_training_state(path: Path, optimizer: torch.optim.Optimizer, scaler: to
     file = Path(path) / "training_state.pt"
     try:
         state = torch.load(file, map_location=device, weights_only=True)
-    except Exception as exc:  # weights_only refuses anything but tensors and plain containers
-        raise RunError(f"{file}: cannot load training state ({str(exc).splitlines()[0]})") from None
+    except pickle.UnpicklingError:  # weights_only refuses anything but tensors and plain containers
+        raise RunError(f"{file}: cannot load training state: it holds objects other than tensors and plain values, "
+                       "so it was refused unread (unpickling it could run code); the file is damaged or was tampered "
+                       "with: resume from another checkpoint (--resume PATH) or start in a new output_dir") from None
+    except Exception as exc:  # truncated or otherwise damaged
+        raise RunError(f"{file}: cannot load training state ({type(exc).__name__}); the file is damaged: resume from "
+                       "another checkpoint (--resume PATH) or start in a new output_dir") from None
     optimizer.load_state_dict(state["optimizer"])
     if state.get("scaler"):
         scaler.load_state_dict(state["scaler"])

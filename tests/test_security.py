@@ -1,0 +1,54 @@
+"""Untrusted files: a malicious pickle planted wherever bertcli reads must never run."""
+
+from __future__ import annotations
+
+import os
+import pickle
+
+import pytest
+
+from conftest import write_config
+
+
+class Payload:
+    """Unpickling this creates a file: proof that code ran."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def plant(path, marker) -> None:
+    path.write_bytes(pickle.dumps({"optimizer": Payload(str(marker)), "step": 4}))
+
+
+def test_a_malicious_training_state_is_refused_and_never_run(tmp_path, cli):
+    config = write_config(tmp_path / "run", "train.max_steps=4", "train.eval_every=0")
+    assert cli("pretrain", "--config", config, "--quiet").code == 0
+    marker = tmp_path / "pwned"
+    plant(tmp_path / "run" / "checkpoints" / "step-0000004" / "training_state.pt", marker)
+    result = cli("pretrain", "--config", config, "--set", "train.max_steps=8", "--quiet")
+    errors = [line for line in result.err_lines if line.startswith("bertcli: error:")]
+    assert result.code == 1 and len(errors) == 1 and "refused unread" in errors[0], result.err[-500:]
+    assert "weights_only" not in result.err and "Traceback" not in result.err
+    assert not marker.exists(), "the pickle's code ran"
+
+
+@pytest.mark.parametrize("name", ["pytorch_model.bin", "model.safetensors"])
+def test_a_malicious_weights_file_in_an_imported_folder_is_refused(tmp_path, cli, name):
+    transformers = pytest.importorskip("transformers")
+    folder = tmp_path / "hf"
+    config = transformers.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=48)
+    transformers.BertForPreTraining(config).save_pretrained(folder)
+    (folder / "model.safetensors").unlink()
+    marker = tmp_path / "pwned"
+    plant(folder / name, marker)
+    (folder / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(94)]))
+    (tmp_path / "in.txt").write_text("w1 w2\n")
+    result = cli("encode", "--model", folder, tmp_path / "in.txt")
+    assert result.code == 2 and len(result.err_lines) == 1
+    assert ("safetensors only" in result.err) if name == "pytorch_model.bin" else ("cannot read weights" in result.err)
+    assert not marker.exists(), "the pickle's code ran"
