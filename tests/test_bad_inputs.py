@@ -1,0 +1,172 @@
+"""A catalogue of bad inputs across every command. Each case expects its exit code (2 for usage,
+config and input errors, 1 for run-time errors), exactly one `bertcli: error:` line on stderr that
+names the problem and where it is, no traceback, and no partial output left behind."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import text_run, write_config
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory, trained, small_corpus) -> dict[str, Path]:
+    """A trained synthetic run, a trained text run (`trained`), and a small corpus to spoil."""
+    from bertcli.config import load_config
+    from bertcli.trainer import pretrain
+
+    root = tmp_path_factory.mktemp("bad")
+    config = write_config(root / "syn", "train.max_steps=4", "train.eval_every=0")
+    pretrain(load_config(config), config, quiet=True)
+    return {"root": root, "syn": root / "syn", "text": trained, "corpus": small_corpus}
+
+
+def _write(folder: Path, name: str, content: str | bytes) -> Path:
+    path = folder / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    return path
+
+
+def _copy_ckpt(base, folder: Path) -> Path:
+    src = base["syn"] / "checkpoints" / "step-0000004"
+    dst = folder / "ckpt"
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _without(ckpt: Path, name: str) -> Path:
+    (ckpt / name).unlink()
+    return ckpt
+
+
+def _truncated(ckpt: Path) -> Path:
+    weights = ckpt / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    return ckpt
+
+
+def _weights_of(ckpt: Path, other: Path) -> Path:
+    shutil.copyfile(other / "model.safetensors", ckpt / "model.safetensors")
+    return ckpt
+
+
+CONFIG_OK = "data:\n  corpus: synthetic\nmodel:\n  vocab_size: 128\n"
+
+# (id, make(folder, base) -> args, exit code, text the error line must contain)
+CASES = [
+    ("malformed-yaml", lambda d, b: ["pretrain", "-c", _write(d, "c.yaml", "model:\n  hidden_size: [1, 2\n")], 2,
+     "malformed YAML at line"),
+    ("yaml-not-a-mapping", lambda d, b: ["pretrain", "-c", _write(d, "c.yaml", "- a\n- b\n")], 2,
+     "expected a mapping of sections"),
+    ("unknown-section", lambda d, b: ["pretrain", "-c", _write(d, "c.yaml", "trian:\n  seed: 1\n")], 2,
+     "did you mean 'train'"),
+    ("unknown-model-key", lambda d, b: ["pretrain", "-c", _write(d, "c.yaml", "model:\n  hidden_sze: 64\n")], 2,
+     "did you mean 'hidden_size'"),
+    ("unknown-nested-key", lambda d, b: ["pretrain", "-c", _write(d, "c.yaml", "data:\n  tokenizer:\n    vocab_sise: 9\n")],
+     2, "data.tokenizer.vocab_sise: unknown key in section 'data.tokenizer'"),
+    ("key-in-wrong-section", lambda d, b: ["pretrain", "-c", _write(d, "c.yaml", "train:\n  lr: 0.1\n")], 2,
+     "it belongs in 'optimizer.lr'"),
+    ("wrong-type-int", lambda d, b: ["pretrain", "-c", _write(d, "c.yaml", "model:\n  hidden_size: big\n")], 2,
+     "model.hidden_size: expected an integer"),
+    ("wrong-type-bool", lambda d, b: ["pretrain", "-c", _write(d, "c.yaml", "logging:\n  tensorboard: maybe\n")], 2,
+     "logging.tensorboard: expected true or false"),
+    ("wrong-choice", lambda d, b: ["pretrain", "-c", _write(d, "c.yaml", "precision:\n  mode: fp8\n")], 2,
+     "precision.mode: must be one of auto, fp32, bf16, fp16"),
+    ("heads-do-not-divide", lambda d, b: ["pretrain", "-c", _write(d, "c.yaml", CONFIG_OK + "  hidden_size: 100\n  num_attention_heads: 3\n")],
+     2, "100 is not divisible by model.num_attention_heads=3"),
+    ("sequence-too-long", lambda d, b: ["pretrain", "-c", _write(d, "c.yaml", CONFIG_OK + "  max_position_embeddings: 64\n")],
+     2, "data.max_seq_length: 128 is above model.max_position_embeddings=64"),
+    ("masking-probability", lambda d, b: ["pretrain", "-c", _write(d, "c.yaml", CONFIG_OK), "--set", "data.masked_lm_prob=1.5"],
+     2, "data.masked_lm_prob: must be in (0, 1), got 1.5"),
+    ("negative-loss-weight", lambda d, b: ["pretrain", "-c", _write(d, "c.yaml", CONFIG_OK), "--set", "train.nsp_weight=-1"], 2,
+     "train.nsp_weight: must not be negative"),
+    ("set-bad-path", lambda d, b: ["pretrain", "-c", _write(d, "c.yaml", CONFIG_OK), "--set", "train.max_stepz=3"], 2,
+     "--set: train.max_stepz: unknown key"),
+    ("set-bad-value", lambda d, b: ["pretrain", "-c", _write(d, "c.yaml", CONFIG_OK), "--set", "train.max_steps=many"], 2,
+     "--set: train.max_steps: expected an integer"),
+    ("set-no-equals", lambda d, b: ["pretrain", "-c", _write(d, "c.yaml", CONFIG_OK), "--set", "train.max_steps"], 2,
+     "expected section.key=value"),
+    ("config-is-a-folder", lambda d, b: ["pretrain", "-c", d], 2, "is a folder; pass the config file inside it"),
+    ("config-missing", lambda d, b: ["pretrain", "-c", d / "none.yaml"], 2, "config file not found"),
+    ("config-not-utf8", lambda d, b: ["pretrain", "-c", _write(d, "c.yaml", b"model:\n  \xff\xfe: 1\n")], 2,
+     "not UTF-8 text"),
+    ("unknown-preset", lambda d, b: ["init", d / "run", "--preset", "huge"], 2, "'huge' is not one of"),
+    ("init-over-existing", lambda d, b: ["init", _write(d, "run/config.yaml", "keep: me\n").parent], 2, "pass --force"),
+    ("corpus-missing", lambda d, b: ["init", d / "run", "--corpus", d / "nowhere"], 2, "corpus not found"),
+    ("corpus-empty", lambda d, b: ["prepare", "-c", write_config(d, f"data.corpus={_write(d, 'e.txt', chr(10) * 3)}",
+                                                                 "model.vocab_size=null")], 2, "the corpus is empty"),
+    ("corpus-binary", lambda d, b: ["prepare", "-c", write_config(d, f"data.corpus={_write(d, 'b.txt', b'ab' + bytes(range(256)))}",
+                                                                  "model.vocab_size=null")], 2, "b.txt: byte 2"),
+    ("corpus-not-utf8", lambda d, b: ["prepare", "-c", write_config(d, f"data.corpus={_write(d, 'l.txt', b'ok' + bytes([10, 99, 97, 102, 233, 10]))}",
+                                                                    "model.vocab_size=null")], 2, "l.txt: byte 6 (line 2): not valid UTF-8"),
+    ("corpus-one-document", lambda d, b: ["prepare", "-c", write_config(d, f"data.corpus={_write(d, 'one.txt', 'Only one document here. It has two sentences.' + chr(10))}",
+                                                                        "model.vocab_size=null")], 2, "too small for the held-out split"),
+    ("corpus-one-enormous-line", lambda d, b: ["prepare", "-c", write_config(d, f"data.corpus={_write(d, 'big.txt', 'word ' * 400_000)}",
+                                                                             "model.vocab_size=null")], 2, "too small for the held-out split"),
+    ("tokenizer-disagrees", lambda d, b: ["pretrain", "-c", text_run(d, b["corpus"], "model.vocab_size=5000",
+                                                                      f"data.prepared_dir={b['text'] / 'data'}")], 2,
+     "set model.vocab_size: null"),
+    ("tokenizer-path-missing", lambda d, b: ["prepare", "-c", write_config(d, "data.corpus=sample", "model.vocab_size=null",
+                                                                           f"data.tokenizer.path={d / 'none.json'}")], 2, "no tokenizer here"),
+    ("checkpoint-other-architecture", lambda d, b: ["pretrain", "-c", write_config(d, "model.hidden_size=64"), "--resume",
+                                                    b["syn"] / "checkpoints" / "step-0000004"], 2,
+     "model.hidden_size=32 in the checkpoint vs 64 in the config"),
+    ("checkpoint-missing-file", lambda d, b: ["pretrain", "-c", write_config(d), "--resume",
+                                              _without(_copy_ckpt(b, d), "training_state.pt")], 2,
+     "not a complete checkpoint (missing training_state.pt)"),
+    ("safetensors-truncated", lambda d, b: ["pretrain", "-c", write_config(d), "--resume",
+                                            _truncated(_copy_ckpt(b, d))],
+     1, "cannot read weights"),
+    ("safetensors-tampered-shape", lambda d, b: ["pretrain", "-c", write_config(d, "model.intermediate_size=64"), "--resume",
+                                                 _weights_of(_copy_ckpt(b, d), b["text"] / "checkpoints" / "step-0000004")],
+     2, "weights do not fit this model"),
+    ("encode-missing-model", lambda d, b: ["encode", "--model", d / "nothing", _write(d, "in.txt", "a\n")], 2, "no such folder"),
+    ("encode-missing-input", lambda d, b: ["encode", "--model", b["text"], d / "none.txt"], 2, "no such input file"),
+    ("encode-synthetic-run", lambda d, b: ["encode", "--model", b["syn"], _write(d, "in.txt", "a\n")], 2, "no tokenizer.json"),
+    ("encode-npy-without-output", lambda d, b: ["encode", "--model", b["text"], "-f", "npy", _write(d, "in.txt", "a\n")], 2,
+     "pass --output FILE.npy"),
+    ("encode-bad-layer", lambda d, b: ["encode", "--model", b["text"], "--layer", "9", _write(d, "in.txt", "a\n")], 2,
+     "--layer 9: this model has layers 0 (embeddings) to 2"),
+    ("export-existing-folder", lambda d, b: ["export", b["text"], (d / "out").mkdir() or d / "out"], 2, "pass --force"),
+    ("export-no-checkpoint", lambda d, b: ["export", d, d / "out"], 2, "no checkpoint here"),
+    ("inspect-missing", lambda d, b: ["inspect", d / "nothing"], 2, "no such file or folder"),
+    ("device-unknown", lambda d, b: ["pretrain", "-c", write_config(d), "--device", "tpu"], 2, "--device 'tpu'"),
+    ("resume-missing", lambda d, b: ["pretrain", "-c", write_config(d), "--resume", d / "nowhere"], 2, "no such checkpoint folder"),
+]
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_bad_input(case, base, tmp_path, cli):
+    name, make, code, needle = case
+    args = make(tmp_path, base)
+    before = {p for p in tmp_path.rglob("*")}
+    result = cli(*args)
+    errors = [line for line in result.err_lines if line.startswith("bertcli: error:")]
+    assert result.code == code, f"{name}: exit {result.code}\n{result.err[-800:]}"
+    assert len(errors) == 1, f"{name}: {errors or result.err[-800:]}"
+    assert needle in errors[0], f"{name}: {errors[0]}"
+    assert "Traceback" not in result.err and result.out == ""
+    # No partial output: nothing temporary, no new checkpoint or prepared-data folder.
+    created = {p for p in tmp_path.rglob("*")} - before
+    assert not [p for p in created if p.name.startswith(".tmp-")], created
+    assert not [p for p in created if p.name.startswith("step-") or p.name in ("data", "manifest.json")], created
+
+
+def test_encode_on_empty_input_is_zero_rows(base, tmp_path, cli):
+    (tmp_path / "empty.txt").write_text("")
+    result = cli("encode", "--model", base["text"], tmp_path / "empty.txt")
+    assert result.code == 0 and result.out == "" and result.err == ""
+
+
+def test_init_over_existing_leaves_the_config_alone(tmp_path, cli):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.yaml").write_text("keep: me\n")
+    assert cli("init", tmp_path / "run").code == 2
+    assert (tmp_path / "run" / "config.yaml").read_text() == "keep: me\n"
+
+
+def test_the_catalogue_has_at_least_30_cases():
+    assert len(CASES) >= 30
