@@ -162,3 +162,15 @@ def test_sigkill_then_rerun_continues_from_the_last_checkpoint(tmp_path):
     train(tmp_path / "clean", *overrides)
     assert_bitwise_equal(weights(tmp_path / "killed/checkpoints/step-0000120"),
                          weights(tmp_path / "clean/checkpoints/step-0000120"))
+
+
+def test_a_folder_moved_aside_by_an_interrupted_replace_is_put_back(tmp_path):
+    from bertcli import atomic
+
+    train(tmp_path, stop_at=4)
+    root = tmp_path / "checkpoints"
+    # A crash between the two renames of replacing step-0000004: only the moved-aside copy is left.
+    (root / "step-0000004").rename(root / ".tmp-old-step-0000004.999")
+    atomic.clean_leftovers(root)
+    assert checkpoint.is_checkpoint(root / "step-0000004")
+    assert not list(root.glob(".tmp-*"))
