@@ -7,6 +7,7 @@ Data goes to stdout; logs, progress and errors go to stderr. Exit codes: 0 succe
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -236,6 +237,18 @@ def encode(
         err(f"bertcli encode: {counts['truncated']:,} of {counts['lines']:,} lines were truncated to the length limit")
 
 
+def os_error_message(exc: OSError) -> str:
+    """One line for a failed read or write. Every write is atomic (temporary name, then rename),
+    so what was there before, earlier checkpoints included, is intact."""
+    where = f"{exc.filename}: " if exc.filename else ""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return (f"{where}disk full ({exc.strerror}); nothing half-written was kept and earlier checkpoints are intact: "
+                "free space or set output_dir to another disk, then run the same command to resume")
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return f"{where}{exc.strerror}; choose a folder you can write to (output_dir, data.prepared_dir)"
+    return f"{where}{exc.strerror or exc}"
+
+
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args or bool(os.environ.get("BERTCLI_DEBUG"))
@@ -269,6 +282,11 @@ def main(argv: list[str] | None = None) -> None:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         code = 0
+    except OSError as exc:  # the disk, not the program: full, read-only, forbidden, missing
+        if debug:
+            raise
+        err(f"bertcli: error: {os_error_message(exc)}")
+        code = 1
     except Exception as exc:  # noqa: BLE001  a bug or an unexpected failure: still one line
         if debug:
             raise

@@ -62,3 +62,31 @@ def test_a_second_pretrain_on_the_same_folder_refuses(tmp_path):
                             "--stop-at", str(checkpoint.list_checkpoints(tmp_path)[-1][0] + 1)],
                            cwd=REPO, capture_output=True, text=True, timeout=120)
     assert third.returncode == 0, third.stderr
+
+
+def test_disk_full_during_a_checkpoint_is_one_clear_line_and_keeps_earlier_checkpoints(tmp_path, cli, monkeypatch):
+    import errno
+
+    import safetensors.torch
+
+    real_save = safetensors.torch.save_file
+    calls = []
+
+    def save_file(tensors, path, metadata=None):
+        calls.append(path)
+        if len(calls) == 2:  # the second checkpoint: the disk fills up half-way through it
+            real_save(tensors, path, metadata=metadata)
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real_save(tensors, path, metadata=metadata)
+
+    monkeypatch.setattr(safetensors.torch, "save_file", save_file)
+    config = write_config(tmp_path, "train.max_steps=12", "checkpoint.save_every=4", "train.eval_every=0")
+    result = cli("pretrain", "--config", config, "--quiet")
+    errors = [line for line in result.err_lines if line.startswith("bertcli: error:")]
+    assert result.code == 1 and len(errors) == 1 and "disk full (No space left on device)" in errors[0], result.err
+    assert "earlier checkpoints are intact" in errors[0] and "Traceback" not in result.err
+    assert [s for s, _ in checkpoint.list_checkpoints(tmp_path)] == [4]
+    assert not list((tmp_path / "checkpoints").glob(".tmp-*")), "the half-written checkpoint is gone"
+    monkeypatch.setattr(safetensors.torch, "save_file", real_save)
+    again = cli("pretrain", "--config", config, "--quiet")  # space is back: the same command resumes
+    assert again.code == 0 and "resuming from" in again.err
