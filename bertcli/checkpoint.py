@@ -17,6 +17,7 @@ import pickle  # only for its exception type: nothing is unpickled here
 import re
 import shutil
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -141,7 +142,9 @@ def load_training_state(path: Path, optimizer: torch.optim.Optimizer, scaler: to
     """Restore optimizer and scaler; return the step. Never unpickles arbitrary objects."""
     file = Path(path) / "training_state.pt"
     try:
-        state = torch.load(file, map_location=device, weights_only=True)
+        with warnings.catch_warnings():  # torch warns about odd pickle protocols: the error below says it all
+            warnings.simplefilter("ignore")
+            state = torch.load(file, map_location=device, weights_only=True)
     except pickle.UnpicklingError:  # weights_only refuses anything but tensors and plain containers
         raise RunError(f"{file}: cannot load training state: it holds objects other than tensors and plain values, "
                        "so it was refused unread (unpickling it could run code); the file is damaged or was tampered "
