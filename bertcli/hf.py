@@ -19,7 +19,7 @@ import safetensors.torch
 import torch
 
 from bertcli import __version__, atomic, checkpoint
-from bertcli.config import ModelConfig, model_config_from_dict
+from bertcli.config import Config, ModelConfig, model_config_from_dict
 from bertcli.errors import UsageError
 from bertcli.model import TIED_ALIASES, BertForPreTraining, padded_vocab_size
 
@@ -175,7 +175,7 @@ def imported_config(path: Path) -> ModelConfig:
                      "nor a bertcli checkpoint folder")
 
 
-def adopt_imported(cfg: Any, path: Path) -> Any:
+def adopt_imported(cfg: Config, path: Path) -> Config:
     """cfg with the model section of the init_from source; a YAML value that contradicts it is an error."""
     imported = imported_config(path)
     clashes = [f"model.{k}={getattr(cfg.model, k)!r} but {path} has {getattr(imported, k)!r}"

@@ -74,7 +74,8 @@ def _training(output_dir: Path, cfg: Config, only: Path | None = None) -> dict[s
         "last_eval_metrics": last_eval or {},
         "best_checkpoint": str(best) if checkpoint.is_checkpoint(best) else None,
         "output_dir": str(output_dir),
-        "step": state.get("step", 0) if only else max([state.get("step", 0)] + [r.get("step", 0) for r in records[-1:]]),
+        # A run's step: the newest checkpoint's, or a later logged step (a run killed after logging).
+        "step": state.get("step", 0) if only else max(state.get("step", 0), records[-1]["step"] if records else 0),
         # The resolved config of the newest checkpoint knows about --set overrides; the file does not.
         "max_steps": checkpoint.read_config(source).train.max_steps if source else cfg.train.max_steps,
         "tokens_seen": state.get("tokens_seen", 0),
