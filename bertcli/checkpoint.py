@@ -68,6 +68,15 @@ def weights_to_save(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items() if k not in TIED_ALIASES}
 
 
+def all_finite(tensors: list[torch.Tensor]) -> bool:
+    """Whether every floating-point tensor holds only finite numbers (one host sync per device)."""
+    checks: dict[torch.device, list[torch.Tensor]] = {}
+    for t in tensors:
+        if torch.is_floating_point(t):
+            checks.setdefault(t.device, []).append(torch.isfinite(t).all())
+    return all(bool(torch.stack(per_device).all()) for per_device in checks.values())
+
+
 def save(output_dir: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
          scaler: torch.amp.GradScaler, cfg: Config, trainer_state: dict[str, Any], keep_last: int,
          extra_files: list[Path] = (), name: str | None = None) -> Path:
@@ -76,14 +85,19 @@ def save(output_dir: Path, step: int, model: nn.Module, optimizer: torch.optim.O
     step checkpoints but the newest `keep_last`."""
     root = checkpoints_dir(output_dir)
     final = root / (name or step_dir_name(step))
+    weights, optimizer_state = weights_to_save(model), optimizer.state_dict()
+    # A checkpoint never holds NaN or inf: resuming from one could only fail again.
+    if not all_finite([*weights.values(), *(t for s in optimizer_state["state"].values() for t in s.values())]):
+        raise RunError(f"step {step}: the weights or optimizer state hold NaN or inf, so no checkpoint was written; "
+                       "the earlier checkpoints are intact: lower optimizer.lr and resume from one of them")
     with atomic.folder(final) as tmp:
         for extra in extra_files:
             shutil.copyfile(extra, tmp / Path(extra).name)
             atomic.fsync_path(tmp / Path(extra).name)
-        safetensors.torch.save_file(weights_to_save(model), tmp / "model.safetensors",
+        safetensors.torch.save_file(weights, tmp / "model.safetensors",
                                     metadata={"format": "pt", "producer": f"bertcli {__version__}"})
         (tmp / "config.yaml").write_text(to_yaml(cfg, f"Resolved config of the run, saved at step {step}."))
-        torch.save({"optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(), "step": step},
+        torch.save({"optimizer": optimizer_state, "scaler": scaler.state_dict(), "step": step},
                    tmp / "training_state.pt")
         state = {"format_version": FORMAT_VERSION, "bertcli_version": __version__, "step": step,
                  "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **trainer_state}

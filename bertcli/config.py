@@ -155,6 +155,8 @@ class TrainConfig:
     """Weight of the next-sentence loss in the total loss (0 turns NSP off)."""
     max_grad_norm: float = 1.0
     """Clip the global gradient norm to this value (0 = no clipping)."""
+    max_nonfinite_steps: int = 20
+    """A step with a NaN or inf loss or gradient is skipped (nothing changes); this many in a row stop the run."""
     device: str = "auto"
     """Where to train: auto (CUDA when available), cpu, cuda or cuda:N."""
     eval_every: int = 1000
@@ -583,6 +585,7 @@ def validate(cfg: Config) -> list[tuple[str, str]]:
     need(t.mlm_weight >= 0, "train.mlm_weight", f"must not be negative, got {t.mlm_weight}")
     need(t.nsp_weight >= 0, "train.nsp_weight", f"must not be negative, got {t.nsp_weight}")
     need(t.mlm_weight > 0 or t.nsp_weight > 0, "train.mlm_weight", "train.mlm_weight and train.nsp_weight are both 0: nothing to learn")
+    need(t.max_nonfinite_steps >= 1, "train.max_nonfinite_steps", f"must be at least 1, got {t.max_nonfinite_steps}")
     need(t.max_grad_norm >= 0, "train.max_grad_norm", f"must not be negative (0 = no clipping), got {t.max_grad_norm}")
     need(t.device in ("auto", "cpu", "cuda") or (t.device.startswith("cuda:") and t.device[5:].isdigit()),
          "train.device", f"must be auto, cpu, cuda or cuda:N, got {t.device!r}")

@@ -1,4 +1,4 @@
-"""AdamW parameter groups and the learning-rate schedule.
+"""AdamW parameter groups, the learning-rate schedule, and the step that skips non-finite gradients.
 
 The schedule is a pure function of the step, so resuming needs no scheduler state.
 """
@@ -41,3 +41,20 @@ def lr_at(step: int, cfg: OptimizerConfig, max_steps: int) -> float:
     else:  # cosine
         factor = 0.5 * (1.0 + math.cos(math.pi * progress))
     return cfg.lr * (cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * factor)
+
+
+def step_if_finite(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, finite: torch.Tensor) -> None:
+    """Apply the optimizer step unless the gradients are not finite (`finite`, a () bool tensor).
+
+    A skipped step changes nothing: not the weights, not Adam's moments or step count. With fp16
+    the grad scaler decides (and lowers its scale). A fused optimizer (CUDA) skips on the device
+    through its `found_inf` input, so the host never waits for the check; otherwise the check is
+    read on the host, which costs nothing on a CPU (the only place the unfused optimizer runs).
+    """
+    if scaler.is_enabled():
+        scaler.step(optimizer)
+    elif optimizer.defaults.get("fused"):
+        optimizer.found_inf = (~finite).float()  # read by the fused kernel; it also undoes the step count
+        optimizer.step()
+    elif bool(finite):
+        optimizer.step()

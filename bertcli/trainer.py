@@ -3,7 +3,8 @@
 One function, `pretrain`, reads top to bottom: set up, maybe resume, then for each step
 build the step's examples (a pure function of seed and step), run forward/backward over the
 micro-batches, clip, step the optimizer; every `log_every` steps log, every `save_every`
-steps save. The only host-device syncs are at log steps.
+steps save. A step whose gradients are not finite is skipped and counted; too many in a row
+stop the run. The only host-device syncs are at log, evaluation and save steps.
 """
 
 from __future__ import annotations
@@ -27,10 +28,10 @@ from bertcli import __version__, atomic, checkpoint, hf, runtime
 from bertcli.config import Config, TrainConfig, resolve_output_dir, to_dict
 from bertcli.data import Corpus, load_data
 from bertcli.data.examples import IGNORE, Batch, ExampleBuilder
-from bertcli.errors import Interrupted, UsageError
+from bertcli.errors import Interrupted, RunError, UsageError
 from bertcli.metrics import MetricsLogger, log
 from bertcli.model import BertForPreTraining, PretrainingOutput, flops_per_token
-from bertcli.optim import build_optimizer, lr_at
+from bertcli.optim import build_optimizer, lr_at, step_if_finite
 
 
 class Losses(NamedTuple):
@@ -71,7 +72,9 @@ def pretraining_loss(out: PretrainingOutput, batch: Batch, mlm_weight: float, ns
 
 
 def metrics_from(stats: list[float], micro_steps: float, nsp: bool) -> dict[str, float]:
-    """Averages from summed Losses.stats: losses per micro-batch, accuracies per prediction."""
+    """Averages from summed Losses.stats: losses per micro-batch, accuracies per prediction
+    (NaN when every step of the window was skipped)."""
+    micro_steps = micro_steps or math.nan
     metrics = {"loss": stats[0] / micro_steps, "mlm_loss": stats[1] / micro_steps,
                "mlm_acc": stats[3] / max(stats[4], 1.0)}
     if nsp:
@@ -224,7 +227,10 @@ def _pretrain(cfg: Config, config_path: Path | None, resume: str, quiet: bool, s
                           find_unused_parameters=not nsp)
     peak = runtime.peak_tflops(rt.device, cfg.logging.peak_tflops)
     tokens_since_start = 0  # this process's, summed over processes when saved
-    stats = torch.zeros(7, device=rt.device)  # summed over the micro-batches since the last log
+    stats = torch.zeros(7, device=rt.device)  # summed over the applied steps' micro-batches since the last log
+    step_stats = torch.zeros(7, device=rt.device)  # this step's, added to `stats` unless the step is skipped
+    skipped = torch.zeros((), device=rt.device)  # steps skipped (non-finite) since the last log
+    nonfinite_run = torch.zeros((), device=rt.device)  # skipped steps in a row, up to this one
     window_tokens, window_start, window_step = 0, time.perf_counter(), step
     start_tokens = tokens_seen
     run_start, last_metrics, last_saved = time.perf_counter(), {}, None
@@ -255,18 +261,37 @@ def _pretrain(cfg: Config, config_path: Path | None, resume: str, quiet: bool, s
                         out = train_model(batch.input_ids, batch.token_type_ids, batch.valid_lens, batch.pred_positions)
                     losses = pretraining_loss(out, batch, tc.mlm_weight, tc.nsp_weight, nsp, denominator, W)
                     scaler.scale(losses.total / A).backward()
-                stats += losses.stats
+                step_stats += losses.stats
             scaler.unscale_(optimizer)  # no-op unless fp16
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tc.max_grad_norm or float("inf"))
-            scaler.step(optimizer)
+            finite = torch.isfinite(grad_norm)  # a NaN or inf loss makes the norm non-finite too
+            step_if_finite(optimizer, scaler, finite)  # a skipped step changes nothing
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
+            # On the device, no sync: a skipped step adds nothing to the averages and extends the run.
+            stats += torch.where(finite, step_stats, 0.0)
+            step_stats.zero_()
+            skipped += (~finite).float()
+            nonfinite_run = torch.where(finite, 0.0, nonfinite_run + 1)
             step += 1
             if logger:
                 logger.advance()
 
             # Every process reaches the blocks below at the same steps: their collectives match.
             at_log = step % cfg.logging.log_every == 0 or step == last_step
+            saving = step % cfg.checkpoint.save_every == 0 or step == last_step
+            evaluating = bool(eval_batches) and (step % tc.eval_every == 0 or step == last_step)
+            # The run of skipped steps is read where the host syncs anyway (every step on a CPU,
+            # where reading costs nothing); every process holds the same gradient norm.
+            if at_log or saving or evaluating or rt.device.type == "cpu":
+                run = int(nonfinite_run)
+                if run >= tc.max_nonfinite_steps:
+                    last_good = last_saved or resume_from
+                    raise RunError(
+                        f"step {step}: the loss or gradients were NaN or inf for {run} steps in a row (steps "
+                        f"{step - run + 1}-{step}, skipped), so training stopped; the last checkpoint is "
+                        f"{last_good or 'none yet'}; lower optimizer.lr or raise optimizer.warmup_steps (with fp16, try "
+                        "bf16), or raise train.max_nonfinite_steps to skip more")
             stop_now = stopper.signum is not None and not rt.distributed  # a host flag: no device sync
             if rt.distributed and at_log:  # the processes agree on stopping where they sync anyway
                 flag = torch.tensor([float(stopper.signum or 0)], device=rt.device)
@@ -277,9 +302,13 @@ def _pretrain(cfg: Config, config_path: Path | None, resume: str, quiet: bool, s
                 elapsed = time.perf_counter() - window_start
                 micro_steps = (step - window_step) * A * W
                 s_ = stats.tolist()  # the sync point
-                last_metrics = metrics_from(s_, micro_steps, nsp)
+                n_skipped = int(skipped)
+                last_metrics = metrics_from(s_, micro_steps - n_skipped * A * W, nsp)
                 tokens_per_s = float(counts[0]) / max(elapsed, 1e-9)
-                last_metrics.update(lr=lr, grad_norm=float(grad_norm), tokens_per_s=tokens_per_s)
+                last_metrics.update(lr=lr, grad_norm=float(grad_norm), skipped_steps=n_skipped, tokens_per_s=tokens_per_s)
+                if n_skipped:
+                    log_(f"step {step}: skipped {n_skipped} step(s) of the last {step - window_step}: "
+                         "loss or gradients NaN or inf")
                 # Model FLOPs at the measured mean sequence length and share of tokens predicted.
                 flops = flops_per_token(cfg.model, float(counts[0]) / (micro_steps * B), s_[4] / max(float(counts[0]), 1.0))
                 last_metrics["model_tflops"] = tokens_per_s * flops / 1e12
@@ -290,10 +319,10 @@ def _pretrain(cfg: Config, config_path: Path | None, resume: str, quiet: bool, s
                 if logger:
                     logger.log(step, last_metrics)
                 stats.zero_()
+                skipped.zero_()
                 window_tokens, window_start, window_step = 0, time.perf_counter(), step
 
-            saving = step % cfg.checkpoint.save_every == 0 or step == last_step or stop_now
-            evaluating = bool(eval_batches) and (step % tc.eval_every == 0 or step == last_step)
+            saving = saving or stop_now
             if not (saving or evaluating):
                 continue
             seen = rt.all_reduce_sum(torch.tensor([tokens_since_start], dtype=torch.float64, device=rt.device))

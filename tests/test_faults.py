@@ -90,3 +90,114 @@ def test_disk_full_during_a_checkpoint_is_one_clear_line_and_keeps_earlier_check
     monkeypatch.setattr(safetensors.torch, "save_file", real_save)
     again = cli("pretrain", "--config", config, "--quiet")  # space is back: the same command resumes
     assert again.code == 0 and "resuming from" in again.err
+
+
+def poison_losses(monkeypatch, bad_steps):
+    """Make the training loss NaN at the given (1-based) steps; evaluation is left alone."""
+    import torch
+
+    from bertcli import trainer
+
+    real, calls = trainer.pretraining_loss, []
+
+    def pretraining_loss(*args, **kwargs):
+        losses = real(*args, **kwargs)
+        if not torch.is_grad_enabled():  # evaluation
+            return losses
+        calls.append(1)  # one micro-batch per step in these runs
+        if len(calls) in bad_steps:
+            return trainer.Losses(losses.total * float("nan"), losses.stats * float("nan"))
+        return losses
+
+    monkeypatch.setattr(trainer, "pretraining_loss", pretraining_loss)
+
+
+def saved(folder):
+    import safetensors.torch
+    import torch
+
+    weights = safetensors.torch.load_file(folder / "model.safetensors")
+    adam = torch.load(folder / "training_state.pt", weights_only=True)["optimizer"]["state"]
+    return weights, adam
+
+
+def test_a_few_non_finite_steps_are_skipped_and_counted(tmp_path, cli, monkeypatch):
+    import torch
+
+    from bertcli.metrics import read_metrics
+
+    poison_losses(monkeypatch, {5, 6})
+    config = write_config(tmp_path, "train.max_steps=12", "train.max_nonfinite_steps=3", "train.eval_every=0")
+    result = cli("pretrain", "--config", config, "--quiet")
+    assert result.code == 0, result.err
+    assert "step 8: skipped 2 step(s) of the last 4: loss or gradients NaN or inf" in result.err
+    records = {r["step"]: r for r in read_metrics(tmp_path / "metrics.jsonl")}
+    assert [records[s]["skipped_steps"] for s in (4, 8, 12)] == [0, 2, 0]
+    assert all(records[s]["loss"] is not None for s in (4, 8, 12)), "skipped steps stay out of the averages"
+    weights, adam = saved(checkpoint.list_checkpoints(tmp_path)[-1][1])
+    assert all(torch.isfinite(w).all() for w in weights.values())
+    assert {float(s["step"]) for s in adam.values()} == {10.0}, "12 steps, 2 skipped: Adam stepped 10 times"
+
+
+def test_non_finite_steps_in_a_row_stop_the_run_and_are_never_saved(tmp_path, cli, monkeypatch):
+    import torch
+
+    poison_losses(monkeypatch, set(range(5, 100)))
+    config = write_config(tmp_path, "train.max_steps=12", "train.max_nonfinite_steps=3", "checkpoint.save_every=2",
+                          "checkpoint.keep_last=5", "train.eval_every=0")
+    result = cli("pretrain", "--config", config, "--quiet")
+    assert result.code == 1 and "Traceback" not in result.err
+    last_good = tmp_path / "checkpoints" / "step-0000006"
+    assert [line for line in result.err_lines if line.startswith("bertcli: error")] == [
+        f"bertcli: error: step 7: the loss or gradients were NaN or inf for 3 steps in a row (steps 5-7, skipped), so "
+        f"training stopped; the last checkpoint is {last_good}; lower optimizer.lr or raise optimizer.warmup_steps "
+        "(with fp16, try bf16), or raise train.max_nonfinite_steps to skip more"]
+    assert [s for s, _ in checkpoint.list_checkpoints(tmp_path)] == [2, 4, 6]
+    (w4, adam4), (w6, adam6) = saved(tmp_path / "checkpoints" / "step-0000004"), saved(last_good)
+    assert all(torch.equal(w4[k], w6[k]) for k in w4), "the skipped steps 5 and 6 changed no weight"
+    assert all(torch.equal(adam4[i][k], adam6[i][k]) for i in adam4 for k in adam4[i]), "nor Adam's state"
+
+
+def test_a_checkpoint_with_nan_weights_is_refused_and_nothing_is_written(tmp_path):
+    import torch
+
+    from bertcli.errors import RunError
+    from bertcli.model import BertForPreTraining
+    from bertcli.optim import build_optimizer
+    from conftest import micro_config
+
+    cfg = micro_config()
+    model = BertForPreTraining(cfg.model)
+    optimizer = build_optimizer(model, cfg.optimizer)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    checkpoint.save(tmp_path, 1, model, optimizer, scaler, cfg, {}, 5)
+    with torch.no_grad():
+        model.bert.encoder.layer[0].attention.self.query.weight[0, 0] = float("inf")
+    with pytest.raises(RunError, match="step 2: the weights or optimizer state hold NaN or inf"):
+        checkpoint.save(tmp_path, 2, model, optimizer, scaler, cfg, {}, 5)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-0000001"]
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_the_optimizer_step_is_skipped_when_gradients_are_not_finite(fused):
+    import torch
+
+    from bertcli.optim import build_optimizer, step_if_finite
+    from bertcli.config import OptimizerConfig
+
+    model = torch.nn.Linear(4, 3)
+    optimizer = build_optimizer(model, OptimizerConfig(), fused=fused)  # fused runs on CPU too
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+
+    def step(finite):
+        model(torch.ones(2, 4)).sum().backward()
+        before = [p.detach().clone() for p in model.parameters()]
+        step_if_finite(optimizer, scaler, torch.tensor(finite))
+        optimizer.zero_grad()
+        return [not torch.equal(b, p) for b, p in zip(before, model.parameters())]
+
+    assert step(True) == [True, True]
+    state = {k: v.clone() for k, v in optimizer.state[model.weight].items()}
+    assert step(False) == [False, False]
+    assert all(torch.equal(state[k], optimizer.state[model.weight][k]) for k in state), "moments and step count kept"
+    assert step(True) == [True, True]
