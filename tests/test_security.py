@@ -52,3 +52,39 @@ def test_a_malicious_weights_file_in_an_imported_folder_is_refused(tmp_path, cli
     assert result.code == 2 and len(result.err_lines) == 1
     assert ("safetensors only" in result.err) if name == "pytorch_model.bin" else ("cannot read weights" in result.err)
     assert not marker.exists(), "the pickle's code ran"
+
+
+def snapshot(root, skip):
+    return {p: p.stat().st_mtime_ns for p in root.rglob("*") if skip not in p.parents and p != skip}
+
+
+def test_paths_in_a_tampered_manifest_are_never_followed(tmp_path, cli, small_corpus):
+    import json
+
+    from conftest import text_run
+
+    run = tmp_path / "run"
+    config = text_run(run, small_corpus, "train.max_steps=2", "train.eval_every=0")
+    assert cli("prepare", "--config", config, "--quiet").code == 0
+    manifest_path = run / "data" / "manifest.json"
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "victim.txt").write_text("keep me\n")
+    manifest = json.loads(manifest_path.read_text())
+    for entry in manifest["corpus"]["files"]:
+        entry["path"] = "../../outside/victim.txt"
+    manifest["tokenizer"]["source"] = "../../outside/tokenizer.json"
+    manifest_path.write_text(json.dumps(manifest))
+    before = snapshot(tmp_path, run)
+    assert cli("prepare", "--config", config, "--quiet").code == 0
+    assert cli("pretrain", "--config", config, "--quiet").code == 0
+    assert cli("inspect", run / "data").code == 0
+    # Shard names and splits that would point outside: the manifest is refused as damaged and rebuilt.
+    manifest["dtype"] = "object"
+    manifest["splits"]["../../outside/x"] = manifest["splits"].pop("valid")
+    manifest_path.write_text(json.dumps(manifest))
+    damaged = cli("inspect", run / "data")
+    assert damaged.code == 2 and "a damaged manifest.json" in damaged.err_lines[-1]
+    rebuilt = cli("prepare", "--config", config, "--quiet")
+    assert rebuilt.code == 0 and f"prepared {run / 'data'}" in rebuilt.err
+    assert snapshot(tmp_path, run) == before, "nothing outside the run folder was written"
+    assert (tmp_path / "outside" / "victim.txt").read_text() == "keep me\n"

@@ -243,11 +243,24 @@ def _check_sizes(splits: dict[str, dict[str, int]], data: DataConfig, folder: Pa
 
 
 def _read_manifest(folder: Path) -> dict[str, Any] | None:
+    """The manifest of a prepared folder, or None when there is none, of another format, or damaged.
+
+    A manifest is data, never a source of paths: shards are read at fixed names inside the folder,
+    and the corpus paths it records only serve as keys of the hash cache (never opened, never
+    written). What decides how the shards are read (their dtype, the splits) is checked here.
+    """
     try:
         manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return manifest if isinstance(manifest, dict) and manifest.get("format_version") == FORMAT_VERSION else None
+    if not isinstance(manifest, dict) or manifest.get("format_version") != FORMAT_VERSION:
+        return None
+    splits, files = manifest.get("splits"), (manifest.get("corpus") or {}).get("files")
+    well_formed = (manifest.get("dtype") in ("uint16", "uint32") and isinstance(files, list)
+                   and all(isinstance(f, dict) and isinstance(f.get("path"), str) for f in files)
+                   and isinstance(splits, dict) and set(splits) == {"train", "valid"}
+                   and all(isinstance(v, dict) and isinstance(v.get("documents"), int) for v in splits.values()))
+    return manifest if well_formed else None
 
 
 @dataclass
@@ -280,5 +293,6 @@ class PreparedData:
 def load_prepared(folder: Path) -> PreparedData:
     manifest = _read_manifest(folder)
     if manifest is None:
-        raise UsageError(f"{folder}: no prepared data here (or of another format version); run `bertcli prepare`")
+        raise UsageError(f"{folder}: no prepared data here (or of another format version, or a damaged manifest.json); "
+                         "run `bertcli prepare`")
     return PreparedData(folder=folder, manifest=manifest, tokenizer=Tokenizer.from_file(str(folder / "tokenizer.json")))
