@@ -3,10 +3,13 @@
 A checkpoint is a folder `output_dir/checkpoints/step-NNNNNNN/` holding
   model.safetensors    weights under Hugging Face BertForPreTraining key names (tied aliases left out)
   config.yaml          the resolved run config
-  training_state.pt    optimizer and grad-scaler state; loads with torch.load(weights_only=True)
+  training_state.pt    optimizer state (keyed by parameter name) and grad-scaler state; loads
+                       with torch.load(weights_only=True)
   trainer_state.json   step, tokens seen, last metrics (what `inspect` reads, no torch needed)
 It is written into a temporary folder and renamed into place, so a folder named step-* is
 always complete. The RNG needs no saved state: every step reseeds from (seed, step).
+Weights and optimizer state are saved whole (gathered from FSDP shards), so a checkpoint resumes
+on any number of processes, with or without FSDP.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from bertcli.config import Config, config_from_dict, to_dict, to_yaml
 from bertcli.errors import RunError, UsageError
 from bertcli.model import TIED_ALIASES
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: optimizer state keyed by parameter name (1: by position)
 FILES = ("model.safetensors", "config.yaml", "training_state.pt", "trainer_state.json")
 STEP_DIR = re.compile(r"^step-(\d+)$")
 BEST = "best"  # checkpoints/best: the lowest held-out MLM loss so far
@@ -63,9 +66,16 @@ def list_checkpoints(output_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def weights_to_save(model: nn.Module) -> dict[str, torch.Tensor]:
-    """state_dict() without the tied aliases, as contiguous CPU tensors (what safetensors needs)."""
-    return {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items() if k not in TIED_ALIASES}
+def gather(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The whole weights (without the tied aliases) and optimizer state, keyed by parameter name,
+    on the CPU. With FSDP this gathers the shards: every process must call it, and the result is
+    complete on rank 0 only (the others get empty dicts)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    weights = {k: v.detach().contiguous() for k, v in get_model_state_dict(model, options=options).items()
+               if k not in TIED_ALIASES}  # contiguous: what safetensors needs
+    return weights, get_optimizer_state_dict(model, optimizer, options=options)
 
 
 def all_finite(tensors: list[torch.Tensor]) -> bool:
@@ -77,15 +87,16 @@ def all_finite(tensors: list[torch.Tensor]) -> bool:
     return all(bool(torch.stack(per_device).all()) for per_device in checks.values())
 
 
-def save(output_dir: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
+def save(output_dir: Path, step: int, state: tuple[dict[str, torch.Tensor], dict[str, Any]],
          scaler: torch.amp.GradScaler, cfg: Config, trainer_state: dict[str, Any], keep_last: int,
          extra_files: list[Path] = (), name: str | None = None) -> Path:
-    """Write checkpoint `step` atomically (as checkpoints/step-NNNNNNN, or checkpoints/NAME),
-    with copies of `extra_files` (the tokenizer: a checkpoint is self-contained), and prune all
-    step checkpoints but the newest `keep_last`."""
+    """Write checkpoint `step` of `state` (weights and optimizer state, from `gather`) atomically
+    (as checkpoints/step-NNNNNNN, or checkpoints/NAME), with copies of `extra_files` (the
+    tokenizer: a checkpoint is self-contained), and prune all step checkpoints but the newest
+    `keep_last`."""
     root = checkpoints_dir(output_dir)
     final = root / (name or step_dir_name(step))
-    weights, optimizer_state = weights_to_save(model), optimizer.state_dict()
+    weights, optimizer_state = state
     # A checkpoint never holds NaN or inf: resuming from one could only fail again.
     if not all_finite([*weights.values(), *(t for s in optimizer_state["state"].values() for t in s.values())]):
         raise RunError(f"step {step}: the weights or optimizer state hold NaN or inf, so no checkpoint was written; "
@@ -151,9 +162,10 @@ def load_weights(model: nn.Module, path: Path) -> None:
     model.load_state_dict(weights, strict=False)  # the tied aliases follow their targets
 
 
-def load_training_state(path: Path, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+def load_training_state(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
                         device: torch.device) -> int:
-    """Restore optimizer and scaler; return the step. Never unpickles arbitrary objects."""
+    """Restore optimizer and scaler; return the step. Never unpickles arbitrary objects. Under
+    FSDP every process calls it and keeps its own shard of the optimizer state."""
     file = Path(path) / "training_state.pt"
     try:
         with warnings.catch_warnings():  # torch warns about odd pickle protocols: the error below says it all
@@ -166,7 +178,13 @@ def load_training_state(path: Path, optimizer: torch.optim.Optimizer, scaler: to
     except Exception as exc:  # truncated or otherwise damaged
         raise RunError(f"{file}: cannot load training state ({type(exc).__name__}); the file is damaged: resume from "
                        "another checkpoint (--resume PATH) or start in a new output_dir") from None
-    optimizer.load_state_dict(state["optimizer"])
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict  # slow: only here
+
+    try:
+        set_optimizer_state_dict(model, optimizer, state["optimizer"], options=StateDictOptions(full_state_dict=True))
+    except (KeyError, TypeError, ValueError, RuntimeError) as exc:  # tampered, or an older format (by position)
+        raise RunError(f"{file}: the optimizer state does not fit this model ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); resume from "
+                       "another checkpoint (--resume PATH) or start in a new output_dir") from None
     if state.get("scaler"):
         scaler.load_state_dict(state["scaler"])
     return int(state["step"])

@@ -1,4 +1,4 @@
-"""Every runtime decision in one place: device, precision, seeding.
+"""Every runtime decision in one place: device, precision, processes and parallelism, seeding.
 
 The model and the data code never look at devices or dtypes; the trainer asks this module.
 """
@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from bertcli.config import PrecisionConfig
 from bertcli.errors import UsageError
@@ -108,6 +111,47 @@ def setup(device: str, precision: PrecisionConfig) -> Runtime:
     if world_size > 1 and not dist.is_initialized():
         dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
     return Runtime(device=dev, precision=resolve_precision(precision.mode, dev), rank=rank, world_size=world_size)
+
+
+def parallelize(model: nn.Module, rt: Runtime, parallel: str, every_parameter_used: bool) -> nn.Module:
+    """Put `model` on the device and return what the training step calls: the model itself in
+    one process; under torchrun a DistributedDataParallel wrapper (`ddp`: a whole model on each
+    process, gradients all-reduced), or the model sharded in place by FSDP2 (`fsdp`: each
+    encoder layer, then the rest, keeps 1/world of its parameters, gradients and optimizer state
+    on each process; a layer is gathered for its forward and backward only). Build the
+    optimizer after this: FSDP2 turns parameters into DTensor shards."""
+    if rt.distributed and parallel == "fsdp":
+        from torch.distributed.fsdp import fully_shard  # a second to import: only when used
+
+        # The MLM logits are a view (the vocabulary padding sliced off); FSDP2 warns that an
+        # in-place op on a view would skip its hook. Nothing writes to them in place.
+        warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
+        for layer in model.bert.encoder.layer:  # shards go to this process's device
+            fully_shard(layer)
+        fully_shard(model)  # embeddings, pooler and heads (with the tied decoder) as one group
+        return model
+    model.to(rt.device)
+    if not rt.distributed:
+        return model
+    # Without NSP the pooler and NSP head get no gradient: DDP must be told to expect that.
+    return DDP(model, device_ids=[rt.device.index] if rt.device.type == "cuda" else None,
+               find_unused_parameters=not every_parameter_used)
+
+
+def gradient_sync(train_model: nn.Module, enabled: bool) -> contextlib.AbstractContextManager:
+    """Turn the gradient all-reduce (DDP) or reduce-scatter (FSDP) off for accumulation
+    micro-batches; gradients are then reduced once, on the step's last micro-batch."""
+    if hasattr(train_model, "set_requires_gradient_sync"):  # an FSDPModule
+        train_model.set_requires_gradient_sync(enabled)
+        return contextlib.nullcontext()
+    if isinstance(train_model, DDP) and not enabled:
+        return train_model.no_sync()
+    return contextlib.nullcontext()
+
+
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    """A plain tensor from a replicated DTensor (FSDP's gradient norm); other tensors as they are."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
 def seed_step(seed: int, step: int, rank: int = 0) -> None:

@@ -21,7 +21,6 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.nn.parallel import DistributedDataParallel as DDP
 import yaml
 
 from bertcli import __version__, atomic, checkpoint, hf, runtime
@@ -185,7 +184,8 @@ def _pretrain(cfg: Config, config_path: Path | None, resume: str, quiet: bool, s
         data = load_data(cfg, config_path, quiet=True)  # prepared by rank 0 by now
     cfg = resolve_vocab(cfg, data.vocab_size, cfg.data.corpus)
     resume_from = checkpoint.choose_resume(output_dir, resume, cfg)
-    log_(f"bertcli {__version__}: {rt.describe()}; {rt.world_size} process(es); output in {output_dir}")
+    processes = f"{rt.world_size} processes ({cfg.train.parallel})" if rt.distributed else "1 process"
+    log_(f"bertcli {__version__}: {rt.describe()}; {processes}; output in {output_dir}")
     log_("resolved config:\n" + yaml.safe_dump(to_dict(cfg), sort_keys=False).rstrip())
     output_dir.mkdir(parents=True, exist_ok=True)
 
@@ -200,9 +200,7 @@ def _pretrain(cfg: Config, config_path: Path | None, resume: str, quiet: bool, s
                         for i in range(0, tc.eval_examples, tc.batch_size)]
         baseline = most_frequent_token_accuracy(corpus, eval_batches)
     torch.manual_seed(cfg.train.seed)
-    model = BertForPreTraining(cfg.model).to(rt.device)
-    optimizer = build_optimizer(model, cfg.optimizer, fused=rt.device.type == "cuda")
-    scaler = rt.grad_scaler(cfg.precision)
+    model = BertForPreTraining(cfg.model)  # on the CPU; with FSDP only each process's shards reach the device
     step, tokens_seen, start_time_s = 0, 0, 0.0
     best = checkpoint.best_eval_loss(output_dir)
     if init_path is not None and resume_from is None:
@@ -210,7 +208,11 @@ def _pretrain(cfg: Config, config_path: Path | None, resume: str, quiet: bool, s
         log_(f"initialised from {init_path}" + (f"; not in it, so trained from scratch: {', '.join(fresh)}" if fresh else ""))
     if resume_from is not None:
         checkpoint.load_weights(model, resume_from)
-        step = checkpoint.load_training_state(resume_from, optimizer, scaler, rt.device)
+    train_model = runtime.parallelize(model, rt, tc.parallel, every_parameter_used=nsp)
+    optimizer = build_optimizer(model, cfg.optimizer, fused=rt.device.type == "cuda")
+    scaler = rt.grad_scaler(cfg.precision)
+    if resume_from is not None:
+        step = checkpoint.load_training_state(resume_from, model, optimizer, scaler, rt.device)
         state = checkpoint.read_trainer_state(resume_from)
         tokens_seen, start_time_s = int(state.get("tokens_seen", 0)), float(state.get("train_time_s", 0.0))
         log_(f"resuming from {resume_from} (step {step})")
@@ -220,11 +222,6 @@ def _pretrain(cfg: Config, config_path: Path | None, resume: str, quiet: bool, s
     B, A, W = tc.batch_size, tc.grad_accum_steps, rt.world_size
     last_step = min(tc.max_steps, stop_at or tc.max_steps)
     logger = MetricsLogger(output_dir, step, tc.max_steps, cfg.logging.tensorboard, quiet) if rt.is_main else None
-    train_model: torch.nn.Module = model
-    if rt.distributed:
-        # Without NSP the pooler and NSP head get no gradient: DDP must be told to expect that.
-        train_model = DDP(model, device_ids=[rt.device.index] if rt.device.type == "cuda" else None,
-                          find_unused_parameters=not nsp)
     peak = runtime.peak_tflops(rt.device, cfg.logging.peak_tflops)
     tokens_since_start = 0  # this process's, summed over processes when saved
     stats = torch.zeros(7, device=rt.device)  # summed over the applied steps' micro-batches since the last log
@@ -255,15 +252,14 @@ def _pretrain(cfg: Config, config_path: Path | None, resume: str, quiet: bool, s
                 denominator = None
                 if rt.distributed:  # real predictions of the whole global micro-batch (async on GPUs)
                     denominator = rt.all_reduce_sum((batch.mlm_labels != IGNORE).sum().float())
-                sync = contextlib.nullcontext() if micro == A - 1 or not rt.distributed else train_model.no_sync()
-                with sync:  # gradients are all-reduced on the last micro-batch only
+                with runtime.gradient_sync(train_model, micro == A - 1):  # reduced on the last micro-batch only
                     with rt.autocast():
                         out = train_model(batch.input_ids, batch.token_type_ids, batch.valid_lens, batch.pred_positions)
                     losses = pretraining_loss(out, batch, tc.mlm_weight, tc.nsp_weight, nsp, denominator, W)
                     scaler.scale(losses.total / A).backward()
                 step_stats += losses.stats
             scaler.unscale_(optimizer)  # no-op unless fp16
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tc.max_grad_norm or float("inf"))
+            grad_norm = runtime.local(torch.nn.utils.clip_grad_norm_(model.parameters(), tc.max_grad_norm or float("inf")))
             finite = torch.isfinite(grad_norm)  # a NaN or inf loss makes the norm non-finite too
             step_if_finite(optimizer, scaler, finite)  # a skipped step changes nothing
             scaler.update()
@@ -335,14 +331,16 @@ def _pretrain(cfg: Config, config_path: Path | None, resume: str, quiet: bool, s
                 if logger:
                     logger.log(step, state["eval_metrics"], split="eval")
                 window_start += time.perf_counter() - eval_start  # keep evaluation out of tokens/s
-                if best is None or state["eval_metrics"]["mlm_loss"] < best:
-                    best = state["eval_metrics"]["mlm_loss"]
-                    if rt.is_main:
-                        checkpoint.save(output_dir, step, model, optimizer, scaler, cfg, state,
-                                        cfg.checkpoint.keep_last, data.tokenizer_files, name=checkpoint.BEST)
+            new_best = evaluating and (best is None or state["eval_metrics"]["mlm_loss"] < best)
+            gathered = checkpoint.gather(model, optimizer) if saving or new_best else None  # every process: FSDP gathers
+            if new_best:
+                best = state["eval_metrics"]["mlm_loss"]
+                if rt.is_main:
+                    checkpoint.save(output_dir, step, gathered, scaler, cfg, state, cfg.checkpoint.keep_last,
+                                    data.tokenizer_files, name=checkpoint.BEST)
             if saving and rt.is_main:
-                last_saved = checkpoint.save(output_dir, step, model, optimizer, scaler, cfg, state,
-                                             cfg.checkpoint.keep_last, data.tokenizer_files)
+                last_saved = checkpoint.save(output_dir, step, gathered, scaler, cfg, state, cfg.checkpoint.keep_last,
+                                             data.tokenizer_files)
             if stop_now:
                 signum = stopper.signum or signal.SIGTERM
                 raise Interrupted(f"stopped by {signal.Signals(signum).name} at step {step}; checkpoint {last_saved}; "

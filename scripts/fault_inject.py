@@ -62,7 +62,7 @@ def check_resumable(folder: Path, config: Path) -> int:
     checkpoint.load_weights(model, path)  # raises on a missing, truncated or mismatched file
     optimizer = build_optimizer(model, cfg.optimizer)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
-    assert checkpoint.load_training_state(path, optimizer, scaler, torch.device("cpu")) == step
+    assert checkpoint.load_training_state(path, model, optimizer, scaler, torch.device("cpu")) == step
     checkpoint.read_trainer_state(path)
     return step
 

@@ -42,6 +42,7 @@ def test_two_processes_equal_one_process_with_the_global_batch(tmp_path):
     result = torchrun(two)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stderr.count("done: step 8") == 1, "only rank 0 reports"
+    assert "Warning" not in result.stderr
     a, b = weights(tmp_path / "one", 8), weights(tmp_path / "two", 8)
     start = {k: v for k, v in a.items()}
     for key in a:
@@ -80,3 +81,25 @@ def test_killed_two_process_run_resumes(tmp_path):
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     assert "resuming from" in rerun.stderr and rerun.stderr.count("resuming from") == 1
     assert checkpoint.list_checkpoints(tmp_path / "killed")[-1][0] == 200
+
+
+def test_fsdp_equals_one_process_and_its_checkpoint_resumes_in_one_process(tmp_path):
+    """FSDP2 (2 processes, accumulation without gradient sync on the first micro-batch) trains
+    like one process with the global batch; its checkpoints hold the gathered weights and
+    optimizer state, so one process resumes them."""
+    overrides = ["train.batch_size=8", "train.grad_accum_steps=2", "train.max_steps=8", *NO_DROPOUT]
+    assert single(write_config(tmp_path / "one", *overrides)).returncode == 0
+    mixed = write_config(tmp_path / "mixed", *overrides, "train.batch_size=4", "train.parallel=fsdp")
+    first = torchrun(mixed, "--stop-at", "4")  # 2 processes x 4 examples
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "2 processes (fsdp)" in first.stderr and first.stderr.count("done: step 4") == 1
+    assert "Warning" not in first.stderr
+    a, b = weights(tmp_path / "one", 4), weights(tmp_path / "mixed", 4)
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], rtol=0, atol=1e-5)
+    write_config(tmp_path / "mixed", *overrides)  # the same run, now in one process with the whole batch
+    second = single(mixed)
+    assert second.returncode == 0 and "(step 4)" in second.stderr, second.stderr[-2000:]
+    a, b = weights(tmp_path / "one", 8), weights(tmp_path / "mixed", 8)
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], rtol=0, atol=1e-5)

@@ -170,11 +170,11 @@ def test_a_checkpoint_with_nan_weights_is_refused_and_nothing_is_written(tmp_pat
     model = BertForPreTraining(cfg.model)
     optimizer = build_optimizer(model, cfg.optimizer)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
-    checkpoint.save(tmp_path, 1, model, optimizer, scaler, cfg, {}, 5)
+    checkpoint.save(tmp_path, 1, checkpoint.gather(model, optimizer), scaler, cfg, {}, 5)
     with torch.no_grad():
         model.bert.encoder.layer[0].attention.self.query.weight[0, 0] = float("inf")
     with pytest.raises(RunError, match="step 2: the weights or optimizer state hold NaN or inf"):
-        checkpoint.save(tmp_path, 2, model, optimizer, scaler, cfg, {}, 5)
+        checkpoint.save(tmp_path, 2, checkpoint.gather(model, optimizer), scaler, cfg, {}, 5)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-0000001"]
 
 
