@@ -159,6 +159,8 @@ class TrainConfig:
     """A step with a NaN or inf loss or gradient is skipped (nothing changes); this many in a row stop the run."""
     device: str = "auto"
     """Where to train: auto (CUDA when available), cpu, cuda or cuda:N."""
+    data_workers: Optional[int] = None
+    """Processes that build examples (pairs, masking) ahead of the step; null = 4 on GPUs, 0 on CPUs (their cores train)."""
     parallel: str = "ddp"
     """Under torchrun: ddp (a whole model per process) or fsdp (FSDP2: parameters, gradients and optimizer state sharded)."""
     eval_every: int = 1000
@@ -589,6 +591,8 @@ def validate(cfg: Config) -> list[tuple[str, str]]:
     need(t.mlm_weight > 0 or t.nsp_weight > 0, "train.mlm_weight", "train.mlm_weight and train.nsp_weight are both 0: nothing to learn")
     need(t.max_nonfinite_steps >= 1, "train.max_nonfinite_steps", f"must be at least 1, got {t.max_nonfinite_steps}")
     need(t.max_grad_norm >= 0, "train.max_grad_norm", f"must not be negative (0 = no clipping), got {t.max_grad_norm}")
+    need(t.data_workers is None or t.data_workers >= 0, "train.data_workers",
+         f"must be null (automatic) or at least 0, got {t.data_workers}")
     need(t.parallel in ("ddp", "fsdp"), "train.parallel", f"must be ddp or fsdp, got {t.parallel!r}")
     need(t.device in ("auto", "cpu", "cuda") or (t.device.startswith("cuda:") and t.device[5:].isdigit()),
          "train.device", f"must be auto, cpu, cuda or cuda:N, got {t.device!r}")

@@ -26,7 +26,7 @@ import yaml
 from bertcli import __version__, atomic, checkpoint, hf, runtime
 from bertcli.config import Config, TrainConfig, resolve_output_dir, to_dict
 from bertcli.data import Corpus, load_data
-from bertcli.data.examples import IGNORE, Batch, ExampleBuilder
+from bertcli.data.examples import IGNORE, Batch, ExampleBuilder, StepBatches
 from bertcli.errors import Interrupted, RunError, UsageError
 from bertcli.metrics import MetricsLogger, log
 from bertcli.model import BertForPreTraining, PretrainingOutput, flops_per_token
@@ -234,6 +234,8 @@ def _pretrain(cfg: Config, config_path: Path | None, resume: str, quiet: bool, s
     if rt.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(rt.device)
     pin = rt.device.type == "cuda"
+    micro_batches = StepBatches(builder, tc.seed, step, last_step, B, A, rt.rank, W)
+    batches = iter(runtime.loader(micro_batches, runtime.data_workers(rt.device, tc.data_workers), pin))
     model.train()
     try:
         while step < last_step:
@@ -242,13 +244,10 @@ def _pretrain(cfg: Config, config_path: Path | None, resume: str, quiet: bool, s
             for group in optimizer.param_groups:
                 group["lr"] = lr
             for micro in range(A):
-                # This process's share of the step's examples: micro-batch `micro` of the global
-                # batch is split over the W processes, so any W sees the same examples.
-                first = (micro * W + rt.rank) * B
-                batch = builder.batch(tc.seed, step, range(first, first + B))
+                batch = next(batches)  # this process's share of micro-batch `micro` of the step (pinned on GPUs)
                 tokens = int(batch.valid_lens.sum())  # non-padding tokens, counted on the host copy: no sync
                 tokens_since_start, window_tokens = tokens_since_start + tokens, window_tokens + tokens
-                batch = (batch.pin_memory() if pin else batch).to(rt.device, non_blocking=pin)
+                batch = batch.to(rt.device, non_blocking=pin)
                 denominator = None
                 if rt.distributed:  # real predictions of the whole global micro-batch (async on GPUs)
                     denominator = rt.all_reduce_sum((batch.mlm_labels != IGNORE).sum().float())
@@ -346,6 +345,7 @@ def _pretrain(cfg: Config, config_path: Path | None, resume: str, quiet: bool, s
                 raise Interrupted(f"stopped by {signal.Signals(signum).name} at step {step}; checkpoint {last_saved}; "
                                   "run the same command again to resume", signum)
     finally:
+        del batches  # stops the worker processes
         if logger:
             logger.close()
     if last_saved is None and resume_from is not None:

@@ -16,7 +16,7 @@ from conftest import REPO, write_config
 
 def start(config):
     return subprocess.Popen([sys.executable, "-m", "bertcli", "pretrain", "--config", str(config), "--quiet"],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
 def wait_for(path, proc, seconds=120):
@@ -29,10 +29,11 @@ def wait_for(path, proc, seconds=120):
 
 @pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_signal_finishes_the_step_saves_and_says_how_to_resume(tmp_path, signum, code):
-    config = write_config(tmp_path, "train.max_steps=100000", "checkpoint.save_every=50", "logging.log_every=10")
+    config = write_config(tmp_path, "train.max_steps=100000", "checkpoint.save_every=50", "logging.log_every=10",
+                          "train.data_workers=2", "train.grad_accum_steps=2")
     proc = start(config)
     wait_for(tmp_path / "checkpoints" / "step-0000050", proc)
-    proc.send_signal(signum)
+    os.killpg(proc.pid, signum)  # as Ctrl-C or a scheduler does: to the example-building workers too
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == code, err
     name = signal.Signals(signum).name

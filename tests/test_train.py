@@ -61,11 +61,12 @@ def test_run_writes_metrics_tensorboard_and_checkpoints(tmp_path):
 
 
 def test_exact_resume_is_bitwise_identical(tmp_path):
-    """2N steps in one go == N steps, stop, resume for N more (CPU, fp32, dropout on)."""
+    """2N steps in one go == N steps, stop, resume for N more (CPU, fp32, dropout on). The second
+    half builds its examples in 2 worker processes: they must not change a bit either."""
     train(tmp_path / "one_go")
     train(tmp_path / "two_halves", stop_at=6)
     assert [s for s, _ in checkpoint.list_checkpoints(tmp_path / "two_halves")][-1] == 6
-    result = train(tmp_path / "two_halves")
+    result = train(tmp_path / "two_halves", "train.data_workers=2")
     assert result["step"] == 12
     a, b = tmp_path / "one_go" / "checkpoints" / "step-0000012", tmp_path / "two_halves" / "checkpoints" / "step-0000012"
     assert_bitwise_equal(weights(a), weights(b))

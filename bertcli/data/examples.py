@@ -114,6 +114,27 @@ class ExampleBuilder:
         return collate(examples, self.cfg.max_predictions_per_seq, self.corpus.special.pad)
 
 
+class StepBatches(torch.utils.data.Dataset):
+    """This process's micro-batches of steps `first_step` to `last_step - 1`, in training order:
+    item i is micro-batch i % A of step first_step + i // A. Micro-batch m of a step is split
+    over the W processes (rows (m*W + rank)*B onwards), so any W sees the examples of one process
+    with the whole batch. Each item is a pure function of (seed, step, rank), so worker processes
+    can build them ahead of the training step without changing a thing."""
+
+    def __init__(self, builder: ExampleBuilder, seed: int, first_step: int, last_step: int, batch_size: int,
+                 accum_steps: int, rank: int = 0, world_size: int = 1) -> None:
+        self.builder, self.seed, self.first_step, self.last_step = builder, seed, first_step, last_step
+        self.B, self.A, self.rank, self.W = batch_size, accum_steps, rank, world_size
+
+    def __len__(self) -> int:
+        return (self.last_step - self.first_step) * self.A
+
+    def __getitem__(self, i: int) -> Batch:
+        step, micro = self.first_step + i // self.A, i % self.A
+        first = (micro * self.W + self.rank) * self.B
+        return self.builder.batch(self.seed, step, range(first, first + self.B))
+
+
 def truncate_pair(a: np.ndarray, b: np.ndarray, max_tokens: int,
                   rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """Google BERT's truncate_seq_pair: trim the longer side, one token at a random end each time."""
