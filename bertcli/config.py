@@ -161,6 +161,8 @@ class TrainConfig:
     """Where to train: auto (CUDA when available), cpu, cuda or cuda:N."""
     data_workers: Optional[int] = None
     """Processes that build examples (pairs, masking) ahead of the step; null = 4 on GPUs, 0 on CPUs (their cores train)."""
+    compile: bool = False
+    """Run each encoder layer under torch.compile: faster steps on GPUs after a minute or two of compiling."""
     parallel: str = "ddp"
     """Under torchrun: ddp (a whole model per process) or fsdp (FSDP2: parameters, gradients and optimizer state sharded)."""
     eval_every: int = 1000

@@ -113,13 +113,25 @@ def setup(device: str, precision: PrecisionConfig) -> Runtime:
     return Runtime(device=dev, precision=resolve_precision(precision.mode, dev), rank=rank, world_size=world_size)
 
 
-def parallelize(model: nn.Module, rt: Runtime, parallel: str, every_parameter_used: bool) -> nn.Module:
+COMPILE_BACKEND = "inductor"  # tests use "aot_eager": the same graph capture without minutes of code generation
+
+
+def parallelize(model: nn.Module, rt: Runtime, parallel: str, every_parameter_used: bool,
+                compile: bool = False) -> nn.Module:
     """Put `model` on the device and return what the training step calls: the model itself in
     one process; under torchrun a DistributedDataParallel wrapper (`ddp`: a whole model on each
     process, gradients all-reduced), or the model sharded in place by FSDP2 (`fsdp`: each
     encoder layer, then the rest, keeps 1/world of its parameters, gradients and optimizer state
     on each process; a layer is gathered for its forward and backward only). Build the
-    optimizer after this: FSDP2 turns parameters into DTensor shards."""
+    optimizer after this: FSDP2 turns parameters into DTensor shards.
+
+    `compile` compiles each encoder layer in place (as torchtitan does, before sharding): the
+    layers are alike, so one compiled graph serves them all, and the hooks of DDP and FSDP stay
+    outside the graphs. A new sequence length recompiles once, then shapes are dynamic.
+    """
+    if compile:
+        for layer in model.bert.encoder.layer:
+            layer.compile(backend=COMPILE_BACKEND)
     if rt.distributed and parallel == "fsdp":
         from torch.distributed.fsdp import fully_shard  # a second to import: only when used
 

@@ -208,7 +208,7 @@ def _pretrain(cfg: Config, config_path: Path | None, resume: str, quiet: bool, s
         log_(f"initialised from {init_path}" + (f"; not in it, so trained from scratch: {', '.join(fresh)}" if fresh else ""))
     if resume_from is not None:
         checkpoint.load_weights(model, resume_from)
-    train_model = runtime.parallelize(model, rt, tc.parallel, every_parameter_used=nsp)
+    train_model = runtime.parallelize(model, rt, tc.parallel, every_parameter_used=nsp, compile=tc.compile)
     optimizer = build_optimizer(model, cfg.optimizer, fused=rt.device.type == "cuda")
     scaler = rt.grad_scaler(cfg.precision)
     if resume_from is not None:

@@ -3,6 +3,7 @@
     python scripts/bench_pretrain.py                                   # tiny preset on CPU
     python scripts/bench_pretrain.py --preset base --seq 128 --batch 256 --device cuda
     python scripts/bench_pretrain.py --preset large --seq 512 --batch 32 --device cuda
+    add --compile to run both models' encoder layers under torch.compile (what train.compile does)
 
 Both get the same sizes, batch, sequence length, masking rate (15% of positions, at most
 max_predictions) and the same synthetic batches (random tokens, full rows), AdamW (fused on CUDA),
@@ -58,6 +59,7 @@ def main() -> None:
     parser.add_argument("--windows", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--compile", action="store_true", help="torch.compile each encoder layer, in both models")
     args = parser.parse_args()
     device = torch.device(args.device)
     cfg = preset_config(args.preset)
@@ -87,6 +89,9 @@ def main() -> None:
     hf_cfg = transformers.BertConfig(**{k: v for k, v in dataclasses.asdict(mcfg).items()
                                         if k not in ("pad_vocab_multiple", "init_from")}, attn_implementation="sdpa")
     theirs = transformers.BertForPreTraining(hf_cfg).to(device).train()
+    if args.compile:  # the same scope for both: each encoder layer, as train.compile does
+        for layer in [*ours.bert.encoder.layer, *theirs.bert.encoder.layer]:
+            layer.compile()
     theirs_opt = torch.optim.AdamW(param_groups(theirs, 0.01), lr=1e-4, fused=cuda or None)
     attention_mask = torch.ones(args.batch, T, dtype=torch.long, device=device)
 
@@ -120,7 +125,7 @@ def main() -> None:
                          "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None}
     where = torch.cuda.get_device_name(device) if cuda else f"CPU, {torch.get_num_threads()} threads"
     print(f"preset {args.preset} (L={mcfg.num_hidden_layers}, H={mcfg.hidden_size}), vocab {V}, seq {T}, batch {args.batch}, "
-          f"{P} predictions per row, {'bf16 autocast' if cuda else 'fp32'}; {where}; torch {torch.__version__}, "
+          f"{P} predictions per row, {'bf16 autocast' if cuda else 'fp32'}{', compiled' if args.compile else ''}; {where}; torch {torch.__version__}, "
           f"transformers {transformers.__version__}; median of {args.windows} windows x {args.steps} steps")
     for name, r in results.items():
         extra = f", MFU {r['tflops'] / peak:.1%}" if peak else ""

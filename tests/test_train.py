@@ -175,3 +175,22 @@ def test_a_folder_moved_aside_by_an_interrupted_replace_is_put_back(tmp_path):
     atomic.clean_leftovers(root)
     assert checkpoint.is_checkpoint(root / "step-0000004")
     assert not list(root.glob(".tmp-*"))
+
+
+def test_compiled_layers_train_like_eager_ones(tmp_path, monkeypatch):
+    """train.compile runs the encoder layers under torch.compile. The suite captures them with the
+    aot_eager backend (dynamo + AOTAutograd, seconds) rather than inductor (minutes on a CPU)."""
+    import torch._dynamo
+
+    from bertcli import runtime
+
+    monkeypatch.setattr(runtime, "COMPILE_BACKEND", "aot_eager")
+    torch._dynamo.reset()
+    overrides = ["train.max_steps=4", "train.eval_every=0", "model.hidden_dropout_prob=0",
+                 "model.attention_probs_dropout_prob=0"]
+    train(tmp_path / "eager", *overrides)
+    train(tmp_path / "compiled", *overrides, "train.compile=true")
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1, "nothing was compiled"
+    a, b = weights(tmp_path / "eager" / "checkpoints" / "step-0000004"), weights(tmp_path / "compiled" / "checkpoints" / "step-0000004")
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], rtol=0, atol=1e-6)
