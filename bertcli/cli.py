@@ -256,6 +256,8 @@ def main(argv: list[str] | None = None) -> None:
     command = typer.main.get_command(app)
     try:
         code = command.main(args, prog_name="bertcli", standalone_mode=False)
+        if code == 130:  # Typer turns a KeyboardInterrupt (a second Ctrl-C) into exit code 130, silently
+            raise KeyboardInterrupt
     except click.exceptions.NoArgsIsHelpError as exc:
         err(exc.ctx.get_help() if exc.ctx else "usage: bertcli COMMAND --help")
         code = 2
@@ -267,7 +269,8 @@ def main(argv: list[str] | None = None) -> None:
         err(f"bertcli: error: {exc.format_message()}")
         code = exc.exit_code
     except (typer.Abort, KeyboardInterrupt):
-        err("bertcli: interrupted")
+        err("bertcli: interrupted; nothing half-written was kept (writes are atomic): run the same command again "
+            "to continue")
         code = 130
     except BertcliError as exc:
         if debug:

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from bertcli import checkpoint
+from bertcli.model import BertForPreTraining
 from conftest import REPO, write_config
 
 
@@ -44,6 +45,23 @@ def test_signal_finishes_the_step_saves_and_says_how_to_resume(tmp_path, signum,
     rerun = subprocess.run([sys.executable, "-m", "bertcli", "pretrain", "--config", str(config), "--stop-at", str(step + 2)],
                            cwd=REPO, capture_output=True, text=True, timeout=120)
     assert rerun.returncode == 0 and f"(step {step})" in rerun.stderr
+
+
+def test_a_second_sigint_stops_at_once_and_the_last_checkpoint_stays_valid(tmp_path):
+    # Long steps (40 accumulated micro-batches), so that the second Ctrl-C lands inside one.
+    config = write_config(tmp_path, "train.max_steps=100000", "checkpoint.save_every=2", "logging.log_every=1",
+                          "train.grad_accum_steps=40")
+    proc = start(config)
+    wait_for(tmp_path / "checkpoints" / "step-0000002", proc)
+    os.killpg(proc.pid, signal.SIGINT)
+    time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and err.strip().splitlines()[-1].startswith("bertcli: interrupted;"), err[-1000:]
+    assert "Traceback" not in err
+    step, path = checkpoint.list_checkpoints(tmp_path)[-1]
+    assert f"stopped by SIGINT at step {step}" not in err, "it did not wait for the step to finish"
+    checkpoint.load_weights(BertForPreTraining(checkpoint.read_config(path).model), path)  # complete and loadable
 
 
 def test_a_second_pretrain_on_the_same_folder_refuses(tmp_path):
