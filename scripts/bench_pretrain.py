@@ -4,6 +4,7 @@
     python scripts/bench_pretrain.py --preset base --seq 128 --batch 256 --device cuda
     python scripts/bench_pretrain.py --preset large --seq 512 --batch 32 --device cuda
     add --compile to run both models' encoder layers under torch.compile (what train.compile does)
+    add --profile to print, for each model, the operators that take the time over one window
 
 Both get the same sizes, batch, sequence length, masking rate (15% of positions, at most
 max_predictions) and the same synthetic batches (random tokens, full rows), AdamW (fused on CUDA),
@@ -60,6 +61,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--compile", action="store_true", help="torch.compile each encoder layer, in both models")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="after timing, profile one window and print the N operators with the most self time")
     args = parser.parse_args()
     device = torch.device(args.device)
     cfg = preset_config(args.preset)
@@ -123,6 +126,8 @@ def main() -> None:
         tokens_per_s = args.batch * T * args.steps / statistics.median(times)
         results[name] = {"tokens_per_s": tokens_per_s, "tflops": tokens_per_s * flops / 1e12,
                          "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None}
+        if args.profile:
+            results[name]["profile"] = profile(step, batches, args.steps, cuda, args.profile)
     where = torch.cuda.get_device_name(device) if cuda else f"CPU, {torch.get_num_threads()} threads"
     print(f"preset {args.preset} (L={mcfg.num_hidden_layers}, H={mcfg.hidden_size}), vocab {V}, seq {T}, batch {args.batch}, "
           f"{P} predictions per row, {'bf16 autocast' if cuda else 'fp32'}{', compiled' if args.compile else ''}; {where}; torch {torch.__version__}, "
@@ -132,6 +137,23 @@ def main() -> None:
         mem = f", peak {r['peak_gib']:.1f} GiB" if r["peak_gib"] is not None else ""
         print(f"{name:<13} {r['tokens_per_s']:>12,.0f} tokens/s, {r['tflops']:.3f} model TFLOP/s{extra}{mem}")
     print(f"ratio bertcli/transformers: {results['bertcli']['tokens_per_s'] / results['transformers']['tokens_per_s']:.2f}")
+    for name, r in results.items():
+        if "profile" in r:
+            print(f"\n{name}: where one window of {args.steps} steps spends its time\n{r['profile']}")
+
+
+def profile(step, batches, steps: int, cuda: bool, rows: int) -> str:
+    """torch.profiler over one window: the operators with the most self time (on the GPU when there is one)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with torch_profile(activities=activities) as prof:
+        for i in range(steps):
+            step(batches[i % len(batches)])
+        if cuda:
+            torch.cuda.synchronize()
+    return prof.key_averages().table(sort_by="self_cuda_time_total" if cuda else "self_cpu_time_total", row_limit=rows)
 
 
 if __name__ == "__main__":
