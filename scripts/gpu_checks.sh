@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Every GPU check of the project in one call, for a machine with a CUDA GPU and torch installed:
+#   OUT=/some/folder bash scripts/gpu_checks.sh
+# Writes one file per check into $OUT (default gpu_checks/) and a summary of exit codes; a check
+# that fails does not stop the others. What it checks:
+#   - the training-step benchmark against transformers: base at 128, large at 512, with profiles;
+#     base at 128 again under torch.compile;
+#   - end to end: the base preset on the bundled sample for 60 steps in bf16 (tokens/s, MFU and
+#     peak memory land in metrics.jsonl), in fp16 with the grad scaler, compiled, and with FSDP
+#     under torchrun on every visible GPU.
+# PRESET, STEPS and GPUS override the run size and process count (PRESET=tiny STEPS=4 GPUS=2 is a
+# quick smoke run of the script itself on a CPU, where the benchmarks then fail for want of CUDA).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu_checks}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-deps -e . >"$OUT/install.txt" 2>&1
+nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1
+GPUS=${GPUS:-$(python3 -c "import torch; print(torch.cuda.device_count())")}
+PRESET=${PRESET:-base}
+STEPS=${STEPS:-60}
+
+check() {  # check NAME COMMAND...: run it, keep its output, record its exit code
+  local name=$1; shift
+  local start=$SECONDS
+  "$@" >"$OUT/$name.txt" 2>&1
+  local rc=$?
+  echo "$name: exit $rc, $((SECONDS - start)) s" | tee -a "$OUT/summary.txt"
+}
+
+check bench_base python3 scripts/bench_pretrain.py --preset base --seq 128 --batch 256 --device cuda --profile 15
+check bench_large python3 scripts/bench_pretrain.py --preset large --seq 512 --batch 32 --device cuda --profile 15
+check bench_base_compiled python3 scripts/bench_pretrain.py --preset base --seq 128 --batch 256 --device cuda --compile
+
+RUNS="$OUT/runs"
+COMMON=(--set train.max_steps="$STEPS" --set logging.log_every=20 --set checkpoint.save_every="$STEPS"
+        --set train.eval_every="$STEPS" --set train.batch_size=64 --quiet)
+python3 -m bertcli init "$RUNS/base" --preset "$PRESET" --force >"$OUT/init.txt" 2>&1
+check run_bf16 python3 -m bertcli pretrain --config "$RUNS/base/config.yaml" "${COMMON[@]}" --set output_dir=bf16 --set precision.mode=bf16
+check run_fp16 python3 -m bertcli pretrain --config "$RUNS/base/config.yaml" "${COMMON[@]}" --set output_dir=fp16 --set precision.mode=fp16
+check run_compiled python3 -m bertcli pretrain --config "$RUNS/base/config.yaml" "${COMMON[@]}" --set output_dir=compiled --set train.compile=true
+check run_fsdp python3 -m torch.distributed.run --standalone --nproc_per_node "$GPUS" -m bertcli pretrain \
+  --config "$RUNS/base/config.yaml" "${COMMON[@]}" --set output_dir=fsdp --set train.parallel=fsdp
+for run in bf16 fp16 compiled fsdp; do
+  echo "== $run" >>"$OUT/metrics.txt"
+  tail -n 3 "$RUNS/base/$run/metrics.jsonl" >>"$OUT/metrics.txt" 2>&1
+done
