@@ -183,8 +183,9 @@ def load_training_state(path: Path, model: nn.Module, optimizer: torch.optim.Opt
     try:
         set_optimizer_state_dict(model, optimizer, state["optimizer"], options=StateDictOptions(full_state_dict=True))
     except (KeyError, TypeError, ValueError, RuntimeError) as exc:  # tampered, or an older format (by position)
-        raise RunError(f"{file}: the optimizer state does not fit this model ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); resume from "
-                       "another checkpoint (--resume PATH) or start in a new output_dir") from None
+        reason = f"{type(exc).__name__}: {str(exc).splitlines()[0]}" if str(exc) else type(exc).__name__
+        raise RunError(f"{file}: the optimizer state does not fit this model ({reason}); resume from another "
+                       "checkpoint (--resume PATH) or start in a new output_dir") from None
     if state.get("scaler"):
         scaler.load_state_dict(state["scaler"])
     return int(state["step"])

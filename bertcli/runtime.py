@@ -6,7 +6,9 @@ The model and the data code never look at devices or dtypes; the trainer asks th
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import os
+import signal
 import warnings
 from dataclasses import dataclass
 
@@ -178,8 +180,6 @@ def data_workers(device: torch.device, configured: int | None) -> int:
 def loader(dataset: torch.utils.data.Dataset, workers: int, pin_memory: bool) -> torch.utils.data.DataLoader:
     """Items in order, built by `workers` forked processes (which share the memory-mapped corpus)
     a few items ahead, and pinned for asynchronous copies to the GPU."""
-    import multiprocessing
-
     fork = "fork" if workers and "fork" in multiprocessing.get_all_start_methods() else None
     return torch.utils.data.DataLoader(dataset, batch_size=None, shuffle=False, num_workers=workers,
                                        pin_memory=pin_memory, prefetch_factor=4 if workers else None,
@@ -190,8 +190,6 @@ def _ignore_stop_signals(worker_id: int) -> None:
     """Ctrl-C and a scheduler's SIGTERM reach the whole process group: the workers leave the
     graceful stop to the training process (which still needs batches to finish its step) and
     end when it shuts the loader down, or when it dies."""
-    import signal
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
