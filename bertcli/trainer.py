@@ -96,6 +96,8 @@ def evaluate(model: BertForPreTraining, batches: list[Batch], rt: runtime.Runtim
         sums += torch.stack([s[1] * s[4], s[3], s[4], s[2] * s[6], s[5]])
         rows += len(batch.nsp_labels)
     model.train()
+    if rt.distributed:  # every process evaluated the same batches: averaging makes their figures, and so the
+        rt.all_reduce_sum(sums).div_(rt.world_size)  # best-checkpoint decision (a collective with FSDP), identical
     mlm_loss_sum, mlm_correct, mlm_count, nsp_loss_sum, nsp_correct = sums.tolist()
     metrics = {"mlm_loss": mlm_loss_sum / mlm_count, "mlm_acc": mlm_correct / mlm_count,
                "perplexity": math.exp(min(mlm_loss_sum / mlm_count, 50.0))}
