@@ -104,7 +104,7 @@ def setup(device: str, precision: PrecisionConfig) -> Runtime:
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     dev = resolve_device(device)
-    if world_size > 1 and dev.type == "cuda" and dev.index is None:
+    if dev.type == "cuda" and dev.index is None:  # set_device and DDP want an index: one GPU per local rank
         dev = torch.device("cuda", local_rank)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)

@@ -14,7 +14,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_checks}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-deps -e . >"$OUT/install.txt" 2>&1
+# --no-build-isolation: GPU machines are often offline, and an isolated build would fetch setuptools
+python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.txt" 2>&1
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the scripts import bertcli even if the install failed
 nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1
 GPUS=${GPUS:-$(python3 -c "import torch; print(torch.cuda.device_count())")}
 PRESET=${PRESET:-base}
@@ -32,7 +34,7 @@ check bench_base python3 scripts/bench_pretrain.py --preset base --seq 128 --bat
 check bench_large python3 scripts/bench_pretrain.py --preset large --seq 512 --batch 32 --device cuda --profile 15
 check bench_base_compiled python3 scripts/bench_pretrain.py --preset base --seq 128 --batch 256 --device cuda --compile
 
-RUNS="$OUT/runs"
+RUNS=$(mktemp -d)  # checkpoints stay out of $OUT; their metrics are copied below
 COMMON=(--set train.max_steps="$STEPS" --set logging.log_every=20 --set checkpoint.save_every="$STEPS"
         --set train.eval_every="$STEPS" --set train.batch_size=64 --quiet)
 python3 -m bertcli init "$RUNS/base" --preset "$PRESET" --force >"$OUT/init.txt" 2>&1
@@ -45,3 +47,7 @@ for run in bf16 fp16 compiled fsdp; do
   echo "== $run" >>"$OUT/metrics.txt"
   tail -n 3 "$RUNS/base/$run/metrics.jsonl" >>"$OUT/metrics.txt" 2>&1
 done
+
+# One bundle of every file above, for transports that bring back only a few files.
+tar czf "$OUT/all_checks.tar.gz" -C "$OUT" --exclude all_checks.tar.gz . 2>/dev/null
+rm -rf "$RUNS"
