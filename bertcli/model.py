@@ -13,7 +13,7 @@ Shapes: B batch, T sequence length, H hidden size, P prediction slots per exampl
 
 from __future__ import annotations
 
-from functools import partial
+from functools import cache, partial
 from typing import Callable, NamedTuple
 
 import torch
@@ -55,11 +55,73 @@ class BertEmbeddings(nn.Module):
         self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
 
-    def forward(self, tokens: torch.Tensor, segments: torch.Tensor) -> torch.Tensor:
-        T = tokens.shape[1]
-        x = self.word_embeddings(tokens) + self.token_type_embeddings(segments)  # (B, T, H)
-        x = x + self.position_embeddings.weight[:T]  # positions 0..T-1, broadcast over B
+    def forward(self, tokens: torch.Tensor, segments: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, T) ids -> (B, T, H); or, packed, (N,) ids with their (N,) positions -> (N, H)."""
+        x = self.word_embeddings(tokens) + self.token_type_embeddings(segments)
+        if positions is None:
+            x = x + self.position_embeddings.weight[:tokens.shape[1]]  # positions 0..T-1, broadcast over B
+        else:
+            x = x + self.position_embeddings(positions)
         return self.dropout(self.LayerNorm(x))
+
+
+class Packing(NamedTuple):
+    """Where the real tokens of a padded (B, T) batch sit once packed into one (N, H) tensor, N =
+    valid_lens.sum(): the unpadded encoder computes nothing for padding. Made on the host from the
+    batch's host copy (`packing()`), so that no step waits for the device to count tokens."""
+
+    indices: torch.Tensor  # (N,) int64: flat position b*T + t of each real token, row by row
+    cu_seqlens: torch.Tensor  # (B+1,) int32: row b is packed[cu_seqlens[b]:cu_seqlens[b+1]]
+    max_seqlen: int  # the longest row
+    valid_lens: torch.Tensor  # (B,) int64
+    width: int  # T, the padded width the batch came in
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> "Packing":
+        move = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
+        return Packing(move(self.indices), move(self.cu_seqlens), self.max_seqlen, move(self.valid_lens), self.width)
+
+    def pack(self, padded: torch.Tensor) -> torch.Tensor:
+        """(B, T, ...) -> (N, ...)"""
+        return padded.flatten(0, 1).index_select(0, self.indices)
+
+    def unpack(self, packed: torch.Tensor) -> torch.Tensor:
+        """(N, ...) -> (B, T, ...), zeros at padding."""
+        B = len(self.valid_lens)
+        out = packed.new_zeros((B * self.width, *packed.shape[1:]))
+        return out.index_copy(0, self.indices, packed).view(B, self.width, *packed.shape[1:])
+
+
+def packing(valid_lens: torch.Tensor, width: int) -> Packing:
+    """The Packing of a batch of `width` columns whose rows hold valid_lens real tokens (host tensors)."""
+    valid_lens = valid_lens.cpu()
+    keep = torch.arange(width)[None, :] < valid_lens[:, None]  # (B, T)
+    cu_seqlens = torch.zeros(len(valid_lens) + 1, dtype=torch.int32)
+    cu_seqlens[1:] = valid_lens.cumsum(0)
+    return Packing(keep.flatten().nonzero().squeeze(1), cu_seqlens, int(valid_lens.max()), valid_lens, width)
+
+
+@cache
+def _varlen_attn() -> Callable | None:
+    """PyTorch's variable-length FlashAttention (CUDA only), None where this torch lacks it."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn
+
+
+def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pk: Packing) -> torch.Tensor:
+    """Attention of each packed row over its own tokens: (N, nh, hd) x3 -> (N, nh, hd).
+
+    On CUDA in half precision this is FlashAttention's variable-length kernel (no attention
+    dropout: the unpadded path is used only without it). Elsewhere a reference with the same
+    result: scatter back to (B, T), SDPA with the key-padding mask, gather the real rows."""
+    varlen = _varlen_attn()
+    if varlen is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
+        return varlen(q, k, v, pk.cu_seqlens, pk.cu_seqlens, pk.max_seqlen, pk.max_seqlen)
+    heads = lambda t: pk.unpack(t).transpose(1, 2)  # noqa: E731  (B, nh, T, hd)
+    out = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), attn_mask=padding_mask(pk.valid_lens, pk.width))
+    return pk.pack(out.transpose(1, 2))
 
 
 class BertSelfAttention(nn.Module):
@@ -74,7 +136,13 @@ class BertSelfAttention(nn.Module):
         self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.dropout_p = cfg.attention_probs_dropout_prob
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | Packing | None) -> torch.Tensor:
+        if isinstance(attn_mask, Packing):  # x: (N, H), the real tokens only
+            if self.training and self.dropout_p > 0:
+                raise ValueError("the unpadded path has no attention dropout: use it with attention_probs_dropout_prob 0")
+            N, H = x.shape
+            heads = lambda t: t.view(N, self.num_heads, self.head_dim)  # noqa: E731  (N, nh, hd)
+            return packed_attention(heads(self.query(x)), heads(self.key(x)), heads(self.value(x)), attn_mask).reshape(N, H)
         B, T, H = x.shape
         split = lambda t: t.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # noqa: E731  (B, nh, T, hd)
         q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
@@ -102,7 +170,7 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(cfg)
         self.output = BertSelfOutput(cfg)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | Packing | None) -> torch.Tensor:
         return self.output(self.self(x, attn_mask), x)
 
 
@@ -140,7 +208,7 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(cfg)
         self.output = BertOutput(cfg)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | Packing | None) -> torch.Tensor:
         x = self.attention(x, attn_mask)
         return self.output(self.intermediate(x), x)
 
@@ -150,7 +218,7 @@ class BertEncoder(nn.Module):
         super().__init__()
         self.layer = nn.ModuleList(BertLayer(cfg) for _ in range(cfg.num_hidden_layers))
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | Packing | None) -> torch.Tensor:
         for layer in self.layer:
             x = layer(x, attn_mask)
         return x
@@ -182,8 +250,16 @@ class BertModel(nn.Module):
         self.encoder = BertEncoder(cfg)
         self.pooler = BertPooler(cfg)
 
-    def forward(self, tokens: torch.Tensor, segments: torch.Tensor,
-                valid_lens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, tokens: torch.Tensor, segments: torch.Tensor, valid_lens: torch.Tensor | None = None,
+                packed: Packing | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, T) ids -> the last layer (B, T, H) and the pooled [CLS] (B, H). With `packed` (the
+        batch's Packing) the encoder runs on the N real tokens alone and the last layer comes back
+        packed, (N, H)."""
+        if packed is not None:
+            x = self.embeddings(packed.pack(tokens), packed.pack(segments), packed.indices % packed.width)  # (N, H)
+            encoded = self.encoder(x, packed)  # (N, H)
+            first = encoded.index_select(0, packed.cu_seqlens[:-1].long())  # (B, H): each row's [CLS]
+            return encoded, self.pooler(first[:, None])
         mask = None if valid_lens is None else padding_mask(valid_lens, tokens.shape[1])
         encoded = self.encoder(self.embeddings(tokens, segments), mask)  # (B, T, H)
         return encoded, self.pooler(encoded)
@@ -222,7 +298,7 @@ class BertPreTrainingHeads(nn.Module):
 
 
 class PretrainingOutput(NamedTuple):
-    encoded: torch.Tensor  # (B, T, H) last layer
+    encoded: torch.Tensor  # (B, T, H) last layer ((N, H), the real tokens, when run packed)
     mlm_logits: torch.Tensor  # (B, P, V) at pred_positions, or (B, T, V) when none are given; V unpadded
     nsp_logits: torch.Tensor  # (B, 2); class 0 = "B follows A"
 
@@ -257,15 +333,19 @@ class BertForPreTraining(nn.Module):
             nn.init.zeros_(module.bias)
 
     def forward(self, tokens: torch.Tensor, segments: torch.Tensor, valid_lens: torch.Tensor | None = None,
-                pred_positions: torch.Tensor | None = None) -> PretrainingOutput:
-        encoded, pooled = self.bert(tokens, segments, valid_lens)
+                pred_positions: torch.Tensor | None = None, packed: Packing | None = None) -> PretrainingOutput:
+        encoded, pooled = self.bert(tokens, segments, valid_lens, packed)
         if pred_positions is not None:
             # Gather the P predicted positions first so the MLM head (and its V-wide decoder)
             # only runs there; P is fixed per batch, so shapes stay static.
-            index = pred_positions[..., None].expand(-1, -1, encoded.shape[-1])  # (B, P, H)
-            to_predict = encoded.gather(1, index)
+            if packed is not None:  # row b's position t is packed row cu_seqlens[b] + t
+                rows = packed.cu_seqlens[:-1, None].long() + pred_positions  # (B, P)
+                to_predict = encoded.index_select(0, rows.flatten()).view(*rows.shape, -1)  # (B, P, H)
+            else:
+                index = pred_positions[..., None].expand(-1, -1, encoded.shape[-1])  # (B, P, H)
+                to_predict = encoded.gather(1, index)
         else:
-            to_predict = encoded
+            to_predict = encoded if packed is None else packed.unpack(encoded)
         mlm_logits = self.cls.predictions(to_predict)[..., :self.config.vocab_size]  # drop padding rows (a view)
         nsp_logits = self.cls.seq_relationship(pooled)
         return PretrainingOutput(encoded, mlm_logits, nsp_logits)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from bertcli.config import ModelConfig, preset_config
-from bertcli.model import TIED_ALIASES, BertForPreTraining, flops_per_token
+from bertcli.model import TIED_ALIASES, BertForPreTraining, flops_per_token, packing
 from bertcli.summary import parameter_counts
 
 transformers = pytest.importorskip("transformers")
@@ -130,3 +130,36 @@ def test_flops_formula_matches_issue_form_when_ffn_is_4h():
     cfg = dataclasses.replace(preset_config("base").model, vocab_size=30528)  # a multiple of 64: no padding
     L, H, V, s, p = cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size, 128, 0.15
     assert flops_per_token(cfg, s, p) == pytest.approx(72 * L * H * H + 12 * L * H * s + 6 * p * (H * H + V * H))
+
+
+def test_unpadded_forward_and_backward_equal_the_padded_ones():
+    """train.unpad: the encoder on the packed real tokens (here with the CPU reference attention)
+    gives the padded path's logits, last layer and gradients. Without dropout: with it, the masks are
+    drawn over (N, H) instead of (B, T, H), so the paths agree in distribution, not bit for bit."""
+    cfg = dataclasses.replace(SMALL, attention_probs_dropout_prob=0.0, hidden_dropout_prob=0.0, pad_vocab_multiple=8)
+    tokens, segments, valid_lens = random_inputs(cfg, B=4, T=16)
+    positions = torch.tensor([[1, 4, 0], [2, 3, 9], [1, 5, 6], [3, 0, 0]])
+    results = []
+    for packed in (None, packing(valid_lens, tokens.shape[1])):
+        torch.manual_seed(0)
+        model = BertForPreTraining(cfg)
+        out = model(tokens, segments, valid_lens, positions, packed)
+        (out.mlm_logits.square().mean() + out.nsp_logits.square().mean()).backward()
+        encoded = out.encoded if packed is None else packed.unpack(out.encoded)
+        grads = {k: p.grad.clone() for k, p in model.named_parameters()}
+        results.append((out.mlm_logits.detach(), out.nsp_logits.detach(), encoded.detach(), grads))
+    (mlm_a, nsp_a, enc_a, grads_a), (mlm_b, nsp_b, enc_b, grads_b) = results
+    keep = torch.arange(tokens.shape[1])[None, :] < valid_lens[:, None]
+    torch.testing.assert_close(mlm_b, mlm_a)
+    torch.testing.assert_close(nsp_b, nsp_a)
+    torch.testing.assert_close(enc_b[keep], enc_a[keep])
+    assert torch.all(enc_b[~keep] == 0)
+    for name, grad in grads_a.items():
+        torch.testing.assert_close(grads_b[name], grad, msg=name)
+
+
+def test_unpadded_path_refuses_attention_dropout():
+    model = BertForPreTraining(SMALL).train()  # attention_probs_dropout_prob 0.1
+    tokens, segments, valid_lens = random_inputs(SMALL)
+    with pytest.raises(ValueError, match="attention dropout"):
+        model(tokens, segments, valid_lens, None, packing(valid_lens, tokens.shape[1]))
