@@ -165,8 +165,8 @@ class TrainConfig:
     """Run each encoder layer under torch.compile: faster steps on GPUs after a minute or two of compiling."""
     parallel: str = "ddp"
     """Under torchrun: ddp (a whole model per process) or fsdp (FSDP2: parameters, gradients and optimizer state sharded)."""
-    unpad: Literal["auto", "on", "off"] = "auto"
-    """Run the encoder on the real tokens only, skipping padding: auto = on GPUs when model.attention_probs_dropout_prob is 0 (its kernel has no attention dropout); on = wherever that holds; off = padded."""
+    unpad: Optional[bool] = None
+    """Run the encoder on the real tokens only, skipping padding (its attention has no dropout, so only with model.attention_probs_dropout_prob 0); null = on GPUs when that holds, false = padded."""
     eval_every: int = 1000
     """Evaluate on the held-out examples every N steps (and at the end); 0 = never."""
     eval_examples: int = 512

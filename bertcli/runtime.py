@@ -168,17 +168,17 @@ def local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
-def unpadded(setting: str, device: torch.device, attention_dropout: float) -> tuple[bool, str | None]:
+def unpadded(setting: bool | None, device: torch.device, attention_dropout: float) -> tuple[bool, str | None]:
     """Whether the encoder runs on the real tokens only (train.unpad), and why not when asked for.
     Its attention (FlashAttention's variable-length kernel on GPUs, a padded reference on CPUs)
     has no attention dropout, so it applies only without; on CPUs it computes the same as the
-    padded path, no faster, so auto keeps it for GPUs."""
-    if setting == "off" or (setting == "auto" and device.type != "cuda"):
+    padded path, no faster, so null (automatic) keeps it for GPUs."""
+    if setting is False or (setting is None and device.type != "cuda"):
         return False, None
     if attention_dropout > 0:
-        return False, (None if setting == "auto" else
-                       f"train.unpad=on: model.attention_probs_dropout_prob is {attention_dropout}, and the unpadded "
-                       "attention has no dropout; training padded (set it to 0 to train unpadded)")
+        return False, (None if setting is None else
+                       f"train.unpad is true but model.attention_probs_dropout_prob is {attention_dropout}, and the "
+                       "unpadded attention has no dropout: training padded (set it to 0 to train unpadded)")
     return True, None
 
 

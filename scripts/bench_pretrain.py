@@ -5,14 +5,21 @@
     python scripts/bench_pretrain.py --preset large --seq 512 --batch 32 --device cuda
     add --compile to run both models' encoder layers under torch.compile (what train.compile does)
     add --profile to print, for each model, the operators that take the time over one window
+    add --lengths real to give rows the lengths of real pretraining pairs instead of full rows
+    add --unpad to time bertcli's unpadded encoder too (train.unpad), beside the padded one
 
 Both get the same sizes, batch, sequence length, masking rate (15% of positions, at most
 max_predictions) and the same synthetic batches (random tokens, full rows), AdamW (fused on CUDA),
 bf16 autocast on CUDA and fp32 on CPU, and transformers uses attn_implementation="sdpa".
 bertcli runs its MLM head only at the masked positions; transformers computes logits everywhere and
 ignores the unmasked ones (-100 labels). Warm-up steps are excluded; the figure is the median of
---windows timed windows of --steps steps each. Reports tokens/s, model TFLOP/s, MFU (on GPUs with a
-known peak), peak memory, and the ratio.
+--windows timed windows of --steps steps each. Reports tokens/s (non-padding tokens), model TFLOP/s,
+MFU (on GPUs with a known peak), peak memory, and the ratio.
+
+--lengths real takes each row's length from the examples `pretrain` builds at this sequence length
+on the bundled sample (Google-style pairs: most rows full, some short); padding then costs the
+padded models work that the unpadded one skips. --unpad sets attention dropout to 0 for every model
+(the unpadded kernel has none), so all rows of that run compare alike.
 """
 
 from __future__ import annotations
@@ -28,25 +35,50 @@ import transformers
 
 from bertcli.config import preset_config
 from bertcli.data.examples import IGNORE
-from bertcli.model import BertForPreTraining, flops_per_token
+from bertcli.model import BertForPreTraining, flops_per_token, packing
 from bertcli.optim import param_groups
 from bertcli.runtime import peak_tflops
 
 
-def make_batches(n: int, B: int, T: int, V: int, P: int, device: torch.device, seed: int = 0):
+def real_lengths(rows: int, T: int) -> torch.Tensor:
+    """(rows,) lengths of the pairs `pretrain` builds at sequence length T from the bundled sample."""
+    import tempfile
+
+    from bertcli.data import load_data
+    from bertcli.data.examples import ExampleBuilder
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = preset_config("tiny", [f"data.max_seq_length={T}", f"model.max_position_embeddings={max(T, 512)}",
+                                     f"data.prepared_dir={tmp}", f"data.max_predictions_per_seq={max(1, T // 6)}"])
+        data = load_data(cfg, None, quiet=True)
+        return ExampleBuilder(data.train, cfg.data).batch(cfg.train.seed, 0, range(rows)).valid_lens
+
+
+def make_batches(n: int, B: int, T: int, V: int, P: int, device: torch.device, lengths: torch.Tensor | None = None,
+                 seed: int = 0):
+    """n batches of B rows of width T: random tokens, row b real up to its length (T, or lengths[i*B + b])."""
     g = torch.Generator().manual_seed(seed)
     batches = []
-    for _ in range(n):
-        tokens = torch.randint(5, V, (B, T), generator=g)
+    for i in range(n):
+        valid = torch.full((B,), T) if lengths is None else lengths[i * B:(i + 1) * B].clone()
+        width = -(-int(valid.max()) // 8) * 8  # padded to the longest row, rounded up to 8, as collate does
+        tokens = torch.randint(5, V, (B, width), generator=g)
         tokens[:, 0] = 2
-        positions = torch.stack([torch.randperm(T - 1, generator=g)[:P] + 1 for _ in range(B)]).sort(1).values  # (B, P)
+        keep = torch.arange(width)[None, :] < valid[:, None]
+        tokens[~keep] = 0
+        # P distinct positions per row among 1..len-1 (fewer real rows repeat position 1, label IGNORE)
+        positions = torch.stack([torch.randperm(int(n) - 1, generator=g)[:P].sort().values + 1 if n - 1 >= P else
+                                 torch.cat([torch.arange(1, int(n)), torch.ones(P - int(n) + 1, dtype=torch.long)])
+                                 for n in valid])  # (B, P)
         labels = tokens.gather(1, positions)
         masked = tokens.scatter(1, positions, 4)
-        segments = (torch.arange(T) >= T // 2).long().expand(B, T).contiguous()
+        segments = ((torch.arange(width)[None, :] >= valid[:, None] // 2) & keep).long()
         nsp = torch.randint(0, 2, (B,), generator=g)
-        full_labels = torch.full((B, T), IGNORE).scatter(1, positions, labels)  # transformers' form
-        batches.append({k: v.to(device) for k, v in dict(tokens=masked, segments=segments, positions=positions,
-                                                           labels=labels, full_labels=full_labels, nsp=nsp).items()})
+        full_labels = torch.full((B, width), IGNORE).scatter(1, positions, labels)  # transformers' form
+        batch = dict(tokens=masked, segments=segments, positions=positions, labels=labels, full_labels=full_labels,
+                     nsp=nsp, valid=valid, attention_mask=keep.long())
+        packed = packing(valid, width)  # made on the host, as the trainer makes it
+        batches.append({**{k: v.to(device) for k, v in batch.items()}, "packed": packed.to(device)})
     return batches
 
 
@@ -61,6 +93,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--compile", action="store_true", help="torch.compile each encoder layer, in both models")
+    parser.add_argument("--lengths", choices=["full", "real"], default="full",
+                        help="full rows, or the lengths of real pretraining pairs (from the bundled sample)")
+    parser.add_argument("--unpad", action="store_true", help="also time bertcli's unpadded encoder (attention dropout 0 for all)")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="after timing, profile one window and print the N operators with the most self time")
     args = parser.parse_args()
@@ -69,47 +104,58 @@ def main() -> None:
     V = args.vocab or cfg.data.tokenizer.vocab_size
     T = args.seq or cfg.data.max_seq_length
     mcfg = dataclasses.replace(cfg.model, vocab_size=V, max_position_embeddings=max(T, cfg.model.max_position_embeddings),
-                               hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+                               hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.0 if args.unpad else 0.1)
     P = min(cfg.data.max_predictions_per_seq * T // cfg.data.max_seq_length, round(0.15 * T)) or 1
     cuda = device.type == "cuda"
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda)
-    batches = make_batches(4, args.batch, T, V, P, device)
-    valid = torch.full((args.batch,), T, device=device)
+    n_batches = 4
+    lengths = real_lengths(n_batches * args.batch, T) if args.lengths == "real" else None
+    batches = make_batches(n_batches, args.batch, T, V, P, device, lengths)
+    real_tokens = sum(int(b["valid"].sum()) for b in batches) / n_batches  # per step
 
-    torch.manual_seed(0)
-    ours = BertForPreTraining(mcfg).to(device).train()
-    ours_opt = torch.optim.AdamW(param_groups(ours, 0.01), lr=1e-4, fused=cuda or None)
+    def bertcli_step(unpad: bool):
+        torch.manual_seed(0)
+        model = BertForPreTraining(mcfg).to(device).train()
+        opt = torch.optim.AdamW(param_groups(model, 0.01), lr=1e-4, fused=cuda or None)
 
-    def ours_step(b):
-        with autocast:
-            out = ours(b["tokens"], b["segments"], valid, b["positions"])
-        loss = F.cross_entropy(out.mlm_logits.float().flatten(0, 1), b["labels"].flatten()) + \
-            F.cross_entropy(out.nsp_logits.float(), b["nsp"])
-        loss.backward()
-        ours_opt.step()
-        ours_opt.zero_grad(set_to_none=True)
+        def step(b):
+            with autocast:
+                out = model(b["tokens"], b["segments"], b["valid"], b["positions"], b["packed"] if unpad else None)
+            loss = F.cross_entropy(out.mlm_logits.float().flatten(0, 1), b["labels"].flatten()) + \
+                F.cross_entropy(out.nsp_logits.float(), b["nsp"])
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        return step, model
 
     hf_cfg = transformers.BertConfig(**{k: v for k, v in dataclasses.asdict(mcfg).items()
                                         if k not in ("pad_vocab_multiple", "init_from")}, attn_implementation="sdpa")
     theirs = transformers.BertForPreTraining(hf_cfg).to(device).train()
-    if args.compile:  # the same scope for both: each encoder layer, as train.compile does
-        for layer in [*ours.bert.encoder.layer, *theirs.bert.encoder.layer]:
-            layer.compile()
     theirs_opt = torch.optim.AdamW(param_groups(theirs, 0.01), lr=1e-4, fused=cuda or None)
-    attention_mask = torch.ones(args.batch, T, dtype=torch.long, device=device)
 
     def theirs_step(b):
         with autocast:
-            out = theirs(input_ids=b["tokens"], token_type_ids=b["segments"], attention_mask=attention_mask,
+            out = theirs(input_ids=b["tokens"], token_type_ids=b["segments"], attention_mask=b["attention_mask"],
                          labels=b["full_labels"], next_sentence_label=b["nsp"])
         out.loss.backward()
         theirs_opt.step()
         theirs_opt.zero_grad(set_to_none=True)
 
-    flops = flops_per_token(mcfg, T, P / T)
+    contenders = [("bertcli", *bertcli_step(False))]
+    if args.unpad:
+        contenders.append(("bertcli unpadded", *bertcli_step(True)))
+    contenders.append(("transformers", theirs_step, theirs))
+    if args.compile:  # the same scope for all: each encoder layer, as train.compile does
+        for _, _, model in contenders:
+            for layer in model.bert.encoder.layer:
+                layer.compile()
+
+    mean_len = real_tokens / args.batch
+    flops = flops_per_token(mcfg, mean_len, P / mean_len)
     peak = peak_tflops(device, 0.0)
     results = {}
-    for name, step, model in (("bertcli", ours_step, ours), ("transformers", theirs_step, theirs)):
+    for name, step, model in contenders:
         for i in range(args.warmup):
             step(batches[i % len(batches)])
         if cuda:
@@ -123,20 +169,24 @@ def main() -> None:
             if cuda:
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - start)
-        tokens_per_s = args.batch * T * args.steps / statistics.median(times)
+        tokens_per_s = real_tokens * args.steps / statistics.median(times)
         results[name] = {"tokens_per_s": tokens_per_s, "tflops": tokens_per_s * flops / 1e12,
                          "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None}
         if args.profile:
             results[name]["profile"] = profile(step, batches, args.steps, cuda, args.profile)
     where = torch.cuda.get_device_name(device) if cuda else f"CPU, {torch.get_num_threads()} threads"
     print(f"preset {args.preset} (L={mcfg.num_hidden_layers}, H={mcfg.hidden_size}), vocab {V}, seq {T}, batch {args.batch}, "
-          f"{P} predictions per row, {'bf16 autocast' if cuda else 'fp32'}{', compiled' if args.compile else ''}; {where}; torch {torch.__version__}, "
+          f"{P} predictions per row, {'bf16 autocast' if cuda else 'fp32'}{', compiled' if args.compile else ''}, "
+          f"rows {args.lengths} ({real_tokens / (args.batch * T):.1%} of batch x seq real), attention dropout "
+          f"{mcfg.attention_probs_dropout_prob}; {where}; torch {torch.__version__}, "
           f"transformers {transformers.__version__}; median of {args.windows} windows x {args.steps} steps")
     for name, r in results.items():
         extra = f", MFU {r['tflops'] / peak:.1%}" if peak else ""
         mem = f", peak {r['peak_gib']:.1f} GiB" if r["peak_gib"] is not None else ""
-        print(f"{name:<13} {r['tokens_per_s']:>12,.0f} tokens/s, {r['tflops']:.3f} model TFLOP/s{extra}{mem}")
-    print(f"ratio bertcli/transformers: {results['bertcli']['tokens_per_s'] / results['transformers']['tokens_per_s']:.2f}")
+        print(f"{name:<17} {r['tokens_per_s']:>12,.0f} tokens/s, {r['tflops']:.3f} model TFLOP/s{extra}{mem}")
+    for name in results:
+        if name != "transformers":
+            print(f"ratio {name}/transformers: {results[name]['tokens_per_s'] / results['transformers']['tokens_per_s']:.2f}")
     for name, r in results.items():
         if "profile" in r:
             print(f"\n{name}: where one window of {args.steps} steps spends its time\n{r['profile']}")

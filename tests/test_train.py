@@ -194,3 +194,27 @@ def test_compiled_layers_train_like_eager_ones(tmp_path, monkeypatch):
     a, b = weights(tmp_path / "eager" / "checkpoints" / "step-0000004"), weights(tmp_path / "compiled" / "checkpoints" / "step-0000004")
     for key in a:
         torch.testing.assert_close(b[key], a[key], rtol=0, atol=1e-6)
+
+
+def test_unpadded_training_matches_padded_training(tmp_path, capsys, monkeypatch):
+    """train.unpad=true trains on the packed real tokens (on CPU with the reference attention): without
+    dropout the weights after 8 steps equal the padded run's; with attention dropout it says why it
+    trains padded instead."""
+    no_dropout = ("model.attention_probs_dropout_prob=0", "model.hidden_dropout_prob=0", "train.max_steps=8")
+    train(tmp_path / "padded", *no_dropout, "train.unpad=false")
+    import bertcli.model
+
+    calls = []
+    packed_attention = bertcli.model.packed_attention
+    monkeypatch.setattr(bertcli.model, "packed_attention", lambda *a: calls.append(1) or packed_attention(*a))
+    train(tmp_path / "unpadded", *no_dropout, "train.unpad=true")
+    assert len(calls) == 8 * 2  # every step ran packed (2 layers)
+    a = weights(tmp_path / "padded" / "checkpoints" / "step-0000008")
+    b = weights(tmp_path / "unpadded" / "checkpoints" / "step-0000008")
+    assert a["bert.encoder.layer.0.attention.self.query.weight"].ne(
+        BertForPreTraining(micro_config().model).state_dict()["bert.encoder.layer.0.attention.self.query.weight"]).any()
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], rtol=1e-4, atol=1e-5, msg=key)
+    capsys.readouterr()
+    train(tmp_path / "dropout", "train.max_steps=2", "train.unpad=true")
+    assert "attention_probs_dropout_prob is 0.1" in capsys.readouterr().err
