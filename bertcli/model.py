@@ -80,6 +80,10 @@ class Packing(NamedTuple):
         move = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
         return Packing(move(self.indices), move(self.cu_seqlens), self.max_seqlen, move(self.valid_lens), self.width)
 
+    def pin_memory(self) -> "Packing":
+        return Packing(self.indices.pin_memory(), self.cu_seqlens.pin_memory(), self.max_seqlen,
+                       self.valid_lens.pin_memory(), self.width)
+
     def pack(self, padded: torch.Tensor) -> torch.Tensor:
         """(B, T, ...) -> (N, ...)"""
         return padded.flatten(0, 1).index_select(0, self.indices)

@@ -29,7 +29,7 @@ from bertcli.data import Corpus, load_data
 from bertcli.data.examples import IGNORE, Batch, ExampleBuilder, StepBatches
 from bertcli.errors import Interrupted, RunError, UsageError
 from bertcli.metrics import MetricsLogger, log
-from bertcli.model import BertForPreTraining, PretrainingOutput, flops_per_token, packing
+from bertcli.model import BertForPreTraining, PretrainingOutput, flops_per_token
 from bertcli.optim import build_optimizer, lr_at, step_if_finite
 
 
@@ -252,8 +252,6 @@ def _pretrain(cfg: Config, config_path: Path | None, resume: str, quiet: bool, s
                 batch = next(batches)  # this process's share of micro-batch `micro` of the step (pinned on GPUs)
                 tokens = int(batch.valid_lens.sum())  # non-padding tokens, counted on the host copy: no sync
                 tokens_since_start, window_tokens = tokens_since_start + tokens, window_tokens + tokens
-                # The unpadded encoder's index of real tokens, made from the host copy: no sync.
-                packed = packing(batch.valid_lens, batch.input_ids.shape[1]).to(rt.device, pin) if unpad else None
                 batch = batch.to(rt.device, non_blocking=pin)
                 denominator = None
                 if rt.distributed:  # real predictions of the whole global micro-batch (async on GPUs)
@@ -261,7 +259,7 @@ def _pretrain(cfg: Config, config_path: Path | None, resume: str, quiet: bool, s
                 with runtime.gradient_sync(train_model, micro == A - 1):  # reduced on the last micro-batch only
                     with rt.autocast():
                         out = train_model(batch.input_ids, batch.token_type_ids, batch.valid_lens, batch.pred_positions,
-                                          packed)
+                                          batch.packed if unpad else None)
                     losses = pretraining_loss(out, batch, tc.mlm_weight, tc.nsp_weight, nsp, denominator, W)
                     scaler.scale(losses.total / A).backward()
                 step_stats += losses.stats

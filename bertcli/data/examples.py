@@ -16,6 +16,7 @@ import torch
 from bertcli.config import DataConfig
 from bertcli.data.corpus import Corpus
 from bertcli.errors import UsageError
+from bertcli.model import Packing, packing
 
 IGNORE = -100  # label of padded prediction slots: cross_entropy(ignore_index=IGNORE) skips them
 
@@ -38,6 +39,7 @@ class Batch:
     pred_positions: torch.Tensor  # (B, P) int64, padded slots point at 0
     mlm_labels: torch.Tensor  # (B, P) int64, IGNORE in padded slots
     nsp_labels: torch.Tensor  # (B,) int64
+    packed: Packing  # where the real tokens are, for the unpadded encoder (train.unpad)
 
     def to(self, device: torch.device, non_blocking: bool = False) -> "Batch":
         return Batch(**{f.name: getattr(self, f.name).to(device, non_blocking=non_blocking) for f in fields(self)})
@@ -205,11 +207,13 @@ def collate(examples: list[Example], max_predictions: int, pad_id: int) -> Batch
         token_type_ids[row, :len(e.segments)] = e.segments
         pred_positions[row, :len(e.pred_positions)] = e.pred_positions
         mlm_labels[row, :len(e.pred_labels)] = e.pred_labels
+    valid_lens = torch.tensor([len(e.tokens) for e in examples], dtype=torch.int64)
     return Batch(
         input_ids=torch.from_numpy(input_ids),
         token_type_ids=torch.from_numpy(token_type_ids),
-        valid_lens=torch.tensor([len(e.tokens) for e in examples], dtype=torch.int64),
+        valid_lens=valid_lens,
         pred_positions=torch.from_numpy(pred_positions),
         mlm_labels=torch.from_numpy(mlm_labels),
         nsp_labels=torch.tensor([e.nsp_label for e in examples], dtype=torch.int64),
+        packed=packing(valid_lens, T),  # built here, in the example workers, and pinned with the rest
     )
