@@ -166,7 +166,7 @@ class TrainConfig:
     parallel: str = "ddp"
     """Under torchrun: ddp (a whole model per process) or fsdp (FSDP2: parameters, gradients and optimizer state sharded)."""
     unpad: Optional[bool] = None
-    """Run the encoder on the real tokens only, skipping padding (its attention has no dropout, so only with model.attention_probs_dropout_prob 0); null = on GPUs when that holds, false = padded."""
+    """Run the encoder on the real tokens only, skipping padding (its attention has no dropout, so only with model.attention_probs_dropout_prob 0); null = on GPUs when that holds and a micro-batch has at least 16,384 token slots (where it pays)."""
     eval_every: int = 1000
     """Evaluate on the held-out examples every N steps (and at the end); 0 = never."""
     eval_examples: int = 512

@@ -218,3 +218,15 @@ def test_unpadded_training_matches_padded_training(tmp_path, capsys, monkeypatch
     capsys.readouterr()
     train(tmp_path / "dropout", "train.max_steps=2", "train.unpad=true")
     assert "attention_probs_dropout_prob is 0.1" in capsys.readouterr().err
+
+
+def test_automatic_unpadding_is_for_large_gpu_micro_batches_without_attention_dropout():
+    from bertcli.runtime import UNPAD_MIN_TOKENS, unpadded
+
+    gpu, cpu = torch.device("cuda"), torch.device("cpu")
+    assert unpadded(None, gpu, 0.0, UNPAD_MIN_TOKENS) == (True, None)
+    assert unpadded(None, gpu, 0.0, UNPAD_MIN_TOKENS - 1) == (False, None)  # launch-bound: measured slower
+    assert unpadded(None, gpu, 0.1, UNPAD_MIN_TOKENS) == (False, None)
+    assert unpadded(None, cpu, 0.0, UNPAD_MIN_TOKENS) == (False, None)
+    assert unpadded(True, cpu, 0.0, 8) == (True, None)
+    assert unpadded(False, gpu, 0.0, UNPAD_MIN_TOKENS)[0] is False
