@@ -29,7 +29,7 @@ PROOF_KEY = "bertcli_version"  # bertcli writes it in every manifest, trainer st
 class Layout:
     """A kind of folder bertcli writes whole."""
 
-    noun: str  # what such a folder is, for messages: "prepared data"
+    noun: str  # what such a folder is, for messages: "prepared data", "a checkpoint"
     proof: str  # the file whose PROOF_KEY shows that bertcli wrote the folder
     paths: frozenset[str]  # every path (relative, '/'-separated, folders included) bertcli writes in it
 
@@ -66,6 +66,10 @@ def _first_foreign(folder: Path, paths: frozenset[str], prefix: str = "") -> str
     return None
 
 
+def is_empty_folder(path: Path) -> bool:
+    return Path(path).is_dir() and not any(Path(path).iterdir())
+
+
 def not_owned(target: Path, layout: Layout) -> str | None:
     """Why bertcli may not replace `target` with a new folder of `layout` (None: it may:
     nothing there, an empty folder, or a complete folder of that kind that bertcli wrote)."""
@@ -74,7 +78,7 @@ def not_owned(target: Path, layout: Layout) -> str | None:
         return "is a symbolic link to a missing path" if target.is_symlink() else None
     if not target.is_dir():
         return "is a file, not a folder"
-    if not any(target.iterdir()):
+    if is_empty_folder(target):
         return None
     if not _is_proof(target / layout.proof):
         return f"is not {layout.noun} written by bertcli (no {layout.proof} of bertcli's)"
@@ -88,8 +92,8 @@ def check_replaceable(target: Path, layout: Layout, fix: str) -> None:
     """Refuse (exit 2) to replace `target` unless bertcli wrote it (see not_owned)."""
     reason = not_owned(target, layout)
     if reason is not None:
-        raise UsageError(f"{target} {reason}; bertcli replaces only {layout.noun} it wrote itself, so it was left "
-                         f"untouched: {fix}")
+        raise UsageError(f"{target} {reason}, so bertcli left it untouched (it replaces only what it wrote itself): "
+                         f"{fix}")
 
 
 def relation(target: Path, other: Path) -> str | None:
@@ -114,8 +118,10 @@ def check_apart(target: Path, inputs: list[Input], fix: str) -> None:
 
 def check_output_file(output: Path, inputs: list[Path], model: Path) -> Path:
     """The resolved path for a file output such as `encode --output`: a file the user names is
-    replaced (as with any -o), but never a folder, one of the input files, or a file in the model
-    folder. Resolved, so that an output that is a symbolic link is written through, not replaced."""
+    replaced (as with any -o), but never a folder, one of the input files, or a file of the model
+    (inside a checkpoint or Hugging Face folder, or a run folder's checkpoints/; a run folder's other
+    files are not read). Resolved, so that an output that is a symbolic link is written through."""
+    model = Path(model) / "checkpoints" if (Path(model) / "checkpoints").is_dir() else Path(model)
     resolved = Path(output).expanduser().resolve()
     if resolved.is_dir():
         raise UsageError(f"--output {output} is a folder; name a file, e.g. {Path(output) / 'vectors.npy'}")
@@ -150,8 +156,7 @@ def check_config_replaceable(path: Path) -> None:
         raw = False  # unreadable, not text, not YAML: not a config bertcli wrote
     if raw is None:
         return  # an empty file: nothing to lose
-    foreign = sorted(set(raw) - sections) if isinstance(raw, dict) else None
+    foreign = sorted(str(k) for k in raw if k not in sections) if isinstance(raw, dict) else None
     if foreign is None or foreign:
-        what = f"its key {foreign[0]!r} is not" if foreign else "it is not a YAML mapping of"
-        raise UsageError(f"{path} is not a bertcli config ({what} a bertcli config section), so --force leaves it "
-                         f"untouched: {fix}")
+        why = f"its key {foreign[0]!r} is not a bertcli config section" if foreign else "it is not a YAML mapping"
+        raise UsageError(f"{path} is not a bertcli config ({why}), so bertcli init leaves it untouched: {fix}")

@@ -185,6 +185,8 @@ def _pretrain(cfg: Config, config_path: Path | None, resume: str, quiet: bool, s
     if not rt.is_main:
         data = load_data(cfg, config_path, quiet=True)  # prepared by rank 0 by now
     cfg = resolve_vocab(cfg, data.vocab_size, cfg.data.corpus)
+    if rt.is_main:
+        checkpoint.check_replaceable(output_dir, data.tokenizer_files)  # before training, not at the first save
     resume_from = checkpoint.choose_resume(output_dir, resume, cfg)
     processes = f"{rt.world_size} processes ({cfg.train.parallel})" if rt.distributed else "1 process"
     log_(f"bertcli {__version__}: {rt.describe()}; {processes}; output in {output_dir}")
