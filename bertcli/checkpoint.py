@@ -40,13 +40,14 @@ FORMAT_VERSION = 2  # 2: optimizer state keyed by parameter name (1: by position
 FILES = ("model.safetensors", "config.yaml", "training_state.pt", "trainer_state.json")
 STEP_DIR = re.compile(r"^step-(\d+)$")
 BEST = "best"  # checkpoints/best: the lowest held-out MLM loss so far
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")  # copied in from the prepared data (Dataset.tokenizer_files)
 
 
 def layout(extra_files: list[Path] = ()) -> ownership.Layout:
     """What a checkpoint folder holds (FILES and the copied tokenizer files): save replaces and
     prunes only folders that hold nothing else and whose trainer_state.json bertcli wrote."""
-    return ownership.Layout("a checkpoint", "trainer_state.json",
-                            frozenset([*FILES, *(Path(extra).name for extra in extra_files)]))
+    names = [*FILES, *TOKENIZER_FILES, *(Path(extra).name for extra in extra_files)]
+    return ownership.Layout("a checkpoint", "trainer_state.json", frozenset(names))
 
 
 def guard(extra_files: list[Path] = ()) -> Callable[[Path], None]:
@@ -57,14 +58,14 @@ def guard(extra_files: list[Path] = ()) -> Callable[[Path], None]:
     return check
 
 
-def check_replaceable(output_dir: Path, extra_files: list[Path] = ()) -> None:
+def check_replaceable(output_dir: Path) -> None:
     """Refuse, before training, a run whose checkpoints/ holds a step-NNNNNNN or best folder that
     bertcli did not write: a later save could replace it, or pruning delete it."""
     root = checkpoints_dir(output_dir)
     if root.is_dir():
         for child in sorted(root.iterdir()):
             if STEP_DIR.match(child.name) or child.name == BEST:
-                guard(extra_files)(child)
+                guard()(child)
 
 
 def checkpoints_dir(output_dir: Path) -> Path:

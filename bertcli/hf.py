@@ -59,7 +59,7 @@ def export(source: Path, out_dir: Path, force: bool = False) -> Path:
     ckpt = find_checkpoint(source)
     fix = "choose a new or empty OUT_DIR"
     ownership.check_apart(out_dir, [ownership.Input("the source checkpoint", ckpt)], fix)
-    if out_dir.exists() and not force and not ownership.is_empty_folder(out_dir):
+    if out_dir.exists() and not force:
         raise UsageError(f"{out_dir} already exists; pass --force to replace it, or choose another folder")
 
     def guard(target: Path) -> None:  # --force replaces an earlier export only, never anything else

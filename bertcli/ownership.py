@@ -113,7 +113,8 @@ def check_apart(target: Path, inputs: list[Input], fix: str) -> None:
     for item in inputs:
         how = relation(target, item.path)
         if how is not None and not (how == "is inside" and item.inside_ok):
-            raise UsageError(f"{target} {how} {item.label} {item.path}; writing there would destroy it: {fix}")
+            harm = "change" if how == "is inside" else "destroy"
+            raise UsageError(f"{target} {how} {item.label} {item.path}; writing there would {harm} it: {fix}")
 
 
 def check_output_file(output: Path, inputs: list[Path], model: Path) -> Path:
@@ -121,7 +122,7 @@ def check_output_file(output: Path, inputs: list[Path], model: Path) -> Path:
     replaced (as with any -o), but never a folder, one of the input files, or a file of the model
     (inside a checkpoint or Hugging Face folder, or a run folder's checkpoints/; a run folder's other
     files are not read). Resolved, so that an output that is a symbolic link is written through."""
-    model = Path(model) / "checkpoints" if (Path(model) / "checkpoints").is_dir() else Path(model)
+    read = Path(model) / "checkpoints" if (Path(model) / "checkpoints").is_dir() else Path(model)
     resolved = Path(output).expanduser().resolve()
     if resolved.is_dir():
         raise UsageError(f"--output {output} is a folder; name a file, e.g. {Path(output) / 'vectors.npy'}")
@@ -130,7 +131,7 @@ def check_output_file(output: Path, inputs: list[Path], model: Path) -> Path:
                                                 and os.path.samefile(resolved, path)):  # a hard link too
             raise UsageError(f"--output {output} is the input file {path}; writing there would destroy it: "
                              "name another file")
-    if resolved.exists() and relation(resolved, model) == "is inside":
+    if resolved.exists() and relation(resolved, read) == "is inside":
         raise UsageError(f"--output {output} is a file of the model {model}; writing there would destroy it: "
                          "name another file")
     return resolved

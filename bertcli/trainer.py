@@ -171,6 +171,7 @@ def _pretrain(cfg: Config, config_path: Path | None, resume: str, quiet: bool, s
     log_ = log if rt.is_main else (lambda message: None)  # only rank 0 speaks
     if rt.is_main:
         atomic.clean_leftovers(checkpoint.checkpoints_dir(output_dir))  # what a killed run was writing
+        checkpoint.check_replaceable(output_dir)  # a folder of the user's in checkpoints/: refused now, not at a save
     if resume not in ("auto", "never") and not Path(resume).exists():
         raise UsageError(f"--resume {resume}: no such checkpoint folder")
     init_path = None
@@ -185,8 +186,6 @@ def _pretrain(cfg: Config, config_path: Path | None, resume: str, quiet: bool, s
     if not rt.is_main:
         data = load_data(cfg, config_path, quiet=True)  # prepared by rank 0 by now
     cfg = resolve_vocab(cfg, data.vocab_size, cfg.data.corpus)
-    if rt.is_main:
-        checkpoint.check_replaceable(output_dir, data.tokenizer_files)  # before training, not at the first save
     resume_from = checkpoint.choose_resume(output_dir, resume, cfg)
     processes = f"{rt.world_size} processes ({cfg.train.parallel})" if rt.distributed else "1 process"
     log_(f"bertcli {__version__}: {rt.describe()}; {processes}; output in {output_dir}")
