@@ -58,13 +58,15 @@ def guard(extra_files: list[Path] = ()) -> Callable[[Path], None]:
     return check
 
 
-def check_replaceable(output_dir: Path) -> None:
-    """Refuse, before training, a run whose checkpoints/ holds a step-NNNNNNN or best folder that
-    bertcli did not write: a later save could replace it, or pruning delete it."""
+def check_replaceable(output_dir: Path, max_steps: int) -> None:
+    """Refuse, before training, a run whose checkpoints/ holds a folder bertcli did not write that
+    it could replace or delete: `best`, a complete step-NNNNNNN folder (pruning), or one of a step
+    it may save (<= max_steps). An incomplete folder of a later step is never touched, so it stays."""
     root = checkpoints_dir(output_dir)
     if root.is_dir():
         for child in sorted(root.iterdir()):
-            if STEP_DIR.match(child.name) or child.name == BEST:
+            match = STEP_DIR.match(child.name)
+            if child.name == BEST or (match and (is_checkpoint(child) or int(match.group(1)) <= max_steps)):
                 guard()(child)
 
 
