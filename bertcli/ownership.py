@@ -67,12 +67,13 @@ def _first_foreign(folder: Path, paths: frozenset[str], prefix: str = "") -> str
 
 
 def is_empty_folder(path: Path) -> bool:
+    """An existing folder with nothing in it (a symbolic link to one counts)."""
     return Path(path).is_dir() and not any(Path(path).iterdir())
 
 
 def not_owned(target: Path, layout: Layout) -> str | None:
     """Why bertcli may not replace `target` with a new folder of `layout` (None: it may:
-    nothing there, an empty folder, or a complete folder of that kind that bertcli wrote)."""
+    nothing there, an empty folder, or a folder of that kind that bertcli wrote and nobody added to)."""
     target = Path(target)
     if not target.exists():
         return "is a symbolic link to a missing path" if target.is_symlink() else None

@@ -39,9 +39,10 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 SAMPLE = Path(__file__).resolve().parent / "sample" / "python-docs-sample.txt.gz"
 # Everything a prepared folder holds: `prepare` replaces a folder only if it holds nothing else.
+SHARD_FILES = ("tokens.bin", "seg_offsets.bin", "doc_offsets.bin")
 LAYOUT = ownership.Layout("prepared data", MANIFEST, frozenset(
-    [MANIFEST, "tokenizer.json", "vocab.txt"] + [f"{split}{name}" for split in ("train", "valid")
-                                                 for name in ("", "/tokens.bin", "/seg_offsets.bin", "/doc_offsets.bin")]))
+    [MANIFEST, "tokenizer.json", "vocab.txt", "train", "valid"]
+    + [f"{split}/{name}" for split in ("train", "valid") for name in SHARD_FILES]))
 ENCODE_BATCH = 2048  # sentences per tokenizer call: large enough for its thread pool, small for memory
 
 
