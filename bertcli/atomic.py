@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -44,12 +44,17 @@ def write_text(path: Path, text: str) -> None:
 
 
 @contextmanager
-def folder(final: Path) -> Iterator[Path]:
+def folder(final: Path, guard: Callable[[Path], None]) -> Iterator[Path]:
     """Yield a temporary folder to fill; on success it replaces `final` in one rename.
 
-    The caller must have flushed what it wrote (see fsync_path) before leaving the block.
+    `guard(final)` raises when what is at `final` is not the caller's to replace (see
+    ownership.py); it runs before anything is written and again just before the swap, so a folder
+    the user filled meanwhile is not lost either. A symbolic link at `final` is followed: the
+    folder it points to is replaced and the link kept. The caller must have flushed what it wrote
+    (see fsync_path) before leaving the block.
     """
-    final = Path(final)
+    final = Path(final).expanduser().resolve()
+    guard(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.with_name(f"{TMP_PREFIX}{final.name}.{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -57,6 +62,7 @@ def folder(final: Path) -> Iterator[Path]:
     try:
         yield tmp
         fsync_path(tmp)
+        guard(final)
         if final.exists():
             # Move the old one aside first: a crash between the two renames leaves the old
             # copy under a temporary name (ignored by readers), never a broken `final`.

@@ -21,6 +21,7 @@ import re
 import shutil
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ import torch
 import yaml
 from torch import nn
 
-from bertcli import __version__, atomic
+from bertcli import __version__, atomic, ownership
 from bertcli.config import Config, config_from_dict, to_dict, to_yaml
 from bertcli.errors import RunError, UsageError
 from bertcli.model import TIED_ALIASES
@@ -39,6 +40,34 @@ FORMAT_VERSION = 2  # 2: optimizer state keyed by parameter name (1: by position
 FILES = ("model.safetensors", "config.yaml", "training_state.pt", "trainer_state.json")
 STEP_DIR = re.compile(r"^step-(\d+)$")
 BEST = "best"  # checkpoints/best: the lowest held-out MLM loss so far
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")  # copied in from the prepared data (Dataset.tokenizer_files)
+
+
+def layout(extra_files: list[Path] = ()) -> ownership.Layout:
+    """What a checkpoint folder holds (FILES and the copied tokenizer files): save replaces and
+    prunes only folders that hold nothing else and whose trainer_state.json bertcli wrote."""
+    names = [*FILES, *TOKENIZER_FILES, *(Path(extra).name for extra in extra_files)]
+    return ownership.Layout("a checkpoint", "trainer_state.json", frozenset(names))
+
+
+def guard(extra_files: list[Path] = ()) -> Callable[[Path], None]:
+    """The check that a checkpoint folder (step-NNNNNNN or best) may be replaced (see ownership.py)."""
+    def check(target: Path) -> None:
+        ownership.check_replaceable(target, layout(extra_files), f"move it out of {Path(target).parent}, or set "
+                                    "output_dir to a new folder")
+    return check
+
+
+def check_replaceable(output_dir: Path, max_steps: int) -> None:
+    """Refuse, before training, a run whose checkpoints/ holds a folder bertcli did not write that
+    it could replace or delete: `best`, a complete step-NNNNNNN folder (pruning), or one of a step
+    it may save (<= max_steps). An incomplete folder of a later step is never touched, so it stays."""
+    root = checkpoints_dir(output_dir)
+    if root.is_dir():
+        for child in sorted(root.iterdir()):
+            match = STEP_DIR.match(child.name)
+            if child.name == BEST or (match and (is_checkpoint(child) or int(match.group(1)) <= max_steps)):
+                guard()(child)
 
 
 def checkpoints_dir(output_dir: Path) -> Path:
@@ -101,7 +130,7 @@ def save(output_dir: Path, step: int, state: tuple[dict[str, torch.Tensor], dict
     if not all_finite([*weights.values(), *(t for s in optimizer_state["state"].values() for t in s.values())]):
         raise RunError(f"step {step}: the weights or optimizer state hold NaN or inf, so no checkpoint was written; "
                        "the earlier checkpoints are intact: lower optimizer.lr and resume from one of them")
-    with atomic.folder(final) as tmp:
+    with atomic.folder(final, guard(extra_files)) as tmp:
         for extra in extra_files:
             shutil.copyfile(extra, tmp / Path(extra).name)
             atomic.fsync_path(tmp / Path(extra).name)
@@ -116,7 +145,8 @@ def save(output_dir: Path, step: int, state: tuple[dict[str, torch.Tensor], dict
         for name in FILES:
             atomic.fsync_path(tmp / name)
     for _, old in list_checkpoints(output_dir)[:-keep_last]:
-        atomic.remove_folder(old)
+        if ownership.not_owned(old, layout(extra_files)) is None:  # a folder the user added to stays (checked at start)
+            atomic.remove_folder(old)
     return final
 
 

@@ -78,11 +78,11 @@ def init(
     preset: Preset = typer.Option(Preset.tiny, "--preset", "-p", help="tiny (d2l textbook sizes), small, base (BERT-base) or large (BERT-large)."),
     corpus: Optional[Path] = typer.Option(None, "--corpus", help="Text/JSONL file or folder to train on (default: the bundled sample)."),
     init_from: Optional[Path] = typer.Option(None, "--init-from", help="Continue from a Hugging Face BERT folder or a bertcli checkpoint (its sizes and tokenizer)."),
-    force: bool = typer.Option(False, "--force", help="Overwrite an existing config.yaml."),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing bertcli config.yaml (nothing else in the folder is touched)."),
     overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
 ) -> None:
     """Scaffold a run: write DIRECTORY/config.yaml from a preset, every field commented."""
-    from bertcli import atomic
+    from bertcli import atomic, ownership
     from bertcli.config import preset_config, preset_header, to_yaml
     from bertcli.data.text import corpus_files
 
@@ -97,12 +97,14 @@ def init(
             f"model.init_from={init_from.expanduser().resolve()}"] + overrides
     cfg = preset_config(preset.value, overrides)
     path = directory / "config.yaml"
+    if path.exists() or path.is_symlink():
+        ownership.check_config_replaceable(path)  # --force overwrites a bertcli config, never another file
     if path.exists() and not force:
         raise UsageError(f"{path} already exists; pass --force to overwrite it, or choose another folder")
     if directory.exists() and not directory.is_dir():
         raise UsageError(f"{directory} exists and is not a folder")
     directory.mkdir(parents=True, exist_ok=True)
-    atomic.write_text(path, to_yaml(cfg, preset_header(preset.value)))
+    atomic.write_text(path.resolve(), to_yaml(cfg, preset_header(preset.value)))  # a link: keep it, rewrite its config
     m = cfg.model
     err(f"wrote {path} (preset {preset.value}: {m.num_hidden_layers} layers, hidden {m.hidden_size}, "
         f"{m.num_attention_heads} heads, sequences of {cfg.data.max_seq_length})")
@@ -202,7 +204,7 @@ def encode(
     layer: int = typer.Option(-1, "--layer", help="Layer to read: 0 = embeddings, 1..L, negative from the end (-1 = last)."),
     normalize: bool = typer.Option(False, "--normalize", help="Scale each vector to unit length."),
     fmt: Format = typer.Option(Format.jsonl, "--format", "-f", help="jsonl, tsv (to stdout) or npy (to --output)."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="File for --format npy."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="File for --format npy (replaced if it exists; never an input file)."),
     with_text: bool = typer.Option(False, "--with-text", help="Add the text to each JSONL row."),
     tokens: bool = typer.Option(False, "--tokens", help="Per-token vectors (JSONL): tokens and one vector each."),
     pairs: bool = typer.Option(False, "--pairs", help="Lines are A<TAB>B sentence pairs, encoded with segment ids."),
@@ -214,6 +216,7 @@ def encode(
 ) -> None:
     """Turn lines of text into vectors: one row per input line, in input order, streamed."""
     from bertcli import encode as enc_mod
+    from bertcli.ownership import check_output_file
     from bertcli.runtime import resolve_device
 
     if not DEVICE.match(device):
@@ -224,6 +227,8 @@ def encode(
         raise UsageError(f"--errors {errors!r}: expected strict or replace")
     if tokens and fmt != Format.jsonl:
         raise UsageError("--tokens writes JSONL: drop --format or use --format jsonl")
+    if output is not None:  # never a folder, an input file or a file of the model; resolved (links written through)
+        output = check_output_file(output, [i for i in inputs or [] if i != "-"], model)
     encoder = enc_mod.load_encoder(model, resolve_device(device), dtype)
     writer = enc_mod.Writer(fmt.value, sys.stdout, output, with_text)
     try:

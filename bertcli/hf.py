@@ -18,12 +18,16 @@ import safetensors
 import safetensors.torch
 import torch
 
-from bertcli import __version__, atomic, checkpoint
+from bertcli import __version__, atomic, checkpoint, ownership
 from bertcli.config import Config, ModelConfig, model_config_from_dict
 from bertcli.errors import UsageError
 from bertcli.model import TIED_ALIASES, BertForPreTraining, padded_vocab_size
 
 HF_FIELDS = [f.name for f in dataclasses.fields(ModelConfig) if f.name not in ("pad_vocab_multiple", "init_from")]
+# What an export holds; its config.json carries bertcli_version, the proof that bertcli wrote it.
+EXPORT = ownership.Layout("an export", "config.json", frozenset(
+    ["config.json", "model.safetensors", "tokenizer.json", "vocab.txt", "tokenizer_config.json",
+     "special_tokens_map.json"]))
 SPECIAL_TOKENS = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
                   "mask_token": "[MASK]"}
 
@@ -52,9 +56,16 @@ def is_hf_folder(path: Path) -> bool:
 def export(source: Path, out_dir: Path, force: bool = False) -> Path:
     """Write checkpoint `source` (or a run's best/newest) as a Hugging Face folder."""
     out_dir = Path(out_dir)
+    ckpt = find_checkpoint(source)
+    fix = "choose a new or empty OUT_DIR"
+    ownership.check_apart(out_dir, [ownership.Input("the source checkpoint", ckpt)], fix)
     if out_dir.exists() and not force:
         raise UsageError(f"{out_dir} already exists; pass --force to replace it, or choose another folder")
-    ckpt = find_checkpoint(source)
+
+    def guard(target: Path) -> None:  # --force replaces an earlier export only, never anything else
+        ownership.check_replaceable(target, EXPORT, fix)
+
+    guard(out_dir)
     cfg = checkpoint.read_config(ckpt)
     m = cfg.model
     weights = safetensors.torch.load_file(ckpt / "model.safetensors")
@@ -63,7 +74,7 @@ def export(source: Path, out_dir: Path, force: bool = False) -> Path:
     config = {"architectures": ["BertForPreTraining"], "model_type": "bert",
               **{k: getattr(m, k) for k in HF_FIELDS}, "tie_word_embeddings": True, "torch_dtype": "float32",
               "position_embedding_type": "absolute", "bertcli_version": __version__}
-    with atomic.folder(out_dir) as tmp:
+    with atomic.folder(out_dir, guard) as tmp:
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         safetensors.torch.save_file(weights, tmp / "model.safetensors", metadata={"format": "pt"})
         for name in ("tokenizer.json", "vocab.txt"):

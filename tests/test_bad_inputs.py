@@ -95,7 +95,7 @@ CASES = [
     ("config-not-utf8", lambda d, b: ["pretrain", "-c", _write(d, "c.yaml", b"model:\n  \xff\xfe: 1\n")], 2,
      "not UTF-8 text"),
     ("unknown-preset", lambda d, b: ["init", d / "run", "--preset", "huge"], 2, "'huge' is not one of"),
-    ("init-over-existing", lambda d, b: ["init", _write(d, "run/config.yaml", "keep: me\n").parent], 2, "pass --force"),
+    ("init-over-existing", lambda d, b: ["init", _write(d, "run/config.yaml", "train:\n  max_steps: 5\n").parent], 2, "pass --force"),
     ("corpus-missing", lambda d, b: ["init", d / "run", "--corpus", d / "nowhere"], 2, "corpus not found"),
     ("corpus-empty", lambda d, b: ["prepare", "-c", write_config(d, f"data.corpus={_write(d, 'e.txt', chr(10) * 3)}",
                                                                  "model.vocab_size=null")], 2, "the corpus is empty"),

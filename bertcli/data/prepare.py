@@ -19,6 +19,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -26,8 +27,8 @@ from typing import Any, BinaryIO
 import numpy as np
 from tokenizers import Tokenizer
 
-from bertcli import __version__, atomic
-from bertcli.config import Config, DataConfig
+from bertcli import __version__, atomic, ownership
+from bertcli.config import Config, DataConfig, resolve_output_dir
 from bertcli.data.corpus import Corpus, SpecialTokens, is_held_out
 from bertcli.data.text import corpus_files, read_sentences
 from bertcli.data.tokenizer import continuation_mask, find_tokenizer_file, load_tokenizer, save_tokenizer, special_tokens, train_tokenizer
@@ -37,6 +38,11 @@ from bertcli.metrics import log
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 SAMPLE = Path(__file__).resolve().parent / "sample" / "python-docs-sample.txt.gz"
+# Everything a prepared folder holds: `prepare` replaces a folder only if it holds nothing else.
+SHARD_FILES = ("tokens.bin", "seg_offsets.bin", "doc_offsets.bin")
+LAYOUT = ownership.Layout("prepared data", MANIFEST, frozenset(
+    [MANIFEST, "tokenizer.json", "vocab.txt", "train", "valid"]
+    + [f"{split}/{name}" for split in ("train", "valid") for name in SHARD_FILES]))
 ENCODE_BATCH = 2048  # sentences per tokenizer call: large enough for its thread pool, small for memory
 
 
@@ -148,6 +154,7 @@ def prepare(cfg: Config, config_path: Path | None, quiet: bool = False, force: b
     data = cfg.data
     folder = prepared_dir(cfg, config_path)
     files = corpus_files(corpus_path(cfg, config_path))
+    guard = _guard(cfg, config_path, folder)
     old = _read_manifest(folder)
     entries = _file_entries(files, old["corpus"]["files"] if old else [])
     tokenizer_file = tok = None
@@ -164,7 +171,7 @@ def prepare(cfg: Config, config_path: Path | None, quiet: bool = False, force: b
 
     start = time.perf_counter()
     total_bytes = None if any(f.name.endswith(".gz") for f in files) else sum(e["bytes"] for e in entries)
-    with atomic.folder(folder) as tmp:
+    with atomic.folder(folder, guard) as tmp:
         if tok is None:
             with _progress(total_bytes, "training tokenizer", quiet) as bar:
                 sentences = (s for s in read_sentences(files, data.split_sentences, bar.update) if s is not None)
@@ -226,6 +233,30 @@ def prepare(cfg: Config, config_path: Path | None, quiet: bool = False, force: b
         f"unknown {100 * counts['unknown'] / max(total_tokens, 1):.2f}%; {elapsed:.1f} s, "
         f"{total_tokens / max(elapsed, 1e-9):,.0f} tokens/s")
     return folder
+
+
+def _guard(cfg: Config, config_path: Path | None, folder: Path) -> Callable[[Path], None]:
+    """Refuse a prepared_dir that is, contains or lies inside an input (see ownership.py); return the
+    check that atomic.folder runs before writing and again before the swap: only prepared data
+    that bertcli wrote (or an empty folder) is replaced."""
+    fix = "set data.prepared_dir to a new or empty folder (the default is data, next to the config)"
+    inputs = [ownership.Input("the corpus", corpus_path(cfg, config_path)),
+              ownership.Input("the run folder (output_dir)", resolve_output_dir(cfg, config_path), inside_ok=True)]
+    if config_path is not None:
+        inputs += [ownership.Input("the config", Path(config_path)),
+                   ownership.Input("the config's folder", Path(config_path).resolve().parent, inside_ok=True)]
+    for label, value in (("the tokenizer (data.tokenizer.path)", cfg.data.tokenizer.path),
+                         ("the model (model.init_from)", cfg.model.init_from)):
+        if value:
+            path = Path(value).expanduser()
+            inputs.append(ownership.Input(label, path if path.is_absolute() or config_path is None
+                                          else Path(config_path).resolve().parent / path))
+    ownership.check_apart(folder, inputs, fix)
+
+    def guard(target: Path) -> None:
+        ownership.check_replaceable(target, LAYOUT, fix)
+
+    return guard
 
 
 def _check_sizes(splits: dict[str, dict[str, int]], data: DataConfig, folder: Path) -> None:

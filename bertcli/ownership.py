@@ -1,0 +1,164 @@
+"""What bertcli may replace or delete: only what it can prove it wrote, never the user's inputs.
+
+bertcli replaces whole folders (prepared data, checkpoints and `best`, exports) by writing a new
+one and renaming it over the old (atomic.folder), and it prunes old checkpoints. That is safe only
+when the old folder is bertcli's own. A folder counts as bertcli's when
+  - its proof file (a JSON object with a "bertcli_version" key: manifest.json, trainer_state.json,
+    an export's config.json) is there, and
+  - every entry in it is a path that bertcli writes in a folder of that kind (Layout.paths),
+    so that a user's notes dropped inside are never deleted with it.
+An empty folder may always be used. Anything else at a target (a user's folder, a file) is refused
+with one line naming it and saying what to do (UsageError, exit 2), and so is a target that is,
+contains or (for folders that are read) lies inside one of the command's inputs: the config, the
+corpus, the source checkpoint, the run folder. Paths are compared resolved (symlinks followed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from bertcli.errors import UsageError
+
+PROOF_KEY = "bertcli_version"  # bertcli writes it in every manifest, trainer state and exported config.json
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A kind of folder bertcli writes whole."""
+
+    noun: str  # what such a folder is, for messages: "prepared data", "a checkpoint"
+    proof: str  # the file whose PROOF_KEY shows that bertcli wrote the folder
+    paths: frozenset[str]  # every path (relative, '/'-separated, folders included) bertcli writes in it
+
+
+@dataclass(frozen=True)
+class Input:
+    """A path a command reads, which its outputs must never replace."""
+
+    label: str  # "the corpus", "the config", "the source checkpoint"
+    path: Path
+    inside_ok: bool = False  # True: writing below it is fine (a run folder holds its prepared data)
+
+
+def _is_proof(file: Path) -> bool:
+    try:
+        raw = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(raw, dict) and PROOF_KEY in raw
+
+
+def _first_foreign(folder: Path, paths: frozenset[str], prefix: str = "") -> str | None:
+    """The first entry under `folder` (relative path) that is not one of `paths`; stops early,
+    so a large folder of the user's is not walked whole. Symbolic links are not followed."""
+    with os.scandir(folder) as entries:
+        for entry in sorted(entries, key=lambda e: e.name):
+            rel = prefix + entry.name
+            if rel not in paths:
+                return rel
+            if entry.is_dir(follow_symlinks=False):
+                found = _first_foreign(Path(entry.path), paths, rel + "/")
+                if found is not None:
+                    return found
+    return None
+
+
+def is_empty_folder(path: Path) -> bool:
+    """An existing folder with nothing in it (a symbolic link to one counts)."""
+    return Path(path).is_dir() and not any(Path(path).iterdir())
+
+
+def not_owned(target: Path, layout: Layout) -> str | None:
+    """Why bertcli may not replace `target` with a new folder of `layout` (None: it may:
+    nothing there, an empty folder, or a folder of that kind that bertcli wrote and nobody added to)."""
+    target = Path(target)
+    if not target.exists():
+        return "is a symbolic link to a missing path" if target.is_symlink() else None
+    if not target.is_dir():
+        return "is a file, not a folder"
+    if is_empty_folder(target):
+        return None
+    if not _is_proof(target / layout.proof):
+        return f"is not {layout.noun} written by bertcli (no {layout.proof} of bertcli's)"
+    foreign = _first_foreign(target, layout.paths)
+    if foreign is not None:
+        return f"holds {foreign}, which bertcli did not write"
+    return None
+
+
+def check_replaceable(target: Path, layout: Layout, fix: str) -> None:
+    """Refuse (exit 2) to replace `target` unless bertcli wrote it (see not_owned)."""
+    reason = not_owned(target, layout)
+    if reason is not None:
+        raise UsageError(f"{target} {reason}, so bertcli left it untouched (it replaces only what it wrote itself): "
+                         f"{fix}")
+
+
+def relation(target: Path, other: Path) -> str | None:
+    """How `target` stands to `other`, resolved: 'is', 'contains', 'is inside', or None (apart)."""
+    t, o = Path(target).expanduser().resolve(), Path(other).expanduser().resolve()
+    if t == o:
+        return "is"
+    if t in o.parents:
+        return "contains"
+    if o in t.parents:
+        return "is inside"
+    return None
+
+
+def check_apart(target: Path, inputs: list[Input], fix: str) -> None:
+    """Refuse (exit 2) an output `target` that is, contains or lies inside one of the inputs."""
+    for item in inputs:
+        how = relation(target, item.path)
+        if how is not None and not (how == "is inside" and item.inside_ok):
+            harm = "change" if how == "is inside" else "destroy"
+            raise UsageError(f"{target} {how} {item.label} {item.path}; writing there would {harm} it: {fix}")
+
+
+def check_output_file(output: Path, inputs: list[Path], model: Path) -> Path:
+    """The resolved path for a file output such as `encode --output`: a file the user names is
+    replaced (as with any -o), but never a folder, one of the input files, or a file of the model
+    (inside a checkpoint or Hugging Face folder, or a run folder's checkpoints/; a run folder's other
+    files are not read). Resolved, so that an output that is a symbolic link is written through."""
+    read = Path(model) / "checkpoints" if (Path(model) / "checkpoints").is_dir() else Path(model)
+    resolved = Path(output).expanduser().resolve()
+    if resolved.is_dir():
+        raise UsageError(f"--output {output} is a folder; name a file, e.g. {Path(output) / 'vectors.npy'}")
+    for path in inputs:
+        if relation(resolved, path) == "is" or (resolved.exists() and Path(path).exists()
+                                                and os.path.samefile(resolved, path)):  # a hard link too
+            raise UsageError(f"--output {output} is the input file {path}; writing there would destroy it: "
+                             "name another file")
+    if resolved.exists() and relation(resolved, read) == "is inside":
+        raise UsageError(f"--output {output} is a file of the model {model}; writing there would destroy it: "
+                         "name another file")
+    return resolved
+
+
+def check_config_replaceable(path: Path) -> None:
+    """Refuse (exit 2) to overwrite `path` (init --force) unless it is a bertcli config: a YAML
+    mapping whose top-level keys are all bertcli sections (or an empty file). Only that one file is
+    ever written; nothing else in its folder is touched."""
+    import dataclasses
+
+    import yaml
+
+    from bertcli.config import Config
+
+    sections = {f.name for f in dataclasses.fields(Config)}
+    fix = "move it away first, or choose another folder"
+    if path.is_dir():
+        raise UsageError(f"{path} is a folder; bertcli init writes config.yaml as a file: {fix}")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, yaml.YAMLError):
+        raw = False  # unreadable, not text, not YAML: not a config bertcli wrote
+    if raw is None:
+        return  # an empty file: nothing to lose
+    foreign = sorted(str(k) for k in raw if k not in sections) if isinstance(raw, dict) else None
+    if foreign is None or foreign:
+        why = f"its key {foreign[0]!r} is not a bertcli config section" if foreign else "it is not a YAML mapping"
+        raise UsageError(f"{path} is not a bertcli config ({why}), so bertcli init leaves it untouched: {fix}")

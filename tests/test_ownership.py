@@ -1,0 +1,196 @@
+"""bertcli never deletes or moves what it did not write: every target that holds the user's files,
+or is, contains or lies inside an input, is refused (exit 2, one line naming it) and every file
+is byte-identical afterwards; bertcli's own folders are still replaced."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from bertcli import checkpoint
+from bertcli.data.prepare import LAYOUT
+from bertcli.hf import EXPORT
+from bertcli.ownership import not_owned
+from conftest import text_run, write_config
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Every entry under `root`: a file's sha256, a link's target, a folder's mark (but the .lock
+    that every pretrain creates in its output_dir)."""
+    found = {}
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + [f for f in files if f != ".lock"]:
+            path = Path(folder) / name
+            rel = str(path.relative_to(root))
+            if path.is_symlink():
+                found[rel] = "-> " + os.readlink(path)
+            elif path.is_dir():
+                found[rel] = "folder"
+            else:
+                found[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return found
+
+
+def refused(result, path: Path) -> None:
+    assert result.code == 2, result.err
+    assert len(result.err_lines) == 1 and str(path) in result.err, result.err
+
+
+@pytest.fixture
+def user_folder(tmp_path, small_corpus) -> Path:
+    """A folder as a user has it: a corpus, notes, a config from `bertcli init . --corpus`."""
+    home = tmp_path / "home"
+    home.mkdir()
+    shutil.copyfile(small_corpus, home / "corpus.txt")
+    (home / "notes.md").write_text("my notes\n")
+    text_run(home, home / "corpus.txt")
+    return home
+
+
+@pytest.fixture
+def run_copy(trained, tmp_path) -> Path:
+    """A copy of the trained run, so that a test that fails (on old code) spoils only its own."""
+    return Path(shutil.copytree(trained, tmp_path / "run"))
+
+
+# ------------------------------------------------------------------------------------- prepare
+
+
+def test_prepared_dir_equal_to_the_run_folder_is_refused(user_folder, cli):
+    before = snapshot(user_folder)
+    result = cli("prepare", "--config", user_folder / "config.yaml", "--set", "data.prepared_dir=.", "--quiet")
+    refused(result, user_folder)
+    assert "data.prepared_dir" in result.err
+    assert snapshot(user_folder) == before
+
+
+def test_prepared_dir_naming_a_folder_of_unrelated_files_is_refused(user_folder, cli, tmp_path):
+    precious = tmp_path / "precious"
+    (precious / "sub").mkdir(parents=True)
+    (precious / "thesis.tex").write_text("chapter 1\n")
+    (precious / "sub" / "data.bin").write_bytes(bytes(range(256)))
+    before = snapshot(tmp_path)
+    result = cli("prepare", "--config", user_folder / "config.yaml", "--set", "data.prepared_dir=../precious", "--quiet")
+    refused(result, "precious")
+    assert snapshot(tmp_path) == before
+
+
+def test_prepared_dir_naming_the_corpus_file_is_refused(user_folder, cli):
+    before = snapshot(user_folder)
+    result = cli("prepare", "--config", user_folder / "config.yaml", "--set", "data.prepared_dir=corpus.txt", "--quiet")
+    refused(result, user_folder / "corpus.txt")
+    assert snapshot(user_folder) == before
+
+
+def test_prepared_data_the_user_added_to_is_not_replaced_but_bertcli_s_own_is(user_folder, cli):
+    config = user_folder / "config.yaml"
+    assert cli("prepare", "--config", config, "--quiet").code == 0
+    data = user_folder / "data"
+    assert not_owned(data, LAYOUT) is None, "a prepared folder is bertcli's own"
+    (data / "README.txt").write_text("what I did\n")
+    before = snapshot(user_folder)
+    result = cli("prepare", "--config", config, "--force", "--quiet")
+    refused(result, data)
+    assert "README.txt" in result.err
+    assert snapshot(user_folder) == before
+    (data / "README.txt").unlink()
+    # A symbolic link to prepared data: the folder it points to is replaced, the link is kept.
+    data.rename(user_folder / "real-data")
+    data.symlink_to("real-data")
+    assert cli("prepare", "--config", config, "--force", "--quiet").code == 0
+    assert data.is_symlink() and (user_folder / "real-data" / "manifest.json").is_file()
+    assert not [p for p in user_folder.iterdir() if p.name.startswith(".tmp-")]
+
+
+# ----------------------------------------------------------------------------------- checkpoints
+
+
+@pytest.mark.parametrize("name", ["step-0000006", "best"])
+def test_a_checkpoint_folder_bertcli_did_not_write_is_refused_before_training(tmp_path, small_corpus, cli, name):
+    config = text_run(tmp_path, small_corpus, "train.max_steps=6")  # evaluates at step 6: writes best
+    theirs = tmp_path / "checkpoints" / name
+    theirs.mkdir(parents=True)
+    (theirs / "results.csv").write_text("step,loss\n8,1.0\n")
+    before = snapshot(tmp_path)
+    result = cli("pretrain", "--config", config, "--quiet")
+    refused(result, theirs)
+    assert snapshot(tmp_path) == before
+
+
+def test_an_old_checkpoint_the_user_added_to_is_never_pruned(run_copy, cli):
+    old = run_copy / "checkpoints" / "step-0000004"
+    assert not_owned(old, checkpoint.layout()) is None, "a checkpoint is bertcli's own"
+    (old / "notes.txt").write_text("the good one\n")
+    before = snapshot(run_copy)
+    # Saves at 8 and 12 and keeps the last 2: pruning would delete step 4.
+    result = cli("pretrain", "--config", run_copy / "config.yaml", "--set", "train.max_steps=12", "--quiet")
+    refused(result, old)
+    assert snapshot(run_copy) == before
+
+
+# --------------------------------------------------------------------------------------- export
+
+
+@pytest.mark.parametrize("target", ["checkpoint", "run folder", "inside"])
+def test_export_onto_its_source_checkpoint_is_refused(run_copy, cli, target):
+    ckpt = checkpoint.list_checkpoints(run_copy)[-1][1]
+    out = {"checkpoint": ckpt, "run folder": run_copy, "inside": ckpt / "hf"}[target]
+    before = snapshot(run_copy)
+    result = cli("export", ckpt, out, "--force")
+    refused(result, ckpt)
+    assert snapshot(run_copy) == before
+
+
+def test_export_force_replaces_only_an_earlier_export(run_copy, cli, tmp_path):
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "config.json").write_text('{"mine": true}\n')
+    before = snapshot(precious)
+    refused(cli("export", run_copy, precious, "--force"), precious)
+    assert snapshot(precious) == before
+
+    out = tmp_path / "hf"
+    assert cli("export", run_copy, out).code == 0
+    assert not_owned(out, EXPORT) is None, "an export is bertcli's own"
+    assert cli("export", run_copy, out, "--force").code == 0, "an earlier export is replaced"
+    (out / "eval.txt").write_text("scores\n")
+    before = snapshot(out)
+    result = cli("export", run_copy, out, "--force")
+    refused(result, out)
+    assert "eval.txt" in result.err and snapshot(out) == before
+
+
+# ----------------------------------------------------------------------------------------- init
+
+
+def test_init_force_replaces_only_a_bertcli_config_and_nothing_else(tmp_path, cli):
+    (tmp_path / "config.yaml").write_text("services:\n  web:\n    image: nginx\n")
+    (tmp_path / "notes.md").write_text("my notes\n")
+    before = snapshot(tmp_path)
+    refused(cli("init", tmp_path, "--force"), tmp_path / "config.yaml")
+    assert snapshot(tmp_path) == before
+
+    (tmp_path / "config.yaml").unlink()
+    assert cli("init", tmp_path).code == 0
+    assert cli("init", tmp_path, "--force", "--preset", "small").code == 0, "a bertcli config is overwritten"
+    assert "preset 'small'" in (tmp_path / "config.yaml").read_text()
+    assert (tmp_path / "notes.md").read_text() == "my notes\n" and len(list(tmp_path.iterdir())) == 2
+
+
+# --------------------------------------------------------------------------------------- encode
+
+
+@pytest.mark.parametrize("target", ["input", "model file", "folder"])
+def test_encode_output_never_replaces_an_input(run_copy, cli, tmp_path, target):
+    lines = tmp_path / "lines.txt"
+    lines.write_text("The first line.\nThe second line.\n")
+    ckpt = checkpoint.list_checkpoints(run_copy)[-1][1]
+    out = {"input": lines, "model file": ckpt / "model.safetensors", "folder": tmp_path}[target]
+    before = snapshot(tmp_path)
+    result = cli("encode", lines, "--model", run_copy, "--format", "npy", "--output", out)
+    refused(result, out)
+    assert snapshot(tmp_path) == before
