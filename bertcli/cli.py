@@ -268,10 +268,16 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.ClickException as exc:
         err(f"bertcli: error: {exc.format_message()}")
         code = exc.exit_code
-    except (typer.Abort, KeyboardInterrupt):
-        err("bertcli: interrupted; nothing half-written was kept (writes are atomic): run the same command again "
-            "to continue")
-        code = 130
+    except (typer.Abort, KeyboardInterrupt) as exc:
+        if isinstance(exc.__cause__, EOFError):  # Click turns an EOFError into Abort: a failure, not a Ctrl-C
+            if debug:
+                raise exc.__cause__ from None
+            err(f"bertcli: error: EOFError: {exc.__cause__} (run again with --debug for the traceback)")
+            code = 1
+        else:
+            err("bertcli: interrupted; nothing half-written was kept (writes are atomic): run the same command "
+                "again to continue")
+            code = 130
     except BertcliError as exc:
         if debug:
             raise

@@ -4,6 +4,7 @@ names the problem and where it is, no traceback, and no partial output left behi
 
 from __future__ import annotations
 
+import gzip
 import shutil
 from pathlib import Path
 
@@ -52,6 +53,15 @@ def _truncated(ckpt: Path) -> Path:
 def _weights_of(ckpt: Path, other: Path) -> Path:
     shutil.copyfile(other / "model.safetensors", ckpt / "model.safetensors")
     return ckpt
+
+
+def _gzipped(path: Path) -> bytes:
+    return gzip.compress(path.read_bytes())
+
+
+def _flipped(data: bytes) -> bytes:
+    """One byte of the compressed stream inverted: zlib or the CRC check notices."""
+    return data[:len(data) // 2] + bytes([data[len(data) // 2] ^ 0xFF]) + data[len(data) // 2 + 1:]
 
 
 CONFIG_OK = "data:\n  corpus: synthetic\nmodel:\n  vocab_size: 128\n"
@@ -103,6 +113,12 @@ CASES = [
                                                                   "model.vocab_size=null")], 2, "b.txt: byte 2"),
     ("corpus-not-utf8", lambda d, b: ["prepare", "-c", write_config(d, f"data.corpus={_write(d, 'l.txt', b'ok' + bytes([10, 99, 97, 102, 233, 10]))}",
                                                                     "model.vocab_size=null")], 2, "l.txt: byte 6 (line 2): not valid UTF-8"),
+    ("corpus-gzip-truncated", lambda d, b: ["prepare", "-c", write_config(d, f"data.corpus={_write(d, 'cut.txt.gz', _gzipped(b['corpus'])[:3000])}",
+                                                                          "model.vocab_size=null")], 2, "cut.txt.gz: line "),
+    ("corpus-gzip-corrupt", lambda d, b: ["prepare", "-c", write_config(d, f"data.corpus={_write(d, 'bad.txt.gz', _flipped(_gzipped(b['corpus'])))}",
+                                                                        "model.vocab_size=null")], 2, "bad.txt.gz: line "),
+    ("corpus-not-gzip", lambda d, b: ["prepare", "-c", write_config(d, f"data.corpus={_write(d, 'plain.txt.gz', 'plain text' + chr(10))}",
+                                                                    "model.vocab_size=null")], 2, "plain.txt.gz: line 1, compressed byte"),
     ("corpus-one-document", lambda d, b: ["prepare", "-c", write_config(d, f"data.corpus={_write(d, 'one.txt', 'Only one document here. It has two sentences.' + chr(10))}",
                                                                         "model.vocab_size=null")], 2, "too small for the held-out split"),
     ("corpus-one-enormous-line", lambda d, b: ["prepare", "-c", write_config(d, f"data.corpus={_write(d, 'big.txt', 'word ' * 400_000)}",

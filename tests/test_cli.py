@@ -122,3 +122,17 @@ def test_closed_pipe_exits_quietly():
     proc = subprocess.run(f"set -o pipefail; {sys.executable} -m bertcli inspect configs/base.yaml | head -1",
                           shell=True, cwd=REPO, capture_output=True, text=True, executable="/bin/bash")
     assert proc.returncode == 0, proc.stderr
+
+
+def test_an_eof_error_is_a_failure_not_an_interrupt(cli, monkeypatch):
+    """Click turns an EOFError into Abort, which main() used to report as Ctrl-C (exit 130)."""
+    import bertcli.summary
+
+    def cut_short(path):
+        raise EOFError("Compressed file ended before the end-of-stream marker was reached")
+
+    monkeypatch.setattr(bertcli.summary, "inspect_path", cut_short)
+    result = cli("inspect", "anything")
+    assert result.code == 1 and "interrupted" not in result.err
+    assert result.err_lines == ["bertcli: error: EOFError: Compressed file ended before the end-of-stream marker "
+                                "was reached (run again with --debug for the traceback)"]
