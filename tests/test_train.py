@@ -98,6 +98,18 @@ def test_resume_modes(tmp_path):
     assert "new folder" in str(info.value)
 
 
+def test_resuming_past_the_requested_end_has_nothing_to_do(tmp_path, cli):
+    train(tmp_path, stop_at=8)
+    before = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    result = train(tmp_path, "train.max_steps=4")  # below the checkpoint's step
+    assert result["step"] == 8 and result["checkpoint"].endswith("step-0000008")
+    for args in (["--stop-at", "6"], ["--set", "train.max_steps=5"], ["--stop-at", "8"]):
+        out = cli("pretrain", "--config", tmp_path / "config.yaml", "--quiet", *args)
+        assert out.code == 0, out.err
+        assert "nothing to do" in out.err and "already at step 8" in out.err and "done: step 8" in out.err
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == before
+
+
 def test_incomplete_and_temporary_checkpoint_folders_are_never_picked(tmp_path):
     train(tmp_path, stop_at=4)
     root = tmp_path / "checkpoints"
