@@ -142,6 +142,39 @@ def test_malformed_yaml_names_line(tmp_path):
     assert "malformed YAML at line" in str(info.value) and str(path) in str(info.value)
 
 
+@pytest.mark.parametrize("text, needle", [
+    ("model:\n  hidden_size: 64\ntrain:\n  max_steps: 3\nmodel:\n  num_hidden_layers: 2\n",
+     "line 5: key 'model' is given twice (first at line 1)"),
+    ("model:\n  hidden_size: 64\n  num_hidden_layers: 2\n  hidden_size: 32\n",
+     "line 4: key 'hidden_size' is given twice (first at line 2)"),
+])
+def test_a_key_or_section_given_twice_names_both_lines(tmp_path, text, needle):
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    with pytest.raises(UsageError) as info:
+        load_config(path)
+    assert info.value.problems == [f"{path}: {needle}; keep one of them (YAML would silently use the last)"]
+
+
+def test_yaml_merge_keys_may_still_be_overridden(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text("train:\n  <<: {max_steps: 5, batch_size: 4}\n  max_steps: 7\n")
+    cfg = load_config(path)
+    assert cfg.train.max_steps == 7 and cfg.train.batch_size == 4
+
+
+def test_unknown_keys_wrong_types_and_impossible_values_are_reported_together(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text("model:\n  hidden_sze: 64\n  max_position_embeddings: big\ndata:\n  max_seq_length: 1000\n"
+                    "train:\n  max_steps: -3\n")
+    with pytest.raises(UsageError) as info:
+        load_config(path)
+    problems = [p.removeprefix(f"{path}: ") for p in info.value.problems]
+    assert problems == ["model.hidden_sze: unknown key in section 'model'; did you mean 'hidden_size'?",
+                        "model.max_position_embeddings: expected an integer, got 'big' (str)",
+                        "train.max_steps: must be at least 1, got -3"]  # not "1000 is above ... 512", the default
+
+
 def test_round_trip_through_yaml(tmp_path):
     path = write_config(tmp_path, "optimizer.lr=1.5e-3", "model.layer_norm_eps=1e-7")
     cfg = load_config(path)
