@@ -51,9 +51,10 @@ def test_bad_config_exits_2_with_one_line_per_problem_and_no_traceback(tmp_path)
     proc = run_process("pretrain", "--config", path)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 2, lines  # unknown key + wrong type (values are checked once types are right)
+    assert len(lines) == 3, lines  # unknown key + wrong type + impossible value, all at once
     assert all(line.startswith(f"bertcli: error: {path}: ") for line in lines)
     assert "did you mean 'hidden_size'" in lines[0] and "expected an integer" in lines[1]
+    assert "data.masked_lm_prob: must be in (0, 1), got 1.5" in lines[2]
     assert "Traceback" not in proc.stderr and proc.stdout == ""
     path.write_text("model:\n  hidden_size: 100\n  num_attention_heads: 3\ndata:\n  masked_lm_prob: 1.5\n"
                     "train:\n  mlm_weight: 0\n  nsp_weight: 0\n")
