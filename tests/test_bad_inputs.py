@@ -128,6 +128,8 @@ CASES = [
      "set model.vocab_size: null"),
     ("tokenizer-path-missing", lambda d, b: ["prepare", "-c", write_config(d, "data.corpus=sample", "model.vocab_size=null",
                                                                            f"data.tokenizer.path={d / 'none.json'}")], 2, "no tokenizer here"),
+    ("model-too-large", lambda d, b: ["pretrain", "-c", write_config(d, "model.vocab_size=1000000000")], 2,
+     "model.vocab_size=1,000,000,000 x model.hidden_size=32 alone makes 32,000,000,000 of them"),
     ("checkpoint-other-architecture", lambda d, b: ["pretrain", "-c", write_config(d, "model.hidden_size=64"), "--resume",
                                                     b["syn"] / "checkpoints" / "step-0000004"], 2,
      "model.hidden_size=32 in the checkpoint vs 64 in the config"),

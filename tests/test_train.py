@@ -110,6 +110,24 @@ def test_resuming_past_the_requested_end_has_nothing_to_do(tmp_path, cli):
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == before
 
 
+def test_sizes_that_cannot_fit_are_refused_with_the_figure(monkeypatch):
+    from bertcli import runtime
+
+    cfg = micro_config()
+    rt = runtime.Runtime(device=torch.device("cpu"), precision="fp32")
+    n = sum(p.numel() for p in BertForPreTraining(cfg.model).parameters())
+    monkeypatch.setattr(runtime, "machine_memory", lambda: 16 * n)
+    runtime.check_memory(cfg.model, rt, "ddp")  # exactly fits
+    monkeypatch.setattr(runtime, "machine_memory", lambda: 16 * n - 1)
+    with pytest.raises(UsageError, match=f"{n:,} parameters need .* GiB .* this machine's memory is"):
+        runtime.check_memory(cfg.model, rt, "ddp")
+    monkeypatch.setattr(runtime, "machine_memory", lambda: 4 * n)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    runtime.check_memory(cfg.model, runtime.Runtime(torch.device("cpu"), "fp32", world_size=4), "fsdp")  # 1/4 each
+    with pytest.raises(UsageError, match="too large"):
+        runtime.check_memory(cfg.model, runtime.Runtime(torch.device("cpu"), "fp32", world_size=4), "ddp")
+
+
 def test_incomplete_and_temporary_checkpoint_folders_are_never_picked(tmp_path):
     train(tmp_path, stop_at=4)
     root = tmp_path / "checkpoints"
