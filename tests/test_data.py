@@ -148,3 +148,31 @@ def test_pairs_need_two_documents():
 
     with pytest.raises(UsageError, match="at least 2 documents"):
         ExampleBuilder(corpus, DataConfig(max_seq_length=16))
+
+
+def _one_document_run(tmp_path, documents: int, *overrides: str):
+    from conftest import text_run
+
+    corpus = tmp_path / "docs.txt"
+    corpus.write_text("\n\n".join(f"Document {d} is here. It talks about Python lists.\nA second line of it." for d in range(documents)) + "\n")
+    return text_run(tmp_path / f"run{documents}", corpus, "data.tokenizer.vocab_size=100", "train.max_steps=2",
+                    "train.eval_every=1", "train.eval_examples=4", *overrides)
+
+
+@pytest.mark.parametrize("documents, overrides, advice, fix", [
+    (1, ["data.pairs=false", "train.nsp_weight=0"], "set data.validation_fraction: 0 (no held-out evaluation)",
+     ["data.validation_fraction=0"]),
+    (1, [], "set data.validation_fraction: 0, data.pairs: false and train.nsp_weight: 0",
+     ["data.validation_fraction=0", "data.pairs=false", "train.nsp_weight=0"]),
+    (5, [], "raise data.validation_fraction to 0.5", ["data.validation_fraction=0.5"]),
+    (1, ["data.validation_fraction=0"], "or set data.pairs: false and train.nsp_weight: 0 (no NSP)",
+     ["data.pairs=false", "train.nsp_weight=0"]),
+])
+def test_a_corpus_too_small_gets_advice_that_works(tmp_path, cli, documents, overrides, advice, fix):
+    """One document trains without sentence pairs; each error's advice, taken, makes the run work."""
+    config = _one_document_run(tmp_path, documents, *overrides)
+    result = cli("pretrain", "--config", config, "--quiet")
+    assert result.code == 2 and advice in result.err, result.err
+    assert "raise data.validation_fraction" not in result.err or documents >= 4  # no advice that cannot work
+    result = cli("pretrain", "--config", config, "--quiet", *[a for o in fix for a in ("--set", o)])
+    assert result.code == 0 and "done: step 2" in result.err, result.err

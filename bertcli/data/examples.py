@@ -55,7 +55,8 @@ class ExampleBuilder:
         self.corpus, self.cfg = corpus, cfg
         if corpus.num_documents < 2 and cfg.pairs:
             raise UsageError("the corpus needs at least 2 documents to build NSP pairs (random next sentences "
-                             "come from another document)")
+                             "come from another document): add documents, or set data.pairs: false and "
+                             "train.nsp_weight: 0")
         self.doc_of = corpus.document_of_segment()  # (S,)
         self.offsets = np.asarray(corpus.seg_offsets)  # (S+1,) token offset of each segment
 
