@@ -237,15 +237,32 @@ def encode(
         err(f"bertcli encode: {counts['truncated']:,} of {counts['lines']:,} lines were truncated to the length limit")
 
 
-def os_error_message(exc: OSError) -> str:
-    """One line for a failed read or write. Every write is atomic (temporary name, then rename),
-    so what was there before, earlier checkpoints included, is intact."""
-    where = f"{exc.filename}: " if exc.filename else ""
+# Per command: what a full disk leaves intact, and where else to write (for os_error_message).
+DISK_FULL_ADVICE = {
+    "pretrain": ("earlier checkpoints are intact", "set output_dir to another disk, then run the same command to resume"),
+    "prepare": ("earlier prepared data is intact", "set data.prepared_dir to another disk, then run the same command"),
+    "export": ("nothing at OUT_DIR was changed", "choose an OUT_DIR on another disk, then run the same command"),
+    "encode": ("nothing at --output was changed", "write --output to another disk, then run the same command"),
+    "init": ("an existing config is intact", "choose a DIR on another disk, then run the same command"),
+}
+WRITABLE = {"pretrain": "output_dir, data.prepared_dir", "prepare": "data.prepared_dir", "export": "OUT_DIR",
+            "encode": "--output", "init": "DIR"}
+
+
+TEMPORARY = re.compile(r"(?<![^/])[.]tmp-(.+?)[.][0-9]+(?=/|$)")  # atomic.py's temporary names
+
+
+def os_error_message(exc: OSError, command: str = "") -> str:
+    """One line for a failed read or write, worded for `command`. Every write is atomic (temporary
+    name, then rename), so what was there before is intact."""
+    # A write fails inside its temporary name (.tmp-NAME.PID), gone by now: name what was being written.
+    where = TEMPORARY.sub(r"\1", str(exc.filename)) + ": " if exc.filename else ""
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return (f"{where}disk full ({exc.strerror}); nothing half-written was kept and earlier checkpoints are intact: "
-                "free space or set output_dir to another disk, then run the same command to resume")
+        intact, fix = DISK_FULL_ADVICE.get(command, ("what was there is intact", "write to another disk, then try again"))
+        return f"{where}disk full ({exc.strerror}); nothing half-written was kept and {intact}: free space or {fix}"
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return f"{where}{exc.strerror}; choose a folder you can write to (output_dir, data.prepared_dir)"
+        folders = f" ({WRITABLE[command]})" if command in WRITABLE else ""
+        return f"{where}{exc.strerror}; choose a folder you can write to{folders}"
     return f"{where}{exc.strerror or exc}"
 
 
@@ -294,7 +311,7 @@ def main(argv: list[str] | None = None) -> None:
     except OSError as exc:  # the disk, not the program: full, read-only, forbidden, missing
         if debug:
             raise
-        err(f"bertcli: error: {os_error_message(exc)}")
+        err(f"bertcli: error: {os_error_message(exc, next((a for a in args if not a.startswith('-')), ''))}")
         code = 1
     except Exception as exc:  # noqa: BLE001  a bug or an unexpected failure: still one line
         if debug:
