@@ -11,6 +11,7 @@ import errno
 import json
 import os
 import re
+import shlex
 import sys
 from enum import Enum
 from pathlib import Path
@@ -53,6 +54,21 @@ def out(text: str) -> None:
         print(text, flush=True)
     except BrokenPipeError:
         raise PipeClosed from None
+
+
+def command_line(*args: str | Path) -> str:
+    """A bertcli command to copy and paste: paths relative to the current folder when inside it,
+    every argument quoted for the shell where it needs to be (spaces, quotes)."""
+
+    def shown(arg: str | Path) -> str:
+        if isinstance(arg, Path):
+            try:
+                return str(arg.resolve().relative_to(Path.cwd().resolve())) if arg.is_absolute() else str(arg)
+            except ValueError:
+                return str(arg)
+        return arg
+
+    return shlex.join(["bertcli", *map(shown, args)])
 
 
 def _version(value: bool) -> None:
@@ -106,7 +122,7 @@ def init(
     m = cfg.model
     err(f"wrote {path} (preset {preset.value}: {m.num_hidden_layers} layers, hidden {m.hidden_size}, "
         f"{m.num_attention_heads} heads, sequences of {cfg.data.max_seq_length})")
-    err(f"next: bertcli pretrain --config {path}")
+    err(f"next: {command_line('pretrain', '--config', path)}")
 
 
 @app.command()
@@ -124,7 +140,8 @@ def prepare(
     if cfg.data.corpus == "synthetic":
         raise UsageError("data.corpus is synthetic: there is nothing to prepare")
     folder = run(cfg, config, quiet=quiet, force=force)
-    err(f"next: bertcli inspect {folder}   or   bertcli pretrain --config {config}")
+    again = [a for o in overrides for a in ("--set", o)]  # the same data: the same overrides
+    err(f"next: {command_line('inspect', folder)}   or   {command_line('pretrain', '--config', config, *again)}")
 
 
 DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
@@ -140,7 +157,7 @@ def pretrain(
     stop_at: Optional[int] = typer.Option(None, "--stop-at", min=1, help="Stop after this step with a checkpoint (the schedule still follows train.max_steps); rerun to continue."),
 ) -> None:
     """Pretrain BERT (MLM + NSP) as the config says, resuming from the newest checkpoint."""
-    from bertcli.config import load_config
+    from bertcli.config import load_config, resolve_output_dir
     from bertcli.trainer import pretrain as run
 
     if device is not None and not DEVICE.match(device):
@@ -153,7 +170,7 @@ def pretrain(
     shown = ", ".join(f"{k} {metrics[k]:.4g}" for k in ("mlm_loss", "mlm_acc", "nsp_acc") if k in metrics)
     err(f"done: step {result['step']:,}, {result['tokens_seen']:,} tokens seen{'; ' + shown if shown else ''}")
     err(f"checkpoint: {result['checkpoint']}")
-    err(f"next: bertcli inspect {config.parent}")
+    err(f"next: {command_line('inspect', resolve_output_dir(cfg, config))}")
 
 
 @app.command("inspect")

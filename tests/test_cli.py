@@ -137,3 +137,31 @@ def test_an_eof_error_is_a_failure_not_an_interrupt(cli, monkeypatch):
     assert result.code == 1 and "interrupted" not in result.err
     assert result.err_lines == ["bertcli: error: EOFError: Compressed file ended before the end-of-stream marker "
                                 "was reached (run again with --debug for the traceback)"]
+
+
+def test_next_hints_name_the_real_folders_and_run_as_printed(tmp_path, cli, monkeypatch, small_corpus):
+    """Each command's last line is a command to paste: quoted paths (with spaces), the real output folder."""
+    import shlex
+
+    from conftest import TEXT
+
+    def hints(result) -> list[list[str]]:
+        assert result.code == 0, result.err
+        line = result.err_lines[-1]
+        assert line.startswith("next: ")
+        return [shlex.split(command) for command in line.removeprefix("next: ").split("   or   ")]
+
+    monkeypatch.chdir(tmp_path)
+    sets = [a for o in TEXT + ["train.max_steps=2", "train.eval_every=0", "output_dir=../out dir"] for a in ("--set", o)]
+    [pretrain] = hints(cli("init", "my runs/demo", "--corpus", small_corpus, *sets))
+    assert pretrain == ["bertcli", "pretrain", "--config", "my runs/demo/config.yaml"]
+    inspect, pretrain = hints(cli("prepare", "--config", "my runs/demo/config.yaml", "--quiet",
+                                  "--set", "data.prepared_dir=prep data"))
+    assert inspect == ["bertcli", "inspect", "my runs/demo/prep data"]
+    assert cli(*inspect[1:]).code == 0
+    result = cli(*pretrain[1:], "--quiet")  # the same overrides: the data just prepared, not a new copy
+    assert "is up to date" in result.err and not (tmp_path / "my runs" / "demo" / "data").exists()
+    [inspect] = hints(result)
+    assert inspect == ["bertcli", "inspect", "my runs/out dir"]
+    report = json.loads(cli(*inspect[1:], "--json").out)
+    assert report["kind"] == "run" and report["training"]["step"] == 2
