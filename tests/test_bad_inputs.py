@@ -5,6 +5,7 @@ names the problem and where it is, no traceback, and no partial output left behi
 from __future__ import annotations
 
 import gzip
+import os
 import shutil
 from pathlib import Path
 
@@ -53,6 +54,11 @@ def _truncated(ckpt: Path) -> Path:
 def _weights_of(ckpt: Path, other: Path) -> Path:
     shutil.copyfile(other / "model.safetensors", ckpt / "model.safetensors")
     return ckpt
+
+
+def _fifo(path: Path) -> Path:
+    os.mkfifo(path)
+    return path
 
 
 def _gzipped(path: Path) -> bytes:
@@ -107,6 +113,8 @@ CASES = [
     ("unknown-preset", lambda d, b: ["init", d / "run", "--preset", "huge"], 2, "'huge' is not one of"),
     ("init-over-existing", lambda d, b: ["init", _write(d, "run/config.yaml", "keep: me\n").parent], 2, "pass --force"),
     ("corpus-missing", lambda d, b: ["init", d / "run", "--corpus", d / "nowhere"], 2, "corpus not found"),
+    ("corpus-fifo", lambda d, b: ["init", d / "run", "--corpus", _fifo(d / "pipe")], 2, "pipe: not a regular file nor a folder"),
+    ("corpus-dev-null", lambda d, b: ["init", d / "run", "--corpus", "/dev/null"], 2, "/dev/null: not a regular file nor a folder"),
     ("corpus-empty", lambda d, b: ["prepare", "-c", write_config(d, f"data.corpus={_write(d, 'e.txt', chr(10) * 3)}",
                                                                  "model.vocab_size=null")], 2, "the corpus is empty"),
     ("corpus-binary", lambda d, b: ["prepare", "-c", write_config(d, f"data.corpus={_write(d, 'b.txt', b'ab' + bytes(range(256)))}",
