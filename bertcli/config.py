@@ -364,6 +364,27 @@ def _all_paths(cls: type, prefix: str = "") -> tuple[str, ...]:
     return tuple(paths)
 
 
+@cache
+def _all_sections(cls: type = None, prefix: str = "") -> tuple[str, ...]:
+    """Every section path of dataclass cls (default Config), e.g. ('model', 'data', 'data.tokenizer', ...)."""
+    cls = cls or Config
+    paths: list[str] = []
+    for f in dataclasses.fields(cls):
+        tp = _hints(cls)[f.name]
+        if dataclasses.is_dataclass(tp):
+            paths += [f"{prefix}{f.name}", *_all_sections(tp, f"{prefix}{f.name}.")]
+    return tuple(paths)
+
+
+def _belongs_in(key: str, value: Any) -> str | None:
+    """Where an unknown key belongs, when its name is a key or a section elsewhere: a mapping
+    (`--set model.tokenizer.path=x`) is looked up among sections, a value among keys first."""
+    keys = [p for p in _all_paths(Config) if p.rsplit(".", 1)[-1] == key]
+    sections = [p for p in _all_sections() if p.rsplit(".", 1)[-1] == key]
+    found = sections + keys if isinstance(value, dict) else keys + sections
+    return found[0] if found else None
+
+
 def _closest(name: str, options: list[str]) -> str:
     match = difflib.get_close_matches(name, options, n=1, cutoff=0.5)
     return f"; did you mean '{match[0]}'?" if match else f"; valid keys: {', '.join(options)}"
@@ -377,7 +398,10 @@ def _build(cls: type, raw: Any, path: str, errors: list[str], origin: dict[str, 
            failed: set[str] | None = None) -> Any:
     """Build dataclass `cls` from nested dict `raw`, appending every problem to `errors` and the
     path of every value (or section) of the wrong type to `failed`: those keep their defaults."""
-    where = lambda p: f"{origin.get(p, origin.get('', 'config'))}: {p}"  # noqa: E731
+    def where(p: str) -> str:  # where a value came from: the file, or --set (for p or a key under it)
+        under = [label for key, label in origin.items() if key.startswith(p + ".")] if p else []
+        return f"{origin.get(p) or (under[0] if under else origin.get('', 'config'))}: {p}"
+
     failed = set() if failed is None else failed
     if raw is None:
         raw = {}
@@ -391,8 +415,8 @@ def _build(cls: type, raw: Any, path: str, errors: list[str], origin: dict[str, 
         sub = f"{path}.{key}" if path else str(key)
         if key not in names:
             section = f"section '{path}'" if path else "the top level"
-            elsewhere = [p for p in _all_paths(Config) if p.rsplit(".", 1)[-1] == key]
-            hint = f"; it belongs in '{elsewhere[0]}'" if elsewhere else _closest(str(key), names)
+            elsewhere = _belongs_in(str(key), value)
+            hint = f"; it belongs in '{elsewhere}'" if elsewhere else _closest(str(key), names)
             errors.append(f"{where(sub)}: unknown key in {section}{hint}")
             continue
         tp = _hints(cls)[key]
@@ -400,6 +424,11 @@ def _build(cls: type, raw: Any, path: str, errors: list[str], origin: dict[str, 
             kwargs[key] = _build(tp, value, sub, errors, origin, failed)
             continue
         converted, problem = _check_value(value, tp)
+        if problem and str in (tp, *typing.get_args(tp)) and isinstance(value, (int, float, bool)):
+            # YAML reads 2024, 1e3 and yes as numbers and booleans: a file or folder of that name needs quotes.
+            quoted = f"--set '{sub}=\"{_scalar(value)}\"'" if origin.get(sub) == "--set" else f"{key}: \"{_scalar(value)}\""
+            kind = "a boolean" if isinstance(value, bool) else "a number"
+            problem += f"; YAML reads {_scalar(value)} as {kind}: quote it ({quoted})"
         if problem:
             errors.append(f"{where(sub)}: {problem}")
             failed.add(sub)

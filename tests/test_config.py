@@ -134,6 +134,32 @@ def test_set_values_are_yaml_scalars_and_bad_values_name_set():
     assert info.value.problems == ["--set: train.max_steps: expected an integer, got 'many' (str)"]
 
 
+def test_a_string_that_yaml_reads_as_a_number_gets_a_quoting_hint(tmp_path):
+    with pytest.raises(UsageError) as info:
+        preset_config("tiny", ["data.corpus=2024", "data.tokenizer.path=yes"])
+    assert sorted(info.value.problems) == [
+        "--set: data.corpus: expected a string, got 2024 (int); YAML reads 2024 as a number: quote it "
+        "(--set 'data.corpus=\"2024\"')",
+        "--set: data.tokenizer.path: expected a string, got True (bool); YAML reads true as a boolean: quote it "
+        "(--set 'data.tokenizer.path=\"true\"')"]
+    assert preset_config("tiny", ['data.corpus="2024"']).data.corpus == "2024"  # the hint, taken, works
+    path = tmp_path / "config.yaml"
+    path.write_text("data:\n  corpus: 2024\n")
+    with pytest.raises(UsageError, match='quote it \\(corpus: "2024"\\)'):
+        load_config(path)
+
+
+@pytest.mark.parametrize("item, where", [
+    ("model.tokenizer.path=x", "--set: model.tokenizer: unknown key in section 'model'; it belongs in 'data.tokenizer'"),
+    ("train.synthetic.seed=3", "--set: train.synthetic: unknown key in section 'train'; it belongs in 'data.synthetic'"),
+    ("model.lr=0.1", "--set: model.lr: unknown key in section 'model'; it belongs in 'optimizer.lr'"),
+])
+def test_a_key_or_section_in_the_wrong_section_names_where_it_belongs(item, where):
+    with pytest.raises(UsageError) as info:
+        preset_config("tiny", [item])
+    assert info.value.problems == [where]
+
+
 def test_malformed_yaml_names_line(tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text("model:\n  hidden_size: [1, 2\n")
