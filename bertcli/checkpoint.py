@@ -41,6 +41,26 @@ STEP_DIR = re.compile(r"^step-(\d+)$")
 BEST = "best"  # checkpoints/best: the lowest held-out MLM loss so far
 
 
+def umask() -> int:
+    """The process's umask, read without changing it (Linux says it in /proc; elsewhere set and restore)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def save_safetensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> None:
+    """safetensors.torch.save_file, then the mode every other file gets (0666 less the umask):
+    safetensors writes through a temporary file of its own, created 0600."""
+    safetensors.torch.save_file(tensors, path, metadata=metadata)
+    os.chmod(path, 0o666 & ~umask())
+
+
 def checkpoints_dir(output_dir: Path) -> Path:
     return Path(output_dir) / "checkpoints"
 
@@ -105,8 +125,7 @@ def save(output_dir: Path, step: int, state: tuple[dict[str, torch.Tensor], dict
         for extra in extra_files:
             shutil.copyfile(extra, tmp / Path(extra).name)
             atomic.fsync_path(tmp / Path(extra).name)
-        safetensors.torch.save_file(weights, tmp / "model.safetensors",
-                                    metadata={"format": "pt", "producer": f"bertcli {__version__}"})
+        save_safetensors(weights, tmp / "model.safetensors", metadata={"format": "pt", "producer": f"bertcli {__version__}"})
         (tmp / "config.yaml").write_text(to_yaml(cfg, f"Resolved config of the run, saved at step {step}."))
         torch.save({"optimizer": optimizer_state, "scaler": scaler.state_dict(), "step": step},
                    tmp / "training_state.pt")

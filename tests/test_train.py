@@ -128,6 +128,21 @@ def test_sizes_that_cannot_fit_are_refused_with_the_figure(monkeypatch):
         runtime.check_memory(cfg.model, runtime.Runtime(torch.device("cpu"), "fp32", world_size=4), "ddp")
 
 
+def test_weights_get_the_mode_of_every_other_file(tmp_path, trained):
+    """safetensors writes its file 0600; bertcli gives it 0666 less the umask, like the rest."""
+    from bertcli import hf
+
+    old = os.umask(0o027)
+    try:
+        train(tmp_path / "run", stop_at=4)
+        hf.export(trained, tmp_path / "hf")
+    finally:
+        os.umask(old)
+    for folder in (tmp_path / "run" / "checkpoints" / "step-0000004", tmp_path / "hf"):
+        modes = {p.name: oct(p.stat().st_mode & 0o777) for p in folder.iterdir()}
+        assert "model.safetensors" in modes and set(modes.values()) == {"0o640"}, modes
+
+
 def test_incomplete_and_temporary_checkpoint_folders_are_never_picked(tmp_path):
     train(tmp_path, stop_at=4)
     root = tmp_path / "checkpoints"
