@@ -176,3 +176,29 @@ def test_a_corpus_too_small_gets_advice_that_works(tmp_path, cli, documents, ove
     assert "raise data.validation_fraction" not in result.err or documents >= 4  # no advice that cannot work
     result = cli("pretrain", "--config", config, "--quiet", *[a for o in fix for a in ("--set", o)])
     assert result.code == 0 and "done: step 2" in result.err, result.err
+
+
+def test_random_replacements_are_every_non_special_id_wherever_the_specials_are():
+    V = 40
+    for special in (SpecialTokens(), SpecialTokens(pad=0, unk=17, cls=2, sep=3, mask=V - 1)):  # [MASK] last
+        ids = special.random_regular(np.random.default_rng(0), V, 40_000)
+        counts = np.bincount(ids, minlength=V)
+        assert counts[list(special.ids)].sum() == 0 and len(counts) == V
+        regular = np.delete(counts, special.ids)
+        assert regular.min() > 0.8 * regular.mean() and regular.max() < 1.2 * regular.mean()  # uniform
+    # bertcli's own vocabularies (specials first): the same draws as before, so runs replay unchanged
+    assert np.array_equal(SpecialTokens().random_regular(np.random.default_rng(3), V, 100),
+                          np.random.default_rng(3).integers(5, V, size=100))
+
+
+def test_a_loaded_vocabulary_with_mask_last_trains(tmp_path, cli, trained, small_corpus):
+    """A real vocab.txt whose [MASK] has the highest id (random replacement drew from an empty range)."""
+    from conftest import text_run
+
+    tokens = (trained / "data" / "vocab.txt").read_text().splitlines()
+    tokens.remove("[MASK]")
+    (tmp_path / "vocab.txt").write_text("\n".join(tokens + ["[MASK]"]) + "\n")
+    config = text_run(tmp_path / "run", small_corpus, f"data.tokenizer.path={tmp_path / 'vocab.txt'}", "train.max_steps=2",
+                      "train.eval_every=0", "data.random_token_prob=0.5", "data.mask_token_prob=0.5")
+    result = cli("pretrain", "--config", config, "--quiet")
+    assert result.code == 0 and "done: step 2" in result.err, result.err

@@ -188,8 +188,7 @@ def mask_tokens(tokens: np.ndarray, special: np.ndarray, cfg: DataConfig, corpus
     to_mask = r < cfg.mask_token_prob
     to_random = (r >= cfg.mask_token_prob) & (r < cfg.mask_token_prob + cfg.random_token_prob)
     masked[positions[to_mask]] = corpus.special.mask
-    masked[positions[to_random]] = rng.integers(corpus.special.first_regular_id, corpus.vocab_size,
-                                                size=int(to_random.sum()))
+    masked[positions[to_random]] = corpus.special.random_regular(rng, corpus.vocab_size, int(to_random.sum()))
     return masked, positions, labels
 
 
