@@ -17,6 +17,7 @@ import torch
 
 from bertcli import checkpoint
 from bertcli.config import load_config
+from bertcli.data.corpus import synthetic_corpus
 from bertcli.errors import UsageError
 from bertcli.metrics import read_metrics
 from bertcli.model import TIED_ALIASES, BertForPreTraining
@@ -141,6 +142,18 @@ def test_weights_get_the_mode_of_every_other_file(tmp_path, trained):
     for folder in (tmp_path / "run" / "checkpoints" / "step-0000004", tmp_path / "hf"):
         modes = {p.name: oct(p.stat().st_mode & 0o777) for p in folder.iterdir()}
         assert "model.safetensors" in modes and set(modes.values()) == {"0o640"}, modes
+
+
+def test_positions_that_are_not_a_multiple_of_8_are_never_padded_past(tmp_path):
+    """max_position_embeddings 30: batches of full rows (30 tokens) were rounded up to 32 and crashed."""
+    from bertcli.data.examples import ExampleBuilder
+
+    cfg = micro_config("model.max_position_embeddings=30", "data.max_seq_length=30")
+    builder = ExampleBuilder(synthetic_corpus(cfg.data.synthetic, cfg.model.vocab_size), cfg.data)
+    widths = {builder.batch(0, step, range(8)).input_ids.shape[1] for step in range(20)}
+    assert max(widths) == 30 and widths <= {8, 16, 24, 30}, widths
+    result = train(tmp_path, "model.max_position_embeddings=30", "data.max_seq_length=30", stop_at=4)
+    assert result["step"] == 4
 
 
 def test_incomplete_and_temporary_checkpoint_folders_are_never_picked(tmp_path):

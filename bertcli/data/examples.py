@@ -110,9 +110,9 @@ class ExampleBuilder:
         return Example(masked, segments, positions, labels, nsp_label, (int(self.doc_of[s]), b_doc))
 
     def batch(self, seed: int, step: int, indices: range, stream: int = TRAIN) -> Batch:
-        """Examples `indices` of step `step`; padded to the longest row, rounded up to 8."""
+        """Examples `indices` of step `step`; padded to the longest row, rounded up to 8 within max_seq_length."""
         examples = [self.example(np.random.default_rng([seed, stream, step, i])) for i in indices]
-        return collate(examples, self.cfg.max_predictions_per_seq, self.corpus.special.pad)
+        return collate(examples, self.cfg.max_predictions_per_seq, self.corpus.special.pad, self.cfg.max_seq_length)
 
 
 class StepBatches(torch.utils.data.Dataset):
@@ -192,10 +192,13 @@ def mask_tokens(tokens: np.ndarray, special: np.ndarray, cfg: DataConfig, corpus
     return masked, positions, labels
 
 
-def collate(examples: list[Example], max_predictions: int, pad_id: int) -> Batch:
+def collate(examples: list[Example], max_predictions: int, pad_id: int, max_length: int) -> Batch:
+    """Examples padded to the longest, rounded up to a multiple of 8 (a few distinct shapes only, and
+    aligned for the matrix units) but never past max_length (data.max_seq_length, at most
+    model.max_position_embeddings: a longer row has no position embedding)."""
     B = len(examples)
     T = max(len(e.tokens) for e in examples)
-    T = -(-T // 8) * 8  # a few distinct shapes only, and aligned for the matrix units
+    T = min(-(-T // 8) * 8, max(T, max_length))
     input_ids = np.full((B, T), pad_id, dtype=np.int64)
     token_type_ids = np.zeros((B, T), dtype=np.int64)
     pred_positions = np.zeros((B, max_predictions), dtype=np.int64)
