@@ -188,7 +188,7 @@ def _pretrain(cfg: Config, config_path: Path | None, resume: str, quiet: bool, s
         data = load_data(cfg, config_path, quiet=True)  # prepared by rank 0 by now
     cfg = resolve_vocab(cfg, data.vocab_size, cfg.data.corpus)
     runtime.check_memory(cfg.model, rt, cfg.train.parallel)  # sizes that cannot fit are refused before building
-    resume_from = checkpoint.choose_resume(output_dir, resume, cfg)
+    resume_from = checkpoint.choose_resume(output_dir, resume, cfg, rt.is_main)
     processes = f"{rt.world_size} processes ({cfg.train.parallel})" if rt.distributed else "1 process"
     log_(f"bertcli {__version__}: {rt.describe()}; {processes}; output in {output_dir}")
     log_("resolved config:\n" + yaml.safe_dump(to_dict(cfg), sort_keys=False).rstrip())

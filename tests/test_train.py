@@ -156,6 +156,38 @@ def test_positions_that_are_not_a_multiple_of_8_are_never_padded_past(tmp_path):
     assert result["step"] == 4
 
 
+@pytest.mark.parametrize("damage", ["empty training state", "flipped training state", "cut weights"])
+def test_resume_auto_falls_back_past_a_damaged_newest_checkpoint(tmp_path, cli, damage):
+    import zipfile
+
+    train(tmp_path, "checkpoint.keep_last=3", "train.eval_every=0", stop_at=8)  # step-4 and step-8
+    config = write_config(tmp_path, "checkpoint.keep_last=1", "train.eval_every=0")
+    newest = tmp_path / "checkpoints" / "step-0000008"
+    name = "model.safetensors" if "weights" in damage else "training_state.pt"
+    data = bytearray((newest / name).read_bytes())
+    if damage == "flipped training state":  # one bit of the largest tensor's bytes (not the zip's alignment padding)
+        member = max(zipfile.ZipFile(newest / name).infolist(), key=lambda i: i.file_size)
+        start = member.header_offset + 30 + len(member.filename.encode()) + int.from_bytes(data[member.header_offset + 28:member.header_offset + 30], "little")
+        data[start + member.file_size // 2] ^= 0x01
+    spoilt = {"empty training state": b"", "cut weights": bytes(data[:len(data) // 2])}.get(damage, bytes(data))
+    (newest / name).write_bytes(spoilt)
+    result = cli("pretrain", "--config", config, "--quiet", "--stop-at", "6")
+    assert result.code == 0, result.err
+    assert f"{newest} is damaged ({name}: " in result.err and "resuming from the newest checkpoint that loads" in result.err
+    assert "resuming from" in result.err and "step-0000004 (step 4)" in result.err
+    # keep_last=1 keeps step 6, the one just written (the damaged 8 would have been kept instead of it)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["damaged-step-0000008", "step-0000006"]
+    assert (tmp_path / "checkpoints" / "damaged-step-0000008" / name).read_bytes() == spoilt, "kept as it was"
+
+
+def test_resume_auto_with_no_checkpoint_that_loads_is_one_line(tmp_path, cli):
+    config = write_config(tmp_path, "train.eval_every=0")
+    train(tmp_path, "train.eval_every=0", stop_at=4)
+    (tmp_path / "checkpoints" / "step-0000004" / "training_state.pt").write_bytes(b"")
+    result = cli("pretrain", "--config", config, "--quiet")
+    assert result.code == 1 and len(result.err_lines) == 1 and "no checkpoint loads" in result.err, result.err
+
+
 def test_incomplete_and_temporary_checkpoint_folders_are_never_picked(tmp_path):
     train(tmp_path, stop_at=4)
     root = tmp_path / "checkpoints"
