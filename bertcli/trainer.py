@@ -179,7 +179,8 @@ def _pretrain(cfg: Config, config_path: Path | None, resume: str, quiet: bool, s
         if not init_path.is_absolute() and config_path is not None:
             init_path = config_path.resolve().parent / init_path
         cfg = hf.adopt_imported(cfg, init_path)  # the architecture (and tokenizer) of the imported model
-    if cfg.model.vocab_size is not None:  # before the data too: a synthetic corpus is as large as the vocabulary
+    checked = cfg.model.vocab_size is not None
+    if checked:  # before the data too: a synthetic corpus is as large as the vocabulary
         runtime.check_memory(cfg.model, rt, cfg.train.parallel)
     if rt.is_main:
         data = load_data(cfg, config_path, quiet)  # prepares text corpora first when needed (cached)
@@ -187,7 +188,8 @@ def _pretrain(cfg: Config, config_path: Path | None, resume: str, quiet: bool, s
     if not rt.is_main:
         data = load_data(cfg, config_path, quiet=True)  # prepared by rank 0 by now
     cfg = resolve_vocab(cfg, data.vocab_size, cfg.data.corpus)
-    runtime.check_memory(cfg.model, rt, cfg.train.parallel)  # sizes that cannot fit are refused before building
+    if not checked:  # the size of the vocabulary came from the tokenizer
+        runtime.check_memory(cfg.model, rt, cfg.train.parallel)
     resume_from = checkpoint.choose_resume(output_dir, resume, cfg, rt.is_main)
     processes = f"{rt.world_size} processes ({cfg.train.parallel})" if rt.distributed else "1 process"
     log_(f"bertcli {__version__}: {rt.describe()}; {processes}; output in {output_dir}")
