@@ -70,6 +70,26 @@ def check_replaceable(output_dir: Path, max_steps: int) -> None:
                 guard()(child)
 
 
+def umask() -> int:
+    """The process's umask, read without changing it (Linux says it in /proc; elsewhere set and restore)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def save_safetensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> None:
+    """safetensors.torch.save_file, then the mode every other file gets (0666 less the umask):
+    safetensors writes through a temporary file of its own, created 0600."""
+    safetensors.torch.save_file(tensors, path, metadata=metadata)
+    os.chmod(path, 0o666 & ~umask())
+
+
 def checkpoints_dir(output_dir: Path) -> Path:
     return Path(output_dir) / "checkpoints"
 
@@ -134,8 +154,7 @@ def save(output_dir: Path, step: int, state: tuple[dict[str, torch.Tensor], dict
         for extra in extra_files:
             shutil.copyfile(extra, tmp / Path(extra).name)
             atomic.fsync_path(tmp / Path(extra).name)
-        safetensors.torch.save_file(weights, tmp / "model.safetensors",
-                                    metadata={"format": "pt", "producer": f"bertcli {__version__}"})
+        save_safetensors(weights, tmp / "model.safetensors", metadata={"format": "pt", "producer": f"bertcli {__version__}"})
         (tmp / "config.yaml").write_text(to_yaml(cfg, f"Resolved config of the run, saved at step {step}."))
         torch.save({"optimizer": optimizer_state, "scaler": scaler.state_dict(), "step": step},
                    tmp / "training_state.pt")
@@ -227,8 +246,35 @@ def model_differences(a: Config, b: Config) -> list[str]:
     return [f"model.{k}={da[k]!r} in the checkpoint vs {db[k]!r} in the config" for k in da if da[k] != db[k]]
 
 
-def choose_resume(output_dir: Path, resume: str, cfg: Config) -> Path | None:
-    """The checkpoint to resume from (None = start fresh), per --resume auto|never|PATH."""
+def damage(path: Path) -> str | None:
+    """Why complete checkpoint folder `path` cannot be resumed from (None: it loads): its config
+    and trainer state parse, its weights' header and size agree, and its training state is a whole
+    zip archive whose every member matches its CRC (what an empty, cut or flipped file fails)."""
+    import zipfile
+
+    name = "config.yaml"
+    try:
+        read_config(path)
+        name = "trainer_state.json"
+        if not isinstance(read_trainer_state(path).get("step"), int):
+            return f"{name}: no step"
+        name = "model.safetensors"
+        with safetensors.safe_open(Path(path) / name, "pt") as weights:
+            weights.keys()
+        name = "training_state.pt"
+        with zipfile.ZipFile(Path(path) / name) as archive:
+            bad = archive.testzip()
+        return f"{name}: {bad} is corrupt" if bad else None
+    except Exception as exc:  # noqa: BLE001  any way of not loading is damage
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return f"{name}: {reason}"
+
+
+def choose_resume(output_dir: Path, resume: str, cfg: Config, is_main: bool = True) -> Path | None:
+    """The checkpoint to resume from (None = start fresh), per --resume auto|never|PATH. `auto`
+    takes the newest checkpoint that loads: newer damaged ones (a disk that failed, a file someone
+    emptied) are reported and, by the main process, renamed damaged-step-NNNNNNN, so that neither
+    resuming nor pruning counts them again (pruning keeps the newest: it would delete good ones)."""
     found = list_checkpoints(output_dir)
     if resume == "never":
         if found:
@@ -238,7 +284,26 @@ def choose_resume(output_dir: Path, resume: str, cfg: Config) -> Path | None:
     if resume == "auto":
         if not found:
             return None
-        path = found[-1][1]
+        damaged = []
+        for _, path in reversed(found):
+            reason = damage(path)
+            if reason is None:
+                break
+            damaged.append((path, reason))
+        else:
+            root = checkpoints_dir(output_dir)
+            raise RunError(f"{root}: no checkpoint loads (the newest, {damaged[0][0].name}: {damaged[0][1]}); to start "
+                           f"fresh, move {root} aside or set output_dir to a new folder")
+        for bad, reason in damaged:
+            aside = bad.with_name(f"damaged-{bad.name}")
+            if is_main:
+                from bertcli.metrics import log
+
+                if aside.exists():
+                    aside = aside.with_name(f"{aside.name}.{time.strftime('%Y%m%d-%H%M%S')}")
+                os.replace(bad, aside)
+                log(f"{bad} is damaged ({reason}): renamed {aside.name}; resuming from the newest checkpoint "
+                    f"that loads, {path}")
     else:
         path = Path(resume)
         if not path.exists():

@@ -11,6 +11,7 @@ import errno
 import json
 import os
 import re
+import shlex
 import sys
 from enum import Enum
 from pathlib import Path
@@ -53,6 +54,21 @@ def out(text: str) -> None:
         print(text, flush=True)
     except BrokenPipeError:
         raise PipeClosed from None
+
+
+def command_line(*args: str | Path) -> str:
+    """A bertcli command to copy and paste: paths relative to the current folder when inside it,
+    every argument quoted for the shell where it needs to be (spaces, quotes)."""
+
+    def shown(arg: str | Path) -> str:
+        if isinstance(arg, Path):
+            try:
+                return str(arg.resolve().relative_to(Path.cwd().resolve())) if arg.is_absolute() else str(arg)
+            except ValueError:
+                return str(arg)
+        return arg
+
+    return shlex.join(["bertcli", *map(shown, args)])
 
 
 def _version(value: bool) -> None:
@@ -108,7 +124,7 @@ def init(
     m = cfg.model
     err(f"wrote {path} (preset {preset.value}: {m.num_hidden_layers} layers, hidden {m.hidden_size}, "
         f"{m.num_attention_heads} heads, sequences of {cfg.data.max_seq_length})")
-    err(f"next: bertcli pretrain --config {path}")
+    err(f"next: {command_line('pretrain', '--config', path)}")
 
 
 @app.command()
@@ -126,7 +142,8 @@ def prepare(
     if cfg.data.corpus == "synthetic":
         raise UsageError("data.corpus is synthetic: there is nothing to prepare")
     folder = run(cfg, config, quiet=quiet, force=force)
-    err(f"next: bertcli inspect {folder}   or   bertcli pretrain --config {config}")
+    again = [a for o in overrides for a in ("--set", o)]  # the same data: the same overrides
+    err(f"next: {command_line('inspect', folder)}   or   {command_line('pretrain', '--config', config, *again)}")
 
 
 DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
@@ -142,7 +159,7 @@ def pretrain(
     stop_at: Optional[int] = typer.Option(None, "--stop-at", min=1, help="Stop after this step with a checkpoint (the schedule still follows train.max_steps); rerun to continue."),
 ) -> None:
     """Pretrain BERT (MLM + NSP) as the config says, resuming from the newest checkpoint."""
-    from bertcli.config import load_config
+    from bertcli.config import load_config, resolve_output_dir
     from bertcli.trainer import pretrain as run
 
     if device is not None and not DEVICE.match(device):
@@ -155,7 +172,7 @@ def pretrain(
     shown = ", ".join(f"{k} {metrics[k]:.4g}" for k in ("mlm_loss", "mlm_acc", "nsp_acc") if k in metrics)
     err(f"done: step {result['step']:,}, {result['tokens_seen']:,} tokens seen{'; ' + shown if shown else ''}")
     err(f"checkpoint: {result['checkpoint']}")
-    err(f"next: bertcli inspect {config.parent}")
+    err(f"next: {command_line('inspect', resolve_output_dir(cfg, config))}")
 
 
 @app.command("inspect")
@@ -242,15 +259,32 @@ def encode(
         err(f"bertcli encode: {counts['truncated']:,} of {counts['lines']:,} lines were truncated to the length limit")
 
 
-def os_error_message(exc: OSError) -> str:
-    """One line for a failed read or write. Every write is atomic (temporary name, then rename),
-    so what was there before, earlier checkpoints included, is intact."""
-    where = f"{exc.filename}: " if exc.filename else ""
+# Per command: what a full disk leaves intact, and where else to write (for os_error_message).
+DISK_FULL_ADVICE = {
+    "pretrain": ("earlier checkpoints are intact", "set output_dir to another disk, then run the same command to resume"),
+    "prepare": ("earlier prepared data is intact", "set data.prepared_dir to another disk, then run the same command"),
+    "export": ("nothing at OUT_DIR was changed", "choose an OUT_DIR on another disk, then run the same command"),
+    "encode": ("nothing at --output was changed", "write --output to another disk, then run the same command"),
+    "init": ("an existing config is intact", "choose a DIR on another disk, then run the same command"),
+}
+WRITABLE = {"pretrain": "output_dir, data.prepared_dir", "prepare": "data.prepared_dir", "export": "OUT_DIR",
+            "encode": "--output", "init": "DIR"}
+
+
+TEMPORARY = re.compile(r"(?<![^/])[.]tmp-(.+?)[.][0-9]+(?=/|$)")  # atomic.py's temporary names
+
+
+def os_error_message(exc: OSError, command: str = "") -> str:
+    """One line for a failed read or write, worded for `command`. Every write is atomic (temporary
+    name, then rename), so what was there before is intact."""
+    # A write fails inside its temporary name (.tmp-NAME.PID), gone by now: name what was being written.
+    where = TEMPORARY.sub(r"\1", str(exc.filename)) + ": " if exc.filename else ""
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return (f"{where}disk full ({exc.strerror}); nothing half-written was kept and earlier checkpoints are intact: "
-                "free space or set output_dir to another disk, then run the same command to resume")
+        intact, fix = DISK_FULL_ADVICE.get(command, ("what was there is intact", "write to another disk, then try again"))
+        return f"{where}disk full ({exc.strerror}); nothing half-written was kept and {intact}: free space or {fix}"
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return f"{where}{exc.strerror}; choose a folder you can write to (output_dir, data.prepared_dir)"
+        folders = f" ({WRITABLE[command]})" if command in WRITABLE else ""
+        return f"{where}{exc.strerror}; choose a folder you can write to{folders}"
     return f"{where}{exc.strerror or exc}"
 
 
@@ -273,10 +307,16 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.ClickException as exc:
         err(f"bertcli: error: {exc.format_message()}")
         code = exc.exit_code
-    except (typer.Abort, KeyboardInterrupt):
-        err("bertcli: interrupted; nothing half-written was kept (writes are atomic): run the same command again "
-            "to continue")
-        code = 130
+    except (typer.Abort, KeyboardInterrupt) as exc:
+        if isinstance(exc.__cause__, EOFError):  # Click turns an EOFError into Abort: a failure, not a Ctrl-C
+            if debug:
+                raise exc.__cause__ from None
+            err(f"bertcli: error: EOFError: {exc.__cause__} (run again with --debug for the traceback)")
+            code = 1
+        else:
+            err("bertcli: interrupted; nothing half-written was kept (writes are atomic): run the same command "
+                "again to continue")
+            code = 130
     except BertcliError as exc:
         if debug:
             raise
@@ -293,7 +333,7 @@ def main(argv: list[str] | None = None) -> None:
     except OSError as exc:  # the disk, not the program: full, read-only, forbidden, missing
         if debug:
             raise
-        err(f"bertcli: error: {os_error_message(exc)}")
+        err(f"bertcli: error: {os_error_message(exc, next((a for a in args if not a.startswith('-')), ''))}")
         code = 1
     except Exception as exc:  # noqa: BLE001  a bug or an unexpected failure: still one line
         if debug:

@@ -14,6 +14,7 @@ import dataclasses
 import difflib
 import inspect
 import math
+import re
 import typing
 from dataclasses import dataclass, field
 from functools import cache
@@ -365,6 +366,27 @@ def _all_paths(cls: type, prefix: str = "") -> tuple[str, ...]:
     return tuple(paths)
 
 
+@cache
+def _all_sections(cls: type = None, prefix: str = "") -> tuple[str, ...]:
+    """Every section path of dataclass cls (default Config), e.g. ('model', 'data', 'data.tokenizer', ...)."""
+    cls = cls or Config
+    paths: list[str] = []
+    for f in dataclasses.fields(cls):
+        tp = _hints(cls)[f.name]
+        if dataclasses.is_dataclass(tp):
+            paths += [f"{prefix}{f.name}", *_all_sections(tp, f"{prefix}{f.name}.")]
+    return tuple(paths)
+
+
+def _belongs_in(key: str, value: Any) -> str | None:
+    """Where an unknown key belongs, when its name is a key or a section elsewhere: a mapping
+    (`--set model.tokenizer.path=x`) is looked up among sections, a value among keys first."""
+    keys = [p for p in _all_paths(Config) if p.rsplit(".", 1)[-1] == key]
+    sections = [p for p in _all_sections() if p.rsplit(".", 1)[-1] == key]
+    found = sections + keys if isinstance(value, dict) else keys + sections
+    return found[0] if found else None
+
+
 def _closest(name: str, options: list[str]) -> str:
     match = difflib.get_close_matches(name, options, n=1, cutoff=0.5)
     return f"; did you mean '{match[0]}'?" if match else f"; valid keys: {', '.join(options)}"
@@ -374,13 +396,20 @@ def _closest(name: str, options: list[str]) -> str:
 # Building configs from nested dicts
 
 
-def _build(cls: type, raw: Any, path: str, errors: list[str], origin: dict[str, str]) -> Any:
-    """Build dataclass `cls` from nested dict `raw`, appending every problem to `errors`."""
-    where = lambda p: f"{origin.get(p, origin.get('', 'config'))}: {p}"  # noqa: E731
+def _build(cls: type, raw: Any, path: str, errors: list[str], origin: dict[str, str],
+           failed: set[str] | None = None) -> Any:
+    """Build dataclass `cls` from nested dict `raw`, appending every problem to `errors` and the
+    path of every value (or section) of the wrong type to `failed`: those keep their defaults."""
+    def where(p: str) -> str:  # where a value came from: the file, or --set (for p or a key under it)
+        under = [label for key, label in origin.items() if key.startswith(p + ".")] if p else []
+        return f"{origin.get(p) or (under[0] if under else origin.get('', 'config'))}: {p}"
+
+    failed = set() if failed is None else failed
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
         errors.append(f"{where(path or '(top level)')}: expected a mapping of keys, got {raw!r}")
+        failed.add(path)
         return cls()
     names = [f.name for f in dataclasses.fields(cls)]
     kwargs: dict[str, Any] = {}
@@ -388,17 +417,23 @@ def _build(cls: type, raw: Any, path: str, errors: list[str], origin: dict[str, 
         sub = f"{path}.{key}" if path else str(key)
         if key not in names:
             section = f"section '{path}'" if path else "the top level"
-            elsewhere = [p for p in _all_paths(Config) if p.rsplit(".", 1)[-1] == key]
-            hint = f"; it belongs in '{elsewhere[0]}'" if elsewhere else _closest(str(key), names)
+            elsewhere = _belongs_in(str(key), value)
+            hint = f"; it belongs in '{elsewhere}'" if elsewhere else _closest(str(key), names)
             errors.append(f"{where(sub)}: unknown key in {section}{hint}")
             continue
         tp = _hints(cls)[key]
         if dataclasses.is_dataclass(tp):
-            kwargs[key] = _build(tp, value, sub, errors, origin)
+            kwargs[key] = _build(tp, value, sub, errors, origin, failed)
             continue
         converted, problem = _check_value(value, tp)
+        if problem and str in (tp, *typing.get_args(tp)) and isinstance(value, (int, float, bool)):
+            # YAML reads 2024, 1e3 and yes as numbers and booleans: a file or folder of that name needs quotes.
+            quoted = f"--set '{sub}=\"{_scalar(value)}\"'" if origin.get(sub) == "--set" else f"{key}: \"{_scalar(value)}\""
+            kind = "a boolean" if isinstance(value, bool) else "a number"
+            problem += f"; YAML reads {_scalar(value)} as {kind}: quote it ({quoted})"
         if problem:
             errors.append(f"{where(sub)}: {problem}")
+            failed.add(sub)
         else:
             kwargs[key] = converted
     return cls(**kwargs)
@@ -448,12 +483,21 @@ def preset_dict(name: str) -> dict[str, Any]:
 def build_config(raw: dict[str, Any], origin: dict[str, str]) -> Config:
     """Build and validate a Config from a nested dict; raise UsageError listing every problem."""
     errors: list[str] = []
-    cfg = _build(Config, raw, "", errors, origin)
-    if not errors:  # value checks only make sense once every field has the right type
-        errors += [f"{origin.get(p, origin.get('', 'config'))}: {p}: {msg}" for p, msg in validate(cfg)]
+    failed: set[str] = set()
+    cfg = _build(Config, raw, "", errors, origin, failed)
+    # Value checks run on what could be built, so that an unknown key and an impossible value are
+    # reported together; a check that involves a value of the wrong type (which kept its default)
+    # would only mislead, so it is left out.
+    errors += [f"{origin.get(p, origin.get('', 'config'))}: {p}: {msg}" for p, msg in validate(cfg)
+               if not any(_involves(p, msg, bad) for bad in failed)]
     if errors:
         raise UsageError(*errors)
     return cfg
+
+
+def _involves(path: str, message: str, bad: str) -> bool:
+    """Whether the value check (path, message) reads `bad` (a field or a whole section)."""
+    return path == bad or path.startswith(bad + ".") or re.search(rf"(?<![\w.]){re.escape(bad)}\b", message) is not None
 
 
 def model_config_from_dict(raw: dict[str, Any], source: str) -> ModelConfig:
@@ -473,6 +517,31 @@ def preset_config(name: str, overrides: list[str] | None = None) -> Config:
     return build_config(_merge(preset_dict(name), extra), {"": f"preset {name}", **origin})
 
 
+class DuplicateKey(yaml.YAMLError):
+    def __init__(self, key: Any, first_line: int, line: int) -> None:
+        super().__init__(f"duplicate key {key!r}")
+        self.key, self.first_line, self.line = key, first_line, line
+
+
+class StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (plain YAML keeps the last one
+    silently, so a second `model:` section would hide the first)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor` may be overridden: YAML's rule
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.setdefault(key, key_node.start_mark.line + 1)
+            except TypeError:  # an unhashable key: SafeLoader's own error says so
+                continue
+            if first != key_node.start_mark.line + 1:
+                raise DuplicateKey(key, first, key_node.start_mark.line + 1)
+        return super().construct_mapping(node, deep)
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
     """Read a YAML mapping, turning every way it can fail into one UsageError line."""
     try:
@@ -486,7 +555,10 @@ def read_yaml(path: Path) -> dict[str, Any]:
     except OSError as exc:
         raise UsageError(f"{path}: cannot read: {exc.strerror}") from None
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=StrictLoader)  # noqa: S506  SafeLoader's constructors, plus a check
+    except DuplicateKey as exc:
+        raise UsageError(f"{path}: line {exc.line}: key {str(exc.key)!r} is given twice (first at line {exc.first_line}); "
+                         "keep one of them (YAML would silently use the last)") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

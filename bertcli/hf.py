@@ -76,7 +76,7 @@ def export(source: Path, out_dir: Path, force: bool = False) -> Path:
               "position_embedding_type": "absolute", "bertcli_version": __version__}
     with atomic.folder(out_dir, guard) as tmp:
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        safetensors.torch.save_file(weights, tmp / "model.safetensors", metadata={"format": "pt"})
+        checkpoint.save_safetensors(weights, tmp / "model.safetensors", metadata={"format": "pt"})
         for name in ("tokenizer.json", "vocab.txt"):
             if not (ckpt / name).is_file():
                 raise UsageError(f"{ckpt}: no {name}; a checkpoint of the synthetic corpus has no tokenizer to export")

@@ -18,8 +18,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from bertcli.config import PrecisionConfig
+from bertcli.config import ModelConfig, PrecisionConfig
 from bertcli.errors import UsageError
+from bertcli.model import BertForPreTraining, padded_vocab_size
 
 
 @dataclass
@@ -113,6 +114,43 @@ def setup(device: str, precision: PrecisionConfig) -> Runtime:
     if world_size > 1 and not dist.is_initialized():
         dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
     return Runtime(device=dev, precision=resolve_precision(precision.mode, dev), rank=rank, world_size=world_size)
+
+
+BYTES_PER_PARAMETER = 16  # fp32 weights, their gradients and AdamW's two moments: 4 x 4 bytes
+
+
+def machine_memory() -> int:
+    """This machine's total RAM in bytes (0 when the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def check_memory(model: ModelConfig, rt: Runtime, parallel: str) -> None:
+    """Refuse sizes whose training state cannot fit, before anything is built: parameters x 16 bytes
+    on the training device (divided over the processes under FSDP), against the GPU's memory, and
+    the fp32 model each process first builds on the CPU, against the machine's RAM (times the
+    processes on this machine). Activations come on top, so passing is no promise; failing is sure."""
+    with torch.device("meta"):  # shapes only: no memory
+        n = sum(p.numel() for p in BertForPreTraining(model).parameters())
+    shards = rt.world_size if rt.distributed and parallel == "fsdp" else 1
+    on_device = BYTES_PER_PARAMETER * n // shards
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # this job's processes on this machine
+    embeddings = padded_vocab_size(model) * model.hidden_size
+    culprit = (f"model.vocab_size={model.vocab_size:,} x model.hidden_size={model.hidden_size:,} alone makes "
+               f"{embeddings:,} of them" if embeddings > n // 2 else
+               "model.hidden_size, model.intermediate_size and model.num_hidden_layers decide most of them")
+    checks = [(4 * n * local if rt.device.type == "cuda" else max(4 * n, on_device) * local, machine_memory(),
+               "this machine's memory")]
+    if rt.device.type == "cuda":
+        checks.insert(0, (on_device, torch.cuda.get_device_properties(rt.device).total_memory,
+                          f"the GPU's memory ({torch.cuda.get_device_name(rt.device)})"))
+    for need, have, where in checks:
+        if have and need > have:
+            raise UsageError(f"the model is too large to train here: {n:,} parameters need {need / 2**30:,.1f} GiB "
+                             f"for fp32 weights, gradients and AdamW state ({BYTES_PER_PARAMETER} bytes each, before "
+                             f"activations) but {where} is {have / 2**30:,.1f} GiB; {culprit}: choose smaller sizes")
 
 
 COMPILE_BACKEND = "inductor"  # tests use "aot_eager": the same graph capture without minutes of code generation

@@ -180,13 +180,18 @@ def _pretrain(cfg: Config, config_path: Path | None, resume: str, quiet: bool, s
         if not init_path.is_absolute() and config_path is not None:
             init_path = config_path.resolve().parent / init_path
         cfg = hf.adopt_imported(cfg, init_path)  # the architecture (and tokenizer) of the imported model
+    checked = cfg.model.vocab_size is not None
+    if checked:  # before the data too: a synthetic corpus is as large as the vocabulary
+        runtime.check_memory(cfg.model, rt, cfg.train.parallel)
     if rt.is_main:
         data = load_data(cfg, config_path, quiet)  # prepares text corpora first when needed (cached)
     rt.barrier()
     if not rt.is_main:
         data = load_data(cfg, config_path, quiet=True)  # prepared by rank 0 by now
     cfg = resolve_vocab(cfg, data.vocab_size, cfg.data.corpus)
-    resume_from = checkpoint.choose_resume(output_dir, resume, cfg)
+    if not checked:  # the size of the vocabulary came from the tokenizer
+        runtime.check_memory(cfg.model, rt, cfg.train.parallel)
+    resume_from = checkpoint.choose_resume(output_dir, resume, cfg, rt.is_main)
     processes = f"{rt.world_size} processes ({cfg.train.parallel})" if rt.distributed else "1 process"
     log_(f"bertcli {__version__}: {rt.describe()}; {processes}; output in {output_dir}")
     log_("resolved config:\n" + yaml.safe_dump(to_dict(cfg), sort_keys=False).rstrip())
@@ -224,6 +229,11 @@ def _pretrain(cfg: Config, config_path: Path | None, resume: str, quiet: bool, s
 
     B, A, W = tc.batch_size, tc.grad_accum_steps, rt.world_size
     last_step = min(tc.max_steps, stop_at or tc.max_steps)
+    if resume_from is not None and step >= last_step:  # already there (or past it): nothing to train
+        limit = f"--stop-at {stop_at}" if stop_at is not None and stop_at < tc.max_steps else f"train.max_steps={tc.max_steps}"
+        log_(f"nothing to do: {resume_from} is already at step {step}, at or past {limit}; raise it to train further")
+        return {"step": step, "tokens_seen": tokens_seen, "checkpoint": str(resume_from),
+                "metrics": checkpoint.read_trainer_state(resume_from).get("metrics") or {}, "is_main": rt.is_main}
     logger = MetricsLogger(output_dir, step, tc.max_steps, cfg.logging.tensorboard, quiet) if rt.is_main else None
     peak = runtime.peak_tflops(rt.device, cfg.logging.peak_tflops)
     tokens_since_start = 0  # this process's, summed over processes when saved
@@ -356,8 +366,5 @@ def _pretrain(cfg: Config, config_path: Path | None, resume: str, quiet: bool, s
         del batches  # stops the worker processes
         if logger:
             logger.close()
-    if last_saved is None and resume_from is not None:
-        last_saved = resume_from  # nothing left to train: the run was already complete
-        log_(f"nothing to do: {resume_from} is already at step {step}")
     return {"step": step, "tokens_seen": tokens_seen, "checkpoint": str(last_saved), "metrics": last_metrics,
             "is_main": rt.is_main}

@@ -4,6 +4,8 @@ names the problem and where it is, no traceback, and no partial output left behi
 
 from __future__ import annotations
 
+import gzip
+import os
 import shutil
 from pathlib import Path
 
@@ -54,6 +56,20 @@ def _weights_of(ckpt: Path, other: Path) -> Path:
     return ckpt
 
 
+def _fifo(path: Path) -> Path:
+    os.mkfifo(path)
+    return path
+
+
+def _gzipped(path: Path) -> bytes:
+    return gzip.compress(path.read_bytes())
+
+
+def _flipped(data: bytes) -> bytes:
+    """One byte of the compressed stream inverted: zlib or the CRC check notices."""
+    return data[:len(data) // 2] + bytes([data[len(data) // 2] ^ 0xFF]) + data[len(data) // 2 + 1:]
+
+
 CONFIG_OK = "data:\n  corpus: synthetic\nmodel:\n  vocab_size: 128\n"
 
 # (id, make(folder, base) -> args, exit code, text the error line must contain)
@@ -97,12 +113,20 @@ CASES = [
     ("unknown-preset", lambda d, b: ["init", d / "run", "--preset", "huge"], 2, "'huge' is not one of"),
     ("init-over-existing", lambda d, b: ["init", _write(d, "run/config.yaml", "train:\n  max_steps: 5\n").parent], 2, "pass --force"),
     ("corpus-missing", lambda d, b: ["init", d / "run", "--corpus", d / "nowhere"], 2, "corpus not found"),
+    ("corpus-fifo", lambda d, b: ["init", d / "run", "--corpus", _fifo(d / "pipe")], 2, "pipe: not a regular file nor a folder"),
+    ("corpus-dev-null", lambda d, b: ["init", d / "run", "--corpus", "/dev/null"], 2, "/dev/null: not a regular file nor a folder"),
     ("corpus-empty", lambda d, b: ["prepare", "-c", write_config(d, f"data.corpus={_write(d, 'e.txt', chr(10) * 3)}",
                                                                  "model.vocab_size=null")], 2, "the corpus is empty"),
     ("corpus-binary", lambda d, b: ["prepare", "-c", write_config(d, f"data.corpus={_write(d, 'b.txt', b'ab' + bytes(range(256)))}",
                                                                   "model.vocab_size=null")], 2, "b.txt: byte 2"),
     ("corpus-not-utf8", lambda d, b: ["prepare", "-c", write_config(d, f"data.corpus={_write(d, 'l.txt', b'ok' + bytes([10, 99, 97, 102, 233, 10]))}",
                                                                     "model.vocab_size=null")], 2, "l.txt: byte 6 (line 2): not valid UTF-8"),
+    ("corpus-gzip-truncated", lambda d, b: ["prepare", "-c", write_config(d, f"data.corpus={_write(d, 'cut.txt.gz', _gzipped(b['corpus'])[:3000])}",
+                                                                          "model.vocab_size=null")], 2, "cut.txt.gz: line "),
+    ("corpus-gzip-corrupt", lambda d, b: ["prepare", "-c", write_config(d, f"data.corpus={_write(d, 'bad.txt.gz', _flipped(_gzipped(b['corpus'])))}",
+                                                                        "model.vocab_size=null")], 2, "bad.txt.gz: line "),
+    ("corpus-not-gzip", lambda d, b: ["prepare", "-c", write_config(d, f"data.corpus={_write(d, 'plain.txt.gz', 'plain text' + chr(10))}",
+                                                                    "model.vocab_size=null")], 2, "plain.txt.gz: line 1, compressed byte"),
     ("corpus-one-document", lambda d, b: ["prepare", "-c", write_config(d, f"data.corpus={_write(d, 'one.txt', 'Only one document here. It has two sentences.' + chr(10))}",
                                                                         "model.vocab_size=null")], 2, "too small for the held-out split"),
     ("corpus-one-enormous-line", lambda d, b: ["prepare", "-c", write_config(d, f"data.corpus={_write(d, 'big.txt', 'word ' * 400_000)}",
@@ -112,6 +136,8 @@ CASES = [
      "set model.vocab_size: null"),
     ("tokenizer-path-missing", lambda d, b: ["prepare", "-c", write_config(d, "data.corpus=sample", "model.vocab_size=null",
                                                                            f"data.tokenizer.path={d / 'none.json'}")], 2, "no tokenizer here"),
+    ("model-too-large", lambda d, b: ["pretrain", "-c", write_config(d, "model.vocab_size=1000000000")], 2,
+     "model.vocab_size=1,000,000,000 x model.hidden_size=32 alone makes 32,000,000,000 of them"),
     ("checkpoint-other-architecture", lambda d, b: ["pretrain", "-c", write_config(d, "model.hidden_size=64"), "--resume",
                                                     b["syn"] / "checkpoints" / "step-0000004"], 2,
      "model.hidden_size=32 in the checkpoint vs 64 in the config"),

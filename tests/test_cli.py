@@ -51,9 +51,10 @@ def test_bad_config_exits_2_with_one_line_per_problem_and_no_traceback(tmp_path)
     proc = run_process("pretrain", "--config", path)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 2, lines  # unknown key + wrong type (values are checked once types are right)
+    assert len(lines) == 3, lines  # unknown key + wrong type + impossible value, all at once
     assert all(line.startswith(f"bertcli: error: {path}: ") for line in lines)
     assert "did you mean 'hidden_size'" in lines[0] and "expected an integer" in lines[1]
+    assert "data.masked_lm_prob: must be in (0, 1), got 1.5" in lines[2]
     assert "Traceback" not in proc.stderr and proc.stdout == ""
     path.write_text("model:\n  hidden_size: 100\n  num_attention_heads: 3\ndata:\n  masked_lm_prob: 1.5\n"
                     "train:\n  mlm_weight: 0\n  nsp_weight: 0\n")
@@ -122,3 +123,45 @@ def test_closed_pipe_exits_quietly():
     proc = subprocess.run(f"set -o pipefail; {sys.executable} -m bertcli inspect configs/base.yaml | head -1",
                           shell=True, cwd=REPO, capture_output=True, text=True, executable="/bin/bash")
     assert proc.returncode == 0, proc.stderr
+
+
+def test_an_eof_error_is_a_failure_not_an_interrupt(cli, monkeypatch):
+    """Click turns an EOFError into Abort, which main() used to report as Ctrl-C (exit 130)."""
+    import bertcli.summary
+
+    def cut_short(path):
+        raise EOFError("Compressed file ended before the end-of-stream marker was reached")
+
+    monkeypatch.setattr(bertcli.summary, "inspect_path", cut_short)
+    result = cli("inspect", "anything")
+    assert result.code == 1 and "interrupted" not in result.err
+    assert result.err_lines == ["bertcli: error: EOFError: Compressed file ended before the end-of-stream marker "
+                                "was reached (run again with --debug for the traceback)"]
+
+
+def test_next_hints_name_the_real_folders_and_run_as_printed(tmp_path, cli, monkeypatch, small_corpus):
+    """Each command's last line is a command to paste: quoted paths (with spaces), the real output folder."""
+    import shlex
+
+    from conftest import TEXT
+
+    def hints(result) -> list[list[str]]:
+        assert result.code == 0, result.err
+        line = result.err_lines[-1]
+        assert line.startswith("next: ")
+        return [shlex.split(command) for command in line.removeprefix("next: ").split("   or   ")]
+
+    monkeypatch.chdir(tmp_path)
+    sets = [a for o in TEXT + ["train.max_steps=2", "train.eval_every=0", "output_dir=../out dir"] for a in ("--set", o)]
+    [pretrain] = hints(cli("init", "my runs/demo", "--corpus", small_corpus, *sets))
+    assert pretrain == ["bertcli", "pretrain", "--config", "my runs/demo/config.yaml"]
+    inspect, pretrain = hints(cli("prepare", "--config", "my runs/demo/config.yaml", "--quiet",
+                                  "--set", "data.prepared_dir=prep data"))
+    assert inspect == ["bertcli", "inspect", "my runs/demo/prep data"]
+    assert cli(*inspect[1:]).code == 0
+    result = cli(*pretrain[1:], "--quiet")  # the same overrides: the data just prepared, not a new copy
+    assert "is up to date" in result.err and not (tmp_path / "my runs" / "demo" / "data").exists()
+    [inspect] = hints(result)
+    assert inspect == ["bertcli", "inspect", "my runs/out dir"]
+    report = json.loads(cli(*inspect[1:], "--json").out)
+    assert report["kind"] == "run" and report["training"]["step"] == 2

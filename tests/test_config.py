@@ -134,12 +134,71 @@ def test_set_values_are_yaml_scalars_and_bad_values_name_set():
     assert info.value.problems == ["--set: train.max_steps: expected an integer, got 'many' (str)"]
 
 
+def test_a_string_that_yaml_reads_as_a_number_gets_a_quoting_hint(tmp_path):
+    with pytest.raises(UsageError) as info:
+        preset_config("tiny", ["data.corpus=2024", "data.tokenizer.path=yes"])
+    assert sorted(info.value.problems) == [
+        "--set: data.corpus: expected a string, got 2024 (int); YAML reads 2024 as a number: quote it "
+        "(--set 'data.corpus=\"2024\"')",
+        "--set: data.tokenizer.path: expected a string, got True (bool); YAML reads true as a boolean: quote it "
+        "(--set 'data.tokenizer.path=\"true\"')"]
+    assert preset_config("tiny", ['data.corpus="2024"']).data.corpus == "2024"  # the hint, taken, works
+    path = tmp_path / "config.yaml"
+    path.write_text("data:\n  corpus: 2024\n")
+    with pytest.raises(UsageError, match='quote it \\(corpus: "2024"\\)'):
+        load_config(path)
+
+
+@pytest.mark.parametrize("item, where", [
+    ("model.tokenizer.path=x", "--set: model.tokenizer: unknown key in section 'model'; it belongs in 'data.tokenizer'"),
+    ("train.synthetic.seed=3", "--set: train.synthetic: unknown key in section 'train'; it belongs in 'data.synthetic'"),
+    ("model.lr=0.1", "--set: model.lr: unknown key in section 'model'; it belongs in 'optimizer.lr'"),
+])
+def test_a_key_or_section_in_the_wrong_section_names_where_it_belongs(item, where):
+    with pytest.raises(UsageError) as info:
+        preset_config("tiny", [item])
+    assert info.value.problems == [where]
+
+
 def test_malformed_yaml_names_line(tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text("model:\n  hidden_size: [1, 2\n")
     with pytest.raises(UsageError) as info:
         load_config(path)
     assert "malformed YAML at line" in str(info.value) and str(path) in str(info.value)
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("model:\n  hidden_size: 64\ntrain:\n  max_steps: 3\nmodel:\n  num_hidden_layers: 2\n",
+     "line 5: key 'model' is given twice (first at line 1)"),
+    ("model:\n  hidden_size: 64\n  num_hidden_layers: 2\n  hidden_size: 32\n",
+     "line 4: key 'hidden_size' is given twice (first at line 2)"),
+])
+def test_a_key_or_section_given_twice_names_both_lines(tmp_path, text, needle):
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    with pytest.raises(UsageError) as info:
+        load_config(path)
+    assert info.value.problems == [f"{path}: {needle}; keep one of them (YAML would silently use the last)"]
+
+
+def test_yaml_merge_keys_may_still_be_overridden(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text("train:\n  <<: {max_steps: 5, batch_size: 4}\n  max_steps: 7\n")
+    cfg = load_config(path)
+    assert cfg.train.max_steps == 7 and cfg.train.batch_size == 4
+
+
+def test_unknown_keys_wrong_types_and_impossible_values_are_reported_together(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text("model:\n  hidden_sze: 64\n  max_position_embeddings: big\ndata:\n  max_seq_length: 1000\n"
+                    "train:\n  max_steps: -3\n")
+    with pytest.raises(UsageError) as info:
+        load_config(path)
+    problems = [p.removeprefix(f"{path}: ") for p in info.value.problems]
+    assert problems == ["model.hidden_sze: unknown key in section 'model'; did you mean 'hidden_size'?",
+                        "model.max_position_embeddings: expected an integer, got 'big' (str)",
+                        "train.max_steps: must be at least 1, got -3"]  # not "1000 is above ... 512", the default
 
 
 def test_round_trip_through_yaml(tmp_path):

@@ -150,3 +150,57 @@ def test_pairs_need_two_documents():
 
     with pytest.raises(UsageError, match="at least 2 documents"):
         ExampleBuilder(corpus, DataConfig(max_seq_length=16))
+
+
+def _one_document_run(tmp_path, documents: int, *overrides: str):
+    from conftest import text_run
+
+    corpus = tmp_path / "docs.txt"
+    corpus.write_text("\n\n".join(f"Document {d} is here. It talks about Python lists.\nA second line of it." for d in range(documents)) + "\n")
+    return text_run(tmp_path / f"run{documents}", corpus, "data.tokenizer.vocab_size=100", "train.max_steps=2",
+                    "train.eval_every=1", "train.eval_examples=4", *overrides)
+
+
+@pytest.mark.parametrize("documents, overrides, advice, fix", [
+    (1, ["data.pairs=false", "train.nsp_weight=0"], "set data.validation_fraction: 0 (no held-out evaluation)",
+     ["data.validation_fraction=0"]),
+    (1, [], "set data.validation_fraction: 0, data.pairs: false and train.nsp_weight: 0",
+     ["data.validation_fraction=0", "data.pairs=false", "train.nsp_weight=0"]),
+    (5, [], "raise data.validation_fraction to 0.5", ["data.validation_fraction=0.5"]),
+    (1, ["data.validation_fraction=0"], "or set data.pairs: false and train.nsp_weight: 0 (no NSP)",
+     ["data.pairs=false", "train.nsp_weight=0"]),
+])
+def test_a_corpus_too_small_gets_advice_that_works(tmp_path, cli, documents, overrides, advice, fix):
+    """One document trains without sentence pairs; each error's advice, taken, makes the run work."""
+    config = _one_document_run(tmp_path, documents, *overrides)
+    result = cli("pretrain", "--config", config, "--quiet")
+    assert result.code == 2 and advice in result.err, result.err
+    assert "raise data.validation_fraction" not in result.err or documents >= 4  # no advice that cannot work
+    result = cli("pretrain", "--config", config, "--quiet", *[a for o in fix for a in ("--set", o)])
+    assert result.code == 0 and "done: step 2" in result.err, result.err
+
+
+def test_random_replacements_are_every_non_special_id_wherever_the_specials_are():
+    V = 40
+    for special in (SpecialTokens(), SpecialTokens(pad=0, unk=17, cls=2, sep=3, mask=V - 1)):  # [MASK] last
+        ids = special.random_regular(np.random.default_rng(0), V, 40_000)
+        counts = np.bincount(ids, minlength=V)
+        assert counts[list(special.ids)].sum() == 0 and len(counts) == V
+        regular = np.delete(counts, special.ids)
+        assert regular.min() > 0.8 * regular.mean() and regular.max() < 1.2 * regular.mean()  # uniform
+    # bertcli's own vocabularies (specials first): the same draws as before, so runs replay unchanged
+    assert np.array_equal(SpecialTokens().random_regular(np.random.default_rng(3), V, 100),
+                          np.random.default_rng(3).integers(5, V, size=100))
+
+
+def test_a_loaded_vocabulary_with_mask_last_trains(tmp_path, cli, trained, small_corpus):
+    """A real vocab.txt whose [MASK] has the highest id (random replacement drew from an empty range)."""
+    from conftest import text_run
+
+    tokens = (trained / "data" / "vocab.txt").read_text().splitlines()
+    tokens.remove("[MASK]")
+    (tmp_path / "vocab.txt").write_text("\n".join(tokens + ["[MASK]"]) + "\n")
+    config = text_run(tmp_path / "run", small_corpus, f"data.tokenizer.path={tmp_path / 'vocab.txt'}", "train.max_steps=2",
+                      "train.eval_every=0", "data.random_token_prob=0.5", "data.mask_token_prob=0.5")
+    result = cli("pretrain", "--config", config, "--quiet")
+    assert result.code == 0 and "done: step 2" in result.err, result.err

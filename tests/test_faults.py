@@ -220,3 +220,24 @@ def test_the_optimizer_step_is_skipped_when_gradients_are_not_finite(fused):
     assert step(False) == [False, False]
     assert all(torch.equal(state[k], optimizer.state[model.weight][k]) for k in state), "moments and step count kept"
     assert step(True) == [True, True]
+
+
+def test_disk_full_during_export_names_the_file_and_fits_the_command(tmp_path, cli, monkeypatch, trained):
+    import errno
+
+    import safetensors.torch
+
+    real_save = safetensors.torch.save_file
+
+    def save_file(tensors, path, metadata=None):
+        real_save(tensors, path, metadata=metadata)  # half-way through the export folder
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(safetensors.torch, "save_file", save_file)
+    result = cli("export", trained, tmp_path / "hf")
+    assert result.code == 1 and len(result.err_lines) == 1, result.err
+    line = result.err_lines[0]
+    assert line.startswith(f"bertcli: error: {tmp_path / 'hf' / 'model.safetensors'}: disk full (No space left on device)")
+    assert "nothing half-written was kept" in line and "OUT_DIR" in line
+    assert "checkpoint" not in line and "resume" not in line and "output_dir" not in line  # pretrain's words
+    assert list(tmp_path.iterdir()) == [], "no export folder, no temporary leftovers"

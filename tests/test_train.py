@@ -17,6 +17,7 @@ import torch
 
 from bertcli import checkpoint
 from bertcli.config import load_config
+from bertcli.data.corpus import synthetic_corpus
 from bertcli.errors import UsageError
 from bertcli.metrics import read_metrics
 from bertcli.model import TIED_ALIASES, BertForPreTraining
@@ -96,6 +97,95 @@ def test_resume_modes(tmp_path):
         train(tmp_path, "model.hidden_size=64")
     assert "model.hidden_size=32 in the checkpoint vs 64 in the config" in str(info.value)
     assert "new folder" in str(info.value)
+
+
+def test_resuming_past_the_requested_end_has_nothing_to_do(tmp_path, cli):
+    train(tmp_path, stop_at=8)
+    before = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    result = train(tmp_path, "train.max_steps=4")  # below the checkpoint's step
+    assert result["step"] == 8 and result["checkpoint"].endswith("step-0000008")
+    for args in (["--stop-at", "6"], ["--set", "train.max_steps=5"], ["--stop-at", "8"]):
+        out = cli("pretrain", "--config", tmp_path / "config.yaml", "--quiet", *args)
+        assert out.code == 0, out.err
+        assert "nothing to do" in out.err and "already at step 8" in out.err and "done: step 8" in out.err
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == before
+
+
+def test_sizes_that_cannot_fit_are_refused_with_the_figure(monkeypatch):
+    from bertcli import runtime
+
+    cfg = micro_config()
+    rt = runtime.Runtime(device=torch.device("cpu"), precision="fp32")
+    n = sum(p.numel() for p in BertForPreTraining(cfg.model).parameters())
+    monkeypatch.setattr(runtime, "machine_memory", lambda: 16 * n)
+    runtime.check_memory(cfg.model, rt, "ddp")  # exactly fits
+    monkeypatch.setattr(runtime, "machine_memory", lambda: 16 * n - 1)
+    with pytest.raises(UsageError, match=f"{n:,} parameters need .* GiB .* this machine's memory is"):
+        runtime.check_memory(cfg.model, rt, "ddp")
+    monkeypatch.setattr(runtime, "machine_memory", lambda: 4 * n)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    runtime.check_memory(cfg.model, runtime.Runtime(torch.device("cpu"), "fp32", world_size=4), "fsdp")  # 1/4 each
+    with pytest.raises(UsageError, match="too large"):
+        runtime.check_memory(cfg.model, runtime.Runtime(torch.device("cpu"), "fp32", world_size=4), "ddp")
+
+
+def test_weights_get_the_mode_of_every_other_file(tmp_path, trained):
+    """safetensors writes its file 0600; bertcli gives it 0666 less the umask, like the rest."""
+    from bertcli import hf
+
+    old = os.umask(0o027)
+    try:
+        train(tmp_path / "run", stop_at=4)
+        hf.export(trained, tmp_path / "hf")
+    finally:
+        os.umask(old)
+    for folder in (tmp_path / "run" / "checkpoints" / "step-0000004", tmp_path / "hf"):
+        modes = {p.name: oct(p.stat().st_mode & 0o777) for p in folder.iterdir()}
+        assert "model.safetensors" in modes and set(modes.values()) == {"0o640"}, modes
+
+
+def test_positions_that_are_not_a_multiple_of_8_are_never_padded_past(tmp_path):
+    """max_position_embeddings 30: batches of full rows (30 tokens) were rounded up to 32 and crashed."""
+    from bertcli.data.examples import ExampleBuilder
+
+    cfg = micro_config("model.max_position_embeddings=30", "data.max_seq_length=30")
+    builder = ExampleBuilder(synthetic_corpus(cfg.data.synthetic, cfg.model.vocab_size), cfg.data)
+    widths = {builder.batch(0, step, range(8)).input_ids.shape[1] for step in range(20)}
+    assert max(widths) == 30 and widths <= {8, 16, 24, 30}, widths
+    result = train(tmp_path, "model.max_position_embeddings=30", "data.max_seq_length=30", stop_at=4)
+    assert result["step"] == 4
+
+
+@pytest.mark.parametrize("damage", ["empty training state", "flipped training state", "cut weights"])
+def test_resume_auto_falls_back_past_a_damaged_newest_checkpoint(tmp_path, cli, damage):
+    import zipfile
+
+    train(tmp_path, "checkpoint.keep_last=3", "train.eval_every=0", stop_at=8)  # step-4 and step-8
+    config = write_config(tmp_path, "checkpoint.keep_last=1", "train.eval_every=0")
+    newest = tmp_path / "checkpoints" / "step-0000008"
+    name = "model.safetensors" if "weights" in damage else "training_state.pt"
+    data = bytearray((newest / name).read_bytes())
+    if damage == "flipped training state":  # one bit of the largest tensor's bytes (not the zip's alignment padding)
+        member = max(zipfile.ZipFile(newest / name).infolist(), key=lambda i: i.file_size)
+        start = member.header_offset + 30 + len(member.filename.encode()) + int.from_bytes(data[member.header_offset + 28:member.header_offset + 30], "little")
+        data[start + member.file_size // 2] ^= 0x01
+    spoilt = {"empty training state": b"", "cut weights": bytes(data[:len(data) // 2])}.get(damage, bytes(data))
+    (newest / name).write_bytes(spoilt)
+    result = cli("pretrain", "--config", config, "--quiet", "--stop-at", "6")
+    assert result.code == 0, result.err
+    assert f"{newest} is damaged ({name}: " in result.err and "resuming from the newest checkpoint that loads" in result.err
+    assert "resuming from" in result.err and "step-0000004 (step 4)" in result.err
+    # keep_last=1 keeps step 6, the one just written (the damaged 8 would have been kept instead of it)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["damaged-step-0000008", "step-0000006"]
+    assert (tmp_path / "checkpoints" / "damaged-step-0000008" / name).read_bytes() == spoilt, "kept as it was"
+
+
+def test_resume_auto_with_no_checkpoint_that_loads_is_one_line(tmp_path, cli):
+    config = write_config(tmp_path, "train.eval_every=0")
+    train(tmp_path, "train.eval_every=0", stop_at=4)
+    (tmp_path / "checkpoints" / "step-0000004" / "training_state.pt").write_bytes(b"")
+    result = cli("pretrain", "--config", config, "--quiet")
+    assert result.code == 1 and len(result.err_lines) == 1 and "no checkpoint loads" in result.err, result.err
 
 
 def test_incomplete_and_temporary_checkpoint_folders_are_never_picked(tmp_path):

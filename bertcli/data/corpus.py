@@ -30,8 +30,21 @@ class SpecialTokens:
 
     @property
     def first_regular_id(self) -> int:
-        """Random replacement tokens are drawn from [first_regular_id, vocab_size)."""
+        """The first id above every special one (where the synthetic corpus starts its words)."""
         return max(self.pad, self.unk, self.cls, self.sep, self.mask) + 1
+
+    @property
+    def ids(self) -> tuple[int, ...]:
+        return tuple(sorted({self.pad, self.unk, self.cls, self.sep, self.mask}))
+
+    def random_regular(self, rng: np.random.Generator, vocab_size: int, size: int) -> np.ndarray:
+        """`size` ids drawn uniformly from every id in [0, vocab_size) that is not special, wherever
+        the special ones are (a loaded vocabulary may put [MASK] last). With the specials first
+        (bertcli's own vocabularies) this is exactly rng.integers(5, vocab_size, size)."""
+        ids = rng.integers(0, vocab_size - len(self.ids), size=size)
+        for special in self.ids:  # ascending: each one moves the draws at or above it up by one
+            ids += ids >= special
+        return ids
 
 
 @dataclass

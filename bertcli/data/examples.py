@@ -57,7 +57,8 @@ class ExampleBuilder:
         self.corpus, self.cfg = corpus, cfg
         if corpus.num_documents < 2 and cfg.pairs:
             raise UsageError("the corpus needs at least 2 documents to build NSP pairs (random next sentences "
-                             "come from another document)")
+                             "come from another document): add documents, or set data.pairs: false and "
+                             "train.nsp_weight: 0")
         self.doc_of = corpus.document_of_segment()  # (S,)
         self.offsets = np.asarray(corpus.seg_offsets)  # (S+1,) token offset of each segment
 
@@ -111,9 +112,9 @@ class ExampleBuilder:
         return Example(masked, segments, positions, labels, nsp_label, (int(self.doc_of[s]), b_doc))
 
     def batch(self, seed: int, step: int, indices: range, stream: int = TRAIN) -> Batch:
-        """Examples `indices` of step `step`; padded to the longest row, rounded up to 8."""
+        """Examples `indices` of step `step`; padded to the longest row, rounded up to 8 within max_seq_length."""
         examples = [self.example(np.random.default_rng([seed, stream, step, i])) for i in indices]
-        return collate(examples, self.cfg.max_predictions_per_seq, self.corpus.special.pad)
+        return collate(examples, self.cfg.max_predictions_per_seq, self.corpus.special.pad, self.cfg.max_seq_length)
 
 
 class StepBatches(torch.utils.data.Dataset):
@@ -189,15 +190,17 @@ def mask_tokens(tokens: np.ndarray, special: np.ndarray, cfg: DataConfig, corpus
     to_mask = r < cfg.mask_token_prob
     to_random = (r >= cfg.mask_token_prob) & (r < cfg.mask_token_prob + cfg.random_token_prob)
     masked[positions[to_mask]] = corpus.special.mask
-    masked[positions[to_random]] = rng.integers(corpus.special.first_regular_id, corpus.vocab_size,
-                                                size=int(to_random.sum()))
+    masked[positions[to_random]] = corpus.special.random_regular(rng, corpus.vocab_size, int(to_random.sum()))
     return masked, positions, labels
 
 
-def collate(examples: list[Example], max_predictions: int, pad_id: int) -> Batch:
+def collate(examples: list[Example], max_predictions: int, pad_id: int, max_length: int) -> Batch:
+    """Examples padded to the longest, rounded up to a multiple of 8 (a few distinct shapes only, and
+    aligned for the matrix units) but never past max_length (data.max_seq_length, at most
+    model.max_position_embeddings: a longer row has no position embedding)."""
     B = len(examples)
     T = max(len(e.tokens) for e in examples)
-    T = -(-T // 8) * 8  # a few distinct shapes only, and aligned for the matrix units
+    T = min(-(-T // 8) * 8, max(T, max_length))
     input_ids = np.full((B, T), pad_id, dtype=np.int64)
     token_type_ids = np.zeros((B, T), dtype=np.int64)
     pred_positions = np.zeros((B, max_predictions), dtype=np.int64)

@@ -260,17 +260,31 @@ def _guard(cfg: Config, config_path: Path | None, folder: Path) -> Callable[[Pat
 
 
 def _check_sizes(splits: dict[str, dict[str, int]], data: DataConfig, folder: Path) -> None:
+    """Enough documents for examples in each split: 2 with sentence pairs (a random next sentence
+    comes from another document), 1 without. Every fix suggested is one that works."""
     train, valid = splits["train"]["documents"], splits["valid"]["documents"]
     total = train + valid
     if total == 0:
         raise UsageError(f"data.corpus={data.corpus!r}: the corpus is empty (no text after reading and tokenizing)")
-    if data.validation_fraction > 0 and valid < 2:
+    need = 2 if data.pairs else 1
+    why = " (random next sentences come from another document)" if data.pairs else ""
+    no_pairs = "set data.pairs: false and train.nsp_weight: 0 (no NSP)"
+    if data.validation_fraction > 0 and valid < need:
+        fixes = []
+        stride = total // need  # every stride-th document is held out: the widest that holds out `need`
+        if stride >= 2:  # validation_fraction is at most 0.5
+            fixes.append(f"raise data.validation_fraction to {1 / stride:.4g}")
+        if total >= need:
+            fixes.append("set data.validation_fraction: 0 (no held-out evaluation)")
+        elif data.pairs:
+            fixes.append("set data.validation_fraction: 0, data.pairs: false and train.nsp_weight: 0 (no NSP)")
+        fixes.append("add documents (blank lines separate them)")
         raise UsageError(f"data.corpus={data.corpus!r}: {total} document(s) is too small for the held-out split "
-                         f"(validation_fraction={data.validation_fraction} holds out {valid}; at least 2 are needed): "
-                         "add documents (blank lines separate them), raise data.validation_fraction, or set it to 0")
-    if train < 2:
-        raise UsageError(f"data.corpus={data.corpus!r}: {train} training document(s); at least 2 are needed (random next "
-                         "sentences come from another document). Separate documents with blank lines")
+                         f"(validation_fraction={data.validation_fraction} holds out {valid}; at least {need} "
+                         f"{'are' if need > 1 else 'is'} needed{why}): {', or '.join(fixes)}")
+    if train < need:
+        raise UsageError(f"data.corpus={data.corpus!r}: {train} training document(s); at least 2 are needed{why}: "
+                         f"separate documents with blank lines, or {no_pairs}")
 
 
 def _read_manifest(folder: Path) -> dict[str, Any] | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -51,6 +52,9 @@ def corpus_files(path: Path) -> list[Path]:
         raise UsageError(f"{path}: corpus not found; set data.corpus to a text file, a JSONL file or a folder of them")
     if path.is_file():
         return [path]
+    if not path.is_dir():  # a pipe, a device (/dev/null), a socket
+        raise UsageError(f"{path}: not a regular file nor a folder; the corpus is read twice (to train the tokenizer, "
+                         "then to tokenize), so save the text to a file first and pass that")
     files = sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(SUFFIXES))
     if not files:
         raise UsageError(f"{path}: no {', '.join('*' + s for s in SUFFIXES)} files in this folder")
@@ -61,11 +65,27 @@ def _open(path: Path) -> BinaryIO:
     return gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")  # type: ignore[return-value]
 
 
+def _raw_lines(path: Path, fh: BinaryIO) -> Iterator[bytes]:
+    """The lines of an open file; a damaged gzip file (cut short, corrupt, or not gzip at all) is a
+    UsageError naming the file, the line and the compressed byte reached. (Left alone,
+    a truncated one raises EOFError, which Click turns into an 'interrupted' exit 130.)"""
+    number = 0
+    try:
+        for number, raw in enumerate(fh, start=1):
+            yield raw
+    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+        at = getattr(fh, "fileobj", None)
+        byte = f", compressed byte {at.tell():,}" if at is not None and not at.closed else ""
+        what = "cut short" if isinstance(exc, EOFError) else f"damaged or not gzip ({exc})"
+        raise UsageError(f"{path}: line {number + 1:,}{byte}: the gzip file is {what}; download or "
+                         "compress it again (gzip -t checks it)") from None
+
+
 def _lines(path: Path, progress: Callable[[int], None]) -> Iterator[tuple[int, str]]:
     """(line number, decoded line) of a file, strictly UTF-8; errors name the file and byte offset."""
     offset = 0
     with _open(path) as fh:
-        for number, raw in enumerate(fh, start=1):
+        for number, raw in enumerate(_raw_lines(path, fh), start=1):
             nul = raw.find(b"\x00")
             if nul >= 0:
                 raise UsageError(f"{path}: byte {offset + nul}: a NUL byte; this looks like a binary file, not text "
