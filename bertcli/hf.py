@@ -113,9 +113,8 @@ def _rename(key: str) -> str | None:
     return key
 
 
-def load_hf_weights(folder: Path, cfg: ModelConfig) -> tuple[dict[str, torch.Tensor], list[str]]:
-    """Weights of a Hugging Face BERT folder under bertcli's names, vocabulary rows padded; and the
-    parts (pooler, MLM head, NSP head) it lacks, which the caller initialises fresh."""
+def weights_file(folder: Path) -> Path:
+    """The model.safetensors of a Hugging Face folder; a folder with only a pickle is refused, with why."""
     folder = Path(folder)
     file = folder / "model.safetensors"
     if not file.is_file():
@@ -124,6 +123,24 @@ def load_hf_weights(folder: Path, cfg: ModelConfig) -> tuple[dict[str, torch.Ten
                              "pickle that can run code when loaded). Convert it where you trust the file: "
                              "BertForPreTraining.from_pretrained(folder).save_pretrained(folder, safe_serialization=True)")
         raise UsageError(f"{folder}: no model.safetensors")
+    return file
+
+
+def stored_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
+    """The shapes of a Hugging Face folder's weights under bertcli's names (no vocabulary padding,
+    no tied aliases), read from the safetensors header alone: nothing is loaded."""
+    file = weights_file(folder)
+    try:
+        with safetensors.safe_open(file, "pt") as f:
+            return {new: tuple(f.get_slice(key).get_shape()) for key in f.keys() if (new := _rename(key)) is not None}
+    except (safetensors.SafetensorError, OSError, ValueError) as exc:
+        raise UsageError(f"{file}: cannot read weights ({exc})") from None
+
+
+def load_hf_weights(folder: Path, cfg: ModelConfig) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """Weights of a Hugging Face BERT folder under bertcli's names, vocabulary rows padded; and the
+    parts (pooler, MLM head, NSP head) it lacks, which the caller initialises fresh."""
+    file = weights_file(folder)
     try:
         raw = safetensors.torch.load_file(file)
     except (safetensors.SafetensorError, OSError, ValueError) as exc:

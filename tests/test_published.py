@@ -121,3 +121,28 @@ def test_an_old_layout_folder_tokenizes_as_bert_tokenizer_does(tmp_path, setting
     for text in ["Héllo Wörld, NAÏVE café", "東京タワー and 北京大学 Résumé", "CamelCase PyTorch ÀÉÎÕÜ àéîõü ñ ç",
                  "crème brûlée — Ça va?"]:
         assert ours.encode(text).ids == fast(text)["input_ids"] == legacy(text)["input_ids"], (settings, text)
+
+
+def test_inspect_reports_a_published_folder_and_an_export(cli, tmp_path, trained, sentence_transformer):
+    from bertcli.hf import export
+
+    report = json.loads(cli("inspect", MINILM, "--json").out)
+    config = json.loads((MINILM / "config.json").read_text())
+    assert report["kind"] == "sentence-transformers folder" and report["architecture"]["class"] == "BertModel"
+    assert all(report["architecture"][k] == config[k] for k in ("vocab_size", "hidden_size", "num_hidden_layers"))
+    assert report["parameters"]["total"] == transformers.BertModel.from_pretrained(MINILM).num_parameters()
+    assert report["absent_parts"] == ["mlm_head", "nsp_head"]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(MINILM)
+    assert report["tokenizer"]["vocab_size"] == len(tokenizer) and report["tokenizer"]["lowercase"] is True
+    st = sentence_transformer(MINILM)
+    modules = [type(m).__name__ for m in st]
+    assert report["sentence_transformers"] == {
+        "pooling": st[modules.index("Pooling")].pooling_mode, "normalize": "Normalize" in modules,
+        "max_seq_length": st.max_seq_length, "bertcli_encode": "reproduces these embeddings by default"}
+    assert "pooling         mean" in cli("inspect", MINILM).out
+
+    out = export(trained, tmp_path / "hf")
+    report = json.loads(cli("inspect", out, "--json").out)
+    assert report["kind"] == "Hugging Face folder" and report["absent_parts"] == []
+    assert report["parameters"]["total"] == transformers.BertForPreTraining.from_pretrained(out).num_parameters()
+    assert report["tokenizer"]["vocab_size"] == len(transformers.AutoTokenizer.from_pretrained(out))
