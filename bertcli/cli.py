@@ -77,7 +77,7 @@ def init(
     directory: Path = typer.Argument(..., help="Folder to create; config.yaml is written inside it."),
     preset: Preset = typer.Option(Preset.tiny, "--preset", "-p", help="tiny (d2l textbook sizes), small, base (BERT-base) or large (BERT-large)."),
     corpus: Optional[Path] = typer.Option(None, "--corpus", help="Text/JSONL file or folder to train on (default: the bundled sample)."),
-    init_from: Optional[Path] = typer.Option(None, "--init-from", help="Continue from a Hugging Face BERT folder or a bertcli checkpoint (its sizes and tokenizer)."),
+    init_from: Optional[Path] = typer.Option(None, "--init-from", help="Continue from a Hugging Face BERT folder or a bertcli checkpoint: its sizes, weights and tokenizer, and a learning rate for continuing (5e-5)."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing config.yaml."),
     overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
 ) -> None:
@@ -86,15 +86,15 @@ def init(
     from bertcli.config import preset_config, preset_header, to_yaml
     from bertcli.data.text import corpus_files
 
+    header = preset_header(preset.value)
     if corpus is not None:
         corpus_files(corpus)  # fail now, not at pretrain time, if it is missing or holds no text files
         overrides = [f"data.corpus={corpus.expanduser().resolve()}"] + overrides
     if init_from is not None:
-        from bertcli.hf import HF_FIELDS, imported_config
+        from bertcli.hf import continued_pretraining
 
-        imported = imported_config(init_from.expanduser().resolve())
-        overrides = [f"model.{k}={getattr(imported, k)}" for k in HF_FIELDS] + [
-            f"model.init_from={init_from.expanduser().resolve()}"] + overrides
+        continued, note = continued_pretraining(init_from.expanduser().resolve(), preset.value, overrides)
+        overrides, header = continued + overrides, header + "\n" + note
     cfg = preset_config(preset.value, overrides)
     path = directory / "config.yaml"
     if path.exists() and not force:
@@ -102,7 +102,7 @@ def init(
     if directory.exists() and not directory.is_dir():
         raise UsageError(f"{directory} exists and is not a folder")
     directory.mkdir(parents=True, exist_ok=True)
-    atomic.write_text(path, to_yaml(cfg, preset_header(preset.value)))
+    atomic.write_text(path, to_yaml(cfg, header))
     m = cfg.model
     err(f"wrote {path} (preset {preset.value}: {m.num_hidden_layers} layers, hidden {m.hidden_size}, "
         f"{m.num_attention_heads} heads, sequences of {cfg.data.max_seq_length})")

@@ -19,11 +19,18 @@ import safetensors.torch
 import torch
 
 from bertcli import __version__, atomic, checkpoint
-from bertcli.config import Config, ModelConfig, model_config_from_dict
+from bertcli.config import Config, ModelConfig, TokenizerConfig, model_config_from_dict, preset_config
+from bertcli.data.tokenizer import describe, find_tokenizer_file, load_tokenizer
 from bertcli.errors import UsageError
 from bertcli.model import TIED_ALIASES, BertForPreTraining, padded_vocab_size
+from bertcli.sbert import read_sentence_model
 
 HF_FIELDS = [f.name for f in dataclasses.fields(ModelConfig) if f.name not in ("pad_vocab_multiple", "init_from")]
+# Continued pretraining: the peak learning rate of BERT fine-tuning and of Hugging Face's run_mlm, well below
+# what a preset uses from scratch (2e-3 for tiny, 1e-4 for base): a high rate would first undo what the
+# model learned. Warm-up: 5% of the steps, at most the preset's.
+CONTINUED_LR = 5e-5
+CONTINUED_WARMUP_SHARE = 0.05
 SPECIAL_TOKENS = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
                   "mask_token": "[MASK]"}
 
@@ -205,3 +212,31 @@ def adopt_imported(cfg: Config, path: Path) -> Config:
     if not data.tokenizer.path:  # the imported model's own tokenizer
         data = dataclasses.replace(data, tokenizer=dataclasses.replace(data.tokenizer, path=str(path)))
     return dataclasses.replace(cfg, model=model, data=data)
+
+
+def continued_pretraining(source: Path, preset: str, overrides: list[str]) -> tuple[list[str], str]:
+    """What `bertcli init --init-from SOURCE` sets before the user's --set values (which win): the
+    imported architecture and weights, its tokenizer as data.tokenizer.path (with its casing), and
+    optimizer values for continuing; and a note for the config's header saying so."""
+    sentence = read_sentence_model(source)
+    source = sentence.transformer if sentence else Path(source)  # a sentence-transformers folder's BERT
+    imported = imported_config(source)
+    values = [f"model.{k}={getattr(imported, k)}" for k in HF_FIELDS] + [f"model.init_from={json.dumps(str(source))}"]
+    try:
+        tokenizer = find_tokenizer_file(source)
+    except UsageError:
+        tokenizer = None  # prepare trains one, as without --init-from
+    if tokenizer is not None:
+        casing = describe(load_tokenizer(tokenizer, TokenizerConfig()))
+        values.append(f"data.tokenizer.path={json.dumps(str(source))}")
+        values += [f"data.tokenizer.{k}={casing[k]}" for k in ("lowercase", "strip_accents") if k in casing]
+    scratch = preset_config(preset, values + overrides)
+    warmup = min(scratch.optimizer.warmup_steps, max(1, round(CONTINUED_WARMUP_SHARE * scratch.train.max_steps)))
+    values += [f"optimizer.lr={CONTINUED_LR}", f"optimizer.warmup_steps={warmup}"]
+    cfg = preset_config(preset, values + overrides)
+    o = cfg.optimizer
+    note = (f"\nContinued pretraining from {source}: its architecture (model), weights (model.init_from)"
+            f"{' and tokenizer (data.tokenizer.path)' if tokenizer else ''}.\n"
+            f"optimizer.lr {o.lr:g} with {o.warmup_steps:,} warm-up steps, against {scratch.optimizer.lr:g} from scratch "
+            f"in preset '{preset}':\na model that has learned already needs a lower rate, or the first steps undo it.")
+    return values, note

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -146,3 +147,35 @@ def test_inspect_reports_a_published_folder_and_an_export(cli, tmp_path, trained
     assert report["kind"] == "Hugging Face folder" and report["absent_parts"] == []
     assert report["parameters"]["total"] == transformers.BertForPreTraining.from_pretrained(out).num_parameters()
     assert report["tokenizer"]["vocab_size"] == len(transformers.AutoTokenizer.from_pretrained(out))
+
+
+def test_continued_pretraining_from_the_folder_prepares_whole_sentences_without_pad(cli, tmp_path, small_corpus):
+    from bertcli.config import load_config, preset_config
+    from bertcli.data.prepare import load_prepared
+
+    tok = load_tokenizer(MINILM, TokenizerConfig())
+    lines = [line for line in small_corpus.read_text().splitlines() if line.strip()]
+    long = ", ".join(re.sub(r"[.!?]", "", line) for line in lines[:12])  # one sentence (no .!?), > 128 tokens
+    full = len(tok.encode(long, add_special_tokens=False).ids)
+    assert full > 128
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(small_corpus.read_text() + "\n" + long + "\n")
+    assert cli("init", tmp_path / "x", "--init-from", MINILM, "--corpus", corpus).code == 0
+    config = tmp_path / "x" / "config.yaml"
+    cfg = load_config(config)
+    assert Path(cfg.data.tokenizer.path) == MINILM and Path(cfg.model.init_from) == MINILM
+    assert cfg.optimizer.lr < preset_config("tiny").optimizer.lr and "Continued pretraining" in config.read_text()
+
+    assert cli("prepare", "--config", config, "--quiet").code == 0
+    prepared = load_prepared(tmp_path / "x" / "data")
+    assert prepared.manifest["tokenizer"]["source"] == str(MINILM / "tokenizer.json")
+    lengths, pads = [], 0
+    for split in ("train", "valid"):
+        c = prepared.corpus(split)
+        lengths += np.diff(np.asarray(c.seg_offsets)).tolist()
+        pads += int((np.asarray(c.tokens) == prepared.special.pad).sum())
+    assert pads == 0 and max(lengths) == full  # no [PAD] stored, the long sentence whole
+    report = json.loads(cli("inspect", tmp_path / "x" / "data", "--json").out)
+    train = np.diff(np.asarray(prepared.corpus("train").seg_offsets))
+    assert report["segment_length_mean"] == pytest.approx(train.mean()) and report["segment_length_mean"] < 64
+    assert "[PAD]" not in report["example"]["text"] and report["tokenizer"] != "trained"
