@@ -241,10 +241,11 @@ def encode(
     if tokens and fmt != Format.jsonl:
         raise UsageError("--tokens writes JSONL: drop --format or use --format jsonl")
     encoder = enc_mod.load_encoder(model, resolve_device(device), dtype)
-    settings = enc_mod.resolve(encoder, pooling.value if pooling else None, normalize, max_length)
+    settings = enc_mod.resolve(encoder, pooling.value if pooling else None, normalize, max_length, tokens)
     if settings.from_folder:
-        err(f"bertcli encode: {model} is a sentence-transformers model: {encoder.sentence.describe()} (as its "
-            "modules.json says; --pooling, --normalize/--no-normalize and --max-length choose otherwise)")
+        err(f"bertcli encode: {model} is a sentence-transformers model: {settings.pooling} pooling, "
+            f"{'normalized' if settings.normalize else 'not normalized'}, up to {settings.max_length} tokens (its own "
+            "settings; --pooling, --normalize/--no-normalize and --max-length choose otherwise)")
     writer = enc_mod.Writer(fmt.value, sys.stdout, output, with_text)
     try:
         counts = enc_mod.encode(encoder, enc_mod.read_lines(inputs or [], errors), writer, settings.pooling, layer,

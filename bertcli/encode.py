@@ -84,12 +84,13 @@ class Settings:
 
 
 def resolve(enc: Encoder, pooling: str | None = None, normalize: bool | None = None,
-            max_length: int | None = None) -> Settings:
+            max_length: int | None = None, per_token: bool = False) -> Settings:
     """Explicit values win. Otherwise a sentence-transformers folder's pooling with its
     normalisation, and its max_seq_length; else cls, no normalisation and the model's limit.
-    Choosing a pooling leaves normalisation off unless asked: the folder's applies to its pooling."""
+    Choosing a pooling leaves normalisation off unless asked: the folder's applies to its pooling
+    (and per-token vectors are not pooled)."""
     st = enc.sentence
-    from_folder = pooling is None and st is not None
+    from_folder = pooling is None and st is not None and not per_token
     if from_folder:
         problem = st.problem()
         if problem:
@@ -173,7 +174,7 @@ def encode(enc: Encoder, lines: Iterator[str], out: "Writer", pooling: str | Non
     index = layer if layer >= 0 else L + 1 + layer
     if not 0 <= index <= L:
         raise UsageError(f"--layer {layer}: this model has layers 0 (embeddings) to {L} (-1 to -{L + 1} from the end)")
-    settings = resolve(enc, pooling, normalize, max_length)
+    settings = resolve(enc, pooling, normalize, max_length, per_token)
     pooling, normalize, layer = settings.pooling, settings.normalize, index
     if pooling == "pooler" and layer != L:
         raise UsageError("--pooling pooler reads the last layer; drop --layer or pick another pooling")

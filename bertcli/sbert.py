@@ -45,10 +45,6 @@ class SentenceModel:
             return f"its pooling is {self.pooling}, which bertcli does not compute"
         return None
 
-    def describe(self) -> str:
-        limit = f"up to {self.max_seq_length} tokens" if self.max_seq_length else "the model's length limit"
-        return f"{self.pooling} pooling, {'normalized' if self.normalize else 'not normalized'}, {limit}"
-
 
 def _read_json(file: Path) -> Any:
     try:
