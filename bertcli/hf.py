@@ -20,7 +20,7 @@ import torch
 
 from bertcli import __version__, atomic, checkpoint
 from bertcli.config import Config, ModelConfig, TokenizerConfig, model_config_from_dict, preset_config
-from bertcli.data.tokenizer import describe, find_tokenizer_file, load_tokenizer
+from bertcli.data.tokenizer import describe, find_tokenizer_file, load_tokenizer, read_tokenizer_json
 from bertcli.errors import UsageError
 from bertcli.model import TIED_ALIASES, BertForPreTraining, padded_vocab_size
 from bertcli.sbert import read_sentence_model
@@ -77,11 +77,14 @@ def export(source: Path, out_dir: Path, force: bool = False) -> Path:
             if not (ckpt / name).is_file():
                 raise UsageError(f"{ckpt}: no {name}; a checkpoint of the synthetic corpus has no tokenizer to export")
             shutil.copyfile(ckpt / name, tmp / name)
-        tokenizer_config = {"tokenizer_class": "BertTokenizer", "do_lower_case": cfg.data.tokenizer.lowercase,
-                            "strip_accents": None if cfg.data.tokenizer.strip_accents == cfg.data.tokenizer.lowercase
-                            else cfg.data.tokenizer.strip_accents,
-                            "tokenize_chinese_chars": True, "model_max_length": m.max_position_embeddings,
-                            **SPECIAL_TOKENS}
+        # The casing of the tokenizer itself, not of the config (a loaded tokenizer keeps its own):
+        # transformers applies these keys over tokenizer.json's normalizer.
+        casing = describe(read_tokenizer_json(tmp / "tokenizer.json"))
+        lower, strip = casing.get("lowercase", True), casing.get("strip_accents", True)
+        tokenizer_config = {"tokenizer_class": "BertTokenizer", "do_lower_case": lower,
+                            "strip_accents": None if strip == lower else strip,
+                            "tokenize_chinese_chars": casing.get("tokenize_chinese_chars", True),
+                            "model_max_length": m.max_position_embeddings, **SPECIAL_TOKENS}
         (tmp / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
         (tmp / "special_tokens_map.json").write_text(json.dumps(SPECIAL_TOKENS, indent=2) + "\n")
         for path in tmp.iterdir():

@@ -133,19 +133,42 @@ def test_flags_win_and_unreproducible_folders_are_refused(minilm, cli, tmp_path,
     np.testing.assert_array_equal(vectors(with_dense, sample_lines[:4], pooling="mean"), plain_mean)
 
 
+TEXTS = ["Héllo Wörld, NAÏVE café", "東京タワー and 北京大学 Résumé", "CamelCase PyTorch ÀÉÎÕÜ àéîõü ñ ç", "crème brûlée — Ça va?"]
+
+
+@pytest.mark.parametrize("layout", ["vocab.txt", "tokenizer.json"])
 @pytest.mark.parametrize("settings", [{}, {"do_lower_case": False}, {"do_lower_case": True, "strip_accents": False},
                                       {"do_lower_case": False, "strip_accents": True, "tokenize_chinese_chars": False},
                                       {"do_lower_case": True, "strip_accents": None, "tokenize_chinese_chars": False}])
-def test_an_old_layout_folder_tokenizes_as_bert_tokenizer_does(tmp_path, settings):
+def test_a_tokenizer_config_decides_the_casing_as_in_transformers(tmp_path, settings, layout):
+    """The older layout (vocab.txt alone) and a tokenizer.json whose normalizer says otherwise (it
+    lowercases): tokenizer_config.json decides, as for transformers' BertTokenizer."""
     from transformers.models.bert.tokenization_bert_legacy import BertTokenizerLegacy
 
-    shutil.copyfile(MINILM / "vocab.txt", tmp_path / "vocab.txt")  # no tokenizer.json: the older layout
+    for name in {"vocab.txt", layout}:
+        shutil.copyfile(MINILM / name, tmp_path / name)
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(settings))
     ours = load_tokenizer(tmp_path, TokenizerConfig())  # the config's own casing (lowercase) must not win
     fast, legacy = transformers.BertTokenizer.from_pretrained(tmp_path), BertTokenizerLegacy.from_pretrained(tmp_path)
-    for text in ["Héllo Wörld, NAÏVE café", "東京タワー and 北京大学 Résumé", "CamelCase PyTorch ÀÉÎÕÜ àéîõü ñ ç",
-                 "crème brûlée — Ça va?"]:
+    for text in TEXTS:
         assert ours.encode(text).ids == fast(text)["input_ids"] == legacy(text)["input_ids"], (settings, text)
+
+
+def test_an_export_says_the_casing_its_tokenizer_has(tmp_path, small_corpus):
+    """A run on the folder's (uncased) tokenizer whose config says lowercase: false: the export's
+    tokenizer_config.json must follow the tokenizer, or transformers tokenizes otherwise."""
+    from bertcli.config import load_config
+    from bertcli.hf import export
+    from bertcli.trainer import pretrain
+    from conftest import text_run
+
+    config = text_run(tmp_path / "run", small_corpus, f"data.tokenizer.path={MINILM}", "data.tokenizer.lowercase=false",
+                      "data.tokenizer.strip_accents=false", "train.max_steps=1", "train.eval_every=0")
+    pretrain(load_config(config), config, quiet=True)
+    theirs = transformers.AutoTokenizer.from_pretrained(export(tmp_path / "run", tmp_path / "hf"))
+    ours = load_tokenizer(tmp_path / "run" / "data", TokenizerConfig())
+    for text in TEXTS:
+        assert theirs(text)["input_ids"] == ours.encode(text).ids, text
 
 
 def test_inspect_reports_a_published_folder_and_an_export(cli, tmp_path, trained, sentence_transformer):

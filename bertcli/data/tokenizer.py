@@ -37,18 +37,21 @@ class Casing:
     tokenize_chinese_chars: bool = True  # put spaces around CJK characters: one token each
 
 
-def casing_of(folder: Path, cfg: TokenizerConfig) -> Casing:
-    """The casing a vocab.txt in `folder` is used with: its tokenizer_config.json's, read as
-    transformers' BertTokenizer reads it (missing keys take BertTokenizer's defaults), or else cfg's."""
+def casing_of(folder: Path) -> Casing | None:
+    """The casing of the tokenizer_config.json in `folder`, read as transformers' BertTokenizer
+    reads it (missing keys take BertTokenizer's defaults); None without one, or when it names a
+    tokenizer class that is not BERT's."""
     file = Path(folder) / "tokenizer_config.json"
     if not file.is_file():
-        return Casing(cfg.lowercase, cfg.strip_accents, True)
+        return None
     try:
         raw = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise UsageError(f"{file}: cannot read ({exc}); fix the file or remove it to use data.tokenizer's casing") from None
     if not isinstance(raw, dict):
         raise UsageError(f"{file}: expected a JSON object")
+    if not str(raw.get("tokenizer_class") or "BertTokenizer").removesuffix("Fast").endswith("BertTokenizer"):
+        return None
     values = {"do_lower_case": raw.get("do_lower_case", True), "strip_accents": raw.get("strip_accents"),
               "tokenize_chinese_chars": raw.get("tokenize_chinese_chars", True)}
     for key, value in values.items():
@@ -107,14 +110,21 @@ def read_tokenizer_json(path: Path) -> Tokenizer:
 
 
 def load_tokenizer(path: Path, cfg: TokenizerConfig) -> Tokenizer:
-    """A tokenizer.json (used as it is, padding and truncation off) or a vocab.txt (with BERT's
-    pipeline and the casing of `casing_of`)."""
+    """A tokenizer.json or a vocab.txt (with BERT's pipeline), padding and truncation off. As in
+    transformers, a tokenizer_config.json beside it decides the casing (lowercase, accents, CJK
+    characters), even over a tokenizer.json's own normalizer; a vocab.txt without one takes cfg's."""
     path = find_tokenizer_file(path)
-    casing = casing_of(path.parent, cfg) if path.suffix != ".json" else None
+    casing = casing_of(path.parent)
     try:
-        if casing is None:
+        if path.suffix == ".json":
             tok = Tokenizer.from_file(str(path))
+            norm = tok.normalizer
+            if casing is not None and isinstance(norm, normalizers.BertNormalizer):
+                tok.normalizer = normalizers.BertNormalizer(
+                    clean_text=norm.clean_text, handle_chinese_chars=casing.tokenize_chinese_chars,
+                    strip_accents=casing.strip_accents, lowercase=casing.do_lower_case)
         else:
+            casing = casing or Casing(cfg.lowercase, cfg.strip_accents, True)
             tok = _add_post_processor(_bert_pipeline(Tokenizer(models.WordPiece.from_file(str(path), unk_token="[UNK]")), casing))
     except Exception as exc:  # tokenizers raises plain Exceptions with its own message
         raise UsageError(f"{path}: cannot load tokenizer ({str(exc).splitlines()[0]})") from None
