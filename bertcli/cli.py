@@ -93,7 +93,7 @@ def init(
     directory: Path = typer.Argument(..., help="Folder to create; config.yaml is written inside it."),
     preset: Preset = typer.Option(Preset.tiny, "--preset", "-p", help="tiny (d2l textbook sizes), small, base (BERT-base) or large (BERT-large)."),
     corpus: Optional[Path] = typer.Option(None, "--corpus", help="Text/JSONL file or folder to train on (default: the bundled sample)."),
-    init_from: Optional[Path] = typer.Option(None, "--init-from", help="Continue from a Hugging Face BERT folder or a bertcli checkpoint (its sizes and tokenizer)."),
+    init_from: Optional[Path] = typer.Option(None, "--init-from", help="Continue from a Hugging Face BERT folder or a bertcli checkpoint: its sizes, weights and tokenizer, and a learning rate for continuing (5e-5)."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing bertcli config.yaml (nothing else in the folder is touched)."),
     overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
 ) -> None:
@@ -102,15 +102,15 @@ def init(
     from bertcli.config import preset_config, preset_header, to_yaml
     from bertcli.data.text import corpus_files
 
+    header = preset_header(preset.value)
     if corpus is not None:
         corpus_files(corpus)  # fail now, not at pretrain time, if it is missing or holds no text files
         overrides = [f"data.corpus={corpus.expanduser().resolve()}"] + overrides
     if init_from is not None:
-        from bertcli.hf import HF_FIELDS, imported_config
+        from bertcli.hf import continued_pretraining
 
-        imported = imported_config(init_from.expanduser().resolve())
-        overrides = [f"model.{k}={getattr(imported, k)}" for k in HF_FIELDS] + [
-            f"model.init_from={init_from.expanduser().resolve()}"] + overrides
+        continued, note = continued_pretraining(init_from.expanduser().resolve(), preset.value, overrides)
+        overrides, header = continued + overrides, header + "\n" + note
     cfg = preset_config(preset.value, overrides)
     path = directory / "config.yaml"
     if path.exists() or path.is_symlink():
@@ -120,7 +120,7 @@ def init(
     if directory.exists() and not directory.is_dir():
         raise UsageError(f"{directory} exists and is not a folder")
     directory.mkdir(parents=True, exist_ok=True)
-    atomic.write_text(path.resolve(), to_yaml(cfg, preset_header(preset.value)))  # a link: keep it, rewrite its config
+    atomic.write_text(path.resolve(), to_yaml(cfg, header))  # a link: keep it, rewrite its config
     m = cfg.model
     err(f"wrote {path} (preset {preset.value}: {m.num_hidden_layers} layers, hidden {m.hidden_size}, "
         f"{m.num_attention_heads} heads, sequences of {cfg.data.max_seq_length})")
@@ -216,17 +216,28 @@ class Format(str, Enum):
 @app.command()
 def encode(
     inputs: list[str] = typer.Argument(None, help="Text files, one text per line ('-' or none: stdin)."),
-    model: Path = typer.Option(..., "--model", "-m", help="A run folder, a checkpoint folder or a Hugging Face BERT folder."),
-    pooling: Pooling = typer.Option(Pooling.cls, "--pooling", help="cls, mean or max (over all non-padding positions), or pooler."),
+    model: Path = typer.Option(..., "--model", "-m", help="A run folder, a checkpoint folder or a Hugging Face BERT folder "
+                               "(a sentence-transformers folder included)."),
+    pooling: Optional[Pooling] = typer.Option(None, "--pooling", help="cls, mean or max (over all non-padding positions), or "
+                                              "pooler. Default: a sentence-transformers folder's own pooling and "
+                                              "normalisation (its embeddings), else cls."),
     layer: int = typer.Option(-1, "--layer", help="Layer to read: 0 = embeddings, 1..L, negative from the end (-1 = last)."),
-    normalize: bool = typer.Option(False, "--normalize", help="Scale each vector to unit length."),
-    fmt: Format = typer.Option(Format.jsonl, "--format", "-f", help="jsonl, tsv (to stdout) or npy (to --output)."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="File for --format npy (replaced if it exists; never an input file)."),
-    with_text: bool = typer.Option(False, "--with-text", help="Add the text to each JSONL row."),
+    normalize: Optional[bool] = typer.Option(None, "--normalize/--no-normalize", help="Scale each vector to unit length. "
+                                             "Default: as a sentence-transformers folder says when --pooling is not "
+                                             "given, else off."),
+    fmt: Optional[Format] = typer.Option(None, "--format", "-f", help="jsonl, tsv or npy. Default: from the --output "
+                                         "suffix (.npy, .tsv), else jsonl."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the rows to this file (atomically) instead "
+                                          "of stdout; needed for npy. Replaced if it exists; never an input file."),
+    with_text: bool = typer.Option(False, "--with-text", help="Add the text to each row (tsv: as the first column, "
+                                   "TAB and backslash escaped as \\t and \\\\)."),
     tokens: bool = typer.Option(False, "--tokens", help="Per-token vectors (JSONL): tokens and one vector each."),
-    pairs: bool = typer.Option(False, "--pairs", help="Lines are A<TAB>B sentence pairs, encoded with segment ids."),
+    pairs: bool = typer.Option(False, "--pairs", help="Lines are A<TAB>B sentence pairs, encoded with segment ids; a "
+                               "line without a TAB is encoded as one sentence (counted on stderr)."),
+    strict_pairs: bool = typer.Option(False, "--strict-pairs", help="With --pairs, a line without a TAB is an error."),
     batch_size: int = typer.Option(32, "--batch-size", min=1, help="Texts per forward pass."),
-    max_length: Optional[int] = typer.Option(None, "--max-length", min=2, help="Truncate longer texts (default: the model's limit)."),
+    max_length: Optional[int] = typer.Option(None, "--max-length", min=2, help="Truncate longer texts (default: a "
+                                             "sentence-transformers folder's max_seq_length, else the model's limit)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N."),
     dtype: str = typer.Option("fp32", "--dtype", help="fp32, bf16 or fp16."),
     errors: str = typer.Option("strict", "--errors", help="strict: a line that is not UTF-8 is an error; replace: replace bad bytes."),
@@ -242,21 +253,34 @@ def encode(
         raise UsageError(f"--dtype {dtype!r}: expected fp32, bf16 or fp16")
     if errors not in ("strict", "replace"):
         raise UsageError(f"--errors {errors!r}: expected strict or replace")
+    if strict_pairs and not pairs:
+        raise UsageError("--strict-pairs checks --pairs input: add --pairs, or drop --strict-pairs")
+    if fmt is None:
+        suffix = output.suffix.lower() if output is not None else ""
+        fmt = Format.npy if suffix == ".npy" else Format.tsv if suffix == ".tsv" else Format.jsonl
     if tokens and fmt != Format.jsonl:
         raise UsageError("--tokens writes JSONL: drop --format or use --format jsonl")
     if output is not None:  # never a folder, an input file or a file of the model; resolved (links written through)
         output = check_output_file(output, [i for i in inputs or [] if i != "-"], model)
     encoder = enc_mod.load_encoder(model, resolve_device(device), dtype)
+    settings = enc_mod.resolve(encoder, pooling.value if pooling else None, normalize, max_length, tokens)
+    if settings.from_folder:
+        err(f"bertcli encode: {model} is a sentence-transformers model: {settings.pooling} pooling, "
+            f"{'normalized' if settings.normalize else 'not normalized'}, up to {settings.max_length} tokens (its own "
+            "settings; --pooling, --normalize/--no-normalize and --max-length choose otherwise)")
     writer = enc_mod.Writer(fmt.value, sys.stdout, output, with_text)
     try:
-        counts = enc_mod.encode(encoder, enc_mod.read_lines(inputs or [], errors), writer, pooling.value, layer, normalize,
-                                batch_size, max_length, pairs, tokens)
+        counts = enc_mod.encode(encoder, enc_mod.read_lines(inputs or [], errors), writer, settings.pooling, layer,
+                                settings.normalize, batch_size, settings.max_length, pairs, tokens, strict_pairs)
     except BaseException:
         writer.abort()
         raise
     writer.close(encoder.model.config.hidden_size)
     if counts["truncated"]:
         err(f"bertcli encode: {counts['truncated']:,} of {counts['lines']:,} lines were truncated to the length limit")
+    if counts["unpaired"]:
+        err(f"bertcli encode: {counts['unpaired']:,} of {counts['lines']:,} lines had no TAB and were encoded as one "
+            "sentence each (--strict-pairs makes that an error)")
 
 
 # Per command: what a full disk leaves intact, and where else to write (for os_error_message).

@@ -97,9 +97,9 @@ class TokenizerConfig:
     min_frequency: int = 2
     """Fewest occurrences for a merged piece to enter the trained vocabulary."""
     lowercase: bool = True
-    """Lower-case text before tokenizing (an 'uncased' model)."""
+    """Lower-case text before tokenizing (an 'uncased' model); a loaded tokenizer.json, or a vocab.txt with a tokenizer_config.json beside it, keeps its own."""
     strip_accents: bool = True
-    """Remove accents before tokenizing."""
+    """Remove accents before tokenizing (as lowercase: a loaded tokenizer keeps its own)."""
 
 
 @dataclass

@@ -25,9 +25,10 @@ from tokenizers import Tokenizer
 
 from bertcli import atomic, checkpoint, hf
 from bertcli.config import TokenizerConfig
-from bertcli.data.tokenizer import load_tokenizer
+from bertcli.data.tokenizer import load_tokenizer, read_tokenizer_json
 from bertcli.errors import PipeClosed, UsageError
 from bertcli.model import BertForPreTraining, padding_mask
+from bertcli.sbert import SentenceModel, read_sentence_model
 
 POOLINGS = ("cls", "mean", "max", "pooler")
 WINDOW_BATCHES = 32
@@ -39,6 +40,7 @@ class Encoder:
     tokenizer: Tokenizer
     device: torch.device
     dtype: torch.dtype | None  # autocast dtype, None = fp32
+    sentence: SentenceModel | None = None  # a sentence-transformers folder's own settings
 
     @property
     def max_length(self) -> int:
@@ -46,18 +48,18 @@ class Encoder:
 
 
 def load_encoder(path: Path, device: torch.device, dtype: str = "fp32") -> Encoder:
-    """A run folder (best checkpoint, else newest), a checkpoint folder, or a Hugging Face BERT folder."""
+    """A run folder (best checkpoint, else newest), a checkpoint folder, or a Hugging Face BERT
+    folder (a sentence-transformers folder's settings come along)."""
     path = Path(path)
     if not path.exists():
         raise UsageError(f"--model {path}: no such folder; pass a run folder, a checkpoint folder or a Hugging Face BERT folder")
-    if hf.is_hf_folder(path):
-        cfg = hf.read_hf_config(path)
+    sentence = read_sentence_model(path) if path.is_dir() else None
+    folder = sentence.transformer if sentence else path
+    if hf.is_hf_folder(folder):
+        cfg = hf.read_hf_config(folder)
         model = BertForPreTraining(cfg)
-        hf.init_from(model, path)
-        lowercase = True
-        if (path / "tokenizer_config.json").is_file():
-            lowercase = bool(json.loads((path / "tokenizer_config.json").read_text()).get("do_lower_case", True))
-        tokenizer = load_tokenizer(path, TokenizerConfig(lowercase=lowercase, strip_accents=lowercase))
+        hf.init_from(model, folder)
+        tokenizer = load_tokenizer(folder, TokenizerConfig())  # a vocab.txt follows its tokenizer_config.json
     else:
         ckpt = hf.find_checkpoint(path)
         cfg = checkpoint.read_config(ckpt).model
@@ -65,10 +67,39 @@ def load_encoder(path: Path, device: torch.device, dtype: str = "fp32") -> Encod
         checkpoint.load_weights(model, ckpt)
         if not (ckpt / "tokenizer.json").is_file():
             raise UsageError(f"{ckpt}: no tokenizer.json (a synthetic-corpus run has no tokenizer to encode text with)")
-        tokenizer = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
+        tokenizer = read_tokenizer_json(ckpt / "tokenizer.json")
     model.to(device).eval()
     autocast = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
-    return Encoder(model, tokenizer, device, autocast)
+    return Encoder(model, tokenizer, device, autocast, sentence)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How vectors are made, once every default is resolved."""
+
+    pooling: str
+    normalize: bool
+    max_length: int
+    from_folder: bool  # pooling and normalisation are the sentence-transformers folder's
+
+
+def resolve(enc: Encoder, pooling: str | None = None, normalize: bool | None = None,
+            max_length: int | None = None, per_token: bool = False) -> Settings:
+    """Explicit values win. Otherwise a sentence-transformers folder's pooling with its
+    normalisation, and its max_seq_length; else cls, no normalisation and the model's limit.
+    Choosing a pooling leaves normalisation off unless asked: the folder's applies to its pooling
+    (and per-token vectors are not pooled)."""
+    st = enc.sentence
+    from_folder = pooling is None and st is not None and not per_token
+    if from_folder:
+        problem = st.problem()
+        if problem:
+            raise UsageError(f"--model {st.folder}: {problem}, so its embeddings cannot be reproduced; pass --pooling "
+                             "cls, mean or max for vectors of the BERT encoder itself")
+        pooling, normalize = st.pooling, st.normalize if normalize is None else normalize
+    folder_limit = st.max_seq_length if st is not None else None
+    limit = min(max_length or folder_limit or enc.max_length, enc.max_length)
+    return Settings(pooling or "cls", bool(normalize), limit, from_folder)
 
 
 def read_lines(sources: list[str], errors: str) -> Iterator[str]:
@@ -133,29 +164,38 @@ def _forward(enc: Encoder, ids: list[list[int]], types: list[list[int]], layer: 
     return x, valid
 
 
-def encode(enc: Encoder, lines: Iterator[str], out: "Writer", pooling: str = "cls", layer: int = -1,
-           normalize: bool = False, batch_size: int = 32, max_length: int | None = None, pairs: bool = False,
-           per_token: bool = False) -> dict[str, int]:
-    """Encode every line and hand the rows to `out` in input order; return counts."""
+def encode(enc: Encoder, lines: Iterator[str], out: "Writer", pooling: str | None = None, layer: int = -1,
+           normalize: bool | None = None, batch_size: int = 32, max_length: int | None = None, pairs: bool = False,
+           per_token: bool = False, strict_pairs: bool = False) -> dict[str, int]:
+    """Encode every line and hand the rows to `out` in input order; return counts. None for
+    pooling, normalize or max_length: see `resolve`. With `pairs`, a line without a TAB is one
+    sentence (counted in "unpaired"), or an error when `strict_pairs`."""
     L = enc.model.config.num_hidden_layers
-    layer = layer if layer >= 0 else L + 1 + layer
-    if not 0 <= layer <= L:
-        raise UsageError(f"--layer {layer}: this model has layers 0 (embeddings) to {L}")
+    index = layer if layer >= 0 else L + 1 + layer
+    if not 0 <= index <= L:
+        raise UsageError(f"--layer {layer}: this model has layers 0 (embeddings) to {L} (-1 to -{L + 1} from the end)")
+    settings = resolve(enc, pooling, normalize, max_length, per_token)
+    pooling, normalize, layer = settings.pooling, settings.normalize, index
     if pooling == "pooler" and layer != L:
         raise UsageError("--pooling pooler reads the last layer; drop --layer or pick another pooling")
-    limit = min(max_length or enc.max_length, enc.max_length)
-    enc.tokenizer.enable_truncation(limit)
-    counts = {"lines": 0, "truncated": 0}
+    enc.tokenizer.enable_truncation(settings.max_length)
+    lowercase = enc.sentence is not None and enc.sentence.lowercase  # sentence_bert_config.json's do_lower_case
+    counts = {"lines": 0, "truncated": 0, "unpaired": 0}
     window: list[str] = []
 
     @torch.inference_mode()
     def flush() -> None:
         if not window:
             return
+        texts = [line.lower() for line in window] if lowercase else window
+        inputs: list = texts
         if pairs:
-            inputs = [tuple(line.split("\t", 1)) if "\t" in line else (line, "") for line in window]
-        else:
-            inputs = window
+            inputs = [tuple(text.split("\t", 1)) if "\t" in text else text for text in texts]
+            unpaired = [i for i, x in enumerate(inputs) if isinstance(x, str)]
+            if unpaired and strict_pairs:
+                raise UsageError(f"input line {counts['lines'] + unpaired[0] + 1}: no TAB between the two sentences "
+                                 "(--strict-pairs); write A<TAB>B, or drop --strict-pairs to encode such lines alone")
+            counts["unpaired"] += len(unpaired)
         encodings = enc.tokenizer.encode_batch(inputs, add_special_tokens=True)
         counts["truncated"] += sum(1 for e in encodings if e.overflowing)
         order = sorted(range(len(window)), key=lambda i: len(encodings[i].ids))
@@ -189,17 +229,24 @@ def encode(enc: Encoder, lines: Iterator[str], out: "Writer", pooling: str = "cl
 
 
 class Writer:
-    """Rows out: jsonl or tsv to a text stream, or npy to a file (written atomically at the end)."""
+    """Rows out: jsonl or tsv to a text stream, or to --output; npy to --output. A file is written
+    under a temporary name and renamed into place at the end (never half-written)."""
 
     def __init__(self, fmt: str, stream: TextIO | None, output: Path | None, with_text: bool) -> None:
         self.fmt, self.stream, self.with_text = fmt, stream, with_text
         self.output, self.rows, self.width = output, 0, None
         self.raw: io.BufferedWriter | None = None
-        if fmt == "npy":
-            if output is None:
-                raise UsageError("--format npy writes a file: pass --output FILE.npy")
-            self.raw_path = output.with_name(f"{atomic.TMP_PREFIX}{output.name}.{os.getpid()}.raw")
-            self.raw = open(self.raw_path, "wb")
+        if fmt == "npy" and output is None:
+            raise UsageError("--format npy writes a file: pass --output FILE.npy")
+        if fmt == "npy" and with_text:
+            raise UsageError("--with-text: npy holds numbers only; use --format jsonl or tsv for the text")
+        if output is not None:
+            self.tmp = output.with_name(f"{atomic.TMP_PREFIX}{output.name}.{os.getpid()}")
+            if fmt == "npy":  # the rows first; the header, which needs their count, is written at close
+                self.raw_path = output.with_name(f"{atomic.TMP_PREFIX}{output.name}.{os.getpid()}.raw")
+                self.raw = open(self.raw_path, "wb")
+            else:
+                self.stream = open(self.tmp, "w", encoding="utf-8", newline="\n")
 
     def write(self, number: int, text: str, row: np.ndarray, tokens: list[str] | None) -> None:
         self.rows += 1
@@ -208,7 +255,7 @@ class Writer:
             self.raw.write(np.ascontiguousarray(row, dtype=np.float32).tobytes())
             return
         if self.fmt == "tsv":
-            line = "\t".join(f"{x:.6g}" for x in row)
+            line = "\t".join(([_tsv_text(text)] if self.with_text else []) + [f"{x:.6g}" for x in row])
         elif tokens is not None:
             record = {"line": number, "tokens": tokens, "vectors": [[float(f"{x:.6g}") for x in v] for v in row]}
             line = json.dumps(record | ({"text": text} if self.with_text else {}), ensure_ascii=False)
@@ -222,29 +269,45 @@ class Writer:
             raise PipeClosed from None
 
     def flush(self) -> None:
-        if self.stream is not None and self.raw is None:
+        if self.output is None:
             try:
                 self.stream.flush()
             except BrokenPipeError:
                 raise PipeClosed from None
 
     def close(self, hidden_size: int) -> None:
-        """For npy: header + the rows, renamed into place (an empty input gives shape (0, H))."""
-        if self.raw is None:
+        """Into place: a text file as written; npy as header + rows (an empty input gives shape (0, H))."""
+        if self.output is None:
             return
-        self.raw.close()
-        tmp = self.output.with_name(f"{atomic.TMP_PREFIX}{self.output.name}.{os.getpid()}")
-        header = {"descr": np.lib.format.dtype_to_descr(np.dtype("<f4")), "fortran_order": False,
-                  "shape": (self.rows, self.width or hidden_size)}
-        with open(tmp, "wb") as fh, open(self.raw_path, "rb") as rows:
-            np.lib.format.write_array_header_1_0(fh, header)
-            shutil.copyfileobj(rows, fh, 1 << 20)  # streamed: memory stays bounded
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.output)
-        self.raw_path.unlink(missing_ok=True)
+        if self.raw is None:
+            self.stream.flush()
+            os.fsync(self.stream.fileno())
+            self.stream.close()
+        else:
+            self.raw.close()
+            header = {"descr": np.lib.format.dtype_to_descr(np.dtype("<f4")), "fortran_order": False,
+                      "shape": (self.rows, self.width or hidden_size)}
+            with open(self.tmp, "wb") as fh, open(self.raw_path, "rb") as rows:
+                np.lib.format.write_array_header_1_0(fh, header)
+                shutil.copyfileobj(rows, fh, 1 << 20)  # streamed: memory stays bounded
+                fh.flush()
+                os.fsync(fh.fileno())
+            self.raw_path.unlink(missing_ok=True)
+        os.replace(self.tmp, self.output)
+        atomic.fsync_path(self.output.parent)
 
     def abort(self) -> None:
-        if self.raw is not None:
+        """Remove what was written: the output keeps its earlier content, if any."""
+        if self.output is None:
+            return
+        if self.raw is None:
+            self.stream.close()
+        else:
             self.raw.close()
             self.raw_path.unlink(missing_ok=True)
+        self.tmp.unlink(missing_ok=True)
+
+
+def _tsv_text(text: str) -> str:
+    """A text as one TSV cell: backslash, TAB, CR and LF written as \\\\, \\t, \\r and \\n."""
+    return text.replace("\\", "\\\\").replace("\t", "\\t").replace("\r", "\\r").replace("\n", "\\n")

@@ -19,15 +19,23 @@ import safetensors.torch
 import torch
 
 from bertcli import __version__, atomic, checkpoint, ownership
-from bertcli.config import Config, ModelConfig, model_config_from_dict
+from bertcli.config import Config, ModelConfig, TokenizerConfig, model_config_from_dict, preset_config
+from bertcli.data.tokenizer import describe, find_tokenizer_file, load_tokenizer, read_tokenizer_json
 from bertcli.errors import UsageError
 from bertcli.model import TIED_ALIASES, BertForPreTraining, padded_vocab_size
+from bertcli.sbert import read_sentence_model
 
 HF_FIELDS = [f.name for f in dataclasses.fields(ModelConfig) if f.name not in ("pad_vocab_multiple", "init_from")]
 # What an export holds; its config.json carries bertcli_version, the proof that bertcli wrote it.
 EXPORT = ownership.Layout("an export", "config.json", frozenset(
     ["config.json", "model.safetensors", "tokenizer.json", "vocab.txt", "tokenizer_config.json",
      "special_tokens_map.json"]))
+
+# Continued pretraining: the peak learning rate of BERT fine-tuning and of Hugging Face's run_mlm, well below
+# what a preset uses from scratch (2e-3 for tiny, 1e-4 for base): a high rate would first undo what the
+# model learned. Warm-up: 5% of the steps, at most the preset's.
+CONTINUED_LR = 5e-5
+CONTINUED_WARMUP_SHARE = 0.05
 SPECIAL_TOKENS = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
                   "mask_token": "[MASK]"}
 
@@ -81,11 +89,14 @@ def export(source: Path, out_dir: Path, force: bool = False) -> Path:
             if not (ckpt / name).is_file():
                 raise UsageError(f"{ckpt}: no {name}; a checkpoint of the synthetic corpus has no tokenizer to export")
             shutil.copyfile(ckpt / name, tmp / name)
-        tokenizer_config = {"tokenizer_class": "BertTokenizer", "do_lower_case": cfg.data.tokenizer.lowercase,
-                            "strip_accents": None if cfg.data.tokenizer.strip_accents == cfg.data.tokenizer.lowercase
-                            else cfg.data.tokenizer.strip_accents,
-                            "tokenize_chinese_chars": True, "model_max_length": m.max_position_embeddings,
-                            **SPECIAL_TOKENS}
+        # The casing of the tokenizer itself, not of the config (a loaded tokenizer keeps its own):
+        # transformers applies these keys over tokenizer.json's normalizer.
+        casing = describe(read_tokenizer_json(tmp / "tokenizer.json"))
+        lower, strip = casing.get("lowercase", True), casing.get("strip_accents", True)
+        tokenizer_config = {"tokenizer_class": "BertTokenizer", "do_lower_case": lower,
+                            "strip_accents": None if strip == lower else strip,
+                            "tokenize_chinese_chars": casing.get("tokenize_chinese_chars", True),
+                            "model_max_length": m.max_position_embeddings, **SPECIAL_TOKENS}
         (tmp / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
         (tmp / "special_tokens_map.json").write_text(json.dumps(SPECIAL_TOKENS, indent=2) + "\n")
         for path in tmp.iterdir():
@@ -124,9 +135,8 @@ def _rename(key: str) -> str | None:
     return key
 
 
-def load_hf_weights(folder: Path, cfg: ModelConfig) -> tuple[dict[str, torch.Tensor], list[str]]:
-    """Weights of a Hugging Face BERT folder under bertcli's names, vocabulary rows padded; and the
-    parts (pooler, MLM head, NSP head) it lacks, which the caller initialises fresh."""
+def weights_file(folder: Path) -> Path:
+    """The model.safetensors of a Hugging Face folder; a folder with only a pickle is refused, with why."""
     folder = Path(folder)
     file = folder / "model.safetensors"
     if not file.is_file():
@@ -135,6 +145,24 @@ def load_hf_weights(folder: Path, cfg: ModelConfig) -> tuple[dict[str, torch.Ten
                              "pickle that can run code when loaded). Convert it where you trust the file: "
                              "BertForPreTraining.from_pretrained(folder).save_pretrained(folder, safe_serialization=True)")
         raise UsageError(f"{folder}: no model.safetensors")
+    return file
+
+
+def stored_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
+    """The shapes of a Hugging Face folder's weights under bertcli's names (no vocabulary padding,
+    no tied aliases), read from the safetensors header alone: nothing is loaded."""
+    file = weights_file(folder)
+    try:
+        with safetensors.safe_open(file, "pt") as f:
+            return {new: tuple(f.get_slice(key).get_shape()) for key in f.keys() if (new := _rename(key)) is not None}
+    except (safetensors.SafetensorError, OSError, ValueError) as exc:
+        raise UsageError(f"{file}: cannot read weights ({exc})") from None
+
+
+def load_hf_weights(folder: Path, cfg: ModelConfig) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """Weights of a Hugging Face BERT folder under bertcli's names, vocabulary rows padded; and the
+    parts (pooler, MLM head, NSP head) it lacks, which the caller initialises fresh."""
+    file = weights_file(folder)
     try:
         raw = safetensors.torch.load_file(file)
     except (safetensors.SafetensorError, OSError, ValueError) as exc:
@@ -199,3 +227,31 @@ def adopt_imported(cfg: Config, path: Path) -> Config:
     if not data.tokenizer.path:  # the imported model's own tokenizer
         data = dataclasses.replace(data, tokenizer=dataclasses.replace(data.tokenizer, path=str(path)))
     return dataclasses.replace(cfg, model=model, data=data)
+
+
+def continued_pretraining(source: Path, preset: str, overrides: list[str]) -> tuple[list[str], str]:
+    """What `bertcli init --init-from SOURCE` sets before the user's --set values (which win): the
+    imported architecture and weights, its tokenizer as data.tokenizer.path (with its casing), and
+    optimizer values for continuing; and a note for the config's header saying so."""
+    sentence = read_sentence_model(source)
+    source = sentence.transformer if sentence else Path(source)  # a sentence-transformers folder's BERT
+    imported = imported_config(source)
+    values = [f"model.{k}={getattr(imported, k)}" for k in HF_FIELDS] + [f"model.init_from={json.dumps(str(source))}"]
+    try:
+        tokenizer = find_tokenizer_file(source)
+    except UsageError:
+        tokenizer = None  # prepare trains one, as without --init-from
+    if tokenizer is not None:
+        casing = describe(load_tokenizer(tokenizer, TokenizerConfig()))
+        values.append(f"data.tokenizer.path={json.dumps(str(source))}")
+        values += [f"data.tokenizer.{k}={casing[k]}" for k in ("lowercase", "strip_accents") if k in casing]
+    scratch = preset_config(preset, values + overrides)
+    warmup = min(scratch.optimizer.warmup_steps, max(1, round(CONTINUED_WARMUP_SHARE * scratch.train.max_steps)))
+    values += [f"optimizer.lr={CONTINUED_LR}", f"optimizer.warmup_steps={warmup}"]
+    cfg = preset_config(preset, values + overrides)
+    o = cfg.optimizer
+    note = (f"\nContinued pretraining from {source}: its architecture (model), weights (model.init_from)"
+            f"{' and tokenizer (data.tokenizer.path)' if tokenizer else ''}.\n"
+            f"optimizer.lr {o.lr:g} with {o.warmup_steps:,} warm-up steps, against {scratch.optimizer.lr:g} from scratch "
+            f"in preset '{preset}':\na model that has learned already needs a lower rate, or the first steps undo it.")
+    return values, note

@@ -1,5 +1,6 @@
-"""`bertcli inspect`: what a config, a run folder or a checkpoint folder holds, as a report dict
-(printed as tables or as one JSON object). Parameter counts come from the real model built on
+"""`bertcli inspect`: what a config, a run folder, a checkpoint folder, prepared data or a Hugging
+Face folder (a sentence-transformers folder, a bertcli export) holds, as a report dict (printed as
+tables or as one JSON object). Parameter counts come from the real model built on
 the meta device (no memory, no time), so they cannot drift from the architecture.
 """
 
@@ -13,13 +14,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from bertcli import checkpoint
-from bertcli.config import Config, ModelConfig, load_config, resolve_output_dir
+from bertcli import checkpoint, hf
+from bertcli.config import Config, DataConfig, ModelConfig, TokenizerConfig, load_config, resolve_output_dir
 from bertcli.data.examples import ExampleBuilder
 from bertcli.data.prepare import MANIFEST, load_prepared, prepared_dir
+from bertcli.data.tokenizer import describe, find_tokenizer_file, load_tokenizer
 from bertcli.errors import UsageError
 from bertcli.metrics import read_metrics
 from bertcli.model import BertForPreTraining, flops_per_token
+from bertcli.sbert import read_sentence_model
 
 PARTS = {"embeddings": "bert.embeddings.", "encoder": "bert.encoder.", "pooler": "bert.pooler.",
          "mlm_head": "cls.predictions.", "nsp_head": "cls.seq_relationship."}
@@ -95,6 +98,8 @@ def inspect_path(path: Path) -> dict[str, Any]:
     training = None
     if path.is_dir() and (path / MANIFEST).is_file():
         return data_report(path)
+    if not checkpoint.is_checkpoint(path) and (hf.is_hf_folder(path) or read_sentence_model(path) is not None):
+        return folder_report(path)
     if path.is_file():
         kind, cfg = "config", load_config(path)
     elif checkpoint.is_checkpoint(path):
@@ -108,8 +113,8 @@ def inspect_path(path: Path) -> dict[str, Any]:
         cfg = checkpoint.read_config(checkpoint.list_checkpoints(path)[-1][1])
         training = _training(path, cfg)
     else:
-        raise UsageError(f"{path}: not a config file, a run folder (with config.yaml) or a checkpoint folder "
-                         f"(with {', '.join(checkpoint.FILES)})")
+        raise UsageError(f"{path}: not a config file, a run folder (with config.yaml), a checkpoint folder "
+                         f"(with {', '.join(checkpoint.FILES)}) or a Hugging Face folder (with config.json)")
     cfg, vocab_note = _with_vocab(cfg, path if path.is_file() else path / "config.yaml")
     report: dict[str, Any] = {"kind": kind, "path": str(path), "architecture": architecture(cfg),
                               "parameters": parameter_counts(cfg.model), "flops": flops(cfg)}
@@ -117,6 +122,42 @@ def inspect_path(path: Path) -> dict[str, Any]:
         report["architecture"]["vocab_size_note"] = vocab_note
     if training is not None:
         report["training"] = training
+    return report
+
+
+def folder_report(path: Path) -> dict[str, Any]:
+    """A Hugging Face BERT folder (or a sentence-transformers folder around one): its architecture,
+    the parameters its weights file holds, its tokenizer and, for sentence-transformers, how its
+    embeddings are made."""
+    sentence = read_sentence_model(path)
+    folder = sentence.transformer if sentence else path
+    model = hf.read_hf_config(folder)
+    seq = min(sentence.max_seq_length if sentence and sentence.max_seq_length else model.max_position_embeddings,
+              model.max_position_embeddings)
+    cfg = Config(model=model, data=DataConfig(max_seq_length=seq, max_predictions_per_seq=max(1, round(0.15 * seq))))
+    classes = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("architectures") or ["?"]
+    counts = dict.fromkeys(PARTS, 0)
+    for name, shape in hf.stored_shapes(folder).items():
+        part = next((p for p, prefix in PARTS.items() if name.startswith(prefix)), None)
+        if part is None:
+            raise UsageError(f"{folder / 'model.safetensors'}: {name} is not a BERT weight bertcli knows")
+        counts[part] += int(np.prod(shape))
+    absent = [p for p in PARTS if counts[p] == 0]
+    parameters = {p: n for p, n in counts.items() if n} | {"total": sum(counts.values())}
+    report: dict[str, Any] = {
+        "kind": "sentence-transformers folder" if sentence else "Hugging Face folder", "path": str(path),
+        "architecture": {"class": ", ".join(map(str, classes)), **architecture(cfg)},
+        "parameters": parameters, "absent_parts": absent, "flops": flops(cfg)}
+    try:
+        tok_file = find_tokenizer_file(folder)
+    except UsageError:
+        report["tokenizer"] = None
+    else:
+        report["tokenizer"] = {"file": str(tok_file), **describe(load_tokenizer(tok_file, TokenizerConfig()))}
+    if sentence:
+        report["sentence_transformers"] = {"pooling": sentence.pooling, "normalize": sentence.normalize,
+                                           "max_seq_length": sentence.max_seq_length,
+                                           "bertcli_encode": sentence.problem() or "reproduces these embeddings by default"}
     return report
 
 
@@ -172,6 +213,8 @@ def _table(rows: list[tuple[str, str]]) -> list[str]:
 
 
 def _num(value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
     if isinstance(value, float):
         return f"{value:,.0f}" if abs(value) >= 1e4 else f"{value:.4g}"
     if isinstance(value, int):
@@ -187,9 +230,18 @@ def format_report(report: dict[str, Any]) -> str:
     lines += ["", "parameters (tied decoder counted once)"]
     p = report["parameters"]
     lines += _table([(k, f"{v:>13,}  {100 * v / p['total']:5.1f}%") for k, v in p.items()])
+    if report.get("absent_parts"):
+        lines.append(f"  not in the weights file (trained from scratch when pretraining from it): "
+                     f"{', '.join(report['absent_parts'])}")
     f = report["flops"]
     lines += ["", f"training FLOPs per token  {f['training_flops_per_token'] / 1e6:,.1f} M "
                   f"(seq {f['seq_len']}, {100 * f['predicted_share']:.1f}% predicted)"]
+    if "tokenizer" in report:
+        tok = report["tokenizer"]
+        lines += ["", "tokenizer"] + (_table([(k, _num(v)) for k, v in tok.items()]) if tok else ["  none in the folder"])
+    if report.get("sentence_transformers"):
+        lines += ["", "sentence-transformers (how its embeddings are made)"]
+        lines += _table([(k, _num(v)) for k, v in report["sentence_transformers"].items()])
     t = report.get("training")
     if t:
         lines += ["", "training"]

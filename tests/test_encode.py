@@ -132,3 +132,33 @@ def test_closed_pipe_and_streaming(trained):
     p.stdin.close()
     rest = p.stdout.read().splitlines()
     assert p.wait(timeout=60) == 0 and len(rest) == 63
+
+
+def test_output_file_text_column_pairs_and_layer_errors(trained, tmp_path, cli):
+    lines = LINES + ["a\tTAB and a back\\slash"]
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
+    for fmt in ("jsonl", "tsv"):
+        shown = cli("encode", "--model", trained, tmp_path / "in.txt", "-f", fmt, "--with-text")
+        written = cli("encode", "--model", trained, tmp_path / "in.txt", "-f", fmt, "--with-text", "-o", tmp_path / f"v.{fmt}")
+        assert written.code == 0 and written.out == "" and (tmp_path / f"v.{fmt}").read_text() == shown.out
+    cells = [row.split("\t") for row in (tmp_path / "v.tsv").read_text().splitlines()]
+    assert [c[0] for c in cells] == lines[:-1] + ["a\\tTAB and a back\\\\slash"] and {len(c) for c in cells} == {33}
+    assert cli("encode", "--model", trained, tmp_path / "in.txt", "-o", tmp_path / "by-suffix.npy").code == 0
+    assert np.load(tmp_path / "by-suffix.npy").shape == (len(lines), 32)
+    no_text = cli("encode", "--model", trained, tmp_path / "in.txt", "-o", tmp_path / "t.npy", "--with-text")
+    assert no_text.code == 2 and "npy holds numbers only" in no_text.err
+    # A failed run leaves no output file and no temporary file.
+    (tmp_path / "bad.txt").write_bytes(b"fine\n" * 100 + b"bad \xff\n")
+    assert cli("encode", "--model", trained, tmp_path / "bad.txt", "-o", tmp_path / "bad.jsonl").code == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.txt", "by-suffix.npy", "in.txt", "v.jsonl", "v.tsv"]
+
+    (tmp_path / "pairs.txt").write_text("the tutorial\tmodules\nthe tutorial modules\n")
+    pairs = cli("encode", "--model", trained, tmp_path / "pairs.txt", "--pairs")
+    assert pairs.code == 0 and "1 of 2 lines had no TAB" in pairs.err
+    alone, _ = run_encode(trained, ["the tutorial modules"])
+    assert json.loads(pairs.out.splitlines()[1])["vector"] == alone[0]["vector"], "a line without a TAB is one sentence"
+    strict = cli("encode", "--model", trained, tmp_path / "pairs.txt", "--pairs", "--strict-pairs")
+    assert strict.code == 2 and "input line 2: no TAB" in strict.err and len(strict.err_lines) == 1
+
+    layer = cli("encode", "--model", trained, tmp_path / "pairs.txt", "--layer", "-4")
+    assert layer.code == 2 and "--layer -4:" in layer.err and "layers 0 (embeddings) to 2" in layer.err

@@ -31,7 +31,8 @@ from bertcli import __version__, atomic, ownership
 from bertcli.config import Config, DataConfig, resolve_output_dir
 from bertcli.data.corpus import Corpus, SpecialTokens, is_held_out
 from bertcli.data.text import corpus_files, read_sentences
-from bertcli.data.tokenizer import continuation_mask, find_tokenizer_file, load_tokenizer, save_tokenizer, special_tokens, train_tokenizer
+from bertcli.data.tokenizer import (continuation_mask, describe, find_tokenizer_file, load_tokenizer, read_tokenizer_json, save_tokenizer,
+                                    special_tokens, train_tokenizer)
 from bertcli.errors import UsageError
 from bertcli.metrics import log
 
@@ -164,7 +165,10 @@ def prepare(cfg: Config, config_path: Path | None, quiet: bool = False, force: b
             path = Path(config_path).resolve().parent / path
         tokenizer_file = find_tokenizer_file(path)
         tok = load_tokenizer(tokenizer_file, data.tokenizer)
-    fingerprint = _input_digest(entries, data, _sha256(tokenizer_file) if tokenizer_file else None)
+    # The loaded tokenizer as it is used (casing from a tokenizer_config.json, padding off), not its file alone:
+    # data prepared with a tokenizer that padded (older bertcli) is prepared again.
+    tokenizer_hash = hashlib.sha256(tok.to_str().encode()).hexdigest() if tok is not None else None
+    fingerprint = _input_digest(entries, data, tokenizer_hash)
     if old and old.get("fingerprint") == fingerprint and not force:
         log(f"prepared data in {folder} is up to date (corpus and settings unchanged): reusing it")
         return folder
@@ -211,14 +215,17 @@ def prepare(cfg: Config, config_path: Path | None, quiet: bool = False, force: b
         splits = {name: w.close() for name, w in writers.items()}
         _check_sizes(splits, data, folder)
         elapsed = time.perf_counter() - start
+        casing = describe(tok)
         total_tokens = splits["train"]["tokens"] + splits["valid"]["tokens"]
         manifest = {
             "format_version": FORMAT_VERSION, "bertcli_version": __version__, "fingerprint": fingerprint,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "corpus": {"source": data.corpus, "files": entries},
             "tokenizer": {"source": str(tokenizer_file) if tokenizer_file else "trained", "vocab_size": vocab_size,
-                          "requested_vocab_size": data.tokenizer.vocab_size, "lowercase": data.tokenizer.lowercase,
-                          "strip_accents": data.tokenizer.strip_accents, "min_frequency": data.tokenizer.min_frequency},
+                          "requested_vocab_size": data.tokenizer.vocab_size,
+                          "lowercase": casing.get("lowercase", data.tokenizer.lowercase),  # as used, not as configured
+                          "strip_accents": casing.get("strip_accents", data.tokenizer.strip_accents),
+                          "min_frequency": data.tokenizer.min_frequency},
             "split_sentences": data.split_sentences, "validation_fraction": data.validation_fraction,
             "dtype": dtype.name, "splits": splits, "unknown_tokens": counts["unknown"],
             "seconds": elapsed, "tokens_per_s": total_tokens / max(elapsed, 1e-9),
@@ -340,4 +347,4 @@ def load_prepared(folder: Path) -> PreparedData:
     if manifest is None:
         raise UsageError(f"{folder}: no prepared data here (or of another format version, or a damaged manifest.json); "
                          "run `bertcli prepare`")
-    return PreparedData(folder=folder, manifest=manifest, tokenizer=Tokenizer.from_file(str(folder / "tokenizer.json")))
+    return PreparedData(folder=folder, manifest=manifest, tokenizer=read_tokenizer_json(folder / "tokenizer.json"))

@@ -3,12 +3,19 @@ tokenizer.json or BERT vocab.txt; save both files next to the prepared data and 
 
 bertcli's own vocabularies put the special tokens first: [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3,
 [MASK]=4. A loaded vocabulary keeps its own ids (bert-base-uncased has [PAD]=0, [UNK]=100, ...).
+
+Every tokenizer bertcli loads goes through `unpadded`: bertcli pads batches and truncates
+examples itself, and a published tokenizer.json often pads and truncates on its own (to a fixed
+128, say), which would put [PAD] into prepared shards, cut sentences, and pad every encoded line.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
@@ -21,10 +28,42 @@ SPECIAL = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 CONTINUATION = "##"
 
 
-def _bert_pipeline(tok: Tokenizer, cfg: TokenizerConfig) -> Tokenizer:
+@dataclass(frozen=True)
+class Casing:
+    """The normalisation settings of BERT's tokenizer, named as in tokenizer_config.json."""
+
+    do_lower_case: bool = True
+    strip_accents: bool | None = None  # None: follow do_lower_case (as BertTokenizer does)
+    tokenize_chinese_chars: bool = True  # put spaces around CJK characters: one token each
+
+
+def casing_of(folder: Path) -> Casing | None:
+    """The casing of the tokenizer_config.json in `folder`, read as transformers' BertTokenizer
+    reads it (missing keys take BertTokenizer's defaults); None without one, or when it names a
+    tokenizer class that is not BERT's."""
+    file = Path(folder) / "tokenizer_config.json"
+    if not file.is_file():
+        return None
+    try:
+        raw = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{file}: cannot read ({exc}); fix the file or remove it to use data.tokenizer's casing") from None
+    if not isinstance(raw, dict):
+        raise UsageError(f"{file}: expected a JSON object")
+    if not str(raw.get("tokenizer_class") or "BertTokenizer").removesuffix("Fast").endswith("BertTokenizer"):
+        return None
+    values = {"do_lower_case": raw.get("do_lower_case", True), "strip_accents": raw.get("strip_accents"),
+              "tokenize_chinese_chars": raw.get("tokenize_chinese_chars", True)}
+    for key, value in values.items():
+        if not (isinstance(value, bool) or (key == "strip_accents" and value is None)):
+            raise UsageError(f"{file}: {key} is {value!r}; expected true or false")
+    return Casing(**values)
+
+
+def _bert_pipeline(tok: Tokenizer, casing: Casing) -> Tokenizer:
     """BERT's normalizer (clean text, split CJK characters, lowercase, strip accents) and pre-tokenizer."""
-    tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
-                                                strip_accents=cfg.strip_accents, lowercase=cfg.lowercase)
+    tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=casing.tokenize_chinese_chars,
+                                                strip_accents=casing.strip_accents, lowercase=casing.do_lower_case)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece(prefix=CONTINUATION)
     return tok
@@ -39,7 +78,8 @@ def _add_post_processor(tok: Tokenizer) -> Tokenizer:
 
 
 def train_tokenizer(sentences: Iterable[str], cfg: TokenizerConfig) -> Tokenizer:
-    tok = _bert_pipeline(Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix=CONTINUATION)), cfg)
+    tok = _bert_pipeline(Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix=CONTINUATION)),
+                         Casing(cfg.lowercase, cfg.strip_accents, True))
     trainer = trainers.WordPieceTrainer(vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency,
                                         special_tokens=list(SPECIAL), continuing_subword_prefix=CONTINUATION,
                                         show_progress=False)
@@ -57,20 +97,52 @@ def find_tokenizer_file(path: Path) -> Path:
     return path
 
 
+def unpadded(tok: Tokenizer) -> Tokenizer:
+    """tok with its own padding and truncation off: bertcli pads and truncates itself."""
+    tok.no_padding()
+    tok.no_truncation()
+    return tok
+
+
+def read_tokenizer_json(path: Path) -> Tokenizer:
+    """A tokenizer.json that bertcli wrote (prepared data, checkpoints), padding and truncation off."""
+    return unpadded(Tokenizer.from_file(str(path)))
+
+
 def load_tokenizer(path: Path, cfg: TokenizerConfig) -> Tokenizer:
-    """A tokenizer.json (used as it is) or a vocab.txt (with BERT's pipeline and cfg's casing)."""
+    """A tokenizer.json or a vocab.txt (with BERT's pipeline), padding and truncation off. As in
+    transformers, a tokenizer_config.json beside it decides the casing (lowercase, accents, CJK
+    characters), even over a tokenizer.json's own normalizer; a vocab.txt without one takes cfg's."""
     path = find_tokenizer_file(path)
+    casing = casing_of(path.parent)
     try:
         if path.suffix == ".json":
             tok = Tokenizer.from_file(str(path))
+            norm = tok.normalizer
+            if casing is not None and isinstance(norm, normalizers.BertNormalizer):
+                tok.normalizer = normalizers.BertNormalizer(
+                    clean_text=norm.clean_text, handle_chinese_chars=casing.tokenize_chinese_chars,
+                    strip_accents=casing.strip_accents, lowercase=casing.do_lower_case)
         else:
-            tok = _add_post_processor(_bert_pipeline(Tokenizer(models.WordPiece.from_file(str(path), unk_token="[UNK]")), cfg))
+            casing = casing or Casing(cfg.lowercase, cfg.strip_accents, True)
+            tok = _add_post_processor(_bert_pipeline(Tokenizer(models.WordPiece.from_file(str(path), unk_token="[UNK]")), casing))
     except Exception as exc:  # tokenizers raises plain Exceptions with its own message
         raise UsageError(f"{path}: cannot load tokenizer ({str(exc).splitlines()[0]})") from None
     missing = [t for t in SPECIAL if tok.token_to_id(t) is None]
     if missing:
         raise UsageError(f"{path}: the vocabulary lacks {', '.join(missing)}; BERT needs all of {', '.join(SPECIAL)}")
-    return tok
+    return unpadded(tok)
+
+
+def describe(tok: Tokenizer) -> dict[str, Any]:
+    """What `inspect` shows of a tokenizer: its size and, for BERT's normalizer, its casing."""
+    info: dict[str, Any] = {"vocab_size": tok.get_vocab_size(with_added_tokens=True)}
+    norm = tok.normalizer
+    if isinstance(norm, normalizers.BertNormalizer):
+        lower = bool(norm.lowercase)
+        info |= {"lowercase": lower, "strip_accents": lower if norm.strip_accents is None else bool(norm.strip_accents),
+                 "tokenize_chinese_chars": bool(norm.handle_chinese_chars)}
+    return info
 
 
 def save_tokenizer(tok: Tokenizer, folder: Path) -> None:

@@ -1,0 +1,102 @@
+"""sentence-transformers folders: how such a folder says its embeddings are made.
+
+A sentence-transformers model folder is a Hugging Face BERT folder plus `modules.json`, the
+modules run in order: a Transformer (the BERT itself, at its `path`; "" = this folder), a Pooling
+module (`1_Pooling/config.json`: cls, mean, max, ...) and optionally Normalize (unit length).
+`sentence_bert_config.json`, beside the Transformer, gives max_seq_length (tokens per text) and
+do_lower_case (lower-case the text before the tokenizer sees it). `bertcli encode` follows them by
+default so that its vectors are that model's embeddings; see `read_sentence_model`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bertcli.errors import UsageError
+
+# Pooling modes bertcli computes, under the names sentence-transformers gives them.
+SUPPORTED = ("cls", "mean", "max")
+# The older config format: one boolean per mode (all false means mean, as sentence-transformers reads it).
+LEGACY_MODES = {"pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max", "pooling_mode_mean_tokens": "mean",
+                "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+                "pooling_mode_weightedmean_tokens": "weightedmean", "pooling_mode_lasttoken": "lasttoken"}
+
+
+@dataclass(frozen=True)
+class SentenceModel:
+    """What a sentence-transformers folder says about its embeddings."""
+
+    folder: Path  # the folder holding modules.json
+    transformer: Path  # the BERT folder (config.json, weights, tokenizer)
+    pooling: str  # as the folder names it: "mean", "cls", "max", "mean_sqrt_len_tokens", "cls+mean" ...
+    normalize: bool
+    max_seq_length: int | None  # None: the model's own limit
+    lowercase: bool
+    unsupported: list[str] = field(default_factory=list)  # modules bertcli does not run (Dense, ...)
+
+    def problem(self) -> str | None:
+        """Why bertcli cannot reproduce this model's embeddings, or None when it can."""
+        if self.unsupported:
+            return f"its modules.json also runs {', '.join(self.unsupported)}, which bertcli does not"
+        if self.pooling not in SUPPORTED:
+            return f"its pooling is {self.pooling}, which bertcli does not compute"
+        return None
+
+
+def _read_json(file: Path) -> Any:
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{file}: cannot read ({exc}); is this a sentence-transformers folder?") from None
+
+
+def _kind(module: dict[str, Any]) -> str:
+    """'sentence_transformers.models.Pooling' (or a newer module path) -> 'Pooling'."""
+    return str(module.get("type", "")).rsplit(".", 1)[-1]
+
+
+def _pooling_mode(file: Path) -> str:
+    raw = _read_json(file)
+    if not isinstance(raw, dict):
+        raise UsageError(f"{file}: expected a JSON object")
+    mode = raw.get("pooling_mode")
+    if mode is None:
+        mode = [name for key, name in LEGACY_MODES.items() if raw.get(key)] or ["mean"]
+    modes = [mode] if isinstance(mode, str) else list(mode)
+    return "+".join(str(m) for m in modes)  # several modes: their vectors concatenated
+
+
+def read_sentence_model(folder: Path) -> SentenceModel | None:
+    """The settings of a sentence-transformers folder; None when `folder` has no modules.json."""
+    folder = Path(folder)
+    file = folder / "modules.json"
+    if not file.is_file():
+        return None
+    modules = _read_json(file)
+    if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
+        raise UsageError(f"{file}: expected a list of modules")
+    kinds = [_kind(m) for m in modules]
+    if not kinds or kinds[0] != "Transformer":
+        raise UsageError(f"{file}: the first module is {kinds[0] if kinds else 'missing'}, not a Transformer; "
+                         "bertcli reads sentence-transformers folders of a BERT model")
+    transformer = folder / str(modules[0].get("path", ""))
+    pooling, normalize, unsupported = None, False, []
+    for module, kind in zip(modules[1:], kinds[1:]):
+        if kind == "Pooling" and pooling is None:
+            pooling = _pooling_mode(folder / str(module.get("path", "")) / "config.json")
+        elif kind == "Normalize" and not normalize:
+            normalize = True  # no settings: the module may have no folder at all
+        else:
+            unsupported.append(kind)
+    settings = transformer / "sentence_bert_config.json"
+    raw = _read_json(settings) if settings.is_file() else {}
+    length = raw.get("max_seq_length") if isinstance(raw, dict) else None
+    if length is not None and (not isinstance(length, int) or isinstance(length, bool) or length < 2):
+        raise UsageError(f"{settings}: max_seq_length is {length!r}; expected a whole number of at least 2")
+    return SentenceModel(folder=folder, transformer=transformer, pooling=pooling or "none (token vectors)",
+                         normalize=normalize, max_seq_length=length,
+                         lowercase=bool(raw.get("do_lower_case", False)) if isinstance(raw, dict) else False,
+                         unsupported=unsupported)

