@@ -270,6 +270,21 @@ def damage(path: Path) -> str | None:
         return f"{name}: {reason}"
 
 
+def check_same_tokenizer(ckpt: Path, prepared: Path) -> None:
+    """Refuse to resume `ckpt` on data tokenized by another tokenizer (`prepared`, the prepared
+    folder's tokenizer.json): the weights were trained on the checkpoint's token ids."""
+    from bertcli.data.tokenizer import read_tokenizer_json, tokenizer_identity
+
+    if not (ckpt / "tokenizer.json").is_file():
+        return  # a checkpoint of the synthetic corpus
+    ours, theirs = (tokenizer_identity(read_tokenizer_json(p)) for p in (ckpt / "tokenizer.json", prepared))
+    if ours != theirs:
+        raise UsageError(f"{prepared.parent} was prepared with tokenizer {theirs[:12]}, but the checkpoint {ckpt} was "
+                         f"trained with tokenizer {ours[:12]}: resuming on other token ids would garble the model. "
+                         "Leave data.tokenizer.path empty to prepare with the run's own tokenizer, or start a new run "
+                         "with another output_dir")
+
+
 def choose_resume(output_dir: Path, resume: str, cfg: Config, is_main: bool = True) -> Path | None:
     """The checkpoint to resume from (None = start fresh), per --resume auto|never|PATH. `auto`
     takes the newest checkpoint that loads: newer damaged ones (a disk that failed, a file someone

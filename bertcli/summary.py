@@ -18,7 +18,7 @@ from bertcli import checkpoint, hf
 from bertcli.config import Config, DataConfig, ModelConfig, TokenizerConfig, load_config, resolve_output_dir
 from bertcli.data.examples import ExampleBuilder
 from bertcli.data.prepare import MANIFEST, load_prepared, prepared_dir
-from bertcli.data.tokenizer import describe, find_tokenizer_file, load_tokenizer
+from bertcli.data.tokenizer import describe, find_tokenizer_file, load_tokenizer, read_tokenizer_json, tokenizer_identity
 from bertcli.errors import UsageError
 from bertcli.metrics import read_metrics
 from bertcli.model import BertForPreTraining, flops_per_token
@@ -86,6 +86,9 @@ def _training(output_dir: Path, cfg: Config, only: Path | None = None) -> dict[s
         "last_metrics": last or {},
         "checkpoints": [{"step": s, "path": str(p)} for s, p in ckpts],
         "metrics_file": str(output_dir / "metrics.jsonl") if records else None,
+        # The run's tokenizer (fixed by its first checkpoint), as a short hash of what fixes the token ids.
+        "tokenizer": tokenizer_identity(read_tokenizer_json(source / "tokenizer.json"))[:12]
+        if source and (source / "tokenizer.json").is_file() else None,
     }
 
 
@@ -108,6 +111,10 @@ def inspect_path(path: Path) -> dict[str, Any]:
     elif (path / "config.yaml").is_file():
         kind, cfg = "run", load_config(path / "config.yaml")
         training = _training(resolve_output_dir(cfg, path / "config.yaml"), cfg)
+        manifest = prepared_dir(cfg, path / "config.yaml") / MANIFEST
+        if manifest.is_file():  # next to the run's own tokenizer: they must be the same to resume
+            identity = json.loads(manifest.read_text())["tokenizer"].get("identity")
+            training["prepared_data_tokenizer"] = identity[:12] if identity else None
     elif checkpoint.list_checkpoints(path):
         kind = "run"
         cfg = checkpoint.read_config(checkpoint.list_checkpoints(path)[-1][1])
@@ -253,6 +260,9 @@ def format_report(report: dict[str, Any]) -> str:
         rows += [(f"held-out {k}", _num(v)) for k, v in t["last_eval_metrics"].items() if k not in ("step", "split")]
         if t.get("best_checkpoint"):
             rows.append(("best checkpoint", t["best_checkpoint"]))
+        if t.get("tokenizer"):
+            rows.append(("tokenizer", t["tokenizer"] + (f" (prepared data: {t['prepared_data_tokenizer']})"
+                                                        if "prepared_data_tokenizer" in t else "")))
         lines += _table(rows)
         lines += ["", f"checkpoints ({len(t['checkpoints'])})"]
         lines += [f"  step {c['step']:>9,}  {c['path']}" for c in t["checkpoints"]] or ["  none yet"]

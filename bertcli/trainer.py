@@ -192,6 +192,8 @@ def _pretrain(cfg: Config, config_path: Path | None, resume: str, quiet: bool, s
     if not checked:  # the size of the vocabulary came from the tokenizer
         runtime.check_memory(cfg.model, rt, cfg.train.parallel)
     resume_from = checkpoint.choose_resume(output_dir, resume, cfg, rt.is_main)
+    if resume_from is not None and data.tokenizer_files:
+        checkpoint.check_same_tokenizer(resume_from, data.tokenizer_files[0])
     processes = f"{rt.world_size} processes ({cfg.train.parallel})" if rt.distributed else "1 process"
     log_(f"bertcli {__version__}: {rt.describe()}; {processes}; output in {output_dir}")
     log_("resolved config:\n" + yaml.safe_dump(to_dict(cfg), sort_keys=False).rstrip())

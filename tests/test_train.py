@@ -320,3 +320,37 @@ def test_automatic_unpadding_is_for_large_gpu_micro_batches_without_attention_dr
     assert unpadded(None, cpu, 0.0, UNPAD_MIN_TOKENS) == (False, None)
     assert unpadded(True, cpu, 0.0, 8) == (True, None)
     assert unpadded(False, gpu, 0.0, UNPAD_MIN_TOKENS)[0] is False
+
+
+def test_a_run_keeps_its_tokenizer_when_its_corpus_changes(tmp_path, small_corpus, cli):
+    """The first checkpoint fixes the run's tokenizer: a file added to the corpus folder is prepared
+    with it (same vocab.txt), never with a new vocabulary; a prepared folder of another tokenizer is
+    refused for resuming; inspect shows the tokenizer next to the prepared data's."""
+    from conftest import text_run
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    documents = small_corpus.read_text().split("\n\n")
+    (corpus / "a.txt").write_text("\n\n".join(documents[:40]) + "\n")
+    config = text_run(tmp_path / "run", corpus, "train.max_steps=4", "train.eval_every=0", "checkpoint.save_every=2")
+    assert cli("pretrain", "--config", config, "--quiet").code == 0
+    first = (tmp_path / "run" / "checkpoints" / "step-0000004" / "vocab.txt").read_bytes()
+    (corpus / "b.txt").write_text("\n\n".join(documents[40:]) + "\nZebra quagga okapi narwhal axolotl.\n")
+    result = cli("pretrain", "--config", config, "--quiet", "--set", "train.max_steps=6")
+    assert result.code == 0, result.err
+    assert "with the run's own tokenizer" in result.err
+    assert (tmp_path / "run" / "checkpoints" / "step-0000006" / "vocab.txt").read_bytes() == first
+    assert (tmp_path / "run" / "data" / "vocab.txt").read_bytes() == first
+    report = cli("inspect", tmp_path / "run", "--json")
+    training = json.loads(report.out)["training"]
+    assert training["tokenizer"] == training["prepared_data_tokenizer"] and len(training["tokenizer"]) == 12
+
+    other = tmp_path / "other-vocab.txt"  # the same words with two ids swapped: same size, other ids
+    words = first.decode().splitlines()
+    words[-1], words[-2] = words[-2], words[-1]
+    other.write_text("\n".join(words) + "\n")
+    result = cli("pretrain", "--config", config, "--quiet", "--set", "train.max_steps=8",
+                 "--set", f"data.tokenizer.path={other}")
+    assert result.code == 2, result.err
+    assert "would garble the model" in result.err_lines[-1] and "another output_dir" in result.err_lines[-1]
+    assert not (tmp_path / "run" / "checkpoints" / "step-0000008").exists()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -32,6 +33,7 @@ from bertcli.config import Config, DataConfig, resolve_output_dir
 from bertcli.data.corpus import Corpus, SpecialTokens, is_held_out
 from bertcli.data.text import corpus_files, read_sentences
 from bertcli.data.tokenizer import (continuation_mask, describe, find_tokenizer_file, load_tokenizer, read_tokenizer_json, save_tokenizer,
+                                    tokenizer_identity,
                                     special_tokens, train_tokenizer)
 from bertcli.errors import UsageError
 from bertcli.metrics import log
@@ -169,9 +171,17 @@ def prepare(cfg: Config, config_path: Path | None, quiet: bool = False, force: b
     # data prepared with a tokenizer that padded (older bertcli) is prepared again.
     tokenizer_hash = hashlib.sha256(tok.to_str().encode()).hexdigest() if tok is not None else None
     fingerprint = _input_digest(entries, data, tokenizer_hash)
-    if old and old.get("fingerprint") == fingerprint and not force:
+    fixed = run_tokenizer(cfg, config_path) if tok is None else None
+    if fixed is not None:  # the run's checkpoints fix its token ids: never train another vocabulary under them
+        tokenizer_file, tok = fixed, read_tokenizer_json(fixed)
+    reusable = old and old.get("fingerprint") == fingerprint and (
+        fixed is None or old["tokenizer"].get("identity") == tokenizer_identity(tok))
+    if reusable and not force:
         log(f"prepared data in {folder} is up to date (corpus and settings unchanged): reusing it")
         return folder
+    if fixed is not None:
+        log(f"preparing {data.corpus} with the run's own tokenizer, {fixed} (its checkpoints were trained on its "
+            "token ids; a new vocabulary would garble them)")
 
     start = time.perf_counter()
     total_bytes = None if any(f.name.endswith(".gz") for f in files) else sum(e["bytes"] for e in entries)
@@ -222,6 +232,7 @@ def prepare(cfg: Config, config_path: Path | None, quiet: bool = False, force: b
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "corpus": {"source": data.corpus, "files": entries},
             "tokenizer": {"source": str(tokenizer_file) if tokenizer_file else "trained", "vocab_size": vocab_size,
+                          "identity": tokenizer_identity(tok),
                           "requested_vocab_size": data.tokenizer.vocab_size,
                           "lowercase": casing.get("lowercase", data.tokenizer.lowercase),  # as used, not as configured
                           "strip_accents": casing.get("strip_accents", data.tokenizer.strip_accents),
@@ -240,6 +251,18 @@ def prepare(cfg: Config, config_path: Path | None, quiet: bool = False, force: b
         f"unknown {100 * counts['unknown'] / max(total_tokens, 1):.2f}%; {elapsed:.1f} s, "
         f"{total_tokens / max(elapsed, 1e-9):,.0f} tokens/s")
     return folder
+
+
+STEP_DIR = re.compile(r"^step-\d+$")  # checkpoint.STEP_DIR (checkpoint.py imports torch, prepare does not)
+
+
+def run_tokenizer(cfg: Config, config_path: Path | None) -> Path | None:
+    """The tokenizer.json of the run's newest checkpoint, None before its first: the tokenizer of a run
+    is fixed by its first checkpoint, and every checkpoint carries it."""
+    root = resolve_output_dir(cfg, config_path) / "checkpoints"
+    steps = sorted((int(p.name[5:]), p) for p in root.glob("step-*") if STEP_DIR.match(p.name)
+                   and (p / "trainer_state.json").is_file() and (p / "tokenizer.json").is_file())
+    return steps[-1][1] / "tokenizer.json" if steps else None
 
 
 def _guard(cfg: Config, config_path: Path | None, folder: Path) -> Callable[[Path], None]:

@@ -11,6 +11,7 @@ examples itself, and a published tokenizer.json often pads and truncates on its 
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -153,6 +154,16 @@ def save_tokenizer(tok: Tokenizer, folder: Path) -> None:
     if [i for _, i in by_id] != list(range(len(by_id))):
         raise UsageError("the tokenizer's ids are not 0..N-1; cannot write vocab.txt")
     (Path(folder) / "vocab.txt").write_text("".join(token + "\n" for token, _ in by_id), encoding="utf-8")
+
+
+def tokenizer_identity(tok: Tokenizer) -> str:
+    """What fixes the token ids of text: the vocabulary in id order, the normaliser and the
+    pre-tokenizer, hashed (sha256 hex). Padding, truncation and file layout do not count, so a
+    tokenizer saved again (into a checkpoint, say) keeps its identity."""
+    spec = json.loads(tok.to_str())
+    vocab = sorted(tok.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
+    key = {"vocab": [t for t, _ in vocab], "normalizer": spec.get("normalizer"), "pre_tokenizer": spec.get("pre_tokenizer")}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
 
 def special_tokens(tok: Tokenizer) -> SpecialTokens:
