@@ -29,12 +29,12 @@ from tokenizers import Tokenizer
 from bertcli import __version__, atomic
 from bertcli.config import Config, DataConfig
 from bertcli.data.corpus import Corpus, SpecialTokens, is_held_out
-from bertcli.data.text import corpus_files, read_sentences
+from bertcli.data.text import corpus_files, read_sentences, read_text
 from bertcli.data.tokenizer import continuation_mask, find_tokenizer_file, load_tokenizer, save_tokenizer, special_tokens, train_tokenizer
 from bertcli.errors import UsageError
 from bertcli.metrics import log
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: deterministic vocabulary (continuation pieces right after the special tokens)
 MANIFEST = "manifest.json"
 SAMPLE = Path(__file__).resolve().parent / "sample" / "python-docs-sample.txt.gz"
 ENCODE_BATCH = 2048  # sentences per tokenizer call: large enough for its thread pool, small for memory
@@ -168,7 +168,7 @@ def prepare(cfg: Config, config_path: Path | None, quiet: bool = False, force: b
         if tok is None:
             with _progress(total_bytes, "training tokenizer", quiet) as bar:
                 sentences = (s for s in read_sentences(files, data.split_sentences, bar.update) if s is not None)
-                tok = train_tokenizer(sentences, data.tokenizer)
+                tok = train_tokenizer(sentences, data.tokenizer, read_text(files))
         save_tokenizer(tok, tmp)
         vocab_size = tok.get_vocab_size(with_added_tokens=True)
         dtype = np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
