@@ -206,12 +206,12 @@ def _pretrain(cfg: Config, config_path: Path | None, resume: str, quiet: bool, s
     output_dir.mkdir(parents=True, exist_ok=True)
 
     corpus, nsp = data.train, cfg.data.pairs
-    builder = ExampleBuilder(corpus, cfg.data)
     tc = cfg.train
+    builder = ExampleBuilder(corpus, cfg.data, tc.batch_size * tc.grad_accum_steps * rt.world_size)
     eval_batches: list[Batch] = []
     if data.valid is not None and tc.eval_every > 0:
         # A fixed held-out set: the same examples and masks at every evaluation.
-        held_out = ExampleBuilder(data.valid, cfg.data)
+        held_out = ExampleBuilder(data.valid, cfg.data, tc.eval_examples)  # one step of the EVAL stream
         eval_batches = [held_out.batch(tc.seed, 0, range(i, min(i + tc.batch_size, tc.eval_examples)), ExampleBuilder.EVAL)
                         for i in range(0, tc.eval_examples, tc.batch_size)]
         baseline = most_frequent_token_accuracy(corpus, eval_batches)

@@ -151,12 +151,13 @@ def test_existing_vocab_txt_is_used_as_the_tokenizer(tmp_path, small_corpus):
 # control characters and (stripped) accents vanish and join their neighbours (U+001C ends a line
 # in JSON Lines), a character lowercases to two, punctuation and CJK end words, case, a BOM, text
 # split across blocks and files.
-TRICKY = ("a\u0007\u0436 \u0451\u001c\u0439 c\u0301\u0437 \u0301e \u0130stanbul x.\u0449 \u0444\u4e2d\u0446 \u00a9\u044a "
-          "\u0392\u0395\u03a1\u03a4 \u00dfo o\u00df \ufeffword tab\there\n\nTwo\u2028docs \u044e")
+TRICKY = ("a\u0007\u0436 \u0451\u001c\u0439 c\u0301\u0437 \u0301e \u0130stanbul x.\u0449 "
+          "\u0444\u4e2d\u0446 \u00a9\u044a \u0392\u0395\u03a1\u03a4 \u00dfo o\u00df \ufeffword tab\there\n\nTwo\u2028docs \u044e")
 
 
 @pytest.mark.parametrize("lowercase, strip_accents", [(True, True), (True, False), (False, False)])
-def test_inner_characters_are_the_continuation_pieces_the_trainer_makes(tmp_path, small_corpus, lowercase, strip_accents):
+def test_inner_characters_are_the_continuation_pieces_the_trainer_makes(tmp_path, small_corpus, lowercase,
+                                                                       strip_accents):
     (tmp_path / "docs.txt").write_text(small_corpus.read_text()[:30_000])
     (tmp_path / "tricky.txt").write_text(TRICKY)
     (tmp_path / "tricky.jsonl").write_text(json.dumps({"text": TRICKY[::-1]}) + "\n")
@@ -207,10 +208,10 @@ def test_pair_statistics_on_real_text(prepared):
     cfg = preset_config("tiny", [*TEXT, "data.max_seq_length=128", "data.max_predictions_per_seq=40",
                                  "model.max_position_embeddings=128"]).data
     corpus = prepared.corpus("train")
-    builder = ExampleBuilder(corpus, cfg)
+    builder = ExampleBuilder(corpus, cfg, 3000)
     n, labels, chosen, candidates, masked, kept = 3000, [], 0, 0, 0, 0
     for i in range(n):
-        e = builder.example(np.random.default_rng([5, i]))
+        e = builder.example(5, 0, i)
         labels.append(e.nsp_label)
         a_doc, b_doc = e.documents
         assert (a_doc != b_doc) if e.nsp_label == 1 else (a_doc == b_doc)
@@ -229,11 +230,11 @@ def test_pair_statistics_on_real_text(prepared):
 def test_whole_word_masking_never_splits_a_word(prepared):
     cfg = preset_config("tiny", [*TEXT, "data.whole_word_mask=true"]).data
     corpus = prepared.corpus("train")
-    builder = ExampleBuilder(corpus, cfg)
+    builder = ExampleBuilder(corpus, cfg, 1500)
     continuation = corpus.continuation
     words_with_pieces = 0
     for i in range(1500):
-        e = builder.example(np.random.default_rng([6, i]))
+        e = builder.example(6, 0, i)
         original = e.tokens.copy()
         original[e.pred_positions] = e.pred_labels
         special = np.isin(np.arange(len(original)), [0, len(original) - 1]) | (original == corpus.special.sep)
@@ -251,7 +252,7 @@ def test_single_spans_without_nsp(tmp_path, small_corpus):
     result = train(config)
     assert result["step"] == 12 and "nsp_acc" not in result["metrics"]
     cfg = load_config(config)
-    e = ExampleBuilder(load_prepared(tmp_path / "data").corpus("train"), cfg.data).example(np.random.default_rng(0))
+    e = ExampleBuilder(load_prepared(tmp_path / "data").corpus("train"), cfg.data, 1).example(0, 0, 0)
     assert e.nsp_label == IGNORE and np.all(e.segments == 0) and (e.tokens == 3).sum() <= 1 + (e.pred_labels == 3).sum()
     records = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["split"] == "train"]
     assert all(r["mlm_loss"] is not None and "nsp_loss" not in r for r in records)

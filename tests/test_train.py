@@ -141,11 +141,13 @@ def test_grad_accumulation_is_exactly_a_larger_batch(tmp_path):
 def test_schedule_learns_from_the_first_to_the_last_step_and_decays_as_hugging_face(schedule):
     hf = pytest.importorskip("transformers.optimization")
     steps, warmup, lr = 50, 10, 1e-3
-    cfg = micro_config(f"optimizer.schedule={schedule}", f"optimizer.warmup_steps={warmup}", f"optimizer.lr={lr}").optimizer
+    cfg = micro_config(f"optimizer.schedule={schedule}", f"optimizer.warmup_steps={warmup}",
+                       f"optimizer.lr={lr}").optimizer
     lrs = [lr_at(s, cfg, steps) for s in range(steps)]
     assert lrs[0] == pytest.approx(lr / warmup), "step 0 already learns"
     assert lrs[warmup - 1] == lrs[warmup] == pytest.approx(lr), "warm-up ends at the peak"
-    last = 1 / (steps - warmup) if schedule == "linear" else 0.5 * (1 + math.cos(math.pi * (steps - 1 - warmup) / (steps - warmup)))
+    progress = (steps - 1 - warmup) / (steps - warmup)  # of the last update
+    last = 1 - progress if schedule == "linear" else 0.5 * (1 + math.cos(math.pi * progress))
     assert lrs[-1] == pytest.approx(lr * last) and lrs[-1] > 0, "the last step still learns"
     # Decay: Hugging Face's get_{linear,cosine}_schedule_with_warmup; warm-up: theirs one step later.
     extra = {} if schedule == "linear" else {"num_cycles": 0.5}
@@ -157,7 +159,9 @@ def test_schedule_learns_from_the_first_to_the_last_step_and_decays_as_hugging_f
 
 
 def test_training_learns(tmp_path):
-    train(tmp_path, "train.max_steps=160", "logging.log_every=20", "checkpoint.save_every=160", "train.batch_size=16",
+    # NSP is learnt suddenly, at a step that varies with the seed: by step 240 (not yet by 160) every
+    # seed tried (1, 3, 4, 5, 6, 42) is past it (last-window NSP accuracy 0.80 to 0.92).
+    train(tmp_path, "train.max_steps=240", "logging.log_every=20", "checkpoint.save_every=240", "train.batch_size=16",
           "optimizer.lr=5e-3", "data.synthetic.num_topics=16", "model.hidden_size=64", "model.intermediate_size=128")
     records = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["split"] == "train"]
     first, last = records[0], records[-1]
