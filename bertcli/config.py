@@ -193,7 +193,7 @@ class OptimizerConfig:
     warmup_steps: int = 10_000
     """Steps of linear warm-up from 0 to lr."""
     min_lr_ratio: float = 0.0
-    """Learning rate at the last step, as a share of lr."""
+    """Floor of the decay, as a share of lr (reached at max_steps, one step past the last update)."""
 
 
 @dataclass

@@ -30,12 +30,21 @@ def build_optimizer(model: nn.Module, cfg: OptimizerConfig, fused: bool = False)
 
 
 def lr_at(step: int, cfg: OptimizerConfig, max_steps: int) -> float:
-    """Learning rate of optimizer step `step` (0-based): linear warm-up, then the chosen decay."""
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    if cfg.schedule == "constant" or max_steps <= cfg.warmup_steps:
+    """Learning rate of optimizer step `step` (0-based, the update that makes step `step + 1`).
+
+    Warm-up: lr * (step + 1) / warmup_steps, so the first update already learns and update
+    warmup_steps - 1 reaches lr. (Hugging Face's get_*_schedule_with_warmup use step / warmup_steps,
+    which spends update 0 at lr 0.) Decay: exactly theirs, over max_steps - warmup_steps steps:
+    progress = (step - warmup_steps) / (max_steps - warmup_steps) runs from 0 at the first step
+    after warm-up towards 1 at max_steps, one past the last update, so the last update still
+    learns (linear: lr * (max_steps - step) / (max_steps - warmup_steps), lr / that span at the end).
+    """
+    warmup = cfg.warmup_steps
+    if step < warmup:
+        return cfg.lr * (step + 1) / warmup
+    if cfg.schedule == "constant" or max_steps <= warmup:
         return cfg.lr
-    progress = min(1.0, (step - cfg.warmup_steps) / max(1, max_steps - 1 - cfg.warmup_steps))  # 0 -> 1
+    progress = min(1.0, (step - warmup) / (max_steps - warmup))  # 0 -> 1 (at max_steps)
     if cfg.schedule == "linear":
         factor = 1.0 - progress
     else:  # cosine

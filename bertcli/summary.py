@@ -191,8 +191,8 @@ def data_report(folder: Path, examples: int = 512) -> dict[str, Any]:
         cfg = Config()
     train = prepared.corpus("train")
     lengths = np.diff(np.asarray(train.seg_offsets))
-    builder = ExampleBuilder(train, cfg.data)
-    rows = [builder.example(np.random.default_rng([cfg.train.seed, 2, 0, i])) for i in range(examples)]
+    builder = ExampleBuilder(train, cfg.data, examples)
+    rows = [builder.example(cfg.train.seed, 0, i, stream=2) for i in range(examples)]  # a stream of its own
     padding = 1.0 - float(np.mean([len(e.tokens) for e in rows])) / cfg.data.max_seq_length
     e = rows[0]
     shown = [prepared.tokenizer.id_to_token(int(t)) for t in e.tokens]

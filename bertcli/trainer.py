@@ -39,35 +39,49 @@ class Losses(NamedTuple):
 
 
 def pretraining_loss(out: PretrainingOutput, batch: Batch, mlm_weight: float, nsp_weight: float,
-                     nsp: bool = True, mlm_denominator: torch.Tensor | None = None, world_size: int = 1) -> Losses:
+                     nsp: bool = True, step_counts: torch.Tensor | None = None, world_size: int = 1) -> Losses:
     """mlm_weight * MLM cross-entropy (mean over real predictions) + nsp_weight * NSP cross-entropy.
 
     Padded prediction slots carry the label IGNORE, so they add nothing to the loss or to its
     denominator (the textbook's weighting bug cannot happen). Computed in fp32. Without
-    sentence pairs (`nsp=False`) the NSP terms are zero. With several processes, `mlm_denominator`
-    is the number of real predictions over all of them: the MLM term is then the mean over the
-    whole global micro-batch (times world_size, since DDP averages gradients over processes),
-    exactly what one process with the whole batch computes.
+    sentence pairs (`nsp=False`) the NSP terms are zero. Without `step_counts` both terms are
+    means over this batch. In training, `step_counts` is (2,): the real predictions and NSP rows of
+    the whole optimizer step (every micro-batch, every process); each term is then this batch's
+    sum over that count (times world_size, since DDP and FSDP average gradients over processes),
+    so the gradients summed over the step's micro-batches and processes are exactly those of one
+    batch holding them all: accumulation and processes change nothing but float rounding.
+    The stats are this batch's own means whatever the normalisation (what is logged).
     """
     V = out.mlm_logits.shape[-1]
     mlm_logits = out.mlm_logits.float().reshape(-1, V)  # (B*P, V)
     labels = batch.mlm_labels.reshape(-1)  # (B*P,)
     real = labels != IGNORE
     mlm_sum = F.cross_entropy(mlm_logits, labels, ignore_index=IGNORE, reduction="sum")
-    mlm = mlm_sum / real.sum().clamp(min=1)  # this process's mean (what is logged)
-    mlm_term = mlm if mlm_denominator is None else mlm_sum * world_size / mlm_denominator
+    mlm = mlm_sum / real.sum().clamp(min=1)  # this batch's mean (what is logged)
     nsp_logits = out.nsp_logits.float()
-    nsp_loss = F.cross_entropy(nsp_logits, batch.nsp_labels) if nsp else mlm.new_zeros(())
-    total = mlm_weight * mlm_term + nsp_weight * nsp_loss
+    nsp_rows = batch.nsp_labels != IGNORE
+    nsp_sum = (F.cross_entropy(nsp_logits, batch.nsp_labels, ignore_index=IGNORE, reduction="sum") if nsp
+               else mlm.new_zeros(()))
+    nsp_loss = nsp_sum / nsp_rows.sum().clamp(min=1)
+    if step_counts is None:
+        total = mlm_weight * mlm + nsp_weight * nsp_loss
+    else:
+        counts = step_counts.clamp(min=1)
+        total = mlm_weight * (mlm_sum * world_size / counts[0]) + nsp_weight * (nsp_sum * world_size / counts[1])
     with torch.no_grad():
-        nsp_rows = batch.nsp_labels != IGNORE
         stats = torch.stack([
-            total.detach(), mlm.detach(), nsp_loss.detach(),
+            mlm_weight * mlm.detach() + nsp_weight * nsp_loss.detach(), mlm.detach(), nsp_loss.detach(),
             ((mlm_logits.argmax(-1) == labels) & real).sum().float(), real.sum().float(),
             ((nsp_logits.argmax(-1) == batch.nsp_labels) & nsp_rows).sum().float(),
             nsp_rows.sum().float(),  # counted on the device: no host copy
         ])
     return Losses(total, stats)
+
+
+def step_counts(batches: list[Batch]) -> torch.Tensor:
+    """(2,) float: real MLM predictions and NSP rows in `batches`, counted where they are (no sync)."""
+    return torch.stack([torch.stack([(b.mlm_labels != IGNORE).sum(), (b.nsp_labels != IGNORE).sum()])
+                        for b in batches]).sum(0).float()
 
 
 def metrics_from(stats: list[float], micro_steps: float, nsp: bool) -> dict[str, float]:
@@ -200,12 +214,12 @@ def _pretrain(cfg: Config, config_path: Path | None, resume: str, quiet: bool, s
     output_dir.mkdir(parents=True, exist_ok=True)
 
     corpus, nsp = data.train, cfg.data.pairs
-    builder = ExampleBuilder(corpus, cfg.data)
     tc = cfg.train
+    builder = ExampleBuilder(corpus, cfg.data, tc.batch_size * tc.grad_accum_steps * rt.world_size)
     eval_batches: list[Batch] = []
     if data.valid is not None and tc.eval_every > 0:
         # A fixed held-out set: the same examples and masks at every evaluation.
-        held_out = ExampleBuilder(data.valid, cfg.data)
+        held_out = ExampleBuilder(data.valid, cfg.data, tc.eval_examples)  # one step of the EVAL stream
         eval_batches = [held_out.batch(tc.seed, 0, range(i, min(i + tc.batch_size, tc.eval_examples)), ExampleBuilder.EVAL)
                         for i in range(0, tc.eval_examples, tc.batch_size)]
         baseline = most_frequent_token_accuracy(corpus, eval_batches)
@@ -262,20 +276,22 @@ def _pretrain(cfg: Config, config_path: Path | None, resume: str, quiet: bool, s
             lr = lr_at(step, cfg.optimizer, tc.max_steps)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            for micro in range(A):
-                batch = next(batches)  # this process's share of micro-batch `micro` of the step (pinned on GPUs)
+            step_batches = []
+            for _ in range(A):
+                batch = next(batches)  # this process's share of one micro-batch of the step (pinned on GPUs)
                 tokens = int(batch.valid_lens.sum())  # non-padding tokens, counted on the host copy: no sync
                 tokens_since_start, window_tokens = tokens_since_start + tokens, window_tokens + tokens
-                batch = batch.to(rt.device, non_blocking=pin)
-                denominator = None
-                if rt.distributed:  # real predictions of the whole global micro-batch (async on GPUs)
-                    denominator = rt.all_reduce_sum((batch.mlm_labels != IGNORE).sum().float())
+                step_batches.append(batch.to(rt.device, non_blocking=pin))
+            # The losses are means over the whole step (all micro-batches, all processes): count its
+            # predictions and NSP rows before the first backward (on the device, async under torchrun).
+            denominators = rt.all_reduce_sum(step_counts(step_batches))
+            for micro, batch in enumerate(step_batches):
                 with runtime.gradient_sync(train_model, micro == A - 1):  # reduced on the last micro-batch only
                     with rt.autocast():
                         out = train_model(batch.input_ids, batch.token_type_ids, batch.valid_lens, batch.pred_positions,
                                           batch.packed if unpad else None)
-                    losses = pretraining_loss(out, batch, tc.mlm_weight, tc.nsp_weight, nsp, denominator, W)
-                    scaler.scale(losses.total / A).backward()
+                    losses = pretraining_loss(out, batch, tc.mlm_weight, tc.nsp_weight, nsp, denominators, W)
+                    scaler.scale(losses.total).backward()
                 step_stats += losses.stats
             scaler.unscale_(optimizer)  # no-op unless fp16
             grad_norm = runtime.local(torch.nn.utils.clip_grad_norm_(model.parameters(), tc.max_grad_norm or float("inf")))

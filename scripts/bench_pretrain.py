@@ -51,7 +51,7 @@ def real_lengths(rows: int, T: int) -> torch.Tensor:
         cfg = preset_config("tiny", [f"data.max_seq_length={T}", f"model.max_position_embeddings={max(T, 512)}",
                                      f"data.prepared_dir={tmp}", f"data.max_predictions_per_seq={max(1, T // 6)}"])
         data = load_data(cfg, None, quiet=True)
-        return ExampleBuilder(data.train, cfg.data).batch(cfg.train.seed, 0, range(rows)).valid_lens
+        return ExampleBuilder(data.train, cfg.data, rows).batch(cfg.train.seed, 0, range(rows)).valid_lens
 
 
 def make_batches(n: int, B: int, T: int, V: int, P: int, device: torch.device, lengths: torch.Tensor | None = None,

@@ -31,7 +31,7 @@ def main() -> None:
     for shape in args.shape or ["128x256", "512x32"]:
         T, B = map(int, shape.split("x"))
         P = max(1, round(cfg.data.max_predictions_per_seq * T / cfg.data.max_seq_length))
-        builder = ExampleBuilder(data.train, dataclasses.replace(cfg.data, max_seq_length=T, max_predictions_per_seq=P))
+        builder = ExampleBuilder(data.train, dataclasses.replace(cfg.data, max_seq_length=T, max_predictions_per_seq=P), B)
         real = padded = 0
         for step in range(args.steps):
             batch = builder.batch(cfg.train.seed, step, range(B))

@@ -33,9 +33,9 @@ def one_token_per_document_corpus(num_docs: int = 40, seed: int = 0) -> Corpus:
 
 def test_pair_layout():
     cfg = micro_config()
-    builder = ExampleBuilder(synthetic_corpus(cfg.data.synthetic, cfg.model.vocab_size), cfg.data)
+    builder = ExampleBuilder(synthetic_corpus(cfg.data.synthetic, cfg.model.vocab_size), cfg.data, cfg.train.batch_size)
     for i in range(200):
-        e = builder.example(np.random.default_rng(i))
+        e = builder.example(0, 0, i)
         # [CLS] first, then exactly one [SEP] in the middle and one at the end (labels restore masked ones)
         original = e.tokens.copy()
         original[e.pred_positions] = e.pred_labels
@@ -49,7 +49,7 @@ def test_pair_layout():
 
 def test_batch_is_a_pure_function_of_seed_and_step_and_splits_like_one_batch():
     cfg = micro_config()
-    builder = ExampleBuilder(synthetic_corpus(cfg.data.synthetic, cfg.model.vocab_size), cfg.data)
+    builder = ExampleBuilder(synthetic_corpus(cfg.data.synthetic, cfg.model.vocab_size), cfg.data, cfg.train.batch_size)
     a, b = builder.batch(7, 3, range(8)), builder.batch(7, 3, range(8))
     for f in dataclasses.fields(Batch):
         x, y = getattr(a, f.name), getattr(b, f.name)
@@ -65,14 +65,62 @@ def test_batch_is_a_pure_function_of_seed_and_step_and_splits_like_one_batch():
         assert torch.equal(half.mlm_labels[row], a.mlm_labels[row + 4])
 
 
+@pytest.mark.parametrize("piece", [ExampleBuilder.PIECE, 3])
+def test_an_epoch_cuts_every_document_from_its_start_and_shows_each_sentence_once(monkeypatch, piece):
+    """Google's create_instances_from_document: chunks from each document's first sentence; each
+    sentence is in an A or a true B once per epoch (B's unused sentences start the next chunk)."""
+    monkeypatch.setattr(ExampleBuilder, "PIECE", piece)  # long documents are cut in pieces first
+    corpus = one_token_per_document_corpus(num_docs=300)
+    builder = ExampleBuilder(corpus, DataConfig(max_seq_length=24, short_seq_prob=0.3), 8)
+    index = builder.build_epoch(0, ExampleBuilder.TRAIN, 0)
+    doc_of = corpus.document_of_segment()
+    starts, ends = corpus.doc_offsets[:-1], corpus.doc_offsets[1:]
+    piece_last = {min(s + k + piece, e) - 1 for s, e in zip(starts, ends) for k in range(0, e - s, piece)}
+    shown = np.zeros(corpus.num_segments, dtype=int)
+    for first, count, a_count, random_next in zip(index.first, index.count, index.a_count, index.random_next):
+        first, count, a_count = int(first), int(count), int(a_count)
+        assert doc_of[first] == doc_of[first + count - 1], "a chunk stays in its document"
+        assert 1 <= a_count <= count and (random_next or a_count < count)
+        shown[first:first + (a_count if random_next else count)] += 1
+    assert shown.min() == 1
+    # Seen twice: only the sentence before a piece's last one, when that one was left alone
+    # (paired with it as A rather than given a forced random B).
+    assert set(np.flatnonzero(shown == 2)) <= {s - 1 for s in piece_last} and shown.max() == 2
+    assert set(starts.tolist()) <= set(index.first.tolist()), "every document starts a chunk"
+    again, later = builder.build_epoch(0, ExampleBuilder.TRAIN, 0), builder.build_epoch(0, ExampleBuilder.TRAIN, 1)
+    assert all(np.array_equal(x, y) for x, y in zip(index, again)), "an epoch is a function of (seed, epoch)"
+    assert not np.array_equal(np.sort(index.first), np.sort(later.first)), "a new cut each epoch"
+
+
+def test_examples_far_into_training_are_random_access():
+    """Step k's examples need no earlier epoch and no history: a fresh builder (a resumed run, a
+    worker process) gives what one that built every step before gives."""
+    corpus = one_token_per_document_corpus()
+    cfg = DataConfig(max_seq_length=32, max_predictions_per_seq=5)
+    walked = ExampleBuilder(corpus, cfg, 8)
+    epoch_length = len(walked.build_epoch(3, ExampleBuilder.TRAIN, 0).first)
+    step = 5 * epoch_length // 8 + 2  # in epoch 5
+    for s in range(step - epoch_length // 8 - 1, step + 1):  # through the end of epoch 4
+        batch = walked.batch(3, s, range(8))
+    fresh = ExampleBuilder(corpus, cfg, 8).batch(3, step, range(8))
+    for f in dataclasses.fields(Batch):
+        assert torch.equal(getattr(batch, f.name), getattr(fresh, f.name))
+    # Example i of step k is chunk k * 8 + i - 5 * epoch_length of epoch 5.
+    epoch5 = walked.build_epoch(3, ExampleBuilder.TRAIN, 5)
+    for i in range(8):
+        first, end, *_ = walked.chunk(3, ExampleBuilder.TRAIN, step * 8 + i)
+        j = step * 8 + i - 5 * epoch_length
+        assert (first, end) == (epoch5.first[j], epoch5.first[j] + epoch5.count[j])
+
+
 def test_masking_and_nsp_statistics_on_a_large_sample():
     corpus = one_token_per_document_corpus()
     cfg = DataConfig(max_seq_length=64, max_predictions_per_seq=64)
-    builder = ExampleBuilder(corpus, cfg)
+    builder = ExampleBuilder(corpus, cfg, 4000)
     chosen = candidates = masked = randomised = kept = random_next = 0
     n = 4000
     for i in range(n):
-        e = builder.example(np.random.default_rng([1, i]))
+        e = builder.example(1, 0, i)
         original = e.tokens.copy()
         original[e.pred_positions] = e.pred_labels
         sep = int(np.flatnonzero(original == SP.sep)[0])
@@ -99,8 +147,8 @@ def test_masking_and_nsp_statistics_on_a_large_sample():
 
 def test_max_predictions_caps_the_choice():
     cfg = micro_config("data.max_predictions_per_seq=2", "data.masked_lm_prob=0.5")
-    builder = ExampleBuilder(synthetic_corpus(cfg.data.synthetic, cfg.model.vocab_size), cfg.data)
-    assert all(len(builder.example(np.random.default_rng(i)).pred_positions) <= 2 for i in range(50))
+    builder = ExampleBuilder(synthetic_corpus(cfg.data.synthetic, cfg.model.vocab_size), cfg.data, cfg.train.batch_size)
+    assert all(len(builder.example(0, 0, i).pred_positions) <= 2 for i in range(50))
 
 
 def test_truncation_keeps_within_budget_and_trims_the_longer_side():
@@ -114,7 +162,7 @@ def test_truncation_keeps_within_budget_and_trims_the_longer_side():
 def test_padded_prediction_slots_do_not_change_the_loss():
     """d2l's weighting bug: padded slots must not enter the MLM mean (numerator or denominator)."""
     cfg = micro_config()
-    builder = ExampleBuilder(synthetic_corpus(cfg.data.synthetic, cfg.model.vocab_size), cfg.data)
+    builder = ExampleBuilder(synthetic_corpus(cfg.data.synthetic, cfg.model.vocab_size), cfg.data, cfg.train.batch_size)
     batch = builder.batch(0, 0, range(8))
     torch.manual_seed(0)
     model = BertForPreTraining(cfg.model).eval()
@@ -149,7 +197,7 @@ def test_pairs_need_two_documents():
     from bertcli.errors import UsageError
 
     with pytest.raises(UsageError, match="at least 2 documents"):
-        ExampleBuilder(corpus, DataConfig(max_seq_length=16))
+        ExampleBuilder(corpus, DataConfig(max_seq_length=16), 8)
 
 
 def _one_document_run(tmp_path, documents: int, *overrides: str):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -21,8 +22,12 @@ from bertcli.data.corpus import synthetic_corpus
 from bertcli.errors import UsageError
 from bertcli.metrics import read_metrics
 from bertcli.model import TIED_ALIASES, BertForPreTraining
+from bertcli.optim import lr_at
 from bertcli.trainer import pretrain
 from conftest import REPO, micro_config, write_config
+
+
+NO_DROPOUT = ["model.hidden_dropout_prob=0", "model.attention_probs_dropout_prob=0"]
 
 
 def train(folder: Path, *overrides: str, resume: str = "auto", stop_at: int | None = None) -> dict:
@@ -149,7 +154,7 @@ def test_positions_that_are_not_a_multiple_of_8_are_never_padded_past(tmp_path):
     from bertcli.data.examples import ExampleBuilder
 
     cfg = micro_config("model.max_position_embeddings=30", "data.max_seq_length=30")
-    builder = ExampleBuilder(synthetic_corpus(cfg.data.synthetic, cfg.model.vocab_size), cfg.data)
+    builder = ExampleBuilder(synthetic_corpus(cfg.data.synthetic, cfg.model.vocab_size), cfg.data, 8)
     widths = {builder.batch(0, step, range(8)).input_ids.shape[1] for step in range(20)}
     assert max(widths) == 30 and widths <= {8, 16, 24, 30}, widths
     result = train(tmp_path, "model.max_position_embeddings=30", "data.max_seq_length=30", stop_at=4)
@@ -208,21 +213,45 @@ def test_mixed_precision_on_cpu(tmp_path, mode):
     assert all(t.dtype == torch.float32 for t in stored.values()), "master weights stay fp32"
 
 
-def test_grad_accumulation_sees_the_same_examples(tmp_path):
-    """batch 8 x 1 and batch 4 x 2 train on the same examples: same tokens, close weights."""
-    a = train(tmp_path / "a", "train.max_steps=3", "model.hidden_dropout_prob=0", "model.attention_probs_dropout_prob=0")
-    b = train(tmp_path / "b", "train.max_steps=3", "train.batch_size=4", "train.grad_accum_steps=2",
-              "model.hidden_dropout_prob=0", "model.attention_probs_dropout_prob=0")
+def test_grad_accumulation_is_exactly_a_larger_batch(tmp_path):
+    """1 x 2B and 2 x B: the same examples, and the same update, because both loss terms are means
+    over the whole step (MLM predictions differ in number from micro-batch to micro-batch)."""
+    varied = ["data.short_seq_prob=0.5", "train.max_steps=4", *NO_DROPOUT]  # predictions per row: 1 to 4
+    a = train(tmp_path / "a", "train.batch_size=8", *varied)
+    b = train(tmp_path / "b", "train.batch_size=4", "train.grad_accum_steps=2", *varied)
     assert a["tokens_seen"] == b["tokens_seen"]
-    wa, wb = weights(tmp_path / "a/checkpoints/step-0000003"), weights(tmp_path / "b/checkpoints/step-0000003")
-    # Not bitwise: the MLM mean is per micro-batch. Close, though, and far from the start.
+    wa, wb = weights(tmp_path / "a/checkpoints/step-0000004"), weights(tmp_path / "b/checkpoints/step-0000004")
     start = BertForPreTraining(micro_config().model).state_dict()
-    key = "bert.encoder.layer.0.attention.self.query.weight"
-    assert (wa[key] - wb[key]).abs().max() < 0.2 * (wa[key] - start[key]).abs().max()
+    assert all((wa[k] - start[k]).abs().max() > 1e-3 for k in wa if k.endswith("query.weight")), "it trained"
+    for key in wa:
+        torch.testing.assert_close(wb[key], wa[key], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("schedule", ["linear", "cosine"])
+def test_schedule_learns_from_the_first_to_the_last_step_and_decays_as_hugging_face(schedule):
+    hf = pytest.importorskip("transformers.optimization")
+    steps, warmup, lr = 50, 10, 1e-3
+    cfg = micro_config(f"optimizer.schedule={schedule}", f"optimizer.warmup_steps={warmup}",
+                       f"optimizer.lr={lr}").optimizer
+    lrs = [lr_at(s, cfg, steps) for s in range(steps)]
+    assert lrs[0] == pytest.approx(lr / warmup), "step 0 already learns"
+    assert lrs[warmup - 1] == lrs[warmup] == pytest.approx(lr), "warm-up ends at the peak"
+    progress = (steps - 1 - warmup) / (steps - warmup)  # of the last update
+    last = 1 - progress if schedule == "linear" else 0.5 * (1 + math.cos(math.pi * progress))
+    assert lrs[-1] == pytest.approx(lr * last) and lrs[-1] > 0, "the last step still learns"
+    # Decay: Hugging Face's get_{linear,cosine}_schedule_with_warmup; warm-up: theirs one step later.
+    extra = {} if schedule == "linear" else {"num_cycles": 0.5}
+    theirs = [lr * getattr(hf, f"_get_{schedule}_schedule_with_warmup_lr_lambda")(
+        s, num_warmup_steps=warmup, num_training_steps=steps, **extra) for s in range(steps + 1)]
+    assert lrs == pytest.approx(theirs[1:warmup + 1] + theirs[warmup:steps])
+    floor = dataclasses.replace(cfg, min_lr_ratio=0.1)
+    assert lr_at(steps - 1, floor, steps) == pytest.approx(lr * (0.1 + 0.9 * last))
 
 
 def test_training_learns(tmp_path):
-    train(tmp_path, "train.max_steps=160", "logging.log_every=20", "checkpoint.save_every=160", "train.batch_size=16",
+    # NSP is learnt suddenly, at a step that varies with the seed: by step 240 (not yet by 160) every
+    # seed tried (1, 3, 4, 5, 6, 42) is past it (last-window NSP accuracy 0.80 to 0.92).
+    train(tmp_path, "train.max_steps=240", "logging.log_every=20", "checkpoint.save_every=240", "train.batch_size=16",
           "optimizer.lr=5e-3", "data.synthetic.num_topics=16", "model.hidden_size=64", "model.intermediate_size=128")
     records = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["split"] == "train"]
     first, last = records[0], records[-1]

@@ -1,14 +1,19 @@
 """BERT examples: sentence pairs for NSP and dynamic masking for MLM, made on the fly.
 
-Example i of step k is drawn with its own generator seeded by (seed, k, i), so the batch at
-step k is a pure function of (seed, k): a run replays the same examples and masks, resuming
-needs no skipping, and any split of a step's examples across micro-batches or ranks sees
-exactly the examples of a single large batch.
+Coverage follows Google BERT's create_instances_from_document: every epoch, each document is cut
+greedily into chunks from its start (a new random cut per epoch, seeded by (seed, epoch)), and the
+epoch's chunks are shuffled (the same seed). Example i of step k is example number
+g = k * examples_per_step + i of the stream: chunk g % L of epoch g // L (L: the number of chunks
+of epoch 0), drawn with its own generator seeded by (seed, k, i). So the batch at step k is a
+pure function of (seed, k): a run replays the same examples and masks, resuming needs no skipping,
+and any split of a step's examples across micro-batches or ranks sees exactly the examples of a
+single large batch; and one pass shows every sentence of the corpus, from each document's first.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -48,72 +53,178 @@ class Batch:
         return Batch(**{f.name: getattr(self, f.name).pin_memory() for f in fields(self)})
 
 
+class ChunkIndex(NamedTuple):
+    """One epoch's chunks, in the epoch's (shuffled) order. Chunk j is segments first[j] to
+    first[j] + count[j] - 1 of one document; with pairs, A is its first a_count[j] segments and B
+    the rest, or (random_next[j]) a span from another document of about target[j] - len(A) tokens."""
+
+    first: np.ndarray  # (C,) int32 or int64
+    count: np.ndarray  # (C,) uint16 or int32, >= 1
+    a_count: np.ndarray  # (C,) like count, 1..count (count only when B is random)
+    random_next: np.ndarray  # (C,) bool
+    target: np.ndarray  # (C,) like count: the chunk's target length in tokens
+
+
 class ExampleBuilder:
-    """Builds examples from a corpus; `batch(seed, step, indices)` is a pure function."""
+    """Builds examples from a corpus; `batch(seed, step, indices)` is a pure function.
+
+    `examples_per_step` is the global batch (batch_size x grad_accum_steps x processes): example
+    i of step k is example k * examples_per_step + i of the stream's sequence of epochs.
+    """
 
     TRAIN, EVAL = 0, 1  # example streams: the held-out set never shares a seed with training
+    PIECE = 4096  # segments: longer documents are cut in pieces of this many, which bounds the
+    # rounds of the vectorised cutting (a chunk never spans two pieces; B still follows A across them)
+    CACHED_EPOCHS = 2  # a step near an epoch's end reads two
 
-    def __init__(self, corpus: Corpus, cfg: DataConfig) -> None:
-        self.corpus, self.cfg = corpus, cfg
+    def __init__(self, corpus: Corpus, cfg: DataConfig, examples_per_step: int) -> None:
+        self.corpus, self.cfg, self.examples_per_step = corpus, cfg, examples_per_step
         if corpus.num_documents < 2 and cfg.pairs:
             raise UsageError("the corpus needs at least 2 documents to build NSP pairs (random next sentences "
                              "come from another document): add documents, or set data.pairs: false and "
                              "train.nsp_weight: 0")
-        self.doc_of = corpus.document_of_segment()  # (S,)
         self.offsets = np.asarray(corpus.seg_offsets)  # (S+1,) token offset of each segment
+        self.doc_offsets = np.asarray(corpus.doc_offsets)  # (D+1,) first segment of each document
+        self.max_tokens = cfg.max_seq_length - (3 if cfg.pairs else 2)
+        self._epochs: dict[tuple[int, int, int], ChunkIndex] = {}  # the latest built, oldest first
+        self._epoch_length: dict[tuple[int, int], int] = {}
+
+    def _document(self, s: int) -> int:
+        return int(np.searchsorted(self.doc_offsets, s, side="right")) - 1
 
     def _chunk(self, s: int, target: int) -> int:
         """End (exclusive) of the chunk of consecutive segments from s: the fewest that reach
         `target` tokens, stopping at the document's end; at least one segment."""
-        doc_end = int(self.corpus.doc_offsets[self.doc_of[s] + 1])
+        doc_end = int(self.doc_offsets[self._document(s) + 1])
         end = int(np.searchsorted(self.offsets, self.offsets[s] + target, side="left"))
         return min(max(end, s + 1), doc_end)
 
     def _tokens(self, first: int, end: int) -> np.ndarray:
         return np.asarray(self.corpus.tokens[self.offsets[first]:self.offsets[end]], dtype=np.int64)
 
-    def example(self, rng: np.random.Generator) -> Example:
-        """Google BERT's create_instances_from_document, made random-access: fill a chunk of
-        consecutive sentences of one document up to a target length (shorter with probability
-        short_seq_prob), take A as a random prefix of it and B as the rest, or (with probability
-        random_next_prob, and always for a one-sentence chunk) from a different document."""
+    def build_epoch(self, seed: int, stream: int, epoch: int) -> ChunkIndex:
+        """Google's create_instances_from_document over every document at once, vectorised: round r
+        cuts the r-th chunk of every document (piece) not yet finished. A chunk takes segments from
+        the current one until it reaches its target (max_tokens, or with short_seq_prob a random
+        2..max_tokens) or the document's end. With pairs, A is its first 1..count-1 segments (uniform);
+        B is the rest or, with random_next_prob (always for a one-segment chunk), random, and then
+        the unused segments start the next chunk (Google puts them back), so each sentence is in
+        an A or a true B once per epoch. A last short sentence left alone is paired with the one
+        before it as A (true B) or, with random_next_prob, alone with a random B: a document's end
+        is neither lost nor a forced random B. Then the chunks are shuffled."""
+        cfg, rng = self.cfg, np.random.default_rng([seed, stream, epoch])
+        offsets, doc_offsets, max_tokens = self.offsets, self.doc_offsets.astype(np.int64), self.max_tokens
+        # Pieces: documents, longer ones cut every PIECE segments.
+        sizes = np.diff(doc_offsets)
+        per_doc = -(-sizes // self.PIECE)
+        doc = np.repeat(np.arange(len(sizes)), per_doc)
+        k = np.arange(len(doc)) - np.repeat(np.cumsum(per_doc) - per_doc, per_doc)
+        pos = doc_offsets[doc] + k * self.PIECE  # (P,) where each piece's next chunk starts
+        piece_end = np.minimum(pos + self.PIECE, doc_offsets[doc + 1])
+        doc_start = doc_offsets[doc]
+        active = np.arange(len(pos))
+        parts: list[tuple[np.ndarray, ...]] = []  # per round, in compact types: ~11 bytes a chunk
+        small = np.uint16 if max_tokens < 1 << 16 else np.int32  # chunk sizes and targets
+        segment = np.int32 if len(offsets) < 1 << 31 else np.int64
+        while len(active):
+            p, stop, n = pos[active], piece_end[active], len(active)
+            target = np.full(n, max_tokens, dtype=np.int64)
+            short = rng.random(n) < cfg.short_seq_prob
+            target[short] = rng.integers(2, max_tokens + 1, size=int(short.sum()))
+            end = np.searchsorted(offsets, offsets[p] + target, side="left")
+            end = np.minimum(np.maximum(end, p + 1), stop)
+            first, count = p.copy(), end - p
+            a_count = np.ones(n, dtype=np.int64)
+            random_next = np.ones(n, dtype=bool)
+            step_to = end
+            if cfg.pairs:
+                split, coin = rng.random(n), rng.random(n) < cfg.random_next_prob
+                several = count >= 2
+                a_count[several] = 1 + (split[several] * (count[several] - 1)).astype(np.int64)
+                lone = ~several & (p > doc_start[active]) & (offsets[end] - offsets[p] < target)
+                random_next = coin | (~several & ~lone)
+                paired = lone & ~coin  # A = the sentence before, B = this one
+                first[paired] -= 1
+                count[paired] = 2
+                step_to = np.where(random_next & several, p + a_count, end)  # put B's segments back
+            else:
+                a_count = count
+            parts.append((first.astype(segment), count.astype(small), a_count.astype(small), random_next,
+                          target.astype(small)))
+            pos[active] = step_to
+            active = active[step_to < stop]
+        order = rng.permutation(sum(len(part[0]) for part in parts))
+        return ChunkIndex(*(np.concatenate(column)[order] for column in zip(*parts)))
+
+    def _epoch(self, seed: int, stream: int, epoch: int) -> ChunkIndex:
+        key = (seed, stream, epoch)
+        if key not in self._epochs:
+            if len(self._epochs) >= self.CACHED_EPOCHS:
+                del self._epochs[next(iter(self._epochs))]
+            self._epochs[key] = self.build_epoch(seed, stream, epoch)
+        return self._epochs[key]
+
+    def chunk(self, seed: int, stream: int, g: int) -> tuple[int, int, int, bool, int]:
+        """(first segment, end, end of A, random B, target) of example number g of the stream.
+        Epochs all have epoch 0's length L, so g maps to one without building the epochs before it;
+        an epoch with fewer chunks (cuts are random) wraps around, one with more leaves its last out."""
+        if (seed, stream) not in self._epoch_length:
+            self._epoch_length[(seed, stream)] = len(self._epoch(seed, stream, 0).first)
+        epoch, position = divmod(g, self._epoch_length[(seed, stream)])
+        index = self._epoch(seed, stream, epoch)
+        j = position % len(index.first)
+        first = int(index.first[j])
+        return (first, first + int(index.count[j]), first + int(index.a_count[j]), bool(index.random_next[j]),
+                int(index.target[j]))
+
+    def _random_start(self, seed: int, stream: int, g: int, doc: int, rng: np.random.Generator) -> tuple[int, int]:
+        """(first segment, document) of a random B: where a random chunk of the same epoch starts,
+        in another document. Documents are so drawn in proportion to their length, as A's are (a
+        uniform draw over documents would show the tokens of short ones more often), and B starts
+        at a document's first sentence as often as A does. Rarely (documents that hold most of the
+        corpus), a uniform start in a uniformly drawn other document."""
+        index = self._epoch(seed, stream, g // self._epoch_length[(seed, stream)])
+        for _ in range(10):
+            first = int(index.first[int(rng.integers(len(index.first)))])
+            other = self._document(first)
+            if other != doc:
+                return first, other
+        other = (doc + 1 + int(rng.integers(self.corpus.num_documents - 1))) % self.corpus.num_documents
+        return int(rng.integers(self.doc_offsets[other], self.doc_offsets[other + 1])), other
+
+    def example(self, seed: int, step: int, i: int, stream: int = TRAIN) -> Example:
+        """Example i of step `step`: its chunk from the epoch index, the rest (random B's document
+        and start, trimming, masking) from a generator seeded by (seed, stream, step, i)."""
         c, cfg, sp = self.corpus, self.cfg, self.corpus.special
-        max_tokens = cfg.max_seq_length - (3 if cfg.pairs else 2)
-        target = int(rng.integers(2, max_tokens + 1)) if rng.random() < cfg.short_seq_prob else max_tokens
-        s = int(rng.integers(c.num_segments))  # documents are drawn in proportion to their length
-        end = self._chunk(s, target)
-        if end - s == 1 and s > c.doc_offsets[self.doc_of[s]] and len(self._tokens(s, end)) < target:
-            # Google's chunks run from a document's start, so a lone last sentence is rare there;
-            # starting anywhere would make it (and its forced random B) common: take one more.
-            s -= 1
+        g = step * self.examples_per_step + i
+        first, end, a_end, random_next, target = self.chunk(seed, stream, g)
+        rng = np.random.default_rng([seed, stream, step, i])
+        doc = self._document(first)
         if not cfg.pairs:
-            span = self._tokens(s, end)[:max_tokens]
+            span = self._tokens(first, end)[:self.max_tokens]
             tokens = np.concatenate([[sp.cls], span, [sp.sep]]).astype(np.int64)
             special = np.zeros(len(tokens), dtype=bool)
             special[[0, -1]] = True
             masked, positions, labels = mask_tokens(tokens, special, cfg, c, rng)
-            doc = int(self.doc_of[s])
             return Example(masked, np.zeros(len(tokens), dtype=np.int64), positions, labels, IGNORE, (doc, doc))
-        a_end = s + 1 if end - s == 1 else int(rng.integers(s + 1, end))
-        a = self._tokens(s, a_end)
-        if end - s == 1 or rng.random() < cfg.random_next_prob:
-            other = (int(self.doc_of[s]) + 1 + int(rng.integers(c.num_documents - 1))) % c.num_documents
-            first = int(rng.integers(c.doc_offsets[other], c.doc_offsets[other + 1]))
-            b, nsp_label, b_doc = self._tokens(first, self._chunk(first, max(1, target - len(a)))), 1, other
+        a = self._tokens(first, a_end)
+        if random_next:
+            b_first, other = self._random_start(seed, stream, g, doc, rng)
+            b, nsp_label, b_doc = self._tokens(b_first, self._chunk(b_first, max(1, target - len(a)))), 1, other
         else:
-            b, nsp_label, b_doc = self._tokens(a_end, end), 0, int(self.doc_of[s])
-        a, b = truncate_pair(a, b, max_tokens, rng)
+            b, nsp_label, b_doc = self._tokens(a_end, end), 0, doc
+        a, b = truncate_pair(a, b, self.max_tokens, rng)
         tokens = np.concatenate([[sp.cls], a, [sp.sep], b, [sp.sep]]).astype(np.int64)
         segments = np.zeros(len(tokens), dtype=np.int64)
         segments[len(a) + 2:] = 1
         special = np.zeros(len(tokens), dtype=bool)
         special[[0, len(a) + 1, len(tokens) - 1]] = True
         masked, positions, labels = mask_tokens(tokens, special, cfg, c, rng)
-        return Example(masked, segments, positions, labels, nsp_label, (int(self.doc_of[s]), b_doc))
+        return Example(masked, segments, positions, labels, nsp_label, (doc, b_doc))
 
     def batch(self, seed: int, step: int, indices: range, stream: int = TRAIN) -> Batch:
         """Examples `indices` of step `step`; padded to the longest row, rounded up to 8 within max_seq_length."""
-        examples = [self.example(np.random.default_rng([seed, stream, step, i])) for i in indices]
+        examples = [self.example(seed, step, i, stream) for i in indices]
         return collate(examples, self.cfg.max_predictions_per_seq, self.corpus.special.pad, self.cfg.max_seq_length)
 
 

@@ -31,14 +31,13 @@ from tokenizers import Tokenizer
 from bertcli import __version__, atomic, ownership
 from bertcli.config import Config, DataConfig, resolve_output_dir
 from bertcli.data.corpus import Corpus, SpecialTokens, is_held_out
-from bertcli.data.text import corpus_files, read_sentences
-from bertcli.data.tokenizer import (continuation_mask, describe, find_tokenizer_file, load_tokenizer, read_tokenizer_json, save_tokenizer,
-                                    tokenizer_identity,
-                                    special_tokens, train_tokenizer)
+from bertcli.data.text import corpus_files, read_sentences, read_text
+from bertcli.data.tokenizer import (continuation_mask, describe, find_tokenizer_file, load_tokenizer, read_tokenizer_json,
+                                    save_tokenizer, special_tokens, tokenizer_identity, train_tokenizer)
 from bertcli.errors import UsageError
 from bertcli.metrics import log
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: deterministic vocabulary (continuation pieces right after the special tokens)
 MANIFEST = "manifest.json"
 SAMPLE = Path(__file__).resolve().parent / "sample" / "python-docs-sample.txt.gz"
 # Everything a prepared folder holds: `prepare` replaces a folder only if it holds nothing else.
@@ -189,7 +188,7 @@ def prepare(cfg: Config, config_path: Path | None, quiet: bool = False, force: b
         if tok is None:
             with _progress(total_bytes, "training tokenizer", quiet) as bar:
                 sentences = (s for s in read_sentences(files, data.split_sentences, bar.update) if s is not None)
-                tok = train_tokenizer(sentences, data.tokenizer)
+                tok = train_tokenizer(sentences, data.tokenizer, read_text(files))
         save_tokenizer(tok, tmp)
         vocab_size = tok.get_vocab_size(with_added_tokens=True)
         dtype = np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)

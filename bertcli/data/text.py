@@ -9,6 +9,7 @@ document end, so no document, file or corpus is ever held whole in memory.
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import json
 import re
@@ -98,6 +99,37 @@ def _lines(path: Path, progress: Callable[[int], None]) -> Iterator[tuple[int, s
             offset += len(raw)
             progress(len(raw))
             yield number, line
+
+
+def read_text(files: list[Path], block: int = 1 << 16) -> Iterator[str]:
+    """The corpus text in blocks of about `block` characters (small enough to stay in the cache), for
+    a quick pass over its characters (no line decoding or sentence splitting: words never span white
+    space). A block continues the previous one; a file ends with a line break. JSON Lines give their
+    "text" fields, cut into lines as read_sentences cuts them. Bad bytes become U+FFFD and bad
+    records are skipped: read_sentences is what reports them."""
+    for path in files:
+        with _open(path) as fh:
+            if not path.name.endswith((".jsonl", ".jsonl.gz")):
+                decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+                for chunk in iter(lambda: fh.read(block), b""):
+                    yield decoder.decode(chunk)
+                yield decoder.decode(b"", final=True) + "\n"
+                continue
+            texts: list[str] = []
+            size = 0
+            for raw in fh:
+                try:
+                    record = json.loads(raw)
+                except ValueError:
+                    continue
+                text = record.get("text") if isinstance(record, dict) else None
+                if isinstance(text, str):
+                    texts.append("\n".join(text.splitlines()))
+                    size += len(text)
+                if size >= block:
+                    yield "\n".join(texts) + "\n"
+                    texts, size = [], 0
+            yield "\n".join(texts) + "\n"
 
 
 def read_sentences(files: list[Path], split: bool = True,

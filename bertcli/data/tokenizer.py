@@ -2,7 +2,8 @@
 tokenizer.json or BERT vocab.txt; save both files next to the prepared data and in checkpoints.
 
 bertcli's own vocabularies put the special tokens first: [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3,
-[MASK]=4. A loaded vocabulary keeps its own ids (bert-base-uncased has [PAD]=0, [UNK]=100, ...).
+[MASK]=4, then the continuation characters ("##a", "##b", ...) in code-point order. A loaded
+vocabulary keeps its own ids (bert-base-uncased has [PAD]=0, [UNK]=100, ...).
 
 Every tokenizer bertcli loads goes through `unpadded`: bertcli pads batches and truncates
 examples itself, and a published tokenizer.json often pads and truncates on its own (to a fixed
@@ -15,6 +16,7 @@ import hashlib
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -78,14 +80,86 @@ def _add_post_processor(tok: Tokenizer) -> Tokenizer:
     return tok
 
 
-def train_tokenizer(sentences: Iterable[str], cfg: TokenizerConfig) -> Tokenizer:
-    tok = _bert_pipeline(Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix=CONTINUATION)),
-                         Casing(cfg.lowercase, cfg.strip_accents, True))
+def _new_tokenizer(cfg: TokenizerConfig) -> Tokenizer:
+    return _bert_pipeline(Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix=CONTINUATION)),
+                          Casing(cfg.lowercase, cfg.strip_accents, True))
+
+
+# Bits of inner_characters' table, one byte per code point.
+_KNOWN, _REMOVED, _STARTS_WORD, _ENDS_WORD, _SETTLED = 1, 2, 4, 8, 16
+
+
+def inner_characters(texts: Iterable[str], cfg: TokenizerConfig) -> list[str]:
+    """The characters that occur inside a word (anywhere but first) of `texts` once normalised and
+    pre-tokenised as the tokenizer does, in code-point order: the c of every "##c" the trainer makes.
+
+    `texts` is the corpus in blocks (each continues the previous one). BERT's normaliser works
+    character by character, so each distinct character is normalised once, into a table indexed
+    by code point: removed or not, whether its normal form starts and ends with a word character
+    (the pre-tokenizer itself decides what is one). A character continues a word when its normal
+    form starts with a word character and that of the previous kept character ends with one. Each
+    block is an array of code points; only the positions of characters not yet settled (seen
+    continuing a word, or unable to) are looked at, so after the first block a pass is a table
+    lookup and a comparison per character.
+    """
+    tok = _new_tokenizer(cfg)
+    normalizer, pre_tokenizer = tok.normalizer, tok.pre_tokenizer
+
+    @cache
+    def in_word(ch: str) -> bool:  # neither white space nor punctuation (nor CJK, which is padded with spaces)
+        return len(pre_tokenizer.pre_tokenize_str(f"a{ch}a")) == 1
+
+    table = np.zeros(0x110000, dtype=np.uint8)  # _KNOWN | ... per code point
+    inner: set[str] = set()
+    previous = np.array([ord(" ")], dtype=np.uint32)  # the last kept character so far: nothing yet
+    table[previous] = _KNOWN | _SETTLED
+    for text in texts:
+        points = np.concatenate([previous, np.frombuffer(text.encode("utf-32-le"), dtype="<u4")])
+        kind = table[points]
+        new = np.unique(points[kind == 0]).tolist()
+        for point in new:  # characters not met before: a few, mostly in the first block
+            normal = normalizer.normalize_str(chr(point))  # "" for removed ones (control characters, accents)
+            word = [in_word(ch) for ch in normal]
+            inner.update(ch for j, ch in enumerate(normal) if j and word[j] and word[j - 1])
+            bits = _KNOWN | (_STARTS_WORD if word and word[0] else _SETTLED) | (_ENDS_WORD if word and word[-1] else 0)
+            table[point] = bits | (0 if normal else _REMOVED)
+        if new:
+            kind = table[points]
+        open_ = np.flatnonzero((kind[1:] & _SETTLED) == 0) + 1  # might continue a word (0 was judged before)
+        before = open_ - 1
+        while len(before):  # step back over removed characters: they join their neighbours
+            gone = (kind[before] & _REMOVED) != 0
+            if not gone.any():
+                break
+            before[gone] -= 1
+        hits = np.unique(points[open_[(kind[before] & _ENDS_WORD) != 0]])
+        table[hits] |= _SETTLED
+        inner.update(normalizer.normalize_str(chr(point))[0] for point in hits.tolist())
+        kept = len(points) - 1
+        while kind[kept] & _REMOVED:  # position 0 is always kept
+            kept -= 1
+        previous = points[kept:kept + 1].copy()
+    return sorted(inner)
+
+
+def train_tokenizer(sentences: Iterable[str], cfg: TokenizerConfig, texts: Iterable[str]) -> Tokenizer:
+    """A WordPiece vocabulary trained on `sentences`; `texts` is the same corpus in blocks (read first).
+
+    Deterministic in any process: tokenizers 0.23 gives each "##c" piece its id lazily while
+    iterating a hash map, so ids, and through tie-breaking the merges, change from process to
+    process (huggingface/tokenizers#1794). Registering every "##c" of the corpus (inner_characters)
+    up front, as trainer special tokens after the real ones, fixes their ids first; they are then
+    turned back into ordinary vocabulary pieces, so a literal "##a" in text is no special token.
+    """
+    continuations = [CONTINUATION + ch for ch in inner_characters(texts, cfg)]
+    tok = _new_tokenizer(cfg)
     trainer = trainers.WordPieceTrainer(vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency,
-                                        special_tokens=list(SPECIAL), continuing_subword_prefix=CONTINUATION,
-                                        show_progress=False)
+                                        special_tokens=[*SPECIAL, *continuations],
+                                        continuing_subword_prefix=CONTINUATION, show_progress=False)
     tok.train_from_iterator(sentences, trainer=trainer)
-    return _add_post_processor(tok)
+    spec = json.loads(tok.to_str())  # the model's vocabulary holds every piece; only SPECIAL stay added tokens
+    spec["added_tokens"] = [t for t in spec["added_tokens"] if t["content"] in SPECIAL]
+    return _add_post_processor(Tokenizer.from_str(json.dumps(spec)))
 
 
 def find_tokenizer_file(path: Path) -> Path:
