@@ -59,6 +59,18 @@ def trained(tmp_path_factory, small_corpus) -> Path:
     return folder
 
 
+def assert_same_batch(a, b) -> None:
+    """Every field of two Batches equal (the packing index by its tensors and sizes)."""
+    import dataclasses
+
+    import torch
+
+    for f in dataclasses.fields(a):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        for u, v in zip(x, y) if f.name == "packed" else [(x, y)]:
+            assert torch.equal(u, v) if torch.is_tensor(u) else u == v, f.name
+
+
 def micro_config(*overrides: str) -> Config:
     return preset_config("tiny", MICRO + list(overrides))
 

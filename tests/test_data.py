@@ -15,7 +15,7 @@ from bertcli.data.corpus import synthetic_corpus
 from bertcli.data.examples import IGNORE, Batch, truncate_pair
 from bertcli.model import BertForPreTraining
 from bertcli.trainer import pretraining_loss
-from conftest import micro_config
+from conftest import assert_same_batch, micro_config
 
 SP = SpecialTokens()
 
@@ -51,10 +51,7 @@ def test_batch_is_a_pure_function_of_seed_and_step_and_splits_like_one_batch():
     cfg = micro_config()
     builder = ExampleBuilder(synthetic_corpus(cfg.data.synthetic, cfg.model.vocab_size), cfg.data, cfg.train.batch_size)
     a, b = builder.batch(7, 3, range(8)), builder.batch(7, 3, range(8))
-    for f in dataclasses.fields(Batch):
-        x, y = getattr(a, f.name), getattr(b, f.name)
-        for u, v in zip(x, y) if f.name == "packed" else [(x, y)]:  # the Packing: tensors and ints
-            assert torch.equal(u, v) if torch.is_tensor(u) else u == v, f.name
+    assert_same_batch(a, b)
     assert not torch.equal(a.input_ids, builder.batch(7, 4, range(8)).input_ids)
     assert not torch.equal(a.input_ids, builder.batch(8, 3, range(8)).input_ids)
     # Rows 4..7 of a batch are the same examples whether built alone or with rows 0..3.
@@ -103,8 +100,7 @@ def test_examples_far_into_training_are_random_access():
     for s in range(step - epoch_length // 8 - 1, step + 1):  # through the end of epoch 4
         batch = walked.batch(3, s, range(8))
     fresh = ExampleBuilder(corpus, cfg, 8).batch(3, step, range(8))
-    for f in dataclasses.fields(Batch):
-        assert torch.equal(getattr(batch, f.name), getattr(fresh, f.name))
+    assert_same_batch(batch, fresh)
     # Example i of step k is chunk k * 8 + i - 5 * epoch_length of epoch 5.
     epoch5 = walked.build_epoch(3, ExampleBuilder.TRAIN, 5)
     for i in range(8):

@@ -28,6 +28,7 @@ def wait_for(path, proc, seconds=120):
         time.sleep(0.01)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_signal_finishes_the_step_saves_and_says_how_to_resume(tmp_path, signum, code):
     config = write_config(tmp_path, "train.max_steps=100000", "checkpoint.save_every=50", "logging.log_every=10",
@@ -47,6 +48,7 @@ def test_signal_finishes_the_step_saves_and_says_how_to_resume(tmp_path, signum,
     assert rerun.returncode == 0 and f"(step {step})" in rerun.stderr
 
 
+@pytest.mark.slow
 def test_a_second_sigint_stops_at_once_and_the_last_checkpoint_stays_valid(tmp_path):
     # Long steps (40 accumulated micro-batches), so that the second Ctrl-C lands inside one.
     config = write_config(tmp_path, "train.max_steps=100000", "checkpoint.save_every=2", "logging.log_every=1",
@@ -64,6 +66,7 @@ def test_a_second_sigint_stops_at_once_and_the_last_checkpoint_stays_valid(tmp_p
     checkpoint.load_weights(BertForPreTraining(checkpoint.read_config(path).model), path)  # complete and loadable
 
 
+@pytest.mark.slow
 def test_a_second_pretrain_on_the_same_folder_refuses(tmp_path):
     config = write_config(tmp_path, "train.max_steps=100000", "checkpoint.save_every=20")
     first = start(config)

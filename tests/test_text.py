@@ -19,7 +19,7 @@ from bertcli.config import TokenizerConfig, load_config, preset_config
 from bertcli.data.examples import IGNORE, ExampleBuilder
 from bertcli.data.prepare import load_prepared, prepare
 from bertcli.data.text import read_sentences, read_text, split_sentences
-from bertcli.data.tokenizer import SPECIAL, _bert_pipeline, inner_characters, train_tokenizer
+from bertcli.data.tokenizer import SPECIAL, Casing, _bert_pipeline, inner_characters, train_tokenizer
 from bertcli.errors import UsageError
 from bertcli.metrics import read_metrics
 from bertcli.trainer import pretrain
@@ -164,7 +164,7 @@ def test_inner_characters_are_the_continuation_pieces_the_trainer_makes(tmp_path
     files = [tmp_path / "docs.txt", tmp_path / "tricky.txt", tmp_path / "tricky.jsonl"]
     cfg = TokenizerConfig(vocab_size=300, lowercase=lowercase, strip_accents=strip_accents)
     # The trainer as it is: its "##c" pieces (ids vary from process to process, the set does not).
-    plain = _bert_pipeline(Tokenizer(models.WordPiece(unk_token="[UNK]")), cfg)
+    plain = _bert_pipeline(Tokenizer(models.WordPiece(unk_token="[UNK]")), Casing(lowercase, strip_accents, True))
     plain.train_from_iterator((s for s in read_sentences(files) if s is not None),
                               trainer=trainers.WordPieceTrainer(vocab_size=300, special_tokens=list(SPECIAL)))
     made = sorted(t[2:] for t in plain.get_vocab() if t.startswith("##") and len(t) == 3)

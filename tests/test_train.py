@@ -259,6 +259,7 @@ def test_training_learns(tmp_path):
     assert last["nsp_acc"] > 0.65
 
 
+@pytest.mark.slow
 def test_sigkill_then_rerun_continues_from_the_last_checkpoint(tmp_path):
     """Kill -9 a real `bertcli pretrain` mid-run; the same command then finishes the run, and
     the result is bitwise what an uninterrupted run gives."""
