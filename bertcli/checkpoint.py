@@ -262,6 +262,10 @@ def damage(path: Path) -> str | None:
         with safetensors.safe_open(Path(path) / name, "pt") as weights:
             weights.keys()
         name = "training_state.pt"
+        with open(Path(path) / name, "rb") as fh:
+            if fh.read(1) == b"\x80" and not zipfile.is_zipfile(fh):  # a pickle's first byte, no archive
+                return (f"{name}: a bare pickle, not torch's archive, so it was refused unread (unpickling it could "
+                        "run code); it was damaged or tampered with")
         with zipfile.ZipFile(Path(path) / name) as archive:
             bad = archive.testzip()
         return f"{name}: {bad} is corrupt" if bad else None
@@ -281,8 +285,8 @@ def check_same_tokenizer(ckpt: Path, prepared: Path) -> None:
     if ours != theirs:
         raise UsageError(f"{prepared.parent} was prepared with tokenizer {theirs[:12]}, but the checkpoint {ckpt} was "
                          f"trained with tokenizer {ours[:12]}: resuming on other token ids would garble the model. "
-                         "Leave data.tokenizer.path empty to prepare with the run's own tokenizer, or start a new run "
-                         "with another output_dir")
+                         f"Prepare with the checkpoint's own tokenizer (--set data.tokenizer.path={ckpt / 'tokenizer.json'}), "
+                         "or start a new run with another output_dir")
 
 
 def choose_resume(output_dir: Path, resume: str, cfg: Config, is_main: bool = True) -> Path | None:

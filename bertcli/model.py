@@ -114,6 +114,10 @@ def _varlen_attn() -> Callable | None:
     return varlen_attn
 
 
+def varlen_attention_available() -> bool:
+    return _varlen_attn() is not None
+
+
 def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pk: Packing) -> torch.Tensor:
     """Attention of each packed row over its own tokens: (N, nh, hd) x3 -> (N, nh, hd).
 

@@ -81,11 +81,13 @@ def not_owned(target: Path, layout: Layout) -> str | None:
         return "is a file, not a folder"
     if is_empty_folder(target):
         return None
-    if not _is_proof(target / layout.proof):
-        return f"is not {layout.noun} written by bertcli (no {layout.proof} of bertcli's)"
     foreign = _first_foreign(target, layout.paths)
     if foreign is not None:
         return f"holds {foreign}, which bertcli did not write"
+    # Every entry is one bertcli writes there; the proof must parse, unless it is there but damaged
+    # (emptied or cut by a failing disk): a folder of bertcli's own names, damaged, is still bertcli's.
+    if not _is_proof(target / layout.proof) and not (target / layout.proof).is_file():
+        return f"is not {layout.noun} written by bertcli (no {layout.proof} of bertcli's)"
     return None
 
 

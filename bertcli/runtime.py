@@ -213,7 +213,8 @@ def local(tensor: torch.Tensor) -> torch.Tensor:
 UNPAD_MIN_TOKENS = 16_384
 
 
-def unpadded(setting: bool | None, device: torch.device, attention_dropout: float, micro_batch_tokens: int) -> tuple[bool, str | None]:
+def unpadded(setting: bool | None, device: torch.device, attention_dropout: float, micro_batch_tokens: int,
+             precision: str = "bf16") -> tuple[bool, str | None]:
     """Whether the encoder runs on the real tokens only (train.unpad), and why not when asked for.
     Its attention (FlashAttention's variable-length kernel on GPUs, a padded reference on CPUs)
     has no attention dropout, so it applies only without; null (automatic) takes it on GPUs for
@@ -221,7 +222,10 @@ def unpadded(setting: bool | None, device: torch.device, attention_dropout: floa
     if setting is False:
         return False, None
     if setting is None:
-        return device.type == "cuda" and attention_dropout == 0 and micro_batch_tokens >= UNPAD_MIN_TOKENS, None
+        from bertcli.model import varlen_attention_available  # FlashAttention's kernel: half precision, recent torch
+
+        return (device.type == "cuda" and attention_dropout == 0 and micro_batch_tokens >= UNPAD_MIN_TOKENS
+                and precision in ("bf16", "fp16") and varlen_attention_available()), None
     if attention_dropout > 0:
         return False, (f"train.unpad is true but model.attention_probs_dropout_prob is {attention_dropout}, and the "
                        "unpadded attention has no dropout: training padded (set it to 0 to train unpadded)")

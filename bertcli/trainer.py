@@ -264,7 +264,7 @@ def _pretrain(cfg: Config, config_path: Path | None, resume: str, quiet: bool, s
         torch.cuda.reset_peak_memory_stats(rt.device)
     pin = rt.device.type == "cuda"
     unpad, why_not = runtime.unpadded(tc.unpad, rt.device, cfg.model.attention_probs_dropout_prob,
-                                      tc.batch_size * cfg.data.max_seq_length)
+                                      tc.batch_size * cfg.data.max_seq_length, rt.precision)
     if why_not:
         log_(why_not)
     micro_batches = StepBatches(builder, tc.seed, step, last_step, B, A, rt.rank, W)

@@ -161,20 +161,21 @@ def test_positions_that_are_not_a_multiple_of_8_are_never_padded_past(tmp_path):
     assert result["step"] == 4
 
 
-@pytest.mark.parametrize("damage", ["empty training state", "flipped training state", "cut weights"])
+@pytest.mark.parametrize("damage", ["empty training state", "flipped training state", "cut weights", "empty trainer state"])
 def test_resume_auto_falls_back_past_a_damaged_newest_checkpoint(tmp_path, cli, damage):
     import zipfile
 
     train(tmp_path, "checkpoint.keep_last=3", "train.eval_every=0", stop_at=8)  # step-4 and step-8
     config = write_config(tmp_path, "checkpoint.keep_last=1", "train.eval_every=0")
     newest = tmp_path / "checkpoints" / "step-0000008"
-    name = "model.safetensors" if "weights" in damage else "training_state.pt"
+    name = {"cut weights": "model.safetensors", "empty trainer state": "trainer_state.json"}.get(damage, "training_state.pt")
     data = bytearray((newest / name).read_bytes())
     if damage == "flipped training state":  # one bit of the largest tensor's bytes (not the zip's alignment padding)
         member = max(zipfile.ZipFile(newest / name).infolist(), key=lambda i: i.file_size)
         start = member.header_offset + 30 + len(member.filename.encode()) + int.from_bytes(data[member.header_offset + 28:member.header_offset + 30], "little")
         data[start + member.file_size // 2] ^= 0x01
-    spoilt = {"empty training state": b"", "cut weights": bytes(data[:len(data) // 2])}.get(damage, bytes(data))
+    spoilt = {"empty training state": b"", "empty trainer state": b"",
+              "cut weights": bytes(data[:len(data) // 2])}.get(damage, bytes(data))
     (newest / name).write_bytes(spoilt)
     result = cli("pretrain", "--config", config, "--quiet", "--stop-at", "6")
     assert result.code == 0, result.err

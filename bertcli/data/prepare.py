@@ -259,8 +259,9 @@ def run_tokenizer(cfg: Config, config_path: Path | None) -> Path | None:
     """The tokenizer.json of the run's newest checkpoint, None before its first: the tokenizer of a run
     is fixed by its first checkpoint, and every checkpoint carries it."""
     root = resolve_output_dir(cfg, config_path) / "checkpoints"
-    steps = sorted((int(p.name[5:]), p) for p in root.glob("step-*") if STEP_DIR.match(p.name)
-                   and (p / "trainer_state.json").is_file() and (p / "tokenizer.json").is_file())
+    complete = ("model.safetensors", "config.yaml", "training_state.pt", "trainer_state.json", "tokenizer.json")
+    steps = sorted((int(p.name[5:]), p) for p in root.glob("step-*")
+                   if STEP_DIR.match(p.name) and all((p / name).is_file() for name in complete))
     return steps[-1][1] / "tokenizer.json" if steps else None
 
 

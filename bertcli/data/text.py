@@ -66,20 +66,29 @@ def _open(path: Path) -> BinaryIO:
     return gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")  # type: ignore[return-value]
 
 
+GZIP_ERRORS = (EOFError, gzip.BadGzipFile, zlib.error)
+
+
+def _gzip_error(path: Path, fh: BinaryIO, exc: Exception, where: str = "") -> UsageError:
+    """A damaged gzip file (cut short, corrupt, or not gzip at all) as one line naming the file and
+    the compressed byte reached. (Left alone, a truncated one raises EOFError, which Click turns
+    into an 'interrupted' exit 130.)"""
+    at = getattr(fh, "fileobj", None)
+    byte = f"compressed byte {at.tell():,}" if at is not None and not at.closed else ""
+    place = ", ".join(p for p in (where, byte) if p)
+    what = "cut short" if isinstance(exc, EOFError) else f"damaged or not gzip ({exc})"
+    return UsageError(f"{path}: {place + ': ' if place else ''}the gzip file is {what}; download or compress it "
+                      "again (gzip -t checks it)")
+
+
 def _raw_lines(path: Path, fh: BinaryIO) -> Iterator[bytes]:
-    """The lines of an open file; a damaged gzip file (cut short, corrupt, or not gzip at all) is a
-    UsageError naming the file, the line and the compressed byte reached. (Left alone,
-    a truncated one raises EOFError, which Click turns into an 'interrupted' exit 130.)"""
+    """The lines of an open file; a damaged gzip file is a UsageError naming the line reached."""
     number = 0
     try:
         for number, raw in enumerate(fh, start=1):
             yield raw
-    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
-        at = getattr(fh, "fileobj", None)
-        byte = f", compressed byte {at.tell():,}" if at is not None and not at.closed else ""
-        what = "cut short" if isinstance(exc, EOFError) else f"damaged or not gzip ({exc})"
-        raise UsageError(f"{path}: line {number + 1:,}{byte}: the gzip file is {what}; download or "
-                         "compress it again (gzip -t checks it)") from None
+    except GZIP_ERRORS as exc:
+        raise _gzip_error(path, fh, exc, f"line {number + 1:,}") from None
 
 
 def _lines(path: Path, progress: Callable[[int], None]) -> Iterator[tuple[int, str]]:
@@ -111,13 +120,19 @@ def read_text(files: list[Path], block: int = 1 << 16) -> Iterator[str]:
         with _open(path) as fh:
             if not path.name.endswith((".jsonl", ".jsonl.gz")):
                 decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-                for chunk in iter(lambda: fh.read(block), b""):
-                    yield decoder.decode(chunk)
+                line = 1  # the line being read, for the error below
+                try:
+                    for chunk in iter(lambda: fh.read(block), b""):
+                        text = decoder.decode(chunk)
+                        line += text.count("\n")
+                        yield text
+                except GZIP_ERRORS as exc:  # this pass comes first: it reports a damaged file
+                    raise _gzip_error(path, fh, exc, f"line {line:,}") from None
                 yield decoder.decode(b"", final=True) + "\n"
                 continue
             texts: list[str] = []
             size = 0
-            for raw in fh:
+            for raw in _raw_lines(path, fh):
                 try:
                     record = json.loads(raw)
                 except ValueError:

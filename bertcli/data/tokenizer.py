@@ -181,7 +181,11 @@ def unpadded(tok: Tokenizer) -> Tokenizer:
 
 def read_tokenizer_json(path: Path) -> Tokenizer:
     """A tokenizer.json that bertcli wrote (prepared data, checkpoints), padding and truncation off."""
-    return unpadded(Tokenizer.from_file(str(path)))
+    try:
+        return unpadded(Tokenizer.from_file(str(path)))
+    except Exception as exc:  # tokenizers raises plain Exceptions with its own message
+        raise UsageError(f"{path}: cannot load tokenizer ({str(exc).splitlines()[0] if str(exc) else exc!r}); the file "
+                         "is damaged: restore it, or use another checkpoint or prepared folder") from None
 
 
 def load_tokenizer(path: Path, cfg: TokenizerConfig) -> Tokenizer:
