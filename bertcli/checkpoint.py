@@ -47,7 +47,7 @@ def layout(extra_files: list[Path] = ()) -> ownership.Layout:
     """What a checkpoint folder holds (FILES and the copied tokenizer files): save replaces and
     prunes only folders that hold nothing else and whose trainer_state.json bertcli wrote."""
     names = [*FILES, *TOKENIZER_FILES, *(Path(extra).name for extra in extra_files)]
-    return ownership.Layout("a checkpoint", "trainer_state.json", frozenset(names))
+    return ownership.Layout("a checkpoint", "trainer_state.json", frozenset(names), damaged_proof_counts=True)
 
 
 def guard(extra_files: list[Path] = ()) -> Callable[[Path], None]:

@@ -32,6 +32,10 @@ class Layout:
     noun: str  # what such a folder is, for messages: "prepared data", "a checkpoint"
     proof: str  # the file whose PROOF_KEY shows that bertcli wrote the folder
     paths: frozenset[str]  # every path (relative, '/'-separated, folders included) bertcli writes in it
+    # A proof file present but unreadable (emptied or cut by a failing disk) still proves the folder
+    # bertcli's, when its name is bertcli's alone (trainer_state.json), never for a name that other
+    # tools write too (an export's config.json).
+    damaged_proof_counts: bool = False
 
 
 @dataclass(frozen=True)
@@ -84,9 +88,9 @@ def not_owned(target: Path, layout: Layout) -> str | None:
     foreign = _first_foreign(target, layout.paths)
     if foreign is not None:
         return f"holds {foreign}, which bertcli did not write"
-    # Every entry is one bertcli writes there; the proof must parse, unless it is there but damaged
-    # (emptied or cut by a failing disk): a folder of bertcli's own names, damaged, is still bertcli's.
-    if not _is_proof(target / layout.proof) and not (target / layout.proof).is_file():
+    # Every entry is one bertcli writes there; the proof must parse (see Layout.damaged_proof_counts).
+    damaged_proof = layout.damaged_proof_counts and (target / layout.proof).is_file()
+    if not _is_proof(target / layout.proof) and not damaged_proof:
         return f"is not {layout.noun} written by bertcli (no {layout.proof} of bertcli's)"
     return None
 
