@@ -66,7 +66,7 @@ def make_batches(n: int, B: int, T: int, V: int, P: int, device: torch.device, l
         tokens[:, 0] = 2
         keep = torch.arange(width)[None, :] < valid[:, None]
         tokens[~keep] = 0
-        # P distinct positions per row among 1..len-1 (fewer real rows repeat position 1, label IGNORE)
+        # P distinct positions per row among 1..len-1 (a row too short repeats position 1: a duplicate prediction)
         positions = torch.stack([torch.randperm(int(n) - 1, generator=g)[:P].sort().values + 1 if n - 1 >= P else
                                  torch.cat([torch.arange(1, int(n)), torch.ones(P - int(n) + 1, dtype=torch.long)])
                                  for n in valid])  # (B, P)

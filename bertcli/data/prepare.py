@@ -7,8 +7,9 @@ Layout of the prepared folder (written into a temporary folder, then renamed int
   vocab.txt            the same vocabulary, one token per line (BERT format)
   train/, valid/       tokens.bin (uint16 when the vocabulary fits, else uint32),
                        seg_offsets.bin and doc_offsets.bin (int64): the corpus.Corpus layout
-The corpus is streamed twice (once to train the tokenizer, once to encode), in batches, so
-memory stays bounded whatever its size. Held-out documents are every k-th document (k =
+The corpus is streamed three times when a tokenizer is trained (a scan for the characters that
+continue words, which fixes the vocabulary's ids; training; encoding), in batches, so memory
+stays bounded whatever its size. Held-out documents are every k-th document (k =
 1/validation_fraction): deterministic, spread over the corpus, whole documents only.
 """
 

@@ -54,8 +54,8 @@ def corpus_files(path: Path) -> list[Path]:
     if path.is_file():
         return [path]
     if not path.is_dir():  # a pipe, a device (/dev/null), a socket
-        raise UsageError(f"{path}: not a regular file nor a folder; the corpus is read twice (to train the tokenizer, "
-                         "then to tokenize), so save the text to a file first and pass that")
+        raise UsageError(f"{path}: not a regular file nor a folder; the corpus is read more than once (to train the "
+                         "tokenizer, then to tokenize), so save the text to a file first and pass that")
     files = sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(SUFFIXES))
     if not files:
         raise UsageError(f"{path}: no {', '.join('*' + s for s in SUFFIXES)} files in this folder")
