@@ -45,32 +45,30 @@ def make_builder(corpus: Corpus, cfg: DataConfig, per_step: int) -> ExampleBuild
         return ExampleBuilder(corpus, cfg)
 
 
-def shown(corpus: Corpus, cfg: DataConfig, examples: int, batch: int, seed: int) -> np.ndarray:
-    """(S,) in how many of the examples each sentence appears (at least one of its tokens)."""
+def unmasked_rows(corpus: Corpus, cfg: DataConfig, examples: int, batch: int, seed: int):
+    """The token ids of each of the first `examples` examples, masked positions restored."""
     builder = make_builder(corpus, cfg, batch)
-    counts = np.zeros(corpus.num_segments, dtype=np.int64)
     for step in range(-(-examples // batch)):
         b = builder.batch(seed, step, range(min(batch, examples - step * batch)))
         ids = b.input_ids.numpy().copy()
         rows, slots = np.nonzero(b.mlm_labels.numpy() != IGNORE)
         ids[rows, b.pred_positions.numpy()[rows, slots]] = b.mlm_labels.numpy()[rows, slots]  # unmask
-        for row in ids:
-            sentences = np.unique(row[row >= SP.first_regular_id]) - SP.first_regular_id
-            counts[sentences] += 1
+        yield from ids
+
+
+def shown(corpus: Corpus, cfg: DataConfig, examples: int, batch: int, seed: int) -> np.ndarray:
+    """(S,) in how many of the examples each sentence appears (at least one of its tokens)."""
+    counts = np.zeros(corpus.num_segments, dtype=np.int64)
+    for row in unmasked_rows(corpus, cfg, examples, batch, seed):
+        counts[np.unique(row[row >= SP.first_regular_id]) - SP.first_regular_id] += 1
     return counts
 
 
 def tokens_shown(corpus: Corpus, cfg: DataConfig, examples: int, batch: int, seed: int) -> np.ndarray:
     """(S,) tokens of each sentence shown over the examples."""
-    builder = make_builder(corpus, cfg, batch)
     counts = np.zeros(corpus.num_segments, dtype=np.int64)
-    for step in range(-(-examples // batch)):
-        b = builder.batch(seed, step, range(min(batch, examples - step * batch)))
-        ids = b.input_ids.numpy().copy()
-        rows, slots = np.nonzero(b.mlm_labels.numpy() != IGNORE)
-        ids[rows, b.pred_positions.numpy()[rows, slots]] = b.mlm_labels.numpy()[rows, slots]
-        real = ids[ids >= SP.first_regular_id] - SP.first_regular_id
-        counts += np.bincount(real, minlength=corpus.num_segments)
+    for row in unmasked_rows(corpus, cfg, examples, batch, seed):
+        counts += np.bincount(row[row >= SP.first_regular_id] - SP.first_regular_id, minlength=corpus.num_segments)
     return counts
 
 
