@@ -16,7 +16,11 @@ export PYTHONNOUSERSITE=1
 # The checkout's files as git sees them (tracked and untracked, not ignored): the build writes
 # build/ and *.egg-info next to the sources, so it runs on a copy.
 mkdir "$work/src"
-(cd "$repo" && git ls-files -z --cached --others --exclude-standard | xargs -0 -I{} cp --parents {} "$work/src")
+if git -C "$repo" rev-parse --git-dir >/dev/null 2>&1; then
+  (cd "$repo" && git ls-files -z --cached --others --exclude-standard | xargs -0 -I{} cp --parents {} "$work/src")
+else  # not a git checkout (an unpacked archive): all of it
+  cp -a "$repo/." "$work/src"
+fi
 
 python3 -m venv "$work/venv"
 bin="$work/venv/bin"

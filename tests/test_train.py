@@ -157,15 +157,24 @@ def test_positions_that_are_not_a_multiple_of_8_are_never_padded_past(tmp_path):
     builder = ExampleBuilder(synthetic_corpus(cfg.data.synthetic, cfg.model.vocab_size), cfg.data, 8)
     widths = {builder.batch(0, step, range(8)).input_ids.shape[1] for step in range(20)}
     assert max(widths) == 30 and widths <= {8, 16, 24, 30}, widths
-    result = train(tmp_path, "model.max_position_embeddings=30", "data.max_seq_length=30", stop_at=4)
-    assert result["step"] == 4
+    result = train(tmp_path, "model.max_position_embeddings=30", "data.max_seq_length=30", stop_at=2)
+    assert result["step"] == 2
+
+
+@pytest.fixture(scope="module")
+def eight_steps(tmp_path_factory) -> Path:
+    """A run with checkpoints at steps 4 and 8, to copy and spoil."""
+    folder = tmp_path_factory.mktemp("eight")
+    train(folder, "checkpoint.keep_last=3", "train.eval_every=0", stop_at=8)
+    return folder
 
 
 @pytest.mark.parametrize("damage", ["empty training state", "flipped training state", "cut weights", "empty trainer state"])
-def test_resume_auto_falls_back_past_a_damaged_newest_checkpoint(tmp_path, cli, damage):
+def test_resume_auto_falls_back_past_a_damaged_newest_checkpoint(tmp_path, cli, damage, eight_steps):
+    import shutil
     import zipfile
 
-    train(tmp_path, "checkpoint.keep_last=3", "train.eval_every=0", stop_at=8)  # step-4 and step-8
+    shutil.copytree(eight_steps, tmp_path, dirs_exist_ok=True)
     config = write_config(tmp_path, "checkpoint.keep_last=1", "train.eval_every=0")
     newest = tmp_path / "checkpoints" / "step-0000008"
     name = {"cut weights": "model.safetensors", "empty trainer state": "trainer_state.json"}.get(damage, "training_state.pt")
@@ -186,11 +195,13 @@ def test_resume_auto_falls_back_past_a_damaged_newest_checkpoint(tmp_path, cli, 
     assert (tmp_path / "checkpoints" / "damaged-step-0000008" / name).read_bytes() == spoilt, "kept as it was"
 
 
-def test_resume_auto_with_no_checkpoint_that_loads_is_one_line(tmp_path, cli):
-    config = write_config(tmp_path, "train.eval_every=0")
-    train(tmp_path, "train.eval_every=0", stop_at=4)
-    (tmp_path / "checkpoints" / "step-0000004" / "training_state.pt").write_bytes(b"")
-    result = cli("pretrain", "--config", config, "--quiet")
+def test_resume_auto_with_no_checkpoint_that_loads_is_one_line(tmp_path, cli, eight_steps):
+    import shutil
+
+    shutil.copytree(eight_steps, tmp_path, dirs_exist_ok=True)
+    for step in (4, 8):
+        (tmp_path / "checkpoints" / f"step-{step:07d}" / "training_state.pt").write_bytes(b"")
+    result = cli("pretrain", "--config", tmp_path / "config.yaml", "--quiet")
     assert result.code == 1 and len(result.err_lines) == 1 and "no checkpoint loads" in result.err, result.err
 
 
