@@ -32,7 +32,9 @@ import yaml
 from torch import nn
 
 from bertcli import __version__, atomic, ownership
-from bertcli.config import Config, config_from_dict, to_dict, to_yaml
+from bertcli.config import Config, to_dict
+from bertcli.config_load import config_from_dict
+from bertcli.config_write import to_yaml
 from bertcli.errors import RunError, UsageError
 from bertcli.model import TIED_ALIASES
 

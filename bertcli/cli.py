@@ -99,7 +99,8 @@ def init(
 ) -> None:
     """Scaffold a run: write DIRECTORY/config.yaml from a preset, every field commented."""
     from bertcli import atomic, ownership
-    from bertcli.config import preset_config, preset_header, to_yaml
+    from bertcli.config_load import preset_config
+    from bertcli.config_write import preset_header, to_yaml
     from bertcli.data.text import corpus_files
 
     header = preset_header(preset.value)
@@ -135,7 +136,7 @@ def prepare(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
 ) -> None:
     """Train the tokenizer and write token shards for the config's corpus (pretrain does this when needed)."""
-    from bertcli.config import load_config
+    from bertcli.config_load import load_config
     from bertcli.data.prepare import prepare as run
 
     cfg = load_config(config, overrides)
@@ -159,7 +160,7 @@ def pretrain(
     stop_at: Optional[int] = typer.Option(None, "--stop-at", min=1, help="Stop after this step with a checkpoint (the schedule still follows train.max_steps); rerun to continue."),
 ) -> None:
     """Pretrain BERT (MLM + NSP) as the config says, resuming from the newest checkpoint."""
-    from bertcli.config import load_config, resolve_output_dir
+    from bertcli.config_load import load_config, resolve_output_dir
     from bertcli.trainer import pretrain as run
 
     if device is not None and not DEVICE.match(device):

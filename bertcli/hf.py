@@ -19,7 +19,8 @@ import safetensors.torch
 import torch
 
 from bertcli import __version__, atomic, checkpoint, ownership
-from bertcli.config import Config, ModelConfig, TokenizerConfig, model_config_from_dict, preset_config
+from bertcli.config import Config, ModelConfig, TokenizerConfig
+from bertcli.config_load import model_config_from_dict, preset_config
 from bertcli.data.tokenizer import describe, find_tokenizer_file, load_tokenizer, read_tokenizer_json
 from bertcli.errors import UsageError
 from bertcli.model import TIED_ALIASES, BertForPreTraining, padded_vocab_size

@@ -15,7 +15,8 @@ import numpy as np
 import torch
 
 from bertcli import checkpoint, hf
-from bertcli.config import Config, DataConfig, ModelConfig, TokenizerConfig, load_config, resolve_output_dir
+from bertcli.config import Config, DataConfig, ModelConfig, TokenizerConfig
+from bertcli.config_load import load_config, resolve_output_dir
 from bertcli.data.examples import ExampleBuilder
 from bertcli.data.prepare import MANIFEST, load_prepared, prepared_dir
 from bertcli.data.tokenizer import describe, find_tokenizer_file, load_tokenizer, read_tokenizer_json, tokenizer_identity

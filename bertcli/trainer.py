@@ -24,7 +24,8 @@ import torch.nn.functional as F
 import yaml
 
 from bertcli import __version__, atomic, checkpoint, hf, runtime
-from bertcli.config import Config, TrainConfig, resolve_output_dir, to_dict
+from bertcli.config import Config, TrainConfig, to_dict
+from bertcli.config_load import resolve_output_dir
 from bertcli.data import Corpus, load_data
 from bertcli.data.examples import IGNORE, Batch, ExampleBuilder, StepBatches
 from bertcli.errors import Interrupted, RunError, UsageError

@@ -23,7 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bertcli.config import preset_config, preset_header, to_yaml
+from bertcli.config_load import preset_config
+from bertcli.config_write import preset_header, to_yaml
 from bertcli.data.prepare import ENCODE_BATCH, load_prepared, prepare
 from bertcli.data.text import read_sentences
 

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 import transformers
 
-from bertcli.config import preset_config
+from bertcli.config_load import preset_config
 from bertcli.data.examples import IGNORE
 from bertcli.model import BertForPreTraining, flops_per_token, packing
 from bertcli.optim import param_groups

@@ -29,7 +29,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bertcli import checkpoint  # noqa: E402
-from bertcli.config import preset_config, preset_header, to_yaml  # noqa: E402
+from bertcli.config_load import preset_config  # noqa: E402
+from bertcli.config_write import preset_header, to_yaml  # noqa: E402
 from bertcli.model import BertForPreTraining  # noqa: E402
 from bertcli.optim import build_optimizer  # noqa: E402
 

@@ -15,7 +15,7 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from bertcli.config import load_config
+from bertcli.config_load import load_config
 from bertcli.data import load_data
 from bertcli.data.examples import ExampleBuilder
 

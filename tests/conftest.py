@@ -11,7 +11,9 @@ import pytest
 import yaml
 
 from bertcli.cli import main
-from bertcli.config import Config, preset_config, preset_header, to_yaml
+from bertcli.config import Config
+from bertcli.config_load import preset_config
+from bertcli.config_write import preset_header, to_yaml
 from bertcli.data.prepare import SAMPLE
 
 REPO = Path(__file__).resolve().parents[1]
@@ -50,7 +52,7 @@ def text_run(folder: Path, corpus: Path, *overrides: str) -> Path:
 @pytest.fixture(scope="session")
 def trained(tmp_path_factory, small_corpus) -> Path:
     """A run folder trained for 4 steps on real text (with a tokenizer)."""
-    from bertcli.config import load_config
+    from bertcli.config_load import load_config
     from bertcli.trainer import pretrain
 
     folder = tmp_path_factory.mktemp("run")

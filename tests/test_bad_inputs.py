@@ -17,7 +17,7 @@ from conftest import text_run, write_config
 @pytest.fixture(scope="module")
 def base(tmp_path_factory, trained, small_corpus) -> dict[str, Path]:
     """A trained synthetic run, a trained text run (`trained`), and a small corpus to spoil."""
-    from bertcli.config import load_config
+    from bertcli.config_load import load_config
     from bertcli.trainer import pretrain
 
     root = tmp_path_factory.mktemp("bad")

@@ -6,8 +6,9 @@ import dataclasses
 
 import pytest
 
-from bertcli.config import (PRESETS, Config, field_docs, load_config, parse_overrides, preset_config, to_dict,
-                            to_yaml, validate)
+from bertcli.config import PRESETS, Config, field_docs, to_dict, validate
+from bertcli.config_load import load_config, parse_overrides, preset_config
+from bertcli.config_write import to_yaml
 from bertcli.errors import UsageError
 from conftest import REPO, write_config
 

@@ -13,7 +13,7 @@ import safetensors.torch
 import torch
 
 from bertcli import checkpoint
-from bertcli.config import load_config
+from bertcli.config_load import load_config
 from bertcli.model import BertForPreTraining
 from conftest import REPO, write_config
 

@@ -139,7 +139,7 @@ def test_round_trip_export_import_export_is_byte_identical(trained, tmp_path):
 
 
 def test_continued_pretraining_from_an_exported_folder(tmp_path, small_corpus, capsys):
-    from bertcli.config import load_config
+    from bertcli.config_load import load_config
     from bertcli.metrics import read_metrics
     from bertcli.trainer import pretrain
     from conftest import text_run
@@ -165,7 +165,7 @@ def test_continued_pretraining_from_an_exported_folder(tmp_path, small_corpus, c
 
 def test_init_from_a_bare_bert_model_says_which_heads_are_fresh(tmp_path, small_corpus, cli):
     from bertcli.data.prepare import load_prepared, prepare
-    from bertcli.config import load_config
+    from bertcli.config_load import load_config
     from conftest import text_run
 
     config = text_run(tmp_path / "tok", small_corpus)

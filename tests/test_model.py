@@ -7,7 +7,8 @@ import dataclasses
 import pytest
 import torch
 
-from bertcli.config import ModelConfig, preset_config
+from bertcli.config import ModelConfig
+from bertcli.config_load import preset_config
 from bertcli.model import TIED_ALIASES, BertForPreTraining, flops_per_token, packing
 from bertcli.summary import parameter_counts
 

@@ -157,7 +157,7 @@ def test_a_tokenizer_config_decides_the_casing_as_in_transformers(tmp_path, sett
 def test_an_export_says_the_casing_its_tokenizer_has(tmp_path, small_corpus):
     """A run on the folder's (uncased) tokenizer whose config says lowercase: false: the export's
     tokenizer_config.json must follow the tokenizer, or transformers tokenizes otherwise."""
-    from bertcli.config import load_config
+    from bertcli.config_load import load_config
     from bertcli.hf import export
     from bertcli.trainer import pretrain
     from conftest import text_run
@@ -197,7 +197,7 @@ def test_inspect_reports_a_published_folder_and_an_export(cli, tmp_path, trained
 
 
 def test_continued_pretraining_from_the_folder_prepares_whole_sentences_without_pad(cli, tmp_path, small_corpus):
-    from bertcli.config import load_config, preset_config
+    from bertcli.config_load import load_config, preset_config
     from bertcli.data.prepare import load_prepared
 
     tok = load_tokenizer(MINILM, TokenizerConfig())

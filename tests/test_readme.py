@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from bertcli.config import PRESETS, markdown_reference, preset_config
+from bertcli.config import PRESETS
+from bertcli.config_load import preset_config
+from bertcli.config_write import markdown_reference
 from bertcli.summary import parameter_counts
 from conftest import REPO
 

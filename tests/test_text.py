@@ -15,7 +15,8 @@ import torch
 from tokenizers import Tokenizer, models, trainers
 
 from bertcli import checkpoint
-from bertcli.config import TokenizerConfig, load_config, preset_config
+from bertcli.config import TokenizerConfig
+from bertcli.config_load import load_config, preset_config
 from bertcli.data.examples import IGNORE, ExampleBuilder
 from bertcli.data.prepare import load_prepared, prepare
 from bertcli.data.text import read_sentences, read_text, split_sentences

@@ -17,7 +17,7 @@ import safetensors.torch
 import torch
 
 from bertcli import checkpoint
-from bertcli.config import load_config
+from bertcli.config_load import load_config
 from bertcli.data.corpus import synthetic_corpus
 from bertcli.errors import UsageError
 from bertcli.metrics import read_metrics

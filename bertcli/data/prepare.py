@@ -30,7 +30,8 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from bertcli import __version__, atomic, ownership
-from bertcli.config import Config, DataConfig, resolve_output_dir
+from bertcli.config import Config, DataConfig
+from bertcli.config_load import resolve_output_dir
 from bertcli.data.corpus import Corpus, SpecialTokens, is_held_out
 from bertcli.data.text import corpus_files, read_sentences, read_text
 from bertcli.data.tokenizer import (continuation_mask, describe, find_tokenizer_file, load_tokenizer, read_tokenizer_json,

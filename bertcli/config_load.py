@@ -1,0 +1,317 @@
+"""Loading a run configuration: strict YAML, `--set` overrides, presets, merged and checked into a `Config`.
+
+Precedence: dataclass defaults < YAML file < `--set section.key=value` overrides.
+Loading is strict: a key given twice, unknown keys (with where they belong or the closest name),
+wrong types and impossible values (each section's `problems()`, in `bertcli.config`) are all
+collected and reported together, one line each, as a `UsageError` (exit 2).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import re
+import typing
+from functools import cache
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from bertcli.config import PRESETS, Config, DataConfig, ModelConfig, field_types, validate
+from bertcli.config_write import yaml_scalar
+from bertcli.errors import UsageError
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
+    """defaults < YAML file < --set overrides, strictly checked."""
+    path = Path(path)
+    raw = read_yaml(path)
+    extra, origin = parse_overrides(overrides or [])
+    return build_config(_merge(raw, extra), {"": str(path), **origin})
+
+
+def config_from_dict(raw: dict[str, Any], source: str) -> Config:
+    return build_config(raw, {"": source})
+
+
+def preset_config(name: str, overrides: list[str] | None = None) -> Config:
+    extra, origin = parse_overrides(overrides or [])
+    return build_config(_merge(preset_dict(name), extra), {"": f"preset {name}", **origin})
+
+
+def preset_dict(name: str) -> dict[str, Any]:
+    if name not in PRESETS:
+        raise UsageError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+    return PRESETS[name]
+
+
+def model_config_from_dict(raw: dict[str, Any], source: str) -> ModelConfig:
+    """A ModelConfig alone (from an imported config.json, say), with the same strict checks."""
+    errors: list[str] = []
+    model = _build(ModelConfig, raw, "model", errors, {"": source})
+    if not errors:
+        whole = Config(model=model, data=DataConfig(corpus="synthetic", max_seq_length=5))
+        errors = [f"{source}: {p}: {msg}" for p, msg in validate(whole) if p.startswith("model.")]
+    if errors:
+        raise UsageError(*errors)
+    return model
+
+
+def resolve_output_dir(cfg: Config, config_path: Path | None) -> Path:
+    """output_dir, relative to the config file's folder."""
+    out = Path(cfg.output_dir).expanduser()
+    if not out.is_absolute():
+        base = config_path.resolve().parent if config_path else Path.cwd()
+        out = base / out
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading YAML strictly
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """Read a YAML mapping, turning every way it can fail into one UsageError line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"{path}: config file not found; create one with `bertcli init DIR --preset tiny`") from None
+    except IsADirectoryError:
+        raise UsageError(f"{path}: is a folder; pass the config file inside it (e.g. {path / 'config.yaml'})") from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{path}: not UTF-8 text (byte {exc.start}); is this a config file?") from None
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        raw = yaml.load(text, Loader=StrictLoader)  # noqa: S506  SafeLoader's constructors, plus a check
+    except DuplicateKey as exc:
+        raise UsageError(f"{path}: line {exc.line}: key {str(exc.key)!r} is given twice (first at line {exc.first_line}); "
+                         "keep one of them (YAML would silently use the last)") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise UsageError(f"{path}: malformed YAML{at}: {problem}") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise UsageError(f"{path}: expected a mapping of sections (model:, data:, train: ...), got {type(raw).__name__}")
+    return raw
+
+
+class DuplicateKey(yaml.YAMLError):
+    def __init__(self, key: Any, first_line: int, line: int) -> None:
+        super().__init__(f"duplicate key {key!r}")
+        self.key, self.first_line, self.line = key, first_line, line
+
+
+class StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (plain YAML keeps the last one
+    silently, so a second `model:` section would hide the first)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor` may be overridden: YAML's rule
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.setdefault(key, key_node.start_mark.line + 1)
+            except TypeError:  # an unhashable key: SafeLoader's own error says so
+                continue
+            if first != key_node.start_mark.line + 1:
+                raise DuplicateKey(key, first, key_node.start_mark.line + 1)
+        return super().construct_mapping(node, deep)
+
+
+# ---------------------------------------------------------------------------------------------
+# --set overrides
+
+
+def parse_overrides(overrides: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Turn `["model.hidden_size=256", ...]` into a nested dict, and each path's origin label."""
+    nested: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise UsageError(f"--set {item!r}: expected section.key=value, for example --set train.max_steps=200")
+        try:
+            value = yaml.safe_load(text) if text.strip() else ""
+        except yaml.YAMLError as exc:
+            raise UsageError(f"--set {item!r}: the value is not a YAML scalar ({exc.problem})") from None
+        node = nested
+        parts = key.split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise UsageError(f"--set {item!r}: '{part}' is set both as a value and as a section")
+            node = child
+        node[parts[-1]] = value
+        origin[key] = "--set"
+    return nested, origin
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Building a Config from nested dicts, checking every value
+
+
+def build_config(raw: dict[str, Any], origin: dict[str, str]) -> Config:
+    """Build and validate a Config from a nested dict; raise UsageError listing every problem."""
+    errors: list[str] = []
+    failed: set[str] = set()
+    cfg = _build(Config, raw, "", errors, origin, failed)
+    # Value checks run on what could be built, so that an unknown key and an impossible value are
+    # reported together; a check that involves a value of the wrong type (which kept its default)
+    # would only mislead, so it is left out.
+    errors += [f"{origin.get(p, origin.get('', 'config'))}: {p}: {msg}" for p, msg in validate(cfg)
+               if not any(_involves(p, msg, bad) for bad in failed)]
+    if errors:
+        raise UsageError(*errors)
+    return cfg
+
+
+def _involves(path: str, message: str, bad: str) -> bool:
+    """Whether the value check (path, message) reads `bad` (a field or a whole section)."""
+    return path == bad or path.startswith(bad + ".") or re.search(rf"(?<![\w.]){re.escape(bad)}\b", message) is not None
+
+
+def _build(cls: type, raw: Any, path: str, errors: list[str], origin: dict[str, str],
+           failed: set[str] | None = None) -> Any:
+    """Build dataclass `cls` from nested dict `raw`, appending every problem to `errors` and the
+    path of every value (or section) of the wrong type to `failed`: those keep their defaults."""
+    def where(p: str) -> str:  # where a value came from: the file, or --set (for p or a key under it)
+        under = [label for key, label in origin.items() if key.startswith(p + ".")] if p else []
+        return f"{origin.get(p) or (under[0] if under else origin.get('', 'config'))}: {p}"
+
+    failed = set() if failed is None else failed
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        errors.append(f"{where(path or '(top level)')}: expected a mapping of keys, got {raw!r}")
+        failed.add(path)
+        return cls()
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs: dict[str, Any] = {}
+    for key, value in raw.items():
+        sub = f"{path}.{key}" if path else str(key)
+        if key not in names:
+            section = f"section '{path}'" if path else "the top level"
+            elsewhere = _belongs_in(str(key), value)
+            hint = f"; it belongs in '{elsewhere}'" if elsewhere else _closest(str(key), names)
+            errors.append(f"{where(sub)}: unknown key in {section}{hint}")
+            continue
+        tp = field_types(cls)[key]
+        if dataclasses.is_dataclass(tp):
+            kwargs[key] = _build(tp, value, sub, errors, origin, failed)
+            continue
+        converted, problem = _check_value(value, tp)
+        if problem and str in (tp, *typing.get_args(tp)) and isinstance(value, (int, float, bool)):
+            # YAML reads 2024, 1e3 and yes as numbers and booleans: a file or folder of that name needs quotes.
+            quoted = f"--set '{sub}=\"{yaml_scalar(value)}\"'" if origin.get(sub) == "--set" else f"{key}: \"{yaml_scalar(value)}\""
+            kind = "a boolean" if isinstance(value, bool) else "a number"
+            problem += f"; YAML reads {yaml_scalar(value)} as {kind}: quote it ({quoted})"
+        if problem:
+            errors.append(f"{where(sub)}: {problem}")
+            failed.add(sub)
+        else:
+            kwargs[key] = converted
+    return cls(**kwargs)
+
+
+def _check_value(value: Any, tp: Any) -> tuple[Any, str | None]:
+    """Return (value converted to type tp, None) or (None, what is wrong)."""
+    got = f"{value!r} ({type(value).__name__})"
+    if typing.get_origin(tp) is typing.Union:  # Optional[X]: null or an X
+        if value is None:
+            return None, None
+        inner = next(a for a in typing.get_args(tp) if a is not type(None))
+        converted, problem = _check_value(value, inner)
+        return converted, (problem + " (or null)" if problem else None)
+    if typing.get_origin(tp) is Literal:
+        choices = typing.get_args(tp)
+        if value in choices:
+            return value, None
+        return None, f"must be one of {', '.join(map(str, choices))}; got {value!r}"
+    if tp is bool:
+        return (value, None) if isinstance(value, bool) else (None, f"expected true or false, got {got}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value, None
+        number = _as_float(value)  # accept 1e6 and 1.0e+6 for whole numbers
+        if number is not None and math.isfinite(number) and number.is_integer():
+            return int(number), None
+        return None, f"expected an integer, got {got}"
+    if tp is float:
+        number = _as_float(value)  # YAML 1.1 reads `1e-4` as a string: accept it as a number
+        return (number, None) if number is not None else (None, f"expected a number, got {got}")
+    if tp is str:
+        return (value, None) if isinstance(value, str) else (None, f"expected a string, got {got}")
+    raise TypeError(f"unsupported config type {tp!r}")
+
+
+def _as_float(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Hints for unknown keys
+
+
+@cache
+def _all_paths(cls: type, prefix: str = "") -> tuple[str, ...]:
+    """Every leaf key path of dataclass cls, e.g. ('output_dir', 'model.vocab_size', ...)."""
+    paths: list[str] = []
+    for f in dataclasses.fields(cls):
+        tp = field_types(cls)[f.name]
+        path = f"{prefix}{f.name}"
+        paths += _all_paths(tp, path + ".") if dataclasses.is_dataclass(tp) else [path]
+    return tuple(paths)
+
+
+@cache
+def _all_sections(cls: type = None, prefix: str = "") -> tuple[str, ...]:
+    """Every section path of dataclass cls (default Config), e.g. ('model', 'data', 'data.tokenizer', ...)."""
+    cls = cls or Config
+    paths: list[str] = []
+    for f in dataclasses.fields(cls):
+        tp = field_types(cls)[f.name]
+        if dataclasses.is_dataclass(tp):
+            paths += [f"{prefix}{f.name}", *_all_sections(tp, f"{prefix}{f.name}.")]
+    return tuple(paths)
+
+
+def _belongs_in(key: str, value: Any) -> str | None:
+    """Where an unknown key belongs, when its name is a key or a section elsewhere: a mapping
+    (`--set model.tokenizer.path=x`) is looked up among sections, a value among keys first."""
+    keys = [p for p in _all_paths(Config) if p.rsplit(".", 1)[-1] == key]
+    sections = [p for p in _all_sections() if p.rsplit(".", 1)[-1] == key]
+    found = sections + keys if isinstance(value, dict) else keys + sections
+    return found[0] if found else None
+
+
+def _closest(name: str, options: list[str]) -> str:
+    match = difflib.get_close_matches(name, options, n=1, cutoff=0.5)
+    return f"; did you mean '{match[0]}'?" if match else f"; valid keys: {', '.join(options)}"
