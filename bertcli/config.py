@@ -2,6 +2,8 @@
 
 Every field carries a docstring (the string literal under it); `bertcli init` writes those
 as one-line YAML comments, and `field_docs()` is how the rest of the code reads them.
+Each section's `problems()`, under its fields, lists its impossible values; `Config.problems()`
+adds the checks that read two sections (a sequence longer than the position embeddings, say).
 Reading a config (YAML, `--set`, strict checks) is `bertcli.config_load`; writing one is
 `bertcli.config_write`.
 """
@@ -16,6 +18,18 @@ import typing
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, Literal, Optional
+
+Problem = tuple[str, str]
+"""An impossible value: (its path from the top of the config, what is wrong), e.g.
+("train.max_steps", "must be at least 1, got 0"). Each section's `problems()` checks its own
+values (their types are right by then: the loader checks those first) and spells paths out in
+full, so that a message can name the other values it reads."""
+
+
+def failing(*checks: tuple[bool, str, str]) -> list[Problem]:
+    """(path, message) of every check (holds, path, message) that does not hold, in order."""
+    return [(path, message) for holds, path, message in checks if not holds]
+
 
 HiddenAct = Literal["gelu", "gelu_new", "gelu_pytorch_tanh", "relu"]
 
@@ -55,6 +69,34 @@ class ModelConfig:
     pad_token_id: int = 0
     """Token id of [PAD]."""
 
+    def problems(self) -> list[Problem]:
+        """This section's impossible values."""
+        m = self
+        heads_divide = m.hidden_size < 1 or m.num_attention_heads < 1 or m.hidden_size % m.num_attention_heads == 0
+        return failing(
+            (m.vocab_size is None or m.vocab_size >= 8, "model.vocab_size",
+             f"must be at least 8 (5 special tokens and some words), got {m.vocab_size}"),
+            (m.vocab_size is None or 0 <= m.pad_token_id < m.vocab_size, "model.pad_token_id",
+             f"must be a token id below vocab_size={m.vocab_size}, got {m.pad_token_id}"),
+            (m.pad_vocab_multiple >= 1, "model.pad_vocab_multiple", f"must be at least 1, got {m.pad_vocab_multiple}"),
+            (m.hidden_size >= 1, "model.hidden_size", f"must be positive, got {m.hidden_size}"),
+            (m.num_hidden_layers >= 1, "model.num_hidden_layers", f"must be at least 1, got {m.num_hidden_layers}"),
+            (m.num_attention_heads >= 1, "model.num_attention_heads", f"must be at least 1, got {m.num_attention_heads}"),
+            (heads_divide, "model.hidden_size",
+             f"{m.hidden_size} is not divisible by model.num_attention_heads={m.num_attention_heads}"),
+            (m.intermediate_size >= 1, "model.intermediate_size", f"must be positive, got {m.intermediate_size}"),
+            (0.0 <= m.hidden_dropout_prob < 1.0, "model.hidden_dropout_prob",
+             f"must be in [0, 1), got {m.hidden_dropout_prob}"),
+            (0.0 <= m.attention_probs_dropout_prob < 1.0, "model.attention_probs_dropout_prob",
+             f"must be in [0, 1), got {m.attention_probs_dropout_prob}"),
+            (m.max_position_embeddings >= 1, "model.max_position_embeddings",
+             f"must be positive, got {m.max_position_embeddings}"),
+            (m.type_vocab_size >= 2, "model.type_vocab_size",
+             f"must be at least 2 (segments A and B), got {m.type_vocab_size}"),
+            (m.initializer_range > 0, "model.initializer_range", f"must be positive, got {m.initializer_range}"),
+            (m.layer_norm_eps > 0, "model.layer_norm_eps", f"must be positive, got {m.layer_norm_eps}"),
+        )
+
 
 @dataclass
 class SyntheticConfig:
@@ -77,6 +119,20 @@ class SyntheticConfig:
     seed: int = 1234
     """Seed of the generated corpus (independent of train.seed)."""
 
+    def problems(self) -> list[Problem]:
+        """This section's impossible values."""
+        s = self
+        return failing(
+            (s.num_documents >= 2, "data.synthetic.num_documents",
+             f"must be at least 2 (random next sentences come from another document), got {s.num_documents}"),
+            (1 <= s.min_sentences <= s.max_sentences, "data.synthetic.min_sentences",
+             f"need 1 <= min_sentences <= max_sentences, got {s.min_sentences} and {s.max_sentences}"),
+            (1 <= s.min_sentence_length <= s.max_sentence_length, "data.synthetic.min_sentence_length",
+             f"need 1 <= min_sentence_length <= max_sentence_length, got {s.min_sentence_length} and {s.max_sentence_length}"),
+            (s.branching >= 1, "data.synthetic.branching", f"must be at least 1, got {s.branching}"),
+            (s.num_topics >= 1, "data.synthetic.num_topics", f"must be at least 1, got {s.num_topics}"),
+        )
+
 
 @dataclass
 class TokenizerConfig:
@@ -92,6 +148,13 @@ class TokenizerConfig:
     """Lower-case text before tokenizing (an 'uncased' model); a loaded tokenizer.json, or a vocab.txt with a tokenizer_config.json beside it, keeps its own."""
     strip_accents: bool = True
     """Remove accents before tokenizing (as lowercase: a loaded tokenizer keeps its own)."""
+
+    def problems(self) -> list[Problem]:
+        """This section's impossible values."""
+        return failing(
+            (self.vocab_size >= 16, "data.tokenizer.vocab_size", f"must be at least 16, got {self.vocab_size}"),
+            (self.min_frequency >= 1, "data.tokenizer.min_frequency", f"must be at least 1, got {self.min_frequency}"),
+        )
 
 
 @dataclass
@@ -129,6 +192,26 @@ class DataConfig:
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     """Settings of the synthetic corpus (used when corpus is synthetic)."""
 
+    def problems(self) -> list[Problem]:
+        """This section's impossible values, its tokenizer's and its synthetic corpus's."""
+        d = self
+        return failing(
+            (d.max_seq_length >= 5, "data.max_seq_length",
+             f"must be at least 5 ([CLS] A [SEP] B [SEP]), got {d.max_seq_length}"),
+            (0.0 < d.masked_lm_prob < 1.0, "data.masked_lm_prob", f"must be in (0, 1), got {d.masked_lm_prob}"),
+            (d.max_predictions_per_seq >= 1, "data.max_predictions_per_seq",
+             f"must be at least 1, got {d.max_predictions_per_seq}"),
+            (0.0 <= d.mask_token_prob <= 1.0, "data.mask_token_prob", f"must be in [0, 1], got {d.mask_token_prob}"),
+            (0.0 <= d.random_token_prob <= 1.0, "data.random_token_prob", f"must be in [0, 1], got {d.random_token_prob}"),
+            (0.0 <= d.random_next_prob <= 1.0, "data.random_next_prob", f"must be in [0, 1], got {d.random_next_prob}"),
+            (d.mask_token_prob + d.random_token_prob <= 1.0 + 1e-9, "data.random_token_prob",
+             f"data.mask_token_prob + data.random_token_prob must be at most 1, got {d.mask_token_prob + d.random_token_prob}"),
+            (d.corpus.strip() != "", "data.corpus", "is empty; use sample, synthetic, or a path to text or JSONL files"),
+            (0.0 <= d.validation_fraction <= 0.5, "data.validation_fraction",
+             f"must be in [0, 0.5], got {d.validation_fraction}"),
+            (0.0 <= d.short_seq_prob <= 1.0, "data.short_seq_prob", f"must be in [0, 1], got {d.short_seq_prob}"),
+        ) + d.tokenizer.problems() + d.synthetic.problems()
+
 
 @dataclass
 class TrainConfig:
@@ -165,6 +248,31 @@ class TrainConfig:
     eval_examples: int = 512
     """Size of the fixed held-out example set (the same examples and masks every time)."""
 
+    def problems(self) -> list[Problem]:
+        """This section's impossible values."""
+        t = self
+        return failing(
+            (t.max_steps >= 1, "train.max_steps", f"must be at least 1, got {t.max_steps}"),
+            (t.eval_every >= 0, "train.eval_every", f"must not be negative (0 = never), got {t.eval_every}"),
+            (t.eval_examples >= 1, "train.eval_examples", f"must be at least 1, got {t.eval_examples}"),
+            (t.batch_size >= 1, "train.batch_size", f"must be at least 1, got {t.batch_size}"),
+            (t.grad_accum_steps >= 1, "train.grad_accum_steps", f"must be at least 1, got {t.grad_accum_steps}"),
+            (t.mlm_weight >= 0, "train.mlm_weight", f"must not be negative, got {t.mlm_weight}"),
+            (t.nsp_weight >= 0, "train.nsp_weight", f"must not be negative, got {t.nsp_weight}"),
+            (t.mlm_weight > 0 or t.nsp_weight > 0, "train.mlm_weight",
+             "train.mlm_weight and train.nsp_weight are both 0: nothing to learn"),
+            (t.max_nonfinite_steps >= 1, "train.max_nonfinite_steps", f"must be at least 1, got {t.max_nonfinite_steps}"),
+            (t.max_grad_norm >= 0, "train.max_grad_norm", f"must not be negative (0 = no clipping), got {t.max_grad_norm}"),
+            (t.data_workers is None or t.data_workers >= 0, "train.data_workers",
+             f"must be null (automatic) or at least 0, got {t.data_workers}"),
+            (t.parallel in ("ddp", "fsdp"), "train.parallel", f"must be ddp or fsdp, got {t.parallel!r}"),
+            (t.device in ("auto", "cpu", "cuda") or (t.device.startswith("cuda:") and t.device[5:].isdigit()),
+             "train.device", f"must be auto, cpu, cuda or cuda:N, got {t.device!r}"),
+            (math.isfinite(t.mlm_weight), "train.mlm_weight", "must be a finite number"),
+            (math.isfinite(t.nsp_weight), "train.nsp_weight", "must be a finite number"),
+            (math.isfinite(t.max_grad_norm), "train.max_grad_norm", "must be a finite number"),
+        )
+
 
 @dataclass
 class OptimizerConfig:
@@ -187,6 +295,19 @@ class OptimizerConfig:
     min_lr_ratio: float = 0.0
     """Floor of the decay, as a share of lr (reached at max_steps, one step past the last update)."""
 
+    def problems(self) -> list[Problem]:
+        """This section's impossible values."""
+        o = self
+        return failing(
+            (o.lr > 0, "optimizer.lr", f"must be positive, got {o.lr}"),
+            (o.weight_decay >= 0, "optimizer.weight_decay", f"must not be negative, got {o.weight_decay}"),
+            (0 <= o.beta1 < 1, "optimizer.beta1", f"must be in [0, 1), got {o.beta1}"),
+            (0 <= o.beta2 < 1, "optimizer.beta2", f"must be in [0, 1), got {o.beta2}"),
+            (o.eps > 0, "optimizer.eps", f"must be positive, got {o.eps}"),
+            (o.warmup_steps >= 0, "optimizer.warmup_steps", f"must not be negative, got {o.warmup_steps}"),
+            (0 <= o.min_lr_ratio <= 1, "optimizer.min_lr_ratio", f"must be in [0, 1], got {o.min_lr_ratio}"),
+        )
+
 
 @dataclass
 class PrecisionConfig:
@@ -199,6 +320,12 @@ class PrecisionConfig:
     fp16_init_scale: float = 65536.0
     """Initial loss scale of the fp16 gradient scaler."""
 
+    def problems(self) -> list[Problem]:
+        """This section's impossible values."""
+        return failing(
+            (self.fp16_init_scale > 0, "precision.fp16_init_scale", f"must be positive, got {self.fp16_init_scale}"),
+        )
+
 
 @dataclass
 class CheckpointConfig:
@@ -208,6 +335,13 @@ class CheckpointConfig:
     """Write a checkpoint every N steps (and always at the end)."""
     keep_last: int = 3
     """Keep only the newest N checkpoints."""
+
+    def problems(self) -> list[Problem]:
+        """This section's impossible values."""
+        return failing(
+            (self.save_every >= 1, "checkpoint.save_every", f"must be at least 1, got {self.save_every}"),
+            (self.keep_last >= 1, "checkpoint.keep_last", f"must be at least 1, got {self.keep_last}"),
+        )
 
 
 @dataclass
@@ -220,6 +354,13 @@ class LoggingConfig:
     """Write TensorBoard event files to output_dir/tensorboard/."""
     peak_tflops: float = 0.0
     """Device peak (dense bf16 TFLOP/s) for MFU; 0 = known GPUs' datasheet value, none on CPU."""
+
+    def problems(self) -> list[Problem]:
+        """This section's impossible values."""
+        return failing(
+            (self.log_every >= 1, "logging.log_every", f"must be at least 1, got {self.log_every}"),
+            (self.peak_tflops >= 0, "logging.peak_tflops", f"must not be negative (0 = auto), got {self.peak_tflops}"),
+        )
 
 
 @dataclass
@@ -242,6 +383,19 @@ class Config:
     """Checkpointing."""
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     """Logging."""
+
+    def problems(self) -> list[Problem]:
+        """Every impossible value: each section's, then the checks that read two sections."""
+        m, d, t = self.model, self.data, self.train
+        sections = (m, d, t, self.optimizer, self.precision, self.checkpoint, self.logging)
+        return [problem for section in sections for problem in section.problems()] + failing(
+            (d.max_seq_length <= m.max_position_embeddings, "data.max_seq_length",
+             f"{d.max_seq_length} is above model.max_position_embeddings={m.max_position_embeddings}"),
+            (d.corpus != "synthetic" or m.vocab_size is not None, "model.vocab_size",
+             "the synthetic corpus has no tokenizer: set model.vocab_size (e.g. 1024)"),
+            (d.pairs or t.nsp_weight == 0, "data.pairs",
+             "is false (single spans, no sentence pairs) but train.nsp_weight is not 0: NSP needs pairs"),
+        )
 
 
 # Presets: overrides on top of the defaults. Only what differs from the defaults is listed.
@@ -298,98 +452,3 @@ def field_types(cls: type) -> dict[str, Any]:
 
 def to_dict(cfg: Config) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
-
-
-# ---------------------------------------------------------------------------------------------
-# Validation of values (types are already right here)
-
-
-def validate(cfg: Config) -> list[tuple[str, str]]:
-    """Every impossible value in cfg as (path, message)."""
-    problems: list[tuple[str, str]] = []
-
-    def need(ok: bool, path: str, message: str) -> None:
-        if not ok:
-            problems.append((path, message))
-
-    m, d, t, o = cfg.model, cfg.data, cfg.train, cfg.optimizer
-    if m.vocab_size is not None:
-        need(m.vocab_size >= 8, "model.vocab_size", f"must be at least 8 (5 special tokens and some words), got {m.vocab_size}")
-        need(0 <= m.pad_token_id < m.vocab_size, "model.pad_token_id",
-             f"must be a token id below vocab_size={m.vocab_size}, got {m.pad_token_id}")
-    need(m.pad_vocab_multiple >= 1, "model.pad_vocab_multiple", f"must be at least 1, got {m.pad_vocab_multiple}")
-    need(m.hidden_size >= 1, "model.hidden_size", f"must be positive, got {m.hidden_size}")
-    need(m.num_hidden_layers >= 1, "model.num_hidden_layers", f"must be at least 1, got {m.num_hidden_layers}")
-    need(m.num_attention_heads >= 1, "model.num_attention_heads", f"must be at least 1, got {m.num_attention_heads}")
-    if m.hidden_size >= 1 and m.num_attention_heads >= 1:
-        need(m.hidden_size % m.num_attention_heads == 0, "model.hidden_size",
-             f"{m.hidden_size} is not divisible by model.num_attention_heads={m.num_attention_heads}")
-    need(m.intermediate_size >= 1, "model.intermediate_size", f"must be positive, got {m.intermediate_size}")
-    for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
-        value = getattr(m, name)
-        need(0.0 <= value < 1.0, f"model.{name}", f"must be in [0, 1), got {value}")
-    need(m.max_position_embeddings >= 1, "model.max_position_embeddings", f"must be positive, got {m.max_position_embeddings}")
-    need(m.type_vocab_size >= 2, "model.type_vocab_size", f"must be at least 2 (segments A and B), got {m.type_vocab_size}")
-    need(m.initializer_range > 0, "model.initializer_range", f"must be positive, got {m.initializer_range}")
-    need(m.layer_norm_eps > 0, "model.layer_norm_eps", f"must be positive, got {m.layer_norm_eps}")
-
-    need(d.max_seq_length >= 5, "data.max_seq_length", f"must be at least 5 ([CLS] A [SEP] B [SEP]), got {d.max_seq_length}")
-    need(d.max_seq_length <= m.max_position_embeddings, "data.max_seq_length",
-         f"{d.max_seq_length} is above model.max_position_embeddings={m.max_position_embeddings}")
-    need(0.0 < d.masked_lm_prob < 1.0, "data.masked_lm_prob", f"must be in (0, 1), got {d.masked_lm_prob}")
-    need(d.max_predictions_per_seq >= 1, "data.max_predictions_per_seq", f"must be at least 1, got {d.max_predictions_per_seq}")
-    for name in ("mask_token_prob", "random_token_prob", "random_next_prob"):
-        value = getattr(d, name)
-        need(0.0 <= value <= 1.0, f"data.{name}", f"must be in [0, 1], got {value}")
-    need(d.mask_token_prob + d.random_token_prob <= 1.0 + 1e-9, "data.random_token_prob",
-         f"data.mask_token_prob + data.random_token_prob must be at most 1, got {d.mask_token_prob + d.random_token_prob}")
-    need(d.corpus.strip() != "", "data.corpus", "is empty; use sample, synthetic, or a path to text or JSONL files")
-    need(d.corpus != "synthetic" or m.vocab_size is not None, "model.vocab_size",
-         "the synthetic corpus has no tokenizer: set model.vocab_size (e.g. 1024)")
-    need(d.tokenizer.vocab_size >= 16, "data.tokenizer.vocab_size", f"must be at least 16, got {d.tokenizer.vocab_size}")
-    need(d.tokenizer.min_frequency >= 1, "data.tokenizer.min_frequency", f"must be at least 1, got {d.tokenizer.min_frequency}")
-    need(0.0 <= d.validation_fraction <= 0.5, "data.validation_fraction", f"must be in [0, 0.5], got {d.validation_fraction}")
-    need(0.0 <= d.short_seq_prob <= 1.0, "data.short_seq_prob", f"must be in [0, 1], got {d.short_seq_prob}")
-    need(d.pairs or t.nsp_weight == 0, "data.pairs",
-         "is false (single spans, no sentence pairs) but train.nsp_weight is not 0: NSP needs pairs")
-    s = d.synthetic
-    need(s.num_documents >= 2, "data.synthetic.num_documents", f"must be at least 2 (random next sentences come from another document), got {s.num_documents}")
-    need(1 <= s.min_sentences <= s.max_sentences, "data.synthetic.min_sentences",
-         f"need 1 <= min_sentences <= max_sentences, got {s.min_sentences} and {s.max_sentences}")
-    need(1 <= s.min_sentence_length <= s.max_sentence_length, "data.synthetic.min_sentence_length",
-         f"need 1 <= min_sentence_length <= max_sentence_length, got {s.min_sentence_length} and {s.max_sentence_length}")
-    need(s.branching >= 1, "data.synthetic.branching", f"must be at least 1, got {s.branching}")
-    need(s.num_topics >= 1, "data.synthetic.num_topics", f"must be at least 1, got {s.num_topics}")
-
-    need(t.max_steps >= 1, "train.max_steps", f"must be at least 1, got {t.max_steps}")
-    need(t.eval_every >= 0, "train.eval_every", f"must not be negative (0 = never), got {t.eval_every}")
-    need(t.eval_examples >= 1, "train.eval_examples", f"must be at least 1, got {t.eval_examples}")
-    need(t.batch_size >= 1, "train.batch_size", f"must be at least 1, got {t.batch_size}")
-    need(t.grad_accum_steps >= 1, "train.grad_accum_steps", f"must be at least 1, got {t.grad_accum_steps}")
-    need(t.mlm_weight >= 0, "train.mlm_weight", f"must not be negative, got {t.mlm_weight}")
-    need(t.nsp_weight >= 0, "train.nsp_weight", f"must not be negative, got {t.nsp_weight}")
-    need(t.mlm_weight > 0 or t.nsp_weight > 0, "train.mlm_weight", "train.mlm_weight and train.nsp_weight are both 0: nothing to learn")
-    need(t.max_nonfinite_steps >= 1, "train.max_nonfinite_steps", f"must be at least 1, got {t.max_nonfinite_steps}")
-    need(t.max_grad_norm >= 0, "train.max_grad_norm", f"must not be negative (0 = no clipping), got {t.max_grad_norm}")
-    need(t.data_workers is None or t.data_workers >= 0, "train.data_workers",
-         f"must be null (automatic) or at least 0, got {t.data_workers}")
-    need(t.parallel in ("ddp", "fsdp"), "train.parallel", f"must be ddp or fsdp, got {t.parallel!r}")
-    need(t.device in ("auto", "cpu", "cuda") or (t.device.startswith("cuda:") and t.device[5:].isdigit()),
-         "train.device", f"must be auto, cpu, cuda or cuda:N, got {t.device!r}")
-
-    need(o.lr > 0, "optimizer.lr", f"must be positive, got {o.lr}")
-    need(o.weight_decay >= 0, "optimizer.weight_decay", f"must not be negative, got {o.weight_decay}")
-    need(0 <= o.beta1 < 1, "optimizer.beta1", f"must be in [0, 1), got {o.beta1}")
-    need(0 <= o.beta2 < 1, "optimizer.beta2", f"must be in [0, 1), got {o.beta2}")
-    need(o.eps > 0, "optimizer.eps", f"must be positive, got {o.eps}")
-    need(o.warmup_steps >= 0, "optimizer.warmup_steps", f"must not be negative, got {o.warmup_steps}")
-    need(0 <= o.min_lr_ratio <= 1, "optimizer.min_lr_ratio", f"must be in [0, 1], got {o.min_lr_ratio}")
-
-    need(cfg.precision.fp16_init_scale > 0, "precision.fp16_init_scale", f"must be positive, got {cfg.precision.fp16_init_scale}")
-    need(cfg.checkpoint.save_every >= 1, "checkpoint.save_every", f"must be at least 1, got {cfg.checkpoint.save_every}")
-    need(cfg.checkpoint.keep_last >= 1, "checkpoint.keep_last", f"must be at least 1, got {cfg.checkpoint.keep_last}")
-    need(cfg.logging.log_every >= 1, "logging.log_every", f"must be at least 1, got {cfg.logging.log_every}")
-    need(cfg.logging.peak_tflops >= 0, "logging.peak_tflops", f"must not be negative (0 = auto), got {cfg.logging.peak_tflops}")
-    for name in ("mlm_weight", "nsp_weight", "max_grad_norm"):
-        need(math.isfinite(getattr(t, name)), f"train.{name}", "must be a finite number")
-    return problems

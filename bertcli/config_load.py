@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import yaml
 
-from bertcli.config import PRESETS, Config, DataConfig, ModelConfig, field_types, validate
+from bertcli.config import PRESETS, Config, ModelConfig, field_types
 from bertcli.config_write import yaml_scalar
 from bertcli.errors import UsageError
 
@@ -48,15 +48,11 @@ def preset_dict(name: str) -> dict[str, Any]:
 
 
 def model_config_from_dict(raw: dict[str, Any], source: str) -> ModelConfig:
-    """A ModelConfig alone (from an imported config.json, say), with the same strict checks."""
-    errors: list[str] = []
-    model = _build(ModelConfig, raw, "model", errors, {"": source})
-    if not errors:
-        whole = Config(model=model, data=DataConfig(corpus="synthetic", max_seq_length=5))
-        errors = [f"{source}: {p}: {msg}" for p, msg in validate(whole) if p.startswith("model.")]
-    if errors:
-        raise UsageError(*errors)
-    return model
+    """A ModelConfig alone (an imported config.json's, say), with the same strict checks. With no
+    tokenizer beside it to take the size from, it must give vocab_size."""
+    if raw.get("vocab_size") is None:
+        raise UsageError(f"{source}: model.vocab_size: missing; an architecture on its own must give its vocabulary size")
+    return _build_checked(ModelConfig, raw, "model", {"": source})
 
 
 def resolve_output_dir(cfg: Config, config_path: Path | None) -> Path:
@@ -170,18 +166,23 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_config(raw: dict[str, Any], origin: dict[str, str]) -> Config:
-    """Build and validate a Config from a nested dict; raise UsageError listing every problem."""
+    """Build and check a Config from a nested dict; raise UsageError listing every problem."""
+    return _build_checked(Config, raw, "", origin)
+
+
+def _build_checked(cls: type, raw: dict[str, Any], path: str, origin: dict[str, str]) -> Any:
+    """Build section `cls` (at `path`: "" for a whole Config) and check its values with its `problems()`."""
     errors: list[str] = []
     failed: set[str] = set()
-    cfg = _build(Config, raw, "", errors, origin, failed)
+    built = _build(cls, raw, path, errors, origin, failed)
     # Value checks run on what could be built, so that an unknown key and an impossible value are
     # reported together; a check that involves a value of the wrong type (which kept its default)
     # would only mislead, so it is left out.
-    errors += [f"{origin.get(p, origin.get('', 'config'))}: {p}: {msg}" for p, msg in validate(cfg)
+    errors += [f"{origin.get(p, origin.get('', 'config'))}: {p}: {msg}" for p, msg in built.problems()
                if not any(_involves(p, msg, bad) for bad in failed)]
     if errors:
         raise UsageError(*errors)
-    return cfg
+    return built
 
 
 def _involves(path: str, message: str, bad: str) -> bool:

@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from bertcli.config import PRESETS, Config, field_docs, to_dict, validate
-from bertcli.config_load import load_config, parse_overrides, preset_config
+from bertcli.config import PRESETS, Config, field_docs, to_dict
+from bertcli.config_load import load_config, model_config_from_dict, parse_overrides, preset_config
 from bertcli.config_write import to_yaml
 from bertcli.errors import UsageError
 from conftest import REPO, write_config
@@ -112,7 +112,7 @@ def test_impossible_values(overrides, needle):
 
 def test_valid_presets_have_no_problems():
     for name in PRESETS:
-        assert validate(preset_config(name)) == []
+        assert preset_config(name).problems() == []
 
 
 @pytest.mark.parametrize("item, needle", [
@@ -207,3 +207,19 @@ def test_round_trip_through_yaml(tmp_path):
     cfg = load_config(path)
     assert cfg.optimizer.lr == 1.5e-3 and cfg.model.layer_norm_eps == 1e-7
     assert to_dict(load_config(path)) == to_dict(cfg)
+
+
+def test_a_model_config_alone_is_checked_alone_and_reports_every_problem():
+    source = "hf/config.json"
+    assert model_config_from_dict({"vocab_size": 99, "hidden_size": 32, "num_attention_heads": 4,
+                                   "max_position_embeddings": 3}, source).max_position_embeddings == 3
+    with pytest.raises(UsageError) as info:
+        model_config_from_dict({"vocab_size": 99, "hidden_size": 30, "num_attention_heads": 4, "hidden_act": "swish",
+                                "layer_norm_eps": 0, "hidden_sze": 1}, source)
+    assert info.value.problems == [
+        f"{source}: model.hidden_act: must be one of gelu, gelu_new, gelu_pytorch_tanh, relu; got 'swish'",
+        f"{source}: model.hidden_sze: unknown key in section 'model'; did you mean 'hidden_size'?",
+        f"{source}: model.hidden_size: 30 is not divisible by model.num_attention_heads=4",
+        f"{source}: model.layer_norm_eps: must be positive, got 0.0"]
+    with pytest.raises(UsageError, match="model.vocab_size: missing"):  # no tokenizer beside it to count
+        model_config_from_dict({"hidden_size": 32}, source)
