@@ -14,6 +14,7 @@ import ast
 import dataclasses
 import inspect
 import math
+import re
 import typing
 from dataclasses import dataclass, field
 from functools import cache
@@ -32,6 +33,15 @@ def failing(*checks: tuple[bool, str, str]) -> list[Problem]:
 
 
 HiddenAct = Literal["gelu", "gelu_new", "gelu_pytorch_tanh", "relu"]
+Parallel = Literal["ddp", "fsdp"]
+Device = Literal["auto", "cpu", "cuda", "cuda:N"]
+"""Where to run; "cuda:N" stands for cuda:0, cuda:1, ..., which a Literal cannot list: the loader
+checks only that a device is a string, and `TrainConfig.problems()` checks its form."""
+
+
+def is_device_name(name: str) -> bool:
+    """Whether `name` is a Device: auto, cpu, cuda, or cuda:N with N a device index."""
+    return name in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:[0-9]+", name) is not None
 
 
 @dataclass
@@ -233,13 +243,13 @@ class TrainConfig:
     """Clip the global gradient norm to this value (0 = no clipping)."""
     max_nonfinite_steps: int = 20
     """A step with a NaN or inf loss or gradient is skipped (nothing changes); this many in a row stop the run."""
-    device: str = "auto"
+    device: Device = "auto"
     """Where to train: auto (CUDA when available), cpu, cuda or cuda:N."""
     data_workers: Optional[int] = None
     """Processes that build examples (pairs, masking) ahead of the step; null = 4 on GPUs, 0 on CPUs (their cores train)."""
     compile: bool = False
     """Run each encoder layer under torch.compile: faster steps on GPUs after a minute or two of compiling."""
-    parallel: str = "ddp"
+    parallel: Parallel = "ddp"
     """Under torchrun: ddp (a whole model per process) or fsdp (FSDP2: parameters, gradients and optimizer state sharded)."""
     unpad: Optional[bool] = None
     """Run the encoder on the real tokens only, skipping padding (its attention has no dropout, so only with model.attention_probs_dropout_prob 0); null = on GPUs when that holds and a micro-batch has at least 16,384 token slots (where it pays)."""
@@ -265,9 +275,7 @@ class TrainConfig:
             (t.max_grad_norm >= 0, "train.max_grad_norm", f"must not be negative (0 = no clipping), got {t.max_grad_norm}"),
             (t.data_workers is None or t.data_workers >= 0, "train.data_workers",
              f"must be null (automatic) or at least 0, got {t.data_workers}"),
-            (t.parallel in ("ddp", "fsdp"), "train.parallel", f"must be ddp or fsdp, got {t.parallel!r}"),
-            (t.device in ("auto", "cpu", "cuda") or (t.device.startswith("cuda:") and t.device[5:].isdigit()),
-             "train.device", f"must be auto, cpu, cuda or cuda:N, got {t.device!r}"),
+            (is_device_name(t.device), "train.device", f"must be auto, cpu, cuda or cuda:N, got {t.device!r}"),
             (math.isfinite(t.mlm_weight), "train.mlm_weight", "must be a finite number"),
             (math.isfinite(t.nsp_weight), "train.nsp_weight", "must be a finite number"),
             (math.isfinite(t.max_grad_norm), "train.max_grad_norm", "must be a finite number"),

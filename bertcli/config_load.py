@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import yaml
 
-from bertcli.config import PRESETS, Config, ModelConfig, field_types
+from bertcli.config import PRESETS, Config, Device, ModelConfig, field_types
 from bertcli.config_write import yaml_scalar
 from bertcli.errors import UsageError
 
@@ -216,6 +216,8 @@ def _build(cls: type, raw: Any, path: str, errors: list[str], origin: dict[str, 
             errors.append(f"{where(sub)}: unknown key in {section}{hint}")
             continue
         tp = field_types(cls)[key]
+        if tp == Device:  # an open set (cuda:N): a string here, its form in TrainConfig.problems()
+            tp = str
         if dataclasses.is_dataclass(tp):
             kwargs[key] = _build(tp, value, sub, errors, origin, failed)
             continue

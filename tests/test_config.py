@@ -103,11 +103,19 @@ def test_wrong_types_are_reported(tmp_path):
     (["data.mask_token_prob=0.9", "data.random_token_prob=0.2"], "at most 1"),
     (["checkpoint.keep_last=0"], "checkpoint.keep_last: must be at least 1"),
     (["train.device=gpu"], "train.device: must be auto, cpu, cuda or cuda:N"),
+    (["train.device=cuda:-1"], "train.device: must be auto, cpu, cuda or cuda:N, got 'cuda:-1'"),
+    (["train.device=cuda:x"], "train.device: must be auto, cpu, cuda or cuda:N, got 'cuda:x'"),
+    (["train.parallel=tp"], "train.parallel: must be one of ddp, fsdp; got 'tp'"),
 ])
 def test_impossible_values(overrides, needle):
     with pytest.raises(UsageError) as info:
         preset_config("tiny", overrides)
     assert any(needle in p for p in info.value.problems), info.value.problems
+
+
+def test_device_takes_any_cuda_index():
+    for device in ("auto", "cpu", "cuda", "cuda:0", "cuda:12"):
+        assert preset_config("tiny", [f"train.device={device}"]).train.device == device
 
 
 def test_valid_presets_have_no_problems():
