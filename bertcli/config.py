@@ -459,4 +459,5 @@ def field_types(cls: type) -> dict[str, Any]:
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:
+    """The config as nested plain dicts (to write as YAML or JSON)."""
     return dataclasses.asdict(cfg)

@@ -33,15 +33,18 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
 
 
 def config_from_dict(raw: dict[str, Any], source: str) -> Config:
+    """A Config from a nested dict (a checkpoint's config, say), strictly checked; `source` names it in errors."""
     return build_config(raw, {"": source})
 
 
 def preset_config(name: str, overrides: list[str] | None = None) -> Config:
+    """defaults < preset `name` < --set overrides, strictly checked."""
     extra, origin = parse_overrides(overrides or [])
     return build_config(_merge(preset_dict(name), extra), {"": f"preset {name}", **origin})
 
 
 def preset_dict(name: str) -> dict[str, Any]:
+    """What preset `name` changes from the defaults, as a nested dict."""
     if name not in PRESETS:
         raise UsageError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
     return PRESETS[name]
