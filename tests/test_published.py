@@ -20,6 +20,7 @@ from bertcli.config import TokenizerConfig
 from bertcli.data.prepare import SAMPLE
 from bertcli.data.tokenizer import load_tokenizer
 from bertcli.encode import encode, load_encoder
+from bertcli.resolve import load_run
 from bertcli.sbert import read_sentence_model
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything here is local: never ask the Hub
@@ -164,7 +165,7 @@ def test_an_export_says_the_casing_its_tokenizer_has(tmp_path, small_corpus):
 
     config = text_run(tmp_path / "run", small_corpus, f"data.tokenizer.path={MINILM}", "data.tokenizer.lowercase=false",
                       "data.tokenizer.strip_accents=false", "train.max_steps=1", "train.eval_every=0")
-    pretrain(load_config(config), config, quiet=True)
+    pretrain(load_run(config), quiet=True)
     theirs = transformers.AutoTokenizer.from_pretrained(export(tmp_path / "run", tmp_path / "hf"))
     ours = load_tokenizer(tmp_path / "run" / "data", TokenizerConfig())
     for text in TEXTS:
