@@ -179,36 +179,7 @@ def prepare(cfg: Config, quiet: bool = False, force: bool = False) -> Path:
         save_tokenizer(tok, tmp)
         vocab_size = tok.get_vocab_size(with_added_tokens=True)
         dtype = np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
-        writers = {"train": ShardWriter(tmp / "train", dtype), "valid": ShardWriter(tmp / "valid", dtype)}
-        unk = special_tokens(tok).unk
-        counts = {"documents": 0, "unknown": 0}
-        encode = getattr(tok, "encode_batch_fast", tok.encode_batch)  # no offsets: faster where available
-
-        def flush(items: list[str | None]) -> None:
-            encodings = iter(encode([s for s in items if s is not None], add_special_tokens=False))
-            for item in items:
-                writer = writers["valid" if is_held_out(counts["documents"], data.validation_fraction) else "train"]
-                if item is None:
-                    if writer.open_segments:
-                        counts["documents"] += 1
-                    writer.end_document()
-                    continue
-                ids = next(encodings).ids
-                if ids:
-                    counts["unknown"] += ids.count(unk)
-                    writer.add_segment(ids)
-
-        with _progress(total_bytes, "tokenizing", quiet) as bar:
-            batch: list[str | None] = []
-            pending = 0
-            for item in read_sentences(files, data.split_sentences, bar.update):
-                batch.append(item)
-                pending += item is not None
-                if pending >= ENCODE_BATCH:  # a document may span batches: the writers keep it open
-                    flush(batch)
-                    batch, pending = [], 0
-            flush(batch)
-        splits = {name: w.close() for name, w in writers.items()}
+        splits, unknown = _write_shards(tok, files, data, tmp, dtype, total_bytes, quiet)
         _check_sizes(splits, data, folder)
         elapsed = time.perf_counter() - start
         casing = describe(tok)
@@ -224,7 +195,7 @@ def prepare(cfg: Config, quiet: bool = False, force: bool = False) -> Path:
                           "strip_accents": casing.get("strip_accents", data.tokenizer.strip_accents),
                           "min_frequency": data.tokenizer.min_frequency},
             "split_sentences": data.split_sentences, "validation_fraction": data.validation_fraction,
-            "dtype": dtype.name, "splits": splits, "unknown_tokens": counts["unknown"],
+            "dtype": dtype.name, "splits": splits, "unknown_tokens": unknown,
             "seconds": elapsed, "tokens_per_s": total_tokens / max(elapsed, 1e-9),
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
@@ -234,9 +205,45 @@ def prepare(cfg: Config, quiet: bool = False, force: bool = False) -> Path:
     t, v = splits["train"], splits["valid"]
     log(f"prepared {folder}: {t['documents'] + v['documents']:,} documents ({v['documents']:,} held out), "
         f"{t['segments'] + v['segments']:,} sentences, {total_tokens:,} tokens, vocabulary {vocab_size:,}, "
-        f"unknown {100 * counts['unknown'] / max(total_tokens, 1):.2f}%; {elapsed:.1f} s, "
+        f"unknown {100 * unknown / max(total_tokens, 1):.2f}%; {elapsed:.1f} s, "
         f"{total_tokens / max(elapsed, 1e-9):,.0f} tokens/s")
     return folder
+
+
+def _write_shards(tok: Tokenizer, files: list[Path], data: DataConfig, tmp: Path, dtype: np.dtype,
+                  total_bytes: int | None, quiet: bool) -> tuple[dict[str, dict[str, int]], int]:
+    """Tokenize the corpus files into the train and valid shards under `tmp` (documents held out
+    by their number); return each split's counts and the number of unknown tokens."""
+    writers = {"train": ShardWriter(tmp / "train", dtype), "valid": ShardWriter(tmp / "valid", dtype)}
+    unk = special_tokens(tok).unk
+    counts = {"documents": 0, "unknown": 0}
+    encode = getattr(tok, "encode_batch_fast", tok.encode_batch)  # no offsets: faster where available
+
+    def flush(items: list[str | None]) -> None:
+        encodings = iter(encode([s for s in items if s is not None], add_special_tokens=False))
+        for item in items:
+            writer = writers["valid" if is_held_out(counts["documents"], data.validation_fraction) else "train"]
+            if item is None:
+                if writer.open_segments:
+                    counts["documents"] += 1
+                writer.end_document()
+                continue
+            ids = next(encodings).ids
+            if ids:
+                counts["unknown"] += ids.count(unk)
+                writer.add_segment(ids)
+
+    with _progress(total_bytes, "tokenizing", quiet) as bar:
+        batch: list[str | None] = []
+        pending = 0
+        for item in read_sentences(files, data.split_sentences, bar.update):
+            batch.append(item)
+            pending += item is not None
+            if pending >= ENCODE_BATCH:  # a document may span batches: the writers keep it open
+                flush(batch)
+                batch, pending = [], 0
+        flush(batch)
+    return {name: w.close() for name, w in writers.items()}, counts["unknown"]
 
 
 STEP_DIR = re.compile(r"^step-\d+$")  # checkpoint.STEP_DIR (checkpoint.py imports torch, prepare does not)
