@@ -31,7 +31,7 @@ import torch
 import yaml
 from torch import nn
 
-from bertcli import __version__, atomic, ownership
+from bertcli import __version__, atomic, console, ownership
 from bertcli.config import Config, to_dict
 from bertcli.config_load import config_from_dict
 from bertcli.config_write import to_yaml
@@ -245,7 +245,9 @@ def load_training_state(path: Path, model: nn.Module, optimizer: torch.optim.Opt
 def model_differences(a: Config, b: Config) -> list[str]:
     """Model fields that differ between two configs, as 'model.key: a vs b'."""
     da, db = to_dict(a)["model"], to_dict(b)["model"]
-    return [f"model.{k}={da[k]!r} in the checkpoint vs {db[k]!r} in the config" for k in da if da[k] != db[k]]
+    # init_from says where a run's first weights came from, not what the model is: a resumed run ignores it.
+    return [f"model.{k}={da[k]!r} in the checkpoint vs {db[k]!r} in the config" for k in da
+            if da[k] != db[k] and k != "init_from"]
 
 
 def damage(path: Path) -> str | None:
@@ -318,12 +320,10 @@ def choose_resume(output_dir: Path, resume: str, cfg: Config, is_main: bool = Tr
         for bad, reason in damaged:
             aside = bad.with_name(f"damaged-{bad.name}")
             if is_main:
-                from bertcli.metrics import log
-
                 if aside.exists():
                     aside = aside.with_name(f"{aside.name}.{time.strftime('%Y%m%d-%H%M%S')}")
                 os.replace(bad, aside)
-                log(f"{bad} is damaged ({reason}): renamed {aside.name}; resuming from the newest checkpoint "
+                console.log(f"{bad} is damaged ({reason}): renamed {aside.name}; resuming from the newest checkpoint "
                     f"that loads, {path}")
     else:
         path = Path(resume)
@@ -337,6 +337,39 @@ def choose_resume(output_dir: Path, resume: str, cfg: Config, is_main: bool = Tr
         raise UsageError(f"cannot resume from {path}: {'; '.join(diffs)}; to start fresh, set output_dir to a new "
                          f"folder (or remove {checkpoints_dir(output_dir)})")
     return path
+
+
+class Checkpointer:
+    """Decides when to save and writes the run's checkpoints: step-NNNNNNN every
+    checkpoint.save_every steps, at the run's last step and when the run is asked to stop;
+    `best` whenever the held-out MLM loss is the lowest so far. Every process calls `save` at
+    the same steps (FSDP gathers the weights collectively); only rank 0 writes."""
+
+    def __init__(self, cfg: Config, is_main: bool, tokenizer_files: list[Path], resumed_from: Path | None) -> None:
+        self.cfg, self.is_main, self.tokenizer_files = cfg, is_main, tokenizer_files
+        self.output_dir = Path(cfg.output_dir)
+        self.best = best_eval_loss(self.output_dir)  # the held-out MLM loss of checkpoints/best
+        self.last_saved: Path | None = resumed_from  # the newest complete checkpoint of the run
+
+    def due(self, step: int, last_step: int) -> bool:
+        return step % self.cfg.checkpoint.save_every == 0 or step == last_step
+
+    def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+             state: dict[str, Any], periodic: bool) -> None:
+        """Save step `step` (`periodic`: a step checkpoint is due) and `best` if `state` holds held-out
+        metrics better than the best so far."""
+        loss = state.get("eval_metrics", {}).get("mlm_loss")
+        new_best = loss is not None and (self.best is None or loss < self.best)
+        if not (periodic or new_best):
+            return
+        gathered = gather(model, optimizer)  # every process: FSDP gathers
+        keep = self.cfg.checkpoint.keep_last
+        if new_best:
+            self.best = loss
+            if self.is_main:
+                save(self.output_dir, step, gathered, scaler, self.cfg, state, keep, self.tokenizer_files, name=BEST)
+        if periodic and self.is_main:
+            self.last_saved = save(self.output_dir, step, gathered, scaler, self.cfg, state, keep, self.tokenizer_files)
 
 
 class OutputLock:

@@ -25,6 +25,7 @@ except ImportError:  # older Typer uses the click package
     import click
 
 from bertcli import __version__
+from bertcli.console import error as err
 from bertcli.errors import BertcliError, Interrupted, PipeClosed, UsageError
 
 app = typer.Typer(
@@ -42,10 +43,6 @@ class Preset(str, Enum):
     small = "small"
     base = "base"
     large = "large"
-
-
-def err(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 def out(text: str) -> None:
@@ -136,13 +133,13 @@ def prepare(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
 ) -> None:
     """Train the tokenizer and write token shards for the config's corpus (pretrain does this when needed)."""
-    from bertcli.config_load import load_config
     from bertcli.data.prepare import prepare as run
+    from bertcli.resolve import load_run
 
-    cfg = load_config(config, overrides)
+    cfg = load_run(config, overrides)
     if cfg.data.corpus == "synthetic":
         raise UsageError("data.corpus is synthetic: there is nothing to prepare")
-    folder = run(cfg, config, quiet=quiet, force=force)
+    folder = run(cfg, quiet=quiet, force=force)
     again = [a for o in overrides for a in ("--set", o)]  # the same data: the same overrides
     err(f"next: {command_line('inspect', folder)}   or   {command_line('pretrain', '--config', config, *again)}")
 
@@ -160,20 +157,22 @@ def pretrain(
     stop_at: Optional[int] = typer.Option(None, "--stop-at", min=1, help="Stop after this step with a checkpoint (the schedule still follows train.max_steps); rerun to continue."),
 ) -> None:
     """Pretrain BERT (MLM + NSP) as the config says, resuming from the newest checkpoint."""
-    from bertcli.config_load import load_config, resolve_output_dir
+    from bertcli.resolve import load_run
     from bertcli.trainer import pretrain as run
 
     if device is not None and not DEVICE.match(device):
         raise UsageError(f"--device {device!r}: expected auto, cpu, cuda or cuda:N")
-    cfg = load_config(config, overrides + ([f"train.device={device}"] if device else []))
-    result = run(cfg, config, resume=resume, quiet=quiet, stop_at=stop_at)
+    if resume not in ("auto", "never") and not Path(resume).exists():
+        raise UsageError(f"--resume {resume}: no such checkpoint folder")
+    cfg = load_run(config, overrides + ([f"train.device={device}"] if device else []))
+    result = run(cfg, resume=resume, quiet=quiet, stop_at=stop_at)
     if not result["is_main"]:
         return  # under torchrun, rank 0 reports for everyone
     metrics = result["metrics"]
     shown = ", ".join(f"{k} {metrics[k]:.4g}" for k in ("mlm_loss", "mlm_acc", "nsp_acc") if k in metrics)
     err(f"done: step {result['step']:,}, {result['tokens_seen']:,} tokens seen{'; ' + shown if shown else ''}")
     err(f"checkpoint: {result['checkpoint']}")
-    err(f"next: {command_line('inspect', resolve_output_dir(cfg, config))}")
+    err(f"next: {command_line('inspect', Path(cfg.output_dir))}")
 
 
 @app.command("inspect")

@@ -58,19 +58,6 @@ def model_config_from_dict(raw: dict[str, Any], source: str) -> ModelConfig:
     return _build_checked(ModelConfig, raw, "model", {"": source})
 
 
-def resolve_output_dir(cfg: Config, config_path: Path | None) -> Path:
-    """output_dir, relative to the config file's folder."""
-    out = Path(cfg.output_dir).expanduser()
-    if not out.is_absolute():
-        base = config_path.resolve().parent if config_path else Path.cwd()
-        out = base / out
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
-# Reading YAML strictly
-
-
 def read_yaml(path: Path) -> dict[str, Any]:
     """Read a YAML mapping, turning every way it can fail into one UsageError line."""
     try:

@@ -1,5 +1,7 @@
-"""Where metrics go: output_dir/metrics.jsonl (one JSON object per log step), TensorBoard,
-and a progress line on stderr (a tqdm bar on a terminal, one plain line per log step otherwise).
+"""Training metrics: what a batch's loss reports (`LossStats`), the running sums between two log
+steps (`MetricsWindow`, which owns tokens/s and MFU), and where they go (`MetricsLogger`:
+output_dir/metrics.jsonl, one JSON object per log step, TensorBoard, and a progress line on
+stderr: a tqdm bar on a terminal, one plain line per log step otherwise).
 """
 
 from __future__ import annotations
@@ -7,17 +9,87 @@ from __future__ import annotations
 import json
 import math
 import sys
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+import torch
 from tqdm import tqdm
 
-from bertcli import atomic
+from bertcli import atomic, console
+from bertcli.config import ModelConfig
+from bertcli.model import flops_per_token
 
 
-def log(message: str) -> None:
-    """A line for the user on stderr (stdout is for data)."""
-    print(message, file=sys.stderr, flush=True)
+class LossStats(NamedTuple):
+    """What one batch's loss reports: 0-d tensors on the device (floats once summed and read)."""
+
+    loss: Any  # mlm_weight * mlm_loss + nsp_weight * nsp_loss, this batch's means
+    mlm_loss: Any  # mean over the batch's real predictions
+    nsp_loss: Any  # mean over the batch's NSP rows (0 without sentence pairs)
+    mlm_correct: Any  # predictions right
+    mlm_count: Any  # real predictions
+    nsp_correct: Any  # NSP rows right
+    nsp_count: Any  # NSP rows
+
+
+class MetricsWindow:
+    """The running figures between two log steps. Sums stay on the device (no host sync) until
+    `read`, the one sync point, which averages them over the window's applied steps, adds
+    tokens/s, model TFLOP/s and MFU, and starts the next window."""
+
+    def __init__(self, device: torch.device, step: int, micro_batches_per_step: int, batch_size: int,
+                 model: ModelConfig, nsp: bool, peak_tflops: float | None) -> None:
+        self.device, self.micro_per_step, self.batch_size = device, micro_batches_per_step, batch_size
+        self.model, self.nsp, self.peak = model, nsp, peak_tflops
+        self.sums = torch.zeros(len(LossStats._fields), device=device)  # LossStats summed over micro-batches
+        self.skipped = torch.zeros((), device=device)  # steps skipped (non-finite) in this window
+        self.tokens = 0  # this process's non-padding tokens in this window
+        self.tokens_since_start = 0  # and since this process started (saved, summed over processes)
+        self.start_s, self.start_step = time.perf_counter(), step
+
+    def add_tokens(self, count: int) -> None:
+        self.tokens += count
+        self.tokens_since_start += count
+
+    def add_step(self, step_sums: torch.Tensor, finite: torch.Tensor) -> None:
+        """One optimizer step's summed LossStats (stacked); a skipped step adds nothing but its count."""
+        self.sums += torch.where(finite, step_sums, 0.0)
+        self.skipped += (~finite).float()
+
+    def exclude(self, seconds: float) -> None:
+        """Keep time spent on something else (evaluation) out of tokens/s."""
+        self.start_s += seconds
+
+    def read(self, step: int, rt: Any, lr: float, grad_norm: torch.Tensor) -> dict[str, float]:
+        """The window's metrics, summed over processes (a collective: every process calls it)."""
+        tokens = float(rt.all_reduce_sum(torch.tensor([self.tokens], dtype=torch.float64, device=self.device))[0])
+        rt.all_reduce_sum(self.sums)
+        elapsed = time.perf_counter() - self.start_s
+        micro_batches = (step - self.start_step) * self.micro_per_step * rt.world_size
+        s = LossStats(*self.sums.tolist())  # the sync point
+        skipped = int(self.skipped)
+        applied = (micro_batches - skipped * self.micro_per_step * rt.world_size) or math.nan  # NaN: all skipped
+        metrics = {"loss": s.loss / applied, "mlm_loss": s.mlm_loss / applied,
+                   "mlm_acc": s.mlm_correct / max(s.mlm_count, 1.0)}
+        if self.nsp:
+            metrics.update(nsp_loss=s.nsp_loss / applied, nsp_acc=s.nsp_correct / max(s.nsp_count, 1.0))
+        tokens_per_s = tokens / max(elapsed, 1e-9)
+        metrics.update(lr=lr, grad_norm=float(grad_norm), skipped_steps=skipped, tokens_per_s=tokens_per_s)
+        if skipped:
+            console.log(f"step {step}: skipped {skipped} step(s) of the last {step - self.start_step}: "
+                        "loss or gradients NaN or inf")
+        # Model FLOPs at the measured mean sequence length and share of tokens predicted.
+        flops = flops_per_token(self.model, tokens / (micro_batches * self.batch_size), s.mlm_count / max(tokens, 1.0))
+        metrics["model_tflops"] = tokens_per_s * flops / 1e12
+        if self.peak:
+            metrics["mfu"] = metrics["model_tflops"] / (self.peak * rt.world_size)
+        if self.device.type == "cuda":
+            metrics["peak_mem_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+        self.sums.zero_()
+        self.skipped.zero_()
+        self.tokens, self.start_s, self.start_step = 0, time.perf_counter(), step
+        return metrics
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
@@ -42,6 +114,8 @@ def _short(value: float) -> str:
 
 
 class MetricsLogger:
+    """Where the metrics of rank 0 go: metrics.jsonl, TensorBoard, the progress bar or line."""
+
     def __init__(self, output_dir: Path, start_step: int, max_steps: int, tensorboard: bool, quiet: bool) -> None:
         self.jsonl_path = Path(output_dir) / "metrics.jsonl"
         # After a resume, drop what a crashed run logged past the checkpoint: those steps are redone.
@@ -86,7 +160,7 @@ class MetricsLogger:
         elif not self.quiet:
             fields = " | ".join(f"{k} {v}" for k, v in summary.items())
             prefix = "step" if split == "train" else f"{split} at step"
-            print(f"{prefix} {step}/{self.max_steps} | {fields}", file=sys.stderr, flush=True)
+            console.log(f"{prefix} {step}/{self.max_steps} | {fields}")
 
     def close(self) -> None:
         if self.bar is not None:

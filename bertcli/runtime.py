@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from bertcli import console
 from bertcli.config import ModelConfig, PrecisionConfig
 from bertcli.errors import UsageError
 from bertcli.model import BertForPreTraining, padded_vocab_size
@@ -113,6 +114,7 @@ def setup(device: str, precision: PrecisionConfig) -> Runtime:
         torch.backends.cudnn.allow_tf32 = precision.allow_tf32
     if world_size > 1 and not dist.is_initialized():
         dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
+    console.speak(rank == 0)  # one process speaks for the job
     return Runtime(device=dev, precision=resolve_precision(precision.mode, dev), rank=rank, world_size=world_size)
 
 

@@ -14,11 +14,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from bertcli import checkpoint, hf
+from bertcli import checkpoint, hf, resolve
 from bertcli.config import Config, DataConfig, ModelConfig, TokenizerConfig
-from bertcli.config_load import load_config, resolve_output_dir
 from bertcli.data.examples import ExampleBuilder
-from bertcli.data.prepare import MANIFEST, load_prepared, prepared_dir
+from bertcli.data.prepare import MANIFEST, load_prepared
 from bertcli.data.tokenizer import describe, find_tokenizer_file, load_tokenizer, read_tokenizer_json, tokenizer_identity
 from bertcli.errors import UsageError
 from bertcli.metrics import read_metrics
@@ -105,14 +104,14 @@ def inspect_path(path: Path) -> dict[str, Any]:
     if not checkpoint.is_checkpoint(path) and (hf.is_hf_folder(path) or read_sentence_model(path) is not None):
         return folder_report(path)
     if path.is_file():
-        kind, cfg = "config", load_config(path)
+        kind, cfg = "config", resolve.load_run(path, adopt_init_from=False)
     elif checkpoint.is_checkpoint(path):
         kind, cfg = "checkpoint", checkpoint.read_config(path)
         training = _training(path.parent.parent, cfg, only=path)
     elif (path / "config.yaml").is_file():
-        kind, cfg = "run", load_config(path / "config.yaml")
-        training = _training(resolve_output_dir(cfg, path / "config.yaml"), cfg)
-        manifest = prepared_dir(cfg, path / "config.yaml") / MANIFEST
+        kind, cfg = "run", resolve.load_run(path / "config.yaml", adopt_init_from=False)
+        training = _training(Path(cfg.output_dir), cfg)
+        manifest = Path(cfg.data.prepared_dir) / MANIFEST
         if manifest.is_file():  # next to the run's own tokenizer: they must be the same to resume
             identity = json.loads(manifest.read_text())["tokenizer"].get("identity")
             training["prepared_data_tokenizer"] = identity[:12] if identity else None
@@ -123,7 +122,7 @@ def inspect_path(path: Path) -> dict[str, Any]:
     else:
         raise UsageError(f"{path}: not a config file, a run folder (with config.yaml), a checkpoint folder "
                          f"(with {', '.join(checkpoint.FILES)}) or a Hugging Face folder (with config.json)")
-    cfg, vocab_note = _with_vocab(cfg, path if path.is_file() else path / "config.yaml")
+    cfg, vocab_note = _with_vocab(cfg)
     report: dict[str, Any] = {"kind": kind, "path": str(path), "architecture": architecture(cfg),
                               "parameters": parameter_counts(cfg.model), "flops": flops(cfg)}
     if vocab_note:
@@ -169,17 +168,17 @@ def folder_report(path: Path) -> dict[str, Any]:
     return report
 
 
-def _with_vocab(cfg: Config, config_path: Path) -> tuple[Config, str | None]:
-    """A config whose vocab_size is null gets the prepared tokenizer's size, or else the size
-    the tokenizer will be trained to (said in a note)."""
+def _with_vocab(cfg: Config) -> tuple[Config, str | None]:
+    """A resolved config whose vocab_size is null gets the prepared tokenizer's size, or else the
+    size the tokenizer will be trained to (said in a note)."""
     if cfg.model.vocab_size is not None:
         return cfg, None
-    manifest = prepared_dir(cfg, config_path) / MANIFEST
+    manifest = Path(cfg.data.prepared_dir) / MANIFEST
     if manifest.is_file():
         size, note = json.loads(manifest.read_text())["tokenizer"]["vocab_size"], f"from the tokenizer in {manifest.parent}"
     else:
         size, note = cfg.data.tokenizer.vocab_size, "data.tokenizer.vocab_size (not prepared yet: the trained size may be smaller)"
-    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=size)), note
+    return resolve.with_vocab(cfg, size, note), note
 
 
 def data_report(folder: Path, examples: int = 512) -> dict[str, Any]:
@@ -187,7 +186,7 @@ def data_report(folder: Path, examples: int = 512) -> dict[str, Any]:
     prepared = load_prepared(folder)
     m = prepared.manifest
     try:  # the run config that owns this folder gives the sequence length and masking settings
-        cfg = load_config(folder.parent / "config.yaml")
+        cfg = resolve.load_run(folder.parent / "config.yaml", adopt_init_from=False)
     except UsageError:
         cfg = Config()
     train = prepared.corpus("train")

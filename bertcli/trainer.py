@@ -1,20 +1,25 @@
-"""The pretraining loop.
+"""The pretraining loop, in named pieces (as torchtitan's and litgpt's):
 
-One function, `pretrain`, reads top to bottom: set up, maybe resume, then for each step
-build the step's examples (a pure function of seed and step), run forward/backward over the
-micro-batches, clip, step the optimizer; every `log_every` steps log, every `save_every`
-steps save. A step whose gradients are not finite is skipped and counted; too many in a row
-stop the run. The only host-device syncs are at log, evaluation and save steps.
+    pretrain(cfg)         runtime, output lock and signals around the two below
+      build_run(...)      data, model, optimizer, resume: a `Run`, built once
+      fit(run, ...)       the loop: per step train_step, then log / evaluate / save when due
+        train_step(...)   the micro-batches' forward and backward, clip, a guarded optimizer step
+
+`cfg` arrives resolved (resolve.py). A step's examples and dropout are a pure function of (seed,
+step), so resuming is exact. A step whose gradients are not finite is skipped (`NonFiniteGuard`);
+the running sums live on the device (`metrics.MetricsWindow`) and the `checkpoint.Checkpointer`
+decides when to save: the only host-device syncs are at log, evaluation and save steps.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import signal
 import threading
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -23,20 +28,20 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from bertcli import __version__, atomic, checkpoint, hf, runtime
+from bertcli import __version__, atomic, checkpoint, hf, resolve, runtime
 from bertcli.config import Config, TrainConfig, to_dict
-from bertcli.config_load import resolve_output_dir
-from bertcli.data import Corpus, load_data
+from bertcli.console import log
+from bertcli.data import Corpus, Dataset, load_data
 from bertcli.data.examples import IGNORE, Batch, ExampleBuilder, StepBatches
-from bertcli.errors import Interrupted, RunError, UsageError
-from bertcli.metrics import MetricsLogger, log
-from bertcli.model import BertForPreTraining, PretrainingOutput, flops_per_token
+from bertcli.errors import Interrupted, RunError
+from bertcli.metrics import LossStats, MetricsLogger, MetricsWindow
+from bertcli.model import BertForPreTraining, PretrainingOutput
 from bertcli.optim import build_optimizer, lr_at, step_if_finite
 
 
 class Losses(NamedTuple):
     total: torch.Tensor  # () what backward() sees
-    stats: torch.Tensor  # (7,) detached: total, mlm, nsp, mlm correct, mlm count, nsp correct, nsp count
+    stats: LossStats  # detached, this batch's own figures
 
 
 def pretraining_loss(out: PretrainingOutput, batch: Batch, mlm_weight: float, nsp_weight: float,
@@ -69,13 +74,12 @@ def pretraining_loss(out: PretrainingOutput, batch: Batch, mlm_weight: float, ns
     else:
         counts = step_counts.clamp(min=1)
         total = mlm_weight * (mlm_sum * world_size / counts[0]) + nsp_weight * (nsp_sum * world_size / counts[1])
-    with torch.no_grad():
-        stats = torch.stack([
-            mlm_weight * mlm.detach() + nsp_weight * nsp_loss.detach(), mlm.detach(), nsp_loss.detach(),
-            ((mlm_logits.argmax(-1) == labels) & real).sum().float(), real.sum().float(),
-            ((nsp_logits.argmax(-1) == batch.nsp_labels) & nsp_rows).sum().float(),
-            nsp_rows.sum().float(),  # counted on the device: no host copy
-        ])
+    with torch.no_grad():  # counted on the device: no host copy
+        stats = LossStats(
+            loss=mlm_weight * mlm.detach() + nsp_weight * nsp_loss.detach(), mlm_loss=mlm.detach(),
+            nsp_loss=nsp_loss.detach(), mlm_correct=((mlm_logits.argmax(-1) == labels) & real).sum().float(),
+            mlm_count=real.sum().float(), nsp_correct=((nsp_logits.argmax(-1) == batch.nsp_labels) & nsp_rows).sum().float(),
+            nsp_count=nsp_rows.sum().float())
     return Losses(total, stats)
 
 
@@ -83,17 +87,6 @@ def step_counts(batches: list[Batch]) -> torch.Tensor:
     """(2,) float: real MLM predictions and NSP rows in `batches`, counted where they are (no sync)."""
     return torch.stack([torch.stack([(b.mlm_labels != IGNORE).sum(), (b.nsp_labels != IGNORE).sum()])
                         for b in batches]).sum(0).float()
-
-
-def metrics_from(stats: list[float], micro_steps: float, nsp: bool) -> dict[str, float]:
-    """Averages from summed Losses.stats: losses per micro-batch, accuracies per prediction
-    (NaN when every step of the window was skipped)."""
-    micro_steps = micro_steps or math.nan
-    metrics = {"loss": stats[0] / micro_steps, "mlm_loss": stats[1] / micro_steps,
-               "mlm_acc": stats[3] / max(stats[4], 1.0)}
-    if nsp:
-        metrics.update(nsp_loss=stats[2] / micro_steps, nsp_acc=stats[5] / max(stats[6], 1.0))
-    return metrics
 
 
 @torch.no_grad()
@@ -108,7 +101,7 @@ def evaluate(model: BertForPreTraining, batches: list[Batch], rt: runtime.Runtim
         with rt.autocast():
             out = model(batch.input_ids, batch.token_type_ids, batch.valid_lens, batch.pred_positions)
         s = pretraining_loss(out, batch, tc.mlm_weight, tc.nsp_weight, nsp).stats
-        sums += torch.stack([s[1] * s[4], s[3], s[4], s[2] * s[6], s[5]])
+        sums += torch.stack([s.mlm_loss * s.mlm_count, s.mlm_correct, s.mlm_count, s.nsp_loss * s.nsp_count, s.nsp_correct])
         rows += len(batch.nsp_labels)
     model.train()
     if rt.distributed:  # every process evaluated the same batches: averaging makes their figures, and so the
@@ -132,26 +125,16 @@ def most_frequent_token_accuracy(train: Corpus, batches: list[Batch]) -> float:
     return float((labels == top).float().mean())
 
 
-def resolve_vocab(cfg: Config, vocab_size: int, source: str) -> Config:
-    """model.vocab_size from the tokenizer (null), or checked against it."""
-    if cfg.model.vocab_size is None:
-        return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab_size))
-    if cfg.model.vocab_size != vocab_size:
-        raise UsageError(f"model.vocab_size={cfg.model.vocab_size} but the tokenizer of {source} has {vocab_size:,} "
-                         "tokens; set model.vocab_size: null to take the size from the tokenizer")
-    return cfg
-
-
-def pretrain(cfg: Config, config_path: Path | None = None, resume: str = "auto", quiet: bool = False,
-             stop_at: int | None = None) -> dict[str, Any]:
-    """Train per `cfg` (until step `stop_at` if given: the schedule still follows max_steps);
-    return the last logged metrics plus where the final checkpoint is."""
-    output_dir = resolve_output_dir(cfg, config_path)
+def pretrain(cfg: Config, resume: str = "auto", quiet: bool = False, stop_at: int | None = None) -> dict[str, Any]:
+    """Train per resolved config `cfg` (until step `stop_at` if given: the schedule still follows
+    max_steps); return the last logged metrics plus where the final checkpoint is."""
     rt = runtime.setup(cfg.train.device, cfg.precision)
     try:
         # Rank 0 locks output_dir for the whole run: a second pretrain on it refuses to start.
-        with checkpoint.OutputLock(output_dir) if rt.is_main else contextlib.nullcontext(), StopOnSignal() as stopper:
-            return _pretrain(cfg, config_path, resume, quiet, stop_at, output_dir, rt, stopper)
+        lock = checkpoint.OutputLock(Path(cfg.output_dir)) if rt.is_main else contextlib.nullcontext()
+        with lock, StopOnSignal() as stopper:
+            run = build_run(cfg, rt, resume, quiet)
+            return fit(run, min(cfg.train.max_steps, stop_at or cfg.train.max_steps), stopper, quiet)
     finally:
         rt.close()
 
@@ -180,210 +163,240 @@ class StopOnSignal:
         for signum, handler in self.previous.items():
             signal.signal(signum, handler)
 
+    def requested(self, rt: runtime.Runtime, at_log: bool) -> bool:
+        """Whether to stop after this step. Alone, a host flag (no sync); under torchrun the
+        processes agree on it at log steps, where they sync anyway."""
+        if not rt.distributed:
+            return self.signum is not None
+        if not at_log:
+            return False
+        flag = torch.tensor([float(self.signum or 0)], device=rt.device)
+        return float(rt.all_reduce_sum(flag)[0]) > 0
 
-def _pretrain(cfg: Config, config_path: Path | None, resume: str, quiet: bool, stop_at: int | None,
-              output_dir: Path, rt: runtime.Runtime, stopper: StopOnSignal) -> dict[str, Any]:
-    log_ = log if rt.is_main else (lambda message: None)  # only rank 0 speaks
+
+@dataclass
+class Run:
+    """Everything `fit` trains with, built once by `build_run`."""
+
+    cfg: Config  # resolved, model.vocab_size included
+    rt: runtime.Runtime
+    data: Dataset
+    model: BertForPreTraining  # the weights (on the CPU until parallelize moved or sharded them)
+    train_model: torch.nn.Module  # what the step calls: the model, wrapped (DDP, FSDP) or compiled
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    eval_batches: list[Batch]  # the fixed held-out set (empty: no evaluation)
+    baseline_acc: float  # held-out MLM accuracy of always predicting the most frequent token
+    unpad: bool  # the encoder runs on the real tokens only (runtime.unpadded)
+    step: int = 0  # optimizer steps done (the resumed checkpoint's)
+    resumed_from: Path | None = None
+    tokens_seen: int = 0  # non-padding tokens trained on before this process started
+    train_time_s: float = 0.0  # training time before this process started
+
+
+def build_run(cfg: Config, rt: runtime.Runtime, resume: str, quiet: bool) -> Run:
+    """Data (prepared by rank 0 when needed), model, optimizer and the checkpoint to resume from."""
+    output_dir = Path(cfg.output_dir)
     if rt.is_main:
         atomic.clean_leftovers(checkpoint.checkpoints_dir(output_dir))  # what a killed run was writing
         checkpoint.check_replaceable(output_dir, cfg.train.max_steps)  # refused now, not at a save hours later
-    if resume not in ("auto", "never") and not Path(resume).exists():
-        raise UsageError(f"--resume {resume}: no such checkpoint folder")
-    init_path = None
-    if cfg.model.init_from:
-        init_path = Path(cfg.model.init_from).expanduser()
-        if not init_path.is_absolute() and config_path is not None:
-            init_path = config_path.resolve().parent / init_path
-        cfg = hf.adopt_imported(cfg, init_path)  # the architecture (and tokenizer) of the imported model
-    checked = cfg.model.vocab_size is not None
-    if checked:  # before the data too: a synthetic corpus is as large as the vocabulary
+    sized = cfg.model.vocab_size is not None
+    if sized:  # before the data too: a synthetic corpus is as large as the vocabulary
         runtime.check_memory(cfg.model, rt, cfg.train.parallel)
-    if rt.is_main:
-        data = load_data(cfg, config_path, quiet)  # prepares text corpora first when needed (cached)
-    rt.barrier()
-    if not rt.is_main:
-        data = load_data(cfg, config_path, quiet=True)  # prepared by rank 0 by now
-    cfg = resolve_vocab(cfg, data.vocab_size, cfg.data.corpus)
-    if not checked:  # the size of the vocabulary came from the tokenizer
+    data = _load_data(cfg, rt, quiet)
+    cfg = resolve.with_vocab(cfg, data.vocab_size, cfg.data.corpus)  # the tokenizer exists now
+    if not sized:
         runtime.check_memory(cfg.model, rt, cfg.train.parallel)
-    resume_from = checkpoint.choose_resume(output_dir, resume, cfg, rt.is_main)
-    if resume_from is not None and data.tokenizer_files:
-        checkpoint.check_same_tokenizer(resume_from, data.tokenizer_files[0])
+    resumed_from = checkpoint.choose_resume(output_dir, resume, cfg, rt.is_main)
+    if resumed_from is not None and data.tokenizer_files:
+        checkpoint.check_same_tokenizer(resumed_from, data.tokenizer_files[0])
     processes = f"{rt.world_size} processes ({cfg.train.parallel})" if rt.distributed else "1 process"
-    log_(f"bertcli {__version__}: {rt.describe()}; {processes}; output in {output_dir}")
-    log_("resolved config:\n" + yaml.safe_dump(to_dict(cfg), sort_keys=False).rstrip())
+    log(f"bertcli {__version__}: {rt.describe()}; {processes}; output in {output_dir}")
+    log("resolved config:\n" + yaml.safe_dump(to_dict(cfg), sort_keys=False).rstrip())
     output_dir.mkdir(parents=True, exist_ok=True)
 
-    corpus, nsp = data.train, cfg.data.pairs
     tc = cfg.train
-    builder = ExampleBuilder(corpus, cfg.data, tc.batch_size * tc.grad_accum_steps * rt.world_size)
-    eval_batches: list[Batch] = []
-    if data.valid is not None and tc.eval_every > 0:
-        # A fixed held-out set: the same examples and masks at every evaluation.
-        held_out = ExampleBuilder(data.valid, cfg.data, tc.eval_examples)  # one step of the EVAL stream
-        eval_batches = [held_out.batch(tc.seed, 0, range(i, min(i + tc.batch_size, tc.eval_examples)), ExampleBuilder.EVAL)
-                        for i in range(0, tc.eval_examples, tc.batch_size)]
-        baseline = most_frequent_token_accuracy(corpus, eval_batches)
-    torch.manual_seed(cfg.train.seed)
+    eval_batches, baseline = _held_out(cfg, data)
+    torch.manual_seed(tc.seed)
     model = BertForPreTraining(cfg.model)  # on the CPU; with FSDP only each process's shards reach the device
-    step, tokens_seen, start_time_s = 0, 0, 0.0
-    best = checkpoint.best_eval_loss(output_dir)
-    if init_path is not None and resume_from is None:
-        fresh = hf.init_from(model, init_path)
-        log_(f"initialised from {init_path}" + (f"; not in it, so trained from scratch: {', '.join(fresh)}" if fresh else ""))
-    if resume_from is not None:
-        checkpoint.load_weights(model, resume_from)
-    train_model = runtime.parallelize(model, rt, tc.parallel, every_parameter_used=nsp, compile=tc.compile)
+    if cfg.model.init_from and resumed_from is None:
+        fresh = hf.init_from(model, Path(cfg.model.init_from))
+        log(f"initialised from {cfg.model.init_from}" + (f"; not in it, so trained from scratch: {', '.join(fresh)}"
+                                                          if fresh else ""))
+    if resumed_from is not None:
+        checkpoint.load_weights(model, resumed_from)
+    train_model = runtime.parallelize(model, rt, tc.parallel, every_parameter_used=cfg.data.pairs, compile=tc.compile)
     optimizer = build_optimizer(model, cfg.optimizer, fused=rt.device.type == "cuda")
-    scaler = rt.grad_scaler(cfg.precision)
-    if resume_from is not None:
-        step = checkpoint.load_training_state(resume_from, model, optimizer, scaler, rt.device)
-        state = checkpoint.read_trainer_state(resume_from)
-        tokens_seen, start_time_s = int(state.get("tokens_seen", 0)), float(state.get("train_time_s", 0.0))
-        log_(f"resuming from {resume_from} (step {step})")
-    n_params = sum(p.numel() for p in model.parameters())
-    log_(f"model: {n_params:,} parameters; corpus: {corpus.num_documents:,} documents, {corpus.num_tokens:,} tokens")
-
-    B, A, W = tc.batch_size, tc.grad_accum_steps, rt.world_size
-    last_step = min(tc.max_steps, stop_at or tc.max_steps)
-    if resume_from is not None and step >= last_step:  # already there (or past it): nothing to train
-        limit = f"--stop-at {stop_at}" if stop_at is not None and stop_at < tc.max_steps else f"train.max_steps={tc.max_steps}"
-        log_(f"nothing to do: {resume_from} is already at step {step}, at or past {limit}; raise it to train further")
-        return {"step": step, "tokens_seen": tokens_seen, "checkpoint": str(resume_from),
-                "metrics": checkpoint.read_trainer_state(resume_from).get("metrics") or {}, "is_main": rt.is_main}
-    logger = MetricsLogger(output_dir, step, tc.max_steps, cfg.logging.tensorboard, quiet) if rt.is_main else None
-    peak = runtime.peak_tflops(rt.device, cfg.logging.peak_tflops)
-    tokens_since_start = 0  # this process's, summed over processes when saved
-    stats = torch.zeros(7, device=rt.device)  # summed over the applied steps' micro-batches since the last log
-    step_stats = torch.zeros(7, device=rt.device)  # this step's, added to `stats` unless the step is skipped
-    skipped = torch.zeros((), device=rt.device)  # steps skipped (non-finite) since the last log
-    nonfinite_run = torch.zeros((), device=rt.device)  # skipped steps in a row, up to this one
-    window_tokens, window_start, window_step = 0, time.perf_counter(), step
-    start_tokens = tokens_seen
-    run_start, last_metrics, last_saved = time.perf_counter(), {}, None
-    if rt.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(rt.device)
-    pin = rt.device.type == "cuda"
     unpad, why_not = runtime.unpadded(tc.unpad, rt.device, cfg.model.attention_probs_dropout_prob,
                                       tc.batch_size * cfg.data.max_seq_length, rt.precision)
     if why_not:
-        log_(why_not)
-    micro_batches = StepBatches(builder, tc.seed, step, last_step, B, A, rt.rank, W)
+        log(why_not)
+    run = Run(cfg, rt, data, model, train_model, optimizer, rt.grad_scaler(cfg.precision), eval_batches, baseline, unpad)
+    if resumed_from is not None:
+        run.step = checkpoint.load_training_state(resumed_from, model, optimizer, run.scaler, rt.device)
+        state = checkpoint.read_trainer_state(resumed_from)
+        run.tokens_seen, run.train_time_s = int(state.get("tokens_seen", 0)), float(state.get("train_time_s", 0.0))
+        run.resumed_from = resumed_from
+        log(f"resuming from {resumed_from} (step {run.step})")
+    corpus = data.train
+    log(f"model: {sum(p.numel() for p in model.parameters()):,} parameters; corpus: {corpus.num_documents:,} "
+        f"documents, {corpus.num_tokens:,} tokens")
+    return run
+
+
+def _load_data(cfg: Config, rt: runtime.Runtime, quiet: bool) -> Dataset:
+    """The run's data: rank 0 prepares text corpora first when needed (cached), the others then read it."""
+    if rt.is_main:
+        data = load_data(cfg, quiet)
+    rt.barrier()
+    if not rt.is_main:
+        data = load_data(cfg, quiet=True)
+    return data
+
+
+def _held_out(cfg: Config, data: Dataset) -> tuple[list[Batch], float]:
+    """The fixed held-out batches (the same examples and masks at every evaluation) and the
+    most-frequent-token accuracy on them; none without a held-out split or evaluation."""
+    tc = cfg.train
+    if data.valid is None or tc.eval_every == 0:
+        return [], math.nan
+    held_out = ExampleBuilder(data.valid, cfg.data, tc.eval_examples)  # one step of the EVAL stream
+    batches = [held_out.batch(tc.seed, 0, range(i, min(i + tc.batch_size, tc.eval_examples)), ExampleBuilder.EVAL)
+               for i in range(0, tc.eval_examples, tc.batch_size)]
+    return batches, most_frequent_token_accuracy(data.train, batches)
+
+
+class NonFiniteGuard:
+    """Counts the steps skipped in a row for NaN or inf gradients, on the device, and stops the run
+    when there are train.max_nonfinite_steps of them. The count is read where the host syncs
+    anyway (and every step on a CPU, where reading costs nothing)."""
+
+    def __init__(self, limit: int, device: torch.device) -> None:
+        self.limit = limit
+        self.in_a_row = torch.zeros((), device=device)
+
+    def update(self, finite: torch.Tensor) -> None:
+        self.in_a_row = torch.where(finite, 0.0, self.in_a_row + 1)
+
+    def check(self, step: int, last_checkpoint: Path | None) -> None:
+        run = int(self.in_a_row)
+        if run >= self.limit:
+            raise RunError(
+                f"step {step}: the loss or gradients were NaN or inf for {run} steps in a row (steps "
+                f"{step - run + 1}-{step}, skipped), so training stopped; the last checkpoint is "
+                f"{last_checkpoint or 'none yet'}; lower optimizer.lr or raise optimizer.warmup_steps (with fp16, try "
+                "bf16), or raise train.max_nonfinite_steps to skip more")
+
+
+def fit(run: Run, last_step: int, stopper: StopOnSignal, quiet: bool) -> dict[str, Any]:
+    """Train from run.step to `last_step`: log, evaluate and save when due; return the last metrics
+    and the final checkpoint."""
+    cfg, rt, tc, step = run.cfg, run.rt, run.cfg.train, run.step
+    if run.resumed_from is not None and step >= last_step:  # already there (or past it): nothing to train
+        limit = f"--stop-at {last_step}" if last_step < tc.max_steps else f"train.max_steps={tc.max_steps}"
+        log(f"nothing to do: {run.resumed_from} is already at step {step}, at or past {limit}; raise it to train further")
+        return {"step": step, "tokens_seen": run.tokens_seen, "checkpoint": str(run.resumed_from),
+                "metrics": checkpoint.read_trainer_state(run.resumed_from).get("metrics") or {}, "is_main": rt.is_main}
+    checkpointer = checkpoint.Checkpointer(cfg, rt.is_main, run.data.tokenizer_files, run.resumed_from)
+    window = MetricsWindow(rt.device, step, tc.grad_accum_steps, tc.batch_size, cfg.model, cfg.data.pairs,
+                           runtime.peak_tflops(rt.device, cfg.logging.peak_tflops))
+    guard = NonFiniteGuard(tc.max_nonfinite_steps, rt.device)
+    logger = MetricsLogger(Path(cfg.output_dir), step, tc.max_steps, cfg.logging.tensorboard, quiet) if rt.is_main else None
+    metrics: dict[str, float] = {}
+    tokens_seen, run_start = run.tokens_seen, time.perf_counter()
+    if rt.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(rt.device)
+    pin = rt.device.type == "cuda"
+    micro_batches = StepBatches(ExampleBuilder(run.data.train, cfg.data, tc.batch_size * tc.grad_accum_steps * rt.world_size),
+                                tc.seed, step, last_step, tc.batch_size, tc.grad_accum_steps, rt.rank, rt.world_size)
     batches = iter(runtime.loader(micro_batches, runtime.data_workers(rt.device, tc.data_workers), pin))
-    model.train()
+    run.model.train()
     try:
         while step < last_step:
-            runtime.seed_step(tc.seed, step, rt.rank)  # dropout of this step: a function of (seed, step, rank)
-            lr = lr_at(step, cfg.optimizer, tc.max_steps)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            step_batches = []
-            for _ in range(A):
-                batch = next(batches)  # this process's share of one micro-batch of the step (pinned on GPUs)
-                tokens = int(batch.valid_lens.sum())  # non-padding tokens, counted on the host copy: no sync
-                tokens_since_start, window_tokens = tokens_since_start + tokens, window_tokens + tokens
-                step_batches.append(batch.to(rt.device, non_blocking=pin))
-            # The losses are means over the whole step (all micro-batches, all processes): count its
-            # predictions and NSP rows before the first backward (on the device, async under torchrun).
-            denominators = rt.all_reduce_sum(step_counts(step_batches))
-            for micro, batch in enumerate(step_batches):
-                with runtime.gradient_sync(train_model, micro == A - 1):  # reduced on the last micro-batch only
-                    with rt.autocast():
-                        out = train_model(batch.input_ids, batch.token_type_ids, batch.valid_lens, batch.pred_positions,
-                                          batch.packed if unpad else None)
-                    losses = pretraining_loss(out, batch, tc.mlm_weight, tc.nsp_weight, nsp, denominators, W)
-                    scaler.scale(losses.total).backward()
-                step_stats += losses.stats
-            scaler.unscale_(optimizer)  # no-op unless fp16
-            grad_norm = runtime.local(torch.nn.utils.clip_grad_norm_(model.parameters(), tc.max_grad_norm or float("inf")))
-            finite = torch.isfinite(grad_norm)  # a NaN or inf loss makes the norm non-finite too
-            step_if_finite(optimizer, scaler, finite)  # a skipped step changes nothing
-            scaler.update()
-            optimizer.zero_grad(set_to_none=True)
-            # On the device, no sync: a skipped step adds nothing to the averages and extends the run.
-            stats += torch.where(finite, step_stats, 0.0)
-            step_stats.zero_()
-            skipped += (~finite).float()
-            nonfinite_run = torch.where(finite, 0.0, nonfinite_run + 1)
+            lr, grad_norm = train_step(run, step, batches, window, guard)
             step += 1
             if logger:
                 logger.advance()
-
             # Every process reaches the blocks below at the same steps: their collectives match.
             at_log = step % cfg.logging.log_every == 0 or step == last_step
-            saving = step % cfg.checkpoint.save_every == 0 or step == last_step
-            evaluating = bool(eval_batches) and (step % tc.eval_every == 0 or step == last_step)
-            # The run of skipped steps is read where the host syncs anyway (every step on a CPU,
-            # where reading costs nothing); every process holds the same gradient norm.
+            saving = checkpointer.due(step, last_step)
+            evaluating = bool(run.eval_batches) and (step % tc.eval_every == 0 or step == last_step)
             if at_log or saving or evaluating or rt.device.type == "cpu":
-                run = int(nonfinite_run)
-                if run >= tc.max_nonfinite_steps:
-                    last_good = last_saved or resume_from
-                    raise RunError(
-                        f"step {step}: the loss or gradients were NaN or inf for {run} steps in a row (steps "
-                        f"{step - run + 1}-{step}, skipped), so training stopped; the last checkpoint is "
-                        f"{last_good or 'none yet'}; lower optimizer.lr or raise optimizer.warmup_steps (with fp16, try "
-                        "bf16), or raise train.max_nonfinite_steps to skip more")
-            stop_now = stopper.signum is not None and not rt.distributed  # a host flag: no device sync
-            if rt.distributed and at_log:  # the processes agree on stopping where they sync anyway
-                flag = torch.tensor([float(stopper.signum or 0)], device=rt.device)
-                stop_now = float(rt.all_reduce_sum(flag)[0]) > 0
+                guard.check(step, checkpointer.last_saved)
+            stop_now = stopper.requested(rt, at_log)
             if at_log:
-                counts = rt.all_reduce_sum(torch.tensor([window_tokens], dtype=torch.float64, device=rt.device))
-                rt.all_reduce_sum(stats)
-                elapsed = time.perf_counter() - window_start
-                micro_steps = (step - window_step) * A * W
-                s_ = stats.tolist()  # the sync point
-                n_skipped = int(skipped)
-                last_metrics = metrics_from(s_, micro_steps - n_skipped * A * W, nsp)
-                tokens_per_s = float(counts[0]) / max(elapsed, 1e-9)
-                last_metrics.update(lr=lr, grad_norm=float(grad_norm), skipped_steps=n_skipped, tokens_per_s=tokens_per_s)
-                if n_skipped:
-                    log_(f"step {step}: skipped {n_skipped} step(s) of the last {step - window_step}: "
-                         "loss or gradients NaN or inf")
-                # Model FLOPs at the measured mean sequence length and share of tokens predicted.
-                flops = flops_per_token(cfg.model, float(counts[0]) / (micro_steps * B), s_[4] / max(float(counts[0]), 1.0))
-                last_metrics["model_tflops"] = tokens_per_s * flops / 1e12
-                if peak:
-                    last_metrics["mfu"] = last_metrics["model_tflops"] / (peak * W)
-                if rt.device.type == "cuda":
-                    last_metrics["peak_mem_gib"] = torch.cuda.max_memory_allocated(rt.device) / 2**30
+                metrics = window.read(step, rt, lr, grad_norm)
                 if logger:
-                    logger.log(step, last_metrics)
-                stats.zero_()
-                skipped.zero_()
-                window_tokens, window_start, window_step = 0, time.perf_counter(), step
-
-            saving = saving or stop_now
-            if not (saving or evaluating):
-                continue
-            seen = rt.all_reduce_sum(torch.tensor([tokens_since_start], dtype=torch.float64, device=rt.device))
-            tokens_seen = start_tokens + int(seen[0])
-            state = {"tokens_seen": tokens_seen, "train_time_s": start_time_s + time.perf_counter() - run_start,
-                     "metrics": last_metrics}
-            if evaluating:
-                eval_start = time.perf_counter()
-                state["eval_metrics"] = {**evaluate(model, eval_batches, rt, tc, nsp), "mlm_acc_baseline": baseline}
-                if logger:
-                    logger.log(step, state["eval_metrics"], split="eval")
-                window_start += time.perf_counter() - eval_start  # keep evaluation out of tokens/s
-            new_best = evaluating and (best is None or state["eval_metrics"]["mlm_loss"] < best)
-            gathered = checkpoint.gather(model, optimizer) if saving or new_best else None  # every process: FSDP gathers
-            if new_best:
-                best = state["eval_metrics"]["mlm_loss"]
-                if rt.is_main:
-                    checkpoint.save(output_dir, step, gathered, scaler, cfg, state, cfg.checkpoint.keep_last,
-                                    data.tokenizer_files, name=checkpoint.BEST)
-            if saving and rt.is_main:
-                last_saved = checkpoint.save(output_dir, step, gathered, scaler, cfg, state, cfg.checkpoint.keep_last,
-                                             data.tokenizer_files)
+                    logger.log(step, metrics)
+            if saving or evaluating or stop_now:
+                state = _trainer_state(run, window, metrics, run_start)
+                tokens_seen = state["tokens_seen"]
+                if evaluating:
+                    state["eval_metrics"] = _evaluate(run, step, window, logger)
+                checkpointer.save(step, run.model, run.optimizer, run.scaler, state, periodic=saving or stop_now)
             if stop_now:
-                signum = stopper.signum or signal.SIGTERM
-                raise Interrupted(f"stopped by {signal.Signals(signum).name} at step {step}; checkpoint {last_saved}; "
-                                  "run the same command again to resume", signum)
+                name = signal.Signals(stopper.signum or signal.SIGTERM).name
+                raise Interrupted(f"stopped by {name} at step {step}; checkpoint {checkpointer.last_saved}; "
+                                  "run the same command again to resume", stopper.signum or signal.SIGTERM)
     finally:
         del batches  # stops the worker processes
         if logger:
             logger.close()
-    return {"step": step, "tokens_seen": tokens_seen, "checkpoint": str(last_saved), "metrics": last_metrics,
+    return {"step": step, "tokens_seen": tokens_seen, "checkpoint": str(checkpointer.last_saved), "metrics": metrics,
             "is_main": rt.is_main}
+
+
+def train_step(run: Run, step: int, batches: Iterator[Batch], window: MetricsWindow,
+               guard: NonFiniteGuard) -> tuple[float, torch.Tensor]:
+    """Optimizer step `step`: forward and backward over its micro-batches, clip, and step unless
+    the gradients are not finite. Returns the learning rate and the gradient norm (on the device)."""
+    cfg, rt, tc = run.cfg, run.rt, run.cfg.train
+    runtime.seed_step(tc.seed, step, rt.rank)  # dropout of this step: a function of (seed, step, rank)
+    lr = lr_at(step, cfg.optimizer, tc.max_steps)
+    for group in run.optimizer.param_groups:
+        group["lr"] = lr
+    step_batches = []
+    for _ in range(tc.grad_accum_steps):
+        batch = next(batches)  # this process's share of one micro-batch of the step (pinned on GPUs)
+        window.add_tokens(int(batch.valid_lens.sum()))  # non-padding tokens, counted on the host copy: no sync
+        step_batches.append(batch.to(rt.device, non_blocking=rt.device.type == "cuda"))
+    # The losses are means over the whole step (all micro-batches, all processes): count its
+    # predictions and NSP rows before the first backward (on the device, async under torchrun).
+    denominators = rt.all_reduce_sum(step_counts(step_batches))
+    step_sums = torch.zeros(len(LossStats._fields), device=rt.device)
+    for micro, batch in enumerate(step_batches):
+        with runtime.gradient_sync(run.train_model, micro == tc.grad_accum_steps - 1):  # reduced on the last only
+            with rt.autocast():
+                out = run.train_model(batch.input_ids, batch.token_type_ids, batch.valid_lens, batch.pred_positions,
+                                      batch.packed if run.unpad else None)
+            losses = pretraining_loss(out, batch, tc.mlm_weight, tc.nsp_weight, cfg.data.pairs, denominators,
+                                      rt.world_size)
+            run.scaler.scale(losses.total).backward()
+        step_sums += torch.stack(losses.stats)
+    run.scaler.unscale_(run.optimizer)  # no-op unless fp16
+    grad_norm = runtime.local(torch.nn.utils.clip_grad_norm_(run.model.parameters(), tc.max_grad_norm or float("inf")))
+    finite = torch.isfinite(grad_norm)  # a NaN or inf loss makes the norm non-finite too
+    step_if_finite(run.optimizer, run.scaler, finite)  # a skipped step changes nothing
+    run.scaler.update()
+    run.optimizer.zero_grad(set_to_none=True)
+    window.add_step(step_sums, finite)  # on the device, no sync: a skipped step adds nothing to the averages
+    guard.update(finite)
+    return lr, grad_norm
+
+
+def _trainer_state(run: Run, window: MetricsWindow, metrics: dict[str, float], run_start: float) -> dict[str, Any]:
+    """What a checkpoint's trainer_state.json records (tokens summed over processes: a collective)."""
+    seen = run.rt.all_reduce_sum(torch.tensor([window.tokens_since_start], dtype=torch.float64, device=run.rt.device))
+    return {"tokens_seen": run.tokens_seen + int(seen[0]), "train_time_s": run.train_time_s + time.perf_counter() - run_start,
+            "metrics": metrics}
+
+
+def _evaluate(run: Run, step: int, window: MetricsWindow, logger: MetricsLogger | None) -> dict[str, float]:
+    """Held-out metrics at `step`, logged; their time is kept out of tokens/s."""
+    start = time.perf_counter()
+    metrics = {**evaluate(run.model, run.eval_batches, run.rt, run.cfg.train, run.cfg.data.pairs),
+               "mlm_acc_baseline": run.baseline_acc}
+    if logger:
+        logger.log(step, metrics, split="eval")
+    window.exclude(time.perf_counter() - start)
+    return metrics

@@ -27,6 +27,7 @@ from bertcli.config_load import preset_config
 from bertcli.config_write import preset_header, to_yaml
 from bertcli.data.prepare import ENCODE_BATCH, load_prepared, prepare
 from bertcli.data.text import read_sentences
+from bertcli.resolve import resolve
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -63,8 +64,9 @@ def main() -> None:
     for r in range(args.repeat):
         config = write_config(work / f"full{r}", args.corpus)
         start = time.perf_counter()
-        folder = prepare(preset_config("tiny", [f"data.corpus={args.corpus}", f"data.prepared_dir={work / f'full{r}' / 'data'}"]),
-                         config, quiet=True, force=True)
+        folder = prepare(resolve(preset_config("tiny", [f"data.corpus={args.corpus}",
+                                                         f"data.prepared_dir={work / f'full{r}' / 'data'}"]),
+                                 config.parent), quiet=True, force=True)
         elapsed = time.perf_counter() - start
         tokens = sum(s["tokens"] for s in load_prepared(folder).manifest["splits"].values())
         full.append(tokens / elapsed)
@@ -73,7 +75,7 @@ def main() -> None:
         cfg = preset_config("tiny", [f"data.corpus={args.corpus}", f"data.tokenizer.path={trained}",
                                      f"data.prepared_dir={work / f'enc{r}'}"])
         start = time.perf_counter()
-        folder = prepare(cfg, write_config(work / f"enc{r}cfg", args.corpus), quiet=True, force=True)
+        folder = prepare(resolve(cfg, write_config(work / f"enc{r}cfg", args.corpus).parent), quiet=True, force=True)
         elapsed = time.perf_counter() - start
         encode_tokens = sum(s["tokens"] for s in load_prepared(folder).manifest["splits"].values())
         encode.append(encode_tokens / elapsed)

@@ -15,9 +15,9 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from bertcli.config_load import load_config
 from bertcli.data import load_data
 from bertcli.data.examples import ExampleBuilder
+from bertcli.resolve import load_run
 
 
 def main() -> None:
@@ -26,8 +26,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--shape", action="append", help="SEQxBATCH (default: 128x256 and 512x32)")
     args = parser.parse_args()
-    cfg = load_config(args.config)
-    data = load_data(cfg, Path(args.config), quiet=True)
+    cfg = load_run(Path(args.config))
+    data = load_data(cfg, quiet=True)
     for shape in args.shape or ["128x256", "512x32"]:
         T, B = map(int, shape.split("x"))
         P = max(1, round(cfg.data.max_predictions_per_seq * T / cfg.data.max_seq_length))

@@ -52,12 +52,12 @@ def text_run(folder: Path, corpus: Path, *overrides: str) -> Path:
 @pytest.fixture(scope="session")
 def trained(tmp_path_factory, small_corpus) -> Path:
     """A run folder trained for 4 steps on real text (with a tokenizer)."""
-    from bertcli.config_load import load_config
+    from bertcli.resolve import load_run
     from bertcli.trainer import pretrain
 
     folder = tmp_path_factory.mktemp("run")
     config = text_run(folder, small_corpus, "train.max_steps=4", "train.eval_every=0")
-    pretrain(load_config(config), config, quiet=True)
+    pretrain(load_run(config), quiet=True)
     return folder
 
 

@@ -17,12 +17,12 @@ from conftest import text_run, write_config
 @pytest.fixture(scope="module")
 def base(tmp_path_factory, trained, small_corpus) -> dict[str, Path]:
     """A trained synthetic run, a trained text run (`trained`), and a small corpus to spoil."""
-    from bertcli.config_load import load_config
+    from bertcli.resolve import load_run
     from bertcli.trainer import pretrain
 
     root = tmp_path_factory.mktemp("bad")
     config = write_config(root / "syn", "train.max_steps=4", "train.eval_every=0")
-    pretrain(load_config(config), config, quiet=True)
+    pretrain(load_run(config), quiet=True)
     return {"root": root, "syn": root / "syn", "text": trained, "corpus": small_corpus}
 
 

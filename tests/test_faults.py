@@ -128,7 +128,7 @@ def poison_losses(monkeypatch, bad_steps):
             return losses
         calls.append(1)  # one micro-batch per step in these runs
         if len(calls) in bad_steps:
-            return trainer.Losses(losses.total * float("nan"), losses.stats * float("nan"))
+            return trainer.Losses(losses.total * float("nan"), type(losses.stats)(*(s * float("nan") for s in losses.stats)))
         return losses
 
     monkeypatch.setattr(trainer, "pretraining_loss", pretraining_loss)

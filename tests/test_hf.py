@@ -139,7 +139,7 @@ def test_round_trip_export_import_export_is_byte_identical(trained, tmp_path):
 
 
 def test_continued_pretraining_from_an_exported_folder(tmp_path, small_corpus, capsys):
-    from bertcli.config_load import load_config
+    from bertcli.resolve import load_run
     from bertcli.metrics import read_metrics
     from bertcli.trainer import pretrain
     from conftest import text_run
@@ -149,7 +149,7 @@ def test_continued_pretraining_from_an_exported_folder(tmp_path, small_corpus, c
 
     def run(folder, *overrides):
         config = text_run(folder, small_corpus, "train.eval_every=0", *overrides)
-        pretrain(load_config(config), config, quiet=True)
+        pretrain(load_run(config), quiet=True)
 
     run(tmp_path / "teacher", "train.max_steps=60", "optimizer.lr=5e-3", "checkpoint.save_every=60")
     hf_dir = export(tmp_path / "teacher", tmp_path / "hf")
@@ -165,11 +165,11 @@ def test_continued_pretraining_from_an_exported_folder(tmp_path, small_corpus, c
 
 def test_init_from_a_bare_bert_model_says_which_heads_are_fresh(tmp_path, small_corpus, cli):
     from bertcli.data.prepare import load_prepared, prepare
-    from bertcli.config_load import load_config
+    from bertcli.resolve import load_run
     from conftest import text_run
 
     config = text_run(tmp_path / "tok", small_corpus)
-    prepared = load_prepared(prepare(load_config(config), config, quiet=True))
+    prepared = load_prepared(prepare(load_run(config), quiet=True))
     cfg = dataclasses.replace(SMALL, vocab_size=prepared.vocab_size, max_position_embeddings=64)
     random_hf("BertModel", cfg, tmp_path / "hf")
     for name in ("tokenizer.json", "vocab.txt"):

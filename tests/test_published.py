@@ -20,6 +20,7 @@ from bertcli.config import TokenizerConfig
 from bertcli.data.prepare import SAMPLE
 from bertcli.data.tokenizer import load_tokenizer
 from bertcli.encode import encode, load_encoder
+from bertcli.resolve import load_run
 from bertcli.sbert import read_sentence_model
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything here is local: never ask the Hub
@@ -157,14 +158,13 @@ def test_a_tokenizer_config_decides_the_casing_as_in_transformers(tmp_path, sett
 def test_an_export_says_the_casing_its_tokenizer_has(tmp_path, small_corpus):
     """A run on the folder's (uncased) tokenizer whose config says lowercase: false: the export's
     tokenizer_config.json must follow the tokenizer, or transformers tokenizes otherwise."""
-    from bertcli.config_load import load_config
     from bertcli.hf import export
     from bertcli.trainer import pretrain
     from conftest import text_run
 
     config = text_run(tmp_path / "run", small_corpus, f"data.tokenizer.path={MINILM}", "data.tokenizer.lowercase=false",
                       "data.tokenizer.strip_accents=false", "train.max_steps=1", "train.eval_every=0")
-    pretrain(load_config(config), config, quiet=True)
+    pretrain(load_run(config), quiet=True)
     theirs = transformers.AutoTokenizer.from_pretrained(export(tmp_path / "run", tmp_path / "hf"))
     ours = load_tokenizer(tmp_path / "run" / "data", TokenizerConfig())
     for text in TEXTS:

@@ -23,12 +23,13 @@ from bertcli.data.text import read_sentences, read_text, split_sentences
 from bertcli.data.tokenizer import SPECIAL, Casing, _bert_pipeline, inner_characters, train_tokenizer
 from bertcli.errors import UsageError
 from bertcli.metrics import read_metrics
+from bertcli.resolve import load_run
 from bertcli.trainer import pretrain
 from conftest import TEXT, text_run
 
 
 def train(config: Path, **kwargs) -> dict:
-    return pretrain(load_config(config), config, quiet=True, **kwargs)
+    return pretrain(load_run(config), quiet=True, **kwargs)
 
 
 # ------------------------------------------------------------------ reading
@@ -73,7 +74,7 @@ def test_bad_bytes_name_file_and_offset(tmp_path, content, needle):
 
 def test_prepare_writes_shards_manifest_and_tokenizer(tmp_path, small_corpus):
     config = text_run(tmp_path, small_corpus)
-    folder = prepare(load_config(config), config, quiet=True)
+    folder = prepare(load_run(config), quiet=True)
     assert folder == tmp_path / "data"
     manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest["format_version"] == 2 and manifest["dtype"] == "uint16"
@@ -97,8 +98,8 @@ def test_prepare_is_cached_and_redone_when_the_corpus_changes(tmp_path, small_co
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(small_corpus.read_text())
     config = text_run(tmp_path / "run", corpus)
-    cfg = load_config(config)
-    folder = prepare(cfg, config, quiet=True)
+    cfg = load_run(config)
+    folder = prepare(cfg, quiet=True)
     tokens = folder / "train" / "tokens.bin"
     before = (tokens.stat().st_mtime_ns, json.loads((folder / "manifest.json").read_text())["created"])
     capsys.readouterr()
@@ -107,7 +108,7 @@ def test_prepare_is_cached_and_redone_when_the_corpus_changes(tmp_path, small_co
     assert "up to date" in capsys.readouterr().err
     assert tokens.stat().st_mtime_ns == before[0], "not re-tokenized"
     corpus.write_text(corpus.read_text() + "\nOne more document about something new.\n")
-    prepare(cfg, config, quiet=True)
+    prepare(cfg, quiet=True)
     assert "up to date" not in capsys.readouterr().err
     manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest["splits"]["train"]["documents"] + manifest["splits"]["valid"]["documents"] == 61
@@ -140,9 +141,9 @@ def test_vocab_size_that_disagrees_with_the_tokenizer_is_an_error(tmp_path, smal
 
 def test_existing_vocab_txt_is_used_as_the_tokenizer(tmp_path, small_corpus):
     first = text_run(tmp_path / "a", small_corpus)
-    folder = prepare(load_config(first), first, quiet=True)
+    folder = prepare(load_run(first), quiet=True)
     second = text_run(tmp_path / "b", small_corpus, f"data.tokenizer.path={folder / 'vocab.txt'}")
-    again = load_prepared(prepare(load_config(second), second, quiet=True))
+    again = load_prepared(prepare(load_run(second), quiet=True))
     assert again.manifest["tokenizer"]["source"] == str(folder / "vocab.txt")
     a, b = load_prepared(folder).corpus("train"), again.corpus("train")
     assert np.array_equal(np.asarray(a.tokens), np.asarray(b.tokens)), "vocab.txt reproduces the trained tokenizer"
@@ -202,7 +203,7 @@ def test_prepare_is_bit_for_bit_the_same_in_two_processes(tmp_path, small_corpus
 def prepared(tmp_path_factory, small_corpus):
     folder = tmp_path_factory.mktemp("prepared")
     config = text_run(folder, small_corpus)
-    return load_prepared(prepare(load_config(config), config, quiet=True))
+    return load_prepared(prepare(load_run(config), quiet=True))
 
 
 def test_pair_statistics_on_real_text(prepared):

@@ -23,6 +23,7 @@ from bertcli.errors import UsageError
 from bertcli.metrics import read_metrics
 from bertcli.model import TIED_ALIASES, BertForPreTraining
 from bertcli.optim import lr_at
+from bertcli.resolve import load_run
 from bertcli.trainer import pretrain
 from conftest import REPO, micro_config, write_config
 
@@ -32,7 +33,7 @@ NO_DROPOUT = ["model.hidden_dropout_prob=0", "model.attention_probs_dropout_prob
 
 def train(folder: Path, *overrides: str, resume: str = "auto", stop_at: int | None = None) -> dict:
     path = write_config(folder, *overrides)
-    return pretrain(load_config(path), path, resume=resume, quiet=True, stop_at=stop_at)
+    return pretrain(load_run(path), resume=resume, quiet=True, stop_at=stop_at)
 
 
 def weights(ckpt: Path) -> dict[str, torch.Tensor]:
@@ -63,7 +64,7 @@ def test_run_writes_metrics_tensorboard_and_checkpoints(tmp_path):
     assert state["step"] == 12 and state["optimizer"]["state"]
     trainer_state = json.loads((ckpt / "trainer_state.json").read_text())
     assert trainer_state["step"] == 12 and trainer_state["tokens_seen"] > 12 * 8 * 5
-    assert load_config(ckpt / "config.yaml") == load_config(tmp_path / "config.yaml")
+    assert load_config(ckpt / "config.yaml") == load_run(tmp_path / "config.yaml")  # the resolved config
 
 
 def test_exact_resume_is_bitwise_identical(tmp_path):

@@ -23,8 +23,9 @@ class Dataset:
     tokenizer_files: list[Path]  # copied into every checkpoint (none for the synthetic corpus)
 
 
-def load_data(cfg: Config, config_path: Path | None, quiet: bool = False) -> Dataset:
-    """The corpus named by data.corpus: generated, or prepared from text (prepared first if needed)."""
+def load_data(cfg: Config, quiet: bool = False) -> Dataset:
+    """The corpus named by data.corpus of resolved config `cfg`: generated, or prepared from text
+    (prepared first if needed)."""
     if cfg.data.corpus == "synthetic":
         assert cfg.model.vocab_size is not None  # validated in config
         corpus = synthetic_corpus(cfg.data.synthetic, cfg.model.vocab_size)
@@ -34,6 +35,6 @@ def load_data(cfg: Config, config_path: Path | None, quiet: bool = False) -> Dat
                        corpus.vocab_size, [])
     from bertcli.data.prepare import load_prepared, prepare  # tokenizers is only needed for text
 
-    prepared = load_prepared(prepare(cfg, config_path, quiet=quiet))
+    prepared = load_prepared(prepare(cfg, quiet=quiet))
     return Dataset(prepared.corpus("train"), prepared.corpus("valid"), prepared.vocab_size,
                    [prepared.folder / "tokenizer.json", prepared.folder / "vocab.txt"])

@@ -31,13 +31,12 @@ from tokenizers import Tokenizer
 
 from bertcli import __version__, atomic, ownership
 from bertcli.config import Config, DataConfig
-from bertcli.config_load import resolve_output_dir
 from bertcli.data.corpus import Corpus, SpecialTokens, is_held_out
 from bertcli.data.text import corpus_files, read_sentences, read_text
 from bertcli.data.tokenizer import (continuation_mask, describe, find_tokenizer_file, load_tokenizer, read_tokenizer_json,
                                     save_tokenizer, special_tokens, tokenizer_identity, train_tokenizer)
 from bertcli.errors import UsageError
-from bertcli.metrics import log
+from bertcli.console import log
 
 FORMAT_VERSION = 2  # 2: deterministic vocabulary (continuation pieces right after the special tokens)
 MANIFEST = "manifest.json"
@@ -50,21 +49,9 @@ LAYOUT = ownership.Layout("prepared data", MANIFEST, frozenset(
 ENCODE_BATCH = 2048  # sentences per tokenizer call: large enough for its thread pool, small for memory
 
 
-def corpus_path(cfg: Config, config_path: Path | None) -> Path:
-    """data.corpus as a path: the bundled sample, or a path relative to the config file's folder."""
-    if cfg.data.corpus == "sample":
-        return SAMPLE
-    path = Path(cfg.data.corpus).expanduser()
-    if not path.is_absolute() and config_path is not None:
-        path = Path(config_path).resolve().parent / path
-    return path
-
-
-def prepared_dir(cfg: Config, config_path: Path | None) -> Path:
-    path = Path(cfg.data.prepared_dir).expanduser()
-    if not path.is_absolute():
-        path = (Path(config_path).resolve().parent if config_path else Path.cwd()) / path
-    return path
+def corpus_path(cfg: Config) -> Path:
+    """data.corpus as a path: the bundled sample, or the (resolved, absolute) path of the config."""
+    return SAMPLE if cfg.data.corpus == "sample" else Path(cfg.data.corpus)
 
 
 def _sha256(path: Path) -> str:
@@ -153,26 +140,24 @@ def _progress(total: int | None, desc: str, quiet: bool):
                 dynamic_ncols=True)
 
 
-def prepare(cfg: Config, config_path: Path | None, quiet: bool = False, force: bool = False) -> Path:
-    """Prepare cfg's corpus unless prepared data with the same fingerprint is already there."""
+def prepare(cfg: Config, quiet: bool = False, force: bool = False) -> Path:
+    """Prepare the corpus of resolved config `cfg` (see resolve.py) unless prepared data with the same
+    fingerprint is already there; return the prepared folder."""
     data = cfg.data
-    folder = prepared_dir(cfg, config_path)
-    files = corpus_files(corpus_path(cfg, config_path))
-    guard = _guard(cfg, config_path, folder)
+    folder = Path(data.prepared_dir)
+    files = corpus_files(corpus_path(cfg))
+    guard = _guard(cfg, folder)
     old = _read_manifest(folder)
     entries = _file_entries(files, old["corpus"]["files"] if old else [])
     tokenizer_file = tok = None
     if data.tokenizer.path:
-        path = Path(data.tokenizer.path).expanduser()
-        if not path.is_absolute() and config_path is not None:
-            path = Path(config_path).resolve().parent / path
-        tokenizer_file = find_tokenizer_file(path)
+        tokenizer_file = find_tokenizer_file(Path(data.tokenizer.path))
         tok = load_tokenizer(tokenizer_file, data.tokenizer)
     # The loaded tokenizer as it is used (casing from a tokenizer_config.json, padding off), not its file alone:
     # data prepared with a tokenizer that padded (older bertcli) is prepared again.
     tokenizer_hash = hashlib.sha256(tok.to_str().encode()).hexdigest() if tok is not None else None
     fingerprint = _input_digest(entries, data, tokenizer_hash)
-    fixed = run_tokenizer(cfg, config_path) if tok is None else None
+    fixed = run_tokenizer(cfg) if tok is None else None
     if fixed is not None:  # the run's checkpoints fix its token ids: never train another vocabulary under them
         tokenizer_file, tok = fixed, read_tokenizer_json(fixed)
     reusable = old and old.get("fingerprint") == fingerprint and (
@@ -194,36 +179,7 @@ def prepare(cfg: Config, config_path: Path | None, quiet: bool = False, force: b
         save_tokenizer(tok, tmp)
         vocab_size = tok.get_vocab_size(with_added_tokens=True)
         dtype = np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
-        writers = {"train": ShardWriter(tmp / "train", dtype), "valid": ShardWriter(tmp / "valid", dtype)}
-        unk = special_tokens(tok).unk
-        counts = {"documents": 0, "unknown": 0}
-        encode = getattr(tok, "encode_batch_fast", tok.encode_batch)  # no offsets: faster where available
-
-        def flush(items: list[str | None]) -> None:
-            encodings = iter(encode([s for s in items if s is not None], add_special_tokens=False))
-            for item in items:
-                writer = writers["valid" if is_held_out(counts["documents"], data.validation_fraction) else "train"]
-                if item is None:
-                    if writer.open_segments:
-                        counts["documents"] += 1
-                    writer.end_document()
-                    continue
-                ids = next(encodings).ids
-                if ids:
-                    counts["unknown"] += ids.count(unk)
-                    writer.add_segment(ids)
-
-        with _progress(total_bytes, "tokenizing", quiet) as bar:
-            batch: list[str | None] = []
-            pending = 0
-            for item in read_sentences(files, data.split_sentences, bar.update):
-                batch.append(item)
-                pending += item is not None
-                if pending >= ENCODE_BATCH:  # a document may span batches: the writers keep it open
-                    flush(batch)
-                    batch, pending = [], 0
-            flush(batch)
-        splits = {name: w.close() for name, w in writers.items()}
+        splits, unknown = _write_shards(tok, files, data, tmp, dtype, total_bytes, quiet)
         _check_sizes(splits, data, folder)
         elapsed = time.perf_counter() - start
         casing = describe(tok)
@@ -239,7 +195,7 @@ def prepare(cfg: Config, config_path: Path | None, quiet: bool = False, force: b
                           "strip_accents": casing.get("strip_accents", data.tokenizer.strip_accents),
                           "min_frequency": data.tokenizer.min_frequency},
             "split_sentences": data.split_sentences, "validation_fraction": data.validation_fraction,
-            "dtype": dtype.name, "splits": splits, "unknown_tokens": counts["unknown"],
+            "dtype": dtype.name, "splits": splits, "unknown_tokens": unknown,
             "seconds": elapsed, "tokens_per_s": total_tokens / max(elapsed, 1e-9),
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
@@ -249,40 +205,71 @@ def prepare(cfg: Config, config_path: Path | None, quiet: bool = False, force: b
     t, v = splits["train"], splits["valid"]
     log(f"prepared {folder}: {t['documents'] + v['documents']:,} documents ({v['documents']:,} held out), "
         f"{t['segments'] + v['segments']:,} sentences, {total_tokens:,} tokens, vocabulary {vocab_size:,}, "
-        f"unknown {100 * counts['unknown'] / max(total_tokens, 1):.2f}%; {elapsed:.1f} s, "
+        f"unknown {100 * unknown / max(total_tokens, 1):.2f}%; {elapsed:.1f} s, "
         f"{total_tokens / max(elapsed, 1e-9):,.0f} tokens/s")
     return folder
+
+
+def _write_shards(tok: Tokenizer, files: list[Path], data: DataConfig, tmp: Path, dtype: np.dtype,
+                  total_bytes: int | None, quiet: bool) -> tuple[dict[str, dict[str, int]], int]:
+    """Tokenize the corpus files into the train and valid shards under `tmp` (documents held out
+    by their number); return each split's counts and the number of unknown tokens."""
+    writers = {"train": ShardWriter(tmp / "train", dtype), "valid": ShardWriter(tmp / "valid", dtype)}
+    unk = special_tokens(tok).unk
+    counts = {"documents": 0, "unknown": 0}
+    encode = getattr(tok, "encode_batch_fast", tok.encode_batch)  # no offsets: faster where available
+
+    def flush(items: list[str | None]) -> None:
+        encodings = iter(encode([s for s in items if s is not None], add_special_tokens=False))
+        for item in items:
+            writer = writers["valid" if is_held_out(counts["documents"], data.validation_fraction) else "train"]
+            if item is None:
+                if writer.open_segments:
+                    counts["documents"] += 1
+                writer.end_document()
+                continue
+            ids = next(encodings).ids
+            if ids:
+                counts["unknown"] += ids.count(unk)
+                writer.add_segment(ids)
+
+    with _progress(total_bytes, "tokenizing", quiet) as bar:
+        batch: list[str | None] = []
+        pending = 0
+        for item in read_sentences(files, data.split_sentences, bar.update):
+            batch.append(item)
+            pending += item is not None
+            if pending >= ENCODE_BATCH:  # a document may span batches: the writers keep it open
+                flush(batch)
+                batch, pending = [], 0
+        flush(batch)
+    return {name: w.close() for name, w in writers.items()}, counts["unknown"]
 
 
 STEP_DIR = re.compile(r"^step-\d+$")  # checkpoint.STEP_DIR (checkpoint.py imports torch, prepare does not)
 
 
-def run_tokenizer(cfg: Config, config_path: Path | None) -> Path | None:
+def run_tokenizer(cfg: Config) -> Path | None:
     """The tokenizer.json of the run's newest checkpoint, None before its first: the tokenizer of a run
     is fixed by its first checkpoint, and every checkpoint carries it."""
-    root = resolve_output_dir(cfg, config_path) / "checkpoints"
+    root = Path(cfg.output_dir) / "checkpoints"
     complete = ("model.safetensors", "config.yaml", "training_state.pt", "trainer_state.json", "tokenizer.json")
     steps = sorted((int(p.name[5:]), p) for p in root.glob("step-*")
                    if STEP_DIR.match(p.name) and all((p / name).is_file() for name in complete))
     return steps[-1][1] / "tokenizer.json" if steps else None
 
 
-def _guard(cfg: Config, config_path: Path | None, folder: Path) -> Callable[[Path], None]:
+def _guard(cfg: Config, folder: Path) -> Callable[[Path], None]:
     """Refuse a prepared_dir that is, contains or lies inside an input (see ownership.py); return the
     check that atomic.folder runs before writing and again before the swap: only prepared data
     that bertcli wrote (or an empty folder) is replaced."""
     fix = "set data.prepared_dir to a new or empty folder (the default is data, next to the config)"
-    inputs = [ownership.Input("the corpus", corpus_path(cfg, config_path)),
-              ownership.Input("the run folder (output_dir)", resolve_output_dir(cfg, config_path), inside_ok=True)]
-    if config_path is not None:
-        inputs += [ownership.Input("the config", Path(config_path)),
-                   ownership.Input("the config's folder", Path(config_path).resolve().parent, inside_ok=True)]
+    inputs = [ownership.Input("the corpus", corpus_path(cfg)),
+              ownership.Input("the run folder (output_dir)", Path(cfg.output_dir), inside_ok=True)]
     for label, value in (("the tokenizer (data.tokenizer.path)", cfg.data.tokenizer.path),
                          ("the model (model.init_from)", cfg.model.init_from)):
         if value:
-            path = Path(value).expanduser()
-            inputs.append(ownership.Input(label, path if path.is_absolute() or config_path is None
-                                          else Path(config_path).resolve().parent / path))
+            inputs.append(ownership.Input(label, Path(value)))
     ownership.check_apart(folder, inputs, fix)
 
     def guard(target: Path) -> None:
