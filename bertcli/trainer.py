@@ -186,8 +186,6 @@ def _pretrain(cfg: Config, config_path: Path | None, resume: str, quiet: bool, s
     if rt.is_main:
         atomic.clean_leftovers(checkpoint.checkpoints_dir(output_dir))  # what a killed run was writing
         checkpoint.check_replaceable(output_dir, cfg.train.max_steps)  # refused now, not at a save hours later
-    if resume not in ("auto", "never") and not Path(resume).exists():
-        raise UsageError(f"--resume {resume}: no such checkpoint folder")
     init_path = None
     if cfg.model.init_from:
         init_path = Path(cfg.model.init_from).expanduser()

@@ -45,6 +45,18 @@ def _without(ckpt: Path, name: str) -> Path:
     return ckpt
 
 
+def _emptied(ckpt: Path, name: str) -> Path:
+    (ckpt / name).write_bytes(b"")
+    return ckpt
+
+
+def _with_checkpoint(base, folder: Path) -> Path:
+    """A micro run config in `folder` whose output_dir already holds a checkpoint."""
+    config = write_config(folder)
+    shutil.copytree(_copy_ckpt(base, folder), folder / "checkpoints" / "step-0000004")
+    return config
+
+
 def _truncated(ckpt: Path) -> Path:
     weights = ckpt / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])
@@ -162,6 +174,11 @@ CASES = [
     ("inspect-missing", lambda d, b: ["inspect", d / "nothing"], 2, "no such file or folder"),
     ("device-unknown", lambda d, b: ["pretrain", "-c", write_config(d), "--device", "tpu"], 2, "--device 'tpu'"),
     ("resume-missing", lambda d, b: ["pretrain", "-c", write_config(d), "--resume", d / "nowhere"], 2, "no such checkpoint folder"),
+    ("resume-never-over-checkpoints", lambda d, b: ["pretrain", "-c", _with_checkpoint(b, d), "--resume", "never"], 2,
+     "already holds 1 checkpoint(s) and --resume never was given; use --resume auto"),
+    ("training-state-empty", lambda d, b: ["pretrain", "-c", write_config(d), "--resume",
+                                           _emptied(_copy_ckpt(b, d), "training_state.pt")], 1,
+     "the file is damaged: resume from another checkpoint (--resume PATH)"),
 ]
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
