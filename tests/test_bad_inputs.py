@@ -169,6 +169,8 @@ CASES = [
      "pass --output FILE.npy"),
     ("encode-bad-layer", lambda d, b: ["encode", "--model", b["text"], "--layer", "9", _write(d, "in.txt", "a\n")], 2,
      "--layer 9: this model has layers 0 (embeddings) to 2"),
+    ("encode-pooler-of-a-middle-layer", lambda d, b: ["encode", "--model", b["text"], "--pooling", "pooler", "--layer", "1",
+                                                      _write(d, "in.txt", "a\n")], 2, "--pooling pooler reads the last layer"),
     ("export-existing-folder", lambda d, b: ["export", b["text"], (d / "out").mkdir() or d / "out"], 2, "pass --force"),
     ("export-no-checkpoint", lambda d, b: ["export", d, d / "out"], 2, "no checkpoint here"),
     ("inspect-missing", lambda d, b: ["inspect", d / "nothing"], 2, "no such file or folder"),
