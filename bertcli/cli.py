@@ -258,7 +258,7 @@ def encode(
     from bertcli.ownership import check_output_file
     from bertcli.runtime import PRECISIONS, parse_device
 
-    where = parse_device(device, "--device")
+    on_device = parse_device(device, "--device")
     if dtype not in PRECISIONS:
         raise UsageError(f"--dtype {dtype!r}: expected {', '.join(PRECISIONS[:-1])} or {PRECISIONS[-1]}")
     if errors not in ("strict", "replace"):
@@ -271,7 +271,7 @@ def encode(
     if not model.exists():
         raise UsageError(f"--model {model}: no such folder; pass a run folder, a checkpoint folder or a Hugging Face "
                          "BERT folder")
-    encoder = enc_mod.load_encoder(model, where, dtype)
+    encoder = enc_mod.load_encoder(model, on_device, dtype)
     settings = _encode_settings(encoder, pooling.value if pooling else None, layer, normalize, max_length, tokens)
     if settings.from_folder:
         err(f"bertcli encode: {model} is a sentence-transformers model: {settings.pooling} pooling, "
@@ -283,12 +283,9 @@ def encode(
                                 settings.normalize, batch_size, settings.max_length, pairs, tokens, strict_pairs)
     except BaseException as exc:
         writer.abort()
-        if isinstance(exc, enc_mod.NotUtf8):
-            raise UsageError(f"{exc.source}: line {exc.line} is not valid UTF-8 (byte {exc.byte} of the line); fix the "
-                             "input or pass --errors replace") from None
-        if isinstance(exc, enc_mod.Unpaired):
-            raise UsageError(f"input line {exc.line}: no TAB between the two sentences (--strict-pairs); write A<TAB>B, "
-                             "or drop --strict-pairs to encode such lines alone") from None
+        worded = _encode_input_error(exc)
+        if worded is not None:
+            raise worded from None
         raise
     writer.close(encoder.model.config.hidden_size)
     if counts["truncated"]:
@@ -331,6 +328,19 @@ def _encode_settings(encoder: Encoder, pooling: str | None, layer: int, normaliz
     if settings.pooling == "pooler" and index != last:
         raise UsageError("--pooling pooler reads the last layer; drop --layer or pick another pooling")
     return settings
+
+
+def _encode_input_error(exc: BaseException) -> UsageError | None:
+    """An input line encode refused, worded with the flag that accepts it (None: another error)."""
+    from bertcli import encode as enc_mod
+
+    if isinstance(exc, enc_mod.NotUtf8):
+        return UsageError(f"{exc.source}: line {exc.line} is not valid UTF-8 (byte {exc.byte} of the line); fix the "
+                          "input or pass --errors replace")
+    if isinstance(exc, enc_mod.Unpaired):
+        return UsageError(f"input line {exc.line}: no TAB between the two sentences (--strict-pairs); write A<TAB>B, "
+                          "or drop --strict-pairs to encode such lines alone")
+    return None
 
 
 # Per command: what a full disk leaves intact, and where else to write (for os_error_message).
