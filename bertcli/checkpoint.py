@@ -104,6 +104,33 @@ def is_checkpoint(path: Path) -> bool:
     return path.is_dir() and all((path / name).is_file() for name in FILES)
 
 
+def incomplete(path: Path) -> str | None:
+    """Why `path` is no checkpoint folder to resume from (None: it is a complete one)."""
+    if not path.exists():
+        return "no such checkpoint folder"
+    if not is_checkpoint(path):
+        missing = [name for name in FILES if not (path / name).is_file()]
+        return f"not a complete checkpoint (missing {', '.join(missing)})"
+    return None
+
+
+class ResumeRefused(UsageError):
+    """Resuming is off (resume='never') but output_dir already holds checkpoints."""
+
+    def __init__(self, folder: Path, count: int) -> None:
+        super().__init__(f"{folder} already holds {count} checkpoint(s) and resume is 'never'; resume 'auto' to "
+                         "continue, or use another output_dir to start fresh")
+        self.folder, self.count = folder, count
+
+
+class DamagedState(RunError):
+    """A checkpoint's training_state.pt that cannot be loaded; `reason` says what and why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"{reason}: resume from another checkpoint or start in a new output_dir")
+        self.reason = reason
+
+
 def list_checkpoints(output_dir: Path) -> list[tuple[int, Path]]:
     """Complete checkpoints in output_dir, oldest first."""
     root = checkpoints_dir(output_dir)
@@ -223,20 +250,18 @@ def load_training_state(path: Path, model: nn.Module, optimizer: torch.optim.Opt
             warnings.simplefilter("ignore")
             state = torch.load(file, map_location=device, weights_only=True)
     except pickle.UnpicklingError:  # weights_only refuses anything but tensors and plain containers
-        raise RunError(f"{file}: cannot load training state: it holds objects other than tensors and plain values, "
-                       "so it was refused unread (unpickling it could run code); the file is damaged or was tampered "
-                       "with: resume from another checkpoint (--resume PATH) or start in a new output_dir") from None
+        raise DamagedState(f"{file}: cannot load training state: it holds objects other than tensors and plain "
+                           "values, so it was refused unread (unpickling it could run code); the file is damaged or "
+                           "was tampered with") from None
     except Exception as exc:  # truncated or otherwise damaged
-        raise RunError(f"{file}: cannot load training state ({type(exc).__name__}); the file is damaged: resume from "
-                       "another checkpoint (--resume PATH) or start in a new output_dir") from None
+        raise DamagedState(f"{file}: cannot load training state ({type(exc).__name__}); the file is damaged") from None
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict  # slow: only here
 
     try:
         set_optimizer_state_dict(model, optimizer, state["optimizer"], options=StateDictOptions(full_state_dict=True))
     except (KeyError, TypeError, ValueError, RuntimeError) as exc:  # tampered, or an older format (by position)
         reason = f"{type(exc).__name__}: {str(exc).splitlines()[0]}" if str(exc) else type(exc).__name__
-        raise RunError(f"{file}: the optimizer state does not fit this model ({reason}); resume from another "
-                       "checkpoint (--resume PATH) or start in a new output_dir") from None
+        raise DamagedState(f"{file}: the optimizer state does not fit this model ({reason})") from None
     if state.get("scaler"):
         scaler.load_state_dict(state["scaler"])
     return int(state["step"])
@@ -294,15 +319,14 @@ def check_same_tokenizer(ckpt: Path, prepared: Path) -> None:
 
 
 def choose_resume(output_dir: Path, resume: str, cfg: Config, is_main: bool = True) -> Path | None:
-    """The checkpoint to resume from (None = start fresh), per --resume auto|never|PATH. `auto`
+    """The checkpoint to resume from (None = start fresh), per `resume`: auto, never or a path. `auto`
     takes the newest checkpoint that loads: newer damaged ones (a disk that failed, a file someone
     emptied) are reported and, by the main process, renamed damaged-step-NNNNNNN, so that neither
     resuming nor pruning counts them again (pruning keeps the newest: it would delete good ones)."""
     found = list_checkpoints(output_dir)
     if resume == "never":
         if found:
-            raise UsageError(f"{checkpoints_dir(output_dir)} already holds {len(found)} checkpoint(s) and --resume never "
-                             "was given; use --resume auto to continue, or another output_dir to start fresh")
+            raise ResumeRefused(checkpoints_dir(output_dir), len(found))
         return None
     if resume == "auto":
         if not found:
@@ -327,11 +351,9 @@ def choose_resume(output_dir: Path, resume: str, cfg: Config, is_main: bool = Tr
                     f"that loads, {path}")
     else:
         path = Path(resume)
-        if not path.exists():
-            raise UsageError(f"--resume {resume}: no such checkpoint folder")
-        if not is_checkpoint(path):
-            missing = [name for name in FILES if not (path / name).is_file()]
-            raise UsageError(f"--resume {resume}: not a complete checkpoint (missing {', '.join(missing)})")
+        problem = incomplete(path)
+        if problem:
+            raise UsageError(f"{path}: {problem}")
     diffs = model_differences(read_config(path), cfg)
     if diffs:
         raise UsageError(f"cannot resume from {path}: {'; '.join(diffs)}; to start fresh, set output_dir to a new "

@@ -15,7 +15,7 @@ import shlex
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
@@ -26,7 +26,10 @@ except ImportError:  # older Typer uses the click package
 
 from bertcli import __version__
 from bertcli.console import error as err
-from bertcli.errors import BertcliError, Interrupted, PipeClosed, UsageError
+from bertcli.errors import BertcliError, Interrupted, PipeClosed, RunError, UsageError
+
+if TYPE_CHECKING:  # imported when used: `bertcli --help` stays fast without torch
+    from bertcli.encode import Encoder, Settings
 
 app = typer.Typer(
     name="bertcli",
@@ -144,9 +147,6 @@ def prepare(
     err(f"next: {command_line('inspect', folder)}   or   {command_line('pretrain', '--config', config, *again)}")
 
 
-DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
-
-
 @app.command()
 def pretrain(
     config: Path = typer.Option(..., "--config", "-c", help="The run's config.yaml (see `bertcli init`)."),
@@ -157,15 +157,24 @@ def pretrain(
     stop_at: Optional[int] = typer.Option(None, "--stop-at", min=1, help="Stop after this step with a checkpoint (the schedule still follows train.max_steps); rerun to continue."),
 ) -> None:
     """Pretrain BERT (MLM + NSP) as the config says, resuming from the newest checkpoint."""
+    from bertcli import checkpoint
     from bertcli.resolve import load_run
+    from bertcli.runtime import parse_device
     from bertcli.trainer import pretrain as run
 
-    if device is not None and not DEVICE.match(device):
-        raise UsageError(f"--device {device!r}: expected auto, cpu, cuda or cuda:N")
-    if resume not in ("auto", "never") and not Path(resume).exists():
-        raise UsageError(f"--resume {resume}: no such checkpoint folder")
+    if device is not None:
+        parse_device(device, "--device")
+    problem = checkpoint.incomplete(Path(resume)) if resume not in ("auto", "never") else None
+    if problem:
+        raise UsageError(f"--resume {resume}: {problem}")
     cfg = load_run(config, overrides + ([f"train.device={device}"] if device else []))
-    result = run(cfg, resume=resume, quiet=quiet, stop_at=stop_at)
+    try:
+        result = run(cfg, resume=resume, quiet=quiet, stop_at=stop_at)
+    except checkpoint.ResumeRefused as exc:
+        raise UsageError(f"{exc.folder} already holds {exc.count} checkpoint(s) and --resume never was given; use "
+                         "--resume auto to continue, or another output_dir to start fresh") from None
+    except checkpoint.DamagedState as exc:
+        raise RunError(f"{exc.reason}: resume from another checkpoint (--resume PATH) or start in a new output_dir") from None
     if not result["is_main"]:
         return  # under torchrun, rank 0 reports for everyone
     metrics = result["metrics"]
@@ -245,25 +254,23 @@ def encode(
     """Turn lines of text into vectors: one row per input line, in input order, streamed."""
     from bertcli import encode as enc_mod
     from bertcli.ownership import check_output_file
-    from bertcli.runtime import resolve_device
+    from bertcli.runtime import PRECISIONS, parse_device
 
-    if not DEVICE.match(device):
-        raise UsageError(f"--device {device!r}: expected auto, cpu, cuda or cuda:N")
-    if dtype not in ("fp32", "bf16", "fp16"):
-        raise UsageError(f"--dtype {dtype!r}: expected fp32, bf16 or fp16")
+    on_device = parse_device(device, "--device")
+    if dtype not in PRECISIONS:
+        raise UsageError(f"--dtype {dtype!r}: expected {', '.join(PRECISIONS[:-1])} or {PRECISIONS[-1]}")
     if errors not in ("strict", "replace"):
         raise UsageError(f"--errors {errors!r}: expected strict or replace")
     if strict_pairs and not pairs:
         raise UsageError("--strict-pairs checks --pairs input: add --pairs, or drop --strict-pairs")
-    if fmt is None:
-        suffix = output.suffix.lower() if output is not None else ""
-        fmt = Format.npy if suffix == ".npy" else Format.tsv if suffix == ".tsv" else Format.jsonl
-    if tokens and fmt != Format.jsonl:
-        raise UsageError("--tokens writes JSONL: drop --format or use --format jsonl")
+    fmt = _encode_format(fmt, output, with_text, tokens)
     if output is not None:  # never a folder, an input file or a file of the model; resolved (links written through)
         output = check_output_file(output, [i for i in inputs or [] if i != "-"], model)
-    encoder = enc_mod.load_encoder(model, resolve_device(device), dtype)
-    settings = enc_mod.resolve(encoder, pooling.value if pooling else None, normalize, max_length, tokens)
+    if not model.exists():
+        raise UsageError(f"--model {model}: no such folder; pass a run folder, a checkpoint folder or a Hugging Face "
+                         "BERT folder")
+    encoder = enc_mod.load_encoder(model, on_device, dtype)
+    settings = _encode_settings(encoder, pooling.value if pooling else None, layer, normalize, max_length, tokens)
     if settings.from_folder:
         err(f"bertcli encode: {model} is a sentence-transformers model: {settings.pooling} pooling, "
             f"{'normalized' if settings.normalize else 'not normalized'}, up to {settings.max_length} tokens (its own "
@@ -272,8 +279,11 @@ def encode(
     try:
         counts = enc_mod.encode(encoder, enc_mod.read_lines(inputs or [], errors), writer, settings.pooling, layer,
                                 settings.normalize, batch_size, settings.max_length, pairs, tokens, strict_pairs)
-    except BaseException:
+    except BaseException as exc:
         writer.abort()
+        worded = _encode_input_error(exc)
+        if worded is not None:
+            raise worded from None
         raise
     writer.close(encoder.model.config.hidden_size)
     if counts["truncated"]:
@@ -281,6 +291,54 @@ def encode(
     if counts["unpaired"]:
         err(f"bertcli encode: {counts['unpaired']:,} of {counts['lines']:,} lines had no TAB and were encoded as one "
             "sentence each (--strict-pairs makes that an error)")
+
+
+def _encode_format(fmt: Format | None, output: Path | None, with_text: bool, tokens: bool) -> Format:
+    """--format, or the one the --output suffix implies; refused where the other flags cannot have it."""
+    if fmt is None:
+        suffix = output.suffix.lower() if output is not None else ""
+        fmt = Format.npy if suffix == ".npy" else Format.tsv if suffix == ".tsv" else Format.jsonl
+    if tokens and fmt != Format.jsonl:
+        raise UsageError("--tokens writes JSONL: drop --format or use --format jsonl")
+    if fmt == Format.npy and output is None:
+        raise UsageError("--format npy writes a file: pass --output FILE.npy")
+    if fmt == Format.npy and with_text:
+        raise UsageError("--with-text: npy holds numbers only; use --format jsonl or tsv for the text")
+    return fmt
+
+
+def _encode_settings(encoder: Encoder, pooling: str | None, layer: int, normalize: bool | None,
+                     max_length: int | None, tokens: bool) -> Settings:
+    """encode.resolve's settings, with --layer and --pooling checked against the model."""
+    from bertcli import encode as enc_mod
+
+    last = len(encoder.model.blocks)
+    try:
+        index = encoder.model.bert.layer_index(layer)
+    except IndexError:
+        raise UsageError(f"--layer {layer}: this model has layers 0 (embeddings) to {last} (-1 to -{last + 1} from "
+                         "the end)") from None
+    try:
+        settings = enc_mod.resolve(encoder, pooling, normalize, max_length, tokens)
+    except enc_mod.NotReproducible as exc:
+        raise UsageError(f"--model {exc.folder}: {exc.problem}, so its embeddings cannot be reproduced; pass --pooling "
+                         "cls, mean or max for vectors of the BERT encoder itself") from None
+    if settings.pooling == "pooler" and index != last:
+        raise UsageError("--pooling pooler reads the last layer; drop --layer or pick another pooling")
+    return settings
+
+
+def _encode_input_error(exc: BaseException) -> UsageError | None:
+    """An input line encode refused, worded with the flag that accepts it (None: another error)."""
+    from bertcli import encode as enc_mod
+
+    if isinstance(exc, enc_mod.NotUtf8):
+        return UsageError(f"{exc.source}: line {exc.line} is not valid UTF-8 (byte {exc.byte} of the line); fix the "
+                          "input or pass --errors replace")
+    if isinstance(exc, enc_mod.Unpaired):
+        return UsageError(f"input line {exc.line}: no TAB between the two sentences (--strict-pairs); write A<TAB>B, "
+                          "or drop --strict-pairs to encode such lines alone")
+    return None
 
 
 # Per command: what a full disk leaves intact, and where else to write (for os_error_message).

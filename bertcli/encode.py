@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer
 
-from bertcli import atomic, checkpoint, hf
+from bertcli import atomic, checkpoint, hf, runtime
 from bertcli.config import TokenizerConfig
 from bertcli.data.tokenizer import load_tokenizer, read_tokenizer_json
 from bertcli.errors import PipeClosed, UsageError
@@ -34,12 +34,38 @@ POOLINGS = ("cls", "mean", "max", "pooler")
 WINDOW_BATCHES = 32
 
 
+class NotReproducible(UsageError):
+    """A sentence-transformers folder whose own pooling or modules bertcli cannot run."""
+
+    def __init__(self, folder: Path, problem: str) -> None:
+        super().__init__(f"{folder}: {problem}, so its embeddings cannot be reproduced; choose the pooling (cls, mean "
+                         "or max) for vectors of the BERT encoder itself")
+        self.folder, self.problem = folder, problem
+
+
+class NotUtf8(UsageError):
+    """An input line that is not UTF-8 while bad bytes are errors."""
+
+    def __init__(self, source: str, line: int, byte: int) -> None:
+        super().__init__(f"{source}: line {line} is not valid UTF-8 (byte {byte} of the line); fix the input or "
+                         "read it with errors='replace'")
+        self.source, self.line, self.byte = source, line, byte
+
+
+class Unpaired(UsageError):
+    """An input line without a TAB while pairs are strict."""
+
+    def __init__(self, line: int) -> None:
+        super().__init__(f"input line {line}: no TAB between the two sentences of a pair; write A<TAB>B, or encode "
+                         "pairs with strict_pairs off to encode such lines alone")
+        self.line = line
+
+
 @dataclass
 class Encoder:
     model: BertForPreTraining
     tokenizer: Tokenizer
-    device: torch.device
-    dtype: torch.dtype | None  # autocast dtype, None = fp32
+    rt: runtime.Runtime  # device and precision (autocast) of the forward passes
     sentence: SentenceModel | None = None  # a sentence-transformers folder's own settings
 
     @property
@@ -47,12 +73,14 @@ class Encoder:
         return self.model.config.max_position_embeddings
 
 
-def load_encoder(path: Path, device: torch.device, dtype: str = "fp32") -> Encoder:
+def load_encoder(path: Path, device: torch.device, precision: str = "fp32") -> Encoder:
     """A run folder (best checkpoint, else newest), a checkpoint folder, or a Hugging Face BERT
-    folder (a sentence-transformers folder's settings come along)."""
+    folder (a sentence-transformers folder's settings come along), to run on `device` in
+    `precision` (fp32, bf16 or fp16: see runtime)."""
     path = Path(path)
     if not path.exists():
-        raise UsageError(f"--model {path}: no such folder; pass a run folder, a checkpoint folder or a Hugging Face BERT folder")
+        raise UsageError(f"{path}: no such folder; a model is a run folder, a checkpoint folder or a Hugging Face "
+                         "BERT folder")
     sentence = read_sentence_model(path) if path.is_dir() else None
     folder = sentence.transformer if sentence else path
     if hf.is_hf_folder(folder):
@@ -69,8 +97,7 @@ def load_encoder(path: Path, device: torch.device, dtype: str = "fp32") -> Encod
             raise UsageError(f"{ckpt}: no tokenizer.json (a synthetic-corpus run has no tokenizer to encode text with)")
         tokenizer = read_tokenizer_json(ckpt / "tokenizer.json")
     model.to(device).eval()
-    autocast = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
-    return Encoder(model, tokenizer, device, autocast, sentence)
+    return Encoder(model, tokenizer, runtime.Runtime(device, precision), sentence)
 
 
 @dataclass(frozen=True)
@@ -94,8 +121,7 @@ def resolve(enc: Encoder, pooling: str | None = None, normalize: bool | None = N
     if from_folder:
         problem = st.problem()
         if problem:
-            raise UsageError(f"--model {st.folder}: {problem}, so its embeddings cannot be reproduced; pass --pooling "
-                             "cls, mean or max for vectors of the BERT encoder itself")
+            raise NotReproducible(st.folder, problem)
         pooling, normalize = st.pooling, st.normalize if normalize is None else normalize
     folder_limit = st.max_seq_length if st is not None else None
     limit = min(max_length or folder_limit or enc.max_length, enc.max_length)
@@ -113,8 +139,7 @@ def read_lines(sources: list[str], errors: str) -> Iterator[str]:
                 try:
                     text = raw.decode("utf-8", errors=errors)
                 except UnicodeDecodeError as exc:
-                    raise UsageError(f"{name}: line {number} is not valid UTF-8 (byte {exc.start} of the line); "
-                                     "fix the input or pass --errors replace") from None
+                    raise NotUtf8(name, number, exc.start) from None
                 yield text.rstrip("\r\n")
         finally:
             if stream is not sys.stdin.buffer:
@@ -144,24 +169,19 @@ def _pool(hidden: torch.Tensor, valid_lens: torch.Tensor, pooling: str, model: B
 
 
 def _forward(enc: Encoder, ids: list[list[int]], types: list[list[int]], layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Hidden states of `layer` (0 = embeddings, L = last) for a batch of token-id lists (called
-    under torch.inference_mode)."""
+    """Hidden states of `layer` (0 = embeddings, L = last; BertModel.layer_index) for a batch of
+    token-id lists, padded: (B, T, H) and the (B,) valid lengths (called under torch.inference_mode)."""
     B, T = len(ids), max(len(x) for x in ids)
-    tokens = torch.zeros((B, T), dtype=torch.long)
-    segments = torch.zeros((B, T), dtype=torch.long)
+    input_ids = torch.zeros((B, T), dtype=torch.long)
+    token_type_ids = torch.zeros((B, T), dtype=torch.long)
     for row, (x, t) in enumerate(zip(ids, types)):
-        tokens[row, :len(x)] = torch.tensor(x)
-        segments[row, :len(t)] = torch.tensor(t)
-    valid = torch.tensor([len(x) for x in ids])
-    tokens, segments, valid = tokens.to(enc.device), segments.to(enc.device), valid.to(enc.device)
-    ctx = torch.autocast(enc.device.type, dtype=enc.dtype) if enc.dtype else torch.autocast(enc.device.type, enabled=False)
-    with ctx:
-        bert = enc.model.bert
-        mask = padding_mask(valid, T)
-        x = bert.embeddings(tokens, segments)
-        for block in bert.encoder.layer[:layer]:
-            x = block(x, mask)
-    return x, valid
+        input_ids[row, :len(x)] = torch.tensor(x)
+        token_type_ids[row, :len(t)] = torch.tensor(t)
+    device = enc.rt.device
+    valid_lens = torch.tensor([len(x) for x in ids], device=device)
+    with enc.rt.autocast():
+        hidden = enc.model.bert.hidden_states(input_ids.to(device), token_type_ids.to(device), valid_lens, layer)
+    return hidden, valid_lens
 
 
 def encode(enc: Encoder, lines: Iterator[str], out: "Writer", pooling: str | None = None, layer: int = -1,
@@ -170,14 +190,11 @@ def encode(enc: Encoder, lines: Iterator[str], out: "Writer", pooling: str | Non
     """Encode every line and hand the rows to `out` in input order; return counts. None for
     pooling, normalize or max_length: see `resolve`. With `pairs`, a line without a TAB is one
     sentence (counted in "unpaired"), or an error when `strict_pairs`."""
-    L = enc.model.config.num_hidden_layers
-    index = layer if layer >= 0 else L + 1 + layer
-    if not 0 <= index <= L:
-        raise UsageError(f"--layer {layer}: this model has layers 0 (embeddings) to {L} (-1 to -{L + 1} from the end)")
+    layer, last = enc.model.bert.layer_index(layer), len(enc.model.blocks)  # IndexError out of range
     settings = resolve(enc, pooling, normalize, max_length, per_token)
-    pooling, normalize, layer = settings.pooling, settings.normalize, index
-    if pooling == "pooler" and layer != L:
-        raise UsageError("--pooling pooler reads the last layer; drop --layer or pick another pooling")
+    pooling, normalize = settings.pooling, settings.normalize
+    if pooling == "pooler" and layer != last:
+        raise UsageError(f"pooling 'pooler' reads the last layer ({last}), not layer {layer}; pick another pooling")
     enc.tokenizer.enable_truncation(settings.max_length)
     lowercase = enc.sentence is not None and enc.sentence.lowercase  # sentence_bert_config.json's do_lower_case
     counts = {"lines": 0, "truncated": 0, "unpaired": 0}
@@ -193,8 +210,7 @@ def encode(enc: Encoder, lines: Iterator[str], out: "Writer", pooling: str | Non
             inputs = [tuple(text.split("\t", 1)) if "\t" in text else text for text in texts]
             unpaired = [i for i, x in enumerate(inputs) if isinstance(x, str)]
             if unpaired and strict_pairs:
-                raise UsageError(f"input line {counts['lines'] + unpaired[0] + 1}: no TAB between the two sentences "
-                                 "(--strict-pairs); write A<TAB>B, or drop --strict-pairs to encode such lines alone")
+                raise Unpaired(counts["lines"] + unpaired[0] + 1)
             counts["unpaired"] += len(unpaired)
         encodings = enc.tokenizer.encode_batch(inputs, add_special_tokens=True)
         counts["truncated"] += sum(1 for e in encodings if e.overflowing)
@@ -229,17 +245,15 @@ def encode(enc: Encoder, lines: Iterator[str], out: "Writer", pooling: str | Non
 
 
 class Writer:
-    """Rows out: jsonl or tsv to a text stream, or to --output; npy to --output. A file is written
+    """Rows out: jsonl or tsv to a text stream, or to an output file; npy to a file. A file is written
     under a temporary name and renamed into place at the end (never half-written)."""
 
     def __init__(self, fmt: str, stream: TextIO | None, output: Path | None, with_text: bool) -> None:
         self.fmt, self.stream, self.with_text = fmt, stream, with_text
         self.output, self.rows, self.width = output, 0, None
         self.raw: io.BufferedWriter | None = None
-        if fmt == "npy" and output is None:
-            raise UsageError("--format npy writes a file: pass --output FILE.npy")
-        if fmt == "npy" and with_text:
-            raise UsageError("--with-text: npy holds numbers only; use --format jsonl or tsv for the text")
+        if fmt == "npy" and (output is None or with_text):  # the CLI says which flag to change
+            raise ValueError("npy is written to an output file, numbers only: no stream, no text")
         if output is not None:
             self.tmp = output.with_name(f"{atomic.TMP_PREFIX}{output.name}.{os.getpid()}")
             if fmt == "npy":  # the rows first; the header, which needs their count, is written at close

@@ -14,6 +14,7 @@ Shapes: B batch, T sequence length, H hidden size, P prediction slots per exampl
 from __future__ import annotations
 
 from functools import cache, partial
+from itertools import islice
 from typing import Callable, NamedTuple
 
 import torch
@@ -55,11 +56,12 @@ class BertEmbeddings(nn.Module):
         self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
 
-    def forward(self, tokens: torch.Tensor, segments: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
+                positions: torch.Tensor | None = None) -> torch.Tensor:
         """(B, T) ids -> (B, T, H); or, packed, (N,) ids with their (N,) positions -> (N, H)."""
-        x = self.word_embeddings(tokens) + self.token_type_embeddings(segments)
+        x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
         if positions is None:
-            x = x + self.position_embeddings.weight[:tokens.shape[1]]  # positions 0..T-1, broadcast over B
+            x = x + self.position_embeddings.weight[:input_ids.shape[1]]  # positions 0..T-1, broadcast over B
         else:
             x = x + self.position_embeddings(positions)
         return self.dropout(self.LayerNorm(x))
@@ -226,8 +228,10 @@ class BertEncoder(nn.Module):
         super().__init__()
         self.layer = nn.ModuleList(BertLayer(cfg) for _ in range(cfg.num_hidden_layers))
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | Packing | None) -> torch.Tensor:
-        for layer in self.layer:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | Packing | None,
+                num_layers: int | None = None) -> torch.Tensor:
+        """The first `num_layers` blocks (None: all of them) over x."""
+        for layer in islice(self.layer, num_layers):  # islice: no new ModuleList per call
             x = layer(x, attn_mask)
         return x
 
@@ -250,7 +254,11 @@ def padding_mask(valid_lens: torch.Tensor, T: int) -> torch.Tensor:
 
 
 class BertModel(nn.Module):
-    """d2l's BERTEncoder: embeddings, the encoder stack and the pooler."""
+    """d2l's BERTEncoder: embeddings, the encoder stack and the pooler.
+
+    Inputs are named as in Hugging Face (input_ids, token_type_ids) plus valid_lens, the (B,) count
+    of real tokens per row (None: no padding); `hidden_states` is the one path through the encoder,
+    used by pretraining (via forward) and by encode alike."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -258,18 +266,43 @@ class BertModel(nn.Module):
         self.encoder = BertEncoder(cfg)
         self.pooler = BertPooler(cfg)
 
-    def forward(self, tokens: torch.Tensor, segments: torch.Tensor, valid_lens: torch.Tensor | None = None,
-                packed: Packing | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(B, T) ids -> the last layer (B, T, H) and the pooled [CLS] (B, H). With `packed` (the
-        batch's Packing) the encoder runs on the N real tokens alone and the last layer comes back
-        packed, (N, H)."""
+    @property
+    def blocks(self) -> nn.ModuleList:
+        """The L encoder blocks in order: the units that are compiled and sharded one by one."""
+        return self.encoder.layer
+
+    def layer_index(self, layer: int) -> int:
+        """`layer` as a count of blocks run: 0 is the embeddings' output, L the last block's;
+        negative counts from the end (-1 = L, -(L+1) = 0). IndexError outside that range."""
+        L = len(self.blocks)
+        index = layer if layer >= 0 else L + 1 + layer
+        if not 0 <= index <= L:
+            raise IndexError(f"layer {layer} out of range: the model has {L} layers "
+                             f"(0 = the embeddings to {L}, or -1 to -{L + 1} from the end)")
+        return index
+
+    def hidden_states(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
+                      valid_lens: torch.Tensor | None = None, layer: int = -1,
+                      packed: Packing | None = None) -> torch.Tensor:
+        """Hidden states after `layer` (see layer_index; -1 = the last): (B, T) ids -> (B, T, H).
+        With `packed` (the batch's Packing) the encoder runs on the N real tokens alone and they
+        come back packed, (N, H)."""
         if packed is not None:
-            x = self.embeddings(packed.pack(tokens), packed.pack(segments), packed.indices % packed.width)  # (N, H)
-            encoded = self.encoder(x, packed)  # (N, H)
+            x = self.embeddings(packed.pack(input_ids), packed.pack(token_type_ids), packed.indices % packed.width)
+            mask: torch.Tensor | Packing | None = packed
+        else:
+            x = self.embeddings(input_ids, token_type_ids)
+            mask = None if valid_lens is None else padding_mask(valid_lens, input_ids.shape[1])
+        return self.encoder(x, mask, self.layer_index(layer))
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, valid_lens: torch.Tensor | None = None,
+                packed: Packing | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, T) ids -> the last layer (B, T, H) and the pooled [CLS] (B, H); packed, the last
+        layer is (N, H) (see hidden_states)."""
+        encoded = self.hidden_states(input_ids, token_type_ids, valid_lens, packed=packed)
+        if packed is not None:
             first = encoded.index_select(0, packed.cu_seqlens[:-1].long())  # (B, H): each row's [CLS]
             return encoded, self.pooler(first[:, None])
-        mask = None if valid_lens is None else padding_mask(valid_lens, tokens.shape[1])
-        encoded = self.encoder(self.embeddings(tokens, segments), mask)  # (B, T, H)
         return encoded, self.pooler(encoded)
 
 
@@ -340,9 +373,14 @@ class BertForPreTraining(nn.Module):
         elif isinstance(module, BertLMPredictionHead):
             nn.init.zeros_(module.bias)
 
-    def forward(self, tokens: torch.Tensor, segments: torch.Tensor, valid_lens: torch.Tensor | None = None,
+    @property
+    def blocks(self) -> nn.ModuleList:
+        """The encoder's blocks (see BertModel.blocks)."""
+        return self.bert.blocks
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, valid_lens: torch.Tensor | None = None,
                 pred_positions: torch.Tensor | None = None, packed: Packing | None = None) -> PretrainingOutput:
-        encoded, pooled = self.bert(tokens, segments, valid_lens, packed)
+        encoded, pooled = self.bert(input_ids, token_type_ids, valid_lens, packed)
         if pred_positions is not None:
             # Gather the P predicted positions first so the MLM head (and its V-wide decoder)
             # only runs there; P is fixed per batch, so shapes stay static.

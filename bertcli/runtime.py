@@ -1,6 +1,8 @@
 """Every runtime decision in one place: device, precision, processes and parallelism, seeding.
 
-The model and the data code never look at devices or dtypes; the trainer asks this module.
+The model and the data code never look at devices or dtypes; the trainer and encode ask this
+module (device names are parsed by `parse_device`, precisions mapped to dtypes by `AUTOCAST_DTYPES`,
+and `Runtime.autocast` is the one mixed-precision context).
 """
 
 from __future__ import annotations
@@ -19,9 +21,14 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from bertcli import console
-from bertcli.config import ModelConfig, PrecisionConfig
+from bertcli.config import ModelConfig, PrecisionConfig, is_device_name
 from bertcli.errors import UsageError
 from bertcli.model import BertForPreTraining, padded_vocab_size
+
+
+PRECISIONS = ("fp32", "bf16", "fp16")  # resolved precisions; config's precision.mode adds auto
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}  # fp32: no autocast
+DEVICE_NAMES = "auto, cpu, cuda or cuda:N"  # the grammar is config.is_device_name (the schema's, torch-free)
 
 
 @dataclass
@@ -56,7 +63,7 @@ class Runtime:
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
-        return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
+        return AUTOCAST_DTYPES.get(self.precision)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """Mixed precision for the forward pass; weights, optimizer and loss stay fp32."""
@@ -76,15 +83,20 @@ class Runtime:
         return f"device {where}, precision {self.precision}, torch {torch.__version__}"
 
 
-def resolve_device(name: str) -> torch.device:
+def parse_device(name: str, what: str = "device") -> torch.device:
+    """The torch.device for a device name (auto, cpu, cuda or cuda:N); auto is CUDA when a GPU
+    is visible. UsageError for another name or a GPU that is not there, naming the value as
+    `what` (the CLI passes its flag, the trainer train.device)."""
+    if not is_device_name(name):
+        raise UsageError(f"{what} {name!r}: expected {DEVICE_NAMES}")
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise UsageError(f"device {name!r}: no CUDA GPU is visible to PyTorch; use --device cpu (or auto)")
+            raise UsageError(f"{what} {name!r}: no CUDA GPU is visible to PyTorch; use {what} cpu (or auto)")
         device = torch.device(name)
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise UsageError(f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s) are visible")
+            raise UsageError(f"{what} {name!r}: only {torch.cuda.device_count()} CUDA device(s) are visible")
         return device
     return torch.device(name)
 
@@ -105,7 +117,7 @@ def setup(device: str, precision: PrecisionConfig) -> Runtime:
     GPUs (one per local rank), gloo on CPU."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
-    dev = resolve_device(device)
+    dev = parse_device(device, "train.device")
     if dev.type == "cuda" and dev.index is None:  # set_device and DDP want an index: one GPU per local rank
         dev = torch.device("cuda", local_rank)
     if dev.type == "cuda":
@@ -158,7 +170,7 @@ def check_memory(model: ModelConfig, rt: Runtime, parallel: str) -> None:
 COMPILE_BACKEND = "inductor"  # tests use "aot_eager": the same graph capture without minutes of code generation
 
 
-def parallelize(model: nn.Module, rt: Runtime, parallel: str, every_parameter_used: bool,
+def parallelize(model: BertForPreTraining, rt: Runtime, parallel: str, every_parameter_used: bool,
                 compile: bool = False) -> nn.Module:
     """Put `model` on the device and return what the training step calls: the model itself in
     one process; under torchrun a DistributedDataParallel wrapper (`ddp`: a whole model on each
@@ -172,16 +184,16 @@ def parallelize(model: nn.Module, rt: Runtime, parallel: str, every_parameter_us
     outside the graphs. A new sequence length recompiles once, then shapes are dynamic.
     """
     if compile:
-        for layer in model.bert.encoder.layer:
-            layer.compile(backend=COMPILE_BACKEND)
+        for block in model.blocks:
+            block.compile(backend=COMPILE_BACKEND)
     if rt.distributed and parallel == "fsdp":
         from torch.distributed.fsdp import fully_shard  # a second to import: only when used
 
         # The MLM logits are a view (the vocabulary padding sliced off); FSDP2 warns that an
         # in-place op on a view would skip its hook. Nothing writes to them in place.
         warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
-        for layer in model.bert.encoder.layer:  # shards go to this process's device
-            fully_shard(layer)
+        for block in model.blocks:  # shards go to this process's device
+            fully_shard(block)
         fully_shard(model)  # embeddings, pooler and heads (with the tied decoder) as one group
         return model
     model.to(rt.device)

@@ -45,6 +45,18 @@ def _without(ckpt: Path, name: str) -> Path:
     return ckpt
 
 
+def _emptied(ckpt: Path, name: str) -> Path:
+    (ckpt / name).write_bytes(b"")
+    return ckpt
+
+
+def _with_checkpoint(base, folder: Path) -> Path:
+    """A micro run config in `folder` whose output_dir already holds a checkpoint."""
+    config = write_config(folder)
+    shutil.copytree(_copy_ckpt(base, folder), folder / "checkpoints" / "step-0000004")
+    return config
+
+
 def _truncated(ckpt: Path) -> Path:
     weights = ckpt / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])
@@ -157,11 +169,18 @@ CASES = [
      "pass --output FILE.npy"),
     ("encode-bad-layer", lambda d, b: ["encode", "--model", b["text"], "--layer", "9", _write(d, "in.txt", "a\n")], 2,
      "--layer 9: this model has layers 0 (embeddings) to 2"),
+    ("encode-pooler-of-a-middle-layer", lambda d, b: ["encode", "--model", b["text"], "--pooling", "pooler", "--layer", "1",
+                                                      _write(d, "in.txt", "a\n")], 2, "--pooling pooler reads the last layer"),
     ("export-existing-folder", lambda d, b: ["export", b["text"], (d / "out").mkdir() or d / "out"], 2, "pass --force"),
     ("export-no-checkpoint", lambda d, b: ["export", d, d / "out"], 2, "no checkpoint here"),
     ("inspect-missing", lambda d, b: ["inspect", d / "nothing"], 2, "no such file or folder"),
     ("device-unknown", lambda d, b: ["pretrain", "-c", write_config(d), "--device", "tpu"], 2, "--device 'tpu'"),
     ("resume-missing", lambda d, b: ["pretrain", "-c", write_config(d), "--resume", d / "nowhere"], 2, "no such checkpoint folder"),
+    ("resume-never-over-checkpoints", lambda d, b: ["pretrain", "-c", _with_checkpoint(b, d), "--resume", "never"], 2,
+     "already holds 1 checkpoint(s) and --resume never was given; use --resume auto"),
+    ("training-state-empty", lambda d, b: ["pretrain", "-c", write_config(d), "--resume",
+                                           _emptied(_copy_ckpt(b, d), "training_state.pt")], 1,
+     "the file is damaged: resume from another checkpoint (--resume PATH)"),
 ]
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])

@@ -42,6 +42,55 @@ def reference(trained, text, layer=None):
         return model(torch.tensor([ids]), torch.zeros(1, len(ids), dtype=torch.long), torch.tensor([len(ids)])).encoded[0], model
 
 
+def pretraining_layers(ckpt, encodings, packed: bool) -> list[list[torch.Tensor]]:
+    """What BertForPreTraining.forward computes inside, as the trainer calls it, for a batch of
+    tokenizer encodings: for each row, the (T_row, H) output of the embeddings (layer 0) and of
+    each block, captured by forward hooks; padded, or packed (train.unpad) and unpacked again."""
+    from bertcli.model import BertForPreTraining, packing
+
+    model = BertForPreTraining(checkpoint.read_config(ckpt).model).eval()  # eval: no dropout, as in encode
+    checkpoint.load_weights(model, ckpt)
+    lengths = [len(e.ids) for e in encodings]
+    input_ids = torch.zeros(len(encodings), max(lengths), dtype=torch.long)
+    token_type_ids = torch.zeros_like(input_ids)
+    for row, e in enumerate(encodings):
+        input_ids[row, :len(e.ids)], token_type_ids[row, :len(e.ids)] = torch.tensor(e.ids), torch.tensor(e.type_ids)
+    valid_lens = torch.tensor(lengths)
+    pk = packing(valid_lens, input_ids.shape[1]) if packed else None
+    seen = []
+    hooks = [m.register_forward_hook(lambda module, args, out: seen.append(pk.unpack(out) if packed else out))
+             for m in [model.bert.embeddings, *model.blocks]]
+    with torch.no_grad():
+        out = model(input_ids, token_type_ids, valid_lens, torch.zeros(len(lengths), 2, dtype=torch.long), packed=pk)
+    for hook in hooks:
+        hook.remove()
+    assert torch.equal(pk.unpack(out.encoded) if packed else out.encoded, seen[-1]), "the last block's is the output"
+    return [[layer[row, :n] for layer in seen] for row, n in enumerate(lengths)]
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_encode_reads_the_hidden_states_pretraining_computes(trained, packed):
+    """encode's vectors at every layer, per token, are those the pretraining forward computes for
+    the same token ids (sentence pairs included): a change to the encoder reaches both, and encode
+    cannot drift into a path of its own."""
+    from bertcli.hf import find_checkpoint
+    from tokenizers import Tokenizer
+
+    lines = ["the python tutorial\tmodules and packages", "a", LINES[2], LINES[4]]
+    ckpt = find_checkpoint(trained)
+    tokenizer = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
+    encodings = tokenizer.encode_batch([tuple(x.split("\t")) if "\t" in x else x for x in lines])
+    assert any(1 in e.type_ids for e in encodings) and len({len(e.ids) for e in encodings}) == len(lines)
+    expected = pretraining_layers(ckpt, encodings, packed)
+    L = checkpoint.read_config(ckpt).model.num_hidden_layers
+    for layer in range(L + 1):
+        rows, _ = run_encode(trained, lines, layer=layer, per_token=True, pairs=True, batch_size=3)
+        for row, want in zip(rows, expected):
+            assert row["tokens"] == encodings[row["line"] - 1].tokens
+            np.testing.assert_allclose(row["vectors"], want[layer].numpy(), rtol=2e-5, atol=2e-5,
+                                       err_msg=f"layer {layer}, line {row['line']}")
+
+
 def test_rows_in_input_order_including_empty_lines(trained):
     rows, counts = run_encode(trained, LINES, with_text=True, batch_size=2)
     assert [r["line"] for r in rows] == list(range(1, len(LINES) + 1)) and counts["lines"] == len(LINES)

@@ -92,7 +92,7 @@ def test_exact_resume_is_bitwise_identical(tmp_path):
 
 def test_resume_modes(tmp_path):
     train(tmp_path, stop_at=8)
-    with pytest.raises(UsageError, match="--resume never"):
+    with pytest.raises(UsageError, match="resume is 'never'"):
         train(tmp_path, resume="never")
     older = tmp_path / "checkpoints" / "step-0000004"
     result = train(tmp_path, resume=str(older), stop_at=6)
