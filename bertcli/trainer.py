@@ -293,7 +293,7 @@ def fit(run: Run, last_step: int, stopper: StopOnSignal, quiet: bool) -> dict[st
     and the final checkpoint."""
     cfg, rt, tc, step = run.cfg, run.rt, run.cfg.train, run.step
     if run.resumed_from is not None and step >= last_step:  # already there (or past it): nothing to train
-        limit = f"--stop-at {last_step}" if last_step < tc.max_steps else f"train.max_steps={tc.max_steps}"
+        limit = f"the stop step asked for, {last_step}" if last_step < tc.max_steps else f"train.max_steps={tc.max_steps}"
         log(f"nothing to do: {run.resumed_from} is already at step {step}, at or past {limit}; raise it to train further")
         return {"step": step, "tokens_seen": run.tokens_seen, "checkpoint": str(run.resumed_from),
                 "metrics": checkpoint.read_trainer_state(run.resumed_from).get("metrics") or {}, "is_main": rt.is_main}
