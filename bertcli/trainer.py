@@ -226,7 +226,7 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume: str, quiet: bool) -> Run
     if resumed_from is not None:
         checkpoint.load_weights(model, resumed_from)
     train_model = runtime.parallelize(model, rt, tc.parallel, every_parameter_used=cfg.data.pairs, compile=tc.compile)
-    optimizer = build_optimizer(model, cfg.optimizer, fused=rt.device.type == "cuda")
+    optimizer = build_optimizer(model, cfg.optimizer, fused=runtime.fused_adamw(rt.device))
     unpad, why_not = runtime.unpadded(tc.unpad, rt.device, cfg.model.attention_probs_dropout_prob,
                                       tc.batch_size * cfg.data.max_seq_length, rt.precision)
     if why_not:
