@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bertcli.config import ModelConfig
+from bertcli.dropout import Dropout, attention
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu": F.gelu,  # exact (erf) GELU, as in Google BERT and HF "gelu"
@@ -54,7 +55,7 @@ class BertEmbeddings(nn.Module):
         self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
         self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
         self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+        self.dropout = Dropout(cfg.hidden_dropout_prob)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
                 positions: torch.Tensor | None = None) -> torch.Tensor:
@@ -135,7 +136,8 @@ def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pk: Pack
 
 
 class BertSelfAttention(nn.Module):
-    """Multi-head self-attention through scaled_dot_product_attention (flash/efficient kernels)."""
+    """Multi-head self-attention through scaled_dot_product_attention (flash/efficient kernels;
+    on CPUs in training with dropout, its math path with a cheaper mask: dropout.attention)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -156,8 +158,7 @@ class BertSelfAttention(nn.Module):
         B, T, H = x.shape
         split = lambda t: t.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # noqa: E731  (B, nh, T, hd)
         q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
-                                             dropout_p=self.dropout_p if self.training else 0.0)
+        out = attention(q, k, v, attn_mask, self.dropout_p if self.training else 0.0)
         return out.transpose(1, 2).reshape(B, T, H)
 
 
@@ -168,7 +169,7 @@ class BertSelfOutput(nn.Module):
         super().__init__()
         self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+        self.dropout = Dropout(cfg.hidden_dropout_prob)
 
     def forward(self, hidden: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         return self.LayerNorm(self.dropout(self.dense(hidden)) + residual)
@@ -203,7 +204,7 @@ class BertOutput(nn.Module):
         super().__init__()
         self.dense = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
         self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+        self.dropout = Dropout(cfg.hidden_dropout_prob)
 
     def forward(self, hidden: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         return self.LayerNorm(self.dropout(self.dense(hidden)) + residual)

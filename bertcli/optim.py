@@ -24,7 +24,8 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 
 def build_optimizer(model: nn.Module, cfg: OptimizerConfig, fused: bool = False) -> torch.optim.AdamW:
-    """AdamW; `fused` (one kernel for all parameters) is for CUDA."""
+    """AdamW; `fused`: one kernel updates every parameter in place (CUDA and CPU; see
+    runtime.fused_adamw), instead of a chain of tensor ops with temporaries per parameter."""
     return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
                              eps=cfg.eps, fused=fused or None)
 
@@ -56,9 +57,9 @@ def step_if_finite(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScale
     """Apply the optimizer step unless the gradients are not finite (`finite`, a () bool tensor).
 
     A skipped step changes nothing: not the weights, not Adam's moments or step count. With fp16
-    the grad scaler decides (and lowers its scale). A fused optimizer (CUDA) skips on the device
-    through its `found_inf` input, so the host never waits for the check; otherwise the check is
-    read on the host, which costs nothing on a CPU (the only place the unfused optimizer runs).
+    the grad scaler decides (and lowers its scale). A fused optimizer skips in its kernel through
+    its `found_inf` input (CUDA's and the CPU's alike), so a GPU's host never waits for the check;
+    otherwise the check is read on the host.
     """
     if scaler.is_enabled():
         scaler.step(optimizer)

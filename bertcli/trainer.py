@@ -96,10 +96,11 @@ def evaluate(model: BertForPreTraining, batches: list[Batch], rt: runtime.Runtim
     model.eval()
     sums = torch.zeros(5, device=rt.device)  # mlm loss*count, mlm correct, mlm count, nsp loss*rows, nsp correct
     rows = 0
-    for batch in batches:
-        batch = batch.to(rt.device)
+    for host in batches:
+        batch = host.to(rt.device)
         with rt.autocast():
-            out = model(batch.input_ids, batch.token_type_ids, batch.valid_lens, batch.pred_positions)
+            out = model(batch.input_ids, batch.token_type_ids, batch.valid_lens if host.has_padding() else None,
+                        batch.pred_positions)
         s = pretraining_loss(out, batch, tc.mlm_weight, tc.nsp_weight, nsp).stats
         sums += torch.stack([s.mlm_loss * s.mlm_count, s.mlm_correct, s.mlm_count, s.nsp_loss * s.nsp_count, s.nsp_correct])
         rows += len(batch.nsp_labels)
@@ -226,7 +227,7 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume: str, quiet: bool) -> Run
     if resumed_from is not None:
         checkpoint.load_weights(model, resumed_from)
     train_model = runtime.parallelize(model, rt, tc.parallel, every_parameter_used=cfg.data.pairs, compile=tc.compile)
-    optimizer = build_optimizer(model, cfg.optimizer, fused=rt.device.type == "cuda")
+    optimizer = build_optimizer(model, cfg.optimizer, fused=runtime.fused_adamw(rt.device))
     unpad, why_not = runtime.unpadded(tc.unpad, rt.device, cfg.model.attention_probs_dropout_prob,
                                       tc.batch_size * cfg.data.max_seq_length, rt.precision)
     if why_not:
@@ -355,11 +356,13 @@ def train_step(run: Run, step: int, batches: Iterator[Batch], window: MetricsWin
     lr = lr_at(step, cfg.optimizer, tc.max_steps)
     for group in run.optimizer.param_groups:
         group["lr"] = lr
-    step_batches = []
+    step_batches, key_lens = [], []
     for _ in range(tc.grad_accum_steps):
         batch = next(batches)  # this process's share of one micro-batch of the step (pinned on GPUs)
         window.add_tokens(int(batch.valid_lens.sum()))  # non-padding tokens, counted on the host copy: no sync
+        padded = batch.has_padding()  # the host copy again
         step_batches.append(batch.to(rt.device, non_blocking=rt.device.type == "cuda"))
+        key_lens.append(step_batches[-1].valid_lens if padded else None)  # None: no attention mask at all
     # The losses are means over the whole step (all micro-batches, all processes): count its
     # predictions and NSP rows before the first backward (on the device, async under torchrun).
     denominators = rt.all_reduce_sum(step_counts(step_batches))
@@ -367,7 +370,7 @@ def train_step(run: Run, step: int, batches: Iterator[Batch], window: MetricsWin
     for micro, batch in enumerate(step_batches):
         with runtime.gradient_sync(run.train_model, micro == tc.grad_accum_steps - 1):  # reduced on the last only
             with rt.autocast():
-                out = run.train_model(batch.input_ids, batch.token_type_ids, batch.valid_lens, batch.pred_positions,
+                out = run.train_model(batch.input_ids, batch.token_type_ids, key_lens[micro], batch.pred_positions,
                                       batch.packed if run.unpad else None)
             losses = pretraining_loss(out, batch, tc.mlm_weight, tc.nsp_weight, cfg.data.pairs, denominators,
                                       rt.world_size)

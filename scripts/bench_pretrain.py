@@ -9,12 +9,15 @@
     add --unpad to time bertcli's unpadded encoder too (train.unpad), beside the padded one
 
 Both get the same sizes, batch, sequence length, masking rate (15% of positions, at most
-max_predictions) and the same synthetic batches (random tokens, full rows), AdamW (fused on CUDA),
-bf16 autocast on CUDA and fp32 on CPU, and transformers uses attn_implementation="sdpa".
-bertcli runs its MLM head only at the masked positions; transformers computes logits everywhere and
-ignores the unmasked ones (-100 labels). Warm-up steps are excluded; the figure is the median of
---windows timed windows of --steps steps each. Reports tokens/s (non-padding tokens), model TFLOP/s,
-MFU (on GPUs with a known peak), peak memory, and the ratio.
+max_predictions) and the same synthetic batches (random tokens, full rows), torch's fused AdamW
+(what `pretrain` takes on CPUs and GPUs, and what transformers' Trainer takes by default with
+torch >= 2.8), bf16 autocast on CUDA and fp32 on CPU, and transformers uses
+attn_implementation="sdpa". bertcli runs its MLM head only at the masked positions; transformers
+computes logits everywhere and ignores the unmasked ones (-100 labels). Warm-up steps are excluded;
+the timed windows alternate between the models (window 1 of each, then window 2 of each, ...), so
+a change in the machine's load falls on all of them alike; the figure is the median of --windows
+windows of --steps steps each. Reports tokens/s (non-padding tokens), model TFLOP/s, MFU (on GPUs
+with a known peak), peak memory, and the ratio.
 
 --lengths real takes each row's length from the examples `pretrain` builds at this sequence length
 on the bundled sample (Google-style pairs: most rows full, some short); padding then costs the
@@ -37,7 +40,7 @@ from bertcli.config_load import preset_config
 from bertcli.data.examples import IGNORE
 from bertcli.model import BertForPreTraining, flops_per_token, packing
 from bertcli.optim import param_groups
-from bertcli.runtime import peak_tflops
+from bertcli.runtime import fused_adamw, peak_tflops
 
 
 def real_lengths(rows: int, T: int) -> torch.Tensor:
@@ -78,7 +81,8 @@ def make_batches(n: int, B: int, T: int, V: int, P: int, device: torch.device, l
         batch = dict(tokens=masked, segments=segments, positions=positions, labels=labels, full_labels=full_labels,
                      nsp=nsp, valid=valid, attention_mask=keep.long())
         packed = packing(valid, width)  # made on the host, as the trainer makes it
-        batches.append({**{k: v.to(device) for k, v in batch.items()}, "packed": packed.to(device)})
+        batches.append({**{k: v.to(device) for k, v in batch.items()}, "packed": packed.to(device),
+                        "padded": bool((valid < width).any())})  # decided on the host, as the trainer does
     return batches
 
 
@@ -116,11 +120,12 @@ def main() -> None:
     def bertcli_step(unpad: bool):
         torch.manual_seed(0)
         model = BertForPreTraining(mcfg).to(device).train()
-        opt = torch.optim.AdamW(param_groups(model, 0.01), lr=1e-4, fused=cuda or None)
+        opt = torch.optim.AdamW(param_groups(model, 0.01), lr=1e-4, fused=fused_adamw(device) or None)
 
         def step(b):
             with autocast:
-                out = model(b["tokens"], b["segments"], b["valid"], b["positions"], b["packed"] if unpad else None)
+                out = model(b["tokens"], b["segments"], b["valid"] if b["padded"] else None, b["positions"],
+                            b["packed"] if unpad else None)
             loss = F.cross_entropy(out.mlm_logits.float().flatten(0, 1), b["labels"].flatten()) + \
                 F.cross_entropy(out.nsp_logits.float(), b["nsp"])
             loss.backward()
@@ -132,7 +137,7 @@ def main() -> None:
     hf_cfg = transformers.BertConfig(**{k: v for k, v in dataclasses.asdict(mcfg).items()
                                         if k not in ("pad_vocab_multiple", "init_from")}, attn_implementation="sdpa")
     theirs = transformers.BertForPreTraining(hf_cfg).to(device).train()
-    theirs_opt = torch.optim.AdamW(param_groups(theirs, 0.01), lr=1e-4, fused=cuda or None)
+    theirs_opt = torch.optim.AdamW(param_groups(theirs, 0.01), lr=1e-4, fused=fused_adamw(device) or None)
 
     def theirs_step(b):
         with autocast:
@@ -154,24 +159,27 @@ def main() -> None:
     mean_len = real_tokens / args.batch
     flops = flops_per_token(mcfg, mean_len, P / mean_len)
     peak = peak_tflops(device, 0.0)
-    results = {}
-    for name, step, model in contenders:
+    for _, step, _ in contenders:
         for i in range(args.warmup):
             step(batches[i % len(batches)])
-        if cuda:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-        times = []
-        for w in range(args.windows):
+    times: dict[str, list[float]] = {name: [] for name, _, _ in contenders}
+    peaks: dict[str, float] = {}
+    for w in range(args.windows):  # alternating: window w of every model before window w + 1 of any
+        for name, step, _ in contenders:
+            if cuda:
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
             start = time.perf_counter()
             for i in range(args.steps):
                 step(batches[(w + i) % len(batches)])
             if cuda:
                 torch.cuda.synchronize()
-            times.append(time.perf_counter() - start)
-        tokens_per_s = real_tokens * args.steps / statistics.median(times)
-        results[name] = {"tokens_per_s": tokens_per_s, "tflops": tokens_per_s * flops / 1e12,
-                         "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None}
+                peaks[name] = max(peaks.get(name, 0.0), torch.cuda.max_memory_allocated() / 2**30)
+            times[name].append(time.perf_counter() - start)
+    results = {}
+    for name, step, _ in contenders:
+        tokens_per_s = real_tokens * args.steps / statistics.median(times[name])
+        results[name] = {"tokens_per_s": tokens_per_s, "tflops": tokens_per_s * flops / 1e12, "peak_gib": peaks.get(name)}
         if args.profile:
             results[name]["profile"] = profile(step, batches, args.steps, cuda, args.profile)
     where = torch.cuda.get_device_name(device) if cuda else f"CPU, {torch.get_num_threads()} threads"

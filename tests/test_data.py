@@ -12,7 +12,7 @@ from bertcli.config import DataConfig
 from bertcli.data import Corpus, SpecialTokens
 from bertcli.data.examples import ExampleBuilder
 from bertcli.data.corpus import synthetic_corpus
-from bertcli.data.examples import IGNORE, Batch, truncate_pair
+from bertcli.data.examples import IGNORE, Batch, Example, collate, truncate_pair
 from bertcli.model import BertForPreTraining
 from bertcli.trainer import pretraining_loss
 from conftest import assert_same_batch, micro_config
@@ -254,3 +254,15 @@ def test_a_loaded_vocabulary_with_mask_last_trains(tmp_path, cli, trained, small
                       "train.eval_every=0", "data.random_token_prob=0.5", "data.mask_token_prob=0.5")
     result = cli("pretrain", "--config", config, "--quiet")
     assert result.code == 0 and "done: step 2" in result.err, result.err
+
+
+def test_a_batch_has_padding_when_a_row_is_shorter_than_its_width():
+    """What the trainer asks (on the host copy) before leaving out the attention mask: rows all of
+    one length are still padded when collate rounds the width up to a multiple of 8."""
+    def batch(*lengths):
+        return collate([Example(np.arange(n) + 5, np.zeros(n, dtype=np.int64), np.array([1]), np.array([7]), 0)
+                        for n in lengths], max_predictions=2, pad_id=0, max_length=64)
+
+    assert not batch(16, 16).has_padding()
+    assert batch(12, 12).has_padding() and batch(12, 12).input_ids.shape[1] == 16
+    assert batch(16, 9).has_padding()

@@ -164,3 +164,26 @@ def test_unpadded_path_refuses_attention_dropout():
     tokens, segments, valid_lens = random_inputs(SMALL)
     with pytest.raises(ValueError, match="attention dropout"):
         model(tokens, segments, valid_lens, None, packing(valid_lens, tokens.shape[1]))
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_a_batch_without_padding_runs_unmasked_and_equals_the_masked_path(training):
+    """valid_lens None (what the trainer passes for a batch with no padding: no attention mask, so
+    SDPA may take a faster kernel) gives what the key-padding mask of full rows gives: outputs and
+    gradients, in training with dropout (the same seed draws the same masks) and in evaluation."""
+    cfg = dataclasses.replace(SMALL, pad_vocab_multiple=8)  # dropout 0.1 on hidden states and attention
+    tokens, segments, _ = random_inputs(cfg, B=4, T=16)
+    full = torch.full((4,), 16)
+    positions = torch.tensor([[1, 4, 0], [2, 3, 9], [1, 5, 6], [3, 0, 0]])
+    results = []
+    for valid_lens in (full, None):
+        torch.manual_seed(0)
+        model = BertForPreTraining(cfg).train(training)
+        out = model(tokens, segments, valid_lens, positions)
+        (out.mlm_logits.square().mean() + out.nsp_logits.square().mean()).backward()
+        results.append((out.encoded.detach(), out.mlm_logits.detach(), {k: p.grad for k, p in model.named_parameters()}))
+    (enc_a, mlm_a, grads_a), (enc_b, mlm_b, grads_b) = results
+    torch.testing.assert_close(enc_b, enc_a)
+    torch.testing.assert_close(mlm_b, mlm_a)
+    for name, grad in grads_a.items():
+        torch.testing.assert_close(grads_b[name], grad, msg=name)

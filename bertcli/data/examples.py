@@ -46,6 +46,12 @@ class Batch:
     nsp_labels: torch.Tensor  # (B,) int64
     packed: Packing  # where the real tokens are, for the unpadded encoder (train.unpad)
 
+    def has_padding(self) -> bool:
+        """Whether a row is shorter than the batch is wide, so attention needs the key-padding mask
+        (collate rounds the width up to 8: rows all of one length can still be padded). Ask the
+        host copy, before `to`: on a GPU the answer would wait for the device."""
+        return bool((self.valid_lens < self.input_ids.shape[1]).any())
+
     def to(self, device: torch.device, non_blocking: bool = False) -> "Batch":
         return Batch(**{f.name: getattr(self, f.name).to(device, non_blocking=non_blocking) for f in fields(self)})
 

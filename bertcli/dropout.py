@@ -1,0 +1,59 @@
+"""Dropout with a cheaper mask on CPUs, and the attention that applies it to the attention weights.
+
+torch's CPU dropout draws its mask with `bernoulli_` into a float tensor: on this project's CPUs
+(AMD, where torch leaves MKL's generator off) that is a double from two 32-bit Mersenne-Twister
+draws per element, serially, then a division and a product. Here each element takes 32 random
+bits, half of one 64-bit draw, compared with an integer threshold into a bool mask: about half the
+time at BERT-base sizes (see the README's benchmarks). P(drop) is p rounded to 2^-32 (torch's float
+`rand` has 2^-24). The bits come from torch's default generator, so the mask stays a function of
+the step's seed (runtime.seed_step): a different stream from torch's dropout, as deterministic.
+
+On GPUs torch's own fused kernels (counter-based Philox, dropout inside SDPA's attention) are
+faster than anything composed of tensor ops, so there both functions are torch's.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def keep_mask(shape: torch.Size, p: float, device: torch.device) -> torch.Tensor:
+    """A bool mask of `shape`, each element True (kept) with probability 1 - p (p rounded to 2^-32)."""
+    n = math.prod(shape)
+    words = torch.empty((n + 1) // 2, dtype=torch.int64, device=device).random_(-2**63, None)  # all 64 bits random
+    # Each int32 half is uniform over [-2^31, 2^31): below the threshold with probability p.
+    return words.view(torch.int32)[:n].view(shape) >= round(p * 2**32) - 2**31
+
+
+def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """F.dropout(x, p, training), with keep_mask's mask on CPUs."""
+    if not training or p == 0 or x.device.type != "cpu":
+        return F.dropout(x, p, training)
+    return x.mul(keep_mask(x.shape, p, x.device)).mul_(1 / (1 - p))  # autograd keeps the bool mask only
+
+
+class Dropout(nn.Dropout):
+    """nn.Dropout through `dropout` (no parameters: state_dict keys are unchanged)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return dropout(x, self.p, self.training)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None,
+              dropout_p: float) -> torch.Tensor:
+    """Scaled dot-product attention with dropout on the weights: (B, nh, T, hd) x3 -> (B, nh, T, hd);
+    `keep` (B, 1, 1, T) bool: keys that may be attended (None: all).
+
+    On CPUs with dropout this is SDPA's own math path written out, with `dropout` instead of
+    bernoulli_ and without its guard for rows with no key to attend (a row always has its [CLS]);
+    elsewhere (no dropout: SDPA's fused CPU kernel; GPUs) it is SDPA."""
+    if dropout_p == 0 or q.device.type != "cpu":
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=dropout_p)
+    scores = torch.matmul(q * (1 / math.sqrt(q.shape[-1])), k.transpose(-2, -1))  # (B, nh, T, T)
+    if keep is not None:  # added, not masked_fill: the backward then passes the gradient through as it is
+        scores = scores + scores.new_zeros(keep.shape).masked_fill_(~keep, float("-inf"))
+    return torch.matmul(dropout(torch.softmax(scores, -1), dropout_p, True), v)
