@@ -33,6 +33,13 @@ from bertcli.sbert import SentenceModel, read_sentence_model
 
 POOLINGS = ("cls", "mean", "max", "pooler")
 WINDOW_BATCHES = 32
+# On a CPU a batch's widest activation (token slots x intermediate_size x 4 bytes) stays under this,
+# so long texts come fewer per batch (1,365 token slots at MiniLM's 1,536: 64 texts up to 21 tokens).
+# The matrix products run as fast from about 640 rows up, while smaller batches of long texts carry
+# less padding and their activations stay in cache and below glibc's mmap threshold (a buffer past
+# it is mapped, and page-faulted, afresh at every allocation). MiniLM, 1,000 paragraphs, 2 threads:
+# 14.0 s with 64 texts per batch, 12.0 s with this cap (scripts/bench_encode.py for whole runs).
+CPU_BATCH_BYTES = 8 << 20
 
 
 class NotReproducible(UsageError):
@@ -206,6 +213,19 @@ def _forward(enc: Encoder, ids: list[list[int]], types: list[list[int]], layer: 
     return hidden, valid_lens
 
 
+def _batches(order: list[int], lengths: list[int], rows: int, max_tokens: int | None) -> Iterator[list[int]]:
+    """The texts of `order` (indices, by ascending length) cut into batches of at most `rows` texts
+    and, with max_tokens, at most that many token slots (texts x the longest): at least one text."""
+    batch: list[int] = []
+    for i in order:
+        if batch and (len(batch) == rows or (max_tokens is not None and (len(batch) + 1) * lengths[i] > max_tokens)):
+            yield batch
+            batch = []
+        batch.append(i)
+    if batch:
+        yield batch
+
+
 def encode(enc: Encoder, lines: Iterator[str], out: "Writer", pooling: str | None = None, layer: int = -1,
            normalize: bool | None = None, batch_size: int = 32, max_length: int | None = None, pairs: bool = False,
            per_token: bool = False, strict_pairs: bool = False) -> dict[str, int]:
@@ -218,6 +238,7 @@ def encode(enc: Encoder, lines: Iterator[str], out: "Writer", pooling: str | Non
     if pooling == "pooler" and layer != last:
         raise UsageError(f"pooling 'pooler' reads the last layer ({last}), not layer {layer}; pick another pooling")
     enc.tokenizer.enable_truncation(settings.max_length)
+    max_tokens = CPU_BATCH_BYTES // (4 * enc.model.config.intermediate_size) if enc.rt.device.type == "cpu" else None
     lowercase = enc.sentence is not None and enc.sentence.lowercase  # sentence_bert_config.json's do_lower_case
     counts = {"lines": 0, "truncated": 0, "unpaired": 0}
     window: list[str] = []
@@ -236,10 +257,10 @@ def encode(enc: Encoder, lines: Iterator[str], out: "Writer", pooling: str | Non
             counts["unpaired"] += len(unpaired)
         encodings = enc.tokenizer.encode_batch(inputs, add_special_tokens=True)
         counts["truncated"] += sum(1 for e in encodings if e.overflowing)
-        order = sorted(range(len(window)), key=lambda i: len(encodings[i].ids))
+        lengths = [len(e.ids) for e in encodings]
+        order = sorted(range(len(window)), key=lengths.__getitem__)
         rows: list = [None] * len(window)
-        for start in range(0, len(order), batch_size):
-            chunk = order[start:start + batch_size]
+        for chunk in _batches(order, lengths, batch_size, max_tokens):
             hidden, valid = _forward(enc, [encodings[i].ids for i in chunk], [encodings[i].type_ids for i in chunk], layer)
             if per_token:
                 for j, i in enumerate(chunk):
