@@ -1,7 +1,7 @@
 """`bertcli encode` against sentence-transformers, whole process against whole process, on a real model.
 
     python scripts/bench_encode.py                       # all-MiniLM-L6-v2 of the test extra, 5 rounds
-    python scripts/bench_encode.py --rounds 3 --int8     # also time `bertcli encode --dtype int8`
+    python scripts/bench_encode.py --rounds 3 --int8     # also time encode with int8 linear layers
     python scripts/bench_encode.py --only short          # one input (--only paragraphs: the other)
     python scripts/bench_encode.py --model FOLDER --corpus FILE --short 2000 --paragraphs 1000
 
@@ -18,7 +18,13 @@ so each time covers start-up, imports, model load, tokenization, encoding and wr
 Both take the folder's own settings (mean pooling, normalised), in fp32 on the CPU, with torch's
 default thread count. One untimed run of each first warms the file cache. Reports the median
 seconds of --rounds runs per input, the ratio sentence-transformers / bertcli (> 1: bertcli is
-faster), and the minimum cosine between the two .npy files (and, with --int8, between int8 and fp32).
+faster), and the minimum cosine between the two .npy files.
+
+--int8 adds a third process: bertcli's encode() with the encoder's Linear layers quantized by
+PyTorch's dynamic int8 quantization (torch.ao.quantization.quantize_dynamic, per-channel weights,
+activations quantized per batch), the rest as `bertcli encode`; it reports its speed against fp32
+bertcli and the minimum cosine of its vectors to the fp32 ones. `bertcli encode` has no int8 mode:
+on all-MiniLM-L6-v2 this one missed the bar for shipping one (1.5x fp32, minimum cosine 0.99; README).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +53,24 @@ with open(input_path, encoding="utf-8") as fh:
     lines = fh.read().split("\\n")[:-1]
 vectors = SentenceTransformer(model_dir, device="cpu").encode(lines, batch_size=int(sys.argv[4]))
 np.save(output, vectors)
+"""
+
+INT8_SCRIPT = """
+import sys, warnings
+from collections.abc import Callable
+from pathlib import Path
+import torch
+from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+from bertcli.encode import Writer, encode, load_encoder, read_lines
+model_dir, input_path, output = sys.argv[1:4]
+enc = load_encoder(Path(model_dir), torch.device("cpu"))
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # torch.ao.quantization is deprecated (torchao takes over)
+    quantize_dynamic(enc.model.bert.encoder, {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8,
+                     inplace=True)
+writer = Writer("npy", None, Path(output), False)
+encode(enc, read_lines([input_path], "strict"), writer, batch_size=int(sys.argv[4]))
+writer.close(enc.model.config.hidden_size)
 """
 
 
@@ -73,24 +98,23 @@ def write_inputs(corpus: Path, short: int, paragraphs: int, folder: Path) -> dic
     return inputs
 
 
-def commands(model: Path, batch: int) -> dict[str, callable]:
+def commands(model: Path, batch: int) -> dict[str, Callable[[Path, Path], list[str]]]:
     """name -> (input, output) -> argv of one whole process."""
     py = sys.executable
     return {
         "bertcli": lambda i, o: [py, "-m", "bertcli", "encode", str(i), "--model", str(model),
                                  "--batch-size", str(batch), "-o", str(o)],
         "sentence-transformers": lambda i, o: [py, "-c", ST_SCRIPT, str(model), str(i), str(o), str(batch)],
-        "bertcli int8": lambda i, o: [py, "-m", "bertcli", "encode", str(i), "--model", str(model),
-                                      "--batch-size", str(batch), "--dtype", "int8", "-o", str(o)],
+        "bertcli int8": lambda i, o: [py, "-c", INT8_SCRIPT, str(model), str(i), str(o), str(batch)],
     }
 
 
-def timed(argv: list[str], env: dict[str, str]) -> float:
+def timed(name: str, argv: list[str], env: dict[str, str]) -> float:
     start = time.perf_counter()
     done = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     seconds = time.perf_counter() - start
     if done.returncode != 0:
-        sys.exit(f"bench_encode: {argv[2]} ... failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
+        sys.exit(f"bench_encode: the {name} process failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
     return seconds
 
 
@@ -108,7 +132,7 @@ def main() -> None:
     parser.add_argument("--paragraphs", type=int, default=1000, help="paragraphs in the paragraphs input")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--int8", action="store_true", help="also time `bertcli encode --dtype int8`")
+    parser.add_argument("--int8", action="store_true", help="also time encode with int8 linear layers (see above)")
     parser.add_argument("--only", choices=("short", "paragraphs"), default=None, help="time one input only")
     args = parser.parse_args()
     model = args.model or default_model()
@@ -129,13 +153,13 @@ def main() -> None:
           f"torch {torch.__version__} ({torch.get_num_threads()} threads of {os.cpu_count()} CPUs), transformers "
           f"{transformers.__version__}, sentence-transformers {sentence_transformers.__version__}")
     for name in names:  # warm the file cache (imports, weights)
-        timed(argvs[name](next(iter(inputs.values())), out(name, "warm-up")), env)
+        timed(name, argvs[name](next(iter(inputs.values())), out(name, "warm-up")), env)
     times: dict[tuple[str, str], list[float]] = {}
     for kind, path in inputs.items():
         for r in range(args.rounds):
             order = names if r % 2 == 0 else names[::-1]
             for name in order:
-                times.setdefault((name, kind), []).append(timed(argvs[name](path, out(name, kind)), env))
+                times.setdefault((name, kind), []).append(timed(name, argvs[name](path, out(name, kind)), env))
     for kind, path in inputs.items():
         texts = path.read_text(encoding="utf-8").count("\n")
         med = {name: statistics.median(times[name, kind]) for name in names}
@@ -145,11 +169,11 @@ def main() -> None:
             runs = ", ".join(f"{t:.2f}" for t in times[name, kind])
             print(f"  {name:<22} median {med[name]:6.2f} s   ({runs})")
         print(f"  ratio sentence-transformers / bertcli: {med['sentence-transformers'] / med['bertcli']:.2f}x (goal >= 1.5)")
-        print(f"  minimum cosine bertcli vs sentence-transformers: {min_cosine(ours, theirs):.6f} (goal >= 0.9999)")
+        print(f"  minimum cosine bertcli vs sentence-transformers: {min_cosine(ours, theirs):.7f} (goal >= 0.9999)")
         if args.int8:
-            print(f"  ratio bertcli fp32 / int8: {med['bertcli'] / med['bertcli int8']:.2f}x (goal >= 1.5)")
+            print(f"  ratio bertcli fp32 / int8: {med['bertcli'] / med['bertcli int8']:.2f}x (bar for shipping >= 1.5)")
             print(f"  minimum cosine int8 vs fp32: {min_cosine(np.load(out('bertcli int8', kind)), ours):.6f} "
-                  "(goal >= 0.99)")
+                  "(bar for shipping >= 0.99)")
 
 
 if __name__ == "__main__":
