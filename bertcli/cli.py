@@ -244,7 +244,8 @@ def encode(
     pairs: bool = typer.Option(False, "--pairs", help="Lines are A<TAB>B sentence pairs, encoded with segment ids; a "
                                "line without a TAB is encoded as one sentence (counted on stderr)."),
     strict_pairs: bool = typer.Option(False, "--strict-pairs", help="With --pairs, a line without a TAB is an error."),
-    batch_size: int = typer.Option(32, "--batch-size", min=1, help="Texts per forward pass."),
+    batch_size: int = typer.Option(32, "--batch-size", min=1, help="Texts per forward pass, at most (on a CPU "
+                                   "fewer when they are long: 8 MiB of activations at most)."),
     max_length: Optional[int] = typer.Option(None, "--max-length", min=2, help="Truncate longer texts (default: a "
                                              "sentence-transformers folder's max_seq_length, else the model's limit)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N."),

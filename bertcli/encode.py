@@ -22,9 +22,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer
+from torch.overrides import TorchFunctionMode
 
 from bertcli import atomic, checkpoint, hf, runtime
-from bertcli.config import TokenizerConfig
+from bertcli.config import ModelConfig, TokenizerConfig
 from bertcli.data.tokenizer import load_tokenizer, read_tokenizer_json
 from bertcli.errors import PipeClosed, UsageError
 from bertcli.model import BertForPreTraining, padding_mask
@@ -32,6 +33,13 @@ from bertcli.sbert import SentenceModel, read_sentence_model
 
 POOLINGS = ("cls", "mean", "max", "pooler")
 WINDOW_BATCHES = 32
+# On a CPU a batch's widest activation (token slots x intermediate_size x 4 bytes) stays under this,
+# so long texts come fewer per batch (1,365 token slots at MiniLM's 1,536: 64 texts up to 21 tokens).
+# The matrix products run as fast from about 640 rows up, while smaller batches of long texts carry
+# less padding and their activations stay in cache and below glibc's mmap threshold (a buffer past
+# it is mapped, and page-faulted, afresh at every allocation). MiniLM, 1,000 paragraphs, 2 threads:
+# 14.0 s with 64 texts per batch, 12.0 s with this cap (scripts/bench_encode.py for whole runs).
+CPU_BATCH_BYTES = 8 << 20
 
 
 class NotReproducible(UsageError):
@@ -85,19 +93,40 @@ def load_encoder(path: Path, device: torch.device, precision: str = "fp32") -> E
     folder = sentence.transformer if sentence else path
     if hf.is_hf_folder(folder):
         cfg = hf.read_hf_config(folder)
-        model = BertForPreTraining(cfg)
-        hf.init_from(model, folder)
+        model = _uninitialised(cfg)
+        hf.init_from(model, folder, uninitialised=True)
         tokenizer = load_tokenizer(folder, TokenizerConfig())  # a vocab.txt follows its tokenizer_config.json
     else:
         ckpt = hf.find_checkpoint(path)
         cfg = checkpoint.read_config(ckpt).model
-        model = BertForPreTraining(cfg)
-        checkpoint.load_weights(model, ckpt)
+        model = _uninitialised(cfg)
+        checkpoint.load_weights(model, ckpt)  # strict: every weight
         if not (ckpt / "tokenizer.json").is_file():
             raise UsageError(f"{ckpt}: no tokenizer.json (a synthetic-corpus run has no tokenizer to encode text with)")
         tokenizer = read_tokenizer_json(ckpt / "tokenizer.json")
     model.to(device).eval()
     return Encoder(model, tokenizer, runtime.Runtime(device, precision), sentence)
+
+
+class _SkipInit(TorchFunctionMode):
+    """While a model is built, its parameters' random initialisation is skipped (they are left as
+    allocated): every weight is loaded next, and drawing them costs 0.5 s at MiniLM size (58M random
+    numbers: modules initialise in their constructors, then BertForPreTraining again). The meta
+    device would skip the drawing too, but initialising there imports torch._dynamo (2 s)."""
+
+    SKIPPED = {torch.nn.init.normal_, torch.nn.init.uniform_, torch.nn.init.kaiming_uniform_, torch.nn.init.zeros_,
+               torch.nn.init.ones_, torch.Tensor.normal_, torch.Tensor.uniform_, torch.Tensor.zero_, torch.Tensor.fill_}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204  (torch's protocol)
+        if func in self.SKIPPED:
+            return args[0] if args else kwargs["tensor"]  # the tensor, untouched (all work in place)
+        return func(*args, **(kwargs or {}))
+
+
+def _uninitialised(cfg: ModelConfig) -> BertForPreTraining:
+    """A model whose weights are all about to be loaded: built without drawing them (see _SkipInit)."""
+    with _SkipInit():
+        return BertForPreTraining(cfg)
 
 
 @dataclass(frozen=True)
@@ -184,6 +213,19 @@ def _forward(enc: Encoder, ids: list[list[int]], types: list[list[int]], layer: 
     return hidden, valid_lens
 
 
+def _batches(order: list[int], lengths: list[int], rows: int, max_tokens: int | None) -> Iterator[list[int]]:
+    """The texts of `order` (indices, by ascending length) cut into batches of at most `rows` texts
+    and, with max_tokens, at most that many token slots (texts x the longest): at least one text."""
+    batch: list[int] = []
+    for i in order:
+        if batch and (len(batch) == rows or (max_tokens is not None and (len(batch) + 1) * lengths[i] > max_tokens)):
+            yield batch
+            batch = []
+        batch.append(i)
+    if batch:
+        yield batch
+
+
 def encode(enc: Encoder, lines: Iterator[str], out: "Writer", pooling: str | None = None, layer: int = -1,
            normalize: bool | None = None, batch_size: int = 32, max_length: int | None = None, pairs: bool = False,
            per_token: bool = False, strict_pairs: bool = False) -> dict[str, int]:
@@ -196,6 +238,7 @@ def encode(enc: Encoder, lines: Iterator[str], out: "Writer", pooling: str | Non
     if pooling == "pooler" and layer != last:
         raise UsageError(f"pooling 'pooler' reads the last layer ({last}), not layer {layer}; pick another pooling")
     enc.tokenizer.enable_truncation(settings.max_length)
+    max_tokens = CPU_BATCH_BYTES // (4 * enc.model.config.intermediate_size) if enc.rt.device.type == "cpu" else None
     lowercase = enc.sentence is not None and enc.sentence.lowercase  # sentence_bert_config.json's do_lower_case
     counts = {"lines": 0, "truncated": 0, "unpaired": 0}
     window: list[str] = []
@@ -214,10 +257,10 @@ def encode(enc: Encoder, lines: Iterator[str], out: "Writer", pooling: str | Non
             counts["unpaired"] += len(unpaired)
         encodings = enc.tokenizer.encode_batch(inputs, add_special_tokens=True)
         counts["truncated"] += sum(1 for e in encodings if e.overflowing)
-        order = sorted(range(len(window)), key=lambda i: len(encodings[i].ids))
+        lengths = [len(e.ids) for e in encodings]
+        order = sorted(range(len(window)), key=lengths.__getitem__)
         rows: list = [None] * len(window)
-        for start in range(0, len(order), batch_size):
-            chunk = order[start:start + batch_size]
+        for chunk in _batches(order, lengths, batch_size, max_tokens):
             hidden, valid = _forward(enc, [encodings[i].ids for i in chunk], [encodings[i].type_ids for i in chunk], layer)
             if per_token:
                 for j, i in enumerate(chunk):

@@ -160,17 +160,22 @@ def stored_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
         raise UsageError(f"{file}: cannot read weights ({exc})") from None
 
 
-def load_hf_weights(folder: Path, cfg: ModelConfig) -> tuple[dict[str, torch.Tensor], list[str]]:
+def load_hf_weights(folder: Path, cfg: ModelConfig,
+                    model: BertForPreTraining | None = None) -> tuple[dict[str, torch.Tensor], list[str]]:
     """Weights of a Hugging Face BERT folder under bertcli's names, vocabulary rows padded; and the
-    parts (pooler, MLM head, NSP head) it lacks, which the caller initialises fresh."""
+    parts (pooler, MLM head, NSP head) it lacks, which the caller initialises fresh. Shapes are
+    checked against `model` (the one to load into), else against a model of `cfg` built on the meta
+    device, whose initialisation there imports torch._dynamo (2 s): callers with a model pass it."""
     file = weights_file(folder)
     try:
         raw = safetensors.torch.load_file(file)
     except (safetensors.SafetensorError, OSError, ValueError) as exc:
         raise UsageError(f"{file}: cannot read weights ({exc})") from None
     weights = {new: value for key, value in raw.items() if (new := _rename(key)) is not None}
-    with torch.device("meta"):
-        expected = {k: v.shape for k, v in BertForPreTraining(cfg).state_dict().items() if k not in TIED_ALIASES}
+    if model is None:
+        with torch.device("meta"):
+            model = BertForPreTraining(cfg)
+    expected = {k: v.shape for k, v in model.state_dict().items() if k not in TIED_ALIASES}
     unexpected = sorted(set(weights) - set(expected))
     if unexpected:
         raise UsageError(f"{file}: {len(unexpected)} weights bertcli does not know (e.g. {unexpected[0]}); "
@@ -193,13 +198,20 @@ def load_hf_weights(folder: Path, cfg: ModelConfig) -> tuple[dict[str, torch.Ten
     return {k: v.float() for k, v in weights.items()}, fresh
 
 
-def init_from(model: BertForPreTraining, path: Path) -> list[str]:
-    """Load a Hugging Face folder or a bertcli checkpoint into `model`; return the parts left fresh."""
+def init_from(model: BertForPreTraining, path: Path, uninitialised: bool = False) -> list[str]:
+    """Load a Hugging Face folder or a bertcli checkpoint into `model`; return the parts left fresh.
+    `uninitialised`: the model was built without its random initialisation (encode does, to start
+    faster), so the weights the folder lacks are initialised here, as a new model's would be."""
     path = Path(path)
     if checkpoint.is_checkpoint(path):
-        checkpoint.load_weights(model, path)
+        checkpoint.load_weights(model, path)  # every weight, or an error
         return []
-    weights, fresh = load_hf_weights(path, model.config)
+    weights, fresh = load_hf_weights(path, model.config, model)
+    if uninitialised:
+        missing = set(model.state_dict()) - set(weights) - set(TIED_ALIASES)
+        for name, module in model.named_modules():  # a module owning a missing weight; loading follows
+            if any(f"{name}.{p}" in missing for p, _ in module.named_parameters(recurse=False)):
+                model._init_weights(module)
     model.load_state_dict(weights, strict=False)  # absent parts keep their fresh initialisation
     return fresh
 

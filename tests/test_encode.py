@@ -115,6 +115,28 @@ def test_batching_and_length_sorting_do_not_change_vectors(trained):
         np.testing.assert_allclose(a["vector"], b["vector"], rtol=1e-4, atol=1e-4)
 
 
+def test_cpu_batches_are_capped_in_token_slots(trained, monkeypatch):
+    """On a CPU long texts come fewer per batch (encode.CPU_BATCH_BYTES): at most the rows asked for
+    and the token slots allowed (texts x the longest; one text alone may pass it), every text once
+    in the sorted order; and the vectors stay those of batches of one."""
+    import bertcli.encode as encode_mod
+
+    lengths = [3, 3, 5, 8, 8, 9, 20, 40]
+    assert list(encode_mod._batches(list(range(8)), lengths, 4, 24)) == [[0, 1, 2], [3, 4], [5], [6], [7]]
+    assert list(encode_mod._batches(list(range(8)), lengths, 2, None)) == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    width = load_encoder(trained, torch.device("cpu")).model.config.intermediate_size
+    monkeypatch.setattr(encode_mod, "CPU_BATCH_BYTES", 4 * width * 12)  # 12 token slots
+    shapes = []
+    forward = encode_mod._forward
+    monkeypatch.setattr(encode_mod, "_forward", lambda enc, ids, *a: shapes.append((len(ids), max(map(len, ids))))
+                        or forward(enc, ids, *a))
+    capped, _ = run_encode(trained, LINES, batch_size=6, pooling="mean")
+    assert all(rows * longest <= 12 or rows == 1 for rows, longest in shapes) and len(shapes) > 2, shapes
+    one, _ = run_encode(trained, LINES, batch_size=1, pooling="mean")
+    for a, b in zip(one, capped):
+        np.testing.assert_allclose(a["vector"], b["vector"], rtol=1e-4, atol=1e-4)
+
+
 def test_normalize_layer_tokens_and_pairs(trained):
     rows, _ = run_encode(trained, LINES, normalize=True)
     assert all(abs(np.linalg.norm(r["vector"]) - 1) < 1e-4 for r in rows)

@@ -102,6 +102,33 @@ def test_import_other_architectures_reports_fresh_heads(tmp_path, kind, fresh):
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("kind", ["BertForMaskedLM", "BertModel"])
+def test_a_model_built_uninitialised_gets_what_the_folder_lacks_initialised(tmp_path, kind):
+    """encode builds its model without drawing the random weights it loads next; the weights the
+    folder lacks are then initialised as a new model's, and the others are the folder's."""
+    from bertcli.encode import _uninitialised
+    from bertcli.model import TIED_ALIASES
+
+    random_hf(kind, SMALL, tmp_path / "hf")
+    cfg = read_hf_config(tmp_path / "hf")
+    ours = _uninitialised(cfg)
+    fresh = init_from(ours, tmp_path / "hf", uninitialised=True)
+    regular = BertForPreTraining(cfg)
+    assert init_from(regular, tmp_path / "hf") == fresh
+    prefixes = {"pooler": "bert.pooler.", "MLM head": "cls.predictions.", "NSP head": "cls.seq_relationship."}
+    lacking = tuple(prefixes[part] for part in fresh)
+    new = regular.state_dict()
+    for key, value in ours.state_dict().items():
+        if key.startswith(lacking) and key not in TIED_ALIASES:  # drawn afresh: as a new model's
+            if new[key].eq(new[key].flatten()[0]).all():  # zeros or ones (biases, LayerNorm)
+                assert torch.equal(value, new[key]), key
+            else:
+                assert abs(value.std() / new[key].std() - 1) < 0.25, key
+        else:
+            assert torch.equal(value, new[key]), key
+    assert ours.cls.predictions.decoder.weight is ours.bert.embeddings.word_embeddings.weight  # still tied
+
+
 def test_legacy_gamma_beta_names(tmp_path):
     random_hf("BertForPreTraining", SMALL, tmp_path / "hf")
     weights = safetensors.torch.load_file(tmp_path / "hf" / "model.safetensors")

@@ -10,6 +10,8 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -84,6 +86,15 @@ def test_default_encode_gives_the_sentence_transformers_embeddings(cli, tmp_path
     assert ours.shape == theirs.shape == (50, 384)
     assert cosines(ours, theirs).min() >= 0.9999
     np.testing.assert_allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-5)  # its Normalize module
+
+
+def test_loading_the_folder_leaves_torch_dynamo_unimported(tmp_path):
+    """Start-up: building a model on the meta device (to check shapes) imports torch._dynamo, 2 s of
+    a 3 s start; encode loads the folder without it (a fresh process: this one may have it)."""
+    code = ("import sys, torch; from bertcli.encode import load_encoder; "
+            f"load_encoder({str(MINILM)!r}, torch.device('cpu')); print('torch._dynamo' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "False", done.stdout + done.stderr
 
 
 def test_pooling_cls_is_the_bert_model_cls_vector(minilm, sample_lines):
