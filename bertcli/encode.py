@@ -75,6 +75,8 @@ class Encoder:
     tokenizer: Tokenizer
     rt: runtime.Runtime  # device and precision (autocast) of the forward passes
     sentence: SentenceModel | None = None  # a sentence-transformers folder's own settings
+    fresh: tuple[str, ...] = ()  # parts a Hugging Face folder lacked, initialised at random: "pooler", ...
+    source: Path | None = None  # the folder or checkpoint the weights came from
 
     @property
     def max_length(self) -> int:
@@ -94,10 +96,11 @@ def load_encoder(path: Path, device: torch.device, precision: str = "fp32") -> E
     if hf.is_hf_folder(folder):
         cfg = hf.read_hf_config(folder)
         model = _uninitialised(cfg)
-        hf.init_from(model, folder, uninitialised=True)
+        fresh, source = tuple(hf.init_from(model, folder, uninitialised=True)), folder
         tokenizer = load_tokenizer(folder, TokenizerConfig())  # a vocab.txt follows its tokenizer_config.json
     else:
         ckpt = hf.find_checkpoint(path)
+        fresh, source = (), ckpt  # a checkpoint holds every weight (loaded strictly)
         cfg = checkpoint.read_config(ckpt).model
         model = _uninitialised(cfg)
         checkpoint.load_weights(model, ckpt)  # strict: every weight
@@ -105,7 +108,7 @@ def load_encoder(path: Path, device: torch.device, precision: str = "fp32") -> E
             raise UsageError(f"{ckpt}: no tokenizer.json (a synthetic-corpus run has no tokenizer to encode text with)")
         tokenizer = read_tokenizer_json(ckpt / "tokenizer.json")
     model.to(device).eval()
-    return Encoder(model, tokenizer, runtime.Runtime(device, precision), sentence)
+    return Encoder(model, tokenizer, runtime.Runtime(device, precision), sentence, fresh, source)
 
 
 class _SkipInit(TorchFunctionMode):
@@ -237,8 +240,14 @@ def encode(enc: Encoder, lines: Iterator[str], out: "Writer", pooling: str | Non
     pooling, normalize = settings.pooling, settings.normalize
     if pooling == "pooler" and layer != last:
         raise UsageError(f"pooling 'pooler' reads the last layer ({last}), not layer {layer}; pick another pooling")
+    if pooling == "pooler" and "pooler" in enc.fresh:  # its weights would be random: vectors of nothing learnt
+        raise UsageError(f"{enc.source}: has no pooler weights, so pooling 'pooler' would be random; pick cls, mean "
+                         "or max")
     enc.tokenizer.enable_truncation(settings.max_length)
-    max_tokens = CPU_BATCH_BYTES // (4 * enc.model.config.intermediate_size) if enc.rt.device.type == "cpu" else None
+    max_tokens = None
+    if enc.rt.device.type == "cpu":  # token slots whose widest activation fits CPU_BATCH_BYTES (2 bytes under autocast)
+        itemsize = (enc.rt.autocast_dtype or torch.float32).itemsize
+        max_tokens = CPU_BATCH_BYTES // (itemsize * enc.model.config.intermediate_size)
     lowercase = enc.sentence is not None and enc.sentence.lowercase  # sentence_bert_config.json's do_lower_case
     counts = {"lines": 0, "truncated": 0, "unpaired": 0}
     window: list[str] = []

@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # this checkout's bertcli, installed or not
 CORPUS = REPO.parent / "shared" / "corpora" / "python-docs.txt"
 
 ST_SCRIPT = """

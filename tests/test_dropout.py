@@ -21,6 +21,13 @@ def test_the_mask_keeps_1_minus_p_and_is_a_function_of_the_seed():
     assert torch.equal(draw(1), draw(1)) and not torch.equal(draw(1), draw(2))
 
 
+def test_a_rate_near_1_drops_everything_and_near_0_keeps_everything():
+    """The int32 threshold at its ends: p within 2^-33 of 1 once wrapped around and kept every element."""
+    torch.manual_seed(0)
+    assert not keep_mask(torch.Size([100_000]), 1 - 1e-12, CPU).any()
+    assert keep_mask(torch.Size([100_000]), 1e-12, CPU).all()
+
+
 def test_dropout_zeroes_the_dropped_scales_the_kept_and_so_does_its_gradient():
     x = torch.randn(50, 40, dtype=torch.float64, requires_grad=True)
     torch.manual_seed(3)

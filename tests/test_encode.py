@@ -173,6 +173,24 @@ def test_a_hugging_face_folder_gives_the_same_vectors(trained, tmp_path):
         np.testing.assert_allclose(x["vector"], y["vector"], rtol=1e-5, atol=1e-5)
 
 
+def test_pooler_pooling_is_refused_when_the_folder_has_no_pooler(trained, tmp_path, cli):
+    """A folder without pooler weights (a BertForMaskedLM, say) gets a random pooler: vectors of nothing
+    learnt, so --pooling pooler is refused; other poolings read the folder's encoder as before."""
+    import safetensors.torch
+
+    folder = export(trained, tmp_path / "hf")
+    weights = safetensors.torch.load_file(folder / "model.safetensors")
+    assert any("pooler" in k for k in weights)
+    safetensors.torch.save_file({k: v for k, v in weights.items() if "pooler" not in k}, folder / "model.safetensors")
+    (tmp_path / "in.txt").write_text("".join(line + "\n" for line in LINES))
+    refused = cli("encode", "--model", folder, tmp_path / "in.txt", "--pooling", "pooler")
+    assert refused.code == 2 and len(refused.err_lines) == 1 and "has no pooler weights" in refused.err, refused.err
+    assert str(folder) in refused.err and refused.out == ""
+    assert cli("encode", "--model", folder, tmp_path / "in.txt", "--pooling", "mean").code == 0
+    assert cli("encode", "--model", export(trained, tmp_path / "whole"), tmp_path / "in.txt",
+               "--pooling", "pooler").code == 0
+
+
 def test_errors_truncation_and_missing_model(trained, tmp_path, cli):
     (tmp_path / "bad.txt").write_bytes(b"fine\nbad \xff line\n")
     bad = cli("encode", "--model", trained, tmp_path / "bad.txt")
