@@ -31,10 +31,10 @@ def wait_for(path, proc, seconds=120):
 @pytest.mark.slow
 @pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_signal_finishes_the_step_saves_and_says_how_to_resume(tmp_path, signum, code):
-    config = write_config(tmp_path, "train.max_steps=100000", "checkpoint.save_every=50", "logging.log_every=10",
+    config = write_config(tmp_path, "train.max_steps=100000", "checkpoint.save_every=10", "logging.log_every=10",
                           "train.data_workers=2", "train.grad_accum_steps=2")
     proc = start(config)
-    wait_for(tmp_path / "checkpoints" / "step-0000050", proc)
+    wait_for(tmp_path / "checkpoints" / "step-0000010", proc)
     os.killpg(proc.pid, signum)  # as Ctrl-C or a scheduler does: to the example-building workers too
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == code, err
@@ -42,7 +42,7 @@ def test_signal_finishes_the_step_saves_and_says_how_to_resume(tmp_path, signum,
     assert f"bertcli: stopped by {name} at step" in err and "run the same command again to resume" in err
     assert "Traceback" not in err
     step = checkpoint.list_checkpoints(tmp_path)[-1][0]
-    assert step > 50 and f"at step {step};" in err, "the checkpoint is the step it stopped at"
+    assert step > 10 and f"at step {step};" in err, "the checkpoint is the step it stopped at"
     rerun = subprocess.run([sys.executable, "-m", "bertcli", "pretrain", "--config", str(config), "--stop-at", str(step + 2)],
                            cwd=REPO, capture_output=True, text=True, timeout=120)
     assert rerun.returncode == 0 and f"(step {step})" in rerun.stderr
