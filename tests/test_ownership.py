@@ -15,7 +15,7 @@ from bertcli import checkpoint
 from bertcli.data.prepare import LAYOUT
 from bertcli.hf import EXPORT
 from bertcli.ownership import not_owned
-from conftest import text_run, write_config
+from conftest import text_run
 
 
 def snapshot(root: Path) -> dict[str, str]:
