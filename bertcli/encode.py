@@ -94,11 +94,16 @@ def load_encoder(path: Path, device: torch.device, precision: str = "fp32") -> E
     sentence = read_sentence_model(path) if path.is_dir() else None
     folder = sentence.transformer if sentence else path
     if hf.is_hf_folder(folder):
+        if not any((folder / name).is_file() for name in checkpoint.TOKENIZER_FILES):  # before the weights load
+            raise UsageError(f"{folder}: no tokenizer.json or vocab.txt; copy the model's tokenizer files into it")
         cfg = hf.read_hf_config(folder)
         model = _uninitialised(cfg)
         fresh, source = tuple(hf.init_from(model, folder, uninitialised=True)), folder
         tokenizer = load_tokenizer(folder, TokenizerConfig())  # a vocab.txt follows its tokenizer_config.json
     else:
+        if not checkpoint.is_checkpoint(path) and not checkpoint.checkpoints_dir(path).is_dir():
+            raise UsageError(f"{path}: not a model; --model takes a run folder, a checkpoint folder or a Hugging Face "
+                             "BERT folder (config.json, model.safetensors, and tokenizer.json or vocab.txt)")
         ckpt = hf.find_checkpoint(path)
         fresh, source = (), ckpt  # a checkpoint holds every weight (loaded strictly)
         cfg = checkpoint.read_config(ckpt).model

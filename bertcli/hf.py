@@ -145,7 +145,8 @@ def weights_file(folder: Path) -> Path:
             raise UsageError(f"{folder}: only pytorch_model.bin here; bertcli reads safetensors only (a .bin file is a "
                              "pickle that can run code when loaded). Convert it where you trust the file: "
                              "BertForPreTraining.from_pretrained(folder).save_pretrained(folder, safe_serialization=True)")
-        raise UsageError(f"{folder}: no model.safetensors")
+        raise UsageError(f"{folder}: no model.safetensors; a Hugging Face folder holds its weights in it (save "
+                         "them with save_pretrained(folder, safe_serialization=True))")
     return file
 
 

@@ -133,6 +133,9 @@ def check_output_file(output: Path, inputs: list[Path], model: Path) -> Path:
     resolved = Path(output).expanduser().resolve()
     if resolved.is_dir():
         raise UsageError(f"--output {output} is a folder; name a file, e.g. {Path(output) / 'vectors.npy'}")
+    if not resolved.parent.is_dir():  # checked before the model loads, not at the first write
+        raise UsageError(f"--output {output}: its folder {Path(output).parent} does not exist; create it or name a "
+                         "file in an existing folder")
     for path in inputs:
         if relation(resolved, path) == "is" or (resolved.exists() and Path(path).exists()
                                                 and os.path.samefile(resolved, path)):  # a hard link too

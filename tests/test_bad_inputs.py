@@ -50,6 +50,16 @@ def _emptied(ckpt: Path, name: str) -> Path:
     return ckpt
 
 
+def _hf_without(run: Path, folder: Path, *names: str) -> Path:
+    """The run exported as a Hugging Face folder, less the named files (as users lay folders out)."""
+    from bertcli.hf import export
+
+    out = export(run, folder / "hf")
+    for name in names:
+        (out / name).unlink()
+    return out
+
+
 def _with_checkpoint(base, folder: Path) -> Path:
     """A micro run config in `folder` whose output_dir already holds a checkpoint."""
     config = write_config(folder)
@@ -171,6 +181,14 @@ CASES = [
      "--layer 9: this model has layers 0 (embeddings) to 2"),
     ("encode-pooler-of-a-middle-layer", lambda d, b: ["encode", "--model", b["text"], "--pooling", "pooler", "--layer", "1",
                                                       _write(d, "in.txt", "a\n")], 2, "--pooling pooler reads the last layer"),
+    ("encode-output-in-a-missing-folder", lambda d, b: ["encode", "--model", b["text"], _write(d, "in.txt", "a\n"), "-o",
+                                                        d / "nowhere" / "v.npy"], 2, "nowhere does not exist; create it"),
+    ("encode-not-a-model", lambda d, b: ["encode", "--model", _write(d, "in.txt", "a\n").parent, d / "in.txt"], 2,
+     "not a model; --model takes a run folder, a checkpoint folder or a Hugging Face BERT folder"),
+    ("encode-hf-without-tokenizer", lambda d, b: ["encode", "--model", _hf_without(b["text"], d, "tokenizer.json", "vocab.txt"),
+                                                  _write(d, "in.txt", "a\n")], 2, "no tokenizer.json or vocab.txt; copy"),
+    ("encode-hf-without-weights", lambda d, b: ["encode", "--model", _hf_without(b["text"], d, "model.safetensors"),
+                                                _write(d, "in.txt", "a\n")], 2, "no model.safetensors; a Hugging Face folder"),
     ("export-existing-folder", lambda d, b: ["export", b["text"], (d / "out").mkdir() or d / "out"], 2, "pass --force"),
     ("export-no-checkpoint", lambda d, b: ["export", d, d / "out"], 2, "no checkpoint here"),
     ("inspect-missing", lambda d, b: ["inspect", d / "nothing"], 2, "no such file or folder"),
