@@ -4,8 +4,11 @@ A sentence-transformers model folder is a Hugging Face BERT folder plus `modules
 modules run in order: a Transformer (the BERT itself, at its `path`; "" = this folder), a Pooling
 module (`1_Pooling/config.json`: cls, mean, max, ...) and optionally Normalize (unit length).
 `sentence_bert_config.json`, beside the Transformer, gives max_seq_length (tokens per text) and
-do_lower_case (lower-case the text before the tokenizer sees it). `bertcli encode` follows them by
-default so that its vectors are that model's embeddings; see `read_sentence_model`.
+do_lower_case (lower-case the text before the tokenizer sees it). sentence-transformers 6 writes no
+max_seq_length there: the limit is the tokenizer's model_max_length (`tokenizer_config.json`),
+which sentence-transformers (every version) also falls back on when max_seq_length is absent, capped
+at the model's positions (encode.resolve caps). `bertcli encode` follows these by default so that
+its vectors are that model's embeddings; see `read_sentence_model`.
 """
 
 from __future__ import annotations
@@ -69,6 +72,28 @@ def _pooling_mode(file: Path) -> str:
     return "+".join(str(m) for m in modes)  # several modes: their vectors concatenated
 
 
+def _max_seq_length(settings: dict[str, Any], settings_file: Path, transformer: Path) -> int | None:
+    """Tokens per text as sentence-transformers takes them: sentence_bert_config.json's max_seq_length,
+    else a model_max_length passed to the tokenizer there (tokenizer_args, processor_kwargs in 6.x),
+    else tokenizer_config.json's model_max_length; None: none is set (the model's own limit)."""
+    sources = [(settings_file, "max_seq_length", settings.get("max_seq_length"))]
+    for key in ("processor_kwargs", "tokenizer_args"):
+        kwargs = settings.get(key)
+        if isinstance(kwargs, dict):
+            sources.append((settings_file, f"{key}.model_max_length", kwargs.get("model_max_length")))
+    tokenizer_config = transformer / "tokenizer_config.json"
+    if tokenizer_config.is_file():
+        raw = _read_json(tokenizer_config)
+        sources.append((tokenizer_config, "model_max_length", raw.get("model_max_length") if isinstance(raw, dict) else None))
+    for file, key, length in sources:
+        if length is None:
+            continue
+        if not isinstance(length, int) or isinstance(length, bool) or length < 2:
+            raise UsageError(f"{file}: {key} is {length!r}; expected a whole number of at least 2")
+        return length  # transformers writes 10^30 for "no limit": the model's positions cap it
+    return None
+
+
 def read_sentence_model(folder: Path) -> SentenceModel | None:
     """The settings of a sentence-transformers folder; None when `folder` has no modules.json."""
     folder = Path(folder)
@@ -93,10 +118,8 @@ def read_sentence_model(folder: Path) -> SentenceModel | None:
             unsupported.append(kind)
     settings = transformer / "sentence_bert_config.json"
     raw = _read_json(settings) if settings.is_file() else {}
-    length = raw.get("max_seq_length") if isinstance(raw, dict) else None
-    if length is not None and (not isinstance(length, int) or isinstance(length, bool) or length < 2):
-        raise UsageError(f"{settings}: max_seq_length is {length!r}; expected a whole number of at least 2")
+    raw = raw if isinstance(raw, dict) else {}
     return SentenceModel(folder=folder, transformer=transformer, pooling=pooling or "none (token vectors)",
-                         normalize=normalize, max_seq_length=length,
-                         lowercase=bool(raw.get("do_lower_case", False)) if isinstance(raw, dict) else False,
+                         normalize=normalize, max_seq_length=_max_seq_length(raw, settings, transformer),
+                         lowercase=bool(raw.get("do_lower_case", False)),
                          unsupported=unsupported)

@@ -133,6 +133,27 @@ def test_the_folders_own_pooling_is_followed(minilm, tmp_path, sample_lines, sen
     np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("max_seq_length", [64, None])
+def test_a_folder_saved_by_this_sentence_transformers_keeps_its_length(cli, tmp_path, sample_lines, max_seq_length):
+    """A folder as the installed sentence-transformers saves it (6.x: no max_seq_length in
+    sentence_bert_config.json, the limit in tokenizer_config.json's model_max_length; its own module
+    paths and pooling config): bertcli's default vectors are its embeddings, long lines included."""
+    st = pytest.importorskip("sentence_transformers")
+    try:  # 6.x; sentence_transformers.models before (and deprecated in 6)
+        from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+    except ImportError:
+        from sentence_transformers.models import Pooling, Transformer
+
+    transformer = Transformer(str(MINILM), max_seq_length=max_seq_length)
+    model = st.SentenceTransformer(modules=[transformer, Pooling(384, pooling_mode="cls")], device="cpu")
+    model.save(str(tmp_path / "saved"))
+    (tmp_path / "in.txt").write_text("\n".join(sample_lines) + "\n")
+    result = cli("encode", "--model", tmp_path / "saved", tmp_path / "in.txt", "-o", tmp_path / "v.npy")
+    theirs = st.SentenceTransformer(str(tmp_path / "saved"), device="cpu")
+    assert result.code == 0 and f"cls pooling, not normalized, up to {theirs.max_seq_length} tokens" in result.err, result.err
+    assert cosines(np.load(tmp_path / "v.npy"), theirs.encode(sample_lines)).min() >= 0.9999
+
+
 def test_flags_win_and_unreproducible_folders_are_refused(minilm, cli, tmp_path, sample_lines):
     plain_mean = vectors(minilm, sample_lines[:4], pooling="mean")
     assert np.linalg.norm(plain_mean, axis=1).std() > 0.01, "--pooling alone: no normalisation"
