@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import sys
 from enum import Enum
 from pathlib import Path
@@ -277,6 +278,8 @@ def encode(
             f"{'normalized' if settings.normalize else 'not normalized'}, up to {settings.max_length} tokens (its own "
             "settings; --pooling, --normalize/--no-normalize and --max-length choose otherwise)")
     writer = enc_mod.Writer(fmt.value, sys.stdout, output, with_text)
+    for signum in (signal.SIGTERM, signal.SIGHUP):  # as Ctrl-C: the half-written output is removed, then exit 128+N
+        signal.signal(signum, _stop_encoding)
     try:
         counts = enc_mod.encode(encoder, enc_mod.read_lines(inputs or [], errors), writer, settings.pooling, layer,
                                 settings.normalize, batch_size, settings.max_length, pairs, tokens, strict_pairs)
@@ -292,6 +295,11 @@ def encode(
     if counts["unpaired"]:
         err(f"bertcli encode: {counts['unpaired']:,} of {counts['lines']:,} lines had no TAB and were encoded as one "
             "sentence each (--strict-pairs makes that an error)")
+
+
+def _stop_encoding(signum: int, frame: object) -> None:
+    name = signal.Signals(signum).name
+    raise Interrupted(f"stopped by {name}; nothing half-written was kept (writes are atomic)", signum)
 
 
 def _encode_format(fmt: Format | None, output: Path | None, with_text: bool, tokens: bool) -> Format:

@@ -223,6 +223,28 @@ def test_closed_pipe_and_streaming(trained):
     assert p.wait(timeout=60) == 0 and len(rest) == 63
 
 
+@pytest.mark.slow
+def test_a_terminated_encode_leaves_no_half_written_output(trained, tmp_path):
+    """SIGTERM (a scheduler, `kill`) mid-run: the temporary output is removed, as for Ctrl-C, and the
+    exit code says which signal (128 + 15)."""
+    import signal
+    import time
+
+    p = subprocess.Popen([sys.executable, "-m", "bertcli", "encode", "--model", str(trained), "--batch-size", "2",
+                          "-o", str(tmp_path / "v.npy")], cwd=REPO, stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p.stdin.write("".join(f"line {i}\n" for i in range(100)))  # a window and a half; stdin stays open
+    p.stdin.flush()
+    deadline = time.monotonic() + 60
+    while not any(tmp_path.iterdir()) and time.monotonic() < deadline:  # the temporary output exists: writing began
+        time.sleep(0.05)
+    time.sleep(0.3)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 143, err
+    assert err.strip().splitlines() == ["bertcli: stopped by SIGTERM; nothing half-written was kept (writes are atomic)"]
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_output_file_text_column_pairs_and_layer_errors(trained, tmp_path, cli):
     lines = LINES + ["a\tTAB and a back\\slash"]
     (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
