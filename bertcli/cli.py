@@ -266,6 +266,9 @@ def encode(
     if strict_pairs and not pairs:
         raise UsageError("--strict-pairs checks --pairs input: add --pairs, or drop --strict-pairs")
     fmt = _encode_format(fmt, output, with_text, tokens)
+    for source in inputs or []:  # before the model loads (seconds) rather than when the file's turn comes
+        if source != "-":
+            enc_mod.check_input(source)
     if output is not None:  # never a folder, an input file or a file of the model; resolved (links written through)
         output = check_output_file(output, [i for i in inputs or [] if i != "-"], model)
     if not model.exists():
@@ -304,11 +307,13 @@ def _stop_encoding(signum: int, frame: object) -> None:
 
 def _encode_format(fmt: Format | None, output: Path | None, with_text: bool, tokens: bool) -> Format:
     """--format, or the one the --output suffix implies; refused where the other flags cannot have it."""
+    by_suffix = fmt is None
     if fmt is None:
         suffix = output.suffix.lower() if output is not None else ""
         fmt = Format.npy if suffix == ".npy" else Format.tsv if suffix == ".tsv" else Format.jsonl
     if tokens and fmt != Format.jsonl:
-        raise UsageError("--tokens writes JSONL: drop --format or use --format jsonl")
+        fix = f"--output {output} asks for {fmt.value}: name a .jsonl file" if by_suffix else "drop --format or use --format jsonl"
+        raise UsageError(f"--tokens writes JSONL: {fix}")
     if fmt == Format.npy and output is None:
         raise UsageError("--format npy writes a file: pass --output FILE.npy")
     if fmt == Format.npy and with_text:

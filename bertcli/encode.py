@@ -183,8 +183,17 @@ def read_lines(sources: list[str], errors: str) -> Iterator[str]:
                 stream.close()
 
 
+def check_input(path: str) -> None:
+    """Refuse a missing input file or a folder (the CLI asks before the model loads)."""
+    if not Path(path).exists():
+        raise UsageError(f"{path}: no such input file")
+    if Path(path).is_dir():
+        raise UsageError(f"{path}: is a folder, not a text file")
+
+
 def _open(path: str) -> BinaryIO:
-    try:
+    check_input(path)
+    try:  # it may go between the check and here
         return open(path, "rb")
     except FileNotFoundError:
         raise UsageError(f"{path}: no such input file") from None
