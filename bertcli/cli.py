@@ -276,6 +276,9 @@ def encode(
                          "BERT folder")
     encoder = enc_mod.load_encoder(model, on_device, dtype)
     settings = _encode_settings(encoder, pooling.value if pooling else None, layer, normalize, max_length, tokens)
+    if max_length is not None and max_length > settings.max_length:
+        err(f"bertcli encode: --max-length {max_length} is past the model's {settings.max_length} positions; texts are "
+            f"truncated at {settings.max_length}")
     if settings.from_folder:
         err(f"bertcli encode: {model} is a sentence-transformers model: {settings.pooling} pooling, "
             f"{'normalized' if settings.normalize else 'not normalized'}, up to {settings.max_length} tokens (its own "
