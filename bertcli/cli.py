@@ -10,10 +10,12 @@ from __future__ import annotations
 import errno
 import json
 import os
+import contextlib
 import re
 import shlex
 import signal
 import sys
+from collections.abc import Callable, Iterator
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
@@ -283,19 +285,19 @@ def encode(
         err(f"bertcli encode: {model} is a sentence-transformers model: {settings.pooling} pooling, "
             f"{'normalized' if settings.normalize else 'not normalized'}, up to {settings.max_length} tokens (its own "
             "settings; --pooling, --normalize/--no-normalize and --max-length choose otherwise)")
-    writer = enc_mod.Writer(fmt.value, sys.stdout, output, with_text)
-    for signum in (signal.SIGTERM, signal.SIGHUP):  # as Ctrl-C: the half-written output is removed, then exit 128+N
-        signal.signal(signum, _stop_encoding)
-    try:
-        counts = enc_mod.encode(encoder, enc_mod.read_lines(inputs or [], errors), writer, settings.pooling, layer,
-                                settings.normalize, batch_size, settings.max_length, pairs, tokens, strict_pairs)
-    except BaseException as exc:
-        writer.abort()
-        worded = _encode_input_error(exc)
-        if worded is not None:
-            raise worded from None
-        raise
-    writer.close(encoder.model.config.hidden_size)
+    with _signals_stop_encoding(output) as hold_signals:
+        writer = enc_mod.Writer(fmt.value, sys.stdout, output, with_text)
+        try:
+            counts = enc_mod.encode(encoder, enc_mod.read_lines(inputs or [], errors), writer, settings.pooling, layer,
+                                    settings.normalize, batch_size, settings.max_length, pairs, tokens, strict_pairs)
+            hold_signals()  # the output goes into place whole: a signal now waits until it is there
+            writer.close(encoder.model.config.hidden_size)
+        except BaseException as exc:
+            writer.abort()
+            worded = _encode_input_error(exc)
+            if worded is not None:
+                raise worded from None
+            raise
     if counts["truncated"]:
         err(f"bertcli encode: {counts['truncated']:,} of {counts['lines']:,} lines were truncated to the length limit")
     if counts["unpaired"]:
@@ -303,9 +305,44 @@ def encode(
             "sentence each (--strict-pairs makes that an error)")
 
 
-def _stop_encoding(signum: int, frame: object) -> None:
-    name = signal.Signals(signum).name
-    raise Interrupted(f"stopped by {name}; nothing half-written was kept (writes are atomic)", signum)
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+@contextlib.contextmanager
+def _signals_stop_encoding(output: Path | None) -> Iterator[Callable[[], None]]:
+    """Ctrl-C, SIGTERM and SIGHUP end encode: the temporary output is removed, one line, exit 128 + N;
+    not where the process was started to ignore one (nohup). Yields `hold`: from its call on they
+    wait while the output is put in place (stopped there, encode would leave its temporary files, or
+    call a finished output unwritten). On the way out the previous handlers come back first, then
+    what was held is raised again for them."""
+    where = (f"{output} was not written (what was there is intact)" if output is not None else
+             "the rows on stdout so far are those of the first lines only")
+
+    holding, held = False, []  # held: signals that came while holding, raised again at the end
+
+    def stop(signum: int, frame: object) -> None:
+        if holding:
+            held.append(signum)
+            return
+        raise Interrupted(f"stopped by {signal.Signals(signum).name}; {where}: run the same command again", signum)
+
+    def hold() -> None:
+        nonlocal holding
+        holding = True
+
+    # (A signal mask would not do: torch's threads take a process's signals where the main thread blocks them.)
+    caught = (signal.SIGINT, *STOP_SIGNALS)
+    previous = {signum: signal.getsignal(signum) for signum in caught}
+    for signum, handler in previous.items():
+        if handler is not signal.SIG_IGN and (signum != signal.SIGINT or handler is signal.default_int_handler):
+            signal.signal(signum, stop)
+    try:
+        yield hold
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for signum in held:
+            signal.raise_signal(signum)
 
 
 def _encode_format(fmt: Format | None, output: Path | None, with_text: bool, tokens: bool) -> Format:

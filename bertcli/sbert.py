@@ -6,8 +6,8 @@ module (`1_Pooling/config.json`: cls, mean, max, ...) and optionally Normalize (
 `sentence_bert_config.json`, beside the Transformer, gives max_seq_length (tokens per text) and
 do_lower_case (lower-case the text before the tokenizer sees it). sentence-transformers 6 writes no
 max_seq_length there: the limit is the tokenizer's model_max_length (`tokenizer_config.json`),
-which sentence-transformers (every version) also falls back on when max_seq_length is absent, capped
-at the model's positions (encode.resolve caps). `bertcli encode` follows these by default so that
+which every version also falls back on when max_seq_length is absent, capped at the model's
+positions (encode.resolve caps); see _max_seq_length for the order. `bertcli encode` follows these by default so that
 its vectors are that model's embeddings; see `read_sentence_model`.
 """
 
@@ -73,14 +73,14 @@ def _pooling_mode(file: Path) -> str:
 
 
 def _max_seq_length(settings: dict[str, Any], settings_file: Path, transformer: Path) -> int | None:
-    """Tokens per text as sentence-transformers takes them: sentence_bert_config.json's max_seq_length,
-    else a model_max_length passed to the tokenizer there (tokenizer_args, processor_kwargs in 6.x),
-    else tokenizer_config.json's model_max_length; None: none is set (the model's own limit)."""
-    sources = [(settings_file, "max_seq_length", settings.get("max_seq_length"))]
-    for key in ("processor_kwargs", "tokenizer_args"):
-        kwargs = settings.get(key)
-        if isinstance(kwargs, dict):
-            sources.append((settings_file, f"{key}.model_max_length", kwargs.get("model_max_length")))
+    """Tokens per text as sentence-transformers 6 takes them: a model_max_length passed to the
+    tokenizer in sentence_bert_config.json (tokenizer_args, which replaces processor_kwargs), else its
+    max_seq_length, else tokenizer_config.json's model_max_length; None: none is set (the model's own
+    limit). Versions before 6 put max_seq_length first; no folder either one saves has both."""
+    key = "tokenizer_args" if "tokenizer_args" in settings else "processor_kwargs"
+    kwargs = settings.get(key)
+    sources = [(settings_file, f"{key}.model_max_length", kwargs.get("model_max_length") if isinstance(kwargs, dict) else None),
+               (settings_file, "max_seq_length", settings.get("max_seq_length"))]
     tokenizer_config = transformer / "tokenizer_config.json"
     if tokenizer_config.is_file():
         raw = _read_json(tokenizer_config)

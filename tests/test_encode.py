@@ -244,8 +244,42 @@ def test_a_terminated_encode_leaves_no_half_written_output(trained, tmp_path):
     p.send_signal(signal.SIGTERM)
     _, err = p.communicate(timeout=60)
     assert p.returncode == 143, err
-    assert err.strip().splitlines() == ["bertcli: stopped by SIGTERM; nothing half-written was kept (writes are atomic)"]
+    assert err.strip().splitlines() == [f"bertcli: stopped by SIGTERM; {tmp_path / 'v.npy'} was not written (what was "
+                                        "there is intact): run the same command again"]
     assert list(tmp_path.iterdir()) == []
+    # Started to ignore SIGHUP (nohup): a hang-up does not stop it.
+    p = subprocess.Popen([sys.executable, "-m", "bertcli", "encode", "--model", str(trained), "-o", str(tmp_path / "v.npy")],
+                         cwd=REPO, stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    p.stdin.write("one line\n")
+    p.stdin.flush()
+    while not any(tmp_path.iterdir()) and time.monotonic() < deadline + 60:
+        time.sleep(0.05)
+    p.send_signal(signal.SIGHUP)
+    _, err = p.communicate("another line\n", timeout=60)
+    assert p.returncode == 0 and np.load(tmp_path / "v.npy").shape[0] == 2, err
+
+
+def test_a_signal_while_the_output_is_put_in_place_waits_until_it_is_there(trained, tmp_path, cli, monkeypatch):
+    """From the rename on, SIGTERM is held: the output is complete, nothing temporary is left, and the
+    signal then reaches the handler that was there before encode (restored on the way out)."""
+    import os
+    import signal
+
+    got: list[int] = []
+    before = signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))
+    try:
+        real_close = Writer.close
+        monkeypatch.setattr(Writer, "close", lambda self, h: (os.kill(os.getpid(), signal.SIGTERM), real_close(self, h)))
+        (tmp_path / "in.txt").write_text("".join(line + "\n" for line in LINES))
+        result = cli("encode", "--model", trained, tmp_path / "in.txt", "-o", tmp_path / "v.npy")
+        assert result.code == 0, result.err
+        assert np.load(tmp_path / "v.npy").shape[0] == len(LINES) and sorted(p.name for p in tmp_path.iterdir()) == [
+            "in.txt", "v.npy"]
+        assert got == [signal.SIGTERM] and signal.getsignal(signal.SIGTERM) is not None
+        assert signal.getsignal(signal.SIGTERM).__name__ == "<lambda>"  # the handler from before, restored
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def test_output_file_text_column_pairs_and_layer_errors(trained, tmp_path, cli):

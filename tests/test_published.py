@@ -153,6 +153,23 @@ def test_a_folder_saved_by_this_sentence_transformers_keeps_its_length(cli, tmp_
     assert cosines(np.load(tmp_path / "v.npy"), theirs.encode(sample_lines)).min() >= 0.9999
 
 
+@pytest.mark.parametrize("settings, tokenizer_config, length", [
+    ({"max_seq_length": 100}, {"model_max_length": 512}, 100),  # sentence-transformers < 6 saves this
+    ({}, {"model_max_length": 64}, 64),  # 6.x saves this
+    ({"max_seq_length": 100, "processor_kwargs": {"model_max_length": 40}}, {}, 40),  # hand-edited: as 6.x reads them
+    ({"max_seq_length": 100, "tokenizer_args": {"model_max_length": 40}, "processor_kwargs": {"model_max_length": 50}},
+     {}, 40),  # tokenizer_args replaces processor_kwargs
+    ({}, {}, None)])  # nothing set: the model's own limit
+def test_the_length_limit_is_read_as_sentence_transformers_6_reads_it(tmp_path, settings, tokenizer_config, length):
+    """The order of sentence-transformers 6.2's Transformer module (checked against it for each row
+    when this test was written: SentenceTransformer(folder).max_seq_length on MiniLM copies)."""
+    (tmp_path / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.base.modules.transformer.Transformer"}]))
+    (tmp_path / "sentence_bert_config.json").write_text(json.dumps(settings))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    assert read_sentence_model(tmp_path).max_seq_length == length
+
+
 def test_flags_win_and_unreproducible_folders_are_refused(minilm, cli, tmp_path, sample_lines):
     plain_mean = vectors(minilm, sample_lines[:4], pooling="mean")
     assert np.linalg.norm(plain_mean, axis=1).std() > 0.01, "--pooling alone: no normalisation"
