@@ -101,6 +101,11 @@ def load_encoder(path: Path, device: torch.device, precision: str = "fp32") -> E
         fresh, source = tuple(hf.init_from(model, folder, uninitialised=True)), folder
         tokenizer = load_tokenizer(folder, TokenizerConfig())  # a vocab.txt follows its tokenizer_config.json
     else:
+        if sentence is not None:
+            raise UsageError(f"{folder}: no config.json, where {path / 'modules.json'} puts the BERT model; restore "
+                             "the folder's files")
+        if (path / "config.yaml").is_file() and not checkpoint.is_checkpoint(path):  # a checkpoint, damaged
+            raise UsageError(f"{path}: {checkpoint.incomplete(path)}; use another checkpoint of the run")
         if not checkpoint.is_checkpoint(path) and not checkpoint.checkpoints_dir(path).is_dir():
             raise UsageError(f"{path}: not a model; --model takes a run folder, a checkpoint folder or a Hugging Face "
                              "BERT folder (config.json, model.safetensors, and tokenizer.json or vocab.txt)")

@@ -185,6 +185,8 @@ CASES = [
                                                         d / "nowhere" / "v.npy"], 2, "nowhere does not exist; create it"),
     ("encode-tokens-into-npy", lambda d, b: ["encode", "--model", b["text"], _write(d, "in.txt", "a\n"), "--tokens", "-o",
                                              d / "t.npy"], 2, "--tokens writes JSONL: --output"),
+    ("encode-incomplete-checkpoint", lambda d, b: ["encode", "--model", _without(_copy_ckpt(b, d), "trainer_state.json"),
+                                                   _write(d, "in.txt", "a\n")], 2, "missing trainer_state.json); use another"),
     ("encode-not-a-model", lambda d, b: ["encode", "--model", _write(d, "in.txt", "a\n").parent, d / "in.txt"], 2,
      "not a model; --model takes a run folder, a checkpoint folder or a Hugging Face BERT folder"),
     ("encode-hf-without-tokenizer", lambda d, b: ["encode", "--model", _hf_without(b["text"], d, "tokenizer.json", "vocab.txt"),
