@@ -104,7 +104,8 @@ def load_encoder(path: Path, device: torch.device, precision: str = "fp32") -> E
         if sentence is not None:
             raise UsageError(f"{folder}: no config.json, where {path / 'modules.json'} puts the BERT model; restore "
                              "the folder's files")
-        if (path / "config.yaml").is_file() and not checkpoint.is_checkpoint(path):  # a checkpoint, damaged
+        damaged = any((path / name).is_file() for name in checkpoint.FILES if name != "config.yaml")  # (a run has one)
+        if damaged and not checkpoint.is_checkpoint(path):  # a checkpoint folder lacking files
             raise UsageError(f"{path}: {checkpoint.incomplete(path)}; use another checkpoint of the run")
         if not checkpoint.is_checkpoint(path) and not checkpoint.checkpoints_dir(path).is_dir():
             raise UsageError(f"{path}: not a model; --model takes a run folder, a checkpoint folder or a Hugging Face "
