@@ -172,8 +172,9 @@ def resolve(enc: Encoder, pooling: str | None = None, normalize: bool | None = N
 
 
 def read_lines(sources: list[str], errors: str) -> Iterator[str]:
-    """Lines of the files (or stdin for '-'), without their line ends; a line that is not UTF-8 is
-    an error naming it, unless errors='replace'."""
+    """Lines of the files (or stdin for '-'), without their line ends or a file's UTF-8 byte-order
+    mark (Windows editors write one); a line that is not UTF-8 is an error naming it, unless
+    errors='replace'."""
     for source in sources or ["-"]:
         stream: BinaryIO = sys.stdin.buffer if source == "-" else _open(source)
         name = "stdin" if source == "-" else source
@@ -183,7 +184,7 @@ def read_lines(sources: list[str], errors: str) -> Iterator[str]:
                     text = raw.decode("utf-8", errors=errors)
                 except UnicodeDecodeError as exc:
                     raise NotUtf8(name, number, exc.start) from None
-                yield text.rstrip("\r\n")
+                yield (text.removeprefix("\ufeff") if number == 1 else text).rstrip("\r\n")
         finally:
             if stream is not sys.stdin.buffer:
                 stream.close()

@@ -290,6 +290,9 @@ def test_output_file_text_column_pairs_and_layer_errors(trained, tmp_path, cli):
     assert [c[0] for c in cells] == lines[:-1] + ["a\\tTAB and a back\\\\slash"] and {len(c) for c in cells} == {33}
     assert cli("encode", "--model", trained, tmp_path / "in.txt", "-o", tmp_path / "by-suffix.npy").code == 0
     assert np.load(tmp_path / "by-suffix.npy").shape == (len(lines), 32)
+    (tmp_path / "bom.txt").write_bytes("\ufeff".encode() + (tmp_path / "in.txt").read_bytes())  # a Windows editor's file
+    assert cli("encode", "--model", trained, tmp_path / "bom.txt", "-f", "tsv", "--with-text").out == shown.out
+    (tmp_path / "bom.txt").unlink()
     no_text = cli("encode", "--model", trained, tmp_path / "in.txt", "-o", tmp_path / "t.npy", "--with-text")
     assert no_text.code == 2 and "npy holds numbers only" in no_text.err
     # A failed run leaves no output file and no temporary file.
