@@ -390,7 +390,7 @@ def _encode_input_error(exc: BaseException) -> UsageError | None:
         return UsageError(f"{exc.source}: line {exc.line} is not valid UTF-8 (byte {exc.byte} of the line); fix the "
                           "input or pass --errors replace")
     if isinstance(exc, enc_mod.Unpaired):
-        return UsageError(f"input line {exc.line}: no TAB between the two sentences (--strict-pairs); write A<TAB>B, "
+        return UsageError(f"{exc.where}: no TAB between the two sentences (--strict-pairs); write A<TAB>B, "
                           "or drop --strict-pairs to encode such lines alone")
     return None
 

@@ -61,12 +61,19 @@ class NotUtf8(UsageError):
 
 
 class Unpaired(UsageError):
-    """An input line without a TAB while pairs are strict."""
+    """An input line without a TAB while pairs are strict; `where`: "FILE: line N" (or "input line N")."""
 
-    def __init__(self, line: int) -> None:
-        super().__init__(f"input line {line}: no TAB between the two sentences of a pair; write A<TAB>B, or encode "
-                         "pairs with strict_pairs off to encode such lines alone")
-        self.line = line
+    def __init__(self, where: str) -> None:
+        super().__init__(f"{where}: no TAB between the two sentences of a pair; write A<TAB>B, or encode pairs with "
+                         "strict_pairs off to encode such lines alone")
+        self.where = where
+
+
+class Line(str):
+    """A line of input that knows where it came from (read_lines), for error messages."""
+
+    source: str
+    number: int
 
 
 @dataclass
@@ -171,7 +178,7 @@ def resolve(enc: Encoder, pooling: str | None = None, normalize: bool | None = N
     return Settings(pooling or "cls", bool(normalize), limit, from_folder)
 
 
-def read_lines(sources: list[str], errors: str) -> Iterator[str]:
+def read_lines(sources: list[str], errors: str) -> Iterator[Line]:
     """Lines of the files (or stdin for '-'), without their line ends or a file's UTF-8 byte-order
     mark (Windows editors write one); a line that is not UTF-8 is an error naming it, unless
     errors='replace'."""
@@ -184,7 +191,9 @@ def read_lines(sources: list[str], errors: str) -> Iterator[str]:
                     text = raw.decode("utf-8", errors=errors)
                 except UnicodeDecodeError as exc:
                     raise NotUtf8(name, number, exc.start) from None
-                yield (text.removeprefix("\ufeff") if number == 1 else text).rstrip("\r\n")
+                line = Line((text.removeprefix("\ufeff") if number == 1 else text).rstrip("\r\n"))
+                line.source, line.number = name, number
+                yield line
         finally:
             if stream is not sys.stdin.buffer:
                 stream.close()
@@ -283,7 +292,9 @@ def encode(enc: Encoder, lines: Iterator[str], out: "Writer", pooling: str | Non
             inputs = [tuple(text.split("\t", 1)) if "\t" in text else text for text in texts]
             unpaired = [i for i, x in enumerate(inputs) if isinstance(x, str)]
             if unpaired and strict_pairs:
-                raise Unpaired(counts["lines"] + unpaired[0] + 1)
+                line = window[unpaired[0]]
+                raise Unpaired(f"{line.source}: line {line.number}" if isinstance(line, Line) else
+                               f"input line {counts['lines'] + unpaired[0] + 1}")
             counts["unpaired"] += len(unpaired)
         encodings = enc.tokenizer.encode_batch(inputs, add_special_tokens=True)
         counts["truncated"] += sum(1 for e in encodings if e.overflowing)

@@ -305,8 +305,9 @@ def test_output_file_text_column_pairs_and_layer_errors(trained, tmp_path, cli):
     assert pairs.code == 0 and "1 of 2 lines had no TAB" in pairs.err
     alone, _ = run_encode(trained, ["the tutorial modules"])
     assert json.loads(pairs.out.splitlines()[1])["vector"] == alone[0]["vector"], "a line without a TAB is one sentence"
-    strict = cli("encode", "--model", trained, tmp_path / "pairs.txt", "--pairs", "--strict-pairs")
-    assert strict.code == 2 and "input line 2: no TAB" in strict.err and len(strict.err_lines) == 1
+    (tmp_path / "first.txt").write_text("a\tb\n")
+    strict = cli("encode", "--model", trained, tmp_path / "first.txt", tmp_path / "pairs.txt", "--pairs", "--strict-pairs")
+    assert strict.code == 2 and f"{tmp_path / 'pairs.txt'}: line 2: no TAB" in strict.err and len(strict.err_lines) == 1
 
     layer = cli("encode", "--model", trained, tmp_path / "pairs.txt", "--layer", "-4")
     assert layer.code == 2 and "--layer -4:" in layer.err and "layers 0 (embeddings) to 2" in layer.err
