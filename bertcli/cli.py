@@ -7,10 +7,10 @@ Data goes to stdout; logs, progress and errors go to stderr. Exit codes: 0 succe
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
-import contextlib
 import re
 import shlex
 import signal

@@ -7,8 +7,8 @@ module (`1_Pooling/config.json`: cls, mean, max, ...) and optionally Normalize (
 do_lower_case (lower-case the text before the tokenizer sees it). sentence-transformers 6 writes no
 max_seq_length there: the limit is the tokenizer's model_max_length (`tokenizer_config.json`),
 which every version also falls back on when max_seq_length is absent, capped at the model's
-positions (encode.resolve caps); see _max_seq_length for the order. `bertcli encode` follows these by default so that
-its vectors are that model's embeddings; see `read_sentence_model`.
+positions (encode.resolve caps); see _max_seq_length for the order. `bertcli encode` follows these
+by default so that its vectors are that model's embeddings; see `read_sentence_model`.
 """
 
 from __future__ import annotations
