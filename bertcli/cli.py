@@ -29,6 +29,7 @@ except ImportError:  # older Typer uses the click package
 
 from bertcli import __version__
 from bertcli.console import error as err
+from bertcli.console import log
 from bertcli.errors import BertcliError, Interrupted, PipeClosed, RunError, UsageError
 
 if TYPE_CHECKING:  # imported when used: `bertcli --help` stays fast without torch
@@ -41,6 +42,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # Click's plain help: wrapped, never cut with "…" at 80 columns, flags without <bool>
 )
 
 
@@ -88,28 +90,35 @@ def root(
     """Pretrain BERT encoders and put them to use: init -> (prepare) -> pretrain -> inspect."""
 
 
+SET = "KEY=VALUE"  # the metavar of --set
 SET_HELP = "Override a config value, e.g. --set train.max_steps=200 (repeatable; values are YAML scalars)."
 
 
-@app.command()
+@app.command(short_help="Write DIR/config.yaml from a preset, every field commented.")
 def init(
-    directory: Path = typer.Argument(..., help="Folder to create; config.yaml is written inside it."),
+    directory: Path = typer.Argument(..., metavar="DIR", help="Folder to create; config.yaml is written inside it."),
     preset: Preset = typer.Option(Preset.tiny, "--preset", "-p", help="tiny (d2l textbook sizes), small, base (BERT-base) or large (BERT-large)."),
-    corpus: Optional[Path] = typer.Option(None, "--corpus", help="Text/JSONL file or folder to train on (default: the bundled sample)."),
-    init_from: Optional[Path] = typer.Option(None, "--init-from", help="Continue from a Hugging Face BERT folder or a bertcli checkpoint: its sizes, weights and tokenizer, and a learning rate for continuing (5e-5)."),
+    corpus: Optional[str] = typer.Option(None, "--corpus", metavar="PATH", help="Text/JSONL file or folder to train on, or sample (the bundled text, the default) or synthetic (a generated corpus for quick checks); ./sample for a file of that name."),
+    init_from: Optional[Path] = typer.Option(None, "--init-from", metavar="FOLDER", help="Continue from a Hugging Face BERT folder or a bertcli checkpoint: its sizes, weights and tokenizer, and a learning rate for continuing (5e-5)."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing bertcli config.yaml (nothing else in the folder is touched)."),
-    overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
+    overrides: list[str] = typer.Option([], "--set", metavar=SET, help=SET_HELP),
 ) -> None:
-    """Scaffold a run: write DIRECTORY/config.yaml from a preset, every field commented."""
+    """Scaffold a run: write DIR/config.yaml from a preset, every field commented."""
     from bertcli import atomic, ownership
     from bertcli.config_load import preset_config
     from bertcli.config_write import preset_header, to_yaml
     from bertcli.data.text import corpus_files
+    from bertcli.resolve import KEYWORD_CORPORA, SYNTHETIC_VOCAB, from_here
 
     header = preset_header(preset.value)
-    if corpus is not None:
-        corpus_files(corpus)  # fail now, not at pretrain time, if it is missing or holds no text files
-        overrides = [f"data.corpus={corpus.expanduser().resolve()}"] + overrides
+    overrides = from_here(overrides)  # paths typed here are relative to here, not to DIR
+    if corpus in KEYWORD_CORPORA:
+        # The generated corpus has no tokenizer to size the model: a vocabulary of its own (--set wins).
+        overrides = [f"data.corpus={corpus}"] + ([f"model.vocab_size={SYNTHETIC_VOCAB}"] if corpus == "synthetic"
+                                                 else []) + overrides
+    elif corpus is not None:
+        corpus_files(Path(corpus))  # fail now, not at pretrain time, if it is missing or holds no text files
+        overrides = [f"data.corpus={json.dumps(str(Path(corpus).expanduser().resolve()))}"] + overrides
     if init_from is not None:
         from bertcli.hf import continued_pretraining
 
@@ -126,23 +135,27 @@ def init(
     directory.mkdir(parents=True, exist_ok=True)
     atomic.write_text(path.resolve(), to_yaml(cfg, header))  # a link: keep it, rewrite its config
     m = cfg.model
-    err(f"wrote {path} (preset {preset.value}: {m.num_hidden_layers} layers, hidden {m.hidden_size}, "
+    sizes = f"from {m.init_from}" if init_from is not None else f"preset {preset.value}"
+    err(f"wrote {path} ({sizes}: {m.num_hidden_layers} layers, hidden {m.hidden_size}, "
         f"{m.num_attention_heads} heads, sequences of {cfg.data.max_seq_length})")
+    for warning in cfg.warnings():
+        err(f"warning: {warning}")
     err(f"next: {command_line('pretrain', '--config', path)}")
 
 
-@app.command()
+@app.command(short_help="Train the tokenizer and write token shards for the corpus.")
 def prepare(
-    config: Path = typer.Option(..., "--config", "-c", help="The run's config.yaml."),
-    overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
+    config: Path = typer.Option(..., "--config", "-c", metavar="FILE", help="The run's config.yaml."),
+    overrides: list[str] = typer.Option([], "--set", metavar=SET, help=SET_HELP),
     force: bool = typer.Option(False, "--force", help="Prepare again even if the prepared data is up to date."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
 ) -> None:
     """Train the tokenizer and write token shards for the config's corpus (pretrain does this when needed)."""
     from bertcli.data.prepare import prepare as run
-    from bertcli.resolve import load_run
+    from bertcli.resolve import check_outputs_apart, load_run
 
     cfg = load_run(config, overrides)
+    check_outputs_apart(cfg)
     if cfg.data.corpus == "synthetic":
         raise UsageError("data.corpus is synthetic: there is nothing to prepare")
     folder = run(cfg, quiet=quiet, force=force)
@@ -150,18 +163,18 @@ def prepare(
     err(f"next: {command_line('inspect', folder)}   or   {command_line('pretrain', '--config', config, *again)}")
 
 
-@app.command()
+@app.command(short_help="Pretrain BERT (MLM + NSP), resuming from the newest checkpoint.")
 def pretrain(
-    config: Path = typer.Option(..., "--config", "-c", help="The run's config.yaml (see `bertcli init`)."),
-    overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
-    resume: str = typer.Option("auto", "--resume", help="auto (newest checkpoint in output_dir, if any), never, or a checkpoint folder."),
-    device: Optional[str] = typer.Option(None, "--device", help="auto, cpu, cuda or cuda:N (overrides train.device)."),
+    config: Path = typer.Option(..., "--config", "-c", metavar="FILE", help="The run's config.yaml (see `bertcli init`)."),
+    overrides: list[str] = typer.Option([], "--set", metavar=SET, help=SET_HELP),
+    resume: str = typer.Option("auto", "--resume", metavar="auto|never|PATH", help="auto (newest checkpoint in output_dir, if any), never, or a checkpoint folder."),
+    device: Optional[str] = typer.Option(None, "--device", metavar="DEVICE", help="auto, cpu, cuda or cuda:N (overrides train.device)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output; errors and the final summary only."),
-    stop_at: Optional[int] = typer.Option(None, "--stop-at", min=1, help="Stop after this step with a checkpoint (the schedule still follows train.max_steps); rerun to continue."),
+    stop_at: Optional[int] = typer.Option(None, "--stop-at", min=1, metavar="N", help="Stop after this step with a checkpoint (the schedule still follows train.max_steps); rerun to continue."),
 ) -> None:
     """Pretrain BERT (MLM + NSP) as the config says, resuming from the newest checkpoint."""
     from bertcli import checkpoint
-    from bertcli.resolve import load_run
+    from bertcli.resolve import check_outputs_apart, load_run
     from bertcli.runtime import parse_device
     from bertcli.trainer import pretrain as run
 
@@ -171,6 +184,7 @@ def pretrain(
     if problem:
         raise UsageError(f"--resume {resume}: {problem}")
     cfg = load_run(config, overrides + ([f"train.device={device}"] if device else []))
+    check_outputs_apart(cfg)
     try:
         result = run(cfg, resume=resume, quiet=quiet, stop_at=stop_at)
     except checkpoint.ResumeRefused as exc:
@@ -187,9 +201,9 @@ def pretrain(
     err(f"next: {command_line('inspect', Path(cfg.output_dir))}")
 
 
-@app.command("inspect")
+@app.command("inspect", short_help="Explain a config, a run, a checkpoint, prepared data or a model.")
 def inspect_command(
-    path: Path = typer.Argument(..., help="A config file, a run folder, a checkpoint folder or a prepared-data folder."),
+    path: Path = typer.Argument(..., metavar="PATH", help="A config file, a run folder, a checkpoint folder or a prepared-data folder."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
 ) -> None:
     """Explain a config, a run, a checkpoint or prepared data: sizes, parameters, FLOPs, progress, corpus statistics."""
@@ -199,10 +213,10 @@ def inspect_command(
     out(json.dumps(report) if as_json else format_report(report))
 
 
-@app.command()
+@app.command(short_help="Write a checkpoint as a Hugging Face folder (BertForPreTraining).")
 def export(
-    source: Path = typer.Argument(..., help="A checkpoint folder, or a run folder (its best checkpoint, else the newest)."),
-    out_dir: Path = typer.Argument(..., help="Folder to write: config.json, model.safetensors and the tokenizer files."),
+    source: Path = typer.Argument(..., metavar="CHECKPOINT_OR_RUN", help="A checkpoint folder, or a run folder (its best checkpoint, else the newest)."),
+    out_dir: Path = typer.Argument(..., metavar="OUT_DIR", help="Folder to write: config.json, model.safetensors and the tokenizer files."),
     force: bool = typer.Option(False, "--force", help="Replace OUT_DIR if it exists."),
 ) -> None:
     """Write a checkpoint as a Hugging Face folder (BertForPreTraining, loads with no custom code)."""
@@ -225,21 +239,21 @@ class Format(str, Enum):
     npy = "npy"
 
 
-@app.command()
+@app.command(short_help="Turn lines of text into vectors, one row per line, streamed.")
 def encode(
-    inputs: list[str] = typer.Argument(None, help="Text files, one text per line ('-' or none: stdin)."),
-    model: Path = typer.Option(..., "--model", "-m", help="A run folder, a checkpoint folder or a Hugging Face BERT folder "
+    inputs: list[str] = typer.Argument(None, metavar="FILE", help="Text files, one text per line ('-' or none: stdin)."),
+    model: Path = typer.Option(..., "--model", "-m", metavar="PATH", help="A run folder, a checkpoint folder or a Hugging Face BERT folder "
                                "(a sentence-transformers folder included)."),
     pooling: Optional[Pooling] = typer.Option(None, "--pooling", help="cls, mean or max (over all non-padding positions), or "
                                               "pooler. Default: a sentence-transformers folder's own pooling and "
                                               "normalisation (its embeddings), else cls."),
-    layer: int = typer.Option(-1, "--layer", help="Layer to read: 0 = embeddings, 1..L, negative from the end (-1 = last)."),
+    layer: int = typer.Option(-1, "--layer", metavar="N", help="Layer to read: 0 = embeddings, 1..L, negative from the end (-1 = last)."),
     normalize: Optional[bool] = typer.Option(None, "--normalize/--no-normalize", help="Scale each vector to unit length. "
                                              "Default: as a sentence-transformers folder says when --pooling is not "
                                              "given, else off."),
     fmt: Optional[Format] = typer.Option(None, "--format", "-f", help="jsonl, tsv or npy. Default: from the --output "
                                          "suffix (.npy, .tsv), else jsonl."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the rows to this file (atomically) instead "
+    output: Optional[Path] = typer.Option(None, "--output", "-o", metavar="FILE", help="Write the rows to this file (atomically) instead "
                                           "of stdout; needed for npy. Replaced if it exists; never an input file."),
     with_text: bool = typer.Option(False, "--with-text", help="Add the text to each row (tsv: as the first column, "
                                    "TAB and backslash escaped as \\t and \\\\)."),
@@ -247,13 +261,13 @@ def encode(
     pairs: bool = typer.Option(False, "--pairs", help="Lines are A<TAB>B sentence pairs, encoded with segment ids; a "
                                "line without a TAB is encoded as one sentence (counted on stderr)."),
     strict_pairs: bool = typer.Option(False, "--strict-pairs", help="With --pairs, a line without a TAB is an error."),
-    batch_size: int = typer.Option(32, "--batch-size", min=1, help="Texts per forward pass, at most (on a CPU "
+    batch_size: int = typer.Option(32, "--batch-size", min=1, metavar="N", help="Texts per forward pass, at most (on a CPU "
                                    "fewer when they are long: 8 MiB of activations at most)."),
-    max_length: Optional[int] = typer.Option(None, "--max-length", min=2, help="Truncate longer texts (default: a "
+    max_length: Optional[int] = typer.Option(None, "--max-length", min=2, metavar="N", help="Truncate longer texts (default: a "
                                              "sentence-transformers folder's max_seq_length, else the model's limit)."),
-    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N."),
-    dtype: str = typer.Option("fp32", "--dtype", help="fp32, bf16 or fp16."),
-    errors: str = typer.Option("strict", "--errors", help="strict: a line that is not UTF-8 is an error; replace: replace bad bytes."),
+    device: str = typer.Option("auto", "--device", metavar="DEVICE", help="auto, cpu, cuda or cuda:N."),
+    dtype: str = typer.Option("fp32", "--dtype", metavar="fp32|bf16|fp16", help="fp32, bf16 or fp16."),
+    errors: str = typer.Option("strict", "--errors", metavar="strict|replace", help="strict: a line that is not UTF-8 is an error; replace: replace bad bytes."),
 ) -> None:
     """Turn lines of text into vectors: one row per input line, in input order, streamed."""
     from bertcli import encode as enc_mod
@@ -456,9 +470,9 @@ def main(argv: list[str] | None = None) -> None:
     except BertcliError as exc:
         if debug:
             raise
-        prefix = "bertcli: " if isinstance(exc, Interrupted) else "bertcli: error: "
-        for problem in exc.problems:
-            err(f"{prefix}{problem}")
+        interrupted = isinstance(exc, Interrupted)
+        for problem in exc.problems:  # a stop is the job's: under torchrun rank 0 says it, errors any process
+            (log if interrupted else err)(f"{'bertcli: ' if interrupted else 'bertcli: error: '}{problem}")
         code = exc.exit_code
     except PipeClosed:
         # The reader of our stdout went away: not an error. Point stdout at /dev/null so the

@@ -141,6 +141,7 @@ class SyntheticConfig:
              f"need 1 <= min_sentence_length <= max_sentence_length, got {s.min_sentence_length} and {s.max_sentence_length}"),
             (s.branching >= 1, "data.synthetic.branching", f"must be at least 1, got {s.branching}"),
             (s.num_topics >= 1, "data.synthetic.num_topics", f"must be at least 1, got {s.num_topics}"),
+            (s.seed >= 0, "data.synthetic.seed", f"must not be negative, got {s.seed}"),
         )
 
 
@@ -262,6 +263,7 @@ class TrainConfig:
         """This section's impossible values."""
         t = self
         return failing(
+            (t.seed >= 0, "train.seed", f"must not be negative, got {t.seed}"),
             (t.max_steps >= 1, "train.max_steps", f"must be at least 1, got {t.max_steps}"),
             (t.eval_every >= 0, "train.eval_every", f"must not be negative (0 = never), got {t.eval_every}"),
             (t.eval_examples >= 1, "train.eval_examples", f"must be at least 1, got {t.eval_examples}"),
@@ -404,6 +406,20 @@ class Config:
             (d.pairs or t.nsp_weight == 0, "data.pairs",
              "is false (single spans, no sentence pairs) but train.nsp_weight is not 0: NSP needs pairs"),
         )
+
+
+    def warnings(self) -> list[str]:
+        """Values that are possible but likely not meant, one line each (`pretrain` and `init` print them).
+        Not errors: a run may mean to raise train.max_steps later and resume, and the schedule of its
+        steps so far does not change when it does."""
+        o, t = self.optimizer, self.train
+        if o.warmup_steps <= t.max_steps:
+            return []
+        share = t.max_steps / o.warmup_steps
+        return [f"optimizer.warmup_steps={o.warmup_steps:,} is past train.max_steps={t.max_steps:,}: the learning rate "
+                f"rises to {share:.0%} of optimizer.lr ({o.lr:g} x {share:.3g} = {o.lr * share:.3g}) at the last step "
+                f"and never decays; lower warmup_steps (say {max(1, t.max_steps // 10):,}) unless you mean to raise "
+                "max_steps and resume"]
 
 
 # Presets: overrides on top of the defaults. Only what differs from the defaults is listed.

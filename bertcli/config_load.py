@@ -71,7 +71,13 @@ def read_yaml(path: Path) -> dict[str, Any]:
     except OSError as exc:
         raise UsageError(f"{path}: cannot read: {exc.strerror}") from None
     try:
-        raw = yaml.load(text, Loader=StrictLoader)  # noqa: S506  SafeLoader's constructors, plus a check
+        raw = load_yaml(text)
+    except TooManyAliases as exc:
+        raise UsageError(f"{path}: {exc}") from None
+    except ValueError as exc:  # an integer of thousands of digits, say: Python refuses to read it
+        raise UsageError(f"{path}: malformed YAML: {str(exc).splitlines()[0]}") from None
+    except RecursionError:
+        raise UsageError(f"{path}: values nested too deeply to read; a run config is two or three levels deep") from None
     except DuplicateKey as exc:
         raise UsageError(f"{path}: line {exc.line}: key {str(exc.key)!r} is given twice (first at line {exc.first_line}); "
                          "keep one of them (YAML would silently use the last)") from None
@@ -85,6 +91,53 @@ def read_yaml(path: Path) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise UsageError(f"{path}: expected a mapping of sections (model:, data:, train: ...), got {type(raw).__name__}")
     return raw
+
+
+# A whole config is about 90 values; aliases (`<<: *defaults`) may repeat some sections, never make
+# it thousands of times larger (nine nested aliases of ten make a billion: the "billion laughs").
+MAX_YAML_NODES = 10_000
+
+
+class TooManyAliases(yaml.YAMLError):
+    pass
+
+
+def load_yaml(text: str) -> Any:
+    """A YAML document with StrictLoader, refused (TooManyAliases) before it is built when its aliases
+    would expand it past MAX_YAML_NODES values, or refer to themselves: counted on the composed node
+    graph, each shared node once, so a billion laughs is refused in microseconds."""
+    loader = StrictLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        sizes: dict[int, int] = {}
+        open_: set[int] = set()
+
+        def size(n: yaml.Node) -> int:  # values in `n` with every alias expanded (memoised: linear time)
+            if id(n) in sizes:
+                return sizes[id(n)]
+            if id(n) in open_:
+                raise TooManyAliases(f"an alias refers to itself (line {n.start_mark.line + 1}); a config has "
+                                     "no use for recursive values")
+            open_.add(id(n))
+            children = (n.value if isinstance(n, yaml.SequenceNode) else
+                        [c for pair in n.value for c in pair] if isinstance(n, yaml.MappingNode) else [])
+            total = 1
+            for child in children:
+                total += size(child)
+                if total > MAX_YAML_NODES:
+                    break
+            open_.discard(id(n))
+            sizes[id(n)] = total
+            return total
+
+        if size(node) > MAX_YAML_NODES:
+            raise TooManyAliases(f"its aliases (*name) expand it to more than {MAX_YAML_NODES:,} values; a run config "
+                                 "holds about 90: write the values out, or alias whole sections only")
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
 
 
 class DuplicateKey(yaml.YAMLError):
@@ -126,9 +179,12 @@ def parse_overrides(overrides: list[str]) -> tuple[dict[str, Any], dict[str, str
         if not sep or not key or any(not part for part in key.split(".")):
             raise UsageError(f"--set {item!r}: expected section.key=value, for example --set train.max_steps=200")
         try:
-            value = yaml.safe_load(text) if text.strip() else ""
-        except yaml.YAMLError as exc:
-            raise UsageError(f"--set {item!r}: the value is not a YAML scalar ({exc.problem})") from None
+            value = load_yaml(text) if text.strip() else ""
+        except TooManyAliases as exc:
+            raise UsageError(f"--set {_shown(item)}: the value is refused: {exc}") from None
+        except (yaml.YAMLError, RecursionError) as exc:
+            problem = getattr(exc, "problem", None) or "nested too deeply"
+            raise UsageError(f"--set {_shown(item)}: the value is not a YAML scalar ({problem})") from None
         node = nested
         parts = key.split(".")
         for part in parts[:-1]:
@@ -192,7 +248,7 @@ def _build(cls: type, raw: Any, path: str, errors: list[str], origin: dict[str, 
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
-        errors.append(f"{where(path or '(top level)')}: expected a mapping of keys, got {raw!r}")
+        errors.append(f"{where(path or '(top level)')}: expected a mapping of keys, got {_shown(raw)}")
         failed.add(path)
         return cls()
     names = [f.name for f in dataclasses.fields(cls)]
@@ -227,7 +283,7 @@ def _build(cls: type, raw: Any, path: str, errors: list[str], origin: dict[str, 
 
 def _check_value(value: Any, tp: Any) -> tuple[Any, str | None]:
     """Return (value converted to type tp, None) or (None, what is wrong)."""
-    got = f"{value!r} ({type(value).__name__})"
+    got = f"{_shown(value)} ({type(value).__name__})"
     if typing.get_origin(tp) is typing.Union:  # Optional[X]: null or an X
         if value is None:
             return None, None
@@ -238,22 +294,41 @@ def _check_value(value: Any, tp: Any) -> tuple[Any, str | None]:
         choices = typing.get_args(tp)
         if value in choices:
             return value, None
-        return None, f"must be one of {', '.join(map(str, choices))}; got {value!r}"
+        return None, f"must be one of {', '.join(map(str, choices))}; got {_shown(value)}"
     if tp is bool:
         return (value, None) if isinstance(value, bool) else (None, f"expected true or false, got {got}")
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
-            return value, None
-        number = _as_float(value)  # accept 1e6 and 1.0e+6 for whole numbers
-        if number is not None and math.isfinite(number) and number.is_integer():
-            return int(number), None
-        return None, f"expected an integer, got {got}"
+            integer = value
+        else:
+            number = _as_float(value)  # accept 1e6 and 1.0e+6 for whole numbers (exact ones: up to 2**53)
+            if number is None or not math.isfinite(number) or not number.is_integer():
+                return None, f"expected an integer, got {got}"
+            if abs(number) > 2**53:  # past 2**53 a float is not sure to be the integer that was written
+                return None, f"expected an integer, got {got}: write it out in digits (as a float it may not be exact)"
+            integer = int(number)
+        if not -MAX_INT <= integer <= MAX_INT:  # numpy and torch take 64-bit integers
+            return None, f"must be at most {MAX_INT:,} in size (a 64-bit integer), got {_shown(integer)}"
+        return integer, None
     if tp is float:
         number = _as_float(value)  # YAML 1.1 reads `1e-4` as a string: accept it as a number
-        return (number, None) if number is not None else (None, f"expected a number, got {got}")
+        if number is None:
+            return None, f"expected a number, got {got}"
+        if not math.isfinite(number):  # eps=inf trains with no updates, lr=nan with NaN weights: never meant
+            return None, f"expected a finite number, got {got}"
+        return number, None
     if tp is str:
         return (value, None) if isinstance(value, str) else (None, f"expected a string, got {got}")
     raise TypeError(f"unsupported config type {tp!r}")
+
+
+MAX_INT = 2**63 - 1  # the largest integer numpy and torch take (int64)
+
+
+def _shown(value: Any, limit: int = 60) -> str:
+    """repr(value), cut to `limit` characters: a message stays one readable line whatever was given."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text):,} characters)"
 
 
 def _as_float(value: Any) -> float | None:

@@ -141,10 +141,13 @@ def weights_file(folder: Path) -> Path:
     folder = Path(folder)
     file = folder / "model.safetensors"
     if not file.is_file():
-        if (folder / "pytorch_model.bin").is_file():
-            raise UsageError(f"{folder}: only pytorch_model.bin here; bertcli reads safetensors only (a .bin file is a "
-                             "pickle that can run code when loaded). Convert it where you trust the file: "
-                             "BertForPreTraining.from_pretrained(folder).save_pretrained(folder, safe_serialization=True)")
+        if (folder / "pytorch_model.bin").is_file():  # the tensors as they are (no heads added), read without pickle code
+            convert = (f"import torch, safetensors.torch as st; w = torch.load({str(folder / 'pytorch_model.bin')!r}, "
+                       f"weights_only=True); st.save_file({{k: v.contiguous().clone() for k, v in w.items()}}, "
+                       f"{str(file)!r}, metadata={{'format': 'pt'}})")
+            raise UsageError(f"{folder}: only pytorch_model.bin here, and bertcli reads model.safetensors only (a .bin "
+                             f"file is a pickle, which can run code when loaded); convert it once, where you trust the "
+                             f"file: python3 -c \"{convert}\"")
         raise UsageError(f"{folder}: no model.safetensors; a Hugging Face folder holds its weights in it (save "
                          "them with save_pretrained(folder, safe_serialization=True))")
     return file
@@ -250,6 +253,8 @@ def continued_pretraining(source: Path, preset: str, overrides: list[str]) -> tu
     sentence = read_sentence_model(source)
     source = sentence.transformer if sentence else Path(source)  # a sentence-transformers folder's BERT
     imported = imported_config(source)
+    if not checkpoint.is_checkpoint(source):
+        weights_file(source)  # refused now (a pickle only, no weights), not when pretrain starts
     values = [f"model.{k}={getattr(imported, k)}" for k in HF_FIELDS] + [f"model.init_from={json.dumps(str(source))}"]
     try:
         tokenizer = find_tokenizer_file(source)

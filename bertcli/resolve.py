@@ -13,18 +13,43 @@ trainer, summary, encode) needs to know where the config file was:
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
+import yaml
+
 from bertcli.config import Config
-from bertcli.config_load import load_config
+from bertcli.config_load import load_config, load_yaml
 from bertcli.errors import UsageError
 
 KEYWORD_CORPORA = ("sample", "synthetic")  # data.corpus values that are not paths
+SYNTHETIC_VOCAB = 1024  # `init --corpus synthetic`: the generated corpus has no tokenizer to size the model
+PATH_KEYS = ("output_dir", "data.corpus", "data.prepared_dir", "data.tokenizer.path", "model.init_from")
 
 
 def load_run(path: Path, overrides: list[str] | None = None, adopt_init_from: bool = True) -> Config:
-    """The resolved config of the config file at `path` with `--set` overrides."""
-    return resolve(load_config(path, overrides), Path(path).resolve().parent, adopt_init_from)
+    """The resolved config of the config file at `path` with `--set` overrides (command-line paths:
+    relative to the current folder, see `from_here`)."""
+    return resolve(load_config(path, from_here(overrides or [])), Path(path).resolve().parent, adopt_init_from)
+
+
+def from_here(overrides: list[str]) -> list[str]:
+    """`--set` overrides with relative paths made absolute from the current folder, where the user
+    typed them (a path in the YAML file is relative to the file's folder). Values that are not
+    paths (sample, synthetic, empty, not a string) are left for the loader to check."""
+    out = []
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if sep and key.strip() in PATH_KEYS and text.strip():
+            try:
+                value = load_yaml(text)
+            except (yaml.YAMLError, ValueError, RecursionError):  # TooManyAliases too
+                value = None  # the loader says what is wrong with it
+            if isinstance(value, str) and value.strip() and not (key.strip() == "data.corpus" and value in KEYWORD_CORPORA):
+                path = Path(value).expanduser()
+                item = f"{key}={json.dumps(str(path if path.is_absolute() else Path.cwd() / path))}"
+        out.append(item)
+    return out
 
 
 def resolve(cfg: Config, base: Path, adopt_init_from: bool = True) -> Config:
@@ -51,6 +76,31 @@ def resolve(cfg: Config, base: Path, adopt_init_from: bool = True) -> Config:
 
         cfg = hf.adopt_imported(cfg, Path(cfg.model.init_from))
     return cfg
+
+
+def check_outputs_apart(cfg: Config) -> None:
+    """Refuse (exit 2), before any work, a run whose outputs overlap its corpus folder: output_dir or
+    data.prepared_dir at or inside it (the run's metrics.jsonl, tokenizer files and checkpoints would be
+    read as text by the next prepare, and the corpus would change under its own cache), or a corpus
+    inside what bertcli writes (prepared data, checkpoints/, tensorboard/). A corpus folder inside the
+    run folder (next to config.yaml, say) is fine: bertcli writes only its own names there."""
+    from bertcli.ownership import relation
+
+    if cfg.data.corpus in KEYWORD_CORPORA:
+        return
+    corpus, output = Path(cfg.data.corpus), Path(cfg.output_dir)
+    fix = "keep the corpus and the run's outputs in separate folders"
+    for key, target in (("output_dir", output), ("data.prepared_dir", Path(cfg.data.prepared_dir))):
+        how = relation(target, corpus)
+        if how in ("is", "is inside"):
+            raise UsageError(f"{key} {target} {how} the corpus {corpus}: the run would write its files into the corpus, "
+                             f"and the next prepare would read them as text; {fix} (set {key} elsewhere)")
+    written = [("data.prepared_dir", Path(cfg.data.prepared_dir))] + [
+        ("output_dir", output / name) for name in ("checkpoints", "tensorboard", "metrics.jsonl")]
+    for key, target in written:
+        if relation(corpus, target) in ("is", "is inside"):
+            raise UsageError(f"the corpus {corpus} lies inside {target}, which bertcli writes (from {key}); {fix} "
+                             "(move the corpus out of it)")
 
 
 def with_vocab(cfg: Config, vocab_size: int, source: str) -> Config:

@@ -198,12 +198,15 @@ class Run:
 def build_run(cfg: Config, rt: runtime.Runtime, resume: str, quiet: bool) -> Run:
     """Data (prepared by rank 0 when needed), model, optimizer and the checkpoint to resume from."""
     output_dir = Path(cfg.output_dir)
+    for warning in cfg.warnings():
+        log(f"warning: {warning}")
     if rt.is_main:
         atomic.clean_leftovers(checkpoint.checkpoints_dir(output_dir))  # what a killed run was writing
         checkpoint.check_replaceable(output_dir, cfg.train.max_steps)  # refused now, not at a save hours later
     sized = cfg.model.vocab_size is not None
-    if sized:  # before the data too: a synthetic corpus is as large as the vocabulary
-        runtime.check_memory(cfg.model, rt, cfg.train.parallel)
+    # Before the data (a synthetic corpus is as large as the vocabulary; without a vocabulary yet, a
+    # lower bound: 100,000 layers are refused before the corpus is prepared), and after when unsized.
+    runtime.check_memory(cfg.model, rt, cfg.train.parallel)
     data = _load_data(cfg, rt, quiet)
     cfg = resolve.with_vocab(cfg, data.vocab_size, cfg.data.corpus)  # the tokenizer exists now
     if not sized:
@@ -212,8 +215,9 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume: str, quiet: bool) -> Run
     if resumed_from is not None and data.tokenizer_files:
         checkpoint.check_same_tokenizer(resumed_from, data.tokenizer_files[0])
     processes = f"{rt.world_size} processes ({cfg.train.parallel})" if rt.distributed else "1 process"
-    log(f"bertcli {__version__}: {rt.describe()}; {processes}; output in {output_dir}")
-    log("resolved config:\n" + yaml.safe_dump(to_dict(cfg), sort_keys=False).rstrip())
+    if not quiet:  # --quiet: errors, warnings and the final summary only
+        log(f"bertcli {__version__}: {rt.describe()}; {processes}; output in {output_dir}")
+        log("resolved config:\n" + yaml.safe_dump(to_dict(cfg), sort_keys=False).rstrip())
     output_dir.mkdir(parents=True, exist_ok=True)
 
     tc = cfg.train
@@ -240,8 +244,9 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume: str, quiet: bool) -> Run
         run.resumed_from = resumed_from
         log(f"resuming from {resumed_from} (step {run.step})")
     corpus = data.train
-    log(f"model: {sum(p.numel() for p in model.parameters()):,} parameters; corpus: {corpus.num_documents:,} "
-        f"documents, {corpus.num_tokens:,} tokens")
+    if not quiet:
+        log(f"model: {sum(p.numel() for p in model.parameters()):,} parameters; corpus: {corpus.num_documents:,} "
+            f"documents, {corpus.num_tokens:,} tokens")
     return run
 
 

@@ -42,13 +42,13 @@ RUNS=$(mktemp -d)  # checkpoints stay out of $OUT; their metrics are copied belo
 COMMON=(--set train.max_steps="$STEPS" --set logging.log_every=20 --set checkpoint.save_every="$STEPS"
         --set train.eval_every="$STEPS" --set train.batch_size=64 --quiet)
 python3 -m bertcli init "$RUNS/base" --preset "$PRESET" --force >"$OUT/init.txt" 2>&1
-check run_bf16 python3 -m bertcli pretrain --config "$RUNS/base/config.yaml" "${COMMON[@]}" --set output_dir=bf16 --set precision.mode=bf16
-check run_fp16 python3 -m bertcli pretrain --config "$RUNS/base/config.yaml" "${COMMON[@]}" --set output_dir=fp16 --set precision.mode=fp16
-check run_compiled python3 -m bertcli pretrain --config "$RUNS/base/config.yaml" "${COMMON[@]}" --set output_dir=compiled --set train.compile=true
-check run_unpadded python3 -m bertcli pretrain --config "$RUNS/base/config.yaml" "${COMMON[@]}" --set output_dir=unpadded \
+check run_bf16 python3 -m bertcli pretrain --config "$RUNS/base/config.yaml" "${COMMON[@]}" --set output_dir="$RUNS/base/bf16" --set precision.mode=bf16
+check run_fp16 python3 -m bertcli pretrain --config "$RUNS/base/config.yaml" "${COMMON[@]}" --set output_dir="$RUNS/base/fp16" --set precision.mode=fp16
+check run_compiled python3 -m bertcli pretrain --config "$RUNS/base/config.yaml" "${COMMON[@]}" --set output_dir="$RUNS/base/compiled" --set train.compile=true
+check run_unpadded python3 -m bertcli pretrain --config "$RUNS/base/config.yaml" "${COMMON[@]}" --set output_dir="$RUNS/base/unpadded" \
   --set train.unpad=true --set model.attention_probs_dropout_prob=0
 check run_fsdp python3 -m torch.distributed.run --standalone --nproc_per_node "$GPUS" -m bertcli pretrain \
-  --config "$RUNS/base/config.yaml" "${COMMON[@]}" --set output_dir=fsdp --set train.parallel=fsdp
+  --config "$RUNS/base/config.yaml" "${COMMON[@]}" --set output_dir="$RUNS/base/fsdp" --set train.parallel=fsdp
 for run in bf16 fp16 compiled unpadded fsdp; do
   echo "== $run" >>"$OUT/metrics.txt"
   tail -n 3 "$RUNS/base/$run/metrics.jsonl" >>"$OUT/metrics.txt" 2>&1

@@ -92,6 +92,19 @@ def _flipped(data: bytes) -> bytes:
     return data[:len(data) // 2] + bytes([data[len(data) // 2] ^ 0xFF]) + data[len(data) // 2 + 1:]
 
 
+def _corpus_folder(d: Path, b, name: str = "texts") -> Path:
+    (d / name).mkdir()
+    shutil.copyfile(b["corpus"], d / name / "docs.txt")
+    return d / name
+
+
+def _pickle_only(run: Path, folder: Path) -> Path:
+    """An exported folder whose weights are a pytorch_model.bin (never read: bertcli unpickles nothing)."""
+    out = _hf_without(run, folder, "model.safetensors")
+    (out / "pytorch_model.bin").write_bytes(b"not read")
+    return out
+
+
 CONFIG_OK = "data:\n  corpus: synthetic\nmodel:\n  vocab_size: 128\n"
 
 # (id, make(folder, base) -> args, exit code, text the error line must contain)
@@ -128,6 +141,20 @@ CASES = [
      "--set: train.max_steps: expected an integer"),
     ("set-no-equals", lambda d, b: ["pretrain", "-c", _write(d, "c.yaml", CONFIG_OK), "--set", "train.max_steps"], 2,
      "expected section.key=value"),
+    ("set-negative-seed", lambda d, b: ["pretrain", "-c", text_run(d, b["corpus"]), "--set", "train.seed=-1"], 2,
+     "--set: train.seed: must not be negative, got -1"),
+    ("set-overflowing-steps", lambda d, b: ["pretrain", "-c", text_run(d, b["corpus"]), "--set", "train.max_steps=1e300"], 2,
+     "train.max_steps: expected an integer, got '1e300' (str): write it out in digits"),
+    ("set-infinite-eps", lambda d, b: ["pretrain", "-c", _write(d, "c.yaml", CONFIG_OK), "--set", "optimizer.eps=inf"], 2,
+     "optimizer.eps: expected a finite number, got 'inf'"),
+    ("output-inside-the-corpus", lambda d, b: ["pretrain", "-c", text_run(d, _corpus_folder(d, b), f"output_dir={d / 'texts' / 'run'}")],
+     2, "output_dir {d}/texts/run is inside the corpus {d}/texts: the run would write its files into the corpus"),
+    ("output-is-the-corpus", lambda d, b: ["prepare", "-c", text_run(d, _corpus_folder(d, b)), "--set", f"output_dir={d / 'texts'}"],
+     2, "output_dir {d}/texts is the corpus {d}/texts"),
+    ("corpus-inside-checkpoints", lambda d, b: ["pretrain", "-c", text_run(d, _corpus_folder(d, b, "checkpoints"))], 2,
+     "the corpus {d}/checkpoints lies inside {d}/checkpoints, which bertcli writes (from output_dir)"),
+    ("init-from-pickle-only", lambda d, b: ["init", d / "run", "--init-from", _pickle_only(b["text"], d)], 2,
+     "only pytorch_model.bin here, and bertcli reads model.safetensors only"),
     ("config-is-a-folder", lambda d, b: ["pretrain", "-c", d], 2, "is a folder; pass the config file inside it"),
     ("config-missing", lambda d, b: ["pretrain", "-c", d / "none.yaml"], 2, "config file not found"),
     ("config-not-utf8", lambda d, b: ["pretrain", "-c", _write(d, "c.yaml", b"model:\n  \xff\xfe: 1\n")], 2,
@@ -214,7 +241,7 @@ def test_bad_input(case, base, tmp_path, cli):
     errors = [line for line in result.err_lines if line.startswith("bertcli: error:")]
     assert result.code == code, f"{name}: exit {result.code}\n{result.err[-800:]}"
     assert len(errors) == 1, f"{name}: {errors or result.err[-800:]}"
-    assert needle in errors[0], f"{name}: {errors[0]}"
+    assert needle.replace("{d}", str(tmp_path)) in errors[0], f"{name}: {errors[0]}"
     assert "Traceback" not in result.err and result.out == ""
     # No partial output: nothing temporary, no new checkpoint or prepared-data folder.
     created = {p for p in tmp_path.rglob("*")} - before

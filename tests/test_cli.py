@@ -90,10 +90,13 @@ def test_cuda_without_a_gpu_is_a_usage_error(tmp_path, cli):
 
 def test_pretrain_then_inspect_run_checkpoint_and_config(tmp_path, cli):
     cfg = write_config(tmp_path / "run")
-    result = cli("pretrain", "--config", cfg, "--quiet")
+    result = cli("pretrain", "--config", cfg, "--quiet", "--set", "optimizer.warmup_steps=24")
     assert result.code == 0, result.err
     assert result.out == "", "pretrain writes nothing to stdout"
-    assert "done: step 12" in result.err and "resolved config:" in result.err
+    assert "done: step 12" in result.err and "resolved config:" not in result.err  # --quiet: the summary only
+    assert len(result.err_lines) == 4, result.err  # a warning, done, checkpoint, next
+    assert result.err_lines[0].startswith("warning: optimizer.warmup_steps=24 is past train.max_steps=12: the learning "
+                                          "rate rises to 50% of optimizer.lr")
 
     report = json.loads(cli("inspect", tmp_path / "run", "--json").out)
     assert report["kind"] == "run"
@@ -150,16 +153,91 @@ def test_next_hints_name_the_real_folders_and_run_as_printed(tmp_path, cli, monk
         return [shlex.split(command) for command in line.removeprefix("next: ").split("   or   ")]
 
     monkeypatch.chdir(tmp_path)
-    sets = [a for o in TEXT + ["train.max_steps=2", "train.eval_every=0", "output_dir=../out dir"] for a in ("--set", o)]
+    sets = [a for o in TEXT + ["train.max_steps=2", "train.eval_every=0", "output_dir=out dir"] for a in ("--set", o)]
     [pretrain] = hints(cli("init", "my runs/demo", "--corpus", small_corpus, *sets))
     assert pretrain == ["bertcli", "pretrain", "--config", "my runs/demo/config.yaml"]
     inspect, pretrain = hints(cli("prepare", "--config", "my runs/demo/config.yaml", "--quiet",
                                   "--set", "data.prepared_dir=prep data"))
-    assert inspect == ["bertcli", "inspect", "my runs/demo/prep data"]
+    assert inspect == ["bertcli", "inspect", "prep data"]  # a path typed here is relative to here
     assert cli(*inspect[1:]).code == 0
     result = cli(*pretrain[1:], "--quiet")  # the same overrides: the data just prepared, not a new copy
     assert "is up to date" in result.err and not (tmp_path / "my runs" / "demo" / "data").exists()
     [inspect] = hints(result)
-    assert inspect == ["bertcli", "inspect", "my runs/out dir"]
+    assert inspect == ["bertcli", "inspect", "out dir"]
     report = json.loads(cli(*inspect[1:], "--json").out)
     assert report["kind"] == "run" and report["training"]["step"] == 2
+
+
+def test_help_at_80_columns_is_wrapped_whole(cli, monkeypatch):
+    """Rich's help cut words with "…" at 80 columns and showed every flag as <bool>."""
+    from bertcli.cli import app
+
+    monkeypatch.setenv("COLUMNS", "80")
+    commands = [c.name or c.callback.__name__ for c in app.registered_commands]
+    for args in ([], *([name] for name in commands)):
+        result = cli(*args, "--help")
+        assert result.code == 0 and "Usage: bertcli" in result.out, args
+        assert "…" not in result.out and "<bool>" not in result.out and "<list[str]>" not in result.out.split("Arguments")[0]
+        assert all(len(line) <= 80 and not line.endswith("...") for line in result.out.splitlines()[1:]), result.out
+        if not args:
+            assert all(name in result.out for name in commands)
+
+
+def test_a_stop_under_torchrun_is_said_by_rank_0_only(cli, monkeypatch, tmp_path):
+    """Every process of a job stops on a signal; the other ranks printed their own stop line too."""
+    import bertcli.trainer
+    from bertcli import console
+    from bertcli.errors import Interrupted
+
+    def stopped(*args, **kwargs):
+        raise Interrupted("stopped by SIGTERM at step 3; checkpoint None; run the same command again to resume", 15)
+
+    monkeypatch.setattr(bertcli.trainer, "pretrain", stopped)
+    config = write_config(tmp_path)
+    try:
+        console.speak(False)  # as runtime.setup leaves a rank other than 0
+        other = cli("pretrain", "--config", config)
+    finally:
+        console.speak(True)
+    assert other.code == 143 and other.err == ""
+    main = cli("pretrain", "--config", config)
+    assert main.code == 143 and main.err_lines == ["bertcli: stopped by SIGTERM at step 3; checkpoint None; run the "
+                                                   "same command again to resume"]
+
+
+def test_a_model_too_large_is_refused_from_its_numbers_at_once(cli, tmp_path):
+    """100,000 layers took 258 s and 5 GB (a model built on the meta device) before "too large"."""
+    import time
+
+    from bertcli.config_load import preset_config
+    from bertcli.model import BertForPreTraining
+    from bertcli.runtime import parameter_count
+
+    for overrides in ([], ["model.vocab_size=1001", "model.pad_vocab_multiple=1"], ["model.type_vocab_size=5",
+                                                                                   "model.num_hidden_layers=3"]):
+        model = preset_config("tiny", ["model.vocab_size=8000", *overrides]).model
+        assert parameter_count(model) == sum(p.numel() for p in BertForPreTraining(model).parameters())
+    config = write_config(tmp_path, "model.num_hidden_layers=10000000")
+    start = time.perf_counter()
+    result = cli("pretrain", "--config", config)
+    assert time.perf_counter() - start < 1.0
+    assert result.code == 2 and len(result.err_lines) == 1
+    assert ("85,440,008,642 parameters need 1,273.2 GiB for fp32 weights, gradients and AdamW state" in result.err
+            and "model.num_hidden_layers=10,000,000 x 8,544 per layer" in result.err), result.err
+    unsized = write_config(tmp_path / "text", "data.corpus=sample", "model.vocab_size=null", "model.num_hidden_layers=10000000")
+    result = cli("pretrain", "--config", unsized)  # no tokenizer yet: refused before preparing the corpus
+    assert result.code == 2 and "too large" in result.err and not (tmp_path / "text" / "data").exists()
+
+
+def test_init_takes_the_keyword_corpora_and_says_warnings(tmp_path, cli):
+    """README: --corpus sets data.corpus; sample and synthetic were looked up as paths ("corpus not found")."""
+    from bertcli.resolve import load_run
+
+    for corpus in ("sample", "synthetic"):
+        result = cli("init", tmp_path / corpus, "--corpus", corpus)
+        assert result.code == 0, result.err
+        cfg = load_run(tmp_path / corpus / "config.yaml")
+        assert cfg.data.corpus == corpus and (cfg.model.vocab_size is None) == (corpus == "sample")
+    result = cli("init", tmp_path / "warm", "--set", "optimizer.warmup_steps=1000")
+    assert result.code == 0 and result.err_lines[1].startswith("warning: optimizer.warmup_steps=1,000 is past "
+                                                               "train.max_steps=500"), result.err

@@ -231,3 +231,106 @@ def test_a_model_config_alone_is_checked_alone_and_reports_every_problem():
         f"{source}: model.layer_norm_eps: must be positive, got 0.0"]
     with pytest.raises(UsageError, match="model.vocab_size: missing"):  # no tokenizer beside it to count
         model_config_from_dict({"hidden_size": 32}, source)
+
+
+def _float_fields(cls=Config, prefix=""):
+    from bertcli.config import field_types
+
+    for f in dataclasses.fields(cls):
+        tp = field_types(cls)[f.name]
+        if dataclasses.is_dataclass(tp):
+            yield from _float_fields(tp, f"{prefix}{f.name}.")
+        elif tp is float:
+            yield f"{prefix}{f.name}"
+
+
+def test_non_finite_numbers_are_refused_in_every_float_field():
+    """optimizer.eps=inf trained with no updates at all; inf, nan and 1e400 are refused everywhere."""
+    fields = list(_float_fields())
+    assert "optimizer.eps" in fields and "model.hidden_dropout_prob" in fields and len(fields) >= 20
+    for key in fields:
+        for value in ("inf", ".inf", "-.inf", "nan", ".nan", "1e400"):
+            with pytest.raises(UsageError) as info:
+                preset_config("tiny", [f"{key}={value}"])
+            assert info.value.problems == [f"--set: {key}: expected a finite number, got "
+                                           f"{info.value.problems[0].split('got ', 1)[1]}"], (key, value)
+
+
+@pytest.mark.parametrize("item, needle", [
+    ("train.seed=-1", "train.seed: must not be negative, got -1"),
+    ("data.synthetic.seed=-1", "data.synthetic.seed: must not be negative, got -1"),
+    ("train.seed=1e23", "train.seed: expected an integer, got '1e23' (str): write it out in digits"),
+    ("train.max_steps=1e300", "train.max_steps: expected an integer, got '1e300' (str): write it out in digits"),
+    ("train.max_steps=1.0e+300", "train.max_steps: expected an integer, got 1e+300 (float): write it out"),
+    (f"train.seed={2**63}", "train.seed: must be at most 9,223,372,036,854,775,807 in size (a 64-bit integer)"),
+    ("train.max_steps=" + "9" * 400, "train.max_steps: must be at most 9,223,372,036,854,775,807 in size"),
+])
+def test_integers_are_bounded_where_numpy_and_torch_take_them(item, needle):
+    with pytest.raises(UsageError) as info:
+        preset_config("tiny", [item])
+    assert len(info.value.problems) == 1 and needle in info.value.problems[0], info.value.problems
+    assert len(info.value.problems[0]) < 200  # a 400-digit number is not printed whole
+
+
+def test_the_largest_accepted_seed_and_whole_floats_still_work():
+    import numpy as np
+    import torch
+
+    cfg = preset_config("tiny", [f"train.seed={2**63 - 1}", f"data.synthetic.seed={2**63 - 1}", "train.max_steps=1e6"])
+    assert cfg.train.max_steps == 1_000_000
+    torch.manual_seed(cfg.train.seed)  # what the trainer does with them
+    np.random.default_rng([cfg.train.seed, 0, 2**62]).integers(10)
+
+
+def test_warmup_past_max_steps_is_a_warning_not_an_error():
+    assert preset_config("tiny", ["optimizer.warmup_steps=500"]).warnings() == []  # max_steps 500: peak at the end
+    [warning] = preset_config("tiny", ["optimizer.warmup_steps=1000"]).warnings()
+    assert warning.startswith("optimizer.warmup_steps=1,000 is past train.max_steps=500: the learning rate rises to "
+                              "50% of optimizer.lr") and "\n" not in warning
+
+
+def _billion_laughs(levels: int = 9) -> str:
+    lines = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for i in range(1, levels):
+        prev, name = chr(ord("a") + i - 1), chr(ord("a") + i)
+        lines.append(f"{name}: &{name} [{', '.join(['*' + prev] * 10)}]")
+    return "\n".join(lines)
+
+
+def test_a_yaml_alias_bomb_is_refused_at_once(tmp_path):
+    """Nine nested aliases of ten stand for a billion strings: 30 s and 3 GB, then MemoryError, before."""
+    import time
+
+    path = tmp_path / "config.yaml"
+    path.write_text("x:\n" + "".join(f"  {line}\n" for line in _billion_laughs().splitlines()) + "output_dir: *i\n")
+    start = time.perf_counter()
+    with pytest.raises(UsageError) as info:
+        load_config(path)
+    assert time.perf_counter() - start < 1.0
+    assert info.value.problems == [f"{path}: its aliases (*name) expand it to more than 10,000 values; a run config "
+                                   "holds about 90: write the values out, or alias whole sections only"]
+    flow = "[" + ", ".join(f"&{chr(97 + i)} [" + ", ".join([f"*{chr(96 + i)}" if i else "1"] * 10) + "]"
+                           for i in range(9)) + "]"
+    start = time.perf_counter()
+    with pytest.raises(UsageError, match="--set .*: the value is refused: its aliases"):
+        parse_overrides([f"output_dir={flow}"])
+    assert time.perf_counter() - start < 1.0
+    path.write_text("output_dir: &a [*a]\n")
+    with pytest.raises(UsageError, match="an alias refers to itself"):
+        load_config(path)
+
+
+def test_set_paths_are_relative_to_the_current_folder_yaml_paths_to_the_file(tmp_path, monkeypatch):
+    from bertcli.resolve import load_run
+
+    config = write_config(tmp_path / "run", "data.corpus=texts/a.txt", "output_dir=out")
+    monkeypatch.chdir((tmp_path / "here").mkdir() or tmp_path / "here")
+    cfg = load_run(config)
+    assert (cfg.data.corpus, cfg.output_dir) == (str(tmp_path / "run" / "texts/a.txt"), str(tmp_path / "run" / "out"))
+    cfg = load_run(config, ["data.corpus=mine.txt", "output_dir=o", "data.prepared_dir='p q'", "model.init_from=",
+                            f"data.tokenizer.path={tmp_path}/t.json"])
+    here = tmp_path / "here"
+    assert (cfg.data.corpus, cfg.output_dir, cfg.data.prepared_dir) == (str(here / "mine.txt"), str(here / "o"),
+                                                                         str(here / "p q"))
+    assert cfg.model.init_from == "" and cfg.data.tokenizer.path == f"{tmp_path}/t.json"
+    assert load_run(config, ["data.corpus=synthetic"]).data.corpus == "synthetic"

@@ -60,7 +60,8 @@ def run_copy(trained, tmp_path) -> Path:
 # ------------------------------------------------------------------------------------- prepare
 
 
-def test_prepared_dir_equal_to_the_run_folder_is_refused(user_folder, cli):
+def test_prepared_dir_equal_to_the_run_folder_is_refused(user_folder, cli, monkeypatch):
+    monkeypatch.chdir(user_folder)  # a path typed with --set is relative to where it is typed
     before = snapshot(user_folder)
     result = cli("prepare", "--config", user_folder / "config.yaml", "--set", "data.prepared_dir=.", "--quiet")
     refused(result, user_folder)
@@ -68,7 +69,8 @@ def test_prepared_dir_equal_to_the_run_folder_is_refused(user_folder, cli):
     assert snapshot(user_folder) == before
 
 
-def test_prepared_dir_naming_a_folder_of_unrelated_files_is_refused(user_folder, cli, tmp_path):
+def test_prepared_dir_naming_a_folder_of_unrelated_files_is_refused(user_folder, cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(user_folder)
     precious = tmp_path / "precious"
     (precious / "sub").mkdir(parents=True)
     (precious / "thesis.tex").write_text("chapter 1\n")
@@ -79,7 +81,8 @@ def test_prepared_dir_naming_a_folder_of_unrelated_files_is_refused(user_folder,
     assert snapshot(tmp_path) == before
 
 
-def test_prepared_dir_naming_the_corpus_file_is_refused(user_folder, cli):
+def test_prepared_dir_naming_the_corpus_file_is_refused(user_folder, cli, monkeypatch):
+    monkeypatch.chdir(user_folder)
     before = snapshot(user_folder)
     result = cli("prepare", "--config", user_folder / "config.yaml", "--set", "data.prepared_dir=corpus.txt", "--quiet")
     refused(result, user_folder / "corpus.txt")

@@ -255,7 +255,9 @@ def test_continued_pretraining_from_the_folder_prepares_whole_sentences_without_
     assert full > 128
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(small_corpus.read_text() + "\n" + long + "\n")
-    assert cli("init", tmp_path / "x", "--init-from", MINILM, "--corpus", corpus).code == 0
+    result = cli("init", tmp_path / "x", "--init-from", MINILM, "--corpus", corpus)
+    assert result.code == 0 and result.err_lines[0] == (f"wrote {tmp_path / 'x' / 'config.yaml'} (from {MINILM}: 6 layers, "
+                                                        "hidden 384, 12 heads, sequences of 64)")  # not "preset tiny"
     config = tmp_path / "x" / "config.yaml"
     cfg = load_config(config)
     assert Path(cfg.data.tokenizer.path) == MINILM and Path(cfg.model.init_from) == MINILM
