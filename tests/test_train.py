@@ -268,14 +268,27 @@ def test_schedule_learns_from_the_first_to_the_last_step_and_decays_as_hugging_f
 
 
 def test_training_learns(tmp_path):
-    # NSP is learnt suddenly, at a step that varies with the seed: by step 240 (not yet by 160) every
-    # seed tried (1, 3, 4, 5, 6, 42) is past it (last-window NSP accuracy 0.80 to 0.92).
-    train(tmp_path, "train.max_steps=240", "logging.log_every=20", "checkpoint.save_every=240", "train.batch_size=16",
-          "optimizer.lr=5e-3", "data.synthetic.num_topics=16", "model.hidden_size=64", "model.intermediate_size=128")
-    records = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["split"] == "train"]
-    first, last = records[0], records[-1]
-    assert last["mlm_loss"] < first["mlm_loss"] - 1.0, (first, last)
-    assert last["nsp_acc"] > 0.65
+    """MLM loss falls by a wide margin on every run, and NSP is learnt: its accuracy over the last log
+    window (320 examples) passes 0.7, which chance reaches with probability below 1e-12.
+
+    NSP is learnt by a sudden jump whose step depends on the seed and on the CPU's float path: on
+    this project's AMD machine every seed tried (1, 3, 4, 5, 6, 42) was past it by step 240, while on
+    an AVX-512 Xeon seed 1 was still at 0.59 there. So NSP is asked of one of up to five seeds (the
+    next seed runs only when a run ends before its jump): a test of learning that holds on any CPU,
+    at the cost of one run where the first seed learns."""
+    overrides = ["train.max_steps=240", "logging.log_every=20", "checkpoint.save_every=240", "train.batch_size=16",
+                 "optimizer.lr=5e-3", "data.synthetic.num_topics=16", "model.hidden_size=64",
+                 "model.intermediate_size=128", "train.eval_every=0"]
+    nsp = []
+    for seed in range(1, 6):
+        train(tmp_path / f"seed-{seed}", *overrides, f"train.seed={seed}")
+        records = [r for r in read_metrics(tmp_path / f"seed-{seed}" / "metrics.jsonl") if r["split"] == "train"]
+        first, last = records[0], records[-1]
+        assert last["mlm_loss"] < first["mlm_loss"] - 1.0, (seed, first, last)
+        nsp.append(last["nsp_acc"])
+        if nsp[-1] > 0.7:
+            break
+    assert nsp[-1] > 0.7, f"NSP not learnt by step 240 with seeds 1-5: last-window accuracies {nsp}"
 
 
 @pytest.mark.slow
