@@ -121,7 +121,7 @@ def test_prepare_is_cached_and_redone_when_the_corpus_changes(tmp_path, small_co
      "latin1.txt: byte 3 (line 1): not valid UTF-8"),
     (lambda d: (d / "few.txt").write_text("One doc.\n\nTwo docs.\n\nThree docs.\n") and d / "few.txt",
      "too small for the held-out split"),
-    (lambda d: (d / "folder").mkdir() or d / "folder", "no *.txt, *.txt.gz, *.jsonl, *.jsonl.gz files"),
+    (lambda d: (d / "folder").mkdir() or d / "folder", "no *.txt and *.jsonl files (plain, .gz, .bz2 or .xz)"),
 ])
 def test_bad_corpora_exit_2_with_one_line_and_no_output(tmp_path, cli, make, needle):
     corpus = make(tmp_path)
@@ -318,3 +318,69 @@ def test_init_with_corpus_and_missing_corpus(tmp_path, small_corpus, cli):
     assert result.code == 0 and f"corpus: {small_corpus}" in (tmp_path / "run" / "config.yaml").read_text()
     missing = cli("init", tmp_path / "other", "--corpus", tmp_path / "nothing")
     assert missing.code == 2 and "corpus not found" in missing.err and not (tmp_path / "other").exists()
+
+
+# ------------------------------------------------------------------ reading corpora (issue 18)
+
+
+def test_a_huge_line_is_read_in_pieces_in_bounded_memory(tmp_path):
+    import tracemalloc
+
+    from bertcli.data.text import MAX_LINE_CHARS
+
+    path = tmp_path / "one.txt"
+    words = " ".join(f"w{i % 997}" for i in range(100_000))  # 580 kB, no sentence end
+    path.write_text("A first document.\n\n" + words + "\n")
+    tracemalloc.start()
+    items = [len(s) if s else s for s in read_sentences([path])]
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert items[:2] == [len("A first document."), None] and items[-1] is None and None not in items[2:-1]
+    assert max(items[2:-1]) <= MAX_LINE_CHARS and sum(items[2:-1]) >= len(words) - len(items)
+    assert peak < 400_000, peak  # parts of 64 KiB, never the whole line
+
+
+def test_a_corpus_folder_reads_compressed_files_any_case_and_says_what_it_skips(tmp_path, capsys):
+    import bz2
+    import lzma
+
+    from bertcli.data.text import corpus_files
+
+    root = tmp_path / "corpus"
+    (root / "sub").mkdir(parents=True)
+    (root / "A.TXT").write_text("Upper case name.\n")
+    (root / "b.txt.bz2").write_bytes(bz2.compress(b"From bzip2.\n"))
+    (root / "sub" / "c.JSONL.xz").write_bytes(lzma.compress(json.dumps({"text": "From xz."}).encode() + b"\n"))
+    (root / "notes.md").write_text("not a corpus file\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "d.txt").write_text("Through a link.\n")
+    (root / "linked").symlink_to(elsewhere)  # followed
+    (root / "sub" / "loop").symlink_to(root)  # a loop: not followed twice
+    capsys.readouterr()
+    files = corpus_files(root)
+    err = capsys.readouterr().err
+    assert [f.relative_to(root).as_posix() for f in files] == ["A.TXT", "b.txt.bz2", "linked/d.txt", "sub/c.JSONL.xz"]
+    assert list(read_sentences(files)) == ["Upper case name.", None, "From bzip2.", None, "Through a link.", None,
+                                           "From xz.", None]
+    assert f"{root}: skipped 1 file(s) that are not *.txt and *.jsonl files (plain, .gz, .bz2 or .xz), e.g. " \
+           f"{root / 'notes.md'}" in err
+    assert f"skipped 1 folder(s) or file(s) reached a second time through a symbolic link (read once), e.g. " \
+           f"{root / 'sub' / 'loop'}" in err
+    (root / "b.txt.bz2").write_bytes(bz2.compress(b"From bzip2.\n")[:20])
+    with pytest.raises(UsageError, match=r"b\.txt\.bz2: line 1.*the bzip2 file is cut short; download or compress it "
+                                         r"again \(bzip2 -t checks it\)"):
+        list(read_sentences(files))
+
+
+@pytest.mark.parametrize("record, needle", [
+    ('{"text": "no end\n', "line 2: not valid JSON: a string is not closed before the end of the line"),
+    ('{"text": "a\tb"}\n', "line 2: not valid JSON: a raw control character (U+0009) inside a string at column 12"),
+    ('{"text": "x" "y"}\n', "line 2: not valid JSON (Expecting ',' delimiter at column 14); fix the record"),
+])
+def test_a_bad_jsonl_record_says_the_line_and_what_to_fix(tmp_path, record, needle):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"text": "fine"}\n' + record)
+    with pytest.raises(UsageError) as info:
+        list(read_sentences([path]))
+    assert str(info.value).startswith(f"{path}: {needle}"), str(info.value)
