@@ -69,6 +69,31 @@ def test_a_second_sigint_stops_at_once_and_the_last_checkpoint_stays_valid(tmp_p
 
 
 @pytest.mark.slow
+def test_sigterm_while_pretrain_prepares_its_data_stops_at_once_and_keeps_nothing(tmp_path):
+    """Issue 18: the signal came during `pretrain`'s own prepare, which went on to the end, trained a
+    step and wrote a checkpoint. Now it stops there: exit 143, one line, no step, no data, no temporary folder."""
+    import gzip
+
+    from bertcli.data.prepare import SAMPLE
+    from conftest import text_run
+
+    corpus = tmp_path / "corpus.txt"  # the 1 MB sample: a few seconds of preparing
+    corpus.write_bytes(gzip.decompress(SAMPLE.read_bytes()))
+    proc = start(text_run(tmp_path, corpus))
+    deadline = time.time() + 120
+    while not list(tmp_path.glob(".tmp-data.*")):  # preparing has begun
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()[1]
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert err.strip().splitlines()[-1] == ("bertcli: stopped by SIGTERM while preparing data; nothing was kept (the "
+                                            "temporary data was removed): run the same command again"), err
+    assert "Traceback" not in err and not checkpoint.list_checkpoints(tmp_path)
+    assert not list(tmp_path.glob(".tmp-*")) and not (tmp_path / "data").exists()
+
+
+@pytest.mark.slow
 def test_a_second_pretrain_on_the_same_folder_refuses(tmp_path):
     config = write_config(tmp_path, "train.max_steps=100000", "checkpoint.save_every=20")
     first = start(config)
