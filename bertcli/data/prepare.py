@@ -185,6 +185,7 @@ def prepare(cfg: Config, quiet: bool = False, force: bool = False) -> Path:
 
 
 def _prepare(cfg: Config, quiet: bool, force: bool) -> Path:
+    global _written
     data = cfg.data
     folder = Path(data.prepared_dir)
     files = corpus_files(corpus_path(cfg))
@@ -255,6 +256,7 @@ def _prepare(cfg: Config, quiet: bool, force: bool) -> Path:
             if path.is_file():
                 atomic.fsync_path(path)
         _check_stop()
+    _written = folder  # in place: a stop from here on keeps it
     t, v = splits["train"], splits["valid"]
     share = _warn_random_next(folder, manifest, cfg)
     pairs = (f"; random next sentences {100 * share:.1f}% of pairs (data.random_next_prob "
@@ -303,6 +305,7 @@ class _Stopped(BaseException):
 
 _stop_pipe: int | None = None  # the read end of _stop_on_signal's wakeup pipe
 _signal: int | None = None  # the stop signal that came, if one did
+_written: Path | None = None  # the prepared folder, once it is in place
 
 
 @contextmanager
@@ -316,7 +319,7 @@ def _stop_on_signal() -> Iterator[None]:
     while its own threads read the corpus (8 s for the 3.5 MB python-docs.txt): there the signal is
     seen through a wakeup pipe (signal.set_wakeup_fd), the reading stops (_until_stopped), and the
     trainer returns early; what it trained on part of the corpus is never used (_check_stop)."""
-    global _stop_pipe, _signal
+    global _stop_pipe, _signal, _written
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -326,22 +329,24 @@ def _stop_on_signal() -> Iterator[None]:
         _signal = signum
         raise _Stopped
 
-    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    previous = {signum: handler for signum in (signal.SIGINT, signal.SIGTERM)
+                if (handler := signal.getsignal(signum)) not in (signal.SIG_IGN, None)}  # nohup: ignored stays ignored
     read_end, write_end = os.pipe()
     os.set_blocking(read_end, False)
     os.set_blocking(write_end, False)
-    _stop_pipe, _signal = read_end, None
+    _stop_pipe, _signal, _written = read_end, None, None
     previous_fd = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
-    for signum, handler in previous.items():
-        if handler is not signal.SIG_IGN:  # nohup and friends: ignored stays ignored
-            signal.signal(signum, stop)
+    for signum in previous:
+        signal.signal(signum, stop)
     try:
         yield
         _check_stop()  # a stop that something caught on the way
     except _Stopped:
         signum = _signal or signal.SIGTERM
-        raise Interrupted(f"stopped by {signal.Signals(signum).name} while preparing data; nothing was kept (the "
-                          "temporary data was removed): run the same command again", signum) from None
+        kept = (f"the prepared data in {_written} is complete" if _written else
+                "nothing was kept (the temporary data was removed)")
+        raise Interrupted(f"stopped by {signal.Signals(signum).name} while preparing data; {kept}: run the same "
+                          "command again", signum) from None
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
