@@ -391,12 +391,13 @@ def test_damaged_prepared_data_is_named_in_one_line(case, prepared, tmp_path, cl
     assert "Traceback" not in result.err and result.out == ""
 
 
-def test_damaged_prepared_data_is_prepared_again_with_a_line(prepared, tmp_path, small_corpus, capsys):
+def test_damaged_prepared_data_is_prepared_again_with_a_line(tmp_path, small_corpus, capsys):
     """`prepare` (and so `pretrain`) prepares damaged data again, saying why; a symbolic link in the
     folder is removed, never followed, and what it pointed to is left alone."""
-    cfg = load_run(text_run(tmp_path / "run", small_corpus))  # the settings `prepared` was made with
-    folder = tmp_path / "run" / "data"
-    shutil.copytree(prepared.folder, folder)
+    corpus = tmp_path / "docs.txt"  # four documents: two quick prepares
+    corpus.write_text("\n\n".join(small_corpus.read_text().split("\n\n")[:4]) + "\n")
+    cfg = load_run(text_run(tmp_path / "run", corpus, "data.tokenizer.vocab_size=200", "data.validation_fraction=0"))
+    folder = prepare(cfg, quiet=True)
     good = (folder / "train" / "tokens.bin").read_bytes()
     _cut(folder / "train" / "tokens.bin", 1000)
     _link_outside(folder / "vocab.txt")
