@@ -149,13 +149,13 @@ def _walk(root: Path) -> tuple[list[Path], dict[str, list[Path]]]:
     skipped: dict[str, list[Path]] = {}
     reasons = {"name": f"file(s) that are not {CORPUS_NAMES}", "special": "entries that are not regular files "
                "(broken links, pipes, devices)", "again": "folder(s) or file(s) reached a second time through a "
-               "symbolic link (read once)"}
+               "symbolic link (read once)", "unreadable": "folder(s) that could not be read (permissions)"}
 
     def skip(reason: str, entry: Path) -> None:
         skipped.setdefault(reasons[reason], []).append(entry)
 
     seen.add((root.stat().st_dev, root.stat().st_ino))
-    for folder, dirs, names in os.walk(root, followlinks=True):
+    for folder, dirs, names in os.walk(root, followlinks=True, onerror=lambda e: skip("unreadable", Path(e.filename))):
         kept = []
         for name in sorted(dirs):
             st = os.stat(os.path.join(folder, name))
