@@ -290,7 +290,7 @@ def _format_data(r: dict[str, Any]) -> str:
     if r.get("random_next_share") is not None:
         rows.append(("random next", f"{100 * r['random_next_share']:.1f}% of NSP pairs (data.random_next_prob "
                                     f"{100 * r['random_next_prob']:.0f}%; first epoch at max_seq_length {r['max_seq_length']})"))
-    rows += [("checked at use", r["checked"]), ("reused while", f"unchanged settings and {r['cache_check']}")]
+    rows += [("checked at use", r["checked"]), ("reused while", f"the settings are unchanged and {r['cache_check']}")]
     ex = r["example"]
     warning = [r["random_next_warning"]] if r.get("random_next_warning") else []
     return "\n".join([f"prepared data: {r['path']}", ""] + _table(rows) + warning + [

@@ -433,7 +433,7 @@ def test_a_same_size_edit_with_its_time_restored_is_seen(tmp_path):
     os.utime(corpus, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     assert corpus.stat().st_size == before[0]["bytes"] and corpus.stat().st_mtime_ns == before[0]["mtime_ns"]
     assert _file_entries([corpus], before)[0]["sha256"] != before[0]["sha256"]
-    assert cache_check(corpus.stat().st_size).startswith("SHA-256 of every corpus file at each start")
+    assert cache_check(corpus.stat().st_size).startswith("the same SHA-256 for every corpus file (all hashed again")
 
 
 def test_leftovers_of_a_killed_prepare_are_removed_at_the_next_start(tmp_path):

@@ -107,9 +107,11 @@ def _hashed_again(files: list[Path]) -> bool:
 def cache_check(corpus_bytes: int) -> str:
     """What the cache check compares for a corpus of `corpus_bytes`, in words (for `inspect`)."""
     if corpus_bytes <= HASH_ALWAYS_BYTES:
-        return f"SHA-256 of every corpus file at each start (corpus <= {HASH_ALWAYS_BYTES >> 30} GiB)"
-    return ("size and modification time of each corpus file; SHA-256 only of files where either changed (corpus > "
-            f"{HASH_ALWAYS_BYTES >> 30} GiB: an edit that keeps both is not seen, `prepare --force` prepares again)")
+        return (f"the same SHA-256 for every corpus file (all hashed again at each start: the corpus is at most "
+                f"{HASH_ALWAYS_BYTES >> 30} GiB)")
+    return (f"the same size and modification time for every corpus file, hashed again only where either changed (the "
+            f"corpus is over {HASH_ALWAYS_BYTES >> 30} GiB: an edit that keeps both is not seen; `prepare --force` "
+            "prepares again)")
 
 
 def _input_digest(entries: list[dict[str, Any]], data: DataConfig, tokenizer_hash: str | None) -> str:
