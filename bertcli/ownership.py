@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,6 +69,16 @@ def _first_foreign(folder: Path, paths: frozenset[str], prefix: str = "") -> str
                 if found is not None:
                     return found
     return None
+
+
+def own_file(path: Path) -> bool:
+    """Whether `path` is a regular file itself: not a symbolic link (to a file or anywhere), not
+    missing, not a folder or a device. Inside a folder bertcli wrote, anything else is not bertcli's
+    and is never read or copied: a link there would lead out of the folder."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def is_empty_folder(path: Path) -> bool:

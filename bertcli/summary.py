@@ -17,7 +17,8 @@ import torch
 from bertcli import checkpoint, hf, resolve
 from bertcli.config import Config, DataConfig, ModelConfig, TokenizerConfig
 from bertcli.data.examples import ExampleBuilder
-from bertcli.data.prepare import MANIFEST, load_prepared
+from bertcli.data.prepare import (MANIFEST, cache_check, data_random_next_share, load_prepared, random_next_warning,
+                                  read_manifest)
 from bertcli.data.tokenizer import describe, find_tokenizer_file, load_tokenizer, read_tokenizer_json, tokenizer_identity
 from bertcli.errors import UsageError
 from bertcli.metrics import read_metrics
@@ -111,10 +112,10 @@ def inspect_path(path: Path) -> dict[str, Any]:
     elif (path / "config.yaml").is_file():
         kind, cfg = "run", resolve.load_run(path / "config.yaml", adopt_init_from=False)
         training = _training(Path(cfg.output_dir), cfg)
-        manifest = Path(cfg.data.prepared_dir) / MANIFEST
-        if manifest.is_file():  # next to the run's own tokenizer: they must be the same to resume
-            identity = json.loads(manifest.read_text())["tokenizer"].get("identity")
-            training["prepared_data_tokenizer"] = identity[:12] if identity else None
+        manifest, _ = read_manifest(Path(cfg.data.prepared_dir))
+        if manifest is not None:  # next to the run's own tokenizer: they must be the same to resume
+            identity = manifest["tokenizer"].get("identity")
+            training["prepared_data_tokenizer"] = identity[:12] if isinstance(identity, str) else None
     elif checkpoint.list_checkpoints(path):
         kind = "run"
         cfg = checkpoint.read_config(checkpoint.list_checkpoints(path)[-1][1])
@@ -173,9 +174,9 @@ def _with_vocab(cfg: Config) -> tuple[Config, str | None]:
     size the tokenizer will be trained to (said in a note)."""
     if cfg.model.vocab_size is not None:
         return cfg, None
-    manifest = Path(cfg.data.prepared_dir) / MANIFEST
-    if manifest.is_file():
-        size, note = json.loads(manifest.read_text())["tokenizer"]["vocab_size"], f"from the tokenizer in {manifest.parent}"
+    manifest, _ = read_manifest(Path(cfg.data.prepared_dir))
+    if manifest is not None:
+        size, note = manifest["tokenizer"]["vocab_size"], f"from the tokenizer in {cfg.data.prepared_dir}"
     else:
         size, note = cfg.data.tokenizer.vocab_size, "data.tokenizer.vocab_size (not prepared yet: the trained size may be smaller)"
     return resolve.with_vocab(cfg, size, note), note
@@ -201,9 +202,11 @@ def data_report(folder: Path, examples: int = 512) -> dict[str, Any]:
         shown[position] = f"[{shown[position]}→{original}]" if shown[position] != original else f"[={original}]"
     splits = m["splits"]
     tokens = splits["train"]["tokens"] + splits["valid"]["tokens"]
+    share = data_random_next_share(folder, m, cfg.data, cfg.train.seed)
+    corpus_bytes = sum(f.get("bytes", 0) for f in m["corpus"]["files"])
     return {
         "kind": "prepared data", "path": str(folder), "corpus": m["corpus"]["source"],
-        "files": len(m["corpus"]["files"]), "corpus_bytes": sum(f["bytes"] for f in m["corpus"]["files"]),
+        "files": len(m["corpus"]["files"]), "corpus_bytes": corpus_bytes,
         "splits": splits, "vocab_size": prepared.vocab_size, "tokenizer": m["tokenizer"]["source"],
         "dtype": m["dtype"], "unknown_rate": m["unknown_tokens"] / max(tokens, 1),
         "segment_length_mean": float(lengths.mean()), "segment_length_p95": float(np.percentile(lengths, 95)),
@@ -211,6 +214,11 @@ def data_report(folder: Path, examples: int = 512) -> dict[str, Any]:
         "example": {"nsp_label": int(e.nsp_label), "text": " ".join(shown),
                     "legend": "[shown→original] masked or replaced, [=original] chosen but kept"},
         "prepare_tokens_per_s": m.get("tokens_per_s"),
+        "random_next_share": share, "random_next_prob": cfg.data.random_next_prob if cfg.data.pairs else None,
+        "random_next_warning": random_next_warning(share, cfg.data),
+        "checked": "files regular (no symbolic links), tokenizer.json and vocab.txt hashes, shard sizes, offsets, "
+                   "token ids below the vocabulary",
+        "cache_check": cache_check(corpus_bytes),
     }
 
 
@@ -279,7 +287,12 @@ def _format_data(r: dict[str, Any]) -> str:
             ("unknown tokens", f"{100 * r['unknown_rate']:.3f}%"),
             ("sentence length", f"mean {r['segment_length_mean']:.1f}, 95th percentile {r['segment_length_p95']:.0f} tokens"),
             ("padding", f"{100 * r['padding_share']:.1f}% of a batch at max_seq_length {r['max_seq_length']}")]
+    if r.get("random_next_share") is not None:
+        rows.append(("random next", f"{100 * r['random_next_share']:.1f}% of NSP pairs (data.random_next_prob "
+                                    f"{100 * r['random_next_prob']:.0f}%; first epoch at max_seq_length {r['max_seq_length']})"))
+    rows += [("checked at use", r["checked"]), ("reused while", f"the settings are unchanged and {r['cache_check']}")]
     ex = r["example"]
-    return "\n".join([f"prepared data: {r['path']}", ""] + _table(rows) + [
+    warning = [r["random_next_warning"]] if r.get("random_next_warning") else []
+    return "\n".join([f"prepared data: {r['path']}", ""] + _table(rows) + warning + [
         "", f"example (NSP label {ex['nsp_label']}: {'B follows A' if ex['nsp_label'] == 0 else 'B is random'}; "
         f"{ex['legend']})", "  " + ex["text"]])

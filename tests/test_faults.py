@@ -68,6 +68,41 @@ def test_a_second_sigint_stops_at_once_and_the_last_checkpoint_stays_valid(tmp_p
     checkpoint.load_weights(BertForPreTraining(checkpoint.read_config(path).model), path)  # complete and loadable
 
 
+def test_sigterm_while_pretrain_prepares_its_data_stops_at_once_and_keeps_nothing(tmp_path, cli):
+    """Issue 18: the signal came during `pretrain`'s own prepare, which went on to the end, trained a
+    step and wrote a checkpoint. Now it stops there: exit 143, one line, no step, no data, no temporary
+    folder. In this process (a real signal, sent by a thread once preparing has begun)."""
+    import gzip
+    import threading
+
+    from bertcli.data.prepare import SAMPLE
+    from conftest import text_run
+
+    corpus = tmp_path / "corpus.txt"  # the 1 MB sample: seconds of preparing, stopped in the first
+    corpus.write_bytes(gzip.decompress(SAMPLE.read_bytes()))
+    config = text_run(tmp_path, corpus)
+
+    def send_when_preparing() -> None:
+        deadline = time.time() + 60
+        while not list(tmp_path.glob(".tmp-data.*")) and time.time() < deadline:
+            time.sleep(0.005)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)  # a late signal must not end pytest
+    try:
+        sender = threading.Thread(target=send_when_preparing)
+        sender.start()
+        result = cli("pretrain", "--config", config, "--quiet")
+        sender.join()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert result.code == 143, result.err
+    assert result.err_lines[-1] == ("bertcli: stopped by SIGTERM while preparing data; nothing was kept (the "
+                                    "temporary data was removed): run the same command again"), result.err
+    assert "Traceback" not in result.err and not checkpoint.list_checkpoints(tmp_path)
+    assert not list(tmp_path.glob(".tmp-*")) and not (tmp_path / "data").exists()
+
+
 @pytest.mark.slow
 def test_a_second_pretrain_on_the_same_folder_refuses(tmp_path):
     config = write_config(tmp_path, "train.max_steps=100000", "checkpoint.save_every=20")

@@ -83,7 +83,7 @@ def test_paths_in_a_tampered_manifest_are_never_followed(tmp_path, cli, small_co
     manifest["splits"]["../../outside/x"] = manifest["splits"].pop("valid")
     manifest_path.write_text(json.dumps(manifest))
     damaged = cli("inspect", run / "data")
-    assert damaged.code == 2 and "a damaged manifest.json" in damaged.err_lines[-1]
+    assert damaged.code == 2 and "is damaged (manifest.json lacks fields" in damaged.err_lines[-1]
     rebuilt = cli("prepare", "--config", config, "--quiet")
     assert rebuilt.code == 0 and f"prepared {run / 'data'}" in rebuilt.err
     assert snapshot(tmp_path, run) == before, "nothing outside the run folder was written"

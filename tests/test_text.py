@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +20,7 @@ from bertcli import checkpoint
 from bertcli.config import TokenizerConfig
 from bertcli.config_load import load_config, preset_config
 from bertcli.data.examples import IGNORE, ExampleBuilder
-from bertcli.data.prepare import load_prepared, prepare
+from bertcli.data.prepare import FORMAT_VERSION, load_prepared, prepare
 from bertcli.data.text import read_sentences, read_text, split_sentences
 from bertcli.data.tokenizer import SPECIAL, Casing, _bert_pipeline, inner_characters, train_tokenizer
 from bertcli.errors import UsageError
@@ -77,7 +79,7 @@ def test_prepare_writes_shards_manifest_and_tokenizer(tmp_path, small_corpus):
     folder = prepare(load_run(config), quiet=True)
     assert folder == tmp_path / "data"
     manifest = json.loads((folder / "manifest.json").read_text())
-    assert manifest["format_version"] == 2 and manifest["dtype"] == "uint16"
+    assert manifest["format_version"] == FORMAT_VERSION and manifest["dtype"] == "uint16"
     assert manifest["corpus"]["files"][0]["bytes"] == small_corpus.stat().st_size
     assert len(manifest["corpus"]["files"][0]["sha256"]) == 64
     prepared = load_prepared(folder)
@@ -105,7 +107,10 @@ def test_prepare_is_cached_and_redone_when_the_corpus_changes(tmp_path, small_co
     capsys.readouterr()
     result = train(config, stop_at=1)  # pretrain reuses it
     assert result["step"] == 1
-    assert "up to date" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "up to date" in err
+    # TEXT's 48-token examples hold one sentence alone often enough for 65% random next sentences: said once.
+    assert err.count("warning: 65.1% of the NSP pairs will have a random next sentence") == 1, err
     assert tokens.stat().st_mtime_ns == before[0], "not re-tokenized"
     corpus.write_text(corpus.read_text() + "\nOne more document about something new.\n")
     prepare(cfg, quiet=True)
@@ -121,7 +126,7 @@ def test_prepare_is_cached_and_redone_when_the_corpus_changes(tmp_path, small_co
      "latin1.txt: byte 3 (line 1): not valid UTF-8"),
     (lambda d: (d / "few.txt").write_text("One doc.\n\nTwo docs.\n\nThree docs.\n") and d / "few.txt",
      "too small for the held-out split"),
-    (lambda d: (d / "folder").mkdir() or d / "folder", "no *.txt, *.txt.gz, *.jsonl, *.jsonl.gz files"),
+    (lambda d: (d / "folder").mkdir() or d / "folder", "no *.txt and *.jsonl files (plain, .gz, .bz2 or .xz)"),
 ])
 def test_bad_corpora_exit_2_with_one_line_and_no_output(tmp_path, cli, make, needle):
     corpus = make(tmp_path)
@@ -318,3 +323,235 @@ def test_init_with_corpus_and_missing_corpus(tmp_path, small_corpus, cli):
     assert result.code == 0 and f"corpus: {small_corpus}" in (tmp_path / "run" / "config.yaml").read_text()
     missing = cli("init", tmp_path / "other", "--corpus", tmp_path / "nothing")
     assert missing.code == 2 and "corpus not found" in missing.err and not (tmp_path / "other").exists()
+
+
+# ------------------------------------------------------------------ damaged prepared data (issue 18)
+
+
+def _cut(path: Path, size: int) -> None:
+    path.write_bytes(path.read_bytes()[:size])
+
+
+def _edit_json(path: Path, **changes) -> None:
+    manifest = json.loads(path.read_text())
+    manifest.update(changes)
+    path.write_text(json.dumps(manifest))
+
+
+def _set_id(path: Path, at: int, value: int) -> None:
+    ids = np.fromfile(path, dtype=np.uint16)
+    ids[at] = value
+    ids.tofile(path)
+
+
+def _swap_offsets(path: Path) -> None:
+    offsets = np.fromfile(path, dtype=np.int64)
+    offsets[[2, 3]] = offsets[[3, 2]]
+    offsets.tofile(path)
+
+
+def _link_outside(path: Path) -> None:
+    secret = path.parent.parent / "secret.txt"
+    secret.write_text("SECRET\n")
+    path.unlink()
+    path.symlink_to(secret)
+
+
+DAMAGE = [  # (id, damage(folder), what the one line must say)
+    ("truncated-tokens", lambda d: _cut(d / "train" / "tokens.bin", 100_000), "train/tokens.bin holds 100,000 bytes"),
+    ("emptied-tokens", lambda d: _cut(d / "train" / "tokens.bin", 0), "train/tokens.bin holds 0 bytes"),
+    ("id-out-of-range", lambda d: _set_id(d / "valid" / "tokens.bin", 5, 60_000),
+     "valid/tokens.bin holds token id 60,000, past the vocabulary"),
+    ("manifest-dtype", lambda d: _edit_json(d / "manifest.json", dtype="uint32"), "where manifest.json implies"),
+    ("flipped-doc-offsets", lambda d: _swap_offsets(d / "train" / "doc_offsets.bin"),
+     "train/doc_offsets.bin does not rise from 0"),
+    ("flipped-seg-offsets", lambda d: _swap_offsets(d / "valid" / "seg_offsets.bin"),
+     "valid/seg_offsets.bin does not rise from 0"),
+    ("edited-vocab", lambda d: (d / "vocab.txt").write_text((d / "vocab.txt").read_text().replace("[MASK]", "[MSK]")),
+     "vocab.txt was changed after prepare"),
+    ("edited-tokenizer", lambda d: _edit_json(d / "tokenizer.json", truncation=None, version="9"),
+     "tokenizer.json was changed after prepare"),
+    ("symlinked-vocab", lambda d: _link_outside(d / "vocab.txt"), "vocab.txt is a symbolic link"),
+    ("symlinked-shard", lambda d: _link_outside(d / "train" / "seg_offsets.bin"), "train/seg_offsets.bin is a symbolic link"),
+    ("missing-shard", lambda d: (d / "valid" / "doc_offsets.bin").unlink(), "valid/doc_offsets.bin is missing"),
+]
+
+
+@pytest.mark.parametrize("case", DAMAGE, ids=[c[0] for c in DAMAGE])
+def test_damaged_prepared_data_is_named_in_one_line(case, prepared, tmp_path, cli):
+    """Every load checks the files against the manifest: `inspect` (which cannot prepare again) refuses
+    with one line naming the file and the fix, never a numpy error or a silent wrong figure."""
+    name, damage, needle = case
+    folder = tmp_path / "data"
+    shutil.copytree(prepared.folder, folder)
+    damage(folder)
+    result = cli("inspect", folder)
+    assert result.code == 2 and len(result.err_lines) == 1, result.err
+    assert needle in result.err and "bertcli prepare --config" in result.err and "--force" in result.err, result.err
+    assert "Traceback" not in result.err and result.out == ""
+
+
+def test_damaged_prepared_data_is_prepared_again_with_a_line(tmp_path, small_corpus, capsys):
+    """`prepare` (and so `pretrain`) prepares damaged data again, saying why; a symbolic link in the
+    folder is removed, never followed, and what it pointed to is left alone."""
+    corpus = tmp_path / "docs.txt"  # four documents: two quick prepares
+    corpus.write_text("\n\n".join(small_corpus.read_text().split("\n\n")[:4]) + "\n")
+    cfg = load_run(text_run(tmp_path / "run", corpus, "data.tokenizer.vocab_size=200", "data.validation_fraction=0"))
+    folder = prepare(cfg, quiet=True)
+    good = (folder / "train" / "tokens.bin").read_bytes()
+    _cut(folder / "train" / "tokens.bin", 1000)
+    _link_outside(folder / "vocab.txt")
+    capsys.readouterr()
+    prepare(cfg, quiet=True)
+    err = capsys.readouterr().err
+    assert f"prepared data in {folder} is damaged (vocab.txt is a symbolic link" in err and "preparing it again" in err
+    assert "up to date" not in err
+    assert (folder / "train" / "tokens.bin").read_bytes() == good
+    assert not (folder / "vocab.txt").is_symlink() and "SECRET" not in (folder / "vocab.txt").read_text()
+    assert (tmp_path / "run" / "secret.txt").read_text() == "SECRET\n"
+
+
+def test_an_older_format_is_prepared_again_with_a_line(prepared, tmp_path):
+    from bertcli.data.prepare import read_manifest
+
+    folder = tmp_path / "data"
+    shutil.copytree(prepared.folder, folder)
+    _edit_json(folder / "manifest.json", format_version=2)
+    manifest, why_not = read_manifest(folder)
+    assert manifest is None and why_not == f"is of format version 2 (this bertcli reads and writes version {FORMAT_VERSION})"
+
+
+def test_a_same_size_edit_with_its_time_restored_is_seen(tmp_path):
+    """The cache hashes a small corpus again at every check (not only when size or time changed)."""
+    from bertcli.data.prepare import _file_entries, cache_check
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("The first document.\n\nThe second one.\n")
+    before = _file_entries([corpus], [])
+    stat = corpus.stat()
+    corpus.write_text("The first document.\n\nThe second two.\n")
+    os.utime(corpus, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert corpus.stat().st_size == before[0]["bytes"] and corpus.stat().st_mtime_ns == before[0]["mtime_ns"]
+    assert _file_entries([corpus], before)[0]["sha256"] != before[0]["sha256"]
+    assert cache_check(corpus.stat().st_size).startswith("the same SHA-256 for every corpus file (all hashed again")
+
+
+def test_leftovers_of_a_killed_prepare_are_removed_at_the_next_start(tmp_path):
+    from bertcli.data.prepare import _clean_leftovers
+
+    dead = 2 ** 22 + 12345  # above the default pid_max: no such process
+    (tmp_path / f".tmp-data.{dead}" / "train").mkdir(parents=True)
+    (tmp_path / f".tmp-data.{dead}" / "train" / "tokens.bin").write_bytes(b"\0" * 10)
+    (tmp_path / f".tmp-data.{os.getppid()}").mkdir()  # a live process's: left alone
+    (tmp_path / f".tmp-data.{dead + 1}").mkdir()
+    (tmp_path / f".tmp-data.{dead + 1}" / "notes.md").write_text("mine")  # not bertcli's: left alone
+    (tmp_path / f".tmp-old-data.{dead}").mkdir()  # moved aside, its replacement never arrived: put back
+    (tmp_path / f".tmp-old-data.{dead}" / "manifest.json").write_text("{}")
+    _clean_leftovers(tmp_path / "data")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["data", f".tmp-data.{os.getppid()}", f".tmp-data.{dead + 1}"])
+    assert (tmp_path / "data" / "manifest.json").read_text() == "{}"
+
+
+# ------------------------------------------------------------------ short documents: NSP pairs (issue 18)
+
+
+def test_random_next_share_is_the_share_training_draws():
+    from bertcli.data.chunks import random_next_share
+    from bertcli.data.corpus import Corpus, SpecialTokens
+
+    rng = np.random.default_rng(0)
+    cfg = preset_config("tiny", [*TEXT]).data
+    for sentences in (1, 8):  # one-sentence documents: nearly all random; longer ones: about random_next_prob
+        counts = rng.integers(sentences, sentences + 1, size=400)
+        lengths = rng.integers(5, 30, size=int(counts.sum()))
+        seg = np.concatenate([[0], np.cumsum(lengths)])
+        doc = np.concatenate([[0], np.cumsum(counts)])
+        corpus = Corpus(np.ones(int(seg[-1]), dtype=np.uint16), seg, doc, 100, SpecialTokens())
+        drawn = ExampleBuilder(corpus, cfg, 8).build_epoch(3, ExampleBuilder.TRAIN, 0).random_next.mean()
+        share = random_next_share(seg, doc, cfg, 3)
+        assert share == drawn
+        assert share > 0.99 if sentences == 1 else abs(share - cfg.random_next_prob) < 0.1
+
+
+def test_one_sentence_documents_are_said_by_prepare_and_inspect(tmp_path, cli):
+    corpus = tmp_path / "lines.jsonl"
+    corpus.write_text("".join(json.dumps({"text": f"Sentence number {i} is about topic {i % 7}."}) + "\n"
+                              for i in range(100)))
+    config = text_run(tmp_path / "run", corpus, "data.tokenizer.vocab_size=200")
+    result = cli("prepare", "--config", config, "--quiet")
+    assert result.code == 0, result.err
+    warnings = [line for line in result.err_lines if line.startswith("warning:")]
+    assert len(warnings) == 1 and "100.0% of the NSP pairs will have a random next sentence" in warnings[0]
+    assert "random next sentences 100.0% of pairs (data.random_next_prob 50%)" in result.err
+    report = json.loads(cli("inspect", tmp_path / "run" / "data", "--json").out)
+    assert report["random_next_share"] == 1.0 and report["random_next_warning"] == warnings[0]
+    from bertcli.summary import format_report
+
+    assert "random next      100.0% of NSP pairs" in format_report(report) and warnings[0] in format_report(report)
+
+
+# ------------------------------------------------------------------ reading corpora (issue 18)
+
+
+def test_a_huge_line_is_read_in_pieces_in_bounded_memory(tmp_path):
+    import tracemalloc
+
+    from bertcli.data.text import MAX_LINE_CHARS
+
+    path = tmp_path / "one.txt"
+    words = " ".join(f"w{i % 997}" for i in range(100_000))  # 580 kB, no sentence end
+    path.write_text("A first document.\n\n" + words + "\n")
+    tracemalloc.start()
+    items = [len(s) if s else s for s in read_sentences([path])]
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert items[:2] == [len("A first document."), None] and items[-1] is None and None not in items[2:-1]
+    assert max(items[2:-1]) <= MAX_LINE_CHARS and sum(items[2:-1]) >= len(words) - len(items)
+    assert peak < 400_000, peak  # parts of 64 KiB, never the whole line
+
+
+def test_a_corpus_folder_reads_compressed_files_any_case_and_says_what_it_skips(tmp_path, capsys):
+    import bz2
+    import lzma
+
+    from bertcli.data.text import corpus_files
+
+    root = tmp_path / "corpus"
+    (root / "sub").mkdir(parents=True)
+    (root / "A.TXT").write_text("Upper case name.\n")
+    (root / "b.txt.bz2").write_bytes(bz2.compress(b"From bzip2.\n"))
+    (root / "sub" / "c.JSONL.xz").write_bytes(lzma.compress(json.dumps({"text": "From xz."}).encode() + b"\n"))
+    (root / "notes.md").write_text("not a corpus file\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "d.txt").write_text("Through a link.\n")
+    (root / "linked").symlink_to(elsewhere)  # followed
+    (root / "sub" / "loop").symlink_to(root)  # a loop: not followed twice
+    capsys.readouterr()
+    files = corpus_files(root)
+    err = capsys.readouterr().err
+    assert [f.relative_to(root).as_posix() for f in files] == ["A.TXT", "b.txt.bz2", "linked/d.txt", "sub/c.JSONL.xz"]
+    assert list(read_sentences(files)) == ["Upper case name.", None, "From bzip2.", None, "Through a link.", None,
+                                           "From xz.", None]
+    assert f"{root}: skipped 1 file(s) that are not *.txt and *.jsonl files (plain, .gz, .bz2 or .xz), e.g. " \
+           f"{root / 'notes.md'}" in err
+    assert f"skipped 1 folder(s) or file(s) reached a second time through a symbolic link (read once), e.g. " \
+           f"{root / 'sub' / 'loop'}" in err
+    (root / "b.txt.bz2").write_bytes(bz2.compress(b"From bzip2.\n")[:20])
+    with pytest.raises(UsageError, match=r"b\.txt\.bz2: line 1.*the bzip2 file is cut short; download or compress it "
+                                         r"again \(bzip2 -t checks it\)"):
+        list(read_sentences(files))
+
+
+@pytest.mark.parametrize("record, needle", [
+    ('{"text": "no end\n', "line 2: not valid JSON: a string is not closed before the end of the line"),
+    ('{"text": "a\tb"}\n', "line 2: not valid JSON: a raw control character (U+0009) inside a string at column 12"),
+    ('{"text": "x" "y"}\n', "line 2: not valid JSON (Expecting ',' delimiter at column 14); fix the record"),
+])
+def test_a_bad_jsonl_record_says_the_line_and_what_to_fix(tmp_path, record, needle):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"text": "fine"}\n' + record)
+    with pytest.raises(UsageError) as info:
+        list(read_sentences([path]))
+    assert str(info.value).startswith(f"{path}: {needle}"), str(info.value)

@@ -35,6 +35,6 @@ def load_data(cfg: Config, quiet: bool = False) -> Dataset:
                        corpus.vocab_size, [])
     from bertcli.data.prepare import load_prepared, prepare  # tokenizers is only needed for text
 
-    prepared = load_prepared(prepare(cfg, quiet=quiet))
+    prepared = load_prepared(prepare(cfg, quiet=quiet), verify=False)  # prepare checked (or wrote) it just now
     return Dataset(prepared.corpus("train"), prepared.corpus("valid"), prepared.vocab_size,
                    [prepared.folder / "tokenizer.json", prepared.folder / "vocab.txt"])

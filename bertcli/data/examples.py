@@ -13,12 +13,12 @@ single large batch; and one pass shows every sentence of the corpus, from each d
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from bertcli.config import DataConfig
+from bertcli.data.chunks import PIECE, ChunkIndex, cut_epoch
 from bertcli.data.corpus import Corpus
 from bertcli.errors import UsageError
 from bertcli.model import Packing, packing
@@ -59,18 +59,6 @@ class Batch:
         return Batch(**{f.name: getattr(self, f.name).pin_memory() for f in fields(self)})
 
 
-class ChunkIndex(NamedTuple):
-    """One epoch's chunks, in the epoch's (shuffled) order. Chunk j is segments first[j] to
-    first[j] + count[j] - 1 of one document; with pairs, A is its first a_count[j] segments and B
-    the rest, or (random_next[j]) a span from another document of about target[j] - len(A) tokens."""
-
-    first: np.ndarray  # (C,) int32 or int64
-    count: np.ndarray  # (C,) uint16 or int32, >= 1
-    a_count: np.ndarray  # (C,) like count, 1..count (count only when B is random)
-    random_next: np.ndarray  # (C,) bool
-    target: np.ndarray  # (C,) like count: the chunk's target length in tokens
-
-
 class ExampleBuilder:
     """Builds examples from a corpus; `batch(seed, step, indices)` is a pure function.
 
@@ -79,7 +67,7 @@ class ExampleBuilder:
     """
 
     TRAIN, EVAL = 0, 1  # example streams: the held-out set never shares a seed with training
-    PIECE = 4096  # segments: longer documents are cut in pieces of this many, which bounds the
+    PIECE = PIECE  # segments: longer documents are cut in pieces of this many, which bounds the
     # rounds of the vectorised cutting (a chunk never spans two pieces; B still follows A across them)
     CACHED_EPOCHS = 2  # a step near an epoch's end reads two
 
@@ -118,49 +106,8 @@ class ExampleBuilder:
         an A or a true B once per epoch. A last short sentence left alone is paired with the one
         before it as A (true B) or, with random_next_prob, alone with a random B: a document's end
         is neither lost nor a forced random B. Then the chunks are shuffled."""
-        cfg, rng = self.cfg, np.random.default_rng([seed, stream, epoch])
-        offsets, doc_offsets, max_tokens = self.offsets, self.doc_offsets.astype(np.int64), self.max_tokens
-        # Pieces: documents, longer ones cut every PIECE segments.
-        sizes = np.diff(doc_offsets)
-        per_doc = -(-sizes // self.PIECE)
-        doc = np.repeat(np.arange(len(sizes)), per_doc)
-        k = np.arange(len(doc)) - np.repeat(np.cumsum(per_doc) - per_doc, per_doc)
-        pos = doc_offsets[doc] + k * self.PIECE  # (P,) where each piece's next chunk starts
-        piece_end = np.minimum(pos + self.PIECE, doc_offsets[doc + 1])
-        doc_start = doc_offsets[doc]
-        active = np.arange(len(pos))
-        parts: list[tuple[np.ndarray, ...]] = []  # per round, in compact types: ~11 bytes a chunk
-        small = np.uint16 if max_tokens < 1 << 16 else np.int32  # chunk sizes and targets
-        segment = np.int32 if len(offsets) < 1 << 31 else np.int64
-        while len(active):
-            p, stop, n = pos[active], piece_end[active], len(active)
-            target = np.full(n, max_tokens, dtype=np.int64)
-            short = rng.random(n) < cfg.short_seq_prob
-            target[short] = rng.integers(2, max_tokens + 1, size=int(short.sum()))
-            end = np.searchsorted(offsets, offsets[p] + target, side="left")
-            end = np.minimum(np.maximum(end, p + 1), stop)
-            first, count = p.copy(), end - p
-            a_count = np.ones(n, dtype=np.int64)
-            random_next = np.ones(n, dtype=bool)
-            step_to = end
-            if cfg.pairs:
-                split, coin = rng.random(n), rng.random(n) < cfg.random_next_prob
-                several = count >= 2
-                a_count[several] = 1 + (split[several] * (count[several] - 1)).astype(np.int64)
-                lone = ~several & (p > doc_start[active]) & (offsets[end] - offsets[p] < target)
-                random_next = coin | (~several & ~lone)
-                paired = lone & ~coin  # A = the sentence before, B = this one
-                first[paired] -= 1
-                count[paired] = 2
-                step_to = np.where(random_next & several, p + a_count, end)  # put B's segments back
-            else:
-                a_count = count
-            parts.append((first.astype(segment), count.astype(small), a_count.astype(small), random_next,
-                          target.astype(small)))
-            pos[active] = step_to
-            active = active[step_to < stop]
-        order = rng.permutation(sum(len(part[0]) for part in parts))
-        return ChunkIndex(*(np.concatenate(column)[order] for column in zip(*parts)))
+        return cut_epoch(self.offsets, self.doc_offsets, self.max_tokens, self.cfg,
+                         np.random.default_rng([seed, stream, epoch]), self.PIECE)
 
     def _epoch(self, seed: int, stream: int, epoch: int) -> ChunkIndex:
         key = (seed, stream, epoch)

@@ -1,8 +1,9 @@
 """`bertcli prepare`: raw text -> tokenizer -> token-id shards that training memory-maps.
 
 Layout of the prepared folder (written into a temporary folder, then renamed into place):
-  manifest.json        format version, corpus files (size, mtime, sha256), tokenizer settings,
-                       counts, and the fingerprint that decides whether the data can be reused
+  manifest.json        format version, corpus files (size, mtime, sha256), tokenizer settings and
+                       the SHA-256 of tokenizer.json and vocab.txt, counts, and the fingerprint
+                       that decides whether the data can be reused
   tokenizer.json       the WordPiece tokenizer (Hugging Face tokenizers format)
   vocab.txt            the same vocabulary, one token per line (BERT format)
   train/, valid/       tokens.bin (uint16 when the vocabulary fits, else uint32),
@@ -11,6 +12,12 @@ The corpus is streamed three times when a tokenizer is trained (a scan for the c
 continue words, which fixes the vocabulary's ids; training; encoding), in batches, so memory
 stays bounded whatever its size. Held-out documents are every k-th document (k =
 1/validation_fraction): deterministic, spread over the corpus, whole documents only.
+
+Prepared data is checked each time it is used (check_prepared): every file bertcli wrote there is a
+regular file (a symbolic link is never followed out of the folder), tokenizer.json and vocab.txt
+have the hashes the manifest records, the shards have the sizes its counts imply, the offsets rise
+from 0 to those counts, and every token id is below the vocabulary size. Damaged data is prepared
+again (with a line saying why); where it cannot be (inspect), it is refused with one line.
 """
 
 from __future__ import annotations
@@ -19,9 +26,13 @@ import hashlib
 import json
 import os
 import re
+import shutil
+import signal
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -31,14 +42,17 @@ from tokenizers import Tokenizer
 
 from bertcli import __version__, atomic, ownership
 from bertcli.config import Config, DataConfig
+from bertcli.data.chunks import random_next_share
 from bertcli.data.corpus import Corpus, SpecialTokens, is_held_out
-from bertcli.data.text import corpus_files, read_sentences, read_text
+from bertcli.data.text import corpus_files, is_compressed, read_sentences, read_text
 from bertcli.data.tokenizer import (continuation_mask, describe, find_tokenizer_file, load_tokenizer, read_tokenizer_json,
                                     save_tokenizer, special_tokens, tokenizer_identity, train_tokenizer)
-from bertcli.errors import UsageError
+from bertcli.errors import Interrupted, UsageError
 from bertcli.console import log
 
-FORMAT_VERSION = 2  # 2: deterministic vocabulary (continuation pieces right after the special tokens)
+# 3: tokenizer.json and vocab.txt hashed in the manifest; lines over text.MAX_LINE_CHARS cut in pieces.
+# 2: deterministic vocabulary (continuation pieces right after the special tokens).
+FORMAT_VERSION = 3
 MANIFEST = "manifest.json"
 SAMPLE = Path(__file__).resolve().parent / "sample" / "python-docs-sample.txt.gz"
 # Everything a prepared folder holds: `prepare` replaces a folder only if it holds nothing else.
@@ -47,6 +61,12 @@ LAYOUT = ownership.Layout("prepared data", MANIFEST, frozenset(
     [MANIFEST, "tokenizer.json", "vocab.txt", "train", "valid"]
     + [f"{split}/{name}" for split in ("train", "valid") for name in SHARD_FILES]))
 ENCODE_BATCH = 2048  # sentences per tokenizer call: large enough for its thread pool, small for memory
+ENCODE_CHARS = 1 << 20  # and at most about this many characters (an encoding costs ~100 bytes a token)
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
+# A corpus of up to this many bytes is hashed again at every cache check (about 1 s per GB); a
+# larger one only where a file's size or modification time changed.
+HASH_ALWAYS_BYTES = 1 << 30
+RANDOM_NEXT_MARGIN = 0.1  # warn when the data gives random next sentences this far above random_next_prob
 
 
 def corpus_path(cfg: Config) -> Path:
@@ -63,17 +83,35 @@ def _sha256(path: Path) -> str:
 
 
 def _file_entries(files: list[Path], previous: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Path, size, mtime and sha256 of each file; a file whose size and mtime are unchanged since
-    the last prepare keeps its recorded hash (so checking the cache does not reread the corpus)."""
-    known = {e["path"]: e for e in previous}
+    """Path, size, mtime and sha256 of each file. A corpus of up to HASH_ALWAYS_BYTES is hashed
+    whole every time; in a larger one, a file whose size and mtime are unchanged since the last
+    prepare keeps its recorded hash (so checking the cache does not reread gigabytes)."""
+    known = {e["path"]: e for e in previous} if not _hashed_again(files) else {}
     entries = []
     for f in files:
         st = f.stat()
         old = known.get(str(f.resolve()))
-        same = old is not None and old["bytes"] == st.st_size and old["mtime_ns"] == st.st_mtime_ns
+        same = (old is not None and old.get("bytes") == st.st_size and old.get("mtime_ns") == st.st_mtime_ns
+                and isinstance(old.get("sha256"), str))
         entries.append({"path": str(f.resolve()), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns,
                         "sha256": old["sha256"] if same else _sha256(f)})
     return entries
+
+
+def _hashed_again(files: list[Path]) -> bool:
+    """Whether the cache check hashes every corpus file again (a small corpus), rather than trusting
+    the recorded hash of a file whose size and modification time are unchanged."""
+    return sum(f.stat().st_size for f in files) <= HASH_ALWAYS_BYTES
+
+
+def cache_check(corpus_bytes: int) -> str:
+    """What the cache check compares for a corpus of `corpus_bytes`, in words (for `inspect`)."""
+    if corpus_bytes <= HASH_ALWAYS_BYTES:
+        return (f"the same SHA-256 for every corpus file (all hashed again at each start: the corpus is at most "
+                f"{HASH_ALWAYS_BYTES >> 30} GiB)")
+    return (f"the same size and modification time for every corpus file, hashed again only where either changed (the "
+            f"corpus is over {HASH_ALWAYS_BYTES >> 30} GiB: an edit that keeps both is not seen; `prepare --force` "
+            "prepares again)")
 
 
 def _input_digest(entries: list[dict[str, Any]], data: DataConfig, tokenizer_hash: str | None) -> str:
@@ -142,12 +180,20 @@ def _progress(total: int | None, desc: str, quiet: bool):
 
 def prepare(cfg: Config, quiet: bool = False, force: bool = False) -> Path:
     """Prepare the corpus of resolved config `cfg` (see resolve.py) unless prepared data with the same
-    fingerprint is already there; return the prepared folder."""
+    fingerprint is already there, whole and undamaged; return the prepared folder. SIGINT and
+    SIGTERM stop it at once (what it was writing is removed; exit 130 or 143)."""
+    with _stop_on_signal():
+        return _prepare(cfg, quiet, force)
+
+
+def _prepare(cfg: Config, quiet: bool, force: bool) -> Path:
+    global _written
     data = cfg.data
     folder = Path(data.prepared_dir)
     files = corpus_files(corpus_path(cfg))
     guard = _guard(cfg, folder)
-    old = _read_manifest(folder)
+    _clean_leftovers(folder)
+    old, why_not = read_manifest(folder)
     entries = _file_entries(files, old["corpus"]["files"] if old else [])
     tokenizer_file = tok = None
     if data.tokenizer.path:
@@ -163,19 +209,27 @@ def prepare(cfg: Config, quiet: bool = False, force: bool = False) -> Path:
     reusable = old and old.get("fingerprint") == fingerprint and (
         fixed is None or old["tokenizer"].get("identity") == tokenizer_identity(tok))
     if reusable and not force:
-        log(f"prepared data in {folder} is up to date (corpus and settings unchanged): reusing it")
-        return folder
+        damage = check_prepared(folder, old)
+        if damage is None:
+            log(f"prepared data in {folder} is up to date (corpus and settings unchanged, files intact): reusing it")
+            _warn_random_next(folder, old, cfg)
+            return folder
+        log(f"prepared data in {folder} is damaged ({damage}): preparing it again")
+    elif why_not and not force:
+        log(f"prepared data in {folder} {why_not}: preparing it again")
     if fixed is not None:
         log(f"preparing {data.corpus} with the run's own tokenizer, {fixed} (its checkpoints were trained on its "
             "token ids; a new vocabulary would garble them)")
 
     start = time.perf_counter()
-    total_bytes = None if any(f.name.endswith(".gz") for f in files) else sum(e["bytes"] for e in entries)
+    total_bytes = None if any(is_compressed(f) for f in files) else sum(e["bytes"] for e in entries)
     with atomic.folder(folder, guard) as tmp:
         if tok is None:
             with _progress(total_bytes, "training tokenizer", quiet) as bar:
-                sentences = (s for s in read_sentences(files, data.split_sentences, bar.update) if s is not None)
+                sentences = _until_stopped(s for s in read_sentences(files, data.split_sentences, bar.update)
+                                           if s is not None)
                 tok = train_tokenizer(sentences, data.tokenizer, read_text(files))
+            _check_stop()  # a signal cut the reading short: that vocabulary must not be used
         save_tokenizer(tok, tmp)
         vocab_size = tok.get_vocab_size(with_added_tokens=True)
         dtype = np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
@@ -190,6 +244,7 @@ def prepare(cfg: Config, quiet: bool = False, force: bool = False) -> Path:
             "corpus": {"source": data.corpus, "files": entries},
             "tokenizer": {"source": str(tokenizer_file) if tokenizer_file else "trained", "vocab_size": vocab_size,
                           "identity": tokenizer_identity(tok),
+                          "sha256": {name: _sha256(tmp / name) for name in TOKENIZER_FILES},
                           "requested_vocab_size": data.tokenizer.vocab_size,
                           "lowercase": casing.get("lowercase", data.tokenizer.lowercase),  # as used, not as configured
                           "strip_accents": casing.get("strip_accents", data.tokenizer.strip_accents),
@@ -202,12 +257,160 @@ def prepare(cfg: Config, quiet: bool = False, force: bool = False) -> Path:
         for path in tmp.rglob("*"):
             if path.is_file():
                 atomic.fsync_path(path)
+        _check_stop()
+    _written = folder  # in place: a stop from here on keeps it
     t, v = splits["train"], splits["valid"]
+    share = _warn_random_next(folder, manifest, cfg)
+    pairs = (f"; random next sentences {100 * share:.1f}% of pairs (data.random_next_prob "
+             f"{100 * data.random_next_prob:.0f}%)" if share is not None else "")
     log(f"prepared {folder}: {t['documents'] + v['documents']:,} documents ({v['documents']:,} held out), "
         f"{t['segments'] + v['segments']:,} sentences, {total_tokens:,} tokens, vocabulary {vocab_size:,}, "
-        f"unknown {100 * unknown / max(total_tokens, 1):.2f}%; {elapsed:.1f} s, "
+        f"unknown {100 * unknown / max(total_tokens, 1):.2f}%{pairs}; {elapsed:.1f} s, "
         f"{total_tokens / max(elapsed, 1e-9):,.0f} tokens/s")
     return folder
+
+
+def data_random_next_share(folder: Path, manifest: dict[str, Any], data: DataConfig, seed: int) -> float | None:
+    """The share of training pairs with a random next sentence that this data gives at `data`'s
+    settings (None without pairs or training documents); see chunks.random_next_share."""
+    if not data.pairs or manifest["splits"]["train"]["documents"] == 0:
+        return None
+    base = folder / "train"
+    return random_next_share(np.memmap(base / "seg_offsets.bin", dtype=np.int64, mode="r"),
+                             np.memmap(base / "doc_offsets.bin", dtype=np.int64, mode="r"), data, seed)
+
+
+def random_next_warning(share: float | None, data: DataConfig) -> str | None:
+    """A line for the user when the documents are too short for the configured pairs."""
+    if share is None or share <= data.random_next_prob + RANDOM_NEXT_MARGIN:
+        return None
+    return (f"warning: {100 * share:.1f}% of the NSP pairs will have a random next sentence, against "
+            f"data.random_next_prob={data.random_next_prob:g}: most documents are too short for pairs (a single "
+            f"sentence, or sentences that fill data.max_seq_length={data.max_seq_length} alone), so NSP accuracy will "
+            "look high without learning; put several sentences in each document (a blank line ends a document in "
+            "text, one JSONL record is one document), or set data.pairs: false and train.nsp_weight: 0")
+
+
+def _warn_random_next(folder: Path, manifest: dict[str, Any], cfg: Config) -> float | None:
+    """random_next_warning said once on stderr (pretrain reaches this through prepare); the share."""
+    share = data_random_next_share(folder, manifest, cfg.data, cfg.train.seed)
+    warning = random_next_warning(share, cfg.data)
+    if warning:
+        log(warning)
+    return share
+
+
+class _Stopped(BaseException):
+    """SIGINT or SIGTERM inside `prepare`: a BaseException, so that no library's `except Exception`
+    (tqdm's, starting its monitor thread) swallows it; _stop_on_signal turns it into Interrupted."""
+
+
+_stop_pipe: int | None = None  # the read end of _stop_on_signal's wakeup pipe
+_signal: int | None = None  # the stop signal that came, if one did
+_written: Path | None = None  # the prepared folder, once it is in place
+
+
+@contextmanager
+def _stop_on_signal() -> Iterator[None]:
+    """SIGINT and SIGTERM stop `prepare` at once, also inside `pretrain` (whose own handlers only ask
+    the training loop to stop after a step): the exception unwinds atomic.folder, which removes the
+    temporary folder, and ends the command with exit 128 + N and one line. The previous handlers
+    come back afterwards.
+
+    Python runs a handler in the main thread only, and the tokenizer trainer holds the main thread
+    while its own threads read the corpus (8 s for the 3.5 MB python-docs.txt): there the signal is
+    seen through a wakeup pipe (signal.set_wakeup_fd), the reading stops (_until_stopped), and the
+    trainer returns early; what it trained on part of the corpus is never used (_check_stop)."""
+    global _stop_pipe, _signal, _written
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        global _signal
+        _signal = signum
+        raise _Stopped
+
+    previous = {signum: handler for signum in (signal.SIGINT, signal.SIGTERM)
+                if (handler := signal.getsignal(signum)) not in (signal.SIG_IGN, None)}  # nohup: ignored stays ignored
+    read_end, write_end = os.pipe()
+    os.set_blocking(read_end, False)
+    os.set_blocking(write_end, False)
+    _stop_pipe, _signal, _written = read_end, None, None
+    previous_fd = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    for signum in previous:
+        signal.signal(signum, stop)
+    try:
+        yield
+        _check_stop()  # a stop that something caught on the way
+    except _Stopped:
+        signum = _signal or signal.SIGTERM
+        kept = (f"the prepared data in {_written} is complete" if _written else
+                "nothing was kept (the temporary data was removed)")
+        raise Interrupted(f"stopped by {signal.Signals(signum).name} while preparing data; {kept}: run the same "
+                          "command again", signum) from None
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        signal.set_wakeup_fd(previous_fd)
+        _stop_pipe = None
+        os.close(read_end)
+        os.close(write_end)
+
+
+def _check_stop() -> None:
+    """Raise _Stopped if a stop signal came (seen by the handler or through the wakeup pipe)."""
+    if _signal is not None:
+        raise _Stopped
+
+
+def _until_stopped(items: Iterator[str]) -> Iterator[str]:
+    """`items` until SIGINT or SIGTERM comes (looked for every 1,024 items, from whatever thread
+    reads them; see _stop_on_signal)."""
+    global _signal
+    for n, item in enumerate(items):
+        if n % 1024 == 0 and _stop_pipe is not None and _signal is None:
+            try:
+                _signal = next((b for b in os.read(_stop_pipe, 64) if b in (signal.SIGINT, signal.SIGTERM)), None)
+            except OSError:  # nothing there (BlockingIOError), or the pipe is gone
+                pass
+        if _signal is not None:
+            return
+        yield item
+
+
+def _clean_leftovers(folder: Path) -> None:
+    """Remove what a `prepare` that was killed left next to `folder`: its temporary folders
+    (.tmp-NAME.PID, .tmp-del-NAME.PID) when process PID is gone, and only when they hold nothing
+    but prepared-data files; a folder moved aside (.tmp-old-NAME.PID) whose replacement never
+    arrived is put back."""
+    final = Path(folder).expanduser().resolve()
+    if not final.parent.is_dir():
+        return
+    pattern = re.compile(rf"^{re.escape(atomic.TMP_PREFIX)}(old-|del-)?{re.escape(final.name)}\.(\d+)$")
+    for child in final.parent.iterdir():
+        match = pattern.match(child.name)
+        if not match or _alive(int(match.group(2))) or child.is_symlink() or not child.is_dir():
+            continue
+        if any(path.relative_to(child).as_posix() not in LAYOUT.paths for path in child.rglob("*")):
+            continue  # something else in it: not bertcli's to delete
+        if match.group(1) == "old-" and not final.exists() and not final.is_symlink():
+            os.replace(child, final)
+        else:
+            shutil.rmtree(child, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` exists (one of this machine's; another user's counts too)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def _write_shards(tok: Tokenizer, files: list[Path], data: DataConfig, tmp: Path, dtype: np.dtype,
@@ -220,6 +423,7 @@ def _write_shards(tok: Tokenizer, files: list[Path], data: DataConfig, tmp: Path
     encode = getattr(tok, "encode_batch_fast", tok.encode_batch)  # no offsets: faster where available
 
     def flush(items: list[str | None]) -> None:
+        _check_stop()
         encodings = iter(encode([s for s in items if s is not None], add_special_tokens=False))
         for item in items:
             writer = writers["valid" if is_held_out(counts["documents"], data.validation_fraction) else "train"]
@@ -235,13 +439,15 @@ def _write_shards(tok: Tokenizer, files: list[Path], data: DataConfig, tmp: Path
 
     with _progress(total_bytes, "tokenizing", quiet) as bar:
         batch: list[str | None] = []
-        pending = 0
+        pending = chars = 0
         for item in read_sentences(files, data.split_sentences, bar.update):
             batch.append(item)
-            pending += item is not None
-            if pending >= ENCODE_BATCH:  # a document may span batches: the writers keep it open
+            if item is not None:
+                pending += 1
+                chars += len(item)
+            if pending >= ENCODE_BATCH or chars >= ENCODE_CHARS:  # a document may span batches: the writers keep it open
                 flush(batch)
-                batch, pending = [], 0
+                batch, pending, chars = [], 0, 0
         flush(batch)
     return {name: w.close() for name, w in writers.items()}, counts["unknown"]
 
@@ -306,25 +512,95 @@ def _check_sizes(splits: dict[str, dict[str, int]], data: DataConfig, folder: Pa
                          f"separate documents with blank lines, or {no_pairs}")
 
 
-def _read_manifest(folder: Path) -> dict[str, Any] | None:
-    """The manifest of a prepared folder, or None when there is none, of another format, or damaged.
+def read_manifest(folder: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """(the manifest of a prepared folder, None), or (None, why it cannot be used: damaged, of another
+    format version, a symbolic link), or (None, None) when there is none.
 
     A manifest is data, never a source of paths: shards are read at fixed names inside the folder,
     and the corpus paths it records only serve as keys of the hash cache (never opened, never
-    written). What decides how the shards are read (their dtype, the splits) is checked here.
+    written). What decides how the shards are read (their dtype, the splits, the counts) is checked
+    here, the files themselves by check_prepared.
     """
+    path = folder / MANIFEST
+    if not path.exists() and not path.is_symlink():
+        return None, None
+    if not ownership.own_file(path):
+        return None, f"is damaged ({MANIFEST} is not a regular file; a symbolic link is never followed)"
     try:
-        manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(manifest, dict) or manifest.get("format_version") != FORMAT_VERSION:
-        return None
-    splits, files = manifest.get("splits"), (manifest.get("corpus") or {}).get("files")
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        return None, f"is damaged ({MANIFEST} cannot be read: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+    if not isinstance(manifest, dict):
+        return None, f"is damaged ({MANIFEST} is not a JSON object)"
+    version = manifest.get("format_version")
+    if version != FORMAT_VERSION:
+        return None, f"is of format version {version} (this bertcli reads and writes version {FORMAT_VERSION})"
+    splits, files, tok = manifest.get("splits"), (manifest.get("corpus") or {}).get("files"), manifest.get("tokenizer")
+    counts = ("documents", "segments", "tokens")
     well_formed = (manifest.get("dtype") in ("uint16", "uint32") and isinstance(files, list)
                    and all(isinstance(f, dict) and isinstance(f.get("path"), str) for f in files)
                    and isinstance(splits, dict) and set(splits) == {"train", "valid"}
-                   and all(isinstance(v, dict) and isinstance(v.get("documents"), int) for v in splits.values()))
-    return manifest if well_formed else None
+                   and all(isinstance(v, dict) and all(_count(v.get(c)) for c in counts) for v in splits.values())
+                   and isinstance(tok, dict) and _count(tok.get("vocab_size")) and isinstance(tok.get("sha256"), dict)
+                   and all(isinstance(tok["sha256"].get(name), str) for name in TOKENIZER_FILES))
+    if not well_formed:
+        return None, f"is damaged ({MANIFEST} lacks fields or has values of the wrong type)"
+    return manifest, None
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def check_prepared(folder: Path, manifest: dict[str, Any]) -> str | None:
+    """What is wrong with the files of prepared data (naming the file), or None when they are whole:
+    regular files (never symbolic links), tokenizer.json and vocab.txt as hashed in the manifest,
+    shards of the sizes its counts imply, offsets rising from 0 to those counts, token ids below
+    the vocabulary size. Cheap: the tokenizer files and the offsets are read whole, the token ids
+    once (about 15 ms per 100M tokens in the page cache)."""
+    folders = ("train", "valid")
+    for rel in (*folders, *TOKENIZER_FILES, *(f"{split}/{name}" for split in folders for name in SHARD_FILES)):
+        path = folder / rel
+        if os.path.islink(path):
+            return f"{rel} is a symbolic link, which bertcli never follows out of its folder"
+        if not path.exists():
+            return f"{rel} is missing"
+        if not (path.is_dir() if rel in folders else ownership.own_file(path)):
+            return f"{rel} is not a {'folder' if rel in folders else 'regular file'}"
+    for name in TOKENIZER_FILES:
+        if _sha256(folder / name) != manifest["tokenizer"]["sha256"][name]:
+            return f"{name} was changed after prepare: its SHA-256 is not the one {MANIFEST} records"
+    dtype, vocab_size = np.dtype(manifest["dtype"]), manifest["tokenizer"]["vocab_size"]
+    lines = (folder / "vocab.txt").read_bytes().count(b"\n")  # one token a line, the vocabulary in id order
+    if lines != vocab_size:
+        return f"{MANIFEST} says the vocabulary holds {vocab_size:,} tokens, vocab.txt {lines:,}"
+    for split, counts in manifest["splits"].items():
+        expected = {"tokens.bin": counts["tokens"] * dtype.itemsize, "seg_offsets.bin": (counts["segments"] + 1) * 8,
+                    "doc_offsets.bin": (counts["documents"] + 1) * 8}
+        for name, size in expected.items():
+            actual = (folder / split / name).stat().st_size
+            if actual != size:
+                return f"{split}/{name} holds {actual:,} bytes where {MANIFEST} implies {size:,} ({manifest['dtype']})"
+        base = folder / split
+        for name, last in (("seg_offsets.bin", counts["tokens"]), ("doc_offsets.bin", counts["segments"])):
+            if not _rising(np.memmap(base / name, dtype=np.int64, mode="r"), last):
+                return f"{split}/{name} does not rise from 0 to {last:,}: its offsets are damaged"
+        if counts["tokens"] and vocab_size <= np.iinfo(dtype).max:  # else every id of the dtype is in range
+            top = int(np.memmap(base / "tokens.bin", dtype=dtype, mode="r").max())
+            if top >= vocab_size:
+                return f"{split}/tokens.bin holds token id {top:,}, past the vocabulary of {vocab_size:,}"
+    return None
+
+
+def _rising(offsets: np.ndarray, last: int, block: int = 1 << 22) -> bool:
+    """Whether `offsets` goes from 0 to `last`, each one above the one before; read in blocks, so
+    that no temporary array grows with the corpus."""
+    if offsets[0] != 0 or offsets[-1] != last:
+        return False
+    for lo in range(0, len(offsets) - 1, block):
+        if not (np.diff(offsets[lo:lo + block + 1]) > 0).all():
+            return False
+    return True
 
 
 @dataclass
@@ -354,9 +630,16 @@ class PreparedData:
             vocab_size=self.vocab_size, special=self.special, continuation=continuation_mask(self.tokenizer))
 
 
-def load_prepared(folder: Path) -> PreparedData:
-    manifest = _read_manifest(folder)
+def load_prepared(folder: Path, verify: bool = True) -> PreparedData:
+    """Prepared data, checked (check_prepared) unless `verify` is False (prepare checked it just now)."""
+    manifest, why_not = read_manifest(folder)
+    config = folder.parent / "config.yaml" if (folder.parent / "config.yaml").is_file() else "CONFIG"
+    again = (f"run `bertcli prepare --config {config}` (it prepares damaged or older data again; --force always "
+             "does)")
     if manifest is None:
-        raise UsageError(f"{folder}: no prepared data here (or of another format version, or a damaged manifest.json); "
-                         "run `bertcli prepare`")
+        raise UsageError(f"{folder}: {f'the prepared data {why_not}' if why_not else 'no prepared data here'}; {again}")
+    if verify:
+        damage = check_prepared(folder, manifest)
+        if damage is not None:
+            raise UsageError(f"{folder}: the prepared data is damaged ({damage}); {again}")
     return PreparedData(folder=folder, manifest=manifest, tokenizer=read_tokenizer_json(folder / "tokenizer.json"))

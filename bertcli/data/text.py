@@ -1,27 +1,40 @@
-"""Reading raw corpora, streamed: plain text (*.txt, *.txt.gz), folders of them (recursive), and
-JSON Lines (*.jsonl, *.jsonl.gz) with a "text" field.
+"""Reading raw corpora, streamed: plain text (*.txt) and JSON Lines (*.jsonl) with a "text" field,
+each plain or compressed (.gz, .bz2, .xz), and folders of them (recursive); suffixes in any case.
 
 The text format is Google BERT's create_pretraining_data.py input: documents separated by blank
 lines, one sentence or paragraph per line; lines are cut into sentences by a small built-in
 splitter. A JSON Lines record is one document. Reading yields sentences and `None` at each
-document end, so no document, file or corpus is ever held whole in memory.
+document end, so no document, file or corpus is ever held whole in memory. A line longer than
+MAX_LINE_CHARS is cut into pieces (at white space near that length) before it is split into
+sentences, so that one huge line costs what an ordinary corpus of its size costs.
 """
 
 from __future__ import annotations
 
+import bz2
 import codecs
 import gzip
 import json
+import lzma
+import os
 import re
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from bertcli.console import log
 from bertcli.errors import UsageError
 
-SUFFIXES = (".txt", ".txt.gz", ".jsonl", ".jsonl.gz")
+SUFFIXES = (".txt", ".jsonl")  # each plain or compressed: COMPRESSIONS
+COMPRESSIONS = {".gz": (gzip.open, "gzip", "gzip -t"), ".bz2": (bz2.open, "bzip2", "bzip2 -t"),
+                ".xz": (lzma.open, "xz", "xz -t")}
 END_OF_DOCUMENT = None
+# Longest line read as it is: longer ones are cut at white space near this length (a piece of
+# 10,000 characters is about 2,000 tokens, four times the longest example BERT trains on; only
+# what no example could hold whole is cut).
+MAX_LINE_CHARS = 10_000
+CUT_WINDOW = 1_000  # a cut looks this far back from MAX_LINE_CHARS for white space
 
 # A sentence ends at . ! or ? (plus closing quotes/brackets), before white space and a capital,
 # a digit or an opening quote. Abbreviations that usually precede a capital are not ends.
@@ -46,8 +59,73 @@ def split_sentences(line: str) -> list[str]:
     return [s for s in sentences if s]
 
 
+_SPACE = re.compile(r"\s+")
+
+
+def _cut_point(text: str, start: int, limit: int) -> tuple[int, int]:
+    """Where to end the piece of `text` that starts at `start` (the text runs past start + limit):
+    (end of the piece, start of the rest). At the last sentence end (see _BOUNDARY) in the piece's
+    last CUT_WINDOW characters, else at the last white space there, else at start + limit (a run
+    without spaces)."""
+    lo, hi = start + max(limit - CUT_WINDOW, 1), start + limit
+    for pattern in (_BOUNDARY, _SPACE):
+        match = None
+        for match in pattern.finditer(text, lo, hi):
+            pass
+        if match is not None:
+            return match.start(), match.end()
+    return hi, hi
+
+
+def cut_long_line(line: str, limit: int = MAX_LINE_CHARS) -> Iterator[str]:
+    """`line` in pieces of at most `limit` characters (see _cut_point). A line within the limit
+    comes back whole, so ordinary text is read as it always was; the work per piece is bounded,
+    whatever the length of the line."""
+    start = 0
+    while len(line) - start > limit:
+        cut, rest = _cut_point(line, start, limit)
+        yield line[start:cut]
+        start = rest
+    yield line[start:]
+
+
+def _sentences(line: str, split: bool) -> Iterator[str]:
+    """The sentences of one (stripped, non-empty) line: over-long lines in pieces first."""
+    for piece in cut_long_line(line, MAX_LINE_CHARS) if len(line) > MAX_LINE_CHARS else (line,):
+        piece = piece.strip()
+        if piece:
+            yield from (split_sentences(piece) if split else [piece])
+
+
+def _name_parts(path: Path) -> tuple[str, str]:
+    """(name without its compression suffix, compression suffix or ''), lower-cased."""
+    name = path.name.lower()
+    compression = next((c for c in COMPRESSIONS if name.endswith(c)), "")
+    return name[:len(name) - len(compression)], compression
+
+
+def is_jsonl(path: Path) -> bool:
+    return _name_parts(path)[0].endswith(".jsonl")
+
+
+def is_compressed(path: Path) -> bool:
+    return bool(_name_parts(path)[1])
+
+
+def is_corpus_file(path: Path) -> bool:
+    """A name a corpus folder is read for: *.txt or *.jsonl, plain or compressed, in any case."""
+    return _name_parts(path)[0].endswith(SUFFIXES)
+
+
+CORPUS_NAMES = "*.txt and *.jsonl files (plain, .gz, .bz2 or .xz)"
+
+
 def corpus_files(path: Path) -> list[Path]:
-    """The files of a corpus path: the file itself, or every corpus file under a folder, sorted."""
+    """The files of a corpus path: the file itself, or every corpus file under a folder, sorted.
+
+    In a folder, symbolic links to folders are followed (a corpus is often a folder of links to
+    data elsewhere), each folder and file once: a link back up (a loop) or a second way to the same
+    folder or file is not read twice. Entries that are not read are said in one line on stderr."""
     path = Path(path).expanduser()
     if not path.exists():
         raise UsageError(f"{path}: corpus not found; set data.corpus to a text file, a JSONL file or a folder of them")
@@ -56,58 +134,128 @@ def corpus_files(path: Path) -> list[Path]:
     if not path.is_dir():  # a pipe, a device (/dev/null), a socket
         raise UsageError(f"{path}: not a regular file nor a folder; the corpus is read more than once (to train the "
                          "tokenizer, then to tokenize), so save the text to a file first and pass that")
-    files = sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(SUFFIXES))
+    files, skipped = _walk(path)
+    for why, examples in skipped.items():
+        log(f"{path}: skipped {len(examples):,} {why}, e.g. {examples[0]}")
     if not files:
-        raise UsageError(f"{path}: no {', '.join('*' + s for s in SUFFIXES)} files in this folder")
+        raise UsageError(f"{path}: no {CORPUS_NAMES} in this folder")
     return files
 
 
+def _walk(root: Path) -> tuple[list[Path], dict[str, list[Path]]]:
+    """(corpus files under `root`, sorted; what was skipped, by reason, in walking order)."""
+    seen: set[tuple[int, int]] = set()  # (device, inode) of every folder and file taken
+    files: list[Path] = []
+    skipped: dict[str, list[Path]] = {}
+    reasons = {"name": f"file(s) that are not {CORPUS_NAMES}", "special": "entries that are not regular files "
+               "(broken links, pipes, devices)", "again": "folder(s) or file(s) reached a second time through a "
+               "symbolic link (read once)", "unreadable": "folder(s) that could not be read (permissions)"}
+
+    def skip(reason: str, entry: Path) -> None:
+        skipped.setdefault(reasons[reason], []).append(entry)
+
+    seen.add((root.stat().st_dev, root.stat().st_ino))
+    for folder, dirs, names in os.walk(root, followlinks=True, onerror=lambda e: skip("unreadable", Path(e.filename))):
+        kept = []
+        for name in sorted(dirs):
+            st = os.stat(os.path.join(folder, name))
+            if (st.st_dev, st.st_ino) in seen:
+                skip("again", Path(folder, name))
+            else:
+                seen.add((st.st_dev, st.st_ino))
+                kept.append(name)
+        dirs[:] = kept
+        for name in sorted(names):
+            entry = Path(folder, name)
+            if not entry.is_file():
+                skip("special", entry)
+            elif not is_corpus_file(entry):
+                skip("name", entry)
+            else:
+                st = entry.stat()
+                if (st.st_dev, st.st_ino) in seen:
+                    skip("again", entry)
+                else:
+                    seen.add((st.st_dev, st.st_ino))
+                    files.append(entry)
+    return sorted(files), skipped
+
+
 def _open(path: Path) -> BinaryIO:
-    return gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")  # type: ignore[return-value]
+    compression = _name_parts(path)[1]
+    return COMPRESSIONS[compression][0](path, "rb") if compression else open(path, "rb")  # type: ignore[return-value]
 
 
-GZIP_ERRORS = (EOFError, gzip.BadGzipFile, zlib.error)
+# What a damaged compressed file raises: cut short (EOFError), corrupt or not of its format (the
+# libraries' own errors; bz2 raises an OSError without an errno, unlike a failing disk).
+COMPRESSED_ERRORS = (EOFError, OSError, zlib.error, lzma.LZMAError)
 
 
-def _gzip_error(path: Path, fh: BinaryIO, exc: Exception, where: str = "") -> UsageError:
-    """A damaged gzip file (cut short, corrupt, or not gzip at all) as one line naming the file and
-    the compressed byte reached. (Left alone, a truncated one raises EOFError, which Click turns
-    into an 'interrupted' exit 130.)"""
-    at = getattr(fh, "fileobj", None)
-    byte = f"compressed byte {at.tell():,}" if at is not None and not at.closed else ""
-    place = ", ".join(p for p in (where, byte) if p)
-    what = "cut short" if isinstance(exc, EOFError) else f"damaged or not gzip ({exc})"
-    return UsageError(f"{path}: {place + ': ' if place else ''}the gzip file is {what}; download or compress it "
-                      "again (gzip -t checks it)")
-
-
-def _raw_lines(path: Path, fh: BinaryIO) -> Iterator[bytes]:
-    """The lines of an open file; a damaged gzip file is a UsageError naming the line reached."""
-    number = 0
+def _compressed_error(path: Path, fh: BinaryIO, exc: Exception, where: str = "") -> UsageError:
+    """A damaged compressed file (cut short, corrupt, or not of the format its name says) as one
+    line naming the file and the compressed byte reached. (Left alone, a truncated one raises
+    EOFError, which Click turns into an 'interrupted' exit 130.) A failing disk is re-raised."""
+    if isinstance(exc, OSError) and exc.errno is not None:
+        raise exc
+    _, tool, check = COMPRESSIONS.get(_name_parts(path)[1], (None, "compressed", "the file's tool"))
+    at = getattr(fh, "fileobj", None) or getattr(fh, "_fp", None)  # gzip's, and bz2's and lzma's underlying file
     try:
-        for number, raw in enumerate(fh, start=1):
+        byte = f"compressed byte {at.tell():,}" if at is not None and not at.closed else ""
+    except (OSError, ValueError, AttributeError):
+        byte = ""
+    place = ", ".join(p for p in (where, byte) if p)
+    what = "cut short" if isinstance(exc, EOFError) else f"damaged or not {tool} ({exc})"
+    return UsageError(f"{path}: {place + ': ' if place else ''}the {tool} file is {what}; download or compress it "
+                      f"again ({check} checks it)")
+
+
+READ_BYTES = 1 << 16  # a text line is read in parts of at most this many bytes (a JSON Lines record whole)
+
+
+def _raw_lines(path: Path, fh: BinaryIO, limit: int = -1) -> Iterator[bytes]:
+    """The lines of an open file, each longer than `limit` bytes (when > 0) in parts of `limit`
+    bytes; a damaged compressed file is a UsageError naming the line reached."""
+    lines = 0
+    try:
+        while raw := fh.readline(limit):
+            lines += raw.endswith(b"\n")
             yield raw
-    except GZIP_ERRORS as exc:
-        raise _gzip_error(path, fh, exc, f"line {number + 1:,}") from None
+    except COMPRESSED_ERRORS as exc:
+        if not is_compressed(path):
+            raise
+        raise _compressed_error(path, fh, exc, f"line {lines + 1:,}") from None
 
 
-def _lines(path: Path, progress: Callable[[int], None]) -> Iterator[tuple[int, str]]:
-    """(line number, decoded line) of a file, strictly UTF-8; errors name the file and byte offset."""
-    offset = 0
+def _lines(path: Path, progress: Callable[[int], None]) -> Iterator[tuple[int, str, bool]]:
+    """(line number, decoded text, whether it ends the line) of a file, strictly UTF-8; errors name
+    the file and byte offset. A text line longer than READ_BYTES comes in parts (memory stays
+    bounded whatever the line), a JSON Lines record whole."""
+    offset, number, ends = 0, 1, True
+    limit = -1 if is_jsonl(path) else READ_BYTES
+    decoder = codecs.getincrementaldecoder("utf-8")()
+
+    def decode(raw: bytes, final: bool) -> str:
+        held = len(decoder.getstate()[0])  # bytes of a character cut by the previous part
+        try:
+            return decoder.decode(raw, final=final)
+        except UnicodeDecodeError as exc:
+            raise UsageError(f"{path}: byte {offset - held + exc.start} (line {number}): not valid UTF-8; convert the "
+                             "file to UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+
     with _open(path) as fh:
-        for number, raw in enumerate(_raw_lines(path, fh), start=1):
+        for raw in _raw_lines(path, fh, limit):
             nul = raw.find(b"\x00")
             if nul >= 0:
                 raise UsageError(f"{path}: byte {offset + nul}: a NUL byte; this looks like a binary file, not text "
                                  "(remove it from the corpus)")
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise UsageError(f"{path}: byte {offset + exc.start} (line {number}): not valid UTF-8; convert the "
-                                 "file to UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+            ends = raw.endswith(b"\n") or limit < 0 or len(raw) < limit  # short of the limit: the file's end
+            text = decode(raw, ends)
             offset += len(raw)
             progress(len(raw))
-            yield number, line
+            yield number, text, ends
+            number += ends
+        if not ends:  # the file ended with a part exactly READ_BYTES long
+            yield number, decode(b"", True), True
 
 
 def read_text(files: list[Path], block: int = 1 << 16) -> Iterator[str]:
@@ -118,7 +266,7 @@ def read_text(files: list[Path], block: int = 1 << 16) -> Iterator[str]:
     records are skipped: read_sentences is what reports them."""
     for path in files:
         with _open(path) as fh:
-            if not path.name.endswith((".jsonl", ".jsonl.gz")):
+            if not is_jsonl(path):
                 decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
                 line = 1  # the line being read, for the error below
                 try:
@@ -126,8 +274,10 @@ def read_text(files: list[Path], block: int = 1 << 16) -> Iterator[str]:
                         text = decoder.decode(chunk)
                         line += text.count("\n")
                         yield text
-                except GZIP_ERRORS as exc:  # this pass comes first: it reports a damaged file
-                    raise _gzip_error(path, fh, exc, f"line {line:,}") from None
+                except COMPRESSED_ERRORS as exc:  # this pass comes first: it reports a damaged file
+                    if not is_compressed(path):
+                        raise
+                    raise _compressed_error(path, fh, exc, f"line {line:,}") from None
                 yield decoder.decode(b"", final=True) + "\n"
                 continue
             texts: list[str] = []
@@ -151,32 +301,61 @@ def read_sentences(files: list[Path], split: bool = True,
                    progress: Callable[[int], None] = lambda n: None) -> Iterator[str | None]:
     """Sentences of every document, with END_OF_DOCUMENT (None) after each document."""
     for path in files:
-        jsonl = path.name.endswith((".jsonl", ".jsonl.gz"))
+        jsonl = is_jsonl(path)
         open_document = False
-        for number, line in _lines(path, progress):
+        pending, cut = "", False  # a long line read in parts: its text not yet cut; whether pieces went out
+        for number, line, ends in _lines(path, progress):
             if jsonl:
                 if not line.strip():
                     continue
                 try:
                     record = json.loads(line)
                 except json.JSONDecodeError as exc:
-                    raise UsageError(f"{path}: line {number}: not valid JSON ({exc.msg})") from None
+                    raise UsageError(f"{path}: line {number}: {_json_problem(line, exc)}") from None
                 text = record.get("text") if isinstance(record, dict) else None
                 if not isinstance(text, str):
                     raise UsageError(f"{path}: line {number}: no \"text\" string field in this JSON record")
                 paragraphs = [p.strip() for p in text.splitlines() if p.strip()]
                 for paragraph in paragraphs:
-                    yield from (split_sentences(paragraph) if split else [paragraph])
+                    yield from _sentences(paragraph, split)
                 if paragraphs:
                     yield END_OF_DOCUMENT
                 continue
-            line = line.strip()
+            if not ends or pending:  # a line longer than READ_BYTES: cut it as it comes
+                pending = pending + line if pending else line.lstrip()
+                while len(pending) > MAX_LINE_CHARS:
+                    end, rest = _cut_point(pending, 0, MAX_LINE_CHARS)
+                    for sentence in _sentences(pending[:end].strip(), split):
+                        yield sentence
+                        open_document = cut = True
+                    pending = pending[rest:]
+                if not ends:
+                    continue
+                line, pending = pending, ""
+            line, was_cut, cut = line.strip(), cut, False
             if not line:
-                if open_document:
+                if open_document and not was_cut:  # a blank line ends a document; the blank end of a long one does not
                     yield END_OF_DOCUMENT
                     open_document = False
                 continue
-            yield from (split_sentences(line) if split else [line])
+            yield from _sentences(line, split)
             open_document = True
         if open_document:  # a file's end also ends its last document
             yield END_OF_DOCUMENT
+
+
+def _json_problem(line: str, exc: json.JSONDecodeError) -> str:
+    """What is wrong with a JSON Lines record and how to fix it, in words (json's own message names
+    a position it leaves out: "Invalid control character at")."""
+    text = line.rstrip("\r\n")
+    column = exc.colno
+    if exc.msg.startswith("Invalid control character"):
+        if exc.pos >= len(text):
+            return ("not valid JSON: a string is not closed before the end of the line; a record is one line, so "
+                    "close the string, and write line breaks inside text as \\n")
+        return (f"not valid JSON: a raw control character (U+{ord(line[exc.pos]):04X}) inside a string at column "
+                f"{column}; write it escaped (\\t, \\n or \\u{ord(line[exc.pos]):04x})")
+    if exc.msg.startswith("Unterminated string"):
+        return "not valid JSON: a string is not closed before the end of the line; close it (a record is one line)"
+    return (f"not valid JSON ({exc.msg.removesuffix(' at')} at column {column}); fix the record: one JSON object "
+            'per line, such as {"text": "..."}')
