@@ -36,9 +36,9 @@ def test_quick_start_and_ci_run_the_same_test_command():
     assert command in ci and command in README
 
 
-def test_command_examples_use_the_run_the_quick_start_makes():
-    """A reader who ran the quick start can paste every example: they name its run folder."""
+def test_command_examples_use_run_folders_the_readme_makes():
+    """A reader can paste every example: the run folder it names is one an example `bertcli init` makes."""
     blocks = "\n".join(re.findall(r"```bash\n(.*?)```", README, re.S))
     made = set(re.findall(r"bertcli init (runs/\w+)", blocks))
     used = set(re.findall(r"(?:--model|--config|inspect|export|--logdir) (runs/\w+)", blocks))
-    assert made and used <= made, f"examples name {sorted(used - made)}, the quick start makes {sorted(made)}"
+    assert made and used <= made, f"examples name {sorted(used - made)}, the README makes {sorted(made)}"
