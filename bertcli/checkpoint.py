@@ -275,6 +275,56 @@ def model_differences(a: Config, b: Config) -> list[str]:
             if da[k] != db[k] and k != "init_from"]
 
 
+# Settings that may change on resume (the model may not), by what a change means. The others go unsaid:
+# paths, devices, precision and parallelism (rounding at most), evaluation and save cadence, logging, and
+# the tokenizer's settings (a run's tokenizer is fixed by its first checkpoint; another one is refused).
+EXAMPLE_SETTINGS = ["train.seed", "train.batch_size", "train.grad_accum_steps", "data.corpus", "data.split_sentences",
+                    "data.validation_fraction", "data.max_seq_length", "data.pairs", "data.short_seq_prob",
+                    "data.random_next_prob", "data.masked_lm_prob", "data.max_predictions_per_seq",
+                    "data.whole_word_mask", "data.mask_token_prob", "data.random_token_prob", "data.synthetic"]
+HELD_OUT_SETTINGS = [k for k in EXAMPLE_SETTINGS if k not in ("train.batch_size", "train.grad_accum_steps")] + [
+    "train.eval_examples"]
+UPDATE_SETTINGS = ["optimizer", "train.max_steps", "train.mlm_weight", "train.nsp_weight", "train.max_grad_norm"]
+
+
+def setting_differences(saved: Config, cfg: Config, step: int, where: str) -> list[str]:
+    """What resuming checkpoint `where` (at `step`, saved with config `saved`) under `cfg` changes,
+    one line per kind of change: the examples later steps see, the held-out set, the updates."""
+    from bertcli.optim import lr_at
+
+    def flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+        out = {}
+        for key, value in tree.items():
+            out.update(flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+        return out
+
+    old, new = flat(to_dict(saved)), flat(to_dict(cfg))
+    synthetic = old["data.corpus"] == new["data.corpus"] == "synthetic"  # its settings matter only then
+
+    def changed(prefixes: list[str]) -> str:
+        keys = [k for k in new if any(k == p or k.startswith(p + ".") for p in prefixes) and old.get(k) != new[k]
+                and (synthetic or not k.startswith("data.synthetic."))]
+        return ", ".join(f"{k} {old.get(k)!r} -> {new[k]!r}" for k in keys)
+
+    lines = []
+    examples, held_out, updates = changed(EXAMPLE_SETTINGS), changed(HELD_OUT_SETTINGS), changed(UPDATE_SETTINGS)
+    if examples:
+        seed = "train.seed" in examples
+        lines.append(f"resuming {where} with other settings ({examples}): steps {step + 1:,} on train on other examples"
+                     f"{', masks and dropout' if seed else ''} than this run would have, so it is no longer the run "
+                     "it was (nor one that started with these settings)")
+    if held_out and cfg.train.eval_every > 0:
+        lines.append(f"resuming {where} with other settings ({held_out}): the held-out set changes, so held-out "
+                     "metrics from now on are not comparable with the earlier ones (nor with the loss that kept "
+                     "checkpoints/best)")
+    if updates:
+        before, after = lr_at(step, saved.optimizer, saved.train.max_steps), lr_at(step, cfg.optimizer, cfg.train.max_steps)
+        lr = f" (learning rate {before:.3g} -> {after:.3g} at step {step + 1:,})" if before != after else ""
+        lines.append(f"resuming {where} with other settings ({updates}): the updates of steps {step + 1:,} on "
+                     f"follow them{lr}; what the first {step:,} steps learned is kept")
+    return lines
+
+
 def damage(path: Path) -> str | None:
     """Why complete checkpoint folder `path` cannot be resumed from (None: it loads): its config
     and trainer state parse, its weights' header and size agree, and its training state is a whole
