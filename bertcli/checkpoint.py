@@ -203,7 +203,11 @@ def best_eval_loss(output_dir: Path) -> float | None:
     best = checkpoints_dir(output_dir) / BEST
     if not is_checkpoint(best):
         return None
-    return read_trainer_state(best).get("eval_metrics", {}).get("mlm_loss")
+    try:
+        loss = read_trainer_state(best).get("eval_metrics", {}).get("mlm_loss")
+    except (OSError, ValueError, AttributeError):  # damaged: the next evaluation replaces it
+        return None
+    return loss if isinstance(loss, (int, float)) else None
 
 
 def read_config(path: Path) -> Config:

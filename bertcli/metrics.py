@@ -93,16 +93,32 @@ class MetricsWindow:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """Records of a metrics.jsonl; a torn last line (crash mid-write) is skipped."""
-    records = []
+    """Records of a metrics.jsonl (see read_metrics_checked)."""
+    return read_metrics_checked(path)[0]
+
+
+def read_metrics_checked(path: Path) -> tuple[list[dict[str, Any]], str | None]:
+    """Records of a metrics.jsonl, JSON objects with an integer step; and, in words, the lines that
+    are not (None: none, or only a torn last line, which a crash mid-write leaves: skipped silently)."""
+    records: list[dict[str, Any]] = []
     if not Path(path).is_file():
-        return records
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        return records, None
+    lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
+    bad = []
+    for number, line in enumerate(lines, 1):
         try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return records
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if isinstance(record, dict) and type(record.get("step")) is int:
+            records.append(record)
+        elif line.strip() and not (record is None and number == len(lines)):
+            bad.append(str(number))
+    if not bad:
+        return records, None
+    shown = ", ".join(bad[:5]) + (", ..." if len(bad) > 5 else "")
+    return records, (f"{path}: {len(bad)} damaged line(s) skipped (line {shown}): each must be a JSON object with "
+                     "an integer step")
 
 
 def _short(value: float) -> str:
@@ -119,7 +135,10 @@ class MetricsLogger:
     def __init__(self, output_dir: Path, start_step: int, max_steps: int, tensorboard: bool, quiet: bool) -> None:
         self.jsonl_path = Path(output_dir) / "metrics.jsonl"
         # After a resume, drop what a crashed run logged past the checkpoint: those steps are redone.
-        kept = [r for r in read_metrics(self.jsonl_path) if r.get("step", 0) <= start_step]
+        records, damaged = read_metrics_checked(self.jsonl_path)
+        if damaged:
+            console.log(f"{damaged}; left out of the file from now on")
+        kept = [r for r in records if r["step"] <= start_step]
         atomic.write_text(self.jsonl_path, "".join(json.dumps(r) + "\n" for r in kept))
         self.jsonl = open(self.jsonl_path, "a", encoding="utf-8")
         self.writer = None

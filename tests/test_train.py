@@ -428,3 +428,22 @@ def test_resuming_with_other_settings_says_what_changes(tmp_path, cli, eight_ste
         "that kept checkpoints/best)",
         f"resuming step-0000009 with other settings (optimizer.lr 0.002 -> 0.001): the updates of steps 10 on follow "
         f"them (learning rate {lr} at step 10); what the first 9 steps learned is kept"]
+
+
+def test_resume_skips_damaged_metrics_records_and_says_so_once(tmp_path, cli, eight_steps):
+    import shutil
+
+    shutil.copytree(eight_steps, tmp_path, dirs_exist_ok=True)
+    best = shutil.copytree(tmp_path / "checkpoints" / "step-0000004", tmp_path / "checkpoints" / "best")
+    (best / "trainer_state.json").write_text('{"step": 4, "eval_metrics": {"mlm_loss": 5.')  # cut: the next best replaces it
+    metrics = tmp_path / "metrics.jsonl"
+    good = metrics.read_text().splitlines()
+    metrics.write_text("\n".join([good[0], '{"step": "4.5", "split": "train"}', "[8]", *good[1:]]) + "\n")
+    config = write_config(tmp_path, "checkpoint.keep_last=3", "train.eval_every=0", "logging.tensorboard=false")
+    result = cli("pretrain", "--config", config, "--quiet", "--stop-at", "9")
+    assert result.code == 0, result.err
+    assert [line for line in result.err_lines if "damaged line" in line] == [
+        f"{metrics}: 2 damaged line(s) skipped (line 2, 3): each must be a JSON object with an integer step; left out "
+        "of the file from now on"]
+    assert [r["step"] for r in read_metrics(metrics)] == [4, 8, 9]
+    assert metrics.read_text().splitlines()[:2] == good[:2]
