@@ -88,7 +88,8 @@ def umask() -> int:
 def save_safetensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> None:
     """safetensors.torch.save_file, then the mode every other file gets (0666 less the umask):
     safetensors writes through a temporary file of its own, created 0600."""
-    safetensors.torch.save_file(tensors, path, metadata=metadata)
+    with atomic.writing(path):
+        safetensors.torch.save_file(tensors, path, metadata=metadata)
     os.chmod(path, 0o666 & ~umask())
 
 
@@ -181,15 +182,18 @@ def save(output_dir: Path, step: int, state: tuple[dict[str, torch.Tensor], dict
                        "the earlier checkpoints are intact: lower optimizer.lr and resume from one of them")
     with atomic.folder(final, guard(extra_files)) as tmp:
         for extra in extra_files:
-            shutil.copyfile(extra, tmp / Path(extra).name)
+            with atomic.writing(tmp / Path(extra).name):
+                shutil.copyfile(extra, tmp / Path(extra).name)
             atomic.fsync_path(tmp / Path(extra).name)
         save_safetensors(weights, tmp / "model.safetensors", metadata={"format": "pt", "producer": f"bertcli {__version__}"})
-        (tmp / "config.yaml").write_text(to_yaml(cfg, f"Resolved config of the run, saved at step {step}."))
-        torch.save({"optimizer": optimizer_state, "scaler": scaler.state_dict(), "step": step},
-                   tmp / "training_state.pt")
+        with atomic.writing(tmp / "config.yaml"):
+            (tmp / "config.yaml").write_text(to_yaml(cfg, f"Resolved config of the run, saved at step {step}."))
+        atomic.save_torch({"optimizer": optimizer_state, "scaler": scaler.state_dict(), "step": step},
+                          tmp / "training_state.pt")
         state = {"format_version": FORMAT_VERSION, "bertcli_version": __version__, "step": step,
                  "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **trainer_state}
-        (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2) + "\n")
+        with atomic.writing(tmp / "trainer_state.json"):
+            (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2) + "\n")
         for name in FILES:
             atomic.fsync_path(tmp / name)
     for _, old in list_checkpoints(output_dir)[:-keep_last]:
@@ -470,10 +474,11 @@ class OutputLock:
             self.fh.close()
             raise RunError(f"{self.path.parent} is in use by another bertcli pretrain ({holder}); wait for it to "
                            "finish, or set output_dir to another folder") from None
-        self.fh.seek(0)
-        self.fh.truncate()
-        self.fh.write(f"pid {os.getpid()}\n")
-        self.fh.flush()
+        with atomic.writing(self.path):
+            self.fh.seek(0)
+            self.fh.truncate()
+            self.fh.write(f"pid {os.getpid()}\n")
+            self.fh.flush()
         return self
 
     def __exit__(self, *exc: object) -> None:

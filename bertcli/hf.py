@@ -84,12 +84,13 @@ def export(source: Path, out_dir: Path, force: bool = False) -> Path:
               **{k: getattr(m, k) for k in HF_FIELDS}, "tie_word_embeddings": True, "torch_dtype": "float32",
               "position_embedding_type": "absolute", "bertcli_version": __version__}
     with atomic.folder(out_dir, guard) as tmp:
-        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        _write_json(tmp / "config.json", config)
         checkpoint.save_safetensors(weights, tmp / "model.safetensors", metadata={"format": "pt"})
         for name in ("tokenizer.json", "vocab.txt"):
             if not (ckpt / name).is_file():
                 raise UsageError(f"{ckpt}: no {name}; a checkpoint of the synthetic corpus has no tokenizer to export")
-            shutil.copyfile(ckpt / name, tmp / name)
+            with atomic.writing(tmp / name):
+                shutil.copyfile(ckpt / name, tmp / name)
         # The casing of the tokenizer itself, not of the config (a loaded tokenizer keeps its own):
         # transformers applies these keys over tokenizer.json's normalizer.
         casing = describe(read_tokenizer_json(tmp / "tokenizer.json"))
@@ -98,11 +99,16 @@ def export(source: Path, out_dir: Path, force: bool = False) -> Path:
                             "strip_accents": None if strip == lower else strip,
                             "tokenize_chinese_chars": casing.get("tokenize_chinese_chars", True),
                             "model_max_length": m.max_position_embeddings, **SPECIAL_TOKENS}
-        (tmp / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
-        (tmp / "special_tokens_map.json").write_text(json.dumps(SPECIAL_TOKENS, indent=2) + "\n")
+        _write_json(tmp / "tokenizer_config.json", tokenizer_config)
+        _write_json(tmp / "special_tokens_map.json", SPECIAL_TOKENS)
         for path in tmp.iterdir():
             atomic.fsync_path(path)
     return out_dir
+
+
+def _write_json(path: Path, value: Any) -> None:
+    with atomic.writing(path):
+        path.write_text(json.dumps(value, indent=2) + "\n")
 
 
 # ------------------------------------------------------------------------------------------ import
