@@ -6,29 +6,88 @@ one under the final name. Temporary names start with '.tmp-' so readers can skip
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 TMP_PREFIX = ".tmp-"
+
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+# How the libraries that raise no OSError say it: safetensors and tokenizers pass on Rust's io::Error text.
+DISK_FULL_WORDS = ("No space left on device", "Disk quota exceeded", "os error 28", "os error 122")
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether `exc` says that the disk (or the user's quota) is full, in any library's words."""
+    if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:
+        return True
+    return any(words in str(exc) for words in DISK_FULL_WORDS)
+
+
+@contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """A full disk while the block writes `path` is raised as OSError(ENOSPC) naming `path`, whichever
+    library hit it (safetensors and tokenizers raise their own errors, a file's write() names no file,
+    shutil.copyfile names its source); the CLI makes that one line saying what to do. A name inside a
+    temporary folder of `folder()` is shown as the final one."""
+    try:
+        yield
+    except Exception as exc:
+        if not is_disk_full(exc) or (isinstance(exc, OSError) and exc.filename == str(path)):
+            raise
+        code = exc.errno if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS else errno.ENOSPC
+        raise OSError(code, os.strerror(code), str(path)) from exc
+
+
+def save_torch(obj: Any, path: Path) -> None:
+    """torch.save(obj) into `path`, through a file object of ours: torch words a failed write as
+    "unexpected pos N vs M", without the reason, so the OSError behind it (a full disk) is kept and
+    raised instead. The archive's contents are those torch.save(obj, path) writes."""
+    import torch
+
+    class File:
+        def __init__(self, fh: Any) -> None:
+            self.fh, self.error = fh, None
+
+        def write(self, data: Any) -> int:
+            try:
+                return self.fh.write(data)
+            except OSError as exc:
+                self.error = exc
+                raise
+
+        def flush(self) -> None:
+            self.fh.flush()
+
+    with writing(path), open(path, "wb") as fh:
+        out = File(fh)
+        try:
+            torch.save(obj, out)
+        except RuntimeError:
+            if out.error is not None:
+                raise out.error from None
+            raise
 
 
 def fsync_path(path: Path) -> None:
     """Flush a file's (or a folder's entries') data to disk."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    with writing(path):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def write_bytes(path: Path, data: bytes) -> None:
     path = Path(path)
     tmp = path.with_name(f"{TMP_PREFIX}{path.name}.{os.getpid()}")
     try:
-        with open(tmp, "wb") as fh:
+        with writing(path), open(tmp, "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())

@@ -88,7 +88,8 @@ def umask() -> int:
 def save_safetensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> None:
     """safetensors.torch.save_file, then the mode every other file gets (0666 less the umask):
     safetensors writes through a temporary file of its own, created 0600."""
-    safetensors.torch.save_file(tensors, path, metadata=metadata)
+    with atomic.writing(path):
+        safetensors.torch.save_file(tensors, path, metadata=metadata)
     os.chmod(path, 0o666 & ~umask())
 
 
@@ -181,15 +182,18 @@ def save(output_dir: Path, step: int, state: tuple[dict[str, torch.Tensor], dict
                        "the earlier checkpoints are intact: lower optimizer.lr and resume from one of them")
     with atomic.folder(final, guard(extra_files)) as tmp:
         for extra in extra_files:
-            shutil.copyfile(extra, tmp / Path(extra).name)
+            with atomic.writing(tmp / Path(extra).name):
+                shutil.copyfile(extra, tmp / Path(extra).name)
             atomic.fsync_path(tmp / Path(extra).name)
         save_safetensors(weights, tmp / "model.safetensors", metadata={"format": "pt", "producer": f"bertcli {__version__}"})
-        (tmp / "config.yaml").write_text(to_yaml(cfg, f"Resolved config of the run, saved at step {step}."))
-        torch.save({"optimizer": optimizer_state, "scaler": scaler.state_dict(), "step": step},
-                   tmp / "training_state.pt")
+        with atomic.writing(tmp / "config.yaml"):
+            (tmp / "config.yaml").write_text(to_yaml(cfg, f"Resolved config of the run, saved at step {step}."))
+        atomic.save_torch({"optimizer": optimizer_state, "scaler": scaler.state_dict(), "step": step},
+                          tmp / "training_state.pt")
         state = {"format_version": FORMAT_VERSION, "bertcli_version": __version__, "step": step,
                  "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **trainer_state}
-        (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2) + "\n")
+        with atomic.writing(tmp / "trainer_state.json"):
+            (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2) + "\n")
         for name in FILES:
             atomic.fsync_path(tmp / name)
     for _, old in list_checkpoints(output_dir)[:-keep_last]:
@@ -203,7 +207,11 @@ def best_eval_loss(output_dir: Path) -> float | None:
     best = checkpoints_dir(output_dir) / BEST
     if not is_checkpoint(best):
         return None
-    return read_trainer_state(best).get("eval_metrics", {}).get("mlm_loss")
+    try:
+        loss = read_trainer_state(best).get("eval_metrics", {}).get("mlm_loss")
+    except (OSError, ValueError, AttributeError):  # damaged: the next evaluation replaces it
+        return None
+    return loss if isinstance(loss, (int, float)) else None
 
 
 def read_config(path: Path) -> Config:
@@ -273,6 +281,56 @@ def model_differences(a: Config, b: Config) -> list[str]:
     # init_from says where a run's first weights came from, not what the model is: a resumed run ignores it.
     return [f"model.{k}={da[k]!r} in the checkpoint vs {db[k]!r} in the config" for k in da
             if da[k] != db[k] and k != "init_from"]
+
+
+# Settings that may change on resume (the model may not), by what a change means. The others go unsaid:
+# paths, devices, precision and parallelism (rounding at most), evaluation and save cadence, logging, and
+# the tokenizer's settings (a run's tokenizer is fixed by its first checkpoint; another one is refused).
+EXAMPLE_SETTINGS = ["train.seed", "train.batch_size", "train.grad_accum_steps", "data.corpus", "data.split_sentences",
+                    "data.validation_fraction", "data.max_seq_length", "data.pairs", "data.short_seq_prob",
+                    "data.random_next_prob", "data.masked_lm_prob", "data.max_predictions_per_seq",
+                    "data.whole_word_mask", "data.mask_token_prob", "data.random_token_prob", "data.synthetic"]
+HELD_OUT_SETTINGS = [k for k in EXAMPLE_SETTINGS if k not in ("train.batch_size", "train.grad_accum_steps")] + [
+    "train.eval_examples"]
+UPDATE_SETTINGS = ["optimizer", "train.max_steps", "train.mlm_weight", "train.nsp_weight", "train.max_grad_norm"]
+
+
+def setting_differences(saved: Config, cfg: Config, step: int, where: str) -> list[str]:
+    """What resuming checkpoint `where` (at `step`, saved with config `saved`) under `cfg` changes,
+    one line per kind of change: the examples later steps see, the held-out set, the updates."""
+    from bertcli.optim import lr_at
+
+    def flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+        out = {}
+        for key, value in tree.items():
+            out.update(flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+        return out
+
+    old, new = flat(to_dict(saved)), flat(to_dict(cfg))
+    synthetic = old["data.corpus"] == new["data.corpus"] == "synthetic"  # its settings matter only then
+
+    def changed(prefixes: list[str]) -> str:
+        keys = [k for k in new if any(k == p or k.startswith(p + ".") for p in prefixes) and old.get(k) != new[k]
+                and (synthetic or not k.startswith("data.synthetic."))]
+        return ", ".join(f"{k} {old.get(k)!r} -> {new[k]!r}" for k in keys)
+
+    lines = []
+    examples, held_out, updates = changed(EXAMPLE_SETTINGS), changed(HELD_OUT_SETTINGS), changed(UPDATE_SETTINGS)
+    if examples:
+        seed = "train.seed" in examples
+        lines.append(f"resuming {where} with other settings ({examples}): steps {step + 1:,} on train on other examples"
+                     f"{', masks and dropout' if seed else ''} than this run would have, so it is no longer the run "
+                     "it was (nor one that started with these settings)")
+    if held_out and cfg.train.eval_every > 0:
+        lines.append(f"resuming {where} with other settings ({held_out}): the held-out set changes, so held-out "
+                     "metrics from now on are not comparable with the earlier ones (nor with the loss that kept "
+                     "checkpoints/best)")
+    if updates:
+        before, after = lr_at(step, saved.optimizer, saved.train.max_steps), lr_at(step, cfg.optimizer, cfg.train.max_steps)
+        lr = f" (learning rate {before:.3g} -> {after:.3g} at step {step + 1:,})" if before != after else ""
+        lines.append(f"resuming {where} with other settings ({updates}): the updates of steps {step + 1:,} on "
+                     f"follow them{lr}; what the first {step:,} steps learned is kept")
+    return lines
 
 
 def damage(path: Path) -> str | None:
@@ -416,10 +474,11 @@ class OutputLock:
             self.fh.close()
             raise RunError(f"{self.path.parent} is in use by another bertcli pretrain ({holder}); wait for it to "
                            "finish, or set output_dir to another folder") from None
-        self.fh.seek(0)
-        self.fh.truncate()
-        self.fh.write(f"pid {os.getpid()}\n")
-        self.fh.flush()
+        with atomic.writing(self.path):
+            self.fh.seek(0)
+            self.fh.truncate()
+            self.fh.write(f"pid {os.getpid()}\n")
+            self.fh.flush()
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -8,6 +8,7 @@ bounded whatever the input's length, and a consumer sees rows while the input st
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -345,7 +346,8 @@ class Writer:
         self.rows += 1
         if self.raw is not None:
             self.width = row.shape[-1]
-            self.raw.write(np.ascontiguousarray(row, dtype=np.float32).tobytes())
+            with atomic.writing(self.output):
+                self.raw.write(np.ascontiguousarray(row, dtype=np.float32).tobytes())
             return
         if self.fmt == "tsv":
             line = "\t".join(([_tsv_text(text)] if self.with_text else []) + [f"{x:.6g}" for x in row])
@@ -357,7 +359,11 @@ class Writer:
                       "vector": [float(f"{x:.6g}") for x in row]}
             line = json.dumps(record, ensure_ascii=False)
         try:
-            self.stream.write(line + "\n")
+            if self.output is None:
+                self.stream.write(line + "\n")
+            else:
+                with atomic.writing(self.output):  # a full disk named as the output, not its temporary name
+                    self.stream.write(line + "\n")
         except BrokenPipeError:
             raise PipeClosed from None
 
@@ -372,6 +378,12 @@ class Writer:
         """Into place: a text file as written; npy as header + rows (an empty input gives shape (0, H))."""
         if self.output is None:
             return
+        with atomic.writing(self.output):
+            self._close(hidden_size)
+        os.replace(self.tmp, self.output)
+        atomic.fsync_path(self.output.parent)
+
+    def _close(self, hidden_size: int) -> None:
         if self.raw is None:
             self.stream.flush()
             os.fsync(self.stream.fileno())
@@ -386,17 +398,14 @@ class Writer:
                 fh.flush()
                 os.fsync(fh.fileno())
             self.raw_path.unlink(missing_ok=True)
-        os.replace(self.tmp, self.output)
-        atomic.fsync_path(self.output.parent)
 
     def abort(self) -> None:
         """Remove what was written: the output keeps its earlier content, if any."""
         if self.output is None:
             return
-        if self.raw is None:
-            self.stream.close()
-        else:
-            self.raw.close()
+        with contextlib.suppress(OSError):  # closing flushes, which fails again on a full disk
+            (self.stream if self.raw is None else self.raw).close()
+        if self.raw is not None:
             self.raw_path.unlink(missing_ok=True)
         self.tmp.unlink(missing_ok=True)
 

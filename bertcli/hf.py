@@ -18,7 +18,7 @@ import safetensors
 import safetensors.torch
 import torch
 
-from bertcli import __version__, atomic, checkpoint, ownership
+from bertcli import __version__, atomic, checkpoint, console, ownership
 from bertcli.config import Config, ModelConfig, TokenizerConfig
 from bertcli.config_load import model_config_from_dict, preset_config
 from bertcli.data.tokenizer import describe, find_tokenizer_file, load_tokenizer, read_tokenizer_json
@@ -84,12 +84,13 @@ def export(source: Path, out_dir: Path, force: bool = False) -> Path:
               **{k: getattr(m, k) for k in HF_FIELDS}, "tie_word_embeddings": True, "torch_dtype": "float32",
               "position_embedding_type": "absolute", "bertcli_version": __version__}
     with atomic.folder(out_dir, guard) as tmp:
-        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        _write_json(tmp / "config.json", config)
         checkpoint.save_safetensors(weights, tmp / "model.safetensors", metadata={"format": "pt"})
         for name in ("tokenizer.json", "vocab.txt"):
             if not (ckpt / name).is_file():
                 raise UsageError(f"{ckpt}: no {name}; a checkpoint of the synthetic corpus has no tokenizer to export")
-            shutil.copyfile(ckpt / name, tmp / name)
+            with atomic.writing(tmp / name):
+                shutil.copyfile(ckpt / name, tmp / name)
         # The casing of the tokenizer itself, not of the config (a loaded tokenizer keeps its own):
         # transformers applies these keys over tokenizer.json's normalizer.
         casing = describe(read_tokenizer_json(tmp / "tokenizer.json"))
@@ -98,11 +99,16 @@ def export(source: Path, out_dir: Path, force: bool = False) -> Path:
                             "strip_accents": None if strip == lower else strip,
                             "tokenize_chinese_chars": casing.get("tokenize_chinese_chars", True),
                             "model_max_length": m.max_position_embeddings, **SPECIAL_TOKENS}
-        (tmp / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
-        (tmp / "special_tokens_map.json").write_text(json.dumps(SPECIAL_TOKENS, indent=2) + "\n")
+        _write_json(tmp / "tokenizer_config.json", tokenizer_config)
+        _write_json(tmp / "special_tokens_map.json", SPECIAL_TOKENS)
         for path in tmp.iterdir():
             atomic.fsync_path(path)
     return out_dir
+
+
+def _write_json(path: Path, value: Any) -> None:
+    with atomic.writing(path):
+        path.write_text(json.dumps(value, indent=2) + "\n")
 
 
 # ------------------------------------------------------------------------------------------ import
@@ -232,18 +238,53 @@ def imported_config(path: Path) -> ModelConfig:
 
 
 def adopt_imported(cfg: Config, path: Path) -> Config:
-    """cfg with the model section of the init_from source; a YAML value that contradicts it is an error."""
-    imported = imported_config(path)
+    """cfg with the model section of the init_from source; a YAML value that contradicts it is an error.
+
+    The source matters only to start: a run that has checkpoints resumes from them. So when it is
+    gone (phase 1's keep_last pruned the step a phase 2 came from, say), the run's newest checkpoint
+    stands in for it: its architecture, and its tokenizer where the source was the tokenizer."""
+    try:
+        imported = imported_config(path)
+    except UsageError:
+        own = _newest_own_checkpoint(Path(cfg.output_dir))
+        if own is None:
+            raise  # starting fresh: the source is needed
+        ckpt, model = own
+        data = cfg.data
+        tokenizer = data.tokenizer.path
+        stand_in = (not tokenizer or Path(tokenizer) == path or path in Path(tokenizer).parents) and \
+            (ckpt / "tokenizer.json").is_file()
+        if stand_in:
+            data = dataclasses.replace(data, tokenizer=dataclasses.replace(data.tokenizer, path=str(ckpt / "tokenizer.json")))
+        console.log(f"model.init_from {path} is gone (or unreadable), but this run resumes from its own checkpoints and "
+                    f"does not need it: the architecture{' and the tokenizer' if stand_in else ''} come from {ckpt}")
+        return _adopt(dataclasses.replace(cfg, data=data), model, ckpt)
+    cfg = _adopt(cfg, imported, path)
+    if not cfg.data.tokenizer.path:  # the imported model's own tokenizer
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(
+            cfg.data, tokenizer=dataclasses.replace(cfg.data.tokenizer, path=str(path))))
+    return cfg
+
+
+def _adopt(cfg: Config, imported: ModelConfig, path: Path) -> Config:
+    """cfg with model section `imported` (from `path`); a YAML value that contradicts it is an error."""
     clashes = [f"model.{k}={getattr(cfg.model, k)!r} but {path} has {getattr(imported, k)!r}"
                for k in HF_FIELDS if getattr(cfg.model, k) is not None and getattr(cfg.model, k) != getattr(imported, k)]
     if clashes:
         raise UsageError(f"{'; '.join(clashes)}: the architecture comes from model.init_from; remove those keys or "
                          f"write a matching config with `bertcli init DIR --init-from {path}`")
     model = dataclasses.replace(imported, pad_vocab_multiple=cfg.model.pad_vocab_multiple, init_from=cfg.model.init_from)
-    data = cfg.data
-    if not data.tokenizer.path:  # the imported model's own tokenizer
-        data = dataclasses.replace(data, tokenizer=dataclasses.replace(data.tokenizer, path=str(path)))
-    return dataclasses.replace(cfg, model=model, data=data)
+    return dataclasses.replace(cfg, model=model)
+
+
+def _newest_own_checkpoint(output_dir: Path) -> tuple[Path, ModelConfig] | None:
+    """The run's newest checkpoint whose config reads, with its architecture (None: no checkpoint)."""
+    for _, path in reversed(checkpoint.list_checkpoints(output_dir)):
+        try:
+            return path, checkpoint.read_config(path).model
+        except Exception:  # noqa: BLE001  a damaged one: resuming sets it aside too
+            continue
+    return None
 
 
 def continued_pretraining(source: Path, preset: str, overrides: list[str]) -> tuple[list[str], str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -93,16 +94,32 @@ class MetricsWindow:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """Records of a metrics.jsonl; a torn last line (crash mid-write) is skipped."""
-    records = []
+    """Records of a metrics.jsonl (see read_metrics_checked)."""
+    return read_metrics_checked(path)[0]
+
+
+def read_metrics_checked(path: Path) -> tuple[list[dict[str, Any]], str | None]:
+    """Records of a metrics.jsonl, JSON objects with an integer step; and, in words, the lines that
+    are not (None: none, or only a torn last line, which a crash mid-write leaves: skipped silently)."""
+    records: list[dict[str, Any]] = []
     if not Path(path).is_file():
-        return records
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        return records, None
+    lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
+    bad = []
+    for number, line in enumerate(lines, 1):
         try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return records
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if isinstance(record, dict) and type(record.get("step")) is int:
+            records.append(record)
+        elif line.strip() and not (record is None and number == len(lines)):
+            bad.append(str(number))
+    if not bad:
+        return records, None
+    shown = ", ".join(bad[:5]) + (", ..." if len(bad) > 5 else "")
+    return records, (f"{path}: {len(bad)} damaged line(s) skipped (line {shown}): each must be a JSON object with "
+                     "an integer step")
 
 
 def _short(value: float) -> str:
@@ -119,15 +136,26 @@ class MetricsLogger:
     def __init__(self, output_dir: Path, start_step: int, max_steps: int, tensorboard: bool, quiet: bool) -> None:
         self.jsonl_path = Path(output_dir) / "metrics.jsonl"
         # After a resume, drop what a crashed run logged past the checkpoint: those steps are redone.
-        kept = [r for r in read_metrics(self.jsonl_path) if r.get("step", 0) <= start_step]
+        records, damaged = read_metrics_checked(self.jsonl_path)
+        if damaged:
+            console.log(f"{damaged}; left out of the file from now on")
+        kept = [r for r in records if r["step"] <= start_step]
         atomic.write_text(self.jsonl_path, "".join(json.dumps(r) + "\n" for r in kept))
         self.jsonl = open(self.jsonl_path, "a", encoding="utf-8")
         self.writer = None
+        self.tensorboard_dir = Path(output_dir) / "tensorboard"
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter  # imports tensorboard: only when used
 
-            self.writer = SummaryWriter(str(Path(output_dir) / "tensorboard"),
-                                        purge_step=start_step + 1 if start_step else None)
+            self.excepthook = threading.excepthook
+            threading.excepthook = self._quiet_writer_thread
+            try:
+                with atomic.writing(self.tensorboard_dir):
+                    self.writer = SummaryWriter(str(self.tensorboard_dir), purge_step=start_step + 1 if start_step else None)
+            except BaseException:
+                threading.excepthook = self.excepthook
+                self.jsonl.close()
+                raise
         self.quiet, self.max_steps = quiet, max_steps
         self.bar = None
         if not quiet and sys.stderr.isatty():
@@ -141,12 +169,14 @@ class MetricsLogger:
     def log(self, step: int, metrics: dict[str, float], split: str = "train") -> None:
         """One record: metrics.jsonl ({"step", "split", ...}), TensorBoard (split/key), the progress line."""
         record = {"step": step, "split": split, **{k: (v if math.isfinite(v) else None) for k, v in metrics.items()}}
-        self.jsonl.write(json.dumps(record) + "\n")
-        self.jsonl.flush()
+        with atomic.writing(self.jsonl_path):
+            self.jsonl.write(json.dumps(record) + "\n")
+            self.jsonl.flush()
         if self.writer is not None:
-            for key, value in metrics.items():
-                self.writer.add_scalar(f"{split}/{key}", value, step)
-            self.writer.flush()
+            with atomic.writing(self.tensorboard_dir):  # a failed write of its thread comes out here
+                for key, value in metrics.items():
+                    self.writer.add_scalar(f"{split}/{key}", value, step)
+                self.writer.flush()
         shown = {"loss": "loss", "mlm_loss": "mlm", "mlm_acc": "mlm_acc", "nsp_acc": "nsp_acc", "perplexity": "ppl",
                  "tokens_per_s": "tok/s"}
         summary = {label: (_short(metrics[k]) if k == "tokens_per_s" else f"{metrics[k]:.4g}")
@@ -162,9 +192,26 @@ class MetricsLogger:
             prefix = "step" if split == "train" else f"{split} at step"
             console.log(f"{prefix} {step}/{self.max_steps} | {fields}")
 
+    def _quiet_writer_thread(self, args: Any) -> None:
+        """TensorBoard writes in a thread of its own; the error of a failed write (a full disk) reaches
+        the training thread at the next flush, which reports it in one line: the thread keeps quiet."""
+        if type(args.thread).__name__ != "_AsyncWriterThread":
+            self.excepthook(args)
+
     def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-        if self.writer is not None:
-            self.writer.close()
-        self.jsonl.close()
+        leaving_on_error = sys.exc_info()[1] is not None  # then that error is the one to report, not a flush's
+        try:
+            if self.bar is not None:
+                self.bar.close()
+            if self.writer is not None:
+                with atomic.writing(self.tensorboard_dir):
+                    self.writer.close()
+            with atomic.writing(self.jsonl_path):
+                self.jsonl.close()
+        except Exception:
+            if not leaving_on_error:
+                raise
+        finally:
+            self.jsonl.close()
+            if self.writer is not None:
+                threading.excepthook = self.excepthook

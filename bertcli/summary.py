@@ -6,6 +6,7 @@ the meta device (no memory, no time), so they cannot drift from the architecture
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from pathlib import Path
@@ -21,7 +22,7 @@ from bertcli.data.prepare import (MANIFEST, cache_check, data_random_next_share,
                                   read_manifest)
 from bertcli.data.tokenizer import describe, find_tokenizer_file, load_tokenizer, read_tokenizer_json, tokenizer_identity
 from bertcli.errors import UsageError
-from bertcli.metrics import read_metrics
+from bertcli.metrics import read_metrics_checked
 from bertcli.model import BertForPreTraining, flops_per_token
 from bertcli.sbert import read_sentence_model
 
@@ -64,33 +65,61 @@ def flops(cfg: Config) -> dict[str, Any]:
             "note": "forward+backward matmul FLOPs per non-padding token at full sequence length"}
 
 
+def _readable(ckpt: Path, damaged: list[str]) -> tuple[dict[str, Any], Config] | None:
+    """A checkpoint's trainer state and config, or None with what is wrong added to `damaged`."""
+    name = "trainer_state.json"
+    try:
+        state = checkpoint.read_trainer_state(ckpt)
+        if not isinstance(state, dict) or type(state.get("step")) is not int:
+            raise ValueError("no integer step")
+        name = "config.yaml"
+        return state, checkpoint.read_config(ckpt)
+    except Exception as exc:  # noqa: BLE001  damaged in any way: say which file, report the rest
+        damaged.append(f"{ckpt / name}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+        return None
+
+
 def _training(output_dir: Path, cfg: Config, only: Path | None = None) -> dict[str, Any]:
+    damaged: list[str] = []  # files that could not be read, and why: the report says so and shows the rest
     ckpts = checkpoint.list_checkpoints(output_dir)
-    records = read_metrics(output_dir / "metrics.jsonl")
+    records, bad_records = read_metrics_checked(output_dir / "metrics.jsonl")
+    if bad_records:
+        damaged.append(bad_records)
     train_records = [r for r in records if r.get("split", "train") == "train"]
     eval_records = [r for r in records if r.get("split") == "eval"]
-    source = only or (ckpts[-1][1] if ckpts else None)
-    state = checkpoint.read_trainer_state(source) if source else {}
+    source, state, saved = None, {}, None  # the newest checkpoint that reads (a damaged one is named)
+    for candidate in [only] if only else [p for _, p in reversed(ckpts)]:
+        found = _readable(candidate, damaged)
+        if found:
+            source, (state, saved) = candidate, found
+            break
     last = state.get("metrics") if only else (train_records[-1] if train_records else state.get("metrics"))
     last_eval = state.get("eval_metrics") if only else (eval_records[-1] if eval_records else state.get("eval_metrics"))
     best = checkpoint.checkpoints_dir(output_dir) / checkpoint.BEST
-    return {
-        "last_eval_metrics": last_eval or {},
+    tokenizer = None  # the run's tokenizer (fixed by its first checkpoint), as a short hash of what fixes the token ids
+    if source and (source / "tokenizer.json").is_file():
+        try:
+            tokenizer = tokenizer_identity(read_tokenizer_json(source / "tokenizer.json"))[:12]
+        except UsageError as exc:
+            damaged.append(str(exc))
+    report = {
+        "last_eval_metrics": last_eval if isinstance(last_eval, dict) else {},
         "best_checkpoint": str(best) if checkpoint.is_checkpoint(best) else None,
         "output_dir": str(output_dir),
         # A run's step: the newest checkpoint's, or a later logged step (a run killed after logging).
-        "step": state.get("step", 0) if only else max(state.get("step", 0), records[-1]["step"] if records else 0),
+        "step": state.get("step", 0) if only else max([state.get("step", 0)] + [r["step"] for r in records[-1:]]),
         # The resolved config of the newest checkpoint knows about --set overrides; the file does not.
-        "max_steps": checkpoint.read_config(source).train.max_steps if source else cfg.train.max_steps,
+        "max_steps": saved.train.max_steps if saved else cfg.train.max_steps,
         "tokens_seen": state.get("tokens_seen", 0),
-        "train_time_s": state.get("train_time_s"),
-        "last_metrics": last or {},
+        "train_time_s": state.get("train_time_s") if isinstance(state.get("train_time_s"), (int, float)) else None,
+        "last_metrics": last if isinstance(last, dict) else {},
         "checkpoints": [{"step": s, "path": str(p)} for s, p in ckpts],
         "metrics_file": str(output_dir / "metrics.jsonl") if records else None,
-        # The run's tokenizer (fixed by its first checkpoint), as a short hash of what fixes the token ids.
-        "tokenizer": tokenizer_identity(read_tokenizer_json(source / "tokenizer.json"))[:12]
-        if source and (source / "tokenizer.json").is_file() else None,
+        "tokenizer": tokenizer,
     }
+    if damaged:
+        report["damaged"] = damaged
+    return report
 
 
 def inspect_path(path: Path) -> dict[str, Any]:
@@ -107,18 +136,26 @@ def inspect_path(path: Path) -> dict[str, Any]:
     if path.is_file():
         kind, cfg = "config", resolve.load_run(path, adopt_init_from=False)
     elif checkpoint.is_checkpoint(path):
-        kind, cfg = "checkpoint", checkpoint.read_config(path)
+        kind, cfg = "checkpoint", _checkpoint_config(path)
         training = _training(path.parent.parent, cfg, only=path)
     elif (path / "config.yaml").is_file():
         kind, cfg = "run", resolve.load_run(path / "config.yaml", adopt_init_from=False)
         training = _training(Path(cfg.output_dir), cfg)
-        manifest, _ = read_manifest(Path(cfg.data.prepared_dir))
+        manifest, why_not = read_manifest(Path(cfg.data.prepared_dir))
         if manifest is not None:  # next to the run's own tokenizer: they must be the same to resume
             identity = manifest["tokenizer"].get("identity")
             training["prepared_data_tokenizer"] = identity[:12] if isinstance(identity, str) else None
+        elif why_not is not None and why_not.startswith("is damaged"):
+            training.setdefault("damaged", []).append(f"{Path(cfg.data.prepared_dir) / MANIFEST}: {why_not}")
     elif checkpoint.list_checkpoints(path):
         kind = "run"
-        cfg = checkpoint.read_config(checkpoint.list_checkpoints(path)[-1][1])
+        cfg = None
+        for _, ckpt in reversed(checkpoint.list_checkpoints(path)):  # the newest whose config reads
+            with contextlib.suppress(Exception):
+                cfg = checkpoint.read_config(ckpt)
+                break
+        if cfg is None:
+            raise UsageError(f"{path}: no checkpoint here has a config.yaml that reads; pass its config file instead")
         training = _training(path, cfg)
     else:
         raise UsageError(f"{path}: not a config file, a run folder (with config.yaml), a checkpoint folder "
@@ -131,6 +168,17 @@ def inspect_path(path: Path) -> dict[str, Any]:
     if training is not None:
         report["training"] = training
     return report
+
+
+def _checkpoint_config(path: Path) -> Config:
+    """The config a checkpoint folder was saved with; one line naming the file when it is damaged."""
+    try:
+        return checkpoint.read_config(path)
+    except UsageError:
+        raise
+    except Exception as exc:  # noqa: BLE001  YAML or worse
+        raise UsageError(f"{path / 'config.yaml'}: damaged ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); "
+                         "inspect the run folder or another checkpoint") from None
 
 
 def folder_report(path: Path) -> dict[str, Any]:
@@ -174,7 +222,7 @@ def _with_vocab(cfg: Config) -> tuple[Config, str | None]:
     size the tokenizer will be trained to (said in a note)."""
     if cfg.model.vocab_size is not None:
         return cfg, None
-    manifest, _ = read_manifest(Path(cfg.data.prepared_dir))
+    manifest, _ = read_manifest(Path(cfg.data.prepared_dir))  # damaged: said with the training report
     if manifest is not None:
         size, note = manifest["tokenizer"]["vocab_size"], f"from the tokenizer in {cfg.data.prepared_dir}"
     else:
@@ -272,6 +320,8 @@ def format_report(report: dict[str, Any]) -> str:
             rows.append(("tokenizer", t["tokenizer"] + (f" (prepared data: {t['prepared_data_tokenizer']})"
                                                         if "prepared_data_tokenizer" in t else "")))
         lines += _table(rows)
+        if t.get("damaged"):
+            lines += ["", "damaged (left out above)"] + [f"  {problem}" for problem in t["damaged"]]
         lines += ["", f"checkpoints ({len(t['checkpoints'])})"]
         lines += [f"  step {c['step']:>9,}  {c['path']}" for c in t["checkpoints"]] or ["  none yet"]
     return "\n".join(lines)

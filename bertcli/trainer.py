@@ -243,6 +243,9 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume: str, quiet: bool) -> Run
         run.tokens_seen, run.train_time_s = int(state.get("tokens_seen", 0)), float(state.get("train_time_s", 0.0))
         run.resumed_from = resumed_from
         log(f"resuming from {resumed_from} (step {run.step})")
+        if run.step < cfg.train.max_steps:  # (else there is nothing to do)
+            for line in checkpoint.setting_differences(checkpoint.read_config(resumed_from), cfg, run.step, resumed_from.name):
+                log(line)
     corpus = data.train
     if not quiet:
         log(f"model: {sum(p.numel() for p in model.parameters()):,} parameters; corpus: {corpus.num_documents:,} "

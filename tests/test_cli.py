@@ -113,6 +113,25 @@ def test_pretrain_then_inspect_run_checkpoint_and_config(tmp_path, cli):
     assert text.code == 0 and "parameters" in text.out and "25,730" in text.out and "training FLOPs" in text.out
 
 
+def test_inspect_a_run_with_damaged_files_shows_the_rest_and_names_them(tmp_path, cli, trained):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(trained, run, ignore=shutil.ignore_patterns("tensorboard"))
+    newest = run / "checkpoints" / "step-0000004"
+    (newest / "trainer_state.json").write_text('{"step": 4,')  # cut
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    (run / "metrics.jsonl").write_text("\n".join([lines[0], '{"step": "4", "split": "train"}', *lines[1:]]) + "\n")
+    result = cli("inspect", run)
+    assert result.code == 0, result.err
+    assert f"{newest / 'trainer_state.json'}: " in result.out
+    assert f"{run / 'metrics.jsonl'}: 1 damaged line(s) skipped (line 2): each must be a JSON object with an integer step" in result.out
+    report = json.loads(cli("inspect", run, "--json").out)["training"]
+    assert len(report["damaged"]) == 2 and report["step"] == 4 and report["last_metrics"]["step"] == 4
+    alone = cli("inspect", newest)
+    assert alone.code == 0 and f"{newest / 'trainer_state.json'}: " in alone.out
+
+
 def test_inspect_base_and_large_parameter_counts(cli):
     for preset, total in (("base", 110_106_428), ("large", 336_226_108)):
         report = json.loads(cli("inspect", REPO / "configs" / f"{preset}.yaml", "--json").out)

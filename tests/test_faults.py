@@ -281,3 +281,151 @@ def test_disk_full_during_export_names_the_file_and_fits_the_command(tmp_path, c
     assert "nothing half-written was kept" in line and "OUT_DIR" in line
     assert "checkpoint" not in line and "resume" not in line and "output_dir" not in line  # pretrain's words
     assert list(tmp_path.iterdir()) == [], "no export folder, no temporary leftovers"
+
+
+class FullFile:
+    """A file on a disk that fills up after `room` bytes: write() stores what fits, then fails as the
+    kernel's write does (ENOSPC, no file name), and so does closing it after that (a buffered file
+    flushes what it holds)."""
+
+    def __init__(self, fh, room: int) -> None:
+        self.fh, self.room, self.full = fh, room, False
+
+    def write(self, data):
+        size = len(data) if isinstance(data, str) else memoryview(data).nbytes
+        if size > self.room:
+            self.fh.write(data[:self.room] if isinstance(data, str) else memoryview(data).cast("B")[:self.room])
+            self.room, self.full = 0, True
+            raise OSError(28, "No space left on device")
+        self.room -= size
+        return self.fh.write(data)
+
+    def close(self) -> None:
+        self.fh.close()
+        if self.full:
+            raise OSError(28, "No space left on device")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __getattr__(self, name):
+        return getattr(self.fh, name)
+
+
+def fill_disk(monkeypatch, module, room: int = 100, only: str = "") -> None:
+    """Files that `module` opens for writing (named ending in `only`) lie on a disk with `room` bytes left."""
+    import builtins
+
+    def full_open(path, mode="r", *args, **kwargs):
+        fh = builtins.open(path, mode, *args, **kwargs)
+        return FullFile(fh, room) if any(m in mode for m in "wa") and str(path).endswith(only) else fh
+
+    monkeypatch.setattr(module, "open", full_open, raising=False)
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "training_state.pt", "config.yaml", "trainer_state.json",
+                                  "vocab.txt"])
+def test_a_full_disk_while_saving_a_checkpoint_names_the_file_whatever_writes_it(tmp_path, monkeypatch, name):
+    """Each library words a full disk its own way (safetensors in Rust's words, torch.save as
+    "unexpected pos", a file's write() naming no file, shutil.copyfile naming its source): every one
+    becomes the same line, naming the file."""
+    import pathlib
+    import shutil
+
+    import safetensors
+    import safetensors.torch
+    import torch
+
+    from bertcli import atomic
+    from bertcli.cli import os_error_message
+    from bertcli.optim import build_optimizer
+    from conftest import micro_config
+
+    cfg = micro_config()
+    model = BertForPreTraining(cfg.model)
+    optimizer = build_optimizer(model, cfg.optimizer)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("[PAD]\n")
+    checkpoint.save(tmp_path, 1, checkpoint.gather(model, optimizer), scaler, cfg, {}, 5, [vocab])
+    if name == "model.safetensors":
+        real_save = safetensors.torch.save_file
+
+        def save_file(tensors, path, metadata=None):
+            real_save(tensors, path, metadata=metadata)
+            raise safetensors.SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+        monkeypatch.setattr(safetensors.torch, "save_file", save_file)
+    elif name == "training_state.pt":
+        fill_disk(monkeypatch, atomic, room=600)  # torch.save's own words: "unexpected pos 640 vs 534"
+    elif name == "vocab.txt":
+        def copyfile(src, dst):
+            raise OSError(28, "No space left on device", str(src))  # as sendfile's error says it
+
+        monkeypatch.setattr(shutil, "copyfile", copyfile)
+    else:
+        real_write_text = pathlib.Path.write_text
+
+        def write_text(self, *args, **kwargs):
+            if self.name == name:
+                raise OSError(28, "No space left on device")
+            return real_write_text(self, *args, **kwargs)
+
+        monkeypatch.setattr(pathlib.Path, "write_text", write_text)
+    with pytest.raises(OSError) as info:
+        checkpoint.save(tmp_path, 2, checkpoint.gather(model, optimizer), scaler, cfg, {}, 5, [vocab])
+    root = tmp_path / "checkpoints"
+    assert info.value.errno == 28 and os_error_message(info.value, "pretrain").startswith(
+        f"{root / 'step-0000002' / name}: disk full (No space left on device); nothing half-written was kept and "
+        "earlier checkpoints are intact: free space or set output_dir")
+    assert sorted(p.name for p in root.iterdir()) == ["step-0000001"], "no temporary folder is left"
+
+
+@pytest.mark.parametrize("what", ["prepared shards", "metrics.jsonl", "init's config"])
+def test_a_full_disk_while_writing_data_names_the_file(tmp_path, monkeypatch, cli, what):
+    import numpy as np
+
+    from bertcli import atomic, metrics
+    from bertcli.cli import os_error_message
+    from bertcli.data import prepare
+
+    if what == "init's config":
+        fill_disk(monkeypatch, atomic, room=0)
+        result = cli("init", tmp_path / "run")
+        assert result.code == 1 and result.err_lines == [
+            f"bertcli: error: {tmp_path / 'run' / 'config.yaml'}: disk full (No space left on device); nothing "
+            "half-written was kept and an existing config is intact: free space or choose a DIR on another disk, then "
+            "run the same command"]
+        assert os.listdir(tmp_path / "run") == []
+        return
+    with pytest.raises(OSError) as info:
+        if what == "prepared shards":  # ndarray.tofile said "65540 requested and 28645 written"
+            fill_disk(monkeypatch, prepare, room=1000)
+            writer = prepare.ShardWriter(tmp_path / ".tmp-data.123" / "train", np.dtype(np.uint16))
+            writer.add_segment(list(range(prepare.ShardWriter.FLUSH_TOKENS)))
+        else:
+            fill_disk(monkeypatch, metrics, room=10)
+            logger = metrics.MetricsLogger(tmp_path, 0, 10, tensorboard=False, quiet=True)
+            logger.log(1, {"loss": 1.0})
+    where = tmp_path / "data" / "train" / "tokens.bin" if what == "prepared shards" else tmp_path / "metrics.jsonl"
+    assert info.value.errno == 28 and os_error_message(info.value, "prepare").startswith(
+        f"{where}: disk full (No space left on device); nothing half-written was kept")
+
+
+@pytest.mark.parametrize("suffix", ["npy", "jsonl"])
+def test_a_full_disk_while_encoding_names_the_output_and_leaves_nothing(tmp_path, monkeypatch, cli, trained, suffix):
+    from bertcli import encode
+
+    lines = tmp_path / "in.txt"
+    lines.write_text("a line of text\n" * 40)
+    out = tmp_path / "out" / f"vecs.{suffix}"
+    out.parent.mkdir()
+    fill_disk(monkeypatch, encode, room=3000)
+    result = cli("encode", "--model", trained, lines, "--output", out)
+    assert result.code == 1 and result.err_lines == [
+        f"bertcli: error: {out}: disk full (No space left on device); nothing half-written was kept and nothing at "
+        "--output was changed: free space or write --output to another disk, then run the same command"], result.err
+    assert os.listdir(out.parent) == [], "no temporary file is left"

@@ -209,3 +209,30 @@ def test_init_from_a_bare_bert_model_says_which_heads_are_fresh(tmp_path, small_
     result = cli("pretrain", "--config", tmp_path / "run" / "config.yaml", "--quiet")
     assert result.code == 0, result.err
     assert "not in it, so trained from scratch: MLM head, NSP head" in result.err
+
+
+def test_a_phase_2_run_resumes_once_its_init_from_source_is_gone(tmp_path, trained, small_corpus, cli):
+    """Phase 1 goes on and keep_last prunes the step phase 2 came from: phase 2 still resumes (its own
+    checkpoints hold the architecture and the tokenizer); only a fresh start needs the source."""
+    import shutil
+
+    source = tmp_path / "phase-1-step"
+    shutil.copytree(checkpoint.list_checkpoints(trained)[-1][1], source)
+    corpus = tmp_path / "domain.txt"  # a few documents: little to prepare
+    corpus.write_text("\n\n".join(small_corpus.read_text().split("\n\n")[:8]))
+    sets = sum((["--set", o] for o in ("train.max_steps=2", "train.batch_size=4", "data.max_seq_length=32",
+                                       "train.eval_every=0", "data.validation_fraction=0", "checkpoint.save_every=1",
+                                       "logging.tensorboard=false")), [])
+    assert cli("init", tmp_path / "run", "--init-from", source, "--corpus", corpus, *sets).code == 0
+    config = tmp_path / "run" / "config.yaml"
+    assert cli("pretrain", "--config", config, "--quiet", "--stop-at", "1").code == 0
+    shutil.rmtree(source)
+    result = cli("pretrain", "--config", config, "--quiet")
+    assert result.code == 0, result.err
+    own = tmp_path / "run" / "checkpoints" / "step-0000001"
+    assert f"model.init_from {source} is gone" in result.err and f"the architecture and the tokenizer come from {own}" in result.err
+    assert "is up to date" in result.err, "the same tokenizer: the prepared data is reused, not prepared again"
+    assert f"resuming from {own} (step 1)" in result.err
+    shutil.rmtree(tmp_path / "run" / "checkpoints")  # starting fresh needs the source
+    fresh = cli("pretrain", "--config", config, "--quiet")
+    assert fresh.code == 2 and "not a Hugging Face BERT folder" in fresh.err_lines[-1]

@@ -416,3 +416,47 @@ def test_a_run_keeps_its_tokenizer_when_its_corpus_changes(tmp_path, small_corpu
     assert result.code == 2, result.err
     assert "would garble the model" in result.err_lines[-1] and "another output_dir" in result.err_lines[-1]
     assert not (tmp_path / "run" / "checkpoints" / "step-0000008").exists()
+
+
+def test_resuming_with_other_settings_says_what_changes(tmp_path, cli, eight_steps):
+    import shutil
+
+    shutil.copytree(eight_steps, tmp_path, dirs_exist_ok=True)
+    # Another folder (so other absolute paths), cadence and logging: nothing a resumed run computes.
+    config = write_config(tmp_path, "checkpoint.keep_last=3", "train.eval_every=0", "logging.log_every=1",
+                          "checkpoint.save_every=1", "logging.tensorboard=false")
+    result = cli("pretrain", "--config", config, "--quiet", "--stop-at", "9")
+    assert result.code == 0 and "other settings" not in result.err, result.err
+    config = write_config(tmp_path, "checkpoint.keep_last=3", "train.eval_every=5", "train.seed=7",
+                          "optimizer.lr=0.001", "train.eval_examples=16", "logging.tensorboard=false")
+    result = cli("pretrain", "--config", config, "--quiet", "--stop-at", "10")
+    assert result.code == 0, result.err
+    lr = f"{lr_at(9, micro_config().optimizer, 12):.3g} -> {lr_at(9, micro_config('optimizer.lr=0.001').optimizer, 12):.3g}"
+    assert [line for line in result.err_lines if "other settings" in line] == [
+        "resuming step-0000009 with other settings (train.seed 42 -> 7): steps 10 on train on other examples, masks "
+        "and dropout than this run would have, so it is no longer the run it was (nor one that started with these "
+        "settings)",
+        "resuming step-0000009 with other settings (train.seed 42 -> 7, train.eval_examples 512 -> 16): the held-out "
+        "set changes, so held-out metrics from now on are not comparable with the earlier ones (nor with the loss "
+        "that kept checkpoints/best)",
+        f"resuming step-0000009 with other settings (optimizer.lr 0.002 -> 0.001): the updates of steps 10 on follow "
+        f"them (learning rate {lr} at step 10); what the first 9 steps learned is kept"]
+
+
+def test_resume_skips_damaged_metrics_records_and_says_so_once(tmp_path, cli, eight_steps):
+    import shutil
+
+    shutil.copytree(eight_steps, tmp_path, dirs_exist_ok=True)
+    best = shutil.copytree(tmp_path / "checkpoints" / "step-0000004", tmp_path / "checkpoints" / "best")
+    (best / "trainer_state.json").write_text('{"step": 4, "eval_metrics": {"mlm_loss": 5.')  # cut: the next best replaces it
+    metrics = tmp_path / "metrics.jsonl"
+    good = metrics.read_text().splitlines()
+    metrics.write_text("\n".join([good[0], '{"step": "4.5", "split": "train"}', "[8]", *good[1:]]) + "\n")
+    config = write_config(tmp_path, "checkpoint.keep_last=3", "train.eval_every=0", "logging.tensorboard=false")
+    result = cli("pretrain", "--config", config, "--quiet", "--stop-at", "9")
+    assert result.code == 0, result.err
+    assert [line for line in result.err_lines if "damaged line" in line] == [
+        f"{metrics}: 2 damaged line(s) skipped (line 2, 3): each must be a JSON object with an integer step; left out "
+        "of the file from now on"]
+    assert [r["step"] for r in read_metrics(metrics)] == [4, 8, 9]
+    assert metrics.read_text().splitlines()[:2] == good[:2]

@@ -156,18 +156,22 @@ class ShardWriter:
             self.open_segments = 0
 
     def flush(self) -> None:
-        np.asarray(self.tokens, dtype=self.dtype).tofile(self.files["tokens"])
-        np.asarray(self.seg_offsets, dtype=np.int64).tofile(self.files["seg_offsets"])
-        np.asarray(self.doc_offsets, dtype=np.int64).tofile(self.files["doc_offsets"])
+        # The arrays' bytes through the file's write(), not ndarray.tofile: that one words a full disk as
+        # "N requested and M written", without the reason.
+        for name, values, dtype in (("tokens", self.tokens, self.dtype), ("seg_offsets", self.seg_offsets, np.int64),
+                                    ("doc_offsets", self.doc_offsets, np.int64)):
+            with atomic.writing(self.folder / f"{name}.bin"):
+                self.files[name].write(np.asarray(values, dtype=dtype).data)
         self.tokens, self.seg_offsets, self.doc_offsets = [], [], []
 
     def close(self) -> dict[str, int]:
         self.end_document()
         self.flush()
-        for fh in self.files.values():
-            fh.flush()
-            os.fsync(fh.fileno())
-            fh.close()
+        for name, fh in self.files.items():
+            with atomic.writing(self.folder / f"{name}.bin"):
+                fh.flush()
+                os.fsync(fh.fileno())
+                fh.close()
         return {"documents": self.num_documents, "segments": self.num_segments, "tokens": self.num_tokens}
 
 
@@ -253,7 +257,8 @@ def _prepare(cfg: Config, quiet: bool, force: bool) -> Path:
             "dtype": dtype.name, "splits": splits, "unknown_tokens": unknown,
             "seconds": elapsed, "tokens_per_s": total_tokens / max(elapsed, 1e-9),
         }
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        with atomic.writing(tmp / MANIFEST):
+            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         for path in tmp.rglob("*"):
             if path.is_file():
                 atomic.fsync_path(path)

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
+from bertcli import atomic
 from bertcli.config import TokenizerConfig
 from bertcli.data.corpus import SpecialTokens
 from bertcli.errors import UsageError
@@ -226,12 +227,14 @@ def describe(tok: Tokenizer) -> dict[str, Any]:
 
 def save_tokenizer(tok: Tokenizer, folder: Path) -> None:
     """tokenizer.json and vocab.txt (one token per line, in id order) into folder."""
-    tok.save(str(Path(folder) / "tokenizer.json"))
+    with atomic.writing(Path(folder) / "tokenizer.json"):  # a full disk named, whatever tokenizers calls it
+        tok.save(str(Path(folder) / "tokenizer.json"))
     vocab = tok.get_vocab(with_added_tokens=True)
     by_id = sorted(vocab.items(), key=lambda kv: kv[1])
     if [i for _, i in by_id] != list(range(len(by_id))):
         raise UsageError("the tokenizer's ids are not 0..N-1; cannot write vocab.txt")
-    (Path(folder) / "vocab.txt").write_text("".join(token + "\n" for token, _ in by_id), encoding="utf-8")
+    with atomic.writing(Path(folder) / "vocab.txt"):
+        (Path(folder) / "vocab.txt").write_text("".join(token + "\n" for token, _ in by_id), encoding="utf-8")
 
 
 def tokenizer_identity(tok: Tokenizer) -> str:
