@@ -26,7 +26,7 @@ from torch.overrides import TorchFunctionMode
 
 from bertcli import atomic, checkpoint, hf, runtime
 from bertcli.config import ModelConfig, TokenizerConfig
-from bertcli.data.tokenizer import load_tokenizer, read_tokenizer_json
+from bertcli.data.tokenizer import find_tokenizer_file, load_tokenizer, read_tokenizer_json
 from bertcli.errors import PipeClosed, UsageError
 from bertcli.model import BertForPreTraining, padding_mask
 from bertcli.sbert import SentenceModel, read_sentence_model
@@ -103,10 +103,11 @@ def load_encoder(path: Path, device: torch.device, precision: str = "fp32") -> E
     if hf.is_hf_folder(folder):
         if not any((folder / name).is_file() for name in checkpoint.TOKENIZER_FILES):  # before the weights load
             raise UsageError(f"{folder}: no tokenizer.json or vocab.txt; copy the model's tokenizer files into it")
-        cfg = hf.read_hf_config(folder)
+        cfg = hf.read_hf_config(folder)  # its sizes checked against the weights file
+        tokenizer = load_tokenizer(folder, TokenizerConfig())  # a vocab.txt follows its tokenizer_config.json
+        hf.check_tokenizer(tokenizer, cfg, find_tokenizer_file(folder))
         model = _uninitialised(cfg)
         fresh, source = tuple(hf.init_from(model, folder, uninitialised=True)), folder
-        tokenizer = load_tokenizer(folder, TokenizerConfig())  # a vocab.txt follows its tokenizer_config.json
     else:
         if sentence is not None:
             raise UsageError(f"{folder}: no config.json, where {path / 'modules.json'} puts the BERT model; restore "
@@ -120,11 +121,13 @@ def load_encoder(path: Path, device: torch.device, precision: str = "fp32") -> E
         ckpt = hf.find_checkpoint(path)
         fresh, source = (), ckpt  # a checkpoint holds every weight (loaded strictly)
         cfg = checkpoint.read_config(ckpt).model
-        model = _uninitialised(cfg)
-        checkpoint.load_weights(model, ckpt)  # strict: every weight
         if not (ckpt / "tokenizer.json").is_file():
             raise UsageError(f"{ckpt}: no tokenizer.json (a synthetic-corpus run has no tokenizer to encode text with)")
         tokenizer = read_tokenizer_json(ckpt / "tokenizer.json")
+        hf.check_weights(ckpt, cfg)  # before anything of the config's size is built
+        hf.check_tokenizer(tokenizer, cfg, ckpt / "tokenizer.json")
+        model = _uninitialised(cfg)
+        checkpoint.load_weights(model, ckpt)  # strict: every weight
     model.to(device).eval()
     return Encoder(model, tokenizer, runtime.Runtime(device, precision), sentence, fresh, source)
 
