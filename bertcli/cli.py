@@ -240,7 +240,8 @@ def encode(
     fmt: Optional[Format] = typer.Option(None, "--format", "-f", help="jsonl, tsv or npy. Default: from the --output "
                                          "suffix (.npy, .tsv), else jsonl."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the rows to this file (atomically) instead "
-                                          "of stdout; needed for npy. Replaced if it exists; never an input file."),
+                                          "of stdout; needed for npy. Replaced if it exists; never an input file, "
+                                          "nor inside bertcli's own folders."),
     with_text: bool = typer.Option(False, "--with-text", help="Add the text to each row (tsv: as the first column, "
                                    "TAB and backslash escaped as \\t and \\\\)."),
     tokens: bool = typer.Option(False, "--tokens", help="Per-token vectors (JSONL): tokens and one vector each."),
