@@ -21,7 +21,7 @@ from typing import BinaryIO, TextIO
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, normalizers, pre_tokenizers
 from torch.overrides import TorchFunctionMode
 
 from bertcli import atomic, checkpoint, hf, runtime
@@ -40,6 +40,14 @@ WINDOW_BATCHES = 32
 # it is mapped, and page-faulted, afresh at every allocation). MiniLM, 1,000 paragraphs, 2 threads:
 # 14.0 s with 64 texts per batch, 12.0 s with this cap (scripts/bench_encode.py for whole runs).
 CPU_BATCH_BYTES = 8 << 20
+
+
+# A text longer than PREFIX_START characters per token of the length limit is tokenized from a prefix
+# that provably gives the whole text's first tokens (see Prefixes), grown 4-fold while it does not,
+# up to PREFIX_CAP characters per token: beyond that (a line of blanks or of words longer than a
+# word piece, say) the prefix is used anyway and the line counted as truncated.
+PREFIX_START = 8
+PREFIX_CAP = 1000
 
 
 class NotReproducible(UsageError):
@@ -215,6 +223,84 @@ def _open(path: str) -> BinaryIO:
     return open(path, "rb")  # a file gone since the check: an OSError, one line from the CLI
 
 
+class Prefixes:
+    """Texts far longer than the length limit can use, cut before tokenizing: tokenizing a whole line
+    costs time and memory in its length (an 18.8 MB line: 19 s and 3.1 GB for one 256-token vector).
+
+    A prefix gives the whole text's first tokens, and so its truncated encoding, when more than the
+    limit's tokens of it come from words that it holds whole. BERT's normaliser and pre-tokenizer
+    decide word boundaries character by character, so every word of a prefix but its last is one of
+    the whole text's, tokenized alike; an added token ([MASK]) could start within its own length of
+    the end and continue past it, so words reaching into those last characters are not counted
+    either. The tokens of a prefix that count are read from its encoding (word ids, offsets).
+    Tokenizers of other kinds are never cut. A pair's sides are cut alone; where one is cut and the
+    other whole, the cut one must also keep more tokens than the other has, so that truncation
+    (longest first) still sees which is longer. Both sides cut: which one keeps the odd token of an
+    odd budget follows their prefixes, the one way the vectors can differ from the whole line's."""
+
+    def __init__(self, tok: Tokenizer, max_length: int) -> None:
+        added = list(tok.get_added_tokens_decoder().values())
+        self.enabled = (isinstance(tok.pre_tokenizer, pre_tokenizers.BertPreTokenizer)
+                        and (tok.normalizer is None or isinstance(tok.normalizer, normalizers.BertNormalizer))
+                        and not any(a.normalized for a in added))
+        self.added = max((len(a.content) for a in added), default=0)
+        self.budget = {pair: max(1, max_length - tok.num_special_tokens_to_add(pair)) for pair in (False, True)}
+        self.source, self.probe = tok, None  # probe: a copy that does not truncate, made at the first long text
+
+    def _encode(self, text: str):  # noqa: ANN202  (a tokenizers Encoding)
+        """`text` tokenized whole, without special tokens."""
+        if self.probe is None:
+            self.probe = Tokenizer.from_str(self.source.to_str())
+            self.probe.no_truncation()
+            self.probe.no_padding()
+        return self.probe.encode(text, add_special_tokens=False)
+
+    def _stable(self, prefix: str) -> int:
+        """How many leading tokens of `prefix` (no special tokens) any text starting with it shares."""
+        e = self._encode(prefix)
+        words, offsets = e.word_ids, e.offsets
+        if not words:
+            return 0
+        last, limit, ends = words[-1], len(prefix) - self.added, {}
+        for word, (_, end) in zip(words, offsets):
+            ends[word] = max(ends.get(word, 0), end)
+        count = 0
+        for word, (_, end) in zip(words, offsets):
+            if word == last or (ends[word] if word is not None else end) > limit:
+                break
+            count += 1
+        return count
+
+    def _cut(self, text: str, need: int) -> tuple[str, bool]:
+        """`text`, or a prefix of it with more than `need` tokens shared with it; True: cut at the cap, unproven."""
+        size = need * PREFIX_START
+        while size < len(text):
+            prefix = text[:size]
+            if self._stable(prefix) > need:
+                return prefix, False
+            if size >= need * PREFIX_CAP:
+                return prefix, True
+            size = min(4 * size, need * PREFIX_CAP)
+        return text, False
+
+    def _long(self, text: str, pair: bool) -> bool:
+        return len(text) > self.budget[pair] * PREFIX_START
+
+    def cut(self, item: str | tuple[str, str]) -> tuple[str | tuple[str, str], bool]:
+        """A text (or pair) to tokenize in place of `item`, and whether it lost text unproven (truncated)."""
+        if not self.enabled:
+            return item, False
+        if isinstance(item, str):
+            return self._cut(item, self.budget[False]) if self._long(item, False) else (item, False)
+        budget, sides = self.budget[True], item
+        cuts = [self._cut(x, budget) if self._long(x, True) else (x, False) for x in sides]
+        whole = [len(x) == len(side) for (x, _), side in zip(cuts, sides)]
+        if whole[0] != whole[1]:  # the cut side must keep more tokens than the whole one has
+            kept = whole.index(True)
+            cuts[1 - kept] = self._cut(sides[1 - kept], max(budget, len(self._encode(sides[kept]).ids)))
+        return (cuts[0][0], cuts[1][0]), cuts[0][1] or cuts[1][1]
+
+
 def _pool(hidden: torch.Tensor, valid_lens: torch.Tensor, pooling: str, model: BertForPreTraining) -> torch.Tensor:
     """(B, T, H) -> (B, H). mean and max run over every non-padding position, [CLS] and [SEP]
     included (the convention of sentence-embedding libraries)."""
@@ -272,6 +358,7 @@ def encode(enc: Encoder, lines: Iterator[str], out: "Writer", pooling: str | Non
         raise UsageError(f"{enc.source}: has no pooler weights, so pooling 'pooler' would be random; pick cls, mean "
                          "or max")
     enc.tokenizer.enable_truncation(settings.max_length)
+    prefixes = Prefixes(enc.tokenizer, settings.max_length)
     max_tokens = None
     if enc.rt.device.type == "cpu":  # token slots whose widest activation fits CPU_BATCH_BYTES (2 bytes under autocast)
         itemsize = (enc.rt.autocast_dtype or torch.float32).itemsize
@@ -294,8 +381,9 @@ def encode(enc: Encoder, lines: Iterator[str], out: "Writer", pooling: str | Non
                 raise Unpaired(f"{line.source}: line {line.number}" if isinstance(line, Line) else
                                f"input line {counts['lines'] + unpaired[0] + 1}")
             counts["unpaired"] += len(unpaired)
-        encodings = enc.tokenizer.encode_batch(inputs, add_special_tokens=True)
-        counts["truncated"] += sum(1 for e in encodings if e.overflowing)
+        cuts = [prefixes.cut(x) for x in inputs]  # a text far past the limit: only a prefix is tokenized
+        encodings = enc.tokenizer.encode_batch([x for x, _ in cuts], add_special_tokens=True)
+        counts["truncated"] += sum(1 for e, (_, unproven) in zip(encodings, cuts) if e.overflowing or unproven)
         lengths = [len(e.ids) for e in encodings]
         order = sorted(range(len(window)), key=lengths.__getitem__)
         rows: list = [None] * len(window)
