@@ -290,7 +290,8 @@ def encode(
         writer = enc_mod.Writer(fmt.value, sys.stdout, output, with_text)
         try:
             counts = enc_mod.encode(encoder, enc_mod.read_lines(inputs or [], errors), writer, settings.pooling, layer,
-                                    settings.normalize, batch_size, settings.max_length, pairs, tokens, strict_pairs)
+                                    settings.normalize, batch_size, settings.max_length, pairs, tokens, strict_pairs,
+                                    enc_mod.may_stall(inputs or []))
             hold_signals()  # the output goes into place whole: a signal now waits until it is there
             writer.close(encoder.model.config.hidden_size)
         except BaseException as exc:

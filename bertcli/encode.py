@@ -3,16 +3,22 @@
 Lines are read a window at a time (32 batches), tokenized together, sorted by length inside the
 window so that each batch carries little padding, run through the encoder under
 torch.inference_mode, and written back in input order before the next window is read: memory is
-bounded whatever the input's length, and a consumer sees rows while the input still flows.
+bounded whatever the input's length, and a consumer sees rows while the input still flows. A
+window is written early when the input stalls (STALL_SECONDS), so a slow producer sees its rows.
 """
 
 from __future__ import annotations
 
+import collections
 import io
 import json
 import os
+import queue
 import shutil
+import stat
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,8 +46,12 @@ WINDOW_BATCHES = 32
 # it is mapped, and page-faulted, afresh at every allocation). MiniLM, 1,000 paragraphs, 2 threads:
 # 14.0 s with 64 texts per batch, 12.0 s with this cap (scripts/bench_encode.py for whole runs).
 CPU_BATCH_BYTES = 8 << 20
-
-
+# When no line comes for STALL_SECONDS, or the oldest line read has waited MAX_WAIT_SECONDS, the
+# lines read so far are encoded and written: a slow producer (tail -f, a pipeline) sees its rows.
+# Input that flows fills whole windows. READ_AHEAD: lines read ahead while a window is encoded.
+STALL_SECONDS = 0.15
+MAX_WAIT_SECONDS = 1.0
+READ_AHEAD = 4096
 # A text longer than PREFIX_START characters per token of the length limit is tokenized from a prefix
 # that provably gives the whole text's first tokens (see Prefixes), grown 4-fold while it does not,
 # up to PREFIX_CAP characters per token: beyond that (a line of blanks or of words longer than a
@@ -345,10 +355,12 @@ def _batches(order: list[int], lengths: list[int], rows: int, max_tokens: int | 
 
 def encode(enc: Encoder, lines: Iterator[str], out: "Writer", pooling: str | None = None, layer: int = -1,
            normalize: bool | None = None, batch_size: int = 32, max_length: int | None = None, pairs: bool = False,
-           per_token: bool = False, strict_pairs: bool = False) -> dict[str, int]:
+           per_token: bool = False, strict_pairs: bool = False, input_may_stall: bool = True) -> dict[str, int]:
     """Encode every line and hand the rows to `out` in input order; return counts. None for
     pooling, normalize or max_length: see `resolve`. With `pairs`, a line without a TAB is one
-    sentence (counted in "unpaired"), or an error when `strict_pairs`."""
+    sentence (counted in "unpaired"), or an error when `strict_pairs`. `input_may_stall` (see
+    `may_stall`; False for regular files): lines are read by a thread of their own, and those read
+    are written when no more come for STALL_SECONDS."""
     layer, last = enc.model.bert.layer_index(layer), len(enc.model.blocks)  # IndexError out of range
     settings = resolve(enc, pooling, normalize, max_length, per_token)
     pooling, normalize = settings.pooling, settings.normalize
@@ -405,13 +417,115 @@ def encode(enc: Encoder, lines: Iterator[str], out: "Writer", pooling: str | Non
         counts["lines"] += len(window)
         window.clear()
 
-    for line in lines:
-        window.append(line)
-        if len(window) >= batch_size * WINDOW_BATCHES:
-            flush()
-    flush()
-    enc.tokenizer.no_truncation()
+    reader = _Reader(lines) if input_may_stall else _Direct(lines)
+    try:
+        first = 0.0  # when the window's first line came
+        while True:
+            try:  # with lines pending, wait for more only while the input flows (a slow producer: tail -f)
+                wait = min(STALL_SECONDS, first + MAX_WAIT_SECONDS - time.monotonic()) if window else None
+                line = reader.get(max(wait, 0.0) if wait is not None else None)
+            except queue.Empty:
+                flush()
+                continue
+            if line is _END:
+                break
+            if not window:
+                first = time.monotonic()
+            window.append(line)
+            if len(window) >= batch_size * WINDOW_BATCHES:
+                flush()
+        flush()
+    finally:
+        reader.close()
+        enc.tokenizer.no_truncation()
     return counts
+
+
+_END = object()  # after the last line
+
+
+def may_stall(sources: list[str]) -> bool:
+    """Whether reading `sources` ('-': stdin) can wait on a producer: a pipe, a terminal, a FIFO."""
+    for source in sources or ["-"]:
+        try:
+            mode = os.fstat(sys.stdin.fileno()).st_mode if source == "-" else os.stat(source).st_mode
+        except (OSError, ValueError):  # no stdin of its own (in-process), or a file gone: ask no more
+            return True
+        if not stat.S_ISREG(mode):
+            return True
+    return False
+
+
+class _Direct:
+    """Lines of regular files, read as encode asks for them: they come as fast as they can be read."""
+
+    def __init__(self, lines: Iterator[str]) -> None:
+        self.lines = iter(lines)
+
+    def get(self, timeout: float | None) -> object:
+        return next(self.lines, _END)
+
+    def close(self) -> None:
+        pass
+
+
+class _Reader:
+    """The input lines, read ahead by a thread of their own, so that encode sees when the input
+    stalls and writes what it has instead of waiting for a window to fill. What reading raises
+    (a line that is not UTF-8, say) is raised again by `get`. The lines pass through a deque
+    (atomic appends and pops): events are set only when the other side may be waiting, so a line
+    costs well under a microsecond (queue.Queue: about 10)."""
+
+    def __init__(self, lines: Iterator[str]) -> None:
+        self.items: collections.deque = collections.deque()
+        self.ready, self.room, self.stopped = threading.Event(), threading.Event(), threading.Event()
+        self.room.set()
+        threading.Thread(target=self._read, args=(lines,), name="bertcli-encode-input", daemon=True).start()
+
+    def _put(self, item: object) -> bool:
+        self.items.append(item)
+        if not self.ready.is_set():
+            self.ready.set()
+        while len(self.items) >= READ_AHEAD:  # far enough ahead: wait for room (a lost wake-up costs 0.1 s)
+            self.room.clear()
+            if len(self.items) >= READ_AHEAD and not self.room.wait(0.1) and self.stopped.is_set():
+                return False
+        return not self.stopped.is_set()
+
+    def _read(self, lines: Iterator[str]) -> None:
+        try:
+            for line in lines:
+                if not self._put(line):
+                    break
+            else:
+                self._put(_END)
+        except BaseException as exc:  # noqa: BLE001  (handed to the encoding thread, which raises it)
+            self._put(exc)
+        finally:
+            close = getattr(lines, "close", None)
+            if close is not None:
+                close()  # a generator's files (read_lines)
+
+    def get(self, timeout: float | None) -> object:
+        """The next line or _END; queue.Empty after `timeout` seconds without one."""
+        while True:
+            try:
+                item = self.items.popleft()
+            except IndexError:
+                self.ready.clear()
+                if not self.items and not self.ready.wait(timeout):  # (an append just before the clear is seen)
+                    raise queue.Empty from None
+                continue
+            if not self.room.is_set():
+                self.room.set()
+            if isinstance(item, BaseException):
+                raise item
+            return item
+
+    def close(self) -> None:
+        """Stop reading ahead (a thread blocked reading stdin ends with the process)."""
+        self.stopped.set()
+        self.room.set()
 
 
 class Writer:

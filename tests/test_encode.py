@@ -285,16 +285,27 @@ def test_closed_pipe_and_streaming(trained):
     command = f"set -o pipefail; seq 1 5000 | {sys.executable} -m bertcli encode --model {trained} | head -3"
     proc = subprocess.run(command, shell=True, cwd=REPO, capture_output=True, text=True, executable="/bin/bash")
     assert len(proc.stdout.splitlines()) == 3 and proc.stderr == "" and proc.returncode == 0  # pipefail: bertcli's code
-    # Rows come out before the input ends: send one window (2 x 32 lines) and read it back.
-    p = subprocess.Popen([sys.executable, "-m", "bertcli", "encode", "--model", str(trained), "--batch-size", "2"],
-                         cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    p.stdin.write("".join(f"line {i}\n" for i in range(64)))
+    # Rows come out while the input is still open, a window far from full: a slow producer (tail -f)
+    # sees the rows of the lines it has written once its input stalls.
+    import os
+    import select
+    import time
+
+    p = subprocess.Popen([sys.executable, "-m", "bertcli", "encode", "--model", str(trained)],
+                         cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdin.write(b"line 1\nline 2\nline 3\n")
     p.stdin.flush()
-    first = p.stdout.readline()  # blocks until the first window is written, stdin still open
-    assert json.loads(first)["line"] == 1
+    rows, deadline = b"", time.monotonic() + 30  # start-up (imports, model) included
+    while rows.count(b"\n") < 3 and select.select([p.stdout], [], [], max(0.0, deadline - time.monotonic()))[0]:
+        chunk = os.read(p.stdout.fileno(), 1 << 16)
+        if not chunk:
+            break
+        rows += chunk
+    assert [json.loads(row)["line"] for row in rows.splitlines()] == [1, 2, 3], p.poll()
+    p.stdin.write(b"".join(f"line {i}\n".encode() for i in range(4, 65)))
     p.stdin.close()
     rest = p.stdout.read().splitlines()
-    assert p.wait(timeout=60) == 0 and len(rest) == 63
+    assert p.wait(timeout=60) == 0 and [json.loads(row)["line"] for row in rest] == list(range(4, 65))
 
 
 @pytest.mark.slow
