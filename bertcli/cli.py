@@ -254,7 +254,8 @@ def encode(
     fmt: Optional[Format] = typer.Option(None, "--format", "-f", help="jsonl, tsv or npy. Default: from the --output "
                                          "suffix (.npy, .tsv), else jsonl."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", metavar="FILE", help="Write the rows to this file (atomically) instead "
-                                          "of stdout; needed for npy. Replaced if it exists; never an input file."),
+                                          "of stdout; needed for npy. Replaced if it exists; never an input file, "
+                                          "nor inside bertcli's own folders."),
     with_text: bool = typer.Option(False, "--with-text", help="Add the text to each row (tsv: as the first column, "
                                    "TAB and backslash escaped as \\t and \\\\)."),
     tokens: bool = typer.Option(False, "--tokens", help="Per-token vectors (JSONL): tokens and one vector each."),
@@ -303,7 +304,8 @@ def encode(
         writer = enc_mod.Writer(fmt.value, sys.stdout, output, with_text)
         try:
             counts = enc_mod.encode(encoder, enc_mod.read_lines(inputs or [], errors), writer, settings.pooling, layer,
-                                    settings.normalize, batch_size, settings.max_length, pairs, tokens, strict_pairs)
+                                    settings.normalize, batch_size, settings.max_length, pairs, tokens, strict_pairs,
+                                    enc_mod.may_stall(inputs or []))
             hold_signals()  # the output goes into place whole: a signal now waits until it is there
             writer.close(encoder.model.config.hidden_size)
         except BaseException as exc:

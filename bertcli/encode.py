@@ -3,17 +3,23 @@
 Lines are read a window at a time (32 batches), tokenized together, sorted by length inside the
 window so that each batch carries little padding, run through the encoder under
 torch.inference_mode, and written back in input order before the next window is read: memory is
-bounded whatever the input's length, and a consumer sees rows while the input still flows.
+bounded whatever the input's length, and a consumer sees rows while the input still flows. A
+window is written early when the input stalls (STALL_SECONDS), so a slow producer sees its rows.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import io
 import json
 import os
+import queue
 import shutil
+import stat
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,12 +28,12 @@ from typing import BinaryIO, TextIO
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, normalizers, pre_tokenizers
 from torch.overrides import TorchFunctionMode
 
 from bertcli import atomic, checkpoint, hf, runtime
 from bertcli.config import ModelConfig, TokenizerConfig
-from bertcli.data.tokenizer import load_tokenizer, read_tokenizer_json
+from bertcli.data.tokenizer import find_tokenizer_file, load_tokenizer, read_tokenizer_json
 from bertcli.errors import PipeClosed, UsageError
 from bertcli.model import BertForPreTraining, padding_mask
 from bertcli.sbert import SentenceModel, read_sentence_model
@@ -41,6 +47,18 @@ WINDOW_BATCHES = 32
 # it is mapped, and page-faulted, afresh at every allocation). MiniLM, 1,000 paragraphs, 2 threads:
 # 14.0 s with 64 texts per batch, 12.0 s with this cap (scripts/bench_encode.py for whole runs).
 CPU_BATCH_BYTES = 8 << 20
+# When no line comes for STALL_SECONDS, or the oldest line read has waited MAX_WAIT_SECONDS, the
+# lines read so far are encoded and written: a slow producer (tail -f, a pipeline) sees its rows.
+# Input that flows fills whole windows. READ_AHEAD: lines read ahead while a window is encoded.
+STALL_SECONDS = 0.15
+MAX_WAIT_SECONDS = 1.0
+READ_AHEAD = 4096
+# A text longer than PREFIX_START characters per token of the length limit is tokenized from a prefix
+# that provably gives the whole text's first tokens (see Prefixes), grown 4-fold while it does not,
+# up to PREFIX_CAP characters per token: beyond that (a line of blanks or of words longer than a
+# word piece, say) the prefix is used anyway and the line counted as truncated.
+PREFIX_START = 8
+PREFIX_CAP = 1000
 
 
 class NotReproducible(UsageError):
@@ -104,10 +122,11 @@ def load_encoder(path: Path, device: torch.device, precision: str = "fp32") -> E
     if hf.is_hf_folder(folder):
         if not any((folder / name).is_file() for name in checkpoint.TOKENIZER_FILES):  # before the weights load
             raise UsageError(f"{folder}: no tokenizer.json or vocab.txt; copy the model's tokenizer files into it")
-        cfg = hf.read_hf_config(folder)
+        cfg = hf.read_hf_config(folder)  # its sizes checked against the weights file
+        tokenizer = load_tokenizer(folder, TokenizerConfig())  # a vocab.txt follows its tokenizer_config.json
+        hf.check_tokenizer(tokenizer, cfg, find_tokenizer_file(folder))
         model = _uninitialised(cfg)
         fresh, source = tuple(hf.init_from(model, folder, uninitialised=True)), folder
-        tokenizer = load_tokenizer(folder, TokenizerConfig())  # a vocab.txt follows its tokenizer_config.json
     else:
         if sentence is not None:
             raise UsageError(f"{folder}: no config.json, where {path / 'modules.json'} puts the BERT model; restore "
@@ -121,11 +140,13 @@ def load_encoder(path: Path, device: torch.device, precision: str = "fp32") -> E
         ckpt = hf.find_checkpoint(path)
         fresh, source = (), ckpt  # a checkpoint holds every weight (loaded strictly)
         cfg = checkpoint.read_config(ckpt).model
-        model = _uninitialised(cfg)
-        checkpoint.load_weights(model, ckpt)  # strict: every weight
         if not (ckpt / "tokenizer.json").is_file():
             raise UsageError(f"{ckpt}: no tokenizer.json (a synthetic-corpus run has no tokenizer to encode text with)")
         tokenizer = read_tokenizer_json(ckpt / "tokenizer.json")
+        hf.check_weights(ckpt, cfg)  # before anything of the config's size is built
+        hf.check_tokenizer(tokenizer, cfg, ckpt / "tokenizer.json")
+        model = _uninitialised(cfg)
+        checkpoint.load_weights(model, ckpt)  # strict: every weight
     model.to(device).eval()
     return Encoder(model, tokenizer, runtime.Runtime(device, precision), sentence, fresh, source)
 
@@ -213,6 +234,84 @@ def _open(path: str) -> BinaryIO:
     return open(path, "rb")  # a file gone since the check: an OSError, one line from the CLI
 
 
+class Prefixes:
+    """Texts far longer than the length limit can use, cut before tokenizing: tokenizing a whole line
+    costs time and memory in its length (an 18.8 MB line: 19 s and 3.1 GB for one 256-token vector).
+
+    A prefix gives the whole text's first tokens, and so its truncated encoding, when more than the
+    limit's tokens of it come from words that it holds whole. BERT's normaliser and pre-tokenizer
+    decide word boundaries character by character, so every word of a prefix but its last is one of
+    the whole text's, tokenized alike; an added token ([MASK]) could start within its own length of
+    the end and continue past it, so words reaching into those last characters are not counted
+    either. The tokens of a prefix that count are read from its encoding (word ids, offsets).
+    Tokenizers of other kinds are never cut. A pair's sides are cut alone; where one is cut and the
+    other whole, the cut one must also keep more tokens than the other has, so that truncation
+    (longest first) still sees which is longer. Both sides cut: which one keeps the odd token of an
+    odd budget follows their prefixes, the one way the vectors can differ from the whole line's."""
+
+    def __init__(self, tok: Tokenizer, max_length: int) -> None:
+        added = list(tok.get_added_tokens_decoder().values())
+        self.enabled = (isinstance(tok.pre_tokenizer, pre_tokenizers.BertPreTokenizer)
+                        and (tok.normalizer is None or isinstance(tok.normalizer, normalizers.BertNormalizer))
+                        and not any(a.normalized for a in added))
+        self.added = max((len(a.content) for a in added), default=0)
+        self.budget = {pair: max(1, max_length - tok.num_special_tokens_to_add(pair)) for pair in (False, True)}
+        self.source, self.probe = tok, None  # probe: a copy that does not truncate, made at the first long text
+
+    def _encode(self, text: str):  # noqa: ANN202  (a tokenizers Encoding)
+        """`text` tokenized whole, without special tokens."""
+        if self.probe is None:
+            self.probe = Tokenizer.from_str(self.source.to_str())
+            self.probe.no_truncation()
+            self.probe.no_padding()
+        return self.probe.encode(text, add_special_tokens=False)
+
+    def _stable(self, prefix: str) -> int:
+        """How many leading tokens of `prefix` (no special tokens) any text starting with it shares."""
+        e = self._encode(prefix)
+        words, offsets = e.word_ids, e.offsets
+        if not words:
+            return 0
+        last, limit, ends = words[-1], len(prefix) - self.added, {}
+        for word, (_, end) in zip(words, offsets):
+            ends[word] = max(ends.get(word, 0), end)
+        count = 0
+        for word, (_, end) in zip(words, offsets):
+            if word == last or (ends[word] if word is not None else end) > limit:
+                break
+            count += 1
+        return count
+
+    def _cut(self, text: str, need: int) -> tuple[str, bool]:
+        """`text`, or a prefix of it with more than `need` tokens shared with it; True: cut at the cap, unproven."""
+        size = need * PREFIX_START
+        while size < len(text):
+            prefix = text[:size]
+            if self._stable(prefix) > need:
+                return prefix, False
+            if size >= need * PREFIX_CAP:
+                return prefix, True
+            size = min(4 * size, need * PREFIX_CAP)
+        return text, False
+
+    def _long(self, text: str, pair: bool) -> bool:
+        return len(text) > self.budget[pair] * PREFIX_START
+
+    def cut(self, item: str | tuple[str, str]) -> tuple[str | tuple[str, str], bool]:
+        """A text (or pair) to tokenize in place of `item`, and whether it lost text unproven (truncated)."""
+        if not self.enabled:
+            return item, False
+        if isinstance(item, str):
+            return self._cut(item, self.budget[False]) if self._long(item, False) else (item, False)
+        budget, sides = self.budget[True], item
+        cuts = [self._cut(x, budget) if self._long(x, True) else (x, False) for x in sides]
+        whole = [len(x) == len(side) for (x, _), side in zip(cuts, sides)]
+        if whole[0] != whole[1]:  # the cut side must keep more tokens than the whole one has
+            kept = whole.index(True)
+            cuts[1 - kept] = self._cut(sides[1 - kept], max(budget, len(self._encode(sides[kept]).ids)))
+        return (cuts[0][0], cuts[1][0]), cuts[0][1] or cuts[1][1]
+
+
 def _pool(hidden: torch.Tensor, valid_lens: torch.Tensor, pooling: str, model: BertForPreTraining) -> torch.Tensor:
     """(B, T, H) -> (B, H). mean and max run over every non-padding position, [CLS] and [SEP]
     included (the convention of sentence-embedding libraries)."""
@@ -257,10 +356,12 @@ def _batches(order: list[int], lengths: list[int], rows: int, max_tokens: int | 
 
 def encode(enc: Encoder, lines: Iterator[str], out: "Writer", pooling: str | None = None, layer: int = -1,
            normalize: bool | None = None, batch_size: int = 32, max_length: int | None = None, pairs: bool = False,
-           per_token: bool = False, strict_pairs: bool = False) -> dict[str, int]:
+           per_token: bool = False, strict_pairs: bool = False, input_may_stall: bool = True) -> dict[str, int]:
     """Encode every line and hand the rows to `out` in input order; return counts. None for
     pooling, normalize or max_length: see `resolve`. With `pairs`, a line without a TAB is one
-    sentence (counted in "unpaired"), or an error when `strict_pairs`."""
+    sentence (counted in "unpaired"), or an error when `strict_pairs`. `input_may_stall` (see
+    `may_stall`; False for regular files): lines are read by a thread of their own, and those read
+    are written when no more come for STALL_SECONDS."""
     layer, last = enc.model.bert.layer_index(layer), len(enc.model.blocks)  # IndexError out of range
     settings = resolve(enc, pooling, normalize, max_length, per_token)
     pooling, normalize = settings.pooling, settings.normalize
@@ -270,6 +371,7 @@ def encode(enc: Encoder, lines: Iterator[str], out: "Writer", pooling: str | Non
         raise UsageError(f"{enc.source}: has no pooler weights, so pooling 'pooler' would be random; pick cls, mean "
                          "or max")
     enc.tokenizer.enable_truncation(settings.max_length)
+    prefixes = Prefixes(enc.tokenizer, settings.max_length)
     max_tokens = None
     if enc.rt.device.type == "cpu":  # token slots whose widest activation fits CPU_BATCH_BYTES (2 bytes under autocast)
         itemsize = (enc.rt.autocast_dtype or torch.float32).itemsize
@@ -292,8 +394,9 @@ def encode(enc: Encoder, lines: Iterator[str], out: "Writer", pooling: str | Non
                 raise Unpaired(f"{line.source}: line {line.number}" if isinstance(line, Line) else
                                f"input line {counts['lines'] + unpaired[0] + 1}")
             counts["unpaired"] += len(unpaired)
-        encodings = enc.tokenizer.encode_batch(inputs, add_special_tokens=True)
-        counts["truncated"] += sum(1 for e in encodings if e.overflowing)
+        cuts = [prefixes.cut(x) for x in inputs]  # a text far past the limit: only a prefix is tokenized
+        encodings = enc.tokenizer.encode_batch([x for x, _ in cuts], add_special_tokens=True)
+        counts["truncated"] += sum(1 for e, (_, unproven) in zip(encodings, cuts) if e.overflowing or unproven)
         lengths = [len(e.ids) for e in encodings]
         order = sorted(range(len(window)), key=lengths.__getitem__)
         rows: list = [None] * len(window)
@@ -315,13 +418,115 @@ def encode(enc: Encoder, lines: Iterator[str], out: "Writer", pooling: str | Non
         counts["lines"] += len(window)
         window.clear()
 
-    for line in lines:
-        window.append(line)
-        if len(window) >= batch_size * WINDOW_BATCHES:
-            flush()
-    flush()
-    enc.tokenizer.no_truncation()
+    reader = _Reader(lines) if input_may_stall else _Direct(lines)
+    try:
+        first = 0.0  # when the window's first line came
+        while True:
+            try:  # with lines pending, wait for more only while the input flows (a slow producer: tail -f)
+                wait = min(STALL_SECONDS, first + MAX_WAIT_SECONDS - time.monotonic()) if window else None
+                line = reader.get(max(wait, 0.0) if wait is not None else None)
+            except queue.Empty:
+                flush()
+                continue
+            if line is _END:
+                break
+            if not window:
+                first = time.monotonic()
+            window.append(line)
+            if len(window) >= batch_size * WINDOW_BATCHES:
+                flush()
+        flush()
+    finally:
+        reader.close()
+        enc.tokenizer.no_truncation()
     return counts
+
+
+_END = object()  # after the last line
+
+
+def may_stall(sources: list[str]) -> bool:
+    """Whether reading `sources` ('-': stdin) can wait on a producer: a pipe, a terminal, a FIFO."""
+    for source in sources or ["-"]:
+        try:
+            mode = os.fstat(sys.stdin.fileno()).st_mode if source == "-" else os.stat(source).st_mode
+        except (OSError, ValueError):  # no stdin of its own (in-process), or a file gone: ask no more
+            return True
+        if not stat.S_ISREG(mode):
+            return True
+    return False
+
+
+class _Direct:
+    """Lines of regular files, read as encode asks for them: they come as fast as they can be read."""
+
+    def __init__(self, lines: Iterator[str]) -> None:
+        self.lines = iter(lines)
+
+    def get(self, timeout: float | None) -> object:
+        return next(self.lines, _END)
+
+    def close(self) -> None:
+        pass
+
+
+class _Reader:
+    """The input lines, read ahead by a thread of their own, so that encode sees when the input
+    stalls and writes what it has instead of waiting for a window to fill. What reading raises
+    (a line that is not UTF-8, say) is raised again by `get`. The lines pass through a deque
+    (atomic appends and pops): events are set only when the other side may be waiting, so a line
+    costs well under a microsecond (queue.Queue: about 10)."""
+
+    def __init__(self, lines: Iterator[str]) -> None:
+        self.items: collections.deque = collections.deque()
+        self.ready, self.room, self.stopped = threading.Event(), threading.Event(), threading.Event()
+        self.room.set()
+        threading.Thread(target=self._read, args=(lines,), name="bertcli-encode-input", daemon=True).start()
+
+    def _put(self, item: object) -> bool:
+        self.items.append(item)
+        if not self.ready.is_set():
+            self.ready.set()
+        while len(self.items) >= READ_AHEAD:  # far enough ahead: wait for room (a lost wake-up costs 0.1 s)
+            self.room.clear()
+            if len(self.items) >= READ_AHEAD and not self.room.wait(0.1) and self.stopped.is_set():
+                return False
+        return not self.stopped.is_set()
+
+    def _read(self, lines: Iterator[str]) -> None:
+        try:
+            for line in lines:
+                if not self._put(line):
+                    break
+            else:
+                self._put(_END)
+        except BaseException as exc:  # noqa: BLE001  (handed to the encoding thread, which raises it)
+            self._put(exc)
+        finally:
+            close = getattr(lines, "close", None)
+            if close is not None:
+                close()  # a generator's files (read_lines)
+
+    def get(self, timeout: float | None) -> object:
+        """The next line or _END; queue.Empty after `timeout` seconds without one."""
+        while True:
+            try:
+                item = self.items.popleft()
+            except IndexError:
+                self.ready.clear()
+                if not self.items and not self.ready.wait(timeout):  # (an append just before the clear is seen)
+                    raise queue.Empty from None
+                continue
+            if not self.room.is_set():
+                self.room.set()
+            if isinstance(item, BaseException):
+                raise item
+            return item
+
+    def close(self) -> None:
+        """Stop reading ahead (a thread blocked reading stdin ends with the process)."""
+        self.stopped.set()
+        self.room.set()
 
 
 class Writer:

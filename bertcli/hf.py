@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 import safetensors
 import safetensors.torch
 import torch
+from tokenizers import Tokenizer
 
 from bertcli import __version__, atomic, checkpoint, console, ownership
 from bertcli.config import Config, ModelConfig, TokenizerConfig
@@ -77,6 +79,7 @@ def export(source: Path, out_dir: Path, force: bool = False) -> Path:
     guard(out_dir)
     cfg = checkpoint.read_config(ckpt)
     m = cfg.model
+    check_weights(ckpt, m)  # an export whose config.json claims other sizes would load nowhere
     weights = safetensors.torch.load_file(ckpt / "model.safetensors")
     for key in ("bert.embeddings.word_embeddings.weight", "cls.predictions.bias"):
         weights[key] = weights[key][: m.vocab_size].contiguous()  # drop the speed padding rows
@@ -129,7 +132,49 @@ def read_hf_config(folder: Path) -> ModelConfig:
             values[name] = raw[name]
     if raw.get("position_embedding_type", "absolute") != "absolute":
         raise UsageError(f"{file}: position_embedding_type {raw['position_embedding_type']!r} is not supported (absolute only)")
-    return model_config_from_dict(values, str(file))  # strict: types, choices, divisibility
+    cfg = model_config_from_dict(values, str(file))  # strict: types, choices, divisibility
+    check_weights(folder, cfg)  # before anything of its size is built
+    return cfg
+
+
+# The sizes of a config against the weights file's tensors: (config fields, a tensor holding them as its shape).
+SIZED = [(("vocab_size", "hidden_size"), "bert.embeddings.word_embeddings.weight"),
+         (("max_position_embeddings", "hidden_size"), "bert.embeddings.position_embeddings.weight"),
+         (("type_vocab_size", "hidden_size"), "bert.embeddings.token_type_embeddings.weight"),
+         (("intermediate_size", "hidden_size"), "bert.encoder.layer.0.intermediate.dense.weight")]
+
+
+def check_weights(folder: Path, cfg: ModelConfig) -> None:
+    """Refuse (exit 2) a config whose sizes are not those of the tensors in `folder`'s
+    model.safetensors (a Hugging Face folder or a checkpoint: vocabulary rows padded or not), read
+    from the file's header alone; safetensors checks the header against the file's length. A model
+    of `cfg` then costs about what the file holds: a config.json claiming absurd sizes (damage, or
+    the config of another model) is one line, not an allocation that fails or runs for minutes."""
+    folder = Path(folder)
+    shapes, config = stored_shapes(folder), folder / ("config.json" if is_hf_folder(folder) else "config.yaml")
+    mismatch = "the two do not belong together (one is damaged, or from another model): restore the folder's files"
+    layers = {int(m.group(1)) for key in shapes if (m := re.match(r"bert\.encoder\.layer\.(\d+)\.", key))}
+    if len(layers) != cfg.num_hidden_layers:
+        raise UsageError(f"{config} says num_hidden_layers {cfg.num_hidden_layers:,}, but model.safetensors holds "
+                         f"{len(layers):,} layers: {mismatch}")
+    for fields, key in SIZED:
+        expected = tuple(getattr(cfg, name) for name in fields)
+        if key not in shapes:
+            raise UsageError(f"{folder / 'model.safetensors'}: the encoder is incomplete (no {key}); restore the file")
+        rows = {expected[0], padded_vocab_size(cfg)} if fields[0] == "vocab_size" else {expected[0]}
+        if len(shapes[key]) != 2 or shapes[key][0] not in rows or shapes[key][1] != expected[1]:
+            said = " and ".join(f"{name} {getattr(cfg, name):,}" for name in fields)
+            raise UsageError(f"{config} says {said}, but model.safetensors holds {key} of shape "
+                             f"{tuple(shapes[key])}: {mismatch}")
+
+
+def check_tokenizer(tok: Tokenizer, cfg: ModelConfig, file: Path) -> None:
+    """Refuse (exit 2) a tokenizer with ids past the model's vocab_size: they would index padding
+    rows or nothing (an IndexError mid-run); such a tokenizer belongs to another model."""
+    top = max(tok.get_vocab(with_added_tokens=True).values(), default=-1)
+    if top >= cfg.vocab_size:
+        raise UsageError(f"{file}: token ids go up to {top:,} but the model has vocab_size {cfg.vocab_size:,}; the "
+                         "tokenizer belongs to another model: restore the model's own tokenizer files")
 
 
 def _rename(key: str) -> str | None:
@@ -302,7 +347,9 @@ def continued_pretraining(source: Path, preset: str, overrides: list[str]) -> tu
     except UsageError:
         tokenizer = None  # prepare trains one, as without --init-from
     if tokenizer is not None:
-        casing = describe(load_tokenizer(tokenizer, TokenizerConfig()))
+        loaded = load_tokenizer(tokenizer, TokenizerConfig())
+        check_tokenizer(loaded, imported, tokenizer)
+        casing = describe(loaded)
         values.append(f"data.tokenizer.path={json.dumps(str(source))}")
         values += [f"data.tokenizer.{k}={casing[k]}" for k in ("lowercase", "strip_accents") if k in casing]
     scratch = preset_config(preset, values + overrides)

@@ -137,9 +137,10 @@ def check_apart(target: Path, inputs: list[Input], fix: str) -> None:
 
 def check_output_file(output: Path, inputs: list[Path], model: Path) -> Path:
     """The resolved path for a file output such as `encode --output`: a file the user names is
-    replaced (as with any -o), but never a folder, one of the input files, or a file of the model
+    replaced (as with any -o), but never a folder, one of the input files, a file of the model
     (inside a checkpoint or Hugging Face folder, or a run folder's checkpoints/; a run folder's other
-    files are not read). Resolved, so that an output that is a symbolic link is written through."""
+    files are not read), nor a new file inside a folder bertcli owns (see `owner`). Resolved, so
+    that an output that is a symbolic link is written through."""
     read = Path(model) / "checkpoints" if (Path(model) / "checkpoints").is_dir() else Path(model)
     resolved = Path(output).expanduser().resolve()
     if resolved.is_dir():
@@ -155,7 +156,37 @@ def check_output_file(output: Path, inputs: list[Path], model: Path) -> Path:
     if resolved.exists() and relation(resolved, read) == "is inside":
         raise UsageError(f"--output {output} is a file of the model {model}; writing there would destroy it: "
                          "name another file")
+    owned = owner(resolved.parent)
+    if owned is not None:
+        outside = owned[0].parent
+        while owner(outside) is not None:
+            outside = outside.parent
+        raise UsageError(f"--output {output} is inside {owned[0]}, {owned[1]} of bertcli's (it replaces such folders "
+                         "whole, and refuses one holding a file it did not write): name a file outside it, e.g. "
+                         f"{outside / resolved.name}")
     return resolved
+
+
+def owner(folder: Path) -> tuple[Path, str] | None:
+    """The nearest folder at or above `folder` that bertcli writes whole or prunes (a checkpoint,
+    prepared data, an export, a run's checkpoints/ folder) and what it is; None: no such folder.
+    Outputs the user names go elsewhere (see check_output_file)."""
+    from bertcli import checkpoint, hf
+    from bertcli.data import prepare
+
+    layouts = (checkpoint.layout(), prepare.LAYOUT, hf.EXPORT)
+
+    def proves(folder: Path, layout: Layout) -> bool:
+        proof = folder / layout.proof
+        return _is_proof(proof) or (layout.damaged_proof_counts and proof.is_file())
+
+    for at in (folder, *folder.parents):
+        for layout in layouts:
+            if proves(at, layout):
+                return at, layout.noun
+        if at == checkpoint.checkpoints_dir(at.parent) and any(proves(child, layouts[0]) for child in at.iterdir()):
+            return at, "a run's checkpoints folder"
+    return None
 
 
 def check_config_replaceable(path: Path) -> None:

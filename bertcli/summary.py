@@ -137,6 +137,7 @@ def inspect_path(path: Path) -> dict[str, Any]:
         kind, cfg = "config", resolve.load_run(path, adopt_init_from=False)
     elif checkpoint.is_checkpoint(path):
         kind, cfg = "checkpoint", _checkpoint_config(path)
+        hf.check_weights(path, cfg.model)  # its sizes are the weights' (before a model of them is built, on meta)
         training = _training(path.parent.parent, cfg, only=path)
     elif (path / "config.yaml").is_file():
         kind, cfg = "run", resolve.load_run(path / "config.yaml", adopt_init_from=False)
@@ -209,7 +210,9 @@ def folder_report(path: Path) -> dict[str, Any]:
     except UsageError:
         report["tokenizer"] = None
     else:
-        report["tokenizer"] = {"file": str(tok_file), **describe(load_tokenizer(tok_file, TokenizerConfig()))}
+        tok = load_tokenizer(tok_file, TokenizerConfig())
+        hf.check_tokenizer(tok, model, tok_file)
+        report["tokenizer"] = {"file": str(tok_file), **describe(tok)}
     if sentence:
         report["sentence_transformers"] = {"pooling": sentence.pooling, "normalize": sentence.normalize,
                                            "max_seq_length": sentence.max_seq_length,

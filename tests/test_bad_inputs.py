@@ -60,6 +60,32 @@ def _hf_without(run: Path, folder: Path, *names: str) -> Path:
     return out
 
 
+def _hf_claiming(run: Path, folder: Path, key: str, value: int) -> Path:
+    """The run exported as a Hugging Face folder whose config.json claims another size than its weights."""
+    import json
+
+    out = _hf_without(run, folder)
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps(config | {key: value}))
+    return out
+
+
+def _hf_with_a_larger_tokenizer(run: Path, folder: Path) -> Path:
+    """The run exported as a Hugging Face folder whose vocab.txt has more tokens than the model has rows."""
+    out = _hf_without(run, folder, "tokenizer.json")
+    (out / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(1100)]))
+    return out
+
+
+def _ckpt_claiming(run: Path, folder: Path, line: str, value: str) -> Path:
+    """A copy of a run's checkpoint whose config.yaml claims another size than its weights."""
+    ckpt = Path(shutil.copytree(run / "checkpoints" / "step-0000004", folder / "ckpt"))
+    text = (ckpt / "config.yaml").read_text()
+    assert line in text
+    (ckpt / "config.yaml").write_text(text.replace(line, value, 1))
+    return ckpt
+
+
 def _with_checkpoint(base, folder: Path) -> Path:
     """A micro run config in `folder` whose output_dir already holds a checkpoint."""
     config = write_config(folder)
@@ -220,6 +246,21 @@ CASES = [
                                                   _write(d, "in.txt", "a\n")], 2, "no tokenizer.json or vocab.txt; copy"),
     ("encode-hf-without-weights", lambda d, b: ["encode", "--model", _hf_without(b["text"], d, "model.safetensors"),
                                                 _write(d, "in.txt", "a\n")], 2, "no model.safetensors; a Hugging Face folder"),
+    ("encode-hf-config-claims-other-sizes", lambda d, b: ["encode", "--model", _hf_claiming(b["text"], d, "hidden_size", 4_000_000),
+                                                          _write(d, "in.txt", "a\n")], 2,
+     "hidden_size 4,000,000, but model.safetensors holds bert.embeddings.word_embeddings.weight of shape (1000, 32)"),
+    ("inspect-hf-config-claims-other-sizes", lambda d, b: ["inspect", _hf_claiming(b["text"], d, "max_position_embeddings", 10**10)],
+     2, "config.json says max_position_embeddings 10,000,000,000 and hidden_size 32, but model.safetensors holds"),
+    ("init-from-hf-config-claims-other-layers", lambda d, b: ["init", d / "run", "--init-from",
+                                                              _hf_claiming(b["text"], d, "num_hidden_layers", 100_000)], 2,
+     "says num_hidden_layers 100,000, but model.safetensors holds 2 layers"),
+    ("encode-hf-tokenizer-past-the-vocabulary", lambda d, b: ["encode", "--model", _hf_with_a_larger_tokenizer(b["text"], d),
+                                                              _write(d, "in.txt", "w1090\n")], 2,
+     "vocab.txt: token ids go up to 1,104 but the model has vocab_size 1,000"),
+    ("export-checkpoint-config-claims-other-sizes", lambda d, b: ["export", _ckpt_claiming(b["text"], d, "intermediate_size: 64",
+                                                                                          "intermediate_size: 64000000000"),
+                                                                  d / "out"], 2,
+     "config.yaml says intermediate_size 64,000,000,000 and hidden_size 32, but model.safetensors holds"),
     ("export-existing-folder", lambda d, b: ["export", b["text"], (d / "out").mkdir() or d / "out"], 2, "pass --force"),
     ("export-no-checkpoint", lambda d, b: ["export", d, d / "out"], 2, "no checkpoint here"),
     ("inspect-missing", lambda d, b: ["inspect", d / "nothing"], 2, "no such file or folder"),

@@ -137,6 +137,80 @@ def test_cpu_batches_are_capped_in_token_slots(trained, monkeypatch):
         np.testing.assert_allclose(a["vector"], b["vector"], rtol=1e-4, atol=1e-4)
 
 
+def _without_cutting(monkeypatch):
+    """encode as before texts were cut: every line tokenized whole."""
+    import bertcli.encode as encode_mod
+
+    monkeypatch.setattr(encode_mod.Prefixes, "cut", lambda self, item: (item, False))
+
+
+def test_a_very_long_line_is_tokenized_from_a_prefix(trained, monkeypatch):
+    """Only a prefix of a line far longer than the limit is tokenized (an 18.8 MB line took 19 s and
+    3.1 GB), with the vector of the whole line; a prefix that proves nothing (blanks) is cut at
+    PREFIX_CAP characters per token and the line counted as truncated."""
+    import io
+
+    import bertcli.encode as encode_mod
+
+    seen: list = []
+
+    class Spy:  # the tokenizer, recording what it is given
+        def __init__(self, tok) -> None:
+            self.tok = tok
+
+        def __getattr__(self, name):
+            return getattr(self.tok, name)
+
+        def encode_batch(self, inputs, **kwargs):
+            seen.extend(inputs)
+            return self.tok.encode_batch(inputs, **kwargs)
+
+    enc = load_encoder(trained, torch.device("cpu"))
+    enc.tokenizer = Spy(enc.tokenizer)
+    lines = ["modules and packages are explained here . " * 5_000, " " * 100_000 + "words past the cap"]
+    stream = io.StringIO()
+    counts = encode(enc, iter(lines), Writer("jsonl", stream, None, False))
+    budget = enc.max_length - 2
+    assert [len(x) for x in seen] == [budget * encode_mod.PREFIX_START, budget * encode_mod.PREFIX_CAP]
+    assert counts == {"lines": 2, "truncated": 2, "unpaired": 0}
+    _without_cutting(monkeypatch)
+    whole, _ = run_encode(trained, lines[:1])
+    assert json.loads(stream.getvalue().splitlines()[0]) == whole[0]
+
+
+def test_cutting_long_texts_keeps_every_vector(trained, monkeypatch):
+    """Texts about as long as cutting starts at, and far longer, of short words, words longer than a
+    word piece (100 characters: [UNK]), blanks, [MASK] across the cut, removed characters, CJK,
+    accents, pairs with one side long (the other even past the budget): tokens, vectors and the
+    count of truncated lines are those of the whole texts."""
+    import random
+
+    rng = random.Random(0)
+    pieces = ["a", "the", "word", "[MASK]", "東京", "café", "e\u0301", "x" * 99, "y" * 100, "z" * 101, "q" * 150, ",",
+              "foo\x00bar", "\u3000", "  ", "[SEP]", "MASK", "["]
+
+    def text(size: int) -> str:
+        out = ""
+        while len(out) < size:
+            out += rng.choice(pieces) + (" " if rng.random() < 0.6 else "")
+        return out
+
+    start = 14 * 8  # --max-length 16: 14 tokens besides [CLS] and [SEP], PREFIX_START characters each
+    lines = ["a " * (n // 2) for n in range(start - 6, start + 8)] + ["a " * 3_000]
+    lines += [f"{'b ' * (n // 2)}[MASK] c d e f g h i j k l m n o p" for n in range(start - 10, start + 2)]
+    lines += [(w + " ") * 40 for w in ("x" * 99, "y" * 100, "z" * 101, "q" * 150)]
+    lines += [" " * 500 + "the python tutorial " * 5, "foo\x00bar " * 40, "東京" * 100, "café " * 40, "e\u0301" * 300]
+    lines += [text(rng.choice([start - 3, start + 3, 3 * start, 20 * start])) for _ in range(24)]
+    lines += ["a " * 200 + "\tb c d", "short\t" + "x y " * 300, "a b c d e f g h i j k l m n o p q r\t" + "w " * 100,
+              "a b c d e f g h i j k l m n o p q r\t" + "w " * 9 + "v" * 150, " " * 300 + "a b\t" + "c " * 200]
+    cut, cut_counts = run_encode(trained, lines, max_length=16, per_token=True, pairs=True)
+    _without_cutting(monkeypatch)
+    whole, whole_counts = run_encode(trained, lines, max_length=16, per_token=True, pairs=True)
+    assert cut_counts == whole_counts and cut_counts["truncated"] > 30
+    for line, a, b in zip(lines, cut, whole):
+        assert a == b, line
+
+
 def test_normalize_layer_tokens_and_pairs(trained):
     rows, _ = run_encode(trained, LINES, normalize=True)
     assert all(abs(np.linalg.norm(r["vector"]) - 1) < 1e-4 for r in rows)
@@ -211,16 +285,27 @@ def test_closed_pipe_and_streaming(trained):
     command = f"set -o pipefail; seq 1 5000 | {sys.executable} -m bertcli encode --model {trained} | head -3"
     proc = subprocess.run(command, shell=True, cwd=REPO, capture_output=True, text=True, executable="/bin/bash")
     assert len(proc.stdout.splitlines()) == 3 and proc.stderr == "" and proc.returncode == 0  # pipefail: bertcli's code
-    # Rows come out before the input ends: send one window (2 x 32 lines) and read it back.
-    p = subprocess.Popen([sys.executable, "-m", "bertcli", "encode", "--model", str(trained), "--batch-size", "2"],
-                         cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    p.stdin.write("".join(f"line {i}\n" for i in range(64)))
+    # Rows come out while the input is still open, a window far from full: a slow producer (tail -f)
+    # sees the rows of the lines it has written once its input stalls.
+    import os
+    import select
+    import time
+
+    p = subprocess.Popen([sys.executable, "-m", "bertcli", "encode", "--model", str(trained)],
+                         cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdin.write(b"line 1\nline 2\nline 3\n")
     p.stdin.flush()
-    first = p.stdout.readline()  # blocks until the first window is written, stdin still open
-    assert json.loads(first)["line"] == 1
+    rows, deadline = b"", time.monotonic() + 30  # start-up (imports, model) included
+    while rows.count(b"\n") < 3 and select.select([p.stdout], [], [], max(0.0, deadline - time.monotonic()))[0]:
+        chunk = os.read(p.stdout.fileno(), 1 << 16)
+        if not chunk:
+            break
+        rows += chunk
+    assert [json.loads(row)["line"] for row in rows.splitlines()] == [1, 2, 3], p.poll()
+    p.stdin.write(b"".join(f"line {i}\n".encode() for i in range(4, 65)))
     p.stdin.close()
     rest = p.stdout.read().splitlines()
-    assert p.wait(timeout=60) == 0 and len(rest) == 63
+    assert p.wait(timeout=60) == 0 and [json.loads(row)["line"] for row in rest] == list(range(4, 65))
 
 
 @pytest.mark.slow
