@@ -246,3 +246,45 @@ def test_disk_full_during_export_names_the_file_and_fits_the_command(tmp_path, c
     assert "nothing half-written was kept" in line and "OUT_DIR" in line
     assert "checkpoint" not in line and "resume" not in line and "output_dir" not in line  # pretrain's words
     assert list(tmp_path.iterdir()) == [], "no export folder, no temporary leftovers"
+
+
+def test_prepare_and_pretrain_never_work_on_one_run_at_once(tmp_path, cli, small_corpus):
+    """prepare takes the run's lock: under a running pretrain it would replace the data being trained on."""
+    from bertcli.runlock import RunLock
+    from conftest import text_run
+
+    config = text_run(tmp_path, small_corpus)
+    with RunLock(tmp_path, "pretrain"):  # flock: another open of the file conflicts, in this process too
+        result = cli("prepare", "--config", config, "--quiet")
+    assert result.code == 1 and result.err_lines == [
+        f"bertcli: error: {tmp_path} is in use by another bertcli pretrain (pid {os.getpid()}); wait for it to finish, "
+        "then run it again"]
+    assert not (tmp_path / "data").exists()
+    with RunLock(tmp_path, "prepare"):
+        result = cli("pretrain", "--config", config, "--quiet")
+    assert result.code == 1 and f"in use by another bertcli prepare (pid {os.getpid()})" in result.err_lines[-1]
+
+
+def test_a_checkpoint_holds_the_tokenizer_its_model_was_trained_with(tmp_path, cli, trained, monkeypatch):
+    """The tokenizer files are read once, when training starts: a prepared folder replaced meanwhile (by a
+    prepare of another run sharing it, say) changes neither the ids trained on nor the checkpoints' tokenizer."""
+    import shutil
+
+    from bertcli import trainer
+
+    run = tmp_path / "run"
+    shutil.copytree(trained, run, ignore=shutil.ignore_patterns("checkpoints", "metrics.jsonl", "tensorboard"))
+    files = {name: (run / "data" / name).read_bytes() for name in ("tokenizer.json", "vocab.txt")}
+    real = trainer.train_step
+
+    def train_step(state, step, *args):
+        if step == 0:
+            (run / "data" / "tokenizer.json").write_text('{"another": "tokenizer"}\n')
+            (run / "data" / "vocab.txt").write_text("[PAD]\n[UNK]\n")
+        return real(state, step, *args)
+
+    monkeypatch.setattr(trainer, "train_step", train_step)
+    result = cli("pretrain", "--config", run / "config.yaml", "--quiet", "--set", "train.max_steps=2")
+    assert result.code == 0, result.err
+    for name, contents in files.items():
+        assert (run / "checkpoints" / "step-0000002" / name).read_bytes() == contents, name

@@ -170,23 +170,37 @@ def eight_steps(tmp_path_factory) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("damage", ["empty training state", "flipped training state", "cut weights", "empty trainer state"])
+@pytest.mark.parametrize("damage", ["empty training state", "flipped training state", "cut weights", "empty trainer state",
+                                    "linked weights", "nan weights", "flipped zip directory", "training state of step 4"])
 def test_resume_auto_falls_back_past_a_damaged_newest_checkpoint(tmp_path, cli, damage, eight_steps):
     import shutil
     import zipfile
 
-    shutil.copytree(eight_steps, tmp_path, dirs_exist_ok=True)
+    shutil.copytree(eight_steps, tmp_path / "run")
+    tmp_path = tmp_path / "run"
     config = write_config(tmp_path, "checkpoint.keep_last=1", "train.eval_every=0")
     newest = tmp_path / "checkpoints" / "step-0000008"
-    name = {"cut weights": "model.safetensors", "empty trainer state": "trainer_state.json"}.get(damage, "training_state.pt")
+    name = {"empty trainer state": "trainer_state.json"}.get(damage, "training_state.pt")
+    name = "model.safetensors" if "weights" in damage else name
     data = bytearray((newest / name).read_bytes())
     if damage == "flipped training state":  # one bit of the largest tensor's bytes (not the zip's alignment padding)
         member = max(zipfile.ZipFile(newest / name).infolist(), key=lambda i: i.file_size)
         start = member.header_offset + 30 + len(member.filename.encode()) + int.from_bytes(data[member.header_offset + 28:member.header_offset + 30], "little")
         data[start + member.file_size // 2] ^= 0x01
+    if damage == "flipped zip directory":  # data.pkl's external attributes: Python's zipfile ignores them, torch's reader not
+        data[zipfile.ZipFile(newest / name).start_dir + 38] ^= 0xFF
+    if damage == "training state of step 4":  # a whole archive, CRCs right, but of another step
+        data = (newest.parent / "step-0000004" / name).read_bytes()
+    if damage == "nan weights":
+        tensors = safetensors.torch.load_file(newest / name)
+        tensors["bert.pooler.dense.weight"][0, 0] = float("nan")
+        data = safetensors.torch.save(tensors)
     spoilt = {"empty training state": b"", "empty trainer state": b"",
               "cut weights": bytes(data[:len(data) // 2])}.get(damage, bytes(data))
     (newest / name).write_bytes(spoilt)
+    if damage == "linked weights":  # a good file, but outside the checkpoint: never followed
+        (newest / name).rename(tmp_path.parent / name)
+        (newest / name).symlink_to(tmp_path.parent / name)
     result = cli("pretrain", "--config", config, "--quiet", "--stop-at", "6")
     assert result.code == 0, result.err
     assert f"{newest} is damaged ({name}: " in result.err and "resuming from the newest checkpoint that loads" in result.err
@@ -403,3 +417,49 @@ def test_a_run_keeps_its_tokenizer_when_its_corpus_changes(tmp_path, small_corpu
     assert result.code == 2, result.err
     assert "would garble the model" in result.err_lines[-1] and "another output_dir" in result.err_lines[-1]
     assert not (tmp_path / "run" / "checkpoints" / "step-0000008").exists()
+
+
+def test_best_belongs_to_the_runs_current_model(tmp_path, cli, capsys):
+    """A run that starts fresh removes the `best` of an earlier run (here of 2 layers where the new run has
+    1); a `best` of another model put back by hand is passed over by export and encode."""
+    import shutil
+
+    config = write_config(tmp_path, "train.max_steps=4", "train.eval_every=2", "train.eval_examples=16")
+    assert cli("pretrain", "--config", config, "--quiet").code == 0
+    root = tmp_path / "checkpoints"
+    shutil.copytree(root / "best", tmp_path / "old-best")
+    shutil.rmtree(root / "step-0000004")
+    result = cli("pretrain", "--config", config, "--quiet", "--set", "model.num_hidden_layers=1",
+                 "--set", "train.eval_every=0")
+    assert result.code == 0 and f"removed {root / 'best'}: this run starts fresh" in result.err, result.err
+
+    def layers(capsys) -> int:  # of the checkpoint export and encode take from the run folder
+        from bertcli.hf import find_checkpoint
+
+        return checkpoint.read_config(find_checkpoint(tmp_path)).model.num_hidden_layers
+
+    assert not (root / "best").exists() and layers(capsys) == 1
+    shutil.copytree(tmp_path / "old-best", root / "best")
+    assert layers(capsys) == 1 and f"{root / 'best'} is not of the run's model" in capsys.readouterr().err
+
+
+def test_best_is_of_the_history_resumed(tmp_path, eight_steps):
+    """Resuming keeps a `best` of the same model at or before the step resumed from; a later one (of a history
+    left behind, as when a damaged newest checkpoint is set aside) or one of another model is removed."""
+    import shutil
+
+    shutil.copytree(eight_steps, tmp_path / "run")
+    root, cfg = tmp_path / "run" / "checkpoints", load_run(tmp_path / "run" / "config.yaml")
+
+    def plant_best() -> None:
+        shutil.copytree(root / "step-0000008", root / "best")
+        state = json.loads((root / "best" / "trainer_state.json").read_text())
+        (root / "best" / "trainer_state.json").write_text(json.dumps({**state, "eval_metrics": {"mlm_loss": 3.5}}))
+
+    plant_best()
+    assert checkpoint.settle_best(tmp_path / "run", cfg, root / "step-0000008") == 3.5 and (root / "best").exists()
+    assert checkpoint.settle_best(tmp_path / "run", cfg, root / "step-0000004") is None and not (root / "best").exists()
+    plant_best()
+    other = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, hidden_act="relu"))
+    assert checkpoint.settle_best(tmp_path / "run", other, root / "step-0000008") is None
+    assert not (root / "best").exists()
