@@ -286,6 +286,8 @@ def settle_best(output_dir: Path, cfg: Config, resumed_from: Path | None, is_mai
             reason = f"it is of step {step}, past the step resumed from ({resumed}): a history left behind"
     if reason is None:
         return loss
+    if cfg.model.init_from and ownership.relation(best, Path(cfg.model.init_from)) is not None:
+        return None  # the weights this run starts from: read after this, so left in place (replaced at the next best)
     if is_main and best.exists() and ownership.not_owned(best, layout()) is None:  # (refused at start otherwise)
         target = best.resolve()
         atomic.remove_folder(target)
