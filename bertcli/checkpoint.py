@@ -47,25 +47,29 @@ BEST = "best"  # checkpoints/best: the lowest held-out MLM loss so far
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")  # the prepared data's (Dataset.tokenizer_files), read at start
 
 
-LINKED = ("is a symbolic link, which bertcli never follows out of a checkpoint folder (its own files only): "
-          "replace it with the file itself, or use another checkpoint")
+def linked(path: Path, where: str = "a checkpoint folder",
+           fix: str = "replace it with the file itself, or use another checkpoint") -> UsageError:
+    """The error for a file of bertcli's own folder `where` that is a symbolic link."""
+    return UsageError(f"{path} is a symbolic link, which bertcli never follows out of {where} (its target could be "
+                      f"any file): {fix}")
 
 
 def own_file(path: Path) -> Path:
     """`path`, a file of a checkpoint folder; refused (exit 2) if it is a symbolic link."""
     if Path(path).is_symlink():
-        raise UsageError(f"{path} {LINKED}")
+        raise linked(path)
     return Path(path)
 
 
-def read_own(path: Path) -> bytes:
-    """The bytes of a file of bertcli's own (a checkpoint's, the prepared data's tokenizer); a
-    symbolic link is refused (exit 2), at the open itself (O_NOFOLLOW)."""
+def read_own(path: Path, where: str = "a checkpoint folder",
+             fix: str = "replace it with the file itself, or use another checkpoint") -> bytes:
+    """The bytes of a file of bertcli's own folder `where` (a checkpoint, the prepared data); a
+    symbolic link is refused (exit 2, with `fix`), at the open itself (O_NOFOLLOW)."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except OSError as exc:
         if exc.errno == errno.ELOOP or Path(path).is_symlink():
-            raise UsageError(f"{path} {LINKED}") from None
+            raise linked(path, where, fix) from None
         raise
     with os.fdopen(fd, "rb") as fh:
         return fh.read()

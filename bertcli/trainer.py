@@ -211,7 +211,8 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume: str, quiet: bool) -> Run
     data = _load_data(cfg, rt, quiet)
     # The tokenizer's files, read once, now: every checkpoint holds these bytes, those of the ids trained on,
     # whatever happens to the prepared folder meanwhile (symbolic links are refused: never followed out of it).
-    tokenizer = {path.name: checkpoint.read_own(path) for path in data.tokenizer_files}
+    tokenizer = {path.name: checkpoint.read_own(path, "the prepared data", "run `bertcli prepare --force` to write "
+                                                "it again") for path in data.tokenizer_files}
     cfg = resolve.with_vocab(cfg, data.vocab_size, cfg.data.corpus)  # the tokenizer exists now
     if not sized:
         runtime.check_memory(cfg.model, rt, cfg.train.parallel)

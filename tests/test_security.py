@@ -136,3 +136,18 @@ def test_non_finite_weights_in_a_hugging_face_folder_are_refused(tmp_path, cli, 
     assert result.code == 2 and result.out == "" and result.err_lines == [
         f"bertcli: error: {file}: 1 weight tensor(s) hold NaN or inf (e.g. bert.embeddings.LayerNorm.weight); the file "
         "is damaged: restore it, or use another model"]
+
+
+def test_a_linked_tokenizer_file_in_the_prepared_data_never_reaches_a_checkpoint(tmp_path, cli, trained):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(trained, run, ignore=shutil.ignore_patterns("checkpoints", "metrics.jsonl", "tensorboard"))
+    (tmp_path / "secret.txt").write_text("[PAD]\nhunter2\n")
+    (run / "data" / "vocab.txt").unlink()
+    (run / "data" / "vocab.txt").symlink_to(tmp_path / "secret.txt")
+    result = cli("pretrain", "--config", run / "config.yaml", "--quiet", "--set", "train.max_steps=2")
+    assert "Traceback" not in result.err and "hunter2" not in result.err
+    if result.code != 0:  # refused (it may also be prepared again)
+        assert result.code == 2 and result.err_lines[-1].startswith(f"bertcli: error: {run / 'data' / 'vocab.txt'}")
+    assert all("hunter2" not in path.read_text() for path in run.rglob("vocab.txt") if not path.is_symlink())
