@@ -9,7 +9,8 @@ A checkpoint is a folder `output_dir/checkpoints/step-NNNNNNN/` holding
 It is written into a temporary folder and renamed into place, so a folder named step-* is
 always complete. Its files are read as bertcli's own: one that is a symbolic link is refused (or,
 resuming, the checkpoint is set aside as damaged), never followed out of the folder, and weights
-holding NaN or inf are refused wherever they are loaded. The RNG needs no saved state: every step reseeds from (seed, step).
+holding NaN or inf are refused wherever they are loaded. The RNG needs no saved state: every
+step reseeds from (seed, step).
 Weights and optimizer state are saved whole (gathered from FSDP shards), so a checkpoint resumes
 on any number of processes, with or without FSDP.
 """
@@ -390,9 +391,9 @@ def damage(path: Path) -> str | None:
     and of those weights (its tensors are mapped, not read)."""
     import zipfile
 
-    linked = [name for name in (*FILES, *TOKENIZER_FILES) if (Path(path) / name).is_symlink()]
-    if linked:
-        return f"{linked[0]}: a symbolic link, which bertcli never follows out of a checkpoint folder"
+    links = [name for name in (*FILES, *TOKENIZER_FILES) if (Path(path) / name).is_symlink()]
+    if links:
+        return f"{links[0]}: a symbolic link, which bertcli never follows out of a checkpoint folder"
     name = "config.yaml"
     try:
         read_config(path)
@@ -422,7 +423,7 @@ def damage(path: Path) -> str | None:
             return f"{name}: no optimizer state in it"
         if state.get("step") != step:
             return f"{name}: the state of step {state.get('step')!r}, not of step {step} as trainer_state.json says"
-        unknown = sorted(set(optimizer["state"]) - set(weights))
+        unknown = sorted(k for k in optimizer["state"] if isinstance(k, str) and k not in weights)  # (1: by position)
         return f"{name}: optimizer state of {len(unknown)} parameter(s) the weights lack (e.g. {unknown[0]})" if unknown else None
     except pickle.UnpicklingError:  # weights_only refuses anything but tensors and plain containers
         return (f"{name}: it holds objects other than tensors and plain values, so it was refused unread; it was damaged "
@@ -527,4 +528,3 @@ class Checkpointer:
                 save(self.output_dir, step, gathered, scaler, self.cfg, state, keep, self.tokenizer, name=BEST)
         if periodic and self.is_main:
             self.last_saved = save(self.output_dir, step, gathered, scaler, self.cfg, state, keep, self.tokenizer)
-
