@@ -419,28 +419,33 @@ def test_a_run_keeps_its_tokenizer_when_its_corpus_changes(tmp_path, small_corpu
     assert not (tmp_path / "run" / "checkpoints" / "step-0000008").exists()
 
 
-def test_best_belongs_to_the_runs_current_model(tmp_path, cli, capsys):
-    """A run that starts fresh removes the `best` of an earlier run (here of 2 layers where the new run has
-    1); a `best` of another model put back by hand is passed over by export and encode."""
+def plant_best(source: Path, best: Path, loss: float = 3.5) -> None:
+    """A copy of checkpoint `source` as `best`, with a held-out loss."""
     import shutil
 
-    config = write_config(tmp_path, "train.max_steps=4", "train.eval_every=2", "train.eval_examples=16")
-    assert cli("pretrain", "--config", config, "--quiet").code == 0
+    shutil.copytree(source, best)
+    state = json.loads((best / "trainer_state.json").read_text())
+    (best / "trainer_state.json").write_text(json.dumps({**state, "eval_metrics": {"mlm_loss": loss}}))
+
+
+def test_best_belongs_to_the_runs_current_model(tmp_path, cli, capsys, eight_steps):
+    """A run that starts fresh removes the `best` of an earlier run (here of 2 layers where the new run has
+    1); a `best` of another model put back by hand is passed over by export and encode."""
     root = tmp_path / "checkpoints"
-    shutil.copytree(root / "best", tmp_path / "old-best")
-    shutil.rmtree(root / "step-0000004")
-    result = cli("pretrain", "--config", config, "--quiet", "--set", "model.num_hidden_layers=1",
-                 "--set", "train.eval_every=0")
+    plant_best(eight_steps / "checkpoints" / "step-0000008", tmp_path / "old-best")  # 2 layers
+    plant_best(eight_steps / "checkpoints" / "step-0000008", root / "best")
+    config = write_config(tmp_path, "model.num_hidden_layers=1", "train.max_steps=2", "train.eval_every=0")
+    result = cli("pretrain", "--config", config, "--quiet")
     assert result.code == 0 and f"removed {root / 'best'}: this run starts fresh" in result.err, result.err
 
-    def layers(capsys) -> int:  # of the checkpoint export and encode take from the run folder
+    def layers() -> int:  # of the checkpoint export and encode take from the run folder
         from bertcli.hf import find_checkpoint
 
         return checkpoint.read_config(find_checkpoint(tmp_path)).model.num_hidden_layers
 
-    assert not (root / "best").exists() and layers(capsys) == 1
-    shutil.copytree(tmp_path / "old-best", root / "best")
-    assert layers(capsys) == 1 and f"{root / 'best'} is not of the run's model" in capsys.readouterr().err
+    assert not (root / "best").exists() and layers() == 1
+    plant_best(tmp_path / "old-best", root / "best")
+    assert layers() == 1 and f"{root / 'best'} is not of the run's model" in capsys.readouterr().err
 
 
 def test_best_is_of_the_history_resumed(tmp_path, eight_steps):
@@ -451,15 +456,10 @@ def test_best_is_of_the_history_resumed(tmp_path, eight_steps):
     shutil.copytree(eight_steps, tmp_path / "run")
     root, cfg = tmp_path / "run" / "checkpoints", load_run(tmp_path / "run" / "config.yaml")
 
-    def plant_best() -> None:
-        shutil.copytree(root / "step-0000008", root / "best")
-        state = json.loads((root / "best" / "trainer_state.json").read_text())
-        (root / "best" / "trainer_state.json").write_text(json.dumps({**state, "eval_metrics": {"mlm_loss": 3.5}}))
-
-    plant_best()
+    plant_best(root / "step-0000008", root / "best")
     assert checkpoint.settle_best(tmp_path / "run", cfg, root / "step-0000008") == 3.5 and (root / "best").exists()
     assert checkpoint.settle_best(tmp_path / "run", cfg, root / "step-0000004") is None and not (root / "best").exists()
-    plant_best()
+    plant_best(root / "step-0000008", root / "best")
     other = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, hidden_act="relu"))
     assert checkpoint.settle_best(tmp_path / "run", other, root / "step-0000008") is None
     assert not (root / "best").exists()
