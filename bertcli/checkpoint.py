@@ -387,8 +387,9 @@ def damage(path: Path) -> str | None:
     files is a symbolic link, its config and trainer state parse, its weights load and are finite,
     and its training state is a whole zip archive whose every member matches its CRC (what an
     empty, cut or flipped file fails) that torch's own reader opens too (it reads fields of the
-    central directory that Python's zipfile ignores), holding the optimizer state of that step
-    and of those weights (its tensors are mapped, not read)."""
+    central directory that Python's zipfile ignores, and reads nothing of a member marked as a
+    folder), holding the optimizer state of that step and of those weights (its tensors are
+    mapped, not read)."""
     import zipfile
 
     links = [name for name in (*FILES, *TOKENIZER_FILES) if (Path(path) / name).is_symlink()]
@@ -413,8 +414,13 @@ def damage(path: Path) -> str | None:
                         "run code); it was damaged or tampered with")
         with zipfile.ZipFile(Path(path) / name) as archive:
             bad = archive.testzip()
+            # torch's reader (miniz) takes a member whose MS-DOS attributes say "folder" for an empty one and
+            # leaves its buffer unwritten: whatever memory held is then unpickled (Python's zipfile ignores them)
+            folders = [i.filename for i in archive.infolist() if i.is_dir() or i.external_attr & 0x10]
         if bad:
             return f"{name}: {bad} is corrupt"
+        if folders:
+            return f"{name}: its member {folders[0]} is marked as a folder in the zip directory"
         with warnings.catch_warnings():  # torch warns about odd pickle protocols
             warnings.simplefilter("ignore")
             state = torch.load(Path(path) / name, map_location="cpu", weights_only=True, mmap=True)
@@ -489,6 +495,9 @@ def choose_resume(output_dir: Path, resume: str, cfg: Config, is_main: bool = Tr
         if problem:
             raise UsageError(f"{path}: {problem}")
         check_own_files(path)
+        reason = damage(path)
+        if reason is not None:
+            raise DamagedState(f"{path} is damaged ({reason})")
     diffs = model_differences(read_config(path), cfg)
     if diffs:
         raise UsageError(f"cannot resume from {path}: {'; '.join(diffs)}; to start fresh, set output_dir to a new "

@@ -210,6 +210,22 @@ def test_resume_auto_falls_back_past_a_damaged_newest_checkpoint(tmp_path, cli, 
     assert (tmp_path / "checkpoints" / "damaged-step-0000008" / name).read_bytes() == spoilt, "kept as it was"
 
 
+def test_resume_from_a_damaged_checkpoint_path_is_one_line(tmp_path, cli, eight_steps):
+    """A member marked as a folder in the zip directory: torch's reader would leave its buffer unwritten and
+    unpickle whatever memory held (it loaded, or failed with another error, from run to run)."""
+    import shutil
+    import zipfile
+
+    shutil.copytree(eight_steps, tmp_path, dirs_exist_ok=True)
+    file = tmp_path / "checkpoints" / "step-0000008" / "training_state.pt"
+    data = bytearray(file.read_bytes())
+    data[zipfile.ZipFile(file).start_dir + 38] |= 0x10  # data.pkl's MS-DOS attributes: a folder
+    file.write_bytes(data)
+    result = cli("pretrain", "--config", tmp_path / "config.yaml", "--quiet", "--resume", file.parent, "--stop-at", "9")
+    assert result.code == 1 and len(result.err_lines) == 1, result.err
+    assert f"{file.parent} is damaged (training_state.pt: its member " in result.err and "marked as a folder" in result.err
+
+
 def test_resume_auto_with_no_checkpoint_that_loads_is_one_line(tmp_path, cli, eight_steps):
     import shutil
 
