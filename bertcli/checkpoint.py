@@ -7,18 +7,21 @@ A checkpoint is a folder `output_dir/checkpoints/step-NNNNNNN/` holding
                        with torch.load(weights_only=True)
   trainer_state.json   step, tokens seen, last metrics (what `inspect` reads, no torch needed)
 It is written into a temporary folder and renamed into place, so a folder named step-* is
-always complete. The RNG needs no saved state: every step reseeds from (seed, step).
+always complete. Its files are read as bertcli's own: one that is a symbolic link is refused (or,
+resuming, the checkpoint is set aside as damaged), never followed out of the folder, and weights
+holding NaN or inf are refused wherever they are loaded. The RNG needs no saved state: every
+step reseeds from (seed, step).
 Weights and optimizer state are saved whole (gathered from FSDP shards), so a checkpoint resumes
 on any number of processes, with or without FSDP.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pickle  # only for its exception type: nothing is unpickled here
 import re
-import shutil
 import time
 import warnings
 from collections.abc import Callable
@@ -42,7 +45,41 @@ FORMAT_VERSION = 2  # 2: optimizer state keyed by parameter name (1: by position
 FILES = ("model.safetensors", "config.yaml", "training_state.pt", "trainer_state.json")
 STEP_DIR = re.compile(r"^step-(\d+)$")
 BEST = "best"  # checkpoints/best: the lowest held-out MLM loss so far
-TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")  # copied in from the prepared data (Dataset.tokenizer_files)
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")  # the prepared data's (Dataset.tokenizer_files), read at start
+
+
+def linked(path: Path, where: str = "a checkpoint folder",
+           fix: str = "replace it with the file itself, or use another checkpoint") -> UsageError:
+    """The error for a file of bertcli's own folder `where` that is a symbolic link."""
+    return UsageError(f"{path} is a symbolic link, which bertcli never follows out of {where} (its target could be "
+                      f"any file): {fix}")
+
+
+def own_file(path: Path) -> Path:
+    """`path`, a file of a checkpoint folder; refused (exit 2) if it is a symbolic link."""
+    if Path(path).is_symlink():
+        raise linked(path)
+    return Path(path)
+
+
+def read_own(path: Path, where: str = "a checkpoint folder",
+             fix: str = "replace it with the file itself, or use another checkpoint") -> bytes:
+    """The bytes of a file of bertcli's own folder `where` (a checkpoint, the prepared data); a
+    symbolic link is refused (exit 2, with `fix`), at the open itself (O_NOFOLLOW)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as exc:
+        if exc.errno == errno.ELOOP or Path(path).is_symlink():
+            raise linked(path, where, fix) from None
+        raise
+    with os.fdopen(fd, "rb") as fh:
+        return fh.read()
+
+
+def check_own_files(folder: Path) -> None:
+    """Refuse (exit 2) a checkpoint folder one of whose files is a symbolic link."""
+    for name in (*FILES, *TOKENIZER_FILES):
+        own_file(Path(folder) / name)
 
 
 def layout(extra_files: list[Path] = ()) -> ownership.Layout:
@@ -166,13 +203,30 @@ def all_finite(tensors: list[torch.Tensor]) -> bool:
     return all(bool(torch.stack(per_device).all()) for per_device in checks.values())
 
 
+def non_finite(tensors: dict[str, torch.Tensor]) -> list[str]:
+    """Names of the floating-point tensors that hold NaN or inf. A tensor whose sum is finite holds
+    only finite values; isfinite (which allocates a mask as large as the tensor) runs only where
+    the sum is not (NaN, inf, or finite values so large that the sum overflows)."""
+    return [name for name, t in tensors.items()
+            if torch.is_floating_point(t) and not torch.isfinite(t.sum()) and not bool(torch.isfinite(t).all())]
+
+
+def check_finite(tensors: dict[str, torch.Tensor], file: Path, fix: str = "use another checkpoint") -> None:
+    """Refuse (exit 2) weights that hold NaN or inf: no model computes anything with them."""
+    bad = non_finite(tensors)
+    if bad:
+        raise UsageError(f"{file}: {len(bad)} weight tensor(s) hold NaN or inf (e.g. {bad[0]}); the file is damaged: "
+                         f"{fix}")
+
+
 def save(output_dir: Path, step: int, state: tuple[dict[str, torch.Tensor], dict[str, Any]],
          scaler: torch.amp.GradScaler, cfg: Config, trainer_state: dict[str, Any], keep_last: int,
-         extra_files: list[Path] = (), name: str | None = None) -> Path:
+         extra_files: dict[str, bytes] | None = None, name: str | None = None) -> Path:
     """Write checkpoint `step` of `state` (weights and optimizer state, from `gather`) atomically
-    (as checkpoints/step-NNNNNNN, or checkpoints/NAME), with copies of `extra_files` (the
-    tokenizer: a checkpoint is self-contained), and prune all step checkpoints but the newest
-    `keep_last`."""
+    (as checkpoints/step-NNNNNNN, or checkpoints/NAME), with `extra_files` (name: contents; the
+    tokenizer the run trains with, read once when it started: a checkpoint is self-contained),
+    and prune all step checkpoints but the newest `keep_last`."""
+    extra_files = extra_files or {}
     root = checkpoints_dir(output_dir)
     final = root / (name or step_dir_name(step))
     weights, optimizer_state = state
@@ -181,10 +235,10 @@ def save(output_dir: Path, step: int, state: tuple[dict[str, torch.Tensor], dict
         raise RunError(f"step {step}: the weights or optimizer state hold NaN or inf, so no checkpoint was written; "
                        "the earlier checkpoints are intact: lower optimizer.lr and resume from one of them")
     with atomic.folder(final, guard(extra_files)) as tmp:
-        for extra in extra_files:
-            with atomic.writing(tmp / Path(extra).name):
-                shutil.copyfile(extra, tmp / Path(extra).name)
-            atomic.fsync_path(tmp / Path(extra).name)
+        for extra, contents in extra_files.items():
+            with atomic.writing(tmp / extra):
+                (tmp / extra).write_bytes(contents)
+            atomic.fsync_path(tmp / extra)
         save_safetensors(weights, tmp / "model.safetensors", metadata={"format": "pt", "producer": f"bertcli {__version__}"})
         with atomic.writing(tmp / "config.yaml"):
             (tmp / "config.yaml").write_text(to_yaml(cfg, f"Resolved config of the run, saved at step {step}."))
@@ -203,34 +257,83 @@ def save(output_dir: Path, step: int, state: tuple[dict[str, torch.Tensor], dict
 
 
 def best_eval_loss(output_dir: Path) -> float | None:
-    """Held-out MLM loss of checkpoints/best, if there is one."""
+    """Held-out MLM loss of checkpoints/best, if there is one (and it says it)."""
     best = checkpoints_dir(output_dir) / BEST
     if not is_checkpoint(best):
         return None
     try:
         loss = read_trainer_state(best).get("eval_metrics", {}).get("mlm_loss")
-    except (OSError, ValueError, AttributeError):  # damaged: the next evaluation replaces it
+    except (OSError, ValueError, AttributeError, UsageError):
         return None
     return loss if isinstance(loss, (int, float)) else None
 
 
+def settle_best(output_dir: Path, cfg: Config, resumed_from: Path | None, is_main: bool = True) -> float | None:
+    """`best` belongs to the run's current model and history: it is removed (by the main process,
+    with a line) when the run starts fresh, when its model differs from `cfg`'s, when it is past
+    the step resumed from (a history left behind) or does not load; return the held-out MLM loss of
+    the `best` kept (None: none). Every process decides alike (the same files), whether or not the
+    main one has removed it yet."""
+    best = checkpoints_dir(output_dir) / BEST
+    if not best.exists():
+        return None
+    loss, reason = best_eval_loss(output_dir), None
+    if resumed_from is None:
+        reason = "this run starts fresh, so it was of another run"
+    else:
+        try:
+            check_own_files(best)
+            step, resumed = read_trainer_state(best)["step"], read_trainer_state(resumed_from)["step"]
+            diffs = model_differences(read_config(best), cfg)
+        except Exception:  # noqa: BLE001  unreadable, or a link: no best to keep
+            loss = None
+        if loss is None:
+            reason = "it is damaged (its config, trainer state or held-out loss does not load)"
+        elif diffs:
+            reason = f"it is of another model ({diffs[0]})"
+        elif step > resumed:
+            reason = f"it is of step {step}, past the step resumed from ({resumed}): a history left behind"
+    if reason is None:
+        return loss
+    if cfg.model.init_from and ownership.relation(best, Path(cfg.model.init_from)) is not None:
+        return None  # the weights this run starts from: read after this, so left in place (replaced at the next best)
+    if is_main and best.exists() and ownership.not_owned(best, layout()) is None:  # (refused at start otherwise)
+        target = best.resolve()
+        atomic.remove_folder(target)
+        if best.is_symlink():
+            target.mkdir()  # the link stays, to an empty folder: the next best is written there
+        console.log(f"removed {best}: {reason}")
+    return None
+
+
 def read_config(path: Path) -> Config:
     """The resolved config stored in a checkpoint folder."""
-    raw = yaml.safe_load((Path(path) / "config.yaml").read_text(encoding="utf-8"))
+    raw = yaml.safe_load(read_own(Path(path) / "config.yaml").decode("utf-8"))
     return config_from_dict(raw or {}, str(Path(path) / "config.yaml"))
 
 
 def read_trainer_state(path: Path) -> dict[str, Any]:
-    return json.loads((Path(path) / "trainer_state.json").read_text(encoding="utf-8"))
+    return json.loads(read_own(Path(path) / "trainer_state.json").decode("utf-8"))
 
 
-def load_weights(model: nn.Module, path: Path) -> None:
-    """Load model.safetensors into `model`, strictly: every key present, every shape right."""
+def read_weights(path: Path) -> dict[str, torch.Tensor]:
+    """The weights of checkpoint folder `path`, refused if one of its files is a symbolic link or a
+    weight holds NaN or inf (exit 2, naming the file); unreadable weights are a RunError."""
+    check_own_files(path)
     file = Path(path) / "model.safetensors"
     try:
         weights = safetensors.torch.load_file(file)
     except (safetensors.SafetensorError, OSError, ValueError) as exc:
         raise RunError(f"{file}: cannot read weights ({exc}); the file is damaged: resume from another checkpoint") from None
+    check_finite(weights, file)
+    return weights
+
+
+def load_weights(model: nn.Module, path: Path) -> None:
+    """Load model.safetensors into `model`, strictly: every key present, every shape right, every
+    value finite."""
+    file = Path(path) / "model.safetensors"
+    weights = read_weights(path)
     expected = {k: v.shape for k, v in model.state_dict().items() if k not in TIED_ALIASES}
     missing = sorted(set(expected) - set(weights))
     unexpected = sorted(set(weights) - set(expected))
@@ -252,7 +355,7 @@ def load_training_state(path: Path, model: nn.Module, optimizer: torch.optim.Opt
                         device: torch.device) -> int:
     """Restore optimizer and scaler; return the step. Never unpickles arbitrary objects. Under
     FSDP every process calls it and keeps its own shard of the optimizer state."""
-    file = Path(path) / "training_state.pt"
+    file = own_file(Path(path) / "training_state.pt")
     try:
         with warnings.catch_warnings():  # torch warns about odd pickle protocols: the error below says it all
             warnings.simplefilter("ignore")
@@ -334,20 +437,30 @@ def setting_differences(saved: Config, cfg: Config, step: int, where: str) -> li
 
 
 def damage(path: Path) -> str | None:
-    """Why complete checkpoint folder `path` cannot be resumed from (None: it loads): its config
-    and trainer state parse, its weights' header and size agree, and its training state is a whole
-    zip archive whose every member matches its CRC (what an empty, cut or flipped file fails)."""
+    """Why complete checkpoint folder `path` cannot be resumed from (None: it loads): none of its
+    files is a symbolic link, its config and trainer state parse, its weights load and are finite,
+    and its training state is a whole zip archive whose every member matches its CRC (what an
+    empty, cut or flipped file fails) that torch's own reader opens too (it reads fields of the
+    central directory that Python's zipfile ignores, and reads nothing of a member marked as a
+    folder), holding the optimizer state of that step and of those weights (its tensors are
+    mapped, not read)."""
     import zipfile
 
+    links = [name for name in (*FILES, *TOKENIZER_FILES) if (Path(path) / name).is_symlink()]
+    if links:
+        return f"{links[0]}: a symbolic link, which bertcli never follows out of a checkpoint folder"
     name = "config.yaml"
     try:
         read_config(path)
         name = "trainer_state.json"
-        if not isinstance(read_trainer_state(path).get("step"), int):
+        step = read_trainer_state(path).get("step")
+        if not isinstance(step, int):
             return f"{name}: no step"
         name = "model.safetensors"
-        with safetensors.safe_open(Path(path) / name, "pt") as weights:
-            weights.keys()
+        weights = safetensors.torch.load_file(Path(path) / name)
+        bad = non_finite(weights)
+        if bad:
+            return f"{name}: {len(bad)} weight tensor(s) hold NaN or inf (e.g. {bad[0]})"
         name = "training_state.pt"
         with open(Path(path) / name, "rb") as fh:
             if fh.read(1) == b"\x80" and not zipfile.is_zipfile(fh):  # a pickle's first byte, no archive
@@ -355,20 +468,43 @@ def damage(path: Path) -> str | None:
                         "run code); it was damaged or tampered with")
         with zipfile.ZipFile(Path(path) / name) as archive:
             bad = archive.testzip()
-        return f"{name}: {bad} is corrupt" if bad else None
+            # torch's reader (miniz) takes a member whose MS-DOS attributes say "folder" for an empty one and
+            # leaves its buffer unwritten: whatever memory held is then unpickled (Python's zipfile ignores them)
+            folders = [i.filename for i in archive.infolist() if i.is_dir() or i.external_attr & 0x10]
+        if bad:
+            return f"{name}: {bad} is corrupt"
+        if folders:
+            return f"{name}: its member {folders[0]} is marked as a folder in the zip directory"
+        with warnings.catch_warnings():  # torch warns about odd pickle protocols
+            warnings.simplefilter("ignore")
+            state = torch.load(Path(path) / name, map_location="cpu", weights_only=True, mmap=True)
+        optimizer = state.get("optimizer") if isinstance(state, dict) else None
+        if not isinstance(optimizer, dict) or not isinstance(optimizer.get("state"), dict):
+            return f"{name}: no optimizer state in it"
+        if state.get("step") != step:
+            return f"{name}: the state of step {state.get('step')!r}, not of step {step} as trainer_state.json says"
+        unknown = sorted(k for k in optimizer["state"] if isinstance(k, str) and k not in weights)  # (1: by position)
+        return f"{name}: optimizer state of {len(unknown)} parameter(s) the weights lack (e.g. {unknown[0]})" if unknown else None
+    except pickle.UnpicklingError:  # weights_only refuses anything but tensors and plain containers
+        return (f"{name}: it holds objects other than tensors and plain values, so it was refused unread; it was damaged "
+                "or tampered with")
     except Exception as exc:  # noqa: BLE001  any way of not loading is damage
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return f"{name}: {reason}"
 
 
-def check_same_tokenizer(ckpt: Path, prepared: Path) -> None:
-    """Refuse to resume `ckpt` on data tokenized by another tokenizer (`prepared`, the prepared
-    folder's tokenizer.json): the weights were trained on the checkpoint's token ids."""
+def check_same_tokenizer(ckpt: Path, prepared: Path, contents: bytes) -> None:
+    """Refuse to resume `ckpt` on data tokenized by another tokenizer (`contents` of `prepared`, the
+    prepared folder's tokenizer.json, as the run read it): the weights were trained on the
+    checkpoint's token ids."""
+    from tokenizers import Tokenizer
+
     from bertcli.data.tokenizer import read_tokenizer_json, tokenizer_identity
 
     if not (ckpt / "tokenizer.json").is_file():
         return  # a checkpoint of the synthetic corpus
-    ours, theirs = (tokenizer_identity(read_tokenizer_json(p)) for p in (ckpt / "tokenizer.json", prepared))
+    ours = tokenizer_identity(read_tokenizer_json(own_file(ckpt / "tokenizer.json")))
+    theirs = tokenizer_identity(Tokenizer.from_str(contents.decode("utf-8")))
     if ours != theirs:
         raise UsageError(f"{prepared.parent} was prepared with tokenizer {theirs[:12]}, but the checkpoint {ckpt} was "
                          f"trained with tokenizer {ours[:12]}: resuming on other token ids would garble the model. "
@@ -412,6 +548,10 @@ def choose_resume(output_dir: Path, resume: str, cfg: Config, is_main: bool = Tr
         problem = incomplete(path)
         if problem:
             raise UsageError(f"{path}: {problem}")
+        check_own_files(path)
+        reason = damage(path)
+        if reason is not None:
+            raise DamagedState(f"{path} is damaged ({reason})")
     diffs = model_differences(read_config(path), cfg)
     if diffs:
         raise UsageError(f"cannot resume from {path}: {'; '.join(diffs)}; to start fresh, set output_dir to a new "
@@ -425,10 +565,11 @@ class Checkpointer:
     `best` whenever the held-out MLM loss is the lowest so far. Every process calls `save` at
     the same steps (FSDP gathers the weights collectively); only rank 0 writes."""
 
-    def __init__(self, cfg: Config, is_main: bool, tokenizer_files: list[Path], resumed_from: Path | None) -> None:
-        self.cfg, self.is_main, self.tokenizer_files = cfg, is_main, tokenizer_files
+    def __init__(self, cfg: Config, is_main: bool, tokenizer: dict[str, bytes], resumed_from: Path | None,
+                 best: float | None) -> None:
+        self.cfg, self.is_main, self.tokenizer = cfg, is_main, tokenizer  # the files as the run read them at start
         self.output_dir = Path(cfg.output_dir)
-        self.best = best_eval_loss(self.output_dir)  # the held-out MLM loss of checkpoints/best
+        self.best = best  # the held-out MLM loss of checkpoints/best, kept by settle_best
         self.last_saved: Path | None = resumed_from  # the newest complete checkpoint of the run
 
     def due(self, step: int, last_step: int) -> bool:
@@ -447,40 +588,6 @@ class Checkpointer:
         if new_best:
             self.best = loss
             if self.is_main:
-                save(self.output_dir, step, gathered, scaler, self.cfg, state, keep, self.tokenizer_files, name=BEST)
+                save(self.output_dir, step, gathered, scaler, self.cfg, state, keep, self.tokenizer, name=BEST)
         if periodic and self.is_main:
-            self.last_saved = save(self.output_dir, step, gathered, scaler, self.cfg, state, keep, self.tokenizer_files)
-
-
-class OutputLock:
-    """An exclusive lock on output_dir/.lock for the length of a run, so that two `pretrain`
-    processes never write the same folder. flock is released by the kernel when its holder
-    dies, so a crashed run never leaves the folder locked."""
-
-    def __init__(self, output_dir: Path) -> None:
-        self.path = Path(output_dir) / ".lock"
-        self.fh = None
-
-    def __enter__(self) -> "OutputLock":
-        import fcntl
-
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.fh = open(self.path, "a+")
-        try:
-            fcntl.flock(self.fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self.fh.seek(0)
-            holder = self.fh.read().strip() or "another process"
-            self.fh.close()
-            raise RunError(f"{self.path.parent} is in use by another bertcli pretrain ({holder}); wait for it to "
-                           "finish, or set output_dir to another folder") from None
-        with atomic.writing(self.path):
-            self.fh.seek(0)
-            self.fh.truncate()
-            self.fh.write(f"pid {os.getpid()}\n")
-            self.fh.flush()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.fh is not None:
-            self.fh.close()  # closing releases the lock
+            self.last_saved = save(self.output_dir, step, gathered, scaler, self.cfg, state, keep, self.tokenizer)

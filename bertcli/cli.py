@@ -153,12 +153,14 @@ def prepare(
     """Train the tokenizer and write token shards for the config's corpus (pretrain does this when needed)."""
     from bertcli.data.prepare import prepare as run
     from bertcli.resolve import check_outputs_apart, load_run
+    from bertcli.runlock import RunLock
 
     cfg = load_run(config, overrides)
     check_outputs_apart(cfg)
     if cfg.data.corpus == "synthetic":
         raise UsageError("data.corpus is synthetic: there is nothing to prepare")
-    folder = run(cfg, quiet=quiet, force=force)
+    with RunLock(Path(cfg.output_dir), "prepare"):  # never under the run's pretrain, which trains on the data
+        folder = run(cfg, quiet=quiet, force=force)
     again = [a for o in overrides for a in ("--set", o)]  # the same data: the same overrides
     err(f"next: {command_line('inspect', folder)}   or   {command_line('pretrain', '--config', config, *again)}")
 

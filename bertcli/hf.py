@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -44,17 +43,32 @@ SPECIAL_TOKENS = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD
 
 
 def find_checkpoint(path: Path) -> Path:
-    """A checkpoint folder, or a run folder's best checkpoint (else its newest)."""
+    """A checkpoint folder, or a run folder's best checkpoint (else its newest); refused if one of
+    its files is a symbolic link. A `best` of another model than the newest checkpoint's (left by an
+    earlier run) is passed over, with a line."""
     path = Path(path)
     if checkpoint.is_checkpoint(path):
+        checkpoint.check_own_files(path)
         return path
     best = checkpoint.checkpoints_dir(path) / checkpoint.BEST
-    if checkpoint.is_checkpoint(best):
-        return best
     found = checkpoint.list_checkpoints(path)
-    if found:
-        return found[-1][1]
-    raise UsageError(f"{path}: no checkpoint here; pass a checkpoint folder or a run folder that holds checkpoints/")
+    chosen = found[-1][1] if found else None
+    if checkpoint.is_checkpoint(best):
+        checkpoint.check_own_files(best)
+        try:
+            ours = checkpoint.read_config(best)
+        except Exception:  # noqa: BLE001  a best whose config does not load is no better
+            ours = None
+        differ = chosen is not None and (ours is None or checkpoint.model_differences(ours, checkpoint.read_config(chosen)))
+        if not differ:
+            chosen = best
+        else:
+            console.log(f"{best} is not of the run's model (that of its newest checkpoint), so it is passed over: "
+                        f"using {chosen}")
+    if chosen is None:
+        raise UsageError(f"{path}: no checkpoint here; pass a checkpoint folder or a run folder that holds checkpoints/")
+    checkpoint.check_own_files(chosen)
+    return chosen
 
 
 def is_hf_folder(path: Path) -> bool:
@@ -80,7 +94,7 @@ def export(source: Path, out_dir: Path, force: bool = False) -> Path:
     cfg = checkpoint.read_config(ckpt)
     m = cfg.model
     check_weights(ckpt, m)  # an export whose config.json claims other sizes would load nowhere
-    weights = safetensors.torch.load_file(ckpt / "model.safetensors")
+    weights = checkpoint.read_weights(ckpt)  # finite, and none of the checkpoint's files a symbolic link
     for key in ("bert.embeddings.word_embeddings.weight", "cls.predictions.bias"):
         weights[key] = weights[key][: m.vocab_size].contiguous()  # drop the speed padding rows
     config = {"architectures": ["BertForPreTraining"], "model_type": "bert",
@@ -93,7 +107,7 @@ def export(source: Path, out_dir: Path, force: bool = False) -> Path:
             if not (ckpt / name).is_file():
                 raise UsageError(f"{ckpt}: no {name}; a checkpoint of the synthetic corpus has no tokenizer to export")
             with atomic.writing(tmp / name):
-                shutil.copyfile(ckpt / name, tmp / name)
+                (tmp / name).write_bytes(checkpoint.read_own(ckpt / name))  # never through a link out of the checkpoint
         # The casing of the tokenizer itself, not of the config (a loaded tokenizer keeps its own):
         # transformers applies these keys over tokenizer.json's normalizer.
         casing = describe(read_tokenizer_json(tmp / "tokenizer.json"))
@@ -226,6 +240,7 @@ def load_hf_weights(folder: Path, cfg: ModelConfig,
         raw = safetensors.torch.load_file(file)
     except (safetensors.SafetensorError, OSError, ValueError) as exc:
         raise UsageError(f"{file}: cannot read weights ({exc})") from None
+    checkpoint.check_finite(raw, file, "restore it, or use another model")
     weights = {new: value for key, value in raw.items() if (new := _rename(key)) is not None}
     if model is None:
         with torch.device("meta"):

@@ -14,6 +14,7 @@ decides when to save: the only host-device syncs are at log, evaluation and save
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import signal
 import threading
@@ -37,6 +38,7 @@ from bertcli.errors import Interrupted, RunError
 from bertcli.metrics import LossStats, MetricsLogger, MetricsWindow
 from bertcli.model import BertForPreTraining, PretrainingOutput
 from bertcli.optim import build_optimizer, lr_at, step_if_finite
+from bertcli.runlock import RunLock
 
 
 class Losses(NamedTuple):
@@ -131,8 +133,8 @@ def pretrain(cfg: Config, resume: str = "auto", quiet: bool = False, stop_at: in
     max_steps); return the last logged metrics plus where the final checkpoint is."""
     rt = runtime.setup(cfg.train.device, cfg.precision)
     try:
-        # Rank 0 locks output_dir for the whole run: a second pretrain on it refuses to start.
-        lock = checkpoint.OutputLock(Path(cfg.output_dir)) if rt.is_main else contextlib.nullcontext()
+        # Rank 0 locks output_dir for the whole run: a second pretrain (or a prepare) on it refuses to start.
+        lock = RunLock(Path(cfg.output_dir), "pretrain") if rt.is_main else contextlib.nullcontext()
         with lock, StopOnSignal() as stopper:
             run = build_run(cfg, rt, resume, quiet)
             return fit(run, min(cfg.train.max_steps, stop_at or cfg.train.max_steps), stopper, quiet)
@@ -193,6 +195,8 @@ class Run:
     resumed_from: Path | None = None
     tokens_seen: int = 0  # non-padding tokens trained on before this process started
     train_time_s: float = 0.0  # training time before this process started
+    tokenizer: dict[str, bytes] = dataclasses.field(default_factory=dict)  # its files as read at start: every checkpoint's
+    best_loss: float | None = None  # held-out MLM loss of the run's checkpoints/best (checkpoint.settle_best)
 
 
 def build_run(cfg: Config, rt: runtime.Runtime, resume: str, quiet: bool) -> Run:
@@ -208,12 +212,17 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume: str, quiet: bool) -> Run
     # lower bound: 100,000 layers are refused before the corpus is prepared), and after when unsized.
     runtime.check_memory(cfg.model, rt, cfg.train.parallel)
     data = _load_data(cfg, rt, quiet)
+    # The tokenizer's files, read once, now: every checkpoint holds these bytes, those of the ids trained on,
+    # whatever happens to the prepared folder meanwhile (symbolic links are refused: never followed out of it).
+    tokenizer = {path.name: checkpoint.read_own(path, "the prepared data", "run `bertcli prepare --force` to write "
+                                                "it again") for path in data.tokenizer_files}
     cfg = resolve.with_vocab(cfg, data.vocab_size, cfg.data.corpus)  # the tokenizer exists now
     if not sized:
         runtime.check_memory(cfg.model, rt, cfg.train.parallel)
     resumed_from = checkpoint.choose_resume(output_dir, resume, cfg, rt.is_main)
     if resumed_from is not None and data.tokenizer_files:
-        checkpoint.check_same_tokenizer(resumed_from, data.tokenizer_files[0])
+        checkpoint.check_same_tokenizer(resumed_from, data.tokenizer_files[0], tokenizer["tokenizer.json"])
+    best_loss = checkpoint.settle_best(output_dir, cfg, resumed_from, rt.is_main)  # of this run's model and history
     processes = f"{rt.world_size} processes ({cfg.train.parallel})" if rt.distributed else "1 process"
     if not quiet:  # --quiet: errors, warnings and the final summary only
         log(f"bertcli {__version__}: {rt.describe()}; {processes}; output in {output_dir}")
@@ -236,7 +245,8 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume: str, quiet: bool) -> Run
                                       tc.batch_size * cfg.data.max_seq_length, rt.precision)
     if why_not:
         log(why_not)
-    run = Run(cfg, rt, data, model, train_model, optimizer, rt.grad_scaler(cfg.precision), eval_batches, baseline, unpad)
+    run = Run(cfg, rt, data, model, train_model, optimizer, rt.grad_scaler(cfg.precision), eval_batches, baseline, unpad,
+              tokenizer=tokenizer, best_loss=best_loss)
     if resumed_from is not None:
         run.step = checkpoint.load_training_state(resumed_from, model, optimizer, run.scaler, rt.device)
         state = checkpoint.read_trainer_state(resumed_from)
@@ -306,7 +316,7 @@ def fit(run: Run, last_step: int, stopper: StopOnSignal, quiet: bool) -> dict[st
         log(f"nothing to do: {run.resumed_from} is already at step {step}, at or past {limit}; raise it to train further")
         return {"step": step, "tokens_seen": run.tokens_seen, "checkpoint": str(run.resumed_from),
                 "metrics": checkpoint.read_trainer_state(run.resumed_from).get("metrics") or {}, "is_main": rt.is_main}
-    checkpointer = checkpoint.Checkpointer(cfg, rt.is_main, run.data.tokenizer_files, run.resumed_from)
+    checkpointer = checkpoint.Checkpointer(cfg, rt.is_main, run.tokenizer, run.resumed_from, run.best_loss)
     window = MetricsWindow(rt.device, step, tc.grad_accum_steps, tc.batch_size, cfg.model, cfg.data.pairs,
                            runtime.peak_tflops(rt.device, cfg.logging.peak_tflops))
     guard = NonFiniteGuard(tc.max_nonfinite_steps, rt.device)

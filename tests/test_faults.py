@@ -330,10 +330,9 @@ def fill_disk(monkeypatch, module, room: int = 100, only: str = "") -> None:
                                   "vocab.txt"])
 def test_a_full_disk_while_saving_a_checkpoint_names_the_file_whatever_writes_it(tmp_path, monkeypatch, name):
     """Each library words a full disk its own way (safetensors in Rust's words, torch.save as
-    "unexpected pos", a file's write() naming no file, shutil.copyfile naming its source): every one
+    "unexpected pos", a file's write() naming no file): every one
     becomes the same line, naming the file."""
     import pathlib
-    import shutil
 
     import safetensors
     import safetensors.torch
@@ -348,9 +347,8 @@ def test_a_full_disk_while_saving_a_checkpoint_names_the_file_whatever_writes_it
     model = BertForPreTraining(cfg.model)
     optimizer = build_optimizer(model, cfg.optimizer)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
-    vocab = tmp_path / "vocab.txt"
-    vocab.write_text("[PAD]\n")
-    checkpoint.save(tmp_path, 1, checkpoint.gather(model, optimizer), scaler, cfg, {}, 5, [vocab])
+    vocab = {"vocab.txt": b"[PAD]\n"}  # the tokenizer files' bytes, read when training starts
+    checkpoint.save(tmp_path, 1, checkpoint.gather(model, optimizer), scaler, cfg, {}, 5, vocab)
     if name == "model.safetensors":
         real_save = safetensors.torch.save_file
 
@@ -362,10 +360,15 @@ def test_a_full_disk_while_saving_a_checkpoint_names_the_file_whatever_writes_it
     elif name == "training_state.pt":
         fill_disk(monkeypatch, atomic, room=600)  # torch.save's own words: "unexpected pos 640 vs 534"
     elif name == "vocab.txt":
-        def copyfile(src, dst):
-            raise OSError(28, "No space left on device", str(src))  # as sendfile's error says it
+        real_write_bytes = pathlib.Path.write_bytes
 
-        monkeypatch.setattr(shutil, "copyfile", copyfile)
+        def write_bytes(self, data):
+            if self.name == name:
+                real_write_bytes(self, data[:1])
+                raise OSError(28, "No space left on device")  # a write() names no file
+            return real_write_bytes(self, data)
+
+        monkeypatch.setattr(pathlib.Path, "write_bytes", write_bytes)
     else:
         real_write_text = pathlib.Path.write_text
 
@@ -376,7 +379,7 @@ def test_a_full_disk_while_saving_a_checkpoint_names_the_file_whatever_writes_it
 
         monkeypatch.setattr(pathlib.Path, "write_text", write_text)
     with pytest.raises(OSError) as info:
-        checkpoint.save(tmp_path, 2, checkpoint.gather(model, optimizer), scaler, cfg, {}, 5, [vocab])
+        checkpoint.save(tmp_path, 2, checkpoint.gather(model, optimizer), scaler, cfg, {}, 5, vocab)
     root = tmp_path / "checkpoints"
     assert info.value.errno == 28 and os_error_message(info.value, "pretrain").startswith(
         f"{root / 'step-0000002' / name}: disk full (No space left on device); nothing half-written was kept and "
@@ -429,3 +432,45 @@ def test_a_full_disk_while_encoding_names_the_output_and_leaves_nothing(tmp_path
         f"bertcli: error: {out}: disk full (No space left on device); nothing half-written was kept and nothing at "
         "--output was changed: free space or write --output to another disk, then run the same command"], result.err
     assert os.listdir(out.parent) == [], "no temporary file is left"
+
+
+def test_prepare_and_pretrain_never_work_on_one_run_at_once(tmp_path, cli, small_corpus):
+    """prepare takes the run's lock: under a running pretrain it would replace the data being trained on."""
+    from bertcli.runlock import RunLock
+    from conftest import text_run
+
+    config = text_run(tmp_path, small_corpus)
+    with RunLock(tmp_path, "pretrain"):  # flock: another open of the file conflicts, in this process too
+        result = cli("prepare", "--config", config, "--quiet")
+    assert result.code == 1 and result.err_lines == [
+        f"bertcli: error: {tmp_path} is in use by another bertcli pretrain (pid {os.getpid()}); wait for it to finish, "
+        "then run it again"]
+    assert not (tmp_path / "data").exists()
+    with RunLock(tmp_path, "prepare"):
+        result = cli("pretrain", "--config", config, "--quiet")
+    assert result.code == 1 and f"in use by another bertcli prepare (pid {os.getpid()})" in result.err_lines[-1]
+
+
+def test_a_checkpoint_holds_the_tokenizer_its_model_was_trained_with(tmp_path, cli, trained, monkeypatch):
+    """The tokenizer files are read once, when training starts: a prepared folder replaced meanwhile (by a
+    prepare of another run sharing it, say) changes neither the ids trained on nor the checkpoints' tokenizer."""
+    import shutil
+
+    from bertcli import trainer
+
+    run = tmp_path / "run"
+    shutil.copytree(trained, run, ignore=shutil.ignore_patterns("checkpoints", "metrics.jsonl", "tensorboard"))
+    files = {name: (run / "data" / name).read_bytes() for name in ("tokenizer.json", "vocab.txt")}
+    real = trainer.train_step
+
+    def train_step(state, step, *args):
+        if step == 0:
+            (run / "data" / "tokenizer.json").write_text('{"another": "tokenizer"}\n')
+            (run / "data" / "vocab.txt").write_text("[PAD]\n[UNK]\n")
+        return real(state, step, *args)
+
+    monkeypatch.setattr(trainer, "train_step", train_step)
+    result = cli("pretrain", "--config", run / "config.yaml", "--quiet", "--set", "train.max_steps=2")
+    assert result.code == 0, result.err
+    for name, contents in files.items():
+        assert (run / "checkpoints" / "step-0000002" / name).read_bytes() == contents, name

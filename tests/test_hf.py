@@ -155,7 +155,7 @@ def test_round_trip_export_import_export_is_byte_identical(trained, tmp_path):
     # Save the imported model as a bertcli checkpoint (as training would), then export again.
     opt = torch.optim.AdamW(model.parameters())
     again = checkpoint.save(tmp_path / "run2", 4, checkpoint.gather(model, opt), torch.amp.GradScaler("cpu", enabled=False),
-                            cfg, {}, 1, [first / "tokenizer.json", first / "vocab.txt"])
+                            cfg, {}, 1, {name: (first / name).read_bytes() for name in ("tokenizer.json", "vocab.txt")})
     second = export(again, tmp_path / "two")
     a = safetensors.torch.load_file(first / "model.safetensors")
     b = safetensors.torch.load_file(second / "model.safetensors")

@@ -88,3 +88,66 @@ def test_paths_in_a_tampered_manifest_are_never_followed(tmp_path, cli, small_co
     assert rebuilt.code == 0 and f"prepared {run / 'data'}" in rebuilt.err
     assert snapshot(tmp_path, run) == before, "nothing outside the run folder was written"
     assert (tmp_path / "outside" / "victim.txt").read_text() == "keep me\n"
+
+
+@pytest.mark.parametrize("command", ["export", "encode"])
+@pytest.mark.parametrize("damage", ["linked vocab.txt", "linked weights", "nan weights"])
+def test_a_link_or_non_finite_weights_in_a_checkpoint_is_refused(tmp_path, cli, trained, command, damage):
+    """A checkpoint's files are bertcli's own: a link is never followed out of it (its target could be any
+    file, which export would publish), and weights with NaN are no model (encode would print NaN vectors)."""
+    import shutil
+
+    import safetensors.torch
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(trained / "checkpoints" / "step-0000004", ckpt)
+    name = "vocab.txt" if damage == "linked vocab.txt" else "model.safetensors"
+    target = tmp_path / "secret.txt"
+    if damage == "linked vocab.txt":
+        target.write_text("[PAD]\nhunter2\n")
+    elif damage == "linked weights":  # a good file, but not the checkpoint's own
+        shutil.copyfile(ckpt / name, target)
+    else:
+        weights = safetensors.torch.load_file(ckpt / name)
+        weights["bert.encoder.layer.0.output.dense.weight"][3, 5] = float("nan")
+        safetensors.torch.save_file(weights, ckpt / name)
+    if damage.startswith("linked"):
+        (ckpt / name).unlink()
+        (ckpt / name).symlink_to(target)
+    (tmp_path / "in.txt").write_text("a line of text\n")
+    args = ["export", ckpt, tmp_path / "out"] if command == "export" else ["encode", "--model", ckpt, tmp_path / "in.txt"]
+    result = cli(*args)
+    assert result.code == 2 and len(result.err_lines) == 1 and result.out == "", result.err
+    assert result.err_lines[0].startswith(f"bertcli: error: {ckpt / name}")
+    assert ("symbolic link" if damage.startswith("linked") else "NaN or inf") in result.err
+    assert not (tmp_path / "out").exists() and "hunter2" not in result.err
+
+
+def test_non_finite_weights_in_a_hugging_face_folder_are_refused(tmp_path, cli, trained):
+    import safetensors.torch
+
+    assert cli("export", trained, tmp_path / "hf").code == 0
+    file = tmp_path / "hf" / "model.safetensors"
+    weights = safetensors.torch.load_file(file)
+    weights["bert.embeddings.LayerNorm.weight"][0] = float("inf")
+    safetensors.torch.save_file(weights, file)
+    (tmp_path / "in.txt").write_text("a line of text\n")
+    result = cli("encode", "--model", tmp_path / "hf", tmp_path / "in.txt")
+    assert result.code == 2 and result.out == "" and result.err_lines == [
+        f"bertcli: error: {file}: 1 weight tensor(s) hold NaN or inf (e.g. bert.embeddings.LayerNorm.weight); the file "
+        "is damaged: restore it, or use another model"]
+
+
+def test_a_linked_tokenizer_file_in_the_prepared_data_never_reaches_a_checkpoint(tmp_path, cli, trained):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(trained, run, ignore=shutil.ignore_patterns("checkpoints", "metrics.jsonl", "tensorboard"))
+    (tmp_path / "secret.txt").write_text("[PAD]\nhunter2\n")
+    (run / "data" / "vocab.txt").unlink()
+    (run / "data" / "vocab.txt").symlink_to(tmp_path / "secret.txt")
+    result = cli("pretrain", "--config", run / "config.yaml", "--quiet", "--set", "train.max_steps=2")
+    assert "Traceback" not in result.err and "hunter2" not in result.err
+    if result.code != 0:  # refused (it may also be prepared again)
+        assert result.code == 2 and result.err_lines[-1].startswith(f"bertcli: error: {run / 'data' / 'vocab.txt'}")
+    assert all("hunter2" not in path.read_text() for path in run.rglob("vocab.txt") if not path.is_symlink())

@@ -170,23 +170,37 @@ def eight_steps(tmp_path_factory) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("damage", ["empty training state", "flipped training state", "cut weights", "empty trainer state"])
+@pytest.mark.parametrize("damage", ["empty training state", "flipped training state", "cut weights", "empty trainer state",
+                                    "linked weights", "nan weights", "flipped zip directory", "training state of step 4"])
 def test_resume_auto_falls_back_past_a_damaged_newest_checkpoint(tmp_path, cli, damage, eight_steps):
     import shutil
     import zipfile
 
-    shutil.copytree(eight_steps, tmp_path, dirs_exist_ok=True)
+    shutil.copytree(eight_steps, tmp_path / "run")
+    tmp_path = tmp_path / "run"
     config = write_config(tmp_path, "checkpoint.keep_last=1", "train.eval_every=0")
     newest = tmp_path / "checkpoints" / "step-0000008"
-    name = {"cut weights": "model.safetensors", "empty trainer state": "trainer_state.json"}.get(damage, "training_state.pt")
+    name = {"empty trainer state": "trainer_state.json"}.get(damage, "training_state.pt")
+    name = "model.safetensors" if "weights" in damage else name
     data = bytearray((newest / name).read_bytes())
     if damage == "flipped training state":  # one bit of the largest tensor's bytes (not the zip's alignment padding)
         member = max(zipfile.ZipFile(newest / name).infolist(), key=lambda i: i.file_size)
         start = member.header_offset + 30 + len(member.filename.encode()) + int.from_bytes(data[member.header_offset + 28:member.header_offset + 30], "little")
         data[start + member.file_size // 2] ^= 0x01
+    if damage == "flipped zip directory":  # data.pkl's external attributes: Python's zipfile ignores them, torch's reader not
+        data[zipfile.ZipFile(newest / name).start_dir + 38] ^= 0xFF
+    if damage == "training state of step 4":  # a whole archive, CRCs right, but of another step
+        data = (newest.parent / "step-0000004" / name).read_bytes()
+    if damage == "nan weights":
+        tensors = safetensors.torch.load_file(newest / name)
+        tensors["bert.pooler.dense.weight"][0, 0] = float("nan")
+        data = safetensors.torch.save(tensors)
     spoilt = {"empty training state": b"", "empty trainer state": b"",
               "cut weights": bytes(data[:len(data) // 2])}.get(damage, bytes(data))
     (newest / name).write_bytes(spoilt)
+    if damage == "linked weights":  # a good file, but outside the checkpoint: never followed
+        (newest / name).rename(tmp_path.parent / name)
+        (newest / name).symlink_to(tmp_path.parent / name)
     result = cli("pretrain", "--config", config, "--quiet", "--stop-at", "6")
     assert result.code == 0, result.err
     assert f"{newest} is damaged ({name}: " in result.err and "resuming from the newest checkpoint that loads" in result.err
@@ -194,6 +208,22 @@ def test_resume_auto_falls_back_past_a_damaged_newest_checkpoint(tmp_path, cli, 
     # keep_last=1 keeps step 6, the one just written (the damaged 8 would have been kept instead of it)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["damaged-step-0000008", "step-0000006"]
     assert (tmp_path / "checkpoints" / "damaged-step-0000008" / name).read_bytes() == spoilt, "kept as it was"
+
+
+def test_resume_from_a_damaged_checkpoint_path_is_one_line(tmp_path, cli, eight_steps):
+    """A member marked as a folder in the zip directory: torch's reader would leave its buffer unwritten and
+    unpickle whatever memory held (it loaded, or failed with another error, from run to run)."""
+    import shutil
+    import zipfile
+
+    shutil.copytree(eight_steps, tmp_path, dirs_exist_ok=True)
+    file = tmp_path / "checkpoints" / "step-0000008" / "training_state.pt"
+    data = bytearray(file.read_bytes())
+    data[zipfile.ZipFile(file).start_dir + 38] |= 0x10  # data.pkl's MS-DOS attributes: a folder
+    file.write_bytes(data)
+    result = cli("pretrain", "--config", tmp_path / "config.yaml", "--quiet", "--resume", file.parent, "--stop-at", "9")
+    assert result.code == 1 and len(result.err_lines) == 1, result.err
+    assert f"{file.parent} is damaged (training_state.pt: its member " in result.err and "marked as a folder" in result.err
 
 
 def test_resume_auto_with_no_checkpoint_that_loads_is_one_line(tmp_path, cli, eight_steps):
@@ -460,3 +490,49 @@ def test_resume_skips_damaged_metrics_records_and_says_so_once(tmp_path, cli, ei
         "of the file from now on"]
     assert [r["step"] for r in read_metrics(metrics)] == [4, 8, 9]
     assert metrics.read_text().splitlines()[:2] == good[:2]
+
+
+def plant_best(source: Path, best: Path, loss: float = 3.5) -> None:
+    """A copy of checkpoint `source` as `best`, with a held-out loss."""
+    import shutil
+
+    shutil.copytree(source, best)
+    state = json.loads((best / "trainer_state.json").read_text())
+    (best / "trainer_state.json").write_text(json.dumps({**state, "eval_metrics": {"mlm_loss": loss}}))
+
+
+def test_best_belongs_to_the_runs_current_model(tmp_path, cli, capsys, eight_steps):
+    """A run that starts fresh removes the `best` of an earlier run (here of 2 layers where the new run has
+    1); a `best` of another model put back by hand is passed over by export and encode."""
+    root = tmp_path / "checkpoints"
+    plant_best(eight_steps / "checkpoints" / "step-0000008", tmp_path / "old-best")  # 2 layers
+    plant_best(eight_steps / "checkpoints" / "step-0000008", root / "best")
+    config = write_config(tmp_path, "model.num_hidden_layers=1", "train.max_steps=2", "train.eval_every=0")
+    result = cli("pretrain", "--config", config, "--quiet")
+    assert result.code == 0 and f"removed {root / 'best'}: this run starts fresh" in result.err, result.err
+
+    def layers() -> int:  # of the checkpoint export and encode take from the run folder
+        from bertcli.hf import find_checkpoint
+
+        return checkpoint.read_config(find_checkpoint(tmp_path)).model.num_hidden_layers
+
+    assert not (root / "best").exists() and layers() == 1
+    plant_best(tmp_path / "old-best", root / "best")
+    assert layers() == 1 and f"{root / 'best'} is not of the run's model" in capsys.readouterr().err
+
+
+def test_best_is_of_the_history_resumed(tmp_path, eight_steps):
+    """Resuming keeps a `best` of the same model at or before the step resumed from; a later one (of a history
+    left behind, as when a damaged newest checkpoint is set aside) or one of another model is removed."""
+    import shutil
+
+    shutil.copytree(eight_steps, tmp_path / "run")
+    root, cfg = tmp_path / "run" / "checkpoints", load_run(tmp_path / "run" / "config.yaml")
+
+    plant_best(root / "step-0000008", root / "best")
+    assert checkpoint.settle_best(tmp_path / "run", cfg, root / "step-0000008") == 3.5 and (root / "best").exists()
+    assert checkpoint.settle_best(tmp_path / "run", cfg, root / "step-0000004") is None and not (root / "best").exists()
+    plant_best(root / "step-0000008", root / "best")
+    other = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, hidden_act="relu"))
+    assert checkpoint.settle_best(tmp_path / "run", other, root / "step-0000008") is None
+    assert not (root / "best").exists()

@@ -465,8 +465,8 @@ def run_tokenizer(cfg: Config) -> Path | None:
     is fixed by its first checkpoint, and every checkpoint carries it."""
     root = Path(cfg.output_dir) / "checkpoints"
     complete = ("model.safetensors", "config.yaml", "training_state.pt", "trainer_state.json", "tokenizer.json")
-    steps = sorted((int(p.name[5:]), p) for p in root.glob("step-*")
-                   if STEP_DIR.match(p.name) and all((p / name).is_file() for name in complete))
+    steps = sorted((int(p.name[5:]), p) for p in root.glob("step-*")  # a link is damage, never followed (checkpoint.damage)
+                   if STEP_DIR.match(p.name) and all((p / n).is_file() and not (p / n).is_symlink() for n in complete))
     return steps[-1][1] / "tokenizer.json" if steps else None
 
 

@@ -1,0 +1,52 @@
+"""One command at a time on a run: `pretrain` and `prepare` hold an exclusive lock on output_dir/.lock.
+
+A `prepare` while the run's `pretrain` trains would replace the prepared data under it (the run
+goes on with the old token ids, its next checkpoints would pair them with the new tokenizer).
+flock is released by the kernel when its holder dies, so a crashed command never leaves the folder
+locked. Torch-free: `prepare` does not load torch.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from bertcli import atomic
+from bertcli.errors import RunError
+
+
+class RunLock:
+    """An exclusive lock on output_dir/.lock while `command` (pretrain, prepare) works on the run;
+    the lock file says which process holds it and for which command."""
+
+    def __init__(self, output_dir: Path, command: str = "pretrain") -> None:
+        self.path = Path(output_dir) / ".lock"
+        self.command = command
+        self.fh = None
+
+    def __enter__(self) -> "RunLock":
+        import fcntl
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.fh = open(self.path, "a+")
+        try:
+            fcntl.flock(self.fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.fh.seek(0)
+            words = self.fh.read().split()  # "pid N COMMAND" ("pid N" from older versions: a pretrain)
+            self.fh.close()
+            holder = " ".join(words[:2]) or "another process"
+            command = words[2] if len(words) > 2 else "pretrain"
+            fix = ("wait for it to finish, or set output_dir to another folder" if self.command == "pretrain" else
+                   "wait for it to finish, then run it again")
+            raise RunError(f"{self.path.parent} is in use by another bertcli {command} ({holder}); {fix}") from None
+        with atomic.writing(self.path):  # a full disk: one line naming the file
+            self.fh.seek(0)
+            self.fh.truncate()
+            self.fh.write(f"pid {os.getpid()} {self.command}\n")
+            self.fh.flush()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fh is not None:
+            self.fh.close()  # closing releases the lock
