@@ -221,7 +221,7 @@ CASES = [
      "not a complete checkpoint (missing training_state.pt)"),
     ("safetensors-truncated", lambda d, b: ["pretrain", "-c", write_config(d), "--resume",
                                             _truncated(_copy_ckpt(b, d))],
-     1, "cannot read weights"),
+     1, "ckpt is damaged (model.safetensors: Error while deserializing header"),
     ("safetensors-tampered-shape", lambda d, b: ["pretrain", "-c", write_config(d, "model.intermediate_size=64"), "--resume",
                                                  _weights_of(_copy_ckpt(b, d), b["text"] / "checkpoints" / "step-0000004")],
      2, "weights do not fit this model"),
@@ -270,7 +270,7 @@ CASES = [
      "already holds 1 checkpoint(s) and --resume never was given; use --resume auto"),
     ("training-state-empty", lambda d, b: ["pretrain", "-c", write_config(d), "--resume",
                                            _emptied(_copy_ckpt(b, d), "training_state.pt")], 1,
-     "the file is damaged: resume from another checkpoint (--resume PATH)"),
+     "ckpt is damaged (training_state.pt: File is not a zip file): resume from another checkpoint (--resume PATH)"),
 ]
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])

@@ -23,9 +23,9 @@ pytestmark = [pytest.mark.skipif(not torch.distributed.is_gloo_available(), reas
 NO_DROPOUT = ["model.hidden_dropout_prob=0", "model.attention_probs_dropout_prob=0"]
 
 
-def torchrun(config, *args, nproc=2, **kwargs):
+def torchrun(config, *args, nproc=2, quiet=True, **kwargs):
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-               "-m", "bertcli", "pretrain", "--config", str(config), "--quiet", *args]
+               "-m", "bertcli", "pretrain", "--config", str(config), *(["--quiet"] if quiet else []), *args]
     return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=180, **kwargs)
 
 
@@ -96,7 +96,7 @@ def test_fsdp_equals_one_process_and_its_checkpoint_resumes_in_one_process(tmp_p
     overrides = ["train.batch_size=8", "train.grad_accum_steps=2", "train.max_steps=8", *NO_DROPOUT]
     assert single(write_config(tmp_path / "one", *overrides)).returncode == 0
     mixed = write_config(tmp_path / "mixed", *overrides, "train.batch_size=4", "train.parallel=fsdp")
-    first = torchrun(mixed, "--stop-at", "4")  # 2 processes x 4 examples
+    first = torchrun(mixed, "--stop-at", "4", quiet=False)  # 2 processes x 4 examples
     assert first.returncode == 0, first.stderr[-2000:]
     assert "2 processes (fsdp)" in first.stderr and first.stderr.count("done: step 4") == 1
     assert "Warning" not in first.stderr
