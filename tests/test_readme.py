@@ -42,3 +42,10 @@ def test_command_examples_use_run_folders_the_readme_makes():
     made = set(re.findall(r"bertcli init (runs/\w+)", blocks))
     used = set(re.findall(r"(?:--model|--config|inspect|export|--logdir) (runs/\w+)", blocks))
     assert made and used <= made, f"examples name {sorted(used - made)}, the README makes {sorted(made)}"
+
+
+def test_bad_input_catalogue_count_is_the_tests():
+    from test_bad_inputs import CASES
+
+    stated = re.search(r"`tests/test_bad_inputs.py` is a catalogue of (\d+) bad inputs", README)
+    assert stated and int(stated.group(1)) == len(CASES), f"README says {stated and stated.group(1)}, the test has {len(CASES)}"
