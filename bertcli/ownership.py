@@ -156,6 +156,10 @@ def check_output_file(output: Path, inputs: list[Path], model: Path) -> Path:
     if resolved.exists() and relation(resolved, read) == "is inside":
         raise UsageError(f"--output {output} is a file of the model {model}; writing there would destroy it: "
                          "name another file")
+    run = run_file(resolved)
+    if run is not None:
+        raise UsageError(f"--output {output} is {run[1]} of the run folder {run[0]}, which bertcli reads and writes: "
+                         f"name another file, e.g. {run[0] / ('vectors' + (resolved.suffix if resolved.suffix in ('.npy', '.tsv') else '.jsonl'))}")
     owned = owner(resolved.parent)
     if owned is not None:
         outside = owned[0].parent
@@ -165,6 +169,27 @@ def check_output_file(output: Path, inputs: list[Path], model: Path) -> Path:
                          "whole, and refuses one holding a file it did not write): name a file outside it, e.g. "
                          f"{outside / resolved.name}")
     return resolved
+
+
+# A run folder's own files and folders next to its checkpoints/ and data/: `pretrain` reads and
+# rewrites them (the lock keeps one run per folder; the config and metrics are its history).
+RUN_FILES = ("config.yaml", "metrics.jsonl", ".lock")
+RUN_FOLDERS = ("tensorboard",)
+
+
+def run_file(path: Path) -> tuple[Path, str] | None:
+    """(the run folder, what `path` is of it) when `path` is one of a run folder's own files, or
+    inside its tensorboard/; None otherwise. A run folder: one holding checkpoints/, .lock or
+    metrics.jsonl (a folder with only a config.yaml is not one yet: writing there is the user's)."""
+    def is_run(folder: Path) -> bool:
+        return (folder / "checkpoints").is_dir() or any((folder / name).exists() for name in RUN_FILES[1:])
+
+    if path.name in RUN_FILES and is_run(path.parent):
+        return path.parent, f"the {path.name}"
+    for at in path.parents:
+        if at.name in RUN_FOLDERS and is_run(at.parent):
+            return at.parent, f"inside the {at.name}/ folder"
+    return None
 
 
 def owner(folder: Path) -> tuple[Path, str] | None:

@@ -188,7 +188,8 @@ def test_init_force_replaces_only_a_bertcli_config_and_nothing_else(tmp_path, cl
 
 
 @pytest.mark.parametrize("target", ["input", "model file", "folder", "in a checkpoint", "in checkpoints/",
-                                    "in prepared data", "in an export"])
+                                    "in prepared data", "in an export", "run config", "run metrics", "run lock",
+                                    "in tensorboard/"])
 def test_encode_output_never_replaces_an_input(run_copy, cli, tmp_path, target):
     """Nor is it written into a folder bertcli owns: the next pretrain, prepare or export --force
     would refuse the folder for holding a file bertcli did not write."""
@@ -199,7 +200,9 @@ def test_encode_output_never_replaces_an_input(run_copy, cli, tmp_path, target):
     ckpt = checkpoint.list_checkpoints(run_copy)[-1][1]
     out = {"input": lines, "model file": ckpt / "model.safetensors", "folder": tmp_path, "in a checkpoint": ckpt / "v.npy",
            "in checkpoints/": ckpt.parent / "v.npy", "in prepared data": run_copy / "data" / "v.npy",
-           "in an export": (export(run_copy, tmp_path / "hf") if target == "in an export" else tmp_path) / "v.npy"}[target]
+           "in an export": (export(run_copy, tmp_path / "hf") if target == "in an export" else tmp_path) / "v.npy",
+           "run config": run_copy / "config.yaml", "run metrics": run_copy / "metrics.jsonl", "run lock": run_copy / ".lock",
+           "in tensorboard/": run_copy / "tensorboard" / "v.npy"}[target]
     before = snapshot(tmp_path)
     result = cli("encode", lines, "--model", run_copy, "--format", "npy", "--output", out)
     refused(result, out)
