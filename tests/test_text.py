@@ -360,6 +360,8 @@ def _link_outside(path: Path) -> None:
 DAMAGE = [  # (id, damage(folder), what the one line must say)
     ("truncated-tokens", lambda d: _cut(d / "train" / "tokens.bin", 100_000), "train/tokens.bin holds 100,000 bytes"),
     ("emptied-tokens", lambda d: _cut(d / "train" / "tokens.bin", 0), "train/tokens.bin holds 0 bytes"),
+    ("emptied-doc-offsets", lambda d: _cut(d / "valid" / "doc_offsets.bin", 0),
+     ("valid/doc_offsets.bin holds 0 bytes where manifest.json implies", "(int64)")),  # offsets: int64 in any folder
     ("id-out-of-range", lambda d: _set_id(d / "valid" / "tokens.bin", 5, 60_000),
      "valid/tokens.bin holds token id 60,000, past the vocabulary"),
     ("manifest-dtype", lambda d: _edit_json(d / "manifest.json", dtype="uint32"), "where manifest.json implies"),
@@ -387,7 +389,9 @@ def test_damaged_prepared_data_is_named_in_one_line(case, prepared, tmp_path, cl
     damage(folder)
     result = cli("inspect", folder)
     assert result.code == 2 and len(result.err_lines) == 1, result.err
-    assert needle in result.err and "bertcli prepare --config" in result.err and "--force" in result.err, result.err
+    needles = needle if isinstance(needle, tuple) else (needle,)
+    assert all(n in result.err for n in needles) and "bertcli prepare --config" in result.err, result.err
+    assert "--force" in result.err, result.err
     assert "Traceback" not in result.err and result.out == ""
 
 

@@ -585,7 +585,8 @@ def check_prepared(folder: Path, manifest: dict[str, Any]) -> str | None:
         for name, size in expected.items():
             actual = (folder / split / name).stat().st_size
             if actual != size:
-                return f"{split}/{name} holds {actual:,} bytes where {MANIFEST} implies {size:,} ({manifest['dtype']})"
+                kind = manifest["dtype"] if name == "tokens.bin" else "int64"  # offsets are int64 whatever the tokens
+                return f"{split}/{name} holds {actual:,} bytes where {MANIFEST} implies {size:,} ({kind})"
         base = folder / split
         for name, last in (("seg_offsets.bin", counts["tokens"]), ("doc_offsets.bin", counts["segments"])):
             if not _rising(np.memmap(base / name, dtype=np.int64, mode="r"), last):
