@@ -22,7 +22,7 @@ from tokenizers import Tokenizer
 from bertcli import __version__, atomic, checkpoint, console, ownership
 from bertcli.config import Config, ModelConfig, TokenizerConfig
 from bertcli.config_load import model_config_from_dict, preset_config
-from bertcli.data.tokenizer import describe, find_tokenizer_file, load_tokenizer, read_tokenizer_json
+from bertcli.data.tokenizer import check_vocab_file, describe, find_tokenizer_file, load_tokenizer, read_tokenizer_json
 from bertcli.errors import UsageError
 from bertcli.model import TIED_ALIASES, BertForPreTraining, padded_vocab_size
 from bertcli.sbert import read_sentence_model
@@ -110,7 +110,9 @@ def export(source: Path, out_dir: Path, force: bool = False) -> Path:
                 (tmp / name).write_bytes(checkpoint.read_own(ckpt / name))  # never through a link out of the checkpoint
         # The casing of the tokenizer itself, not of the config (a loaded tokenizer keeps its own):
         # transformers applies these keys over tokenizer.json's normalizer.
-        casing = describe(read_tokenizer_json(tmp / "tokenizer.json"))
+        tok = read_tokenizer_json(tmp / "tokenizer.json")
+        check_vocab_file(tok, (tmp / "vocab.txt").read_bytes(), ckpt / "vocab.txt")  # one vocabulary, not two
+        casing = describe(tok)
         lower, strip = casing.get("lowercase", True), casing.get("strip_accents", True)
         tokenizer_config = {"tokenizer_class": "BertTokenizer", "do_lower_case": lower,
                             "strip_accents": None if strip == lower else strip,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 import pickle
 
 import pytest
@@ -121,6 +122,22 @@ def test_a_link_or_non_finite_weights_in_a_checkpoint_is_refused(tmp_path, cli, 
     assert result.err_lines[0].startswith(f"bertcli: error: {ckpt / name}")
     assert ("symbolic link" if damage.startswith("linked") else "NaN or inf") in result.err
     assert not (tmp_path / "out").exists() and "hunter2" not in result.err
+
+
+def test_an_edited_vocab_txt_in_a_checkpoint_is_never_exported(tmp_path, cli, trained):
+    """vocab.txt must be tokenizer.json's vocabulary: a tool that reads vocab.txt alone (the new-user trial
+    edited one line of it) would give other ids than the model was trained with."""
+    import shutil
+
+    ckpt = Path(shutil.copytree(trained / "checkpoints" / "step-0000004", tmp_path / "ckpt"))
+    lines = (ckpt / "vocab.txt").read_text().splitlines()
+    lines[200] = "zzzhacked"
+    (ckpt / "vocab.txt").write_text("\n".join(lines) + "\n")
+    result = cli("export", ckpt, tmp_path / "out")
+    assert result.code == 2 and result.err_lines == [
+        f"bertcli: error: {ckpt / 'vocab.txt'} does not match the tokenizer.json beside it (edited after bertcli wrote "
+        "it?): restore it, or use another checkpoint"], result.err
+    assert not (tmp_path / "out").exists()
 
 
 def test_non_finite_weights_in_a_hugging_face_folder_are_refused(tmp_path, cli, trained):

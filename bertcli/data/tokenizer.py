@@ -229,12 +229,24 @@ def save_tokenizer(tok: Tokenizer, folder: Path) -> None:
     """tokenizer.json and vocab.txt (one token per line, in id order) into folder."""
     with atomic.writing(Path(folder) / "tokenizer.json"):  # a full disk named, whatever tokenizers calls it
         tok.save(str(Path(folder) / "tokenizer.json"))
-    vocab = tok.get_vocab(with_added_tokens=True)
-    by_id = sorted(vocab.items(), key=lambda kv: kv[1])
+    with atomic.writing(Path(folder) / "vocab.txt"):
+        (Path(folder) / "vocab.txt").write_text(vocab_text(tok), encoding="utf-8")
+
+
+def vocab_text(tok: Tokenizer) -> str:
+    """The vocab.txt of `tok`: one token per line, in id order."""
+    by_id = sorted(tok.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
     if [i for _, i in by_id] != list(range(len(by_id))):
         raise UsageError("the tokenizer's ids are not 0..N-1; cannot write vocab.txt")
-    with atomic.writing(Path(folder) / "vocab.txt"):
-        (Path(folder) / "vocab.txt").write_text("".join(token + "\n" for token, _ in by_id), encoding="utf-8")
+    return "".join(token + "\n" for token, _ in by_id)
+
+
+def check_vocab_file(tok: Tokenizer, contents: bytes, where: Path) -> None:
+    """Refuse a vocab.txt (its `contents`, read from `where`) that is not `tok`'s: tools that read
+    vocab.txt alone would get other token ids than the tokenizer.json beside it."""
+    if contents != vocab_text(tok).encode("utf-8"):
+        raise UsageError(f"{where} does not match the tokenizer.json beside it (edited after bertcli wrote it?): "
+                         "restore it, or use another checkpoint")
 
 
 def tokenizer_identity(tok: Tokenizer) -> str:
