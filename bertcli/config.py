@@ -413,13 +413,20 @@ class Config:
         Not errors: a run may mean to raise train.max_steps later and resume, and the schedule of its
         steps so far does not change when it does."""
         o, t = self.optimizer, self.train
-        if o.warmup_steps <= t.max_steps:
-            return []
-        share = t.max_steps / o.warmup_steps
-        return [f"optimizer.warmup_steps={o.warmup_steps:,} is past train.max_steps={t.max_steps:,}: the learning rate "
-                f"rises to {share:.0%} of optimizer.lr ({o.lr:g} x {share:.3g} = {o.lr * share:.3g}) at the last step "
-                f"and never decays; lower warmup_steps (say {max(1, t.max_steps // 10):,}) unless you mean to raise "
-                "max_steps and resume"]
+        said = []
+        if o.warmup_steps > t.max_steps:
+            share = t.max_steps / o.warmup_steps
+            said.append(f"optimizer.warmup_steps={o.warmup_steps:,} is past train.max_steps={t.max_steps:,}: the learning "
+                        f"rate rises to {share:.0%} of optimizer.lr ({o.lr:g} x {share:.3g} = {o.lr * share:.3g}) at the "
+                        f"last step and never decays; lower warmup_steps (say {max(1, t.max_steps // 10):,}) unless you "
+                        "mean to raise max_steps and resume")
+        if o.eps > EPS_WARN:  # AdamW's step is lr x m / (sqrt(v) + eps): about lr x g / eps once eps dwarfs |g|
+            said.append(f"optimizer.eps={o.eps:g} is far above the size of BERT's gradients (AdamW divides each update "
+                        f"by sqrt(v) + eps), so the weights barely move; the usual values are 1e-8 to 1e-6")
+        return said
+
+
+EPS_WARN = 1e-3  # AdamW epsilon past which updates shrink by the ratio of gradient size to eps
 
 
 # Presets: overrides on top of the defaults. Only what differs from the defaults is listed.

@@ -287,6 +287,9 @@ def test_warmup_past_max_steps_is_a_warning_not_an_error():
     [warning] = preset_config("tiny", ["optimizer.warmup_steps=1000"]).warnings()
     assert warning.startswith("optimizer.warmup_steps=1,000 is past train.max_steps=500: the learning rate rises to "
                               "50% of optimizer.lr") and "\n" not in warning
+    [warning] = preset_config("tiny", ["optimizer.eps=1e300"]).warnings()  # trains, with no effective updates
+    assert warning.startswith("optimizer.eps=1e+300 is far above the size of BERT's gradients")
+    assert preset_config("tiny", ["optimizer.eps=1e-3"]).warnings() == []
 
 
 def _billion_laughs(levels: int = 9) -> str:
