@@ -209,8 +209,9 @@ def weights_file(folder: Path) -> Path:
     file = folder / "model.safetensors"
     if not file.is_file():
         if (folder / "pytorch_model.bin").is_file():  # the tensors as they are (no heads added), read without pickle code
-            convert = (f"import torch, safetensors.torch as st; w = torch.load({str(folder / 'pytorch_model.bin')!r}, "
-                       f"weights_only=True); st.save_file({{k: v.contiguous().clone() for k, v in w.items()}}, "
+            pickle_path = str(folder / "pytorch_model.bin")
+            convert = (f"import torch, safetensors.torch as st; w = torch.load({pickle_path!r}, weights_only=True); "
+                       f"st.save_file({{k: v.contiguous().clone() for k, v in w.items()}}, "
                        f"{str(file)!r}, metadata={{'format': 'pt'}})")
             raise UsageError(f"{folder}: only pytorch_model.bin here, and bertcli reads model.safetensors only (a .bin "
                              f"file is a pickle, which can run code when loaded); convert it once, where you trust the "
