@@ -1,4 +1,4 @@
-"""The README's reference sections are checked against the code, so they cannot drift."""
+"""The README and docs/*.md are checked against the code, so they cannot drift."""
 
 from __future__ import annotations
 
@@ -12,10 +12,13 @@ from bertcli.summary import parameter_counts
 from conftest import REPO
 
 README = (REPO / "README.md").read_text()
+DOCS = {path: path.read_text() for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]}
+EVERYWHERE = "\n".join(DOCS.values())
 
 
 def test_config_reference_is_the_generated_one():
-    assert markdown_reference() in README, "README config reference is stale: paste markdown_reference() output"
+    assert markdown_reference() in EVERYWHERE, \
+        "the config reference is stale: paste markdown_reference()'s output into docs/configuration.md"
 
 
 def test_preset_table_matches_the_code():
@@ -47,5 +50,5 @@ def test_command_examples_use_run_folders_the_readme_makes():
 def test_bad_input_catalogue_count_is_the_tests():
     from test_bad_inputs import CASES
 
-    stated = re.search(r"`tests/test_bad_inputs.py` is a catalogue of (\d+) bad inputs", README)
-    assert stated and int(stated.group(1)) == len(CASES), f"README says {stated and stated.group(1)}, the test has {len(CASES)}"
+    stated = re.findall(r"`tests/test_bad_inputs.py` is a catalogue of (\d+) bad inputs", EVERYWHERE)
+    assert stated and {int(n) for n in stated} == {len(CASES)}, f"the docs say {stated}, the test has {len(CASES)}"
