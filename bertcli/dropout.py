@@ -34,10 +34,10 @@ def keep_mask(shape: torch.Size, p: float, device: torch.device) -> torch.Tensor
     return words.view(torch.int32)[:n].view(shape) >= threshold
 
 
-def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """F.dropout(x, p, training), with keep_mask's mask on CPUs."""
+def dropout(x: torch.Tensor, p: float, *, training: bool) -> torch.Tensor:
+    """F.dropout(x, p, training=training), with keep_mask's mask on CPUs."""
     if not training or p == 0 or x.device.type != "cpu":
-        return F.dropout(x, p, training)
+        return F.dropout(x, p, training=training)
     return x.mul(keep_mask(x.shape, p, x.device)).mul_(1 / (1 - p))  # autograd keeps the bool mask only
 
 
@@ -45,10 +45,10 @@ class Dropout(nn.Dropout):
     """nn.Dropout through `dropout` (no parameters: state_dict keys are unchanged)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return dropout(x, self.p, self.training)
+        return dropout(x, self.p, training=self.training)
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None,
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None, *,
               dropout_p: float) -> torch.Tensor:
     """Scaled dot-product attention with dropout on the weights: (B, nh, T, hd) x3 -> (B, nh, T, hd);
     `keep` (B, 1, 1, T) bool: keys that may be attended (None: all).
@@ -61,7 +61,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Ten
     scores = torch.matmul(q * (1 / math.sqrt(q.shape[-1])), k.transpose(-2, -1))  # (B, nh, T, T)
     if keep is not None:  # added, not masked_fill: the backward then passes the gradient through as it is
         scores = scores + scores.new_zeros(keep.shape).masked_fill_(~keep, float("-inf"))
-    return torch.matmul(dropout(torch.softmax(scores, -1), dropout_p, True), v)
+    return torch.matmul(dropout(torch.softmax(scores, -1), dropout_p, training=True), v)
 
 
 def seed_step(seed: int, step: int, rank: int = 0) -> None:

@@ -337,7 +337,7 @@ def _forward(enc: Encoder, ids: list[list[int]], types: list[list[int]], layer: 
     device = enc.rt.device
     valid_lens = torch.tensor([len(x) for x in ids], device=device)
     with enc.rt.autocast():
-        hidden = enc.model.bert.hidden_states(input_ids.to(device), token_type_ids.to(device), valid_lens, layer)
+        hidden = enc.model.bert.hidden_states(input_ids.to(device), token_type_ids.to(device), valid_lens, layer=layer)
     return hidden, valid_lens
 
 

@@ -331,7 +331,8 @@ def fit(run: Run, last_step: int, stopper: StopOnSignal, quiet: bool) -> dict[st
         torch.cuda.reset_peak_memory_stats(rt.device)
     pin = rt.device.type == "cuda"
     micro_batches = StepBatches(ExampleBuilder(run.data.train, cfg.data, tc.batch_size * tc.grad_accum_steps * rt.world_size),
-                                tc.seed, step, last_step, tc.batch_size, tc.grad_accum_steps, rt.rank, rt.world_size)
+                                seed=tc.seed, first_step=step, last_step=last_step, batch_size=tc.batch_size,
+                                accum_steps=tc.grad_accum_steps, rank=rt.rank, world_size=rt.world_size)
     batches = iter(loader(micro_batches, workers=data_workers(rt.device, tc.data_workers), pin_memory=pin))
     run.model.train()
     try:
@@ -393,7 +394,7 @@ def train_step(run: Run, step: int, batches: Iterator[Batch], window: MetricsWin
         with parallel.gradient_sync(run.train_model, micro == tc.grad_accum_steps - 1):  # reduced on the last only
             with rt.autocast():
                 out = run.train_model(batch.input_ids, batch.token_type_ids, key_lens[micro], batch.pred_positions,
-                                      batch.packed if run.unpad else None)
+                                      packed=batch.packed if run.unpad else None)
             losses = pretraining_loss(out, batch, tc.mlm_weight, tc.nsp_weight, cfg.data.pairs, denominators,
                                       rt.world_size)
             run.scaler.scale(losses.total).backward()

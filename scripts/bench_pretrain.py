@@ -125,7 +125,7 @@ def main() -> None:
         def step(b):
             with autocast:
                 out = model(b["tokens"], b["segments"], b["valid"] if b["padded"] else None, b["positions"],
-                            b["packed"] if unpad else None)
+                            packed=b["packed"] if unpad else None)
             loss = F.cross_entropy(out.mlm_logits.float().flatten(0, 1), b["labels"].flatten()) + \
                 F.cross_entropy(out.nsp_logits.float(), b["nsp"])
             loss.backward()
