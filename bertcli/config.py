@@ -39,6 +39,9 @@ Device = Literal["auto", "cpu", "cuda", "cuda:N"]
 checks only that a device is a string, and `TrainConfig.problems()` checks its form."""
 
 
+DEVICE_NAMES = "auto, cpu, cuda or cuda:N"  # in words, for messages
+
+
 def is_device_name(name: str) -> bool:
     """Whether `name` is a Device: auto, cpu, cuda, or cuda:N with N a device index."""
     return name in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:[0-9]+", name) is not None
