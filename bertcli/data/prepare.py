@@ -225,6 +225,7 @@ def _prepare(cfg: Config, quiet: bool, force: bool) -> Path:
         log(f"preparing {data.corpus} with the run's own tokenizer, {fixed} (its checkpoints were trained on its "
             "token ids; a new vocabulary would garble them)")
 
+    _check_enough_documents(files, data, folder)  # before the tokenizer is trained (seconds to minutes)
     start = time.perf_counter()
     total_bytes = None if any(is_compressed(f) for f in files) else sum(e["bytes"] for e in entries)
     with atomic.folder(folder, guard) as tmp:
@@ -515,6 +516,25 @@ def _check_sizes(splits: dict[str, dict[str, int]], data: DataConfig, folder: Pa
     if train < need:
         raise UsageError(f"data.corpus={data.corpus!r}: {train} training document(s); at least 2 are needed{why}: "
                          f"separate documents with blank lines, or {no_pairs}")
+
+
+def _check_enough_documents(files: list[Path], data: DataConfig, folder: Path) -> None:
+    """Refuse a corpus with too few documents for _check_sizes before any tokenizer work: the documents
+    are read (no sentence splitting) only until there are enough, so a corpus that has them costs a
+    few documents' reading, and one that has not is refused after one reading pass, not after the
+    tokenizer is trained and the shards written. Tokenizing can only empty a document (left out
+    then), never add one, so the counts here are upper bounds: what passes is checked again on the
+    shards (_check_sizes)."""
+    need = 2 if data.pairs else 1
+    splits = {"train": {"documents": 0}, "valid": {"documents": 0}}
+    for item in read_sentences(files, split=False):
+        if item is not None:
+            continue
+        documents = splits["train"]["documents"] + splits["valid"]["documents"]
+        splits["valid" if is_held_out(documents, data.validation_fraction) else "train"]["documents"] += 1
+        if splits["train"]["documents"] >= need and (data.validation_fraction == 0 or splits["valid"]["documents"] >= need):
+            return
+    _check_sizes(splits, data, folder)
 
 
 def read_manifest(folder: Path) -> tuple[dict[str, Any] | None, str | None]:
