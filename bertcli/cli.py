@@ -149,6 +149,7 @@ def prepare(
 ) -> None:
     """Train the tokenizer and write token shards for the config's corpus (pretrain does this when needed)."""
     from bertcli.data.prepare import prepare as run
+    from bertcli.data.prepare import prepared_lock
     from bertcli.resolve import check_outputs_apart, load_run
     from bertcli.runlock import RunLock
 
@@ -156,7 +157,9 @@ def prepare(
     check_outputs_apart(cfg)
     if cfg.data.corpus == "synthetic":
         raise UsageError("data.corpus is synthetic: there is nothing to prepare")
-    with RunLock(Path(cfg.output_dir), "prepare"):  # never under the run's pretrain, which trains on the data
+    # Never under the run's pretrain, which trains on the data, nor while another run prepares or reads the same
+    # prepared folder (runs with other output_dirs may share it).
+    with RunLock(Path(cfg.output_dir), "prepare"), prepared_lock(cfg, "prepare"):
         folder = run(cfg, quiet=quiet, force=force)
     again = [a for o in overrides for a in ("--set", o)]  # the same data: the same overrides
     err(f"next: {command_line('inspect', folder)}   or   {command_line('pretrain', '--config', config, *again)}")

@@ -213,11 +213,7 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume: str, quiet: bool) -> Run
     # Before the data (a synthetic corpus is as large as the vocabulary; without a vocabulary yet, a
     # lower bound: 100,000 layers are refused before the corpus is prepared), and after when unsized.
     memory.check_memory(cfg.model, rt, cfg.train.parallel)
-    data = _load_data(cfg, rt, quiet)
-    # The tokenizer's files, read once, now: every checkpoint holds these bytes, those of the ids trained on,
-    # whatever happens to the prepared folder meanwhile (symbolic links are refused: never followed out of it).
-    tokenizer = {path.name: checkpoint.read_own(path, "the prepared data", "run `bertcli prepare --force` to write "
-                                                "it again") for path in data.tokenizer_files}
+    data, tokenizer = _load_data(cfg, rt, quiet)
     cfg = resolve.with_vocab(cfg, data.vocab_size, cfg.data.corpus)  # the tokenizer exists now
     if not sized:
         memory.check_memory(cfg.model, rt, cfg.train.parallel)
@@ -267,14 +263,31 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume: str, quiet: bool) -> Run
     return run
 
 
-def _load_data(cfg: Config, rt: runtime.Runtime, quiet: bool) -> Dataset:
-    """The run's data: rank 0 prepares text corpora first when needed (cached), the others then read it."""
-    if rt.is_main:
-        data = load_data(cfg, quiet)
-    rt.barrier()
-    if not rt.is_main:
-        data = load_data(cfg, quiet=True)
-    return data
+def _load_data(cfg: Config, rt: runtime.Runtime, quiet: bool) -> tuple[Dataset, dict[str, bytes]]:
+    """The run's data and its tokenizer's files (name -> bytes): rank 0 prepares text corpora first when
+    needed (cached), the others then read it. Rank 0 holds the prepared folder's lock until every
+    process has read it: another run sharing the folder cannot replace it meanwhile. From then on
+    training reads its memory maps (a replaced folder's files live on while mapped) and these bytes."""
+    text = cfg.data.corpus != "synthetic"
+    if rt.is_main and text:
+        from bertcli.data.prepare import prepared_lock
+
+        lock = prepared_lock(cfg, "pretrain")
+    else:
+        lock = contextlib.nullcontext()
+    with lock:
+        if rt.is_main:
+            data = load_data(cfg, quiet)
+        rt.barrier()
+        if not rt.is_main:
+            data = load_data(cfg, quiet=True)
+        # Read once, now: every checkpoint holds these bytes, those of the ids trained on, whatever happens to the
+        # prepared folder meanwhile (symbolic links are refused: never followed out of it).
+        tokenizer = {path.name: checkpoint.read_own(path, "the prepared data", "run `bertcli prepare --force` to "
+                                                    "write it again") for path in data.tokenizer_files}
+        if text:
+            rt.barrier()  # every process has read the folder: rank 0 may let it go
+    return data, tokenizer
 
 
 def _held_out(cfg: Config, data: Dataset) -> tuple[list[Batch], float]:

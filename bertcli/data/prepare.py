@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -48,6 +48,7 @@ from bertcli.data.text import corpus_files, is_compressed, read_sentences, read_
 from bertcli.data.tokenizer import (continuation_mask, describe, find_tokenizer_file, load_tokenizer, read_tokenizer_json,
                                     save_tokenizer, special_tokens, tokenizer_identity, train_tokenizer)
 from bertcli.errors import Interrupted, UsageError
+from bertcli.runlock import PreparedLock
 from bertcli.console import log
 
 # 3: tokenizer.json and vocab.txt hashed in the manifest; lines over text.MAX_LINE_CHARS cut in pieces.
@@ -221,6 +222,10 @@ def _prepare(cfg: Config, quiet: bool, force: bool) -> Path:
         log(f"prepared data in {folder} is damaged ({damage}): preparing it again")
     elif why_not and not force:
         log(f"prepared data in {folder} {why_not}: preparing it again")
+    elif old and not force:  # the data of other inputs: say which, since another run may be sharing the folder
+        changes = _changes(old, entries, data, tokenizer_file if data.tokenizer.path else None, tok, Path(cfg.output_dir))
+        log(f"prepared data in {folder} was made from other inputs than this config's ({'; '.join(changes)}): "
+            "preparing it again")
     if fixed is not None:
         log(f"preparing {data.corpus} with the run's own tokenizer, {fixed} (its checkpoints were trained on its "
             "token ids; a new vocabulary would garble them)")
@@ -490,6 +495,18 @@ def _guard(cfg: Config, folder: Path) -> Callable[[Path], None]:
     return guard
 
 
+def prepared_lock(cfg: Config, command: str) -> AbstractContextManager[Any]:
+    """The lock on the prepared folder of `cfg` (runlock.PreparedLock: a file beside it) for `command`,
+    where a prepare may replace the folder. What is refused anyway is refused first, leaving nothing
+    beside the folder: a prepared_dir that is, holds or lies inside an input; and a folder bertcli
+    did not write (the user's), which no prepare replaces, so that reading it needs no lock."""
+    folder = Path(cfg.data.prepared_dir).expanduser().resolve()
+    _guard(cfg, folder)
+    if ownership.not_owned(folder, LAYOUT) is not None:
+        return nullcontext()
+    return PreparedLock(folder, command)
+
+
 def _check_sizes(splits: dict[str, dict[str, int]], data: DataConfig, folder: Path) -> None:
     """Enough documents for examples in each split: 2 with sentence pairs (a random next sentence
     comes from another document), 1 without. Every fix suggested is one that works."""
@@ -516,6 +533,41 @@ def _check_sizes(splits: dict[str, dict[str, int]], data: DataConfig, folder: Pa
     if train < need:
         raise UsageError(f"data.corpus={data.corpus!r}: {train} training document(s); at least 2 are needed{why}: "
                          f"separate documents with blank lines, or {no_pairs}")
+
+
+def _changes(old: dict[str, Any], entries: list[dict[str, Any]], data: DataConfig, configured: Path | None,
+             tok: Tokenizer | None, output_dir: Path) -> list[str]:
+    """What differs between the inputs recorded in manifest `old` and this config's (the fingerprint
+    only says that something does), in words; `configured`: the tokenizer file of
+    data.tokenizer.path (None: trained, or the run's own), `tok` the tokenizer that will be used."""
+    changes = []
+    if old["corpus"].get("source") != data.corpus:
+        changes.append(f"corpus {old['corpus'].get('source')} then, {data.corpus} now: the folder was prepared for "
+                       "another config sharing data.prepared_dir, or data.corpus changed")
+    else:
+        before = {f["path"]: f.get("sha256") for f in old["corpus"]["files"]}
+        now = {e["path"]: e["sha256"] for e in entries}
+        for what, paths in (("added", set(now) - set(before)), ("removed", set(before) - set(now)),
+                            ("changed", {p for p in set(now) & set(before) if now[p] != before[p]})):
+            if paths:
+                first = sorted(paths)[0]
+                changes.append(f"corpus file {what}: {first}" + (f" and {len(paths) - 1:,} more" if len(paths) > 1 else ""))
+    recorded, t = old["tokenizer"], data.tokenizer
+    source = str(configured) if configured else "trained"
+    own = recorded.get("source") != "trained" and (output_dir / "checkpoints") in Path(str(recorded.get("source"))).parents
+    if recorded.get("source") != source and not own:  # (own: prepared with this run's checkpoint's tokenizer)
+        changes.append(f"tokenizer {recorded.get('source')} then, {source} now")
+    elif configured and tok is not None and recorded.get("identity") != tokenizer_identity(tok):
+        changes.append(f"the tokenizer {configured} is not the one it was prepared with")
+    settings = [("data.tokenizer.vocab_size", recorded.get("requested_vocab_size"), t.vocab_size),
+                ("data.tokenizer.min_frequency", recorded.get("min_frequency"), t.min_frequency),
+                ("data.split_sentences", old.get("split_sentences"), data.split_sentences),
+                ("data.validation_fraction", old.get("validation_fraction"), data.validation_fraction)]
+    if source == "trained":  # a given tokenizer's casing is its own: the manifest records it as used
+        settings += [("data.tokenizer.lowercase", recorded.get("lowercase"), t.lowercase),
+                     ("data.tokenizer.strip_accents", recorded.get("strip_accents"), t.strip_accents)]
+    changes += [f"{key} {json.dumps(then)} then, {json.dumps(now)} now" for key, then, now in settings if then != now]
+    return changes or ["the corpus or tokenizer settings differ"]
 
 
 def _check_enough_documents(files: list[Path], data: DataConfig, folder: Path) -> None:
