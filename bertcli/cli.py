@@ -27,7 +27,7 @@ try:  # Typer >= 0.2x runs on its own vendored copy of Click: catch that one's e
 except ImportError:  # older Typer uses the click package
     import click
 
-from bertcli import __version__
+from bertcli import __version__, console
 from bertcli.console import error as err
 from bertcli.console import log
 from bertcli.errors import BertcliError, Interrupted, PipeClosed, RunError, UsageError
@@ -181,7 +181,8 @@ def pretrain(
     # The config is checked before torch loads (3-4 s, 240 MB): a refusal takes a fraction of a second.
     if device is not None and not is_device_name(device):
         raise UsageError(f"--device {device!r}: expected {DEVICE_NAMES}")
-    cfg = load_run(config, overrides + ([f"train.device={device}"] if device else []))
+    with console.quiet(quiet):  # (resolving may say where a gone init_from's architecture comes from)
+        cfg = load_run(config, overrides + ([f"train.device={device}"] if device else []))
     check_outputs_apart(cfg)
 
     from bertcli import checkpoint

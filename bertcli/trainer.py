@@ -29,9 +29,9 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from bertcli import __version__, atomic, checkpoint, hf, memory, parallel, resolve, runtime
+from bertcli import __version__, atomic, checkpoint, console, hf, memory, parallel, resolve, runtime
 from bertcli.config import Config, TrainConfig, to_dict
-from bertcli.console import log
+from bertcli.console import info, log
 from bertcli.data import Corpus, Dataset, load_data
 from bertcli.data.loader import data_workers, loader
 from bertcli.data.examples import IGNORE, Batch, ExampleBuilder, StepBatches
@@ -137,7 +137,7 @@ def pretrain(cfg: Config, resume: str = "auto", quiet: bool = False, stop_at: in
     try:
         # Rank 0 locks output_dir for the whole run: a second pretrain (or a prepare) on it refuses to start.
         lock = RunLock(Path(cfg.output_dir), "pretrain") if rt.is_main else contextlib.nullcontext()
-        with lock, StopOnSignal() as stopper:
+        with console.quiet(quiet), lock, StopOnSignal() as stopper:
             run = build_run(cfg, rt, resume, quiet)
             return fit(run, min(cfg.train.max_steps, stop_at or cfg.train.max_steps), stopper, quiet)
     finally:
@@ -233,7 +233,7 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume: str, quiet: bool) -> Run
     model = BertForPreTraining(cfg.model)  # on the CPU; with FSDP only each process's shards reach the device
     if cfg.model.init_from and resumed_from is None:
         fresh = hf.init_from(model, Path(cfg.model.init_from))
-        log(f"initialised from {cfg.model.init_from}" + (f"; not in it, so trained from scratch: {', '.join(fresh)}"
+        info(f"initialised from {cfg.model.init_from}" + (f"; not in it, so trained from scratch: {', '.join(fresh)}"
                                                           if fresh else ""))
     if resumed_from is not None:
         checkpoint.load_weights(model, resumed_from)
@@ -252,7 +252,7 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume: str, quiet: bool) -> Run
         state = checkpoint.read_trainer_state(resumed_from)
         run.tokens_seen, run.train_time_s = int(state.get("tokens_seen", 0)), float(state.get("train_time_s", 0.0))
         run.resumed_from = resumed_from
-        log(f"resuming from {resumed_from} (step {run.step})")
+        info(f"resuming from {resumed_from} (step {run.step})")
         if run.step < cfg.train.max_steps:  # (else there is nothing to do)
             for line in checkpoint.setting_differences(checkpoint.read_config(resumed_from), cfg, run.step, resumed_from.name):
                 log(line)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -86,6 +87,21 @@ def test_usage_errors(tmp_path, cli, args, needle):
 def test_cuda_without_a_gpu_is_a_usage_error(tmp_path, cli):
     result = cli("pretrain", "--config", write_config(tmp_path), "--device", "cuda")
     assert result.code == 2 and "no CUDA GPU" in result.err
+
+
+def test_quiet_pretrain_says_errors_warnings_and_the_summary_only(tmp_path, cli, trained):
+    """--quiet on a text run that resumes and prepares again: no "resuming from", no "up to date", no
+    "preparing ... with the run's own tokenizer", no "prepared ..." line."""
+    import shutil
+
+    run = Path(shutil.copytree(trained, tmp_path / "run"))
+    summary = ("done: ", "checkpoint: ", "next: ", "warning: ", "resuming step-")  # the last: settings that differ
+    for step, fault in ((6, None), (8, lambda: shutil.rmtree(run / "data"))):
+        if fault:
+            fault()
+        result = cli("pretrain", "--config", run / "config.yaml", "--quiet", "--set", f"train.max_steps={step}")
+        assert result.code == 0 and f"done: step {step}" in result.err, result.err
+        assert [line for line in result.err_lines if not line.startswith(summary)] == [], result.err
 
 
 def test_pretrain_then_inspect_run_checkpoint_and_config(tmp_path, cli):
@@ -179,7 +195,7 @@ def test_next_hints_name_the_real_folders_and_run_as_printed(tmp_path, cli, monk
                                   "--set", "data.prepared_dir=prep data"))
     assert inspect == ["bertcli", "inspect", "prep data"]  # a path typed here is relative to here
     assert cli(*inspect[1:]).code == 0
-    result = cli(*pretrain[1:], "--quiet")  # the same overrides: the data just prepared, not a new copy
+    result = cli(*pretrain[1:])  # the same overrides: the data just prepared, not a new copy
     assert "is up to date" in result.err and not (tmp_path / "my runs" / "demo" / "data").exists()
     [inspect] = hints(result)
     assert inspect == ["bertcli", "inspect", "out dir"]

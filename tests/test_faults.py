@@ -147,7 +147,7 @@ def test_disk_full_during_a_checkpoint_is_one_clear_line_and_keeps_earlier_check
     assert [s for s, _ in checkpoint.list_checkpoints(tmp_path)] == [4]
     assert not list((tmp_path / "checkpoints").glob(".tmp-*")), "the half-written checkpoint is gone"
     monkeypatch.setattr(safetensors.torch, "save_file", real_save)
-    again = cli("pretrain", "--config", config, "--quiet")  # space is back: the same command resumes
+    again = cli("pretrain", "--config", config)  # space is back: the same command resumes (not --quiet: it says so)
     assert again.code == 0 and "resuming from" in again.err
 
 

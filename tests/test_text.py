@@ -105,7 +105,7 @@ def test_prepare_is_cached_and_redone_when_the_corpus_changes(tmp_path, small_co
     tokens = folder / "train" / "tokens.bin"
     before = (tokens.stat().st_mtime_ns, json.loads((folder / "manifest.json").read_text())["created"])
     capsys.readouterr()
-    result = train(config, stop_at=1)  # pretrain reuses it
+    result = pretrain(load_run(config), quiet=False, stop_at=1)  # pretrain reuses it (and says so: not quiet)
     assert result["step"] == 1
     err = capsys.readouterr().err
     assert "up to date" in err

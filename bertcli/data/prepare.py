@@ -49,7 +49,7 @@ from bertcli.data.tokenizer import (continuation_mask, describe, find_tokenizer_
                                     save_tokenizer, special_tokens, tokenizer_identity, train_tokenizer)
 from bertcli.errors import Interrupted, UsageError
 from bertcli.runlock import PreparedLock
-from bertcli.console import log
+from bertcli.console import info, log
 
 # 3: tokenizer.json and vocab.txt hashed in the manifest; lines over text.MAX_LINE_CHARS cut in pieces.
 # 2: deterministic vocabulary (continuation pieces right after the special tokens).
@@ -216,7 +216,7 @@ def _prepare(cfg: Config, quiet: bool, force: bool) -> Path:
     if reusable and not force:
         damage = check_prepared(folder, old)
         if damage is None:
-            log(f"prepared data in {folder} is up to date (corpus and settings unchanged, files intact): reusing it")
+            info(f"prepared data in {folder} is up to date (corpus and settings unchanged, files intact): reusing it")
             _warn_random_next(folder, old, cfg)
             return folder
         log(f"prepared data in {folder} is damaged ({damage}): preparing it again")
@@ -224,10 +224,10 @@ def _prepare(cfg: Config, quiet: bool, force: bool) -> Path:
         log(f"prepared data in {folder} {why_not}: preparing it again")
     elif old and not force:  # the data of other inputs: say which, since another run may be sharing the folder
         changes = _changes(old, entries, data, tokenizer_file if data.tokenizer.path else None, tok, Path(cfg.output_dir))
-        log(f"prepared data in {folder} was made from other inputs than this config's ({'; '.join(changes)}): "
+        info(f"prepared data in {folder} was made from other inputs than this config's ({'; '.join(changes)}): "
             "preparing it again")
     if fixed is not None:
-        log(f"preparing {data.corpus} with the run's own tokenizer, {fixed} (its checkpoints were trained on its "
+        info(f"preparing {data.corpus} with the run's own tokenizer, {fixed} (its checkpoints were trained on its "
             "token ids; a new vocabulary would garble them)")
 
     _check_enough_documents(files, data, folder)  # before the tokenizer is trained (seconds to minutes)
@@ -274,7 +274,7 @@ def _prepare(cfg: Config, quiet: bool, force: bool) -> Path:
     share = _warn_random_next(folder, manifest, cfg)
     pairs = (f"; random next sentences {100 * share:.1f}% of pairs (data.random_next_prob "
              f"{100 * data.random_next_prob:.0f}%)" if share is not None else "")
-    log(f"prepared {folder}: {t['documents'] + v['documents']:,} documents ({v['documents']:,} held out), "
+    info(f"prepared {folder}: {t['documents'] + v['documents']:,} documents ({v['documents']:,} held out), "
         f"{t['segments'] + v['segments']:,} sentences, {total_tokens:,} tokens, vocabulary {vocab_size:,}, "
         f"unknown {100 * unknown / max(total_tokens, 1):.2f}%{pairs}; {elapsed:.1f} s, "
         f"{total_tokens / max(elapsed, 1e-9):,.0f} tokens/s")
