@@ -129,8 +129,15 @@ def init(
         raise UsageError(f"{path} already exists; pass --force to overwrite it, or choose another folder")
     if directory.exists() and not directory.is_dir():
         raise UsageError(f"{directory} exists and is not a folder")
+    created = [p for p in (directory, *directory.parents) if not p.exists() and not p.is_symlink()]  # deepest first
     directory.mkdir(parents=True, exist_ok=True)
-    atomic.write_text(path.resolve(), to_yaml(cfg, header))  # a link: keep it, rewrite its config
+    try:
+        atomic.write_text(path.resolve(), to_yaml(cfg, header))  # a link: keep it, rewrite its config
+    except BaseException:  # a full disk, say: nothing half-made is left, only the folders made here are removed
+        for folder in created:
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only if still empty
+        raise
     m = cfg.model
     sizes = f"from {m.init_from}" if init_from is not None else f"preset {preset.value}"
     err(f"wrote {path} ({sizes}: {m.num_hidden_layers} layers, hidden {m.hidden_size}, "

@@ -397,12 +397,16 @@ def test_a_full_disk_while_writing_data_names_the_file(tmp_path, monkeypatch, cl
 
     if what == "init's config":
         fill_disk(monkeypatch, atomic, room=0)
-        result = cli("init", tmp_path / "run")
-        assert result.code == 1 and result.err_lines == [
-            f"bertcli: error: {tmp_path / 'run' / 'config.yaml'}: disk full (No space left on device); nothing "
-            "half-written was kept and an existing config is intact: free space or choose a DIR on another disk, then "
-            "run the same command"]
-        assert os.listdir(tmp_path / "run") == []
+        (tmp_path / "mine").mkdir()
+        (tmp_path / "mine" / "notes.txt").write_text("my notes\n")
+        for folder in (tmp_path / "run", tmp_path / "mine" / "new" / "run", tmp_path / "mine"):
+            result = cli("init", folder)
+            assert result.code == 1 and result.err_lines == [
+                f"bertcli: error: {folder / 'config.yaml'}: disk full (No space left on device); nothing "
+                "half-written was kept and an existing config is intact: free space or choose a DIR on another disk, "
+                "then run the same command"]
+        # Nothing half-made is left: the folders init made are gone, the one that was there is kept as it was.
+        assert sorted(os.listdir(tmp_path)) == ["mine"] and os.listdir(tmp_path / "mine") == ["notes.txt"]
         return
     with pytest.raises(OSError) as info:
         if what == "prepared shards":  # ndarray.tofile said "65540 requested and 28645 written"
