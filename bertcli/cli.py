@@ -105,7 +105,7 @@ def init(
     from bertcli.config_load import preset_config
     from bertcli.config_write import preset_header, to_yaml
     from bertcli.data.text import corpus_files
-    from bertcli.resolve import KEYWORD_CORPORA, SYNTHETIC_VOCAB, from_here
+    from bertcli.resolve import KEYWORD_CORPORA, SYNTHETIC_VOCAB, check_outputs_apart, from_here, resolve
 
     header = preset_header(preset.value)
     overrides = from_here(overrides)  # paths typed here are relative to here, not to DIR
@@ -122,6 +122,8 @@ def init(
         continued, note = continued_pretraining(init_from.expanduser().resolve(), preset.value, overrides)
         overrides, header = continued + overrides, header + "\n" + note
     cfg = preset_config(preset.value, overrides)
+    # The outputs apart from the corpus, as pretrain will check them (paths in the file: from DIR), refused now.
+    check_outputs_apart(resolve(cfg, directory.expanduser().absolute(), adopt_init_from=False))
     path = directory / "config.yaml"
     if path.exists() or path.is_symlink():
         ownership.check_config_replaceable(path)  # --force overwrites a bertcli config, never another file
