@@ -233,8 +233,10 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume: str, quiet: bool) -> Run
     model = BertForPreTraining(cfg.model)  # on the CPU; with FSDP only each process's shards reach the device
     if cfg.model.init_from and resumed_from is None:
         fresh = hf.init_from(model, Path(cfg.model.init_from))
-        info(f"initialised from {cfg.model.init_from}" + (f"; not in it, so trained from scratch: {', '.join(fresh)}"
-                                                          if fresh else ""))
+        if fresh:  # a caveat, said under --quiet too
+            log(f"initialised from {cfg.model.init_from}; not in it, so trained from scratch: {', '.join(fresh)}")
+        else:
+            info(f"initialised from {cfg.model.init_from}")
     if resumed_from is not None:
         checkpoint.load_weights(model, resumed_from)
     train_model = parallel.parallelize(model, rt, parallel=tc.parallel, every_parameter_used=cfg.data.pairs,
