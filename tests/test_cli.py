@@ -148,6 +148,24 @@ def test_inspect_a_run_with_damaged_files_shows_the_rest_and_names_them(tmp_path
     assert alone.code == 0 and f"{newest / 'trainer_state.json'}: " in alone.out
 
 
+def test_inspect_a_run_names_damage_to_its_prepared_data(tmp_path, cli, trained):
+    """inspect RUN checks the run's prepared data as inspect RUN/data does: damage is one line of the report."""
+    import shutil
+
+    run = Path(shutil.copytree(trained, tmp_path / "run", ignore=shutil.ignore_patterns("tensorboard")))
+    tokens = run / "data" / "train" / "tokens.bin"
+    with open(tokens, "r+b") as fh:
+        fh.truncate(tokens.stat().st_size // 2)
+    problem = f"train/tokens.bin holds {tokens.stat().st_size:,} bytes"
+    data = cli("inspect", run / "data")
+    assert data.code == 2 and problem in data.err
+    result = cli("inspect", run)
+    assert result.code == 0, result.err
+    [line] = [line for line in result.out.splitlines() if problem in line]
+    assert f"{run / 'data'}: the prepared data is damaged ({problem}" in line
+    assert any(problem in d for d in json.loads(cli("inspect", run, "--json").out)["training"]["damaged"])
+
+
 def test_inspect_base_and_large_parameter_counts(cli):
     for preset, total in (("base", 110_106_428), ("large", 336_226_108)):
         report = json.loads(cli("inspect", REPO / "configs" / f"{preset}.yaml", "--json").out)
