@@ -145,8 +145,9 @@ def inspect_path(path: Path) -> dict[str, Any]:
         manifest, why_not = read_manifest(Path(cfg.data.prepared_dir))
         damage = check_prepared(Path(cfg.data.prepared_dir), manifest) if manifest is not None else None
         if damage is not None:  # as `inspect DATA` checks it (the next pretrain prepares it again)
-            training.setdefault("damaged", []).append(f"{cfg.data.prepared_dir}: the prepared data is damaged ({damage}); "
-                                                      "the next pretrain or prepare prepares it again")
+            training.setdefault("damaged", []).append(
+                f"{cfg.data.prepared_dir}: the prepared data is damaged ({damage}); the next pretrain or prepare "
+                "prepares it again")
         if manifest is not None:  # next to the run's own tokenizer: they must be the same to resume
             identity = manifest["tokenizer"].get("identity")
             training["prepared_data_tokenizer"] = identity[:12] if isinstance(identity, str) else None

@@ -223,7 +223,8 @@ def _prepare(cfg: Config, quiet: bool, force: bool) -> Path:
     elif why_not and not force:
         log(f"prepared data in {folder} {why_not}: preparing it again")
     elif old and not force:  # the data of other inputs: say which, since another run may be sharing the folder
-        changes = _changes(old, entries, data, tokenizer_file if data.tokenizer.path else None, tok, Path(cfg.output_dir))
+        changes = _changes(old, entries, data, configured=tokenizer_file if data.tokenizer.path else None, tok=tok,
+                           output_dir=Path(cfg.output_dir))
         info(f"prepared data in {folder} was made from other inputs than this config's ({'; '.join(changes)}): "
             "preparing it again")
     if fixed is not None:
@@ -535,7 +536,7 @@ def _check_sizes(splits: dict[str, dict[str, int]], data: DataConfig, folder: Pa
                          f"separate documents with blank lines, or {no_pairs}")
 
 
-def _changes(old: dict[str, Any], entries: list[dict[str, Any]], data: DataConfig, configured: Path | None,
+def _changes(old: dict[str, Any], entries: list[dict[str, Any]], data: DataConfig, *, configured: Path | None,
              tok: Tokenizer | None, output_dir: Path) -> list[str]:
     """What differs between the inputs recorded in manifest `old` and this config's (the fingerprint
     only says that something does), in words; `configured`: the tokenizer file of
@@ -551,10 +552,12 @@ def _changes(old: dict[str, Any], entries: list[dict[str, Any]], data: DataConfi
                             ("changed", {p for p in set(now) & set(before) if now[p] != before[p]})):
             if paths:
                 first = sorted(paths)[0]
-                changes.append(f"corpus file {what}: {first}" + (f" and {len(paths) - 1:,} more" if len(paths) > 1 else ""))
+                more = f" and {len(paths) - 1:,} more" if len(paths) > 1 else ""
+                changes.append(f"corpus file {what}: {first}{more}")
     recorded, t = old["tokenizer"], data.tokenizer
     source = str(configured) if configured else "trained"
-    own = recorded.get("source") != "trained" and (output_dir / "checkpoints") in Path(str(recorded.get("source"))).parents
+    source_then = str(recorded.get("source"))
+    own = source_then != "trained" and (output_dir / "checkpoints") in Path(source_then).parents
     if recorded.get("source") != source and not own:  # (own: prepared with this run's checkpoint's tokenizer)
         changes.append(f"tokenizer {recorded.get('source')} then, {source} now")
     elif configured and tok is not None and recorded.get("identity") != tokenizer_identity(tok):
@@ -584,7 +587,8 @@ def _check_enough_documents(files: list[Path], data: DataConfig, folder: Path) -
             continue
         documents = splits["train"]["documents"] + splits["valid"]["documents"]
         splits["valid" if is_held_out(documents, data.validation_fraction) else "train"]["documents"] += 1
-        if splits["train"]["documents"] >= need and (data.validation_fraction == 0 or splits["valid"]["documents"] >= need):
+        train, valid = splits["train"]["documents"], splits["valid"]["documents"]
+        if train >= need and (data.validation_fraction == 0 or valid >= need):
             return
     _check_sizes(splits, data, folder)
 
