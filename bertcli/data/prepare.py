@@ -270,8 +270,8 @@ def _prepare(cfg: Config, quiet: bool, force: bool) -> Path:
             chars = scan_characters(read_text(files), data.tokenizer)
             lines = LineSample(data.tokenizer.sample_chars or chars.count, chars.count)
             with _progress(total_bytes, "training tokenizer", quiet) as bar:
-                sentences = _until_stopped(s for s in read_sentences(files, data.split_sentences, bar.update, lines)
-                                           if s is not None)
+                sentences = _until_stopped(s for s in read_sentences(files, data.split_sentences, _polling(bar.update),
+                                                                     lines) if s is not None)
                 tok = train_wordpiece(sentences, data.tokenizer, chars)
             _check_stop()  # a signal cut the reading short: that vocabulary must not be used
             sample = {"sample_chars": data.tokenizer.sample_chars, "corpus_chars": chars.count, "whole": lines.whole,
@@ -413,19 +413,42 @@ def _check_stop() -> None:
         raise _Stopped
 
 
+def _poll_stop() -> None:
+    """Look in _stop_on_signal's wakeup pipe for SIGINT or SIGTERM (from whatever thread)."""
+    global _signal
+    if _stop_pipe is not None and _signal is None:
+        try:
+            _signal = next((b for b in os.read(_stop_pipe, 64) if b in (signal.SIGINT, signal.SIGTERM)), None)
+        except OSError:  # nothing there (BlockingIOError), or the pipe is gone
+            pass
+
+
 def _until_stopped(items: Iterator[str]) -> Iterator[str]:
     """`items` until SIGINT or SIGTERM comes (looked for every 1,024 items, from whatever thread
-    reads them; see _stop_on_signal)."""
-    global _signal
+    reads them, and by _polling; see _stop_on_signal)."""
     for n, item in enumerate(items):
-        if n % 1024 == 0 and _stop_pipe is not None and _signal is None:
-            try:
-                _signal = next((b for b in os.read(_stop_pipe, 64) if b in (signal.SIGINT, signal.SIGTERM)), None)
-            except OSError:  # nothing there (BlockingIOError), or the pipe is gone
-                pass
+        if n % 1024 == 0:
+            _poll_stop()
         if _signal is not None:
             return
         yield item
+
+
+def _polling(progress: Callable[[int], None]) -> Callable[[int], None]:
+    """`progress` (called for each line read) that also looks for a stop signal every 1,024 lines:
+    with a vocabulary sample, most lines read yield no sentence, so _until_stopped alone would look
+    only every 1,024 sampled sentences (tens of MB of a large corpus); the next sampled sentence
+    then ends the reading."""
+    calls = 0
+
+    def update(n: int) -> None:
+        nonlocal calls
+        progress(n)
+        calls += 1
+        if calls % 1024 == 0:
+            _poll_stop()
+
+    return update
 
 
 def _clean_leftovers(folder: Path) -> None:
