@@ -188,7 +188,8 @@ def test_every_character_is_the_alphabet_the_trainer_makes(tmp_path, small_corpu
     (tmp_path / "tricky.txt").write_text(TRICKY)
     (tmp_path / "tricky.jsonl").write_text(json.dumps({"text": TRICKY[::-1]}) + "\n")
     files = [tmp_path / "docs.txt", tmp_path / "tricky.txt", tmp_path / "tricky.jsonl"]
-    plain = _bert_pipeline(Tokenizer(models.WordPiece(unk_token="[UNK]")), Casing(lowercase, strip_accents, True))
+    plain = _bert_pipeline(Tokenizer(models.WordPiece(unk_token="[UNK]")),
+                           Casing(do_lower_case=lowercase, strip_accents=strip_accents))
     plain.train_from_iterator((s for s in read_sentences(files) if s is not None),
                               trainer=trainers.WordPieceTrainer(vocab_size=300, special_tokens=list(SPECIAL)))
     alphabet = sorted(t for t in plain.get_vocab() if len(t) == 1)

@@ -270,8 +270,8 @@ def _prepare(cfg: Config, quiet: bool, force: bool) -> Path:
             chars = scan_characters(read_text(files), data.tokenizer)
             lines = LineSample(data.tokenizer.sample_chars or chars.count, chars.count)
             with _progress(total_bytes, "training tokenizer", quiet) as bar:
-                sentences = _until_stopped(s for s in read_sentences(files, data.split_sentences, _polling(bar.update),
-                                                                     lines) if s is not None)
+                read = read_sentences(files, split=data.split_sentences, progress=_polling(bar.update), keep=lines)
+                sentences = _until_stopped(s for s in read if s is not None)
                 tok = train_wordpiece(sentences, data.tokenizer, chars)
             _check_stop()  # a signal cut the reading short: that vocabulary must not be used
             sample = {"sample_chars": data.tokenizer.sample_chars, "corpus_chars": chars.count, "whole": lines.whole,
