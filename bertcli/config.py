@@ -464,6 +464,21 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+# The debug flavour (torchtitan's debugmodel, litgpt's tiny Config): the tiny preset cut down to a
+# model whose training step takes milliseconds on a CPU, on the synthetic corpus, checkpointing
+# every 4 steps. The tests and scripts/fault_inject.py build their runs from it
+# (config_load.debug_config); it is no preset a user picks.
+DEBUG: dict[str, dict[str, Any]] = {
+    "model": {"vocab_size": 128, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+              "intermediate_size": 64, "max_position_embeddings": 64},
+    "data": {"corpus": "synthetic", "max_seq_length": 32, "max_predictions_per_seq": 5,
+             "synthetic": {"num_documents": 100, "num_topics": 4}},
+    "train": {"batch_size": 8, "max_steps": 12},
+    "optimizer": {"warmup_steps": 2},
+    "logging": {"log_every": 4},
+    "checkpoint": {"save_every": 4, "keep_last": 2},
+}
+
 # ---------------------------------------------------------------------------------------------
 # Field docs and types
 

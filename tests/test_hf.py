@@ -10,6 +10,7 @@ import pytest
 import safetensors.torch
 import torch
 
+from conftest import SMALL_MODEL
 from bertcli import checkpoint
 from bertcli.config import ModelConfig
 from bertcli.errors import UsageError
@@ -68,8 +69,7 @@ def random_hf(kind: str, cfg: ModelConfig, folder: Path) -> torch.nn.Module:
     return model
 
 
-SMALL = ModelConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
-                    max_position_embeddings=40)
+SMALL = SMALL_MODEL
 
 
 def test_import_bert_for_pretraining_gives_equal_outputs(tmp_path):
