@@ -20,14 +20,15 @@ from bertcli import checkpoint
 from bertcli.config import TokenizerConfig
 from bertcli.config_load import load_config, preset_config
 from bertcli.data.examples import IGNORE, ExampleBuilder
-from bertcli.data.prepare import FORMAT_VERSION, load_prepared, prepare
+from bertcli.data.corpus import is_held_out
+from bertcli.data.prepare import FORMAT_VERSION, load_prepared, prepare, unit_phase
 from bertcli.data.text import read_sentences, read_text, split_sentences
 from bertcli.data.tokenizer import SPECIAL, Casing, _bert_pipeline, inner_characters, train_tokenizer
 from bertcli.errors import UsageError
 from bertcli.metrics import read_metrics
 from bertcli.resolve import load_run
 from bertcli.trainer import pretrain
-from conftest import TEXT, text_run
+from conftest import TEXT, prepared_files, text_run
 
 
 def train(config: Path, **kwargs) -> dict:
@@ -90,8 +91,9 @@ def test_prepare_writes_shards_manifest_and_tokenizer(tmp_path, small_corpus):
     assert valid.num_documents == 6  # every 10th document with validation_fraction 0.1
     assert train.num_tokens == manifest["splits"]["train"]["tokens"] == int(train.seg_offsets[-1])
     assert np.all(np.diff(np.asarray(train.seg_offsets)) > 0), "no empty sentences"
-    # The shards decode back to the text they came from.
-    first = prepared.tokenizer.decode(np.asarray(train.segment(0)).tolist())
+    # The shards decode back to the text they came from (the first document is held out when its unit's phase says so).
+    held = is_held_out(0, 0.1, unit_phase(manifest["units"][0]["content"], 10))
+    first = prepared.tokenizer.decode(np.asarray((valid if held else train).segment(0)).tolist())
     first_line = small_corpus.read_text().splitlines()[0].lower()
     assert first_line.startswith(first[:20])
 
@@ -102,16 +104,17 @@ def test_prepare_is_cached_and_redone_when_the_corpus_changes(tmp_path, small_co
     config = text_run(tmp_path / "run", corpus)
     cfg = load_run(config)
     folder = prepare(cfg, quiet=True)
-    tokens = folder / "train" / "tokens.bin"
+    tokens = _unit(folder) / "train" / "tokens.bin"
     before = (tokens.stat().st_mtime_ns, json.loads((folder / "manifest.json").read_text())["created"])
     capsys.readouterr()
     result = train(config, stop_at=1)  # pretrain reuses it
     assert result["step"] == 1
     err = capsys.readouterr().err
     assert "up to date" in err
-    # TEXT's 48-token examples hold one sentence alone often enough for 65% random next sentences: said once.
-    assert err.count("warning: 65.1% of the NSP pairs will have a random next sentence") == 1, err
+    # TEXT's 48-token examples hold one sentence alone often enough for 64% random next sentences: said once.
+    assert err.count("% of the NSP pairs will have a random next sentence") == 1, err
     assert tokens.stat().st_mtime_ns == before[0], "not re-tokenized"
+    assert json.loads((folder / "manifest.json").read_text())["created"] == before[1], "the manifest was not rewritten"
     corpus.write_text(corpus.read_text() + "\nOne more document about something new.\n")
     prepare(cfg, quiet=True)
     assert "up to date" not in capsys.readouterr().err
@@ -195,10 +198,10 @@ def test_prepare_is_bit_for_bit_the_same_in_two_processes(tmp_path, small_corpus
     procs = [subprocess.Popen([sys.executable, "-m", "bertcli", "prepare", "--config", str(c), "--quiet"],
                               stderr=subprocess.PIPE, text=True) for c in configs]
     assert all(p.wait(timeout=120) == 0 for p in procs), [p.stderr.read() for p in procs]
-    names = ["tokenizer.json", "vocab.txt"] + [f"{split}/{name}.bin" for split in ("train", "valid")
-                                               for name in ("tokens", "seg_offsets", "doc_offsets")]
-    for name in names:
-        assert (tmp_path / "a" / "data" / name).read_bytes() == (tmp_path / "b" / "data" / name).read_bytes(), name
+    a, b = prepared_files(tmp_path / "a" / "data"), prepared_files(tmp_path / "b" / "data")
+    assert list(a) == list(b) and len(a) == 14  # manifest, tokenizer, vocab; a unit's 7 files; the index's 4
+    for name in a:
+        assert a[name] == b[name], name
 
 
 # ------------------------------------------------------------------ examples on real text
@@ -328,6 +331,15 @@ def test_init_with_corpus_and_missing_corpus(tmp_path, small_corpus, cli):
 # ------------------------------------------------------------------ damaged prepared data (issue 18)
 
 
+def _unit(folder: Path, number: int = 0) -> Path:
+    """The folder of unit `number` of prepared data."""
+    return folder / "units" / json.loads((folder / "manifest.json").read_text())["units"][number]["key"]
+
+
+def _index(folder: Path) -> Path:
+    return folder / "index" / json.loads((folder / "manifest.json").read_text())["index"]
+
+
 def _cut(path: Path, size: int) -> None:
     path.write_bytes(path.read_bytes()[:size])
 
@@ -358,24 +370,27 @@ def _link_outside(path: Path) -> None:
 
 
 DAMAGE = [  # (id, damage(folder), what the one line must say)
-    ("truncated-tokens", lambda d: _cut(d / "train" / "tokens.bin", 100_000), "train/tokens.bin holds 100,000 bytes"),
-    ("emptied-tokens", lambda d: _cut(d / "train" / "tokens.bin", 0), "train/tokens.bin holds 0 bytes"),
-    ("emptied-doc-offsets", lambda d: _cut(d / "valid" / "doc_offsets.bin", 0),
+    ("truncated-tokens", lambda d: _cut(_unit(d) / "train" / "tokens.bin", 100_000), "train/tokens.bin holds 100,000 bytes"),
+    ("emptied-tokens", lambda d: _cut(_unit(d) / "train" / "tokens.bin", 0), "train/tokens.bin holds 0 bytes"),
+    ("emptied-doc-offsets", lambda d: _cut(_unit(d) / "valid" / "doc_offsets.bin", 0),
      ("valid/doc_offsets.bin holds 0 bytes where manifest.json implies", "(int64)")),  # offsets: int64 in any folder
-    ("id-out-of-range", lambda d: _set_id(d / "valid" / "tokens.bin", 5, 60_000),
+    ("emptied-index", lambda d: _cut(_index(d) / "valid" / "doc_offsets.bin", 0),
+     ("index/", "valid/doc_offsets.bin holds 0 bytes where manifest.json implies", "(int64)")),
+    ("id-out-of-range", lambda d: _set_id(_unit(d) / "valid" / "tokens.bin", 5, 60_000),
      "valid/tokens.bin holds token id 60,000, past the vocabulary"),
     ("manifest-dtype", lambda d: _edit_json(d / "manifest.json", dtype="uint32"), "where manifest.json implies"),
-    ("flipped-doc-offsets", lambda d: _swap_offsets(d / "train" / "doc_offsets.bin"),
-     "train/doc_offsets.bin does not rise from 0"),
-    ("flipped-seg-offsets", lambda d: _swap_offsets(d / "valid" / "seg_offsets.bin"),
-     "valid/seg_offsets.bin does not rise from 0"),
+    ("flipped-doc-offsets", lambda d: _swap_offsets(_unit(d) / "train" / "doc_offsets.bin"),
+     ("units/", "train/doc_offsets.bin does not rise from 0")),
+    ("flipped-seg-offsets", lambda d: _swap_offsets(_index(d) / "valid" / "seg_offsets.bin"),
+     ("index/", "valid/seg_offsets.bin does not rise from 0")),
     ("edited-vocab", lambda d: (d / "vocab.txt").write_text((d / "vocab.txt").read_text().replace("[MASK]", "[MSK]")),
      "vocab.txt was changed after prepare"),
     ("edited-tokenizer", lambda d: _edit_json(d / "tokenizer.json", truncation=None, version="9"),
      "tokenizer.json was changed after prepare"),
     ("symlinked-vocab", lambda d: _link_outside(d / "vocab.txt"), "vocab.txt is a symbolic link"),
-    ("symlinked-shard", lambda d: _link_outside(d / "train" / "seg_offsets.bin"), "train/seg_offsets.bin is a symbolic link"),
-    ("missing-shard", lambda d: (d / "valid" / "doc_offsets.bin").unlink(), "valid/doc_offsets.bin is missing"),
+    ("symlinked-shard", lambda d: _link_outside(_unit(d) / "train" / "seg_offsets.bin"), "train/seg_offsets.bin is a symbolic link"),
+    ("missing-shard", lambda d: (_index(d) / "valid" / "doc_offsets.bin").unlink(), "valid/doc_offsets.bin is missing"),
+    ("missing-unit", lambda d: shutil.rmtree(_unit(d)), "units/"),
 ]
 
 
@@ -402,15 +417,15 @@ def test_damaged_prepared_data_is_prepared_again_with_a_line(tmp_path, small_cor
     corpus.write_text("\n\n".join(small_corpus.read_text().split("\n\n")[:4]) + "\n")
     cfg = load_run(text_run(tmp_path / "run", corpus, "data.tokenizer.vocab_size=200", "data.validation_fraction=0"))
     folder = prepare(cfg, quiet=True)
-    good = (folder / "train" / "tokens.bin").read_bytes()
-    _cut(folder / "train" / "tokens.bin", 1000)
+    good = (_unit(folder) / "train" / "tokens.bin").read_bytes()
+    _cut(_unit(folder) / "train" / "tokens.bin", 1000)
     _link_outside(folder / "vocab.txt")
     capsys.readouterr()
     prepare(cfg, quiet=True)
     err = capsys.readouterr().err
     assert f"prepared data in {folder} is damaged (vocab.txt is a symbolic link" in err and "preparing it again" in err
     assert "up to date" not in err
-    assert (folder / "train" / "tokens.bin").read_bytes() == good
+    assert (_unit(folder) / "train" / "tokens.bin").read_bytes() == good
     assert not (folder / "vocab.txt").is_symlink() and "SECRET" not in (folder / "vocab.txt").read_text()
     assert (tmp_path / "run" / "secret.txt").read_text() == "SECRET\n"
 

@@ -1,30 +1,61 @@
 """`bertcli prepare`: raw text -> tokenizer -> token-id shards that training memory-maps.
 
-Layout of the prepared folder (written into a temporary folder, then renamed into place):
-  manifest.json        format version, corpus files (size, mtime, sha256), tokenizer settings and
-                       the SHA-256 of tokenizer.json and vocab.txt, counts, and the fingerprint
-                       that decides whether the data can be reused
+The corpus is cut into units of work, each prepared on its own (in worker processes, one per core)
+into shards of its own; the same unit always gives the same shards, byte for byte, whatever the
+number of workers, so the next `prepare` keeps the units whose contents are unchanged and prepares
+only what was added or changed. A unit is a whole file of at least UNIT_BYTES, a part of an
+uncompressed larger one (cut at a document boundary after each multiple of UNIT_BYTES, so a
+function of its bytes: text.document_cuts), or a run of smaller files in corpus order (closed
+after a file with a probability of its size / UNIT_BYTES, drawn from its SHA-256: again a function
+of the files alone, so adding a small file re-prepares only its own run, about UNIT_BYTES).
+
+Layout of the prepared folder (FORMAT_VERSION; the layout names are together below):
+  manifest.json        written last, by an atomic rename: what makes the rest valid. Format version,
+                       corpus files (size, mtime, sha256; the parts of large ones), the tokenizer
+                       (settings, the SHA-256 of tokenizer.json and vocab.txt, what it was trained on),
+                       the units in corpus order with their counts, the index, totals
   tokenizer.json       the WordPiece tokenizer (Hugging Face tokenizers format)
   vocab.txt            the same vocabulary, one token per line (BERT format)
-  train/, valid/       tokens.bin (uint16 when the vocabulary fits, else uint32),
-                       seg_offsets.bin and doc_offsets.bin (int64): the corpus.Corpus layout
-The corpus is streamed three times when a tokenizer is trained (a scan for the characters that
-continue words, which fixes the vocabulary's ids; training; encoding), in batches, so memory
-stays bounded whatever its size. Held-out documents are every k-th document (k =
-1/validation_fraction): deterministic, spread over the corpus, whole documents only.
+  units/KEY/           one unit: unit.json (its counts) and train/, valid/ with tokens.bin (uint16
+                       when the vocabulary fits, else uint32), seg_offsets.bin and doc_offsets.bin
+                       (int64, the corpus.Corpus layout of the unit alone). KEY hashes what the shards
+                       depend on: the unit's bytes, the tokenizer, the settings
+  index/DIGEST/        train/, valid/: seg_offsets.bin and doc_offsets.bin of the whole corpus (the
+                       units in corpus order), so training reads the units' tokens as one array
+                       (corpus.PartTokens) with offsets memory-mapped, never gathered in memory
+A `prepare` that finds the folder of this format with the same tokenizer writes new units under
+temporary names and renames each into place, then a new index, then the manifest; only then are
+the units and index the corpus no longer uses removed. A crash at any point leaves the previous
+manifest valid, with all it names; the next `prepare` removes the strays, and reuses the finished
+units. A folder of another format, a new tokenizer or `--force` prepares everything into a
+temporary folder that replaces the old one in one rename (atomic.folder).
+
+The tokenizer is trained once (the corpus is streamed three times: a scan for the characters that
+continue words, which fixes the vocabulary's ids; training; encoding, in batches, by units). When
+the corpus changes, the prepared folder keeps its tokenizer (a new vocabulary would change the ids
+of every unit) as long as the units it keeps hold at least half of the corpus's bytes; `--force`
+trains a new one. A run keeps the tokenizer of its checkpoints whatever happens (run_tokenizer).
+
+Held-out documents are every k-th document of each unit (k = 1/validation_fraction), counted from
+a phase that the unit's contents give: deterministic, spread over the corpus, whole documents
+only, and a unit added or changed never moves another unit's documents between the splits.
 
 Prepared data is checked each time it is used (check_prepared): every file bertcli wrote there is a
 regular file (a symbolic link is never followed out of the folder), tokenizer.json and vocab.txt
 have the hashes the manifest records, the shards have the sizes its counts imply, the offsets rise
-from 0 to those counts, and every token id is below the vocabulary size. Damaged data is prepared
-again (with a line saying why); where it cannot be (inspect), it is refused with one line.
+from 0 to those counts and the index agrees with the units, and every token id is below the
+vocabulary size. Damaged data is prepared again (with a line saying why: a damaged unit alone);
+where it cannot be (inspect), it is refused with one line.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import multiprocessing
 import os
+import queue
 import re
 import shutil
 import signal
@@ -43,35 +74,65 @@ from tokenizers import Tokenizer
 from bertcli import __version__, atomic, ownership
 from bertcli.config import Config, DataConfig
 from bertcli.data.chunks import random_next_share
-from bertcli.data.corpus import Corpus, SpecialTokens, is_held_out
-from bertcli.data.text import corpus_files, is_compressed, read_sentences, read_text
+from bertcli.data.corpus import Corpus, PartTokens, SpecialTokens, held_out_stride, is_held_out
+from bertcli.data.text import (MAX_LINE_CHARS, Part, corpus_files, document_cuts, is_compressed, is_jsonl,
+                               read_sentences, read_text)
 from bertcli.data.tokenizer import (continuation_mask, describe, find_tokenizer_file, load_tokenizer, read_tokenizer_json,
-                                    save_tokenizer, special_tokens, tokenizer_identity, train_tokenizer)
-from bertcli.errors import Interrupted, UsageError
+                                    save_tokenizer, special_tokens, tokenizer_identity, train_tokenizer, unpadded)
+from bertcli.errors import Interrupted, RunError, UsageError
 from bertcli.console import log
 
+# ---------------------------------------------------------------- the prepared folder's layout
+# 4: units of work with shards of their own, a global index, per-unit held-out phase; incremental.
 # 3: tokenizer.json and vocab.txt hashed in the manifest; lines over text.MAX_LINE_CHARS cut in pieces.
 # 2: deterministic vocabulary (continuation pieces right after the special tokens).
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 MANIFEST = "manifest.json"
-SAMPLE = Path(__file__).resolve().parent / "sample" / "python-docs-sample.txt.gz"
-# Everything a prepared folder holds: `prepare` replaces a folder only if it holds nothing else.
-SHARD_FILES = ("tokens.bin", "seg_offsets.bin", "doc_offsets.bin")
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
+SPLITS = ("train", "valid")
+SHARD_FILES = ("tokens.bin", "seg_offsets.bin", "doc_offsets.bin")  # a unit's, per split
+INDEX_FILES = ("seg_offsets.bin", "doc_offsets.bin")  # the index's, per split
+UNITS = "units"  # units/KEY/
+UNIT_RECORD = "unit.json"  # units/KEY/unit.json: the unit's counts, written before it is renamed into place
+INDEX = "index"  # index/DIGEST/
+_KEY = "[0-9a-f]{64}"
+_TMP = re.escape(atomic.TMP_PREFIX)
+# Everything a prepared folder holds (this format's paths, those of format 3, and the temporary names
+# a stopped `prepare` leaves): `prepare` replaces or removes only what is one of these.
 LAYOUT = ownership.Layout("prepared data", MANIFEST, frozenset(
-    [MANIFEST, "tokenizer.json", "vocab.txt", "train", "valid"]
-    + [f"{split}/{name}" for split in ("train", "valid") for name in SHARD_FILES]))
+    [MANIFEST, *TOKENIZER_FILES, UNITS, INDEX, *SPLITS] + [f"{split}/{name}" for split in SPLITS for name in SHARD_FILES]),
+    patterns=tuple(re.compile(p) for p in (
+        rf"{UNITS}/(?:{_TMP}(?:del-)?)?{_KEY}(?:\.\d+)?(?:/{re.escape(UNIT_RECORD)}|/(?:train|valid)"
+        r"(?:/(?:tokens|seg_offsets|doc_offsets)\.bin)?)?",
+        rf"{INDEX}/(?:{_TMP}(?:del-)?)?{_KEY}(?:\.\d+)?(?:/(?:train|valid)(?:/(?:seg_offsets|doc_offsets)\.bin)?)?",
+        rf"{_TMP}{re.escape(MANIFEST)}\.\d+")))
+
+# ---------------------------------------------------------------- settings
+UNIT_BYTES = 4 << 20  # a unit of work: small enough that 2 workers share a 30 MB corpus evenly, large
+# enough that a 100 GB corpus is 25,000 units (each memory-maps 2 token files in training: the default
+# vm.max_map_count is 65,530)
 ENCODE_BATCH = 2048  # sentences per tokenizer call: large enough for its thread pool, small for memory
 ENCODE_CHARS = 1 << 20  # and at most about this many characters (an encoding costs ~100 bytes a token)
-TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
+PROGRESS_BYTES = 1 << 20  # a worker reports its progress every this many bytes read
 # A corpus of up to this many bytes is hashed again at every cache check (about 1 s per GB); a
 # larger one only where a file's size or modification time changed.
 HASH_ALWAYS_BYTES = 1 << 30
 RANDOM_NEXT_MARGIN = 0.1  # warn when the data gives random next sentences this far above random_next_prob
+KEEP_TOKENIZER_SHARE = 0.5  # a changed corpus keeps its tokenizer while kept units hold this share of its bytes
+SAMPLE = Path(__file__).resolve().parent / "sample" / "python-docs-sample.txt.gz"
 
 
 def corpus_path(cfg: Config) -> Path:
     """data.corpus as a path: the bundled sample, or the (resolved, absolute) path of the config."""
     return SAMPLE if cfg.data.corpus == "sample" else Path(cfg.data.corpus)
+
+
+def default_workers() -> int:
+    """The cores this process may run on (its CPU affinity, as a scheduler or taskset sets it)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return max(1, os.cpu_count() or 1)
 
 
 def _sha256(path: Path) -> str:
@@ -82,19 +143,57 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
+
+
+# ---------------------------------------------------------------- corpus files and their parts
+
+
+def _hash_parts(path: Path, cuts: list[int]) -> list[dict[str, Any]]:
+    """The parts of a file cut at `cuts`: start, end, first line number and SHA-256 of each, in one
+    read of the file."""
+    bounds = [0, *cuts, path.stat().st_size]
+    parts = []
+    with open(path, "rb") as fh:
+        line = 1
+        for start, end in zip(bounds, bounds[1:]):
+            digest, left, lines = hashlib.sha256(), end - start, 0
+            while left > 0:
+                block = fh.read(min(1 << 20, left))
+                if not block:
+                    break  # the file shrank meanwhile: its hash will differ next time
+                digest.update(block)
+                lines += block.count(b"\n")
+                left -= len(block)
+            parts.append({"start": start, "end": end, "line": line, "sha256": digest.hexdigest()})
+            line += lines
+    return parts
+
+
 def _file_entries(files: list[Path], previous: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Path, size, mtime and sha256 of each file. A corpus of up to HASH_ALWAYS_BYTES is hashed
-    whole every time; in a larger one, a file whose size and mtime are unchanged since the last
-    prepare keeps its recorded hash (so checking the cache does not reread gigabytes)."""
+    """Path, size, mtime and sha256 of each file; an uncompressed file larger than UNIT_BYTES is
+    cut into parts (text.document_cuts) and has their hashes instead. A corpus of up to
+    HASH_ALWAYS_BYTES is hashed whole every time; in a larger one, a file whose size and mtime are
+    unchanged since the last prepare keeps its recorded hashes (so checking the cache does not
+    reread gigabytes)."""
     known = {e["path"]: e for e in previous} if not _hashed_again(files) else {}
     entries = []
     for f in files:
         st = f.stat()
         old = known.get(str(f.resolve()))
         same = (old is not None and old.get("bytes") == st.st_size and old.get("mtime_ns") == st.st_mtime_ns
-                and isinstance(old.get("sha256"), str))
-        entries.append({"path": str(f.resolve()), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns,
-                        "sha256": old["sha256"] if same else _sha256(f)})
+                and (isinstance(old.get("sha256"), str) or isinstance(old.get("parts"), list)))
+        entry: dict[str, Any] = {"path": str(f.resolve()), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+        if same:
+            entry.update({k: old[k] for k in ("sha256", "parts") if k in old})  # type: ignore[index]
+        else:
+            cuts = document_cuts(f, UNIT_BYTES) if st.st_size > UNIT_BYTES and not is_compressed(f) else []
+            if cuts:
+                entry["parts"] = _hash_parts(f, cuts)
+            else:
+                entry["sha256"] = _sha256(f)
+        entries.append(entry)
     return entries
 
 
@@ -114,14 +213,79 @@ def cache_check(corpus_bytes: int) -> str:
             "prepares again)")
 
 
-def _input_digest(entries: list[dict[str, Any]], data: DataConfig, tokenizer_hash: str | None) -> str:
-    """What the prepared data depends on: corpus contents, tokenizer settings, splitting, format."""
-    t = data.tokenizer
-    key = {"format_version": FORMAT_VERSION, "files": [e["sha256"] for e in entries],
-           "tokenizer": {"path_sha256": tokenizer_hash, "vocab_size": t.vocab_size, "min_frequency": t.min_frequency,
-                         "lowercase": t.lowercase, "strip_accents": t.strip_accents},
-           "split_sentences": data.split_sentences, "validation_fraction": data.validation_fraction}
-    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+# ---------------------------------------------------------------- units of work
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A unit of work: parts of corpus files read in order and prepared into shards of their own."""
+
+    key: str  # sha256 hex of what its shards depend on: its bytes, the tokenizer, the settings
+    content: str  # sha256 hex of its bytes alone (and how they are read): the held-out phase
+    parts: tuple[Part, ...]
+    sizes: tuple[int, ...]  # bytes of each part in its file (compressed ones: the compressed size)
+    pieces: tuple[tuple[int, int, int], ...]  # (file number in the corpus, start, end) of each part
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.sizes)
+
+    def phase(self, stride: int) -> int:
+        return unit_phase(self.content, stride)
+
+
+def unit_phase(content: str, stride: int) -> int:
+    """Where the every-k-th held-out documents of a unit of contents `content` (hex) start (see
+    corpus.is_held_out): a function of its bytes, so that units with fewer documents than k (one
+    document per file is common) are held out in their share too."""
+    return int(content[:15], 16) % stride if stride else 0
+
+
+def _reading(path: Path) -> str:
+    """How a file's bytes are read (its format and compression): part of what its shards depend on."""
+    name = path.name.lower()
+    return ("jsonl" if is_jsonl(path) else "text") + next((c for c in (".gz", ".bz2", ".xz") if name.endswith(c)), "")
+
+
+def plan_units(files: list[Path], entries: list[dict[str, Any]], tokenizer_sha256: str, data: DataConfig) -> list[Unit]:
+    """The units of the corpus, in corpus order (see the module's docstring): a function of the files'
+    contents and names' formats, so the same corpus always gives the same units."""
+    settings = {"format_version": FORMAT_VERSION, "tokenizer": tokenizer_sha256, "split_sentences": data.split_sentences,
+                "validation_fraction": data.validation_fraction, "max_line_chars": MAX_LINE_CHARS}
+    units: list[Unit] = []
+    group: list[tuple[Part, int, tuple[int, int, int], str]] = []  # (part, size, piece, sha256)
+
+    def close(members: list[tuple[Part, int, tuple[int, int, int], str]]) -> None:
+        if not members:
+            return
+        content = _digest([[_reading(m[0].path), m[3]] for m in members])
+        units.append(Unit(_digest({**settings, "content": content}), content, tuple(m[0] for m in members),
+                          tuple(m[1] for m in members), tuple(m[2] for m in members)))
+
+    for number, (path, entry) in enumerate(zip(files, entries)):
+        if "parts" in entry:  # a large file, cut into parts: a unit each
+            close(group)
+            group = []
+            for p in entry["parts"]:
+                close([(Part(path, p["start"], p["end"], p["line"]), p["end"] - p["start"],
+                        (number, p["start"], p["end"]), p["sha256"])])
+            continue
+        member = (Part(path), entry["bytes"], (number, 0, entry["bytes"]), entry["sha256"])
+        if entry["bytes"] >= UNIT_BYTES:  # a large compressed file (or one without a boundary to cut at)
+            close(group)
+            close([member])
+            group = []
+            continue
+        group.append(member)
+        if int(entry["sha256"][:16], 16) < (entry["bytes"] << 64) // UNIT_BYTES:  # closes its run: P = size / UNIT_BYTES
+            close(group)
+            group = []
+    close(group)
+    return units
+
+
+def _index_digest(units: list[Unit]) -> str:
+    return _digest({"format_version": FORMAT_VERSION, "units": [u.key for u in units]})
 
 
 class ShardWriter:
@@ -182,51 +346,349 @@ def _progress(total: int | None, desc: str, quiet: bool):
                 dynamic_ncols=True)
 
 
-def prepare(cfg: Config, quiet: bool = False, force: bool = False) -> Path:
-    """Prepare the corpus of resolved config `cfg` (see resolve.py) unless prepared data with the same
-    fingerprint is already there, whole and undamaged; return the prepared folder. SIGINT and
-    SIGTERM stop it at once (what it was writing is removed; exit 130 or 143)."""
-    with _stop_on_signal():
-        return _prepare(cfg, quiet, force)
+@dataclass(frozen=True)
+class UnitSettings:
+    """What a worker needs besides the unit and the tokenizer (picklable)."""
+
+    split_sentences: bool
+    validation_fraction: float
+    dtype: str
+    owner: int  # the pid of the `prepare` that owns the temporary names (its workers write them)
 
 
-def _prepare(cfg: Config, quiet: bool, force: bool) -> Path:
-    global _written
+def _prepare_unit(root: Path, unit: Unit, tok: Tokenizer, settings: UnitSettings,
+                  progress: Callable[[int], None]) -> dict[str, Any]:
+    """Tokenize one unit into root/units/KEY (written under a temporary name, renamed when complete);
+    return its record (counts per split, unknown tokens). Documents are held out by their number in
+    the unit (see Unit.phase). Runs in a worker process or in `prepare`'s own."""
+    final = root / UNITS / unit.key
+    tmp = root / UNITS / f"{atomic.TMP_PREFIX}{unit.key}.{settings.owner}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir(parents=True)
+        dtype = np.dtype(settings.dtype)
+        writers = {split: ShardWriter(tmp / split, dtype) for split in SPLITS}
+        unk = special_tokens(tok).unk
+        fraction = settings.validation_fraction
+        phase = unit.phase(held_out_stride(fraction))
+        counts = {"documents": 0, "unknown": 0}
+        encode = getattr(tok, "encode_batch_fast", tok.encode_batch)  # no offsets: faster where available
+
+        def flush(items: list[str | None]) -> None:
+            _check_stop()
+            encodings = iter(encode([s for s in items if s is not None], add_special_tokens=False))
+            for item in items:
+                writer = writers["valid" if is_held_out(counts["documents"], fraction, phase) else "train"]
+                if item is None:
+                    if writer.open_segments:
+                        counts["documents"] += 1
+                    writer.end_document()
+                    continue
+                ids = next(encodings).ids
+                if ids:
+                    counts["unknown"] += ids.count(unk)
+                    writer.add_segment(ids)
+
+        batch: list[str | None] = []
+        pending = chars = 0
+        for part, size in zip(unit.parts, unit.sizes):
+            compressed = is_compressed(part.path)  # progress in the file's bytes: a compressed one's at its end
+            for item in read_sentences([part], settings.split_sentences, (lambda n: None) if compressed else progress):
+                batch.append(item)
+                if item is not None:
+                    pending += 1
+                    chars += len(item)
+                if pending >= ENCODE_BATCH or chars >= ENCODE_CHARS:  # a document may span batches: the writers keep it open
+                    flush(batch)
+                    batch, pending, chars = [], 0, 0
+            if compressed:
+                progress(size)
+        flush(batch)
+        record = {"bertcli_version": __version__, "key": unit.key,
+                  "splits": {split: w.close() for split, w in writers.items()}, "unknown_tokens": counts["unknown"]}
+        with atomic.writing(tmp / UNIT_RECORD), open(tmp / UNIT_RECORD, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps(record, indent=2) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        for path in (tmp / "train", tmp / "valid", tmp):
+            atomic.fsync_path(path)
+        if final.exists():  # a damaged copy (the caller checked it): replaced
+            atomic.remove_folder(final)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return record
+
+
+# ---------------------------------------------------------------- workers
+
+_worker_tokenizer: Tokenizer | None = None
+
+
+def _worker(tasks: Any, results: Any, tokenizer_json: str) -> None:
+    """A worker process: prepares the units it takes from `tasks` (None: no more) with one encoding
+    thread (--workers N means N cores), reporting progress, records and the first error on `results`."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent stops us
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # read at each call by tokenizers
+    tok = unpadded(Tokenizer.from_str(tokenizer_json))
+    while (job := tasks.get()) is not None:
+        root, unit, settings = job
+        pending = 0
+
+        def progress(n: int) -> None:
+            nonlocal pending
+            pending += n
+            if pending >= PROGRESS_BYTES:
+                results.put(("progress", pending))
+                pending = 0
+
+        try:
+            record = _prepare_unit(Path(root), unit, tok, settings, progress)
+        except BaseException as exc:  # noqa: BLE001  passed on whole to the parent, which says it in one line
+            results.put(("error", unit.key, _portable(exc)))
+            return
+        results.put(("progress", pending))
+        results.put(("done", unit.key, record))
+
+
+def _portable(exc: BaseException) -> BaseException:
+    """`exc`, or a RunError with its words when it would not survive pickling to the parent."""
+    import pickle
+
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:  # noqa: BLE001
+        return RunError(f"{type(exc).__name__}: {exc}")
+
+
+@contextmanager
+def _one_core(workers: int) -> Iterator[None]:
+    """With one worker, the tokenizer encodes (and trains) on one thread: --workers 1 means one core."""
+    if workers > 1:
+        yield
+        return
+    before = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = before
+
+
+def _prepare_units(todo: list[Unit], root: Path, tok: Tokenizer, settings: UnitSettings, workers: int,
+                   quiet: bool) -> dict[str, dict[str, Any]]:
+    """Prepare `todo` into root/units/ on `workers` processes (in this one when one worker or one unit
+    is enough); return each unit's record by key. The first error in a worker is raised here as it
+    was raised there; a stop signal ends the workers at once. Progress: bytes of the corpus."""
+    (root / UNITS).mkdir(parents=True, exist_ok=True)
+    records: dict[str, dict[str, Any]] = {}
+    with _progress(sum(u.bytes for u in todo), "tokenizing", quiet) as bar:
+        if workers <= 1 or len(todo) <= 1:
+            for unit in todo:
+                records[unit.key] = _prepare_unit(root, unit, tok, settings, bar.update)
+            return records
+        ctx = multiprocessing.get_context("spawn")  # not fork: the parent's tokenizer threads and locks stay behind
+        tasks, results = ctx.Queue(), ctx.Queue()
+        tasks.cancel_join_thread()  # never wait at exit to hand on jobs that nobody will take
+        count = min(workers, len(todo))
+        for unit in sorted(todo, key=lambda u: -u.bytes):  # largest first: the last one to finish is a small one
+            tasks.put((str(root), unit, settings))
+        for _ in range(count):
+            tasks.put(None)
+        procs = [ctx.Process(target=_worker, args=(tasks, results, tok.to_str()), daemon=True) for _ in range(count)]
+        try:
+            for p in procs:
+                p.start()
+            while len(records) < len(todo):
+                _check_stop()
+                try:
+                    message = results.get(timeout=0.2)
+                except queue.Empty:
+                    dead = [p for p in procs if p.exitcode not in (None, 0)]
+                    if dead:
+                        time.sleep(0.2)  # a stop signal to the whole group ends the workers too: say that instead
+                        _check_stop()
+                        raise RunError(f"a worker process preparing the corpus died (exit code {dead[0].exitcode}; "
+                                       "killed for memory?); run `bertcli prepare` again, with fewer --workers if it "
+                                       "happens again") from None
+                    continue
+                if message[0] == "progress":
+                    bar.update(message[1])
+                elif message[0] == "done":
+                    records[message[1]] = message[2]
+                else:
+                    raise message[2]
+        finally:
+            for p in procs:
+                if p.is_alive():
+                    p.terminate()
+            for p in procs:
+                p.join()
+            for q in (tasks, results):
+                q.close()
+    return records
+
+
+# ---------------------------------------------------------------- the index
+
+
+def _write_index(root: Path, units: list[Unit], records: dict[str, dict[str, Any]], digest: str) -> None:
+    """index/DIGEST: each split's segment and document offsets of the whole corpus, the units' own
+    shifted by the tokens and segments of the units before them, written in blocks (bounded memory)."""
+    final = root / INDEX / digest
+    tmp = root / INDEX / f"{atomic.TMP_PREFIX}{digest}.{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    block = 1 << 20
+    try:
+        for split in SPLITS:
+            (tmp / split).mkdir(parents=True)
+            tokens = segments = 0
+            with open(tmp / split / "seg_offsets.bin", "wb") as seg_out, open(tmp / split / "doc_offsets.bin", "wb") as doc_out:
+                for out, name in ((seg_out, "seg_offsets.bin"), (doc_out, "doc_offsets.bin")):
+                    with atomic.writing(tmp / split / name):
+                        out.write(np.zeros(1, dtype=np.int64).data)
+                for unit in units:
+                    counts = records[unit.key]["splits"][split]
+                    if counts["documents"] == 0:
+                        continue
+                    base = root / UNITS / unit.key / split
+                    for out, name, shift in ((seg_out, "seg_offsets.bin", tokens), (doc_out, "doc_offsets.bin", segments)):
+                        offsets = np.memmap(base / name, dtype=np.int64, mode="r")
+                        for lo in range(1, len(offsets), block):
+                            with atomic.writing(tmp / split / name):
+                                out.write((offsets[lo:lo + block] + shift).data)
+                        del offsets
+                    tokens += counts["tokens"]
+                    segments += counts["segments"]
+                for out, name in ((seg_out, "seg_offsets.bin"), (doc_out, "doc_offsets.bin")):
+                    with atomic.writing(tmp / split / name):
+                        out.flush()
+                        os.fsync(out.fileno())
+            atomic.fsync_path(tmp / split)
+        atomic.fsync_path(tmp)
+        if final.exists():  # a damaged copy: replaced
+            atomic.remove_folder(final)
+        os.replace(tmp, final)
+        atomic.fsync_path(root / INDEX)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+# ---------------------------------------------------------------- prepare
+
+
+def prepare(cfg: Config, quiet: bool = False, force: bool = False, workers: int | None = None) -> Path:
+    """Prepare the corpus of resolved config `cfg` (see resolve.py) on `workers` processes (default:
+    the cores available), keeping what is already prepared, whole and undamaged; return the prepared
+    folder. SIGINT and SIGTERM stop it at once (what it was writing is removed; exit 130 or 143)."""
+    workers = workers or default_workers()
+    with _stop_on_signal(), _one_core(workers):
+        return _prepare(cfg, quiet, force, workers)
+
+
+@dataclass
+class _Plan:
+    """What `prepare` found and will do."""
+
+    folder: Path
+    files: list[Path]
+    entries: list[dict[str, Any]]
+    tok: Tokenizer | None  # None: to be trained
+    tokenizer_file: Path | None  # the given or the run's tokenizer file; None: trained (or kept)
+    given_sha256: str | None  # the given tokenizer (data.tokenizer.path) as loaded
+
+
+def _prepare(cfg: Config, quiet: bool, force: bool, workers: int) -> Path:
     data = cfg.data
     folder = Path(data.prepared_dir)
     files = corpus_files(corpus_path(cfg))
     guard = _guard(cfg, folder)
     _clean_leftovers(folder)
     old, why_not = read_manifest(folder)
+    if old is not None:
+        _clean_inside(folder)
     entries = _file_entries(files, old["corpus"]["files"] if old else [])
-    tokenizer_file = tok = None
+    tokenizer_file = tok = given_sha256 = None
     if data.tokenizer.path:
         tokenizer_file = find_tokenizer_file(Path(data.tokenizer.path))
         tok = load_tokenizer(tokenizer_file, data.tokenizer)
-    # The loaded tokenizer as it is used (casing from a tokenizer_config.json, padding off), not its file alone:
-    # data prepared with a tokenizer that padded (older bertcli) is prepared again.
-    tokenizer_hash = hashlib.sha256(tok.to_str().encode()).hexdigest() if tok is not None else None
-    fingerprint = _input_digest(entries, data, tokenizer_hash)
+        # The loaded tokenizer as it is used (casing from a tokenizer_config.json, padding off), not its file
+        # alone: data prepared with a tokenizer that padded (older bertcli) is prepared again.
+        given_sha256 = hashlib.sha256(tok.to_str().encode()).hexdigest()
     fixed = run_tokenizer(cfg) if tok is None else None
     if fixed is not None:  # the run's checkpoints fix its token ids: never train another vocabulary under them
         tokenizer_file, tok = fixed, read_tokenizer_json(fixed)
-    reusable = old and old.get("fingerprint") == fingerprint and (
-        fixed is None or old["tokenizer"].get("identity") == tokenizer_identity(tok))
-    if reusable and not force:
-        damage = check_prepared(folder, old)
-        if damage is None:
-            log(f"prepared data in {folder} is up to date (corpus and settings unchanged, files intact): reusing it")
-            _warn_random_next(folder, old, cfg)
-            return folder
-        log(f"prepared data in {folder} is damaged ({damage}): preparing it again")
+    plan = _Plan(folder, files, entries, tok, tokenizer_file, given_sha256)
+
+    if old is not None and not force:
+        why_new = _tokenizer_changed(old, plan, data, folder)
+        if why_new is None:
+            kept_tok = read_tokenizer_json(folder / "tokenizer.json")
+            units = plan_units(files, entries, _tokenizer_sha256(kept_tok), data)
+            known = {u["key"] for u in old["units"]}
+            kept = sum(u.bytes for u in units if u.key in known)
+            total = sum(u.bytes for u in units)
+            if tok is not None or kept >= KEEP_TOKENIZER_SHARE * total:  # a given or the run's tokenizer: always kept
+                return _update(cfg, plan, old, kept_tok, units, quiet, workers)
+            log(f"prepared data in {folder}: {100 * (1 - kept / max(total, 1)):.0f}% of the corpus is new: training a "
+                "new tokenizer on it and preparing it all again")
+        else:
+            log(f"prepared data in {folder} {why_new}: preparing it again")
     elif why_not and not force:
         log(f"prepared data in {folder} {why_not}: preparing it again")
     if fixed is not None:
         log(f"preparing {data.corpus} with the run's own tokenizer, {fixed} (its checkpoints were trained on its "
             "token ids; a new vocabulary would garble them)")
+    return _fresh(cfg, plan, guard, quiet, workers)
 
+
+def _tokenizer_sha256(tok: Tokenizer) -> str:
+    """What the units' keys take of the tokenizer: all of it as used (vocabulary, normaliser, model settings)."""
+    return hashlib.sha256(tok.to_str().encode()).hexdigest()
+
+
+def _tokenizer_settings(data: DataConfig) -> dict[str, Any]:
+    """The data.tokenizer settings a trained tokenizer depends on (all but its path)."""
+    return {k: v for k, v in dataclasses.asdict(data.tokenizer).items() if k != "path"}
+
+
+def _tokenizer_changed(old: dict[str, Any], plan: _Plan, data: DataConfig, folder: Path) -> str | None:
+    """Why the prepared folder's tokenizer cannot be kept (None: it can): another tokenizer was given,
+    the run's is another, the training settings changed, or its files are damaged."""
+    recorded = old["tokenizer"]
+    if plan.given_sha256 is not None:
+        if recorded.get("given_sha256") != plan.given_sha256:
+            return "was prepared with another tokenizer (data.tokenizer.path)"
+    elif plan.tok is not None:  # the run's own
+        if recorded.get("identity") != tokenizer_identity(plan.tok):
+            return "was prepared with a tokenizer other than the run's own"
+    elif recorded.get("source") != "trained" or recorded.get("settings") != _tokenizer_settings(data):
+        return "was prepared with other tokenizer settings (data.tokenizer)"
+    damage = _check_tokenizer(folder, old)
+    if damage is not None:
+        return f"is damaged ({damage})"
+    return None
+
+
+def _settings(data: DataConfig, tok: Tokenizer) -> UnitSettings:
+    vocab_size = tok.get_vocab_size(with_added_tokens=True)
+    dtype = np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
+    return UnitSettings(data.split_sentences, data.validation_fraction, dtype.name, os.getpid())
+
+
+def _fresh(cfg: Config, plan: _Plan, guard: Callable[[Path], None], quiet: bool, workers: int) -> Path:
+    """Everything prepared into a temporary folder that then replaces the prepared folder whole."""
+    global _state
+    data, folder, files = cfg.data, plan.folder, plan.files
     start = time.perf_counter()
-    total_bytes = None if any(is_compressed(f) for f in files) else sum(e["bytes"] for e in entries)
+    tok = plan.tok
+    total_bytes = None if any(is_compressed(f) for f in files) else sum(e["bytes"] for e in plan.entries)
     with atomic.folder(folder, guard) as tmp:
         if tok is None:
             with _progress(total_bytes, "training tokenizer", quiet) as bar:
@@ -235,44 +697,160 @@ def _prepare(cfg: Config, quiet: bool, force: bool) -> Path:
                 tok = train_tokenizer(sentences, data.tokenizer, read_text(files))
             _check_stop()  # a signal cut the reading short: that vocabulary must not be used
         save_tokenizer(tok, tmp)
-        vocab_size = tok.get_vocab_size(with_added_tokens=True)
-        dtype = np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
-        splits, unknown = _write_shards(tok, files, data, tmp, dtype, total_bytes, quiet)
-        _check_sizes(splits, data, folder)
-        elapsed = time.perf_counter() - start
-        casing = describe(tok)
-        total_tokens = splits["train"]["tokens"] + splits["valid"]["tokens"]
-        manifest = {
-            "format_version": FORMAT_VERSION, "bertcli_version": __version__, "fingerprint": fingerprint,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "corpus": {"source": data.corpus, "files": entries},
-            "tokenizer": {"source": str(tokenizer_file) if tokenizer_file else "trained", "vocab_size": vocab_size,
-                          "identity": tokenizer_identity(tok),
-                          "sha256": {name: _sha256(tmp / name) for name in TOKENIZER_FILES},
-                          "requested_vocab_size": data.tokenizer.vocab_size,
-                          "lowercase": casing.get("lowercase", data.tokenizer.lowercase),  # as used, not as configured
-                          "strip_accents": casing.get("strip_accents", data.tokenizer.strip_accents),
-                          "min_frequency": data.tokenizer.min_frequency},
-            "split_sentences": data.split_sentences, "validation_fraction": data.validation_fraction,
-            "dtype": dtype.name, "splits": splits, "unknown_tokens": unknown,
-            "seconds": elapsed, "tokens_per_s": total_tokens / max(elapsed, 1e-9),
-        }
-        with atomic.writing(tmp / MANIFEST):
-            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-        for path in tmp.rglob("*"):
-            if path.is_file():
-                atomic.fsync_path(path)
+        tok = read_tokenizer_json(tmp / "tokenizer.json")  # as every later prepare reads it (the units' keys)
+        units = plan_units(files, plan.entries, _tokenizer_sha256(tok), data)
+        settings = _settings(data, tok)
+        records = _prepare_units(units, tmp, tok, settings, workers, quiet)
+        manifest = _manifest(cfg, plan, tok, tmp, units, records, settings, trained_on=plan.tok is None,
+                             old_tokenizer=None, seconds=time.perf_counter() - start)
+        _check_sizes(manifest, data)
+        _write_index(tmp, units, records, manifest["index"])
+        _write_manifest(tmp, manifest)
         _check_stop()
-    _written = folder  # in place: a stop from here on keeps it
-    t, v = splits["train"], splits["valid"]
+    _state = f"the prepared data in {folder} is complete"  # in place: a stop from here on keeps it
+    _report(folder, manifest, cfg, f"prepared {folder}")
+    return folder
+
+
+def _update(cfg: Config, plan: _Plan, old: dict[str, Any], tok: Tokenizer, units: list[Unit], quiet: bool,
+            workers: int) -> Path:
+    """The prepared folder, brought up to date in place: its tokenizer kept, the units it holds
+    intact kept, the others prepared; a new index and manifest if anything changed."""
+    global _state
+    data, folder = cfg.data, plan.folder
+    start = time.perf_counter()
+    settings = _settings(data, tok)
+    vocab_size = tok.get_vocab_size(with_added_tokens=True)
+    records = {u["key"]: u for u in old["units"]}
+    todo, damaged = [], []
+    for unit in dict.fromkeys(units):  # a unit twice (two equal files): prepared once, its shards read twice
+        record = records.get(unit.key) or _stray_record(folder, unit.key)
+        problem = "missing" if record is None else _check_unit(folder, unit.key, record, settings.dtype, vocab_size)
+        if problem is None:
+            records[unit.key] = record
+            continue
+        if unit.key in {u["key"] for u in old["units"]}:
+            damaged.append(problem)
+        todo.append(unit)
+    digest = _index_digest(units)
+    if not todo and digest == old["index"] and _check_index(folder, old) is None:
+        if [(e["path"], e["mtime_ns"]) for e in plan.entries] != [(e["path"], e["mtime_ns"]) for e in old["corpus"]["files"]] \
+                or old["corpus"]["source"] != data.corpus:  # the same contents: record the files as they are now
+            _write_manifest(folder, {**old, "corpus": {"source": data.corpus, "files": plan.entries}})
+        log(f"prepared data in {folder} is up to date (corpus and settings unchanged, files intact): reusing it")
+        _warn_random_next(folder, old, cfg)
+        return folder
+    old_keys = {u["key"] for u in old["units"]}
+    new_keys = {u.key for u in units}
+    added = sum(1 for u in dict.fromkeys(units) if u.key not in old_keys)
+    removed = len(old_keys - new_keys)
+    what = [f"{n} {word}" for n, word in ((added, "new or changed"), (removed, "gone"), (len(damaged), "damaged")) if n]
+    log(f"prepared data in {folder}: units of the corpus {', '.join(what) or 'unchanged'}"
+        f"{' (' + damaged[0] + ')' if damaged else ''}: preparing {len(todo)} of {len(units)} "
+        f"({sum(u.bytes for u in todo) / 1e6:,.1f} MB), keeping the rest and the tokenizer"
+        f"{'' if plan.tok is not None else ' (trained on the corpus as it was; --force trains a new one)'}")
+    _state = f"the prepared data in {folder} is as it was (units finished are kept for the next prepare)"
+    try:
+        records.update(_prepare_units(todo, folder, tok, settings, workers, quiet))
+        manifest = _manifest(cfg, plan, tok, folder, units, records, settings, trained_on=False,
+                             old_tokenizer=old["tokenizer"], seconds=time.perf_counter() - start)
+        _check_sizes(manifest, data)
+        if digest != old["index"] or _check_index(folder, old) is not None:
+            _write_index(folder, units, records, digest)
+        _check_stop()
+        _write_manifest(folder, manifest)  # the commit point
+        _state = f"the prepared data in {folder} is complete"
+    finally:
+        _clean_inside(folder, mine=True)
+    _remove_unused(folder, manifest)
+    _report(folder, manifest, cfg, f"updated {folder}")
+    return folder
+
+
+def _stray_record(folder: Path, key: str) -> dict[str, Any] | None:
+    """The record of a unit that a stopped `prepare` finished (renamed into place) but never listed in
+    a manifest: reused when it reads and checks whole."""
+    path = folder / UNITS / key / UNIT_RECORD
+    if not ownership.own_file(path):
+        return None
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record if _well_formed_unit(record) and record["key"] == key else None
+
+
+def _manifest(cfg: Config, plan: _Plan, tok: Tokenizer, root: Path, units: list[Unit], records: dict[str, dict[str, Any]],
+              settings: UnitSettings, trained_on: bool, old_tokenizer: dict[str, Any] | None, seconds: float) -> dict[str, Any]:
+    """The manifest of prepared data in `root` (deterministic but for `created`, `seconds` and `tokens_per_s`)."""
+    data = cfg.data
+    splits = {split: {c: sum(records[u.key]["splits"][split][c] for u in units) for c in ("documents", "segments", "tokens")}
+              for split in SPLITS}
+    total_tokens = splits["train"]["tokens"] + splits["valid"]["tokens"]
+    casing = describe(tok)
+    if old_tokenizer is not None:
+        tokenizer = old_tokenizer
+    else:
+        tokenizer = {"source": str(plan.tokenizer_file) if plan.tokenizer_file else "trained",
+                     "vocab_size": tok.get_vocab_size(with_added_tokens=True), "identity": tokenizer_identity(tok),
+                     "sha256": {name: _sha256(root / name) for name in TOKENIZER_FILES},
+                     "requested_vocab_size": data.tokenizer.vocab_size,
+                     "lowercase": casing.get("lowercase", data.tokenizer.lowercase),  # as used, not as configured
+                     "strip_accents": casing.get("strip_accents", data.tokenizer.strip_accents),
+                     "min_frequency": data.tokenizer.min_frequency,
+                     "settings": _tokenizer_settings(data), "given_sha256": plan.given_sha256}
+        if trained_on:  # what the vocabulary was trained on: kept when files are added later
+            tokenizer["trained_on"] = {"files": len(plan.entries), "bytes": sum(e["bytes"] for e in plan.entries)}
+    return {
+        "format_version": FORMAT_VERSION, "bertcli_version": __version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "corpus": {"source": data.corpus, "files": plan.entries},
+        "tokenizer": tokenizer,
+        "split_sentences": data.split_sentences, "validation_fraction": data.validation_fraction,
+        "unit_bytes": UNIT_BYTES, "dtype": settings.dtype, "splits": splits,
+        "unknown_tokens": sum(records[u.key]["unknown_tokens"] for u in units),
+        "index": _index_digest(units),
+        "units": [{"key": u.key, "content": u.content, "bytes": u.bytes, "pieces": [list(p) for p in u.pieces],
+                   "splits": records[u.key]["splits"], "unknown_tokens": records[u.key]["unknown_tokens"]} for u in units],
+        "seconds": seconds, "tokens_per_s": total_tokens / max(seconds, 1e-9),
+    }
+
+
+def _write_manifest(root: Path, manifest: dict[str, Any]) -> None:
+    atomic.write_text(root / MANIFEST, json.dumps(manifest, indent=2) + "\n")
+
+
+def _report(folder: Path, manifest: dict[str, Any], cfg: Config, done: str) -> None:
+    data = cfg.data
+    t, v = manifest["splits"]["train"], manifest["splits"]["valid"]
+    total_tokens = t["tokens"] + v["tokens"]
     share = _warn_random_next(folder, manifest, cfg)
     pairs = (f"; random next sentences {100 * share:.1f}% of pairs (data.random_next_prob "
              f"{100 * data.random_next_prob:.0f}%)" if share is not None else "")
-    log(f"prepared {folder}: {t['documents'] + v['documents']:,} documents ({v['documents']:,} held out), "
-        f"{t['segments'] + v['segments']:,} sentences, {total_tokens:,} tokens, vocabulary {vocab_size:,}, "
-        f"unknown {100 * unknown / max(total_tokens, 1):.2f}%{pairs}; {elapsed:.1f} s, "
-        f"{total_tokens / max(elapsed, 1e-9):,.0f} tokens/s")
-    return folder
+    seconds = manifest["seconds"]
+    log(f"{done}: {t['documents'] + v['documents']:,} documents ({v['documents']:,} held out), "
+        f"{t['segments'] + v['segments']:,} sentences, {total_tokens:,} tokens, vocabulary "
+        f"{manifest['tokenizer']['vocab_size']:,}, unknown {100 * manifest['unknown_tokens'] / max(total_tokens, 1):.2f}%"
+        f"{pairs}; {seconds:.1f} s, {total_tokens / max(seconds, 1e-9):,.0f} tokens/s")
+
+
+def _remove_unused(folder: Path, manifest: dict[str, Any]) -> None:
+    """Remove the units and indexes that `manifest` does not name (bertcli's own folders only)."""
+    keep = {u["key"] for u in manifest["units"]} | {manifest["index"]}
+    for sub in (UNITS, INDEX):
+        if not (folder / sub).is_dir():
+            continue
+        for child in (folder / sub).iterdir():
+            if re.fullmatch(_KEY, child.name) and child.name not in keep and _ours(child, folder):
+                atomic.remove_folder(child)
+
+
+def _ours(path: Path, folder: Path) -> bool:
+    """Whether `path` (inside the prepared `folder`) is a folder holding only what bertcli writes there."""
+    rel = path.relative_to(folder).as_posix()
+    if path.is_symlink() or not path.is_dir() or not LAYOUT.holds(rel):
+        return False
+    return ownership.first_foreign(path, LAYOUT, rel + "/") is None
 
 
 def data_random_next_share(folder: Path, manifest: dict[str, Any], data: DataConfig, seed: int) -> float | None:
@@ -280,7 +858,7 @@ def data_random_next_share(folder: Path, manifest: dict[str, Any], data: DataCon
     settings (None without pairs or training documents); see chunks.random_next_share."""
     if not data.pairs or manifest["splits"]["train"]["documents"] == 0:
         return None
-    base = folder / "train"
+    base = folder / INDEX / manifest["index"] / "train"
     return random_next_share(np.memmap(base / "seg_offsets.bin", dtype=np.int64, mode="r"),
                              np.memmap(base / "doc_offsets.bin", dtype=np.int64, mode="r"), data, seed)
 
@@ -305,6 +883,9 @@ def _warn_random_next(folder: Path, manifest: dict[str, Any], cfg: Config) -> fl
     return share
 
 
+# ---------------------------------------------------------------- stopping
+
+
 class _Stopped(BaseException):
     """SIGINT or SIGTERM inside `prepare`: a BaseException, so that no library's `except Exception`
     (tqdm's, starting its monitor thread) swallows it; _stop_on_signal turns it into Interrupted."""
@@ -312,21 +893,22 @@ class _Stopped(BaseException):
 
 _stop_pipe: int | None = None  # the read end of _stop_on_signal's wakeup pipe
 _signal: int | None = None  # the stop signal that came, if one did
-_written: Path | None = None  # the prepared folder, once it is in place
+_state = ""  # what a stop now keeps, in words
 
 
 @contextmanager
 def _stop_on_signal() -> Iterator[None]:
     """SIGINT and SIGTERM stop `prepare` at once, also inside `pretrain` (whose own handlers only ask
     the training loop to stop after a step): the exception unwinds atomic.folder, which removes the
-    temporary folder, and ends the command with exit 128 + N and one line. The previous handlers
-    come back afterwards.
+    temporary folder (or, updating a prepared folder in place, the temporary units; the previous
+    manifest stays valid), ends the worker processes, and ends the command with exit 128 + N and
+    one line. The previous handlers come back afterwards.
 
     Python runs a handler in the main thread only, and the tokenizer trainer holds the main thread
     while its own threads read the corpus (8 s for the 3.5 MB python-docs.txt): there the signal is
     seen through a wakeup pipe (signal.set_wakeup_fd), the reading stops (_until_stopped), and the
     trainer returns early; what it trained on part of the corpus is never used (_check_stop)."""
-    global _stop_pipe, _signal, _written
+    global _stop_pipe, _signal, _state
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -341,7 +923,7 @@ def _stop_on_signal() -> Iterator[None]:
     read_end, write_end = os.pipe()
     os.set_blocking(read_end, False)
     os.set_blocking(write_end, False)
-    _stop_pipe, _signal, _written = read_end, None, None
+    _stop_pipe, _signal, _state = read_end, None, "nothing was kept (the temporary data was removed)"
     previous_fd = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
     for signum in previous:
         signal.signal(signum, stop)
@@ -350,9 +932,7 @@ def _stop_on_signal() -> Iterator[None]:
         _check_stop()  # a stop that something caught on the way
     except _Stopped:
         signum = _signal or signal.SIGTERM
-        kept = (f"the prepared data in {_written} is complete" if _written else
-                "nothing was kept (the temporary data was removed)")
-        raise Interrupted(f"stopped by {signal.Signals(signum).name} while preparing data; {kept}: run the same "
+        raise Interrupted(f"stopped by {signal.Signals(signum).name} while preparing data; {_state}: run the same "
                           "command again", signum) from None
     finally:
         for signum, handler in previous.items():
@@ -397,12 +977,31 @@ def _clean_leftovers(folder: Path) -> None:
         match = pattern.match(child.name)
         if not match or _alive(int(match.group(2))) or child.is_symlink() or not child.is_dir():
             continue
-        if any(path.relative_to(child).as_posix() not in LAYOUT.paths for path in child.rglob("*")):
+        if ownership.first_foreign(child, LAYOUT) is not None:
             continue  # something else in it: not bertcli's to delete
         if match.group(1) == "old-" and not final.exists() and not final.is_symlink():
             os.replace(child, final)
         else:
             shutil.rmtree(child, ignore_errors=True)
+
+
+_TEMPORARY = re.compile(rf"{_TMP}(?:del-)?(?:{_KEY}|{re.escape(MANIFEST)})\.(\d+)")
+
+
+def _clean_inside(folder: Path, mine: bool = False) -> None:
+    """Remove the temporary units, indexes and manifest that an update in place left inside `folder`:
+    those of processes that are gone, or (`mine`) this process's own."""
+    for sub in (folder / UNITS, folder / INDEX, folder):
+        if not sub.is_dir() or sub.is_symlink():
+            continue
+        for child in sub.iterdir():
+            match = _TEMPORARY.fullmatch(child.name)
+            if match is None or (int(match.group(1)) != os.getpid() if mine else _alive(int(match.group(1)))):
+                continue
+            if child.is_dir() and _ours(child, folder):
+                shutil.rmtree(child, ignore_errors=True)
+            elif child.name.startswith(f"{atomic.TMP_PREFIX}{MANIFEST}") and ownership.own_file(child):
+                child.unlink(missing_ok=True)
 
 
 def _alive(pid: int) -> bool:
@@ -416,45 +1015,6 @@ def _alive(pid: int) -> bool:
     except OSError:
         return True
     return True
-
-
-def _write_shards(tok: Tokenizer, files: list[Path], data: DataConfig, tmp: Path, dtype: np.dtype,
-                  total_bytes: int | None, quiet: bool) -> tuple[dict[str, dict[str, int]], int]:
-    """Tokenize the corpus files into the train and valid shards under `tmp` (documents held out
-    by their number); return each split's counts and the number of unknown tokens."""
-    writers = {"train": ShardWriter(tmp / "train", dtype), "valid": ShardWriter(tmp / "valid", dtype)}
-    unk = special_tokens(tok).unk
-    counts = {"documents": 0, "unknown": 0}
-    encode = getattr(tok, "encode_batch_fast", tok.encode_batch)  # no offsets: faster where available
-
-    def flush(items: list[str | None]) -> None:
-        _check_stop()
-        encodings = iter(encode([s for s in items if s is not None], add_special_tokens=False))
-        for item in items:
-            writer = writers["valid" if is_held_out(counts["documents"], data.validation_fraction) else "train"]
-            if item is None:
-                if writer.open_segments:
-                    counts["documents"] += 1
-                writer.end_document()
-                continue
-            ids = next(encodings).ids
-            if ids:
-                counts["unknown"] += ids.count(unk)
-                writer.add_segment(ids)
-
-    with _progress(total_bytes, "tokenizing", quiet) as bar:
-        batch: list[str | None] = []
-        pending = chars = 0
-        for item in read_sentences(files, data.split_sentences, bar.update):
-            batch.append(item)
-            if item is not None:
-                pending += 1
-                chars += len(item)
-            if pending >= ENCODE_BATCH or chars >= ENCODE_CHARS:  # a document may span batches: the writers keep it open
-                flush(batch)
-                batch, pending, chars = [], 0, 0
-        flush(batch)
-    return {name: w.close() for name, w in writers.items()}, counts["unknown"]
 
 
 STEP_DIR = re.compile(r"^step-\d+$")  # checkpoint.STEP_DIR (checkpoint.py imports torch, prepare does not)
@@ -486,12 +1046,24 @@ def _guard(cfg: Config, folder: Path) -> Callable[[Path], None]:
     def guard(target: Path) -> None:
         ownership.check_replaceable(target, LAYOUT, fix)
 
+    guard(folder)  # an update in place writes there too: only into bertcli's own prepared data
     return guard
 
 
-def _check_sizes(splits: dict[str, dict[str, int]], data: DataConfig, folder: Path) -> None:
+def _held_out_count(units: list[dict[str, Any]], stride: int) -> int:
+    """Documents held out with every `stride`-th document of each unit (its phase, its documents)."""
+    total = 0
+    for u in units:
+        n = sum(u["splits"][s]["documents"] for s in SPLITS)
+        phase = unit_phase(u["content"], stride)
+        total += (n + phase) // stride  # d + phase = stride - 1 (mod stride) for d in [0, n)
+    return total
+
+
+def _check_sizes(manifest: dict[str, Any], data: DataConfig) -> None:
     """Enough documents for examples in each split: 2 with sentence pairs (a random next sentence
     comes from another document), 1 without. Every fix suggested is one that works."""
+    splits = manifest["splits"]
     train, valid = splits["train"]["documents"], splits["valid"]["documents"]
     total = train + valid
     if total == 0:
@@ -501,8 +1073,10 @@ def _check_sizes(splits: dict[str, dict[str, int]], data: DataConfig, folder: Pa
     no_pairs = "set data.pairs: false and train.nsp_weight: 0 (no NSP)"
     if data.validation_fraction > 0 and valid < need:
         fixes = []
-        stride = total // need  # every stride-th document is held out: the widest that holds out `need`
-        if stride >= 2:  # validation_fraction is at most 0.5
+        # The widest stride (every k-th document of each unit) that holds out `need` and leaves `need` to train on.
+        stride = next((k for k in range(held_out_stride(data.validation_fraction) - 1, 1, -1)
+                       if need <= _held_out_count(manifest["units"], k) <= total - need), None)
+        if stride is not None:  # validation_fraction is at most 0.5
             fixes.append(f"raise data.validation_fraction to {1 / stride:.4g}")
         if total >= need:
             fixes.append("set data.validation_fraction: 0 (no held-out evaluation)")
@@ -517,14 +1091,18 @@ def _check_sizes(splits: dict[str, dict[str, int]], data: DataConfig, folder: Pa
                          f"separate documents with blank lines, or {no_pairs}")
 
 
+# ---------------------------------------------------------------- reading and checking prepared data
+
+
 def read_manifest(folder: Path) -> tuple[dict[str, Any] | None, str | None]:
     """(the manifest of a prepared folder, None), or (None, why it cannot be used: damaged, of another
     format version, a symbolic link), or (None, None) when there is none.
 
-    A manifest is data, never a source of paths: shards are read at fixed names inside the folder,
-    and the corpus paths it records only serve as keys of the hash cache (never opened, never
-    written). What decides how the shards are read (their dtype, the splits, the counts) is checked
-    here, the files themselves by check_prepared.
+    A manifest is data, never a source of paths: shards are read at fixed names inside the folder
+    (a unit's and the index's folder names are checked to be 64 hexadecimal digits), and the corpus
+    paths it records only serve as keys of the hash cache (never opened, never written). What
+    decides how the shards are read (their dtype, the splits, the counts) is checked here, the
+    files themselves by check_prepared.
     """
     path = folder / MANIFEST
     if not path.exists() and not path.is_symlink():
@@ -541,13 +1119,16 @@ def read_manifest(folder: Path) -> tuple[dict[str, Any] | None, str | None]:
     if version != FORMAT_VERSION:
         return None, f"is of format version {version} (this bertcli reads and writes version {FORMAT_VERSION})"
     splits, files, tok = manifest.get("splits"), (manifest.get("corpus") or {}).get("files"), manifest.get("tokenizer")
-    counts = ("documents", "segments", "tokens")
+    units = manifest.get("units")
     well_formed = (manifest.get("dtype") in ("uint16", "uint32") and isinstance(files, list)
                    and all(isinstance(f, dict) and isinstance(f.get("path"), str) for f in files)
-                   and isinstance(splits, dict) and set(splits) == {"train", "valid"}
-                   and all(isinstance(v, dict) and all(_count(v.get(c)) for c in counts) for v in splits.values())
+                   and _well_formed_splits(splits)
                    and isinstance(tok, dict) and _count(tok.get("vocab_size")) and isinstance(tok.get("sha256"), dict)
-                   and all(isinstance(tok["sha256"].get(name), str) for name in TOKENIZER_FILES))
+                   and all(isinstance(tok["sha256"].get(name), str) for name in TOKENIZER_FILES)
+                   and isinstance(manifest.get("index"), str) and re.fullmatch(_KEY, manifest["index"]) is not None
+                   and isinstance(units, list) and all(_well_formed_unit(u) for u in units)
+                   and all(sum(u["splits"][s][c] for u in units) == splits[s][c]
+                           for s in SPLITS for c in ("documents", "segments", "tokens")))
     if not well_formed:
         return None, f"is damaged ({MANIFEST} lacks fields or has values of the wrong type)"
     return manifest, None
@@ -557,44 +1138,120 @@ def _count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def check_prepared(folder: Path, manifest: dict[str, Any]) -> str | None:
-    """What is wrong with the files of prepared data (naming the file), or None when they are whole:
-    regular files (never symbolic links), tokenizer.json and vocab.txt as hashed in the manifest,
-    shards of the sizes its counts imply, offsets rising from 0 to those counts, token ids below
-    the vocabulary size. Cheap: the tokenizer files and the offsets are read whole, the token ids
-    once (about 15 ms per 100M tokens in the page cache)."""
-    folders = ("train", "valid")
-    for rel in (*folders, *TOKENIZER_FILES, *(f"{split}/{name}" for split in folders for name in SHARD_FILES)):
-        path = folder / rel
-        if os.path.islink(path):
-            return f"{rel} is a symbolic link, which bertcli never follows out of its folder"
-        if not path.exists():
-            return f"{rel} is missing"
-        if not (path.is_dir() if rel in folders else ownership.own_file(path)):
-            return f"{rel} is not a {'folder' if rel in folders else 'regular file'}"
+def _well_formed_splits(splits: Any) -> bool:
+    return (isinstance(splits, dict) and set(splits) == set(SPLITS)
+            and all(isinstance(v, dict) and all(_count(v.get(c)) for c in ("documents", "segments", "tokens"))
+                    for v in splits.values()))
+
+
+def _well_formed_unit(unit: Any) -> bool:
+    """A unit's record (in the manifest, or its unit.json): a key of 64 hex digits and counts."""
+    return (isinstance(unit, dict) and isinstance(unit.get("key"), str) and re.fullmatch(_KEY, unit["key"]) is not None
+            and _well_formed_splits(unit.get("splits")) and _count(unit.get("unknown_tokens"))
+            and (not isinstance(unit.get("content"), str) or re.fullmatch(_KEY, unit["content"]) is not None))
+
+
+def _check_tokenizer(folder: Path, manifest: dict[str, Any]) -> str | None:
+    """What is wrong with tokenizer.json and vocab.txt (regular files, the hashes the manifest records)."""
     for name in TOKENIZER_FILES:
-        if _sha256(folder / name) != manifest["tokenizer"]["sha256"][name]:
+        path = folder / name
+        if os.path.islink(path):
+            return f"{name} is a symbolic link, which bertcli never follows out of its folder"
+        if not path.exists():
+            return f"{name} is missing"
+        if not ownership.own_file(path):
+            return f"{name} is not a regular file"
+        if _sha256(path) != manifest["tokenizer"]["sha256"][name]:
             return f"{name} was changed after prepare: its SHA-256 is not the one {MANIFEST} records"
-    dtype, vocab_size = np.dtype(manifest["dtype"]), manifest["tokenizer"]["vocab_size"]
     lines = (folder / "vocab.txt").read_bytes().count(b"\n")  # one token a line, the vocabulary in id order
+    vocab_size = manifest["tokenizer"]["vocab_size"]
     if lines != vocab_size:
         return f"{MANIFEST} says the vocabulary holds {vocab_size:,} tokens, vocab.txt {lines:,}"
-    for split, counts in manifest["splits"].items():
+    return None
+
+
+def _check_files(folder: Path, rel: str, names: tuple[str, ...]) -> str | None:
+    """Whether folder/rel/{train,valid}/NAME are regular files in regular folders (no symbolic links)."""
+    for path in (rel, *(f"{rel}/{split}" for split in SPLITS), *(f"{rel}/{split}/{n}" for split in SPLITS for n in names)):
+        full = folder / path
+        if os.path.islink(full):
+            return f"{path} is a symbolic link, which bertcli never follows out of its folder"
+        if not full.exists():
+            return f"{path} is missing"
+        is_folder = path.count("/") <= rel.count("/") + 1
+        if not (full.is_dir() if is_folder else ownership.own_file(full)):
+            return f"{path} is not a {'folder' if is_folder else 'regular file'}"
+    return None
+
+
+def _check_unit(folder: Path, key: str, record: dict[str, Any], dtype_name: str, vocab_size: int) -> str | None:
+    """What is wrong with the shards of unit `key` (naming the file), or None when they are whole:
+    regular files, of the sizes its record implies, offsets rising from 0 to its counts, token ids
+    below the vocabulary size (read once: about 15 ms per 100M tokens in the page cache)."""
+    rel = f"{UNITS}/{key}"
+    problem = _check_files(folder, rel, SHARD_FILES)
+    if problem is not None:
+        return problem
+    dtype = np.dtype(dtype_name)
+    for split, counts in record["splits"].items():
+        base = folder / rel / split
         expected = {"tokens.bin": counts["tokens"] * dtype.itemsize, "seg_offsets.bin": (counts["segments"] + 1) * 8,
                     "doc_offsets.bin": (counts["documents"] + 1) * 8}
         for name, size in expected.items():
-            actual = (folder / split / name).stat().st_size
+            actual = (base / name).stat().st_size
             if actual != size:
-                kind = manifest["dtype"] if name == "tokens.bin" else "int64"  # offsets are int64 whatever the tokens
-                return f"{split}/{name} holds {actual:,} bytes where {MANIFEST} implies {size:,} ({kind})"
-        base = folder / split
+                kind = dtype_name if name == "tokens.bin" else "int64"  # offsets are int64 whatever the tokens
+                return f"{rel}/{split}/{name} holds {actual:,} bytes where {MANIFEST} implies {size:,} ({kind})"
         for name, last in (("seg_offsets.bin", counts["tokens"]), ("doc_offsets.bin", counts["segments"])):
             if not _rising(np.memmap(base / name, dtype=np.int64, mode="r"), last):
-                return f"{split}/{name} does not rise from 0 to {last:,}: its offsets are damaged"
+                return f"{rel}/{split}/{name} does not rise from 0 to {last:,}: its offsets are damaged"
         if counts["tokens"] and vocab_size <= np.iinfo(dtype).max:  # else every id of the dtype is in range
             top = int(np.memmap(base / "tokens.bin", dtype=dtype, mode="r").max())
             if top >= vocab_size:
-                return f"{split}/tokens.bin holds token id {top:,}, past the vocabulary of {vocab_size:,}"
+                return f"{rel}/{split}/tokens.bin holds token id {top:,}, past the vocabulary of {vocab_size:,}"
+    return None
+
+
+def _check_index(folder: Path, manifest: dict[str, Any]) -> str | None:
+    """What is wrong with the index (naming the file), or None: regular files of the sizes the totals
+    imply, offsets rising from 0 to the totals, and at each unit's start the tokens and segments of
+    the units before it."""
+    rel = f"{INDEX}/{manifest['index']}"
+    problem = _check_files(folder, rel, INDEX_FILES)
+    if problem is not None:
+        return problem
+    for split, counts in manifest["splits"].items():
+        base = folder / rel / split
+        lengths = {"seg_offsets.bin": counts["segments"] + 1, "doc_offsets.bin": counts["documents"] + 1}
+        last = {"seg_offsets.bin": counts["tokens"], "doc_offsets.bin": counts["segments"]}
+        offsets = {}
+        for name, length in lengths.items():
+            actual = (base / name).stat().st_size
+            if actual != length * 8:
+                return f"{rel}/{split}/{name} holds {actual:,} bytes where {MANIFEST} implies {length * 8:,} (int64)"
+            offsets[name] = np.memmap(base / name, dtype=np.int64, mode="r")
+            if not _rising(offsets[name], last[name]):
+                return f"{rel}/{split}/{name} does not rise from 0 to {last[name]:,}: its offsets are damaged"
+        units = [u["splits"][split] for u in manifest["units"]]
+        cum = {c: np.cumsum([0] + [u[c] for u in units]) for c in ("tokens", "segments", "documents")}
+        if not (np.array_equal(offsets["seg_offsets.bin"][cum["segments"]], cum["tokens"])
+                and np.array_equal(offsets["doc_offsets.bin"][cum["documents"]], cum["segments"])):
+            return f"{rel}/{split} does not agree with the units' counts: the index is damaged"
+    return None
+
+
+def check_prepared(folder: Path, manifest: dict[str, Any]) -> str | None:
+    """What is wrong with the files of prepared data (naming the file), or None when they are whole:
+    regular files (never symbolic links), tokenizer.json and vocab.txt as hashed in the manifest,
+    the index and every unit as _check_index and _check_unit check them. Cheap: the tokenizer files
+    and the offsets are read whole, the token ids once."""
+    problem = _check_tokenizer(folder, manifest) or _check_index(folder, manifest)
+    if problem is not None:
+        return problem
+    for unit in {u["key"]: u for u in manifest["units"]}.values():
+        problem = _check_unit(folder, unit["key"], unit, manifest["dtype"], manifest["tokenizer"]["vocab_size"])
+        if problem is not None:
+            return problem
     return None
 
 
@@ -626,11 +1283,16 @@ class PreparedData:
         return special_tokens(self.tokenizer)
 
     def corpus(self, split: str) -> Corpus | None:
+        """One split: the index's offsets memory-mapped, the units' tokens read as one array (each unit's
+        tokens.bin memory-mapped now, so that a unit another `prepare` removes later stays readable)."""
         if self.manifest["splits"][split]["documents"] == 0:
             return None
-        base = self.folder / split
+        dtype = self.manifest["dtype"]
+        pieces = [np.memmap(self.folder / UNITS / u["key"] / split / "tokens.bin", dtype=dtype, mode="r")
+                  for u in self.manifest["units"] if u["splits"][split]["tokens"]]
+        base = self.folder / INDEX / self.manifest["index"] / split
         return Corpus(
-            tokens=np.memmap(base / "tokens.bin", dtype=self.manifest["dtype"], mode="r"),
+            tokens=pieces[0] if len(pieces) == 1 else PartTokens(pieces),
             seg_offsets=np.memmap(base / "seg_offsets.bin", dtype=np.int64, mode="r"),
             doc_offsets=np.memmap(base / "doc_offsets.bin", dtype=np.int64, mode="r"),
             vocab_size=self.vocab_size, special=self.special, continuation=continuation_mask(self.tokenizer))
