@@ -28,7 +28,7 @@ from bertcli.errors import UsageError
 from bertcli.metrics import read_metrics
 from bertcli.resolve import load_run
 from bertcli.trainer import pretrain
-from conftest import TEXT, prepared_files, text_run
+from conftest import TEXT, assert_same_batch, prepared_files, text_run
 
 
 def train(config: Path, **kwargs) -> dict:
@@ -574,3 +574,263 @@ def test_a_bad_jsonl_record_says_the_line_and_what_to_fix(tmp_path, record, need
     with pytest.raises(UsageError) as info:
         list(read_sentences([path]))
     assert str(info.value).startswith(f"{path}: {needle}"), str(info.value)
+
+
+# ------------------------------------------------------------------ units: workers, parts, updates in place (issue 20)
+
+
+def _stamps(folder: Path) -> dict[str, tuple[int, int]]:
+    """(inode, mtime) of every file under units/, by path: a file rewritten or replaced changes both."""
+    return {p.relative_to(folder).as_posix(): (p.stat().st_ino, p.stat().st_mtime_ns)
+            for p in sorted((folder / "units").rglob("*")) if p.is_file()}
+
+
+def _run(folder: Path, corpus: Path, *overrides: str) -> Path:
+    """A run on a units_corpus: its units hold about 4 documents, so every 4th is held out."""
+    return text_run(folder, corpus, "data.validation_fraction=0.25", *overrides)
+
+
+def _units_of(folder: Path, file_number: int) -> set[str]:
+    """The keys of the units that hold (parts of) corpus file number `file_number`."""
+    manifest = json.loads((folder / "manifest.json").read_text())
+    return {u["key"] for u in manifest["units"] if any(p[0] == file_number for p in u["pieces"])}
+
+
+@pytest.fixture
+def units_corpus(tmp_path, small_corpus, monkeypatch):
+    """A folder of three text files of 15 documents each (about 30 KB), with units of 8 KiB: each file
+    is cut into parts at document boundaries, so the corpus is a dozen units."""
+    from bertcli.data import prepare as prepare_module
+
+    monkeypatch.setattr(prepare_module, "UNIT_BYTES", 8 << 10)
+    docs = small_corpus.read_text().split("\n\n")
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    for i, name in enumerate("abc"):
+        (folder / f"{name}.txt").write_text("\n\n".join(docs[15 * i:15 * (i + 1)]) + "\n")
+    return folder, docs
+
+
+def test_one_and_two_workers_write_the_same_prepared_folder(tmp_path, units_corpus):
+    folder, docs = units_corpus
+    (folder / "d.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs[45:60]))
+    files = {}
+    for workers in (1, 2):
+        cfg = load_run(_run(tmp_path / f"w{workers}", folder))
+        files[workers] = prepared_files(prepare(cfg, quiet=True, workers=workers))
+    assert sum(name.endswith("unit.json") for name in files[1]) >= 8, sorted(files[1])
+    assert list(files[1]) == list(files[2])
+    for name in files[1]:
+        assert files[1][name] == files[2][name], name
+
+
+def test_adding_a_file_prepares_only_its_units_and_equals_a_fresh_prepare(tmp_path, units_corpus, capsys):
+    folder, docs = units_corpus
+    cfg = load_run(_run(tmp_path / "run", folder))
+    data = prepare(cfg, quiet=True)
+    before, tokenizer = _stamps(data), (data / "tokenizer.json").read_bytes()
+    (folder / "b2.txt").write_text("\n\n".join(docs[45:55]) + "\n")  # file number 2 of a, b, b2, c
+    capsys.readouterr()
+    prepare(cfg, quiet=True)
+    err = capsys.readouterr().err
+    added = _units_of(data, 2)
+    assert len(added) >= 2 and f"preparing {len(added)} of" in err and "keeping the other units and the tokenizer" in err
+    after = _stamps(data)
+    assert {rel: stamp for rel, stamp in after.items() if rel.split("/")[1] not in added} == before, "rewritten"
+    assert (data / "tokenizer.json").read_bytes() == tokenizer
+    manifest = json.loads((data / "manifest.json").read_text())
+    assert manifest["tokenizer"]["trained_on"] == {"files": 3, "bytes": sum(f.stat().st_size for f in folder.iterdir()
+                                                                            if f.name != "b2.txt")}
+    # A fresh prepare of the whole new corpus with that tokenizer writes the same units, index and counts.
+    fresh = prepare(load_run(_run(tmp_path / "fresh", folder, f"data.tokenizer.path={data / 'tokenizer.json'}")),
+                    quiet=True)
+    a, b = prepared_files(data), prepared_files(fresh)
+    assert list(a) == list(b)
+    for name in a:
+        if name != "manifest.json":
+            assert a[name] == b[name], name
+    ma, mb = json.loads(a["manifest.json"]), json.loads(b["manifest.json"])
+    assert {k: v for k, v in ma.items() if k != "tokenizer"} == {k: v for k, v in mb.items() if k != "tokenizer"}
+
+
+def test_removing_a_file_and_changing_one_part_of_another(tmp_path, units_corpus, capsys):
+    folder, _ = units_corpus
+    cfg = load_run(_run(tmp_path / "run", folder))
+    data = prepare(cfg, quiet=True)
+    gone = _units_of(data, 2)  # c.txt's
+    manifest = json.loads((data / "manifest.json").read_text())
+    part = manifest["corpus"]["files"][0]["parts"][1]  # the second part of a.txt: an edit in its middle
+    text = bytearray((folder / "a.txt").read_bytes())
+    at = next(i for i in range((part["start"] + part["end"]) // 2, part["end"]) if chr(text[i]).islower())
+    text[at] = ord("x" if text[at] != ord("x") else "y")
+    changed = {u["key"] for u in manifest["units"] if u["pieces"] == [[0, part["start"], part["end"]]]}
+    before = _stamps(data)
+    (folder / "a.txt").write_bytes(bytes(text))
+    (folder / "c.txt").unlink()
+    capsys.readouterr()
+    prepare(cfg, quiet=True)
+    err = capsys.readouterr().err
+    assert f"units of it 1 new or changed, {len(gone) + 1} gone" in err and "preparing 1 of" in err, err
+    after = _stamps(data)
+    assert not any((data / "units" / key).exists() for key in gone | changed)
+    kept = {rel: stamp for rel, stamp in before.items() if rel.split("/")[1] not in gone | changed}
+    assert {rel: stamp for rel, stamp in after.items() if rel in kept} == kept and len(after) == len(kept) + 7
+    assert sorted(p.name for p in (data / "index").iterdir()) == [json.loads((data / "manifest.json").read_text())["index"]]
+    load_prepared(data)  # checks every file against the manifest
+
+
+def test_a_damaged_unit_is_prepared_again_alone(tmp_path, units_corpus, capsys):
+    folder, _ = units_corpus
+    cfg = load_run(_run(tmp_path / "run", folder))
+    data = prepare(cfg, quiet=True)
+    unit = _unit(data, 3)
+    good = (unit / "train" / "tokens.bin").read_bytes()
+    _cut(unit / "train" / "tokens.bin", 10)
+    before = {rel: stamp for rel, stamp in _stamps(data).items() if not rel.startswith(f"units/{unit.name}")}
+    capsys.readouterr()
+    prepare(cfg, quiet=True)
+    err = capsys.readouterr().err
+    assert f"prepared data in {data} is damaged (units/{unit.name}/train/tokens.bin holds 10 bytes" in err, err
+    assert "preparing 1 of" in err
+    assert (unit / "train" / "tokens.bin").read_bytes() == good
+    assert {rel: stamp for rel, stamp in _stamps(data).items() if rel in before} == before
+
+
+def test_a_corpus_mostly_new_gets_a_new_tokenizer(tmp_path, units_corpus, capsys):
+    folder, docs = units_corpus
+    cfg = load_run(_run(tmp_path / "run", folder))
+    data = prepare(cfg, quiet=True)
+    (folder / "b.txt").unlink()
+    (folder / "c.txt").unlink()
+    (folder / "e.txt").write_text("\n\n".join(docs[30:60]) + "\n")
+    capsys.readouterr()
+    prepare(cfg, quiet=True)
+    err = capsys.readouterr().err
+    assert f"prepared data in {data}: " in err and "% of the corpus is new: training a new tokenizer" in err, err
+    assert json.loads((data / "manifest.json").read_text())["tokenizer"]["trained_on"]["files"] == 2
+
+
+def test_units_a_stopped_prepare_finished_are_reused(tmp_path, units_corpus, capsys):
+    """A unit renamed into place counts as finished even when its manifest never came (a kill)."""
+    folder, docs = units_corpus
+    cfg = load_run(_run(tmp_path / "run", folder))
+    data = prepare(cfg, quiet=True)
+    (folder / "e.txt").write_text("\n\n".join(docs[45:50]) + "\n")
+    elsewhere = prepare(load_run(_run(tmp_path / "other", folder, f"data.tokenizer.path={data / 'tokenizer.json'}")),
+                        quiet=True)
+    finished = _units_of(elsewhere, 3)
+    for key in finished:  # as a prepare killed after renaming them leaves them
+        shutil.copytree(elsewhere / "units" / key, data / "units" / key)
+    before = _stamps(data)
+    capsys.readouterr()
+    prepare(cfg, quiet=True)
+    err = capsys.readouterr().err
+    assert f"(units of it {len(finished)} new or changed): writing a new index" in err, err
+    assert {rel: stamp for rel, stamp in _stamps(data).items() if rel in before} == before
+    load_prepared(data)
+
+
+def test_an_error_in_a_worker_is_the_same_one_line(tmp_path, units_corpus):
+    folder, _ = units_corpus
+    tokenizer = prepare(load_run(_run(tmp_path / "first", folder)), quiet=True) / "tokenizer.json"
+    head = (folder / "b.txt").read_bytes()[:20000]
+    (folder / "b.txt").write_bytes(head + b"caf\xe9\n")  # in b.txt's third part
+    messages = []
+    for workers in (1, 2):
+        cfg = load_run(_run(tmp_path / f"w{workers}", folder, f"data.tokenizer.path={tokenizer}"))
+        with pytest.raises(UsageError) as info:
+            prepare(cfg, quiet=True, workers=workers)
+        messages.append(str(info.value))
+        assert not (tmp_path / f"w{workers}" / "data").exists() and not list((tmp_path / f"w{workers}").glob(".tmp-*"))
+    line = head.count(b"\n") + 1
+    assert messages[0] == messages[1] == (f"{folder / 'b.txt'}: byte 20003 (line {line}): not valid UTF-8; convert the "
+                                          "file to UTF-8 (e.g. iconv -f latin1 -t utf-8)")
+
+
+def _parts(path: Path, every: int) -> list:
+    """The file cut as prepare cuts it, with each part's first line number."""
+    from bertcli.data.text import Part, document_cuts
+
+    data = path.read_bytes()
+    bounds = [0, *document_cuts(path, every), len(data)]
+    return [Part(path, a, b, data[:a].count(b"\n") + 1) for a, b in zip(bounds, bounds[1:])]
+
+
+def test_a_file_read_in_parts_gives_the_documents_of_the_whole(tmp_path, monkeypatch, small_corpus):
+    """Cuts fall after a blank line (text) or a line (JSON Lines) past each multiple of the unit size, so
+    the parts read one after the other give exactly the sentences and document ends of the whole file:
+    long lines read in pieces, lines of white space, CRLF, runs of blank lines."""
+    from bertcli.data import text
+
+    monkeypatch.setattr(text, "READ_BYTES", 64)  # lines longer than this are read in pieces
+    docs = small_corpus.read_text().split("\n\n")[:12]
+    long_line = " ".join(["A long line of words goes on."] * 500)  # over MAX_LINE_CHARS: cut into pieces
+    body = ("\n\n".join(docs[:4]) + "\n \t\n" + long_line + "\r\n\r\n\n\n" + "\n\n".join(docs[4:8])
+            + "\n" + " " * 2000 + "\n" + "\n\n".join(docs[8:]) + "\n\nlast words without an end")
+    path = tmp_path / "c.txt"
+    path.write_text(body)
+    whole = list(read_sentences([path]))
+    for every in (100, 700, 5000):
+        parts = _parts(path, every)
+        assert len(parts) >= (3 if every < 5000 else 2), (every, parts)
+        for part in parts[1:]:  # each part starts right after a blank line
+            before = path.read_bytes()[:part.start].split(b"\n")[-2]
+            assert not before.strip(), (every, part)
+        assert [s for part in parts for s in read_sentences([part])] == whole, every
+    jsonl = tmp_path / "c.jsonl"
+    jsonl.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    assert [s for part in _parts(jsonl, 500) for s in read_sentences([part])] == list(read_sentences([jsonl]))
+    # The cuts are a function of the text: an insertion near the start keeps the later parts' bytes.
+    cuts = [p.start for p in _parts(path, 700)]
+    path.write_text("Inserted words.\n\n" + body)
+    assert [c + 17 for c in cuts[2:]] == [p.start for p in _parts(path, 700)][2:]
+    # An error in a later part names the byte and line of the whole file.
+    path.write_bytes(path.read_bytes()[:3000] + b"caf\xe9" + path.read_bytes()[3000:])
+    errors = []
+    for pieces in ([path], _parts(path, 700)):
+        with pytest.raises(UsageError) as info:
+            for piece in pieces:
+                list(read_sentences([piece]))
+        errors.append(str(info.value))
+    assert errors[0] == errors[1] and "byte 3003 (line" in errors[0]
+
+
+def test_a_large_file_in_units_gives_the_example_stream_of_one_unit(tmp_path, small_corpus, monkeypatch):
+    """With nothing held out, a file prepared in many units and in one write the same index and tokens:
+    training reads the same examples. (With documents held out, each unit holds out its own every k-th
+    document, so the two splits differ.)"""
+    from bertcli.data import prepare as prepare_module
+
+    cfg = preset_config("tiny", [*TEXT, "data.validation_fraction=0"]).data
+    batches = []
+    for unit_bytes in (1 << 30, 8 << 10):
+        monkeypatch.setattr(prepare_module, "UNIT_BYTES", unit_bytes)
+        prepared = load_prepared(prepare(load_run(text_run(tmp_path / str(unit_bytes), small_corpus,
+                                                           "data.validation_fraction=0")), quiet=True))
+        units = len(prepared.manifest["units"])
+        assert units == 1 if unit_bytes > 1 << 20 else units > 10, units
+        train = prepared.corpus("train")
+        builder = ExampleBuilder(train, cfg, 16)
+        batches.append((np.asarray(train.seg_offsets).copy(), np.asarray(train.doc_offsets).copy(),
+                        train.tokens[0:train.num_tokens].copy(), builder.batch(42, 3, range(16))))
+    (seg_a, doc_a, tokens_a, batch_a), (seg_b, doc_b, tokens_b, batch_b) = batches
+    assert np.array_equal(seg_a, seg_b) and np.array_equal(doc_a, doc_b) and np.array_equal(tokens_a, tokens_b)
+    assert_same_batch(batch_a, batch_b)
+
+
+def test_an_older_format_folder_is_prepared_again_whole_with_a_line(tmp_path, small_corpus, capsys):
+    cfg = load_run(text_run(tmp_path / "run", small_corpus))
+    folder = prepare(cfg, quiet=True)
+    shutil.rmtree(folder / "units")
+    shutil.rmtree(folder / "index")
+    for split in ("train", "valid"):  # format 3's layout
+        (folder / split).mkdir()
+        for name in ("tokens", "seg_offsets", "doc_offsets"):
+            (folder / split / f"{name}.bin").write_bytes(b"\0" * 16)
+    _edit_json(folder / "manifest.json", format_version=3)
+    capsys.readouterr()
+    prepare(cfg, quiet=True)
+    assert (f"prepared data in {folder} is of format version 3 (this bertcli reads and writes version "
+            f"{FORMAT_VERSION}): preparing it again") in capsys.readouterr().err
+    assert sorted(p.name for p in folder.iterdir()) == ["index", "manifest.json", "tokenizer.json", "units", "vocab.txt"]
+    load_prepared(folder)

@@ -53,12 +53,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import multiprocessing
 import os
-import queue
 import re
 import shutil
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -78,7 +77,7 @@ from bertcli.data.corpus import Corpus, PartTokens, SpecialTokens, held_out_stri
 from bertcli.data.text import (MAX_LINE_CHARS, Part, corpus_files, document_cuts, is_compressed, is_jsonl,
                                read_sentences, read_text)
 from bertcli.data.tokenizer import (continuation_mask, describe, find_tokenizer_file, load_tokenizer, read_tokenizer_json,
-                                    save_tokenizer, special_tokens, tokenizer_identity, train_tokenizer, unpadded)
+                                    save_tokenizer, special_tokens, tokenizer_identity, train_tokenizer)
 from bertcli.errors import Interrupted, RunError, UsageError
 from bertcli.console import log
 
@@ -412,55 +411,93 @@ def _prepare_unit(root: Path, unit: Unit, tok: Tokenizer, settings: UnitSettings
             os.fsync(fh.fileno())
         for path in (tmp / "train", tmp / "valid", tmp):
             atomic.fsync_path(path)
-        if final.exists():  # a damaged copy (the caller checked it): replaced
-            atomic.remove_folder(final)
-        os.replace(tmp, final)
+        _replace_folder(tmp, final, root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return record
 
 
+def _replace_folder(tmp: Path, final: Path, root: Path) -> None:
+    """Rename the complete folder `tmp` to `final`, removing a damaged copy there first (bertcli's own
+    only: a folder there holding anything else is refused)."""
+    if final.exists() or final.is_symlink():
+        if not _ours(final, root):
+            raise UsageError(f"{final} holds files that bertcli did not write, so it was left untouched: move it out "
+                             "of the prepared folder, then run the same command")
+        atomic.remove_folder(final)
+    os.replace(tmp, final)
+    atomic.fsync_path(final.parent)
+
+
 # ---------------------------------------------------------------- workers
+# A worker is `python -c "...; _worker_main()"`, not a multiprocessing process: it imports bertcli's
+# data modules only (never the parent's __main__, which spawn would run again: a user's script, a
+# notebook, stdin), and it speaks JSON lines on its stdin and stdout (nothing is unpickled).
+#   parent -> worker: {"tokenizer": path of tokenizer.json, "settings": {...}}, then one unit a line; EOF: no more
+#   worker -> parent: {"progress": bytes} | {"done": key, "record": {...}} | {"error": kind, ...}
 
-_worker_tokenizer: Tokenizer | None = None
+
+def _unit_json(root: Path, unit: Unit) -> str:
+    return json.dumps({"root": str(root), "key": unit.key, "content": unit.content, "sizes": list(unit.sizes),
+                       "pieces": [list(p) for p in unit.pieces],
+                       "parts": [[str(p.path), p.start, p.end, p.line] for p in unit.parts]})
 
 
-def _worker(tasks: Any, results: Any, tokenizer_json: str) -> None:
-    """A worker process: prepares the units it takes from `tasks` (None: no more) with one encoding
-    thread (--workers N means N cores), reporting progress, records and the first error on `results`."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent stops us
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # read at each call by tokenizers
-    tok = unpadded(Tokenizer.from_str(tokenizer_json))
-    while (job := tasks.get()) is not None:
-        root, unit, settings = job
+def _unit_from_json(line: str) -> tuple[Path, Unit]:
+    job = json.loads(line)
+    return Path(job["root"]), Unit(job["key"], job["content"], tuple(Part(Path(p), s, e, n) for p, s, e, n in job["parts"]),
+                                   tuple(job["sizes"]), tuple(tuple(p) for p in job["pieces"]))
+
+
+def _worker_main() -> None:
+    """A worker process: prepares the units it reads on stdin with one encoding thread (--workers N
+    means N cores), writing progress, records and the first error as JSON lines on stdout."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent ends us
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # read by tokenizers at each call
+    out = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)  # what a library prints goes to stderr, never into the messages
+
+    def say(message: dict[str, Any]) -> None:
+        out.write(json.dumps(message) + "\n")
+        out.flush()
+
+    header = json.loads(sys.stdin.readline())
+    tok = read_tokenizer_json(Path(header["tokenizer"]))  # the prepared folder's: the one the units' keys name
+    settings = UnitSettings(**header["settings"])
+    for line in sys.stdin:
+        root, unit = _unit_from_json(line)
         pending = 0
 
         def progress(n: int) -> None:
             nonlocal pending
             pending += n
             if pending >= PROGRESS_BYTES:
-                results.put(("progress", pending))
+                say({"progress": pending})
                 pending = 0
 
         try:
-            record = _prepare_unit(Path(root), unit, tok, settings, progress)
-        except BaseException as exc:  # noqa: BLE001  passed on whole to the parent, which says it in one line
-            results.put(("error", unit.key, _portable(exc)))
+            record = _prepare_unit(root, unit, tok, settings, progress)
+        except UsageError as exc:
+            say({"error": "usage", "message": str(exc)})
             return
-        results.put(("progress", pending))
-        results.put(("done", unit.key, record))
+        except OSError as exc:  # a full disk, a file that went away: the parent words it as it would its own
+            say({"error": "os", "errno": exc.errno, "strerror": exc.strerror, "filename": exc.filename})
+            return
+        except Exception as exc:  # noqa: BLE001  anything else: its words, for the parent's one line
+            say({"error": "other", "message": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"})
+            return
+        say({"progress": pending})
+        say({"done": unit.key, "record": record})
 
 
-def _portable(exc: BaseException) -> BaseException:
-    """`exc`, or a RunError with its words when it would not survive pickling to the parent."""
-    import pickle
-
-    try:
-        pickle.loads(pickle.dumps(exc))
-        return exc
-    except Exception:  # noqa: BLE001
-        return RunError(f"{type(exc).__name__}: {exc}")
+def _raise_worker_error(message: dict[str, Any]) -> None:
+    """A worker's error, raised as the exception it was there."""
+    if message["error"] == "usage":
+        raise UsageError(message["message"])
+    if message["error"] == "os":
+        raise OSError(message["errno"], message["strerror"], message["filename"])
+    raise RunError(f"preparing the corpus failed in a worker process: {message['message']}")
 
 
 @contextmanager
@@ -485,52 +522,105 @@ def _prepare_units(todo: list[Unit], root: Path, tok: Tokenizer, settings: UnitS
     """Prepare `todo` into root/units/ on `workers` processes (in this one when one worker or one unit
     is enough); return each unit's record by key. The first error in a worker is raised here as it
     was raised there; a stop signal ends the workers at once. Progress: bytes of the corpus."""
+    todo = list({u.key: u for u in todo}.values())  # a unit twice (two equal files): prepared once, read twice
     (root / UNITS).mkdir(parents=True, exist_ok=True)
-    records: dict[str, dict[str, Any]] = {}
     with _progress(sum(u.bytes for u in todo), "tokenizing", quiet) as bar:
         if workers <= 1 or len(todo) <= 1:
-            for unit in todo:
-                records[unit.key] = _prepare_unit(root, unit, tok, settings, bar.update)
-            return records
-        ctx = multiprocessing.get_context("spawn")  # not fork: the parent's tokenizer threads and locks stay behind
-        tasks, results = ctx.Queue(), ctx.Queue()
-        tasks.cancel_join_thread()  # never wait at exit to hand on jobs that nobody will take
-        count = min(workers, len(todo))
-        for unit in sorted(todo, key=lambda u: -u.bytes):  # largest first: the last one to finish is a small one
-            tasks.put((str(root), unit, settings))
-        for _ in range(count):
-            tasks.put(None)
-        procs = [ctx.Process(target=_worker, args=(tasks, results, tok.to_str()), daemon=True) for _ in range(count)]
+            return {unit.key: _prepare_unit(root, unit, tok, settings, bar.update) for unit in todo}
+        return _run_workers(todo, root, tok, settings, min(workers, len(todo)), bar.update)
+
+
+@dataclass
+class _Worker:
+    proc: subprocess.Popen
+    job: str | None = None  # the key of the unit it is preparing
+    buffer: bytes = b""  # stdout read but not yet a whole line
+    stderr: bytes = b""  # the tail of what it said on stderr (a crash's last words)
+
+
+def _run_workers(todo: list[Unit], root: Path, tok: Tokenizer, settings: UnitSettings, count: int,
+                 progress: Callable[[int], None]) -> dict[str, dict[str, Any]]:
+    """`count` worker processes take the units, largest first (so that the last to finish is a small
+    one), each a new one as it finishes the last."""
+    import selectors
+
+    waiting = sorted(todo, key=lambda u: -u.bytes)
+    records: dict[str, dict[str, Any]] = {}
+    package = str(Path(__file__).resolve().parents[2])  # the folder holding this bertcli: the workers import it
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (package, os.environ.get("PYTHONPATH")) if p),
+           "TOKENIZERS_PARALLELISM": "false", "RAYON_NUM_THREADS": "1"}
+    header = json.dumps({"tokenizer": str(root / "tokenizer.json"), "settings": dataclasses.asdict(settings)}) + "\n"
+    selector = selectors.DefaultSelector()
+    workers: list[_Worker] = []
+
+    def give(worker: _Worker) -> None:
+        assert worker.proc.stdin is not None
         try:
-            for p in procs:
-                p.start()
-            while len(records) < len(todo):
-                _check_stop()
-                try:
-                    message = results.get(timeout=0.2)
-                except queue.Empty:
-                    dead = [p for p in procs if p.exitcode not in (None, 0)]
-                    if dead:
-                        time.sleep(0.2)  # a stop signal to the whole group ends the workers too: say that instead
-                        _check_stop()
-                        raise RunError(f"a worker process preparing the corpus died (exit code {dead[0].exitcode}; "
-                                       "killed for memory?); run `bertcli prepare` again, with fewer --workers if it "
-                                       "happens again") from None
+            if waiting:
+                unit = waiting.pop(0)
+                worker.job = unit.key
+                worker.proc.stdin.write((_unit_json(root, unit) + "\n").encode())
+                worker.proc.stdin.flush()
+            else:
+                worker.job = None
+                worker.proc.stdin.close()
+        except BrokenPipeError:
+            pass  # it died: seen below
+
+    try:
+        for _ in range(count):
+            proc = subprocess.Popen([sys.executable, "-c", "from bertcli.data.prepare import _worker_main; _worker_main()"],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+            workers.append(_Worker(proc))
+        for worker in workers:
+            assert worker.proc.stdin is not None and worker.proc.stdout is not None and worker.proc.stderr is not None
+            worker.proc.stdin.write(header.encode())
+            selector.register(worker.proc.stdout, selectors.EVENT_READ, (worker, "out"))
+            selector.register(worker.proc.stderr, selectors.EVENT_READ, (worker, "err"))
+            give(worker)
+        while len(records) < len(todo):
+            _check_stop()
+            for key, _ in selector.select(timeout=0.2):
+                worker, stream = key.data
+                chunk = os.read(key.fd, 1 << 16)
+                if not chunk:
+                    selector.unregister(key.fileobj)
                     continue
-                if message[0] == "progress":
-                    bar.update(message[1])
-                elif message[0] == "done":
-                    records[message[1]] = message[2]
-                else:
-                    raise message[2]
-        finally:
-            for p in procs:
-                if p.is_alive():
-                    p.terminate()
-            for p in procs:
-                p.join()
-            for q in (tasks, results):
-                q.close()
+                if stream == "err":
+                    worker.stderr = (worker.stderr + chunk)[-2000:]
+                    continue
+                worker.buffer += chunk
+                *lines, worker.buffer = worker.buffer.split(b"\n")
+                for line in lines:
+                    message = json.loads(line)
+                    if "progress" in message:
+                        progress(message["progress"])
+                    elif "done" in message:
+                        records[message["done"]] = message["record"]
+                        give(worker)
+                    else:
+                        _raise_worker_error(message)
+            for worker in workers:
+                if worker.job is not None and worker.job not in records and worker.proc.poll() is not None:
+                    time.sleep(0.2)  # a stop signal to the whole group ends the workers too: say that instead
+                    _check_stop()
+                    words = worker.stderr.decode(errors="replace").strip().splitlines()
+                    raise RunError(f"a worker process preparing the corpus ended without finishing (exit code "
+                                   f"{worker.proc.returncode}{': ' + words[-1] if words else '; killed for memory?'}); "
+                                   "run `bertcli prepare` again, with fewer --workers if it happens again")
+    finally:
+        for worker in workers:
+            if worker.proc.poll() is None:
+                worker.proc.terminate()
+        for worker in workers:
+            worker.proc.wait()
+            for stream in (worker.proc.stdin, worker.proc.stdout, worker.proc.stderr):
+                try:
+                    if stream is not None:
+                        stream.close()
+                except OSError:  # (a pipe the worker never read: closing flushes into nothing)
+                    pass
+        selector.close()
     return records
 
 
@@ -571,10 +661,7 @@ def _write_index(root: Path, units: list[Unit], records: dict[str, dict[str, Any
                         os.fsync(out.fileno())
             atomic.fsync_path(tmp / split)
         atomic.fsync_path(tmp)
-        if final.exists():  # a damaged copy: replaced
-            atomic.remove_folder(final)
-        os.replace(tmp, final)
-        atomic.fsync_path(root / INDEX)
+        _replace_folder(tmp, final, root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -613,7 +700,8 @@ def _prepare(cfg: Config, quiet: bool, force: bool, workers: int) -> Path:
     old, why_not = read_manifest(folder)
     if old is not None:
         _clean_inside(folder)
-    entries = _file_entries(files, old["corpus"]["files"] if old else [])
+    # The hashes recorded for files cut at another UNIT_BYTES are not those of today's parts.
+    entries = _file_entries(files, old["corpus"]["files"] if old and old.get("unit_bytes") == UNIT_BYTES else [])
     tokenizer_file = tok = given_sha256 = None
     if data.tokenizer.path:
         tokenizer_file = find_tokenizer_file(Path(data.tokenizer.path))
@@ -722,32 +810,37 @@ def _update(cfg: Config, plan: _Plan, old: dict[str, Any], tok: Tokenizer, units
     settings = _settings(data, tok)
     vocab_size = tok.get_vocab_size(with_added_tokens=True)
     records = {u["key"]: u for u in old["units"]}
+    old_keys = set(records)
     todo, damaged = [], []
-    for unit in dict.fromkeys(units):  # a unit twice (two equal files): prepared once, its shards read twice
+    for unit in {u.key: u for u in units}.values():  # a unit twice (two equal files): prepared once, read twice
         record = records.get(unit.key) or _stray_record(folder, unit.key)
         problem = "missing" if record is None else _check_unit(folder, unit.key, record, settings.dtype, vocab_size)
         if problem is None:
             records[unit.key] = record
             continue
-        if unit.key in {u["key"] for u in old["units"]}:
+        if unit.key in old_keys:
             damaged.append(problem)
         todo.append(unit)
     digest = _index_digest(units)
-    if not todo and digest == old["index"] and _check_index(folder, old) is None:
+    index_problem = _check_index(folder, old)
+    if not todo and digest == old["index"] and index_problem is None:
         if [(e["path"], e["mtime_ns"]) for e in plan.entries] != [(e["path"], e["mtime_ns"]) for e in old["corpus"]["files"]] \
                 or old["corpus"]["source"] != data.corpus:  # the same contents: record the files as they are now
             _write_manifest(folder, {**old, "corpus": {"source": data.corpus, "files": plan.entries}})
+        _remove_unused(folder, old)  # units a stopped prepare finished for a corpus that is not this one
         log(f"prepared data in {folder} is up to date (corpus and settings unchanged, files intact): reusing it")
         _warn_random_next(folder, old, cfg)
         return folder
-    old_keys = {u["key"] for u in old["units"]}
     new_keys = {u.key for u in units}
-    added = sum(1 for u in dict.fromkeys(units) if u.key not in old_keys)
-    removed = len(old_keys - new_keys)
-    what = [f"{n} {word}" for n, word in ((added, "new or changed"), (removed, "gone"), (len(damaged), "damaged")) if n]
-    log(f"prepared data in {folder}: units of the corpus {', '.join(what) or 'unchanged'}"
-        f"{' (' + damaged[0] + ')' if damaged else ''}: preparing {len(todo)} of {len(units)} "
-        f"({sum(u.bytes for u in todo) / 1e6:,.1f} MB), keeping the rest and the tokenizer"
+    changes = [f"{n} {word}" for n, word in ((len(new_keys - old_keys), "new or changed"),
+                                              (len(old_keys - new_keys), "gone")) if n]
+    if changes:
+        why = f": the corpus changed (units of it {', '.join(changes)})"
+    else:
+        why = f" is damaged ({damaged[0] if damaged else index_problem})"
+    work = (f"preparing {len(todo)} of {len(new_keys)} units ({sum(u.bytes for u in todo) / 1e6:,.1f} MB)" if todo
+            else "writing a new index")
+    log(f"prepared data in {folder}{why}: {work}, keeping the other units and the tokenizer"
         f"{'' if plan.tok is not None else ' (trained on the corpus as it was; --force trains a new one)'}")
     _state = f"the prepared data in {folder} is as it was (units finished are kept for the next prepare)"
     try:
@@ -755,7 +848,7 @@ def _update(cfg: Config, plan: _Plan, old: dict[str, Any], tok: Tokenizer, units
         manifest = _manifest(cfg, plan, tok, folder, units, records, settings, trained_on=False,
                              old_tokenizer=old["tokenizer"], seconds=time.perf_counter() - start)
         _check_sizes(manifest, data)
-        if digest != old["index"] or _check_index(folder, old) is not None:
+        if digest != old["index"] or index_problem is not None:
             _write_index(folder, units, records, digest)
         _check_stop()
         _write_manifest(folder, manifest)  # the commit point
