@@ -8,9 +8,12 @@ Layout of the prepared folder (written into a temporary folder, then renamed int
   vocab.txt            the same vocabulary, one token per line (BERT format)
   train/, valid/       tokens.bin (uint16 when the vocabulary fits, else uint32),
                        seg_offsets.bin and doc_offsets.bin (int64): the corpus.Corpus layout
-The corpus is streamed three times when a tokenizer is trained (a scan for the characters that
-continue words, which fixes the vocabulary's ids; training; encoding), in batches, so memory
-stays bounded whatever its size. Held-out documents are every k-th document (k =
+The corpus is streamed three times when a tokenizer is trained (a scan for the characters of its
+words, which fixes the vocabulary's ids and counts the characters; training; encoding), in
+batches. The trainer's memory grows with the distinct words it sees (about 2.7 MB per MB of
+English text), so on a corpus of more than data.tokenizer.sample_chars characters it trains on a
+sample of the lines, chosen by a hash of each line (text.LineSample): memory stays bounded
+whatever the corpus's size. Held-out documents are every k-th document (k =
 1/validation_fraction): deterministic, spread over the corpus, whole documents only.
 
 Prepared data is checked each time it is used (check_prepared): every file bertcli wrote there is a
@@ -44,9 +47,10 @@ from bertcli import __version__, atomic, ownership
 from bertcli.config import Config, DataConfig
 from bertcli.data.chunks import random_next_share
 from bertcli.data.corpus import Corpus, SpecialTokens, is_held_out
-from bertcli.data.text import corpus_files, is_compressed, read_sentences, read_text
+from bertcli.data.text import LineSample, corpus_files, is_compressed, read_sentences, read_text
 from bertcli.data.tokenizer import (continuation_mask, describe, find_tokenizer_file, load_tokenizer, read_tokenizer_json,
-                                    save_tokenizer, special_tokens, tokenizer_identity, train_tokenizer)
+                                    save_tokenizer, scan_characters, special_tokens, tokenizer_identity,
+                                    train_wordpiece)
 from bertcli.errors import Interrupted, UsageError
 from bertcli.console import log
 
@@ -114,13 +118,23 @@ def cache_check(corpus_bytes: int) -> str:
             "prepares again)")
 
 
-def _input_digest(entries: list[dict[str, Any]], data: DataConfig, tokenizer_hash: str | None) -> str:
-    """What the prepared data depends on: corpus contents, tokenizer settings, splitting, format."""
+def _input_digest(entries: list[dict[str, Any]], data: DataConfig, tokenizer_hash: str | None,
+                  files: list[Path]) -> str:
+    """What the prepared data depends on: corpus contents, tokenizer settings, splitting, format.
+
+    The vocabulary sample's budget (data.tokenizer.sample_chars) counts only where it can change
+    the vocabulary: a tokenizer is trained and the corpus may hold more characters than the budget
+    (a character takes at least one byte; a compressed file may hold any number). Elsewhere the
+    whole corpus trains it whatever the budget, so the data of a small corpus keeps its fingerprint
+    (and is not prepared again) when the budget changes."""
     t = data.tokenizer
     key = {"format_version": FORMAT_VERSION, "files": [e["sha256"] for e in entries],
            "tokenizer": {"path_sha256": tokenizer_hash, "vocab_size": t.vocab_size, "min_frequency": t.min_frequency,
                          "lowercase": t.lowercase, "strip_accents": t.strip_accents},
            "split_sentences": data.split_sentences, "validation_fraction": data.validation_fraction}
+    most_chars = sum(e["bytes"] for e in entries)
+    if tokenizer_hash is None and t.sample_chars and (most_chars > t.sample_chars or any(map(is_compressed, files))):
+        key["tokenizer"]["sample_chars"] = t.sample_chars
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
 
@@ -175,6 +189,29 @@ class ShardWriter:
         return {"documents": self.num_documents, "segments": self.num_segments, "tokens": self.num_tokens}
 
 
+def sample_line(sample: dict[str, Any]) -> str:
+    """What trained the vocabulary (manifest["tokenizer"]["sample"]), in words that follow "trained on"."""
+    if sample["whole"] and not sample["sample_chars"]:
+        return "the whole corpus (data.tokenizer.sample_chars=0)"
+    if sample["whole"]:
+        return (f"the whole corpus ({sample['corpus_chars']:,} characters, within data.tokenizer.sample_chars="
+                f"{sample['sample_chars']:,})")
+    share = sample["chars"] / max(sample["corpus_chars"], 1)
+    return (f"a sample of {sample['lines']:,} lines, {sample['chars']:,} of the corpus's {sample['corpus_chars']:,} "
+            f"characters ({100 * share:.1f}%), chosen by a hash of each line all over the corpus "
+            f"(data.tokenizer.sample_chars={sample['sample_chars']:,}; 0 trains on the whole corpus)")
+
+
+def vocabulary_sample(manifest: dict[str, Any]) -> str | None:
+    """What trained the vocabulary of prepared data, in words (sample_line); None for a given tokenizer,
+    for data from before the sample was recorded, and for a manifest whose record is malformed."""
+    sample = manifest["tokenizer"].get("sample")
+    if not (isinstance(sample, dict) and isinstance(sample.get("whole"), bool)
+            and all(_count(sample.get(k)) for k in ("sample_chars", "corpus_chars", "lines", "chars"))):
+        return None
+    return sample_line(sample)
+
+
 def _progress(total: int | None, desc: str, quiet: bool):
     from tqdm import tqdm
 
@@ -206,7 +243,7 @@ def _prepare(cfg: Config, quiet: bool, force: bool) -> Path:
     # The loaded tokenizer as it is used (casing from a tokenizer_config.json, padding off), not its file alone:
     # data prepared with a tokenizer that padded (older bertcli) is prepared again.
     tokenizer_hash = hashlib.sha256(tok.to_str().encode()).hexdigest() if tok is not None else None
-    fingerprint = _input_digest(entries, data, tokenizer_hash)
+    fingerprint = _input_digest(entries, data, tokenizer_hash, files)
     fixed = run_tokenizer(cfg) if tok is None else None
     if fixed is not None:  # the run's checkpoints fix its token ids: never train another vocabulary under them
         tokenizer_file, tok = fixed, read_tokenizer_json(fixed)
@@ -227,13 +264,20 @@ def _prepare(cfg: Config, quiet: bool, force: bool) -> Path:
 
     start = time.perf_counter()
     total_bytes = None if any(is_compressed(f) for f in files) else sum(e["bytes"] for e in entries)
+    sample: dict[str, Any] | None = None  # what trained the vocabulary, for the manifest (None: given tokenizer)
     with atomic.folder(folder, guard) as tmp:
         if tok is None:
+            chars = scan_characters(read_text(files), data.tokenizer)
+            lines = LineSample(data.tokenizer.sample_chars or chars.count, chars.count)
             with _progress(total_bytes, "training tokenizer", quiet) as bar:
-                sentences = _until_stopped(s for s in read_sentences(files, data.split_sentences, bar.update)
+                sentences = _until_stopped(s for s in read_sentences(files, data.split_sentences, bar.update, lines)
                                            if s is not None)
-                tok = train_tokenizer(sentences, data.tokenizer, read_text(files))
+                tok = train_wordpiece(sentences, data.tokenizer, chars)
             _check_stop()  # a signal cut the reading short: that vocabulary must not be used
+            sample = {"sample_chars": data.tokenizer.sample_chars, "corpus_chars": chars.count, "whole": lines.whole,
+                      "lines": lines.lines, "chars": lines.chars}
+            if not lines.whole:
+                log(f"the vocabulary was trained on {sample_line(sample)}")
         save_tokenizer(tok, tmp)
         vocab_size = tok.get_vocab_size(with_added_tokens=True)
         dtype = np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
@@ -252,7 +296,7 @@ def _prepare(cfg: Config, quiet: bool, force: bool) -> Path:
                           "requested_vocab_size": data.tokenizer.vocab_size,
                           "lowercase": casing.get("lowercase", data.tokenizer.lowercase),  # as used, not as configured
                           "strip_accents": casing.get("strip_accents", data.tokenizer.strip_accents),
-                          "min_frequency": data.tokenizer.min_frequency},
+                          "min_frequency": data.tokenizer.min_frequency, "sample": sample},
             "split_sentences": data.split_sentences, "validation_fraction": data.validation_fraction,
             "dtype": dtype.name, "splits": splits, "unknown_tokens": unknown,
             "seconds": elapsed, "tokens_per_s": total_tokens / max(elapsed, 1e-9),
