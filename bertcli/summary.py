@@ -338,7 +338,7 @@ def _format_data(r: dict[str, Any]) -> str:
             ("sentences", f"{sp['train']['segments']:,} + {sp['valid']['segments']:,}"),
             ("tokens", f"{sp['train']['tokens']:,} + {sp['valid']['tokens']:,} ({r['dtype']})"),
             ("vocabulary", f"{r['vocab_size']:,} ({r['tokenizer']})"),
-            *([("vocabulary trained on", r["vocabulary_sample"])] if r.get("vocabulary_sample") else []),
+            *([("vocabulary from", r["vocabulary_sample"])] if r.get("vocabulary_sample") else []),
             ("unknown tokens", f"{100 * r['unknown_rate']:.3f}%"),
             ("sentence length", f"mean {r['segment_length_mean']:.1f}, 95th percentile {r['segment_length_p95']:.0f} tokens"),
             ("padding", f"{100 * r['padding_share']:.1f}% of a batch at max_seq_length {r['max_seq_length']}")]

@@ -295,7 +295,7 @@ def test_a_sampled_vocabulary_is_recorded_shown_and_keeps_every_character(tmp_pa
     assert tok.token_to_id("[UNK]") not in tok.encode(rare).ids, tok.encode(rare).tokens
     report = json.loads(cli("inspect", tmp_path / "run" / "data", "--json").out)
     assert report["vocabulary_sample"].startswith(f"a sample of {sample['lines']:,} lines, {sample['chars']:,} of ")
-    assert f"vocabulary trained on  a sample of {sample['lines']:,} lines" in format_report(report)
+    assert f"vocabulary from  a sample of {sample['lines']:,} lines" in format_report(report)
 
 
 def test_a_changed_sample_budget_prepares_again_where_it_can_matter(tmp_path, small_corpus, cli):

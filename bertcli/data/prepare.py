@@ -190,7 +190,7 @@ class ShardWriter:
 
 
 def sample_line(sample: dict[str, Any]) -> str:
-    """What trained the vocabulary (manifest["tokenizer"]["sample"]), in words that follow "trained on"."""
+    """What trained the vocabulary (manifest["tokenizer"]["sample"]), in words that follow "trained on" or "from"."""
     if sample["whole"] and not sample["sample_chars"]:
         return "the whole corpus (data.tokenizer.sample_chars=0)"
     if sample["whole"]:
