@@ -159,12 +159,16 @@ class TokenizerConfig:
     """Lower-case text before tokenizing (an 'uncased' model); a loaded tokenizer.json, or a vocab.txt with a tokenizer_config.json beside it, keeps its own."""
     strip_accents: bool = True
     """Remove accents before tokenizing (as lowercase: a loaded tokenizer keeps its own)."""
+    sample_chars: int = 4_000_000
+    """Characters of text that train the vocabulary: a larger corpus trains it on a sample of its lines from all over it (chosen by a hash of each line: the same in every run), so memory stays bounded (the trainer takes about 6 MB per million characters); 0 = the whole corpus."""
 
     def problems(self) -> list[Problem]:
         """This section's impossible values."""
         return failing(
             (self.vocab_size >= 16, "data.tokenizer.vocab_size", f"must be at least 16, got {self.vocab_size}"),
             (self.min_frequency >= 1, "data.tokenizer.min_frequency", f"must be at least 1, got {self.min_frequency}"),
+            (self.sample_chars >= 0, "data.tokenizer.sample_chars",
+             f"must be 0 (the whole corpus) or a number of characters, got {self.sample_chars}"),
         )
 
 

@@ -5,7 +5,7 @@ torch's CPU dropout draws its mask with `bernoulli_` into a float tensor: on thi
 draws per element, serially, then a division and a product. Here each element takes 32 random
 bits, half of one 64-bit draw, compared with an integer threshold into a bool mask. At BERT-base
 sizes, 2 threads: hidden states (8, 128, 768) 12.1/11.6 ms -> 4.6/3.6 ms, attention weights
-(8, 12, 128, 128) 23.1/21.5 -> 17.2/20.3 ms (two runs; README, "Training step against transformers"). P(drop) is p rounded to 2^-32 (torch's float
+(8, 12, 128, 128) 23.1/21.5 -> 17.2/20.3 ms (two runs; docs/benchmarks.md, "Training step against transformers"). P(drop) is p rounded to 2^-32 (torch's float
 `rand` has 2^-24). The bits come from torch's default generator, so the mask stays a function of
 the step's seed (runtime.seed_step): a different stream from torch's dropout, as deterministic.
 

@@ -19,7 +19,7 @@ from bertcli import checkpoint, hf, resolve
 from bertcli.config import Config, DataConfig, ModelConfig, TokenizerConfig
 from bertcli.data.examples import ExampleBuilder
 from bertcli.data.prepare import (MANIFEST, cache_check, data_random_next_share, load_prepared, random_next_warning,
-                                  read_manifest)
+                                  read_manifest, vocabulary_sample)
 from bertcli.data.tokenizer import describe, find_tokenizer_file, load_tokenizer, read_tokenizer_json, tokenizer_identity
 from bertcli.errors import UsageError
 from bertcli.metrics import read_metrics_checked
@@ -259,6 +259,7 @@ def data_report(folder: Path, examples: int = 512) -> dict[str, Any]:
         "kind": "prepared data", "path": str(folder), "corpus": m["corpus"]["source"],
         "files": len(m["corpus"]["files"]), "corpus_bytes": corpus_bytes, "units": len(m["units"]),
         "splits": splits, "vocab_size": prepared.vocab_size, "tokenizer": m["tokenizer"]["source"],
+        "vocabulary_sample": vocabulary_sample(m),
         "dtype": m["dtype"], "unknown_rate": m["unknown_tokens"] / max(tokens, 1),
         "segment_length_mean": float(lengths.mean()), "segment_length_p95": float(np.percentile(lengths, 95)),
         "max_seq_length": cfg.data.max_seq_length, "padding_share": padding,
@@ -338,6 +339,7 @@ def _format_data(r: dict[str, Any]) -> str:
             ("sentences", f"{sp['train']['segments']:,} + {sp['valid']['segments']:,}"),
             ("tokens", f"{sp['train']['tokens']:,} + {sp['valid']['tokens']:,} ({r['dtype']})"),
             ("vocabulary", f"{r['vocab_size']:,} ({r['tokenizer']})"),
+            *([("vocabulary from", r["vocabulary_sample"])] if r.get("vocabulary_sample") else []),
             ("unknown tokens", f"{100 * r['unknown_rate']:.3f}%"),
             ("sentence length", f"mean {r['segment_length_mean']:.1f}, 95th percentile {r['segment_length_p95']:.0f} tokens"),
             ("padding", f"{100 * r['padding_share']:.1f}% of a batch at max_seq_length {r['max_seq_length']}")]

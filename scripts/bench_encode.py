@@ -24,7 +24,7 @@ faster), and the minimum cosine between the two .npy files.
 PyTorch's dynamic int8 quantization (torch.ao.quantization.quantize_dynamic, per-channel weights,
 activations quantized per batch), the rest as `bertcli encode`; it reports its speed against fp32
 bertcli and the minimum cosine of its vectors to the fp32 ones. `bertcli encode` has no int8 mode:
-on all-MiniLM-L6-v2 this one missed the bar for shipping one (1.5x fp32, minimum cosine 0.99; README).
+on all-MiniLM-L6-v2 this one missed the bar for shipping one (1.5x fp32, minimum cosine 0.99; docs/benchmarks.md, "Encoding").
 """
 
 from __future__ import annotations

@@ -30,8 +30,12 @@ manifest valid, with all it names; the next `prepare` removes the strays, and re
 units. A folder of another format, a new tokenizer or `--force` prepares everything into a
 temporary folder that replaces the old one in one rename (atomic.folder).
 
-The tokenizer is trained once (the corpus is streamed three times: a scan for the characters that
-continue words, which fixes the vocabulary's ids; training; encoding, in batches, by units). When
+The tokenizer is trained once. The corpus is streamed three times: a scan for the characters of its
+words (which fixes the vocabulary's ids and counts the characters), training, encoding (in batches,
+by units). The trainer's memory grows with the distinct words it sees (about 2.7 MB per MB of
+English text), so on a corpus of more than data.tokenizer.sample_chars characters it trains on a
+sample of the lines, chosen by a hash of each line (text.LineSample): memory stays bounded
+whatever the corpus's size. When
 the corpus changes, the prepared folder keeps its tokenizer (a new vocabulary would change the ids
 of every unit) as long as the units it keeps hold at least half of the corpus's bytes; `--force`
 trains a new one. A run keeps the tokenizer of its checkpoints whatever happens (run_tokenizer).
@@ -74,10 +78,11 @@ from bertcli import __version__, atomic, ownership
 from bertcli.config import Config, DataConfig
 from bertcli.data.chunks import random_next_share
 from bertcli.data.corpus import Corpus, PartTokens, SpecialTokens, held_out_stride, is_held_out
-from bertcli.data.text import (MAX_LINE_CHARS, Part, corpus_files, document_cuts, is_compressed, is_jsonl,
+from bertcli.data.text import (MAX_LINE_CHARS, LineSample, Part, corpus_files, document_cuts, is_compressed, is_jsonl,
                                read_sentences, read_text)
 from bertcli.data.tokenizer import (continuation_mask, describe, find_tokenizer_file, load_tokenizer, read_tokenizer_json,
-                                    save_tokenizer, special_tokens, tokenizer_identity, train_tokenizer)
+                                    save_tokenizer, scan_characters, special_tokens, tokenizer_identity,
+                                    train_wordpiece)
 from bertcli.errors import Interrupted, RunError, UsageError
 from bertcli.console import log
 
@@ -336,6 +341,29 @@ class ShardWriter:
                 os.fsync(fh.fileno())
                 fh.close()
         return {"documents": self.num_documents, "segments": self.num_segments, "tokens": self.num_tokens}
+
+
+def sample_line(sample: dict[str, Any]) -> str:
+    """What trained the vocabulary (manifest["tokenizer"]["sample"]), in words that follow "trained on" or "from"."""
+    if sample["whole"] and not sample["sample_chars"]:
+        return "the whole corpus (data.tokenizer.sample_chars=0)"
+    if sample["whole"]:
+        return (f"the whole corpus ({sample['corpus_chars']:,} characters, within data.tokenizer.sample_chars="
+                f"{sample['sample_chars']:,})")
+    share = sample["chars"] / max(sample["corpus_chars"], 1)
+    return (f"a sample of {sample['lines']:,} lines, {sample['chars']:,} of the corpus's {sample['corpus_chars']:,} "
+            f"characters ({100 * share:.1f}%), chosen by a hash of each line all over the corpus "
+            f"(data.tokenizer.sample_chars={sample['sample_chars']:,}; 0 trains on the whole corpus)")
+
+
+def vocabulary_sample(manifest: dict[str, Any]) -> str | None:
+    """What trained the vocabulary of prepared data, in words (sample_line); None for a given tokenizer,
+    for data from before the sample was recorded, and for a manifest whose record is malformed."""
+    sample = manifest["tokenizer"].get("sample")
+    if not (isinstance(sample, dict) and isinstance(sample.get("whole"), bool)
+            and all(_count(sample.get(k)) for k in ("sample_chars", "corpus_chars", "lines", "chars"))):
+        return None
+    return sample_line(sample)
 
 
 def _progress(total: int | None, desc: str, quiet: bool):
@@ -741,9 +769,14 @@ def _tokenizer_sha256(tok: Tokenizer) -> str:
     return hashlib.sha256(tok.to_str().encode()).hexdigest()
 
 
-def _tokenizer_settings(data: DataConfig) -> dict[str, Any]:
-    """The data.tokenizer settings a trained tokenizer depends on (all but its path)."""
-    return {k: v for k, v in dataclasses.asdict(data.tokenizer).items() if k != "path"}
+def _tokenizer_settings(data: DataConfig, corpus_chars: int) -> dict[str, Any]:
+    """The data.tokenizer settings a tokenizer trained on a corpus of `corpus_chars` characters depends
+    on: all but its path, and the vocabulary sample's budget only where it is below the corpus (a
+    budget that covers the corpus trains on all of it, whatever its figure)."""
+    settings = {k: v for k, v in dataclasses.asdict(data.tokenizer).items() if k != "path"}
+    if not 0 < settings.get("sample_chars", 0) < corpus_chars:
+        settings["sample_chars"] = None
+    return settings
 
 
 def _tokenizer_changed(old: dict[str, Any], plan: _Plan, data: DataConfig, folder: Path) -> str | None:
@@ -756,8 +789,12 @@ def _tokenizer_changed(old: dict[str, Any], plan: _Plan, data: DataConfig, folde
     elif plan.tok is not None:  # the run's own
         if recorded.get("identity") != tokenizer_identity(plan.tok):
             return "was prepared with a tokenizer other than the run's own"
-    elif recorded.get("source") != "trained" or recorded.get("settings") != _tokenizer_settings(data):
-        return "was prepared with other tokenizer settings (data.tokenizer)"
+    else:
+        sample = recorded.get("sample")
+        trained_on = sample.get("corpus_chars") if isinstance(sample, dict) else None
+        if (recorded.get("source") != "trained" or not _count(trained_on)
+                or recorded.get("settings") != _tokenizer_settings(data, trained_on)):
+            return "was prepared with other tokenizer settings (data.tokenizer)"
     damage = _check_tokenizer(folder, old)
     if damage is not None:
         return f"is damaged ({damage})"
@@ -777,20 +814,27 @@ def _fresh(cfg: Config, plan: _Plan, guard: Callable[[Path], None], quiet: bool,
     start = time.perf_counter()
     tok = plan.tok
     total_bytes = None if any(is_compressed(f) for f in files) else sum(e["bytes"] for e in plan.entries)
+    sample: dict[str, Any] | None = None  # what trained the vocabulary, for the manifest (None: given tokenizer)
     with atomic.folder(folder, guard) as tmp:
         if tok is None:
+            chars = scan_characters(read_text(files), data.tokenizer)
+            lines = LineSample(data.tokenizer.sample_chars or chars.count, chars.count)
             with _progress(total_bytes, "training tokenizer", quiet) as bar:
-                sentences = _until_stopped(s for s in read_sentences(files, data.split_sentences, bar.update)
+                sentences = _until_stopped(s for s in read_sentences(files, data.split_sentences, bar.update, lines)
                                            if s is not None)
-                tok = train_tokenizer(sentences, data.tokenizer, read_text(files))
+                tok = train_wordpiece(sentences, data.tokenizer, chars)
             _check_stop()  # a signal cut the reading short: that vocabulary must not be used
+            sample = {"sample_chars": data.tokenizer.sample_chars, "corpus_chars": chars.count, "whole": lines.whole,
+                      "lines": lines.lines, "chars": lines.chars}
+            if not lines.whole:
+                log(f"the vocabulary was trained on {sample_line(sample)}")
         save_tokenizer(tok, tmp)
         tok = read_tokenizer_json(tmp / "tokenizer.json")  # as every later prepare reads it (the units' keys)
         units = plan_units(files, plan.entries, _tokenizer_sha256(tok), data)
         settings = _settings(data, tok)
         records = _prepare_units(units, tmp, tok, settings, workers, quiet)
-        manifest = _manifest(cfg, plan, tok, tmp, units, records, settings, trained_on=plan.tok is None,
-                             old_tokenizer=None, seconds=time.perf_counter() - start)
+        manifest = _manifest(cfg, plan, tok, tmp, units, records, settings, sample=sample, old_tokenizer=None,
+                             seconds=time.perf_counter() - start)
         _check_sizes(manifest, data)
         _write_index(tmp, units, records, manifest["index"])
         _write_manifest(tmp, manifest)
@@ -845,7 +889,7 @@ def _update(cfg: Config, plan: _Plan, old: dict[str, Any], tok: Tokenizer, units
     _state = f"the prepared data in {folder} is as it was (units finished are kept for the next prepare)"
     try:
         records.update(_prepare_units(todo, folder, tok, settings, workers, quiet))
-        manifest = _manifest(cfg, plan, tok, folder, units, records, settings, trained_on=False,
+        manifest = _manifest(cfg, plan, tok, folder, units, records, settings, sample=None,
                              old_tokenizer=old["tokenizer"], seconds=time.perf_counter() - start)
         _check_sizes(manifest, data)
         if digest != old["index"] or index_problem is not None:
@@ -874,7 +918,8 @@ def _stray_record(folder: Path, key: str) -> dict[str, Any] | None:
 
 
 def _manifest(cfg: Config, plan: _Plan, tok: Tokenizer, root: Path, units: list[Unit], records: dict[str, dict[str, Any]],
-              settings: UnitSettings, trained_on: bool, old_tokenizer: dict[str, Any] | None, seconds: float) -> dict[str, Any]:
+              settings: UnitSettings, sample: dict[str, Any] | None, old_tokenizer: dict[str, Any] | None,
+              seconds: float) -> dict[str, Any]:
     """The manifest of prepared data in `root` (deterministic but for `created`, `seconds` and `tokens_per_s`)."""
     data = cfg.data
     splits = {split: {c: sum(records[u.key]["splits"][split][c] for u in units) for c in ("documents", "segments", "tokens")}
@@ -890,10 +935,10 @@ def _manifest(cfg: Config, plan: _Plan, tok: Tokenizer, root: Path, units: list[
                      "requested_vocab_size": data.tokenizer.vocab_size,
                      "lowercase": casing.get("lowercase", data.tokenizer.lowercase),  # as used, not as configured
                      "strip_accents": casing.get("strip_accents", data.tokenizer.strip_accents),
-                     "min_frequency": data.tokenizer.min_frequency,
-                     "settings": _tokenizer_settings(data), "given_sha256": plan.given_sha256}
-        if trained_on:  # what the vocabulary was trained on: kept when files are added later
+                     "min_frequency": data.tokenizer.min_frequency, "sample": sample, "given_sha256": plan.given_sha256}
+        if sample is not None:  # trained: on what (kept when files are added later), with which settings
             tokenizer["trained_on"] = {"files": len(plan.entries), "bytes": sum(e["bytes"] for e in plan.entries)}
+            tokenizer["settings"] = _tokenizer_settings(data, sample["corpus_chars"])
     return {
         "format_version": FORMAT_VERSION, "bertcli_version": __version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

@@ -14,6 +14,7 @@ from __future__ import annotations
 import bz2
 import codecs
 import gzip
+import hashlib
 import json
 import lzma
 import os
@@ -90,12 +91,44 @@ def cut_long_line(line: str, limit: int = MAX_LINE_CHARS) -> Iterator[str]:
     yield line[start:]
 
 
-def _sentences(line: str, split: bool) -> Iterator[str]:
-    """The sentences of one (stripped, non-empty) line: over-long lines in pieces first."""
+def _sentences(line: str, split: bool, keep: Callable[[str], bool] | None = None) -> Iterator[str]:
+    """The sentences of one (stripped, non-empty) line: over-long lines in pieces first; with `keep`,
+    only those of the pieces it keeps (a piece left out costs no sentence splitting)."""
     for piece in cut_long_line(line, MAX_LINE_CHARS) if len(line) > MAX_LINE_CHARS else (line,):
         piece = piece.strip()
-        if piece:
+        if piece and (keep is None or keep(piece)):
             yield from (split_sentences(piece) if split else [piece])
+
+
+class LineSample:
+    """A deterministic sample of a corpus's lines, about `rate` of its text: a line (a stripped line of
+    a text file or a paragraph of a JSON Lines record, each piece of an over-long one; see
+    _sentences) is in when the first 8 bytes of the BLAKE2b hash of its UTF-8 bytes, read as an
+    integer, fall below rate * 2^64. The choice depends on the line alone, never on where it is
+    read or what was read before, so the sample is spread over the whole corpus and the same in
+    any process and for any split of the corpus into parts read apart. Equal lines are all in or
+    all out. `rate` is budget / total as exact integers (no rounding that could differ between
+    machines); the calls count what was taken."""
+
+    def __init__(self, budget: int, total: int) -> None:
+        self.threshold = (budget << 64) // max(total, 1)  # >= 2^64: every line (rate 1)
+        self.lines = self.chars = 0  # taken so far
+
+    @property
+    def whole(self) -> bool:
+        """Whether every line is in (the budget covers the corpus)."""
+        return self.threshold >= 1 << 64
+
+    def __call__(self, line: str) -> bool:
+        if self.whole:
+            taken = True
+        else:
+            digest = hashlib.blake2b(line.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+            taken = int.from_bytes(digest, "little") < self.threshold
+        if taken:
+            self.lines += 1
+            self.chars += len(line)
+        return taken
 
 
 def _name_parts(path: Path) -> tuple[str, str]:
@@ -379,9 +412,11 @@ def read_text(files: list[Path], block: int = 1 << 16) -> Iterator[str]:
 
 
 def read_sentences(files: list[Path] | list[Part], split: bool = True,
-                   progress: Callable[[int], None] = lambda n: None) -> Iterator[str | None]:
+                   progress: Callable[[int], None] = lambda n: None,
+                   keep: Callable[[str], bool] | None = None) -> Iterator[str | None]:
     """Sentences of every document of the files (or parts of files, see Part), with END_OF_DOCUMENT
-    (None) after each document."""
+    (None) after each document; with `keep` (a LineSample), only the sentences of the lines it keeps
+    (document ends all the same)."""
     for item in files:
         part = item if isinstance(item, Part) else Part(Path(item))
         path = part.path
@@ -401,7 +436,7 @@ def read_sentences(files: list[Path] | list[Part], split: bool = True,
                     raise UsageError(f"{path}: line {number}: no \"text\" string field in this JSON record")
                 paragraphs = [p.strip() for p in text.splitlines() if p.strip()]
                 for paragraph in paragraphs:
-                    yield from _sentences(paragraph, split)
+                    yield from _sentences(paragraph, split, keep)
                 if paragraphs:
                     yield END_OF_DOCUMENT
                 continue
@@ -409,8 +444,9 @@ def read_sentences(files: list[Path] | list[Part], split: bool = True,
                 pending = pending + line if pending else line.lstrip()
                 while len(pending) > MAX_LINE_CHARS:
                     end, rest = _cut_point(pending, 0, MAX_LINE_CHARS)
-                    for sentence in _sentences(pending[:end].strip(), split):
-                        yield sentence
+                    piece = pending[:end].strip()
+                    yield from _sentences(piece, split, keep)
+                    if piece:  # a piece left out of a sample (keep) still belongs to the document
                         open_document = cut = True
                     pending = pending[rest:]
                 if not ends:
@@ -422,7 +458,7 @@ def read_sentences(files: list[Path] | list[Part], split: bool = True,
                     yield END_OF_DOCUMENT
                     open_document = False
                 continue
-            yield from _sentences(line, split)
+            yield from _sentences(line, split, keep)
             open_document = True
         if open_document:  # a file's end also ends its last document
             yield END_OF_DOCUMENT
