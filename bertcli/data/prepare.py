@@ -1184,7 +1184,6 @@ def _guard(cfg: Config, folder: Path) -> Callable[[Path], None]:
     def guard(target: Path) -> None:
         ownership.check_replaceable(target, LAYOUT, fix)
 
-    guard(folder)  # an update in place writes there too: only into bertcli's own prepared data
     return guard
 
 
