@@ -882,10 +882,12 @@ def _update(cfg: Config, plan: _Plan, old: dict[str, Any], tok: Tokenizer, units
         why = f": the corpus changed (units of it {', '.join(changes)})"
     else:
         why = f" is damaged ({damaged[0] if damaged else index_problem})"
-    work = (f"preparing {len(todo)} of {len(new_keys)} units ({sum(u.bytes for u in todo) / 1e6:,.1f} MB)" if todo
-            else "writing a new index")
-    log(f"prepared data in {folder}{why}: {work}, keeping the other units and the tokenizer"
-        f"{'' if plan.tok is not None else ' (trained on the corpus as it was; --force trains a new one)'}")
+    with_tok = ("the tokenizer of data.tokenizer.path" if plan.given_sha256 is not None else
+                "the run's own tokenizer (its checkpoints were trained on its token ids)" if plan.tok is not None else
+                "the tokenizer trained on the corpus as it was (--force trains a new one)")
+    work = (f"preparing {len(todo)} of {len(new_keys)} units ({sum(u.bytes for u in todo) / 1e6:,.1f} MB) with "
+            f"{with_tok}, keeping the other units" if todo else "writing a new index")
+    log(f"prepared data in {folder}{why}: {work}")
     _state = f"the prepared data in {folder} is as it was (units finished are kept for the next prepare)"
     try:
         records.update(_prepare_units(todo, folder, tok, settings, workers, quiet))
