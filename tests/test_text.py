@@ -792,6 +792,20 @@ def test_removing_a_file_and_changing_one_part_of_another(tmp_path, units_corpus
     load_prepared(data)  # checks every file against the manifest
 
 
+def test_renaming_files_writes_only_a_new_index(tmp_path, units_corpus, capsys):
+    folder, _ = units_corpus
+    cfg = load_run(_run(tmp_path / "run", folder))
+    data = prepare(cfg, quiet=True)
+    before = _stamps(data)
+    (folder / "a.txt").rename(folder / "d.txt")  # now last: the same units in another order
+    capsys.readouterr()
+    prepare(cfg, quiet=True)
+    err = capsys.readouterr().err
+    assert "the corpus changed (its files are in another order: renamed?): writing a new index" in err, err
+    assert _stamps(data) == before
+    assert load_prepared(data).manifest["units"][-1]["pieces"][0][0] == 2, "d.txt's units come last in the index"
+
+
 def test_a_damaged_unit_is_prepared_again_alone(tmp_path, units_corpus, capsys):
     folder, _ = units_corpus
     cfg = load_run(_run(tmp_path / "run", folder))

@@ -880,8 +880,10 @@ def _update(cfg: Config, plan: _Plan, old: dict[str, Any], tok: Tokenizer, units
                                               (len(old_keys - new_keys), "gone")) if n]
     if changes:
         why = f": the corpus changed (units of it {', '.join(changes)})"
-    else:
+    elif damaged or index_problem:
         why = f" is damaged ({damaged[0] if damaged else index_problem})"
+    else:
+        why = ": the corpus changed (its files are in another order: renamed?)"
     with_tok = ("the tokenizer of data.tokenizer.path" if plan.given_sha256 is not None else
                 "the run's own tokenizer (its checkpoints were trained on its token ids)" if plan.tok is not None else
                 "the tokenizer trained on the corpus as it was (--force trains a new one)")
