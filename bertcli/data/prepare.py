@@ -918,7 +918,7 @@ def _stray_record(folder: Path, key: str) -> dict[str, Any] | None:
         record = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return record if _well_formed_unit(record) and record["key"] == key else None
+    return record if _well_formed_unit(record, in_manifest=False) and record["key"] == key else None
 
 
 def _manifest(cfg: Config, plan: _Plan, tok: Tokenizer, root: Path, units: list[Unit], records: dict[str, dict[str, Any]],
@@ -1285,11 +1285,13 @@ def _well_formed_splits(splits: Any) -> bool:
                     for v in splits.values()))
 
 
-def _well_formed_unit(unit: Any) -> bool:
-    """A unit's record (in the manifest, or its unit.json): a key of 64 hex digits and counts."""
+def _well_formed_unit(unit: Any, in_manifest: bool = True) -> bool:
+    """A unit's record: a key of 64 hex digits and counts; in the manifest, the hash of its contents too
+    (its unit.json has none)."""
     return (isinstance(unit, dict) and isinstance(unit.get("key"), str) and re.fullmatch(_KEY, unit["key"]) is not None
             and _well_formed_splits(unit.get("splits")) and _count(unit.get("unknown_tokens"))
-            and (not isinstance(unit.get("content"), str) or re.fullmatch(_KEY, unit["content"]) is not None))
+            and (not in_manifest or (isinstance(unit.get("content"), str)
+                                     and re.fullmatch(_KEY, unit["content"]) is not None)))
 
 
 def _check_tokenizer(folder: Path, manifest: dict[str, Any]) -> str | None:
