@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable, Iterator
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import typer
 
@@ -27,13 +27,10 @@ try:  # Typer >= 0.2x runs on its own vendored copy of Click: catch that one's e
 except ImportError:  # older Typer uses the click package
     import click
 
-from bertcli import __version__
+from bertcli import __version__, console
 from bertcli.console import error as err
 from bertcli.console import log
 from bertcli.errors import BertcliError, Interrupted, PipeClosed, RunError, UsageError
-
-if TYPE_CHECKING:  # imported when used: `bertcli --help` stays fast without torch
-    from bertcli.encode import Encoder, Settings
 
 app = typer.Typer(
     name="bertcli",
@@ -108,7 +105,7 @@ def init(
     from bertcli.config_load import preset_config
     from bertcli.config_write import preset_header, to_yaml
     from bertcli.data.text import corpus_files
-    from bertcli.resolve import KEYWORD_CORPORA, SYNTHETIC_VOCAB, from_here
+    from bertcli.resolve import KEYWORD_CORPORA, SYNTHETIC_VOCAB, check_outputs_apart, from_here, resolve
 
     header = preset_header(preset.value)
     overrides = from_here(overrides)  # paths typed here are relative to here, not to DIR
@@ -125,6 +122,8 @@ def init(
         continued, note = continued_pretraining(init_from.expanduser().resolve(), preset.value, overrides)
         overrides, header = continued + overrides, header + "\n" + note
     cfg = preset_config(preset.value, overrides)
+    # The outputs apart from the corpus, as pretrain will check them (paths in the file: from DIR), refused now.
+    check_outputs_apart(resolve(cfg, directory.expanduser().absolute(), adopt_init_from=False))
     path = directory / "config.yaml"
     if path.exists() or path.is_symlink():
         ownership.check_config_replaceable(path)  # --force overwrites a bertcli config, never another file
@@ -132,8 +131,15 @@ def init(
         raise UsageError(f"{path} already exists; pass --force to overwrite it, or choose another folder")
     if directory.exists() and not directory.is_dir():
         raise UsageError(f"{directory} exists and is not a folder")
+    created = [p for p in (directory, *directory.parents) if not p.exists() and not p.is_symlink()]  # deepest first
     directory.mkdir(parents=True, exist_ok=True)
-    atomic.write_text(path.resolve(), to_yaml(cfg, header))  # a link: keep it, rewrite its config
+    try:
+        atomic.write_text(path.resolve(), to_yaml(cfg, header))  # a link: keep it, rewrite its config
+    except BaseException:  # a full disk, say: nothing half-made is left, only the folders made here are removed
+        for folder in created:
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only if still empty
+        raise
     m = cfg.model
     sizes = f"from {m.init_from}" if init_from is not None else f"preset {preset.value}"
     err(f"wrote {path} ({sizes}: {m.num_hidden_layers} layers, hidden {m.hidden_size}, "
@@ -155,6 +161,7 @@ def prepare(
     """Train the tokenizer and write token shards for the config's corpus (pretrain does this when needed).
     Only what changed in the corpus since the last prepare is prepared again."""
     from bertcli.data.prepare import prepare as run
+    from bertcli.data.prepare import prepared_lock
     from bertcli.resolve import check_outputs_apart, load_run
     from bertcli.runlock import RunLock
 
@@ -162,7 +169,9 @@ def prepare(
     check_outputs_apart(cfg)
     if cfg.data.corpus == "synthetic":
         raise UsageError("data.corpus is synthetic: there is nothing to prepare")
-    with RunLock(Path(cfg.output_dir), "prepare"):  # never under the run's pretrain, which trains on the data
+    # Never under the run's pretrain, which trains on the data, nor while another run prepares or reads the same
+    # prepared folder (runs with other output_dirs may share it).
+    with RunLock(Path(cfg.output_dir), "prepare"), prepared_lock(cfg, "prepare"):
         folder = run(cfg, quiet=quiet, force=force, workers=workers or None)
     again = [a for o in overrides for a in ("--set", o)]  # the same data: the same overrides
     err(f"next: {command_line('inspect', folder)}   or   {command_line('pretrain', '--config', config, *again)}")
@@ -178,18 +187,25 @@ def pretrain(
     stop_at: Optional[int] = typer.Option(None, "--stop-at", min=1, metavar="N", help="Stop after this step with a checkpoint (the schedule still follows train.max_steps); rerun to continue."),
 ) -> None:
     """Pretrain BERT (MLM + NSP) as the config says, resuming from the newest checkpoint."""
-    from bertcli import checkpoint
+    from bertcli.config import DEVICE_NAMES, is_device_name
     from bertcli.resolve import check_outputs_apart, load_run
+
+    # The config is checked before torch loads (3-4 s, 240 MB): a refusal takes a fraction of a second.
+    if device is not None and not is_device_name(device):
+        raise UsageError(f"--device {device!r}: expected {DEVICE_NAMES}")
+    with console.quiet(quiet):  # (resolving may say where a gone init_from's architecture comes from)
+        cfg = load_run(config, overrides + ([f"train.device={device}"] if device else []))
+    check_outputs_apart(cfg)
+
+    from bertcli import checkpoint
     from bertcli.runtime import parse_device
     from bertcli.trainer import pretrain as run
 
     if device is not None:
-        parse_device(device, "--device")
+        parse_device(device, "--device")  # a GPU that is not there
     problem = checkpoint.incomplete(Path(resume)) if resume not in ("auto", "never") else None
     if problem:
         raise UsageError(f"--resume {resume}: {problem}")
-    cfg = load_run(config, overrides + ([f"train.device={device}"] if device else []))
-    check_outputs_apart(cfg)
     try:
         result = run(cfg, resume=resume, quiet=quiet, stop_at=stop_at)
     except checkpoint.ResumeRefused as exc:
@@ -212,6 +228,10 @@ def inspect_command(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
 ) -> None:
     """Explain a config, a run, a checkpoint or prepared data: sizes, parameters, FLOPs, progress, corpus statistics."""
+    if path.is_file():  # a config: checked before summary loads torch (3-4 s), so that a bad one is refused at once
+        from bertcli.resolve import load_run
+
+        load_run(path, adopt_init_from=False)
     from bertcli.summary import format_report, inspect_path
 
     report = inspect_path(path)
@@ -297,7 +317,15 @@ def encode(
         raise UsageError(f"--model {model}: no such folder; pass a run folder, a checkpoint folder or a Hugging Face "
                          "BERT folder")
     encoder = enc_mod.load_encoder(model, on_device, dtype)
-    settings = _encode_settings(encoder, pooling.value if pooling else None, layer, normalize, max_length, tokens)
+    try:
+        settings = enc_mod.resolve(encoder, pooling=pooling.value if pooling else None, layer=layer, normalize=normalize,
+                                   max_length=max_length, per_token=tokens, pairs=pairs, strict_pairs=strict_pairs,
+                                   batch_size=batch_size)
+    except UsageError as exc:
+        worded = _encode_error(exc)
+        if worded is None:
+            raise
+        raise worded from None
     if max_length is not None and max_length > settings.max_length:
         err(f"bertcli encode: --max-length {max_length} is past the model's {settings.max_length} positions; texts are "
             f"truncated at {settings.max_length}")
@@ -308,14 +336,13 @@ def encode(
     with _signals_stop_encoding(output) as hold_signals:
         writer = enc_mod.Writer(fmt.value, sys.stdout, output, with_text)
         try:
-            counts = enc_mod.encode(encoder, enc_mod.read_lines(inputs or [], errors), writer, settings.pooling, layer,
-                                    settings.normalize, batch_size, settings.max_length, pairs, tokens, strict_pairs,
-                                    enc_mod.may_stall(inputs or []))
+            counts = enc_mod.encode(encoder, enc_mod.read_lines(inputs or [], errors), writer, settings,
+                                    input_may_stall=enc_mod.may_stall(inputs or []))
             hold_signals()  # the output goes into place whole: a signal now waits until it is there
             writer.close(encoder.model.config.hidden_size)
         except BaseException as exc:
             writer.abort()
-            worded = _encode_input_error(exc)
+            worded = _encode_error(exc)
             if worded is not None:
                 raise worded from None
             raise
@@ -382,31 +409,18 @@ def _encode_format(fmt: Format | None, output: Path | None, with_text: bool, tok
     return fmt
 
 
-def _encode_settings(encoder: Encoder, pooling: str | None, layer: int, normalize: bool | None,
-                     max_length: int | None, tokens: bool) -> Settings:
-    """encode.resolve's settings, with --layer and --pooling checked against the model."""
+def _encode_error(exc: BaseException) -> UsageError | None:
+    """A setting or an input line encode refused, worded with the flag that changes it (None: another error)."""
     from bertcli import encode as enc_mod
 
-    last = len(encoder.model.blocks)
-    try:
-        index = encoder.model.bert.layer_index(layer)
-    except IndexError:
-        raise UsageError(f"--layer {layer}: this model has layers 0 (embeddings) to {last} (-1 to -{last + 1} from "
-                         "the end)") from None
-    try:
-        settings = enc_mod.resolve(encoder, pooling, normalize, max_length, tokens)
-    except enc_mod.NotReproducible as exc:
-        raise UsageError(f"--model {exc.folder}: {exc.problem}, so its embeddings cannot be reproduced; pass --pooling "
-                         "cls, mean or max for vectors of the BERT encoder itself") from None
-    if settings.pooling == "pooler" and index != last:
-        raise UsageError("--pooling pooler reads the last layer; drop --layer or pick another pooling")
-    return settings
-
-
-def _encode_input_error(exc: BaseException) -> UsageError | None:
-    """An input line encode refused, worded with the flag that accepts it (None: another error)."""
-    from bertcli import encode as enc_mod
-
+    if isinstance(exc, enc_mod.NoSuchLayer):
+        return UsageError(f"--layer {exc.layer}: this model has layers 0 (embeddings) to {exc.last} (-1 to "
+                          f"-{exc.last + 1} from the end)")
+    if isinstance(exc, enc_mod.NotReproducible):
+        return UsageError(f"--model {exc.folder}: {exc.problem}, so its embeddings cannot be reproduced; pass --pooling "
+                          "cls, mean or max for vectors of the BERT encoder itself")
+    if isinstance(exc, enc_mod.PoolerNotLast):
+        return UsageError("--pooling pooler reads the last layer; drop --layer or pick another pooling")
     if isinstance(exc, enc_mod.NotUtf8):
         return UsageError(f"{exc.source}: line {exc.line} is not valid UTF-8 (byte {exc.byte} of the line); fix the "
                           "input or pass --errors replace")

@@ -18,8 +18,8 @@ import torch
 from bertcli import checkpoint, hf, resolve
 from bertcli.config import Config, DataConfig, ModelConfig, TokenizerConfig
 from bertcli.data.examples import ExampleBuilder
-from bertcli.data.prepare import (MANIFEST, cache_check, data_random_next_share, load_prepared, random_next_warning,
-                                  read_manifest, vocabulary_sample)
+from bertcli.data.prepare import (MANIFEST, cache_check, check_prepared, data_random_next_share, load_prepared,
+                                  random_next_warning, read_manifest, vocabulary_sample)
 from bertcli.data.tokenizer import describe, find_tokenizer_file, load_tokenizer, read_tokenizer_json, tokenizer_identity
 from bertcli.errors import UsageError
 from bertcli.metrics import read_metrics_checked
@@ -143,6 +143,11 @@ def inspect_path(path: Path) -> dict[str, Any]:
         kind, cfg = "run", resolve.load_run(path / "config.yaml", adopt_init_from=False)
         training = _training(Path(cfg.output_dir), cfg)
         manifest, why_not = read_manifest(Path(cfg.data.prepared_dir))
+        damage = check_prepared(Path(cfg.data.prepared_dir), manifest) if manifest is not None else None
+        if damage is not None:  # as `inspect DATA` checks it (the next pretrain prepares it again)
+            training.setdefault("damaged", []).append(
+                f"{cfg.data.prepared_dir}: the prepared data is damaged ({damage}); the next pretrain or prepare "
+                "prepares it again")
         if manifest is not None:  # next to the run's own tokenizer: they must be the same to resume
             identity = manifest["tokenizer"].get("identity")
             training["prepared_data_tokenizer"] = identity[:12] if isinstance(identity, str) else None

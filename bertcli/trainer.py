@@ -29,15 +29,17 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from bertcli import __version__, atomic, checkpoint, hf, resolve, runtime
+from bertcli import __version__, atomic, checkpoint, console, hf, memory, parallel, resolve, runtime
 from bertcli.config import Config, TrainConfig, to_dict
-from bertcli.console import log
+from bertcli.console import info, log
 from bertcli.data import Corpus, Dataset, load_data
+from bertcli.data.loader import data_workers, loader
 from bertcli.data.examples import IGNORE, Batch, ExampleBuilder, StepBatches
 from bertcli.errors import Interrupted, RunError
-from bertcli.metrics import LossStats, MetricsLogger, MetricsWindow
+from bertcli.dropout import seed_step
+from bertcli.metrics import LossStats, MetricsLogger, MetricsWindow, peak_tflops
 from bertcli.model import BertForPreTraining, PretrainingOutput
-from bertcli.optim import build_optimizer, lr_at, step_if_finite
+from bertcli.optim import build_optimizer, fused_adamw, lr_at, step_if_finite
 from bertcli.runlock import RunLock
 
 
@@ -135,7 +137,7 @@ def pretrain(cfg: Config, resume: str = "auto", quiet: bool = False, stop_at: in
     try:
         # Rank 0 locks output_dir for the whole run: a second pretrain (or a prepare) on it refuses to start.
         lock = RunLock(Path(cfg.output_dir), "pretrain") if rt.is_main else contextlib.nullcontext()
-        with lock, StopOnSignal() as stopper:
+        with console.quiet(quiet), lock, StopOnSignal() as stopper:
             run = build_run(cfg, rt, resume, quiet)
             return fit(run, min(cfg.train.max_steps, stop_at or cfg.train.max_steps), stopper, quiet)
     finally:
@@ -210,15 +212,11 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume: str, quiet: bool) -> Run
     sized = cfg.model.vocab_size is not None
     # Before the data (a synthetic corpus is as large as the vocabulary; without a vocabulary yet, a
     # lower bound: 100,000 layers are refused before the corpus is prepared), and after when unsized.
-    runtime.check_memory(cfg.model, rt, cfg.train.parallel)
-    data = _load_data(cfg, rt, quiet)
-    # The tokenizer's files, read once, now: every checkpoint holds these bytes, those of the ids trained on,
-    # whatever happens to the prepared folder meanwhile (symbolic links are refused: never followed out of it).
-    tokenizer = {path.name: checkpoint.read_own(path, "the prepared data", "run `bertcli prepare --force` to write "
-                                                "it again") for path in data.tokenizer_files}
+    memory.check_memory(cfg.model, rt, cfg.train.parallel)
+    data, tokenizer = _load_data(cfg, rt, quiet)
     cfg = resolve.with_vocab(cfg, data.vocab_size, cfg.data.corpus)  # the tokenizer exists now
     if not sized:
-        runtime.check_memory(cfg.model, rt, cfg.train.parallel)
+        memory.check_memory(cfg.model, rt, cfg.train.parallel)
     resumed_from = checkpoint.choose_resume(output_dir, resume, cfg, rt.is_main)
     if resumed_from is not None and data.tokenizer_files:
         checkpoint.check_same_tokenizer(resumed_from, data.tokenizer_files[0], tokenizer["tokenizer.json"])
@@ -235,14 +233,18 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume: str, quiet: bool) -> Run
     model = BertForPreTraining(cfg.model)  # on the CPU; with FSDP only each process's shards reach the device
     if cfg.model.init_from and resumed_from is None:
         fresh = hf.init_from(model, Path(cfg.model.init_from))
-        log(f"initialised from {cfg.model.init_from}" + (f"; not in it, so trained from scratch: {', '.join(fresh)}"
-                                                          if fresh else ""))
+        if fresh:  # a caveat, said under --quiet too
+            log(f"initialised from {cfg.model.init_from}; not in it, so trained from scratch: {', '.join(fresh)}")
+        else:
+            info(f"initialised from {cfg.model.init_from}")
     if resumed_from is not None:
         checkpoint.load_weights(model, resumed_from)
-    train_model = runtime.parallelize(model, rt, tc.parallel, every_parameter_used=cfg.data.pairs, compile=tc.compile)
-    optimizer = build_optimizer(model, cfg.optimizer, fused=runtime.fused_adamw(rt.device))
-    unpad, why_not = runtime.unpadded(tc.unpad, rt.device, cfg.model.attention_probs_dropout_prob,
-                                      tc.batch_size * cfg.data.max_seq_length, rt.precision)
+    train_model = parallel.parallelize(model, rt, parallel=tc.parallel, every_parameter_used=cfg.data.pairs,
+                                       compile=tc.compile)
+    optimizer = build_optimizer(model, cfg.optimizer, fused=fused_adamw(rt.device))
+    unpad, why_not = runtime.unpadded(tc.unpad, device=rt.device, precision=rt.precision,
+                                      attention_dropout=cfg.model.attention_probs_dropout_prob,
+                                      micro_batch_tokens=tc.batch_size * cfg.data.max_seq_length)
     if why_not:
         log(why_not)
     run = Run(cfg, rt, data, model, train_model, optimizer, rt.grad_scaler(cfg.precision), eval_batches, baseline, unpad,
@@ -252,7 +254,7 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume: str, quiet: bool) -> Run
         state = checkpoint.read_trainer_state(resumed_from)
         run.tokens_seen, run.train_time_s = int(state.get("tokens_seen", 0)), float(state.get("train_time_s", 0.0))
         run.resumed_from = resumed_from
-        log(f"resuming from {resumed_from} (step {run.step})")
+        info(f"resuming from {resumed_from} (step {run.step})")
         if run.step < cfg.train.max_steps:  # (else there is nothing to do)
             for line in checkpoint.setting_differences(checkpoint.read_config(resumed_from), cfg, run.step, resumed_from.name):
                 log(line)
@@ -263,14 +265,31 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume: str, quiet: bool) -> Run
     return run
 
 
-def _load_data(cfg: Config, rt: runtime.Runtime, quiet: bool) -> Dataset:
-    """The run's data: rank 0 prepares text corpora first when needed (cached), the others then read it."""
-    if rt.is_main:
-        data = load_data(cfg, quiet)
-    rt.barrier()
-    if not rt.is_main:
-        data = load_data(cfg, quiet=True)
-    return data
+def _load_data(cfg: Config, rt: runtime.Runtime, quiet: bool) -> tuple[Dataset, dict[str, bytes]]:
+    """The run's data and its tokenizer's files (name -> bytes): rank 0 prepares text corpora first when
+    needed (cached), the others then read it. Rank 0 holds the prepared folder's lock until every
+    process has read it: another run sharing the folder cannot replace it meanwhile. From then on
+    training reads its memory maps (a replaced folder's files live on while mapped) and these bytes."""
+    text = cfg.data.corpus != "synthetic"
+    if rt.is_main and text:
+        from bertcli.data.prepare import prepared_lock
+
+        lock = prepared_lock(cfg, "pretrain")
+    else:
+        lock = contextlib.nullcontext()
+    with lock:
+        if rt.is_main:
+            data = load_data(cfg, quiet)
+        rt.barrier()
+        if not rt.is_main:
+            data = load_data(cfg, quiet=True)
+        # Read once, now: every checkpoint holds these bytes, those of the ids trained on, whatever happens to the
+        # prepared folder meanwhile (symbolic links are refused: never followed out of it).
+        tokenizer = {path.name: checkpoint.read_own(path, "the prepared data", "run `bertcli prepare --force` to "
+                                                    "write it again") for path in data.tokenizer_files}
+        if text:
+            rt.barrier()  # every process has read the folder: rank 0 may let it go
+    return data, tokenizer
 
 
 def _held_out(cfg: Config, data: Dataset) -> tuple[list[Batch], float]:
@@ -318,7 +337,7 @@ def fit(run: Run, last_step: int, stopper: StopOnSignal, quiet: bool) -> dict[st
                 "metrics": checkpoint.read_trainer_state(run.resumed_from).get("metrics") or {}, "is_main": rt.is_main}
     checkpointer = checkpoint.Checkpointer(cfg, rt.is_main, run.tokenizer, run.resumed_from, run.best_loss)
     window = MetricsWindow(rt.device, step, tc.grad_accum_steps, tc.batch_size, cfg.model, cfg.data.pairs,
-                           runtime.peak_tflops(rt.device, cfg.logging.peak_tflops))
+                           peak_tflops(rt.device, cfg.logging.peak_tflops))
     guard = NonFiniteGuard(tc.max_nonfinite_steps, rt.device)
     logger = MetricsLogger(Path(cfg.output_dir), step, tc.max_steps, cfg.logging.tensorboard, quiet) if rt.is_main else None
     metrics: dict[str, float] = {}
@@ -327,8 +346,9 @@ def fit(run: Run, last_step: int, stopper: StopOnSignal, quiet: bool) -> dict[st
         torch.cuda.reset_peak_memory_stats(rt.device)
     pin = rt.device.type == "cuda"
     micro_batches = StepBatches(ExampleBuilder(run.data.train, cfg.data, tc.batch_size * tc.grad_accum_steps * rt.world_size),
-                                tc.seed, step, last_step, tc.batch_size, tc.grad_accum_steps, rt.rank, rt.world_size)
-    batches = iter(runtime.loader(micro_batches, runtime.data_workers(rt.device, tc.data_workers), pin))
+                                seed=tc.seed, first_step=step, last_step=last_step, batch_size=tc.batch_size,
+                                accum_steps=tc.grad_accum_steps, rank=rt.rank, world_size=rt.world_size)
+    batches = iter(loader(micro_batches, workers=data_workers(rt.device, tc.data_workers), pin_memory=pin))
     run.model.train()
     try:
         while step < last_step:
@@ -370,7 +390,7 @@ def train_step(run: Run, step: int, batches: Iterator[Batch], window: MetricsWin
     """Optimizer step `step`: forward and backward over its micro-batches, clip, and step unless
     the gradients are not finite. Returns the learning rate and the gradient norm (on the device)."""
     cfg, rt, tc = run.cfg, run.rt, run.cfg.train
-    runtime.seed_step(tc.seed, step, rt.rank)  # dropout of this step: a function of (seed, step, rank)
+    seed_step(tc.seed, step, rt.rank)  # dropout of this step: a function of (seed, step, rank)
     lr = lr_at(step, cfg.optimizer, tc.max_steps)
     for group in run.optimizer.param_groups:
         group["lr"] = lr
@@ -386,16 +406,16 @@ def train_step(run: Run, step: int, batches: Iterator[Batch], window: MetricsWin
     denominators = rt.all_reduce_sum(step_counts(step_batches))
     step_sums = torch.zeros(len(LossStats._fields), device=rt.device)
     for micro, batch in enumerate(step_batches):
-        with runtime.gradient_sync(run.train_model, micro == tc.grad_accum_steps - 1):  # reduced on the last only
+        with parallel.gradient_sync(run.train_model, micro == tc.grad_accum_steps - 1):  # reduced on the last only
             with rt.autocast():
                 out = run.train_model(batch.input_ids, batch.token_type_ids, key_lens[micro], batch.pred_positions,
-                                      batch.packed if run.unpad else None)
+                                      packed=batch.packed if run.unpad else None)
             losses = pretraining_loss(out, batch, tc.mlm_weight, tc.nsp_weight, cfg.data.pairs, denominators,
                                       rt.world_size)
             run.scaler.scale(losses.total).backward()
         step_sums += torch.stack(losses.stats)
     run.scaler.unscale_(run.optimizer)  # no-op unless fp16
-    grad_norm = runtime.local(torch.nn.utils.clip_grad_norm_(run.model.parameters(), tc.max_grad_norm or float("inf")))
+    grad_norm = parallel.local(torch.nn.utils.clip_grad_norm_(run.model.parameters(), tc.max_grad_norm or float("inf")))
     finite = torch.isfinite(grad_norm)  # a NaN or inf loss makes the norm non-finite too
     step_if_finite(run.optimizer, run.scaler, finite)  # a skipped step changes nothing
     run.scaler.update()

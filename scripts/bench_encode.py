@@ -62,7 +62,7 @@ from collections.abc import Callable
 from pathlib import Path
 import torch
 from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
-from bertcli.encode import Writer, encode, load_encoder, read_lines
+from bertcli.encode import Writer, encode, load_encoder, read_lines, resolve
 model_dir, input_path, output = sys.argv[1:4]
 enc = load_encoder(Path(model_dir), torch.device("cpu"))
 with warnings.catch_warnings():
@@ -70,7 +70,7 @@ with warnings.catch_warnings():
     quantize_dynamic(enc.model.bert.encoder, {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8,
                      inplace=True)
 writer = Writer("npy", None, Path(output), False)
-encode(enc, read_lines([input_path], "strict"), writer, batch_size=int(sys.argv[4]))
+encode(enc, read_lines([input_path], "strict"), writer, resolve(enc, batch_size=int(sys.argv[4])))
 writer.close(enc.model.config.hidden_size)
 """
 

@@ -230,6 +230,30 @@ def test_a_corpus_too_small_gets_advice_that_works(tmp_path, cli, documents, ove
     assert result.code == 0 and "done: step 2" in result.err, result.err
 
 
+def test_a_corpus_of_one_document_is_refused_before_the_tokenizer_is_trained(tmp_path, cli, monkeypatch):
+    """One document (no blank line) cannot give sentence pairs nor a held-out split: refused after one
+    reading pass, not after training a tokenizer on it (10-20 s on 12-20 MB) and writing the shards."""
+    import time
+
+    from bertcli.data import prepare as prepare_mod
+
+    def trained(*args, **kwargs):
+        raise AssertionError("the tokenizer was trained on a corpus that is refused anyway")
+
+    monkeypatch.setattr(prepare_mod, "train_wordpiece", trained)
+    monkeypatch.setattr(prepare_mod, "_prepare_units", trained)
+    corpus = tmp_path / "one.txt"
+    corpus.write_text("".join(f"Line {i} of the only document talks about Python lists.\n" for i in range(20_000)))
+    from conftest import text_run
+
+    config = text_run(tmp_path / "run", corpus)
+    start = time.perf_counter()
+    result = cli("prepare", "--config", config)
+    assert result.code == 2 and "1 document(s) is too small" in result.err, result.err
+    assert len(result.err_lines) == 1 and time.perf_counter() - start < 10, result.err
+    assert not (tmp_path / "run" / "data").exists()
+
+
 def test_random_replacements_are_every_non_special_id_wherever_the_specials_are():
     V = 40
     for special in (SpecialTokens(), SpecialTokens(pad=0, unk=17, cls=2, sep=3, mask=V - 1)):  # [MASK] last
@@ -260,8 +284,9 @@ def test_a_batch_has_padding_when_a_row_is_shorter_than_its_width():
     """What the trainer asks (on the host copy) before leaving out the attention mask: rows all of
     one length are still padded when collate rounds the width up to a multiple of 8."""
     def batch(*lengths):
-        return collate([Example(np.arange(n) + 5, np.zeros(n, dtype=np.int64), np.array([1]), np.array([7]), 0)
-                        for n in lengths], max_predictions=2, pad_id=0, max_length=64)
+        return collate([Example(tokens=np.arange(n) + 5, segments=np.zeros(n, dtype=np.int64), pred_positions=np.array([1]),
+                                pred_labels=np.array([7]), nsp_label=0) for n in lengths],
+                       max_predictions=2, pad_id=0, max_length=64)
 
     assert not batch(16, 16).has_padding()
     assert batch(12, 12).has_padding() and batch(12, 12).input_ids.shape[1] == 16

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from bertcli import checkpoint
-from bertcli.encode import Writer, encode, load_encoder
+from bertcli.encode import Writer, encode, load_encoder, resolve
 from bertcli.hf import export
 from conftest import REPO
 
@@ -24,7 +24,8 @@ def run_encode(model, lines, fmt="jsonl", **kwargs):
 
     enc = load_encoder(model, torch.device("cpu"))
     stream = io.StringIO()
-    counts = encode(enc, iter(lines), Writer(fmt, stream, None, kwargs.pop("with_text", False)), **kwargs)
+    writer = Writer(fmt, stream, None, kwargs.pop("with_text", False))
+    counts = encode(enc, iter(lines), writer, resolve(enc, **kwargs))
     return [json.loads(line) for line in stream.getvalue().splitlines()] if fmt == "jsonl" else stream.getvalue(), counts
 
 
@@ -169,7 +170,7 @@ def test_a_very_long_line_is_tokenized_from_a_prefix(trained, monkeypatch):
     enc.tokenizer = Spy(enc.tokenizer)
     lines = ["modules and packages are explained here . " * 5_000, " " * 100_000 + "words past the cap"]
     stream = io.StringIO()
-    counts = encode(enc, iter(lines), Writer("jsonl", stream, None, False))
+    counts = encode(enc, iter(lines), Writer("jsonl", stream, None, False), resolve(enc))
     budget = enc.max_length - 2
     assert [len(x) for x in seen] == [budget * encode_mod.PREFIX_START, budget * encode_mod.PREFIX_CAP]
     assert counts == {"lines": 2, "truncated": 2, "unpaired": 0}
@@ -209,6 +210,25 @@ def test_cutting_long_texts_keeps_every_vector(trained, monkeypatch):
     assert cut_counts == whole_counts and cut_counts["truncated"] > 30
     for line, a, b in zip(lines, cut, whole):
         assert a == b, line
+
+
+def test_a_line_cut_at_the_cap_is_truncated_only_where_it_lost_tokens(trained, monkeypatch):
+    """A line past the cap whose prefix proves nothing is counted as truncated only where what follows the prefix
+    could add a token: a 30,000-character line of blanks, or of one word ([UNK], as long as it grows), gives the
+    whole line's tokens, and lost nothing; a second word past the cap is lost, and said."""
+    import bertcli.encode as encode_mod
+
+    n = 16 * encode_mod.PREFIX_CAP * 2  # --max-length 16: past the cap of 14 x PREFIX_CAP characters
+    exact = [" " * n, "x" * n, "x" * n + " " * n, "MASK" * (n // 4), "foo\x00bar" * (n // 7), "e\u0301" * (n // 2),
+             "x" * n + "\t" + "y" * n + " " * n]  # the last: a pair, each side one word
+    cut, cut_counts = run_encode(trained, exact, max_length=16, per_token=True, pairs=True)
+    assert cut_counts["truncated"] == 0 and [len(row["tokens"]) for row in cut] == [2, 3, 3, 3, 3, 3, 5]
+    lossy = ["x" * n + " " + "x" * n, " " * n + "word", "x" * n + "!", "x" * n + " z\ty"]
+    _, lossy_counts = run_encode(trained, lossy, max_length=16, pairs=True)
+    assert lossy_counts["truncated"] == len(lossy)
+    _without_cutting(monkeypatch)
+    whole, whole_counts = run_encode(trained, exact, max_length=16, per_token=True, pairs=True)
+    assert whole_counts == cut_counts and whole == cut
 
 
 def test_normalize_layer_tokens_and_pairs(trained):

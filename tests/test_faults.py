@@ -148,7 +148,7 @@ def test_disk_full_during_a_checkpoint_is_one_clear_line_and_keeps_earlier_check
     assert [s for s, _ in checkpoint.list_checkpoints(tmp_path)] == [4]
     assert not list((tmp_path / "checkpoints").glob(".tmp-*")), "the half-written checkpoint is gone"
     monkeypatch.setattr(safetensors.torch, "save_file", real_save)
-    again = cli("pretrain", "--config", config, "--quiet")  # space is back: the same command resumes
+    again = cli("pretrain", "--config", config)  # space is back: the same command resumes (not --quiet: it says so)
     assert again.code == 0 and "resuming from" in again.err
 
 
@@ -398,12 +398,16 @@ def test_a_full_disk_while_writing_data_names_the_file(tmp_path, monkeypatch, cl
 
     if what == "init's config":
         fill_disk(monkeypatch, atomic, room=0)
-        result = cli("init", tmp_path / "run")
-        assert result.code == 1 and result.err_lines == [
-            f"bertcli: error: {tmp_path / 'run' / 'config.yaml'}: disk full (No space left on device); nothing "
-            "half-written was kept and an existing config is intact: free space or choose a DIR on another disk, then "
-            "run the same command"]
-        assert os.listdir(tmp_path / "run") == []
+        (tmp_path / "mine").mkdir()
+        (tmp_path / "mine" / "notes.txt").write_text("my notes\n")
+        for folder in (tmp_path / "run", tmp_path / "mine" / "new" / "run", tmp_path / "mine"):
+            result = cli("init", folder)
+            assert result.code == 1 and result.err_lines == [
+                f"bertcli: error: {folder / 'config.yaml'}: disk full (No space left on device); nothing "
+                "half-written was kept and an existing config is intact: free space or choose a DIR on another disk, "
+                "then run the same command"]
+        # Nothing half-made is left: the folders init made are gone, the one that was there is kept as it was.
+        assert sorted(os.listdir(tmp_path)) == ["mine"] and os.listdir(tmp_path / "mine") == ["notes.txt"]
         return
     with pytest.raises(OSError) as info:
         if what == "prepared shards":  # ndarray.tofile said "65540 requested and 28645 written"
@@ -450,6 +454,64 @@ def test_prepare_and_pretrain_never_work_on_one_run_at_once(tmp_path, cli, small
     with RunLock(tmp_path, "prepare"):
         result = cli("pretrain", "--config", config, "--quiet")
     assert result.code == 1 and f"in use by another bertcli prepare (pid {os.getpid()})" in result.err_lines[-1]
+
+
+def _sharing_runs(tmp_path, small_corpus):
+    """Two runs (other output_dirs, other corpora) whose configs name one prepared folder."""
+    from conftest import text_run
+
+    other = tmp_path / "other.txt"
+    other.write_text(small_corpus.read_text().replace("Python", "Snake"))
+    shared = tmp_path / "shared-data"
+    return (text_run(tmp_path / "a", small_corpus, f"data.prepared_dir={shared}", "train.max_steps=1"),
+            text_run(tmp_path / "b", other, f"data.prepared_dir={shared}", "train.max_steps=1"), shared)
+
+
+def test_runs_sharing_prepared_data_never_replace_it_under_each_other(tmp_path, cli, small_corpus, monkeypatch):
+    """The prepared folder has a lock of its own, beside it (the folder is replaced whole, by a rename): a
+    prepare of another run (another output_dir) is refused while a prepare or a pretrain's start holds it."""
+    from bertcli import trainer
+    from bertcli.errors import RunError
+    from bertcli.runlock import PreparedLock
+
+    a, b, shared = _sharing_runs(tmp_path, small_corpus)
+    with PreparedLock(shared, "prepare"):
+        result = cli("prepare", "--config", b, "--quiet")
+        assert result.code == 1 and result.err_lines == [
+            f"bertcli: error: the prepared data {shared} is being prepared or read by another bertcli prepare (pid "
+            f"{os.getpid()}); run this again once it has finished, or set data.prepared_dir to another folder"]
+        assert not shared.exists()
+        assert cli("pretrain", "--config", a, "--quiet").code == 1
+    refused = []
+    real = trainer.load_data
+
+    def load_data(*args, **kwargs):  # pretrain's start: another run's prepare tries to take the folder now
+        data = real(*args, **kwargs)
+        try:
+            with PreparedLock(shared, "prepare"):
+                refused.append(False)
+        except RunError:
+            refused.append(True)
+        return data
+
+    monkeypatch.setattr(trainer, "load_data", load_data)
+    assert cli("pretrain", "--config", a, "--quiet").code == 0
+    assert refused == [True]
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".lock")] == [".shared-data.lock"]
+
+
+def test_preparing_again_says_what_differs_from_the_data_there(tmp_path, cli, small_corpus):
+    """Prepared data made from other inputs (another config sharing the folder, an edit) is prepared again
+    with a line saying what differs, not silently."""
+    a, b, shared = _sharing_runs(tmp_path, small_corpus)
+    assert cli("prepare", "--config", a, "--quiet").code == 0
+    result = cli("prepare", "--config", b, "--quiet")
+    assert result.code == 0, result.err
+    assert (f"prepared data in {shared} was made from other inputs than this config's (corpus {small_corpus} then, "
+            f"{tmp_path / 'other.txt'} now: the folder was prepared for another config sharing data.prepared_dir, or "
+            "data.corpus changed): preparing it again") in result.err_lines
+    result = cli("prepare", "--config", b, "--quiet", "--set", "data.tokenizer.vocab_size=900")
+    assert "(data.tokenizer.vocab_size 1000 then, 900 now): preparing it again" in result.err, result.err
 
 
 def test_a_checkpoint_holds_the_tokenizer_its_model_was_trained_with(tmp_path, cli, trained, monkeypatch):
@@ -508,7 +570,7 @@ def test_a_signal_stops_prepare_and_its_workers_at_once(tmp_path, small_corpus, 
     units go with the temporary folder, and the one line says nothing was kept."""
     from conftest import text_run
 
-    config = text_run(tmp_path, small_corpus)
+    config = text_run(tmp_path, small_corpus, "data.validation_fraction=0.25")  # units of about 4 documents
     proc = _prepare_process(config, "--workers", "2")
     deadline = time.time() + 120
     while not list(tmp_path.glob(".tmp-data.*/units/*")):  # the workers are preparing units

@@ -174,14 +174,14 @@ def test_continued_pretraining_from_an_exported_folder(tmp_path, small_corpus, c
     def first_mlm_loss(folder):
         return [r for r in read_metrics(folder / "metrics.jsonl") if r["split"] == "train"][0]["mlm_loss"]
 
-    def run(folder, *overrides):
+    def run(folder, *overrides, quiet=True):
         config = text_run(folder, small_corpus, "train.eval_every=0", *overrides)
-        pretrain(load_run(config), quiet=True)
+        pretrain(load_run(config), quiet=quiet)
 
     run(tmp_path / "teacher", "train.max_steps=60", "optimizer.lr=5e-3", "checkpoint.save_every=60")
     hf_dir = export(tmp_path / "teacher", tmp_path / "hf")
     capsys.readouterr()
-    run(tmp_path / "continued", f"model.init_from={hf_dir}", "train.max_steps=4")
+    run(tmp_path / "continued", f"model.init_from={hf_dir}", "train.max_steps=4", quiet=False)
     assert f"initialised from {hf_dir}" in capsys.readouterr().err
     run(tmp_path / "fresh", f"data.tokenizer.path={hf_dir}", "train.max_steps=4")
     continued, fresh = first_mlm_loss(tmp_path / "continued"), first_mlm_loss(tmp_path / "fresh")
@@ -227,7 +227,7 @@ def test_a_phase_2_run_resumes_once_its_init_from_source_is_gone(tmp_path, train
     config = tmp_path / "run" / "config.yaml"
     assert cli("pretrain", "--config", config, "--quiet", "--stop-at", "1").code == 0
     shutil.rmtree(source)
-    result = cli("pretrain", "--config", config, "--quiet")
+    result = cli("pretrain", "--config", config)  # not --quiet: where the architecture comes from is said
     assert result.code == 0, result.err
     own = tmp_path / "run" / "checkpoints" / "step-0000001"
     assert f"model.init_from {source} is gone" in result.err and f"the architecture and the tokenizer come from {own}" in result.err

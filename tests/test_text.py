@@ -107,7 +107,7 @@ def test_prepare_is_cached_and_redone_when_the_corpus_changes(tmp_path, small_co
     tokens = _unit(folder) / "train" / "tokens.bin"
     before = (tokens.stat().st_mtime_ns, json.loads((folder / "manifest.json").read_text())["created"])
     capsys.readouterr()
-    result = train(config, stop_at=1)  # pretrain reuses it
+    result = pretrain(load_run(config), quiet=False, stop_at=1)  # pretrain reuses it (and says so: not quiet)
     assert result["step"] == 1
     err = capsys.readouterr().err
     assert "up to date" in err
@@ -174,7 +174,7 @@ def test_inner_characters_are_the_continuation_pieces_the_trainer_makes(tmp_path
     files = [tmp_path / "docs.txt", tmp_path / "tricky.txt", tmp_path / "tricky.jsonl"]
     cfg = TokenizerConfig(vocab_size=300, lowercase=lowercase, strip_accents=strip_accents)
     # The trainer as it is: its "##c" pieces (ids vary from process to process, the set does not).
-    plain = _bert_pipeline(Tokenizer(models.WordPiece(unk_token="[UNK]")), Casing(lowercase, strip_accents, True))
+    plain = _bert_pipeline(Tokenizer(models.WordPiece(unk_token="[UNK]")), Casing(do_lower_case=lowercase, strip_accents=strip_accents))
     plain.train_from_iterator((s for s in read_sentences(files) if s is not None),
                               trainer=trainers.WordPieceTrainer(vocab_size=300, special_tokens=list(SPECIAL)))
     made = sorted(t[2:] for t in plain.get_vocab() if t.startswith("##") and len(t) == 3)
@@ -191,7 +191,8 @@ def test_every_character_is_the_alphabet_the_trainer_makes(tmp_path, small_corpu
     (tmp_path / "tricky.txt").write_text(TRICKY)
     (tmp_path / "tricky.jsonl").write_text(json.dumps({"text": TRICKY[::-1]}) + "\n")
     files = [tmp_path / "docs.txt", tmp_path / "tricky.txt", tmp_path / "tricky.jsonl"]
-    plain = _bert_pipeline(Tokenizer(models.WordPiece(unk_token="[UNK]")), Casing(lowercase, strip_accents, True))
+    plain = _bert_pipeline(Tokenizer(models.WordPiece(unk_token="[UNK]")),
+                           Casing(do_lower_case=lowercase, strip_accents=strip_accents))
     plain.train_from_iterator((s for s in read_sentences(files) if s is not None),
                               trainer=trainers.WordPieceTrainer(vocab_size=300, special_tokens=list(SPECIAL)))
     alphabet = sorted(t for t in plain.get_vocab() if len(t) == 1)
@@ -221,6 +222,99 @@ def test_prepare_is_bit_for_bit_the_same_in_two_processes(tmp_path, small_corpus
     assert list(a) == list(b) and len(a) == 14  # manifest, tokenizer, vocab; a unit's 7 files; the index's 4
     for name in a:
         assert a[name] == b[name], name
+
+
+# ------------------------------------------------------------------ a vocabulary trained on a sample (issue 20)
+
+
+def test_a_line_sample_is_a_share_spread_over_the_corpus_whatever_the_order():
+    from bertcli.data.text import LineSample
+
+    lines = [f"Line {i} of the corpus, about topic {i % 97}." for i in range(20_000)]
+    total = sum(map(len, lines))
+    sample = LineSample(total // 4, total)
+    taken = [line for line in lines if sample(line)]
+    assert not sample.whole and sample.chars == sum(map(len, taken)) and sample.lines == len(taken)
+    assert abs(sample.chars / (total // 4) - 1) < 0.05  # the budget, give or take chance
+    chosen = set(taken)
+    halves = [sum(len(line) for line in part if line in chosen) for part in (lines[:10_000], lines[10_000:])]
+    assert all(abs(h / (total // 8) - 1) < 0.1 for h in halves), halves  # from the head and the tail alike
+    again = LineSample(total // 4, total)
+    assert [line for line in reversed(lines) if again(line)] == taken[::-1], "a line's fate is its own"
+    for budget in (total, 2 * total):
+        everything = LineSample(budget, total)
+        assert everything.whole and all(map(everything, lines))
+
+
+MADE_UP = [a + b + c for a in ("zor", "quel", "vax", "dru") for b in ("vak", "min", "tos") for c in ("", "ith")]
+
+
+def _two_halves() -> tuple[str, str]:
+    """A corpus's head (English, the bundled sample's) and a tail of made-up words that the head lacks."""
+    rng = np.random.default_rng(0)
+    head = gzip.decompress(SAMPLE.read_bytes()).decode().split("\n\n")[:30]
+    tail = ["\n".join(" ".join(rng.choice(MADE_UP, 12)).capitalize() + "." for _ in range(20)) for _ in range(30)]
+    return "\n\n".join(head) + "\n\n", "\n\n".join(tail) + "\n"
+
+
+def test_the_vocabulary_sample_comes_from_the_whole_corpus_in_any_order(tmp_path, cli):
+    head, tail = _two_halves()
+    (tmp_path / "one.txt").write_text(head + tail)
+    (tmp_path / "parts").mkdir()
+    (tmp_path / "parts" / "a.txt").write_text(tail)  # read first
+    (tmp_path / "parts" / "b.txt").write_text(head)
+    budget = f"data.tokenizer.sample_chars={len(head + tail) // 3}"
+    vocabularies = []
+    for name, corpus in (("one", tmp_path / "one.txt"), ("parts", tmp_path / "parts")):
+        result = cli("prepare", "--config", text_run(tmp_path / f"run-{name}", corpus, budget), "--quiet")
+        assert result.code == 0, result.err
+        assert "the vocabulary was trained on a sample of" in result.err
+        vocabularies.append((tmp_path / f"run-{name}" / "data" / "vocab.txt").read_text())
+    assert vocabularies[0] == vocabularies[1], "the same lines train it, whatever the files and their order"
+    vocab = set(vocabularies[0].splitlines())
+    assert len(vocab & set(MADE_UP)) >= len(MADE_UP) // 2, "pieces from the tail"
+    assert {"the", "and", "function"} <= vocab, "pieces from the head"
+
+
+def test_a_sampled_vocabulary_is_recorded_shown_and_keeps_every_character(tmp_path, cli):
+    from bertcli.data.text import LineSample
+    from bertcli.data.tokenizer import scan_characters
+    from bertcli.summary import format_report
+
+    head, tail = _two_halves()
+    corpus = tmp_path / "corpus.txt"
+    for n in range(100):  # a line of rare characters that the sample leaves out
+        rare = f"Rare glyphs {n}: \u2603\u00a7 \u4e2d\u6587 \u00f8re\u00f0 \u03a9mega."
+        corpus.write_text(head + rare + "\n\n" + tail)
+        total = scan_characters(read_text([corpus]), TokenizerConfig()).count
+        if not LineSample(total // 3, total)(rare):
+            break
+    config = text_run(tmp_path / "run", corpus, f"data.tokenizer.sample_chars={total // 3}")
+    assert cli("prepare", "--config", config, "--quiet").code == 0
+    prepared = load_prepared(tmp_path / "run" / "data")
+    sample = prepared.manifest["tokenizer"]["sample"]
+    assert sample["whole"] is False and sample["sample_chars"] == total // 3 and sample["corpus_chars"] == total
+    assert 0 < sample["chars"] < total and 0 < sample["lines"]
+    tok = prepared.tokenizer
+    assert tok.token_to_id("[UNK]") not in tok.encode(rare).ids, tok.encode(rare).tokens
+    report = json.loads(cli("inspect", tmp_path / "run" / "data", "--json").out)
+    assert report["vocabulary_sample"].startswith(f"a sample of {sample['lines']:,} lines, {sample['chars']:,} of ")
+    assert f"vocabulary from  a sample of {sample['lines']:,} lines" in format_report(report)
+
+
+def test_a_changed_sample_budget_prepares_again_where_it_can_matter(tmp_path, small_corpus, cli):
+    size = small_corpus.stat().st_size
+    config = text_run(tmp_path, small_corpus)
+    runs = {}
+    for budget in (size // 3, size // 2, size // 2, 2 * size, 3 * size, 0):
+        result = cli("prepare", "--config", config, "--quiet", "--set", f"data.tokenizer.sample_chars={budget}")
+        assert result.code == 0, result.err
+        runs[budget] = ("up to date" in result.err, load_prepared(tmp_path / "data").manifest["tokenizer"]["sample"])
+    assert runs[size // 3][1]["chars"] < runs[size // 2][1]["chars"], "a larger sample"
+    assert runs[size // 2][0], "the same budget again: reused"
+    assert not runs[2 * size][0] and runs[2 * size][1]["whole"], "the whole corpus now: prepared again"
+    # Any budget the corpus fits in (0: no limit) trains on the whole of it: the same data, not prepared again.
+    assert runs[3 * size][0] and runs[0][0]
 
 
 # ------------------------------------------------------------------ a vocabulary trained on a sample (issue 20)
@@ -833,7 +927,7 @@ def test_a_corpus_mostly_new_gets_a_new_tokenizer(tmp_path, units_corpus, capsys
     capsys.readouterr()
     prepare(cfg, quiet=True)
     err = capsys.readouterr().err
-    assert f"prepared data in {data}: " in err and "% of the corpus is new: training a new tokenizer" in err, err
+    assert f"prepared data in {data}: " in err and "% of the corpus is new: a new tokenizer is trained on it" in err, err
     assert json.loads((data / "manifest.json").read_text())["tokenizer"]["trained_on"]["files"] == 2
 
 

@@ -66,7 +66,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -84,7 +84,8 @@ from bertcli.data.tokenizer import (continuation_mask, describe, find_tokenizer_
                                     save_tokenizer, scan_characters, special_tokens, tokenizer_identity,
                                     train_wordpiece)
 from bertcli.errors import Interrupted, RunError, UsageError
-from bertcli.console import log
+from bertcli.runlock import PreparedLock
+from bertcli.console import info, log
 
 # ---------------------------------------------------------------- the prepared folder's layout
 # 4: units of work with shards of their own, a global index, per-unit held-out phase; incremental.
@@ -201,6 +202,13 @@ def _file_entries(files: list[Path], previous: list[dict[str, Any]]) -> list[dic
     return entries
 
 
+def _entry_digest(entry: dict[str, Any]) -> str | None:
+    """A corpus file's contents as recorded: its SHA-256, or for a file in parts their hashes', hashed."""
+    if isinstance(entry.get("parts"), list):
+        return _digest([p.get("sha256") for p in entry["parts"] if isinstance(p, dict)])
+    return entry.get("sha256")
+
+
 def _hashed_again(files: list[Path]) -> bool:
     """Whether the cache check hashes every corpus file again (a small corpus), rather than trusting
     the recorded hash of a file whose size and modification time are unchanged."""
@@ -263,8 +271,9 @@ def plan_units(files: list[Path], entries: list[dict[str, Any]], tokenizer_sha25
         if not members:
             return
         content = _digest([[_reading(m[0].path), m[3]] for m in members])
-        units.append(Unit(_digest({**settings, "content": content}), content, tuple(m[0] for m in members),
-                          tuple(m[1] for m in members), tuple(m[2] for m in members)))
+        units.append(Unit(key=_digest({**settings, "content": content}), content=content,
+                          parts=tuple(m[0] for m in members), sizes=tuple(m[1] for m in members),
+                          pieces=tuple(m[2] for m in members)))
 
     for number, (path, entry) in enumerate(zip(files, entries)):
         if "parts" in entry:  # a large file, cut into parts: a unit each
@@ -383,7 +392,7 @@ class UnitSettings:
     owner: int  # the pid of the `prepare` that owns the temporary names (its workers write them)
 
 
-def _prepare_unit(root: Path, unit: Unit, tok: Tokenizer, settings: UnitSettings,
+def _prepare_unit(root: Path, unit: Unit, tok: Tokenizer, *, settings: UnitSettings,
                   progress: Callable[[int], None]) -> dict[str, Any]:
     """Tokenize one unit into root/units/KEY (written under a temporary name, renamed when complete);
     return its record (counts per split, unknown tokens). Documents are held out by their number in
@@ -474,8 +483,9 @@ def _unit_json(root: Path, unit: Unit) -> str:
 
 def _unit_from_json(line: str) -> tuple[Path, Unit]:
     job = json.loads(line)
-    return Path(job["root"]), Unit(job["key"], job["content"], tuple(Part(Path(p), s, e, n) for p, s, e, n in job["parts"]),
-                                   tuple(job["sizes"]), tuple(tuple(p) for p in job["pieces"]))
+    parts = tuple(Part(Path(path), start, end, line) for path, start, end, line in job["parts"])
+    return Path(job["root"]), Unit(key=job["key"], content=job["content"], parts=parts, sizes=tuple(job["sizes"]),
+                                   pieces=tuple(tuple(p) for p in job["pieces"]))
 
 
 def _worker_main() -> None:
@@ -505,7 +515,7 @@ def _worker_main() -> None:
                 pending = 0
 
         try:
-            record = _prepare_unit(root, unit, tok, settings, progress)
+            record = _prepare_unit(root, unit, tok, settings=settings, progress=progress)
         except UsageError as exc:
             say({"error": "usage", "message": str(exc)})
             return
@@ -545,7 +555,7 @@ def _one_core(workers: int) -> Iterator[None]:
             os.environ["TOKENIZERS_PARALLELISM"] = before
 
 
-def _prepare_units(todo: list[Unit], root: Path, tok: Tokenizer, settings: UnitSettings, workers: int,
+def _prepare_units(todo: list[Unit], root: Path, tok: Tokenizer, *, settings: UnitSettings, workers: int,
                    quiet: bool) -> dict[str, dict[str, Any]]:
     """Prepare `todo` into root/units/ on `workers` processes (in this one when one worker or one unit
     is enough); return each unit's record by key. The first error in a worker is raised here as it
@@ -554,8 +564,8 @@ def _prepare_units(todo: list[Unit], root: Path, tok: Tokenizer, settings: UnitS
     (root / UNITS).mkdir(parents=True, exist_ok=True)
     with _progress(sum(u.bytes for u in todo), "tokenizing", quiet) as bar:
         if workers <= 1 or len(todo) <= 1:
-            return {unit.key: _prepare_unit(root, unit, tok, settings, bar.update) for unit in todo}
-        return _run_workers(todo, root, tok, settings, min(workers, len(todo)), bar.update)
+            return {unit.key: _prepare_unit(root, unit, tok, settings=settings, progress=bar.update) for unit in todo}
+        return _run_workers(todo, root, settings=settings, count=min(workers, len(todo)), progress=bar.update)
 
 
 @dataclass
@@ -566,7 +576,7 @@ class _Worker:
     stderr: bytes = b""  # the tail of what it said on stderr (a crash's last words)
 
 
-def _run_workers(todo: list[Unit], root: Path, tok: Tokenizer, settings: UnitSettings, count: int,
+def _run_workers(todo: list[Unit], root: Path, *, settings: UnitSettings, count: int,
                  progress: Callable[[int], None]) -> dict[str, dict[str, Any]]:
     """`count` worker processes take the units, largest first (so that the last to finish is a small
     one), each a new one as it finishes the last."""
@@ -740,7 +750,8 @@ def _prepare(cfg: Config, quiet: bool, force: bool, workers: int) -> Path:
     fixed = run_tokenizer(cfg) if tok is None else None
     if fixed is not None:  # the run's checkpoints fix its token ids: never train another vocabulary under them
         tokenizer_file, tok = fixed, read_tokenizer_json(fixed)
-    plan = _Plan(folder, files, entries, tok, tokenizer_file, given_sha256)
+    plan = _Plan(folder=folder, files=files, entries=entries, tok=tok, tokenizer_file=tokenizer_file,
+                 given_sha256=given_sha256)
 
     if old is not None and not force:
         why_new = _tokenizer_changed(old, plan, data, folder)
@@ -751,17 +762,30 @@ def _prepare(cfg: Config, quiet: bool, force: bool, workers: int) -> Path:
             kept = sum(u.bytes for u in units if u.key in known)
             total = sum(u.bytes for u in units)
             if tok is not None or kept >= KEEP_TOKENIZER_SHARE * total:  # a given or the run's tokenizer: always kept
-                return _update(cfg, plan, old, kept_tok, units, quiet, workers)
-            log(f"prepared data in {folder}: {100 * (1 - kept / max(total, 1)):.0f}% of the corpus is new: training a "
-                "new tokenizer on it and preparing it all again")
-        else:
+                return _update(cfg, plan, old=old, tok=kept_tok, units=units, quiet=quiet, workers=workers)
+            _say_changes(cfg, plan, old, f"{100 * (1 - kept / max(total, 1)):.0f}% of the corpus is new: a new "
+                                         "tokenizer is trained on it")
+        elif why_new.startswith("is damaged"):
             log(f"prepared data in {folder} {why_new}: preparing it again")
+        else:  # the data of other inputs: say which, since another run may be sharing the folder
+            _say_changes(cfg, plan, old, None)
     elif why_not and not force:
         log(f"prepared data in {folder} {why_not}: preparing it again")
     if fixed is not None:
-        log(f"preparing {data.corpus} with the run's own tokenizer, {fixed} (its checkpoints were trained on its "
-            "token ids; a new vocabulary would garble them)")
-    return _fresh(cfg, plan, guard, quiet, workers)
+        info(f"preparing {data.corpus} with the run's own tokenizer, {fixed} (its checkpoints were trained on its "
+             "token ids; a new vocabulary would garble them)")
+    return _fresh(cfg, plan, guard=guard, quiet=quiet, workers=workers)
+
+
+def _say_changes(cfg: Config, plan: _Plan, old: dict[str, Any], why: str | None) -> None:
+    """Say that the prepared folder, made from other inputs (_changes), is prepared again, and `why` a
+    changed corpus gets a new tokenizer."""
+    configured = plan.tokenizer_file if cfg.data.tokenizer.path else None
+    changes = _changes(old, plan.entries, cfg.data, configured=configured, tok=plan.tok, output_dir=Path(cfg.output_dir))
+    info(f"prepared data in {plan.folder} was made from other inputs than this config's ({'; '.join(changes)}): "
+         "preparing it again")
+    if why:
+        info(f"prepared data in {plan.folder}: {why}")
 
 
 def _tokenizer_sha256(tok: Tokenizer) -> str:
@@ -807,7 +831,7 @@ def _settings(data: DataConfig, tok: Tokenizer) -> UnitSettings:
     return UnitSettings(data.split_sentences, data.validation_fraction, dtype.name, os.getpid())
 
 
-def _fresh(cfg: Config, plan: _Plan, guard: Callable[[Path], None], quiet: bool, workers: int) -> Path:
+def _fresh(cfg: Config, plan: _Plan, *, guard: Callable[[Path], None], quiet: bool, workers: int) -> Path:
     """Everything prepared into a temporary folder that then replaces the prepared folder whole."""
     global _state
     data, folder, files = cfg.data, plan.folder, plan.files
@@ -815,13 +839,15 @@ def _fresh(cfg: Config, plan: _Plan, guard: Callable[[Path], None], quiet: bool,
     tok = plan.tok
     total_bytes = None if any(is_compressed(f) for f in files) else sum(e["bytes"] for e in plan.entries)
     sample: dict[str, Any] | None = None  # what trained the vocabulary, for the manifest (None: given tokenizer)
+    # Before the tokenizer is trained (seconds to minutes): the units' held-out phases depend on their bytes alone.
+    _check_enough_documents(plan_units(files, plan.entries, "", data), data)
     with atomic.folder(folder, guard) as tmp:
         if tok is None:
             chars = scan_characters(read_text(files), data.tokenizer)
             lines = LineSample(data.tokenizer.sample_chars or chars.count, chars.count)
             with _progress(total_bytes, "training tokenizer", quiet) as bar:
-                sentences = _until_stopped(s for s in read_sentences(files, data.split_sentences, bar.update, lines)
-                                           if s is not None)
+                read = read_sentences(files, split=data.split_sentences, progress=_polling(bar.update), keep=lines)
+                sentences = _until_stopped(s for s in read if s is not None)
                 tok = train_wordpiece(sentences, data.tokenizer, chars)
             _check_stop()  # a signal cut the reading short: that vocabulary must not be used
             sample = {"sample_chars": data.tokenizer.sample_chars, "corpus_chars": chars.count, "whole": lines.whole,
@@ -832,9 +858,9 @@ def _fresh(cfg: Config, plan: _Plan, guard: Callable[[Path], None], quiet: bool,
         tok = read_tokenizer_json(tmp / "tokenizer.json")  # as every later prepare reads it (the units' keys)
         units = plan_units(files, plan.entries, _tokenizer_sha256(tok), data)
         settings = _settings(data, tok)
-        records = _prepare_units(units, tmp, tok, settings, workers, quiet)
-        manifest = _manifest(cfg, plan, tok, tmp, units, records, settings, sample=sample, old_tokenizer=None,
-                             seconds=time.perf_counter() - start)
+        records = _prepare_units(units, tmp, tok, settings=settings, workers=workers, quiet=quiet)
+        manifest = _manifest(cfg, plan, tok=tok, root=tmp, units=units, records=records, settings=settings,
+                             sample=sample, old_tokenizer=None, seconds=time.perf_counter() - start)
         _check_sizes(manifest, data)
         _write_index(tmp, units, records, manifest["index"])
         _write_manifest(tmp, manifest)
@@ -844,7 +870,7 @@ def _fresh(cfg: Config, plan: _Plan, guard: Callable[[Path], None], quiet: bool,
     return folder
 
 
-def _update(cfg: Config, plan: _Plan, old: dict[str, Any], tok: Tokenizer, units: list[Unit], quiet: bool,
+def _update(cfg: Config, plan: _Plan, *, old: dict[str, Any], tok: Tokenizer, units: list[Unit], quiet: bool,
             workers: int) -> Path:
     """The prepared folder, brought up to date in place: its tokenizer kept, the units it holds
     intact kept, the others prepared; a new index and manifest if anything changed."""
@@ -858,7 +884,8 @@ def _update(cfg: Config, plan: _Plan, old: dict[str, Any], tok: Tokenizer, units
     todo, damaged = [], []
     for unit in {u.key: u for u in units}.values():  # a unit twice (two equal files): prepared once, read twice
         record = records.get(unit.key) or _stray_record(folder, unit.key)
-        problem = "missing" if record is None else _check_unit(folder, unit.key, record, settings.dtype, vocab_size)
+        problem = ("missing" if record is None else
+                   _check_unit(folder, unit.key, record, dtype_name=settings.dtype, vocab_size=vocab_size))
         if problem is None:
             records[unit.key] = record
             continue
@@ -872,7 +899,7 @@ def _update(cfg: Config, plan: _Plan, old: dict[str, Any], tok: Tokenizer, units
                 or old["corpus"]["source"] != data.corpus:  # the same contents: record the files as they are now
             _write_manifest(folder, {**old, "corpus": {"source": data.corpus, "files": plan.entries}})
         _remove_unused(folder, old)  # units a stopped prepare finished for a corpus that is not this one
-        log(f"prepared data in {folder} is up to date (corpus and settings unchanged, files intact): reusing it")
+        info(f"prepared data in {folder} is up to date (corpus and settings unchanged, files intact): reusing it")
         _warn_random_next(folder, old, cfg)
         return folder
     new_keys = {u.key for u in units}
@@ -889,12 +916,12 @@ def _update(cfg: Config, plan: _Plan, old: dict[str, Any], tok: Tokenizer, units
                 "the tokenizer trained on the corpus as it was (--force trains a new one)")
     work = (f"preparing {len(todo)} of {len(new_keys)} units ({sum(u.bytes for u in todo) / 1e6:,.1f} MB) with "
             f"{with_tok}, keeping the other units" if todo else "writing a new index")
-    log(f"prepared data in {folder}{why}: {work}")
+    (log if damaged or index_problem else info)(f"prepared data in {folder}{why}: {work}")
     _state = f"the prepared data in {folder} is as it was (units finished are kept for the next prepare)"
     try:
-        records.update(_prepare_units(todo, folder, tok, settings, workers, quiet))
-        manifest = _manifest(cfg, plan, tok, folder, units, records, settings, sample=None,
-                             old_tokenizer=old["tokenizer"], seconds=time.perf_counter() - start)
+        records.update(_prepare_units(todo, folder, tok, settings=settings, workers=workers, quiet=quiet))
+        manifest = _manifest(cfg, plan, tok=tok, root=folder, units=units, records=records, settings=settings,
+                             sample=None, old_tokenizer=old["tokenizer"], seconds=time.perf_counter() - start)
         _check_sizes(manifest, data)
         if digest != old["index"] or index_problem is not None:
             _write_index(folder, units, records, digest)
@@ -921,9 +948,9 @@ def _stray_record(folder: Path, key: str) -> dict[str, Any] | None:
     return record if _well_formed_unit(record, in_manifest=False) and record["key"] == key else None
 
 
-def _manifest(cfg: Config, plan: _Plan, tok: Tokenizer, root: Path, units: list[Unit], records: dict[str, dict[str, Any]],
-              settings: UnitSettings, sample: dict[str, Any] | None, old_tokenizer: dict[str, Any] | None,
-              seconds: float) -> dict[str, Any]:
+def _manifest(cfg: Config, plan: _Plan, *, tok: Tokenizer, root: Path, units: list[Unit],
+              records: dict[str, dict[str, Any]], settings: UnitSettings, sample: dict[str, Any] | None,
+              old_tokenizer: dict[str, Any] | None, seconds: float) -> dict[str, Any]:
     """The manifest of prepared data in `root` (deterministic but for `created`, `seconds` and `tokens_per_s`)."""
     data = cfg.data
     splits = {split: {c: sum(records[u.key]["splits"][split][c] for u in units) for c in ("documents", "segments", "tokens")}
@@ -970,7 +997,7 @@ def _report(folder: Path, manifest: dict[str, Any], cfg: Config, done: str) -> N
     pairs = (f"; random next sentences {100 * share:.1f}% of pairs (data.random_next_prob "
              f"{100 * data.random_next_prob:.0f}%)" if share is not None else "")
     seconds = manifest["seconds"]
-    log(f"{done}: {t['documents'] + v['documents']:,} documents ({v['documents']:,} held out), "
+    info(f"{done}: {t['documents'] + v['documents']:,} documents ({v['documents']:,} held out), "
         f"{t['segments'] + v['segments']:,} sentences, {total_tokens:,} tokens, vocabulary "
         f"{manifest['tokenizer']['vocab_size']:,}, unknown {100 * manifest['unknown_tokens'] / max(total_tokens, 1):.2f}%"
         f"{pairs}; {seconds:.1f} s, {total_tokens / max(seconds, 1e-9):,.0f} tokens/s")
@@ -1091,19 +1118,42 @@ def _check_stop() -> None:
         raise _Stopped
 
 
+def _poll_stop() -> None:
+    """Look in _stop_on_signal's wakeup pipe for SIGINT or SIGTERM (from whatever thread)."""
+    global _signal
+    if _stop_pipe is not None and _signal is None:
+        try:
+            _signal = next((b for b in os.read(_stop_pipe, 64) if b in (signal.SIGINT, signal.SIGTERM)), None)
+        except OSError:  # nothing there (BlockingIOError), or the pipe is gone
+            pass
+
+
 def _until_stopped(items: Iterator[str]) -> Iterator[str]:
     """`items` until SIGINT or SIGTERM comes (looked for every 1,024 items, from whatever thread
-    reads them; see _stop_on_signal)."""
-    global _signal
+    reads them, and by _polling; see _stop_on_signal)."""
     for n, item in enumerate(items):
-        if n % 1024 == 0 and _stop_pipe is not None and _signal is None:
-            try:
-                _signal = next((b for b in os.read(_stop_pipe, 64) if b in (signal.SIGINT, signal.SIGTERM)), None)
-            except OSError:  # nothing there (BlockingIOError), or the pipe is gone
-                pass
+        if n % 1024 == 0:
+            _poll_stop()
         if _signal is not None:
             return
         yield item
+
+
+def _polling(progress: Callable[[int], None]) -> Callable[[int], None]:
+    """`progress` (called for each line read) that also looks for a stop signal every 1,024 lines:
+    with a vocabulary sample, most lines read yield no sentence, so _until_stopped alone would look
+    only every 1,024 sampled sentences (tens of MB of a large corpus); the next sampled sentence
+    then ends the reading."""
+    calls = 0
+
+    def update(n: int) -> None:
+        nonlocal calls
+        progress(n)
+        calls += 1
+        if calls % 1024 == 0:
+            _poll_stop()
+
+    return update
 
 
 def _clean_leftovers(folder: Path) -> None:
@@ -1191,6 +1241,55 @@ def _guard(cfg: Config, folder: Path) -> Callable[[Path], None]:
     return guard
 
 
+def prepared_lock(cfg: Config, command: str) -> AbstractContextManager[Any]:
+    """The lock on the prepared folder of `cfg` (runlock.PreparedLock: a file beside it) for `command`,
+    where a prepare may replace the folder. What is refused anyway is refused first, leaving nothing
+    beside the folder: a prepared_dir that is, holds or lies inside an input; and a folder bertcli
+    did not write (the user's), which no prepare replaces, so that reading it needs no lock."""
+    folder = Path(cfg.data.prepared_dir).expanduser().resolve()
+    _guard(cfg, folder)
+    if ownership.not_owned(folder, LAYOUT) is not None:
+        return nullcontext()
+    return PreparedLock(folder, command)
+
+
+def _changes(old: dict[str, Any], entries: list[dict[str, Any]], data: DataConfig, *, configured: Path | None,
+             tok: Tokenizer | None, output_dir: Path) -> list[str]:
+    """What differs between the inputs recorded in manifest `old` and this config's (the fingerprint
+    only says that something does), in words; `configured`: the tokenizer file of
+    data.tokenizer.path (None: trained, or the run's own), `tok` the tokenizer that will be used."""
+    changes = []
+    if old["corpus"].get("source") != data.corpus:
+        changes.append(f"corpus {old['corpus'].get('source')} then, {data.corpus} now: the folder was prepared for "
+                       "another config sharing data.prepared_dir, or data.corpus changed")
+    else:
+        before = {f["path"]: _entry_digest(f) for f in old["corpus"]["files"]}
+        now = {e["path"]: _entry_digest(e) for e in entries}
+        for what, paths in (("added", set(now) - set(before)), ("removed", set(before) - set(now)),
+                            ("changed", {p for p in set(now) & set(before) if now[p] != before[p]})):
+            if paths:
+                first = sorted(paths)[0]
+                more = f" and {len(paths) - 1:,} more" if len(paths) > 1 else ""
+                changes.append(f"corpus file {what}: {first}{more}")
+    recorded, t = old["tokenizer"], data.tokenizer
+    source = str(configured) if configured else "trained"
+    source_then = str(recorded.get("source"))
+    own = source_then != "trained" and (output_dir / "checkpoints") in Path(source_then).parents
+    if recorded.get("source") != source and not own:  # (own: prepared with this run's checkpoint's tokenizer)
+        changes.append(f"tokenizer {recorded.get('source')} then, {source} now")
+    elif configured and tok is not None and recorded.get("identity") != tokenizer_identity(tok):
+        changes.append(f"the tokenizer {configured} is not the one it was prepared with")
+    settings = [("data.tokenizer.vocab_size", recorded.get("requested_vocab_size"), t.vocab_size),
+                ("data.tokenizer.min_frequency", recorded.get("min_frequency"), t.min_frequency),
+                ("data.split_sentences", old.get("split_sentences"), data.split_sentences),
+                ("data.validation_fraction", old.get("validation_fraction"), data.validation_fraction)]
+    if source == "trained":  # a given tokenizer's casing is its own: the manifest records it as used
+        settings += [("data.tokenizer.lowercase", recorded.get("lowercase"), t.lowercase),
+                     ("data.tokenizer.strip_accents", recorded.get("strip_accents"), t.strip_accents)]
+    changes += [f"{key} {json.dumps(then)} then, {json.dumps(now)} now" for key, then, now in settings if then != now]
+    return changes or ["the corpus or tokenizer settings differ"]
+
+
 def _held_out_count(units: list[dict[str, Any]], stride: int) -> int:
     """Documents held out with every `stride`-th document of each unit (its phase, its documents)."""
     total = 0
@@ -1230,6 +1329,34 @@ def _check_sizes(manifest: dict[str, Any], data: DataConfig) -> None:
     if train < need:
         raise UsageError(f"data.corpus={data.corpus!r}: {train} training document(s); at least 2 are needed{why}: "
                          f"separate documents with blank lines, or {no_pairs}")
+
+
+def _check_enough_documents(units: list[Unit], data: DataConfig) -> None:
+    """Refuse a corpus with too few documents for _check_sizes before any tokenizer work: the documents
+    are read (no sentence splitting), unit by unit with each unit's held-out phase, only until there
+    are enough, so a corpus that has them costs a few documents' reading, and one that has not is
+    refused after one reading pass, not after the tokenizer is trained and the shards written.
+    Tokenizing can only empty a document (left out then), never add one, so the counts here are
+    upper bounds: what passes is checked again on the shards (_check_sizes)."""
+    need, fraction = 2 if data.pairs else 1, data.validation_fraction
+    stride = held_out_stride(fraction)
+    counted = []
+    total = {"train": 0, "valid": 0}
+    for unit in units:
+        counts = {"train": {"documents": 0}, "valid": {"documents": 0}}
+        phase = unit.phase(stride)
+        for item in read_sentences(list(unit.parts), split=False):
+            if item is not None:
+                continue
+            n = counts["train"]["documents"] + counts["valid"]["documents"]
+            split = "valid" if is_held_out(n, fraction, phase) else "train"
+            counts[split]["documents"] += 1
+            total[split] += 1
+            if total["train"] >= need and (fraction == 0 or total["valid"] >= need):
+                return
+        counted.append({"content": unit.content, "splits": counts})
+    _check_sizes({"splits": {split: {"documents": sum(u["splits"][split]["documents"] for u in counted)}
+                             for split in SPLITS}, "units": counted}, data)
 
 
 # ---------------------------------------------------------------- reading and checking prepared data
@@ -1327,7 +1454,7 @@ def _check_files(folder: Path, rel: str, names: tuple[str, ...]) -> str | None:
     return None
 
 
-def _check_unit(folder: Path, key: str, record: dict[str, Any], dtype_name: str, vocab_size: int) -> str | None:
+def _check_unit(folder: Path, key: str, record: dict[str, Any], *, dtype_name: str, vocab_size: int) -> str | None:
     """What is wrong with the shards of unit `key` (naming the file), or None when they are whole:
     regular files, of the sizes its record implies, offsets rising from 0 to its counts, token ids
     below the vocabulary size (read once: about 15 ms per 100M tokens in the page cache)."""
@@ -1392,7 +1519,8 @@ def check_prepared(folder: Path, manifest: dict[str, Any]) -> str | None:
     if problem is not None:
         return problem
     for unit in {u["key"]: u for u in manifest["units"]}.values():
-        problem = _check_unit(folder, unit["key"], unit, manifest["dtype"], manifest["tokenizer"]["vocab_size"])
+        problem = _check_unit(folder, unit["key"], unit, dtype_name=manifest["dtype"],
+                              vocab_size=manifest["tokenizer"]["vocab_size"])
         if problem is not None:
             return problem
     return None
