@@ -153,10 +153,13 @@ def init(
 def prepare(
     config: Path = typer.Option(..., "--config", "-c", metavar="FILE", help="The run's config.yaml."),
     overrides: list[str] = typer.Option([], "--set", metavar=SET, help=SET_HELP),
-    force: bool = typer.Option(False, "--force", help="Prepare again even if the prepared data is up to date."),
+    force: bool = typer.Option(False, "--force", help="Prepare everything again, training a new tokenizer (unless the run's checkpoints fix it)."),
+    workers: int = typer.Option(0, "--workers", "-w", metavar="N", min=0,
+                                help="Processes that prepare the corpus, one core each; 0 (default): the cores available."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
 ) -> None:
-    """Train the tokenizer and write token shards for the config's corpus (pretrain does this when needed)."""
+    """Train the tokenizer and write token shards for the config's corpus (pretrain does this when needed).
+    Only what changed in the corpus since the last prepare is prepared again."""
     from bertcli.data.prepare import prepare as run
     from bertcli.data.prepare import prepared_lock
     from bertcli.resolve import check_outputs_apart, load_run
@@ -169,7 +172,7 @@ def prepare(
     # Never under the run's pretrain, which trains on the data, nor while another run prepares or reads the same
     # prepared folder (runs with other output_dirs may share it).
     with RunLock(Path(cfg.output_dir), "prepare"), prepared_lock(cfg, "prepare"):
-        folder = run(cfg, quiet=quiet, force=force)
+        folder = run(cfg, quiet=quiet, force=force, workers=workers or None)
     again = [a for o in overrides for a in ("--set", o)]  # the same data: the same overrides
     err(f"next: {command_line('inspect', folder)}   or   {command_line('pretrain', '--config', config, *again)}")
 

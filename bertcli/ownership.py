@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,13 @@ class Layout:
     # bertcli's, when its name is bertcli's alone (trainer_state.json), never for a name that other
     # tools write too (an export's config.json).
     damaged_proof_counts: bool = False
+    # Paths of variable names bertcli writes there too (prepared data's units/KEY/...), as regular
+    # expressions that match a whole relative path.
+    patterns: tuple[re.Pattern[str], ...] = ()
+
+    def holds(self, rel: str) -> bool:
+        """Whether relative path `rel` ('/'-separated) is one that bertcli writes in such a folder."""
+        return rel in self.paths or any(p.fullmatch(rel) for p in self.patterns)
 
 
 @dataclass(frozen=True)
@@ -56,16 +64,16 @@ def _is_proof(file: Path) -> bool:
     return isinstance(raw, dict) and PROOF_KEY in raw
 
 
-def _first_foreign(folder: Path, paths: frozenset[str], prefix: str = "") -> str | None:
-    """The first entry under `folder` (relative path) that is not one of `paths`; stops early,
+def first_foreign(folder: Path, layout: Layout, prefix: str = "") -> str | None:
+    """The first entry under `folder` (relative path) that is not one `layout` holds; stops early,
     so a large folder of the user's is not walked whole. Symbolic links are not followed."""
     with os.scandir(folder) as entries:
         for entry in sorted(entries, key=lambda e: e.name):
             rel = prefix + entry.name
-            if rel not in paths:
+            if not layout.holds(rel):
                 return rel
             if entry.is_dir(follow_symlinks=False):
-                found = _first_foreign(Path(entry.path), paths, rel + "/")
+                found = first_foreign(Path(entry.path), layout, rel + "/")
                 if found is not None:
                     return found
     return None
@@ -96,7 +104,7 @@ def not_owned(target: Path, layout: Layout) -> str | None:
         return "is a file, not a folder"
     if is_empty_folder(target):
         return None
-    foreign = _first_foreign(target, layout.paths)
+    foreign = first_foreign(target, layout)
     if foreign is not None:
         return f"holds {foreign}, which bertcli did not write"
     # Every entry is one bertcli writes there; the proof must parse (see Layout.damaged_proof_counts).

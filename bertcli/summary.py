@@ -262,7 +262,7 @@ def data_report(folder: Path, examples: int = 512) -> dict[str, Any]:
     corpus_bytes = sum(f.get("bytes", 0) for f in m["corpus"]["files"])
     return {
         "kind": "prepared data", "path": str(folder), "corpus": m["corpus"]["source"],
-        "files": len(m["corpus"]["files"]), "corpus_bytes": corpus_bytes,
+        "files": len(m["corpus"]["files"]), "corpus_bytes": corpus_bytes, "units": len(m["units"]),
         "splits": splits, "vocab_size": prepared.vocab_size, "tokenizer": m["tokenizer"]["source"],
         "vocabulary_sample": vocabulary_sample(m),
         "dtype": m["dtype"], "unknown_rate": m["unknown_tokens"] / max(tokens, 1),
@@ -274,7 +274,7 @@ def data_report(folder: Path, examples: int = 512) -> dict[str, Any]:
         "random_next_share": share, "random_next_prob": cfg.data.random_next_prob if cfg.data.pairs else None,
         "random_next_warning": random_next_warning(share, cfg.data),
         "checked": "files regular (no symbolic links), tokenizer.json and vocab.txt hashes, shard sizes, offsets, "
-                   "token ids below the vocabulary",
+                   "the index against the units, token ids below the vocabulary",
         "cache_check": cache_check(corpus_bytes),
     }
 
@@ -338,7 +338,8 @@ def format_report(report: dict[str, Any]) -> str:
 
 def _format_data(r: dict[str, Any]) -> str:
     sp = r["splits"]
-    rows = [("corpus", f"{r['corpus']} ({r['files']} file(s), {r['corpus_bytes']:,} bytes)"),
+    rows = [("corpus", f"{r['corpus']} ({r['files']} file(s), {r['corpus_bytes']:,} bytes, prepared in {r['units']:,} "
+                       f"unit(s))"),
             ("documents", f"{sp['train']['documents']:,} train + {sp['valid']['documents']:,} held out"),
             ("sentences", f"{sp['train']['segments']:,} + {sp['valid']['segments']:,}"),
             ("tokens", f"{sp['train']['tokens']:,} + {sp['valid']['tokens']:,} ({r['dtype']})"),

@@ -60,6 +60,19 @@ def trained(tmp_path_factory, small_corpus) -> Path:
     return folder
 
 
+TIMINGS = ("created", "seconds", "tokens_per_s")  # the only fields of a prepared folder that differ run to run
+
+
+def prepared_files(folder: Path) -> dict[str, bytes]:
+    """Every file of a prepared folder by relative path, its manifest without the timings."""
+    import json
+
+    files = {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    manifest = json.loads(files["manifest.json"])
+    files["manifest.json"] = json.dumps({k: v for k, v in manifest.items() if k not in TIMINGS}).encode()
+    return files
+
+
 def assert_same_batch(a, b) -> None:
     """Every field of two Batches equal (the packing index by its tensors and sizes)."""
     import dataclasses

@@ -153,10 +153,11 @@ def test_inspect_a_run_names_damage_to_its_prepared_data(tmp_path, cli, trained)
     import shutil
 
     run = Path(shutil.copytree(trained, tmp_path / "run", ignore=shutil.ignore_patterns("tensorboard")))
-    tokens = run / "data" / "train" / "tokens.bin"
+    unit = json.loads((run / "data" / "manifest.json").read_text())["units"][0]["key"]
+    tokens = run / "data" / "units" / unit / "train" / "tokens.bin"
     with open(tokens, "r+b") as fh:
         fh.truncate(tokens.stat().st_size // 2)
-    problem = f"train/tokens.bin holds {tokens.stat().st_size:,} bytes"
+    problem = f"units/{unit}/train/tokens.bin holds {tokens.stat().st_size:,} bytes"
     data = cli("inspect", run / "data")
     assert data.code == 2 and problem in data.err
     result = cli("inspect", run)

@@ -240,8 +240,8 @@ def test_a_corpus_of_one_document_is_refused_before_the_tokenizer_is_trained(tmp
     def trained(*args, **kwargs):
         raise AssertionError("the tokenizer was trained on a corpus that is refused anyway")
 
-    monkeypatch.setattr(prepare_mod, "train_tokenizer", trained)
-    monkeypatch.setattr(prepare_mod, "_write_shards", trained)
+    monkeypatch.setattr(prepare_mod, "train_wordpiece", trained)
+    monkeypatch.setattr(prepare_mod, "_prepare_units", trained)
     corpus = tmp_path / "one.txt"
     corpus.write_text("".join(f"Line {i} of the only document talks about Python lists.\n" for i in range(20_000)))
     from conftest import text_run

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -536,3 +537,96 @@ def test_a_checkpoint_holds_the_tokenizer_its_model_was_trained_with(tmp_path, c
     assert result.code == 0, result.err
     for name, contents in files.items():
         assert (run / "checkpoints" / "step-0000002" / name).read_bytes() == contents, name
+
+
+# ------------------------------------------------------------------ prepare on several processes, in place (issue 20)
+
+
+def _prepare_process(config, *args: str) -> subprocess.Popen:
+    """`bertcli prepare` in a process of its own session, with units of 8 KiB (so that a small corpus
+    is dozens of units, and two workers run)."""
+    code = ("import sys; from bertcli.data import prepare; prepare.UNIT_BYTES = 8 << 10; "
+            "from bertcli.cli import main; main(sys.argv[1:])")
+    return subprocess.Popen([sys.executable, "-c", code, "prepare", "--config", str(config), *args], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as fh:
+        return [int(p) for p in fh.read().split()]
+
+
+def _gone(pid: int) -> bool:
+    """Whether process `pid` has ended (a zombie that this container's init has not reaped yet counts)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_stops_prepare_and_its_workers_at_once(tmp_path, small_corpus, signum, code):
+    """To the whole process group, as Ctrl-C or a scheduler sends it: the workers end, their temporary
+    units go with the temporary folder, and the one line says nothing was kept."""
+    from conftest import text_run
+
+    config = text_run(tmp_path, small_corpus, "data.validation_fraction=0.25")  # units of about 4 documents
+    proc = _prepare_process(config, "--workers", "2")
+    deadline = time.time() + 120
+    while not list(tmp_path.glob(".tmp-data.*/units/*")):  # the workers are preparing units
+        assert proc.poll() is None, proc.communicate()[1]
+        assert time.time() < deadline
+        time.sleep(0.01)
+    workers = _children(proc.pid)
+    assert len(workers) >= 2, workers  # (a resource tracker may be a child too)
+    stopped = time.time()
+    os.killpg(proc.pid, signum)
+    _, err = proc.communicate(timeout=60)
+    assert time.time() - stopped < 10, "it did not stop at once"
+    assert proc.returncode == code, err
+    assert err.strip().splitlines()[-1] == (f"bertcli: stopped by {signal.Signals(signum).name} while preparing data; "
+                                            "nothing was kept (the temporary data was removed): run the same command "
+                                            "again"), err
+    assert "Traceback" not in err
+    assert all(_gone(pid) for pid in workers)
+    assert not list(tmp_path.glob(".tmp-*")) and not (tmp_path / "data").exists()
+
+
+def test_a_kill_while_updating_leaves_the_previous_data_valid_and_the_next_prepare_goes_on(tmp_path, small_corpus,
+                                                                                              monkeypatch, capsys):
+    import json
+
+    from bertcli.data import prepare as prepare_module
+    from bertcli.data.prepare import load_prepared, prepare
+    from bertcli.resolve import load_run
+    from conftest import text_run
+
+    monkeypatch.setattr(prepare_module, "UNIT_BYTES", 8 << 10)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    docs = small_corpus.read_text().split("\n\n")
+    (corpus / "a.txt").write_text("\n\n".join(docs[:40] + docs[50:]) + "\n")
+    config = text_run(tmp_path, corpus, "data.validation_fraction=0.25")  # units of about 4 documents
+    data = prepare(load_run(config), quiet=True)
+    manifest = (data / "manifest.json").read_bytes()
+    (corpus / "b.txt").write_text("\n\n".join(docs[40:50]) + "\n")  # 30% of the corpus: the tokenizer is kept
+    proc = _prepare_process(config, "--workers", "2")
+    known = {u["key"] for u in json.loads(manifest)["units"]}
+    deadline = time.time() + 120
+    while not [p for p in (data / "units").iterdir() if p.name not in known and not p.name.startswith(".")]:
+        assert proc.poll() is None, proc.communicate()[1]
+        assert time.time() < deadline
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGKILL)
+    _, err = proc.communicate()
+    assert (data / "manifest.json").read_bytes() == manifest, err
+    load_prepared(data)  # the previous data: whole, every file checked
+    capsys.readouterr()
+    prepare(load_run(config), quiet=True)
+    err = capsys.readouterr().err
+    new = json.loads((data / "manifest.json").read_text())["units"]
+    assert "preparing" in err and f"of {len(new)} units" in err
+    prepared_now = int(err.split("preparing ")[1].split(" of")[0])
+    assert prepared_now < len(new) - len(known), "the units the killed prepare finished are kept"
+    assert not list(data.rglob(".tmp-*")) and not list(tmp_path.glob(".tmp-*"))
+    load_prepared(data)
