@@ -202,19 +202,51 @@ class Windows:
         """(B,) each block's chunk count, estimated: a least-squares fit of the counts of up to
         CALIBRATION_BLOCKS blocks spread over the corpus (one cut with a fixed seed) on their
         documents, segments and tokens, which every block has at the cost of a lookup; kept between
-        its pieces (each gives a chunk) and its segments (each chunk takes a new one)."""
+        its pieces (each gives a chunk) and its segments (each chunk takes a new one). Computed
+        exactly and without BLAS (exact_fit, elementwise products), so that every process on any
+        machine places the windows alike: the stream, and so resuming, must not depend on the
+        floating-point library."""
         lo, hi = self.block_start[:-1], self.block_start[1:]
         starts = np.searchsorted(self.doc_offsets, lo, side="left")
         documents = np.searchsorted(self.doc_offsets, hi, side="left") - starts  # documents starting in each
         documents += np.asarray(self.doc_offsets[np.minimum(starts, len(self.doc_offsets) - 1)]) != lo  # a piece
         segments = hi - lo
         tokens = np.asarray(self.offsets[hi]) - np.asarray(self.offsets[lo])
-        features = np.stack([documents, segments, tokens], axis=1).astype(np.float64)  # (B, 3)
-        sample = np.unique(np.linspace(0, self.num_blocks - 1, min(CALIBRATION_BLOCKS, self.num_blocks)).astype(np.int64))
+        features = (documents, segments, tokens)  # (B,) int64 each
+        n = min(CALIBRATION_BLOCKS, self.num_blocks)
+        sample = np.unique(np.arange(n) * (self.num_blocks - 1) // max(n - 1, 1))  # spread evenly, in integers
         _, block = self.cut(sample, np.random.default_rng([0, 0, 0, 0, WINDOW_KEY]))
-        counts = np.bincount(block, minlength=len(sample)).astype(np.float64)
-        coef = np.linalg.lstsq(features[sample], counts, rcond=None)[0]
-        return np.clip(np.rint(features @ coef), np.maximum(documents, 1), segments).astype(np.int64)
+        counts = np.bincount(block, minlength=len(sample))
+        coef = exact_fit(np.stack([f[sample] for f in features], axis=1), counts)
+        estimate = coef[0] * documents.astype(np.float64)
+        for c, f in zip(coef[1:], features[1:]):
+            estimate = estimate + c * f.astype(np.float64)  # one IEEE rounding per operation: no fused multiply-add
+        return np.clip(np.rint(estimate), np.maximum(documents, 1), segments).astype(np.int64)
+
+
+def exact_fit(features: np.ndarray, counts: np.ndarray) -> list[float]:
+    """The least-squares coefficients of `counts` (n,) on integer `features` (n, k), in exact rational
+    arithmetic (then rounded to the nearest float): the same on every machine. A ridge of 1e-12 of
+    the features' scale keeps it defined when they are collinear (blocks all alike)."""
+    from fractions import Fraction
+
+    rows, y = features.tolist(), counts.tolist()
+    k = len(rows[0])
+    a = [[Fraction(sum(r[i] * r[j] for r in rows)) for j in range(k)] for i in range(k)]  # X'X, exact integers
+    b = [Fraction(sum(r[i] * t for r, t in zip(rows, y))) for i in range(k)]  # X'y
+    ridge = (sum(a[i][i] for i in range(k)) + 1) / 10**12
+    for i in range(k):
+        a[i][i] += ridge
+    for c in range(k):  # Gaussian elimination: X'X + ridge is symmetric positive definite, no pivoting needed
+        for r in range(c + 1, k):
+            factor = a[r][c] / a[c][c]
+            for j in range(c, k):
+                a[r][j] -= factor * a[c][j]
+            b[r] -= factor * b[c]
+    coef = [Fraction(0)] * k
+    for c in reversed(range(k)):
+        coef[c] = (b[c] - sum(a[c][j] * coef[j] for j in range(c + 1, k))) / a[c][c]
+    return [float(c) for c in coef]
 
 
 def _runs(lo: np.ndarray, hi: np.ndarray) -> list[tuple[int, int]]:
