@@ -19,7 +19,9 @@ PIECE = 4096  # segments: longer documents are cut in pieces of this many (see E
 BLOCK_SEGMENTS = 512  # segments: blocks (whole pieces, about this many segments) are what an epoch shuffles
 WINDOW_BLOCKS = 512  # blocks cut and shuffled together: a window of about 262,144 segments
 CALIBRATION_BLOCKS = 256  # blocks cut once to estimate every block's chunk count (Windows.slots)
-WINDOW_KEY, ORDER_KEY = 1, 2  # last words of the seeds of a window's cut and of an epoch's block order
+# Last words of the seeds of a window's cut, of an epoch's block order and of the estimate's cut: five words in
+# all, never the four of an example's (seed, stream, step, i) (nor, as SeedSequence pads with zeros, three).
+WINDOW_KEY, ORDER_KEY, CALIBRATION_KEY = 1, 2, 3
 
 
 class ChunkIndex(NamedTuple):
@@ -215,7 +217,7 @@ class Windows:
         features = (documents, segments, tokens)  # (B,) int64 each
         n = min(CALIBRATION_BLOCKS, self.num_blocks)
         sample = np.unique(np.arange(n) * (self.num_blocks - 1) // max(n - 1, 1))  # spread evenly, in integers
-        _, block = self.cut(sample, np.random.default_rng([0, 0, 0, 0, WINDOW_KEY]))
+        _, block = self.cut(sample, np.random.default_rng([0, 0, 0, 0, CALIBRATION_KEY]))
         counts = np.bincount(block, minlength=len(sample))
         coef = exact_fit(np.stack([f[sample] for f in features], axis=1), counts)
         estimate = coef[0] * documents.astype(np.float64)

@@ -75,7 +75,7 @@ class ExampleBuilder:
     # rounds of the vectorised cutting (a chunk never spans two pieces; B still follows A across them)
     BLOCK_SEGMENTS, WINDOW_BLOCKS = BLOCK_SEGMENTS, WINDOW_BLOCKS  # an epoch is cut in windows (chunks.Windows)
     CACHED_WINDOWS = 2  # a step at a window's end reads two
-    CACHED_ORDERS = 2  # epochs whose block order is kept (B int64 each)
+    CACHED_EPOCHS = 2  # epochs whose windows' positions are kept ((W+1,) each)
 
     def __init__(self, corpus: Corpus, cfg: DataConfig, examples_per_step: int) -> None:
         self.corpus, self.cfg, self.examples_per_step = corpus, cfg, examples_per_step
@@ -84,7 +84,7 @@ class ExampleBuilder:
                              "come from another document): add documents, or set data.pairs: false and "
                              "train.nsp_weight: 0")
         # Plain ndarray views of the (memory-mapped) arrays, never copies: np.memmap adds Python-level work to
-        # every small read (about 20% of the builder's time at 1B tokens, measured with bench_bigdata.py --builder).
+        # every small read, which slows the builder.
         self.offsets = np.asarray(corpus.seg_offsets)  # (S+1,) token offset of each segment
         self.doc_offsets = np.asarray(corpus.doc_offsets)  # (D+1,) first segment of each document
         self.max_tokens = cfg.max_seq_length - (3 if cfg.pairs else 2)
@@ -136,7 +136,7 @@ class ExampleBuilder:
         """(W+1,) the position in the epoch where each window's chunks start (several windows)."""
         key = (seed, stream, epoch)
         if key not in self._slots:
-            if len(self._slots) >= self.CACHED_ORDERS:
+            if len(self._slots) >= self.CACHED_EPOCHS:
                 del self._slots[next(iter(self._slots))]
             self._slots[key] = self.windows.window_slots(self.windows.order(seed, stream, epoch))
         return self._slots[key]
@@ -180,7 +180,7 @@ class ExampleBuilder:
         return int(rng.integers(self.doc_offsets[other], self.doc_offsets[other + 1])), other
 
     def example(self, seed: int, step: int, i: int, stream: int = TRAIN) -> Example:
-        """Example i of step `step`: its chunk from the epoch index, the rest (random B's document
+        """Example i of step `step`: its chunk from its window of the epoch, the rest (random B's document
         and start, trimming, masking) from a generator seeded by (seed, stream, step, i)."""
         c, cfg, sp = self.corpus, self.cfg, self.corpus.special
         index, j = self._locate(seed, stream, step * self.examples_per_step + i)
