@@ -122,8 +122,11 @@ def evaluate(model: BertForPreTraining, batches: list[Batch], rt: runtime.Runtim
 def most_frequent_token_accuracy(train: Corpus, batches: list[Batch]) -> float:
     """MLM accuracy on `batches` of always predicting the most frequent regular token of the
     training corpus: the bar a model must clear to have learned anything beyond unigrams."""
-    sample = np.asarray(train.tokens[: 50_000_000], dtype=np.int64)  # plenty to find the top token
-    counts = np.bincount(sample, minlength=train.vocab_size)
+    counts = np.zeros(train.vocab_size, dtype=np.int64)
+    end = min(train.num_tokens, 50_000_000)  # plenty to find the top token
+    for lo in range(0, end, 1 << 20):  # in blocks: never an int64 copy of the 50M tokens (400 MB)
+        counts += np.bincount(np.asarray(train.tokens[lo:min(lo + (1 << 20), end)]),
+                              minlength=train.vocab_size)[:train.vocab_size]
     counts[[train.special.pad, train.special.unk, train.special.cls, train.special.sep, train.special.mask]] = 0
     top = int(counts.argmax())
     labels = torch.cat([b.mlm_labels[b.mlm_labels != IGNORE] for b in batches])

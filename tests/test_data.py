@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from bertcli.config import DataConfig
-from bertcli.data import Corpus, SpecialTokens
+from bertcli.data import Corpus, SpecialTokens, chunks
 from bertcli.data.examples import ExampleBuilder
 from bertcli.data.corpus import synthetic_corpus
 from bertcli.data.examples import IGNORE, Batch, Example, collate, truncate_pair
@@ -62,13 +62,35 @@ def test_batch_is_a_pure_function_of_seed_and_step_and_splits_like_one_batch():
         assert torch.equal(half.mlm_labels[row], a.mlm_labels[row + 4])
 
 
+def small_windows(monkeypatch, block: int = 16, window: int = 4, calibration: int = 8) -> None:
+    """Windows of `window` blocks of about `block` segments (chunks.Windows), so that a small corpus has several."""
+    monkeypatch.setattr(ExampleBuilder, "BLOCK_SEGMENTS", block)
+    monkeypatch.setattr(ExampleBuilder, "WINDOW_BLOCKS", window)
+    monkeypatch.setattr(chunks, "CALIBRATION_BLOCKS", calibration)
+
+
+def large_corpus(num_docs: int, seed: int = 0) -> Corpus:
+    """Documents of 1-8 sentences of 3-30 tokens, made without a Python loop per document."""
+    rng = np.random.default_rng(seed)
+    sentences = rng.integers(1, 9, size=num_docs)
+    lengths = rng.integers(3, 31, size=int(sentences.sum()))
+    return Corpus(tokens=rng.integers(5, 100, size=int(lengths.sum())).astype(np.uint16),
+                  seg_offsets=np.concatenate([[0], np.cumsum(lengths)]),
+                  doc_offsets=np.concatenate([[0], np.cumsum(sentences)]), vocab_size=100, special=SP)
+
+
 @pytest.mark.parametrize("piece", [ExampleBuilder.PIECE, 3])
-def test_an_epoch_cuts_every_document_from_its_start_and_shows_each_sentence_once(monkeypatch, piece):
+@pytest.mark.parametrize("windows", ["one", "several"])
+def test_an_epoch_cuts_every_document_from_its_start_and_shows_each_sentence_once(monkeypatch, piece, windows):
     """Google's create_instances_from_document: chunks from each document's first sentence; each
-    sentence is in an A or a true B once per epoch (B's unused sentences start the next chunk)."""
+    sentence is in an A or a true B once per epoch (B's unused sentences start the next chunk);
+    the same when the epoch is cut in windows of blocks that may split a document at its pieces."""
     monkeypatch.setattr(ExampleBuilder, "PIECE", piece)  # long documents are cut in pieces first
+    if windows == "several":
+        small_windows(monkeypatch)
     corpus = one_token_per_document_corpus(num_docs=300)
     builder = ExampleBuilder(corpus, DataConfig(max_seq_length=24, short_seq_prob=0.3), 8)
+    assert (builder.windows.num_windows > 1) == (windows == "several")
     index = builder.build_epoch(0, ExampleBuilder.TRAIN, 0)
     doc_of = corpus.document_of_segment()
     starts, ends = corpus.doc_offsets[:-1], corpus.doc_offsets[1:]
@@ -89,24 +111,82 @@ def test_an_epoch_cuts_every_document_from_its_start_and_shows_each_sentence_onc
     assert not np.array_equal(np.sort(index.first), np.sort(later.first)), "a new cut each epoch"
 
 
-def test_examples_far_into_training_are_random_access():
+@pytest.mark.parametrize("windows", ["one", "several"])
+def test_examples_far_into_training_are_random_access(monkeypatch, windows):
     """Step k's examples need no earlier epoch and no history: a fresh builder (a resumed run, a
     worker process) gives what one that built every step before gives."""
+    if windows == "several":
+        small_windows(monkeypatch)
     corpus = one_token_per_document_corpus()
     cfg = DataConfig(max_seq_length=32, max_predictions_per_seq=5)
     walked = ExampleBuilder(corpus, cfg, 8)
-    epoch_length = len(walked.build_epoch(3, ExampleBuilder.TRAIN, 0).first)
+    assert (walked.windows.num_windows > 1) == (windows == "several")
+    epoch_length = (len(walked.build_epoch(3, ExampleBuilder.TRAIN, 0).first) if windows == "one"
+                    else int(walked.windows.slots.sum()))
     step = 5 * epoch_length // 8 + 2  # in epoch 5
     for s in range(step - epoch_length // 8 - 1, step + 1):  # through the end of epoch 4
         batch = walked.batch(3, s, range(8))
     fresh = ExampleBuilder(corpus, cfg, 8).batch(3, step, range(8))
     assert_same_batch(batch, fresh)
+    if windows == "several":
+        return
     # Example i of step k is chunk k * 8 + i - 5 * epoch_length of epoch 5.
     epoch5 = walked.build_epoch(3, ExampleBuilder.TRAIN, 5)
     for i in range(8):
         first, end, *_ = walked.chunk(3, ExampleBuilder.TRAIN, step * 8 + i)
         j = step * 8 + i - 5 * epoch_length
         assert (first, end) == (epoch5.first[j], epoch5.first[j] + epoch5.count[j])
+
+
+def test_a_corpus_of_one_window_is_cut_as_one_epoch():
+    """Up to a window's size, the epoch is chunks.cut_epoch's cut of the whole corpus, seeded by
+    (seed, stream, epoch): the examples of a small corpus are those it had before windows."""
+    corpus = one_token_per_document_corpus(num_docs=300)
+    cfg = DataConfig(max_seq_length=24, short_seq_prob=0.3)
+    builder = ExampleBuilder(corpus, cfg, 8)
+    for stream, epoch in ((ExampleBuilder.TRAIN, 0), (ExampleBuilder.EVAL, 2)):
+        whole = chunks.cut_epoch(corpus.seg_offsets, corpus.doc_offsets, cfg.max_seq_length - 3, cfg,
+                                 np.random.default_rng([5, stream, epoch]))
+        assert all(np.array_equal(x, y) for x, y in zip(builder.build_epoch(5, stream, epoch), whole))
+
+
+def test_windows_place_an_epoch_s_chunks_in_its_positions(monkeypatch):
+    """With several windows, the positions of epoch e hold the chunks of epoch e's cut, nearly all of
+    them once (a window whose count misses its estimate repeats or leaves out the difference)."""
+    small_windows(monkeypatch)
+    corpus = one_token_per_document_corpus(num_docs=400)
+    builder = ExampleBuilder(corpus, DataConfig(max_seq_length=24), 8)
+    length = int(builder.windows.slots.sum())
+    for epoch in (0, 1):
+        cut = builder.build_epoch(3, ExampleBuilder.TRAIN, epoch)
+        every = {tuple(int(x) for x in c) for c in zip(cut.first, cut.count, cut.a_count, cut.random_next, cut.target)}
+        shown = [builder.chunk(3, ExampleBuilder.TRAIN, epoch * length + g) for g in range(length)]
+        placed = {(first, end - first, a_end - first, int(random_next), target)
+                  for first, end, a_end, random_next, target in shown}
+        assert placed <= every
+        assert len(placed) > 0.9 * len(every)
+
+
+def test_reaching_an_example_takes_the_memory_of_a_window_whatever_the_corpus(monkeypatch):
+    """The memory a fresh builder (a resumed run, an example worker: made before the workers fork)
+    allocates to build a batch, at the first step and in a later epoch, does not grow with the
+    corpus: it cuts one window, never the epoch. Corpora of about 4,000 and 40,000 documents,
+    windows of about 1,024 sentences."""
+    small_windows(monkeypatch, block=128, window=8, calibration=8)
+    import tracemalloc
+
+    peaks = []
+    for num_docs in (4_000, 40_000):
+        corpus = large_corpus(num_docs)
+        cfg = DataConfig(max_seq_length=64)
+        length = int(ExampleBuilder(corpus, cfg, 8).windows.slots.sum())
+        builders = [ExampleBuilder(corpus, cfg, 8) for _ in range(2)]
+        tracemalloc.start()
+        for builder, step in zip(builders, (0, length // 8 + 3)):  # epoch 0, and epoch 1
+            builder.batch(1, step, range(8))
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+    assert peaks[1] < 1.5 * peaks[0], f"{peaks[0]:,} bytes for {4_000:,} documents, {peaks[1]:,} for {40_000:,}"
 
 
 def test_masking_and_nsp_statistics_on_a_large_sample():

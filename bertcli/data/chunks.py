@@ -2,6 +2,9 @@
 vectorised), from the segment and document offsets alone: numpy only, no torch, so that `prepare`
 and `inspect` can say what share of the NSP pairs the data gives a random next sentence.
 ExampleBuilder (examples.py) builds its examples on these chunks.
+
+A large corpus is cut a window at a time (see Windows): the memory and time that reaching an
+example takes are bounded by the window's size, not the corpus's.
 """
 
 from __future__ import annotations
@@ -13,12 +16,18 @@ import numpy as np
 from bertcli.config import DataConfig
 
 PIECE = 4096  # segments: longer documents are cut in pieces of this many (see ExampleBuilder.PIECE)
+BLOCK_SEGMENTS = 512  # segments: blocks (whole pieces, about this many segments) are what an epoch shuffles
+WINDOW_BLOCKS = 512  # blocks cut and shuffled together: a window of about 262,144 segments
+CALIBRATION_BLOCKS = 256  # blocks cut once to estimate every block's chunk count (Windows.slots)
+# Last words of the seeds of a window's cut, of an epoch's block order and of the estimate's cut: five words in
+# all, never the four of an example's (seed, stream, step, i) (nor, as SeedSequence pads with zeros, three).
+WINDOW_KEY, ORDER_KEY, CALIBRATION_KEY = 1, 2, 3
 
 
 class ChunkIndex(NamedTuple):
-    """One epoch's chunks, in the epoch's (shuffled) order. Chunk j is segments first[j] to
-    first[j] + count[j] - 1 of one document; with pairs, A is its first a_count[j] segments and B
-    the rest, or (random_next[j]) a span from another document of about target[j] - len(A) tokens."""
+    """Chunks, in a window's (shuffled) order. Chunk j is segments first[j] to first[j] + count[j] - 1
+    of one document; with pairs, A is its first a_count[j] segments and B the rest, or
+    (random_next[j]) a span from another document of about target[j] - len(A) tokens."""
 
     first: np.ndarray  # (C,) int32 or int64
     count: np.ndarray  # (C,) uint16 or int32, >= 1
@@ -27,53 +36,225 @@ class ChunkIndex(NamedTuple):
     target: np.ndarray  # (C,) like count: the chunk's target length in tokens
 
 
-def cut_epoch(offsets: np.ndarray, doc_offsets: np.ndarray, *, max_tokens: int, cfg: DataConfig,
-              rng: np.random.Generator, piece: int = PIECE) -> ChunkIndex:
-    """The chunks of one epoch (see ExampleBuilder.build_epoch), drawn from `rng`: `offsets` (S+1,)
-    token offsets of the segments, `doc_offsets` (D+1,) first segment of each document."""
-    offsets, doc_offsets = np.asarray(offsets), np.asarray(doc_offsets).astype(np.int64)
-    # Pieces: documents, longer ones cut every PIECE segments.
-    sizes = np.diff(doc_offsets)
-    per_doc = -(-sizes // piece)
-    doc = np.repeat(np.arange(len(sizes)), per_doc)
-    k = np.arange(len(doc)) - np.repeat(np.cumsum(per_doc) - per_doc, per_doc)
-    pos = doc_offsets[doc] + k * piece  # (P,) where each piece's next chunk starts
-    piece_end = np.minimum(pos + piece, doc_offsets[doc + 1])
-    doc_start = doc_offsets[doc]
+def cut_pieces(offsets: np.ndarray, start: np.ndarray, end: np.ndarray, has_previous: np.ndarray, shift: np.ndarray,
+               max_tokens: int, cfg: DataConfig, rng: np.random.Generator,
+               num_segments: int) -> tuple[ChunkIndex, np.ndarray]:
+    """The chunks of pieces, in rounds (round r cuts the r-th chunk of every piece not yet finished),
+    unshuffled, and (C,) the piece of each. `offsets` are token offsets of the segments in the
+    pieces' own numbering: piece i is segments start[i]..end[i]-1 of it (P,), segment start[i]-1
+    belongs to the same document when has_previous[i] (a piece that does not start its document),
+    and segment s of piece i is segment s + shift[i] of the corpus (`first` is in the corpus's
+    numbering, of `num_segments` segments). See ExampleBuilder.build_epoch for the rules."""
+    pos = start.astype(np.int64)  # (P,) where each piece's next chunk starts
+    piece_end, piece_start = end.astype(np.int64), start.astype(np.int64)
     active = np.arange(len(pos))
     parts: list[tuple[np.ndarray, ...]] = []  # per round, in compact types: ~11 bytes a chunk
+    pieces: list[np.ndarray] = []
     small = np.uint16 if max_tokens < 1 << 16 else np.int32  # chunk sizes and targets
-    segment = np.int32 if len(offsets) < 1 << 31 else np.int64
+    segment = np.int32 if num_segments + 1 < 1 << 31 else np.int64
     while len(active):
         p, stop, n = pos[active], piece_end[active], len(active)
         target = np.full(n, max_tokens, dtype=np.int64)
         short = rng.random(n) < cfg.short_seq_prob
         target[short] = rng.integers(2, max_tokens + 1, size=int(short.sum()))
-        end = np.searchsorted(offsets, offsets[p] + target, side="left")
-        end = np.minimum(np.maximum(end, p + 1), stop)
-        first, count = p.copy(), end - p
+        chunk_end = np.searchsorted(offsets, offsets[p] + target, side="left")
+        chunk_end = np.minimum(np.maximum(chunk_end, p + 1), stop)
+        first, count = p.copy(), chunk_end - p
         a_count = np.ones(n, dtype=np.int64)
         random_next = np.ones(n, dtype=bool)
-        step_to = end
+        step_to = chunk_end
         if cfg.pairs:
             split, coin = rng.random(n), rng.random(n) < cfg.random_next_prob
             several = count >= 2
             a_count[several] = 1 + (split[several] * (count[several] - 1)).astype(np.int64)
-            lone = ~several & (p > doc_start[active]) & (offsets[end] - offsets[p] < target)
+            lone = (~several & ((p > piece_start[active]) | has_previous[active])
+                    & (offsets[chunk_end] - offsets[p] < target))
             random_next = coin | (~several & ~lone)
             paired = lone & ~coin  # A = the sentence before, B = this one
             first[paired] -= 1
             count[paired] = 2
-            step_to = np.where(random_next & several, p + a_count, end)  # put B's segments back
+            step_to = np.where(random_next & several, p + a_count, chunk_end)  # put B's segments back
         else:
             a_count = count
-        parts.append((first.astype(segment), count.astype(small), a_count.astype(small), random_next,
-                      target.astype(small)))
+        parts.append(((first + shift[active]).astype(segment), count.astype(small), a_count.astype(small),
+                      random_next, target.astype(small)))
+        pieces.append(active)
         pos[active] = step_to
         active = active[step_to < stop]
-    order = rng.permutation(sum(len(part[0]) for part in parts))
-    return ChunkIndex(*(np.concatenate(column)[order] for column in zip(*parts)))
+    if not parts:
+        empty = np.zeros(0, dtype=np.int64)
+        return ChunkIndex(empty.astype(segment), empty.astype(small), empty.astype(small), empty.astype(bool),
+                          empty.astype(small)), empty
+    return ChunkIndex(*(np.concatenate(column) for column in zip(*parts))), np.concatenate(pieces)
 
+
+def document_pieces(doc_offsets: np.ndarray, lo: int, hi: int, piece: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(start, end, has_previous) of the pieces of segments lo..hi-1 (both at piece boundaries):
+    documents, longer ones cut every `piece` segments from their start."""
+    first_doc = int(np.searchsorted(doc_offsets, lo, side="right")) - 1
+    last_doc = int(np.searchsorted(doc_offsets, hi, side="left"))  # documents first_doc..last_doc-1 overlap
+    doc_start = np.asarray(doc_offsets[first_doc:last_doc], dtype=np.int64)
+    doc_end = np.asarray(doc_offsets[first_doc + 1:last_doc + 1], dtype=np.int64)
+    part_start, part_end = np.maximum(doc_start, lo), np.minimum(doc_end, hi)
+    per_part = -(-(part_end - part_start) // piece)
+    k = np.arange(int(per_part.sum())) - np.repeat(np.cumsum(per_part) - per_part, per_part)
+    start = np.repeat(part_start, per_part) + k * piece
+    end = np.minimum(start + piece, np.repeat(part_end, per_part))
+    return start, end, start > np.repeat(doc_start, per_part)
+
+
+def cut_epoch(offsets: np.ndarray, doc_offsets: np.ndarray, max_tokens: int, cfg: DataConfig,
+              rng: np.random.Generator, piece: int = PIECE) -> ChunkIndex:
+    """The chunks of one epoch of a whole corpus in one cut (see ExampleBuilder.build_epoch), drawn
+    from `rng` and shuffled: `offsets` (S+1,) token offsets of the segments, `doc_offsets` (D+1,)
+    first segment of each document. Memory grows with the corpus: training cuts windows (Windows)."""
+    start, end, has_previous = document_pieces(doc_offsets, 0, int(doc_offsets[-1]), piece)
+    index, _ = cut_pieces(offsets, start, end, has_previous, np.zeros(len(start), dtype=np.int64), max_tokens, cfg,
+                          rng, len(offsets) - 1)
+    order = rng.permutation(len(index.first))
+    return ChunkIndex(*(column[order] for column in index))
+
+
+class Windows:
+    """An epoch of a corpus cut in windows, in memory and time bounded by a window's size.
+
+    The corpus is divided into blocks: runs of whole pieces of about BLOCK_SEGMENTS segments (a
+    block may start inside a long document, at one of its piece boundaries). Each epoch puts the
+    blocks in a random order (seeded by (seed, stream, epoch)) and takes them WINDOW_BLOCKS at a
+    time: a window is cut (cut_pieces, its blocks in corpus order) and its chunks shuffled with a
+    generator seeded by (seed, stream, epoch, window), as cut_epoch does a whole corpus. So an
+    example's neighbours in the stream come from blocks all over the corpus, and reaching one needs
+    its window alone. A corpus of one window (up to about 262,144 segments) is cut exactly as
+    cut_epoch cuts it, with the seed (seed, stream, epoch).
+
+    Where each window's chunks go in the stream is fixed before it is cut: window w of an epoch
+    has `slots` positions, the sum of the estimated chunk counts of its blocks (`slots` below), so
+    the epoch's length and where a position falls are known without cutting the corpus. A window
+    that yields fewer chunks than its slots wraps around (repeats its first, shuffled, chunks);
+    one that yields more leaves its last out: a share of about the estimate's error (measured by
+    scripts/bench_bigdata.py --windows). With one window the length is epoch 0's exact count, as
+    before: a later epoch with fewer chunks wraps, one with more leaves its last out.
+    """
+
+    def __init__(self, offsets: np.ndarray, doc_offsets: np.ndarray, max_tokens: int, cfg: DataConfig,
+                 piece: int = PIECE, block_segments: int = BLOCK_SEGMENTS, window_blocks: int = WINDOW_BLOCKS) -> None:
+        self.offsets, self.doc_offsets, self.max_tokens, self.cfg, self.piece = offsets, doc_offsets, max_tokens, cfg, piece
+        self.num_segments = len(offsets) - 1
+        # Blocks: cut at the piece boundary at or after each multiple of block_segments. (B+1,) segments.
+        targets = np.arange(block_segments, self.num_segments, block_segments, dtype=np.int64)
+        doc = np.searchsorted(doc_offsets, targets, side="right") - 1
+        doc_start = np.asarray(doc_offsets[doc], dtype=np.int64)
+        doc_end = np.asarray(doc_offsets[doc + 1], dtype=np.int64)
+        cuts = np.minimum(doc_start + -(-(targets - doc_start) // piece) * piece, doc_end)
+        self.block_start = np.unique(np.concatenate([[0], cuts, [self.num_segments]]))
+        self.num_blocks = len(self.block_start) - 1
+        self.num_windows = -(-self.num_blocks // window_blocks)
+        self.slots = self._estimate() if self.num_windows > 1 else None  # (B,) int64
+
+    def order(self, seed: int, stream: int, epoch: int) -> np.ndarray:
+        """(B,) the blocks of the epoch in window order (identity with one window)."""
+        if self.num_windows == 1:
+            return np.arange(self.num_blocks)
+        return np.random.default_rng([seed, stream, epoch, 0, ORDER_KEY]).permutation(self.num_blocks)
+
+    def window_bounds(self) -> np.ndarray:
+        """(W+1,) where each window's blocks start in an epoch's order (windows of equal size, +-1)."""
+        return np.arange(self.num_windows + 1) * self.num_blocks // self.num_windows
+
+    def window_slots(self, order: np.ndarray) -> np.ndarray:
+        """(W+1,) where each window's positions start in an epoch of this block order (several windows)."""
+        assert self.slots is not None
+        return np.concatenate([[0], np.cumsum(np.add.reduceat(self.slots[order], self.window_bounds()[:-1]))])
+
+    def cut(self, blocks: np.ndarray, rng: np.random.Generator) -> tuple[ChunkIndex, np.ndarray]:
+        """The chunks of `blocks` (ascending), unshuffled, and the block of each (an index into
+        `blocks`). Only these blocks' offsets are read: the pieces are renumbered in a local
+        array of their segments."""
+        lo, hi = self.block_start[blocks], self.block_start[blocks + 1]
+        if len(blocks) == self.num_blocks:  # the whole corpus: its own numbering
+            local_offsets, base = self.offsets, lo
+        else:  # (n+1,) token offsets of the blocks' segments, back to back
+            sizes = hi - lo
+            base = np.cumsum(sizes) - sizes  # where each block starts in the local numbering
+            segment = np.repeat(lo - base, sizes) + np.arange(int(sizes.sum()))  # (n,) their corpus numbers
+            lengths = np.asarray(self.offsets[segment + 1]) - np.asarray(self.offsets[segment])
+            local_offsets = np.concatenate([[0], np.cumsum(lengths)])
+        parts = [document_pieces(self.doc_offsets, int(a), int(b), self.piece) for a, b in _runs(lo, hi)]
+        start, end, has_previous = (np.concatenate(column) for column in zip(*parts))
+        block = np.searchsorted(lo, start, side="right") - 1  # (P,) index into blocks of each piece
+        shift = lo[block] - base[block]  # corpus number = local number + shift
+        index, piece = cut_pieces(local_offsets, start - shift, end - shift, has_previous, shift, self.max_tokens,
+                                  self.cfg, rng, self.num_segments)
+        return index, block[piece]
+
+    def window(self, seed: int, stream: int, epoch: int, w: int) -> ChunkIndex:
+        """Window w of the epoch: its chunks, shuffled."""
+        if self.num_windows == 1:
+            rng = np.random.default_rng([seed, stream, epoch])
+            blocks = np.arange(self.num_blocks)
+        else:
+            rng = np.random.default_rng([seed, stream, epoch, w, WINDOW_KEY])
+            bounds = self.window_bounds()
+            blocks = np.sort(self.order(seed, stream, epoch)[bounds[w]:bounds[w + 1]])
+        index, _ = self.cut(blocks, rng)
+        order = rng.permutation(len(index.first))
+        return ChunkIndex(*(column[order] for column in index))
+
+    def _estimate(self) -> np.ndarray:
+        """(B,) each block's chunk count, estimated: a least-squares fit of the counts of up to
+        CALIBRATION_BLOCKS blocks spread over the corpus (one cut with a fixed seed) on their
+        documents, segments and tokens, which every block has at the cost of a lookup; kept between
+        its pieces (each gives a chunk) and its segments (each chunk takes a new one). Computed
+        exactly and without BLAS (exact_fit, elementwise products), so that every process on any
+        machine places the windows alike: the stream, and so resuming, must not depend on the
+        floating-point library."""
+        lo, hi = self.block_start[:-1], self.block_start[1:]
+        starts = np.searchsorted(self.doc_offsets, lo, side="left")
+        documents = np.searchsorted(self.doc_offsets, hi, side="left") - starts  # documents starting in each
+        documents += np.asarray(self.doc_offsets[np.minimum(starts, len(self.doc_offsets) - 1)]) != lo  # a piece
+        segments = hi - lo
+        tokens = np.asarray(self.offsets[hi]) - np.asarray(self.offsets[lo])
+        features = (documents, segments, tokens)  # (B,) int64 each
+        n = min(CALIBRATION_BLOCKS, self.num_blocks)
+        sample = np.unique(np.arange(n) * (self.num_blocks - 1) // max(n - 1, 1))  # spread evenly, in integers
+        _, block = self.cut(sample, np.random.default_rng([0, 0, 0, 0, CALIBRATION_KEY]))
+        counts = np.bincount(block, minlength=len(sample))
+        coef = exact_fit(np.stack([f[sample] for f in features], axis=1), counts)
+        estimate = coef[0] * documents.astype(np.float64)
+        for c, f in zip(coef[1:], features[1:]):
+            estimate = estimate + c * f.astype(np.float64)  # one IEEE rounding per operation: no fused multiply-add
+        return np.clip(np.rint(estimate), np.maximum(documents, 1), segments).astype(np.int64)
+
+
+def exact_fit(features: np.ndarray, counts: np.ndarray) -> list[float]:
+    """The least-squares coefficients of `counts` (n,) on integer `features` (n, k), in exact rational
+    arithmetic (then rounded to the nearest float): the same on every machine. A ridge of 1e-12 of
+    the features' scale keeps it defined when they are collinear (blocks all alike)."""
+    from fractions import Fraction
+
+    rows, y = features.tolist(), counts.tolist()
+    k = len(rows[0])
+    a = [[Fraction(sum(r[i] * r[j] for r in rows)) for j in range(k)] for i in range(k)]  # X'X, exact integers
+    b = [Fraction(sum(r[i] * t for r, t in zip(rows, y))) for i in range(k)]  # X'y
+    ridge = (sum(a[i][i] for i in range(k)) + 1) / 10**12
+    for i in range(k):
+        a[i][i] += ridge
+    for c in range(k):  # Gaussian elimination: X'X + ridge is symmetric positive definite, no pivoting needed
+        for r in range(c + 1, k):
+            factor = a[r][c] / a[c][c]
+            for j in range(c, k):
+                a[r][j] -= factor * a[c][j]
+            b[r] -= factor * b[c]
+    coef = [Fraction(0)] * k
+    for c in reversed(range(k)):
+        coef[c] = (b[c] - sum(a[c][j] * coef[j] for j in range(c + 1, k))) / a[c][c]
+    return [float(c) for c in coef]
+
+
+def _runs(lo: np.ndarray, hi: np.ndarray) -> list[tuple[int, int]]:
+    """Blocks lo[i]..hi[i] (ascending) as runs of adjacent ones: one document_pieces call per run."""
+    breaks = np.flatnonzero(lo[1:] != hi[:-1]) + 1
+    return list(zip(lo[np.concatenate([[0], breaks])].tolist(), hi[np.concatenate([breaks - 1, [len(hi) - 1]])].tolist()))
 
 
 SHARE_SEGMENTS = 1 << 18  # random_next_share cuts at most about this many segments (~0.05 s)
@@ -83,14 +264,16 @@ def random_next_share(seg_offsets: np.ndarray, doc_offsets: np.ndarray, cfg: Dat
     """The share of the NSP pairs of a first epoch whose B is a random next sentence, as training
     draws them (train.seed `seed`): random_next_prob of the chunks of two or more sentences, and
     nearly every chunk of one (a one-sentence document, or a sentence that fills the example alone).
-    Exact for corpora of up to SHARE_SEGMENTS sentences; above, measured on every k-th document."""
-    seg, doc = np.asarray(seg_offsets), np.asarray(doc_offsets).astype(np.int64)
+    Exact for corpora of up to SHARE_SEGMENTS sentences; above, measured on every k-th document
+    (reading those documents' offsets only)."""
+    seg, doc = seg_offsets, doc_offsets
     stride = -(-(len(seg) - 1) // SHARE_SEGMENTS)
     if stride > 1:  # every stride-th document, its segments' lengths kept
         picked = np.arange(0, len(doc) - 1, stride)
-        counts = doc[picked + 1] - doc[picked]
-        index = np.repeat(doc[picked] - (np.cumsum(counts) - counts), counts) + np.arange(int(counts.sum()))
-        seg = np.concatenate([[0], np.cumsum(seg[index + 1] - seg[index])])
+        starts = np.asarray(doc[picked], dtype=np.int64)
+        counts = np.asarray(doc[picked + 1], dtype=np.int64) - starts
+        index = np.repeat(starts - (np.cumsum(counts) - counts), counts) + np.arange(int(counts.sum()))
+        seg = np.concatenate([[0], np.cumsum(np.asarray(seg[index + 1]) - np.asarray(seg[index]))])
         doc = np.concatenate([[0], np.cumsum(counts)])
     if len(doc) < 2:
         return 0.0

@@ -2,12 +2,16 @@
 
 Coverage follows Google BERT's create_instances_from_document: every epoch, each document is cut
 greedily into chunks from its start (a new random cut per epoch, seeded by (seed, epoch)), and the
-epoch's chunks are shuffled (the same seed). Example i of step k is example number
-g = k * examples_per_step + i of the stream: chunk g % L of epoch g // L (L: the number of chunks
-of epoch 0), drawn with its own generator seeded by (seed, k, i). So the batch at step k is a
-pure function of (seed, k): a run replays the same examples and masks, resuming needs no skipping,
-and any split of a step's examples across micro-batches or ranks sees exactly the examples of a
-single large batch; and one pass shows every sentence of the corpus, from each document's first.
+epoch's chunks are shuffled (the same seed), a window of about 262,144 sentences at a time from
+blocks all over the corpus (chunks.Windows; a smaller corpus is one window). Example i of step k
+is example number g = k * examples_per_step + i of the stream: position g % L of epoch g // L (L:
+the number of chunks of epoch 0, or with several windows the sum of their estimated counts),
+drawn with its own generator seeded by (seed, k, i). So the batch at step k is a pure function of
+(seed, k): a run replays the same examples and masks, resuming needs no skipping, and any split of
+a step's examples across micro-batches or ranks sees exactly the examples of a single large batch;
+one pass shows every sentence of the corpus, from each document's first (with several windows,
+all but the share by which a window's count misses its estimate); and reaching an example takes
+the memory and time of one window, whatever the size of the corpus.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import numpy as np
 import torch
 
 from bertcli.config import DataConfig
-from bertcli.data.chunks import PIECE, ChunkIndex, cut_epoch
+from bertcli.data.chunks import BLOCK_SEGMENTS, PIECE, WINDOW_BLOCKS, ChunkIndex, Windows
 from bertcli.data.corpus import Corpus
 from bertcli.errors import UsageError
 from bertcli.model import Packing, packing
@@ -69,7 +73,9 @@ class ExampleBuilder:
     TRAIN, EVAL = 0, 1  # example streams: the held-out set never shares a seed with training
     PIECE = PIECE  # segments: longer documents are cut in pieces of this many, which bounds the
     # rounds of the vectorised cutting (a chunk never spans two pieces; B still follows A across them)
-    CACHED_EPOCHS = 2  # a step near an epoch's end reads two
+    BLOCK_SEGMENTS, WINDOW_BLOCKS = BLOCK_SEGMENTS, WINDOW_BLOCKS  # an epoch is cut in windows (chunks.Windows)
+    CACHED_WINDOWS = 2  # a step at a window's end reads two
+    CACHED_EPOCHS = 2  # epochs whose windows' positions are kept ((W+1,) each)
 
     def __init__(self, corpus: Corpus, cfg: DataConfig, examples_per_step: int) -> None:
         self.corpus, self.cfg, self.examples_per_step = corpus, cfg, examples_per_step
@@ -77,10 +83,17 @@ class ExampleBuilder:
             raise UsageError("the corpus needs at least 2 documents to build NSP pairs (random next sentences "
                              "come from another document): add documents, or set data.pairs: false and "
                              "train.nsp_weight: 0")
+        # Plain ndarray views of the (memory-mapped) arrays, never copies: np.memmap adds Python-level work to
+        # every small read, which slows the builder.
         self.offsets = np.asarray(corpus.seg_offsets)  # (S+1,) token offset of each segment
         self.doc_offsets = np.asarray(corpus.doc_offsets)  # (D+1,) first segment of each document
         self.max_tokens = cfg.max_seq_length - (3 if cfg.pairs else 2)
-        self._epochs: dict[tuple[int, int, int], ChunkIndex] = {}  # the latest built, oldest first
+        # The blocks and their estimated chunk counts: O(S / BLOCK_SEGMENTS) memory, made once (before the
+        # example workers fork, which share them).
+        self.windows = Windows(self.offsets, self.doc_offsets, self.max_tokens, cfg, self.PIECE, self.BLOCK_SEGMENTS,
+                               self.WINDOW_BLOCKS)
+        self._windows: dict[tuple[int, int, int, int], ChunkIndex] = {}  # the latest cut, oldest first
+        self._slots: dict[tuple[int, int, int], np.ndarray] = {}  # (W+1,) window starts of recent epochs
         self._epoch_length: dict[tuple[int, int], int] = {}
 
     def _document(self, s: int) -> int:
@@ -105,38 +118,59 @@ class ExampleBuilder:
         the unused segments start the next chunk (Google puts them back), so each sentence is in
         an A or a true B once per epoch. A last short sentence left alone is paired with the one
         before it as A (true B) or, with random_next_prob, alone with a random B: a document's end
-        is neither lost nor a forced random B. Then the chunks are shuffled."""
-        return cut_epoch(self.offsets, self.doc_offsets, max_tokens=self.max_tokens, cfg=self.cfg,
-                         rng=np.random.default_rng([seed, stream, epoch]), piece=self.PIECE)
+        is neither lost nor a forced random B. Then the chunks are shuffled, a window at a time
+        (chunks.Windows): this is every window of the epoch, in order, for tests and inspection
+        (training holds CACHED_WINDOWS windows, never the whole epoch)."""
+        parts = [self._window(seed, stream, epoch, w) for w in range(self.windows.num_windows)]
+        return ChunkIndex(*(np.concatenate(column) for column in zip(*parts)))
 
-    def _epoch(self, seed: int, stream: int, epoch: int) -> ChunkIndex:
+    def _window(self, seed: int, stream: int, epoch: int, w: int) -> ChunkIndex:
+        key = (seed, stream, epoch, w)
+        if key not in self._windows:
+            if len(self._windows) >= self.CACHED_WINDOWS:
+                del self._windows[next(iter(self._windows))]
+            self._windows[key] = self.windows.window(seed, stream, epoch, w)
+        return self._windows[key]
+
+    def _window_starts(self, seed: int, stream: int, epoch: int) -> np.ndarray:
+        """(W+1,) the position in the epoch where each window's chunks start (several windows)."""
         key = (seed, stream, epoch)
-        if key not in self._epochs:
-            if len(self._epochs) >= self.CACHED_EPOCHS:
-                del self._epochs[next(iter(self._epochs))]
-            self._epochs[key] = self.build_epoch(seed, stream, epoch)
-        return self._epochs[key]
+        if key not in self._slots:
+            if len(self._slots) >= self.CACHED_EPOCHS:
+                del self._slots[next(iter(self._slots))]
+            self._slots[key] = self.windows.window_slots(self.windows.order(seed, stream, epoch))
+        return self._slots[key]
+
+    def _locate(self, seed: int, stream: int, g: int) -> tuple[ChunkIndex, int]:
+        """(the window, the chunk in it) of example number g of the stream. Epochs all have the
+        same length L (epoch 0's chunk count with one window, else the sum of the estimated
+        counts: chunks.Windows), and so do a window's positions in every epoch, so g maps to one
+        without cutting anything before it; a window with fewer chunks than positions wraps around,
+        one with more leaves its last out."""
+        if (seed, stream) not in self._epoch_length:
+            self._epoch_length[(seed, stream)] = (len(self._window(seed, stream, 0, 0).first)
+                                                  if self.windows.num_windows == 1 else int(self.windows.slots.sum()))
+        epoch, position = divmod(g, self._epoch_length[(seed, stream)])
+        if self.windows.num_windows == 1:
+            w, start = 0, 0
+        else:
+            starts = self._window_starts(seed, stream, epoch)
+            w = int(np.searchsorted(starts, position, side="right")) - 1
+            start = int(starts[w])
+        index = self._window(seed, stream, epoch, w)
+        return index, (position - start) % len(index.first)
 
     def chunk(self, seed: int, stream: int, g: int) -> tuple[int, int, int, bool, int]:
-        """(first segment, end, end of A, random B, target) of example number g of the stream.
-        Epochs all have epoch 0's length L, so g maps to one without building the epochs before it;
-        an epoch with fewer chunks (cuts are random) wraps around, one with more leaves its last out."""
-        if (seed, stream) not in self._epoch_length:
-            self._epoch_length[(seed, stream)] = len(self._epoch(seed, stream, 0).first)
-        epoch, position = divmod(g, self._epoch_length[(seed, stream)])
-        index = self._epoch(seed, stream, epoch)
-        j = position % len(index.first)
-        first = int(index.first[j])
-        return (first, first + int(index.count[j]), first + int(index.a_count[j]), bool(index.random_next[j]),
-                int(index.target[j]))
+        """(first segment, end, end of A, random B, target) of example number g of the stream."""
+        return _chunk_at(*self._locate(seed, stream, g))
 
-    def _random_start(self, seed: int, stream: int, g: int, *, doc: int, rng: np.random.Generator) -> tuple[int, int]:
-        """(first segment, document) of a random B: where a random chunk of the same epoch starts,
+    def _random_start(self, index: ChunkIndex, *, doc: int, rng: np.random.Generator) -> tuple[int, int]:
+        """(first segment, document) of a random B: where a random chunk of the same window starts,
         in another document. Documents are so drawn in proportion to their length, as A's are (a
         uniform draw over documents would show the tokens of short ones more often), and B starts
-        at a document's first sentence as often as A does. Rarely (documents that hold most of the
-        corpus), a uniform start in a uniformly drawn other document."""
-        index = self._epoch(seed, stream, g // self._epoch_length[(seed, stream)])
+        at a document's first sentence as often as A does; the window's blocks come from all over
+        the corpus. Rarely (documents that hold most of the window), a uniform start in a uniformly
+        drawn other document of the corpus. `index`: the window of the example."""
         for _ in range(10):
             first = int(index.first[int(rng.integers(len(index.first)))])
             other = self._document(first)
@@ -146,11 +180,11 @@ class ExampleBuilder:
         return int(rng.integers(self.doc_offsets[other], self.doc_offsets[other + 1])), other
 
     def example(self, seed: int, step: int, i: int, stream: int = TRAIN) -> Example:
-        """Example i of step `step`: its chunk from the epoch index, the rest (random B's document
+        """Example i of step `step`: its chunk from its window of the epoch, the rest (random B's document
         and start, trimming, masking) from a generator seeded by (seed, stream, step, i)."""
         c, cfg, sp = self.corpus, self.cfg, self.corpus.special
-        g = step * self.examples_per_step + i
-        first, end, a_end, random_next, target = self.chunk(seed, stream, g)
+        index, j = self._locate(seed, stream, step * self.examples_per_step + i)
+        first, end, a_end, random_next, target = _chunk_at(index, j)
         rng = np.random.default_rng([seed, stream, step, i])
         doc = self._document(first)
         if not cfg.pairs:
@@ -163,7 +197,7 @@ class ExampleBuilder:
                            pred_labels=labels, nsp_label=IGNORE, documents=(doc, doc))
         a = self._tokens(first, a_end)
         if random_next:
-            b_first, other = self._random_start(seed, stream, g, doc=doc, rng=rng)
+            b_first, other = self._random_start(index, doc=doc, rng=rng)
             b, nsp_label, b_doc = self._tokens(b_first, self._chunk(b_first, max(1, target - len(a)))), 1, other
         else:
             b, nsp_label, b_doc = self._tokens(a_end, end), 0, doc
@@ -181,6 +215,13 @@ class ExampleBuilder:
         """Examples `indices` of step `step`; padded to the longest row, rounded up to 8 within max_seq_length."""
         examples = [self.example(seed, step, i, stream) for i in indices]
         return collate(examples, self.cfg.max_predictions_per_seq, self.corpus.special.pad, self.cfg.max_seq_length)
+
+
+def _chunk_at(index: ChunkIndex, j: int) -> tuple[int, int, int, bool, int]:
+    """(first segment, end, end of A, random B, target) of chunk j of a window."""
+    first = int(index.first[j])
+    return (first, first + int(index.count[j]), first + int(index.a_count[j]), bool(index.random_next[j]),
+            int(index.target[j]))
 
 
 class StepBatches(torch.utils.data.Dataset):

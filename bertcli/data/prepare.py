@@ -1526,9 +1526,9 @@ def check_prepared(folder: Path, manifest: dict[str, Any]) -> str | None:
     return None
 
 
-def _rising(offsets: np.ndarray, last: int, block: int = 1 << 22) -> bool:
+def _rising(offsets: np.ndarray, last: int, block: int = 1 << 20) -> bool:
     """Whether `offsets` goes from 0 to `last`, each one above the one before; read in blocks, so
-    that no temporary array grows with the corpus."""
+    that no temporary array grows with the corpus (1M offsets: 9 MB of temporaries, as fast as larger ones)."""
     if offsets[0] != 0 or offsets[-1] != last:
         return False
     for lo in range(0, len(offsets) - 1, block):
