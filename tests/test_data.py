@@ -145,8 +145,8 @@ def test_a_corpus_of_one_window_is_cut_as_one_epoch():
     cfg = DataConfig(max_seq_length=24, short_seq_prob=0.3)
     builder = ExampleBuilder(corpus, cfg, 8)
     for stream, epoch in ((ExampleBuilder.TRAIN, 0), (ExampleBuilder.EVAL, 2)):
-        whole = chunks.cut_epoch(corpus.seg_offsets, corpus.doc_offsets, cfg.max_seq_length - 3, cfg,
-                                 np.random.default_rng([5, stream, epoch]))
+        whole = chunks.cut_epoch(corpus.seg_offsets, corpus.doc_offsets, max_tokens=cfg.max_seq_length - 3, cfg=cfg,
+                                 rng=np.random.default_rng([5, stream, epoch]))
         assert all(np.array_equal(x, y) for x, y in zip(builder.build_epoch(5, stream, epoch), whole))
 
 

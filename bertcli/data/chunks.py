@@ -36,7 +36,7 @@ class ChunkIndex(NamedTuple):
     target: np.ndarray  # (C,) like count: the chunk's target length in tokens
 
 
-def cut_pieces(offsets: np.ndarray, start: np.ndarray, end: np.ndarray, has_previous: np.ndarray, shift: np.ndarray,
+def cut_pieces(offsets: np.ndarray, start: np.ndarray, end: np.ndarray, *, has_previous: np.ndarray, shift: np.ndarray,
                max_tokens: int, cfg: DataConfig, rng: np.random.Generator,
                num_segments: int) -> tuple[ChunkIndex, np.ndarray]:
     """The chunks of pieces, in rounds (round r cuts the r-th chunk of every piece not yet finished),
@@ -83,8 +83,8 @@ def cut_pieces(offsets: np.ndarray, start: np.ndarray, end: np.ndarray, has_prev
         active = active[step_to < stop]
     if not parts:
         empty = np.zeros(0, dtype=np.int64)
-        return ChunkIndex(empty.astype(segment), empty.astype(small), empty.astype(small), empty.astype(bool),
-                          empty.astype(small)), empty
+        return ChunkIndex(first=empty.astype(segment), count=empty.astype(small), a_count=empty.astype(small),
+                          random_next=empty.astype(bool), target=empty.astype(small)), empty
     return ChunkIndex(*(np.concatenate(column) for column in zip(*parts))), np.concatenate(pieces)
 
 
@@ -103,14 +103,14 @@ def document_pieces(doc_offsets: np.ndarray, lo: int, hi: int, piece: int) -> tu
     return start, end, start > np.repeat(doc_start, per_part)
 
 
-def cut_epoch(offsets: np.ndarray, doc_offsets: np.ndarray, max_tokens: int, cfg: DataConfig,
+def cut_epoch(offsets: np.ndarray, doc_offsets: np.ndarray, *, max_tokens: int, cfg: DataConfig,
               rng: np.random.Generator, piece: int = PIECE) -> ChunkIndex:
     """The chunks of one epoch of a whole corpus in one cut (see ExampleBuilder.build_epoch), drawn
     from `rng` and shuffled: `offsets` (S+1,) token offsets of the segments, `doc_offsets` (D+1,)
     first segment of each document. Memory grows with the corpus: training cuts windows (Windows)."""
     start, end, has_previous = document_pieces(doc_offsets, 0, int(doc_offsets[-1]), piece)
-    index, _ = cut_pieces(offsets, start, end, has_previous, np.zeros(len(start), dtype=np.int64), max_tokens, cfg,
-                          rng, len(offsets) - 1)
+    index, _ = cut_pieces(offsets, start, end, has_previous=has_previous, shift=np.zeros(len(start), dtype=np.int64),
+                          max_tokens=max_tokens, cfg=cfg, rng=rng, num_segments=len(offsets) - 1)
     order = rng.permutation(len(index.first))
     return ChunkIndex(*(column[order] for column in index))
 
@@ -136,7 +136,7 @@ class Windows:
     before: a later epoch with fewer chunks wraps, one with more leaves its last out.
     """
 
-    def __init__(self, offsets: np.ndarray, doc_offsets: np.ndarray, max_tokens: int, cfg: DataConfig,
+    def __init__(self, offsets: np.ndarray, doc_offsets: np.ndarray, *, max_tokens: int, cfg: DataConfig,
                  piece: int = PIECE, block_segments: int = BLOCK_SEGMENTS, window_blocks: int = WINDOW_BLOCKS) -> None:
         self.offsets, self.doc_offsets, self.max_tokens, self.cfg, self.piece = offsets, doc_offsets, max_tokens, cfg, piece
         self.num_segments = len(offsets) - 1
@@ -183,8 +183,8 @@ class Windows:
         start, end, has_previous = (np.concatenate(column) for column in zip(*parts))
         block = np.searchsorted(lo, start, side="right") - 1  # (P,) index into blocks of each piece
         shift = lo[block] - base[block]  # corpus number = local number + shift
-        index, piece = cut_pieces(local_offsets, start - shift, end - shift, has_previous, shift, self.max_tokens,
-                                  self.cfg, rng, self.num_segments)
+        index, piece = cut_pieces(local_offsets, start - shift, end - shift, has_previous=has_previous, shift=shift,
+                                  max_tokens=self.max_tokens, cfg=self.cfg, rng=rng, num_segments=self.num_segments)
         return index, block[piece]
 
     def window(self, seed: int, stream: int, epoch: int, w: int) -> ChunkIndex:

@@ -90,8 +90,8 @@ class ExampleBuilder:
         self.max_tokens = cfg.max_seq_length - (3 if cfg.pairs else 2)
         # The blocks and their estimated chunk counts: O(S / BLOCK_SEGMENTS) memory, made once (before the
         # example workers fork, which share them).
-        self.windows = Windows(self.offsets, self.doc_offsets, self.max_tokens, cfg, self.PIECE, self.BLOCK_SEGMENTS,
-                               self.WINDOW_BLOCKS)
+        self.windows = Windows(self.offsets, self.doc_offsets, max_tokens=self.max_tokens, cfg=cfg, piece=self.PIECE,
+                               block_segments=self.BLOCK_SEGMENTS, window_blocks=self.WINDOW_BLOCKS)
         self._windows: dict[tuple[int, int, int, int], ChunkIndex] = {}  # the latest cut, oldest first
         self._slots: dict[tuple[int, int, int], np.ndarray] = {}  # (W+1,) window starts of recent epochs
         self._epoch_length: dict[tuple[int, int], int] = {}
