@@ -104,7 +104,7 @@ def init(
     overrides: list[str] = typer.Option([], "--set", metavar=SET, help=SET_HELP),
 ) -> None:
     """Scaffold a run: write DIR/config.yaml from a preset, every field commented."""
-    from bertcli import atomic, ownership
+    from bertcli import atomic, layout, ownership
     from bertcli.config_load import preset_config
     from bertcli.config_write import preset_header, to_yaml
     from bertcli.data.text import corpus_files
@@ -125,7 +125,7 @@ def init(
         continued, note = continued_pretraining(init_from.expanduser().resolve(), preset.value, overrides)
         overrides, header = continued + overrides, header + "\n" + note
     cfg = preset_config(preset.value, overrides)
-    path = directory / "config.yaml"
+    path = directory / layout.RUN_CONFIG
     if path.exists() or path.is_symlink():
         ownership.check_config_replaceable(path)  # --force overwrites a bertcli config, never another file
     if path.exists() and not force:
@@ -175,14 +175,14 @@ def pretrain(
     stop_at: Optional[int] = typer.Option(None, "--stop-at", min=1, metavar="N", help="Stop after this step with a checkpoint (the schedule still follows train.max_steps); rerun to continue."),
 ) -> None:
     """Pretrain BERT (MLM + NSP) as the config says, resuming from the newest checkpoint."""
-    from bertcli import checkpoint
+    from bertcli import checkpoint, layout
     from bertcli.resolve import check_outputs_apart, load_run
     from bertcli.runtime import parse_device
     from bertcli.trainer import pretrain as run
 
     if device is not None:
         parse_device(device, "--device")
-    problem = checkpoint.incomplete(Path(resume)) if resume not in ("auto", "never") else None
+    problem = layout.incomplete(Path(resume)) if resume not in ("auto", "never") else None
     if problem:
         raise UsageError(f"--resume {resume}: {problem}")
     cfg = load_run(config, overrides + ([f"train.device={device}"] if device else []))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from bertcli import atomic
+from bertcli import atomic, layout
 from bertcli.errors import RunError
 
 
@@ -20,7 +20,7 @@ class RunLock:
     the lock file says which process holds it and for which command."""
 
     def __init__(self, output_dir: Path, command: str = "pretrain") -> None:
-        self.path = Path(output_dir) / ".lock"
+        self.path = Path(output_dir) / layout.LOCK
         self.command = command
         self.fh = None
 

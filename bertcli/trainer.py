@@ -7,14 +7,13 @@
 
 `cfg` arrives resolved (resolve.py). A step's examples and dropout are a pure function of (seed,
 step), so resuming is exact. A step whose gradients are not finite is skipped (`NonFiniteGuard`);
-the running sums live on the device (`metrics.MetricsWindow`) and the `checkpoint.Checkpointer`
-decides when to save: the only host-device syncs are at log, evaluation and save steps.
+the running sums live on the device (`metrics.MetricsWindow`) and the `checkpoint.CheckpointManager`
+resumes, decides when to save and saves: the only host-device syncs are at log, evaluation and save steps.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import signal
 import threading
@@ -29,7 +28,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from bertcli import __version__, atomic, checkpoint, hf, resolve, runtime
+from bertcli import __version__, checkpoint, hf, resolve, runtime
 from bertcli.config import Config, TrainConfig, to_dict
 from bertcli.console import log
 from bertcli.data import Corpus, Dataset, load_data
@@ -191,12 +190,8 @@ class Run:
     eval_batches: list[Batch]  # the fixed held-out set (empty: no evaluation)
     baseline_acc: float  # held-out MLM accuracy of always predicting the most frequent token
     unpad: bool  # the encoder runs on the real tokens only (runtime.unpadded)
-    step: int = 0  # optimizer steps done (the resumed checkpoint's)
-    resumed_from: Path | None = None
-    tokens_seen: int = 0  # non-padding tokens trained on before this process started
-    train_time_s: float = 0.0  # training time before this process started
-    tokenizer: dict[str, bytes] = dataclasses.field(default_factory=dict)  # its files as read at start: every checkpoint's
-    best_loss: float | None = None  # held-out MLM loss of the run's checkpoints/best (checkpoint.settle_best)
+    checkpoints: checkpoint.CheckpointManager  # resumed from (resumed_from), saves the parts of the training state
+    progress: checkpoint.Progress  # step, tokens seen and training time before this process started
 
 
 def build_run(cfg: Config, rt: runtime.Runtime, resume: str, quiet: bool) -> Run:
@@ -205,24 +200,17 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume: str, quiet: bool) -> Run
     for warning in cfg.warnings():
         log(f"warning: {warning}")
     if rt.is_main:
-        atomic.clean_leftovers(checkpoint.checkpoints_dir(output_dir))  # what a killed run was writing
-        checkpoint.check_replaceable(output_dir, cfg.train.max_steps)  # refused now, not at a save hours later
+        checkpoint.check_start(output_dir, cfg.train.max_steps)  # leftovers removed; what bertcli may not replace refused
     sized = cfg.model.vocab_size is not None
     # Before the data (a synthetic corpus is as large as the vocabulary; without a vocabulary yet, a
     # lower bound: 100,000 layers are refused before the corpus is prepared), and after when unsized.
     runtime.check_memory(cfg.model, rt, cfg.train.parallel)
     data = _load_data(cfg, rt, quiet)
-    # The tokenizer's files, read once, now: every checkpoint holds these bytes, those of the ids trained on,
-    # whatever happens to the prepared folder meanwhile (symbolic links are refused: never followed out of it).
-    tokenizer = {path.name: checkpoint.read_own(path, "the prepared data", "run `bertcli prepare --force` to write "
-                                                "it again") for path in data.tokenizer_files}
     cfg = resolve.with_vocab(cfg, data.vocab_size, cfg.data.corpus)  # the tokenizer exists now
     if not sized:
         runtime.check_memory(cfg.model, rt, cfg.train.parallel)
-    resumed_from = checkpoint.choose_resume(output_dir, resume, cfg, rt.is_main)
-    if resumed_from is not None and data.tokenizer_files:
-        checkpoint.check_same_tokenizer(resumed_from, data.tokenizer_files[0], tokenizer["tokenizer.json"])
-    best_loss = checkpoint.settle_best(output_dir, cfg, resumed_from, rt.is_main)  # of this run's model and history
+    checkpoints = checkpoint.CheckpointManager(cfg, rt.device, is_main=rt.is_main, tokenizer_files=data.tokenizer_files)
+    resumed_from = checkpoints.choose(resume)
     processes = f"{rt.world_size} processes ({cfg.train.parallel})" if rt.distributed else "1 process"
     if not quiet:  # --quiet: errors, warnings and the final summary only
         log(f"bertcli {__version__}: {rt.describe()}; {processes}; output in {output_dir}")
@@ -237,25 +225,16 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume: str, quiet: bool) -> Run
         fresh = hf.init_from(model, Path(cfg.model.init_from))
         log(f"initialised from {cfg.model.init_from}" + (f"; not in it, so trained from scratch: {', '.join(fresh)}"
                                                           if fresh else ""))
-    if resumed_from is not None:
-        checkpoint.load_weights(model, resumed_from)
     train_model = runtime.parallelize(model, rt, tc.parallel, every_parameter_used=cfg.data.pairs, compile=tc.compile)
     optimizer = build_optimizer(model, cfg.optimizer, fused=runtime.fused_adamw(rt.device))
     unpad, why_not = runtime.unpadded(tc.unpad, rt.device, cfg.model.attention_probs_dropout_prob,
                                       tc.batch_size * cfg.data.max_seq_length, rt.precision)
     if why_not:
         log(why_not)
-    run = Run(cfg, rt, data, model, train_model, optimizer, rt.grad_scaler(cfg.precision), eval_batches, baseline, unpad,
-              tokenizer=tokenizer, best_loss=best_loss)
-    if resumed_from is not None:
-        run.step = checkpoint.load_training_state(resumed_from, model, optimizer, run.scaler, rt.device)
-        state = checkpoint.read_trainer_state(resumed_from)
-        run.tokens_seen, run.train_time_s = int(state.get("tokens_seen", 0)), float(state.get("train_time_s", 0.0))
-        run.resumed_from = resumed_from
-        log(f"resuming from {resumed_from} (step {run.step})")
-        if run.step < cfg.train.max_steps:  # (else there is nothing to do)
-            for line in checkpoint.setting_differences(checkpoint.read_config(resumed_from), cfg, run.step, resumed_from.name):
-                log(line)
+    scaler = rt.grad_scaler(cfg.precision)
+    progress = checkpoints.load(model=model, optimizer=optimizer, scaler=scaler)  # as the checkpoint left them, if any
+    run = Run(cfg=cfg, rt=rt, data=data, model=model, train_model=train_model, optimizer=optimizer, scaler=scaler,
+              eval_batches=eval_batches, baseline_acc=baseline, unpad=unpad, checkpoints=checkpoints, progress=progress)
     corpus = data.train
     if not quiet:
         log(f"model: {sum(p.numel() for p in model.parameters()):,} parameters; corpus: {corpus.num_documents:,} "
@@ -308,21 +287,21 @@ class NonFiniteGuard:
 
 
 def fit(run: Run, last_step: int, stopper: StopOnSignal, quiet: bool) -> dict[str, Any]:
-    """Train from run.step to `last_step`: log, evaluate and save when due; return the last metrics
+    """Train from run.progress.step to `last_step`: log, evaluate and save when due; return the last metrics
     and the final checkpoint."""
-    cfg, rt, tc, step = run.cfg, run.rt, run.cfg.train, run.step
-    if run.resumed_from is not None and step >= last_step:  # already there (or past it): nothing to train
+    cfg, rt, tc, step = run.cfg, run.rt, run.cfg.train, run.progress.step
+    checkpointer, resumed_from = run.checkpoints, run.checkpoints.resumed_from
+    if resumed_from is not None and step >= last_step:  # already there (or past it): nothing to train
         limit = f"the stop step asked for, {last_step}" if last_step < tc.max_steps else f"train.max_steps={tc.max_steps}"
-        log(f"nothing to do: {run.resumed_from} is already at step {step}, at or past {limit}; raise it to train further")
-        return {"step": step, "tokens_seen": run.tokens_seen, "checkpoint": str(run.resumed_from),
-                "metrics": checkpoint.read_trainer_state(run.resumed_from).get("metrics") or {}, "is_main": rt.is_main}
-    checkpointer = checkpoint.Checkpointer(cfg, rt.is_main, run.tokenizer, run.resumed_from, run.best_loss)
+        log(f"nothing to do: {resumed_from} is already at step {step}, at or past {limit}; raise it to train further")
+        return {"step": step, "tokens_seen": run.progress.tokens_seen, "checkpoint": str(resumed_from),
+                "metrics": checkpoint.read_trainer_state(resumed_from).get("metrics") or {}, "is_main": rt.is_main}
     window = MetricsWindow(rt.device, step, tc.grad_accum_steps, tc.batch_size, cfg.model, cfg.data.pairs,
                            runtime.peak_tflops(rt.device, cfg.logging.peak_tflops))
     guard = NonFiniteGuard(tc.max_nonfinite_steps, rt.device)
     logger = MetricsLogger(Path(cfg.output_dir), step, tc.max_steps, cfg.logging.tensorboard, quiet) if rt.is_main else None
     metrics: dict[str, float] = {}
-    tokens_seen, run_start = run.tokens_seen, time.perf_counter()
+    tokens_seen, run_start = run.progress.tokens_seen, time.perf_counter()
     if rt.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(rt.device)
     pin = rt.device.type == "cuda"
@@ -352,7 +331,7 @@ def fit(run: Run, last_step: int, stopper: StopOnSignal, quiet: bool) -> dict[st
                 tokens_seen = state["tokens_seen"]
                 if evaluating:
                     state["eval_metrics"] = _evaluate(run, step, window, logger)
-                checkpointer.save(step, run.model, run.optimizer, run.scaler, state, periodic=saving or stop_now)
+                checkpointer.save(step, state, periodic=saving or stop_now)
             if stop_now:
                 name = signal.Signals(stopper.signum or signal.SIGTERM).name
                 raise Interrupted(f"stopped by {name} at step {step}; checkpoint {checkpointer.last_saved}; "
@@ -408,8 +387,8 @@ def train_step(run: Run, step: int, batches: Iterator[Batch], window: MetricsWin
 def _trainer_state(run: Run, window: MetricsWindow, metrics: dict[str, float], run_start: float) -> dict[str, Any]:
     """What a checkpoint's trainer_state.json records (tokens summed over processes: a collective)."""
     seen = run.rt.all_reduce_sum(torch.tensor([window.tokens_since_start], dtype=torch.float64, device=run.rt.device))
-    return {"tokens_seen": run.tokens_seen + int(seen[0]), "train_time_s": run.train_time_s + time.perf_counter() - run_start,
-            "metrics": metrics}
+    return {"tokens_seen": run.progress.tokens_seen + int(seen[0]),
+            "train_time_s": run.progress.train_time_s + time.perf_counter() - run_start, "metrics": metrics}
 
 
 def _evaluate(run: Run, step: int, window: MetricsWindow, logger: MetricsLogger | None) -> dict[str, float]:

@@ -40,7 +40,7 @@ from typing import Any, BinaryIO
 import numpy as np
 from tokenizers import Tokenizer
 
-from bertcli import __version__, atomic, ownership
+from bertcli import __version__, atomic, layout, ownership
 from bertcli.config import Config, DataConfig
 from bertcli.data.chunks import random_next_share
 from bertcli.data.corpus import Corpus, SpecialTokens, is_held_out
@@ -48,21 +48,15 @@ from bertcli.data.text import corpus_files, is_compressed, read_sentences, read_
 from bertcli.data.tokenizer import (continuation_mask, describe, find_tokenizer_file, load_tokenizer, read_tokenizer_json,
                                     save_tokenizer, special_tokens, tokenizer_identity, train_tokenizer)
 from bertcli.errors import Interrupted, UsageError
+from bertcli.layout import DOC_OFFSETS, MANIFEST, SEG_OFFSETS, SHARD_FILES, TOKENIZER_FILES, TOKENS
 from bertcli.console import log
 
 # 3: tokenizer.json and vocab.txt hashed in the manifest; lines over text.MAX_LINE_CHARS cut in pieces.
 # 2: deterministic vocabulary (continuation pieces right after the special tokens).
 FORMAT_VERSION = 3
-MANIFEST = "manifest.json"
 SAMPLE = Path(__file__).resolve().parent / "sample" / "python-docs-sample.txt.gz"
-# Everything a prepared folder holds: `prepare` replaces a folder only if it holds nothing else.
-SHARD_FILES = ("tokens.bin", "seg_offsets.bin", "doc_offsets.bin")
-LAYOUT = ownership.Layout("prepared data", MANIFEST, frozenset(
-    [MANIFEST, "tokenizer.json", "vocab.txt", "train", "valid"]
-    + [f"{split}/{name}" for split in ("train", "valid") for name in SHARD_FILES]))
 ENCODE_BATCH = 2048  # sentences per tokenizer call: large enough for its thread pool, small for memory
 ENCODE_CHARS = 1 << 20  # and at most about this many characters (an encoding costs ~100 bytes a token)
-TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
 # A corpus of up to this many bytes is hashed again at every cache check (about 1 s per GB); a
 # larger one only where a file's size or modification time changed.
 HASH_ALWAYS_BYTES = 1 << 30
@@ -132,8 +126,7 @@ class ShardWriter:
     def __init__(self, folder: Path, dtype: np.dtype) -> None:
         folder.mkdir(parents=True)
         self.folder, self.dtype = folder, dtype
-        self.files: dict[str, BinaryIO] = {name: open(folder / f"{name}.bin", "wb")
-                                           for name in ("tokens", "seg_offsets", "doc_offsets")}
+        self.files: dict[str, BinaryIO] = {name: open(folder / name, "wb") for name in SHARD_FILES}
         self.tokens: list[int] = []
         self.seg_offsets: list[int] = [0]
         self.doc_offsets: list[int] = [0]
@@ -158,9 +151,9 @@ class ShardWriter:
     def flush(self) -> None:
         # The arrays' bytes through the file's write(), not ndarray.tofile: that one words a full disk as
         # "N requested and M written", without the reason.
-        for name, values, dtype in (("tokens", self.tokens, self.dtype), ("seg_offsets", self.seg_offsets, np.int64),
-                                    ("doc_offsets", self.doc_offsets, np.int64)):
-            with atomic.writing(self.folder / f"{name}.bin"):
+        for name, values, dtype in ((TOKENS, self.tokens, self.dtype), (SEG_OFFSETS, self.seg_offsets, np.int64),
+                                    (DOC_OFFSETS, self.doc_offsets, np.int64)):
+            with atomic.writing(self.folder / name):
                 self.files[name].write(np.asarray(values, dtype=dtype).data)
         self.tokens, self.seg_offsets, self.doc_offsets = [], [], []
 
@@ -168,7 +161,7 @@ class ShardWriter:
         self.end_document()
         self.flush()
         for name, fh in self.files.items():
-            with atomic.writing(self.folder / f"{name}.bin"):
+            with atomic.writing(self.folder / name):
                 fh.flush()
                 os.fsync(fh.fileno())
                 fh.close()
@@ -281,8 +274,8 @@ def data_random_next_share(folder: Path, manifest: dict[str, Any], data: DataCon
     if not data.pairs or manifest["splits"]["train"]["documents"] == 0:
         return None
     base = folder / "train"
-    return random_next_share(np.memmap(base / "seg_offsets.bin", dtype=np.int64, mode="r"),
-                             np.memmap(base / "doc_offsets.bin", dtype=np.int64, mode="r"), data, seed)
+    return random_next_share(np.memmap(base / SEG_OFFSETS, dtype=np.int64, mode="r"),
+                             np.memmap(base / DOC_OFFSETS, dtype=np.int64, mode="r"), data, seed)
 
 
 def random_next_warning(share: float | None, data: DataConfig) -> str | None:
@@ -397,7 +390,7 @@ def _clean_leftovers(folder: Path) -> None:
         match = pattern.match(child.name)
         if not match or _alive(int(match.group(2))) or child.is_symlink() or not child.is_dir():
             continue
-        if any(path.relative_to(child).as_posix() not in LAYOUT.paths for path in child.rglob("*")):
+        if any(path.relative_to(child).as_posix() not in layout.PREPARED.paths for path in child.rglob("*")):
             continue  # something else in it: not bertcli's to delete
         if match.group(1) == "old-" and not final.exists() and not final.is_symlink():
             os.replace(child, final)
@@ -457,17 +450,13 @@ def _write_shards(tok: Tokenizer, files: list[Path], data: DataConfig, tmp: Path
     return {name: w.close() for name, w in writers.items()}, counts["unknown"]
 
 
-STEP_DIR = re.compile(r"^step-\d+$")  # checkpoint.STEP_DIR (checkpoint.py imports torch, prepare does not)
-
-
 def run_tokenizer(cfg: Config) -> Path | None:
     """The tokenizer.json of the run's newest checkpoint, None before its first: the tokenizer of a run
     is fixed by its first checkpoint, and every checkpoint carries it."""
-    root = Path(cfg.output_dir) / "checkpoints"
-    complete = ("model.safetensors", "config.yaml", "training_state.pt", "trainer_state.json", "tokenizer.json")
-    steps = sorted((int(p.name[5:]), p) for p in root.glob("step-*")  # a link is damage, never followed (checkpoint.damage)
-                   if STEP_DIR.match(p.name) and all((p / n).is_file() and not (p / n).is_symlink() for n in complete))
-    return steps[-1][1] / "tokenizer.json" if steps else None
+    complete = (*layout.CHECKPOINT_FILES, layout.TOKENIZER_JSON)  # a link is damage, never followed (checkpoint.damage)
+    steps = [path for _, path in layout.list_checkpoints(Path(cfg.output_dir))
+             if all(ownership.own_file(path / name) for name in complete)]
+    return steps[-1] / layout.TOKENIZER_JSON if steps else None
 
 
 def _guard(cfg: Config, folder: Path) -> Callable[[Path], None]:
@@ -484,7 +473,7 @@ def _guard(cfg: Config, folder: Path) -> Callable[[Path], None]:
     ownership.check_apart(folder, inputs, fix)
 
     def guard(target: Path) -> None:
-        ownership.check_replaceable(target, LAYOUT, fix)
+        ownership.check_replaceable(target, layout.PREPARED, fix)
 
     return guard
 
@@ -563,7 +552,7 @@ def check_prepared(folder: Path, manifest: dict[str, Any]) -> str | None:
     shards of the sizes its counts imply, offsets rising from 0 to those counts, token ids below
     the vocabulary size. Cheap: the tokenizer files and the offsets are read whole, the token ids
     once (about 15 ms per 100M tokens in the page cache)."""
-    folders = ("train", "valid")
+    folders = layout.SPLITS
     for rel in (*folders, *TOKENIZER_FILES, *(f"{split}/{name}" for split in folders for name in SHARD_FILES)):
         path = folder / rel
         if os.path.islink(path):
@@ -576,25 +565,25 @@ def check_prepared(folder: Path, manifest: dict[str, Any]) -> str | None:
         if _sha256(folder / name) != manifest["tokenizer"]["sha256"][name]:
             return f"{name} was changed after prepare: its SHA-256 is not the one {MANIFEST} records"
     dtype, vocab_size = np.dtype(manifest["dtype"]), manifest["tokenizer"]["vocab_size"]
-    lines = (folder / "vocab.txt").read_bytes().count(b"\n")  # one token a line, the vocabulary in id order
+    lines = (folder / layout.VOCAB).read_bytes().count(b"\n")  # one token a line, the vocabulary in id order
     if lines != vocab_size:
         return f"{MANIFEST} says the vocabulary holds {vocab_size:,} tokens, vocab.txt {lines:,}"
     for split, counts in manifest["splits"].items():
-        expected = {"tokens.bin": counts["tokens"] * dtype.itemsize, "seg_offsets.bin": (counts["segments"] + 1) * 8,
-                    "doc_offsets.bin": (counts["documents"] + 1) * 8}
+        expected = {TOKENS: counts["tokens"] * dtype.itemsize, SEG_OFFSETS: (counts["segments"] + 1) * 8,
+                    DOC_OFFSETS: (counts["documents"] + 1) * 8}
         for name, size in expected.items():
             actual = (folder / split / name).stat().st_size
             if actual != size:
-                kind = manifest["dtype"] if name == "tokens.bin" else "int64"  # offsets are int64 whatever the tokens
+                kind = manifest["dtype"] if name == TOKENS else "int64"  # offsets are int64 whatever the tokens
                 return f"{split}/{name} holds {actual:,} bytes where {MANIFEST} implies {size:,} ({kind})"
         base = folder / split
-        for name, last in (("seg_offsets.bin", counts["tokens"]), ("doc_offsets.bin", counts["segments"])):
+        for name, last in ((SEG_OFFSETS, counts["tokens"]), (DOC_OFFSETS, counts["segments"])):
             if not _rising(np.memmap(base / name, dtype=np.int64, mode="r"), last):
                 return f"{split}/{name} does not rise from 0 to {last:,}: its offsets are damaged"
         if counts["tokens"] and vocab_size <= np.iinfo(dtype).max:  # else every id of the dtype is in range
-            top = int(np.memmap(base / "tokens.bin", dtype=dtype, mode="r").max())
+            top = int(np.memmap(base / TOKENS, dtype=dtype, mode="r").max())
             if top >= vocab_size:
-                return f"{split}/tokens.bin holds token id {top:,}, past the vocabulary of {vocab_size:,}"
+                return f"{split}/{TOKENS} holds token id {top:,}, past the vocabulary of {vocab_size:,}"
     return None
 
 
@@ -630,16 +619,16 @@ class PreparedData:
             return None
         base = self.folder / split
         return Corpus(
-            tokens=np.memmap(base / "tokens.bin", dtype=self.manifest["dtype"], mode="r"),
-            seg_offsets=np.memmap(base / "seg_offsets.bin", dtype=np.int64, mode="r"),
-            doc_offsets=np.memmap(base / "doc_offsets.bin", dtype=np.int64, mode="r"),
+            tokens=np.memmap(base / TOKENS, dtype=self.manifest["dtype"], mode="r"),
+            seg_offsets=np.memmap(base / SEG_OFFSETS, dtype=np.int64, mode="r"),
+            doc_offsets=np.memmap(base / DOC_OFFSETS, dtype=np.int64, mode="r"),
             vocab_size=self.vocab_size, special=self.special, continuation=continuation_mask(self.tokenizer))
 
 
 def load_prepared(folder: Path, verify: bool = True) -> PreparedData:
     """Prepared data, checked (check_prepared) unless `verify` is False (prepare checked it just now)."""
     manifest, why_not = read_manifest(folder)
-    config = folder.parent / "config.yaml" if (folder.parent / "config.yaml").is_file() else "CONFIG"
+    config = folder.parent / layout.RUN_CONFIG if (folder.parent / layout.RUN_CONFIG).is_file() else "CONFIG"
     again = (f"run `bertcli prepare --config {config}` (it prepares damaged or older data again; --force always "
              "does)")
     if manifest is None:
@@ -648,4 +637,4 @@ def load_prepared(folder: Path, verify: bool = True) -> PreparedData:
         damage = check_prepared(folder, manifest)
         if damage is not None:
             raise UsageError(f"{folder}: the prepared data is damaged ({damage}); {again}")
-    return PreparedData(folder=folder, manifest=manifest, tokenizer=read_tokenizer_json(folder / "tokenizer.json"))
+    return PreparedData(folder=folder, manifest=manifest, tokenizer=read_tokenizer_json(folder / layout.TOKENIZER_JSON))

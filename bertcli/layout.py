@@ -1,0 +1,193 @@
+"""Every folder layout bertcli writes or reads, and `identify`: what a path is. Torch-free, so that
+`prepare`, `ownership` and `runlock` read the layouts without loading torch.
+
+Run folder (output_dir): `pretrain` writes it, `init` writes its config.yaml
+  config.yaml          the run's config (the user's file: never rewritten by pretrain)
+  metrics.jsonl        one JSON record per log and evaluation step (metrics.py)
+  tensorboard/         TensorBoard event files (logging.tensorboard)
+  .lock                held by pretrain and prepare (runlock.py)
+  checkpoints/         step-NNNNNNN/ (the newest checkpoint.keep_last), best/ (the lowest held-out MLM
+                       loss), damaged-step-NNNNNNN/ (set aside by --resume auto), .tmp-* (being written)
+  data/                the prepared data, by default (data.prepared_dir)
+Checkpoint folder (checkpoint.py: a folder named step-* is always complete)
+  model.safetensors, config.yaml, training_state.pt, trainer_state.json (CHECKPOINT_FILES), and the
+  run's tokenizer.json and vocab.txt (none for the synthetic corpus)
+Prepared data (data/prepare.py)
+  manifest.json, tokenizer.json, vocab.txt, train/ and valid/ (each: tokens.bin, seg_offsets.bin,
+  doc_offsets.bin: the corpus.Corpus arrays)
+Export (hf.export): a Hugging Face folder whose config.json carries bertcli_version
+  config.json, model.safetensors, tokenizer.json, vocab.txt, tokenizer_config.json, special_tokens_map.json
+Read, never written:
+  a Hugging Face BERT folder: config.json, model.safetensors (a pytorch_model.bin is refused: a pickle),
+  tokenizer.json or vocab.txt, tokenizer_config.json (casing)
+  a sentence-transformers folder (sbert.py): modules.json, the BERT folder it names, a Pooling
+  module's config.json, sentence_bert_config.json
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+CONFIG_YAML = "config.yaml"
+
+# ---------------------------------------------------------------------------------------- run folder
+RUN_CONFIG = CONFIG_YAML
+METRICS = "metrics.jsonl"
+TENSORBOARD = "tensorboard"
+LOCK = ".lock"
+CHECKPOINTS = "checkpoints"
+RUN_FILES = (RUN_CONFIG, METRICS, LOCK)  # the run folder's own files, next to its folders
+RUN_FOLDERS = (TENSORBOARD,)
+RUN_OUTPUTS = (CHECKPOINTS, TENSORBOARD, METRICS)  # what pretrain writes there (the lock aside)
+
+# ---------------------------------------------------------------------------------------- checkpoint
+WEIGHTS = "model.safetensors"  # also a Hugging Face folder's
+CHECKPOINT_CONFIG = CONFIG_YAML  # the run's resolved config, as it was at that step
+TRAINING_STATE = "training_state.pt"
+TRAINER_STATE = "trainer_state.json"
+CHECKPOINT_FILES = (WEIGHTS, CHECKPOINT_CONFIG, TRAINING_STATE, TRAINER_STATE)  # all there: a complete checkpoint
+TOKENIZER_JSON = "tokenizer.json"
+VOCAB = "vocab.txt"
+TOKENIZER_FILES = (TOKENIZER_JSON, VOCAB)  # the prepared data's, copied into every checkpoint
+BEST = "best"
+STEP_PREFIX = "step-"
+STEP_DIR = re.compile(rf"^{STEP_PREFIX}(\d+)$")
+DAMAGED_PREFIX = "damaged-"
+
+# ---------------------------------------------------------------------------------------- prepared data
+MANIFEST = "manifest.json"
+SPLITS = ("train", "valid")
+TOKENS, SEG_OFFSETS, DOC_OFFSETS = "tokens.bin", "seg_offsets.bin", "doc_offsets.bin"  # per split (corpus.Corpus)
+SHARD_FILES = (TOKENS, SEG_OFFSETS, DOC_OFFSETS)
+
+# ---------------------------------------------------------------------------------------- Hugging Face
+HF_CONFIG = "config.json"
+HF_PICKLE = "pytorch_model.bin"  # refused: loading a pickle can run code
+TOKENIZER_CONFIG = "tokenizer_config.json"
+SPECIAL_TOKENS_MAP = "special_tokens_map.json"
+SENTENCE_MODULES = "modules.json"  # sentence-transformers: the modules, run in order
+SENTENCE_SETTINGS = "sentence_bert_config.json"
+MODULE_CONFIG = HF_CONFIG  # a sentence-transformers module's settings, in its own folder
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A kind of folder bertcli writes whole (see ownership.py: what it may replace)."""
+
+    noun: str  # what such a folder is, for messages: "prepared data", "a checkpoint"
+    proof: str  # the file whose "bertcli_version" key shows that bertcli wrote the folder
+    paths: frozenset[str]  # every path (relative, '/'-separated, folders included) bertcli writes in it
+    # A proof file present but unreadable (emptied or cut by a failing disk) still proves the folder
+    # bertcli's, when its name is bertcli's alone (trainer_state.json), never for a name that other
+    # tools write too (an export's config.json).
+    damaged_proof_counts: bool = False
+
+
+# Every name a checkpoint folder may hold: CHECKPOINT_FILES, the tokenizer's, and any other file that
+# checkpoint.WRITERS writes (a name here that is not in CHECKPOINT_FILES: old checkpoints without it still load).
+CHECKPOINT = Layout("a checkpoint", TRAINER_STATE, frozenset((*CHECKPOINT_FILES, *TOKENIZER_FILES)),
+                    damaged_proof_counts=True)
+PREPARED = Layout("prepared data", MANIFEST, frozenset(
+    (MANIFEST, *TOKENIZER_FILES, *SPLITS, *(f"{split}/{name}" for split in SPLITS for name in SHARD_FILES))))
+EXPORT = Layout("an export", HF_CONFIG, frozenset(
+    (HF_CONFIG, WEIGHTS, *TOKENIZER_FILES, TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP)))
+
+
+def checkpoints_dir(output_dir: Path) -> Path:
+    return Path(output_dir) / CHECKPOINTS
+
+
+def step_dir_name(step: int) -> str:
+    return f"{STEP_PREFIX}{step:07d}"
+
+
+def is_checkpoint(path: Path) -> bool:
+    return Path(path).is_dir() and all((Path(path) / name).is_file() for name in CHECKPOINT_FILES)
+
+
+def list_checkpoints(output_dir: Path) -> list[tuple[int, Path]]:
+    """The complete step checkpoints of run folder `output_dir`, oldest first."""
+    root = checkpoints_dir(output_dir)
+    if not root.is_dir():
+        return []
+    found = []
+    for child in root.iterdir():
+        match = STEP_DIR.match(child.name)
+        if match and is_checkpoint(child):
+            found.append((int(match.group(1)), child))
+    return sorted(found)
+
+
+def incomplete(path: Path) -> str | None:
+    """Why `path` is no checkpoint folder to resume from (None: it is a complete one)."""
+    if not Path(path).exists():
+        return "no such checkpoint folder"
+    if not is_checkpoint(path):
+        missing = [name for name in CHECKPOINT_FILES if not (Path(path) / name).is_file()]
+        return f"not a complete checkpoint (missing {', '.join(missing)})"
+    return None
+
+
+def is_hf_folder(path: Path) -> bool:
+    """A folder with a Hugging Face config.json (its weights are checked where they are read)."""
+    return Path(path).is_dir() and (Path(path) / HF_CONFIG).is_file()
+
+
+class Kind(enum.Enum):
+    MISSING = "nothing"
+    FILE = "a file"  # a config file, for `inspect`
+    PREPARED = "prepared data"
+    CHECKPOINT = "a checkpoint folder"
+    SENTENCE = "a sentence-transformers folder"  # modules.json (sbert.py reads it)
+    HF = "a Hugging Face folder"
+    INCOMPLETE_CHECKPOINT = "a checkpoint folder that lacks files"
+    RUN = "a run folder"
+    OTHER = "a folder of none of these kinds"
+
+
+@dataclass(frozen=True)
+class Found:
+    """What `identify` found at `path`, with the facts its callers decide on."""
+
+    kind: Kind
+    path: Path
+    missing: tuple[str, ...] = ()  # INCOMPLETE_CHECKPOINT: the checkpoint files it lacks
+    config: Path | None = None  # RUN: its config.yaml; HF and SENTENCE: its config.json (None: not there)
+    started: bool = False  # RUN: checkpoints/, metrics.jsonl or .lock is there (not a config file alone)
+    checkpoints: tuple[tuple[int, Path], ...] = ()  # RUN: its complete step checkpoints, oldest first
+    best: Path | None = None  # RUN: checkpoints/best, when complete
+
+
+def identify(path: Path) -> Found:
+    """What `path` is, first match wins: missing, a file, prepared data (manifest.json), a checkpoint
+    (every CHECKPOINT_FILES), a sentence-transformers folder (modules.json), a Hugging Face folder
+    (config.json), a checkpoint lacking files (one of them but config.yaml, which a run has too), a
+    run folder (config.yaml, checkpoints/, metrics.jsonl or .lock), or another folder. Only names
+    are looked at: what the files hold is checked by whoever reads them."""
+    path = Path(path)
+    if not path.exists():
+        return Found(Kind.MISSING, path)
+    if not path.is_dir():
+        return Found(Kind.FILE if path.is_file() else Kind.OTHER, path)
+    if (path / MANIFEST).is_file():
+        return Found(Kind.PREPARED, path)
+    if is_checkpoint(path):
+        return Found(Kind.CHECKPOINT, path)
+    hf_config = path / HF_CONFIG if is_hf_folder(path) else None
+    if (path / SENTENCE_MODULES).is_file():
+        return Found(Kind.SENTENCE, path, config=hf_config)
+    if hf_config is not None:
+        return Found(Kind.HF, path, config=hf_config)
+    missing = tuple(name for name in CHECKPOINT_FILES if not (path / name).is_file())
+    if any(name not in missing for name in CHECKPOINT_FILES if name != CHECKPOINT_CONFIG):
+        return Found(Kind.INCOMPLETE_CHECKPOINT, path, missing=missing)
+    config = path / RUN_CONFIG if (path / RUN_CONFIG).is_file() else None
+    started = checkpoints_dir(path).is_dir() or any((path / name).exists() for name in (METRICS, LOCK))
+    if config is None and not started:
+        return Found(Kind.OTHER, path)
+    best = checkpoints_dir(path) / BEST
+    return Found(Kind.RUN, path, config=config, started=started, checkpoints=tuple(list_checkpoints(path)),
+                 best=best if is_checkpoint(best) else None)
