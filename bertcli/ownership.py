@@ -5,7 +5,7 @@ one and renaming it over the old (atomic.folder), and it prunes old checkpoints.
 when the old folder is bertcli's own. A folder counts as bertcli's when
   - its proof file (a JSON object with a "bertcli_version" key: manifest.json, trainer_state.json,
     an export's config.json) is there, and
-  - every entry in it is a path that bertcli writes in a folder of that kind (Layout.paths),
+  - every entry in it is a path that bertcli writes in a folder of that kind (layout.Layout.paths),
     so that a user's notes dropped inside are never deleted with it.
 An empty folder may always be used. Anything else at a target (a user's folder, a file) is refused
 with one line naming it and saying what to do (UsageError, exit 2), and so is a target that is,

@@ -415,7 +415,7 @@ def _write_shards(tok: Tokenizer, files: list[Path], data: DataConfig, tmp: Path
                   total_bytes: int | None, quiet: bool) -> tuple[dict[str, dict[str, int]], int]:
     """Tokenize the corpus files into the train and valid shards under `tmp` (documents held out
     by their number); return each split's counts and the number of unknown tokens."""
-    writers = {"train": ShardWriter(tmp / "train", dtype), "valid": ShardWriter(tmp / "valid", dtype)}
+    writers = {split: ShardWriter(tmp / split, dtype) for split in layout.SPLITS}  # "train", "valid"
     unk = special_tokens(tok).unk
     counts = {"documents": 0, "unknown": 0}
     encode = getattr(tok, "encode_batch_fast", tok.encode_batch)  # no offsets: faster where available
