@@ -103,7 +103,8 @@ def check_start(output_dir: Path, max_steps: int) -> None:
     if root.is_dir():
         for child in sorted(root.iterdir()):
             match = layout.STEP_DIR.match(child.name)
-            if child.name == layout.BEST or (match and (layout.is_checkpoint(child) or int(match.group(1)) <= max_steps)):
+            replaceable = match and (layout.is_checkpoint(child) or int(match.group(1)) <= max_steps)
+            if child.name == layout.BEST or replaceable:
                 guard(child)
 
 
@@ -202,12 +203,14 @@ class ModelPart:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
         weights = get_model_state_dict(self.model, options=_full(cpu_offload=True))
-        return {k: v.detach().contiguous() for k, v in weights.items() if k not in TIED_ALIASES}  # contiguous: for safetensors
+        # contiguous: what safetensors needs
+        return {k: v.detach().contiguous() for k, v in weights.items() if k not in TIED_ALIASES}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
-        set_model_state_dict(self.model, dict(state), options=_full(strict=False))  # the tied aliases follow their targets
+        # strict=False: the tied aliases are not saved, they follow their targets (check_fits checked the rest)
+        set_model_state_dict(self.model, dict(state), options=_full(strict=False))
 
 
 class OptimizerPart:
@@ -242,12 +245,14 @@ class Snapshot:
 
 
 def _write_weights(tmp: Path, snap: Snapshot) -> None:
-    save_safetensors(snap.states[MODEL], tmp / layout.WEIGHTS, metadata={"format": "pt", "producer": f"bertcli {__version__}"})
+    save_safetensors(snap.states[MODEL], tmp / layout.WEIGHTS,
+                     metadata={"format": "pt", "producer": f"bertcli {__version__}"})
 
 
 def _write_config(tmp: Path, snap: Snapshot) -> None:
     with atomic.writing(tmp / layout.CHECKPOINT_CONFIG):
-        (tmp / layout.CHECKPOINT_CONFIG).write_text(to_yaml(snap.cfg, f"Resolved config of the run, saved at step {snap.step}."))
+        header = f"Resolved config of the run, saved at step {snap.step}."
+        (tmp / layout.CHECKPOINT_CONFIG).write_text(to_yaml(snap.cfg, header))
 
 
 def _write_training_state(tmp: Path, snap: Snapshot) -> None:
@@ -287,7 +292,8 @@ def write(output_dir: Path, snap: Snapshot, name: str | None = None) -> Path:
                        "the earlier checkpoints are intact: lower optimizer.lr and resume from one of them")
     if not (set(layout.CHECKPOINT_FILES) <= set(WRITERS) <= layout.CHECKPOINT.paths
             and set(snap.tokenizer) <= set(layout.TOKENIZER_FILES)):
-        raise ValueError("a checkpoint holds the files layout.py names, no others")  # (a slip in this code, not a user's)
+        # (a slip in this code, not the user's)
+        raise ValueError("a checkpoint holds the files layout.py names, no others")
     with atomic.folder(final, guard) as tmp:
         for file, contents in snap.tokenizer.items():
             with atomic.writing(tmp / file):
@@ -382,12 +388,14 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
     return weights
 
 
-def check_fits(weights: dict[str, torch.Tensor], model: nn.Module, file: Path, optional: tuple[str, ...] = ()) -> list[str]:
+def check_fits(weights: dict[str, torch.Tensor], model: nn.Module, file: Path,
+               optional: tuple[str, ...] = ()) -> list[str]:
     """Refuse (exit 2, naming `file`) weights that do not fit `model`, whoever wrote them (a
     checkpoint, a Hugging Face folder): none that the model lacks, each of the model's shape, and
     every weight of the model there but those under the `optional` prefixes, which are returned
     (the caller initialises them). The tied aliases are never needed: their targets carry them."""
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items() if k not in TIED_ALIASES}  # (global shapes under FSDP)
+    # The model's shapes (under FSDP, a DTensor's shape is the whole tensor's).
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items() if k not in TIED_ALIASES}
     missing = sorted(set(expected) - set(weights))
     needed = [k for k in missing if not k.startswith(optional)] if optional else missing
     unexpected = sorted(set(weights) - set(expected))
@@ -680,7 +688,8 @@ class CheckpointManager:
                 reason = f"{type(exc).__name__}: {str(exc).splitlines()[0]}" if str(exc) else type(exc).__name__
                 raise DamagedState(f"{file}: the {name} state does not fit this model ({reason})") from None
         trainer = read_trainer_state(path)
-        progress = Progress(int(state["step"]), int(trainer.get("tokens_seen", 0)), float(trainer.get("train_time_s", 0.0)))
+        progress = Progress(step=int(state["step"]), tokens_seen=int(trainer.get("tokens_seen", 0)),
+                            train_time_s=float(trainer.get("train_time_s", 0.0)))
         console.log(f"resuming from {path} (step {progress.step})")
         if progress.step < self.cfg.train.max_steps:  # (else there is nothing to do)
             for line in setting_differences(read_config(path), self.cfg, progress.step, path.name):

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable, Iterator
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import typer
 
@@ -31,9 +31,6 @@ from bertcli import __version__
 from bertcli.console import error as err
 from bertcli.console import log
 from bertcli.errors import BertcliError, Interrupted, PipeClosed, RunError, UsageError
-
-if TYPE_CHECKING:  # imported when used: `bertcli --help` stays fast without torch
-    from bertcli.encode import Encoder, Settings
 
 app = typer.Typer(
     name="bertcli",
@@ -294,7 +291,15 @@ def encode(
         raise UsageError(f"--model {model}: no such folder; pass a run folder, a checkpoint folder or a Hugging Face "
                          "BERT folder")
     encoder = enc_mod.load_encoder(model, on_device, dtype)
-    settings = _encode_settings(encoder, pooling.value if pooling else None, layer, normalize, max_length, tokens)
+    try:
+        settings = enc_mod.resolve(encoder, pooling=pooling.value if pooling else None, layer=layer, normalize=normalize,
+                                   max_length=max_length, per_token=tokens, pairs=pairs, strict_pairs=strict_pairs,
+                                   batch_size=batch_size)
+    except UsageError as exc:
+        worded = _encode_error(exc)
+        if worded is None:
+            raise
+        raise worded from None
     if max_length is not None and max_length > settings.max_length:
         err(f"bertcli encode: --max-length {max_length} is past the model's {settings.max_length} positions; texts are "
             f"truncated at {settings.max_length}")
@@ -305,14 +310,13 @@ def encode(
     with _signals_stop_encoding(output) as hold_signals:
         writer = enc_mod.Writer(fmt.value, sys.stdout, output, with_text)
         try:
-            counts = enc_mod.encode(encoder, enc_mod.read_lines(inputs or [], errors), writer, settings.pooling, layer,
-                                    settings.normalize, batch_size, settings.max_length, pairs, tokens, strict_pairs,
-                                    enc_mod.may_stall(inputs or []))
+            counts = enc_mod.encode(encoder, enc_mod.read_lines(inputs or [], errors), writer, settings,
+                                    input_may_stall=enc_mod.may_stall(inputs or []))
             hold_signals()  # the output goes into place whole: a signal now waits until it is there
             writer.close(encoder.model.config.hidden_size)
         except BaseException as exc:
             writer.abort()
-            worded = _encode_input_error(exc)
+            worded = _encode_error(exc)
             if worded is not None:
                 raise worded from None
             raise
@@ -379,31 +383,18 @@ def _encode_format(fmt: Format | None, output: Path | None, with_text: bool, tok
     return fmt
 
 
-def _encode_settings(encoder: Encoder, pooling: str | None, layer: int, normalize: bool | None,
-                     max_length: int | None, tokens: bool) -> Settings:
-    """encode.resolve's settings, with --layer and --pooling checked against the model."""
+def _encode_error(exc: BaseException) -> UsageError | None:
+    """A setting or an input line encode refused, worded with the flag that changes it (None: another error)."""
     from bertcli import encode as enc_mod
 
-    last = len(encoder.model.blocks)
-    try:
-        index = encoder.model.bert.layer_index(layer)
-    except IndexError:
-        raise UsageError(f"--layer {layer}: this model has layers 0 (embeddings) to {last} (-1 to -{last + 1} from "
-                         "the end)") from None
-    try:
-        settings = enc_mod.resolve(encoder, pooling, normalize, max_length, tokens)
-    except enc_mod.NotReproducible as exc:
-        raise UsageError(f"--model {exc.folder}: {exc.problem}, so its embeddings cannot be reproduced; pass --pooling "
-                         "cls, mean or max for vectors of the BERT encoder itself") from None
-    if settings.pooling == "pooler" and index != last:
-        raise UsageError("--pooling pooler reads the last layer; drop --layer or pick another pooling")
-    return settings
-
-
-def _encode_input_error(exc: BaseException) -> UsageError | None:
-    """An input line encode refused, worded with the flag that accepts it (None: another error)."""
-    from bertcli import encode as enc_mod
-
+    if isinstance(exc, enc_mod.NoSuchLayer):
+        return UsageError(f"--layer {exc.layer}: this model has layers 0 (embeddings) to {exc.last} (-1 to "
+                          f"-{exc.last + 1} from the end)")
+    if isinstance(exc, enc_mod.NotReproducible):
+        return UsageError(f"--model {exc.folder}: {exc.problem}, so its embeddings cannot be reproduced; pass --pooling "
+                          "cls, mean or max for vectors of the BERT encoder itself")
+    if isinstance(exc, enc_mod.PoolerNotLast):
+        return UsageError("--pooling pooler reads the last layer; drop --layer or pick another pooling")
     if isinstance(exc, enc_mod.NotUtf8):
         return UsageError(f"{exc.source}: line {exc.line} is not valid UTF-8 (byte {exc.byte} of the line); fix the "
                           "input or pass --errors replace")

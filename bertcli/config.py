@@ -27,7 +27,7 @@ values (their types are right by then: the loader checks those first) and spells
 full, so that a message can name the other values it reads."""
 
 
-def failing(*checks: tuple[bool, str, str]) -> list[Problem]:
+def failing(checks: list[tuple[bool, str, str]]) -> list[Problem]:
     """(path, message) of every check (holds, path, message) that does not hold, in order."""
     return [(path, message) for holds, path, message in checks if not holds]
 
@@ -83,7 +83,7 @@ class ModelConfig:
         """This section's impossible values."""
         m = self
         heads_divide = m.hidden_size < 1 or m.num_attention_heads < 1 or m.hidden_size % m.num_attention_heads == 0
-        return failing(
+        return failing([
             (m.vocab_size is None or m.vocab_size >= 8, "model.vocab_size",
              f"must be at least 8 (5 special tokens and some words), got {m.vocab_size}"),
             (m.vocab_size is None or 0 <= m.pad_token_id < m.vocab_size, "model.pad_token_id",
@@ -105,7 +105,7 @@ class ModelConfig:
              f"must be at least 2 (segments A and B), got {m.type_vocab_size}"),
             (m.initializer_range > 0, "model.initializer_range", f"must be positive, got {m.initializer_range}"),
             (m.layer_norm_eps > 0, "model.layer_norm_eps", f"must be positive, got {m.layer_norm_eps}"),
-        )
+        ])
 
 
 @dataclass
@@ -132,7 +132,7 @@ class SyntheticConfig:
     def problems(self) -> list[Problem]:
         """This section's impossible values."""
         s = self
-        return failing(
+        return failing([
             (s.num_documents >= 2, "data.synthetic.num_documents",
              f"must be at least 2 (random next sentences come from another document), got {s.num_documents}"),
             (1 <= s.min_sentences <= s.max_sentences, "data.synthetic.min_sentences",
@@ -142,7 +142,7 @@ class SyntheticConfig:
             (s.branching >= 1, "data.synthetic.branching", f"must be at least 1, got {s.branching}"),
             (s.num_topics >= 1, "data.synthetic.num_topics", f"must be at least 1, got {s.num_topics}"),
             (s.seed >= 0, "data.synthetic.seed", f"must not be negative, got {s.seed}"),
-        )
+        ])
 
 
 @dataclass
@@ -162,10 +162,10 @@ class TokenizerConfig:
 
     def problems(self) -> list[Problem]:
         """This section's impossible values."""
-        return failing(
+        return failing([
             (self.vocab_size >= 16, "data.tokenizer.vocab_size", f"must be at least 16, got {self.vocab_size}"),
             (self.min_frequency >= 1, "data.tokenizer.min_frequency", f"must be at least 1, got {self.min_frequency}"),
-        )
+        ])
 
 
 @dataclass
@@ -206,7 +206,7 @@ class DataConfig:
     def problems(self) -> list[Problem]:
         """This section's impossible values, its tokenizer's and its synthetic corpus's."""
         d = self
-        return failing(
+        return failing([
             (d.max_seq_length >= 5, "data.max_seq_length",
              f"must be at least 5 ([CLS] A [SEP] B [SEP]), got {d.max_seq_length}"),
             (0.0 < d.masked_lm_prob < 1.0, "data.masked_lm_prob", f"must be in (0, 1), got {d.masked_lm_prob}"),
@@ -221,7 +221,7 @@ class DataConfig:
             (0.0 <= d.validation_fraction <= 0.5, "data.validation_fraction",
              f"must be in [0, 0.5], got {d.validation_fraction}"),
             (0.0 <= d.short_seq_prob <= 1.0, "data.short_seq_prob", f"must be in [0, 1], got {d.short_seq_prob}"),
-        ) + d.tokenizer.problems() + d.synthetic.problems()
+        ]) + d.tokenizer.problems() + d.synthetic.problems()
 
 
 @dataclass
@@ -262,7 +262,7 @@ class TrainConfig:
     def problems(self) -> list[Problem]:
         """This section's impossible values."""
         t = self
-        return failing(
+        return failing([
             (t.seed >= 0, "train.seed", f"must not be negative, got {t.seed}"),
             (t.max_steps >= 1, "train.max_steps", f"must be at least 1, got {t.max_steps}"),
             (t.eval_every >= 0, "train.eval_every", f"must not be negative (0 = never), got {t.eval_every}"),
@@ -281,7 +281,7 @@ class TrainConfig:
             (math.isfinite(t.mlm_weight), "train.mlm_weight", "must be a finite number"),
             (math.isfinite(t.nsp_weight), "train.nsp_weight", "must be a finite number"),
             (math.isfinite(t.max_grad_norm), "train.max_grad_norm", "must be a finite number"),
-        )
+        ])
 
 
 @dataclass
@@ -308,7 +308,7 @@ class OptimizerConfig:
     def problems(self) -> list[Problem]:
         """This section's impossible values."""
         o = self
-        return failing(
+        return failing([
             (o.lr > 0, "optimizer.lr", f"must be positive, got {o.lr}"),
             (o.weight_decay >= 0, "optimizer.weight_decay", f"must not be negative, got {o.weight_decay}"),
             (0 <= o.beta1 < 1, "optimizer.beta1", f"must be in [0, 1), got {o.beta1}"),
@@ -316,7 +316,7 @@ class OptimizerConfig:
             (o.eps > 0, "optimizer.eps", f"must be positive, got {o.eps}"),
             (o.warmup_steps >= 0, "optimizer.warmup_steps", f"must not be negative, got {o.warmup_steps}"),
             (0 <= o.min_lr_ratio <= 1, "optimizer.min_lr_ratio", f"must be in [0, 1], got {o.min_lr_ratio}"),
-        )
+        ])
 
 
 @dataclass
@@ -332,9 +332,9 @@ class PrecisionConfig:
 
     def problems(self) -> list[Problem]:
         """This section's impossible values."""
-        return failing(
+        return failing([
             (self.fp16_init_scale > 0, "precision.fp16_init_scale", f"must be positive, got {self.fp16_init_scale}"),
-        )
+        ])
 
 
 @dataclass
@@ -348,10 +348,10 @@ class CheckpointConfig:
 
     def problems(self) -> list[Problem]:
         """This section's impossible values."""
-        return failing(
+        return failing([
             (self.save_every >= 1, "checkpoint.save_every", f"must be at least 1, got {self.save_every}"),
             (self.keep_last >= 1, "checkpoint.keep_last", f"must be at least 1, got {self.keep_last}"),
-        )
+        ])
 
 
 @dataclass
@@ -367,10 +367,10 @@ class LoggingConfig:
 
     def problems(self) -> list[Problem]:
         """This section's impossible values."""
-        return failing(
+        return failing([
             (self.log_every >= 1, "logging.log_every", f"must be at least 1, got {self.log_every}"),
             (self.peak_tflops >= 0, "logging.peak_tflops", f"must not be negative (0 = auto), got {self.peak_tflops}"),
-        )
+        ])
 
 
 @dataclass
@@ -398,14 +398,14 @@ class Config:
         """Every impossible value: each section's, then the checks that read two sections."""
         m, d, t = self.model, self.data, self.train
         sections = (m, d, t, self.optimizer, self.precision, self.checkpoint, self.logging)
-        return [problem for section in sections for problem in section.problems()] + failing(
+        return [problem for section in sections for problem in section.problems()] + failing([
             (d.max_seq_length <= m.max_position_embeddings, "data.max_seq_length",
              f"{d.max_seq_length} is above model.max_position_embeddings={m.max_position_embeddings}"),
             (d.corpus != "synthetic" or m.vocab_size is not None, "model.vocab_size",
              "the synthetic corpus has no tokenizer: set model.vocab_size (e.g. 1024)"),
             (d.pairs or t.nsp_weight == 0, "data.pairs",
              "is false (single spans, no sentence pairs) but train.nsp_weight is not 0: NSP needs pairs"),
-        )
+        ])
 
 
     def warnings(self) -> list[str]:

@@ -220,7 +220,7 @@ def _build_checked(cls: type, raw: dict[str, Any], path: str, origin: dict[str, 
     """Build section `cls` (at `path`: "" for a whole Config) and check its values with its `problems()`."""
     errors: list[str] = []
     failed: set[str] = set()
-    built = _build(cls, raw, path, errors, origin, failed)
+    built = _build(cls, raw, path, errors=errors, origin=origin, failed=failed)
     # Value checks run on what could be built, so that an unknown key and an impossible value are
     # reported together; a check that involves a value of the wrong type (which kept its default)
     # would only mislead, so it is left out.
@@ -236,7 +236,7 @@ def _involves(path: str, message: str, bad: str) -> bool:
     return path == bad or path.startswith(bad + ".") or re.search(rf"(?<![\w.]){re.escape(bad)}\b", message) is not None
 
 
-def _build(cls: type, raw: Any, path: str, errors: list[str], origin: dict[str, str],
+def _build(cls: type, raw: Any, path: str, *, errors: list[str], origin: dict[str, str],
            failed: set[str] | None = None) -> Any:
     """Build dataclass `cls` from nested dict `raw`, appending every problem to `errors` and the
     path of every value (or section) of the wrong type to `failed`: those keep their defaults."""
@@ -265,7 +265,7 @@ def _build(cls: type, raw: Any, path: str, errors: list[str], origin: dict[str, 
         if tp == Device:  # an open set (cuda:N): a string here, its form in TrainConfig.problems()
             tp = str
         if dataclasses.is_dataclass(tp):
-            kwargs[key] = _build(tp, value, sub, errors, origin, failed)
+            kwargs[key] = _build(tp, value, sub, errors=errors, origin=origin, failed=failed)
             continue
         converted, problem = _check_value(value, tp)
         if problem and str in (tp, *typing.get_args(tp)) and isinstance(value, (int, float, bool)):

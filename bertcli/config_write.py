@@ -1,8 +1,9 @@
-"""Writing a run configuration: the commented YAML that `bertcli init` writes, and the README's reference table.
+"""Writing a run configuration: the commented YAML that `bertcli init` writes, and the table of
+docs/configuration.md.
 
 Both come from the schema in `bertcli.config`: every field with its docstring, its type and its
 default, so the files people read cannot drift from the code (tests/test_config.py and
-tests/test_readme.py check that configs/ and the README equal what these functions write).
+tests/test_readme.py check that configs/ and docs/configuration.md equal what these functions write).
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def to_yaml(cfg: Config, header: str = "", comments: bool = True) -> str:
 
 
 def markdown_reference() -> str:
-    """The config reference table of the README, generated from the field docstrings."""
+    """The config reference table of docs/configuration.md, generated from the field docstrings."""
     rows = ["| key | type | default | meaning |", "| --- | --- | --- | --- |"]
 
     def walk(obj: Any, prefix: str) -> None:

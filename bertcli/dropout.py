@@ -1,13 +1,14 @@
-"""Dropout with a cheaper mask on CPUs, and the attention that applies it to the attention weights.
+"""Dropout with a cheaper mask on CPUs, the attention that applies it to the attention weights, and
+the per-step seeding of torch's generator that makes every step's dropout reproducible.
 
 torch's CPU dropout draws its mask with `bernoulli_` into a float tensor: on this project's CPUs
 (AMD, where torch leaves MKL's generator off) that is a double from two 32-bit Mersenne-Twister
 draws per element, serially, then a division and a product. Here each element takes 32 random
 bits, half of one 64-bit draw, compared with an integer threshold into a bool mask. At BERT-base
 sizes, 2 threads: hidden states (8, 128, 768) 12.1/11.6 ms -> 4.6/3.6 ms, attention weights
-(8, 12, 128, 128) 23.1/21.5 -> 17.2/20.3 ms (two runs; README, "Training step against transformers"). P(drop) is p rounded to 2^-32 (torch's float
+(8, 12, 128, 128) 23.1/21.5 -> 17.2/20.3 ms (two runs; docs/benchmarks.md, "Training step against transformers"). P(drop) is p rounded to 2^-32 (torch's float
 `rand` has 2^-24). The bits come from torch's default generator, so the mask stays a function of
-the step's seed (runtime.seed_step): a different stream from torch's dropout, as deterministic.
+the step's seed (`seed_step`): a different stream from torch's dropout, as deterministic.
 
 On GPUs torch's own fused kernels (counter-based Philox, dropout inside SDPA's attention) are
 faster than anything composed of tensor ops, so there both functions are torch's.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -32,10 +34,10 @@ def keep_mask(shape: torch.Size, p: float, device: torch.device) -> torch.Tensor
     return words.view(torch.int32)[:n].view(shape) >= threshold
 
 
-def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """F.dropout(x, p, training), with keep_mask's mask on CPUs."""
+def dropout(x: torch.Tensor, p: float, *, training: bool) -> torch.Tensor:
+    """F.dropout(x, p, training=training), with keep_mask's mask on CPUs."""
     if not training or p == 0 or x.device.type != "cpu":
-        return F.dropout(x, p, training)
+        return F.dropout(x, p, training=training)
     return x.mul(keep_mask(x.shape, p, x.device)).mul_(1 / (1 - p))  # autograd keeps the bool mask only
 
 
@@ -43,10 +45,10 @@ class Dropout(nn.Dropout):
     """nn.Dropout through `dropout` (no parameters: state_dict keys are unchanged)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return dropout(x, self.p, self.training)
+        return dropout(x, self.p, training=self.training)
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None,
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None, *,
               dropout_p: float) -> torch.Tensor:
     """Scaled dot-product attention with dropout on the weights: (B, nh, T, hd) x3 -> (B, nh, T, hd);
     `keep` (B, 1, 1, T) bool: keys that may be attended (None: all).
@@ -59,4 +61,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Ten
     scores = torch.matmul(q * (1 / math.sqrt(q.shape[-1])), k.transpose(-2, -1))  # (B, nh, T, T)
     if keep is not None:  # added, not masked_fill: the backward then passes the gradient through as it is
         scores = scores + scores.new_zeros(keep.shape).masked_fill_(~keep, float("-inf"))
-    return torch.matmul(dropout(torch.softmax(scores, -1), dropout_p, True), v)
+    return torch.matmul(dropout(torch.softmax(scores, -1), dropout_p, training=True), v)
+
+
+def seed_step(seed: int, step: int, rank: int = 0) -> None:
+    """Seed torch (dropout) for one step from (seed, step, rank): the step's randomness is then a
+    pure function of them, so resuming restores it without saved generator states."""
+    torch.manual_seed(int(np.random.SeedSequence([seed, step, rank]).generate_state(1, dtype=np.uint64)[0] >> 1))

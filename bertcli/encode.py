@@ -71,6 +71,22 @@ class NotReproducible(UsageError):
         self.folder, self.problem = folder, problem
 
 
+class NoSuchLayer(UsageError):
+    """A layer the model does not have: it has 0 (the embeddings) to `last`, or -1 to -(last + 1)."""
+
+    def __init__(self, layer: int, last: int) -> None:
+        super().__init__(f"layer {layer}: this model has layers 0 (embeddings) to {last} (-1 to -{last + 1} from the end)")
+        self.layer, self.last = layer, last
+
+
+class PoolerNotLast(UsageError):
+    """Pooling 'pooler' of a layer other than the last: the pooler was trained on the last layer's [CLS]."""
+
+    def __init__(self, layer: int, last: int) -> None:
+        super().__init__(f"pooling 'pooler' reads the last layer ({last}), not layer {layer}; pick another pooling")
+        self.layer, self.last = layer, last
+
+
 class NotUtf8(UsageError):
     """An input line that is not UTF-8 while bad bytes are errors."""
 
@@ -96,7 +112,7 @@ class Line(str):
     number: int
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Encoder:
     model: BertForPreTraining
     tokenizer: Tokenizer
@@ -150,7 +166,8 @@ def load_encoder(path: Path, device: torch.device, precision: str = "fp32") -> E
         model = _uninitialised(cfg)
         checkpoint.load_weights(model, ckpt)  # strict: every weight
     model.to(device).eval()
-    return Encoder(model, tokenizer, runtime.Runtime(device, precision), sentence, fresh, source)
+    return Encoder(model=model, tokenizer=tokenizer, rt=runtime.Runtime(device, precision), sentence=sentence, fresh=fresh,
+                   source=source)
 
 
 class _SkipInit(TorchFunctionMode):
@@ -174,22 +191,35 @@ def _uninitialised(cfg: ModelConfig) -> BertForPreTraining:
         return BertForPreTraining(cfg)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Settings:
-    """How vectors are made, once every default is resolved."""
+    """How `encode` turns lines into rows, every default resolved and checked against the model
+    (`resolve` makes them)."""
 
-    pooling: str
-    normalize: bool
-    max_length: int
+    pooling: str  # cls, mean, max or pooler
+    normalize: bool  # rows (or per-token vectors) scaled to unit length
+    max_length: int  # tokens per text, at most the model's positions
     from_folder: bool  # pooling and normalisation are the sentence-transformers folder's
+    layer: int  # the layer read, as a count of blocks run: 0 = the embeddings (BertModel.layer_index)
+    per_token: bool  # a vector per token rather than one pooled row per line
+    pairs: bool  # a line A<TAB>B is a sentence pair (segment ids 0 and 1)
+    strict_pairs: bool  # with pairs, a line without a TAB is an error (else one sentence, counted)
+    batch_size: int  # texts per forward pass, at most
 
 
-def resolve(enc: Encoder, pooling: str | None = None, normalize: bool | None = None,
-            max_length: int | None = None, per_token: bool = False) -> Settings:
+def resolve(enc: Encoder, *, pooling: str | None = None, layer: int = -1, normalize: bool | None = None,
+            max_length: int | None = None, per_token: bool = False, pairs: bool = False, strict_pairs: bool = False,
+            batch_size: int = 32) -> Settings:
     """Explicit values win. Otherwise a sentence-transformers folder's pooling with its
     normalisation, and its max_seq_length; else cls, no normalisation and the model's limit.
     Choosing a pooling leaves normalisation off unless asked: the folder's applies to its pooling
-    (and per-token vectors are not pooled)."""
+    (and per-token vectors are not pooled). Every check of the settings against the model is here:
+    NoSuchLayer, NotReproducible, PoolerNotLast, and a pooler the folder has no weights for."""
+    last = len(enc.model.blocks)
+    try:
+        index = enc.model.bert.layer_index(layer)
+    except IndexError:
+        raise NoSuchLayer(layer, last) from None
     st = enc.sentence
     from_folder = pooling is None and st is not None and not per_token
     if from_folder:
@@ -197,9 +227,16 @@ def resolve(enc: Encoder, pooling: str | None = None, normalize: bool | None = N
         if problem:
             raise NotReproducible(st.folder, problem)
         pooling, normalize = st.pooling, st.normalize if normalize is None else normalize
+    pooling = pooling or "cls"
+    if pooling == "pooler" and index != last:
+        raise PoolerNotLast(index, last)
+    if pooling == "pooler" and "pooler" in enc.fresh:  # its weights would be random: vectors of nothing learnt
+        raise UsageError(f"{enc.source}: has no pooler weights, so pooling 'pooler' would be random; pick cls, mean "
+                         "or max")
     folder_limit = st.max_seq_length if st is not None else None
     limit = min(max_length or folder_limit or enc.max_length, enc.max_length)
-    return Settings(pooling or "cls", bool(normalize), limit, from_folder)
+    return Settings(pooling=pooling, normalize=bool(normalize), max_length=limit, from_folder=from_folder, layer=index,
+                    per_token=per_token, pairs=pairs, strict_pairs=strict_pairs, batch_size=batch_size)
 
 
 def read_lines(sources: list[str], errors: str) -> Iterator[Line]:
@@ -296,7 +333,7 @@ class Prefixes:
             size = min(4 * size, need * PREFIX_CAP)
         return text, False
 
-    def _long(self, text: str, pair: bool) -> bool:
+    def _long(self, text: str, *, pair: bool) -> bool:
         return len(text) > self.budget[pair] * PREFIX_START
 
     def cut(self, item: str | tuple[str, str]) -> tuple[str | tuple[str, str], bool]:
@@ -304,12 +341,12 @@ class Prefixes:
         if not self.enabled:
             return item, False
         if isinstance(item, str):
-            return self._cut(item, self.budget[False]) if self._long(item, False) else (item, False)
+            return self._cut(item, self.budget[False]) if self._long(item, pair=False) else (item, False)
         budget, sides = self.budget[True], item
-        cuts = [self._cut(x, budget) if self._long(x, True) else (x, False) for x in sides]
+        cuts = [self._cut(x, budget) if self._long(x, pair=True) else (x, False) for x in sides]
         whole = [len(x) == len(side) for (x, _), side in zip(cuts, sides)]
         if whole[0] != whole[1]:  # the cut side must keep more tokens than the whole one has
-            kept = whole.index(True)
+            kept = 0 if whole[0] else 1  # the side left whole
             cuts[1 - kept] = self._cut(sides[1 - kept], max(budget, len(self._encode(sides[kept]).ids)))
         return (cuts[0][0], cuts[1][0]), cuts[0][1] or cuts[1][1]
 
@@ -339,7 +376,7 @@ def _forward(enc: Encoder, ids: list[list[int]], types: list[list[int]], layer: 
     device = enc.rt.device
     valid_lens = torch.tensor([len(x) for x in ids], device=device)
     with enc.rt.autocast():
-        hidden = enc.model.bert.hidden_states(input_ids.to(device), token_type_ids.to(device), valid_lens, layer)
+        hidden = enc.model.bert.hidden_states(input_ids.to(device), token_type_ids.to(device), valid_lens, layer=layer)
     return hidden, valid_lens
 
 
@@ -356,22 +393,14 @@ def _batches(order: list[int], lengths: list[int], rows: int, max_tokens: int | 
         yield batch
 
 
-def encode(enc: Encoder, lines: Iterator[str], out: "Writer", pooling: str | None = None, layer: int = -1,
-           normalize: bool | None = None, batch_size: int = 32, max_length: int | None = None, pairs: bool = False,
-           per_token: bool = False, strict_pairs: bool = False, input_may_stall: bool = True) -> dict[str, int]:
-    """Encode every line and hand the rows to `out` in input order; return counts. None for
-    pooling, normalize or max_length: see `resolve`. With `pairs`, a line without a TAB is one
-    sentence (counted in "unpaired"), or an error when `strict_pairs`. `input_may_stall` (see
-    `may_stall`; False for regular files): lines are read by a thread of their own, and those read
-    are written when no more come for STALL_SECONDS."""
-    layer, last = enc.model.bert.layer_index(layer), len(enc.model.blocks)  # IndexError out of range
-    settings = resolve(enc, pooling, normalize, max_length, per_token)
-    pooling, normalize = settings.pooling, settings.normalize
-    if pooling == "pooler" and layer != last:
-        raise UsageError(f"pooling 'pooler' reads the last layer ({last}), not layer {layer}; pick another pooling")
-    if pooling == "pooler" and "pooler" in enc.fresh:  # its weights would be random: vectors of nothing learnt
-        raise UsageError(f"{enc.source}: has no pooler weights, so pooling 'pooler' would be random; pick cls, mean "
-                         "or max")
+def encode(enc: Encoder, lines: Iterator[str], out: "Writer", settings: Settings, *,
+           input_may_stall: bool = True) -> dict[str, int]:
+    """Encode every line as `settings` say (see `resolve`) and hand the rows to `out` in input
+    order; return counts. With pairs, a line without a TAB is one sentence (counted in "unpaired"),
+    or an error when strict. `input_may_stall` (see `may_stall`; False for regular files): lines
+    are read by a thread of their own, and those read are written when no more come for STALL_SECONDS."""
+    layer, pooling, normalize, per_token = settings.layer, settings.pooling, settings.normalize, settings.per_token
+    pairs, strict_pairs, batch_size = settings.pairs, settings.strict_pairs, settings.batch_size
     enc.tokenizer.enable_truncation(settings.max_length)
     prefixes = Prefixes(enc.tokenizer, settings.max_length)
     max_tokens = None

@@ -278,7 +278,7 @@ def imported_config(path: Path) -> ModelConfig:
     found = layout.identify(path)
     if found.kind is Kind.CHECKPOINT:
         return checkpoint.read_config(path).model
-    if found.kind in (Kind.HF, Kind.SENTENCE) and found.config is not None:  # a sentence-transformers folder that is its own BERT
+    if found.kind in (Kind.HF, Kind.SENTENCE) and found.config is not None:  # (sentence-transformers: its own BERT)
         return read_hf_config(path)
     raise UsageError(f"model.init_from={str(path)!r}: not a Hugging Face BERT folder (config.json + model.safetensors) "
                      "nor a bertcli checkpoint folder")

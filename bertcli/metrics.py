@@ -1,5 +1,5 @@
 """Training metrics: what a batch's loss reports (`LossStats`), the running sums between two log
-steps (`MetricsWindow`, which owns tokens/s and MFU), and where they go (`MetricsLogger`:
+steps (`MetricsWindow`, which owns tokens/s and MFU, against `peak_tflops`), and where they go (`MetricsLogger`:
 output_dir/metrics.jsonl, one JSON object per log step, TensorBoard, and a progress line on
 stderr: a tqdm bar on a terminal, one plain line per log step otherwise).
 """
@@ -32,6 +32,21 @@ class LossStats(NamedTuple):
     mlm_count: Any  # real predictions
     nsp_correct: Any  # NSP rows right
     nsp_count: Any  # NSP rows
+
+
+# Dense bf16 matrix peak of known GPUs, TFLOP/s, for MFU (logging.peak_tflops overrides).
+PEAK_BF16_TFLOPS = {"H100 SXM": 989.0, "H100 80GB HBM3": 989.0, "H100 PCIe": 756.0, "H100 NVL": 835.0,
+                    "H200": 989.0, "A100": 312.0, "L40S": 362.0, "L4": 121.0, "A10G": 125.0}
+
+
+def peak_tflops(device: torch.device, override: float) -> float | None:
+    """The device's dense bf16 peak (TFLOP/s), None when unknown (CPUs, unlisted GPUs)."""
+    if override > 0:
+        return override
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
 
 
 class MetricsWindow:

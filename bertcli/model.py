@@ -81,11 +81,11 @@ class Packing(NamedTuple):
 
     def to(self, device: torch.device, non_blocking: bool = False) -> "Packing":
         move = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
-        return Packing(move(self.indices), move(self.cu_seqlens), self.max_seqlen, move(self.valid_lens), self.width)
+        return self._replace(indices=move(self.indices), cu_seqlens=move(self.cu_seqlens), valid_lens=move(self.valid_lens))
 
     def pin_memory(self) -> "Packing":
-        return Packing(self.indices.pin_memory(), self.cu_seqlens.pin_memory(), self.max_seqlen,
-                       self.valid_lens.pin_memory(), self.width)
+        return self._replace(indices=self.indices.pin_memory(), cu_seqlens=self.cu_seqlens.pin_memory(),
+                             valid_lens=self.valid_lens.pin_memory())
 
     def pack(self, padded: torch.Tensor) -> torch.Tensor:
         """(B, T, ...) -> (N, ...)"""
@@ -104,7 +104,8 @@ def packing(valid_lens: torch.Tensor, width: int) -> Packing:
     keep = torch.arange(width)[None, :] < valid_lens[:, None]  # (B, T)
     cu_seqlens = torch.zeros(len(valid_lens) + 1, dtype=torch.int32)
     cu_seqlens[1:] = valid_lens.cumsum(0)
-    return Packing(keep.flatten().nonzero().squeeze(1), cu_seqlens, int(valid_lens.max()), valid_lens, width)
+    return Packing(indices=keep.flatten().nonzero().squeeze(1), cu_seqlens=cu_seqlens, max_seqlen=int(valid_lens.max()),
+                   valid_lens=valid_lens, width=width)
 
 
 @cache
@@ -129,7 +130,7 @@ def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pk: Pack
     result: scatter back to (B, T), SDPA with the key-padding mask, gather the real rows."""
     varlen = _varlen_attn()
     if varlen is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
-        return varlen(q, k, v, pk.cu_seqlens, pk.cu_seqlens, pk.max_seqlen, pk.max_seqlen)
+        return varlen(q, k, v, cu_seq_q=pk.cu_seqlens, cu_seq_k=pk.cu_seqlens, max_q=pk.max_seqlen, max_k=pk.max_seqlen)
     heads = lambda t: pk.unpack(t).transpose(1, 2)  # noqa: E731  (B, nh, T, hd)
     out = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), attn_mask=padding_mask(pk.valid_lens, pk.width))
     return pk.pack(out.transpose(1, 2))
@@ -158,7 +159,7 @@ class BertSelfAttention(nn.Module):
         B, T, H = x.shape
         split = lambda t: t.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # noqa: E731  (B, nh, T, hd)
         q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
-        out = attention(q, k, v, attn_mask, self.dropout_p if self.training else 0.0)
+        out = attention(q, k, v, attn_mask, dropout_p=self.dropout_p if self.training else 0.0)
         return out.transpose(1, 2).reshape(B, T, H)
 
 
@@ -283,7 +284,7 @@ class BertModel(nn.Module):
         return index
 
     def hidden_states(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
-                      valid_lens: torch.Tensor | None = None, layer: int = -1,
+                      valid_lens: torch.Tensor | None = None, *, layer: int = -1,
                       packed: Packing | None = None) -> torch.Tensor:
         """Hidden states after `layer` (see layer_index; -1 = the last): (B, T) ids -> (B, T, H).
         With `packed` (the batch's Packing) the encoder runs on the N real tokens alone and they
@@ -297,7 +298,7 @@ class BertModel(nn.Module):
         return self.encoder(x, mask, self.layer_index(layer))
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, valid_lens: torch.Tensor | None = None,
-                packed: Packing | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                *, packed: Packing | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, T) ids -> the last layer (B, T, H) and the pooled [CLS] (B, H); packed, the last
         layer is (N, H) (see hidden_states)."""
         encoded = self.hidden_states(input_ids, token_type_ids, valid_lens, packed=packed)
@@ -380,8 +381,8 @@ class BertForPreTraining(nn.Module):
         return self.bert.blocks
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, valid_lens: torch.Tensor | None = None,
-                pred_positions: torch.Tensor | None = None, packed: Packing | None = None) -> PretrainingOutput:
-        encoded, pooled = self.bert(input_ids, token_type_ids, valid_lens, packed)
+                pred_positions: torch.Tensor | None = None, *, packed: Packing | None = None) -> PretrainingOutput:
+        encoded, pooled = self.bert(input_ids, token_type_ids, valid_lens, packed=packed)
         if pred_positions is not None:
             # Gather the P predicted positions first so the MLM head (and its V-wide decoder)
             # only runs there; P is fixed per batch, so shapes stay static.

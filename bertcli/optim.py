@@ -23,9 +23,16 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+def fused_adamw(device: torch.device) -> bool:
+    """Whether AdamW runs as torch's fused kernel here: on GPUs, and on CPUs too, where at BERT-base
+    size it measured 6.4x the default per-parameter loop (81 ms against 524 ms a step, 2 threads):
+    the loop allocates temporaries (sqrt, div) as large as each parameter, the fused kernel none."""
+    return device.type in ("cuda", "cpu")
+
+
 def build_optimizer(model: nn.Module, cfg: OptimizerConfig, fused: bool = False) -> torch.optim.AdamW:
     """AdamW; `fused`: one kernel updates every parameter in place (CUDA and CPU; see
-    runtime.fused_adamw), instead of a chain of tensor ops with temporaries per parameter."""
+    fused_adamw), instead of a chain of tensor ops with temporaries per parameter."""
     return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
                              eps=cfg.eps, fused=fused or None)
 

@@ -28,15 +28,17 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from bertcli import __version__, checkpoint, hf, resolve, runtime
+from bertcli import __version__, checkpoint, hf, memory, parallel, resolve, runtime
 from bertcli.config import Config, TrainConfig, to_dict
 from bertcli.console import log
 from bertcli.data import Corpus, Dataset, load_data
+from bertcli.data.loader import data_workers, loader
 from bertcli.data.examples import IGNORE, Batch, ExampleBuilder, StepBatches
 from bertcli.errors import Interrupted, RunError
-from bertcli.metrics import LossStats, MetricsLogger, MetricsWindow
+from bertcli.dropout import seed_step
+from bertcli.metrics import LossStats, MetricsLogger, MetricsWindow, peak_tflops
 from bertcli.model import BertForPreTraining, PretrainingOutput
-from bertcli.optim import build_optimizer, lr_at, step_if_finite
+from bertcli.optim import build_optimizer, fused_adamw, lr_at, step_if_finite
 from bertcli.runlock import RunLock
 
 
@@ -102,7 +104,7 @@ def evaluate(model: BertForPreTraining, batches: list[Batch], rt: runtime.Runtim
         with rt.autocast():
             out = model(batch.input_ids, batch.token_type_ids, batch.valid_lens if host.has_padding() else None,
                         batch.pred_positions)
-        s = pretraining_loss(out, batch, tc.mlm_weight, tc.nsp_weight, nsp).stats
+        s = pretraining_loss(out, batch, mlm_weight=tc.mlm_weight, nsp_weight=tc.nsp_weight, nsp=nsp).stats
         sums += torch.stack([s.mlm_loss * s.mlm_count, s.mlm_correct, s.mlm_count, s.nsp_loss * s.nsp_count, s.nsp_correct])
         rows += len(batch.nsp_labels)
     model.train()
@@ -200,15 +202,15 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume: str, quiet: bool) -> Run
     for warning in cfg.warnings():
         log(f"warning: {warning}")
     if rt.is_main:
-        checkpoint.check_start(output_dir, cfg.train.max_steps)  # leftovers removed; what bertcli may not replace refused
+        checkpoint.check_start(output_dir, cfg.train.max_steps)  # leftovers gone; what it may not replace refused
     sized = cfg.model.vocab_size is not None
     # Before the data (a synthetic corpus is as large as the vocabulary; without a vocabulary yet, a
     # lower bound: 100,000 layers are refused before the corpus is prepared), and after when unsized.
-    runtime.check_memory(cfg.model, rt, cfg.train.parallel)
+    memory.check_memory(cfg.model, rt, cfg.train.parallel)
     data = _load_data(cfg, rt, quiet)
     cfg = resolve.with_vocab(cfg, data.vocab_size, cfg.data.corpus)  # the tokenizer exists now
     if not sized:
-        runtime.check_memory(cfg.model, rt, cfg.train.parallel)
+        memory.check_memory(cfg.model, rt, cfg.train.parallel)
     checkpoints = checkpoint.CheckpointManager(cfg, rt.device, is_main=rt.is_main, tokenizer_files=data.tokenizer_files)
     resumed_from = checkpoints.choose(resume)
     processes = f"{rt.world_size} processes ({cfg.train.parallel})" if rt.distributed else "1 process"
@@ -225,10 +227,12 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume: str, quiet: bool) -> Run
         fresh = hf.init_from(model, Path(cfg.model.init_from))
         log(f"initialised from {cfg.model.init_from}" + (f"; not in it, so trained from scratch: {', '.join(fresh)}"
                                                           if fresh else ""))
-    train_model = runtime.parallelize(model, rt, tc.parallel, every_parameter_used=cfg.data.pairs, compile=tc.compile)
-    optimizer = build_optimizer(model, cfg.optimizer, fused=runtime.fused_adamw(rt.device))
-    unpad, why_not = runtime.unpadded(tc.unpad, rt.device, cfg.model.attention_probs_dropout_prob,
-                                      tc.batch_size * cfg.data.max_seq_length, rt.precision)
+    train_model = parallel.parallelize(model, rt, parallel=tc.parallel, every_parameter_used=cfg.data.pairs,
+                                       compile=tc.compile)
+    optimizer = build_optimizer(model, cfg.optimizer, fused=fused_adamw(rt.device))
+    unpad, why_not = runtime.unpadded(tc.unpad, device=rt.device, precision=rt.precision,
+                                      attention_dropout=cfg.model.attention_probs_dropout_prob,
+                                      micro_batch_tokens=tc.batch_size * cfg.data.max_seq_length)
     if why_not:
         log(why_not)
     scaler = rt.grad_scaler(cfg.precision)
@@ -296,22 +300,25 @@ def fit(run: Run, last_step: int, stopper: StopOnSignal, quiet: bool) -> dict[st
         log(f"nothing to do: {resumed_from} is already at step {step}, at or past {limit}; raise it to train further")
         return {"step": step, "tokens_seen": run.progress.tokens_seen, "checkpoint": str(resumed_from),
                 "metrics": checkpoint.read_trainer_state(resumed_from).get("metrics") or {}, "is_main": rt.is_main}
-    window = MetricsWindow(rt.device, step, tc.grad_accum_steps, tc.batch_size, cfg.model, cfg.data.pairs,
-                           runtime.peak_tflops(rt.device, cfg.logging.peak_tflops))
+    window = MetricsWindow(rt.device, step, micro_batches_per_step=tc.grad_accum_steps, batch_size=tc.batch_size,
+                           model=cfg.model, nsp=cfg.data.pairs,
+                           peak_tflops=peak_tflops(rt.device, cfg.logging.peak_tflops))
     guard = NonFiniteGuard(tc.max_nonfinite_steps, rt.device)
-    logger = MetricsLogger(Path(cfg.output_dir), step, tc.max_steps, cfg.logging.tensorboard, quiet) if rt.is_main else None
+    logger = (MetricsLogger(Path(cfg.output_dir), step, max_steps=tc.max_steps, tensorboard=cfg.logging.tensorboard,
+                            quiet=quiet) if rt.is_main else None)
     metrics: dict[str, float] = {}
     tokens_seen, run_start = run.progress.tokens_seen, time.perf_counter()
     if rt.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(rt.device)
     pin = rt.device.type == "cuda"
     micro_batches = StepBatches(ExampleBuilder(run.data.train, cfg.data, tc.batch_size * tc.grad_accum_steps * rt.world_size),
-                                tc.seed, step, last_step, tc.batch_size, tc.grad_accum_steps, rt.rank, rt.world_size)
-    batches = iter(runtime.loader(micro_batches, runtime.data_workers(rt.device, tc.data_workers), pin))
+                                seed=tc.seed, first_step=step, last_step=last_step, batch_size=tc.batch_size,
+                                accum_steps=tc.grad_accum_steps, rank=rt.rank, world_size=rt.world_size)
+    batches = iter(loader(micro_batches, workers=data_workers(rt.device, tc.data_workers), pin_memory=pin))
     run.model.train()
     try:
         while step < last_step:
-            lr, grad_norm = train_step(run, step, batches, window, guard)
+            lr, grad_norm = train_step(run, step, batches=batches, window=window, guard=guard)
             step += 1
             if logger:
                 logger.advance()
@@ -349,7 +356,7 @@ def train_step(run: Run, step: int, batches: Iterator[Batch], window: MetricsWin
     """Optimizer step `step`: forward and backward over its micro-batches, clip, and step unless
     the gradients are not finite. Returns the learning rate and the gradient norm (on the device)."""
     cfg, rt, tc = run.cfg, run.rt, run.cfg.train
-    runtime.seed_step(tc.seed, step, rt.rank)  # dropout of this step: a function of (seed, step, rank)
+    seed_step(tc.seed, step, rt.rank)  # dropout of this step: a function of (seed, step, rank)
     lr = lr_at(step, cfg.optimizer, tc.max_steps)
     for group in run.optimizer.param_groups:
         group["lr"] = lr
@@ -365,16 +372,16 @@ def train_step(run: Run, step: int, batches: Iterator[Batch], window: MetricsWin
     denominators = rt.all_reduce_sum(step_counts(step_batches))
     step_sums = torch.zeros(len(LossStats._fields), device=rt.device)
     for micro, batch in enumerate(step_batches):
-        with runtime.gradient_sync(run.train_model, micro == tc.grad_accum_steps - 1):  # reduced on the last only
+        with parallel.gradient_sync(run.train_model, micro == tc.grad_accum_steps - 1):  # reduced on the last only
             with rt.autocast():
                 out = run.train_model(batch.input_ids, batch.token_type_ids, key_lens[micro], batch.pred_positions,
-                                      batch.packed if run.unpad else None)
-            losses = pretraining_loss(out, batch, tc.mlm_weight, tc.nsp_weight, cfg.data.pairs, denominators,
-                                      rt.world_size)
+                                      packed=batch.packed if run.unpad else None)
+            losses = pretraining_loss(out, batch, mlm_weight=tc.mlm_weight, nsp_weight=tc.nsp_weight,
+                                      nsp=cfg.data.pairs, step_counts=denominators, world_size=rt.world_size)
             run.scaler.scale(losses.total).backward()
         step_sums += torch.stack(losses.stats)
     run.scaler.unscale_(run.optimizer)  # no-op unless fp16
-    grad_norm = runtime.local(torch.nn.utils.clip_grad_norm_(run.model.parameters(), tc.max_grad_norm or float("inf")))
+    grad_norm = parallel.local(torch.nn.utils.clip_grad_norm_(run.model.parameters(), tc.max_grad_norm or float("inf")))
     finite = torch.isfinite(grad_norm)  # a NaN or inf loss makes the norm non-finite too
     step_if_finite(run.optimizer, run.scaler, finite)  # a skipped step changes nothing
     run.scaler.update()
@@ -394,7 +401,7 @@ def _trainer_state(run: Run, window: MetricsWindow, metrics: dict[str, float], r
 def _evaluate(run: Run, step: int, window: MetricsWindow, logger: MetricsLogger | None) -> dict[str, float]:
     """Held-out metrics at `step`, logged; their time is kept out of tokens/s."""
     start = time.perf_counter()
-    metrics = {**evaluate(run.model, run.eval_batches, run.rt, run.cfg.train, run.cfg.data.pairs),
+    metrics = {**evaluate(run.model, run.eval_batches, rt=run.rt, tc=run.cfg.train, nsp=run.cfg.data.pairs),
                "mlm_acc_baseline": run.baseline_acc}
     if logger:
         logger.log(step, metrics, split="eval")

@@ -3,7 +3,7 @@
     python scripts/accumulation.py [--steps 20]
 
 Both runs see the same examples and MLM masks; only dropout masks differ (drawn per micro-batch),
-so without dropout the weights agree to float rounding (README, "Data-parallel training")."""
+so without dropout the weights agree to float rounding (docs/reference.md, "Several processes: torchrun")."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ faster), and the minimum cosine between the two .npy files.
 PyTorch's dynamic int8 quantization (torch.ao.quantization.quantize_dynamic, per-channel weights,
 activations quantized per batch), the rest as `bertcli encode`; it reports its speed against fp32
 bertcli and the minimum cosine of its vectors to the fp32 ones. `bertcli encode` has no int8 mode:
-on all-MiniLM-L6-v2 this one missed the bar for shipping one (1.5x fp32, minimum cosine 0.99; README).
+on all-MiniLM-L6-v2 this one missed the bar for shipping one (1.5x fp32, minimum cosine 0.99; docs/benchmarks.md, "Encoding").
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ from collections.abc import Callable
 from pathlib import Path
 import torch
 from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
-from bertcli.encode import Writer, encode, load_encoder, read_lines
+from bertcli.encode import Writer, encode, load_encoder, read_lines, resolve
 model_dir, input_path, output = sys.argv[1:4]
 enc = load_encoder(Path(model_dir), torch.device("cpu"))
 with warnings.catch_warnings():
@@ -70,7 +70,7 @@ with warnings.catch_warnings():
     quantize_dynamic(enc.model.bert.encoder, {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8,
                      inplace=True)
 writer = Writer("npy", None, Path(output), False)
-encode(enc, read_lines([input_path], "strict"), writer, batch_size=int(sys.argv[4]))
+encode(enc, read_lines([input_path], "strict"), writer, resolve(enc, batch_size=int(sys.argv[4])))
 writer.close(enc.model.config.hidden_size)
 """
 

@@ -38,9 +38,9 @@ import transformers
 
 from bertcli.config_load import preset_config
 from bertcli.data.examples import IGNORE
+from bertcli.metrics import peak_tflops
 from bertcli.model import BertForPreTraining, flops_per_token, packing
-from bertcli.optim import param_groups
-from bertcli.runtime import fused_adamw, peak_tflops
+from bertcli.optim import fused_adamw, param_groups
 
 
 def real_lengths(rows: int, T: int) -> torch.Tensor:
@@ -125,7 +125,7 @@ def main() -> None:
         def step(b):
             with autocast:
                 out = model(b["tokens"], b["segments"], b["valid"] if b["padded"] else None, b["positions"],
-                            b["packed"] if unpad else None)
+                            packed=b["packed"] if unpad else None)
             loss = F.cross_entropy(out.mlm_logits.float().flatten(0, 1), b["labels"].flatten()) + \
                 F.cross_entropy(out.nsp_logits.float(), b["nsp"])
             loss.backward()

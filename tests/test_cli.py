@@ -230,7 +230,7 @@ def test_a_model_too_large_is_refused_from_its_numbers_at_once(cli, tmp_path):
 
     from bertcli.config_load import preset_config
     from bertcli.model import BertForPreTraining
-    from bertcli.runtime import parameter_count
+    from bertcli.memory import parameter_count
 
     for overrides in ([], ["model.vocab_size=1001", "model.pad_vocab_multiple=1"], ["model.type_vocab_size=5",
                                                                                    "model.num_hidden_layers=3"]):

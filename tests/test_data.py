@@ -260,8 +260,9 @@ def test_a_batch_has_padding_when_a_row_is_shorter_than_its_width():
     """What the trainer asks (on the host copy) before leaving out the attention mask: rows all of
     one length are still padded when collate rounds the width up to a multiple of 8."""
     def batch(*lengths):
-        return collate([Example(np.arange(n) + 5, np.zeros(n, dtype=np.int64), np.array([1]), np.array([7]), 0)
-                        for n in lengths], max_predictions=2, pad_id=0, max_length=64)
+        return collate([Example(tokens=np.arange(n) + 5, segments=np.zeros(n, dtype=np.int64), pred_positions=np.array([1]),
+                                pred_labels=np.array([7]), nsp_label=0) for n in lengths],
+                       max_predictions=2, pad_id=0, max_length=64)
 
     assert not batch(16, 16).has_padding()
     assert batch(12, 12).has_padding() and batch(12, 12).input_ids.shape[1] == 16

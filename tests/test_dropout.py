@@ -31,13 +31,13 @@ def test_a_rate_near_1_drops_everything_and_near_0_keeps_everything():
 def test_dropout_zeroes_the_dropped_scales_the_kept_and_so_does_its_gradient():
     x = torch.randn(50, 40, dtype=torch.float64, requires_grad=True)
     torch.manual_seed(3)
-    y = dropout(x, 0.25, True)
+    y = dropout(x, 0.25, training=True)
     torch.manual_seed(3)
     keep = keep_mask(x.shape, 0.25, CPU)  # the same draw
     torch.testing.assert_close(y, torch.where(keep, x / 0.75, 0))
     y.backward(torch.ones_like(y))
     torch.testing.assert_close(x.grad, keep.double() / 0.75)
-    assert dropout(x, 0.25, False) is x and dropout(x, 0.0, True) is x
+    assert dropout(x, 0.25, training=False) is x and dropout(x, 0.0, training=True) is x
 
 
 @pytest.mark.parametrize("masked", [False, True])
@@ -47,14 +47,14 @@ def test_attention_with_dropout_is_sdpa_with_that_mask(masked):
     B, nh, T, hd = 3, 2, 12, 8
     q, k, v = (torch.randn(B, nh, T, hd, requires_grad=True) for _ in range(3))
     keep = (torch.arange(T)[None, :] < torch.tensor([12, 7, 3])[:, None])[:, None, None, :] if masked else None
-    out = attention(q, k, v, keep, 1e-12)  # rounds to a threshold that keeps every weight
+    out = attention(q, k, v, keep, dropout_p=1e-12)  # rounds to a threshold that keeps every weight
     ref = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
     torch.testing.assert_close(out, ref)
     grads = torch.autograd.grad(out.square().sum(), (q, k, v))
     for got, want in zip(grads, torch.autograd.grad(ref.square().sum(), (q, k, v))):
         torch.testing.assert_close(got, want)
     torch.manual_seed(5)
-    out = attention(q, k, v, keep, 0.3)
+    out = attention(q, k, v, keep, dropout_p=0.3)
     torch.manual_seed(5)
     scores = q @ k.transpose(-2, -1) / hd ** 0.5
     if keep is not None:

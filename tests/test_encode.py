@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from bertcli import checkpoint, layout
-from bertcli.encode import Writer, encode, load_encoder
+from bertcli.encode import Writer, encode, load_encoder, resolve
 from bertcli.hf import export
 from conftest import REPO
 
@@ -24,7 +24,8 @@ def run_encode(model, lines, fmt="jsonl", **kwargs):
 
     enc = load_encoder(model, torch.device("cpu"))
     stream = io.StringIO()
-    counts = encode(enc, iter(lines), Writer(fmt, stream, None, kwargs.pop("with_text", False)), **kwargs)
+    writer = Writer(fmt, stream, None, kwargs.pop("with_text", False))
+    counts = encode(enc, iter(lines), writer, resolve(enc, **kwargs))
     return [json.loads(line) for line in stream.getvalue().splitlines()] if fmt == "jsonl" else stream.getvalue(), counts
 
 
@@ -169,7 +170,7 @@ def test_a_very_long_line_is_tokenized_from_a_prefix(trained, monkeypatch):
     enc.tokenizer = Spy(enc.tokenizer)
     lines = ["modules and packages are explained here . " * 5_000, " " * 100_000 + "words past the cap"]
     stream = io.StringIO()
-    counts = encode(enc, iter(lines), Writer("jsonl", stream, None, False))
+    counts = encode(enc, iter(lines), Writer("jsonl", stream, None, False), resolve(enc))
     budget = enc.max_length - 2
     assert [len(x) for x in seen] == [budget * encode_mod.PREFIX_START, budget * encode_mod.PREFIX_CAP]
     assert counts == {"lines": 2, "truncated": 2, "unpaired": 0}

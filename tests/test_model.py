@@ -144,7 +144,7 @@ def test_unpadded_forward_and_backward_equal_the_padded_ones():
     for packed in (None, packing(valid_lens, tokens.shape[1])):
         torch.manual_seed(0)
         model = BertForPreTraining(cfg)
-        out = model(tokens, segments, valid_lens, positions, packed)
+        out = model(tokens, segments, valid_lens, positions, packed=packed)
         (out.mlm_logits.square().mean() + out.nsp_logits.square().mean()).backward()
         encoded = out.encoded if packed is None else packed.unpack(out.encoded)
         grads = {k: p.grad.clone() for k, p in model.named_parameters()}
@@ -163,7 +163,7 @@ def test_unpadded_path_refuses_attention_dropout():
     model = BertForPreTraining(SMALL).train()  # attention_probs_dropout_prob 0.1
     tokens, segments, valid_lens = random_inputs(SMALL)
     with pytest.raises(ValueError, match="attention dropout"):
-        model(tokens, segments, valid_lens, None, packing(valid_lens, tokens.shape[1]))
+        model(tokens, segments, valid_lens, packed=packing(valid_lens, tokens.shape[1]))
 
 
 @pytest.mark.parametrize("training", [True, False])

@@ -21,7 +21,7 @@ import torch
 from bertcli.config import TokenizerConfig
 from bertcli.data.prepare import SAMPLE
 from bertcli.data.tokenizer import load_tokenizer
-from bertcli.encode import encode, load_encoder
+from bertcli.encode import encode, load_encoder, resolve
 from bertcli.resolve import load_run
 from bertcli.sbert import read_sentence_model
 
@@ -69,7 +69,7 @@ class Rows:
 
 def vectors(enc, lines: list[str], **options) -> np.ndarray:
     out = Rows()
-    encode(enc, iter(lines), out, **options)
+    encode(enc, iter(lines), out, resolve(enc, **options))
     return np.stack(out.rows)
 
 

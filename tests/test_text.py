@@ -171,7 +171,7 @@ def test_inner_characters_are_the_continuation_pieces_the_trainer_makes(tmp_path
     files = [tmp_path / "docs.txt", tmp_path / "tricky.txt", tmp_path / "tricky.jsonl"]
     cfg = TokenizerConfig(vocab_size=300, lowercase=lowercase, strip_accents=strip_accents)
     # The trainer as it is: its "##c" pieces (ids vary from process to process, the set does not).
-    plain = _bert_pipeline(Tokenizer(models.WordPiece(unk_token="[UNK]")), Casing(lowercase, strip_accents, True))
+    plain = _bert_pipeline(Tokenizer(models.WordPiece(unk_token="[UNK]")), Casing(do_lower_case=lowercase, strip_accents=strip_accents))
     plain.train_from_iterator((s for s in read_sentences(files) if s is not None),
                               trainer=trainers.WordPieceTrainer(vocab_size=300, special_tokens=list(SPECIAL)))
     made = sorted(t[2:] for t in plain.get_vocab() if t.startswith("##") and len(t) == 3)

@@ -118,21 +118,21 @@ def test_resuming_past_the_requested_end_has_nothing_to_do(tmp_path, cli):
 
 
 def test_sizes_that_cannot_fit_are_refused_with_the_figure(monkeypatch):
-    from bertcli import runtime
+    from bertcli import memory, runtime
 
     cfg = micro_config()
     rt = runtime.Runtime(device=torch.device("cpu"), precision="fp32")
     n = sum(p.numel() for p in BertForPreTraining(cfg.model).parameters())
-    monkeypatch.setattr(runtime, "machine_memory", lambda: 16 * n)
-    runtime.check_memory(cfg.model, rt, "ddp")  # exactly fits
-    monkeypatch.setattr(runtime, "machine_memory", lambda: 16 * n - 1)
+    monkeypatch.setattr(memory, "machine_memory", lambda: 16 * n)
+    memory.check_memory(cfg.model, rt, "ddp")  # exactly fits
+    monkeypatch.setattr(memory, "machine_memory", lambda: 16 * n - 1)
     with pytest.raises(UsageError, match=f"{n:,} parameters need .* GiB .* this machine's memory is"):
-        runtime.check_memory(cfg.model, rt, "ddp")
-    monkeypatch.setattr(runtime, "machine_memory", lambda: 4 * n)
+        memory.check_memory(cfg.model, rt, "ddp")
+    monkeypatch.setattr(memory, "machine_memory", lambda: 4 * n)
     monkeypatch.setenv("WORLD_SIZE", "4")
-    runtime.check_memory(cfg.model, runtime.Runtime(torch.device("cpu"), "fp32", world_size=4), "fsdp")  # 1/4 each
+    memory.check_memory(cfg.model, runtime.Runtime(torch.device("cpu"), "fp32", world_size=4), "fsdp")  # 1/4 each
     with pytest.raises(UsageError, match="too large"):
-        runtime.check_memory(cfg.model, runtime.Runtime(torch.device("cpu"), "fp32", world_size=4), "ddp")
+        memory.check_memory(cfg.model, runtime.Runtime(torch.device("cpu"), "fp32", world_size=4), "ddp")
 
 
 def test_weights_get_the_mode_of_every_other_file(tmp_path, trained):
@@ -364,9 +364,9 @@ def test_compiled_layers_train_like_eager_ones(tmp_path, monkeypatch):
     aot_eager backend (dynamo + AOTAutograd, seconds) rather than inductor (minutes on a CPU)."""
     import torch._dynamo
 
-    from bertcli import runtime
+    from bertcli import parallel
 
-    monkeypatch.setattr(runtime, "COMPILE_BACKEND", "aot_eager")
+    monkeypatch.setattr(parallel, "COMPILE_BACKEND", "aot_eager")
     torch._dynamo.reset()
     overrides = ["train.max_steps=4", "train.eval_every=0", "model.hidden_dropout_prob=0",
                  "model.attention_probs_dropout_prob=0"]
@@ -405,13 +405,17 @@ def test_unpadded_training_matches_padded_training(tmp_path, capsys, monkeypatch
 def test_automatic_unpadding_is_for_large_gpu_micro_batches_without_attention_dropout():
     from bertcli.runtime import UNPAD_MIN_TOKENS, unpadded
 
-    gpu, cpu = torch.device("cuda"), torch.device("cpu")
-    assert unpadded(None, gpu, 0.0, UNPAD_MIN_TOKENS) == (True, None)
-    assert unpadded(None, gpu, 0.0, UNPAD_MIN_TOKENS - 1) == (False, None)  # launch-bound: measured slower
-    assert unpadded(None, gpu, 0.1, UNPAD_MIN_TOKENS) == (False, None)
-    assert unpadded(None, cpu, 0.0, UNPAD_MIN_TOKENS) == (False, None)
-    assert unpadded(True, cpu, 0.0, 8) == (True, None)
-    assert unpadded(False, gpu, 0.0, UNPAD_MIN_TOKENS)[0] is False
+    def decide(setting, device, attention_dropout, tokens, precision="bf16"):
+        return unpadded(setting, device=torch.device(device), precision=precision, attention_dropout=attention_dropout,
+                        micro_batch_tokens=tokens)
+
+    assert decide(None, "cuda", 0.0, UNPAD_MIN_TOKENS) == (True, None)
+    assert decide(None, "cuda", 0.0, UNPAD_MIN_TOKENS - 1) == (False, None)  # launch-bound: measured slower
+    assert decide(None, "cuda", 0.1, UNPAD_MIN_TOKENS) == (False, None)
+    assert decide(None, "cpu", 0.0, UNPAD_MIN_TOKENS) == (False, None)
+    assert decide(None, "cuda", 0.0, UNPAD_MIN_TOKENS, precision="fp32") == (False, None)  # FlashAttention: half only
+    assert decide(True, "cpu", 0.0, 8) == (True, None)
+    assert decide(False, "cuda", 0.0, UNPAD_MIN_TOKENS)[0] is False
 
 
 def test_a_run_keeps_its_tokenizer_when_its_corpus_changes(tmp_path, small_corpus, cli):

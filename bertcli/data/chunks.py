@@ -27,7 +27,7 @@ class ChunkIndex(NamedTuple):
     target: np.ndarray  # (C,) like count: the chunk's target length in tokens
 
 
-def cut_epoch(offsets: np.ndarray, doc_offsets: np.ndarray, max_tokens: int, cfg: DataConfig,
+def cut_epoch(offsets: np.ndarray, doc_offsets: np.ndarray, *, max_tokens: int, cfg: DataConfig,
               rng: np.random.Generator, piece: int = PIECE) -> ChunkIndex:
     """The chunks of one epoch (see ExampleBuilder.build_epoch), drawn from `rng`: `offsets` (S+1,)
     token offsets of the segments, `doc_offsets` (D+1,) first segment of each document."""
@@ -94,5 +94,5 @@ def random_next_share(seg_offsets: np.ndarray, doc_offsets: np.ndarray, cfg: Dat
         doc = np.concatenate([[0], np.cumsum(counts)])
     if len(doc) < 2:
         return 0.0
-    index = cut_epoch(seg, doc, cfg.max_seq_length - 3, cfg, np.random.default_rng([seed, 0, 0]))
+    index = cut_epoch(seg, doc, max_tokens=cfg.max_seq_length - 3, cfg=cfg, rng=np.random.default_rng([seed, 0, 0]))
     return float(index.random_next.mean())

@@ -31,7 +31,7 @@ class SpecialTokens:
     @property
     def first_regular_id(self) -> int:
         """The first id above every special one (where the synthetic corpus starts its words)."""
-        return max(self.pad, self.unk, self.cls, self.sep, self.mask) + 1
+        return max(self.ids) + 1
 
     @property
     def ids(self) -> tuple[int, ...]:

@@ -26,7 +26,7 @@ from bertcli.model import Packing, packing
 IGNORE = -100  # label of padded prediction slots: cross_entropy(ignore_index=IGNORE) skips them
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Example:
     tokens: np.ndarray  # (T,) [CLS] A [SEP] B [SEP], masked
     segments: np.ndarray  # (T,) 0 for [CLS] A [SEP], 1 for B [SEP]
@@ -106,8 +106,8 @@ class ExampleBuilder:
         an A or a true B once per epoch. A last short sentence left alone is paired with the one
         before it as A (true B) or, with random_next_prob, alone with a random B: a document's end
         is neither lost nor a forced random B. Then the chunks are shuffled."""
-        return cut_epoch(self.offsets, self.doc_offsets, self.max_tokens, self.cfg,
-                         np.random.default_rng([seed, stream, epoch]), self.PIECE)
+        return cut_epoch(self.offsets, self.doc_offsets, max_tokens=self.max_tokens, cfg=self.cfg,
+                         rng=np.random.default_rng([seed, stream, epoch]), piece=self.PIECE)
 
     def _epoch(self, seed: int, stream: int, epoch: int) -> ChunkIndex:
         key = (seed, stream, epoch)
@@ -130,7 +130,7 @@ class ExampleBuilder:
         return (first, first + int(index.count[j]), first + int(index.a_count[j]), bool(index.random_next[j]),
                 int(index.target[j]))
 
-    def _random_start(self, seed: int, stream: int, g: int, doc: int, rng: np.random.Generator) -> tuple[int, int]:
+    def _random_start(self, seed: int, stream: int, g: int, *, doc: int, rng: np.random.Generator) -> tuple[int, int]:
         """(first segment, document) of a random B: where a random chunk of the same epoch starts,
         in another document. Documents are so drawn in proportion to their length, as A's are (a
         uniform draw over documents would show the tokens of short ones more often), and B starts
@@ -158,11 +158,12 @@ class ExampleBuilder:
             tokens = np.concatenate([[sp.cls], span, [sp.sep]]).astype(np.int64)
             special = np.zeros(len(tokens), dtype=bool)
             special[[0, -1]] = True
-            masked, positions, labels = mask_tokens(tokens, special, cfg, c, rng)
-            return Example(masked, np.zeros(len(tokens), dtype=np.int64), positions, labels, IGNORE, (doc, doc))
+            masked, positions, labels = mask_tokens(tokens, special, cfg=cfg, corpus=c, rng=rng)
+            return Example(tokens=masked, segments=np.zeros(len(tokens), dtype=np.int64), pred_positions=positions,
+                           pred_labels=labels, nsp_label=IGNORE, documents=(doc, doc))
         a = self._tokens(first, a_end)
         if random_next:
-            b_first, other = self._random_start(seed, stream, g, doc, rng)
+            b_first, other = self._random_start(seed, stream, g, doc=doc, rng=rng)
             b, nsp_label, b_doc = self._tokens(b_first, self._chunk(b_first, max(1, target - len(a)))), 1, other
         else:
             b, nsp_label, b_doc = self._tokens(a_end, end), 0, doc
@@ -172,8 +173,9 @@ class ExampleBuilder:
         segments[len(a) + 2:] = 1
         special = np.zeros(len(tokens), dtype=bool)
         special[[0, len(a) + 1, len(tokens) - 1]] = True
-        masked, positions, labels = mask_tokens(tokens, special, cfg, c, rng)
-        return Example(masked, segments, positions, labels, nsp_label, (doc, b_doc))
+        masked, positions, labels = mask_tokens(tokens, special, cfg=cfg, corpus=c, rng=rng)
+        return Example(tokens=masked, segments=segments, pred_positions=positions, pred_labels=labels,
+                       nsp_label=nsp_label, documents=(doc, b_doc))
 
     def batch(self, seed: int, step: int, indices: range, stream: int = TRAIN) -> Batch:
         """Examples `indices` of step `step`; padded to the longest row, rounded up to 8 within max_seq_length."""
@@ -188,7 +190,7 @@ class StepBatches(torch.utils.data.Dataset):
     with the whole batch. Each item is a pure function of (seed, step, rank), so worker processes
     can build them ahead of the training step without changing a thing."""
 
-    def __init__(self, builder: ExampleBuilder, seed: int, first_step: int, last_step: int, batch_size: int,
+    def __init__(self, builder: ExampleBuilder, *, seed: int, first_step: int, last_step: int, batch_size: int,
                  accum_steps: int, rank: int = 0, world_size: int = 1) -> None:
         self.builder, self.seed, self.first_step, self.last_step = builder, seed, first_step, last_step
         self.B, self.A, self.rank, self.W = batch_size, accum_steps, rank, world_size
@@ -228,7 +230,7 @@ def _words(candidates: np.ndarray, tokens: np.ndarray, continuation: np.ndarray 
     return np.split(candidates, np.flatnonzero(~joins)[1:])
 
 
-def mask_tokens(tokens: np.ndarray, special: np.ndarray, cfg: DataConfig, corpus: Corpus,
+def mask_tokens(tokens: np.ndarray, special: np.ndarray, *, cfg: DataConfig, corpus: Corpus,
                 rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Choose masked_lm_prob of the non-special tokens (at most max_predictions_per_seq), whole words
     together with whole_word_mask; replace each chosen token by [MASK] (mask_token_prob), a random

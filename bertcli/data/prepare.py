@@ -230,7 +230,7 @@ def _prepare(cfg: Config, quiet: bool, force: bool) -> Path:
         save_tokenizer(tok, tmp)
         vocab_size = tok.get_vocab_size(with_added_tokens=True)
         dtype = np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
-        splits, unknown = _write_shards(tok, files, data, tmp, dtype, total_bytes, quiet)
+        splits, unknown = _write_shards(tok, files, data, tmp, dtype=dtype, total_bytes=total_bytes, quiet=quiet)
         _check_sizes(splits, data, folder)
         elapsed = time.perf_counter() - start
         casing = describe(tok)
@@ -411,7 +411,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _write_shards(tok: Tokenizer, files: list[Path], data: DataConfig, tmp: Path, dtype: np.dtype,
+def _write_shards(tok: Tokenizer, files: list[Path], data: DataConfig, tmp: Path, *, dtype: np.dtype,
                   total_bytes: int | None, quiet: bool) -> tuple[dict[str, dict[str, int]], int]:
     """Tokenize the corpus files into the train and valid shards under `tmp` (documents held out
     by their number); return each split's counts and the number of unknown tokens."""

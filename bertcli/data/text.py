@@ -234,7 +234,7 @@ def _lines(path: Path, progress: Callable[[int], None]) -> Iterator[tuple[int, s
     limit = -1 if is_jsonl(path) else READ_BYTES
     decoder = codecs.getincrementaldecoder("utf-8")()
 
-    def decode(raw: bytes, final: bool) -> str:
+    def decode(raw: bytes, *, final: bool) -> str:
         held = len(decoder.getstate()[0])  # bytes of a character cut by the previous part
         try:
             return decoder.decode(raw, final=final)
@@ -249,13 +249,13 @@ def _lines(path: Path, progress: Callable[[int], None]) -> Iterator[tuple[int, s
                 raise UsageError(f"{path}: byte {offset + nul}: a NUL byte; this looks like a binary file, not text "
                                  "(remove it from the corpus)")
             ends = raw.endswith(b"\n") or limit < 0 or len(raw) < limit  # short of the limit: the file's end
-            text = decode(raw, ends)
+            text = decode(raw, final=ends)
             offset += len(raw)
             progress(len(raw))
             yield number, text, ends
             number += ends
         if not ends:  # the file ended with a part exactly READ_BYTES long
-            yield number, decode(b"", True), True
+            yield number, decode(b"", final=True), True
 
 
 def read_text(files: list[Path], block: int = 1 << 16) -> Iterator[str]:

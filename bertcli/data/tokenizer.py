@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -33,9 +33,10 @@ SPECIAL = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 CONTINUATION = "##"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Casing:
-    """The normalisation settings of BERT's tokenizer, named as in tokenizer_config.json."""
+    """The normalisation settings of BERT's tokenizer, named as in tokenizer_config.json; the defaults
+    are transformers' BertTokenizer's."""
 
     do_lower_case: bool = True
     strip_accents: bool | None = None  # None: follow do_lower_case (as BertTokenizer does)
@@ -57,8 +58,8 @@ def casing_of(folder: Path) -> Casing | None:
         raise UsageError(f"{file}: expected a JSON object")
     if not str(raw.get("tokenizer_class") or "BertTokenizer").removesuffix("Fast").endswith("BertTokenizer"):
         return None
-    values = {"do_lower_case": raw.get("do_lower_case", True), "strip_accents": raw.get("strip_accents"),
-              "tokenize_chinese_chars": raw.get("tokenize_chinese_chars", True)}
+    defaults = Casing()
+    values = {f.name: raw.get(f.name, getattr(defaults, f.name)) for f in fields(Casing)}
     for key, value in values.items():
         if not (isinstance(value, bool) or (key == "strip_accents" and value is None)):
             raise UsageError(f"{file}: {key} is {value!r}; expected true or false")
@@ -84,7 +85,7 @@ def _add_post_processor(tok: Tokenizer) -> Tokenizer:
 
 def _new_tokenizer(cfg: TokenizerConfig) -> Tokenizer:
     return _bert_pipeline(Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix=CONTINUATION)),
-                          Casing(cfg.lowercase, cfg.strip_accents, True))
+                          Casing(do_lower_case=cfg.lowercase, strip_accents=cfg.strip_accents))
 
 
 # Bits of inner_characters' table, one byte per code point.
@@ -205,7 +206,7 @@ def load_tokenizer(path: Path, cfg: TokenizerConfig) -> Tokenizer:
                     clean_text=norm.clean_text, handle_chinese_chars=casing.tokenize_chinese_chars,
                     strip_accents=casing.strip_accents, lowercase=casing.do_lower_case)
         else:
-            casing = casing or Casing(cfg.lowercase, cfg.strip_accents, True)
+            casing = casing or Casing(do_lower_case=cfg.lowercase, strip_accents=cfg.strip_accents)
             tok = _add_post_processor(_bert_pipeline(Tokenizer(models.WordPiece.from_file(str(path), unk_token="[UNK]")), casing))
     except Exception as exc:  # tokenizers raises plain Exceptions with its own message
         raise UsageError(f"{path}: cannot load tokenizer ({str(exc).splitlines()[0]})") from None

@@ -1,0 +1,68 @@
+"""How the model runs over the job's processes: compiled layers, DDP or FSDP2, and when gradients
+are reduced. One process (`Runtime.distributed` false) gets the model itself, on its device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from bertcli.model import BertForPreTraining
+from bertcli.runtime import Runtime
+
+
+COMPILE_BACKEND = "inductor"  # tests use "aot_eager": the same graph capture without minutes of code generation
+
+
+def parallelize(model: BertForPreTraining, rt: Runtime, *, parallel: str, every_parameter_used: bool,
+                compile: bool = False) -> nn.Module:
+    """Put `model` on the device and return what the training step calls: the model itself in
+    one process; under torchrun a DistributedDataParallel wrapper (`ddp`: a whole model on each
+    process, gradients all-reduced), or the model sharded in place by FSDP2 (`fsdp`: each
+    encoder layer, then the rest, keeps 1/world of its parameters, gradients and optimizer state
+    on each process; a layer is gathered for its forward and backward only). Build the
+    optimizer after this: FSDP2 turns parameters into DTensor shards.
+
+    `compile` compiles each encoder layer in place (as torchtitan does, before sharding): the
+    layers are alike, so one compiled graph serves them all, and the hooks of DDP and FSDP stay
+    outside the graphs. A new sequence length recompiles once, then shapes are dynamic.
+    """
+    if compile:
+        for block in model.blocks:
+            block.compile(backend=COMPILE_BACKEND)
+    if rt.distributed and parallel == "fsdp":
+        from torch.distributed.fsdp import fully_shard  # a second to import: only when used
+
+        # The MLM logits are a view (the vocabulary padding sliced off); FSDP2 warns that an
+        # in-place op on a view would skip its hook. Nothing writes to them in place.
+        warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
+        for block in model.blocks:  # shards go to this process's device
+            fully_shard(block)
+        fully_shard(model)  # embeddings, pooler and heads (with the tied decoder) as one group
+        return model
+    model.to(rt.device)
+    if not rt.distributed:
+        return model
+    # Without NSP the pooler and NSP head get no gradient: DDP must be told to expect that.
+    return DDP(model, device_ids=[rt.device.index] if rt.device.type == "cuda" else None,
+               find_unused_parameters=not every_parameter_used)
+
+
+def gradient_sync(train_model: nn.Module, enabled: bool) -> contextlib.AbstractContextManager:
+    """Turn the gradient all-reduce (DDP) or reduce-scatter (FSDP) off for accumulation
+    micro-batches; gradients are then reduced once, on the step's last micro-batch."""
+    if hasattr(train_model, "set_requires_gradient_sync"):  # an FSDPModule
+        train_model.set_requires_gradient_sync(enabled)
+        return contextlib.nullcontext()
+    if isinstance(train_model, DDP) and not enabled:
+        return train_model.no_sync()
+    return contextlib.nullcontext()
+
+
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    """A plain tensor from a replicated DTensor (FSDP's gradient norm); other tensors as they are."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
