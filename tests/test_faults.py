@@ -467,11 +467,11 @@ def test_a_checkpoint_holds_the_tokenizer_its_model_was_trained_with(tmp_path, c
     files = {name: (run / "data" / name).read_bytes() for name in ("tokenizer.json", "vocab.txt")}
     real = trainer.train_step
 
-    def train_step(state, step, *args):
+    def train_step(state, step, *args, **kwargs):
         if step == 0:
             (run / "data" / "tokenizer.json").write_text('{"another": "tokenizer"}\n')
             (run / "data" / "vocab.txt").write_text("[PAD]\n[UNK]\n")
-        return real(state, step, *args)
+        return real(state, step, *args, **kwargs)
 
     monkeypatch.setattr(trainer, "train_step", train_step)
     result = cli("pretrain", "--config", run / "config.yaml", "--quiet", "--set", "train.max_steps=2")
