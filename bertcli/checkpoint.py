@@ -637,14 +637,10 @@ class CheckpointManager:
     loss is the lowest so far. Every process calls each method at the same points (FSDP gathers
     and shards collectively); only the main process writes, renames and removes."""
 
-    def __init__(self, cfg: Config, device: torch.device, *, is_main: bool, tokenizer_files: list[Path]) -> None:
+    def __init__(self, cfg: Config, device: torch.device, *, is_main: bool, tokenizer: dict[str, bytes]) -> None:
         self.cfg, self.device, self.is_main = cfg, device, is_main
         self.output_dir = Path(cfg.output_dir)
-        # The tokenizer's files, read once, now: every checkpoint holds these bytes, those of the ids trained on,
-        # whatever happens to the prepared folder meanwhile (symbolic links are refused: never followed out of it).
-        self.prepared = Path(tokenizer_files[0]).parent if tokenizer_files else None
-        self.tokenizer = {Path(path).name: read_own(path, "the prepared data", "run `bertcli prepare --force` to write "
-                                                    "it again") for path in tokenizer_files}
+        self.tokenizer = tokenizer  # the prepared data's files (name: bytes), as the run read them when it started
         self.parts: dict[str, Stateful] = {}
         self.resumed_from: Path | None = None
         self.best: float | None = None  # the held-out MLM loss of checkpoints/best, kept by settle_best
@@ -656,7 +652,8 @@ class CheckpointManager:
         data's; and `best` settled (settle_best)."""
         self.resumed_from = choose_resume(self.output_dir, resume, self.cfg, self.is_main)
         if self.resumed_from is not None and layout.TOKENIZER_JSON in self.tokenizer:
-            check_same_tokenizer(self.resumed_from, self.prepared, self.tokenizer[layout.TOKENIZER_JSON])
+            prepared = Path(self.cfg.data.prepared_dir)
+            check_same_tokenizer(self.resumed_from, prepared, self.tokenizer[layout.TOKENIZER_JSON])
         self.best = settle_best(self.output_dir, self.cfg, self.resumed_from, self.is_main)
         self.last_saved = self.resumed_from
         return self.resumed_from
@@ -690,7 +687,7 @@ class CheckpointManager:
         trainer = read_trainer_state(path)
         progress = Progress(step=int(state["step"]), tokens_seen=int(trainer.get("tokens_seen", 0)),
                             train_time_s=float(trainer.get("train_time_s", 0.0)))
-        console.log(f"resuming from {path} (step {progress.step})")
+        console.info(f"resuming from {path} (step {progress.step})")
         if progress.step < self.cfg.train.max_steps:  # (else there is nothing to do)
             for line in setting_differences(read_config(path), self.cfg, progress.step, path.name):
                 console.log(line)

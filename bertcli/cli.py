@@ -27,7 +27,7 @@ try:  # Typer >= 0.2x runs on its own vendored copy of Click: catch that one's e
 except ImportError:  # older Typer uses the click package
     import click
 
-from bertcli import __version__
+from bertcli import __version__, console
 from bertcli.console import error as err
 from bertcli.console import log
 from bertcli.errors import BertcliError, Interrupted, PipeClosed, RunError, UsageError
@@ -105,7 +105,7 @@ def init(
     from bertcli.config_load import preset_config
     from bertcli.config_write import preset_header, to_yaml
     from bertcli.data.text import corpus_files
-    from bertcli.resolve import KEYWORD_CORPORA, SYNTHETIC_VOCAB, from_here
+    from bertcli.resolve import KEYWORD_CORPORA, SYNTHETIC_VOCAB, check_outputs_apart, from_here, resolve
 
     header = preset_header(preset.value)
     overrides = from_here(overrides)  # paths typed here are relative to here, not to DIR
@@ -122,6 +122,8 @@ def init(
         continued, note = continued_pretraining(init_from.expanduser().resolve(), preset.value, overrides)
         overrides, header = continued + overrides, header + "\n" + note
     cfg = preset_config(preset.value, overrides)
+    # The outputs apart from the corpus, as pretrain will check them (paths in the file: from DIR), refused now.
+    check_outputs_apart(resolve(cfg, directory.expanduser().absolute(), adopt_init_from=False))
     path = directory / layout.RUN_CONFIG
     if path.exists() or path.is_symlink():
         ownership.check_config_replaceable(path)  # --force overwrites a bertcli config, never another file
@@ -129,8 +131,15 @@ def init(
         raise UsageError(f"{path} already exists; pass --force to overwrite it, or choose another folder")
     if directory.exists() and not directory.is_dir():
         raise UsageError(f"{directory} exists and is not a folder")
+    created = [p for p in (directory, *directory.parents) if not p.exists() and not p.is_symlink()]  # deepest first
     directory.mkdir(parents=True, exist_ok=True)
-    atomic.write_text(path.resolve(), to_yaml(cfg, header))  # a link: keep it, rewrite its config
+    try:
+        atomic.write_text(path.resolve(), to_yaml(cfg, header))  # a link: keep it, rewrite its config
+    except BaseException:  # a full disk, say: nothing half-made is left, only the folders made here are removed
+        for folder in created:
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only if still empty
+        raise
     m = cfg.model
     sizes = f"from {m.init_from}" if init_from is not None else f"preset {preset.value}"
     err(f"wrote {path} ({sizes}: {m.num_hidden_layers} layers, hidden {m.hidden_size}, "
@@ -144,11 +153,15 @@ def init(
 def prepare(
     config: Path = typer.Option(..., "--config", "-c", metavar="FILE", help="The run's config.yaml."),
     overrides: list[str] = typer.Option([], "--set", metavar=SET, help=SET_HELP),
-    force: bool = typer.Option(False, "--force", help="Prepare again even if the prepared data is up to date."),
+    force: bool = typer.Option(False, "--force", help="Prepare everything again, training a new tokenizer (unless the run's checkpoints fix it)."),
+    workers: int = typer.Option(0, "--workers", "-w", metavar="N", min=0,
+                                help="Processes that prepare the corpus, one core each; 0 (default): the cores available."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
 ) -> None:
-    """Train the tokenizer and write token shards for the config's corpus (pretrain does this when needed)."""
+    """Train the tokenizer and write token shards for the config's corpus (pretrain does this when needed).
+    Only what changed in the corpus since the last prepare is prepared again."""
     from bertcli.data.prepare import prepare as run
+    from bertcli.data.prepare import prepared_lock
     from bertcli.resolve import check_outputs_apart, load_run
     from bertcli.runlock import RunLock
 
@@ -156,8 +169,10 @@ def prepare(
     check_outputs_apart(cfg)
     if cfg.data.corpus == "synthetic":
         raise UsageError("data.corpus is synthetic: there is nothing to prepare")
-    with RunLock(Path(cfg.output_dir), "prepare"):  # never under the run's pretrain, which trains on the data
-        folder = run(cfg, quiet=quiet, force=force)
+    # Never under the run's pretrain, which trains on the data, nor while another run prepares or reads the same
+    # prepared folder (runs with other output_dirs may share it).
+    with RunLock(Path(cfg.output_dir), "prepare"), prepared_lock(cfg, "prepare"):
+        folder = run(cfg, quiet=quiet, force=force, workers=workers or None)
     again = [a for o in overrides for a in ("--set", o)]  # the same data: the same overrides
     err(f"next: {command_line('inspect', folder)}   or   {command_line('pretrain', '--config', config, *again)}")
 
@@ -172,18 +187,25 @@ def pretrain(
     stop_at: Optional[int] = typer.Option(None, "--stop-at", min=1, metavar="N", help="Stop after this step with a checkpoint (the schedule still follows train.max_steps); rerun to continue."),
 ) -> None:
     """Pretrain BERT (MLM + NSP) as the config says, resuming from the newest checkpoint."""
-    from bertcli import checkpoint, layout
+    from bertcli.config import DEVICE_NAMES, is_device_name
     from bertcli.resolve import check_outputs_apart, load_run
+
+    # The config is checked before torch loads (3-4 s, 240 MB): a refusal takes a fraction of a second.
+    if device is not None and not is_device_name(device):
+        raise UsageError(f"--device {device!r}: expected {DEVICE_NAMES}")
+    with console.quiet(quiet):  # (resolving may say where a gone init_from's architecture comes from)
+        cfg = load_run(config, overrides + ([f"train.device={device}"] if device else []))
+    check_outputs_apart(cfg)
+
+    from bertcli import checkpoint, layout
     from bertcli.runtime import parse_device
     from bertcli.trainer import pretrain as run
 
     if device is not None:
-        parse_device(device, "--device")
+        parse_device(device, "--device")  # a GPU that is not there
     problem = layout.incomplete(Path(resume)) if resume not in ("auto", "never") else None
     if problem:
         raise UsageError(f"--resume {resume}: {problem}")
-    cfg = load_run(config, overrides + ([f"train.device={device}"] if device else []))
-    check_outputs_apart(cfg)
     try:
         result = run(cfg, resume=resume, quiet=quiet, stop_at=stop_at)
     except checkpoint.ResumeRefused as exc:
@@ -206,6 +228,10 @@ def inspect_command(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
 ) -> None:
     """Explain a config, a run, a checkpoint or prepared data: sizes, parameters, FLOPs, progress, corpus statistics."""
+    if path.is_file():  # a config: checked before summary loads torch (3-4 s), so that a bad one is refused at once
+        from bertcli.resolve import load_run
+
+        load_run(path, adopt_init_from=False)
     from bertcli.summary import format_report, inspect_path
 
     report = inspect_path(path)

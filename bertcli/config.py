@@ -39,6 +39,9 @@ Device = Literal["auto", "cpu", "cuda", "cuda:N"]
 checks only that a device is a string, and `TrainConfig.problems()` checks its form."""
 
 
+DEVICE_NAMES = "auto, cpu, cuda or cuda:N"  # in words, for messages
+
+
 def is_device_name(name: str) -> bool:
     """Whether `name` is a Device: auto, cpu, cuda, or cuda:N with N a device index."""
     return name in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:[0-9]+", name) is not None
@@ -159,12 +162,16 @@ class TokenizerConfig:
     """Lower-case text before tokenizing (an 'uncased' model); a loaded tokenizer.json, or a vocab.txt with a tokenizer_config.json beside it, keeps its own."""
     strip_accents: bool = True
     """Remove accents before tokenizing (as lowercase: a loaded tokenizer keeps its own)."""
+    sample_chars: int = 4_000_000
+    """Characters of text that train the vocabulary: a larger corpus trains it on a sample of its lines from all over it (chosen by a hash of each line: the same in every run), so memory stays bounded (the trainer takes about 6 MB per million characters); 0 = the whole corpus."""
 
     def problems(self) -> list[Problem]:
         """This section's impossible values."""
         return failing([
             (self.vocab_size >= 16, "data.tokenizer.vocab_size", f"must be at least 16, got {self.vocab_size}"),
             (self.min_frequency >= 1, "data.tokenizer.min_frequency", f"must be at least 1, got {self.min_frequency}"),
+            (self.sample_chars >= 0, "data.tokenizer.sample_chars",
+             f"must be 0 (the whole corpus) or a number of characters, got {self.sample_chars}"),
         ])
 
 
@@ -456,6 +463,21 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
 }
 
+
+# The debug flavour (torchtitan's debugmodel, litgpt's tiny Config): the tiny preset cut down to a
+# model whose training step takes milliseconds on a CPU, on the synthetic corpus, checkpointing
+# every 4 steps. The tests and scripts/fault_inject.py build their runs from it
+# (config_load.debug_config); it is no preset a user picks.
+DEBUG: dict[str, dict[str, Any]] = {
+    "model": {"vocab_size": 128, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+              "intermediate_size": 64, "max_position_embeddings": 64},
+    "data": {"corpus": "synthetic", "max_seq_length": 32, "max_predictions_per_seq": 5,
+             "synthetic": {"num_documents": 100, "num_topics": 4}},
+    "train": {"batch_size": 8, "max_steps": 12},
+    "optimizer": {"warmup_steps": 2},
+    "logging": {"log_every": 4},
+    "checkpoint": {"save_every": 4, "keep_last": 2},
+}
 
 # ---------------------------------------------------------------------------------------------
 # Field docs and types

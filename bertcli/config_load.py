@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import yaml
 
-from bertcli.config import PRESETS, Config, Device, ModelConfig, field_types
+from bertcli.config import DEBUG, PRESETS, Config, Device, ModelConfig, field_types
 from bertcli.config_write import yaml_scalar
 from bertcli.errors import UsageError
 
@@ -42,6 +42,22 @@ def preset_config(name: str, overrides: list[str] | None = None) -> Config:
     extra, origin = parse_overrides(overrides or [])
     return build_config(_merge(preset_dict(name), extra), {"": f"preset {name}", **origin})
 
+
+def debug_config(overrides: list[str] | None = None) -> Config:
+    """defaults < preset tiny < config.DEBUG < --set overrides: the debug flavour of the tests."""
+    extra, origin = parse_overrides(overrides or [])
+    return build_config(_merge(_merge(preset_dict("tiny"), DEBUG), extra), {"": "the debug config", **origin})
+
+
+def as_overrides(nested: dict[str, Any], prefix: str = "") -> list[str]:
+    """A nested dict as `--set` strings (["model.hidden_size=32", ...]): parse_overrides' inverse."""
+    out: list[str] = []
+    for key, value in nested.items():
+        if isinstance(value, dict):
+            out += as_overrides(value, f"{prefix}{key}.")
+        else:
+            out.append(f"{prefix}{key}={yaml_scalar(value)}")
+    return out
 
 def preset_dict(name: str) -> dict[str, Any]:
     """What preset `name` changes from the defaults, as a nested dict."""

@@ -57,7 +57,8 @@ READ_AHEAD = 4096
 # A text longer than PREFIX_START characters per token of the length limit is tokenized from a prefix
 # that provably gives the whole text's first tokens (see Prefixes), grown 4-fold while it does not,
 # up to PREFIX_CAP characters per token: beyond that (a line of blanks or of words longer than a
-# word piece, say) the prefix is used anyway and the line counted as truncated.
+# word piece, say) the prefix is used anyway, and the line counted as truncated unless what follows
+# the prefix cannot add a token (see Prefixes.loses).
 PREFIX_START = 8
 PREFIX_CAP = 1000
 
@@ -329,9 +330,39 @@ class Prefixes:
             if self._stable(prefix) > need:
                 return prefix, False
             if size >= need * PREFIX_CAP:
-                return prefix, True
+                return prefix, self.loses(text, prefix)
             size = min(4 * size, need * PREFIX_CAP)
         return text, False
+
+    def loses(self, text: str, prefix: str) -> bool:
+        """Whether `prefix`, tokenized in place of `text` (cut at the cap, unproven), can lose tokens of it.
+        It cannot when the rest is white space, nor when the rest is more of the prefix's last word (only
+        characters that word holds, then white space) and that word is one [UNK] for being longer than
+        WordPiece's max_input_chars_per_word: longer still, it stays one [UNK]. That is the line of blanks,
+        or of one enormous word, which gives the whole line's tokens (two or three) and lost nothing.
+        Word boundaries are decided character by character (see above), so a character the last word
+        holds never starts another word; an added token made only of such characters could, so then it
+        may lose. Bounded work: the prefix's encoding, and scans of the rest at C speed."""
+        rest = text[len(prefix):]
+        if rest.isspace():
+            return False
+        e = self._encode(prefix)
+        if not e.ids or e.word_ids[-1] is None:
+            return True
+        last = [i for i, w in enumerate(e.word_ids) if w == e.word_ids[-1]]
+        model, normalizer = self.source.model, self.source.normalizer
+        if len(last) != 1 or e.tokens[last[0]] != getattr(model, "unk_token", None):
+            return True
+        start, end = e.offsets[last[0]]
+        word = prefix[start:end]
+        longest = getattr(model, "max_input_chars_per_word", len(text))
+        if len(normalizer.normalize_str(word) if normalizer is not None else word) <= longest:
+            return True  # an [UNK] of its pieces: more of the word could give pieces
+        chars = "".join(set(word))
+        # After the word, up to the cut (characters the normaliser removed) and after it: only its characters.
+        if prefix[end:].lstrip(chars) or rest.rstrip().lstrip(chars):
+            return True  # another character: another word, or a break
+        return any(set(a.content) <= set(chars) for a in self.source.get_added_tokens_decoder().values())
 
     def _long(self, text: str, *, pair: bool) -> bool:
         return len(text) > self.budget[pair] * PREFIX_START

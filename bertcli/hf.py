@@ -303,7 +303,7 @@ def adopt_imported(cfg: Config, path: Path) -> Config:
             (ckpt / layout.TOKENIZER_JSON).is_file()
         if stand_in:
             data = dataclasses.replace(data, tokenizer=dataclasses.replace(data.tokenizer, path=str(ckpt / layout.TOKENIZER_JSON)))
-        console.log(f"model.init_from {path} is gone (or unreadable), but this run resumes from its own checkpoints and "
+        console.info(f"model.init_from {path} is gone (or unreadable), but this run resumes from its own checkpoints and "
                     f"does not need it: the architecture{' and the tokenizer' if stand_in else ''} come from {ckpt}")
         return _adopt(dataclasses.replace(cfg, data=data), model, ckpt)
     cfg = _adopt(cfg, imported, path)

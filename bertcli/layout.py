@@ -8,13 +8,14 @@ Run folder (output_dir): `pretrain` writes it, `init` writes its config.yaml
   .lock                held by pretrain and prepare (runlock.py)
   checkpoints/         step-NNNNNNN/ (the newest checkpoint.keep_last), best/ (the lowest held-out MLM
                        loss), damaged-step-NNNNNNN/ (set aside by --resume auto), .tmp-* (being written)
-  data/                the prepared data, by default (data.prepared_dir)
+  data/                the prepared data, by default (data.prepared_dir), with its lock .data.lock beside it
 Checkpoint folder (checkpoint.py: a folder named step-* is always complete)
   model.safetensors, config.yaml, training_state.pt, trainer_state.json (CHECKPOINT_FILES), and the
   run's tokenizer.json and vocab.txt (none for the synthetic corpus)
 Prepared data (data/prepare.py)
-  manifest.json, tokenizer.json, vocab.txt, train/ and valid/ (each: tokens.bin, seg_offsets.bin,
-  doc_offsets.bin: the corpus.Corpus arrays)
+  manifest.json, tokenizer.json, vocab.txt, units/KEY/ (unit.json, and train/ and valid/ each with
+  tokens.bin, seg_offsets.bin, doc_offsets.bin: the corpus.Corpus arrays of one unit), index/DIGEST/
+  (train/ and valid/ with the whole corpus's seg_offsets.bin and doc_offsets.bin)
 Export (hf.export): a Hugging Face folder whose config.json carries bertcli_version
   config.json, model.safetensors, tokenizer.json, vocab.txt, tokenizer_config.json, special_tokens_map.json
 Read, never written:
@@ -30,6 +31,8 @@ import enum
 import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from bertcli.atomic import TMP_PREFIX
 
 CONFIG_YAML = "config.yaml"
 
@@ -58,10 +61,15 @@ STEP_DIR = re.compile(rf"^{STEP_PREFIX}(\d+)$")
 DAMAGED_PREFIX = "damaged-"
 
 # ---------------------------------------------------------------------------------------- prepared data
-MANIFEST = "manifest.json"
+MANIFEST = "manifest.json"  # written last: what makes the rest valid
 SPLITS = ("train", "valid")
 TOKENS, SEG_OFFSETS, DOC_OFFSETS = "tokens.bin", "seg_offsets.bin", "doc_offsets.bin"  # per split (corpus.Corpus)
-SHARD_FILES = (TOKENS, SEG_OFFSETS, DOC_OFFSETS)
+SHARD_FILES = (TOKENS, SEG_OFFSETS, DOC_OFFSETS)  # a unit's, per split
+INDEX_FILES = (SEG_OFFSETS, DOC_OFFSETS)  # the index's, per split
+UNITS = "units"  # units/KEY/
+UNIT_RECORD = "unit.json"  # units/KEY/unit.json: the unit's counts, written before it is renamed into place
+INDEX = "index"  # index/DIGEST/
+KEY = "[0-9a-f]{64}"  # a unit's key, an index's digest (a SHA-256)
 
 # ---------------------------------------------------------------------------------------- Hugging Face
 HF_CONFIG = "config.json"
@@ -84,16 +92,38 @@ class Layout:
     # bertcli's, when its name is bertcli's alone (trainer_state.json), never for a name that other
     # tools write too (an export's config.json).
     damaged_proof_counts: bool = False
+    # Paths of variable names bertcli writes there too (prepared data's units/KEY/...), as regular
+    # expressions that match a whole relative path.
+    patterns: tuple[re.Pattern[str], ...] = ()
+
+    def holds(self, rel: str) -> bool:
+        """Whether relative path `rel` ('/'-separated) is one that bertcli writes in such a folder."""
+        return rel in self.paths or any(p.fullmatch(rel) for p in self.patterns)
 
 
 # Every name a checkpoint folder may hold: CHECKPOINT_FILES, the tokenizer's, and any other file that
 # checkpoint.WRITERS writes (a name here that is not in CHECKPOINT_FILES: old checkpoints without it still load).
 CHECKPOINT = Layout("a checkpoint", TRAINER_STATE, frozenset((*CHECKPOINT_FILES, *TOKENIZER_FILES)),
                     damaged_proof_counts=True)
+_TMP = re.escape(TMP_PREFIX)
+_SPLIT = "|".join(map(re.escape, SPLITS))
+# Everything a prepared folder holds (this format's paths, those of format 3, and the temporary names
+# a stopped `prepare` leaves): `prepare` replaces or removes only what is one of these.
 PREPARED = Layout("prepared data", MANIFEST, frozenset(
-    (MANIFEST, *TOKENIZER_FILES, *SPLITS, *(f"{split}/{name}" for split in SPLITS for name in SHARD_FILES))))
+    (MANIFEST, *TOKENIZER_FILES, UNITS, INDEX, *SPLITS, *(f"{split}/{name}" for split in SPLITS for name in SHARD_FILES))),
+    patterns=tuple(re.compile(p) for p in (
+        rf"{UNITS}/(?:{_TMP}(?:del-)?)?{KEY}(?:\.\d+)?(?:/{re.escape(UNIT_RECORD)}|/(?:{_SPLIT})"
+        rf"(?:/(?:{'|'.join(map(re.escape, SHARD_FILES))}))?)?",
+        rf"{INDEX}/(?:{_TMP}(?:del-)?)?{KEY}(?:\.\d+)?(?:/(?:{_SPLIT})(?:/(?:{'|'.join(map(re.escape, INDEX_FILES))}))?)?",
+        rf"{_TMP}{re.escape(MANIFEST)}\.\d+")))
 EXPORT = Layout("an export", HF_CONFIG, frozenset(
     (HF_CONFIG, WEIGHTS, *TOKENIZER_FILES, TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP)))
+
+
+def prepared_lock(folder: Path) -> Path:
+    """The lock file of prepared folder `folder`, PARENT/.NAME.lock: beside it, since the folder is
+    replaced whole, by a rename, and a lock file inside it would go with it (runlock.PreparedLock)."""
+    return Path(folder).parent / f".{Path(folder).name}{LOCK}"
 
 
 def checkpoints_dir(output_dir: Path) -> Path:

@@ -44,16 +44,16 @@ def _is_proof(file: Path) -> bool:
     return isinstance(raw, dict) and PROOF_KEY in raw
 
 
-def _first_foreign(folder: Path, paths: frozenset[str], prefix: str = "") -> str | None:
-    """The first entry under `folder` (relative path) that is not one of `paths`; stops early,
+def first_foreign(folder: Path, layout: Layout, prefix: str = "") -> str | None:
+    """The first entry under `folder` (relative path) that is not one `layout` holds; stops early,
     so a large folder of the user's is not walked whole. Symbolic links are not followed."""
     with os.scandir(folder) as entries:
         for entry in sorted(entries, key=lambda e: e.name):
             rel = prefix + entry.name
-            if rel not in paths:
+            if not layout.holds(rel):
                 return rel
             if entry.is_dir(follow_symlinks=False):
-                found = _first_foreign(Path(entry.path), paths, rel + "/")
+                found = first_foreign(Path(entry.path), layout, rel + "/")
                 if found is not None:
                     return found
     return None
@@ -84,7 +84,7 @@ def not_owned(target: Path, layout: Layout) -> str | None:
         return "is a file, not a folder"
     if is_empty_folder(target):
         return None
-    foreign = _first_foreign(target, layout.paths)
+    foreign = first_foreign(target, layout)
     if foreign is not None:
         return f"holds {foreign}, which bertcli did not write"
     # Every entry is one bertcli writes there; the proof must parse (see Layout.damaged_proof_counts).

@@ -2,6 +2,8 @@
 
 A `prepare` while the run's `pretrain` trains would replace the prepared data under it (the run
 goes on with the old token ids, its next checkpoints would pair them with the new tokenizer).
+Runs with other output_dirs may share one data.prepared_dir: `PreparedLock` keeps a `prepare` from
+replacing it while another command prepares it or reads it at its start.
 flock is released by the kernel when its holder dies, so a crashed command never leaves the folder
 locked. Torch-free: `prepare` does not load torch.
 """
@@ -21,8 +23,15 @@ class RunLock:
 
     def __init__(self, output_dir: Path, command: str = "pretrain") -> None:
         self.path = Path(output_dir) / layout.LOCK
+        self.folder = Path(output_dir)  # what is locked, for the message
         self.command = command
         self.fh = None
+
+    def refusal(self, command: str, holder: str) -> str:
+        """The line for a command refused because `command` (`holder`: "pid N") holds the lock."""
+        fix = ("wait for it to finish, or set output_dir to another folder" if self.command == "pretrain" else
+               "wait for it to finish, then run it again")
+        return f"{self.folder} is in use by another bertcli {command} ({holder}); {fix}"
 
     def __enter__(self) -> "RunLock":
         import fcntl
@@ -37,9 +46,7 @@ class RunLock:
             self.fh.close()
             holder = " ".join(words[:2]) or "another process"
             command = words[2] if len(words) > 2 else "pretrain"
-            fix = ("wait for it to finish, or set output_dir to another folder" if self.command == "pretrain" else
-                   "wait for it to finish, then run it again")
-            raise RunError(f"{self.path.parent} is in use by another bertcli {command} ({holder}); {fix}") from None
+            raise RunError(self.refusal(command, holder)) from None
         with atomic.writing(self.path):  # a full disk: one line naming the file
             self.fh.seek(0)
             self.fh.truncate()
@@ -50,3 +57,22 @@ class RunLock:
     def __exit__(self, *exc: object) -> None:
         if self.fh is not None:
             self.fh.close()  # closing releases the lock
+
+
+class PreparedLock(RunLock):
+    """An exclusive lock on a prepared-data folder while `prepare` checks or writes it, and while a
+    `pretrain` prepares or reads it at its start (its training then reads its own memory maps and
+    tokenizer bytes, which a later replacement leaves alone). The folder is replaced whole, by a
+    rename, so a lock file inside it would go with it: the lock is a file beside it, PARENT/.NAME.lock,
+    named from the resolved path, so that two configs naming one folder differently share it."""
+
+    def __init__(self, prepared_dir: Path, command: str = "prepare") -> None:
+        super().__init__(prepared_dir, command)
+        folder = Path(prepared_dir).expanduser().resolve()
+        self.path = layout.prepared_lock(folder)
+        self.folder = folder
+
+    def refusal(self, command: str, holder: str) -> str:
+        when = "it has finished" if command == "prepare" else "it has started training"
+        return (f"the prepared data {self.folder} is being prepared or read by another bertcli {command} ({holder}); "
+                f"run this again once {when}, or set data.prepared_dir to another folder")

@@ -19,13 +19,12 @@ import torch
 import torch.distributed as dist
 
 from bertcli import console
-from bertcli.config import PrecisionConfig, is_device_name
+from bertcli.config import DEVICE_NAMES, PrecisionConfig, is_device_name
 from bertcli.errors import UsageError
 
 
 PRECISIONS = ("fp32", "bf16", "fp16")  # resolved precisions; config's precision.mode adds auto
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}  # fp32: no autocast
-DEVICE_NAMES = "auto, cpu, cuda or cuda:N"  # the grammar is config.is_device_name (the schema's, torch-free)
 
 
 @dataclass

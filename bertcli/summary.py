@@ -18,7 +18,8 @@ import torch
 from bertcli import checkpoint, hf, layout, resolve
 from bertcli.config import Config, DataConfig, ModelConfig, TokenizerConfig
 from bertcli.data.examples import ExampleBuilder
-from bertcli.data.prepare import cache_check, data_random_next_share, load_prepared, random_next_warning, read_manifest
+from bertcli.data.prepare import (cache_check, check_prepared, data_random_next_share, load_prepared, random_next_warning,
+                                  read_manifest, vocabulary_sample)
 from bertcli.data.tokenizer import describe, find_tokenizer_file, load_tokenizer, read_tokenizer_json, tokenizer_identity
 from bertcli.errors import UsageError
 from bertcli.layout import Kind
@@ -173,6 +174,11 @@ def _run_training(cfg: Config) -> dict[str, Any]:
     be the run's to resume) or why that cannot be read."""
     training = _training(Path(cfg.output_dir), cfg)
     manifest, why_not = read_manifest(Path(cfg.data.prepared_dir))
+    damage = check_prepared(Path(cfg.data.prepared_dir), manifest) if manifest is not None else None
+    if damage is not None:  # as `inspect DATA` checks it (the next pretrain prepares it again)
+        training.setdefault("damaged", []).append(
+            f"{cfg.data.prepared_dir}: the prepared data is damaged ({damage}); the next pretrain or prepare "
+            "prepares it again")
     if manifest is not None:  # next to the run's own tokenizer: they must be the same to resume
         identity = manifest["tokenizer"].get("identity")
         training["prepared_data_tokenizer"] = identity[:12] if isinstance(identity, str) else None
@@ -267,8 +273,9 @@ def data_report(folder: Path, examples: int = 512) -> dict[str, Any]:
     corpus_bytes = sum(f.get("bytes", 0) for f in m["corpus"]["files"])
     return {
         "kind": "prepared data", "path": str(folder), "corpus": m["corpus"]["source"],
-        "files": len(m["corpus"]["files"]), "corpus_bytes": corpus_bytes,
+        "files": len(m["corpus"]["files"]), "corpus_bytes": corpus_bytes, "units": len(m["units"]),
         "splits": splits, "vocab_size": prepared.vocab_size, "tokenizer": m["tokenizer"]["source"],
+        "vocabulary_sample": vocabulary_sample(m),
         "dtype": m["dtype"], "unknown_rate": m["unknown_tokens"] / max(tokens, 1),
         "segment_length_mean": float(lengths.mean()), "segment_length_p95": float(np.percentile(lengths, 95)),
         "max_seq_length": cfg.data.max_seq_length, "padding_share": padding,
@@ -278,7 +285,7 @@ def data_report(folder: Path, examples: int = 512) -> dict[str, Any]:
         "random_next_share": share, "random_next_prob": cfg.data.random_next_prob if cfg.data.pairs else None,
         "random_next_warning": random_next_warning(share, cfg.data),
         "checked": "files regular (no symbolic links), tokenizer.json and vocab.txt hashes, shard sizes, offsets, "
-                   "token ids below the vocabulary",
+                   "the index against the units, token ids below the vocabulary",
         "cache_check": cache_check(corpus_bytes),
     }
 
@@ -342,11 +349,13 @@ def format_report(report: dict[str, Any]) -> str:
 
 def _format_data(r: dict[str, Any]) -> str:
     sp = r["splits"]
-    rows = [("corpus", f"{r['corpus']} ({r['files']} file(s), {r['corpus_bytes']:,} bytes)"),
+    rows = [("corpus", f"{r['corpus']} ({r['files']} file(s), {r['corpus_bytes']:,} bytes, prepared in {r['units']:,} "
+                       f"unit(s))"),
             ("documents", f"{sp['train']['documents']:,} train + {sp['valid']['documents']:,} held out"),
             ("sentences", f"{sp['train']['segments']:,} + {sp['valid']['segments']:,}"),
             ("tokens", f"{sp['train']['tokens']:,} + {sp['valid']['tokens']:,} ({r['dtype']})"),
             ("vocabulary", f"{r['vocab_size']:,} ({r['tokenizer']})"),
+            *([("vocabulary from", r["vocabulary_sample"])] if r.get("vocabulary_sample") else []),
             ("unknown tokens", f"{100 * r['unknown_rate']:.3f}%"),
             ("sentence length", f"mean {r['segment_length_mean']:.1f}, 95th percentile {r['segment_length_p95']:.0f} tokens"),
             ("padding", f"{100 * r['padding_share']:.1f}% of a batch at max_seq_length {r['max_seq_length']}")]

@@ -28,9 +28,9 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from bertcli import __version__, checkpoint, hf, memory, parallel, resolve, runtime
+from bertcli import __version__, checkpoint, console, hf, memory, parallel, resolve, runtime
 from bertcli.config import Config, TrainConfig, to_dict
-from bertcli.console import log
+from bertcli.console import info, log
 from bertcli.data import Corpus, Dataset, load_data
 from bertcli.data.loader import data_workers, loader
 from bertcli.data.examples import IGNORE, Batch, ExampleBuilder, StepBatches
@@ -136,7 +136,7 @@ def pretrain(cfg: Config, resume: str = "auto", quiet: bool = False, stop_at: in
     try:
         # Rank 0 locks output_dir for the whole run: a second pretrain (or a prepare) on it refuses to start.
         lock = RunLock(Path(cfg.output_dir), "pretrain") if rt.is_main else contextlib.nullcontext()
-        with lock, StopOnSignal() as stopper:
+        with console.quiet(quiet), lock, StopOnSignal() as stopper:
             run = build_run(cfg, rt, resume, quiet)
             return fit(run, min(cfg.train.max_steps, stop_at or cfg.train.max_steps), stopper, quiet)
     finally:
@@ -207,11 +207,11 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume: str, quiet: bool) -> Run
     # Before the data (a synthetic corpus is as large as the vocabulary; without a vocabulary yet, a
     # lower bound: 100,000 layers are refused before the corpus is prepared), and after when unsized.
     memory.check_memory(cfg.model, rt, cfg.train.parallel)
-    data = _load_data(cfg, rt, quiet)
+    data, tokenizer = _load_data(cfg, rt, quiet)
     cfg = resolve.with_vocab(cfg, data.vocab_size, cfg.data.corpus)  # the tokenizer exists now
     if not sized:
         memory.check_memory(cfg.model, rt, cfg.train.parallel)
-    checkpoints = checkpoint.CheckpointManager(cfg, rt.device, is_main=rt.is_main, tokenizer_files=data.tokenizer_files)
+    checkpoints = checkpoint.CheckpointManager(cfg, rt.device, is_main=rt.is_main, tokenizer=tokenizer)
     resumed_from = checkpoints.choose(resume)
     processes = f"{rt.world_size} processes ({cfg.train.parallel})" if rt.distributed else "1 process"
     if not quiet:  # --quiet: errors, warnings and the final summary only
@@ -225,8 +225,10 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume: str, quiet: bool) -> Run
     model = BertForPreTraining(cfg.model)  # on the CPU; with FSDP only each process's shards reach the device
     if cfg.model.init_from and resumed_from is None:
         fresh = hf.init_from(model, Path(cfg.model.init_from))
-        log(f"initialised from {cfg.model.init_from}" + (f"; not in it, so trained from scratch: {', '.join(fresh)}"
-                                                          if fresh else ""))
+        if fresh:  # a caveat, said under --quiet too
+            log(f"initialised from {cfg.model.init_from}; not in it, so trained from scratch: {', '.join(fresh)}")
+        else:
+            info(f"initialised from {cfg.model.init_from}")
     train_model = parallel.parallelize(model, rt, parallel=tc.parallel, every_parameter_used=cfg.data.pairs,
                                        compile=tc.compile)
     optimizer = build_optimizer(model, cfg.optimizer, fused=fused_adamw(rt.device))
@@ -246,14 +248,31 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume: str, quiet: bool) -> Run
     return run
 
 
-def _load_data(cfg: Config, rt: runtime.Runtime, quiet: bool) -> Dataset:
-    """The run's data: rank 0 prepares text corpora first when needed (cached), the others then read it."""
-    if rt.is_main:
-        data = load_data(cfg, quiet)
-    rt.barrier()
-    if not rt.is_main:
-        data = load_data(cfg, quiet=True)
-    return data
+def _load_data(cfg: Config, rt: runtime.Runtime, quiet: bool) -> tuple[Dataset, dict[str, bytes]]:
+    """The run's data and its tokenizer's files (name -> bytes): rank 0 prepares text corpora first when
+    needed (cached), the others then read it. Rank 0 holds the prepared folder's lock until every
+    process has read it: another run sharing the folder cannot replace it meanwhile. From then on
+    training reads its memory maps (a replaced folder's files live on while mapped) and these bytes."""
+    text = cfg.data.corpus != "synthetic"
+    if rt.is_main and text:
+        from bertcli.data.prepare import prepared_lock
+
+        lock = prepared_lock(cfg, "pretrain")
+    else:
+        lock = contextlib.nullcontext()
+    with lock:
+        if rt.is_main:
+            data = load_data(cfg, quiet)
+        rt.barrier()
+        if not rt.is_main:
+            data = load_data(cfg, quiet=True)
+        # Read once, now: every checkpoint holds these bytes, those of the ids trained on, whatever happens to the
+        # prepared folder meanwhile (symbolic links are refused: never followed out of it).
+        tokenizer = {path.name: checkpoint.read_own(path, "the prepared data", "run `bertcli prepare --force` to "
+                                                    "write it again") for path in data.tokenizer_files}
+        if text:
+            rt.barrier()  # every process has read the folder: rank 0 may let it go
+    return data, tokenizer
 
 
 def _held_out(cfg: Config, data: Dataset) -> tuple[list[Batch], float]:

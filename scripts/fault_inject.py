@@ -29,22 +29,19 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bertcli import checkpoint, console, layout  # noqa: E402
-from bertcli.config_load import preset_config  # noqa: E402
+from bertcli.config_load import debug_config  # noqa: E402
 from bertcli.config_write import preset_header, to_yaml  # noqa: E402
 from bertcli.model import BertForPreTraining  # noqa: E402
 from bertcli.optim import build_optimizer  # noqa: E402
 
-OVERRIDES = ["data.corpus=synthetic", "model.vocab_size=128", "model.hidden_size=32", "model.num_hidden_layers=2",
-             "model.num_attention_heads=2", "model.intermediate_size=64", "model.max_position_embeddings=64",
-             "data.max_seq_length=32", "data.max_predictions_per_seq=5", "data.synthetic.num_documents=100",
-             "train.batch_size=8", "optimizer.warmup_steps=5", "logging.log_every=5", "checkpoint.save_every=2",
-             "checkpoint.keep_last=2", "train.eval_every=10"]
+# The debug flavour (config.DEBUG), checkpointing every 2 steps so that kills land between and during saves.
+OVERRIDES = ["optimizer.warmup_steps=5", "logging.log_every=5", "checkpoint.save_every=2", "train.eval_every=10"]
 
 
 def write_config(folder: Path, max_steps: int) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "config.yaml"
-    path.write_text(to_yaml(preset_config("tiny", OVERRIDES + [f"train.max_steps={max_steps}"]), preset_header("tiny")))
+    path.write_text(to_yaml(debug_config(OVERRIDES + [f"train.max_steps={max_steps}"]), preset_header("tiny")))
     return path
 
 
@@ -59,7 +56,7 @@ def check_resumable(folder: Path, config: Path) -> int:
         return 0
     step, path = found[-1]
     cfg = checkpoint.read_config(path)
-    checkpoints = checkpoint.CheckpointManager(cfg, torch.device("cpu"), is_main=False, tokenizer_files=[])
+    checkpoints = checkpoint.CheckpointManager(cfg, torch.device("cpu"), is_main=False, tokenizer={})
     console.speak(False)  # (its "resuming from" lines)
     checkpoints.choose(str(path))  # as --resume PATH: raises on a missing, truncated, damaged or mismatched file
     model = BertForPreTraining(cfg.model)

@@ -11,21 +11,20 @@ import pytest
 import yaml
 
 from bertcli.cli import main
-from bertcli.config import Config
-from bertcli.config_load import preset_config
+from bertcli.config import DEBUG, Config, ModelConfig
+from bertcli.config_load import as_overrides, debug_config, preset_config
 from bertcli.config_write import preset_header, to_yaml
 from bertcli.data.prepare import SAMPLE
 
 REPO = Path(__file__).resolve().parents[1]
 
-# Small enough that a training step takes a few milliseconds on a laptop CPU.
-MICRO = [
-    "data.corpus=synthetic", "model.vocab_size=128", "model.hidden_size=32", "model.num_hidden_layers=2", "model.num_attention_heads=2",
-    "model.intermediate_size=64", "model.max_position_embeddings=64", "data.max_seq_length=32",
-    "data.max_predictions_per_seq=5", "data.synthetic.num_documents=100", "data.synthetic.num_topics=4",
-    "train.batch_size=8", "train.max_steps=12", "optimizer.warmup_steps=2", "logging.log_every=4",
-    "checkpoint.save_every=4", "checkpoint.keep_last=2",
-]
+# The debug flavour (config.DEBUG: a training step takes a few milliseconds on a laptop CPU) as
+# `--set` strings, for tests that pass it on a command line; micro_config builds it in Python.
+MICRO = as_overrides(DEBUG)
+
+# A model small enough to compare with transformers' in milliseconds (test_model, test_hf).
+SMALL_MODEL = ModelConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                          intermediate_size=48, max_position_embeddings=40)
 
 
 # A micro model on real text: the bundled sample cut to 60 documents, a 1,000-token vocabulary.
@@ -61,6 +60,19 @@ def trained(tmp_path_factory, small_corpus) -> Path:
     return folder
 
 
+TIMINGS = ("created", "seconds", "tokens_per_s")  # the only fields of a prepared folder that differ run to run
+
+
+def prepared_files(folder: Path) -> dict[str, bytes]:
+    """Every file of a prepared folder by relative path, its manifest without the timings."""
+    import json
+
+    files = {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    manifest = json.loads(files["manifest.json"])
+    files["manifest.json"] = json.dumps({k: v for k, v in manifest.items() if k not in TIMINGS}).encode()
+    return files
+
+
 def assert_same_batch(a, b) -> None:
     """Every field of two Batches equal (the packing index by its tensors and sizes)."""
     import dataclasses
@@ -74,7 +86,7 @@ def assert_same_batch(a, b) -> None:
 
 
 def micro_config(*overrides: str) -> Config:
-    return preset_config("tiny", MICRO + list(overrides))
+    return debug_config(list(overrides))
 
 
 def write_config(folder: Path, *overrides: str) -> Path:

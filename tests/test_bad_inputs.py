@@ -177,6 +177,11 @@ CASES = [
      2, "output_dir {d}/texts/run is inside the corpus {d}/texts: the run would write its files into the corpus"),
     ("output-is-the-corpus", lambda d, b: ["prepare", "-c", text_run(d, _corpus_folder(d, b)), "--set", f"output_dir={d / 'texts'}"],
      2, "output_dir {d}/texts is the corpus {d}/texts"),
+    ("init-output-inside-the-corpus", lambda d, b: ["init", _corpus_folder(d, b) / "run", "--corpus", d / "texts"], 2,
+     "output_dir {d}/texts/run is inside the corpus {d}/texts: the run would write its files into the corpus"),
+    ("init-set-output-inside-the-corpus", lambda d, b: ["init", d / "run", "--corpus", _corpus_folder(d, b), "--set",
+                                                        f"output_dir={d / 'texts' / 'out'}"], 2,
+     "output_dir {d}/texts/out is inside the corpus {d}/texts"),
     ("corpus-inside-checkpoints", lambda d, b: ["pretrain", "-c", text_run(d, _corpus_folder(d, b, "checkpoints"))], 2,
      "the corpus {d}/checkpoints lies inside {d}/checkpoints, which bertcli writes (from output_dir)"),
     ("init-from-pickle-only", lambda d, b: ["init", d / "run", "--init-from", _pickle_only(b["text"], d)], 2,
@@ -287,6 +292,7 @@ def test_bad_input(case, base, tmp_path, cli):
     # No partial output: nothing temporary, no new checkpoint or prepared-data folder.
     created = {p for p in tmp_path.rglob("*")} - before
     assert not [p for p in created if p.name.startswith(".tmp-")], created
+    assert args[0] != "init" or not created, created  # a refused init writes nothing
     assert not [p for p in created if p.name.startswith("step-") or p.name in ("data", "manifest.json")], created
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -88,6 +89,21 @@ def test_cuda_without_a_gpu_is_a_usage_error(tmp_path, cli):
     assert result.code == 2 and "no CUDA GPU" in result.err
 
 
+def test_quiet_pretrain_says_errors_warnings_and_the_summary_only(tmp_path, cli, trained):
+    """--quiet on a text run that resumes and prepares again: no "resuming from", no "up to date", no
+    "preparing ... with the run's own tokenizer", no "prepared ..." line."""
+    import shutil
+
+    run = Path(shutil.copytree(trained, tmp_path / "run"))
+    summary = ("done: ", "checkpoint: ", "next: ", "warning: ", "resuming step-")  # the last: settings that differ
+    for step, fault in ((6, None), (8, lambda: shutil.rmtree(run / "data"))):
+        if fault:
+            fault()
+        result = cli("pretrain", "--config", run / "config.yaml", "--quiet", "--set", f"train.max_steps={step}")
+        assert result.code == 0 and f"done: step {step}" in result.err, result.err
+        assert [line for line in result.err_lines if not line.startswith(summary)] == [], result.err
+
+
 def test_pretrain_then_inspect_run_checkpoint_and_config(tmp_path, cli):
     cfg = write_config(tmp_path / "run")
     result = cli("pretrain", "--config", cfg, "--quiet", "--set", "optimizer.warmup_steps=24")
@@ -130,6 +146,25 @@ def test_inspect_a_run_with_damaged_files_shows_the_rest_and_names_them(tmp_path
     assert len(report["damaged"]) == 2 and report["step"] == 4 and report["last_metrics"]["step"] == 4
     alone = cli("inspect", newest)
     assert alone.code == 0 and f"{newest / 'trainer_state.json'}: " in alone.out
+
+
+def test_inspect_a_run_names_damage_to_its_prepared_data(tmp_path, cli, trained):
+    """inspect RUN checks the run's prepared data as inspect RUN/data does: damage is one line of the report."""
+    import shutil
+
+    run = Path(shutil.copytree(trained, tmp_path / "run", ignore=shutil.ignore_patterns("tensorboard")))
+    unit = json.loads((run / "data" / "manifest.json").read_text())["units"][0]["key"]
+    tokens = run / "data" / "units" / unit / "train" / "tokens.bin"
+    with open(tokens, "r+b") as fh:
+        fh.truncate(tokens.stat().st_size // 2)
+    problem = f"units/{unit}/train/tokens.bin holds {tokens.stat().st_size:,} bytes"
+    data = cli("inspect", run / "data")
+    assert data.code == 2 and problem in data.err
+    result = cli("inspect", run)
+    assert result.code == 0, result.err
+    [line] = [line for line in result.out.splitlines() if problem in line]
+    assert f"{run / 'data'}: the prepared data is damaged ({problem}" in line
+    assert any(problem in d for d in json.loads(cli("inspect", run, "--json").out)["training"]["damaged"])
 
 
 def test_inspect_base_and_large_parameter_counts(cli):
@@ -179,7 +214,7 @@ def test_next_hints_name_the_real_folders_and_run_as_printed(tmp_path, cli, monk
                                   "--set", "data.prepared_dir=prep data"))
     assert inspect == ["bertcli", "inspect", "prep data"]  # a path typed here is relative to here
     assert cli(*inspect[1:]).code == 0
-    result = cli(*pretrain[1:], "--quiet")  # the same overrides: the data just prepared, not a new copy
+    result = cli(*pretrain[1:])  # the same overrides: the data just prepared, not a new copy
     assert "is up to date" in result.err and not (tmp_path / "my runs" / "demo" / "data").exists()
     [inspect] = hints(result)
     assert inspect == ["bertcli", "inspect", "out dir"]

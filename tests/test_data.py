@@ -230,6 +230,30 @@ def test_a_corpus_too_small_gets_advice_that_works(tmp_path, cli, documents, ove
     assert result.code == 0 and "done: step 2" in result.err, result.err
 
 
+def test_a_corpus_of_one_document_is_refused_before_the_tokenizer_is_trained(tmp_path, cli, monkeypatch):
+    """One document (no blank line) cannot give sentence pairs nor a held-out split: refused after one
+    reading pass, not after training a tokenizer on it (10-20 s on 12-20 MB) and writing the shards."""
+    import time
+
+    from bertcli.data import prepare as prepare_mod
+
+    def trained(*args, **kwargs):
+        raise AssertionError("the tokenizer was trained on a corpus that is refused anyway")
+
+    monkeypatch.setattr(prepare_mod, "train_wordpiece", trained)
+    monkeypatch.setattr(prepare_mod, "_prepare_units", trained)
+    corpus = tmp_path / "one.txt"
+    corpus.write_text("".join(f"Line {i} of the only document talks about Python lists.\n" for i in range(20_000)))
+    from conftest import text_run
+
+    config = text_run(tmp_path / "run", corpus)
+    start = time.perf_counter()
+    result = cli("prepare", "--config", config)
+    assert result.code == 2 and "1 document(s) is too small" in result.err, result.err
+    assert len(result.err_lines) == 1 and time.perf_counter() - start < 10, result.err
+    assert not (tmp_path / "run" / "data").exists()
+
+
 def test_random_replacements_are_every_non_special_id_wherever_the_specials_are():
     V = 40
     for special in (SpecialTokens(), SpecialTokens(pad=0, unk=17, cls=2, sep=3, mask=V - 1)):  # [MASK] last

@@ -83,7 +83,7 @@ def test_killed_two_process_run_resumes(tmp_path):
             pass
     proc.wait()
     assert layout.list_checkpoints(tmp_path / "killed")[-1][0] < 200
-    rerun = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    rerun = subprocess.run([c for c in command if c != "--quiet"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     assert "resuming from" in rerun.stderr and rerun.stderr.count("resuming from") == 1
     assert layout.list_checkpoints(tmp_path / "killed")[-1][0] == 200

@@ -212,6 +212,25 @@ def test_cutting_long_texts_keeps_every_vector(trained, monkeypatch):
         assert a == b, line
 
 
+def test_a_line_cut_at_the_cap_is_truncated_only_where_it_lost_tokens(trained, monkeypatch):
+    """A line past the cap whose prefix proves nothing is counted as truncated only where what follows the prefix
+    could add a token: a 30,000-character line of blanks, or of one word ([UNK], as long as it grows), gives the
+    whole line's tokens, and lost nothing; a second word past the cap is lost, and said."""
+    import bertcli.encode as encode_mod
+
+    n = 16 * encode_mod.PREFIX_CAP * 2  # --max-length 16: past the cap of 14 x PREFIX_CAP characters
+    exact = [" " * n, "x" * n, "x" * n + " " * n, "MASK" * (n // 4), "foo\x00bar" * (n // 7), "e\u0301" * (n // 2),
+             "x" * n + "\t" + "y" * n + " " * n]  # the last: a pair, each side one word
+    cut, cut_counts = run_encode(trained, exact, max_length=16, per_token=True, pairs=True)
+    assert cut_counts["truncated"] == 0 and [len(row["tokens"]) for row in cut] == [2, 3, 3, 3, 3, 3, 5]
+    lossy = ["x" * n + " " + "x" * n, " " * n + "word", "x" * n + "!", "x" * n + " z\ty"]
+    _, lossy_counts = run_encode(trained, lossy, max_length=16, pairs=True)
+    assert lossy_counts["truncated"] == len(lossy)
+    _without_cutting(monkeypatch)
+    whole, whole_counts = run_encode(trained, exact, max_length=16, per_token=True, pairs=True)
+    assert whole_counts == cut_counts and whole == cut
+
+
 def test_normalize_layer_tokens_and_pairs(trained):
     rows, _ = run_encode(trained, LINES, normalize=True)
     assert all(abs(np.linalg.norm(r["vector"]) - 1) < 1e-4 for r in rows)

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -147,7 +148,7 @@ def test_disk_full_during_a_checkpoint_is_one_clear_line_and_keeps_earlier_check
     assert [s for s, _ in layout.list_checkpoints(tmp_path)] == [4]
     assert not list((tmp_path / "checkpoints").glob(".tmp-*")), "the half-written checkpoint is gone"
     monkeypatch.setattr(safetensors.torch, "save_file", real_save)
-    again = cli("pretrain", "--config", config, "--quiet")  # space is back: the same command resumes
+    again = cli("pretrain", "--config", config)  # space is back: the same command resumes (not --quiet: it says so)
     assert again.code == 0 and "resuming from" in again.err
 
 
@@ -227,7 +228,7 @@ def test_a_checkpoint_with_nan_weights_is_refused_and_nothing_is_written(tmp_pat
 
     cfg = micro_config(f"output_dir={tmp_path}")
     model = BertForPreTraining(cfg.model)
-    checkpoints = checkpoint.CheckpointManager(cfg, torch.device("cpu"), is_main=True, tokenizer_files=[])
+    checkpoints = checkpoint.CheckpointManager(cfg, torch.device("cpu"), is_main=True, tokenizer={})
     checkpoints.load(model=model, optimizer=build_optimizer(model, cfg.optimizer),
                      scaler=torch.amp.GradScaler("cpu", enabled=False))
     checkpoints.save(1, {}, periodic=True)
@@ -346,10 +347,8 @@ def test_a_full_disk_while_saving_a_checkpoint_names_the_file_whatever_writes_it
 
     cfg = micro_config(f"output_dir={tmp_path}")
     model = BertForPreTraining(cfg.model)
-    (tmp_path / "data").mkdir()
-    (tmp_path / "data" / "vocab.txt").write_bytes(b"[PAD]\n")  # the tokenizer's files, read when training starts
-    checkpoints = checkpoint.CheckpointManager(cfg, torch.device("cpu"), is_main=True,
-                                               tokenizer_files=[tmp_path / "data" / "vocab.txt"])
+    vocab = {"vocab.txt": b"[PAD]\n"}  # the tokenizer files' bytes, read when training starts
+    checkpoints = checkpoint.CheckpointManager(cfg, torch.device("cpu"), is_main=True, tokenizer=vocab)
     checkpoints.load(model=model, optimizer=build_optimizer(model, cfg.optimizer),
                      scaler=torch.amp.GradScaler("cpu", enabled=False))
     checkpoints.save(1, {}, periodic=True)
@@ -401,12 +400,16 @@ def test_a_full_disk_while_writing_data_names_the_file(tmp_path, monkeypatch, cl
 
     if what == "init's config":
         fill_disk(monkeypatch, atomic, room=0)
-        result = cli("init", tmp_path / "run")
-        assert result.code == 1 and result.err_lines == [
-            f"bertcli: error: {tmp_path / 'run' / 'config.yaml'}: disk full (No space left on device); nothing "
-            "half-written was kept and an existing config is intact: free space or choose a DIR on another disk, then "
-            "run the same command"]
-        assert os.listdir(tmp_path / "run") == []
+        (tmp_path / "mine").mkdir()
+        (tmp_path / "mine" / "notes.txt").write_text("my notes\n")
+        for folder in (tmp_path / "run", tmp_path / "mine" / "new" / "run", tmp_path / "mine"):
+            result = cli("init", folder)
+            assert result.code == 1 and result.err_lines == [
+                f"bertcli: error: {folder / 'config.yaml'}: disk full (No space left on device); nothing "
+                "half-written was kept and an existing config is intact: free space or choose a DIR on another disk, "
+                "then run the same command"]
+        # Nothing half-made is left: the folders init made are gone, the one that was there is kept as it was.
+        assert sorted(os.listdir(tmp_path)) == ["mine"] and os.listdir(tmp_path / "mine") == ["notes.txt"]
         return
     with pytest.raises(OSError) as info:
         if what == "prepared shards":  # ndarray.tofile said "65540 requested and 28645 written"
@@ -455,6 +458,64 @@ def test_prepare_and_pretrain_never_work_on_one_run_at_once(tmp_path, cli, small
     assert result.code == 1 and f"in use by another bertcli prepare (pid {os.getpid()})" in result.err_lines[-1]
 
 
+def _sharing_runs(tmp_path, small_corpus):
+    """Two runs (other output_dirs, other corpora) whose configs name one prepared folder."""
+    from conftest import text_run
+
+    other = tmp_path / "other.txt"
+    other.write_text(small_corpus.read_text().replace("Python", "Snake"))
+    shared = tmp_path / "shared-data"
+    return (text_run(tmp_path / "a", small_corpus, f"data.prepared_dir={shared}", "train.max_steps=1"),
+            text_run(tmp_path / "b", other, f"data.prepared_dir={shared}", "train.max_steps=1"), shared)
+
+
+def test_runs_sharing_prepared_data_never_replace_it_under_each_other(tmp_path, cli, small_corpus, monkeypatch):
+    """The prepared folder has a lock of its own, beside it (the folder is replaced whole, by a rename): a
+    prepare of another run (another output_dir) is refused while a prepare or a pretrain's start holds it."""
+    from bertcli import trainer
+    from bertcli.errors import RunError
+    from bertcli.runlock import PreparedLock
+
+    a, b, shared = _sharing_runs(tmp_path, small_corpus)
+    with PreparedLock(shared, "prepare"):
+        result = cli("prepare", "--config", b, "--quiet")
+        assert result.code == 1 and result.err_lines == [
+            f"bertcli: error: the prepared data {shared} is being prepared or read by another bertcli prepare (pid "
+            f"{os.getpid()}); run this again once it has finished, or set data.prepared_dir to another folder"]
+        assert not shared.exists()
+        assert cli("pretrain", "--config", a, "--quiet").code == 1
+    refused = []
+    real = trainer.load_data
+
+    def load_data(*args, **kwargs):  # pretrain's start: another run's prepare tries to take the folder now
+        data = real(*args, **kwargs)
+        try:
+            with PreparedLock(shared, "prepare"):
+                refused.append(False)
+        except RunError:
+            refused.append(True)
+        return data
+
+    monkeypatch.setattr(trainer, "load_data", load_data)
+    assert cli("pretrain", "--config", a, "--quiet").code == 0
+    assert refused == [True]
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".lock")] == [".shared-data.lock"]
+
+
+def test_preparing_again_says_what_differs_from_the_data_there(tmp_path, cli, small_corpus):
+    """Prepared data made from other inputs (another config sharing the folder, an edit) is prepared again
+    with a line saying what differs, not silently."""
+    a, b, shared = _sharing_runs(tmp_path, small_corpus)
+    assert cli("prepare", "--config", a, "--quiet").code == 0
+    result = cli("prepare", "--config", b, "--quiet")
+    assert result.code == 0, result.err
+    assert (f"prepared data in {shared} was made from other inputs than this config's (corpus {small_corpus} then, "
+            f"{tmp_path / 'other.txt'} now: the folder was prepared for another config sharing data.prepared_dir, or "
+            "data.corpus changed): preparing it again") in result.err_lines
+    result = cli("prepare", "--config", b, "--quiet", "--set", "data.tokenizer.vocab_size=900")
+    assert "(data.tokenizer.vocab_size 1000 then, 900 now): preparing it again" in result.err, result.err
+
+
 def test_a_checkpoint_holds_the_tokenizer_its_model_was_trained_with(tmp_path, cli, trained, monkeypatch):
     """The tokenizer files are read once, when training starts: a prepared folder replaced meanwhile (by a
     prepare of another run sharing it, say) changes neither the ids trained on nor the checkpoints' tokenizer."""
@@ -478,3 +539,96 @@ def test_a_checkpoint_holds_the_tokenizer_its_model_was_trained_with(tmp_path, c
     assert result.code == 0, result.err
     for name, contents in files.items():
         assert (run / "checkpoints" / "step-0000002" / name).read_bytes() == contents, name
+
+
+# ------------------------------------------------------------------ prepare on several processes, in place (issue 20)
+
+
+def _prepare_process(config, *args: str) -> subprocess.Popen:
+    """`bertcli prepare` in a process of its own session, with units of 8 KiB (so that a small corpus
+    is dozens of units, and two workers run)."""
+    code = ("import sys; from bertcli.data import prepare; prepare.UNIT_BYTES = 8 << 10; "
+            "from bertcli.cli import main; main(sys.argv[1:])")
+    return subprocess.Popen([sys.executable, "-c", code, "prepare", "--config", str(config), *args], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as fh:
+        return [int(p) for p in fh.read().split()]
+
+
+def _gone(pid: int) -> bool:
+    """Whether process `pid` has ended (a zombie that this container's init has not reaped yet counts)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_stops_prepare_and_its_workers_at_once(tmp_path, small_corpus, signum, code):
+    """To the whole process group, as Ctrl-C or a scheduler sends it: the workers end, their temporary
+    units go with the temporary folder, and the one line says nothing was kept."""
+    from conftest import text_run
+
+    config = text_run(tmp_path, small_corpus, "data.validation_fraction=0.25")  # units of about 4 documents
+    proc = _prepare_process(config, "--workers", "2")
+    deadline = time.time() + 120
+    while not list(tmp_path.glob(".tmp-data.*/units/*")):  # the workers are preparing units
+        assert proc.poll() is None, proc.communicate()[1]
+        assert time.time() < deadline
+        time.sleep(0.01)
+    workers = _children(proc.pid)
+    assert len(workers) >= 2, workers  # (a resource tracker may be a child too)
+    stopped = time.time()
+    os.killpg(proc.pid, signum)
+    _, err = proc.communicate(timeout=60)
+    assert time.time() - stopped < 10, "it did not stop at once"
+    assert proc.returncode == code, err
+    assert err.strip().splitlines()[-1] == (f"bertcli: stopped by {signal.Signals(signum).name} while preparing data; "
+                                            "nothing was kept (the temporary data was removed): run the same command "
+                                            "again"), err
+    assert "Traceback" not in err
+    assert all(_gone(pid) for pid in workers)
+    assert not list(tmp_path.glob(".tmp-*")) and not (tmp_path / "data").exists()
+
+
+def test_a_kill_while_updating_leaves_the_previous_data_valid_and_the_next_prepare_goes_on(tmp_path, small_corpus,
+                                                                                              monkeypatch, capsys):
+    import json
+
+    from bertcli.data import prepare as prepare_module
+    from bertcli.data.prepare import load_prepared, prepare
+    from bertcli.resolve import load_run
+    from conftest import text_run
+
+    monkeypatch.setattr(prepare_module, "UNIT_BYTES", 8 << 10)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    docs = small_corpus.read_text().split("\n\n")
+    (corpus / "a.txt").write_text("\n\n".join(docs[:40] + docs[50:]) + "\n")
+    config = text_run(tmp_path, corpus, "data.validation_fraction=0.25")  # units of about 4 documents
+    data = prepare(load_run(config), quiet=True)
+    manifest = (data / "manifest.json").read_bytes()
+    (corpus / "b.txt").write_text("\n\n".join(docs[40:50]) + "\n")  # 30% of the corpus: the tokenizer is kept
+    proc = _prepare_process(config, "--workers", "2")
+    known = {u["key"] for u in json.loads(manifest)["units"]}
+    deadline = time.time() + 120
+    while not [p for p in (data / "units").iterdir() if p.name not in known and not p.name.startswith(".")]:
+        assert proc.poll() is None, proc.communicate()[1]
+        assert time.time() < deadline
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGKILL)
+    _, err = proc.communicate()
+    assert (data / "manifest.json").read_bytes() == manifest, err
+    load_prepared(data)  # the previous data: whole, every file checked
+    capsys.readouterr()
+    prepare(load_run(config), quiet=True)
+    err = capsys.readouterr().err
+    new = json.loads((data / "manifest.json").read_text())["units"]
+    assert "preparing" in err and f"of {len(new)} units" in err
+    prepared_now = int(err.split("preparing ")[1].split(" of")[0])
+    assert prepared_now < len(new) - len(known), "the units the killed prepare finished are kept"
+    assert not list(data.rglob(".tmp-*")) and not list(tmp_path.glob(".tmp-*"))
+    load_prepared(data)

@@ -10,6 +10,7 @@ import pytest
 import safetensors.torch
 import torch
 
+from conftest import SMALL_MODEL
 from bertcli import checkpoint, layout
 from bertcli.config import ModelConfig
 from bertcli.errors import UsageError
@@ -68,8 +69,7 @@ def random_hf(kind: str, cfg: ModelConfig, folder: Path) -> torch.nn.Module:
     return model
 
 
-SMALL = ModelConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
-                    max_position_embeddings=40)
+SMALL = SMALL_MODEL
 
 
 def test_import_bert_for_pretraining_gives_equal_outputs(tmp_path):
@@ -155,7 +155,7 @@ def test_round_trip_export_import_export_is_byte_identical(trained, tmp_path):
     # Save the imported model as a bertcli checkpoint (as training would), then export again.
     checkpoints = checkpoint.CheckpointManager(dataclasses.replace(cfg, output_dir=str(tmp_path / "run2")),
                                                torch.device("cpu"), is_main=True,
-                                               tokenizer_files=[first / name for name in layout.TOKENIZER_FILES])
+                                               tokenizer={name: (first / name).read_bytes() for name in layout.TOKENIZER_FILES})
     checkpoints.load(model=model, optimizer=torch.optim.AdamW(model.parameters()),
                      scaler=torch.amp.GradScaler("cpu", enabled=False))
     checkpoints.save(4, {}, periodic=True)
@@ -177,14 +177,14 @@ def test_continued_pretraining_from_an_exported_folder(tmp_path, small_corpus, c
     def first_mlm_loss(folder):
         return [r for r in read_metrics(folder / "metrics.jsonl") if r["split"] == "train"][0]["mlm_loss"]
 
-    def run(folder, *overrides):
+    def run(folder, *overrides, quiet=True):
         config = text_run(folder, small_corpus, "train.eval_every=0", *overrides)
-        pretrain(load_run(config), quiet=True)
+        pretrain(load_run(config), quiet=quiet)
 
     run(tmp_path / "teacher", "train.max_steps=60", "optimizer.lr=5e-3", "checkpoint.save_every=60")
     hf_dir = export(tmp_path / "teacher", tmp_path / "hf")
     capsys.readouterr()
-    run(tmp_path / "continued", f"model.init_from={hf_dir}", "train.max_steps=4")
+    run(tmp_path / "continued", f"model.init_from={hf_dir}", "train.max_steps=4", quiet=False)
     assert f"initialised from {hf_dir}" in capsys.readouterr().err
     run(tmp_path / "fresh", f"data.tokenizer.path={hf_dir}", "train.max_steps=4")
     continued, fresh = first_mlm_loss(tmp_path / "continued"), first_mlm_loss(tmp_path / "fresh")
@@ -230,7 +230,7 @@ def test_a_phase_2_run_resumes_once_its_init_from_source_is_gone(tmp_path, train
     config = tmp_path / "run" / "config.yaml"
     assert cli("pretrain", "--config", config, "--quiet", "--stop-at", "1").code == 0
     shutil.rmtree(source)
-    result = cli("pretrain", "--config", config, "--quiet")
+    result = cli("pretrain", "--config", config)  # not --quiet: where the architecture comes from is said
     assert result.code == 0, result.err
     own = tmp_path / "run" / "checkpoints" / "step-0000001"
     assert f"model.init_from {source} is gone" in result.err and f"the architecture and the tokenizer come from {own}" in result.err

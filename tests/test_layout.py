@@ -18,13 +18,16 @@ def test_what_a_run_writes_is_what_layout_names(trained):
     """A run folder, its checkpoints and its prepared data hold only names that layout.py gives them
     (ownership, pruning, inspect and prepare read them from there), and every file a complete
     checkpoint needs."""
-    own = {*layout.RUN_FILES, *layout.RUN_FOLDERS, layout.CHECKPOINTS, "data"}  # data: the default prepared_dir
+    data = trained / "data"  # the default prepared_dir
+    own = {*layout.RUN_FILES, *layout.RUN_FOLDERS, layout.CHECKPOINTS, data.name, layout.prepared_lock(data).name}
     assert {path.name for path in trained.iterdir()} <= own
     checkpoints = [path for path in layout.checkpoints_dir(trained).iterdir()]
     assert checkpoints and all(layout.STEP_DIR.match(path.name) or path.name == layout.BEST for path in checkpoints)
     for folder in checkpoints:
         assert set(layout.CHECKPOINT_FILES) <= entries(folder) <= layout.CHECKPOINT.paths, folder
-    assert entries(trained / "data") == layout.PREPARED.paths
+    prepared = entries(data)
+    assert {layout.MANIFEST, *layout.TOKENIZER_FILES, layout.UNITS, layout.INDEX} <= prepared
+    assert all(layout.PREPARED.holds(rel) for rel in prepared), sorted(prepared)
 
 
 def test_identify_says_what_each_folder_is(trained, tmp_path):

@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 import torch
 
+from conftest import SMALL_MODEL
 from bertcli.config import ModelConfig
 from bertcli.config_load import preset_config
 from bertcli.model import TIED_ALIASES, BertForPreTraining, flops_per_token, packing
@@ -14,8 +15,7 @@ from bertcli.summary import parameter_counts
 
 transformers = pytest.importorskip("transformers")
 
-SMALL = ModelConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
-                    max_position_embeddings=40, pad_vocab_multiple=1)
+SMALL = dataclasses.replace(SMALL_MODEL, pad_vocab_multiple=1)
 
 
 def hf_model(cfg: ModelConfig):

@@ -20,14 +20,15 @@ from bertcli import layout
 from bertcli.config import TokenizerConfig
 from bertcli.config_load import load_config, preset_config
 from bertcli.data.examples import IGNORE, ExampleBuilder
-from bertcli.data.prepare import FORMAT_VERSION, load_prepared, prepare
+from bertcli.data.corpus import is_held_out
+from bertcli.data.prepare import FORMAT_VERSION, SAMPLE, load_prepared, prepare, unit_phase
 from bertcli.data.text import read_sentences, read_text, split_sentences
-from bertcli.data.tokenizer import SPECIAL, Casing, _bert_pipeline, inner_characters, train_tokenizer
+from bertcli.data.tokenizer import SPECIAL, Casing, _bert_pipeline, inner_characters, scan_characters, train_tokenizer
 from bertcli.errors import UsageError
 from bertcli.metrics import read_metrics
 from bertcli.resolve import load_run
 from bertcli.trainer import pretrain
-from conftest import TEXT, text_run
+from conftest import TEXT, assert_same_batch, prepared_files, text_run
 
 
 def train(config: Path, **kwargs) -> dict:
@@ -90,8 +91,9 @@ def test_prepare_writes_shards_manifest_and_tokenizer(tmp_path, small_corpus):
     assert valid.num_documents == 6  # every 10th document with validation_fraction 0.1
     assert train.num_tokens == manifest["splits"]["train"]["tokens"] == int(train.seg_offsets[-1])
     assert np.all(np.diff(np.asarray(train.seg_offsets)) > 0), "no empty sentences"
-    # The shards decode back to the text they came from.
-    first = prepared.tokenizer.decode(np.asarray(train.segment(0)).tolist())
+    # The shards decode back to the text they came from (the first document is held out when its unit's phase says so).
+    held = is_held_out(0, 0.1, unit_phase(manifest["units"][0]["content"], 10))
+    first = prepared.tokenizer.decode(np.asarray((valid if held else train).segment(0)).tolist())
     first_line = small_corpus.read_text().splitlines()[0].lower()
     assert first_line.startswith(first[:20])
 
@@ -102,16 +104,17 @@ def test_prepare_is_cached_and_redone_when_the_corpus_changes(tmp_path, small_co
     config = text_run(tmp_path / "run", corpus)
     cfg = load_run(config)
     folder = prepare(cfg, quiet=True)
-    tokens = folder / "train" / "tokens.bin"
+    tokens = _unit(folder) / "train" / "tokens.bin"
     before = (tokens.stat().st_mtime_ns, json.loads((folder / "manifest.json").read_text())["created"])
     capsys.readouterr()
-    result = train(config, stop_at=1)  # pretrain reuses it
+    result = pretrain(load_run(config), quiet=False, stop_at=1)  # pretrain reuses it (and says so: not quiet)
     assert result["step"] == 1
     err = capsys.readouterr().err
     assert "up to date" in err
-    # TEXT's 48-token examples hold one sentence alone often enough for 65% random next sentences: said once.
-    assert err.count("warning: 65.1% of the NSP pairs will have a random next sentence") == 1, err
+    # TEXT's 48-token examples hold one sentence alone often enough for 64% random next sentences: said once.
+    assert err.count("% of the NSP pairs will have a random next sentence") == 1, err
     assert tokens.stat().st_mtime_ns == before[0], "not re-tokenized"
+    assert json.loads((folder / "manifest.json").read_text())["created"] == before[1], "the manifest was not rewritten"
     corpus.write_text(corpus.read_text() + "\nOne more document about something new.\n")
     prepare(cfg, quiet=True)
     assert "up to date" not in capsys.readouterr().err
@@ -179,6 +182,26 @@ def test_inner_characters_are_the_continuation_pieces_the_trainer_makes(tmp_path
     assert inner_characters(read_text(files, block=5), cfg) == made
 
 
+@pytest.mark.parametrize("lowercase, strip_accents", [(True, True), (False, False)])
+def test_every_character_is_the_alphabet_the_trainer_makes(tmp_path, small_corpus, lowercase, strip_accents):
+    """The characters a sampled vocabulary is given (the trainer's initial alphabet): on the whole
+    corpus, exactly the ones the trainer finds itself, so that a corpus within the budget gets the
+    vocabulary it always got."""
+    (tmp_path / "docs.txt").write_text(small_corpus.read_text()[:30_000])
+    (tmp_path / "tricky.txt").write_text(TRICKY)
+    (tmp_path / "tricky.jsonl").write_text(json.dumps({"text": TRICKY[::-1]}) + "\n")
+    files = [tmp_path / "docs.txt", tmp_path / "tricky.txt", tmp_path / "tricky.jsonl"]
+    plain = _bert_pipeline(Tokenizer(models.WordPiece(unk_token="[UNK]")),
+                           Casing(do_lower_case=lowercase, strip_accents=strip_accents))
+    plain.train_from_iterator((s for s in read_sentences(files) if s is not None),
+                              trainer=trainers.WordPieceTrainer(vocab_size=300, special_tokens=list(SPECIAL)))
+    alphabet = sorted(t for t in plain.get_vocab() if len(t) == 1)
+    chars = scan_characters(read_text(files, block=5), TokenizerConfig(lowercase=lowercase, strip_accents=strip_accents))
+    assert len(alphabet) > 50 and chars.every == alphabet
+    assert chars.count == scan_characters(read_text(files), TokenizerConfig()).count == sum(
+        len(text) - text.count("\n") for text in read_text(files))  # however the text is cut
+
+
 def test_continuation_pieces_are_ordinary_vocabulary(small_corpus):
     sentences = [s for s in read_sentences([small_corpus]) if s is not None]
     tok = train_tokenizer(sentences, TokenizerConfig(vocab_size=500), sentences)
@@ -195,10 +218,196 @@ def test_prepare_is_bit_for_bit_the_same_in_two_processes(tmp_path, small_corpus
     procs = [subprocess.Popen([sys.executable, "-m", "bertcli", "prepare", "--config", str(c), "--quiet"],
                               stderr=subprocess.PIPE, text=True) for c in configs]
     assert all(p.wait(timeout=120) == 0 for p in procs), [p.stderr.read() for p in procs]
-    names = ["tokenizer.json", "vocab.txt"] + [f"{split}/{name}.bin" for split in ("train", "valid")
-                                               for name in ("tokens", "seg_offsets", "doc_offsets")]
-    for name in names:
-        assert (tmp_path / "a" / "data" / name).read_bytes() == (tmp_path / "b" / "data" / name).read_bytes(), name
+    a, b = prepared_files(tmp_path / "a" / "data"), prepared_files(tmp_path / "b" / "data")
+    assert list(a) == list(b) and len(a) == 14  # manifest, tokenizer, vocab; a unit's 7 files; the index's 4
+    for name in a:
+        assert a[name] == b[name], name
+
+
+# ------------------------------------------------------------------ a vocabulary trained on a sample (issue 20)
+
+
+def test_a_line_sample_is_a_share_spread_over_the_corpus_whatever_the_order():
+    from bertcli.data.text import LineSample
+
+    lines = [f"Line {i} of the corpus, about topic {i % 97}." for i in range(20_000)]
+    total = sum(map(len, lines))
+    sample = LineSample(total // 4, total)
+    taken = [line for line in lines if sample(line)]
+    assert not sample.whole and sample.chars == sum(map(len, taken)) and sample.lines == len(taken)
+    assert abs(sample.chars / (total // 4) - 1) < 0.05  # the budget, give or take chance
+    chosen = set(taken)
+    halves = [sum(len(line) for line in part if line in chosen) for part in (lines[:10_000], lines[10_000:])]
+    assert all(abs(h / (total // 8) - 1) < 0.1 for h in halves), halves  # from the head and the tail alike
+    again = LineSample(total // 4, total)
+    assert [line for line in reversed(lines) if again(line)] == taken[::-1], "a line's fate is its own"
+    for budget in (total, 2 * total):
+        everything = LineSample(budget, total)
+        assert everything.whole and all(map(everything, lines))
+
+
+MADE_UP = [a + b + c for a in ("zor", "quel", "vax", "dru") for b in ("vak", "min", "tos") for c in ("", "ith")]
+
+
+def _two_halves() -> tuple[str, str]:
+    """A corpus's head (English, the bundled sample's) and a tail of made-up words that the head lacks."""
+    rng = np.random.default_rng(0)
+    head = gzip.decompress(SAMPLE.read_bytes()).decode().split("\n\n")[:30]
+    tail = ["\n".join(" ".join(rng.choice(MADE_UP, 12)).capitalize() + "." for _ in range(20)) for _ in range(30)]
+    return "\n\n".join(head) + "\n\n", "\n\n".join(tail) + "\n"
+
+
+def test_the_vocabulary_sample_comes_from_the_whole_corpus_in_any_order(tmp_path, cli):
+    head, tail = _two_halves()
+    (tmp_path / "one.txt").write_text(head + tail)
+    (tmp_path / "parts").mkdir()
+    (tmp_path / "parts" / "a.txt").write_text(tail)  # read first
+    (tmp_path / "parts" / "b.txt").write_text(head)
+    budget = f"data.tokenizer.sample_chars={len(head + tail) // 3}"
+    vocabularies = []
+    for name, corpus in (("one", tmp_path / "one.txt"), ("parts", tmp_path / "parts")):
+        result = cli("prepare", "--config", text_run(tmp_path / f"run-{name}", corpus, budget), "--quiet")
+        assert result.code == 0, result.err
+        assert "the vocabulary was trained on a sample of" in result.err
+        vocabularies.append((tmp_path / f"run-{name}" / "data" / "vocab.txt").read_text())
+    assert vocabularies[0] == vocabularies[1], "the same lines train it, whatever the files and their order"
+    vocab = set(vocabularies[0].splitlines())
+    assert len(vocab & set(MADE_UP)) >= len(MADE_UP) // 2, "pieces from the tail"
+    assert {"the", "and", "function"} <= vocab, "pieces from the head"
+
+
+def test_a_sampled_vocabulary_is_recorded_shown_and_keeps_every_character(tmp_path, cli):
+    from bertcli.data.text import LineSample
+    from bertcli.data.tokenizer import scan_characters
+    from bertcli.summary import format_report
+
+    head, tail = _two_halves()
+    corpus = tmp_path / "corpus.txt"
+    for n in range(100):  # a line of rare characters that the sample leaves out
+        rare = f"Rare glyphs {n}: \u2603\u00a7 \u4e2d\u6587 \u00f8re\u00f0 \u03a9mega."
+        corpus.write_text(head + rare + "\n\n" + tail)
+        total = scan_characters(read_text([corpus]), TokenizerConfig()).count
+        if not LineSample(total // 3, total)(rare):
+            break
+    config = text_run(tmp_path / "run", corpus, f"data.tokenizer.sample_chars={total // 3}")
+    assert cli("prepare", "--config", config, "--quiet").code == 0
+    prepared = load_prepared(tmp_path / "run" / "data")
+    sample = prepared.manifest["tokenizer"]["sample"]
+    assert sample["whole"] is False and sample["sample_chars"] == total // 3 and sample["corpus_chars"] == total
+    assert 0 < sample["chars"] < total and 0 < sample["lines"]
+    tok = prepared.tokenizer
+    assert tok.token_to_id("[UNK]") not in tok.encode(rare).ids, tok.encode(rare).tokens
+    report = json.loads(cli("inspect", tmp_path / "run" / "data", "--json").out)
+    assert report["vocabulary_sample"].startswith(f"a sample of {sample['lines']:,} lines, {sample['chars']:,} of ")
+    assert f"vocabulary from  a sample of {sample['lines']:,} lines" in format_report(report)
+
+
+def test_a_changed_sample_budget_prepares_again_where_it_can_matter(tmp_path, small_corpus, cli):
+    size = small_corpus.stat().st_size
+    config = text_run(tmp_path, small_corpus)
+    runs = {}
+    for budget in (size // 3, size // 2, size // 2, 2 * size, 3 * size, 0):
+        result = cli("prepare", "--config", config, "--quiet", "--set", f"data.tokenizer.sample_chars={budget}")
+        assert result.code == 0, result.err
+        runs[budget] = ("up to date" in result.err, load_prepared(tmp_path / "data").manifest["tokenizer"]["sample"])
+    assert runs[size // 3][1]["chars"] < runs[size // 2][1]["chars"], "a larger sample"
+    assert runs[size // 2][0], "the same budget again: reused"
+    assert not runs[2 * size][0] and runs[2 * size][1]["whole"], "the whole corpus now: prepared again"
+    # Any budget the corpus fits in (0: no limit) trains on the whole of it: the same data, not prepared again.
+    assert runs[3 * size][0] and runs[0][0]
+
+
+# ------------------------------------------------------------------ a vocabulary trained on a sample (issue 20)
+
+
+def test_a_line_sample_is_a_share_spread_over_the_corpus_whatever_the_order():
+    from bertcli.data.text import LineSample
+
+    lines = [f"Line {i} of the corpus, about topic {i % 97}." for i in range(20_000)]
+    total = sum(map(len, lines))
+    sample = LineSample(total // 4, total)
+    taken = [line for line in lines if sample(line)]
+    assert not sample.whole and sample.chars == sum(map(len, taken)) and sample.lines == len(taken)
+    assert abs(sample.chars / (total // 4) - 1) < 0.05  # the budget, give or take chance
+    chosen = set(taken)
+    halves = [sum(len(line) for line in part if line in chosen) for part in (lines[:10_000], lines[10_000:])]
+    assert all(abs(h / (total // 8) - 1) < 0.1 for h in halves), halves  # from the head and the tail alike
+    again = LineSample(total // 4, total)
+    assert [line for line in reversed(lines) if again(line)] == taken[::-1], "a line's fate is its own"
+    for budget in (total, 2 * total):
+        everything = LineSample(budget, total)
+        assert everything.whole and all(map(everything, lines))
+
+
+MADE_UP = [a + b + c for a in ("zor", "quel", "vax", "dru") for b in ("vak", "min", "tos") for c in ("", "ith")]
+
+
+def _two_halves() -> tuple[str, str]:
+    """A corpus's head (English, the bundled sample's) and a tail of made-up words that the head lacks."""
+    rng = np.random.default_rng(0)
+    head = gzip.decompress(SAMPLE.read_bytes()).decode().split("\n\n")[:30]
+    tail = ["\n".join(" ".join(rng.choice(MADE_UP, 12)).capitalize() + "." for _ in range(20)) for _ in range(30)]
+    return "\n\n".join(head) + "\n\n", "\n\n".join(tail) + "\n"
+
+
+def test_the_vocabulary_sample_comes_from_the_whole_corpus_in_any_order(tmp_path, cli):
+    head, tail = _two_halves()
+    (tmp_path / "one.txt").write_text(head + tail)
+    (tmp_path / "parts").mkdir()
+    (tmp_path / "parts" / "a.txt").write_text(tail)  # read first
+    (tmp_path / "parts" / "b.txt").write_text(head)
+    budget = f"data.tokenizer.sample_chars={len(head + tail) // 3}"
+    vocabularies = []
+    for name, corpus in (("one", tmp_path / "one.txt"), ("parts", tmp_path / "parts")):
+        result = cli("prepare", "--config", text_run(tmp_path / f"run-{name}", corpus, budget), "--quiet")
+        assert result.code == 0, result.err
+        assert "the vocabulary was trained on a sample of" in result.err
+        vocabularies.append((tmp_path / f"run-{name}" / "data" / "vocab.txt").read_text())
+    assert vocabularies[0] == vocabularies[1], "the same lines train it, whatever the files and their order"
+    vocab = set(vocabularies[0].splitlines())
+    assert len(vocab & set(MADE_UP)) >= len(MADE_UP) // 2, "pieces from the tail"
+    assert {"the", "and", "function"} <= vocab, "pieces from the head"
+
+
+def test_a_sampled_vocabulary_is_recorded_shown_and_keeps_every_character(tmp_path, cli):
+    from bertcli.data.text import LineSample
+    from bertcli.data.tokenizer import scan_characters
+    from bertcli.summary import format_report
+
+    head, tail = _two_halves()
+    corpus = tmp_path / "corpus.txt"
+    for n in range(100):  # a line of rare characters that the sample leaves out
+        rare = f"Rare glyphs {n}: \u2603\u00a7 \u4e2d\u6587 \u00f8re\u00f0 \u03a9mega."
+        corpus.write_text(head + rare + "\n\n" + tail)
+        total = scan_characters(read_text([corpus]), TokenizerConfig()).count
+        if not LineSample(total // 3, total)(rare):
+            break
+    config = text_run(tmp_path / "run", corpus, f"data.tokenizer.sample_chars={total // 3}")
+    assert cli("prepare", "--config", config, "--quiet").code == 0
+    prepared = load_prepared(tmp_path / "run" / "data")
+    sample = prepared.manifest["tokenizer"]["sample"]
+    assert sample["whole"] is False and sample["sample_chars"] == total // 3 and sample["corpus_chars"] == total
+    assert 0 < sample["chars"] < total and 0 < sample["lines"]
+    tok = prepared.tokenizer
+    assert tok.token_to_id("[UNK]") not in tok.encode(rare).ids, tok.encode(rare).tokens
+    report = json.loads(cli("inspect", tmp_path / "run" / "data", "--json").out)
+    assert report["vocabulary_sample"].startswith(f"a sample of {sample['lines']:,} lines, {sample['chars']:,} of ")
+    assert f"vocabulary from  a sample of {sample['lines']:,} lines" in format_report(report)
+
+
+def test_a_changed_sample_budget_prepares_again_where_it_can_matter(tmp_path, small_corpus, cli):
+    size = small_corpus.stat().st_size
+    config = text_run(tmp_path, small_corpus)
+    runs = {}
+    for budget in (size // 3, size // 2, size // 2, 2 * size, 3 * size, 0):
+        result = cli("prepare", "--config", config, "--quiet", "--set", f"data.tokenizer.sample_chars={budget}")
+        assert result.code == 0, result.err
+        runs[budget] = ("up to date" in result.err, load_prepared(tmp_path / "data").manifest["tokenizer"]["sample"])
+    assert runs[size // 3][1]["chars"] < runs[size // 2][1]["chars"], "a larger sample"
+    assert runs[size // 2][0], "the same budget again: reused"
+    assert not runs[2 * size][0] and runs[2 * size][1]["whole"], "the whole corpus now: prepared again"
+    # Any budget the corpus fits in (0: no limit) trains on the whole of it: the same data, not prepared again.
+    assert runs[3 * size][0] and runs[0][0]
 
 
 # ------------------------------------------------------------------ examples on real text
@@ -328,6 +537,15 @@ def test_init_with_corpus_and_missing_corpus(tmp_path, small_corpus, cli):
 # ------------------------------------------------------------------ damaged prepared data (issue 18)
 
 
+def _unit(folder: Path, number: int = 0) -> Path:
+    """The folder of unit `number` of prepared data."""
+    return folder / "units" / json.loads((folder / "manifest.json").read_text())["units"][number]["key"]
+
+
+def _index(folder: Path) -> Path:
+    return folder / "index" / json.loads((folder / "manifest.json").read_text())["index"]
+
+
 def _cut(path: Path, size: int) -> None:
     path.write_bytes(path.read_bytes()[:size])
 
@@ -358,24 +576,27 @@ def _link_outside(path: Path) -> None:
 
 
 DAMAGE = [  # (id, damage(folder), what the one line must say)
-    ("truncated-tokens", lambda d: _cut(d / "train" / "tokens.bin", 100_000), "train/tokens.bin holds 100,000 bytes"),
-    ("emptied-tokens", lambda d: _cut(d / "train" / "tokens.bin", 0), "train/tokens.bin holds 0 bytes"),
-    ("emptied-doc-offsets", lambda d: _cut(d / "valid" / "doc_offsets.bin", 0),
+    ("truncated-tokens", lambda d: _cut(_unit(d) / "train" / "tokens.bin", 100_000), "train/tokens.bin holds 100,000 bytes"),
+    ("emptied-tokens", lambda d: _cut(_unit(d) / "train" / "tokens.bin", 0), "train/tokens.bin holds 0 bytes"),
+    ("emptied-doc-offsets", lambda d: _cut(_unit(d) / "valid" / "doc_offsets.bin", 0),
      ("valid/doc_offsets.bin holds 0 bytes where manifest.json implies", "(int64)")),  # offsets: int64 in any folder
-    ("id-out-of-range", lambda d: _set_id(d / "valid" / "tokens.bin", 5, 60_000),
+    ("emptied-index", lambda d: _cut(_index(d) / "valid" / "doc_offsets.bin", 0),
+     ("index/", "valid/doc_offsets.bin holds 0 bytes where manifest.json implies", "(int64)")),
+    ("id-out-of-range", lambda d: _set_id(_unit(d) / "valid" / "tokens.bin", 5, 60_000),
      "valid/tokens.bin holds token id 60,000, past the vocabulary"),
     ("manifest-dtype", lambda d: _edit_json(d / "manifest.json", dtype="uint32"), "where manifest.json implies"),
-    ("flipped-doc-offsets", lambda d: _swap_offsets(d / "train" / "doc_offsets.bin"),
-     "train/doc_offsets.bin does not rise from 0"),
-    ("flipped-seg-offsets", lambda d: _swap_offsets(d / "valid" / "seg_offsets.bin"),
-     "valid/seg_offsets.bin does not rise from 0"),
+    ("flipped-doc-offsets", lambda d: _swap_offsets(_unit(d) / "train" / "doc_offsets.bin"),
+     ("units/", "train/doc_offsets.bin does not rise from 0")),
+    ("flipped-seg-offsets", lambda d: _swap_offsets(_index(d) / "valid" / "seg_offsets.bin"),
+     ("index/", "valid/seg_offsets.bin does not rise from 0")),
     ("edited-vocab", lambda d: (d / "vocab.txt").write_text((d / "vocab.txt").read_text().replace("[MASK]", "[MSK]")),
      "vocab.txt was changed after prepare"),
     ("edited-tokenizer", lambda d: _edit_json(d / "tokenizer.json", truncation=None, version="9"),
      "tokenizer.json was changed after prepare"),
     ("symlinked-vocab", lambda d: _link_outside(d / "vocab.txt"), "vocab.txt is a symbolic link"),
-    ("symlinked-shard", lambda d: _link_outside(d / "train" / "seg_offsets.bin"), "train/seg_offsets.bin is a symbolic link"),
-    ("missing-shard", lambda d: (d / "valid" / "doc_offsets.bin").unlink(), "valid/doc_offsets.bin is missing"),
+    ("symlinked-shard", lambda d: _link_outside(_unit(d) / "train" / "seg_offsets.bin"), "train/seg_offsets.bin is a symbolic link"),
+    ("missing-shard", lambda d: (_index(d) / "valid" / "doc_offsets.bin").unlink(), "valid/doc_offsets.bin is missing"),
+    ("missing-unit", lambda d: shutil.rmtree(_unit(d)), "units/"),
 ]
 
 
@@ -402,15 +623,15 @@ def test_damaged_prepared_data_is_prepared_again_with_a_line(tmp_path, small_cor
     corpus.write_text("\n\n".join(small_corpus.read_text().split("\n\n")[:4]) + "\n")
     cfg = load_run(text_run(tmp_path / "run", corpus, "data.tokenizer.vocab_size=200", "data.validation_fraction=0"))
     folder = prepare(cfg, quiet=True)
-    good = (folder / "train" / "tokens.bin").read_bytes()
-    _cut(folder / "train" / "tokens.bin", 1000)
+    good = (_unit(folder) / "train" / "tokens.bin").read_bytes()
+    _cut(_unit(folder) / "train" / "tokens.bin", 1000)
     _link_outside(folder / "vocab.txt")
     capsys.readouterr()
     prepare(cfg, quiet=True)
     err = capsys.readouterr().err
     assert f"prepared data in {folder} is damaged (vocab.txt is a symbolic link" in err and "preparing it again" in err
     assert "up to date" not in err
-    assert (folder / "train" / "tokens.bin").read_bytes() == good
+    assert (_unit(folder) / "train" / "tokens.bin").read_bytes() == good
     assert not (folder / "vocab.txt").is_symlink() and "SECRET" not in (folder / "vocab.txt").read_text()
     assert (tmp_path / "run" / "secret.txt").read_text() == "SECRET\n"
 
@@ -559,3 +780,278 @@ def test_a_bad_jsonl_record_says_the_line_and_what_to_fix(tmp_path, record, need
     with pytest.raises(UsageError) as info:
         list(read_sentences([path]))
     assert str(info.value).startswith(f"{path}: {needle}"), str(info.value)
+
+
+# ------------------------------------------------------------------ units: workers, parts, updates in place (issue 20)
+
+
+def _stamps(folder: Path) -> dict[str, tuple[int, int]]:
+    """(inode, mtime) of every file under units/, by path: a file rewritten or replaced changes both."""
+    return {p.relative_to(folder).as_posix(): (p.stat().st_ino, p.stat().st_mtime_ns)
+            for p in sorted((folder / "units").rglob("*")) if p.is_file()}
+
+
+def _run(folder: Path, corpus: Path, *overrides: str) -> Path:
+    """A run on a units_corpus: its units hold about 4 documents, so every 4th is held out."""
+    return text_run(folder, corpus, "data.validation_fraction=0.25", *overrides)
+
+
+def _units_of(folder: Path, file_number: int) -> set[str]:
+    """The keys of the units that hold (parts of) corpus file number `file_number`."""
+    manifest = json.loads((folder / "manifest.json").read_text())
+    return {u["key"] for u in manifest["units"] if any(p[0] == file_number for p in u["pieces"])}
+
+
+@pytest.fixture
+def units_corpus(tmp_path, small_corpus, monkeypatch):
+    """A folder of three text files of 15 documents each (about 30 KB), with units of 8 KiB: each file
+    is cut into parts at document boundaries, so the corpus is a dozen units."""
+    from bertcli.data import prepare as prepare_module
+
+    monkeypatch.setattr(prepare_module, "UNIT_BYTES", 8 << 10)
+    docs = small_corpus.read_text().split("\n\n")
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    for i, name in enumerate("abc"):
+        (folder / f"{name}.txt").write_text("\n\n".join(docs[15 * i:15 * (i + 1)]) + "\n")
+    return folder, docs
+
+
+def test_one_and_two_workers_write_the_same_prepared_folder(tmp_path, units_corpus):
+    folder, docs = units_corpus
+    (folder / "d.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs[45:60]))
+    files = {}
+    for workers in (1, 2):
+        cfg = load_run(_run(tmp_path / f"w{workers}", folder))
+        files[workers] = prepared_files(prepare(cfg, quiet=True, workers=workers))
+    assert sum(name.endswith("unit.json") for name in files[1]) >= 8, sorted(files[1])
+    assert list(files[1]) == list(files[2])
+    for name in files[1]:
+        assert files[1][name] == files[2][name], name
+
+
+def test_adding_a_file_prepares_only_its_units_and_equals_a_fresh_prepare(tmp_path, units_corpus, capsys):
+    folder, docs = units_corpus
+    cfg = load_run(_run(tmp_path / "run", folder))
+    data = prepare(cfg, quiet=True)
+    before, tokenizer = _stamps(data), (data / "tokenizer.json").read_bytes()
+    (folder / "b2.txt").write_text("\n\n".join(docs[45:55]) + "\n")  # file number 2 of a, b, b2, c
+    capsys.readouterr()
+    prepare(cfg, quiet=True)
+    err = capsys.readouterr().err
+    added = _units_of(data, 2)
+    assert len(added) >= 2 and f"preparing {len(added)} of" in err and "keeping the other units" in err
+    assert "with the tokenizer trained on the corpus as it was (--force trains a new one)" in err
+    after = _stamps(data)
+    assert {rel: stamp for rel, stamp in after.items() if rel.split("/")[1] not in added} == before, "rewritten"
+    assert (data / "tokenizer.json").read_bytes() == tokenizer
+    manifest = json.loads((data / "manifest.json").read_text())
+    assert manifest["tokenizer"]["trained_on"] == {"files": 3, "bytes": sum(f.stat().st_size for f in folder.iterdir()
+                                                                            if f.name != "b2.txt")}
+    # A fresh prepare of the whole new corpus with that tokenizer writes the same units, index and counts.
+    fresh = prepare(load_run(_run(tmp_path / "fresh", folder, f"data.tokenizer.path={data / 'tokenizer.json'}")),
+                    quiet=True)
+    a, b = prepared_files(data), prepared_files(fresh)
+    assert list(a) == list(b)
+    for name in a:
+        if name != "manifest.json":
+            assert a[name] == b[name], name
+    ma, mb = json.loads(a["manifest.json"]), json.loads(b["manifest.json"])
+    assert {k: v for k, v in ma.items() if k != "tokenizer"} == {k: v for k, v in mb.items() if k != "tokenizer"}
+
+
+def test_removing_a_file_and_changing_one_part_of_another(tmp_path, units_corpus, capsys):
+    folder, _ = units_corpus
+    cfg = load_run(_run(tmp_path / "run", folder))
+    data = prepare(cfg, quiet=True)
+    gone = _units_of(data, 2)  # c.txt's
+    manifest = json.loads((data / "manifest.json").read_text())
+    part = manifest["corpus"]["files"][0]["parts"][1]  # the second part of a.txt: an edit in its middle
+    text = bytearray((folder / "a.txt").read_bytes())
+    at = next(i for i in range((part["start"] + part["end"]) // 2, part["end"]) if chr(text[i]).islower())
+    text[at] = ord("x" if text[at] != ord("x") else "y")
+    changed = {u["key"] for u in manifest["units"] if u["pieces"] == [[0, part["start"], part["end"]]]}
+    before = _stamps(data)
+    (folder / "a.txt").write_bytes(bytes(text))
+    (folder / "c.txt").unlink()
+    capsys.readouterr()
+    prepare(cfg, quiet=True)
+    err = capsys.readouterr().err
+    assert f"units of it 1 new or changed, {len(gone) + 1} gone" in err and "preparing 1 of" in err, err
+    after = _stamps(data)
+    assert not any((data / "units" / key).exists() for key in gone | changed)
+    kept = {rel: stamp for rel, stamp in before.items() if rel.split("/")[1] not in gone | changed}
+    assert {rel: stamp for rel, stamp in after.items() if rel in kept} == kept and len(after) == len(kept) + 7
+    assert sorted(p.name for p in (data / "index").iterdir()) == [json.loads((data / "manifest.json").read_text())["index"]]
+    load_prepared(data)  # checks every file against the manifest
+
+
+def test_renaming_files_writes_only_a_new_index(tmp_path, units_corpus, capsys):
+    folder, _ = units_corpus
+    cfg = load_run(_run(tmp_path / "run", folder))
+    data = prepare(cfg, quiet=True)
+    before = _stamps(data)
+    (folder / "a.txt").rename(folder / "d.txt")  # now last: the same units in another order
+    capsys.readouterr()
+    prepare(cfg, quiet=True)
+    err = capsys.readouterr().err
+    assert "the corpus changed (its files are in another order: renamed?): writing a new index" in err, err
+    assert _stamps(data) == before
+    assert load_prepared(data).manifest["units"][-1]["pieces"][0][0] == 2, "d.txt's units come last in the index"
+
+
+def test_a_damaged_unit_is_prepared_again_alone(tmp_path, units_corpus, capsys):
+    folder, _ = units_corpus
+    cfg = load_run(_run(tmp_path / "run", folder))
+    data = prepare(cfg, quiet=True)
+    unit = _unit(data, 3)
+    good = (unit / "train" / "tokens.bin").read_bytes()
+    _cut(unit / "train" / "tokens.bin", 10)
+    before = {rel: stamp for rel, stamp in _stamps(data).items() if not rel.startswith(f"units/{unit.name}")}
+    capsys.readouterr()
+    prepare(cfg, quiet=True)
+    err = capsys.readouterr().err
+    assert f"prepared data in {data} is damaged (units/{unit.name}/train/tokens.bin holds 10 bytes" in err, err
+    assert "preparing 1 of" in err
+    assert (unit / "train" / "tokens.bin").read_bytes() == good
+    assert {rel: stamp for rel, stamp in _stamps(data).items() if rel in before} == before
+
+
+def test_a_corpus_mostly_new_gets_a_new_tokenizer(tmp_path, units_corpus, capsys):
+    folder, docs = units_corpus
+    cfg = load_run(_run(tmp_path / "run", folder))
+    data = prepare(cfg, quiet=True)
+    (folder / "b.txt").unlink()
+    (folder / "c.txt").unlink()
+    (folder / "e.txt").write_text("\n\n".join(docs[30:60]) + "\n")
+    capsys.readouterr()
+    prepare(cfg, quiet=True)
+    err = capsys.readouterr().err
+    assert f"prepared data in {data}: " in err and "% of the corpus is new: a new tokenizer is trained on it" in err, err
+    assert json.loads((data / "manifest.json").read_text())["tokenizer"]["trained_on"]["files"] == 2
+
+
+def test_units_a_stopped_prepare_finished_are_reused(tmp_path, units_corpus, capsys):
+    """A unit renamed into place counts as finished even when its manifest never came (a kill)."""
+    folder, docs = units_corpus
+    cfg = load_run(_run(tmp_path / "run", folder))
+    data = prepare(cfg, quiet=True)
+    (folder / "e.txt").write_text("\n\n".join(docs[45:50]) + "\n")
+    elsewhere = prepare(load_run(_run(tmp_path / "other", folder, f"data.tokenizer.path={data / 'tokenizer.json'}")),
+                        quiet=True)
+    finished = _units_of(elsewhere, 3)
+    for key in finished:  # as a prepare killed after renaming them leaves them
+        shutil.copytree(elsewhere / "units" / key, data / "units" / key)
+    before = _stamps(data)
+    capsys.readouterr()
+    prepare(cfg, quiet=True)
+    err = capsys.readouterr().err
+    assert f"(units of it {len(finished)} new or changed): writing a new index" in err, err
+    assert {rel: stamp for rel, stamp in _stamps(data).items() if rel in before} == before
+    load_prepared(data)
+
+
+def test_an_error_in_a_worker_is_the_same_one_line(tmp_path, units_corpus):
+    folder, _ = units_corpus
+    tokenizer = prepare(load_run(_run(tmp_path / "first", folder)), quiet=True) / "tokenizer.json"
+    head = (folder / "b.txt").read_bytes()[:20000]
+    (folder / "b.txt").write_bytes(head + b"caf\xe9\n")  # in b.txt's third part
+    messages = []
+    for workers in (1, 2):
+        cfg = load_run(_run(tmp_path / f"w{workers}", folder, f"data.tokenizer.path={tokenizer}"))
+        with pytest.raises(UsageError) as info:
+            prepare(cfg, quiet=True, workers=workers)
+        messages.append(str(info.value))
+        assert not (tmp_path / f"w{workers}" / "data").exists() and not list((tmp_path / f"w{workers}").glob(".tmp-*"))
+    line = head.count(b"\n") + 1
+    assert messages[0] == messages[1] == (f"{folder / 'b.txt'}: byte 20003 (line {line}): not valid UTF-8; convert the "
+                                          "file to UTF-8 (e.g. iconv -f latin1 -t utf-8)")
+
+
+def _parts(path: Path, every: int) -> list:
+    """The file cut as prepare cuts it, with each part's first line number."""
+    from bertcli.data.text import Part, document_cuts
+
+    data = path.read_bytes()
+    bounds = [0, *document_cuts(path, every), len(data)]
+    return [Part(path, a, b, data[:a].count(b"\n") + 1) for a, b in zip(bounds, bounds[1:])]
+
+
+def test_a_file_read_in_parts_gives_the_documents_of_the_whole(tmp_path, monkeypatch, small_corpus):
+    """Cuts fall after a blank line (text) or a line (JSON Lines) past each multiple of the unit size, so
+    the parts read one after the other give exactly the sentences and document ends of the whole file:
+    long lines read in pieces, lines of white space, CRLF, runs of blank lines."""
+    from bertcli.data import text
+
+    monkeypatch.setattr(text, "READ_BYTES", 64)  # lines longer than this are read in pieces
+    docs = small_corpus.read_text().split("\n\n")[:12]
+    long_line = " ".join(["A long line of words goes on."] * 500)  # over MAX_LINE_CHARS: cut into pieces
+    body = ("\n\n".join(docs[:4]) + "\n \t\n" + long_line + "\r\n\r\n\n\n" + "\n\n".join(docs[4:8])
+            + "\n" + " " * 2000 + "\n" + "\n\n".join(docs[8:]) + "\n\nlast words without an end")
+    path = tmp_path / "c.txt"
+    path.write_text(body)
+    whole = list(read_sentences([path]))
+    for every in (100, 700, 5000):
+        parts = _parts(path, every)
+        assert len(parts) >= (3 if every < 5000 else 2), (every, parts)
+        for part in parts[1:]:  # each part starts right after a blank line
+            before = path.read_bytes()[:part.start].split(b"\n")[-2]
+            assert not before.strip(), (every, part)
+        assert [s for part in parts for s in read_sentences([part])] == whole, every
+    jsonl = tmp_path / "c.jsonl"
+    jsonl.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    assert [s for part in _parts(jsonl, 500) for s in read_sentences([part])] == list(read_sentences([jsonl]))
+    # The cuts are a function of the text: an insertion near the start keeps the later parts' bytes.
+    cuts = [p.start for p in _parts(path, 700)]
+    path.write_text("Inserted words.\n\n" + body)
+    assert [c + 17 for c in cuts[2:]] == [p.start for p in _parts(path, 700)][2:]
+    # An error in a later part names the byte and line of the whole file.
+    path.write_bytes(path.read_bytes()[:3000] + b"caf\xe9" + path.read_bytes()[3000:])
+    errors = []
+    for pieces in ([path], _parts(path, 700)):
+        with pytest.raises(UsageError) as info:
+            for piece in pieces:
+                list(read_sentences([piece]))
+        errors.append(str(info.value))
+    assert errors[0] == errors[1] and "byte 3003 (line" in errors[0]
+
+
+def test_a_large_file_in_units_gives_the_example_stream_of_one_unit(tmp_path, small_corpus, monkeypatch):
+    """With nothing held out, a file prepared in many units and in one write the same index and tokens:
+    training reads the same examples. (With documents held out, each unit holds out its own every k-th
+    document, so the two splits differ.)"""
+    from bertcli.data import prepare as prepare_module
+
+    cfg = preset_config("tiny", [*TEXT, "data.validation_fraction=0"]).data
+    batches = []
+    for unit_bytes in (1 << 30, 8 << 10):
+        monkeypatch.setattr(prepare_module, "UNIT_BYTES", unit_bytes)
+        prepared = load_prepared(prepare(load_run(text_run(tmp_path / str(unit_bytes), small_corpus,
+                                                           "data.validation_fraction=0")), quiet=True))
+        units = len(prepared.manifest["units"])
+        assert units == 1 if unit_bytes > 1 << 20 else units > 10, units
+        train = prepared.corpus("train")
+        builder = ExampleBuilder(train, cfg, 16)
+        batches.append((np.asarray(train.seg_offsets).copy(), np.asarray(train.doc_offsets).copy(),
+                        train.tokens[0:train.num_tokens].copy(), builder.batch(42, 3, range(16))))
+    (seg_a, doc_a, tokens_a, batch_a), (seg_b, doc_b, tokens_b, batch_b) = batches
+    assert np.array_equal(seg_a, seg_b) and np.array_equal(doc_a, doc_b) and np.array_equal(tokens_a, tokens_b)
+    assert_same_batch(batch_a, batch_b)
+
+
+def test_an_older_format_folder_is_prepared_again_whole_with_a_line(tmp_path, small_corpus, capsys):
+    cfg = load_run(text_run(tmp_path / "run", small_corpus))
+    folder = prepare(cfg, quiet=True)
+    shutil.rmtree(folder / "units")
+    shutil.rmtree(folder / "index")
+    for split in ("train", "valid"):  # format 3's layout
+        (folder / split).mkdir()
+        for name in ("tokens", "seg_offsets", "doc_offsets"):
+            (folder / split / f"{name}.bin").write_bytes(b"\0" * 16)
+    _edit_json(folder / "manifest.json", format_version=3)
+    capsys.readouterr()
+    prepare(cfg, quiet=True)
+    assert (f"prepared data in {folder} is of format version 3 (this bertcli reads and writes version "
+            f"{FORMAT_VERSION}): preparing it again") in capsys.readouterr().err
+    assert sorted(p.name for p in folder.iterdir()) == ["index", "manifest.json", "tokenizer.json", "units", "vocab.txt"]
+    load_prepared(folder)

@@ -201,7 +201,7 @@ def test_resume_auto_falls_back_past_a_damaged_newest_checkpoint(tmp_path, cli, 
     if damage == "linked weights":  # a good file, but outside the checkpoint: never followed
         (newest / name).rename(tmp_path.parent / name)
         (newest / name).symlink_to(tmp_path.parent / name)
-    result = cli("pretrain", "--config", config, "--quiet", "--stop-at", "6")
+    result = cli("pretrain", "--config", config, "--stop-at", "6")  # not --quiet: "resuming from" is said
     assert result.code == 0, result.err
     assert f"{newest} is damaged ({name}: " in result.err and "resuming from the newest checkpoint that loads" in result.err
     assert "resuming from" in result.err and "step-0000004 (step 4)" in result.err
@@ -339,7 +339,7 @@ def test_sigkill_then_rerun_continues_from_the_last_checkpoint(tmp_path):
     proc.stderr.close()
     survivors = [s for s, _ in layout.list_checkpoints(tmp_path / "killed")]
     assert survivors and survivors[-1] < 120, "killed before the end"
-    rerun = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    rerun = subprocess.run(command[:-1], cwd=REPO, capture_output=True, text=True, timeout=300)  # not --quiet
     assert rerun.returncode == 0, rerun.stderr
     assert f"resuming from {tmp_path / 'killed' / 'checkpoints'}" in rerun.stderr
     train(tmp_path / "clean", *overrides)
@@ -432,7 +432,7 @@ def test_a_run_keeps_its_tokenizer_when_its_corpus_changes(tmp_path, small_corpu
     assert cli("pretrain", "--config", config, "--quiet").code == 0
     first = (tmp_path / "run" / "checkpoints" / "step-0000004" / "vocab.txt").read_bytes()
     (corpus / "b.txt").write_text("\n\n".join(documents[40:]) + "\nZebra quagga okapi narwhal axolotl.\n")
-    result = cli("pretrain", "--config", config, "--quiet", "--set", "train.max_steps=6")
+    result = cli("pretrain", "--config", config, "--set", "train.max_steps=6")  # not --quiet: the line is looked for
     assert result.code == 0, result.err
     assert "with the run's own tokenizer" in result.err
     assert (tmp_path / "run" / "checkpoints" / "step-0000006" / "vocab.txt").read_bytes() == first

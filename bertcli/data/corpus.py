@@ -47,9 +47,45 @@ class SpecialTokens:
         return ids
 
 
+class PartTokens:
+    """The token ids of several shards (memory-mapped arrays, one per part of a prepared corpus) read
+    as one array, in order, without copying them into one: what Corpus.tokens is for a corpus
+    prepared in several parts. Slicing is all the example builder needs; a slice inside one part (a
+    segment or a document never spans two) is a view of its array, one across parts a copy."""
+
+    def __init__(self, pieces: list[np.ndarray]) -> None:
+        self.pieces = pieces
+        self.starts = np.concatenate([[0], np.cumsum([len(p) for p in pieces])]).astype(np.int64)  # (P+1,)
+        self.dtype = pieces[0].dtype if pieces else np.dtype(np.uint16)
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    @property
+    def shape(self) -> tuple[int]:
+        return (len(self),)
+
+    def __getitem__(self, index: slice) -> np.ndarray:
+        if not isinstance(index, slice):
+            raise TypeError("PartTokens takes slices only (tokens[a:b])")
+        lo, hi, step = index.indices(len(self))
+        if step != 1:
+            raise TypeError("PartTokens takes slices of step 1 only")
+        if hi <= lo:
+            return np.zeros(0, dtype=self.dtype)
+        first = int(np.searchsorted(self.starts, lo, side="right")) - 1
+        last = int(np.searchsorted(self.starts, hi, side="left")) - 1
+        if first == last:  # the usual case: one part
+            base = int(self.starts[first])
+            return self.pieces[first][lo - base:hi - base]
+        return np.concatenate([self.pieces[p][max(lo, int(self.starts[p])) - int(self.starts[p]):
+                                              min(hi, int(self.starts[p + 1])) - int(self.starts[p])]
+                               for p in range(first, last + 1)])
+
+
 @dataclass
 class Corpus:
-    tokens: np.ndarray
+    tokens: np.ndarray | PartTokens  # PartTokens: a prepared corpus of several parts (slices only)
     seg_offsets: np.ndarray
     doc_offsets: np.ndarray
     vocab_size: int
@@ -87,10 +123,17 @@ def select_documents(corpus: Corpus, docs: np.ndarray) -> Corpus:
                   vocab_size=corpus.vocab_size, special=corpus.special, continuation=corpus.continuation)
 
 
-def is_held_out(document: int, fraction: float) -> bool:
-    """Whether document number `document` is held out: every k-th one, k = round(1/fraction)."""
-    stride = round(1 / fraction) if fraction > 0 else 0
-    return bool(stride) and document % stride == stride - 1
+def held_out_stride(fraction: float) -> int:
+    """k: every k-th document is held out (0: none)."""
+    return round(1 / fraction) if fraction > 0 else 0
+
+
+def is_held_out(document: int, fraction: float, phase: int = 0) -> bool:
+    """Whether document number `document` is held out: every k-th one, k = round(1/fraction), the
+    first of them at k - 1 - phase % k. (Prepared data counts documents per part of the corpus, each
+    part with a phase of its own, taken from its contents: see prepare.py.)"""
+    stride = held_out_stride(fraction)
+    return bool(stride) and (document + phase) % stride == stride - 1
 
 
 def held_out(num_documents: int, fraction: float) -> np.ndarray:

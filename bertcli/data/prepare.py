@@ -1,38 +1,72 @@
 """`bertcli prepare`: raw text -> tokenizer -> token-id shards that training memory-maps.
 
-Layout of the prepared folder (written into a temporary folder, then renamed into place):
-  manifest.json        format version, corpus files (size, mtime, sha256), tokenizer settings and
-                       the SHA-256 of tokenizer.json and vocab.txt, counts, and the fingerprint
-                       that decides whether the data can be reused
+The corpus is cut into units of work, each prepared on its own (in worker processes, one per core)
+into shards of its own; the same unit always gives the same shards, byte for byte, whatever the
+number of workers, so the next `prepare` keeps the units whose contents are unchanged and prepares
+only what was added or changed. A unit is a whole file of at least UNIT_BYTES, a part of an
+uncompressed larger one (cut at a document boundary after each multiple of UNIT_BYTES, so a
+function of its bytes: text.document_cuts), or a run of smaller files in corpus order (closed
+after a file with a probability of its size / UNIT_BYTES, drawn from its SHA-256: again a function
+of the files alone, so adding a small file re-prepares only its own run, about UNIT_BYTES).
+
+Layout of the prepared folder (FORMAT_VERSION; the layout names are together below):
+  manifest.json        written last, by an atomic rename: what makes the rest valid. Format version,
+                       corpus files (size, mtime, sha256; the parts of large ones), the tokenizer
+                       (settings, the SHA-256 of tokenizer.json and vocab.txt, what it was trained on),
+                       the units in corpus order with their counts, the index, totals
   tokenizer.json       the WordPiece tokenizer (Hugging Face tokenizers format)
   vocab.txt            the same vocabulary, one token per line (BERT format)
-  train/, valid/       tokens.bin (uint16 when the vocabulary fits, else uint32),
-                       seg_offsets.bin and doc_offsets.bin (int64): the corpus.Corpus layout
-The corpus is streamed three times when a tokenizer is trained (a scan for the characters that
-continue words, which fixes the vocabulary's ids; training; encoding), in batches, so memory
-stays bounded whatever its size. Held-out documents are every k-th document (k =
-1/validation_fraction): deterministic, spread over the corpus, whole documents only.
+  units/KEY/           one unit: unit.json (its counts) and train/, valid/ with tokens.bin (uint16
+                       when the vocabulary fits, else uint32), seg_offsets.bin and doc_offsets.bin
+                       (int64, the corpus.Corpus layout of the unit alone). KEY hashes what the shards
+                       depend on: the unit's bytes, the tokenizer, the settings
+  index/DIGEST/        train/, valid/: seg_offsets.bin and doc_offsets.bin of the whole corpus (the
+                       units in corpus order), so training reads the units' tokens as one array
+                       (corpus.PartTokens) with offsets memory-mapped, never gathered in memory
+A `prepare` that finds the folder of this format with the same tokenizer writes new units under
+temporary names and renames each into place, then a new index, then the manifest; only then are
+the units and index the corpus no longer uses removed. A crash at any point leaves the previous
+manifest valid, with all it names; the next `prepare` removes the strays, and reuses the finished
+units. A folder of another format, a new tokenizer or `--force` prepares everything into a
+temporary folder that replaces the old one in one rename (atomic.folder).
+
+The tokenizer is trained once. The corpus is streamed three times: a scan for the characters of its
+words (which fixes the vocabulary's ids and counts the characters), training, encoding (in batches,
+by units). The trainer's memory grows with the distinct words it sees (about 2.7 MB per MB of
+English text), so on a corpus of more than data.tokenizer.sample_chars characters it trains on a
+sample of the lines, chosen by a hash of each line (text.LineSample): memory stays bounded
+whatever the corpus's size. When
+the corpus changes, the prepared folder keeps its tokenizer (a new vocabulary would change the ids
+of every unit) as long as the units it keeps hold at least half of the corpus's bytes; `--force`
+trains a new one. A run keeps the tokenizer of its checkpoints whatever happens (run_tokenizer).
+
+Held-out documents are every k-th document of each unit (k = 1/validation_fraction), counted from
+a phase that the unit's contents give: deterministic, spread over the corpus, whole documents
+only, and a unit added or changed never moves another unit's documents between the splits.
 
 Prepared data is checked each time it is used (check_prepared): every file bertcli wrote there is a
 regular file (a symbolic link is never followed out of the folder), tokenizer.json and vocab.txt
 have the hashes the manifest records, the shards have the sizes its counts imply, the offsets rise
-from 0 to those counts, and every token id is below the vocabulary size. Damaged data is prepared
-again (with a line saying why); where it cannot be (inspect), it is refused with one line.
+from 0 to those counts and the index agrees with the units, and every token id is below the
+vocabulary size. Damaged data is prepared again (with a line saying why: a damaged unit alone);
+where it cannot be (inspect), it is refused with one line.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
 import re
 import shutil
 import signal
+import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -43,29 +77,53 @@ from tokenizers import Tokenizer
 from bertcli import __version__, atomic, layout, ownership
 from bertcli.config import Config, DataConfig
 from bertcli.data.chunks import random_next_share
-from bertcli.data.corpus import Corpus, SpecialTokens, is_held_out
-from bertcli.data.text import corpus_files, is_compressed, read_sentences, read_text
+from bertcli.data.corpus import Corpus, PartTokens, SpecialTokens, held_out_stride, is_held_out
+from bertcli.data.text import (MAX_LINE_CHARS, LineSample, Part, corpus_files, document_cuts, is_compressed, is_jsonl,
+                               read_sentences, read_text)
 from bertcli.data.tokenizer import (continuation_mask, describe, find_tokenizer_file, load_tokenizer, read_tokenizer_json,
-                                    save_tokenizer, special_tokens, tokenizer_identity, train_tokenizer)
-from bertcli.errors import Interrupted, UsageError
-from bertcli.layout import DOC_OFFSETS, MANIFEST, SEG_OFFSETS, SHARD_FILES, TOKENIZER_FILES, TOKENS
-from bertcli.console import log
+                                    save_tokenizer, scan_characters, special_tokens, tokenizer_identity,
+                                    train_wordpiece)
+from bertcli.errors import Interrupted, RunError, UsageError
+from bertcli.layout import (DOC_OFFSETS, INDEX, INDEX_FILES, KEY, MANIFEST, SEG_OFFSETS, SHARD_FILES, SPLITS,
+                            TOKENIZER_FILES, TOKENS, UNIT_RECORD, UNITS)
+from bertcli.runlock import PreparedLock
+from bertcli.console import info, log
 
+# ---------------------------------------------------------------- the prepared folder's layout
+# 4: units of work with shards of their own, a global index, per-unit held-out phase; incremental.
 # 3: tokenizer.json and vocab.txt hashed in the manifest; lines over text.MAX_LINE_CHARS cut in pieces.
 # 2: deterministic vocabulary (continuation pieces right after the special tokens).
-FORMAT_VERSION = 3
-SAMPLE = Path(__file__).resolve().parent / "sample" / "python-docs-sample.txt.gz"
+FORMAT_VERSION = 4
+# The names (manifest.json, units/KEY/, index/DIGEST/, the shards) are layout.py's, with layout.PREPARED: everything
+# a prepared folder holds, which `prepare` alone replaces or removes.
+_TMP = re.escape(atomic.TMP_PREFIX)
+
+# ---------------------------------------------------------------- settings
+UNIT_BYTES = 4 << 20  # a unit of work: small enough that 2 workers share a 30 MB corpus evenly, large
+# enough that a 100 GB corpus is 25,000 units (each memory-maps 2 token files in training: the default
+# vm.max_map_count is 65,530)
 ENCODE_BATCH = 2048  # sentences per tokenizer call: large enough for its thread pool, small for memory
 ENCODE_CHARS = 1 << 20  # and at most about this many characters (an encoding costs ~100 bytes a token)
+PROGRESS_BYTES = 1 << 20  # a worker reports its progress every this many bytes read
 # A corpus of up to this many bytes is hashed again at every cache check (about 1 s per GB); a
 # larger one only where a file's size or modification time changed.
 HASH_ALWAYS_BYTES = 1 << 30
 RANDOM_NEXT_MARGIN = 0.1  # warn when the data gives random next sentences this far above random_next_prob
+KEEP_TOKENIZER_SHARE = 0.5  # a changed corpus keeps its tokenizer while kept units hold this share of its bytes
+SAMPLE = Path(__file__).resolve().parent / "sample" / "python-docs-sample.txt.gz"
 
 
 def corpus_path(cfg: Config) -> Path:
     """data.corpus as a path: the bundled sample, or the (resolved, absolute) path of the config."""
     return SAMPLE if cfg.data.corpus == "sample" else Path(cfg.data.corpus)
+
+
+def default_workers() -> int:
+    """The cores this process may run on (its CPU affinity, as a scheduler or taskset sets it)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return max(1, os.cpu_count() or 1)
 
 
 def _sha256(path: Path) -> str:
@@ -76,20 +134,65 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
+
+
+# ---------------------------------------------------------------- corpus files and their parts
+
+
+def _hash_parts(path: Path, cuts: list[int]) -> list[dict[str, Any]]:
+    """The parts of a file cut at `cuts`: start, end, first line number and SHA-256 of each, in one
+    read of the file."""
+    bounds = [0, *cuts, path.stat().st_size]
+    parts = []
+    with open(path, "rb") as fh:
+        line = 1
+        for start, end in zip(bounds, bounds[1:]):
+            digest, left, lines = hashlib.sha256(), end - start, 0
+            while left > 0:
+                block = fh.read(min(1 << 20, left))
+                if not block:
+                    break  # the file shrank meanwhile: its hash will differ next time
+                digest.update(block)
+                lines += block.count(b"\n")
+                left -= len(block)
+            parts.append({"start": start, "end": end, "line": line, "sha256": digest.hexdigest()})
+            line += lines
+    return parts
+
+
 def _file_entries(files: list[Path], previous: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Path, size, mtime and sha256 of each file. A corpus of up to HASH_ALWAYS_BYTES is hashed
-    whole every time; in a larger one, a file whose size and mtime are unchanged since the last
-    prepare keeps its recorded hash (so checking the cache does not reread gigabytes)."""
+    """Path, size, mtime and sha256 of each file; an uncompressed file larger than UNIT_BYTES is
+    cut into parts (text.document_cuts) and has their hashes instead. A corpus of up to
+    HASH_ALWAYS_BYTES is hashed whole every time; in a larger one, a file whose size and mtime are
+    unchanged since the last prepare keeps its recorded hashes (so checking the cache does not
+    reread gigabytes)."""
     known = {e["path"]: e for e in previous} if not _hashed_again(files) else {}
     entries = []
     for f in files:
         st = f.stat()
         old = known.get(str(f.resolve()))
         same = (old is not None and old.get("bytes") == st.st_size and old.get("mtime_ns") == st.st_mtime_ns
-                and isinstance(old.get("sha256"), str))
-        entries.append({"path": str(f.resolve()), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns,
-                        "sha256": old["sha256"] if same else _sha256(f)})
+                and (isinstance(old.get("sha256"), str) or isinstance(old.get("parts"), list)))
+        entry: dict[str, Any] = {"path": str(f.resolve()), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+        if same:
+            entry.update({k: old[k] for k in ("sha256", "parts") if k in old})  # type: ignore[index]
+        else:
+            cuts = document_cuts(f, UNIT_BYTES) if st.st_size > UNIT_BYTES and not is_compressed(f) else []
+            if cuts:
+                entry["parts"] = _hash_parts(f, cuts)
+            else:
+                entry["sha256"] = _sha256(f)
+        entries.append(entry)
     return entries
+
+
+def _entry_digest(entry: dict[str, Any]) -> str | None:
+    """A corpus file's contents as recorded: its SHA-256, or for a file in parts their hashes', hashed."""
+    if isinstance(entry.get("parts"), list):
+        return _digest([p.get("sha256") for p in entry["parts"] if isinstance(p, dict)])
+    return entry.get("sha256")
 
 
 def _hashed_again(files: list[Path]) -> bool:
@@ -108,14 +211,80 @@ def cache_check(corpus_bytes: int) -> str:
             "prepares again)")
 
 
-def _input_digest(entries: list[dict[str, Any]], data: DataConfig, tokenizer_hash: str | None) -> str:
-    """What the prepared data depends on: corpus contents, tokenizer settings, splitting, format."""
-    t = data.tokenizer
-    key = {"format_version": FORMAT_VERSION, "files": [e["sha256"] for e in entries],
-           "tokenizer": {"path_sha256": tokenizer_hash, "vocab_size": t.vocab_size, "min_frequency": t.min_frequency,
-                         "lowercase": t.lowercase, "strip_accents": t.strip_accents},
-           "split_sentences": data.split_sentences, "validation_fraction": data.validation_fraction}
-    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+# ---------------------------------------------------------------- units of work
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A unit of work: parts of corpus files read in order and prepared into shards of their own."""
+
+    key: str  # sha256 hex of what its shards depend on: its bytes, the tokenizer, the settings
+    content: str  # sha256 hex of its bytes alone (and how they are read): the held-out phase
+    parts: tuple[Part, ...]
+    sizes: tuple[int, ...]  # bytes of each part in its file (compressed ones: the compressed size)
+    pieces: tuple[tuple[int, int, int], ...]  # (file number in the corpus, start, end) of each part
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.sizes)
+
+    def phase(self, stride: int) -> int:
+        return unit_phase(self.content, stride)
+
+
+def unit_phase(content: str, stride: int) -> int:
+    """Where the every-k-th held-out documents of a unit of contents `content` (hex) start (see
+    corpus.is_held_out): a function of its bytes, so that units with fewer documents than k (one
+    document per file is common) are held out in their share too."""
+    return int(content[:15], 16) % stride if stride else 0
+
+
+def _reading(path: Path) -> str:
+    """How a file's bytes are read (its format and compression): part of what its shards depend on."""
+    name = path.name.lower()
+    return ("jsonl" if is_jsonl(path) else "text") + next((c for c in (".gz", ".bz2", ".xz") if name.endswith(c)), "")
+
+
+def plan_units(files: list[Path], entries: list[dict[str, Any]], tokenizer_sha256: str, data: DataConfig) -> list[Unit]:
+    """The units of the corpus, in corpus order (see the module's docstring): a function of the files'
+    contents and names' formats, so the same corpus always gives the same units."""
+    settings = {"format_version": FORMAT_VERSION, "tokenizer": tokenizer_sha256, "split_sentences": data.split_sentences,
+                "validation_fraction": data.validation_fraction, "max_line_chars": MAX_LINE_CHARS}
+    units: list[Unit] = []
+    group: list[tuple[Part, int, tuple[int, int, int], str]] = []  # (part, size, piece, sha256)
+
+    def close(members: list[tuple[Part, int, tuple[int, int, int], str]]) -> None:
+        if not members:
+            return
+        content = _digest([[_reading(m[0].path), m[3]] for m in members])
+        units.append(Unit(key=_digest({**settings, "content": content}), content=content,
+                          parts=tuple(m[0] for m in members), sizes=tuple(m[1] for m in members),
+                          pieces=tuple(m[2] for m in members)))
+
+    for number, (path, entry) in enumerate(zip(files, entries)):
+        if "parts" in entry:  # a large file, cut into parts: a unit each
+            close(group)
+            group = []
+            for p in entry["parts"]:
+                close([(Part(path, p["start"], p["end"], p["line"]), p["end"] - p["start"],
+                        (number, p["start"], p["end"]), p["sha256"])])
+            continue
+        member = (Part(path), entry["bytes"], (number, 0, entry["bytes"]), entry["sha256"])
+        if entry["bytes"] >= UNIT_BYTES:  # a large compressed file (or one without a boundary to cut at)
+            close(group)
+            close([member])
+            group = []
+            continue
+        group.append(member)
+        if int(entry["sha256"][:16], 16) < (entry["bytes"] << 64) // UNIT_BYTES:  # closes its run: P = size / UNIT_BYTES
+            close(group)
+            group = []
+    close(group)
+    return units
+
+
+def _index_digest(units: list[Unit]) -> str:
+    return _digest({"format_version": FORMAT_VERSION, "units": [u.key for u in units]})
 
 
 class ShardWriter:
@@ -168,6 +337,29 @@ class ShardWriter:
         return {"documents": self.num_documents, "segments": self.num_segments, "tokens": self.num_tokens}
 
 
+def sample_line(sample: dict[str, Any]) -> str:
+    """What trained the vocabulary (manifest["tokenizer"]["sample"]), in words that follow "trained on" or "from"."""
+    if sample["whole"] and not sample["sample_chars"]:
+        return "the whole corpus (data.tokenizer.sample_chars=0)"
+    if sample["whole"]:
+        return (f"the whole corpus ({sample['corpus_chars']:,} characters, within data.tokenizer.sample_chars="
+                f"{sample['sample_chars']:,})")
+    share = sample["chars"] / max(sample["corpus_chars"], 1)
+    return (f"a sample of {sample['lines']:,} lines, {sample['chars']:,} of the corpus's {sample['corpus_chars']:,} "
+            f"characters ({100 * share:.1f}%), chosen by a hash of each line all over the corpus "
+            f"(data.tokenizer.sample_chars={sample['sample_chars']:,}; 0 trains on the whole corpus)")
+
+
+def vocabulary_sample(manifest: dict[str, Any]) -> str | None:
+    """What trained the vocabulary of prepared data, in words (sample_line); None for a given tokenizer,
+    for data from before the sample was recorded, and for a manifest whose record is malformed."""
+    sample = manifest["tokenizer"].get("sample")
+    if not (isinstance(sample, dict) and isinstance(sample.get("whole"), bool)
+            and all(_count(sample.get(k)) for k in ("sample_chars", "corpus_chars", "lines", "chars"))):
+        return None
+    return sample_line(sample)
+
+
 def _progress(total: int | None, desc: str, quiet: bool):
     from tqdm import tqdm
 
@@ -175,97 +367,644 @@ def _progress(total: int | None, desc: str, quiet: bool):
                 dynamic_ncols=True)
 
 
-def prepare(cfg: Config, quiet: bool = False, force: bool = False) -> Path:
-    """Prepare the corpus of resolved config `cfg` (see resolve.py) unless prepared data with the same
-    fingerprint is already there, whole and undamaged; return the prepared folder. SIGINT and
-    SIGTERM stop it at once (what it was writing is removed; exit 130 or 143)."""
-    with _stop_on_signal():
-        return _prepare(cfg, quiet, force)
+@dataclass(frozen=True)
+class UnitSettings:
+    """What a worker needs besides the unit and the tokenizer (picklable)."""
+
+    split_sentences: bool
+    validation_fraction: float
+    dtype: str
+    owner: int  # the pid of the `prepare` that owns the temporary names (its workers write them)
 
 
-def _prepare(cfg: Config, quiet: bool, force: bool) -> Path:
-    global _written
+def _prepare_unit(root: Path, unit: Unit, tok: Tokenizer, *, settings: UnitSettings,
+                  progress: Callable[[int], None]) -> dict[str, Any]:
+    """Tokenize one unit into root/units/KEY (written under a temporary name, renamed when complete);
+    return its record (counts per split, unknown tokens). Documents are held out by their number in
+    the unit (see Unit.phase). Runs in a worker process or in `prepare`'s own."""
+    final = root / UNITS / unit.key
+    tmp = root / UNITS / f"{atomic.TMP_PREFIX}{unit.key}.{settings.owner}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir(parents=True)
+        dtype = np.dtype(settings.dtype)
+        writers = {split: ShardWriter(tmp / split, dtype) for split in SPLITS}
+        unk = special_tokens(tok).unk
+        fraction = settings.validation_fraction
+        phase = unit.phase(held_out_stride(fraction))
+        counts = {"documents": 0, "unknown": 0}
+        encode = getattr(tok, "encode_batch_fast", tok.encode_batch)  # no offsets: faster where available
+
+        def flush(items: list[str | None]) -> None:
+            _check_stop()
+            encodings = iter(encode([s for s in items if s is not None], add_special_tokens=False))
+            for item in items:
+                writer = writers["valid" if is_held_out(counts["documents"], fraction, phase) else "train"]
+                if item is None:
+                    if writer.open_segments:
+                        counts["documents"] += 1
+                    writer.end_document()
+                    continue
+                ids = next(encodings).ids
+                if ids:
+                    counts["unknown"] += ids.count(unk)
+                    writer.add_segment(ids)
+
+        batch: list[str | None] = []
+        pending = chars = 0
+        for part, size in zip(unit.parts, unit.sizes):
+            compressed = is_compressed(part.path)  # progress in the file's bytes: a compressed one's at its end
+            for item in read_sentences([part], settings.split_sentences, (lambda n: None) if compressed else progress):
+                batch.append(item)
+                if item is not None:
+                    pending += 1
+                    chars += len(item)
+                if pending >= ENCODE_BATCH or chars >= ENCODE_CHARS:  # a document may span batches: the writers keep it open
+                    flush(batch)
+                    batch, pending, chars = [], 0, 0
+            if compressed:
+                progress(size)
+        flush(batch)
+        record = {"bertcli_version": __version__, "key": unit.key,
+                  "splits": {split: w.close() for split, w in writers.items()}, "unknown_tokens": counts["unknown"]}
+        with atomic.writing(tmp / UNIT_RECORD), open(tmp / UNIT_RECORD, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps(record, indent=2) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        for path in (*(tmp / split for split in SPLITS), tmp):
+            atomic.fsync_path(path)
+        _replace_folder(tmp, final, root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return record
+
+
+def _replace_folder(tmp: Path, final: Path, root: Path) -> None:
+    """Rename the complete folder `tmp` to `final`, removing a damaged copy there first (bertcli's own
+    only: a folder there holding anything else is refused)."""
+    if final.exists() or final.is_symlink():
+        if not _ours(final, root):
+            raise UsageError(f"{final} holds files that bertcli did not write, so it was left untouched: move it out "
+                             "of the prepared folder, then run the same command")
+        atomic.remove_folder(final)
+    os.replace(tmp, final)
+    atomic.fsync_path(final.parent)
+
+
+# ---------------------------------------------------------------- workers
+# A worker is `python -c "...; _worker_main()"`, not a multiprocessing process: it imports bertcli's
+# data modules only (never the parent's __main__, which spawn would run again: a user's script, a
+# notebook, stdin), and it speaks JSON lines on its stdin and stdout (nothing is unpickled).
+#   parent -> worker: {"tokenizer": path of tokenizer.json, "settings": {...}}, then one unit a line; EOF: no more
+#   worker -> parent: {"progress": bytes} | {"done": key, "record": {...}} | {"error": kind, ...}
+
+
+def _unit_json(root: Path, unit: Unit) -> str:
+    return json.dumps({"root": str(root), "key": unit.key, "content": unit.content, "sizes": list(unit.sizes),
+                       "pieces": [list(p) for p in unit.pieces],
+                       "parts": [[str(p.path), p.start, p.end, p.line] for p in unit.parts]})
+
+
+def _unit_from_json(line: str) -> tuple[Path, Unit]:
+    job = json.loads(line)
+    parts = tuple(Part(Path(path), start, end, line) for path, start, end, line in job["parts"])
+    return Path(job["root"]), Unit(key=job["key"], content=job["content"], parts=parts, sizes=tuple(job["sizes"]),
+                                   pieces=tuple(tuple(p) for p in job["pieces"]))
+
+
+def _worker_main() -> None:
+    """A worker process: prepares the units it reads on stdin with one encoding thread (--workers N
+    means N cores), writing progress, records and the first error as JSON lines on stdout."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent ends us
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # read by tokenizers at each call
+    out = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)  # what a library prints goes to stderr, never into the messages
+
+    def say(message: dict[str, Any]) -> None:
+        out.write(json.dumps(message) + "\n")
+        out.flush()
+
+    header = json.loads(sys.stdin.readline())
+    tok = read_tokenizer_json(Path(header["tokenizer"]))  # the prepared folder's: the one the units' keys name
+    settings = UnitSettings(**header["settings"])
+    for line in sys.stdin:
+        root, unit = _unit_from_json(line)
+        pending = 0
+
+        def progress(n: int) -> None:
+            nonlocal pending
+            pending += n
+            if pending >= PROGRESS_BYTES:
+                say({"progress": pending})
+                pending = 0
+
+        try:
+            record = _prepare_unit(root, unit, tok, settings=settings, progress=progress)
+        except UsageError as exc:
+            say({"error": "usage", "message": str(exc)})
+            return
+        except OSError as exc:  # a full disk, a file that went away: the parent words it as it would its own
+            say({"error": "os", "errno": exc.errno, "strerror": exc.strerror, "filename": exc.filename})
+            return
+        except Exception as exc:  # noqa: BLE001  anything else: its words, for the parent's one line
+            say({"error": "other", "message": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"})
+            return
+        say({"progress": pending})
+        say({"done": unit.key, "record": record})
+
+
+def _raise_worker_error(message: dict[str, Any]) -> None:
+    """A worker's error, raised as the exception it was there."""
+    if message["error"] == "usage":
+        raise UsageError(message["message"])
+    if message["error"] == "os":
+        raise OSError(message["errno"], message["strerror"], message["filename"])
+    raise RunError(f"preparing the corpus failed in a worker process: {message['message']}")
+
+
+@contextmanager
+def _one_core(workers: int) -> Iterator[None]:
+    """With one worker, the tokenizer encodes (and trains) on one thread: --workers 1 means one core."""
+    if workers > 1:
+        yield
+        return
+    before = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = before
+
+
+def _prepare_units(todo: list[Unit], root: Path, tok: Tokenizer, *, settings: UnitSettings, workers: int,
+                   quiet: bool) -> dict[str, dict[str, Any]]:
+    """Prepare `todo` into root/units/ on `workers` processes (in this one when one worker or one unit
+    is enough); return each unit's record by key. The first error in a worker is raised here as it
+    was raised there; a stop signal ends the workers at once. Progress: bytes of the corpus."""
+    todo = list({u.key: u for u in todo}.values())  # a unit twice (two equal files): prepared once, read twice
+    (root / UNITS).mkdir(parents=True, exist_ok=True)
+    with _progress(sum(u.bytes for u in todo), "tokenizing", quiet) as bar:
+        if workers <= 1 or len(todo) <= 1:
+            return {unit.key: _prepare_unit(root, unit, tok, settings=settings, progress=bar.update) for unit in todo}
+        return _run_workers(todo, root, settings=settings, count=min(workers, len(todo)), progress=bar.update)
+
+
+@dataclass
+class _Worker:
+    proc: subprocess.Popen
+    job: str | None = None  # the key of the unit it is preparing
+    buffer: bytes = b""  # stdout read but not yet a whole line
+    stderr: bytes = b""  # the tail of what it said on stderr (a crash's last words)
+
+
+def _run_workers(todo: list[Unit], root: Path, *, settings: UnitSettings, count: int,
+                 progress: Callable[[int], None]) -> dict[str, dict[str, Any]]:
+    """`count` worker processes take the units, largest first (so that the last to finish is a small
+    one), each a new one as it finishes the last."""
+    import selectors
+
+    waiting = sorted(todo, key=lambda u: -u.bytes)
+    records: dict[str, dict[str, Any]] = {}
+    package = str(Path(__file__).resolve().parents[2])  # the folder holding this bertcli: the workers import it
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (package, os.environ.get("PYTHONPATH")) if p),
+           "TOKENIZERS_PARALLELISM": "false", "RAYON_NUM_THREADS": "1"}
+    header = json.dumps({"tokenizer": str(root / layout.TOKENIZER_JSON), "settings": dataclasses.asdict(settings)}) + "\n"
+    selector = selectors.DefaultSelector()
+    workers: list[_Worker] = []
+
+    def give(worker: _Worker) -> None:
+        assert worker.proc.stdin is not None
+        try:
+            if waiting:
+                unit = waiting.pop(0)
+                worker.job = unit.key
+                worker.proc.stdin.write((_unit_json(root, unit) + "\n").encode())
+                worker.proc.stdin.flush()
+            else:
+                worker.job = None
+                worker.proc.stdin.close()
+        except BrokenPipeError:
+            pass  # it died: seen below
+
+    try:
+        for _ in range(count):
+            proc = subprocess.Popen([sys.executable, "-c", "from bertcli.data.prepare import _worker_main; _worker_main()"],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+            workers.append(_Worker(proc))
+        for worker in workers:
+            assert worker.proc.stdin is not None and worker.proc.stdout is not None and worker.proc.stderr is not None
+            worker.proc.stdin.write(header.encode())
+            selector.register(worker.proc.stdout, selectors.EVENT_READ, (worker, "out"))
+            selector.register(worker.proc.stderr, selectors.EVENT_READ, (worker, "err"))
+            give(worker)
+        while len(records) < len(todo):
+            _check_stop()
+            for key, _ in selector.select(timeout=0.2):
+                worker, stream = key.data
+                chunk = os.read(key.fd, 1 << 16)
+                if not chunk:
+                    selector.unregister(key.fileobj)
+                    continue
+                if stream == "err":
+                    worker.stderr = (worker.stderr + chunk)[-2000:]
+                    continue
+                worker.buffer += chunk
+                *lines, worker.buffer = worker.buffer.split(b"\n")
+                for line in lines:
+                    message = json.loads(line)
+                    if "progress" in message:
+                        progress(message["progress"])
+                    elif "done" in message:
+                        records[message["done"]] = message["record"]
+                        give(worker)
+                    else:
+                        _raise_worker_error(message)
+            for worker in workers:
+                if worker.job is not None and worker.job not in records and worker.proc.poll() is not None:
+                    time.sleep(0.2)  # a stop signal to the whole group ends the workers too: say that instead
+                    _check_stop()
+                    words = worker.stderr.decode(errors="replace").strip().splitlines()
+                    raise RunError(f"a worker process preparing the corpus ended without finishing (exit code "
+                                   f"{worker.proc.returncode}{': ' + words[-1] if words else '; killed for memory?'}); "
+                                   "run `bertcli prepare` again, with fewer --workers if it happens again")
+    finally:
+        for worker in workers:
+            if worker.proc.poll() is None:
+                worker.proc.terminate()
+        for worker in workers:
+            worker.proc.wait()
+            for stream in (worker.proc.stdin, worker.proc.stdout, worker.proc.stderr):
+                try:
+                    if stream is not None:
+                        stream.close()
+                except OSError:  # (a pipe the worker never read: closing flushes into nothing)
+                    pass
+        selector.close()
+    return records
+
+
+# ---------------------------------------------------------------- the index
+
+
+def _write_index(root: Path, units: list[Unit], records: dict[str, dict[str, Any]], digest: str) -> None:
+    """index/DIGEST: each split's segment and document offsets of the whole corpus, the units' own
+    shifted by the tokens and segments of the units before them, written in blocks (bounded memory)."""
+    final = root / INDEX / digest
+    tmp = root / INDEX / f"{atomic.TMP_PREFIX}{digest}.{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    block = 1 << 20
+    try:
+        for split in SPLITS:
+            (tmp / split).mkdir(parents=True)
+            tokens = segments = 0
+            with open(tmp / split / SEG_OFFSETS, "wb") as seg_out, open(tmp / split / DOC_OFFSETS, "wb") as doc_out:
+                for out, name in ((seg_out, SEG_OFFSETS), (doc_out, DOC_OFFSETS)):
+                    with atomic.writing(tmp / split / name):
+                        out.write(np.zeros(1, dtype=np.int64).data)
+                for unit in units:
+                    counts = records[unit.key]["splits"][split]
+                    if counts["documents"] == 0:
+                        continue
+                    base = root / UNITS / unit.key / split
+                    for out, name, shift in ((seg_out, SEG_OFFSETS, tokens), (doc_out, DOC_OFFSETS, segments)):
+                        offsets = np.memmap(base / name, dtype=np.int64, mode="r")
+                        for lo in range(1, len(offsets), block):
+                            with atomic.writing(tmp / split / name):
+                                out.write((offsets[lo:lo + block] + shift).data)
+                        del offsets
+                    tokens += counts["tokens"]
+                    segments += counts["segments"]
+                for out, name in ((seg_out, SEG_OFFSETS), (doc_out, DOC_OFFSETS)):
+                    with atomic.writing(tmp / split / name):
+                        out.flush()
+                        os.fsync(out.fileno())
+            atomic.fsync_path(tmp / split)
+        atomic.fsync_path(tmp)
+        _replace_folder(tmp, final, root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+# ---------------------------------------------------------------- prepare
+
+
+def prepare(cfg: Config, quiet: bool = False, force: bool = False, workers: int | None = None) -> Path:
+    """Prepare the corpus of resolved config `cfg` (see resolve.py) on `workers` processes (default:
+    the cores available), keeping what is already prepared, whole and undamaged; return the prepared
+    folder. SIGINT and SIGTERM stop it at once (what it was writing is removed; exit 130 or 143)."""
+    workers = workers or default_workers()
+    with _stop_on_signal(), _one_core(workers):
+        return _prepare(cfg, quiet, force, workers)
+
+
+@dataclass
+class _Plan:
+    """What `prepare` found and will do."""
+
+    folder: Path
+    files: list[Path]
+    entries: list[dict[str, Any]]
+    tok: Tokenizer | None  # None: to be trained
+    tokenizer_file: Path | None  # the given or the run's tokenizer file; None: trained (or kept)
+    given_sha256: str | None  # the given tokenizer (data.tokenizer.path) as loaded
+
+
+def _prepare(cfg: Config, quiet: bool, force: bool, workers: int) -> Path:
     data = cfg.data
     folder = Path(data.prepared_dir)
     files = corpus_files(corpus_path(cfg))
     guard = _guard(cfg, folder)
     _clean_leftovers(folder)
     old, why_not = read_manifest(folder)
-    entries = _file_entries(files, old["corpus"]["files"] if old else [])
-    tokenizer_file = tok = None
+    if old is not None:
+        _clean_inside(folder)
+    # The hashes recorded for files cut at another UNIT_BYTES are not those of today's parts.
+    entries = _file_entries(files, old["corpus"]["files"] if old and old.get("unit_bytes") == UNIT_BYTES else [])
+    tokenizer_file = tok = given_sha256 = None
     if data.tokenizer.path:
         tokenizer_file = find_tokenizer_file(Path(data.tokenizer.path))
         tok = load_tokenizer(tokenizer_file, data.tokenizer)
-    # The loaded tokenizer as it is used (casing from a tokenizer_config.json, padding off), not its file alone:
-    # data prepared with a tokenizer that padded (older bertcli) is prepared again.
-    tokenizer_hash = hashlib.sha256(tok.to_str().encode()).hexdigest() if tok is not None else None
-    fingerprint = _input_digest(entries, data, tokenizer_hash)
+        # The loaded tokenizer as it is used (casing from a tokenizer_config.json, padding off), not its file
+        # alone: data prepared with a tokenizer that padded (older bertcli) is prepared again.
+        given_sha256 = hashlib.sha256(tok.to_str().encode()).hexdigest()
     fixed = run_tokenizer(cfg) if tok is None else None
     if fixed is not None:  # the run's checkpoints fix its token ids: never train another vocabulary under them
         tokenizer_file, tok = fixed, read_tokenizer_json(fixed)
-    reusable = old and old.get("fingerprint") == fingerprint and (
-        fixed is None or old["tokenizer"].get("identity") == tokenizer_identity(tok))
-    if reusable and not force:
-        damage = check_prepared(folder, old)
-        if damage is None:
-            log(f"prepared data in {folder} is up to date (corpus and settings unchanged, files intact): reusing it")
-            _warn_random_next(folder, old, cfg)
-            return folder
-        log(f"prepared data in {folder} is damaged ({damage}): preparing it again")
+    plan = _Plan(folder=folder, files=files, entries=entries, tok=tok, tokenizer_file=tokenizer_file,
+                 given_sha256=given_sha256)
+
+    if old is not None and not force:
+        why_new = _tokenizer_changed(old, plan, data, folder)
+        if why_new is None:
+            kept_tok = read_tokenizer_json(folder / layout.TOKENIZER_JSON)
+            units = plan_units(files, entries, _tokenizer_sha256(kept_tok), data)
+            known = {u["key"] for u in old["units"]}
+            kept = sum(u.bytes for u in units if u.key in known)
+            total = sum(u.bytes for u in units)
+            if tok is not None or kept >= KEEP_TOKENIZER_SHARE * total:  # a given or the run's tokenizer: always kept
+                return _update(cfg, plan, old=old, tok=kept_tok, units=units, quiet=quiet, workers=workers)
+            _say_changes(cfg, plan, old, f"{100 * (1 - kept / max(total, 1)):.0f}% of the corpus is new: a new "
+                                         "tokenizer is trained on it")
+        elif why_new.startswith("is damaged"):
+            log(f"prepared data in {folder} {why_new}: preparing it again")
+        else:  # the data of other inputs: say which, since another run may be sharing the folder
+            _say_changes(cfg, plan, old, None)
     elif why_not and not force:
         log(f"prepared data in {folder} {why_not}: preparing it again")
     if fixed is not None:
-        log(f"preparing {data.corpus} with the run's own tokenizer, {fixed} (its checkpoints were trained on its "
-            "token ids; a new vocabulary would garble them)")
+        info(f"preparing {data.corpus} with the run's own tokenizer, {fixed} (its checkpoints were trained on its "
+             "token ids; a new vocabulary would garble them)")
+    return _fresh(cfg, plan, guard=guard, quiet=quiet, workers=workers)
 
+
+def _say_changes(cfg: Config, plan: _Plan, old: dict[str, Any], why: str | None) -> None:
+    """Say that the prepared folder, made from other inputs (_changes), is prepared again, and `why` a
+    changed corpus gets a new tokenizer."""
+    configured = plan.tokenizer_file if cfg.data.tokenizer.path else None
+    changes = _changes(old, plan.entries, cfg.data, configured=configured, tok=plan.tok, output_dir=Path(cfg.output_dir))
+    info(f"prepared data in {plan.folder} was made from other inputs than this config's ({'; '.join(changes)}): "
+         "preparing it again")
+    if why:
+        info(f"prepared data in {plan.folder}: {why}")
+
+
+def _tokenizer_sha256(tok: Tokenizer) -> str:
+    """What the units' keys take of the tokenizer: all of it as used (vocabulary, normaliser, model settings)."""
+    return hashlib.sha256(tok.to_str().encode()).hexdigest()
+
+
+def _tokenizer_settings(data: DataConfig, corpus_chars: int) -> dict[str, Any]:
+    """The data.tokenizer settings a tokenizer trained on a corpus of `corpus_chars` characters depends
+    on: all but its path, and the vocabulary sample's budget only where it is below the corpus (a
+    budget that covers the corpus trains on all of it, whatever its figure)."""
+    settings = {k: v for k, v in dataclasses.asdict(data.tokenizer).items() if k != "path"}
+    if not 0 < settings.get("sample_chars", 0) < corpus_chars:
+        settings["sample_chars"] = None
+    return settings
+
+
+def _tokenizer_changed(old: dict[str, Any], plan: _Plan, data: DataConfig, folder: Path) -> str | None:
+    """Why the prepared folder's tokenizer cannot be kept (None: it can): another tokenizer was given,
+    the run's is another, the training settings changed, or its files are damaged."""
+    recorded = old["tokenizer"]
+    if plan.given_sha256 is not None:
+        if recorded.get("given_sha256") != plan.given_sha256:
+            return "was prepared with another tokenizer (data.tokenizer.path)"
+    elif plan.tok is not None:  # the run's own
+        if recorded.get("identity") != tokenizer_identity(plan.tok):
+            return "was prepared with a tokenizer other than the run's own"
+    else:
+        sample = recorded.get("sample")
+        trained_on = sample.get("corpus_chars") if isinstance(sample, dict) else None
+        if (recorded.get("source") != "trained" or not _count(trained_on)
+                or recorded.get("settings") != _tokenizer_settings(data, trained_on)):
+            return "was prepared with other tokenizer settings (data.tokenizer)"
+    damage = _check_tokenizer(folder, old)
+    if damage is not None:
+        return f"is damaged ({damage})"
+    return None
+
+
+def _settings(data: DataConfig, tok: Tokenizer) -> UnitSettings:
+    vocab_size = tok.get_vocab_size(with_added_tokens=True)
+    dtype = np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
+    return UnitSettings(data.split_sentences, data.validation_fraction, dtype.name, os.getpid())
+
+
+def _fresh(cfg: Config, plan: _Plan, *, guard: Callable[[Path], None], quiet: bool, workers: int) -> Path:
+    """Everything prepared into a temporary folder that then replaces the prepared folder whole."""
+    global _state
+    data, folder, files = cfg.data, plan.folder, plan.files
     start = time.perf_counter()
-    total_bytes = None if any(is_compressed(f) for f in files) else sum(e["bytes"] for e in entries)
+    tok = plan.tok
+    total_bytes = None if any(is_compressed(f) for f in files) else sum(e["bytes"] for e in plan.entries)
+    sample: dict[str, Any] | None = None  # what trained the vocabulary, for the manifest (None: given tokenizer)
+    # Before the tokenizer is trained (seconds to minutes): the units' held-out phases depend on their bytes alone.
+    _check_enough_documents(plan_units(files, plan.entries, "", data), data)
     with atomic.folder(folder, guard) as tmp:
         if tok is None:
+            chars = scan_characters(read_text(files), data.tokenizer)
+            lines = LineSample(data.tokenizer.sample_chars or chars.count, chars.count)
             with _progress(total_bytes, "training tokenizer", quiet) as bar:
-                sentences = _until_stopped(s for s in read_sentences(files, data.split_sentences, bar.update)
-                                           if s is not None)
-                tok = train_tokenizer(sentences, data.tokenizer, read_text(files))
+                read = read_sentences(files, split=data.split_sentences, progress=_polling(bar.update), keep=lines)
+                sentences = _until_stopped(s for s in read if s is not None)
+                tok = train_wordpiece(sentences, data.tokenizer, chars)
             _check_stop()  # a signal cut the reading short: that vocabulary must not be used
+            sample = {"sample_chars": data.tokenizer.sample_chars, "corpus_chars": chars.count, "whole": lines.whole,
+                      "lines": lines.lines, "chars": lines.chars}
+            if not lines.whole:
+                log(f"the vocabulary was trained on {sample_line(sample)}")
         save_tokenizer(tok, tmp)
-        vocab_size = tok.get_vocab_size(with_added_tokens=True)
-        dtype = np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
-        splits, unknown = _write_shards(tok, files, data, tmp, dtype=dtype, total_bytes=total_bytes, quiet=quiet)
-        _check_sizes(splits, data, folder)
-        elapsed = time.perf_counter() - start
-        casing = describe(tok)
-        total_tokens = splits["train"]["tokens"] + splits["valid"]["tokens"]
-        manifest = {
-            "format_version": FORMAT_VERSION, "bertcli_version": __version__, "fingerprint": fingerprint,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "corpus": {"source": data.corpus, "files": entries},
-            "tokenizer": {"source": str(tokenizer_file) if tokenizer_file else "trained", "vocab_size": vocab_size,
-                          "identity": tokenizer_identity(tok),
-                          "sha256": {name: _sha256(tmp / name) for name in TOKENIZER_FILES},
-                          "requested_vocab_size": data.tokenizer.vocab_size,
-                          "lowercase": casing.get("lowercase", data.tokenizer.lowercase),  # as used, not as configured
-                          "strip_accents": casing.get("strip_accents", data.tokenizer.strip_accents),
-                          "min_frequency": data.tokenizer.min_frequency},
-            "split_sentences": data.split_sentences, "validation_fraction": data.validation_fraction,
-            "dtype": dtype.name, "splits": splits, "unknown_tokens": unknown,
-            "seconds": elapsed, "tokens_per_s": total_tokens / max(elapsed, 1e-9),
-        }
-        with atomic.writing(tmp / MANIFEST):
-            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-        for path in tmp.rglob("*"):
-            if path.is_file():
-                atomic.fsync_path(path)
+        tok = read_tokenizer_json(tmp / layout.TOKENIZER_JSON)  # as every later prepare reads it (the units' keys)
+        units = plan_units(files, plan.entries, _tokenizer_sha256(tok), data)
+        settings = _settings(data, tok)
+        records = _prepare_units(units, tmp, tok, settings=settings, workers=workers, quiet=quiet)
+        manifest = _manifest(cfg, plan, tok=tok, root=tmp, units=units, records=records, settings=settings,
+                             sample=sample, old_tokenizer=None, seconds=time.perf_counter() - start)
+        _check_sizes(manifest, data)
+        _write_index(tmp, units, records, manifest["index"])
+        _write_manifest(tmp, manifest)
         _check_stop()
-    _written = folder  # in place: a stop from here on keeps it
-    t, v = splits["train"], splits["valid"]
+    _state = f"the prepared data in {folder} is complete"  # in place: a stop from here on keeps it
+    _report(folder, manifest, cfg, f"prepared {folder}")
+    return folder
+
+
+def _update(cfg: Config, plan: _Plan, *, old: dict[str, Any], tok: Tokenizer, units: list[Unit], quiet: bool,
+            workers: int) -> Path:
+    """The prepared folder, brought up to date in place: its tokenizer kept, the units it holds
+    intact kept, the others prepared; a new index and manifest if anything changed."""
+    global _state
+    data, folder = cfg.data, plan.folder
+    start = time.perf_counter()
+    settings = _settings(data, tok)
+    vocab_size = tok.get_vocab_size(with_added_tokens=True)
+    records = {u["key"]: u for u in old["units"]}
+    old_keys = set(records)
+    todo, damaged = [], []
+    for unit in {u.key: u for u in units}.values():  # a unit twice (two equal files): prepared once, read twice
+        record = records.get(unit.key) or _stray_record(folder, unit.key)
+        problem = ("missing" if record is None else
+                   _check_unit(folder, unit.key, record, dtype_name=settings.dtype, vocab_size=vocab_size))
+        if problem is None:
+            records[unit.key] = record
+            continue
+        if unit.key in old_keys:
+            damaged.append(problem)
+        todo.append(unit)
+    digest = _index_digest(units)
+    index_problem = _check_index(folder, old)
+    if not todo and digest == old["index"] and index_problem is None:
+        if [(e["path"], e["mtime_ns"]) for e in plan.entries] != [(e["path"], e["mtime_ns"]) for e in old["corpus"]["files"]] \
+                or old["corpus"]["source"] != data.corpus:  # the same contents: record the files as they are now
+            _write_manifest(folder, {**old, "corpus": {"source": data.corpus, "files": plan.entries}})
+        _remove_unused(folder, old)  # units a stopped prepare finished for a corpus that is not this one
+        info(f"prepared data in {folder} is up to date (corpus and settings unchanged, files intact): reusing it")
+        _warn_random_next(folder, old, cfg)
+        return folder
+    new_keys = {u.key for u in units}
+    changes = [f"{n} {word}" for n, word in ((len(new_keys - old_keys), "new or changed"),
+                                              (len(old_keys - new_keys), "gone")) if n]
+    if changes:
+        why = f": the corpus changed (units of it {', '.join(changes)})"
+    elif damaged or index_problem:
+        why = f" is damaged ({damaged[0] if damaged else index_problem})"
+    else:
+        why = ": the corpus changed (its files are in another order: renamed?)"
+    with_tok = ("the tokenizer of data.tokenizer.path" if plan.given_sha256 is not None else
+                "the run's own tokenizer (its checkpoints were trained on its token ids)" if plan.tok is not None else
+                "the tokenizer trained on the corpus as it was (--force trains a new one)")
+    work = (f"preparing {len(todo)} of {len(new_keys)} units ({sum(u.bytes for u in todo) / 1e6:,.1f} MB) with "
+            f"{with_tok}, keeping the other units" if todo else "writing a new index")
+    (log if damaged or index_problem else info)(f"prepared data in {folder}{why}: {work}")
+    _state = f"the prepared data in {folder} is as it was (units finished are kept for the next prepare)"
+    try:
+        records.update(_prepare_units(todo, folder, tok, settings=settings, workers=workers, quiet=quiet))
+        manifest = _manifest(cfg, plan, tok=tok, root=folder, units=units, records=records, settings=settings,
+                             sample=None, old_tokenizer=old["tokenizer"], seconds=time.perf_counter() - start)
+        _check_sizes(manifest, data)
+        if digest != old["index"] or index_problem is not None:
+            _write_index(folder, units, records, digest)
+        _check_stop()
+        _write_manifest(folder, manifest)  # the commit point
+        _state = f"the prepared data in {folder} is complete"
+    finally:
+        _clean_inside(folder, mine=True)
+    _remove_unused(folder, manifest)
+    _report(folder, manifest, cfg, f"updated {folder}")
+    return folder
+
+
+def _stray_record(folder: Path, key: str) -> dict[str, Any] | None:
+    """The record of a unit that a stopped `prepare` finished (renamed into place) but never listed in
+    a manifest: reused when it reads and checks whole."""
+    path = folder / UNITS / key / UNIT_RECORD
+    if not ownership.own_file(path):
+        return None
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record if _well_formed_unit(record, in_manifest=False) and record["key"] == key else None
+
+
+def _manifest(cfg: Config, plan: _Plan, *, tok: Tokenizer, root: Path, units: list[Unit],
+              records: dict[str, dict[str, Any]], settings: UnitSettings, sample: dict[str, Any] | None,
+              old_tokenizer: dict[str, Any] | None, seconds: float) -> dict[str, Any]:
+    """The manifest of prepared data in `root` (deterministic but for `created`, `seconds` and `tokens_per_s`)."""
+    data = cfg.data
+    splits = {split: {c: sum(records[u.key]["splits"][split][c] for u in units) for c in ("documents", "segments", "tokens")}
+              for split in SPLITS}
+    total_tokens = splits["train"]["tokens"] + splits["valid"]["tokens"]
+    casing = describe(tok)
+    if old_tokenizer is not None:
+        tokenizer = old_tokenizer
+    else:
+        tokenizer = {"source": str(plan.tokenizer_file) if plan.tokenizer_file else "trained",
+                     "vocab_size": tok.get_vocab_size(with_added_tokens=True), "identity": tokenizer_identity(tok),
+                     "sha256": {name: _sha256(root / name) for name in TOKENIZER_FILES},
+                     "requested_vocab_size": data.tokenizer.vocab_size,
+                     "lowercase": casing.get("lowercase", data.tokenizer.lowercase),  # as used, not as configured
+                     "strip_accents": casing.get("strip_accents", data.tokenizer.strip_accents),
+                     "min_frequency": data.tokenizer.min_frequency, "sample": sample, "given_sha256": plan.given_sha256}
+        if sample is not None:  # trained: on what (kept when files are added later), with which settings
+            tokenizer["trained_on"] = {"files": len(plan.entries), "bytes": sum(e["bytes"] for e in plan.entries)}
+            tokenizer["settings"] = _tokenizer_settings(data, sample["corpus_chars"])
+    return {
+        "format_version": FORMAT_VERSION, "bertcli_version": __version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "corpus": {"source": data.corpus, "files": plan.entries},
+        "tokenizer": tokenizer,
+        "split_sentences": data.split_sentences, "validation_fraction": data.validation_fraction,
+        "unit_bytes": UNIT_BYTES, "dtype": settings.dtype, "splits": splits,
+        "unknown_tokens": sum(records[u.key]["unknown_tokens"] for u in units),
+        "index": _index_digest(units),
+        "units": [{"key": u.key, "content": u.content, "bytes": u.bytes, "pieces": [list(p) for p in u.pieces],
+                   "splits": records[u.key]["splits"], "unknown_tokens": records[u.key]["unknown_tokens"]} for u in units],
+        "seconds": seconds, "tokens_per_s": total_tokens / max(seconds, 1e-9),
+    }
+
+
+def _write_manifest(root: Path, manifest: dict[str, Any]) -> None:
+    atomic.write_text(root / MANIFEST, json.dumps(manifest, indent=2) + "\n")
+
+
+def _report(folder: Path, manifest: dict[str, Any], cfg: Config, done: str) -> None:
+    data = cfg.data
+    t, v = manifest["splits"]["train"], manifest["splits"]["valid"]
+    total_tokens = t["tokens"] + v["tokens"]
     share = _warn_random_next(folder, manifest, cfg)
     pairs = (f"; random next sentences {100 * share:.1f}% of pairs (data.random_next_prob "
              f"{100 * data.random_next_prob:.0f}%)" if share is not None else "")
-    log(f"prepared {folder}: {t['documents'] + v['documents']:,} documents ({v['documents']:,} held out), "
-        f"{t['segments'] + v['segments']:,} sentences, {total_tokens:,} tokens, vocabulary {vocab_size:,}, "
-        f"unknown {100 * unknown / max(total_tokens, 1):.2f}%{pairs}; {elapsed:.1f} s, "
-        f"{total_tokens / max(elapsed, 1e-9):,.0f} tokens/s")
-    return folder
+    seconds = manifest["seconds"]
+    info(f"{done}: {t['documents'] + v['documents']:,} documents ({v['documents']:,} held out), "
+        f"{t['segments'] + v['segments']:,} sentences, {total_tokens:,} tokens, vocabulary "
+        f"{manifest['tokenizer']['vocab_size']:,}, unknown {100 * manifest['unknown_tokens'] / max(total_tokens, 1):.2f}%"
+        f"{pairs}; {seconds:.1f} s, {total_tokens / max(seconds, 1e-9):,.0f} tokens/s")
+
+
+def _remove_unused(folder: Path, manifest: dict[str, Any]) -> None:
+    """Remove the units and indexes that `manifest` does not name (bertcli's own folders only)."""
+    keep = {u["key"] for u in manifest["units"]} | {manifest["index"]}
+    for sub in (UNITS, INDEX):
+        if not (folder / sub).is_dir():
+            continue
+        for child in (folder / sub).iterdir():
+            if re.fullmatch(KEY, child.name) and child.name not in keep and _ours(child, folder):
+                atomic.remove_folder(child)
+
+
+def _ours(path: Path, folder: Path) -> bool:
+    """Whether `path` (inside the prepared `folder`) is a folder holding only what bertcli writes there."""
+    rel = path.relative_to(folder).as_posix()
+    if path.is_symlink() or not path.is_dir() or not layout.PREPARED.holds(rel):
+        return False
+    return ownership.first_foreign(path, layout.PREPARED, rel + "/") is None
 
 
 def data_random_next_share(folder: Path, manifest: dict[str, Any], data: DataConfig, seed: int) -> float | None:
@@ -273,7 +1012,7 @@ def data_random_next_share(folder: Path, manifest: dict[str, Any], data: DataCon
     settings (None without pairs or training documents); see chunks.random_next_share."""
     if not data.pairs or manifest["splits"]["train"]["documents"] == 0:
         return None
-    base = folder / "train"
+    base = folder / INDEX / manifest["index"] / "train"
     return random_next_share(np.memmap(base / SEG_OFFSETS, dtype=np.int64, mode="r"),
                              np.memmap(base / DOC_OFFSETS, dtype=np.int64, mode="r"), data, seed)
 
@@ -298,6 +1037,9 @@ def _warn_random_next(folder: Path, manifest: dict[str, Any], cfg: Config) -> fl
     return share
 
 
+# ---------------------------------------------------------------- stopping
+
+
 class _Stopped(BaseException):
     """SIGINT or SIGTERM inside `prepare`: a BaseException, so that no library's `except Exception`
     (tqdm's, starting its monitor thread) swallows it; _stop_on_signal turns it into Interrupted."""
@@ -305,21 +1047,22 @@ class _Stopped(BaseException):
 
 _stop_pipe: int | None = None  # the read end of _stop_on_signal's wakeup pipe
 _signal: int | None = None  # the stop signal that came, if one did
-_written: Path | None = None  # the prepared folder, once it is in place
+_state = ""  # what a stop now keeps, in words
 
 
 @contextmanager
 def _stop_on_signal() -> Iterator[None]:
     """SIGINT and SIGTERM stop `prepare` at once, also inside `pretrain` (whose own handlers only ask
     the training loop to stop after a step): the exception unwinds atomic.folder, which removes the
-    temporary folder, and ends the command with exit 128 + N and one line. The previous handlers
-    come back afterwards.
+    temporary folder (or, updating a prepared folder in place, the temporary units; the previous
+    manifest stays valid), ends the worker processes, and ends the command with exit 128 + N and
+    one line. The previous handlers come back afterwards.
 
     Python runs a handler in the main thread only, and the tokenizer trainer holds the main thread
     while its own threads read the corpus (8 s for the 3.5 MB python-docs.txt): there the signal is
     seen through a wakeup pipe (signal.set_wakeup_fd), the reading stops (_until_stopped), and the
     trainer returns early; what it trained on part of the corpus is never used (_check_stop)."""
-    global _stop_pipe, _signal, _written
+    global _stop_pipe, _signal, _state
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -334,7 +1077,7 @@ def _stop_on_signal() -> Iterator[None]:
     read_end, write_end = os.pipe()
     os.set_blocking(read_end, False)
     os.set_blocking(write_end, False)
-    _stop_pipe, _signal, _written = read_end, None, None
+    _stop_pipe, _signal, _state = read_end, None, "nothing was kept (the temporary data was removed)"
     previous_fd = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
     for signum in previous:
         signal.signal(signum, stop)
@@ -343,9 +1086,7 @@ def _stop_on_signal() -> Iterator[None]:
         _check_stop()  # a stop that something caught on the way
     except _Stopped:
         signum = _signal or signal.SIGTERM
-        kept = (f"the prepared data in {_written} is complete" if _written else
-                "nothing was kept (the temporary data was removed)")
-        raise Interrupted(f"stopped by {signal.Signals(signum).name} while preparing data; {kept}: run the same "
+        raise Interrupted(f"stopped by {signal.Signals(signum).name} while preparing data; {_state}: run the same "
                           "command again", signum) from None
     finally:
         for signum, handler in previous.items():
@@ -362,19 +1103,42 @@ def _check_stop() -> None:
         raise _Stopped
 
 
+def _poll_stop() -> None:
+    """Look in _stop_on_signal's wakeup pipe for SIGINT or SIGTERM (from whatever thread)."""
+    global _signal
+    if _stop_pipe is not None and _signal is None:
+        try:
+            _signal = next((b for b in os.read(_stop_pipe, 64) if b in (signal.SIGINT, signal.SIGTERM)), None)
+        except OSError:  # nothing there (BlockingIOError), or the pipe is gone
+            pass
+
+
 def _until_stopped(items: Iterator[str]) -> Iterator[str]:
     """`items` until SIGINT or SIGTERM comes (looked for every 1,024 items, from whatever thread
-    reads them; see _stop_on_signal)."""
-    global _signal
+    reads them, and by _polling; see _stop_on_signal)."""
     for n, item in enumerate(items):
-        if n % 1024 == 0 and _stop_pipe is not None and _signal is None:
-            try:
-                _signal = next((b for b in os.read(_stop_pipe, 64) if b in (signal.SIGINT, signal.SIGTERM)), None)
-            except OSError:  # nothing there (BlockingIOError), or the pipe is gone
-                pass
+        if n % 1024 == 0:
+            _poll_stop()
         if _signal is not None:
             return
         yield item
+
+
+def _polling(progress: Callable[[int], None]) -> Callable[[int], None]:
+    """`progress` (called for each line read) that also looks for a stop signal every 1,024 lines:
+    with a vocabulary sample, most lines read yield no sentence, so _until_stopped alone would look
+    only every 1,024 sampled sentences (tens of MB of a large corpus); the next sampled sentence
+    then ends the reading."""
+    calls = 0
+
+    def update(n: int) -> None:
+        nonlocal calls
+        progress(n)
+        calls += 1
+        if calls % 1024 == 0:
+            _poll_stop()
+
+    return update
 
 
 def _clean_leftovers(folder: Path) -> None:
@@ -390,12 +1154,31 @@ def _clean_leftovers(folder: Path) -> None:
         match = pattern.match(child.name)
         if not match or _alive(int(match.group(2))) or child.is_symlink() or not child.is_dir():
             continue
-        if any(path.relative_to(child).as_posix() not in layout.PREPARED.paths for path in child.rglob("*")):
+        if ownership.first_foreign(child, layout.PREPARED) is not None:
             continue  # something else in it: not bertcli's to delete
         if match.group(1) == "old-" and not final.exists() and not final.is_symlink():
             os.replace(child, final)
         else:
             shutil.rmtree(child, ignore_errors=True)
+
+
+_TEMPORARY = re.compile(rf"{_TMP}(?:del-)?(?:{KEY}|{re.escape(MANIFEST)})\.(\d+)")
+
+
+def _clean_inside(folder: Path, mine: bool = False) -> None:
+    """Remove the temporary units, indexes and manifest that an update in place left inside `folder`:
+    those of processes that are gone, or (`mine`) this process's own."""
+    for sub in (folder / UNITS, folder / INDEX, folder):
+        if not sub.is_dir() or sub.is_symlink():
+            continue
+        for child in sub.iterdir():
+            match = _TEMPORARY.fullmatch(child.name)
+            if match is None or (int(match.group(1)) != os.getpid() if mine else _alive(int(match.group(1)))):
+                continue
+            if child.is_dir() and _ours(child, folder):
+                shutil.rmtree(child, ignore_errors=True)
+            elif child.name.startswith(f"{atomic.TMP_PREFIX}{MANIFEST}") and ownership.own_file(child):
+                child.unlink(missing_ok=True)
 
 
 def _alive(pid: int) -> bool:
@@ -409,45 +1192,6 @@ def _alive(pid: int) -> bool:
     except OSError:
         return True
     return True
-
-
-def _write_shards(tok: Tokenizer, files: list[Path], data: DataConfig, tmp: Path, *, dtype: np.dtype,
-                  total_bytes: int | None, quiet: bool) -> tuple[dict[str, dict[str, int]], int]:
-    """Tokenize the corpus files into the train and valid shards under `tmp` (documents held out
-    by their number); return each split's counts and the number of unknown tokens."""
-    writers = {split: ShardWriter(tmp / split, dtype) for split in layout.SPLITS}  # "train", "valid"
-    unk = special_tokens(tok).unk
-    counts = {"documents": 0, "unknown": 0}
-    encode = getattr(tok, "encode_batch_fast", tok.encode_batch)  # no offsets: faster where available
-
-    def flush(items: list[str | None]) -> None:
-        _check_stop()
-        encodings = iter(encode([s for s in items if s is not None], add_special_tokens=False))
-        for item in items:
-            writer = writers["valid" if is_held_out(counts["documents"], data.validation_fraction) else "train"]
-            if item is None:
-                if writer.open_segments:
-                    counts["documents"] += 1
-                writer.end_document()
-                continue
-            ids = next(encodings).ids
-            if ids:
-                counts["unknown"] += ids.count(unk)
-                writer.add_segment(ids)
-
-    with _progress(total_bytes, "tokenizing", quiet) as bar:
-        batch: list[str | None] = []
-        pending = chars = 0
-        for item in read_sentences(files, data.split_sentences, bar.update):
-            batch.append(item)
-            if item is not None:
-                pending += 1
-                chars += len(item)
-            if pending >= ENCODE_BATCH or chars >= ENCODE_CHARS:  # a document may span batches: the writers keep it open
-                flush(batch)
-                batch, pending, chars = [], 0, 0
-        flush(batch)
-    return {name: w.close() for name, w in writers.items()}, counts["unknown"]
 
 
 def run_tokenizer(cfg: Config) -> Path | None:
@@ -478,9 +1222,69 @@ def _guard(cfg: Config, folder: Path) -> Callable[[Path], None]:
     return guard
 
 
-def _check_sizes(splits: dict[str, dict[str, int]], data: DataConfig, folder: Path) -> None:
+def prepared_lock(cfg: Config, command: str) -> AbstractContextManager[Any]:
+    """The lock on the prepared folder of `cfg` (runlock.PreparedLock: a file beside it) for `command`,
+    where a prepare may replace the folder. What is refused anyway is refused first, leaving nothing
+    beside the folder: a prepared_dir that is, holds or lies inside an input; and a folder bertcli
+    did not write (the user's), which no prepare replaces, so that reading it needs no lock."""
+    folder = Path(cfg.data.prepared_dir).expanduser().resolve()
+    _guard(cfg, folder)
+    if ownership.not_owned(folder, layout.PREPARED) is not None:
+        return nullcontext()
+    return PreparedLock(folder, command)
+
+
+def _changes(old: dict[str, Any], entries: list[dict[str, Any]], data: DataConfig, *, configured: Path | None,
+             tok: Tokenizer | None, output_dir: Path) -> list[str]:
+    """What differs between the inputs recorded in manifest `old` and this config's (the fingerprint
+    only says that something does), in words; `configured`: the tokenizer file of
+    data.tokenizer.path (None: trained, or the run's own), `tok` the tokenizer that will be used."""
+    changes = []
+    if old["corpus"].get("source") != data.corpus:
+        changes.append(f"corpus {old['corpus'].get('source')} then, {data.corpus} now: the folder was prepared for "
+                       "another config sharing data.prepared_dir, or data.corpus changed")
+    else:
+        before = {f["path"]: _entry_digest(f) for f in old["corpus"]["files"]}
+        now = {e["path"]: _entry_digest(e) for e in entries}
+        for what, paths in (("added", set(now) - set(before)), ("removed", set(before) - set(now)),
+                            ("changed", {p for p in set(now) & set(before) if now[p] != before[p]})):
+            if paths:
+                first = sorted(paths)[0]
+                more = f" and {len(paths) - 1:,} more" if len(paths) > 1 else ""
+                changes.append(f"corpus file {what}: {first}{more}")
+    recorded, t = old["tokenizer"], data.tokenizer
+    source = str(configured) if configured else "trained"
+    source_then = str(recorded.get("source"))
+    own = source_then != "trained" and layout.checkpoints_dir(output_dir) in Path(source_then).parents
+    if recorded.get("source") != source and not own:  # (own: prepared with this run's checkpoint's tokenizer)
+        changes.append(f"tokenizer {recorded.get('source')} then, {source} now")
+    elif configured and tok is not None and recorded.get("identity") != tokenizer_identity(tok):
+        changes.append(f"the tokenizer {configured} is not the one it was prepared with")
+    settings = [("data.tokenizer.vocab_size", recorded.get("requested_vocab_size"), t.vocab_size),
+                ("data.tokenizer.min_frequency", recorded.get("min_frequency"), t.min_frequency),
+                ("data.split_sentences", old.get("split_sentences"), data.split_sentences),
+                ("data.validation_fraction", old.get("validation_fraction"), data.validation_fraction)]
+    if source == "trained":  # a given tokenizer's casing is its own: the manifest records it as used
+        settings += [("data.tokenizer.lowercase", recorded.get("lowercase"), t.lowercase),
+                     ("data.tokenizer.strip_accents", recorded.get("strip_accents"), t.strip_accents)]
+    changes += [f"{key} {json.dumps(then)} then, {json.dumps(now)} now" for key, then, now in settings if then != now]
+    return changes or ["the corpus or tokenizer settings differ"]
+
+
+def _held_out_count(units: list[dict[str, Any]], stride: int) -> int:
+    """Documents held out with every `stride`-th document of each unit (its phase, its documents)."""
+    total = 0
+    for u in units:
+        n = sum(u["splits"][s]["documents"] for s in SPLITS)
+        phase = unit_phase(u["content"], stride)
+        total += (n + phase) // stride  # d + phase = stride - 1 (mod stride) for d in [0, n)
+    return total
+
+
+def _check_sizes(manifest: dict[str, Any], data: DataConfig) -> None:
     """Enough documents for examples in each split: 2 with sentence pairs (a random next sentence
     comes from another document), 1 without. Every fix suggested is one that works."""
+    splits = manifest["splits"]
     train, valid = splits["train"]["documents"], splits["valid"]["documents"]
     total = train + valid
     if total == 0:
@@ -490,8 +1294,10 @@ def _check_sizes(splits: dict[str, dict[str, int]], data: DataConfig, folder: Pa
     no_pairs = "set data.pairs: false and train.nsp_weight: 0 (no NSP)"
     if data.validation_fraction > 0 and valid < need:
         fixes = []
-        stride = total // need  # every stride-th document is held out: the widest that holds out `need`
-        if stride >= 2:  # validation_fraction is at most 0.5
+        # The widest stride (every k-th document of each unit) that holds out `need` and leaves `need` to train on.
+        stride = next((k for k in range(held_out_stride(data.validation_fraction) - 1, 1, -1)
+                       if need <= _held_out_count(manifest["units"], k) <= total - need), None)
+        if stride is not None:  # validation_fraction is at most 0.5
             fixes.append(f"raise data.validation_fraction to {1 / stride:.4g}")
         if total >= need:
             fixes.append("set data.validation_fraction: 0 (no held-out evaluation)")
@@ -506,14 +1312,46 @@ def _check_sizes(splits: dict[str, dict[str, int]], data: DataConfig, folder: Pa
                          f"separate documents with blank lines, or {no_pairs}")
 
 
+def _check_enough_documents(units: list[Unit], data: DataConfig) -> None:
+    """Refuse a corpus with too few documents for _check_sizes before any tokenizer work: the documents
+    are read (no sentence splitting), unit by unit with each unit's held-out phase, only until there
+    are enough, so a corpus that has them costs a few documents' reading, and one that has not is
+    refused after one reading pass, not after the tokenizer is trained and the shards written.
+    Tokenizing can only empty a document (left out then), never add one, so the counts here are
+    upper bounds: what passes is checked again on the shards (_check_sizes)."""
+    need, fraction = 2 if data.pairs else 1, data.validation_fraction
+    stride = held_out_stride(fraction)
+    counted = []
+    total = {"train": 0, "valid": 0}
+    for unit in units:
+        counts = {"train": {"documents": 0}, "valid": {"documents": 0}}
+        phase = unit.phase(stride)
+        for item in read_sentences(list(unit.parts), split=False):
+            if item is not None:
+                continue
+            n = counts["train"]["documents"] + counts["valid"]["documents"]
+            split = "valid" if is_held_out(n, fraction, phase) else "train"
+            counts[split]["documents"] += 1
+            total[split] += 1
+            if total["train"] >= need and (fraction == 0 or total["valid"] >= need):
+                return
+        counted.append({"content": unit.content, "splits": counts})
+    _check_sizes({"splits": {split: {"documents": sum(u["splits"][split]["documents"] for u in counted)}
+                             for split in SPLITS}, "units": counted}, data)
+
+
+# ---------------------------------------------------------------- reading and checking prepared data
+
+
 def read_manifest(folder: Path) -> tuple[dict[str, Any] | None, str | None]:
     """(the manifest of a prepared folder, None), or (None, why it cannot be used: damaged, of another
     format version, a symbolic link), or (None, None) when there is none.
 
-    A manifest is data, never a source of paths: shards are read at fixed names inside the folder,
-    and the corpus paths it records only serve as keys of the hash cache (never opened, never
-    written). What decides how the shards are read (their dtype, the splits, the counts) is checked
-    here, the files themselves by check_prepared.
+    A manifest is data, never a source of paths: shards are read at fixed names inside the folder
+    (a unit's and the index's folder names are checked to be 64 hexadecimal digits), and the corpus
+    paths it records only serve as keys of the hash cache (never opened, never written). What
+    decides how the shards are read (their dtype, the splits, the counts) is checked here, the
+    files themselves by check_prepared.
     """
     path = folder / MANIFEST
     if not path.exists() and not path.is_symlink():
@@ -530,13 +1368,16 @@ def read_manifest(folder: Path) -> tuple[dict[str, Any] | None, str | None]:
     if version != FORMAT_VERSION:
         return None, f"is of format version {version} (this bertcli reads and writes version {FORMAT_VERSION})"
     splits, files, tok = manifest.get("splits"), (manifest.get("corpus") or {}).get("files"), manifest.get("tokenizer")
-    counts = ("documents", "segments", "tokens")
+    units = manifest.get("units")
     well_formed = (manifest.get("dtype") in ("uint16", "uint32") and isinstance(files, list)
                    and all(isinstance(f, dict) and isinstance(f.get("path"), str) for f in files)
-                   and isinstance(splits, dict) and set(splits) == {"train", "valid"}
-                   and all(isinstance(v, dict) and all(_count(v.get(c)) for c in counts) for v in splits.values())
+                   and _well_formed_splits(splits)
                    and isinstance(tok, dict) and _count(tok.get("vocab_size")) and isinstance(tok.get("sha256"), dict)
-                   and all(isinstance(tok["sha256"].get(name), str) for name in TOKENIZER_FILES))
+                   and all(isinstance(tok["sha256"].get(name), str) for name in TOKENIZER_FILES)
+                   and isinstance(manifest.get("index"), str) and re.fullmatch(KEY, manifest["index"]) is not None
+                   and isinstance(units, list) and all(_well_formed_unit(u) for u in units)
+                   and all(sum(u["splits"][s][c] for u in units) == splits[s][c]
+                           for s in SPLITS for c in ("documents", "segments", "tokens")))
     if not well_formed:
         return None, f"is damaged ({MANIFEST} lacks fields or has values of the wrong type)"
     return manifest, None
@@ -546,44 +1387,123 @@ def _count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def check_prepared(folder: Path, manifest: dict[str, Any]) -> str | None:
-    """What is wrong with the files of prepared data (naming the file), or None when they are whole:
-    regular files (never symbolic links), tokenizer.json and vocab.txt as hashed in the manifest,
-    shards of the sizes its counts imply, offsets rising from 0 to those counts, token ids below
-    the vocabulary size. Cheap: the tokenizer files and the offsets are read whole, the token ids
-    once (about 15 ms per 100M tokens in the page cache)."""
-    folders = layout.SPLITS
-    for rel in (*folders, *TOKENIZER_FILES, *(f"{split}/{name}" for split in folders for name in SHARD_FILES)):
-        path = folder / rel
-        if os.path.islink(path):
-            return f"{rel} is a symbolic link, which bertcli never follows out of its folder"
-        if not path.exists():
-            return f"{rel} is missing"
-        if not (path.is_dir() if rel in folders else ownership.own_file(path)):
-            return f"{rel} is not a {'folder' if rel in folders else 'regular file'}"
+def _well_formed_splits(splits: Any) -> bool:
+    return (isinstance(splits, dict) and set(splits) == set(SPLITS)
+            and all(isinstance(v, dict) and all(_count(v.get(c)) for c in ("documents", "segments", "tokens"))
+                    for v in splits.values()))
+
+
+def _well_formed_unit(unit: Any, in_manifest: bool = True) -> bool:
+    """A unit's record: a key of 64 hex digits and counts; in the manifest, the hash of its contents too
+    (its unit.json has none)."""
+    return (isinstance(unit, dict) and isinstance(unit.get("key"), str) and re.fullmatch(KEY, unit["key"]) is not None
+            and _well_formed_splits(unit.get("splits")) and _count(unit.get("unknown_tokens"))
+            and (not in_manifest or (isinstance(unit.get("content"), str)
+                                     and re.fullmatch(KEY, unit["content"]) is not None)))
+
+
+def _check_tokenizer(folder: Path, manifest: dict[str, Any]) -> str | None:
+    """What is wrong with tokenizer.json and vocab.txt (regular files, the hashes the manifest records)."""
     for name in TOKENIZER_FILES:
-        if _sha256(folder / name) != manifest["tokenizer"]["sha256"][name]:
+        path = folder / name
+        if os.path.islink(path):
+            return f"{name} is a symbolic link, which bertcli never follows out of its folder"
+        if not path.exists():
+            return f"{name} is missing"
+        if not ownership.own_file(path):
+            return f"{name} is not a regular file"
+        if _sha256(path) != manifest["tokenizer"]["sha256"][name]:
             return f"{name} was changed after prepare: its SHA-256 is not the one {MANIFEST} records"
-    dtype, vocab_size = np.dtype(manifest["dtype"]), manifest["tokenizer"]["vocab_size"]
     lines = (folder / layout.VOCAB).read_bytes().count(b"\n")  # one token a line, the vocabulary in id order
+    vocab_size = manifest["tokenizer"]["vocab_size"]
     if lines != vocab_size:
         return f"{MANIFEST} says the vocabulary holds {vocab_size:,} tokens, vocab.txt {lines:,}"
-    for split, counts in manifest["splits"].items():
+    return None
+
+
+def _check_files(folder: Path, rel: str, names: tuple[str, ...]) -> str | None:
+    """Whether folder/rel/{train,valid}/NAME are regular files in regular folders (no symbolic links)."""
+    for path in (rel, *(f"{rel}/{split}" for split in SPLITS), *(f"{rel}/{split}/{n}" for split in SPLITS for n in names)):
+        full = folder / path
+        if os.path.islink(full):
+            return f"{path} is a symbolic link, which bertcli never follows out of its folder"
+        if not full.exists():
+            return f"{path} is missing"
+        is_folder = path.count("/") <= rel.count("/") + 1
+        if not (full.is_dir() if is_folder else ownership.own_file(full)):
+            return f"{path} is not a {'folder' if is_folder else 'regular file'}"
+    return None
+
+
+def _check_unit(folder: Path, key: str, record: dict[str, Any], *, dtype_name: str, vocab_size: int) -> str | None:
+    """What is wrong with the shards of unit `key` (naming the file), or None when they are whole:
+    regular files, of the sizes its record implies, offsets rising from 0 to its counts, token ids
+    below the vocabulary size (read once: about 15 ms per 100M tokens in the page cache)."""
+    rel = f"{UNITS}/{key}"
+    problem = _check_files(folder, rel, SHARD_FILES)
+    if problem is not None:
+        return problem
+    dtype = np.dtype(dtype_name)
+    for split, counts in record["splits"].items():
+        base = folder / rel / split
         expected = {TOKENS: counts["tokens"] * dtype.itemsize, SEG_OFFSETS: (counts["segments"] + 1) * 8,
                     DOC_OFFSETS: (counts["documents"] + 1) * 8}
         for name, size in expected.items():
-            actual = (folder / split / name).stat().st_size
+            actual = (base / name).stat().st_size
             if actual != size:
-                kind = manifest["dtype"] if name == TOKENS else "int64"  # offsets are int64 whatever the tokens
-                return f"{split}/{name} holds {actual:,} bytes where {MANIFEST} implies {size:,} ({kind})"
-        base = folder / split
+                kind = dtype_name if name == TOKENS else "int64"  # offsets are int64 whatever the tokens
+                return f"{rel}/{split}/{name} holds {actual:,} bytes where {MANIFEST} implies {size:,} ({kind})"
         for name, last in ((SEG_OFFSETS, counts["tokens"]), (DOC_OFFSETS, counts["segments"])):
             if not _rising(np.memmap(base / name, dtype=np.int64, mode="r"), last):
-                return f"{split}/{name} does not rise from 0 to {last:,}: its offsets are damaged"
+                return f"{rel}/{split}/{name} does not rise from 0 to {last:,}: its offsets are damaged"
         if counts["tokens"] and vocab_size <= np.iinfo(dtype).max:  # else every id of the dtype is in range
             top = int(np.memmap(base / TOKENS, dtype=dtype, mode="r").max())
             if top >= vocab_size:
-                return f"{split}/{TOKENS} holds token id {top:,}, past the vocabulary of {vocab_size:,}"
+                return f"{rel}/{split}/tokens.bin holds token id {top:,}, past the vocabulary of {vocab_size:,}"
+    return None
+
+
+def _check_index(folder: Path, manifest: dict[str, Any]) -> str | None:
+    """What is wrong with the index (naming the file), or None: regular files of the sizes the totals
+    imply, offsets rising from 0 to the totals, and at each unit's start the tokens and segments of
+    the units before it."""
+    rel = f"{INDEX}/{manifest['index']}"
+    problem = _check_files(folder, rel, INDEX_FILES)
+    if problem is not None:
+        return problem
+    for split, counts in manifest["splits"].items():
+        base = folder / rel / split
+        lengths = {SEG_OFFSETS: counts["segments"] + 1, DOC_OFFSETS: counts["documents"] + 1}
+        last = {SEG_OFFSETS: counts["tokens"], DOC_OFFSETS: counts["segments"]}
+        offsets = {}
+        for name, length in lengths.items():
+            actual = (base / name).stat().st_size
+            if actual != length * 8:
+                return f"{rel}/{split}/{name} holds {actual:,} bytes where {MANIFEST} implies {length * 8:,} (int64)"
+            offsets[name] = np.memmap(base / name, dtype=np.int64, mode="r")
+            if not _rising(offsets[name], last[name]):
+                return f"{rel}/{split}/{name} does not rise from 0 to {last[name]:,}: its offsets are damaged"
+        units = [u["splits"][split] for u in manifest["units"]]
+        cum = {c: np.cumsum([0] + [u[c] for u in units]) for c in ("tokens", "segments", "documents")}
+        if not (np.array_equal(offsets[SEG_OFFSETS][cum["segments"]], cum["tokens"])
+                and np.array_equal(offsets[DOC_OFFSETS][cum["documents"]], cum["segments"])):
+            return f"{rel}/{split} does not agree with the units' counts: the index is damaged"
+    return None
+
+
+def check_prepared(folder: Path, manifest: dict[str, Any]) -> str | None:
+    """What is wrong with the files of prepared data (naming the file), or None when they are whole:
+    regular files (never symbolic links), tokenizer.json and vocab.txt as hashed in the manifest,
+    the index and every unit as _check_index and _check_unit check them. Cheap: the tokenizer files
+    and the offsets are read whole, the token ids once."""
+    problem = _check_tokenizer(folder, manifest) or _check_index(folder, manifest)
+    if problem is not None:
+        return problem
+    for unit in {u["key"]: u for u in manifest["units"]}.values():
+        problem = _check_unit(folder, unit["key"], unit, dtype_name=manifest["dtype"],
+                              vocab_size=manifest["tokenizer"]["vocab_size"])
+        if problem is not None:
+            return problem
     return None
 
 
@@ -615,11 +1535,16 @@ class PreparedData:
         return special_tokens(self.tokenizer)
 
     def corpus(self, split: str) -> Corpus | None:
+        """One split: the index's offsets memory-mapped, the units' tokens read as one array (each unit's
+        tokens.bin memory-mapped now, so that a unit another `prepare` removes later stays readable)."""
         if self.manifest["splits"][split]["documents"] == 0:
             return None
-        base = self.folder / split
+        dtype = self.manifest["dtype"]
+        pieces = [np.memmap(self.folder / UNITS / u["key"] / split / TOKENS, dtype=dtype, mode="r")
+                  for u in self.manifest["units"] if u["splits"][split]["tokens"]]
+        base = self.folder / INDEX / self.manifest["index"] / split
         return Corpus(
-            tokens=np.memmap(base / TOKENS, dtype=self.manifest["dtype"], mode="r"),
+            tokens=pieces[0] if len(pieces) == 1 else PartTokens(pieces),
             seg_offsets=np.memmap(base / SEG_OFFSETS, dtype=np.int64, mode="r"),
             doc_offsets=np.memmap(base / DOC_OFFSETS, dtype=np.int64, mode="r"),
             vocab_size=self.vocab_size, special=self.special, continuation=continuation_mask(self.tokenizer))

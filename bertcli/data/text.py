@@ -14,12 +14,14 @@ from __future__ import annotations
 import bz2
 import codecs
 import gzip
+import hashlib
 import json
 import lzma
 import os
 import re
 import zlib
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
@@ -89,12 +91,44 @@ def cut_long_line(line: str, limit: int = MAX_LINE_CHARS) -> Iterator[str]:
     yield line[start:]
 
 
-def _sentences(line: str, split: bool) -> Iterator[str]:
-    """The sentences of one (stripped, non-empty) line: over-long lines in pieces first."""
+def _sentences(line: str, split: bool, keep: Callable[[str], bool] | None = None) -> Iterator[str]:
+    """The sentences of one (stripped, non-empty) line: over-long lines in pieces first; with `keep`,
+    only those of the pieces it keeps (a piece left out costs no sentence splitting)."""
     for piece in cut_long_line(line, MAX_LINE_CHARS) if len(line) > MAX_LINE_CHARS else (line,):
         piece = piece.strip()
-        if piece:
+        if piece and (keep is None or keep(piece)):
             yield from (split_sentences(piece) if split else [piece])
+
+
+class LineSample:
+    """A deterministic sample of a corpus's lines, about `rate` of its text: a line (a stripped line of
+    a text file or a paragraph of a JSON Lines record, each piece of an over-long one; see
+    _sentences) is in when the first 8 bytes of the BLAKE2b hash of its UTF-8 bytes, read as an
+    integer, fall below rate * 2^64. The choice depends on the line alone, never on where it is
+    read or what was read before, so the sample is spread over the whole corpus and the same in
+    any process and for any split of the corpus into parts read apart. Equal lines are all in or
+    all out. `rate` is budget / total as exact integers (no rounding that could differ between
+    machines); the calls count what was taken."""
+
+    def __init__(self, budget: int, total: int) -> None:
+        self.threshold = (budget << 64) // max(total, 1)  # >= 2^64: every line (rate 1)
+        self.lines = self.chars = 0  # taken so far
+
+    @property
+    def whole(self) -> bool:
+        """Whether every line is in (the budget covers the corpus)."""
+        return self.threshold >= 1 << 64
+
+    def __call__(self, line: str) -> bool:
+        if self.whole:
+            taken = True
+        else:
+            digest = hashlib.blake2b(line.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+            taken = int.from_bytes(digest, "little") < self.threshold
+        if taken:
+            self.lines += 1
+            self.chars += len(line)
+        return taken
 
 
 def _name_parts(path: Path) -> tuple[str, str]:
@@ -186,6 +220,80 @@ def _open(path: Path) -> BinaryIO:
     return COMPRESSIONS[compression][0](path, "rb") if compression else open(path, "rb")  # type: ignore[return-value]
 
 
+@dataclass(frozen=True)
+class Part:
+    """Bytes [start, end) of a corpus file, read on their own (end None: to the file's end); `line` is
+    the number of the part's first line in the file (for error messages). A part starts and ends at
+    a document boundary (see document_cuts), so its documents are those the whole file gives there."""
+
+    path: Path
+    start: int = 0
+    end: int | None = None
+    line: int = 1
+
+
+class _Bounded:
+    """A binary file read from where it stands for at most `left` more bytes (readline only)."""
+
+    def __init__(self, fh: BinaryIO, left: int) -> None:
+        self.fh, self.left = fh, left
+
+    def readline(self, limit: int = -1) -> bytes:
+        size = self.left if limit < 0 else min(limit, self.left)
+        raw = self.fh.readline(size) if size > 0 else b""
+        self.left -= len(raw)
+        return raw
+
+
+# A blank line (a document boundary in text): a line of at most 1,024 ASCII white-space bytes (a
+# bound, so that finding one needs bounded memory; a longer blank line still ends a document when
+# read, it is only never a cut).
+_BLANK_LINE = re.compile(rb"\n[ \t\r\f\v]{0,1024}\n")
+_CUT_SCAN = 1 << 16  # bytes read at a time while looking for a boundary
+
+
+def document_cuts(path: Path, every: int) -> list[int]:
+    """Where an uncompressed corpus file is cut into parts of about `every` bytes: for each multiple m
+    of `every` inside the file, the end of the first document boundary whose line starts at or after m
+    (in text, the end of a blank line; in JSON Lines, the end of a line). A function of the file's
+    bytes alone, so the same file always gives the same parts; an insertion moves only the cuts near
+    it (a cut stays where the text around it is unchanged). Each byte is read at most once."""
+    size = path.stat().st_size
+    cuts: list[int] = []
+    target = every
+    pattern = re.compile(rb"\n") if is_jsonl(path) else _BLANK_LINE
+    with open(path, "rb") as fh:
+        while target < size:
+            found = _boundary(fh, target, pattern)
+            if found is None:
+                break
+            line_start, cut = found
+            if cut >= size:
+                break
+            cuts.append(cut)
+            target = (line_start // every + 1) * every  # the next multiple past this boundary's line
+    return cuts
+
+
+def _boundary(fh: BinaryIO, target: int, pattern: re.Pattern[bytes]) -> tuple[int, int] | None:
+    """(line start, end) of the first match of `pattern` (a line break, then for a blank line its
+    white space and line break) whose line starts at or after `target`; None at the file's end."""
+    fh.seek(target - 1)
+    base, buf = target - 1, b""
+    while True:
+        block = fh.read(_CUT_SCAN)
+        if not block:
+            return None
+        buf += block
+        match = pattern.search(buf)
+        if match is not None:
+            return base + match.start() + 1, base + match.end()
+        last = buf.rfind(b"\n")  # a match can only start at the last line break, if it is still open
+        keep = buf[last:] if last >= 0 and len(buf) - last <= 1026 and not buf[last + 1:].strip(b" \t\r\f\v") else b""
+        base += len(buf) - len(keep)
+        buf = keep
+
+
 # What a damaged compressed file raises: cut short (EOFError), corrupt or not of its format (the
 # libraries' own errors; bz2 raises an OSError without an errno, unlike a failing disk).
 COMPRESSED_ERRORS = (EOFError, OSError, zlib.error, lzma.LZMAError)
@@ -226,11 +334,12 @@ def _raw_lines(path: Path, fh: BinaryIO, limit: int = -1) -> Iterator[bytes]:
         raise _compressed_error(path, fh, exc, f"line {lines + 1:,}") from None
 
 
-def _lines(path: Path, progress: Callable[[int], None]) -> Iterator[tuple[int, str, bool]]:
-    """(line number, decoded text, whether it ends the line) of a file, strictly UTF-8; errors name
-    the file and byte offset. A text line longer than READ_BYTES comes in parts (memory stays
-    bounded whatever the line), a JSON Lines record whole."""
-    offset, number, ends = 0, 1, True
+def _lines(part: Part, progress: Callable[[int], None]) -> Iterator[tuple[int, str, bool]]:
+    """(line number, decoded text, whether it ends the line) of a file or a part of one, strictly
+    UTF-8; errors name the file and byte offset. A text line longer than READ_BYTES comes in parts
+    (memory stays bounded whatever the line), a JSON Lines record whole."""
+    path = part.path
+    offset, number, ends = part.start, part.line, True
     limit = -1 if is_jsonl(path) else READ_BYTES
     decoder = codecs.getincrementaldecoder("utf-8")()
 
@@ -243,7 +352,12 @@ def _lines(path: Path, progress: Callable[[int], None]) -> Iterator[tuple[int, s
                              "file to UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
 
     with _open(path) as fh:
-        for raw in _raw_lines(path, fh, limit):
+        if part.start or part.end is not None:  # a part of an uncompressed file (never a compressed one)
+            fh.seek(part.start)
+            reader: BinaryIO = _Bounded(fh, (part.end if part.end is not None else path.stat().st_size) - part.start)  # type: ignore[assignment]
+        else:
+            reader = fh
+        for raw in _raw_lines(path, reader, limit):
             nul = raw.find(b"\x00")
             if nul >= 0:
                 raise UsageError(f"{path}: byte {offset + nul}: a NUL byte; this looks like a binary file, not text "
@@ -297,14 +411,19 @@ def read_text(files: list[Path], block: int = 1 << 16) -> Iterator[str]:
             yield "\n".join(texts) + "\n"
 
 
-def read_sentences(files: list[Path], split: bool = True,
-                   progress: Callable[[int], None] = lambda n: None) -> Iterator[str | None]:
-    """Sentences of every document, with END_OF_DOCUMENT (None) after each document."""
-    for path in files:
+def read_sentences(files: list[Path] | list[Part], split: bool = True,
+                   progress: Callable[[int], None] = lambda n: None,
+                   keep: Callable[[str], bool] | None = None) -> Iterator[str | None]:
+    """Sentences of every document of the files (or parts of files, see Part), with END_OF_DOCUMENT
+    (None) after each document; with `keep` (a LineSample), only the sentences of the lines it keeps
+    (document ends all the same)."""
+    for item in files:
+        part = item if isinstance(item, Part) else Part(Path(item))
+        path = part.path
         jsonl = is_jsonl(path)
         open_document = False
         pending, cut = "", False  # a long line read in parts: its text not yet cut; whether pieces went out
-        for number, line, ends in _lines(path, progress):
+        for number, line, ends in _lines(part, progress):
             if jsonl:
                 if not line.strip():
                     continue
@@ -317,7 +436,7 @@ def read_sentences(files: list[Path], split: bool = True,
                     raise UsageError(f"{path}: line {number}: no \"text\" string field in this JSON record")
                 paragraphs = [p.strip() for p in text.splitlines() if p.strip()]
                 for paragraph in paragraphs:
-                    yield from _sentences(paragraph, split)
+                    yield from _sentences(paragraph, split, keep)
                 if paragraphs:
                     yield END_OF_DOCUMENT
                 continue
@@ -325,8 +444,9 @@ def read_sentences(files: list[Path], split: bool = True,
                 pending = pending + line if pending else line.lstrip()
                 while len(pending) > MAX_LINE_CHARS:
                     end, rest = _cut_point(pending, 0, MAX_LINE_CHARS)
-                    for sentence in _sentences(pending[:end].strip(), split):
-                        yield sentence
+                    piece = pending[:end].strip()
+                    yield from _sentences(piece, split, keep)
+                    if piece:  # a piece left out of a sample (keep) still belongs to the document
                         open_document = cut = True
                     pending = pending[rest:]
                 if not ends:
@@ -338,7 +458,7 @@ def read_sentences(files: list[Path], split: bool = True,
                     yield END_OF_DOCUMENT
                     open_document = False
                 continue
-            yield from _sentences(line, split)
+            yield from _sentences(line, split, keep)
             open_document = True
         if open_document:  # a file's end also ends its last document
             yield END_OF_DOCUMENT

@@ -88,13 +88,30 @@ def _new_tokenizer(cfg: TokenizerConfig) -> Tokenizer:
                           Casing(do_lower_case=cfg.lowercase, strip_accents=cfg.strip_accents))
 
 
-# Bits of inner_characters' table, one byte per code point.
+# Bits of scan_characters' table, one byte per code point.
 _KNOWN, _REMOVED, _STARTS_WORD, _ENDS_WORD, _SETTLED = 1, 2, 4, 8, 16
 
 
+@dataclass(frozen=True)
+class Characters:
+    """What scan_characters finds in a corpus."""
+
+    inner: list[str]  # the characters that continue a word: the c of every "##c" the trainer makes, in code-point order
+    every: list[str]  # every character of every word (punctuation too) once normalised, in code-point order
+    # Characters read but line breaks, which read_text adds between files and JSON Lines records as it
+    # cuts them into blocks: the size of the corpus, the same however it is cut (a vocabulary sample's rate).
+    count: int
+
+
 def inner_characters(texts: Iterable[str], cfg: TokenizerConfig) -> list[str]:
-    """The characters that occur inside a word (anywhere but first) of `texts` once normalised and
-    pre-tokenised as the tokenizer does, in code-point order: the c of every "##c" the trainer makes.
+    """The characters that occur inside a word (anywhere but first) of `texts`: scan_characters' `inner`."""
+    return scan_characters(texts, cfg).inner
+
+
+def scan_characters(texts: Iterable[str], cfg: TokenizerConfig) -> Characters:
+    """The characters of `texts` once normalised and pre-tokenised as the tokenizer does: those that
+    occur inside a word (anywhere but first), in code-point order: the c of every "##c" the trainer
+    makes; every character of a word; and how many characters were read (line breaks aside).
 
     `texts` is the corpus in blocks (each continues the previous one). BERT's normaliser works
     character by character, so each distinct character is normalised once, into a table indexed
@@ -112,11 +129,18 @@ def inner_characters(texts: Iterable[str], cfg: TokenizerConfig) -> list[str]:
     def in_word(ch: str) -> bool:  # neither white space nor punctuation (nor CJK, which is padded with spaces)
         return len(pre_tokenizer.pre_tokenize_str(f"a{ch}a")) == 1
 
+    @cache
+    def kept(ch: str) -> bool:  # part of a word or a word itself (punctuation, CJK): not white space
+        return bool(pre_tokenizer.pre_tokenize_str(ch))
+
     table = np.zeros(0x110000, dtype=np.uint8)  # _KNOWN | ... per code point
     inner: set[str] = set()
+    every: set[str] = set()
+    count = 0
     previous = np.array([ord(" ")], dtype=np.uint32)  # the last kept character so far: nothing yet
     table[previous] = _KNOWN | _SETTLED
     for text in texts:
+        count += len(text) - text.count("\n")
         points = np.concatenate([previous, np.frombuffer(text.encode("utf-32-le"), dtype="<u4")])
         kind = table[points]
         new = np.unique(points[kind == 0]).tolist()
@@ -124,6 +148,7 @@ def inner_characters(texts: Iterable[str], cfg: TokenizerConfig) -> list[str]:
             normal = normalizer.normalize_str(chr(point))  # "" for removed ones (control characters, accents)
             word = [in_word(ch) for ch in normal]
             inner.update(ch for j, ch in enumerate(normal) if j and word[j] and word[j - 1])
+            every.update(ch for ch in normal if kept(ch))
             bits = _KNOWN | (_STARTS_WORD if word and word[0] else _SETTLED) | (_ENDS_WORD if word and word[-1] else 0)
             table[point] = bits | (0 if normal else _REMOVED)
         if new:
@@ -138,26 +163,37 @@ def inner_characters(texts: Iterable[str], cfg: TokenizerConfig) -> list[str]:
         hits = np.unique(points[open_[(kind[before] & _ENDS_WORD) != 0]])
         table[hits] |= _SETTLED
         inner.update(normalizer.normalize_str(chr(point))[0] for point in hits.tolist())
-        kept = len(points) - 1
-        while kind[kept] & _REMOVED:  # position 0 is always kept
-            kept -= 1
-        previous = points[kept:kept + 1].copy()
-    return sorted(inner)
+        last = len(points) - 1
+        while kind[last] & _REMOVED:  # position 0 is always kept
+            last -= 1
+        previous = points[last:last + 1].copy()
+    return Characters(inner=sorted(inner), every=sorted(every), count=count)
 
 
 def train_tokenizer(sentences: Iterable[str], cfg: TokenizerConfig, texts: Iterable[str]) -> Tokenizer:
-    """A WordPiece vocabulary trained on `sentences`; `texts` is the same corpus in blocks (read first).
+    """A WordPiece vocabulary trained on `sentences`; `texts` is the same corpus in blocks (read first)."""
+    return train_wordpiece(sentences, cfg, scan_characters(texts, cfg))
+
+
+def train_wordpiece(sentences: Iterable[str], cfg: TokenizerConfig, chars: Characters) -> Tokenizer:
+    """A WordPiece vocabulary trained on `sentences`, the corpus or a sample of it; `chars` is
+    scan_characters of the whole corpus. Every character of the corpus gets its piece, a sample
+    or not: "c" for every character of a word (the trainer's initial alphabet; on the whole
+    corpus the trainer finds the same ones itself, so nothing changes), "##c" for every one that
+    continues a word (below). No word of the corpus is then [UNK] for a character that only
+    lines outside the sample hold.
 
     Deterministic in any process: tokenizers 0.23 gives each "##c" piece its id lazily while
     iterating a hash map, so ids, and through tie-breaking the merges, change from process to
-    process (huggingface/tokenizers#1794). Registering every "##c" of the corpus (inner_characters)
+    process (huggingface/tokenizers#1794). Registering every "##c" of the corpus (chars.inner)
     up front, as trainer special tokens after the real ones, fixes their ids first; they are then
     turned back into ordinary vocabulary pieces, so a literal "##a" in text is no special token.
+    The trainer puts its alphabet in code-point order itself.
     """
-    continuations = [CONTINUATION + ch for ch in inner_characters(texts, cfg)]
+    continuations = [CONTINUATION + ch for ch in chars.inner]
     tok = _new_tokenizer(cfg)
     trainer = trainers.WordPieceTrainer(vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency,
-                                        special_tokens=[*SPECIAL, *continuations],
+                                        special_tokens=[*SPECIAL, *continuations], initial_alphabet=chars.every,
                                         continuing_subword_prefix=CONTINUATION, show_progress=False)
     tok.train_from_iterator(sentences, trainer=trainer)
     spec = json.loads(tok.to_str())  # the model's vocabulary holds every piece; only SPECIAL stay added tokens
