@@ -1,16 +1,23 @@
-"""Checkpoints: atomic save, validated load, resume selection, pruning.
+"""Checkpoints: the `CheckpointManager` saves and restores the named parts of the training state.
 
-A checkpoint is a folder `output_dir/checkpoints/step-NNNNNNN/` holding
-  model.safetensors    weights under Hugging Face BertForPreTraining key names (tied aliases left out)
+A checkpoint is a folder `output_dir/checkpoints/step-NNNNNNN/` (layout.py names its files) holding
+  model.safetensors    part "model": the weights under Hugging Face BertForPreTraining key names
+                       (tied aliases left out)
+  training_state.pt    every other part under its name ("optimizer": its state keyed by parameter
+                       name; "scaler": the fp16 grad scaler's) and the step; loads with
+                       torch.load(weights_only=True)
+  trainer_state.json   step, tokens seen, training time, last metrics (what `inspect` reads, no torch)
   config.yaml          the resolved run config
-  training_state.pt    optimizer state (keyed by parameter name) and grad-scaler state; loads
-                       with torch.load(weights_only=True)
-  trainer_state.json   step, tokens seen, last metrics (what `inspect` reads, no torch needed)
+  tokenizer.json, vocab.txt   the tokenizer the run trains with, as read when it started
+As in torchtitan's CheckpointManager, the parts are objects with state_dict() and load_state_dict()
+(`Stateful`): `CheckpointManager.save(step)` and `.load(...)` go through them, so a part passed to
+`load` is saved and restored with the others, with no other change. WRITERS says how each file is
+written. The RNG needs no saved state: every step reseeds from (seed, step), and the data position
+is the step (a batch is a function of (seed, step)).
 It is written into a temporary folder and renamed into place, so a folder named step-* is
 always complete. Its files are read as bertcli's own: one that is a symbolic link is refused (or,
 resuming, the checkpoint is set aside as damaged), never followed out of the folder, and weights
-holding NaN or inf are refused wherever they are loaded. The RNG needs no saved state: every
-step reseeds from (seed, step).
+holding NaN or inf are refused wherever they are loaded.
 Weights and optimizer state are saved whole (gathered from FSDP shards), so a checkpoint resumes
 on any number of processes, with or without FSDP.
 """
@@ -21,12 +28,12 @@ import errno
 import json
 import os
 import pickle  # only for its exception type: nothing is unpickled here
-import re
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import safetensors
 import safetensors.torch
@@ -34,7 +41,7 @@ import torch
 import yaml
 from torch import nn
 
-from bertcli import __version__, atomic, console, ownership
+from bertcli import __version__, atomic, console, layout, ownership
 from bertcli.config import Config, to_dict
 from bertcli.config_load import config_from_dict
 from bertcli.config_write import to_yaml
@@ -42,10 +49,6 @@ from bertcli.errors import RunError, UsageError
 from bertcli.model import TIED_ALIASES
 
 FORMAT_VERSION = 2  # 2: optimizer state keyed by parameter name (1: by position)
-FILES = ("model.safetensors", "config.yaml", "training_state.pt", "trainer_state.json")
-STEP_DIR = re.compile(r"^step-(\d+)$")
-BEST = "best"  # checkpoints/best: the lowest held-out MLM loss so far
-TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")  # the prepared data's (Dataset.tokenizer_files), read at start
 
 
 def linked(path: Path, where: str = "a checkpoint folder",
@@ -78,35 +81,31 @@ def read_own(path: Path, where: str = "a checkpoint folder",
 
 def check_own_files(folder: Path) -> None:
     """Refuse (exit 2) a checkpoint folder one of whose files is a symbolic link."""
-    for name in (*FILES, *TOKENIZER_FILES):
+    for name in sorted(layout.CHECKPOINT.paths):
         own_file(Path(folder) / name)
 
 
-def layout(extra_files: list[Path] = ()) -> ownership.Layout:
-    """What a checkpoint folder holds (FILES and the copied tokenizer files): save replaces and
-    prunes only folders that hold nothing else and whose trainer_state.json bertcli wrote."""
-    names = [*FILES, *TOKENIZER_FILES, *(Path(extra).name for extra in extra_files)]
-    return ownership.Layout("a checkpoint", "trainer_state.json", frozenset(names), damaged_proof_counts=True)
+def guard(target: Path) -> None:
+    """Refuse (exit 2) to replace checkpoint folder `target` (step-NNNNNNN or best) unless bertcli
+    wrote it and nobody added to it (see ownership.py)."""
+    ownership.check_replaceable(target, layout.CHECKPOINT, f"move it out of {Path(target).parent}, or set output_dir "
+                                "to a new folder")
 
 
-def guard(extra_files: list[Path] = ()) -> Callable[[Path], None]:
-    """The check that a checkpoint folder (step-NNNNNNN or best) may be replaced (see ownership.py)."""
-    def check(target: Path) -> None:
-        ownership.check_replaceable(target, layout(extra_files), f"move it out of {Path(target).parent}, or set "
-                                    "output_dir to a new folder")
-    return check
-
-
-def check_replaceable(output_dir: Path, max_steps: int) -> None:
-    """Refuse, before training, a run whose checkpoints/ holds a folder bertcli did not write that
-    it could replace or delete: `best`, a complete step-NNNNNNN folder (pruning), or one of a step
-    it may save (<= max_steps). An incomplete folder of a later step is never touched, so it stays."""
-    root = checkpoints_dir(output_dir)
+def check_start(output_dir: Path, max_steps: int) -> None:
+    """Before a run trains (rank 0): remove what a killed run was writing in checkpoints/, and
+    refuse a folder there that bertcli did not write and could replace or delete: `best`, a
+    complete step-NNNNNNN folder (pruning), or one of a step it may save (<= max_steps). An
+    incomplete folder of a later step is never touched, so it stays. Refused now, not at a save
+    hours later."""
+    root = layout.checkpoints_dir(output_dir)
+    atomic.clean_leftovers(root)
     if root.is_dir():
         for child in sorted(root.iterdir()):
-            match = STEP_DIR.match(child.name)
-            if child.name == BEST or (match and (is_checkpoint(child) or int(match.group(1)) <= max_steps)):
-                guard()(child)
+            match = layout.STEP_DIR.match(child.name)
+            replaceable = match and (layout.is_checkpoint(child) or int(match.group(1)) <= max_steps)
+            if child.name == layout.BEST or replaceable:
+                guard(child)
 
 
 def umask() -> int:
@@ -130,28 +129,6 @@ def save_safetensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dic
     os.chmod(path, 0o666 & ~umask())
 
 
-def checkpoints_dir(output_dir: Path) -> Path:
-    return Path(output_dir) / "checkpoints"
-
-
-def step_dir_name(step: int) -> str:
-    return f"step-{step:07d}"
-
-
-def is_checkpoint(path: Path) -> bool:
-    return path.is_dir() and all((path / name).is_file() for name in FILES)
-
-
-def incomplete(path: Path) -> str | None:
-    """Why `path` is no checkpoint folder to resume from (None: it is a complete one)."""
-    if not path.exists():
-        return "no such checkpoint folder"
-    if not is_checkpoint(path):
-        missing = [name for name in FILES if not (path / name).is_file()]
-        return f"not a complete checkpoint (missing {', '.join(missing)})"
-    return None
-
-
 class ResumeRefused(UsageError):
     """Resuming is off (resume='never') but output_dir already holds checkpoints."""
 
@@ -167,31 +144,6 @@ class DamagedState(RunError):
     def __init__(self, reason: str) -> None:
         super().__init__(f"{reason}: resume from another checkpoint or start in a new output_dir")
         self.reason = reason
-
-
-def list_checkpoints(output_dir: Path) -> list[tuple[int, Path]]:
-    """Complete checkpoints in output_dir, oldest first."""
-    root = checkpoints_dir(output_dir)
-    if not root.is_dir():
-        return []
-    found = []
-    for child in root.iterdir():
-        match = STEP_DIR.match(child.name)
-        if match and is_checkpoint(child):
-            found.append((int(match.group(1)), child))
-    return sorted(found)
-
-
-def gather(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """The whole weights (without the tied aliases) and optimizer state, keyed by parameter name,
-    on the CPU. With FSDP this gathers the shards: every process must call it, and the result is
-    complete on rank 0 only (the others get empty dicts)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
-
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    weights = {k: v.detach().contiguous() for k, v in get_model_state_dict(model, options=options).items()
-               if k not in TIED_ALIASES}  # contiguous: what safetensors needs
-    return weights, get_optimizer_state_dict(model, optimizer, options=options)
 
 
 def all_finite(tensors: list[torch.Tensor]) -> bool:
@@ -219,47 +171,153 @@ def check_finite(tensors: dict[str, torch.Tensor], file: Path, fix: str = "use a
                          f"{fix}")
 
 
-def save(output_dir: Path, step: int, state: tuple[dict[str, torch.Tensor], dict[str, Any]],
-         scaler: torch.amp.GradScaler, cfg: Config, trainer_state: dict[str, Any], keep_last: int,
-         extra_files: dict[str, bytes] | None = None, name: str | None = None) -> Path:
-    """Write checkpoint `step` of `state` (weights and optimizer state, from `gather`) atomically
-    (as checkpoints/step-NNNNNNN, or checkpoints/NAME), with `extra_files` (name: contents; the
-    tokenizer the run trains with, read once when it started: a checkpoint is self-contained),
-    and prune all step checkpoints but the newest `keep_last`."""
-    extra_files = extra_files or {}
-    root = checkpoints_dir(output_dir)
-    final = root / (name or step_dir_name(step))
-    weights, optimizer_state = state
-    # A checkpoint never holds NaN or inf: resuming from one could only fail again.
-    if not all_finite([*weights.values(), *(t for s in optimizer_state["state"].values() for t in s.values())]):
-        raise RunError(f"step {step}: the weights or optimizer state hold NaN or inf, so no checkpoint was written; "
+class Stateful(Protocol):
+    """A part of the training state (torch.distributed.checkpoint's Stateful): what it holds now, and
+    how it takes back what it held."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+MODEL = "model"  # the part written as model.safetensors; every other part goes into training_state.pt by name
+
+
+def _full(**options: bool) -> Any:
+    """StateDictOptions for whole (gathered, unsharded) state dicts."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions  # a few seconds to import: only when used
+
+    return StateDictOptions(full_state_dict=True, **options)
+
+
+class ModelPart:
+    """The weights of `model` as a part: whole and on the CPU (gathered from the FSDP shards: every
+    process calls state_dict, and only rank 0 gets them), without the tied aliases (their targets
+    carry them); loaded back whole into whatever the model is now (sharded or not), once
+    `check_fits` has checked them."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        weights = get_model_state_dict(self.model, options=_full(cpu_offload=True))
+        # contiguous: what safetensors needs
+        return {k: v.detach().contiguous() for k, v in weights.items() if k not in TIED_ALIASES}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+        # strict=False: the tied aliases are not saved, they follow their targets (check_fits checked the rest)
+        set_model_state_dict(self.model, dict(state), options=_full(strict=False))
+
+
+class OptimizerPart:
+    """The optimizer's state as a part, keyed by parameter name (not by position), whole and on the
+    CPU as the weights are; loaded back, each process keeping its own shards."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.model, self.optimizer = model, optimizer
+
+    def state_dict(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        return get_optimizer_state_dict(self.model, self.optimizer, options=_full(cpu_offload=True))
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+        set_optimizer_state_dict(self.model, self.optimizer, state, options=_full())
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One checkpoint's contents, gathered: its step, the parts' states by name, what the trainer
+    records in trainer_state.json (tokens seen, training time, metrics), the resolved config and
+    the tokenizer files (name: bytes, as the run read them when it started)."""
+
+    step: int
+    states: dict[str, Any]
+    trainer_state: dict[str, Any]
+    cfg: Config
+    tokenizer: dict[str, bytes]
+
+
+def _write_weights(tmp: Path, snap: Snapshot) -> None:
+    save_safetensors(snap.states[MODEL], tmp / layout.WEIGHTS,
+                     metadata={"format": "pt", "producer": f"bertcli {__version__}"})
+
+
+def _write_config(tmp: Path, snap: Snapshot) -> None:
+    with atomic.writing(tmp / layout.CHECKPOINT_CONFIG):
+        header = f"Resolved config of the run, saved at step {snap.step}."
+        (tmp / layout.CHECKPOINT_CONFIG).write_text(to_yaml(snap.cfg, header))
+
+
+def _write_training_state(tmp: Path, snap: Snapshot) -> None:
+    parts = {name: state for name, state in snap.states.items() if name != MODEL}
+    atomic.save_torch({**parts, "step": snap.step}, tmp / layout.TRAINING_STATE)
+
+
+def _write_trainer_state(tmp: Path, snap: Snapshot) -> None:
+    state = {"format_version": FORMAT_VERSION, "bertcli_version": __version__, "step": snap.step,
+             "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **snap.trainer_state}
+    with atomic.writing(tmp / layout.TRAINER_STATE):
+        (tmp / layout.TRAINER_STATE).write_text(json.dumps(state, indent=2) + "\n")
+
+
+# How each file of a checkpoint is written from a Snapshot, in this order: every one of layout.CHECKPOINT_FILES
+# (without which a checkpoint is incomplete), and any other of the names layout.CHECKPOINT owns.
+WRITERS: dict[str, Callable[[Path, Snapshot], None]] = {
+    layout.WEIGHTS: _write_weights, layout.CHECKPOINT_CONFIG: _write_config,
+    layout.TRAINING_STATE: _write_training_state, layout.TRAINER_STATE: _write_trainer_state}
+
+
+def _tensors(state: Any) -> list[torch.Tensor]:
+    """Every tensor in a state dict (nested dicts and lists)."""
+    if isinstance(state, torch.Tensor):
+        return [state]
+    values = state.values() if isinstance(state, dict) else state if isinstance(state, (list, tuple)) else ()
+    return [t for value in values for t in _tensors(value)]
+
+
+def write(output_dir: Path, snap: Snapshot, name: str | None = None) -> Path:
+    """Write checkpoint `snap` atomically as checkpoints/step-NNNNNNN (or checkpoints/NAME), with
+    the run's tokenizer files: a checkpoint is self-contained. Refused (RunError) when a part holds
+    NaN or inf: resuming from such a checkpoint could only fail again."""
+    final = layout.checkpoints_dir(output_dir) / (name or layout.step_dir_name(snap.step))
+    if not all_finite(_tensors(snap.states)):
+        raise RunError(f"step {snap.step}: the weights or optimizer state hold NaN or inf, so no checkpoint was written; "
                        "the earlier checkpoints are intact: lower optimizer.lr and resume from one of them")
-    with atomic.folder(final, guard(extra_files)) as tmp:
-        for extra, contents in extra_files.items():
-            with atomic.writing(tmp / extra):
-                (tmp / extra).write_bytes(contents)
-            atomic.fsync_path(tmp / extra)
-        save_safetensors(weights, tmp / "model.safetensors", metadata={"format": "pt", "producer": f"bertcli {__version__}"})
-        with atomic.writing(tmp / "config.yaml"):
-            (tmp / "config.yaml").write_text(to_yaml(cfg, f"Resolved config of the run, saved at step {step}."))
-        atomic.save_torch({"optimizer": optimizer_state, "scaler": scaler.state_dict(), "step": step},
-                          tmp / "training_state.pt")
-        state = {"format_version": FORMAT_VERSION, "bertcli_version": __version__, "step": step,
-                 "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **trainer_state}
-        with atomic.writing(tmp / "trainer_state.json"):
-            (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2) + "\n")
-        for name in FILES:
-            atomic.fsync_path(tmp / name)
-    for _, old in list_checkpoints(output_dir)[:-keep_last]:
-        if ownership.not_owned(old, layout(extra_files)) is None:  # a folder the user added to stays (checked at start)
-            atomic.remove_folder(old)
+    if not (set(layout.CHECKPOINT_FILES) <= set(WRITERS) <= layout.CHECKPOINT.paths
+            and set(snap.tokenizer) <= set(layout.TOKENIZER_FILES)):
+        # (a slip in this code, not the user's)
+        raise ValueError("a checkpoint holds the files layout.py names, no others")
+    with atomic.folder(final, guard) as tmp:
+        for file, contents in snap.tokenizer.items():
+            with atomic.writing(tmp / file):
+                (tmp / file).write_bytes(contents)
+            atomic.fsync_path(tmp / file)
+        for file, writer in WRITERS.items():
+            writer(tmp, snap)
+        for file in WRITERS:
+            atomic.fsync_path(tmp / file)
     return final
+
+
+def prune(output_dir: Path, keep_last: int) -> None:
+    """Delete every step checkpoint but the newest `keep_last`; one the user added a file to stays
+    (and was refused when the run started)."""
+    for _, old in layout.list_checkpoints(output_dir)[:-keep_last]:
+        if ownership.not_owned(old, layout.CHECKPOINT) is None:
+            atomic.remove_folder(old)
 
 
 def best_eval_loss(output_dir: Path) -> float | None:
     """Held-out MLM loss of checkpoints/best, if there is one (and it says it)."""
-    best = checkpoints_dir(output_dir) / BEST
-    if not is_checkpoint(best):
+    best = layout.checkpoints_dir(output_dir) / layout.BEST
+    if not layout.is_checkpoint(best):
         return None
     try:
         loss = read_trainer_state(best).get("eval_metrics", {}).get("mlm_loss")
@@ -274,7 +332,7 @@ def settle_best(output_dir: Path, cfg: Config, resumed_from: Path | None, is_mai
     the step resumed from (a history left behind) or does not load; return the held-out MLM loss of
     the `best` kept (None: none). Every process decides alike (the same files), whether or not the
     main one has removed it yet."""
-    best = checkpoints_dir(output_dir) / BEST
+    best = layout.checkpoints_dir(output_dir) / layout.BEST
     if not best.exists():
         return None
     loss, reason = best_eval_loss(output_dir), None
@@ -297,7 +355,7 @@ def settle_best(output_dir: Path, cfg: Config, resumed_from: Path | None, is_mai
         return loss
     if cfg.model.init_from and ownership.relation(best, Path(cfg.model.init_from)) is not None:
         return None  # the weights this run starts from: read after this, so left in place (replaced at the next best)
-    if is_main and best.exists() and ownership.not_owned(best, layout()) is None:  # (refused at start otherwise)
+    if is_main and best.exists() and ownership.not_owned(best, layout.CHECKPOINT) is None:  # (refused at start otherwise)
         target = best.resolve()
         atomic.remove_folder(target)
         if best.is_symlink():
@@ -308,19 +366,20 @@ def settle_best(output_dir: Path, cfg: Config, resumed_from: Path | None, is_mai
 
 def read_config(path: Path) -> Config:
     """The resolved config stored in a checkpoint folder."""
-    raw = yaml.safe_load(read_own(Path(path) / "config.yaml").decode("utf-8"))
-    return config_from_dict(raw or {}, str(Path(path) / "config.yaml"))
+    file = Path(path) / layout.CHECKPOINT_CONFIG
+    raw = yaml.safe_load(read_own(file).decode("utf-8"))
+    return config_from_dict(raw or {}, str(file))
 
 
 def read_trainer_state(path: Path) -> dict[str, Any]:
-    return json.loads(read_own(Path(path) / "trainer_state.json").decode("utf-8"))
+    return json.loads(read_own(Path(path) / layout.TRAINER_STATE).decode("utf-8"))
 
 
 def read_weights(path: Path) -> dict[str, torch.Tensor]:
     """The weights of checkpoint folder `path`, refused if one of its files is a symbolic link or a
     weight holds NaN or inf (exit 2, naming the file); unreadable weights are a RunError."""
     check_own_files(path)
-    file = Path(path) / "model.safetensors"
+    file = Path(path) / layout.WEIGHTS
     try:
         weights = safetensors.torch.load_file(file)
     except (safetensors.SafetensorError, OSError, ValueError) as exc:
@@ -329,53 +388,53 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
     return weights
 
 
-def load_weights(model: nn.Module, path: Path) -> None:
-    """Load model.safetensors into `model`, strictly: every key present, every shape right, every
-    value finite."""
-    file = Path(path) / "model.safetensors"
-    weights = read_weights(path)
-    expected = {k: v.shape for k, v in model.state_dict().items() if k not in TIED_ALIASES}
+def check_fits(weights: dict[str, torch.Tensor], model: nn.Module, file: Path,
+               optional: tuple[str, ...] = ()) -> list[str]:
+    """Refuse (exit 2, naming `file`) weights that do not fit `model`, whoever wrote them (a
+    checkpoint, a Hugging Face folder): none that the model lacks, each of the model's shape, and
+    every weight of the model there but those under the `optional` prefixes, which are returned
+    (the caller initialises them). The tied aliases are never needed: their targets carry them."""
+    # The model's shapes (under FSDP, a DTensor's shape is the whole tensor's).
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items() if k not in TIED_ALIASES}
     missing = sorted(set(expected) - set(weights))
+    needed = [k for k in missing if not k.startswith(optional)] if optional else missing
     unexpected = sorted(set(weights) - set(expected))
-    wrong = sorted(k for k in set(expected) & set(weights) if tuple(weights[k].shape) != tuple(expected[k]))
-    if missing or unexpected or wrong:
+    wrong = sorted(k for k in set(expected) & set(weights) if tuple(weights[k].shape) != expected[k])
+    if needed or unexpected or wrong:
         parts = []
-        if missing:
-            parts.append(f"{len(missing)} missing (e.g. {missing[0]})")
+        if needed:
+            parts.append(f"{len(needed)} missing (e.g. {needed[0]})")
         if unexpected:
             parts.append(f"{len(unexpected)} unexpected (e.g. {unexpected[0]})")
         if wrong:
             k = wrong[0]
-            parts.append(f"{len(wrong)} of another shape (e.g. {k}: {tuple(weights[k].shape)} vs {tuple(expected[k])})")
+            parts.append(f"{len(wrong)} of another shape (e.g. {k}: {tuple(weights[k].shape)} vs {expected[k]})")
         raise UsageError(f"{file}: weights do not fit this model: {'; '.join(parts)}")
+    return missing
+
+
+def load_weights(model: nn.Module, path: Path) -> None:
+    """Load checkpoint `path`'s weights into `model` (on one process, unsharded), strictly: every
+    key present, every shape right (check_fits), every value finite."""
+    weights = read_weights(path)
+    check_fits(weights, model, Path(path) / layout.WEIGHTS)
     model.load_state_dict(weights, strict=False)  # the tied aliases follow their targets
 
 
-def load_training_state(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
-                        device: torch.device) -> int:
-    """Restore optimizer and scaler; return the step. Never unpickles arbitrary objects. Under
-    FSDP every process calls it and keeps its own shard of the optimizer state."""
-    file = own_file(Path(path) / "training_state.pt")
+def read_training_state(path: Path, device: torch.device) -> dict[str, Any]:
+    """A checkpoint's training_state.pt, on `device`: the parts but the model, and the step. Never
+    unpickles arbitrary objects (weights_only: tensors and plain containers only)."""
+    file = own_file(Path(path) / layout.TRAINING_STATE)
     try:
         with warnings.catch_warnings():  # torch warns about odd pickle protocols: the error below says it all
             warnings.simplefilter("ignore")
-            state = torch.load(file, map_location=device, weights_only=True)
+            return torch.load(file, map_location=device, weights_only=True)
     except pickle.UnpicklingError:  # weights_only refuses anything but tensors and plain containers
         raise DamagedState(f"{file}: cannot load training state: it holds objects other than tensors and plain "
                            "values, so it was refused unread (unpickling it could run code); the file is damaged or "
                            "was tampered with") from None
     except Exception as exc:  # truncated or otherwise damaged
         raise DamagedState(f"{file}: cannot load training state ({type(exc).__name__}); the file is damaged") from None
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict  # slow: only here
-
-    try:
-        set_optimizer_state_dict(model, optimizer, state["optimizer"], options=StateDictOptions(full_state_dict=True))
-    except (KeyError, TypeError, ValueError, RuntimeError) as exc:  # tampered, or an older format (by position)
-        reason = f"{type(exc).__name__}: {str(exc).splitlines()[0]}" if str(exc) else type(exc).__name__
-        raise DamagedState(f"{file}: the optimizer state does not fit this model ({reason})") from None
-    if state.get("scaler"):
-        scaler.load_state_dict(state["scaler"])
-    return int(state["step"])
 
 
 def model_differences(a: Config, b: Config) -> list[str]:
@@ -446,22 +505,22 @@ def damage(path: Path) -> str | None:
     mapped, not read)."""
     import zipfile
 
-    links = [name for name in (*FILES, *TOKENIZER_FILES) if (Path(path) / name).is_symlink()]
+    links = [name for name in sorted(layout.CHECKPOINT.paths) if (Path(path) / name).is_symlink()]
     if links:
         return f"{links[0]}: a symbolic link, which bertcli never follows out of a checkpoint folder"
-    name = "config.yaml"
+    name = layout.CHECKPOINT_CONFIG
     try:
         read_config(path)
-        name = "trainer_state.json"
+        name = layout.TRAINER_STATE
         step = read_trainer_state(path).get("step")
         if not isinstance(step, int):
             return f"{name}: no step"
-        name = "model.safetensors"
+        name = layout.WEIGHTS
         weights = safetensors.torch.load_file(Path(path) / name)
         bad = non_finite(weights)
         if bad:
             return f"{name}: {len(bad)} weight tensor(s) hold NaN or inf (e.g. {bad[0]})"
-        name = "training_state.pt"
+        name = layout.TRAINING_STATE
         with open(Path(path) / name, "rb") as fh:
             if fh.read(1) == b"\x80" and not zipfile.is_zipfile(fh):  # a pickle's first byte, no archive
                 return (f"{name}: a bare pickle, not torch's archive, so it was refused unread (unpickling it could "
@@ -482,7 +541,7 @@ def damage(path: Path) -> str | None:
         if not isinstance(optimizer, dict) or not isinstance(optimizer.get("state"), dict):
             return f"{name}: no optimizer state in it"
         if state.get("step") != step:
-            return f"{name}: the state of step {state.get('step')!r}, not of step {step} as trainer_state.json says"
+            return f"{name}: the state of step {state.get('step')!r}, not of step {step} as {layout.TRAINER_STATE} says"
         unknown = sorted(k for k in optimizer["state"] if isinstance(k, str) and k not in weights)  # (1: by position)
         return f"{name}: optimizer state of {len(unknown)} parameter(s) the weights lack (e.g. {unknown[0]})" if unknown else None
     except pickle.UnpicklingError:  # weights_only refuses anything but tensors and plain containers
@@ -494,21 +553,22 @@ def damage(path: Path) -> str | None:
 
 
 def check_same_tokenizer(ckpt: Path, prepared: Path, contents: bytes) -> None:
-    """Refuse to resume `ckpt` on data tokenized by another tokenizer (`contents` of `prepared`, the
-    prepared folder's tokenizer.json, as the run read it): the weights were trained on the
+    """Refuse to resume `ckpt` on data tokenized by another tokenizer (`contents`: the tokenizer.json
+    of `prepared`, the prepared folder, as the run read it): the weights were trained on the
     checkpoint's token ids."""
     from tokenizers import Tokenizer
 
     from bertcli.data.tokenizer import read_tokenizer_json, tokenizer_identity
 
-    if not (ckpt / "tokenizer.json").is_file():
+    file = ckpt / layout.TOKENIZER_JSON
+    if not file.is_file():
         return  # a checkpoint of the synthetic corpus
-    ours = tokenizer_identity(read_tokenizer_json(own_file(ckpt / "tokenizer.json")))
+    ours = tokenizer_identity(read_tokenizer_json(own_file(file)))
     theirs = tokenizer_identity(Tokenizer.from_str(contents.decode("utf-8")))
     if ours != theirs:
-        raise UsageError(f"{prepared.parent} was prepared with tokenizer {theirs[:12]}, but the checkpoint {ckpt} was "
+        raise UsageError(f"{prepared} was prepared with tokenizer {theirs[:12]}, but the checkpoint {ckpt} was "
                          f"trained with tokenizer {ours[:12]}: resuming on other token ids would garble the model. "
-                         f"Prepare with the checkpoint's own tokenizer (--set data.tokenizer.path={ckpt / 'tokenizer.json'}), "
+                         f"Prepare with the checkpoint's own tokenizer (--set data.tokenizer.path={file}), "
                          "or start a new run with another output_dir")
 
 
@@ -517,10 +577,10 @@ def choose_resume(output_dir: Path, resume: str, cfg: Config, is_main: bool = Tr
     takes the newest checkpoint that loads: newer damaged ones (a disk that failed, a file someone
     emptied) are reported and, by the main process, renamed damaged-step-NNNNNNN, so that neither
     resuming nor pruning counts them again (pruning keeps the newest: it would delete good ones)."""
-    found = list_checkpoints(output_dir)
+    found = layout.list_checkpoints(output_dir)
     if resume == "never":
         if found:
-            raise ResumeRefused(checkpoints_dir(output_dir), len(found))
+            raise ResumeRefused(layout.checkpoints_dir(output_dir), len(found))
         return None
     if resume == "auto":
         if not found:
@@ -532,11 +592,11 @@ def choose_resume(output_dir: Path, resume: str, cfg: Config, is_main: bool = Tr
                 break
             damaged.append((path, reason))
         else:
-            root = checkpoints_dir(output_dir)
+            root = layout.checkpoints_dir(output_dir)
             raise RunError(f"{root}: no checkpoint loads (the newest, {damaged[0][0].name}: {damaged[0][1]}); to start "
                            f"fresh, move {root} aside or set output_dir to a new folder")
         for bad, reason in damaged:
-            aside = bad.with_name(f"damaged-{bad.name}")
+            aside = bad.with_name(f"{layout.DAMAGED_PREFIX}{bad.name}")
             if is_main:
                 if aside.exists():
                     aside = aside.with_name(f"{aside.name}.{time.strftime('%Y%m%d-%H%M%S')}")
@@ -545,7 +605,7 @@ def choose_resume(output_dir: Path, resume: str, cfg: Config, is_main: bool = Tr
                     f"that loads, {path}")
     else:
         path = Path(resume)
-        problem = incomplete(path)
+        problem = layout.incomplete(path)
         if problem:
             raise UsageError(f"{path}: {problem}")
         check_own_files(path)
@@ -555,39 +615,100 @@ def choose_resume(output_dir: Path, resume: str, cfg: Config, is_main: bool = Tr
     diffs = model_differences(read_config(path), cfg)
     if diffs:
         raise UsageError(f"cannot resume from {path}: {'; '.join(diffs)}; to start fresh, set output_dir to a new "
-                         f"folder (or remove {checkpoints_dir(output_dir)})")
+                         f"folder (or remove {layout.checkpoints_dir(output_dir)})")
     return path
 
 
-class Checkpointer:
-    """Decides when to save and writes the run's checkpoints: step-NNNNNNN every
-    checkpoint.save_every steps, at the run's last step and when the run is asked to stop;
-    `best` whenever the held-out MLM loss is the lowest so far. Every process calls `save` at
-    the same steps (FSDP gathers the weights collectively); only rank 0 writes."""
+@dataclass(frozen=True)
+class Progress:
+    """Where a run stands (from trainer_state.json): optimizer steps done, non-padding tokens
+    trained on and training time (s), all before this process started."""
 
-    def __init__(self, cfg: Config, is_main: bool, tokenizer: dict[str, bytes], resumed_from: Path | None,
-                 best: float | None) -> None:
-        self.cfg, self.is_main, self.tokenizer = cfg, is_main, tokenizer  # the files as the run read them at start
+    step: int = 0
+    tokens_seen: int = 0
+    train_time_s: float = 0.0
+
+
+class CheckpointManager:
+    """The run's checkpoints, as torchtitan's CheckpointManager: which one to resume from (`choose`),
+    restoring the named parts of the training state from it (`load`), and saving them (`save`):
+    step-NNNNNNN every checkpoint.save_every steps, at the run's last step and when the run is
+    asked to stop (older ones pruned to checkpoint.keep_last), and `best` whenever the held-out MLM
+    loss is the lowest so far. Every process calls each method at the same points (FSDP gathers
+    and shards collectively); only the main process writes, renames and removes."""
+
+    def __init__(self, cfg: Config, device: torch.device, *, is_main: bool, tokenizer: dict[str, bytes]) -> None:
+        self.cfg, self.device, self.is_main = cfg, device, is_main
         self.output_dir = Path(cfg.output_dir)
-        self.best = best  # the held-out MLM loss of checkpoints/best, kept by settle_best
-        self.last_saved: Path | None = resumed_from  # the newest complete checkpoint of the run
+        self.tokenizer = tokenizer  # the prepared data's files (name: bytes), as the run read them when it started
+        self.parts: dict[str, Stateful] = {}
+        self.resumed_from: Path | None = None
+        self.best: float | None = None  # the held-out MLM loss of checkpoints/best, kept by settle_best
+        self.last_saved: Path | None = None  # the newest complete checkpoint of the run
+
+    def choose(self, resume: str) -> Path | None:
+        """The checkpoint to resume from per `resume` (auto, never or a path: see choose_resume;
+        None: start fresh), refused if it was trained with another tokenizer than the prepared
+        data's; and `best` settled (settle_best)."""
+        self.resumed_from = choose_resume(self.output_dir, resume, self.cfg, self.is_main)
+        if self.resumed_from is not None and layout.TOKENIZER_JSON in self.tokenizer:
+            prepared = Path(self.cfg.data.prepared_dir)
+            check_same_tokenizer(self.resumed_from, prepared, self.tokenizer[layout.TOKENIZER_JSON])
+        self.best = settle_best(self.output_dir, self.cfg, self.resumed_from, self.is_main)
+        self.last_saved = self.resumed_from
+        return self.resumed_from
+
+    def load(self, *, model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+             **more: Stateful) -> Progress:
+        """Take the parts of the training state that every checkpoint saves from now on: the weights
+        of `model` (after parallelize: sharded or not), the state of `optimizer` and `scaler`, and
+        any `more` (into training_state.pt, under their names); restore them from the checkpoint
+        `choose` picked. Returns where the run stands (all zero when it starts fresh)."""
+        self.parts = {MODEL: ModelPart(model), "optimizer": OptimizerPart(model, optimizer), "scaler": scaler, **more}
+        path = self.resumed_from
+        if path is None:
+            return Progress()
+        weights = read_weights(path)
+        check_fits(weights, model, path / layout.WEIGHTS)
+        self.parts[MODEL].load_state_dict(weights)
+        state, file = read_training_state(path, self.device), path / layout.TRAINING_STATE
+        for name, part in self.parts.items():
+            if name == MODEL:
+                continue
+            if not isinstance(state, dict) or name not in state:
+                raise DamagedState(f"{file}: no {name} state in it")
+            if not state[name]:
+                continue  # nothing to restore (the state of a scaler that is off)
+            try:
+                part.load_state_dict(state[name])
+            except (KeyError, TypeError, ValueError, RuntimeError) as exc:  # tampered, or an older format (by position)
+                reason = f"{type(exc).__name__}: {str(exc).splitlines()[0]}" if str(exc) else type(exc).__name__
+                raise DamagedState(f"{file}: the {name} state does not fit this model ({reason})") from None
+        trainer = read_trainer_state(path)
+        progress = Progress(step=int(state["step"]), tokens_seen=int(trainer.get("tokens_seen", 0)),
+                            train_time_s=float(trainer.get("train_time_s", 0.0)))
+        console.info(f"resuming from {path} (step {progress.step})")
+        if progress.step < self.cfg.train.max_steps:  # (else there is nothing to do)
+            for line in setting_differences(read_config(path), self.cfg, progress.step, path.name):
+                console.log(line)
+        return progress
 
     def due(self, step: int, last_step: int) -> bool:
         return step % self.cfg.checkpoint.save_every == 0 or step == last_step
 
-    def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
-             state: dict[str, Any], periodic: bool) -> None:
-        """Save step `step` (`periodic`: a step checkpoint is due) and `best` if `state` holds held-out
-        metrics better than the best so far."""
-        loss = state.get("eval_metrics", {}).get("mlm_loss")
+    def save(self, step: int, trainer_state: dict[str, Any], periodic: bool) -> None:
+        """Save step `step` (`periodic`: a step checkpoint is due) and `best` if `trainer_state` (what
+        trainer_state.json records) holds held-out metrics better than the best so far."""
+        loss = trainer_state.get("eval_metrics", {}).get("mlm_loss")
         new_best = loss is not None and (self.best is None or loss < self.best)
         if not (periodic or new_best):
             return
-        gathered = gather(model, optimizer)  # every process: FSDP gathers
-        keep = self.cfg.checkpoint.keep_last
+        states = {name: part.state_dict() for name, part in self.parts.items()}  # every process: FSDP gathers
+        snap = Snapshot(step=step, states=states, trainer_state=trainer_state, cfg=self.cfg, tokenizer=self.tokenizer)
         if new_best:
             self.best = loss
             if self.is_main:
-                save(self.output_dir, step, gathered, scaler, self.cfg, state, keep, self.tokenizer, name=BEST)
+                write(self.output_dir, snap, name=layout.BEST)
         if periodic and self.is_main:
-            self.last_saved = save(self.output_dir, step, gathered, scaler, self.cfg, state, keep, self.tokenizer)
+            self.last_saved = write(self.output_dir, snap)
+            prune(self.output_dir, self.cfg.checkpoint.keep_last)

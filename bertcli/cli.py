@@ -101,7 +101,7 @@ def init(
     overrides: list[str] = typer.Option([], "--set", metavar=SET, help=SET_HELP),
 ) -> None:
     """Scaffold a run: write DIR/config.yaml from a preset, every field commented."""
-    from bertcli import atomic, ownership
+    from bertcli import atomic, layout, ownership
     from bertcli.config_load import preset_config
     from bertcli.config_write import preset_header, to_yaml
     from bertcli.data.text import corpus_files
@@ -124,7 +124,7 @@ def init(
     cfg = preset_config(preset.value, overrides)
     # The outputs apart from the corpus, as pretrain will check them (paths in the file: from DIR), refused now.
     check_outputs_apart(resolve(cfg, directory.expanduser().absolute(), adopt_init_from=False))
-    path = directory / "config.yaml"
+    path = directory / layout.RUN_CONFIG
     if path.exists() or path.is_symlink():
         ownership.check_config_replaceable(path)  # --force overwrites a bertcli config, never another file
     if path.exists() and not force:
@@ -197,13 +197,13 @@ def pretrain(
         cfg = load_run(config, overrides + ([f"train.device={device}"] if device else []))
     check_outputs_apart(cfg)
 
-    from bertcli import checkpoint
+    from bertcli import checkpoint, layout
     from bertcli.runtime import parse_device
     from bertcli.trainer import pretrain as run
 
     if device is not None:
         parse_device(device, "--device")  # a GPU that is not there
-    problem = checkpoint.incomplete(Path(resume)) if resume not in ("auto", "never") else None
+    problem = layout.incomplete(Path(resume)) if resume not in ("auto", "never") else None
     if problem:
         raise UsageError(f"--resume {resume}: {problem}")
     try:

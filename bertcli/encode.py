@@ -31,10 +31,11 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer, normalizers, pre_tokenizers
 from torch.overrides import TorchFunctionMode
 
-from bertcli import atomic, checkpoint, hf, runtime
+from bertcli import atomic, checkpoint, hf, layout, runtime
 from bertcli.config import ModelConfig, TokenizerConfig
 from bertcli.data.tokenizer import find_tokenizer_file, load_tokenizer, read_tokenizer_json
 from bertcli.errors import PipeClosed, UsageError
+from bertcli.layout import Kind
 from bertcli.model import BertForPreTraining, padding_mask
 from bertcli.sbert import SentenceModel, read_sentence_model
 
@@ -131,13 +132,14 @@ def load_encoder(path: Path, device: torch.device, precision: str = "fp32") -> E
     folder (a sentence-transformers folder's settings come along), to run on `device` in
     `precision` (fp32, bf16 or fp16: see runtime)."""
     path = Path(path)
-    if not path.exists():
+    found = layout.identify(path)
+    if found.kind is Kind.MISSING:
         raise UsageError(f"{path}: no such folder; a model is a run folder, a checkpoint folder or a Hugging Face "
                          "BERT folder")
-    sentence = read_sentence_model(path) if path.is_dir() else None
+    sentence = read_sentence_model(path) if found.kind is Kind.SENTENCE else None
     folder = sentence.transformer if sentence else path
-    if hf.is_hf_folder(folder):
-        if not any((folder / name).is_file() for name in checkpoint.TOKENIZER_FILES):  # before the weights load
+    if found.kind is Kind.HF or (sentence is not None and layout.is_hf_folder(folder)):
+        if not any((folder / name).is_file() for name in layout.TOKENIZER_FILES):  # before the weights load
             raise UsageError(f"{folder}: no tokenizer.json or vocab.txt; copy the model's tokenizer files into it")
         cfg = hf.read_hf_config(folder)  # its sizes checked against the weights file
         tokenizer = load_tokenizer(folder, TokenizerConfig())  # a vocab.txt follows its tokenizer_config.json
@@ -146,22 +148,22 @@ def load_encoder(path: Path, device: torch.device, precision: str = "fp32") -> E
         fresh, source = tuple(hf.init_from(model, folder, uninitialised=True)), folder
     else:
         if sentence is not None:
-            raise UsageError(f"{folder}: no config.json, where {path / 'modules.json'} puts the BERT model; restore "
-                             "the folder's files")
-        damaged = any((path / name).is_file() for name in checkpoint.FILES if name != "config.yaml")  # (a run has one)
-        if damaged and not checkpoint.is_checkpoint(path):  # a checkpoint folder lacking files
-            raise UsageError(f"{path}: {checkpoint.incomplete(path)}; use another checkpoint of the run")
-        if not checkpoint.is_checkpoint(path) and not checkpoint.checkpoints_dir(path).is_dir():
+            raise UsageError(f"{folder}: no config.json, where {path / layout.SENTENCE_MODULES} puts the BERT model; "
+                             "restore the folder's files")
+        if found.kind is Kind.INCOMPLETE_CHECKPOINT:
+            raise UsageError(f"{path}: {layout.incomplete(path)}; use another checkpoint of the run")
+        if found.kind is not Kind.CHECKPOINT and not (found.kind is Kind.RUN and found.started):
             raise UsageError(f"{path}: not a model; --model takes a run folder, a checkpoint folder or a Hugging Face "
                              "BERT folder (config.json, model.safetensors, and tokenizer.json or vocab.txt)")
         ckpt = hf.find_checkpoint(path)
         fresh, source = (), ckpt  # a checkpoint holds every weight (loaded strictly)
         cfg = checkpoint.read_config(ckpt).model
-        if not (ckpt / "tokenizer.json").is_file():
+        file = ckpt / layout.TOKENIZER_JSON
+        if not file.is_file():
             raise UsageError(f"{ckpt}: no tokenizer.json (a synthetic-corpus run has no tokenizer to encode text with)")
-        tokenizer = read_tokenizer_json(ckpt / "tokenizer.json")
+        tokenizer = read_tokenizer_json(file)
         hf.check_weights(ckpt, cfg)  # before anything of the config's size is built
-        hf.check_tokenizer(tokenizer, cfg, ckpt / "tokenizer.json")
+        hf.check_tokenizer(tokenizer, cfg, file)
         model = _uninitialised(cfg)
         checkpoint.load_weights(model, ckpt)  # strict: every weight
     model.to(device).eval()

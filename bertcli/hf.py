@@ -19,19 +19,17 @@ import safetensors.torch
 import torch
 from tokenizers import Tokenizer
 
-from bertcli import __version__, atomic, checkpoint, console, ownership
+from bertcli import __version__, atomic, checkpoint, console, layout, ownership
 from bertcli.config import Config, ModelConfig, TokenizerConfig
 from bertcli.config_load import model_config_from_dict, preset_config
 from bertcli.data.tokenizer import check_vocab_file, describe, find_tokenizer_file, load_tokenizer, read_tokenizer_json
 from bertcli.errors import UsageError
+from bertcli.layout import Kind
 from bertcli.model import TIED_ALIASES, BertForPreTraining, padded_vocab_size
 from bertcli.sbert import read_sentence_model
 
 HF_FIELDS = [f.name for f in dataclasses.fields(ModelConfig) if f.name not in ("pad_vocab_multiple", "init_from")]
-# What an export holds; its config.json carries bertcli_version, the proof that bertcli wrote it.
-EXPORT = ownership.Layout("an export", "config.json", frozenset(
-    ["config.json", "model.safetensors", "tokenizer.json", "vocab.txt", "tokenizer_config.json",
-     "special_tokens_map.json"]))
+# An export is layout.EXPORT; its config.json carries bertcli_version, the proof that bertcli wrote it.
 
 # Continued pretraining: the peak learning rate of BERT fine-tuning and of Hugging Face's run_mlm, well below
 # what a preset uses from scratch (2e-3 for tiny, 1e-4 for base): a high rate would first undo what the
@@ -47,13 +45,13 @@ def find_checkpoint(path: Path) -> Path:
     its files is a symbolic link. A `best` of another model than the newest checkpoint's (left by an
     earlier run) is passed over, with a line."""
     path = Path(path)
-    if checkpoint.is_checkpoint(path):
+    found = layout.identify(path)
+    if found.kind is Kind.CHECKPOINT:
         checkpoint.check_own_files(path)
         return path
-    best = checkpoint.checkpoints_dir(path) / checkpoint.BEST
-    found = checkpoint.list_checkpoints(path)
-    chosen = found[-1][1] if found else None
-    if checkpoint.is_checkpoint(best):
+    best = found.best
+    chosen = found.checkpoints[-1][1] if found.checkpoints else None
+    if best is not None:
         checkpoint.check_own_files(best)
         try:
             ours = checkpoint.read_config(best)
@@ -71,10 +69,6 @@ def find_checkpoint(path: Path) -> Path:
     return chosen
 
 
-def is_hf_folder(path: Path) -> bool:
-    return Path(path).is_dir() and (Path(path) / "config.json").is_file()
-
-
 # ------------------------------------------------------------------------------------------ export
 
 
@@ -88,7 +82,7 @@ def export(source: Path, out_dir: Path, force: bool = False) -> Path:
         raise UsageError(f"{out_dir} already exists; pass --force to replace it, or choose another folder")
 
     def guard(target: Path) -> None:  # --force replaces an earlier export only, never anything else
-        ownership.check_replaceable(target, EXPORT, fix)
+        ownership.check_replaceable(target, layout.EXPORT, fix)
 
     guard(out_dir)
     cfg = checkpoint.read_config(ckpt)
@@ -101,25 +95,25 @@ def export(source: Path, out_dir: Path, force: bool = False) -> Path:
               **{k: getattr(m, k) for k in HF_FIELDS}, "tie_word_embeddings": True, "torch_dtype": "float32",
               "position_embedding_type": "absolute", "bertcli_version": __version__}
     with atomic.folder(out_dir, guard) as tmp:
-        _write_json(tmp / "config.json", config)
-        checkpoint.save_safetensors(weights, tmp / "model.safetensors", metadata={"format": "pt"})
-        for name in ("tokenizer.json", "vocab.txt"):
+        _write_json(tmp / layout.HF_CONFIG, config)
+        checkpoint.save_safetensors(weights, tmp / layout.WEIGHTS, metadata={"format": "pt"})
+        for name in layout.TOKENIZER_FILES:
             if not (ckpt / name).is_file():
                 raise UsageError(f"{ckpt}: no {name}; a checkpoint of the synthetic corpus has no tokenizer to export")
             with atomic.writing(tmp / name):
                 (tmp / name).write_bytes(checkpoint.read_own(ckpt / name))  # never through a link out of the checkpoint
         # The casing of the tokenizer itself, not of the config (a loaded tokenizer keeps its own):
         # transformers applies these keys over tokenizer.json's normalizer.
-        tok = read_tokenizer_json(tmp / "tokenizer.json")
-        check_vocab_file(tok, (tmp / "vocab.txt").read_bytes(), ckpt / "vocab.txt")  # one vocabulary, not two
+        tok = read_tokenizer_json(tmp / layout.TOKENIZER_JSON)
+        check_vocab_file(tok, (tmp / layout.VOCAB).read_bytes(), ckpt / layout.VOCAB)  # one vocabulary, not two
         casing = describe(tok)
         lower, strip = casing.get("lowercase", True), casing.get("strip_accents", True)
         tokenizer_config = {"tokenizer_class": "BertTokenizer", "do_lower_case": lower,
                             "strip_accents": None if strip == lower else strip,
                             "tokenize_chinese_chars": casing.get("tokenize_chinese_chars", True),
                             "model_max_length": m.max_position_embeddings, **SPECIAL_TOKENS}
-        _write_json(tmp / "tokenizer_config.json", tokenizer_config)
-        _write_json(tmp / "special_tokens_map.json", SPECIAL_TOKENS)
+        _write_json(tmp / layout.TOKENIZER_CONFIG, tokenizer_config)
+        _write_json(tmp / layout.SPECIAL_TOKENS_MAP, SPECIAL_TOKENS)
         for path in tmp.iterdir():
             atomic.fsync_path(path)
     return out_dir
@@ -135,7 +129,7 @@ def _write_json(path: Path, value: Any) -> None:
 
 def read_hf_config(folder: Path) -> ModelConfig:
     """The ModelConfig of a Hugging Face BERT folder's config.json."""
-    file = Path(folder) / "config.json"
+    file = Path(folder) / layout.HF_CONFIG
     try:
         raw = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
@@ -167,7 +161,8 @@ def check_weights(folder: Path, cfg: ModelConfig) -> None:
     of `cfg` then costs about what the file holds: a config.json claiming absurd sizes (damage, or
     the config of another model) is one line, not an allocation that fails or runs for minutes."""
     folder = Path(folder)
-    shapes, config = stored_shapes(folder), folder / ("config.json" if is_hf_folder(folder) else "config.yaml")
+    shapes = stored_shapes(folder)
+    config = folder / (layout.HF_CONFIG if layout.is_hf_folder(folder) else layout.CHECKPOINT_CONFIG)
     mismatch = "the two do not belong together (one is damaged, or from another model): restore the folder's files"
     layers = {int(m.group(1)) for key in shapes if (m := re.match(r"bert\.encoder\.layer\.(\d+)\.", key))}
     if len(layers) != cfg.num_hidden_layers:
@@ -176,7 +171,7 @@ def check_weights(folder: Path, cfg: ModelConfig) -> None:
     for fields, key in SIZED:
         expected = tuple(getattr(cfg, name) for name in fields)
         if key not in shapes:
-            raise UsageError(f"{folder / 'model.safetensors'}: the encoder is incomplete (no {key}); restore the file")
+            raise UsageError(f"{folder / layout.WEIGHTS}: the encoder is incomplete (no {key}); restore the file")
         rows = {expected[0], padded_vocab_size(cfg)} if fields[0] == "vocab_size" else {expected[0]}
         if len(shapes[key]) != 2 or shapes[key][0] not in rows or shapes[key][1] != expected[1]:
             said = " and ".join(f"{name} {getattr(cfg, name):,}" for name in fields)
@@ -206,10 +201,10 @@ def _rename(key: str) -> str | None:
 def weights_file(folder: Path) -> Path:
     """The model.safetensors of a Hugging Face folder; a folder with only a pickle is refused, with why."""
     folder = Path(folder)
-    file = folder / "model.safetensors"
+    file = folder / layout.WEIGHTS
     if not file.is_file():
-        if (folder / "pytorch_model.bin").is_file():  # the tensors as they are (no heads added), read without pickle code
-            pickle_path = str(folder / "pytorch_model.bin")
+        if (folder / layout.HF_PICKLE).is_file():  # the tensors as they are (no heads added), read without pickle code
+            pickle_path = str(folder / layout.HF_PICKLE)
             convert = (f"import torch, safetensors.torch as st; w = torch.load({pickle_path!r}, weights_only=True); "
                        f"st.save_file({{k: v.contiguous().clone() for k, v in w.items()}}, "
                        f"{str(file)!r}, metadata={{'format': 'pt'}})")
@@ -248,25 +243,13 @@ def load_hf_weights(folder: Path, cfg: ModelConfig,
     if model is None:
         with torch.device("meta"):
             model = BertForPreTraining(cfg)
-    expected = {k: v.shape for k, v in model.state_dict().items() if k not in TIED_ALIASES}
-    unexpected = sorted(set(weights) - set(expected))
-    if unexpected:
-        raise UsageError(f"{file}: {len(unexpected)} weights bertcli does not know (e.g. {unexpected[0]}); "
-                         "is this a BERT model with an unusual head?")
     V, padded = cfg.vocab_size, padded_vocab_size(cfg)
     for key in ("bert.embeddings.word_embeddings.weight", "cls.predictions.bias"):
         if key in weights and weights[key].shape[0] == V and padded > V:
             pad = torch.zeros((padded - V, *weights[key].shape[1:]), dtype=weights[key].dtype)
             weights[key] = torch.cat([weights[key], pad])
-    wrong = [k for k in weights if tuple(weights[k].shape) != tuple(expected[k])]
-    if wrong:
-        k = wrong[0]
-        raise UsageError(f"{file}: {k} has shape {tuple(weights[k].shape)}, config.json implies {tuple(expected[k])}")
-    missing = sorted(set(expected) - set(weights))
-    body = [k for k in missing if k.startswith(("bert.embeddings.", "bert.encoder."))]
-    if body:
-        raise UsageError(f"{file}: the encoder is incomplete ({len(body)} missing, e.g. {body[0]})")
     parts = {"bert.pooler.": "pooler", "cls.predictions.": "MLM head", "cls.seq_relationship.": "NSP head"}
+    missing = checkpoint.check_fits(weights, model, file, optional=tuple(parts))  # the encoder whole, the rest may lack
     fresh = sorted({name for prefix, name in parts.items() if any(k.startswith(prefix) for k in missing)})
     return {k: v.float() for k, v in weights.items()}, fresh
 
@@ -276,7 +259,7 @@ def init_from(model: BertForPreTraining, path: Path, uninitialised: bool = False
     `uninitialised`: the model was built without its random initialisation (encode does, to start
     faster), so the weights the folder lacks are initialised here, as a new model's would be."""
     path = Path(path)
-    if checkpoint.is_checkpoint(path):
+    if layout.identify(path).kind is Kind.CHECKPOINT:
         checkpoint.load_weights(model, path)  # every weight, or an error
         return []
     weights, fresh = load_hf_weights(path, model.config, model)
@@ -292,9 +275,10 @@ def init_from(model: BertForPreTraining, path: Path, uninitialised: bool = False
 def imported_config(path: Path) -> ModelConfig:
     """The architecture of an init_from source: a Hugging Face folder's config.json or a checkpoint's config."""
     path = Path(path)
-    if checkpoint.is_checkpoint(path):
+    found = layout.identify(path)
+    if found.kind is Kind.CHECKPOINT:
         return checkpoint.read_config(path).model
-    if is_hf_folder(path):
+    if found.kind in (Kind.HF, Kind.SENTENCE) and found.config is not None:  # (sentence-transformers: its own BERT)
         return read_hf_config(path)
     raise UsageError(f"model.init_from={str(path)!r}: not a Hugging Face BERT folder (config.json + model.safetensors) "
                      "nor a bertcli checkpoint folder")
@@ -316,9 +300,9 @@ def adopt_imported(cfg: Config, path: Path) -> Config:
         data = cfg.data
         tokenizer = data.tokenizer.path
         stand_in = (not tokenizer or Path(tokenizer) == path or path in Path(tokenizer).parents) and \
-            (ckpt / "tokenizer.json").is_file()
+            (ckpt / layout.TOKENIZER_JSON).is_file()
         if stand_in:
-            data = dataclasses.replace(data, tokenizer=dataclasses.replace(data.tokenizer, path=str(ckpt / "tokenizer.json")))
+            data = dataclasses.replace(data, tokenizer=dataclasses.replace(data.tokenizer, path=str(ckpt / layout.TOKENIZER_JSON)))
         console.info(f"model.init_from {path} is gone (or unreadable), but this run resumes from its own checkpoints and "
                     f"does not need it: the architecture{' and the tokenizer' if stand_in else ''} come from {ckpt}")
         return _adopt(dataclasses.replace(cfg, data=data), model, ckpt)
@@ -342,7 +326,7 @@ def _adopt(cfg: Config, imported: ModelConfig, path: Path) -> Config:
 
 def _newest_own_checkpoint(output_dir: Path) -> tuple[Path, ModelConfig] | None:
     """The run's newest checkpoint whose config reads, with its architecture (None: no checkpoint)."""
-    for _, path in reversed(checkpoint.list_checkpoints(output_dir)):
+    for _, path in reversed(layout.list_checkpoints(output_dir)):
         try:
             return path, checkpoint.read_config(path).model
         except Exception:  # noqa: BLE001  a damaged one: resuming sets it aside too
@@ -354,10 +338,10 @@ def continued_pretraining(source: Path, preset: str, overrides: list[str]) -> tu
     """What `bertcli init --init-from SOURCE` sets before the user's --set values (which win): the
     imported architecture and weights, its tokenizer as data.tokenizer.path (with its casing), and
     optimizer values for continuing; and a note for the config's header saying so."""
-    sentence = read_sentence_model(source)
+    sentence = read_sentence_model(source) if layout.identify(source).kind is Kind.SENTENCE else None
     source = sentence.transformer if sentence else Path(source)  # a sentence-transformers folder's BERT
     imported = imported_config(source)
-    if not checkpoint.is_checkpoint(source):
+    if layout.identify(source).kind is not Kind.CHECKPOINT:
         weights_file(source)  # refused now (a pickle only, no weights), not when pretrain starts
     values = [f"model.{k}={getattr(imported, k)}" for k in HF_FIELDS] + [f"model.init_from={json.dumps(str(source))}"]
     try:

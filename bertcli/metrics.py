@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import torch
 from tqdm import tqdm
 
-from bertcli import atomic, console
+from bertcli import atomic, console, layout
 from bertcli.config import ModelConfig
 from bertcli.model import flops_per_token
 
@@ -149,7 +149,7 @@ class MetricsLogger:
     """Where the metrics of rank 0 go: metrics.jsonl, TensorBoard, the progress bar or line."""
 
     def __init__(self, output_dir: Path, start_step: int, max_steps: int, tensorboard: bool, quiet: bool) -> None:
-        self.jsonl_path = Path(output_dir) / "metrics.jsonl"
+        self.jsonl_path = Path(output_dir) / layout.METRICS
         # After a resume, drop what a crashed run logged past the checkpoint: those steps are redone.
         records, damaged = read_metrics_checked(self.jsonl_path)
         if damaged:
@@ -158,7 +158,7 @@ class MetricsLogger:
         atomic.write_text(self.jsonl_path, "".join(json.dumps(r) + "\n" for r in kept))
         self.jsonl = open(self.jsonl_path, "a", encoding="utf-8")
         self.writer = None
-        self.tensorboard_dir = Path(output_dir) / "tensorboard"
+        self.tensorboard_dir = Path(output_dir) / layout.TENSORBOARD
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter  # imports tensorboard: only when used
 

@@ -5,7 +5,7 @@ one and renaming it over the old (atomic.folder), and it prunes old checkpoints.
 when the old folder is bertcli's own. A folder counts as bertcli's when
   - its proof file (a JSON object with a "bertcli_version" key: manifest.json, trainer_state.json,
     an export's config.json) is there, and
-  - every entry in it is a path that bertcli writes in a folder of that kind (Layout.paths),
+  - every entry in it is a path that bertcli writes in a folder of that kind (layout.Layout.paths),
     so that a user's notes dropped inside are never deleted with it.
 An empty folder may always be used. Anything else at a target (a user's folder, a file) is refused
 with one line naming it and saying what to do (UsageError, exit 2), and so is a target that is,
@@ -17,34 +17,14 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from bertcli.errors import UsageError
+from bertcli.layout import CHECKPOINT, CHECKPOINTS, EXPORT, PREPARED, RUN_FILES, RUN_FOLDERS, Kind, Layout, identify
 
 PROOF_KEY = "bertcli_version"  # bertcli writes it in every manifest, trainer state and exported config.json
-
-
-@dataclass(frozen=True)
-class Layout:
-    """A kind of folder bertcli writes whole."""
-
-    noun: str  # what such a folder is, for messages: "prepared data", "a checkpoint"
-    proof: str  # the file whose PROOF_KEY shows that bertcli wrote the folder
-    paths: frozenset[str]  # every path (relative, '/'-separated, folders included) bertcli writes in it
-    # A proof file present but unreadable (emptied or cut by a failing disk) still proves the folder
-    # bertcli's, when its name is bertcli's alone (trainer_state.json), never for a name that other
-    # tools write too (an export's config.json).
-    damaged_proof_counts: bool = False
-    # Paths of variable names bertcli writes there too (prepared data's units/KEY/...), as regular
-    # expressions that match a whole relative path.
-    patterns: tuple[re.Pattern[str], ...] = ()
-
-    def holds(self, rel: str) -> bool:
-        """Whether relative path `rel` ('/'-separated) is one that bertcli writes in such a folder."""
-        return rel in self.paths or any(p.fullmatch(rel) for p in self.patterns)
 
 
 @dataclass(frozen=True)
@@ -149,7 +129,7 @@ def check_output_file(output: Path, inputs: list[Path], model: Path) -> Path:
     (inside a checkpoint or Hugging Face folder, or a run folder's checkpoints/; a run folder's other
     files are not read), nor a new file inside a folder bertcli owns (see `owner`). Resolved, so
     that an output that is a symbolic link is written through."""
-    read = Path(model) / "checkpoints" if (Path(model) / "checkpoints").is_dir() else Path(model)
+    read = Path(model) / CHECKPOINTS if (Path(model) / CHECKPOINTS).is_dir() else Path(model)
     resolved = Path(output).expanduser().resolve()
     if resolved.is_dir():
         raise UsageError(f"--output {output} is a folder; name a file, e.g. {Path(output) / 'vectors.npy'}")
@@ -179,18 +159,14 @@ def check_output_file(output: Path, inputs: list[Path], model: Path) -> Path:
     return resolved
 
 
-# A run folder's own files and folders next to its checkpoints/ and data/: `pretrain` reads and
-# rewrites them (the lock keeps one run per folder; the config and metrics are its history).
-RUN_FILES = ("config.yaml", "metrics.jsonl", ".lock")
-RUN_FOLDERS = ("tensorboard",)
-
-
 def run_file(path: Path) -> tuple[Path, str] | None:
-    """(the run folder, what `path` is of it) when `path` is one of a run folder's own files, or
-    inside its tensorboard/; None otherwise. A run folder: one holding checkpoints/, .lock or
-    metrics.jsonl (a folder with only a config.yaml is not one yet: writing there is the user's)."""
+    """(the run folder, what `path` is of it) when `path` is one of a run folder's own files (see
+    layout.RUN_FILES), or inside its tensorboard/; None otherwise. A run folder here is one that a
+    run has started in (checkpoints/, .lock or metrics.jsonl: a folder with only a config.yaml is
+    not one yet, and writing there is the user's)."""
     def is_run(folder: Path) -> bool:
-        return (folder / "checkpoints").is_dir() or any((folder / name).exists() for name in RUN_FILES[1:])
+        found = identify(folder)
+        return found.kind is Kind.RUN and found.started
 
     if path.name in RUN_FILES and is_run(path.parent):
         return path.parent, f"the {path.name}"
@@ -204,10 +180,7 @@ def owner(folder: Path) -> tuple[Path, str] | None:
     """The nearest folder at or above `folder` that bertcli writes whole or prunes (a checkpoint,
     prepared data, an export, a run's checkpoints/ folder) and what it is; None: no such folder.
     Outputs the user names go elsewhere (see check_output_file)."""
-    from bertcli import checkpoint, hf
-    from bertcli.data import prepare
-
-    layouts = (checkpoint.layout(), prepare.LAYOUT, hf.EXPORT)
+    layouts = (CHECKPOINT, PREPARED, EXPORT)
 
     def proves(folder: Path, layout: Layout) -> bool:
         proof = folder / layout.proof
@@ -217,7 +190,7 @@ def owner(folder: Path) -> tuple[Path, str] | None:
         for layout in layouts:
             if proves(at, layout):
                 return at, layout.noun
-        if at == checkpoint.checkpoints_dir(at.parent) and any(proves(child, layouts[0]) for child in at.iterdir()):
+        if at.name == CHECKPOINTS and any(proves(child, CHECKPOINT) for child in at.iterdir()):
             return at, "a run's checkpoints folder"
     return None
 

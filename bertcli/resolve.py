@@ -84,6 +84,7 @@ def check_outputs_apart(cfg: Config) -> None:
     read as text by the next prepare, and the corpus would change under its own cache), or a corpus
     inside what bertcli writes (prepared data, checkpoints/, tensorboard/). A corpus folder inside the
     run folder (next to config.yaml, say) is fine: bertcli writes only its own names there."""
+    from bertcli.layout import RUN_OUTPUTS
     from bertcli.ownership import relation
 
     if cfg.data.corpus in KEYWORD_CORPORA:
@@ -96,7 +97,7 @@ def check_outputs_apart(cfg: Config) -> None:
             raise UsageError(f"{key} {target} {how} the corpus {corpus}: the run would write its files into the corpus, "
                              f"and the next prepare would read them as text; {fix} (set {key} elsewhere)")
     written = [("data.prepared_dir", Path(cfg.data.prepared_dir))] + [
-        ("output_dir", output / name) for name in ("checkpoints", "tensorboard", "metrics.jsonl")]
+        ("output_dir", output / name) for name in RUN_OUTPUTS]
     for key, target in written:
         if relation(corpus, target) in ("is", "is inside"):
             raise UsageError(f"the corpus {corpus} lies inside {target}, which bertcli writes (from {key}); {fix} "

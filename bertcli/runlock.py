@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from bertcli import atomic
+from bertcli import atomic, layout
 from bertcli.errors import RunError
 
 
@@ -22,7 +22,7 @@ class RunLock:
     the lock file says which process holds it and for which command."""
 
     def __init__(self, output_dir: Path, command: str = "pretrain") -> None:
-        self.path = Path(output_dir) / ".lock"
+        self.path = Path(output_dir) / layout.LOCK
         self.folder = Path(output_dir)  # what is locked, for the message
         self.command = command
         self.fh = None
@@ -69,7 +69,7 @@ class PreparedLock(RunLock):
     def __init__(self, prepared_dir: Path, command: str = "prepare") -> None:
         super().__init__(prepared_dir, command)
         folder = Path(prepared_dir).expanduser().resolve()
-        self.path = folder.parent / f".{folder.name}.lock"
+        self.path = layout.prepared_lock(folder)
         self.folder = folder
 
     def refusal(self, command: str, holder: str) -> str:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bertcli.errors import UsageError
+from bertcli.layout import MODULE_CONFIG, SENTENCE_MODULES, SENTENCE_SETTINGS, TOKENIZER_CONFIG
 
 # Pooling modes bertcli computes, under the names sentence-transformers gives them.
 SUPPORTED = ("cls", "mean", "max")
@@ -81,7 +82,7 @@ def _max_seq_length(settings: dict[str, Any], settings_file: Path, transformer: 
     kwargs = settings.get(key)
     sources = [(settings_file, f"{key}.model_max_length", kwargs.get("model_max_length") if isinstance(kwargs, dict) else None),
                (settings_file, "max_seq_length", settings.get("max_seq_length"))]
-    tokenizer_config = transformer / "tokenizer_config.json"
+    tokenizer_config = transformer / TOKENIZER_CONFIG
     if tokenizer_config.is_file():
         raw = _read_json(tokenizer_config)
         sources.append((tokenizer_config, "model_max_length", raw.get("model_max_length") if isinstance(raw, dict) else None))
@@ -97,7 +98,7 @@ def _max_seq_length(settings: dict[str, Any], settings_file: Path, transformer: 
 def read_sentence_model(folder: Path) -> SentenceModel | None:
     """The settings of a sentence-transformers folder; None when `folder` has no modules.json."""
     folder = Path(folder)
-    file = folder / "modules.json"
+    file = folder / SENTENCE_MODULES
     if not file.is_file():
         return None
     modules = _read_json(file)
@@ -111,12 +112,12 @@ def read_sentence_model(folder: Path) -> SentenceModel | None:
     pooling, normalize, unsupported = None, False, []
     for module, kind in zip(modules[1:], kinds[1:]):
         if kind == "Pooling" and pooling is None:
-            pooling = _pooling_mode(folder / str(module.get("path", "")) / "config.json")
+            pooling = _pooling_mode(folder / str(module.get("path", "")) / MODULE_CONFIG)
         elif kind == "Normalize" and not normalize:
             normalize = True  # no settings: the module may have no folder at all
         else:
             unsupported.append(kind)
-    settings = transformer / "sentence_bert_config.json"
+    settings = transformer / SENTENCE_SETTINGS
     raw = _read_json(settings) if settings.is_file() else {}
     raw = raw if isinstance(raw, dict) else {}
     return SentenceModel(folder=folder, transformer=transformer, pooling=pooling or "none (token vectors)",

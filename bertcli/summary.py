@@ -15,13 +15,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from bertcli import checkpoint, hf, resolve
+from bertcli import checkpoint, hf, layout, resolve
 from bertcli.config import Config, DataConfig, ModelConfig, TokenizerConfig
 from bertcli.data.examples import ExampleBuilder
-from bertcli.data.prepare import (MANIFEST, cache_check, check_prepared, data_random_next_share, load_prepared,
-                                  random_next_warning, read_manifest, vocabulary_sample)
+from bertcli.data.prepare import (cache_check, check_prepared, data_random_next_share, load_prepared, random_next_warning,
+                                  read_manifest, vocabulary_sample)
 from bertcli.data.tokenizer import describe, find_tokenizer_file, load_tokenizer, read_tokenizer_json, tokenizer_identity
 from bertcli.errors import UsageError
+from bertcli.layout import Kind
 from bertcli.metrics import read_metrics_checked
 from bertcli.model import BertForPreTraining, flops_per_token
 from bertcli.sbert import read_sentence_model
@@ -67,12 +68,12 @@ def flops(cfg: Config) -> dict[str, Any]:
 
 def _readable(ckpt: Path, damaged: list[str]) -> tuple[dict[str, Any], Config] | None:
     """A checkpoint's trainer state and config, or None with what is wrong added to `damaged`."""
-    name = "trainer_state.json"
+    name = layout.TRAINER_STATE
     try:
         state = checkpoint.read_trainer_state(ckpt)
         if not isinstance(state, dict) or type(state.get("step")) is not int:
             raise ValueError("no integer step")
-        name = "config.yaml"
+        name = layout.CHECKPOINT_CONFIG
         return state, checkpoint.read_config(ckpt)
     except Exception as exc:  # noqa: BLE001  damaged in any way: say which file, report the rest
         damaged.append(f"{ckpt / name}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
@@ -81,8 +82,8 @@ def _readable(ckpt: Path, damaged: list[str]) -> tuple[dict[str, Any], Config] |
 
 def _training(output_dir: Path, cfg: Config, only: Path | None = None) -> dict[str, Any]:
     damaged: list[str] = []  # files that could not be read, and why: the report says so and shows the rest
-    ckpts = checkpoint.list_checkpoints(output_dir)
-    records, bad_records = read_metrics_checked(output_dir / "metrics.jsonl")
+    ckpts = layout.list_checkpoints(output_dir)
+    records, bad_records = read_metrics_checked(output_dir / layout.METRICS)
     if bad_records:
         damaged.append(bad_records)
     train_records = [r for r in records if r.get("split", "train") == "train"]
@@ -95,16 +96,16 @@ def _training(output_dir: Path, cfg: Config, only: Path | None = None) -> dict[s
             break
     last = state.get("metrics") if only else (train_records[-1] if train_records else state.get("metrics"))
     last_eval = state.get("eval_metrics") if only else (eval_records[-1] if eval_records else state.get("eval_metrics"))
-    best = checkpoint.checkpoints_dir(output_dir) / checkpoint.BEST
+    best = layout.checkpoints_dir(output_dir) / layout.BEST
     tokenizer = None  # the run's tokenizer (fixed by its first checkpoint), as a short hash of what fixes the token ids
-    if source and (source / "tokenizer.json").is_file():
+    if source and (source / layout.TOKENIZER_JSON).is_file():
         try:
-            tokenizer = tokenizer_identity(read_tokenizer_json(source / "tokenizer.json"))[:12]
+            tokenizer = tokenizer_identity(read_tokenizer_json(source / layout.TOKENIZER_JSON))[:12]
         except UsageError as exc:
             damaged.append(str(exc))
     report = {
         "last_eval_metrics": last_eval if isinstance(last_eval, dict) else {},
-        "best_checkpoint": str(best) if checkpoint.is_checkpoint(best) else None,
+        "best_checkpoint": str(best) if layout.is_checkpoint(best) else None,
         "output_dir": str(output_dir),
         # A run's step: the newest checkpoint's, or a later logged step (a run killed after logging).
         "step": state.get("step", 0) if only else max([state.get("step", 0)] + [r["step"] for r in records[-1:]]),
@@ -114,7 +115,7 @@ def _training(output_dir: Path, cfg: Config, only: Path | None = None) -> dict[s
         "train_time_s": state.get("train_time_s") if isinstance(state.get("train_time_s"), (int, float)) else None,
         "last_metrics": last if isinstance(last, dict) else {},
         "checkpoints": [{"step": s, "path": str(p)} for s, p in ckpts],
-        "metrics_file": str(output_dir / "metrics.jsonl") if records else None,
+        "metrics_file": str(output_dir / layout.METRICS) if records else None,
         "tokenizer": tokenizer,
     }
     if damaged:
@@ -123,40 +124,32 @@ def _training(output_dir: Path, cfg: Config, only: Path | None = None) -> dict[s
 
 
 def inspect_path(path: Path) -> dict[str, Any]:
-    """The report for a config file, a run folder (holding config.yaml) or a checkpoint folder."""
+    """The report for what `path` is (layout.identify): a config file, a run folder, a checkpoint
+    folder, prepared data, or a Hugging Face or sentence-transformers folder."""
     path = Path(path)
-    if not path.exists():
+    found = layout.identify(path)
+    if found.kind is Kind.MISSING:
         raise UsageError(f"{path}: no such file or folder; pass a config file, a run folder, a checkpoint folder "
                          "or a prepared-data folder")
     training = None
-    if path.is_dir() and (path / MANIFEST).is_file():
+    if found.kind is Kind.PREPARED:
         return data_report(path)
-    if not checkpoint.is_checkpoint(path) and (hf.is_hf_folder(path) or read_sentence_model(path) is not None):
+    if found.kind in (Kind.HF, Kind.SENTENCE):
         return folder_report(path)
-    if path.is_file():
+    if found.kind is Kind.FILE:
         kind, cfg = "config", resolve.load_run(path, adopt_init_from=False)
-    elif checkpoint.is_checkpoint(path):
+    elif found.kind is Kind.CHECKPOINT:
         kind, cfg = "checkpoint", _checkpoint_config(path)
         hf.check_weights(path, cfg.model)  # its sizes are the weights' (before a model of them is built, on meta)
         training = _training(path.parent.parent, cfg, only=path)
-    elif (path / "config.yaml").is_file():
-        kind, cfg = "run", resolve.load_run(path / "config.yaml", adopt_init_from=False)
-        training = _training(Path(cfg.output_dir), cfg)
-        manifest, why_not = read_manifest(Path(cfg.data.prepared_dir))
-        damage = check_prepared(Path(cfg.data.prepared_dir), manifest) if manifest is not None else None
-        if damage is not None:  # as `inspect DATA` checks it (the next pretrain prepares it again)
-            training.setdefault("damaged", []).append(
-                f"{cfg.data.prepared_dir}: the prepared data is damaged ({damage}); the next pretrain or prepare "
-                "prepares it again")
-        if manifest is not None:  # next to the run's own tokenizer: they must be the same to resume
-            identity = manifest["tokenizer"].get("identity")
-            training["prepared_data_tokenizer"] = identity[:12] if isinstance(identity, str) else None
-        elif why_not is not None and why_not.startswith("is damaged"):
-            training.setdefault("damaged", []).append(f"{Path(cfg.data.prepared_dir) / MANIFEST}: {why_not}")
-    elif checkpoint.list_checkpoints(path):
-        kind = "run"
-        cfg = None
-        for _, ckpt in reversed(checkpoint.list_checkpoints(path)):  # the newest whose config reads
+    elif found.kind is Kind.INCOMPLETE_CHECKPOINT:
+        raise UsageError(f"{path}: {layout.incomplete(path)}; inspect the run folder, or another checkpoint")
+    elif found.kind is Kind.RUN and found.config is not None:
+        kind, cfg = "run", resolve.load_run(found.config, adopt_init_from=False)
+        training = _run_training(cfg)
+    elif found.kind is Kind.RUN and found.checkpoints:
+        kind, cfg = "run", None
+        for _, ckpt in reversed(found.checkpoints):  # the newest whose config reads
             with contextlib.suppress(Exception):
                 cfg = checkpoint.read_config(ckpt)
                 break
@@ -165,7 +158,7 @@ def inspect_path(path: Path) -> dict[str, Any]:
         training = _training(path, cfg)
     else:
         raise UsageError(f"{path}: not a config file, a run folder (with config.yaml), a checkpoint folder "
-                         f"(with {', '.join(checkpoint.FILES)}) or a Hugging Face folder (with config.json)")
+                         f"(with {', '.join(layout.CHECKPOINT_FILES)}) or a Hugging Face folder (with config.json)")
     cfg, vocab_note = _with_vocab(cfg)
     report: dict[str, Any] = {"kind": kind, "path": str(path), "architecture": architecture(cfg),
                               "parameters": parameter_counts(cfg.model), "flops": flops(cfg)}
@@ -176,6 +169,24 @@ def inspect_path(path: Path) -> dict[str, Any]:
     return report
 
 
+def _run_training(cfg: Config) -> dict[str, Any]:
+    """The training report of a run by its config, with the tokenizer of its prepared data (it must
+    be the run's to resume) or why that cannot be read."""
+    training = _training(Path(cfg.output_dir), cfg)
+    manifest, why_not = read_manifest(Path(cfg.data.prepared_dir))
+    damage = check_prepared(Path(cfg.data.prepared_dir), manifest) if manifest is not None else None
+    if damage is not None:  # as `inspect DATA` checks it (the next pretrain prepares it again)
+        training.setdefault("damaged", []).append(
+            f"{cfg.data.prepared_dir}: the prepared data is damaged ({damage}); the next pretrain or prepare "
+            "prepares it again")
+    if manifest is not None:  # next to the run's own tokenizer: they must be the same to resume
+        identity = manifest["tokenizer"].get("identity")
+        training["prepared_data_tokenizer"] = identity[:12] if isinstance(identity, str) else None
+    elif why_not is not None and why_not.startswith("is damaged"):
+        training.setdefault("damaged", []).append(f"{Path(cfg.data.prepared_dir) / layout.MANIFEST}: {why_not}")
+    return training
+
+
 def _checkpoint_config(path: Path) -> Config:
     """The config a checkpoint folder was saved with; one line naming the file when it is damaged."""
     try:
@@ -183,7 +194,7 @@ def _checkpoint_config(path: Path) -> Config:
     except UsageError:
         raise
     except Exception as exc:  # noqa: BLE001  YAML or worse
-        raise UsageError(f"{path / 'config.yaml'}: damaged ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); "
+        raise UsageError(f"{path / layout.CHECKPOINT_CONFIG}: damaged ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); "
                          "inspect the run folder or another checkpoint") from None
 
 
@@ -197,12 +208,12 @@ def folder_report(path: Path) -> dict[str, Any]:
     seq = min(sentence.max_seq_length if sentence and sentence.max_seq_length else model.max_position_embeddings,
               model.max_position_embeddings)
     cfg = Config(model=model, data=DataConfig(max_seq_length=seq, max_predictions_per_seq=max(1, round(0.15 * seq))))
-    classes = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("architectures") or ["?"]
+    classes = json.loads((folder / layout.HF_CONFIG).read_text(encoding="utf-8")).get("architectures") or ["?"]
     counts = dict.fromkeys(PARTS, 0)
     for name, shape in hf.stored_shapes(folder).items():
         part = next((p for p, prefix in PARTS.items() if name.startswith(prefix)), None)
         if part is None:
-            raise UsageError(f"{folder / 'model.safetensors'}: {name} is not a BERT weight bertcli knows")
+            raise UsageError(f"{folder / layout.WEIGHTS}: {name} is not a BERT weight bertcli knows")
         counts[part] += int(np.prod(shape))
     absent = [p for p in PARTS if counts[p] == 0]
     parameters = {p: n for p, n in counts.items() if n} | {"total": sum(counts.values())}
@@ -243,7 +254,7 @@ def data_report(folder: Path, examples: int = 512) -> dict[str, Any]:
     prepared = load_prepared(folder)
     m = prepared.manifest
     try:  # the run config that owns this folder gives the sequence length and masking settings
-        cfg = resolve.load_run(folder.parent / "config.yaml", adopt_init_from=False)
+        cfg = resolve.load_run(folder.parent / layout.RUN_CONFIG, adopt_init_from=False)
     except UsageError:
         cfg = Config()
     train = prepared.corpus("train")

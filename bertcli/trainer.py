@@ -7,14 +7,13 @@
 
 `cfg` arrives resolved (resolve.py). A step's examples and dropout are a pure function of (seed,
 step), so resuming is exact. A step whose gradients are not finite is skipped (`NonFiniteGuard`);
-the running sums live on the device (`metrics.MetricsWindow`) and the `checkpoint.Checkpointer`
-decides when to save: the only host-device syncs are at log, evaluation and save steps.
+the running sums live on the device (`metrics.MetricsWindow`) and the `checkpoint.CheckpointManager`
+resumes, decides when to save and saves: the only host-device syncs are at log, evaluation and save steps.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import signal
 import threading
@@ -29,7 +28,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from bertcli import __version__, atomic, checkpoint, console, hf, memory, parallel, resolve, runtime
+from bertcli import __version__, checkpoint, console, hf, memory, parallel, resolve, runtime
 from bertcli.config import Config, TrainConfig, to_dict
 from bertcli.console import info, log
 from bertcli.data import Corpus, Dataset, load_data
@@ -105,7 +104,7 @@ def evaluate(model: BertForPreTraining, batches: list[Batch], rt: runtime.Runtim
         with rt.autocast():
             out = model(batch.input_ids, batch.token_type_ids, batch.valid_lens if host.has_padding() else None,
                         batch.pred_positions)
-        s = pretraining_loss(out, batch, tc.mlm_weight, tc.nsp_weight, nsp).stats
+        s = pretraining_loss(out, batch, mlm_weight=tc.mlm_weight, nsp_weight=tc.nsp_weight, nsp=nsp).stats
         sums += torch.stack([s.mlm_loss * s.mlm_count, s.mlm_correct, s.mlm_count, s.nsp_loss * s.nsp_count, s.nsp_correct])
         rows += len(batch.nsp_labels)
     model.train()
@@ -196,12 +195,8 @@ class Run:
     eval_batches: list[Batch]  # the fixed held-out set (empty: no evaluation)
     baseline_acc: float  # held-out MLM accuracy of always predicting the most frequent token
     unpad: bool  # the encoder runs on the real tokens only (runtime.unpadded)
-    step: int = 0  # optimizer steps done (the resumed checkpoint's)
-    resumed_from: Path | None = None
-    tokens_seen: int = 0  # non-padding tokens trained on before this process started
-    train_time_s: float = 0.0  # training time before this process started
-    tokenizer: dict[str, bytes] = dataclasses.field(default_factory=dict)  # its files as read at start: every checkpoint's
-    best_loss: float | None = None  # held-out MLM loss of the run's checkpoints/best (checkpoint.settle_best)
+    checkpoints: checkpoint.CheckpointManager  # resumed from (resumed_from), saves the parts of the training state
+    progress: checkpoint.Progress  # step, tokens seen and training time before this process started
 
 
 def build_run(cfg: Config, rt: runtime.Runtime, resume: str, quiet: bool) -> Run:
@@ -210,8 +205,7 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume: str, quiet: bool) -> Run
     for warning in cfg.warnings():
         log(f"warning: {warning}")
     if rt.is_main:
-        atomic.clean_leftovers(checkpoint.checkpoints_dir(output_dir))  # what a killed run was writing
-        checkpoint.check_replaceable(output_dir, cfg.train.max_steps)  # refused now, not at a save hours later
+        checkpoint.check_start(output_dir, cfg.train.max_steps)  # leftovers gone; what it may not replace refused
     sized = cfg.model.vocab_size is not None
     # Before the data (a synthetic corpus is as large as the vocabulary; without a vocabulary yet, a
     # lower bound: 100,000 layers are refused before the corpus is prepared), and after when unsized.
@@ -220,10 +214,8 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume: str, quiet: bool) -> Run
     cfg = resolve.with_vocab(cfg, data.vocab_size, cfg.data.corpus)  # the tokenizer exists now
     if not sized:
         memory.check_memory(cfg.model, rt, cfg.train.parallel)
-    resumed_from = checkpoint.choose_resume(output_dir, resume, cfg, rt.is_main)
-    if resumed_from is not None and data.tokenizer_files:
-        checkpoint.check_same_tokenizer(resumed_from, data.tokenizer_files[0], tokenizer["tokenizer.json"])
-    best_loss = checkpoint.settle_best(output_dir, cfg, resumed_from, rt.is_main)  # of this run's model and history
+    checkpoints = checkpoint.CheckpointManager(cfg, rt.device, is_main=rt.is_main, tokenizer=tokenizer)
+    resumed_from = checkpoints.choose(resume)
     processes = f"{rt.world_size} processes ({cfg.train.parallel})" if rt.distributed else "1 process"
     if not quiet:  # --quiet: errors, warnings and the final summary only
         log(f"bertcli {__version__}: {rt.describe()}; {processes}; output in {output_dir}")
@@ -240,8 +232,6 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume: str, quiet: bool) -> Run
             log(f"initialised from {cfg.model.init_from}; not in it, so trained from scratch: {', '.join(fresh)}")
         else:
             info(f"initialised from {cfg.model.init_from}")
-    if resumed_from is not None:
-        checkpoint.load_weights(model, resumed_from)
     train_model = parallel.parallelize(model, rt, parallel=tc.parallel, every_parameter_used=cfg.data.pairs,
                                        compile=tc.compile)
     optimizer = build_optimizer(model, cfg.optimizer, fused=fused_adamw(rt.device))
@@ -250,17 +240,10 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume: str, quiet: bool) -> Run
                                       micro_batch_tokens=tc.batch_size * cfg.data.max_seq_length)
     if why_not:
         log(why_not)
-    run = Run(cfg, rt, data, model, train_model, optimizer, rt.grad_scaler(cfg.precision), eval_batches, baseline, unpad,
-              tokenizer=tokenizer, best_loss=best_loss)
-    if resumed_from is not None:
-        run.step = checkpoint.load_training_state(resumed_from, model, optimizer, run.scaler, rt.device)
-        state = checkpoint.read_trainer_state(resumed_from)
-        run.tokens_seen, run.train_time_s = int(state.get("tokens_seen", 0)), float(state.get("train_time_s", 0.0))
-        run.resumed_from = resumed_from
-        info(f"resuming from {resumed_from} (step {run.step})")
-        if run.step < cfg.train.max_steps:  # (else there is nothing to do)
-            for line in checkpoint.setting_differences(checkpoint.read_config(resumed_from), cfg, run.step, resumed_from.name):
-                log(line)
+    scaler = rt.grad_scaler(cfg.precision)
+    progress = checkpoints.load(model=model, optimizer=optimizer, scaler=scaler)  # as the checkpoint left them, if any
+    run = Run(cfg=cfg, rt=rt, data=data, model=model, train_model=train_model, optimizer=optimizer, scaler=scaler,
+              eval_batches=eval_batches, baseline_acc=baseline, unpad=unpad, checkpoints=checkpoints, progress=progress)
     corpus = data.train
     if not quiet:
         log(f"model: {sum(p.numel() for p in model.parameters()):,} parameters; corpus: {corpus.num_documents:,} "
@@ -330,21 +313,23 @@ class NonFiniteGuard:
 
 
 def fit(run: Run, last_step: int, stopper: StopOnSignal, quiet: bool) -> dict[str, Any]:
-    """Train from run.step to `last_step`: log, evaluate and save when due; return the last metrics
+    """Train from run.progress.step to `last_step`: log, evaluate and save when due; return the last metrics
     and the final checkpoint."""
-    cfg, rt, tc, step = run.cfg, run.rt, run.cfg.train, run.step
-    if run.resumed_from is not None and step >= last_step:  # already there (or past it): nothing to train
+    cfg, rt, tc, step = run.cfg, run.rt, run.cfg.train, run.progress.step
+    checkpointer, resumed_from = run.checkpoints, run.checkpoints.resumed_from
+    if resumed_from is not None and step >= last_step:  # already there (or past it): nothing to train
         limit = f"the stop step asked for, {last_step}" if last_step < tc.max_steps else f"train.max_steps={tc.max_steps}"
-        log(f"nothing to do: {run.resumed_from} is already at step {step}, at or past {limit}; raise it to train further")
-        return {"step": step, "tokens_seen": run.tokens_seen, "checkpoint": str(run.resumed_from),
-                "metrics": checkpoint.read_trainer_state(run.resumed_from).get("metrics") or {}, "is_main": rt.is_main}
-    checkpointer = checkpoint.Checkpointer(cfg, rt.is_main, run.tokenizer, run.resumed_from, run.best_loss)
-    window = MetricsWindow(rt.device, step, tc.grad_accum_steps, tc.batch_size, cfg.model, cfg.data.pairs,
-                           peak_tflops(rt.device, cfg.logging.peak_tflops))
+        log(f"nothing to do: {resumed_from} is already at step {step}, at or past {limit}; raise it to train further")
+        return {"step": step, "tokens_seen": run.progress.tokens_seen, "checkpoint": str(resumed_from),
+                "metrics": checkpoint.read_trainer_state(resumed_from).get("metrics") or {}, "is_main": rt.is_main}
+    window = MetricsWindow(rt.device, step, micro_batches_per_step=tc.grad_accum_steps, batch_size=tc.batch_size,
+                           model=cfg.model, nsp=cfg.data.pairs,
+                           peak_tflops=peak_tflops(rt.device, cfg.logging.peak_tflops))
     guard = NonFiniteGuard(tc.max_nonfinite_steps, rt.device)
-    logger = MetricsLogger(Path(cfg.output_dir), step, tc.max_steps, cfg.logging.tensorboard, quiet) if rt.is_main else None
+    logger = (MetricsLogger(Path(cfg.output_dir), step, max_steps=tc.max_steps, tensorboard=cfg.logging.tensorboard,
+                            quiet=quiet) if rt.is_main else None)
     metrics: dict[str, float] = {}
-    tokens_seen, run_start = run.tokens_seen, time.perf_counter()
+    tokens_seen, run_start = run.progress.tokens_seen, time.perf_counter()
     if rt.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(rt.device)
     pin = rt.device.type == "cuda"
@@ -355,7 +340,7 @@ def fit(run: Run, last_step: int, stopper: StopOnSignal, quiet: bool) -> dict[st
     run.model.train()
     try:
         while step < last_step:
-            lr, grad_norm = train_step(run, step, batches, window, guard)
+            lr, grad_norm = train_step(run, step, batches=batches, window=window, guard=guard)
             step += 1
             if logger:
                 logger.advance()
@@ -375,7 +360,7 @@ def fit(run: Run, last_step: int, stopper: StopOnSignal, quiet: bool) -> dict[st
                 tokens_seen = state["tokens_seen"]
                 if evaluating:
                     state["eval_metrics"] = _evaluate(run, step, window, logger)
-                checkpointer.save(step, run.model, run.optimizer, run.scaler, state, periodic=saving or stop_now)
+                checkpointer.save(step, state, periodic=saving or stop_now)
             if stop_now:
                 name = signal.Signals(stopper.signum or signal.SIGTERM).name
                 raise Interrupted(f"stopped by {name} at step {step}; checkpoint {checkpointer.last_saved}; "
@@ -413,8 +398,8 @@ def train_step(run: Run, step: int, batches: Iterator[Batch], window: MetricsWin
             with rt.autocast():
                 out = run.train_model(batch.input_ids, batch.token_type_ids, key_lens[micro], batch.pred_positions,
                                       packed=batch.packed if run.unpad else None)
-            losses = pretraining_loss(out, batch, tc.mlm_weight, tc.nsp_weight, cfg.data.pairs, denominators,
-                                      rt.world_size)
+            losses = pretraining_loss(out, batch, mlm_weight=tc.mlm_weight, nsp_weight=tc.nsp_weight,
+                                      nsp=cfg.data.pairs, step_counts=denominators, world_size=rt.world_size)
             run.scaler.scale(losses.total).backward()
         step_sums += torch.stack(losses.stats)
     run.scaler.unscale_(run.optimizer)  # no-op unless fp16
@@ -431,14 +416,14 @@ def train_step(run: Run, step: int, batches: Iterator[Batch], window: MetricsWin
 def _trainer_state(run: Run, window: MetricsWindow, metrics: dict[str, float], run_start: float) -> dict[str, Any]:
     """What a checkpoint's trainer_state.json records (tokens summed over processes: a collective)."""
     seen = run.rt.all_reduce_sum(torch.tensor([window.tokens_since_start], dtype=torch.float64, device=run.rt.device))
-    return {"tokens_seen": run.tokens_seen + int(seen[0]), "train_time_s": run.train_time_s + time.perf_counter() - run_start,
-            "metrics": metrics}
+    return {"tokens_seen": run.progress.tokens_seen + int(seen[0]),
+            "train_time_s": run.progress.train_time_s + time.perf_counter() - run_start, "metrics": metrics}
 
 
 def _evaluate(run: Run, step: int, window: MetricsWindow, logger: MetricsLogger | None) -> dict[str, float]:
     """Held-out metrics at `step`, logged; their time is kept out of tokens/s."""
     start = time.perf_counter()
-    metrics = {**evaluate(run.model, run.eval_batches, run.rt, run.cfg.train, run.cfg.data.pairs),
+    metrics = {**evaluate(run.model, run.eval_batches, rt=run.rt, tc=run.cfg.train, nsp=run.cfg.data.pairs),
                "mlm_acc_baseline": run.baseline_acc}
     if logger:
         logger.log(step, metrics, split="eval")

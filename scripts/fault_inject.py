@@ -28,7 +28,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bertcli import checkpoint  # noqa: E402
+from bertcli import checkpoint, console, layout  # noqa: E402
 from bertcli.config_load import debug_config  # noqa: E402
 from bertcli.config_write import preset_header, to_yaml  # noqa: E402
 from bertcli.model import BertForPreTraining  # noqa: E402
@@ -51,17 +51,19 @@ def command(config: Path) -> list[str]:
 
 def check_resumable(folder: Path, config: Path) -> int:
     """The checkpoint --resume auto would pick loads completely; return its step (0 if none)."""
-    found = checkpoint.list_checkpoints(folder)
+    found = layout.list_checkpoints(folder)
     if not found:
         return 0
     step, path = found[-1]
     cfg = checkpoint.read_config(path)
+    checkpoints = checkpoint.CheckpointManager(cfg, torch.device("cpu"), is_main=False, tokenizer={})
+    console.speak(False)  # (its "resuming from" lines)
+    checkpoints.choose(str(path))  # as --resume PATH: raises on a missing, truncated, damaged or mismatched file
     model = BertForPreTraining(cfg.model)
-    checkpoint.load_weights(model, path)  # raises on a missing, truncated or mismatched file
-    optimizer = build_optimizer(model, cfg.optimizer)
-    scaler = torch.amp.GradScaler("cpu", enabled=False)
-    assert checkpoint.load_training_state(path, model, optimizer, scaler, torch.device("cpu")) == step
-    checkpoint.read_trainer_state(path)
+    progress = checkpoints.load(model=model, optimizer=build_optimizer(model, cfg.optimizer),
+                                scaler=torch.amp.GradScaler("cpu", enabled=False))
+    console.speak(True)
+    assert progress.step == step
     return step
 
 

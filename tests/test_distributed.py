@@ -12,7 +12,7 @@ import pytest
 import safetensors.torch
 import torch
 
-from bertcli import checkpoint
+from bertcli import checkpoint, layout
 from bertcli.config_load import load_config
 from bertcli.model import BertForPreTraining
 from conftest import REPO, write_config
@@ -82,11 +82,11 @@ def test_killed_two_process_run_resumes(tmp_path):
         except OSError:
             pass
     proc.wait()
-    assert checkpoint.list_checkpoints(tmp_path / "killed")[-1][0] < 200
+    assert layout.list_checkpoints(tmp_path / "killed")[-1][0] < 200
     rerun = subprocess.run([c for c in command if c != "--quiet"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     assert "resuming from" in rerun.stderr and rerun.stderr.count("resuming from") == 1
-    assert checkpoint.list_checkpoints(tmp_path / "killed")[-1][0] == 200
+    assert layout.list_checkpoints(tmp_path / "killed")[-1][0] == 200
 
 
 def test_fsdp_equals_one_process_and_its_checkpoint_resumes_in_one_process(tmp_path):

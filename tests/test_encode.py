@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from bertcli import checkpoint
+from bertcli import checkpoint, layout
 from bertcli.encode import Writer, encode, load_encoder, resolve
 from bertcli.hf import export
 from conftest import REPO
@@ -31,7 +31,7 @@ def run_encode(model, lines, fmt="jsonl", **kwargs):
 
 def reference(trained, text, layer=None):
     """The encoder run by hand on one text: (T, H) hidden states of the last layer."""
-    ckpt = checkpoint.list_checkpoints(trained)[-1][1]
+    ckpt = layout.list_checkpoints(trained)[-1][1]
     from tokenizers import Tokenizer
 
     from bertcli.model import BertForPreTraining

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bertcli import checkpoint
+from bertcli import checkpoint, layout
 from bertcli.model import BertForPreTraining
 from conftest import REPO, write_config
 
@@ -42,7 +42,7 @@ def test_signal_finishes_the_step_saves_and_says_how_to_resume(tmp_path, signum,
     name = signal.Signals(signum).name
     assert f"bertcli: stopped by {name} at step" in err and "run the same command again to resume" in err
     assert "Traceback" not in err
-    step = checkpoint.list_checkpoints(tmp_path)[-1][0]
+    step = layout.list_checkpoints(tmp_path)[-1][0]
     assert step > 10 and f"at step {step};" in err, "the checkpoint is the step it stopped at"
     if signum != signal.SIGTERM:
         return  # resuming does not depend on the signal that stopped the run: checked once (a process start saved)
@@ -64,7 +64,7 @@ def test_a_second_sigint_stops_at_once_and_the_last_checkpoint_stays_valid(tmp_p
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130 and err.strip().splitlines()[-1].startswith("bertcli: interrupted;"), err[-1000:]
     assert "Traceback" not in err
-    step, path = checkpoint.list_checkpoints(tmp_path)[-1]
+    step, path = layout.list_checkpoints(tmp_path)[-1]
     assert f"stopped by SIGINT at step {step}" not in err, "it did not wait for the step to finish"
     checkpoint.load_weights(BertForPreTraining(checkpoint.read_config(path).model), path)  # complete and loadable
 
@@ -100,7 +100,7 @@ def test_sigterm_while_pretrain_prepares_its_data_stops_at_once_and_keeps_nothin
     assert result.code == 143, result.err
     assert result.err_lines[-1] == ("bertcli: stopped by SIGTERM while preparing data; nothing was kept (the "
                                     "temporary data was removed): run the same command again"), result.err
-    assert "Traceback" not in result.err and not checkpoint.list_checkpoints(tmp_path)
+    assert "Traceback" not in result.err and not layout.list_checkpoints(tmp_path)
     assert not list(tmp_path.glob(".tmp-*")) and not (tmp_path / "data").exists()
 
 
@@ -119,7 +119,7 @@ def test_a_second_pretrain_on_the_same_folder_refuses(tmp_path):
     os.kill(first.pid, signal.SIGKILL)
     first.communicate()
     third = subprocess.run([sys.executable, "-m", "bertcli", "pretrain", "--config", str(config), "--quiet",
-                            "--stop-at", str(checkpoint.list_checkpoints(tmp_path)[-1][0] + 1)],
+                            "--stop-at", str(layout.list_checkpoints(tmp_path)[-1][0] + 1)],
                            cwd=REPO, capture_output=True, text=True, timeout=120)
     assert third.returncode == 0, third.stderr
 
@@ -145,7 +145,7 @@ def test_disk_full_during_a_checkpoint_is_one_clear_line_and_keeps_earlier_check
     errors = [line for line in result.err_lines if line.startswith("bertcli: error:")]
     assert result.code == 1 and len(errors) == 1 and "disk full (No space left on device)" in errors[0], result.err
     assert "earlier checkpoints are intact" in errors[0] and "Traceback" not in result.err
-    assert [s for s, _ in checkpoint.list_checkpoints(tmp_path)] == [4]
+    assert [s for s, _ in layout.list_checkpoints(tmp_path)] == [4]
     assert not list((tmp_path / "checkpoints").glob(".tmp-*")), "the half-written checkpoint is gone"
     monkeypatch.setattr(safetensors.torch, "save_file", real_save)
     again = cli("pretrain", "--config", config)  # space is back: the same command resumes (not --quiet: it says so)
@@ -194,7 +194,7 @@ def test_a_few_non_finite_steps_are_skipped_and_counted(tmp_path, cli, monkeypat
     records = {r["step"]: r for r in read_metrics(tmp_path / "metrics.jsonl")}
     assert [records[s]["skipped_steps"] for s in (4, 8, 12)] == [0, 2, 0]
     assert all(records[s]["loss"] is not None for s in (4, 8, 12)), "skipped steps stay out of the averages"
-    weights, adam = saved(checkpoint.list_checkpoints(tmp_path)[-1][1])
+    weights, adam = saved(layout.list_checkpoints(tmp_path)[-1][1])
     assert all(torch.isfinite(w).all() for w in weights.values())
     assert {float(s["step"]) for s in adam.values()} == {10.0}, "12 steps, 2 skipped: Adam stepped 10 times"
 
@@ -212,7 +212,7 @@ def test_non_finite_steps_in_a_row_stop_the_run_and_are_never_saved(tmp_path, cl
         f"bertcli: error: step 7: the loss or gradients were NaN or inf for 3 steps in a row (steps 5-7, skipped), so "
         f"training stopped; the last checkpoint is {last_good}; lower optimizer.lr or raise optimizer.warmup_steps "
         "(with fp16, try bf16), or raise train.max_nonfinite_steps to skip more"]
-    assert [s for s, _ in checkpoint.list_checkpoints(tmp_path)] == [2, 4, 6]
+    assert [s for s, _ in layout.list_checkpoints(tmp_path)] == [2, 4, 6]
     (w4, adam4), (w6, adam6) = saved(tmp_path / "checkpoints" / "step-0000004"), saved(last_good)
     assert all(torch.equal(w4[k], w6[k]) for k in w4), "the skipped steps 5 and 6 changed no weight"
     assert all(torch.equal(adam4[i][k], adam6[i][k]) for i in adam4 for k in adam4[i]), "nor Adam's state"
@@ -226,15 +226,16 @@ def test_a_checkpoint_with_nan_weights_is_refused_and_nothing_is_written(tmp_pat
     from bertcli.optim import build_optimizer
     from conftest import micro_config
 
-    cfg = micro_config()
+    cfg = micro_config(f"output_dir={tmp_path}")
     model = BertForPreTraining(cfg.model)
-    optimizer = build_optimizer(model, cfg.optimizer)
-    scaler = torch.amp.GradScaler("cpu", enabled=False)
-    checkpoint.save(tmp_path, 1, checkpoint.gather(model, optimizer), scaler, cfg, {}, 5)
+    checkpoints = checkpoint.CheckpointManager(cfg, torch.device("cpu"), is_main=True, tokenizer={})
+    checkpoints.load(model=model, optimizer=build_optimizer(model, cfg.optimizer),
+                     scaler=torch.amp.GradScaler("cpu", enabled=False))
+    checkpoints.save(1, {}, periodic=True)
     with torch.no_grad():
         model.bert.encoder.layer[0].attention.self.query.weight[0, 0] = float("inf")
     with pytest.raises(RunError, match="step 2: the weights or optimizer state hold NaN or inf"):
-        checkpoint.save(tmp_path, 2, checkpoint.gather(model, optimizer), scaler, cfg, {}, 5)
+        checkpoints.save(2, {}, periodic=True)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-0000001"]
 
 
@@ -344,12 +345,13 @@ def test_a_full_disk_while_saving_a_checkpoint_names_the_file_whatever_writes_it
     from bertcli.optim import build_optimizer
     from conftest import micro_config
 
-    cfg = micro_config()
+    cfg = micro_config(f"output_dir={tmp_path}")
     model = BertForPreTraining(cfg.model)
-    optimizer = build_optimizer(model, cfg.optimizer)
-    scaler = torch.amp.GradScaler("cpu", enabled=False)
     vocab = {"vocab.txt": b"[PAD]\n"}  # the tokenizer files' bytes, read when training starts
-    checkpoint.save(tmp_path, 1, checkpoint.gather(model, optimizer), scaler, cfg, {}, 5, vocab)
+    checkpoints = checkpoint.CheckpointManager(cfg, torch.device("cpu"), is_main=True, tokenizer=vocab)
+    checkpoints.load(model=model, optimizer=build_optimizer(model, cfg.optimizer),
+                     scaler=torch.amp.GradScaler("cpu", enabled=False))
+    checkpoints.save(1, {}, periodic=True)
     if name == "model.safetensors":
         real_save = safetensors.torch.save_file
 
@@ -380,7 +382,7 @@ def test_a_full_disk_while_saving_a_checkpoint_names_the_file_whatever_writes_it
 
         monkeypatch.setattr(pathlib.Path, "write_text", write_text)
     with pytest.raises(OSError) as info:
-        checkpoint.save(tmp_path, 2, checkpoint.gather(model, optimizer), scaler, cfg, {}, 5, vocab)
+        checkpoints.save(2, {}, periodic=True)
     root = tmp_path / "checkpoints"
     assert info.value.errno == 28 and os_error_message(info.value, "pretrain").startswith(
         f"{root / 'step-0000002' / name}: disk full (No space left on device); nothing half-written was kept and "
@@ -526,11 +528,11 @@ def test_a_checkpoint_holds_the_tokenizer_its_model_was_trained_with(tmp_path, c
     files = {name: (run / "data" / name).read_bytes() for name in ("tokenizer.json", "vocab.txt")}
     real = trainer.train_step
 
-    def train_step(state, step, *args):
+    def train_step(state, step, *args, **kwargs):
         if step == 0:
             (run / "data" / "tokenizer.json").write_text('{"another": "tokenizer"}\n')
             (run / "data" / "vocab.txt").write_text("[PAD]\n[UNK]\n")
-        return real(state, step, *args)
+        return real(state, step, *args, **kwargs)
 
     monkeypatch.setattr(trainer, "train_step", train_step)
     result = cli("pretrain", "--config", run / "config.yaml", "--quiet", "--set", "train.max_steps=2")

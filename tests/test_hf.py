@@ -11,7 +11,7 @@ import safetensors.torch
 import torch
 
 from conftest import SMALL_MODEL
-from bertcli import checkpoint
+from bertcli import checkpoint, layout
 from bertcli.config import ModelConfig
 from bertcli.errors import UsageError
 from bertcli.hf import export, init_from, load_hf_weights, read_hf_config
@@ -30,7 +30,7 @@ def hf_inputs(tokenizer, texts):
 
 def test_export_loads_in_transformers_with_equal_logits_and_tokens(trained, tmp_path):
     out = export(trained, tmp_path / "hf")
-    ckpt = checkpoint.list_checkpoints(trained)[-1][1]
+    ckpt = layout.list_checkpoints(trained)[-1][1]
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["BertForPreTraining"] and config["vocab_size"] <= 1000
     theirs = transformers.BertForPreTraining.from_pretrained(out).eval()
@@ -149,14 +149,17 @@ def test_pickle_weights_are_refused_with_an_explanation(tmp_path):
 
 def test_round_trip_export_import_export_is_byte_identical(trained, tmp_path):
     first = export(trained, tmp_path / "one")
-    cfg = checkpoint.read_config(checkpoint.list_checkpoints(trained)[-1][1])
+    cfg = checkpoint.read_config(layout.list_checkpoints(trained)[-1][1])
     model = BertForPreTraining(cfg.model)
     assert init_from(model, first) == []
     # Save the imported model as a bertcli checkpoint (as training would), then export again.
-    opt = torch.optim.AdamW(model.parameters())
-    again = checkpoint.save(tmp_path / "run2", 4, checkpoint.gather(model, opt), torch.amp.GradScaler("cpu", enabled=False),
-                            cfg, {}, 1, {name: (first / name).read_bytes() for name in ("tokenizer.json", "vocab.txt")})
-    second = export(again, tmp_path / "two")
+    checkpoints = checkpoint.CheckpointManager(dataclasses.replace(cfg, output_dir=str(tmp_path / "run2")),
+                                               torch.device("cpu"), is_main=True,
+                                               tokenizer={name: (first / name).read_bytes() for name in layout.TOKENIZER_FILES})
+    checkpoints.load(model=model, optimizer=torch.optim.AdamW(model.parameters()),
+                     scaler=torch.amp.GradScaler("cpu", enabled=False))
+    checkpoints.save(4, {}, periodic=True)
+    second = export(checkpoints.last_saved, tmp_path / "two")
     a = safetensors.torch.load_file(first / "model.safetensors")
     b = safetensors.torch.load_file(second / "model.safetensors")
     assert a.keys() == b.keys()
@@ -217,7 +220,7 @@ def test_a_phase_2_run_resumes_once_its_init_from_source_is_gone(tmp_path, train
     import shutil
 
     source = tmp_path / "phase-1-step"
-    shutil.copytree(checkpoint.list_checkpoints(trained)[-1][1], source)
+    shutil.copytree(layout.list_checkpoints(trained)[-1][1], source)
     corpus = tmp_path / "domain.txt"  # a few documents: little to prepare
     corpus.write_text("\n\n".join(small_corpus.read_text().split("\n\n")[:8]))
     sets = sum((["--set", o] for o in ("train.max_steps=2", "train.batch_size=4", "data.max_seq_length=32",

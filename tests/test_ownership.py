@@ -11,9 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bertcli import checkpoint
-from bertcli.data.prepare import LAYOUT
-from bertcli.hf import EXPORT
+from bertcli import layout
 from bertcli.ownership import not_owned
 from conftest import text_run
 
@@ -93,7 +91,7 @@ def test_prepared_data_the_user_added_to_is_not_replaced_but_bertcli_s_own_is(us
     config = user_folder / "config.yaml"
     assert cli("prepare", "--config", config, "--quiet").code == 0
     data = user_folder / "data"
-    assert not_owned(data, LAYOUT) is None, "a prepared folder is bertcli's own"
+    assert not_owned(data, layout.PREPARED) is None, "a prepared folder is bertcli's own"
     (data / "README.txt").write_text("what I did\n")
     before = snapshot(user_folder)
     result = cli("prepare", "--config", config, "--force", "--quiet")
@@ -126,7 +124,7 @@ def test_a_checkpoint_folder_bertcli_did_not_write_is_refused_before_training(tm
 
 def test_an_old_checkpoint_the_user_added_to_is_never_pruned(run_copy, cli):
     old = run_copy / "checkpoints" / "step-0000004"
-    assert not_owned(old, checkpoint.layout()) is None, "a checkpoint is bertcli's own"
+    assert not_owned(old, layout.CHECKPOINT) is None, "a checkpoint is bertcli's own"
     (old / "notes.txt").write_text("the good one\n")
     before = snapshot(run_copy)
     # Saves at 8 and 12 and keeps the last 2: pruning would delete step 4.
@@ -140,7 +138,7 @@ def test_an_old_checkpoint_the_user_added_to_is_never_pruned(run_copy, cli):
 
 @pytest.mark.parametrize("target", ["checkpoint", "run folder", "inside"])
 def test_export_onto_its_source_checkpoint_is_refused(run_copy, cli, target):
-    ckpt = checkpoint.list_checkpoints(run_copy)[-1][1]
+    ckpt = layout.list_checkpoints(run_copy)[-1][1]
     out = {"checkpoint": ckpt, "run folder": run_copy, "inside": ckpt / "hf"}[target]
     before = snapshot(run_copy)
     result = cli("export", ckpt, out, "--force")
@@ -158,7 +156,7 @@ def test_export_force_replaces_only_an_earlier_export(run_copy, cli, tmp_path):
 
     out = tmp_path / "hf"
     assert cli("export", run_copy, out).code == 0
-    assert not_owned(out, EXPORT) is None, "an export is bertcli's own"
+    assert not_owned(out, layout.EXPORT) is None, "an export is bertcli's own"
     assert cli("export", run_copy, out, "--force").code == 0, "an earlier export is replaced"
     (out / "eval.txt").write_text("scores\n")
     before = snapshot(out)
@@ -197,7 +195,7 @@ def test_encode_output_never_replaces_an_input(run_copy, cli, tmp_path, target):
 
     lines = tmp_path / "lines.txt"
     lines.write_text("The first line.\nThe second line.\n")
-    ckpt = checkpoint.list_checkpoints(run_copy)[-1][1]
+    ckpt = layout.list_checkpoints(run_copy)[-1][1]
     out = {"input": lines, "model file": ckpt / "model.safetensors", "folder": tmp_path, "in a checkpoint": ckpt / "v.npy",
            "in checkpoints/": ckpt.parent / "v.npy", "in prepared data": run_copy / "data" / "v.npy",
            "in an export": (export(run_copy, tmp_path / "hf") if target == "in an export" else tmp_path) / "v.npy",

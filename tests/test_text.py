@@ -16,7 +16,7 @@ import pytest
 import torch
 from tokenizers import Tokenizer, models, trainers
 
-from bertcli import checkpoint
+from bertcli import layout
 from bertcli.config import TokenizerConfig
 from bertcli.config_load import load_config, preset_config
 from bertcli.data.examples import IGNORE, ExampleBuilder
@@ -490,12 +490,12 @@ def test_evaluation_best_checkpoint_and_self_contained_checkpoints(tmp_path, sma
     for key in ("mlm_loss", "mlm_acc", "perplexity", "nsp_loss", "nsp_acc", "mlm_acc_baseline"):
         assert all(isinstance(r[key], float) for r in evals), key
     best = tmp_path / "checkpoints" / "best"
-    assert checkpoint.is_checkpoint(best)
+    assert layout.is_checkpoint(best)
     best_loss = json.loads((best / "trainer_state.json").read_text())["eval_metrics"]["mlm_loss"]
     assert best_loss == min(r["mlm_loss"] for r in evals)
     for ckpt in (best, tmp_path / "checkpoints" / "step-0000012"):
         assert (ckpt / "tokenizer.json").is_file() and (ckpt / "vocab.txt").is_file()
-    assert [s for s, _ in checkpoint.list_checkpoints(tmp_path)] == [8, 12], "best is not a step checkpoint"
+    assert [s for s, _ in layout.list_checkpoints(tmp_path)] == [8, 12], "best is not a step checkpoint"
 
 
 def test_exact_resume_on_real_text(tmp_path, small_corpus):

@@ -16,7 +16,7 @@ import pytest
 import safetensors.torch
 import torch
 
-from bertcli import checkpoint
+from bertcli import checkpoint, layout
 from bertcli.config_load import load_config
 from bertcli.data.corpus import synthetic_corpus
 from bertcli.errors import UsageError
@@ -55,7 +55,7 @@ def test_run_writes_metrics_tensorboard_and_checkpoints(tmp_path):
     for key in ("loss", "mlm_loss", "nsp_loss", "mlm_acc", "nsp_acc", "lr", "grad_norm", "tokens_per_s"):
         assert all(isinstance(r[key], float) and math.isfinite(r[key]) for r in records), key
     assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
-    assert [s for s, _ in checkpoint.list_checkpoints(tmp_path)] == [8, 12]  # keep_last 2
+    assert [s for s, _ in layout.list_checkpoints(tmp_path)] == [8, 12]  # keep_last 2
     ckpt = tmp_path / "checkpoints" / "step-0000012"
     stored = weights(ckpt)
     model = BertForPreTraining(micro_config().model)
@@ -72,7 +72,7 @@ def test_exact_resume_is_bitwise_identical(tmp_path):
     half builds its examples in 2 worker processes: they must not change a bit either."""
     train(tmp_path / "one_go")
     train(tmp_path / "two_halves", stop_at=6)
-    assert [s for s, _ in checkpoint.list_checkpoints(tmp_path / "two_halves")][-1] == 6
+    assert [s for s, _ in layout.list_checkpoints(tmp_path / "two_halves")][-1] == 6
     result = train(tmp_path / "two_halves", "train.data_workers=2")
     assert result["step"] == 12
     a, b = tmp_path / "one_go" / "checkpoints" / "step-0000012", tmp_path / "two_halves" / "checkpoints" / "step-0000012"
@@ -242,7 +242,7 @@ def test_incomplete_and_temporary_checkpoint_folders_are_never_picked(tmp_path):
     (root / "step-0000099").mkdir()
     (root / "step-0000099" / "config.yaml").write_text("half written")
     (root / ".tmp-step-0000100.123").mkdir()
-    assert [s for s, _ in checkpoint.list_checkpoints(tmp_path)] == [4]
+    assert [s for s, _ in layout.list_checkpoints(tmp_path)] == [4]
     result = train(tmp_path, stop_at=8)  # resumes from 4, not from the broken 99
     assert result["step"] == 8
     assert not (root / ".tmp-step-0000100.123").exists(), "leftovers of a killed writer are cleaned"
@@ -337,7 +337,7 @@ def test_sigkill_then_rerun_continues_from_the_last_checkpoint(tmp_path):
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     proc.stderr.close()
-    survivors = [s for s, _ in checkpoint.list_checkpoints(tmp_path / "killed")]
+    survivors = [s for s, _ in layout.list_checkpoints(tmp_path / "killed")]
     assert survivors and survivors[-1] < 120, "killed before the end"
     rerun = subprocess.run(command[:-1], cwd=REPO, capture_output=True, text=True, timeout=300)  # not --quiet
     assert rerun.returncode == 0, rerun.stderr
@@ -355,7 +355,7 @@ def test_a_folder_moved_aside_by_an_interrupted_replace_is_put_back(tmp_path):
     # A crash between the two renames of replacing step-0000004: only the moved-aside copy is left.
     (root / "step-0000004").rename(root / ".tmp-old-step-0000004.999")
     atomic.clean_leftovers(root)
-    assert checkpoint.is_checkpoint(root / "step-0000004")
+    assert layout.is_checkpoint(root / "step-0000004")
     assert not list(root.glob(".tmp-*"))
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from bertcli.config import Config
 from bertcli.data.corpus import Corpus, SpecialTokens, held_out, select_documents, synthetic_corpus
+from bertcli.layout import TOKENIZER_FILES
 
 # Example building (data/examples.py) needs torch; this package does not import it, so that
 # `bertcli prepare` runs without loading torch.
@@ -37,4 +38,4 @@ def load_data(cfg: Config, quiet: bool = False) -> Dataset:
 
     prepared = load_prepared(prepare(cfg, quiet=quiet), verify=False)  # prepare checked (or wrote) it just now
     return Dataset(prepared.corpus("train"), prepared.corpus("valid"), prepared.vocab_size,
-                   [prepared.folder / "tokenizer.json", prepared.folder / "vocab.txt"])
+                   [prepared.folder / name for name in TOKENIZER_FILES])

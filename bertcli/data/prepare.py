@@ -74,7 +74,7 @@ from typing import Any, BinaryIO
 import numpy as np
 from tokenizers import Tokenizer
 
-from bertcli import __version__, atomic, ownership
+from bertcli import __version__, atomic, layout, ownership
 from bertcli.config import Config, DataConfig
 from bertcli.data.chunks import random_next_share
 from bertcli.data.corpus import Corpus, PartTokens, SpecialTokens, held_out_stride, is_held_out
@@ -84,6 +84,8 @@ from bertcli.data.tokenizer import (continuation_mask, describe, find_tokenizer_
                                     save_tokenizer, scan_characters, special_tokens, tokenizer_identity,
                                     train_wordpiece)
 from bertcli.errors import Interrupted, RunError, UsageError
+from bertcli.layout import (DOC_OFFSETS, INDEX, INDEX_FILES, KEY, MANIFEST, SEG_OFFSETS, SHARD_FILES, SPLITS,
+                            TOKENIZER_FILES, TOKENS, UNIT_RECORD, UNITS)
 from bertcli.runlock import PreparedLock
 from bertcli.console import info, log
 
@@ -92,25 +94,9 @@ from bertcli.console import info, log
 # 3: tokenizer.json and vocab.txt hashed in the manifest; lines over text.MAX_LINE_CHARS cut in pieces.
 # 2: deterministic vocabulary (continuation pieces right after the special tokens).
 FORMAT_VERSION = 4
-MANIFEST = "manifest.json"
-TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
-SPLITS = ("train", "valid")
-SHARD_FILES = ("tokens.bin", "seg_offsets.bin", "doc_offsets.bin")  # a unit's, per split
-INDEX_FILES = ("seg_offsets.bin", "doc_offsets.bin")  # the index's, per split
-UNITS = "units"  # units/KEY/
-UNIT_RECORD = "unit.json"  # units/KEY/unit.json: the unit's counts, written before it is renamed into place
-INDEX = "index"  # index/DIGEST/
-_KEY = "[0-9a-f]{64}"
+# The names (manifest.json, units/KEY/, index/DIGEST/, the shards) are layout.py's, with layout.PREPARED: everything
+# a prepared folder holds, which `prepare` alone replaces or removes.
 _TMP = re.escape(atomic.TMP_PREFIX)
-# Everything a prepared folder holds (this format's paths, those of format 3, and the temporary names
-# a stopped `prepare` leaves): `prepare` replaces or removes only what is one of these.
-LAYOUT = ownership.Layout("prepared data", MANIFEST, frozenset(
-    [MANIFEST, *TOKENIZER_FILES, UNITS, INDEX, *SPLITS] + [f"{split}/{name}" for split in SPLITS for name in SHARD_FILES]),
-    patterns=tuple(re.compile(p) for p in (
-        rf"{UNITS}/(?:{_TMP}(?:del-)?)?{_KEY}(?:\.\d+)?(?:/{re.escape(UNIT_RECORD)}|/(?:train|valid)"
-        r"(?:/(?:tokens|seg_offsets|doc_offsets)\.bin)?)?",
-        rf"{INDEX}/(?:{_TMP}(?:del-)?)?{_KEY}(?:\.\d+)?(?:/(?:train|valid)(?:/(?:seg_offsets|doc_offsets)\.bin)?)?",
-        rf"{_TMP}{re.escape(MANIFEST)}\.\d+")))
 
 # ---------------------------------------------------------------- settings
 UNIT_BYTES = 4 << 20  # a unit of work: small enough that 2 workers share a 30 MB corpus evenly, large
@@ -309,8 +295,7 @@ class ShardWriter:
     def __init__(self, folder: Path, dtype: np.dtype) -> None:
         folder.mkdir(parents=True)
         self.folder, self.dtype = folder, dtype
-        self.files: dict[str, BinaryIO] = {name: open(folder / f"{name}.bin", "wb")
-                                           for name in ("tokens", "seg_offsets", "doc_offsets")}
+        self.files: dict[str, BinaryIO] = {name: open(folder / name, "wb") for name in SHARD_FILES}
         self.tokens: list[int] = []
         self.seg_offsets: list[int] = [0]
         self.doc_offsets: list[int] = [0]
@@ -335,9 +320,9 @@ class ShardWriter:
     def flush(self) -> None:
         # The arrays' bytes through the file's write(), not ndarray.tofile: that one words a full disk as
         # "N requested and M written", without the reason.
-        for name, values, dtype in (("tokens", self.tokens, self.dtype), ("seg_offsets", self.seg_offsets, np.int64),
-                                    ("doc_offsets", self.doc_offsets, np.int64)):
-            with atomic.writing(self.folder / f"{name}.bin"):
+        for name, values, dtype in ((TOKENS, self.tokens, self.dtype), (SEG_OFFSETS, self.seg_offsets, np.int64),
+                                    (DOC_OFFSETS, self.doc_offsets, np.int64)):
+            with atomic.writing(self.folder / name):
                 self.files[name].write(np.asarray(values, dtype=dtype).data)
         self.tokens, self.seg_offsets, self.doc_offsets = [], [], []
 
@@ -345,7 +330,7 @@ class ShardWriter:
         self.end_document()
         self.flush()
         for name, fh in self.files.items():
-            with atomic.writing(self.folder / f"{name}.bin"):
+            with atomic.writing(self.folder / name):
                 fh.flush()
                 os.fsync(fh.fileno())
                 fh.close()
@@ -446,7 +431,7 @@ def _prepare_unit(root: Path, unit: Unit, tok: Tokenizer, *, settings: UnitSetti
             fh.write(json.dumps(record, indent=2) + "\n")
             fh.flush()
             os.fsync(fh.fileno())
-        for path in (tmp / "train", tmp / "valid", tmp):
+        for path in (*(tmp / split for split in SPLITS), tmp):
             atomic.fsync_path(path)
         _replace_folder(tmp, final, root)
     except BaseException:
@@ -587,7 +572,7 @@ def _run_workers(todo: list[Unit], root: Path, *, settings: UnitSettings, count:
     package = str(Path(__file__).resolve().parents[2])  # the folder holding this bertcli: the workers import it
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (package, os.environ.get("PYTHONPATH")) if p),
            "TOKENIZERS_PARALLELISM": "false", "RAYON_NUM_THREADS": "1"}
-    header = json.dumps({"tokenizer": str(root / "tokenizer.json"), "settings": dataclasses.asdict(settings)}) + "\n"
+    header = json.dumps({"tokenizer": str(root / layout.TOKENIZER_JSON), "settings": dataclasses.asdict(settings)}) + "\n"
     selector = selectors.DefaultSelector()
     workers: list[_Worker] = []
 
@@ -676,8 +661,8 @@ def _write_index(root: Path, units: list[Unit], records: dict[str, dict[str, Any
         for split in SPLITS:
             (tmp / split).mkdir(parents=True)
             tokens = segments = 0
-            with open(tmp / split / "seg_offsets.bin", "wb") as seg_out, open(tmp / split / "doc_offsets.bin", "wb") as doc_out:
-                for out, name in ((seg_out, "seg_offsets.bin"), (doc_out, "doc_offsets.bin")):
+            with open(tmp / split / SEG_OFFSETS, "wb") as seg_out, open(tmp / split / DOC_OFFSETS, "wb") as doc_out:
+                for out, name in ((seg_out, SEG_OFFSETS), (doc_out, DOC_OFFSETS)):
                     with atomic.writing(tmp / split / name):
                         out.write(np.zeros(1, dtype=np.int64).data)
                 for unit in units:
@@ -685,7 +670,7 @@ def _write_index(root: Path, units: list[Unit], records: dict[str, dict[str, Any
                     if counts["documents"] == 0:
                         continue
                     base = root / UNITS / unit.key / split
-                    for out, name, shift in ((seg_out, "seg_offsets.bin", tokens), (doc_out, "doc_offsets.bin", segments)):
+                    for out, name, shift in ((seg_out, SEG_OFFSETS, tokens), (doc_out, DOC_OFFSETS, segments)):
                         offsets = np.memmap(base / name, dtype=np.int64, mode="r")
                         for lo in range(1, len(offsets), block):
                             with atomic.writing(tmp / split / name):
@@ -693,7 +678,7 @@ def _write_index(root: Path, units: list[Unit], records: dict[str, dict[str, Any
                         del offsets
                     tokens += counts["tokens"]
                     segments += counts["segments"]
-                for out, name in ((seg_out, "seg_offsets.bin"), (doc_out, "doc_offsets.bin")):
+                for out, name in ((seg_out, SEG_OFFSETS), (doc_out, DOC_OFFSETS)):
                     with atomic.writing(tmp / split / name):
                         out.flush()
                         os.fsync(out.fileno())
@@ -756,7 +741,7 @@ def _prepare(cfg: Config, quiet: bool, force: bool, workers: int) -> Path:
     if old is not None and not force:
         why_new = _tokenizer_changed(old, plan, data, folder)
         if why_new is None:
-            kept_tok = read_tokenizer_json(folder / "tokenizer.json")
+            kept_tok = read_tokenizer_json(folder / layout.TOKENIZER_JSON)
             units = plan_units(files, entries, _tokenizer_sha256(kept_tok), data)
             known = {u["key"] for u in old["units"]}
             kept = sum(u.bytes for u in units if u.key in known)
@@ -855,7 +840,7 @@ def _fresh(cfg: Config, plan: _Plan, *, guard: Callable[[Path], None], quiet: bo
             if not lines.whole:
                 log(f"the vocabulary was trained on {sample_line(sample)}")
         save_tokenizer(tok, tmp)
-        tok = read_tokenizer_json(tmp / "tokenizer.json")  # as every later prepare reads it (the units' keys)
+        tok = read_tokenizer_json(tmp / layout.TOKENIZER_JSON)  # as every later prepare reads it (the units' keys)
         units = plan_units(files, plan.entries, _tokenizer_sha256(tok), data)
         settings = _settings(data, tok)
         records = _prepare_units(units, tmp, tok, settings=settings, workers=workers, quiet=quiet)
@@ -1010,16 +995,16 @@ def _remove_unused(folder: Path, manifest: dict[str, Any]) -> None:
         if not (folder / sub).is_dir():
             continue
         for child in (folder / sub).iterdir():
-            if re.fullmatch(_KEY, child.name) and child.name not in keep and _ours(child, folder):
+            if re.fullmatch(KEY, child.name) and child.name not in keep and _ours(child, folder):
                 atomic.remove_folder(child)
 
 
 def _ours(path: Path, folder: Path) -> bool:
     """Whether `path` (inside the prepared `folder`) is a folder holding only what bertcli writes there."""
     rel = path.relative_to(folder).as_posix()
-    if path.is_symlink() or not path.is_dir() or not LAYOUT.holds(rel):
+    if path.is_symlink() or not path.is_dir() or not layout.PREPARED.holds(rel):
         return False
-    return ownership.first_foreign(path, LAYOUT, rel + "/") is None
+    return ownership.first_foreign(path, layout.PREPARED, rel + "/") is None
 
 
 def data_random_next_share(folder: Path, manifest: dict[str, Any], data: DataConfig, seed: int) -> float | None:
@@ -1028,8 +1013,8 @@ def data_random_next_share(folder: Path, manifest: dict[str, Any], data: DataCon
     if not data.pairs or manifest["splits"]["train"]["documents"] == 0:
         return None
     base = folder / INDEX / manifest["index"] / "train"
-    return random_next_share(np.memmap(base / "seg_offsets.bin", dtype=np.int64, mode="r"),
-                             np.memmap(base / "doc_offsets.bin", dtype=np.int64, mode="r"), data, seed)
+    return random_next_share(np.memmap(base / SEG_OFFSETS, dtype=np.int64, mode="r"),
+                             np.memmap(base / DOC_OFFSETS, dtype=np.int64, mode="r"), data, seed)
 
 
 def random_next_warning(share: float | None, data: DataConfig) -> str | None:
@@ -1169,7 +1154,7 @@ def _clean_leftovers(folder: Path) -> None:
         match = pattern.match(child.name)
         if not match or _alive(int(match.group(2))) or child.is_symlink() or not child.is_dir():
             continue
-        if ownership.first_foreign(child, LAYOUT) is not None:
+        if ownership.first_foreign(child, layout.PREPARED) is not None:
             continue  # something else in it: not bertcli's to delete
         if match.group(1) == "old-" and not final.exists() and not final.is_symlink():
             os.replace(child, final)
@@ -1177,7 +1162,7 @@ def _clean_leftovers(folder: Path) -> None:
             shutil.rmtree(child, ignore_errors=True)
 
 
-_TEMPORARY = re.compile(rf"{_TMP}(?:del-)?(?:{_KEY}|{re.escape(MANIFEST)})\.(\d+)")
+_TEMPORARY = re.compile(rf"{_TMP}(?:del-)?(?:{KEY}|{re.escape(MANIFEST)})\.(\d+)")
 
 
 def _clean_inside(folder: Path, mine: bool = False) -> None:
@@ -1209,17 +1194,13 @@ def _alive(pid: int) -> bool:
     return True
 
 
-STEP_DIR = re.compile(r"^step-\d+$")  # checkpoint.STEP_DIR (checkpoint.py imports torch, prepare does not)
-
-
 def run_tokenizer(cfg: Config) -> Path | None:
     """The tokenizer.json of the run's newest checkpoint, None before its first: the tokenizer of a run
     is fixed by its first checkpoint, and every checkpoint carries it."""
-    root = Path(cfg.output_dir) / "checkpoints"
-    complete = ("model.safetensors", "config.yaml", "training_state.pt", "trainer_state.json", "tokenizer.json")
-    steps = sorted((int(p.name[5:]), p) for p in root.glob("step-*")  # a link is damage, never followed (checkpoint.damage)
-                   if STEP_DIR.match(p.name) and all((p / n).is_file() and not (p / n).is_symlink() for n in complete))
-    return steps[-1][1] / "tokenizer.json" if steps else None
+    complete = (*layout.CHECKPOINT_FILES, layout.TOKENIZER_JSON)  # a link is damage, never followed (checkpoint.damage)
+    steps = [path for _, path in layout.list_checkpoints(Path(cfg.output_dir))
+             if all(ownership.own_file(path / name) for name in complete)]
+    return steps[-1] / layout.TOKENIZER_JSON if steps else None
 
 
 def _guard(cfg: Config, folder: Path) -> Callable[[Path], None]:
@@ -1236,7 +1217,7 @@ def _guard(cfg: Config, folder: Path) -> Callable[[Path], None]:
     ownership.check_apart(folder, inputs, fix)
 
     def guard(target: Path) -> None:
-        ownership.check_replaceable(target, LAYOUT, fix)
+        ownership.check_replaceable(target, layout.PREPARED, fix)
 
     return guard
 
@@ -1248,7 +1229,7 @@ def prepared_lock(cfg: Config, command: str) -> AbstractContextManager[Any]:
     did not write (the user's), which no prepare replaces, so that reading it needs no lock."""
     folder = Path(cfg.data.prepared_dir).expanduser().resolve()
     _guard(cfg, folder)
-    if ownership.not_owned(folder, LAYOUT) is not None:
+    if ownership.not_owned(folder, layout.PREPARED) is not None:
         return nullcontext()
     return PreparedLock(folder, command)
 
@@ -1274,7 +1255,7 @@ def _changes(old: dict[str, Any], entries: list[dict[str, Any]], data: DataConfi
     recorded, t = old["tokenizer"], data.tokenizer
     source = str(configured) if configured else "trained"
     source_then = str(recorded.get("source"))
-    own = source_then != "trained" and (output_dir / "checkpoints") in Path(source_then).parents
+    own = source_then != "trained" and layout.checkpoints_dir(output_dir) in Path(source_then).parents
     if recorded.get("source") != source and not own:  # (own: prepared with this run's checkpoint's tokenizer)
         changes.append(f"tokenizer {recorded.get('source')} then, {source} now")
     elif configured and tok is not None and recorded.get("identity") != tokenizer_identity(tok):
@@ -1393,7 +1374,7 @@ def read_manifest(folder: Path) -> tuple[dict[str, Any] | None, str | None]:
                    and _well_formed_splits(splits)
                    and isinstance(tok, dict) and _count(tok.get("vocab_size")) and isinstance(tok.get("sha256"), dict)
                    and all(isinstance(tok["sha256"].get(name), str) for name in TOKENIZER_FILES)
-                   and isinstance(manifest.get("index"), str) and re.fullmatch(_KEY, manifest["index"]) is not None
+                   and isinstance(manifest.get("index"), str) and re.fullmatch(KEY, manifest["index"]) is not None
                    and isinstance(units, list) and all(_well_formed_unit(u) for u in units)
                    and all(sum(u["splits"][s][c] for u in units) == splits[s][c]
                            for s in SPLITS for c in ("documents", "segments", "tokens")))
@@ -1415,10 +1396,10 @@ def _well_formed_splits(splits: Any) -> bool:
 def _well_formed_unit(unit: Any, in_manifest: bool = True) -> bool:
     """A unit's record: a key of 64 hex digits and counts; in the manifest, the hash of its contents too
     (its unit.json has none)."""
-    return (isinstance(unit, dict) and isinstance(unit.get("key"), str) and re.fullmatch(_KEY, unit["key"]) is not None
+    return (isinstance(unit, dict) and isinstance(unit.get("key"), str) and re.fullmatch(KEY, unit["key"]) is not None
             and _well_formed_splits(unit.get("splits")) and _count(unit.get("unknown_tokens"))
             and (not in_manifest or (isinstance(unit.get("content"), str)
-                                     and re.fullmatch(_KEY, unit["content"]) is not None)))
+                                     and re.fullmatch(KEY, unit["content"]) is not None)))
 
 
 def _check_tokenizer(folder: Path, manifest: dict[str, Any]) -> str | None:
@@ -1433,7 +1414,7 @@ def _check_tokenizer(folder: Path, manifest: dict[str, Any]) -> str | None:
             return f"{name} is not a regular file"
         if _sha256(path) != manifest["tokenizer"]["sha256"][name]:
             return f"{name} was changed after prepare: its SHA-256 is not the one {MANIFEST} records"
-    lines = (folder / "vocab.txt").read_bytes().count(b"\n")  # one token a line, the vocabulary in id order
+    lines = (folder / layout.VOCAB).read_bytes().count(b"\n")  # one token a line, the vocabulary in id order
     vocab_size = manifest["tokenizer"]["vocab_size"]
     if lines != vocab_size:
         return f"{MANIFEST} says the vocabulary holds {vocab_size:,} tokens, vocab.txt {lines:,}"
@@ -1465,18 +1446,18 @@ def _check_unit(folder: Path, key: str, record: dict[str, Any], *, dtype_name: s
     dtype = np.dtype(dtype_name)
     for split, counts in record["splits"].items():
         base = folder / rel / split
-        expected = {"tokens.bin": counts["tokens"] * dtype.itemsize, "seg_offsets.bin": (counts["segments"] + 1) * 8,
-                    "doc_offsets.bin": (counts["documents"] + 1) * 8}
+        expected = {TOKENS: counts["tokens"] * dtype.itemsize, SEG_OFFSETS: (counts["segments"] + 1) * 8,
+                    DOC_OFFSETS: (counts["documents"] + 1) * 8}
         for name, size in expected.items():
             actual = (base / name).stat().st_size
             if actual != size:
-                kind = dtype_name if name == "tokens.bin" else "int64"  # offsets are int64 whatever the tokens
+                kind = dtype_name if name == TOKENS else "int64"  # offsets are int64 whatever the tokens
                 return f"{rel}/{split}/{name} holds {actual:,} bytes where {MANIFEST} implies {size:,} ({kind})"
-        for name, last in (("seg_offsets.bin", counts["tokens"]), ("doc_offsets.bin", counts["segments"])):
+        for name, last in ((SEG_OFFSETS, counts["tokens"]), (DOC_OFFSETS, counts["segments"])):
             if not _rising(np.memmap(base / name, dtype=np.int64, mode="r"), last):
                 return f"{rel}/{split}/{name} does not rise from 0 to {last:,}: its offsets are damaged"
         if counts["tokens"] and vocab_size <= np.iinfo(dtype).max:  # else every id of the dtype is in range
-            top = int(np.memmap(base / "tokens.bin", dtype=dtype, mode="r").max())
+            top = int(np.memmap(base / TOKENS, dtype=dtype, mode="r").max())
             if top >= vocab_size:
                 return f"{rel}/{split}/tokens.bin holds token id {top:,}, past the vocabulary of {vocab_size:,}"
     return None
@@ -1492,8 +1473,8 @@ def _check_index(folder: Path, manifest: dict[str, Any]) -> str | None:
         return problem
     for split, counts in manifest["splits"].items():
         base = folder / rel / split
-        lengths = {"seg_offsets.bin": counts["segments"] + 1, "doc_offsets.bin": counts["documents"] + 1}
-        last = {"seg_offsets.bin": counts["tokens"], "doc_offsets.bin": counts["segments"]}
+        lengths = {SEG_OFFSETS: counts["segments"] + 1, DOC_OFFSETS: counts["documents"] + 1}
+        last = {SEG_OFFSETS: counts["tokens"], DOC_OFFSETS: counts["segments"]}
         offsets = {}
         for name, length in lengths.items():
             actual = (base / name).stat().st_size
@@ -1504,8 +1485,8 @@ def _check_index(folder: Path, manifest: dict[str, Any]) -> str | None:
                 return f"{rel}/{split}/{name} does not rise from 0 to {last[name]:,}: its offsets are damaged"
         units = [u["splits"][split] for u in manifest["units"]]
         cum = {c: np.cumsum([0] + [u[c] for u in units]) for c in ("tokens", "segments", "documents")}
-        if not (np.array_equal(offsets["seg_offsets.bin"][cum["segments"]], cum["tokens"])
-                and np.array_equal(offsets["doc_offsets.bin"][cum["documents"]], cum["segments"])):
+        if not (np.array_equal(offsets[SEG_OFFSETS][cum["segments"]], cum["tokens"])
+                and np.array_equal(offsets[DOC_OFFSETS][cum["documents"]], cum["segments"])):
             return f"{rel}/{split} does not agree with the units' counts: the index is damaged"
     return None
 
@@ -1559,20 +1540,20 @@ class PreparedData:
         if self.manifest["splits"][split]["documents"] == 0:
             return None
         dtype = self.manifest["dtype"]
-        pieces = [np.memmap(self.folder / UNITS / u["key"] / split / "tokens.bin", dtype=dtype, mode="r")
+        pieces = [np.memmap(self.folder / UNITS / u["key"] / split / TOKENS, dtype=dtype, mode="r")
                   for u in self.manifest["units"] if u["splits"][split]["tokens"]]
         base = self.folder / INDEX / self.manifest["index"] / split
         return Corpus(
             tokens=pieces[0] if len(pieces) == 1 else PartTokens(pieces),
-            seg_offsets=np.memmap(base / "seg_offsets.bin", dtype=np.int64, mode="r"),
-            doc_offsets=np.memmap(base / "doc_offsets.bin", dtype=np.int64, mode="r"),
+            seg_offsets=np.memmap(base / SEG_OFFSETS, dtype=np.int64, mode="r"),
+            doc_offsets=np.memmap(base / DOC_OFFSETS, dtype=np.int64, mode="r"),
             vocab_size=self.vocab_size, special=self.special, continuation=continuation_mask(self.tokenizer))
 
 
 def load_prepared(folder: Path, verify: bool = True) -> PreparedData:
     """Prepared data, checked (check_prepared) unless `verify` is False (prepare checked it just now)."""
     manifest, why_not = read_manifest(folder)
-    config = folder.parent / "config.yaml" if (folder.parent / "config.yaml").is_file() else "CONFIG"
+    config = folder.parent / layout.RUN_CONFIG if (folder.parent / layout.RUN_CONFIG).is_file() else "CONFIG"
     again = (f"run `bertcli prepare --config {config}` (it prepares damaged or older data again; --force always "
              "does)")
     if manifest is None:
@@ -1581,4 +1562,4 @@ def load_prepared(folder: Path, verify: bool = True) -> PreparedData:
         damage = check_prepared(folder, manifest)
         if damage is not None:
             raise UsageError(f"{folder}: the prepared data is damaged ({damage}); {again}")
-    return PreparedData(folder=folder, manifest=manifest, tokenizer=read_tokenizer_json(folder / "tokenizer.json"))
+    return PreparedData(folder=folder, manifest=manifest, tokenizer=read_tokenizer_json(folder / layout.TOKENIZER_JSON))

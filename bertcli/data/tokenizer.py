@@ -27,6 +27,7 @@ from bertcli import atomic
 from bertcli.config import TokenizerConfig
 from bertcli.data.corpus import SpecialTokens
 from bertcli.errors import UsageError
+from bertcli.layout import TOKENIZER_CONFIG, TOKENIZER_FILES, TOKENIZER_JSON, VOCAB
 
 SPECIAL = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 CONTINUATION = "##"
@@ -46,7 +47,7 @@ def casing_of(folder: Path) -> Casing | None:
     """The casing of the tokenizer_config.json in `folder`, read as transformers' BertTokenizer
     reads it (missing keys take BertTokenizer's defaults); None without one, or when it names a
     tokenizer class that is not BERT's."""
-    file = Path(folder) / "tokenizer_config.json"
+    file = Path(folder) / TOKENIZER_CONFIG
     if not file.is_file():
         return None
     try:
@@ -204,7 +205,7 @@ def find_tokenizer_file(path: Path) -> Path:
     """The tokenizer.json or vocab.txt that `path` names (a file, or a folder holding one)."""
     path = Path(path).expanduser()
     if path.is_dir():
-        path = next((path / n for n in ("tokenizer.json", "vocab.txt") if (path / n).is_file()), path)
+        path = next((path / n for n in TOKENIZER_FILES if (path / n).is_file()), path)
     if not path.is_file():
         raise UsageError(f"{path}: no tokenizer here; data.tokenizer.path takes a tokenizer.json, a vocab.txt or a folder with one")
     return path
@@ -264,10 +265,11 @@ def describe(tok: Tokenizer) -> dict[str, Any]:
 
 def save_tokenizer(tok: Tokenizer, folder: Path) -> None:
     """tokenizer.json and vocab.txt (one token per line, in id order) into folder."""
-    with atomic.writing(Path(folder) / "tokenizer.json"):  # a full disk named, whatever tokenizers calls it
-        tok.save(str(Path(folder) / "tokenizer.json"))
-    with atomic.writing(Path(folder) / "vocab.txt"):
-        (Path(folder) / "vocab.txt").write_text(vocab_text(tok), encoding="utf-8")
+    tokenizer_json, vocab = Path(folder) / TOKENIZER_JSON, Path(folder) / VOCAB
+    with atomic.writing(tokenizer_json):  # a full disk named, whatever tokenizers calls it
+        tok.save(str(tokenizer_json))
+    with atomic.writing(vocab):
+        vocab.write_text(vocab_text(tok), encoding="utf-8")
 
 
 def vocab_text(tok: Tokenizer) -> str:

@@ -1,0 +1,223 @@
+"""Every folder layout bertcli writes or reads, and `identify`: what a path is. Torch-free, so that
+`prepare`, `ownership` and `runlock` read the layouts without loading torch.
+
+Run folder (output_dir): `pretrain` writes it, `init` writes its config.yaml
+  config.yaml          the run's config (the user's file: never rewritten by pretrain)
+  metrics.jsonl        one JSON record per log and evaluation step (metrics.py)
+  tensorboard/         TensorBoard event files (logging.tensorboard)
+  .lock                held by pretrain and prepare (runlock.py)
+  checkpoints/         step-NNNNNNN/ (the newest checkpoint.keep_last), best/ (the lowest held-out MLM
+                       loss), damaged-step-NNNNNNN/ (set aside by --resume auto), .tmp-* (being written)
+  data/                the prepared data, by default (data.prepared_dir), with its lock .data.lock beside it
+Checkpoint folder (checkpoint.py: a folder named step-* is always complete)
+  model.safetensors, config.yaml, training_state.pt, trainer_state.json (CHECKPOINT_FILES), and the
+  run's tokenizer.json and vocab.txt (none for the synthetic corpus)
+Prepared data (data/prepare.py)
+  manifest.json, tokenizer.json, vocab.txt, units/KEY/ (unit.json, and train/ and valid/ each with
+  tokens.bin, seg_offsets.bin, doc_offsets.bin: the corpus.Corpus arrays of one unit), index/DIGEST/
+  (train/ and valid/ with the whole corpus's seg_offsets.bin and doc_offsets.bin)
+Export (hf.export): a Hugging Face folder whose config.json carries bertcli_version
+  config.json, model.safetensors, tokenizer.json, vocab.txt, tokenizer_config.json, special_tokens_map.json
+Read, never written:
+  a Hugging Face BERT folder: config.json, model.safetensors (a pytorch_model.bin is refused: a pickle),
+  tokenizer.json or vocab.txt, tokenizer_config.json (casing)
+  a sentence-transformers folder (sbert.py): modules.json, the BERT folder it names, a Pooling
+  module's config.json, sentence_bert_config.json
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from bertcli.atomic import TMP_PREFIX
+
+CONFIG_YAML = "config.yaml"
+
+# ---------------------------------------------------------------------------------------- run folder
+RUN_CONFIG = CONFIG_YAML
+METRICS = "metrics.jsonl"
+TENSORBOARD = "tensorboard"
+LOCK = ".lock"
+CHECKPOINTS = "checkpoints"
+RUN_FILES = (RUN_CONFIG, METRICS, LOCK)  # the run folder's own files, next to its folders
+RUN_FOLDERS = (TENSORBOARD,)
+RUN_OUTPUTS = (CHECKPOINTS, TENSORBOARD, METRICS)  # what pretrain writes there (the lock aside)
+
+# ---------------------------------------------------------------------------------------- checkpoint
+WEIGHTS = "model.safetensors"  # also a Hugging Face folder's
+CHECKPOINT_CONFIG = CONFIG_YAML  # the run's resolved config, as it was at that step
+TRAINING_STATE = "training_state.pt"
+TRAINER_STATE = "trainer_state.json"
+CHECKPOINT_FILES = (WEIGHTS, CHECKPOINT_CONFIG, TRAINING_STATE, TRAINER_STATE)  # all there: a complete checkpoint
+TOKENIZER_JSON = "tokenizer.json"
+VOCAB = "vocab.txt"
+TOKENIZER_FILES = (TOKENIZER_JSON, VOCAB)  # the prepared data's, copied into every checkpoint
+BEST = "best"
+STEP_PREFIX = "step-"
+STEP_DIR = re.compile(rf"^{STEP_PREFIX}(\d+)$")
+DAMAGED_PREFIX = "damaged-"
+
+# ---------------------------------------------------------------------------------------- prepared data
+MANIFEST = "manifest.json"  # written last: what makes the rest valid
+SPLITS = ("train", "valid")
+TOKENS, SEG_OFFSETS, DOC_OFFSETS = "tokens.bin", "seg_offsets.bin", "doc_offsets.bin"  # per split (corpus.Corpus)
+SHARD_FILES = (TOKENS, SEG_OFFSETS, DOC_OFFSETS)  # a unit's, per split
+INDEX_FILES = (SEG_OFFSETS, DOC_OFFSETS)  # the index's, per split
+UNITS = "units"  # units/KEY/
+UNIT_RECORD = "unit.json"  # units/KEY/unit.json: the unit's counts, written before it is renamed into place
+INDEX = "index"  # index/DIGEST/
+KEY = "[0-9a-f]{64}"  # a unit's key, an index's digest (a SHA-256)
+
+# ---------------------------------------------------------------------------------------- Hugging Face
+HF_CONFIG = "config.json"
+HF_PICKLE = "pytorch_model.bin"  # refused: loading a pickle can run code
+TOKENIZER_CONFIG = "tokenizer_config.json"
+SPECIAL_TOKENS_MAP = "special_tokens_map.json"
+SENTENCE_MODULES = "modules.json"  # sentence-transformers: the modules, run in order
+SENTENCE_SETTINGS = "sentence_bert_config.json"
+MODULE_CONFIG = HF_CONFIG  # a sentence-transformers module's settings, in its own folder
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A kind of folder bertcli writes whole (see ownership.py: what it may replace)."""
+
+    noun: str  # what such a folder is, for messages: "prepared data", "a checkpoint"
+    proof: str  # the file whose "bertcli_version" key shows that bertcli wrote the folder
+    paths: frozenset[str]  # every path (relative, '/'-separated, folders included) bertcli writes in it
+    # A proof file present but unreadable (emptied or cut by a failing disk) still proves the folder
+    # bertcli's, when its name is bertcli's alone (trainer_state.json), never for a name that other
+    # tools write too (an export's config.json).
+    damaged_proof_counts: bool = False
+    # Paths of variable names bertcli writes there too (prepared data's units/KEY/...), as regular
+    # expressions that match a whole relative path.
+    patterns: tuple[re.Pattern[str], ...] = ()
+
+    def holds(self, rel: str) -> bool:
+        """Whether relative path `rel` ('/'-separated) is one that bertcli writes in such a folder."""
+        return rel in self.paths or any(p.fullmatch(rel) for p in self.patterns)
+
+
+# Every name a checkpoint folder may hold: CHECKPOINT_FILES, the tokenizer's, and any other file that
+# checkpoint.WRITERS writes (a name here that is not in CHECKPOINT_FILES: old checkpoints without it still load).
+CHECKPOINT = Layout("a checkpoint", TRAINER_STATE, frozenset((*CHECKPOINT_FILES, *TOKENIZER_FILES)),
+                    damaged_proof_counts=True)
+_TMP = re.escape(TMP_PREFIX)
+_SPLIT = "|".join(map(re.escape, SPLITS))
+# Everything a prepared folder holds (this format's paths, those of format 3, and the temporary names
+# a stopped `prepare` leaves): `prepare` replaces or removes only what is one of these.
+PREPARED = Layout("prepared data", MANIFEST, frozenset(
+    (MANIFEST, *TOKENIZER_FILES, UNITS, INDEX, *SPLITS, *(f"{split}/{name}" for split in SPLITS for name in SHARD_FILES))),
+    patterns=tuple(re.compile(p) for p in (
+        rf"{UNITS}/(?:{_TMP}(?:del-)?)?{KEY}(?:\.\d+)?(?:/{re.escape(UNIT_RECORD)}|/(?:{_SPLIT})"
+        rf"(?:/(?:{'|'.join(map(re.escape, SHARD_FILES))}))?)?",
+        rf"{INDEX}/(?:{_TMP}(?:del-)?)?{KEY}(?:\.\d+)?(?:/(?:{_SPLIT})(?:/(?:{'|'.join(map(re.escape, INDEX_FILES))}))?)?",
+        rf"{_TMP}{re.escape(MANIFEST)}\.\d+")))
+EXPORT = Layout("an export", HF_CONFIG, frozenset(
+    (HF_CONFIG, WEIGHTS, *TOKENIZER_FILES, TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP)))
+
+
+def prepared_lock(folder: Path) -> Path:
+    """The lock file of prepared folder `folder`, PARENT/.NAME.lock: beside it, since the folder is
+    replaced whole, by a rename, and a lock file inside it would go with it (runlock.PreparedLock)."""
+    return Path(folder).parent / f".{Path(folder).name}{LOCK}"
+
+
+def checkpoints_dir(output_dir: Path) -> Path:
+    return Path(output_dir) / CHECKPOINTS
+
+
+def step_dir_name(step: int) -> str:
+    return f"{STEP_PREFIX}{step:07d}"
+
+
+def is_checkpoint(path: Path) -> bool:
+    return Path(path).is_dir() and all((Path(path) / name).is_file() for name in CHECKPOINT_FILES)
+
+
+def list_checkpoints(output_dir: Path) -> list[tuple[int, Path]]:
+    """The complete step checkpoints of run folder `output_dir`, oldest first."""
+    root = checkpoints_dir(output_dir)
+    if not root.is_dir():
+        return []
+    found = []
+    for child in root.iterdir():
+        match = STEP_DIR.match(child.name)
+        if match and is_checkpoint(child):
+            found.append((int(match.group(1)), child))
+    return sorted(found)
+
+
+def incomplete(path: Path) -> str | None:
+    """Why `path` is no checkpoint folder to resume from (None: it is a complete one)."""
+    if not Path(path).exists():
+        return "no such checkpoint folder"
+    if not is_checkpoint(path):
+        missing = [name for name in CHECKPOINT_FILES if not (Path(path) / name).is_file()]
+        return f"not a complete checkpoint (missing {', '.join(missing)})"
+    return None
+
+
+def is_hf_folder(path: Path) -> bool:
+    """A folder with a Hugging Face config.json (its weights are checked where they are read)."""
+    return Path(path).is_dir() and (Path(path) / HF_CONFIG).is_file()
+
+
+class Kind(enum.Enum):
+    MISSING = "nothing"
+    FILE = "a file"  # a config file, for `inspect`
+    PREPARED = "prepared data"
+    CHECKPOINT = "a checkpoint folder"
+    SENTENCE = "a sentence-transformers folder"  # modules.json (sbert.py reads it)
+    HF = "a Hugging Face folder"
+    INCOMPLETE_CHECKPOINT = "a checkpoint folder that lacks files"
+    RUN = "a run folder"
+    OTHER = "a folder of none of these kinds"
+
+
+@dataclass(frozen=True)
+class Found:
+    """What `identify` found at `path`, with the facts its callers decide on."""
+
+    kind: Kind
+    path: Path
+    missing: tuple[str, ...] = ()  # INCOMPLETE_CHECKPOINT: the checkpoint files it lacks
+    config: Path | None = None  # RUN: its config.yaml; HF and SENTENCE: its config.json (None: not there)
+    started: bool = False  # RUN: checkpoints/, metrics.jsonl or .lock is there (not a config file alone)
+    checkpoints: tuple[tuple[int, Path], ...] = ()  # RUN: its complete step checkpoints, oldest first
+    best: Path | None = None  # RUN: checkpoints/best, when complete
+
+
+def identify(path: Path) -> Found:
+    """What `path` is, first match wins: missing, a file, prepared data (manifest.json), a checkpoint
+    (every CHECKPOINT_FILES), a sentence-transformers folder (modules.json), a Hugging Face folder
+    (config.json), a checkpoint lacking files (one of them but config.yaml, which a run has too), a
+    run folder (config.yaml, checkpoints/, metrics.jsonl or .lock), or another folder. Only names
+    are looked at: what the files hold is checked by whoever reads them."""
+    path = Path(path)
+    if not path.exists():
+        return Found(Kind.MISSING, path)
+    if not path.is_dir():
+        return Found(Kind.FILE if path.is_file() else Kind.OTHER, path)
+    if (path / MANIFEST).is_file():
+        return Found(Kind.PREPARED, path)
+    if is_checkpoint(path):
+        return Found(Kind.CHECKPOINT, path)
+    hf_config = path / HF_CONFIG if is_hf_folder(path) else None
+    if (path / SENTENCE_MODULES).is_file():
+        return Found(Kind.SENTENCE, path, config=hf_config)
+    if hf_config is not None:
+        return Found(Kind.HF, path, config=hf_config)
+    missing = tuple(name for name in CHECKPOINT_FILES if not (path / name).is_file())
+    if any(name not in missing for name in CHECKPOINT_FILES if name != CHECKPOINT_CONFIG):
+        return Found(Kind.INCOMPLETE_CHECKPOINT, path, missing=missing)
+    config = path / RUN_CONFIG if (path / RUN_CONFIG).is_file() else None
+    started = checkpoints_dir(path).is_dir() or any((path / name).exists() for name in (METRICS, LOCK))
+    if config is None and not started:
+        return Found(Kind.OTHER, path)
+    best = checkpoints_dir(path) / BEST
+    return Found(Kind.RUN, path, config=config, started=started, checkpoints=tuple(list_checkpoints(path)),
+                 best=best if is_checkpoint(best) else None)
