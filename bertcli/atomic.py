@@ -152,7 +152,7 @@ def clean_leftovers(parent: Path) -> None:
         return
     for child in parent.iterdir():
         if child.name.startswith(f"{TMP_PREFIX}old-"):
-            original = parent / child.name[len(f"{TMP_PREFIX}old-"):].rsplit(".", 1)[0]
+            original = parent / child.name[len(f"{TMP_PREFIX}old-") :].rsplit(".", 1)[0]
             if not original.exists():
                 os.replace(child, original)
                 continue

@@ -51,11 +51,15 @@ from bertcli.model import TIED_ALIASES
 FORMAT_VERSION = 2  # 2: optimizer state keyed by parameter name (1: by position)
 
 
-def linked(path: Path, where: str = "a checkpoint folder",
-           fix: str = "replace it with the file itself, or use another checkpoint") -> UsageError:
+def linked(
+    path: Path,
+    where: str = "a checkpoint folder",
+    fix: str = "replace it with the file itself, or use another checkpoint",
+) -> UsageError:
     """The error for a file of bertcli's own folder `where` that is a symbolic link."""
-    return UsageError(f"{path} is a symbolic link, which bertcli never follows out of {where} (its target could be "
-                      f"any file): {fix}")
+    return UsageError(
+        f"{path} is a symbolic link, which bertcli never follows out of {where} (its target could be any file): {fix}"
+    )
 
 
 def own_file(path: Path) -> Path:
@@ -65,8 +69,11 @@ def own_file(path: Path) -> Path:
     return Path(path)
 
 
-def read_own(path: Path, where: str = "a checkpoint folder",
-             fix: str = "replace it with the file itself, or use another checkpoint") -> bytes:
+def read_own(
+    path: Path,
+    where: str = "a checkpoint folder",
+    fix: str = "replace it with the file itself, or use another checkpoint",
+) -> bytes:
     """The bytes of a file of bertcli's own folder `where` (a checkpoint, the prepared data); a
     symbolic link is refused (exit 2, with `fix`), at the open itself (O_NOFOLLOW)."""
     try:
@@ -88,8 +95,9 @@ def check_own_files(folder: Path) -> None:
 def guard(target: Path) -> None:
     """Refuse (exit 2) to replace checkpoint folder `target` (step-NNNNNNN or best) unless bertcli
     wrote it and nobody added to it (see ownership.py)."""
-    ownership.check_replaceable(target, layout.CHECKPOINT, f"move it out of {Path(target).parent}, or set output_dir "
-                                "to a new folder")
+    ownership.check_replaceable(
+        target, layout.CHECKPOINT, f"move it out of {Path(target).parent}, or set output_dir to a new folder"
+    )
 
 
 def check_start(output_dir: Path, max_steps: int) -> None:
@@ -133,8 +141,10 @@ class ResumeRefused(UsageError):
     """Resuming is off (resume='never') but output_dir already holds checkpoints."""
 
     def __init__(self, folder: Path, count: int) -> None:
-        super().__init__(f"{folder} already holds {count} checkpoint(s) and resume is 'never'; resume 'auto' to "
-                         "continue, or use another output_dir to start fresh")
+        super().__init__(
+            f"{folder} already holds {count} checkpoint(s) and resume is 'never'; resume 'auto' to "
+            "continue, or use another output_dir to start fresh"
+        )
         self.folder, self.count = folder, count
 
 
@@ -159,16 +169,20 @@ def non_finite(tensors: dict[str, torch.Tensor]) -> list[str]:
     """Names of the floating-point tensors that hold NaN or inf. A tensor whose sum is finite holds
     only finite values; isfinite (which allocates a mask as large as the tensor) runs only where
     the sum is not (NaN, inf, or finite values so large that the sum overflows)."""
-    return [name for name, t in tensors.items()
-            if torch.is_floating_point(t) and not torch.isfinite(t.sum()) and not bool(torch.isfinite(t).all())]
+    return [
+        name
+        for name, t in tensors.items()
+        if torch.is_floating_point(t) and not torch.isfinite(t.sum()) and not bool(torch.isfinite(t).all())
+    ]
 
 
 def check_finite(tensors: dict[str, torch.Tensor], file: Path, fix: str = "use another checkpoint") -> None:
     """Refuse (exit 2) weights that hold NaN or inf: no model computes anything with them."""
     bad = non_finite(tensors)
     if bad:
-        raise UsageError(f"{file}: {len(bad)} weight tensor(s) hold NaN or inf (e.g. {bad[0]}); the file is damaged: "
-                         f"{fix}")
+        raise UsageError(
+            f"{file}: {len(bad)} weight tensor(s) hold NaN or inf (e.g. {bad[0]}); the file is damaged: {fix}"
+        )
 
 
 class Stateful(Protocol):
@@ -245,8 +259,9 @@ class Snapshot:
 
 
 def _write_weights(tmp: Path, snap: Snapshot) -> None:
-    save_safetensors(snap.states[MODEL], tmp / layout.WEIGHTS,
-                     metadata={"format": "pt", "producer": f"bertcli {__version__}"})
+    save_safetensors(
+        snap.states[MODEL], tmp / layout.WEIGHTS, metadata={"format": "pt", "producer": f"bertcli {__version__}"}
+    )
 
 
 def _write_config(tmp: Path, snap: Snapshot) -> None:
@@ -261,8 +276,13 @@ def _write_training_state(tmp: Path, snap: Snapshot) -> None:
 
 
 def _write_trainer_state(tmp: Path, snap: Snapshot) -> None:
-    state = {"format_version": FORMAT_VERSION, "bertcli_version": __version__, "step": snap.step,
-             "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **snap.trainer_state}
+    state = {
+        "format_version": FORMAT_VERSION,
+        "bertcli_version": __version__,
+        "step": snap.step,
+        "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        **snap.trainer_state,
+    }
     with atomic.writing(tmp / layout.TRAINER_STATE):
         (tmp / layout.TRAINER_STATE).write_text(json.dumps(state, indent=2) + "\n")
 
@@ -270,8 +290,11 @@ def _write_trainer_state(tmp: Path, snap: Snapshot) -> None:
 # How each file of a checkpoint is written from a Snapshot, in this order: every one of layout.CHECKPOINT_FILES
 # (without which a checkpoint is incomplete), and any other of the names layout.CHECKPOINT owns.
 WRITERS: dict[str, Callable[[Path, Snapshot], None]] = {
-    layout.WEIGHTS: _write_weights, layout.CHECKPOINT_CONFIG: _write_config,
-    layout.TRAINING_STATE: _write_training_state, layout.TRAINER_STATE: _write_trainer_state}
+    layout.WEIGHTS: _write_weights,
+    layout.CHECKPOINT_CONFIG: _write_config,
+    layout.TRAINING_STATE: _write_training_state,
+    layout.TRAINER_STATE: _write_trainer_state,
+}
 
 
 def _tensors(state: Any) -> list[torch.Tensor]:
@@ -288,10 +311,14 @@ def write(output_dir: Path, snap: Snapshot, name: str | None = None) -> Path:
     NaN or inf: resuming from such a checkpoint could only fail again."""
     final = layout.checkpoints_dir(output_dir) / (name or layout.step_dir_name(snap.step))
     if not all_finite(_tensors(snap.states)):
-        raise RunError(f"step {snap.step}: the weights or optimizer state hold NaN or inf, so no checkpoint was written; "
-                       "the earlier checkpoints are intact: lower optimizer.lr and resume from one of them")
-    if not (set(layout.CHECKPOINT_FILES) <= set(WRITERS) <= layout.CHECKPOINT.paths
-            and set(snap.tokenizer) <= set(layout.TOKENIZER_FILES)):
+        raise RunError(
+            f"step {snap.step}: the weights or optimizer state hold NaN or inf, so no checkpoint was written; "
+            "the earlier checkpoints are intact: lower optimizer.lr and resume from one of them"
+        )
+    if not (
+        set(layout.CHECKPOINT_FILES) <= set(WRITERS) <= layout.CHECKPOINT.paths
+        and set(snap.tokenizer) <= set(layout.TOKENIZER_FILES)
+    ):
         # (a slip in this code, not the user's)
         raise ValueError("a checkpoint holds the files layout.py names, no others")
     with atomic.folder(final, guard) as tmp:
@@ -299,7 +326,7 @@ def write(output_dir: Path, snap: Snapshot, name: str | None = None) -> Path:
             with atomic.writing(tmp / file):
                 (tmp / file).write_bytes(contents)
             atomic.fsync_path(tmp / file)
-        for file, writer in WRITERS.items():
+        for writer in WRITERS.values():
             writer(tmp, snap)
         for file in WRITERS:
             atomic.fsync_path(tmp / file)
@@ -355,7 +382,9 @@ def settle_best(output_dir: Path, cfg: Config, resumed_from: Path | None, is_mai
         return loss
     if cfg.model.init_from and ownership.relation(best, Path(cfg.model.init_from)) is not None:
         return None  # the weights this run starts from: read after this, so left in place (replaced at the next best)
-    if is_main and best.exists() and ownership.not_owned(best, layout.CHECKPOINT) is None:  # (refused at start otherwise)
+    if (
+        is_main and best.exists() and ownership.not_owned(best, layout.CHECKPOINT) is None
+    ):  # (refused at start otherwise)
         target = best.resolve()
         atomic.remove_folder(target)
         if best.is_symlink():
@@ -383,13 +412,16 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
     try:
         weights = safetensors.torch.load_file(file)
     except (safetensors.SafetensorError, OSError, ValueError) as exc:
-        raise RunError(f"{file}: cannot read weights ({exc}); the file is damaged: resume from another checkpoint") from None
+        raise RunError(
+            f"{file}: cannot read weights ({exc}); the file is damaged: resume from another checkpoint"
+        ) from None
     check_finite(weights, file)
     return weights
 
 
-def check_fits(weights: dict[str, torch.Tensor], model: nn.Module, file: Path,
-               optional: tuple[str, ...] = ()) -> list[str]:
+def check_fits(
+    weights: dict[str, torch.Tensor], model: nn.Module, file: Path, optional: tuple[str, ...] = ()
+) -> list[str]:
     """Refuse (exit 2, naming `file`) weights that do not fit `model`, whoever wrote them (a
     checkpoint, a Hugging Face folder): none that the model lacks, each of the model's shape, and
     every weight of the model there but those under the `optional` prefixes, which are returned
@@ -430,9 +462,11 @@ def read_training_state(path: Path, device: torch.device) -> dict[str, Any]:
             warnings.simplefilter("ignore")
             return torch.load(file, map_location=device, weights_only=True)
     except pickle.UnpicklingError:  # weights_only refuses anything but tensors and plain containers
-        raise DamagedState(f"{file}: cannot load training state: it holds objects other than tensors and plain "
-                           "values, so it was refused unread (unpickling it could run code); the file is damaged or "
-                           "was tampered with") from None
+        raise DamagedState(
+            f"{file}: cannot load training state: it holds objects other than tensors and plain "
+            "values, so it was refused unread (unpickling it could run code); the file is damaged or "
+            "was tampered with"
+        ) from None
     except Exception as exc:  # truncated or otherwise damaged
         raise DamagedState(f"{file}: cannot load training state ({type(exc).__name__}); the file is damaged") from None
 
@@ -441,19 +475,37 @@ def model_differences(a: Config, b: Config) -> list[str]:
     """Model fields that differ between two configs, as 'model.key: a vs b'."""
     da, db = to_dict(a)["model"], to_dict(b)["model"]
     # init_from says where a run's first weights came from, not what the model is: a resumed run ignores it.
-    return [f"model.{k}={da[k]!r} in the checkpoint vs {db[k]!r} in the config" for k in da
-            if da[k] != db[k] and k != "init_from"]
+    return [
+        f"model.{k}={da[k]!r} in the checkpoint vs {db[k]!r} in the config"
+        for k in da
+        if da[k] != db[k] and k != "init_from"
+    ]
 
 
 # Settings that may change on resume (the model may not), by what a change means. The others go unsaid:
 # paths, devices, precision and parallelism (rounding at most), evaluation and save cadence, logging, and
 # the tokenizer's settings (a run's tokenizer is fixed by its first checkpoint; another one is refused).
-EXAMPLE_SETTINGS = ["train.seed", "train.batch_size", "train.grad_accum_steps", "data.corpus", "data.split_sentences",
-                    "data.validation_fraction", "data.max_seq_length", "data.pairs", "data.short_seq_prob",
-                    "data.random_next_prob", "data.masked_lm_prob", "data.max_predictions_per_seq",
-                    "data.whole_word_mask", "data.mask_token_prob", "data.random_token_prob", "data.synthetic"]
+EXAMPLE_SETTINGS = [
+    "train.seed",
+    "train.batch_size",
+    "train.grad_accum_steps",
+    "data.corpus",
+    "data.split_sentences",
+    "data.validation_fraction",
+    "data.max_seq_length",
+    "data.pairs",
+    "data.short_seq_prob",
+    "data.random_next_prob",
+    "data.masked_lm_prob",
+    "data.max_predictions_per_seq",
+    "data.whole_word_mask",
+    "data.mask_token_prob",
+    "data.random_token_prob",
+    "data.synthetic",
+]
 HELD_OUT_SETTINGS = [k for k in EXAMPLE_SETTINGS if k not in ("train.batch_size", "train.grad_accum_steps")] + [
-    "train.eval_examples"]
+    "train.eval_examples"
+]
 UPDATE_SETTINGS = ["optimizer", "train.max_steps", "train.mlm_weight", "train.nsp_weight", "train.max_grad_norm"]
 
 
@@ -472,26 +524,40 @@ def setting_differences(saved: Config, cfg: Config, step: int, where: str) -> li
     synthetic = old["data.corpus"] == new["data.corpus"] == "synthetic"  # its settings matter only then
 
     def changed(prefixes: list[str]) -> str:
-        keys = [k for k in new if any(k == p or k.startswith(p + ".") for p in prefixes) and old.get(k) != new[k]
-                and (synthetic or not k.startswith("data.synthetic."))]
+        keys = [
+            k
+            for k in new
+            if any(k == p or k.startswith(p + ".") for p in prefixes)
+            and old.get(k) != new[k]
+            and (synthetic or not k.startswith("data.synthetic."))
+        ]
         return ", ".join(f"{k} {old.get(k)!r} -> {new[k]!r}" for k in keys)
 
     lines = []
     examples, held_out, updates = changed(EXAMPLE_SETTINGS), changed(HELD_OUT_SETTINGS), changed(UPDATE_SETTINGS)
     if examples:
         seed = "train.seed" in examples
-        lines.append(f"resuming {where} with other settings ({examples}): steps {step + 1:,} on train on other examples"
-                     f"{', masks and dropout' if seed else ''} than this run would have, so it is no longer the run "
-                     "it was (nor one that started with these settings)")
+        lines.append(
+            f"resuming {where} with other settings ({examples}): steps {step + 1:,} on train on other examples"
+            f"{', masks and dropout' if seed else ''} than this run would have, so it is no longer the run "
+            "it was (nor one that started with these settings)"
+        )
     if held_out and cfg.train.eval_every > 0:
-        lines.append(f"resuming {where} with other settings ({held_out}): the held-out set changes, so held-out "
-                     "metrics from now on are not comparable with the earlier ones (nor with the loss that kept "
-                     "checkpoints/best)")
+        lines.append(
+            f"resuming {where} with other settings ({held_out}): the held-out set changes, so held-out "
+            "metrics from now on are not comparable with the earlier ones (nor with the loss that kept "
+            "checkpoints/best)"
+        )
     if updates:
-        before, after = lr_at(step, saved.optimizer, saved.train.max_steps), lr_at(step, cfg.optimizer, cfg.train.max_steps)
+        before, after = (
+            lr_at(step, saved.optimizer, saved.train.max_steps),
+            lr_at(step, cfg.optimizer, cfg.train.max_steps),
+        )
         lr = f" (learning rate {before:.3g} -> {after:.3g} at step {step + 1:,})" if before != after else ""
-        lines.append(f"resuming {where} with other settings ({updates}): the updates of steps {step + 1:,} on "
-                     f"follow them{lr}; what the first {step:,} steps learned is kept")
+        lines.append(
+            f"resuming {where} with other settings ({updates}): the updates of steps {step + 1:,} on "
+            f"follow them{lr}; what the first {step:,} steps learned is kept"
+        )
     return lines
 
 
@@ -523,8 +589,10 @@ def damage(path: Path) -> str | None:
         name = layout.TRAINING_STATE
         with open(Path(path) / name, "rb") as fh:
             if fh.read(1) == b"\x80" and not zipfile.is_zipfile(fh):  # a pickle's first byte, no archive
-                return (f"{name}: a bare pickle, not torch's archive, so it was refused unread (unpickling it could "
-                        "run code); it was damaged or tampered with")
+                return (
+                    f"{name}: a bare pickle, not torch's archive, so it was refused unread (unpickling it could "
+                    "run code); it was damaged or tampered with"
+                )
         with zipfile.ZipFile(Path(path) / name) as archive:
             bad = archive.testzip()
             # torch's reader (miniz) takes a member whose MS-DOS attributes say "folder" for an empty one and
@@ -543,10 +611,16 @@ def damage(path: Path) -> str | None:
         if state.get("step") != step:
             return f"{name}: the state of step {state.get('step')!r}, not of step {step} as {layout.TRAINER_STATE} says"
         unknown = sorted(k for k in optimizer["state"] if isinstance(k, str) and k not in weights)  # (1: by position)
-        return f"{name}: optimizer state of {len(unknown)} parameter(s) the weights lack (e.g. {unknown[0]})" if unknown else None
+        return (
+            f"{name}: optimizer state of {len(unknown)} parameter(s) the weights lack (e.g. {unknown[0]})"
+            if unknown
+            else None
+        )
     except pickle.UnpicklingError:  # weights_only refuses anything but tensors and plain containers
-        return (f"{name}: it holds objects other than tensors and plain values, so it was refused unread; it was damaged "
-                "or tampered with")
+        return (
+            f"{name}: it holds objects other than tensors and plain values, so it was refused unread; it was damaged "
+            "or tampered with"
+        )
     except Exception as exc:  # noqa: BLE001  any way of not loading is damage
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return f"{name}: {reason}"
@@ -566,10 +640,12 @@ def check_same_tokenizer(ckpt: Path, prepared: Path, contents: bytes) -> None:
     ours = tokenizer_identity(read_tokenizer_json(own_file(file)))
     theirs = tokenizer_identity(Tokenizer.from_str(contents.decode("utf-8")))
     if ours != theirs:
-        raise UsageError(f"{prepared} was prepared with tokenizer {theirs[:12]}, but the checkpoint {ckpt} was "
-                         f"trained with tokenizer {ours[:12]}: resuming on other token ids would garble the model. "
-                         f"Prepare with the checkpoint's own tokenizer (--set data.tokenizer.path={file}), "
-                         "or start a new run with another output_dir")
+        raise UsageError(
+            f"{prepared} was prepared with tokenizer {theirs[:12]}, but the checkpoint {ckpt} was "
+            f"trained with tokenizer {ours[:12]}: resuming on other token ids would garble the model. "
+            f"Prepare with the checkpoint's own tokenizer (--set data.tokenizer.path={file}), "
+            "or start a new run with another output_dir"
+        )
 
 
 def choose_resume(output_dir: Path, resume: str, cfg: Config, is_main: bool = True) -> Path | None:
@@ -593,16 +669,20 @@ def choose_resume(output_dir: Path, resume: str, cfg: Config, is_main: bool = Tr
             damaged.append((path, reason))
         else:
             root = layout.checkpoints_dir(output_dir)
-            raise RunError(f"{root}: no checkpoint loads (the newest, {damaged[0][0].name}: {damaged[0][1]}); to start "
-                           f"fresh, move {root} aside or set output_dir to a new folder")
+            raise RunError(
+                f"{root}: no checkpoint loads (the newest, {damaged[0][0].name}: {damaged[0][1]}); to start "
+                f"fresh, move {root} aside or set output_dir to a new folder"
+            )
         for bad, reason in damaged:
             aside = bad.with_name(f"{layout.DAMAGED_PREFIX}{bad.name}")
             if is_main:
                 if aside.exists():
                     aside = aside.with_name(f"{aside.name}.{time.strftime('%Y%m%d-%H%M%S')}")
                 os.replace(bad, aside)
-                console.log(f"{bad} is damaged ({reason}): renamed {aside.name}; resuming from the newest checkpoint "
-                    f"that loads, {path}")
+                console.log(
+                    f"{bad} is damaged ({reason}): renamed {aside.name}; resuming from the newest checkpoint "
+                    f"that loads, {path}"
+                )
     else:
         path = Path(resume)
         problem = layout.incomplete(path)
@@ -614,8 +694,10 @@ def choose_resume(output_dir: Path, resume: str, cfg: Config, is_main: bool = Tr
             raise DamagedState(f"{path} is damaged ({reason})")
     diffs = model_differences(read_config(path), cfg)
     if diffs:
-        raise UsageError(f"cannot resume from {path}: {'; '.join(diffs)}; to start fresh, set output_dir to a new "
-                         f"folder (or remove {layout.checkpoints_dir(output_dir)})")
+        raise UsageError(
+            f"cannot resume from {path}: {'; '.join(diffs)}; to start fresh, set output_dir to a new "
+            f"folder (or remove {layout.checkpoints_dir(output_dir)})"
+        )
     return path
 
 
@@ -658,8 +740,9 @@ class CheckpointManager:
         self.last_saved = self.resumed_from
         return self.resumed_from
 
-    def load(self, *, model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
-             **more: Stateful) -> Progress:
+    def load(
+        self, *, model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, **more: Stateful
+    ) -> Progress:
         """Take the parts of the training state that every checkpoint saves from now on: the weights
         of `model` (after parallelize: sharded or not), the state of `optimizer` and `scaler`, and
         any `more` (into training_state.pt, under their names); restore them from the checkpoint
@@ -685,8 +768,11 @@ class CheckpointManager:
                 reason = f"{type(exc).__name__}: {str(exc).splitlines()[0]}" if str(exc) else type(exc).__name__
                 raise DamagedState(f"{file}: the {name} state does not fit this model ({reason})") from None
         trainer = read_trainer_state(path)
-        progress = Progress(step=int(state["step"]), tokens_seen=int(trainer.get("tokens_seen", 0)),
-                            train_time_s=float(trainer.get("train_time_s", 0.0)))
+        progress = Progress(
+            step=int(state["step"]),
+            tokens_seen=int(trainer.get("tokens_seen", 0)),
+            train_time_s=float(trainer.get("train_time_s", 0.0)),
+        )
         console.info(f"resuming from {path} (step {progress.step})")
         if progress.step < self.cfg.train.max_steps:  # (else there is nothing to do)
             for line in setting_differences(read_config(path), self.cfg, progress.step, path.name):

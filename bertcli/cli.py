@@ -81,7 +81,9 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def root(
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks on errors (accepted anywhere on the line)."),
 ) -> None:
     """Pretrain BERT encoders and put them to use: init -> (prepare) -> pretrain -> inspect."""
@@ -94,10 +96,24 @@ SET_HELP = "Override a config value, e.g. --set train.max_steps=200 (repeatable;
 @app.command(short_help="Write DIR/config.yaml from a preset, every field commented.")
 def init(
     directory: Path = typer.Argument(..., metavar="DIR", help="Folder to create; config.yaml is written inside it."),
-    preset: Preset = typer.Option(Preset.tiny, "--preset", "-p", help="tiny (d2l textbook sizes), small, base (BERT-base) or large (BERT-large)."),
-    corpus: Optional[str] = typer.Option(None, "--corpus", metavar="PATH", help="Text/JSONL file or folder to train on, or sample (the bundled text, the default) or synthetic (a generated corpus for quick checks); ./sample for a file of that name."),
-    init_from: Optional[Path] = typer.Option(None, "--init-from", metavar="FOLDER", help="Continue from a Hugging Face BERT folder or a bertcli checkpoint: its sizes, weights and tokenizer, and a learning rate for continuing (5e-5)."),
-    force: bool = typer.Option(False, "--force", help="Overwrite an existing bertcli config.yaml (nothing else in the folder is touched)."),
+    preset: Preset = typer.Option(
+        Preset.tiny, "--preset", "-p", help="tiny (d2l textbook sizes), small, base (BERT-base) or large (BERT-large)."
+    ),
+    corpus: Optional[str] = typer.Option(
+        None,
+        "--corpus",
+        metavar="PATH",
+        help="Text/JSONL file or folder to train on, or sample (the bundled text, the default) or synthetic (a generated corpus for quick checks); ./sample for a file of that name.",
+    ),
+    init_from: Optional[Path] = typer.Option(
+        None,
+        "--init-from",
+        metavar="FOLDER",
+        help="Continue from a Hugging Face BERT folder or a bertcli checkpoint: its sizes, weights and tokenizer, and a learning rate for continuing (5e-5).",
+    ),
+    force: bool = typer.Option(
+        False, "--force", help="Overwrite an existing bertcli config.yaml (nothing else in the folder is touched)."
+    ),
     overrides: list[str] = typer.Option([], "--set", metavar=SET, help=SET_HELP),
 ) -> None:
     """Scaffold a run: write DIR/config.yaml from a preset, every field commented."""
@@ -111,8 +127,11 @@ def init(
     overrides = from_here(overrides)  # paths typed here are relative to here, not to DIR
     if corpus in KEYWORD_CORPORA:
         # The generated corpus has no tokenizer to size the model: a vocabulary of its own (--set wins).
-        overrides = [f"data.corpus={corpus}"] + ([f"model.vocab_size={SYNTHETIC_VOCAB}"] if corpus == "synthetic"
-                                                 else []) + overrides
+        overrides = (
+            [f"data.corpus={corpus}"]
+            + ([f"model.vocab_size={SYNTHETIC_VOCAB}"] if corpus == "synthetic" else [])
+            + overrides
+        )
     elif corpus is not None:
         corpus_files(Path(corpus))  # fail now, not at pretrain time, if it is missing or holds no text files
         overrides = [f"data.corpus={json.dumps(str(Path(corpus).expanduser().resolve()))}"] + overrides
@@ -142,8 +161,10 @@ def init(
         raise
     m = cfg.model
     sizes = f"from {m.init_from}" if init_from is not None else f"preset {preset.value}"
-    err(f"wrote {path} ({sizes}: {m.num_hidden_layers} layers, hidden {m.hidden_size}, "
-        f"{m.num_attention_heads} heads, sequences of {cfg.data.max_seq_length})")
+    err(
+        f"wrote {path} ({sizes}: {m.num_hidden_layers} layers, hidden {m.hidden_size}, "
+        f"{m.num_attention_heads} heads, sequences of {cfg.data.max_seq_length})"
+    )
     for warning in cfg.warnings():
         err(f"warning: {warning}")
     err(f"next: {command_line('pretrain', '--config', path)}")
@@ -153,9 +174,19 @@ def init(
 def prepare(
     config: Path = typer.Option(..., "--config", "-c", metavar="FILE", help="The run's config.yaml."),
     overrides: list[str] = typer.Option([], "--set", metavar=SET, help=SET_HELP),
-    force: bool = typer.Option(False, "--force", help="Prepare everything again, training a new tokenizer (unless the run's checkpoints fix it)."),
-    workers: int = typer.Option(0, "--workers", "-w", metavar="N", min=0,
-                                help="Processes that prepare the corpus, one core each; 0 (default): the cores available."),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="Prepare everything again, training a new tokenizer (unless the run's checkpoints fix it).",
+    ),
+    workers: int = typer.Option(
+        0,
+        "--workers",
+        "-w",
+        metavar="N",
+        min=0,
+        help="Processes that prepare the corpus, one core each; 0 (default): the cores available.",
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
 ) -> None:
     """Train the tokenizer and write token shards for the config's corpus (pretrain does this when needed).
@@ -179,12 +210,27 @@ def prepare(
 
 @app.command(short_help="Pretrain BERT (MLM + NSP), resuming from the newest checkpoint.")
 def pretrain(
-    config: Path = typer.Option(..., "--config", "-c", metavar="FILE", help="The run's config.yaml (see `bertcli init`)."),
+    config: Path = typer.Option(
+        ..., "--config", "-c", metavar="FILE", help="The run's config.yaml (see `bertcli init`)."
+    ),
     overrides: list[str] = typer.Option([], "--set", metavar=SET, help=SET_HELP),
-    resume: str = typer.Option("auto", "--resume", metavar="auto|never|PATH", help="auto (newest checkpoint in output_dir, if any), never, or a checkpoint folder."),
-    device: Optional[str] = typer.Option(None, "--device", metavar="DEVICE", help="auto, cpu, cuda or cuda:N (overrides train.device)."),
+    resume: str = typer.Option(
+        "auto",
+        "--resume",
+        metavar="auto|never|PATH",
+        help="auto (newest checkpoint in output_dir, if any), never, or a checkpoint folder.",
+    ),
+    device: Optional[str] = typer.Option(
+        None, "--device", metavar="DEVICE", help="auto, cpu, cuda or cuda:N (overrides train.device)."
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output; errors and the final summary only."),
-    stop_at: Optional[int] = typer.Option(None, "--stop-at", min=1, metavar="N", help="Stop after this step with a checkpoint (the schedule still follows train.max_steps); rerun to continue."),
+    stop_at: Optional[int] = typer.Option(
+        None,
+        "--stop-at",
+        min=1,
+        metavar="N",
+        help="Stop after this step with a checkpoint (the schedule still follows train.max_steps); rerun to continue.",
+    ),
 ) -> None:
     """Pretrain BERT (MLM + NSP) as the config says, resuming from the newest checkpoint."""
     from bertcli.config import DEVICE_NAMES, is_device_name
@@ -209,10 +255,14 @@ def pretrain(
     try:
         result = run(cfg, resume=resume, quiet=quiet, stop_at=stop_at)
     except checkpoint.ResumeRefused as exc:
-        raise UsageError(f"{exc.folder} already holds {exc.count} checkpoint(s) and --resume never was given; use "
-                         "--resume auto to continue, or another output_dir to start fresh") from None
+        raise UsageError(
+            f"{exc.folder} already holds {exc.count} checkpoint(s) and --resume never was given; use "
+            "--resume auto to continue, or another output_dir to start fresh"
+        ) from None
     except checkpoint.DamagedState as exc:
-        raise RunError(f"{exc.reason}: resume from another checkpoint (--resume PATH) or start in a new output_dir") from None
+        raise RunError(
+            f"{exc.reason}: resume from another checkpoint (--resume PATH) or start in a new output_dir"
+        ) from None
     if not result["is_main"]:
         return  # under torchrun, rank 0 reports for everyone
     metrics = result["metrics"]
@@ -224,7 +274,9 @@ def pretrain(
 
 @app.command("inspect", short_help="Explain a config, a run, a checkpoint, prepared data or a model.")
 def inspect_command(
-    path: Path = typer.Argument(..., metavar="PATH", help="A config file, a run folder, a checkpoint folder or a prepared-data folder."),
+    path: Path = typer.Argument(
+        ..., metavar="PATH", help="A config file, a run folder, a checkpoint folder or a prepared-data folder."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
 ) -> None:
     """Explain a config, a run, a checkpoint or prepared data: sizes, parameters, FLOPs, progress, corpus statistics."""
@@ -240,8 +292,14 @@ def inspect_command(
 
 @app.command(short_help="Write a checkpoint as a Hugging Face folder (BertForPreTraining).")
 def export(
-    source: Path = typer.Argument(..., metavar="CHECKPOINT_OR_RUN", help="A checkpoint folder, or a run folder (its best checkpoint, else the newest)."),
-    out_dir: Path = typer.Argument(..., metavar="OUT_DIR", help="Folder to write: config.json, model.safetensors and the tokenizer files."),
+    source: Path = typer.Argument(
+        ...,
+        metavar="CHECKPOINT_OR_RUN",
+        help="A checkpoint folder, or a run folder (its best checkpoint, else the newest).",
+    ),
+    out_dir: Path = typer.Argument(
+        ..., metavar="OUT_DIR", help="Folder to write: config.json, model.safetensors and the tokenizer files."
+    ),
     force: bool = typer.Option(False, "--force", help="Replace OUT_DIR if it exists."),
 ) -> None:
     """Write a checkpoint as a Hugging Face folder (BertForPreTraining, loads with no custom code)."""
@@ -266,34 +324,82 @@ class Format(str, Enum):
 
 @app.command(short_help="Turn lines of text into vectors, one row per line, streamed.")
 def encode(
-    inputs: list[str] = typer.Argument(None, metavar="FILE", help="Text files, one text per line ('-' or none: stdin)."),
-    model: Path = typer.Option(..., "--model", "-m", metavar="PATH", help="A run folder, a checkpoint folder or a Hugging Face BERT folder "
-                               "(a sentence-transformers folder included)."),
-    pooling: Optional[Pooling] = typer.Option(None, "--pooling", help="cls, mean or max (over all non-padding positions), or "
-                                              "pooler. Default: a sentence-transformers folder's own pooling and "
-                                              "normalisation (its embeddings), else cls."),
-    layer: int = typer.Option(-1, "--layer", metavar="N", help="Layer to read: 0 = embeddings, 1..L, negative from the end (-1 = last)."),
-    normalize: Optional[bool] = typer.Option(None, "--normalize/--no-normalize", help="Scale each vector to unit length. "
-                                             "Default: as a sentence-transformers folder says when --pooling is not "
-                                             "given, else off."),
-    fmt: Optional[Format] = typer.Option(None, "--format", "-f", help="jsonl, tsv or npy. Default: from the --output "
-                                         "suffix (.npy, .tsv), else jsonl."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", metavar="FILE", help="Write the rows to this file (atomically) instead "
-                                          "of stdout; needed for npy. Replaced if it exists; never an input file, "
-                                          "nor inside bertcli's own folders."),
-    with_text: bool = typer.Option(False, "--with-text", help="Add the text to each row (tsv: as the first column, "
-                                   "TAB and backslash escaped as \\t and \\\\)."),
+    inputs: list[str] = typer.Argument(
+        None, metavar="FILE", help="Text files, one text per line ('-' or none: stdin)."
+    ),
+    model: Path = typer.Option(
+        ...,
+        "--model",
+        "-m",
+        metavar="PATH",
+        help="A run folder, a checkpoint folder or a Hugging Face BERT folder "
+        "(a sentence-transformers folder included).",
+    ),
+    pooling: Optional[Pooling] = typer.Option(
+        None,
+        "--pooling",
+        help="cls, mean or max (over all non-padding positions), or "
+        "pooler. Default: a sentence-transformers folder's own pooling and "
+        "normalisation (its embeddings), else cls.",
+    ),
+    layer: int = typer.Option(
+        -1, "--layer", metavar="N", help="Layer to read: 0 = embeddings, 1..L, negative from the end (-1 = last)."
+    ),
+    normalize: Optional[bool] = typer.Option(
+        None,
+        "--normalize/--no-normalize",
+        help="Scale each vector to unit length. "
+        "Default: as a sentence-transformers folder says when --pooling is not "
+        "given, else off.",
+    ),
+    fmt: Optional[Format] = typer.Option(
+        None, "--format", "-f", help="jsonl, tsv or npy. Default: from the --output suffix (.npy, .tsv), else jsonl."
+    ),
+    output: Optional[Path] = typer.Option(
+        None,
+        "--output",
+        "-o",
+        metavar="FILE",
+        help="Write the rows to this file (atomically) instead "
+        "of stdout; needed for npy. Replaced if it exists; never an input file, "
+        "nor inside bertcli's own folders.",
+    ),
+    with_text: bool = typer.Option(
+        False,
+        "--with-text",
+        help="Add the text to each row (tsv: as the first column, TAB and backslash escaped as \\t and \\\\).",
+    ),
     tokens: bool = typer.Option(False, "--tokens", help="Per-token vectors (JSONL): tokens and one vector each."),
-    pairs: bool = typer.Option(False, "--pairs", help="Lines are A<TAB>B sentence pairs, encoded with segment ids; a "
-                               "line without a TAB is encoded as one sentence (counted on stderr)."),
+    pairs: bool = typer.Option(
+        False,
+        "--pairs",
+        help="Lines are A<TAB>B sentence pairs, encoded with segment ids; a "
+        "line without a TAB is encoded as one sentence (counted on stderr).",
+    ),
     strict_pairs: bool = typer.Option(False, "--strict-pairs", help="With --pairs, a line without a TAB is an error."),
-    batch_size: int = typer.Option(32, "--batch-size", min=1, metavar="N", help="Texts per forward pass, at most (on a CPU "
-                                   "fewer when they are long: 8 MiB of activations at most)."),
-    max_length: Optional[int] = typer.Option(None, "--max-length", min=2, metavar="N", help="Truncate longer texts (default: a "
-                                             "sentence-transformers folder's max_seq_length, else the model's limit)."),
+    batch_size: int = typer.Option(
+        32,
+        "--batch-size",
+        min=1,
+        metavar="N",
+        help="Texts per forward pass, at most (on a CPU fewer when they are long: 8 MiB of activations at most).",
+    ),
+    max_length: Optional[int] = typer.Option(
+        None,
+        "--max-length",
+        min=2,
+        metavar="N",
+        help="Truncate longer texts (default: a "
+        "sentence-transformers folder's max_seq_length, else the model's limit).",
+    ),
     device: str = typer.Option("auto", "--device", metavar="DEVICE", help="auto, cpu, cuda or cuda:N."),
     dtype: str = typer.Option("fp32", "--dtype", metavar="fp32|bf16|fp16", help="fp32, bf16 or fp16."),
-    errors: str = typer.Option("strict", "--errors", metavar="strict|replace", help="strict: a line that is not UTF-8 is an error; replace: replace bad bytes."),
+    errors: str = typer.Option(
+        "strict",
+        "--errors",
+        metavar="strict|replace",
+        help="strict: a line that is not UTF-8 is an error; replace: replace bad bytes.",
+    ),
 ) -> None:
     """Turn lines of text into vectors: one row per input line, in input order, streamed."""
     from bertcli import encode as enc_mod
@@ -314,30 +420,48 @@ def encode(
     if output is not None:  # never a folder, an input file or a file of the model; resolved (links written through)
         output = check_output_file(output, [i for i in inputs or [] if i != "-"], model)
     if not model.exists():
-        raise UsageError(f"--model {model}: no such folder; pass a run folder, a checkpoint folder or a Hugging Face "
-                         "BERT folder")
+        raise UsageError(
+            f"--model {model}: no such folder; pass a run folder, a checkpoint folder or a Hugging Face BERT folder"
+        )
     encoder = enc_mod.load_encoder(model, on_device, dtype)
     try:
-        settings = enc_mod.resolve(encoder, pooling=pooling.value if pooling else None, layer=layer, normalize=normalize,
-                                   max_length=max_length, per_token=tokens, pairs=pairs, strict_pairs=strict_pairs,
-                                   batch_size=batch_size)
+        settings = enc_mod.resolve(
+            encoder,
+            pooling=pooling.value if pooling else None,
+            layer=layer,
+            normalize=normalize,
+            max_length=max_length,
+            per_token=tokens,
+            pairs=pairs,
+            strict_pairs=strict_pairs,
+            batch_size=batch_size,
+        )
     except UsageError as exc:
         worded = _encode_error(exc)
         if worded is None:
             raise
         raise worded from None
     if max_length is not None and max_length > settings.max_length:
-        err(f"bertcli encode: --max-length {max_length} is past the model's {settings.max_length} positions; texts are "
-            f"truncated at {settings.max_length}")
+        err(
+            f"bertcli encode: --max-length {max_length} is past the model's {settings.max_length} positions; texts are "
+            f"truncated at {settings.max_length}"
+        )
     if settings.from_folder:
-        err(f"bertcli encode: {model} is a sentence-transformers model: {settings.pooling} pooling, "
+        err(
+            f"bertcli encode: {model} is a sentence-transformers model: {settings.pooling} pooling, "
             f"{'normalized' if settings.normalize else 'not normalized'}, up to {settings.max_length} tokens (its own "
-            "settings; --pooling, --normalize/--no-normalize and --max-length choose otherwise)")
+            "settings; --pooling, --normalize/--no-normalize and --max-length choose otherwise)"
+        )
     with _signals_stop_encoding(output) as hold_signals:
         writer = enc_mod.Writer(fmt.value, sys.stdout, output, with_text)
         try:
-            counts = enc_mod.encode(encoder, enc_mod.read_lines(inputs or [], errors), writer, settings,
-                                    input_may_stall=enc_mod.may_stall(inputs or []))
+            counts = enc_mod.encode(
+                encoder,
+                enc_mod.read_lines(inputs or [], errors),
+                writer,
+                settings,
+                input_may_stall=enc_mod.may_stall(inputs or []),
+            )
             hold_signals()  # the output goes into place whole: a signal now waits until it is there
             writer.close(encoder.model.config.hidden_size)
         except BaseException as exc:
@@ -349,8 +473,10 @@ def encode(
     if counts["truncated"]:
         err(f"bertcli encode: {counts['truncated']:,} of {counts['lines']:,} lines were truncated to the length limit")
     if counts["unpaired"]:
-        err(f"bertcli encode: {counts['unpaired']:,} of {counts['lines']:,} lines had no TAB and were encoded as one "
-            "sentence each (--strict-pairs makes that an error)")
+        err(
+            f"bertcli encode: {counts['unpaired']:,} of {counts['lines']:,} lines had no TAB and were encoded as one "
+            "sentence each (--strict-pairs makes that an error)"
+        )
 
 
 STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
@@ -363,8 +489,11 @@ def _signals_stop_encoding(output: Path | None) -> Iterator[Callable[[], None]]:
     wait while the output is put in place (stopped there, encode would leave its temporary files, or
     call a finished output unwritten). On the way out the previous handlers come back first, then
     what was held is raised again for them."""
-    where = (f"{output} was not written (what was there is intact)" if output is not None else
-             "the rows on stdout so far are those of the first lines only")
+    where = (
+        f"{output} was not written (what was there is intact)"
+        if output is not None
+        else "the rows on stdout so far are those of the first lines only"
+    )
 
     holding, held = False, []  # held: signals that came while holding, raised again at the end
 
@@ -400,7 +529,11 @@ def _encode_format(fmt: Format | None, output: Path | None, with_text: bool, tok
         suffix = output.suffix.lower() if output is not None else ""
         fmt = Format.npy if suffix == ".npy" else Format.tsv if suffix == ".tsv" else Format.jsonl
     if tokens and fmt != Format.jsonl:
-        fix = f"--output {output} asks for {fmt.value}: name a .jsonl file" if by_suffix else "drop --format or use --format jsonl"
+        fix = (
+            f"--output {output} asks for {fmt.value}: name a .jsonl file"
+            if by_suffix
+            else "drop --format or use --format jsonl"
+        )
         raise UsageError(f"--tokens writes JSONL: {fix}")
     if fmt == Format.npy and output is None:
         raise UsageError("--format npy writes a file: pass --output FILE.npy")
@@ -414,32 +547,48 @@ def _encode_error(exc: BaseException) -> UsageError | None:
     from bertcli import encode as enc_mod
 
     if isinstance(exc, enc_mod.NoSuchLayer):
-        return UsageError(f"--layer {exc.layer}: this model has layers 0 (embeddings) to {exc.last} (-1 to "
-                          f"-{exc.last + 1} from the end)")
+        return UsageError(
+            f"--layer {exc.layer}: this model has layers 0 (embeddings) to {exc.last} (-1 to "
+            f"-{exc.last + 1} from the end)"
+        )
     if isinstance(exc, enc_mod.NotReproducible):
-        return UsageError(f"--model {exc.folder}: {exc.problem}, so its embeddings cannot be reproduced; pass --pooling "
-                          "cls, mean or max for vectors of the BERT encoder itself")
+        return UsageError(
+            f"--model {exc.folder}: {exc.problem}, so its embeddings cannot be reproduced; pass --pooling "
+            "cls, mean or max for vectors of the BERT encoder itself"
+        )
     if isinstance(exc, enc_mod.PoolerNotLast):
         return UsageError("--pooling pooler reads the last layer; drop --layer or pick another pooling")
     if isinstance(exc, enc_mod.NotUtf8):
-        return UsageError(f"{exc.source}: line {exc.line} is not valid UTF-8 (byte {exc.byte} of the line); fix the "
-                          "input or pass --errors replace")
+        return UsageError(
+            f"{exc.source}: line {exc.line} is not valid UTF-8 (byte {exc.byte} of the line); fix the "
+            "input or pass --errors replace"
+        )
     if isinstance(exc, enc_mod.Unpaired):
-        return UsageError(f"{exc.where}: no TAB between the two sentences (--strict-pairs); write A<TAB>B, "
-                          "or drop --strict-pairs to encode such lines alone")
+        return UsageError(
+            f"{exc.where}: no TAB between the two sentences (--strict-pairs); write A<TAB>B, "
+            "or drop --strict-pairs to encode such lines alone"
+        )
     return None
 
 
 # Per command: what a full disk leaves intact, and where else to write (for os_error_message).
 DISK_FULL_ADVICE = {
-    "pretrain": ("earlier checkpoints are intact", "set output_dir to another disk, then run the same command to resume"),
+    "pretrain": (
+        "earlier checkpoints are intact",
+        "set output_dir to another disk, then run the same command to resume",
+    ),
     "prepare": ("earlier prepared data is intact", "set data.prepared_dir to another disk, then run the same command"),
     "export": ("nothing at OUT_DIR was changed", "choose an OUT_DIR on another disk, then run the same command"),
     "encode": ("nothing at --output was changed", "write --output to another disk, then run the same command"),
     "init": ("an existing config is intact", "choose a DIR on another disk, then run the same command"),
 }
-WRITABLE = {"pretrain": "output_dir, data.prepared_dir", "prepare": "data.prepared_dir", "export": "OUT_DIR",
-            "encode": "--output", "init": "DIR"}
+WRITABLE = {
+    "pretrain": "output_dir, data.prepared_dir",
+    "prepare": "data.prepared_dir",
+    "export": "OUT_DIR",
+    "encode": "--output",
+    "init": "DIR",
+}
 
 
 TEMPORARY = re.compile(r"(?<![^/])[.]tmp-(.+?)[.][0-9]+(?=/|$)")  # atomic.py's temporary names
@@ -451,7 +600,9 @@ def os_error_message(exc: OSError, command: str = "") -> str:
     # A write fails inside its temporary name (.tmp-NAME.PID), gone by now: name what was being written.
     where = TEMPORARY.sub(r"\1", str(exc.filename)) + ": " if exc.filename else ""
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        intact, fix = DISK_FULL_ADVICE.get(command, ("what was there is intact", "write to another disk, then try again"))
+        intact, fix = DISK_FULL_ADVICE.get(
+            command, ("what was there is intact", "write to another disk, then try again")
+        )
         return f"{where}disk full ({exc.strerror}); nothing half-written was kept and {intact}: free space or {fix}"
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         folders = f" ({WRITABLE[command]})" if command in WRITABLE else ""
@@ -485,8 +636,10 @@ def main(argv: list[str] | None = None) -> None:
             err(f"bertcli: error: EOFError: {exc.__cause__} (run again with --debug for the traceback)")
             code = 1
         else:
-            err("bertcli: interrupted; nothing half-written was kept (writes are atomic): run the same command "
-                "again to continue")
+            err(
+                "bertcli: interrupted; nothing half-written was kept (writes are atomic): run the same command "
+                "again to continue"
+            )
             code = 130
     except BertcliError as exc:
         if debug:
@@ -509,7 +662,9 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:  # noqa: BLE001  a bug or an unexpected failure: still one line
         if debug:
             raise
-        err(f"bertcli: error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} "
-            "(run again with --debug for the traceback)")
+        err(
+            f"bertcli: error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} "
+            "(run again with --debug for the traceback)"
+        )
         code = 1
     sys.exit(code if isinstance(code, int) else 0)

@@ -86,29 +86,60 @@ class ModelConfig:
         """This section's impossible values."""
         m = self
         heads_divide = m.hidden_size < 1 or m.num_attention_heads < 1 or m.hidden_size % m.num_attention_heads == 0
-        return failing([
-            (m.vocab_size is None or m.vocab_size >= 8, "model.vocab_size",
-             f"must be at least 8 (5 special tokens and some words), got {m.vocab_size}"),
-            (m.vocab_size is None or 0 <= m.pad_token_id < m.vocab_size, "model.pad_token_id",
-             f"must be a token id below vocab_size={m.vocab_size}, got {m.pad_token_id}"),
-            (m.pad_vocab_multiple >= 1, "model.pad_vocab_multiple", f"must be at least 1, got {m.pad_vocab_multiple}"),
-            (m.hidden_size >= 1, "model.hidden_size", f"must be positive, got {m.hidden_size}"),
-            (m.num_hidden_layers >= 1, "model.num_hidden_layers", f"must be at least 1, got {m.num_hidden_layers}"),
-            (m.num_attention_heads >= 1, "model.num_attention_heads", f"must be at least 1, got {m.num_attention_heads}"),
-            (heads_divide, "model.hidden_size",
-             f"{m.hidden_size} is not divisible by model.num_attention_heads={m.num_attention_heads}"),
-            (m.intermediate_size >= 1, "model.intermediate_size", f"must be positive, got {m.intermediate_size}"),
-            (0.0 <= m.hidden_dropout_prob < 1.0, "model.hidden_dropout_prob",
-             f"must be in [0, 1), got {m.hidden_dropout_prob}"),
-            (0.0 <= m.attention_probs_dropout_prob < 1.0, "model.attention_probs_dropout_prob",
-             f"must be in [0, 1), got {m.attention_probs_dropout_prob}"),
-            (m.max_position_embeddings >= 1, "model.max_position_embeddings",
-             f"must be positive, got {m.max_position_embeddings}"),
-            (m.type_vocab_size >= 2, "model.type_vocab_size",
-             f"must be at least 2 (segments A and B), got {m.type_vocab_size}"),
-            (m.initializer_range > 0, "model.initializer_range", f"must be positive, got {m.initializer_range}"),
-            (m.layer_norm_eps > 0, "model.layer_norm_eps", f"must be positive, got {m.layer_norm_eps}"),
-        ])
+        return failing(
+            [
+                (
+                    m.vocab_size is None or m.vocab_size >= 8,
+                    "model.vocab_size",
+                    f"must be at least 8 (5 special tokens and some words), got {m.vocab_size}",
+                ),
+                (
+                    m.vocab_size is None or 0 <= m.pad_token_id < m.vocab_size,
+                    "model.pad_token_id",
+                    f"must be a token id below vocab_size={m.vocab_size}, got {m.pad_token_id}",
+                ),
+                (
+                    m.pad_vocab_multiple >= 1,
+                    "model.pad_vocab_multiple",
+                    f"must be at least 1, got {m.pad_vocab_multiple}",
+                ),
+                (m.hidden_size >= 1, "model.hidden_size", f"must be positive, got {m.hidden_size}"),
+                (m.num_hidden_layers >= 1, "model.num_hidden_layers", f"must be at least 1, got {m.num_hidden_layers}"),
+                (
+                    m.num_attention_heads >= 1,
+                    "model.num_attention_heads",
+                    f"must be at least 1, got {m.num_attention_heads}",
+                ),
+                (
+                    heads_divide,
+                    "model.hidden_size",
+                    f"{m.hidden_size} is not divisible by model.num_attention_heads={m.num_attention_heads}",
+                ),
+                (m.intermediate_size >= 1, "model.intermediate_size", f"must be positive, got {m.intermediate_size}"),
+                (
+                    0.0 <= m.hidden_dropout_prob < 1.0,
+                    "model.hidden_dropout_prob",
+                    f"must be in [0, 1), got {m.hidden_dropout_prob}",
+                ),
+                (
+                    0.0 <= m.attention_probs_dropout_prob < 1.0,
+                    "model.attention_probs_dropout_prob",
+                    f"must be in [0, 1), got {m.attention_probs_dropout_prob}",
+                ),
+                (
+                    m.max_position_embeddings >= 1,
+                    "model.max_position_embeddings",
+                    f"must be positive, got {m.max_position_embeddings}",
+                ),
+                (
+                    m.type_vocab_size >= 2,
+                    "model.type_vocab_size",
+                    f"must be at least 2 (segments A and B), got {m.type_vocab_size}",
+                ),
+                (m.initializer_range > 0, "model.initializer_range", f"must be positive, got {m.initializer_range}"),
+                (m.layer_norm_eps > 0, "model.layer_norm_eps", f"must be positive, got {m.layer_norm_eps}"),
+            ]
+        )
 
 
 @dataclass
@@ -135,17 +166,28 @@ class SyntheticConfig:
     def problems(self) -> list[Problem]:
         """This section's impossible values."""
         s = self
-        return failing([
-            (s.num_documents >= 2, "data.synthetic.num_documents",
-             f"must be at least 2 (random next sentences come from another document), got {s.num_documents}"),
-            (1 <= s.min_sentences <= s.max_sentences, "data.synthetic.min_sentences",
-             f"need 1 <= min_sentences <= max_sentences, got {s.min_sentences} and {s.max_sentences}"),
-            (1 <= s.min_sentence_length <= s.max_sentence_length, "data.synthetic.min_sentence_length",
-             f"need 1 <= min_sentence_length <= max_sentence_length, got {s.min_sentence_length} and {s.max_sentence_length}"),
-            (s.branching >= 1, "data.synthetic.branching", f"must be at least 1, got {s.branching}"),
-            (s.num_topics >= 1, "data.synthetic.num_topics", f"must be at least 1, got {s.num_topics}"),
-            (s.seed >= 0, "data.synthetic.seed", f"must not be negative, got {s.seed}"),
-        ])
+        return failing(
+            [
+                (
+                    s.num_documents >= 2,
+                    "data.synthetic.num_documents",
+                    f"must be at least 2 (random next sentences come from another document), got {s.num_documents}",
+                ),
+                (
+                    1 <= s.min_sentences <= s.max_sentences,
+                    "data.synthetic.min_sentences",
+                    f"need 1 <= min_sentences <= max_sentences, got {s.min_sentences} and {s.max_sentences}",
+                ),
+                (
+                    1 <= s.min_sentence_length <= s.max_sentence_length,
+                    "data.synthetic.min_sentence_length",
+                    f"need 1 <= min_sentence_length <= max_sentence_length, got {s.min_sentence_length} and {s.max_sentence_length}",
+                ),
+                (s.branching >= 1, "data.synthetic.branching", f"must be at least 1, got {s.branching}"),
+                (s.num_topics >= 1, "data.synthetic.num_topics", f"must be at least 1, got {s.num_topics}"),
+                (s.seed >= 0, "data.synthetic.seed", f"must not be negative, got {s.seed}"),
+            ]
+        )
 
 
 @dataclass
@@ -167,12 +209,21 @@ class TokenizerConfig:
 
     def problems(self) -> list[Problem]:
         """This section's impossible values."""
-        return failing([
-            (self.vocab_size >= 16, "data.tokenizer.vocab_size", f"must be at least 16, got {self.vocab_size}"),
-            (self.min_frequency >= 1, "data.tokenizer.min_frequency", f"must be at least 1, got {self.min_frequency}"),
-            (self.sample_chars >= 0, "data.tokenizer.sample_chars",
-             f"must be 0 (the whole corpus) or a number of characters, got {self.sample_chars}"),
-        ])
+        return failing(
+            [
+                (self.vocab_size >= 16, "data.tokenizer.vocab_size", f"must be at least 16, got {self.vocab_size}"),
+                (
+                    self.min_frequency >= 1,
+                    "data.tokenizer.min_frequency",
+                    f"must be at least 1, got {self.min_frequency}",
+                ),
+                (
+                    self.sample_chars >= 0,
+                    "data.tokenizer.sample_chars",
+                    f"must be 0 (the whole corpus) or a number of characters, got {self.sample_chars}",
+                ),
+            ]
+        )
 
 
 @dataclass
@@ -213,22 +264,60 @@ class DataConfig:
     def problems(self) -> list[Problem]:
         """This section's impossible values, its tokenizer's and its synthetic corpus's."""
         d = self
-        return failing([
-            (d.max_seq_length >= 5, "data.max_seq_length",
-             f"must be at least 5 ([CLS] A [SEP] B [SEP]), got {d.max_seq_length}"),
-            (0.0 < d.masked_lm_prob < 1.0, "data.masked_lm_prob", f"must be in (0, 1), got {d.masked_lm_prob}"),
-            (d.max_predictions_per_seq >= 1, "data.max_predictions_per_seq",
-             f"must be at least 1, got {d.max_predictions_per_seq}"),
-            (0.0 <= d.mask_token_prob <= 1.0, "data.mask_token_prob", f"must be in [0, 1], got {d.mask_token_prob}"),
-            (0.0 <= d.random_token_prob <= 1.0, "data.random_token_prob", f"must be in [0, 1], got {d.random_token_prob}"),
-            (0.0 <= d.random_next_prob <= 1.0, "data.random_next_prob", f"must be in [0, 1], got {d.random_next_prob}"),
-            (d.mask_token_prob + d.random_token_prob <= 1.0 + 1e-9, "data.random_token_prob",
-             f"data.mask_token_prob + data.random_token_prob must be at most 1, got {d.mask_token_prob + d.random_token_prob}"),
-            (d.corpus.strip() != "", "data.corpus", "is empty; use sample, synthetic, or a path to text or JSONL files"),
-            (0.0 <= d.validation_fraction <= 0.5, "data.validation_fraction",
-             f"must be in [0, 0.5], got {d.validation_fraction}"),
-            (0.0 <= d.short_seq_prob <= 1.0, "data.short_seq_prob", f"must be in [0, 1], got {d.short_seq_prob}"),
-        ]) + d.tokenizer.problems() + d.synthetic.problems()
+        return (
+            failing(
+                [
+                    (
+                        d.max_seq_length >= 5,
+                        "data.max_seq_length",
+                        f"must be at least 5 ([CLS] A [SEP] B [SEP]), got {d.max_seq_length}",
+                    ),
+                    (0.0 < d.masked_lm_prob < 1.0, "data.masked_lm_prob", f"must be in (0, 1), got {d.masked_lm_prob}"),
+                    (
+                        d.max_predictions_per_seq >= 1,
+                        "data.max_predictions_per_seq",
+                        f"must be at least 1, got {d.max_predictions_per_seq}",
+                    ),
+                    (
+                        0.0 <= d.mask_token_prob <= 1.0,
+                        "data.mask_token_prob",
+                        f"must be in [0, 1], got {d.mask_token_prob}",
+                    ),
+                    (
+                        0.0 <= d.random_token_prob <= 1.0,
+                        "data.random_token_prob",
+                        f"must be in [0, 1], got {d.random_token_prob}",
+                    ),
+                    (
+                        0.0 <= d.random_next_prob <= 1.0,
+                        "data.random_next_prob",
+                        f"must be in [0, 1], got {d.random_next_prob}",
+                    ),
+                    (
+                        d.mask_token_prob + d.random_token_prob <= 1.0 + 1e-9,
+                        "data.random_token_prob",
+                        f"data.mask_token_prob + data.random_token_prob must be at most 1, got {d.mask_token_prob + d.random_token_prob}",
+                    ),
+                    (
+                        d.corpus.strip() != "",
+                        "data.corpus",
+                        "is empty; use sample, synthetic, or a path to text or JSONL files",
+                    ),
+                    (
+                        0.0 <= d.validation_fraction <= 0.5,
+                        "data.validation_fraction",
+                        f"must be in [0, 0.5], got {d.validation_fraction}",
+                    ),
+                    (
+                        0.0 <= d.short_seq_prob <= 1.0,
+                        "data.short_seq_prob",
+                        f"must be in [0, 1], got {d.short_seq_prob}",
+                    ),
+                ]
+            )
+            + d.tokenizer.problems()
+            + d.synthetic.problems()
+        )
 
 
 @dataclass
@@ -269,26 +358,42 @@ class TrainConfig:
     def problems(self) -> list[Problem]:
         """This section's impossible values."""
         t = self
-        return failing([
-            (t.seed >= 0, "train.seed", f"must not be negative, got {t.seed}"),
-            (t.max_steps >= 1, "train.max_steps", f"must be at least 1, got {t.max_steps}"),
-            (t.eval_every >= 0, "train.eval_every", f"must not be negative (0 = never), got {t.eval_every}"),
-            (t.eval_examples >= 1, "train.eval_examples", f"must be at least 1, got {t.eval_examples}"),
-            (t.batch_size >= 1, "train.batch_size", f"must be at least 1, got {t.batch_size}"),
-            (t.grad_accum_steps >= 1, "train.grad_accum_steps", f"must be at least 1, got {t.grad_accum_steps}"),
-            (t.mlm_weight >= 0, "train.mlm_weight", f"must not be negative, got {t.mlm_weight}"),
-            (t.nsp_weight >= 0, "train.nsp_weight", f"must not be negative, got {t.nsp_weight}"),
-            (t.mlm_weight > 0 or t.nsp_weight > 0, "train.mlm_weight",
-             "train.mlm_weight and train.nsp_weight are both 0: nothing to learn"),
-            (t.max_nonfinite_steps >= 1, "train.max_nonfinite_steps", f"must be at least 1, got {t.max_nonfinite_steps}"),
-            (t.max_grad_norm >= 0, "train.max_grad_norm", f"must not be negative (0 = no clipping), got {t.max_grad_norm}"),
-            (t.data_workers is None or t.data_workers >= 0, "train.data_workers",
-             f"must be null (automatic) or at least 0, got {t.data_workers}"),
-            (is_device_name(t.device), "train.device", f"must be auto, cpu, cuda or cuda:N, got {t.device!r}"),
-            (math.isfinite(t.mlm_weight), "train.mlm_weight", "must be a finite number"),
-            (math.isfinite(t.nsp_weight), "train.nsp_weight", "must be a finite number"),
-            (math.isfinite(t.max_grad_norm), "train.max_grad_norm", "must be a finite number"),
-        ])
+        return failing(
+            [
+                (t.seed >= 0, "train.seed", f"must not be negative, got {t.seed}"),
+                (t.max_steps >= 1, "train.max_steps", f"must be at least 1, got {t.max_steps}"),
+                (t.eval_every >= 0, "train.eval_every", f"must not be negative (0 = never), got {t.eval_every}"),
+                (t.eval_examples >= 1, "train.eval_examples", f"must be at least 1, got {t.eval_examples}"),
+                (t.batch_size >= 1, "train.batch_size", f"must be at least 1, got {t.batch_size}"),
+                (t.grad_accum_steps >= 1, "train.grad_accum_steps", f"must be at least 1, got {t.grad_accum_steps}"),
+                (t.mlm_weight >= 0, "train.mlm_weight", f"must not be negative, got {t.mlm_weight}"),
+                (t.nsp_weight >= 0, "train.nsp_weight", f"must not be negative, got {t.nsp_weight}"),
+                (
+                    t.mlm_weight > 0 or t.nsp_weight > 0,
+                    "train.mlm_weight",
+                    "train.mlm_weight and train.nsp_weight are both 0: nothing to learn",
+                ),
+                (
+                    t.max_nonfinite_steps >= 1,
+                    "train.max_nonfinite_steps",
+                    f"must be at least 1, got {t.max_nonfinite_steps}",
+                ),
+                (
+                    t.max_grad_norm >= 0,
+                    "train.max_grad_norm",
+                    f"must not be negative (0 = no clipping), got {t.max_grad_norm}",
+                ),
+                (
+                    t.data_workers is None or t.data_workers >= 0,
+                    "train.data_workers",
+                    f"must be null (automatic) or at least 0, got {t.data_workers}",
+                ),
+                (is_device_name(t.device), "train.device", f"must be auto, cpu, cuda or cuda:N, got {t.device!r}"),
+                (math.isfinite(t.mlm_weight), "train.mlm_weight", "must be a finite number"),
+                (math.isfinite(t.nsp_weight), "train.nsp_weight", "must be a finite number"),
+                (math.isfinite(t.max_grad_norm), "train.max_grad_norm", "must be a finite number"),
+            ]
+        )
 
 
 @dataclass
@@ -315,15 +420,17 @@ class OptimizerConfig:
     def problems(self) -> list[Problem]:
         """This section's impossible values."""
         o = self
-        return failing([
-            (o.lr > 0, "optimizer.lr", f"must be positive, got {o.lr}"),
-            (o.weight_decay >= 0, "optimizer.weight_decay", f"must not be negative, got {o.weight_decay}"),
-            (0 <= o.beta1 < 1, "optimizer.beta1", f"must be in [0, 1), got {o.beta1}"),
-            (0 <= o.beta2 < 1, "optimizer.beta2", f"must be in [0, 1), got {o.beta2}"),
-            (o.eps > 0, "optimizer.eps", f"must be positive, got {o.eps}"),
-            (o.warmup_steps >= 0, "optimizer.warmup_steps", f"must not be negative, got {o.warmup_steps}"),
-            (0 <= o.min_lr_ratio <= 1, "optimizer.min_lr_ratio", f"must be in [0, 1], got {o.min_lr_ratio}"),
-        ])
+        return failing(
+            [
+                (o.lr > 0, "optimizer.lr", f"must be positive, got {o.lr}"),
+                (o.weight_decay >= 0, "optimizer.weight_decay", f"must not be negative, got {o.weight_decay}"),
+                (0 <= o.beta1 < 1, "optimizer.beta1", f"must be in [0, 1), got {o.beta1}"),
+                (0 <= o.beta2 < 1, "optimizer.beta2", f"must be in [0, 1), got {o.beta2}"),
+                (o.eps > 0, "optimizer.eps", f"must be positive, got {o.eps}"),
+                (o.warmup_steps >= 0, "optimizer.warmup_steps", f"must not be negative, got {o.warmup_steps}"),
+                (0 <= o.min_lr_ratio <= 1, "optimizer.min_lr_ratio", f"must be in [0, 1], got {o.min_lr_ratio}"),
+            ]
+        )
 
 
 @dataclass
@@ -339,9 +446,15 @@ class PrecisionConfig:
 
     def problems(self) -> list[Problem]:
         """This section's impossible values."""
-        return failing([
-            (self.fp16_init_scale > 0, "precision.fp16_init_scale", f"must be positive, got {self.fp16_init_scale}"),
-        ])
+        return failing(
+            [
+                (
+                    self.fp16_init_scale > 0,
+                    "precision.fp16_init_scale",
+                    f"must be positive, got {self.fp16_init_scale}",
+                ),
+            ]
+        )
 
 
 @dataclass
@@ -355,10 +468,12 @@ class CheckpointConfig:
 
     def problems(self) -> list[Problem]:
         """This section's impossible values."""
-        return failing([
-            (self.save_every >= 1, "checkpoint.save_every", f"must be at least 1, got {self.save_every}"),
-            (self.keep_last >= 1, "checkpoint.keep_last", f"must be at least 1, got {self.keep_last}"),
-        ])
+        return failing(
+            [
+                (self.save_every >= 1, "checkpoint.save_every", f"must be at least 1, got {self.save_every}"),
+                (self.keep_last >= 1, "checkpoint.keep_last", f"must be at least 1, got {self.keep_last}"),
+            ]
+        )
 
 
 @dataclass
@@ -374,10 +489,16 @@ class LoggingConfig:
 
     def problems(self) -> list[Problem]:
         """This section's impossible values."""
-        return failing([
-            (self.log_every >= 1, "logging.log_every", f"must be at least 1, got {self.log_every}"),
-            (self.peak_tflops >= 0, "logging.peak_tflops", f"must not be negative (0 = auto), got {self.peak_tflops}"),
-        ])
+        return failing(
+            [
+                (self.log_every >= 1, "logging.log_every", f"must be at least 1, got {self.log_every}"),
+                (
+                    self.peak_tflops >= 0,
+                    "logging.peak_tflops",
+                    f"must not be negative (0 = auto), got {self.peak_tflops}",
+                ),
+            ]
+        )
 
 
 @dataclass
@@ -405,15 +526,25 @@ class Config:
         """Every impossible value: each section's, then the checks that read two sections."""
         m, d, t = self.model, self.data, self.train
         sections = (m, d, t, self.optimizer, self.precision, self.checkpoint, self.logging)
-        return [problem for section in sections for problem in section.problems()] + failing([
-            (d.max_seq_length <= m.max_position_embeddings, "data.max_seq_length",
-             f"{d.max_seq_length} is above model.max_position_embeddings={m.max_position_embeddings}"),
-            (d.corpus != "synthetic" or m.vocab_size is not None, "model.vocab_size",
-             "the synthetic corpus has no tokenizer: set model.vocab_size (e.g. 1024)"),
-            (d.pairs or t.nsp_weight == 0, "data.pairs",
-             "is false (single spans, no sentence pairs) but train.nsp_weight is not 0: NSP needs pairs"),
-        ])
-
+        return [problem for section in sections for problem in section.problems()] + failing(
+            [
+                (
+                    d.max_seq_length <= m.max_position_embeddings,
+                    "data.max_seq_length",
+                    f"{d.max_seq_length} is above model.max_position_embeddings={m.max_position_embeddings}",
+                ),
+                (
+                    d.corpus != "synthetic" or m.vocab_size is not None,
+                    "model.vocab_size",
+                    "the synthetic corpus has no tokenizer: set model.vocab_size (e.g. 1024)",
+                ),
+                (
+                    d.pairs or t.nsp_weight == 0,
+                    "data.pairs",
+                    "is false (single spans, no sentence pairs) but train.nsp_weight is not 0: NSP needs pairs",
+                ),
+            ]
+        )
 
     def warnings(self) -> list[str]:
         """Values that are possible but likely not meant, one line each (`pretrain` and `init` print them).
@@ -423,13 +554,17 @@ class Config:
         said = []
         if o.warmup_steps > t.max_steps:
             share = t.max_steps / o.warmup_steps
-            said.append(f"optimizer.warmup_steps={o.warmup_steps:,} is past train.max_steps={t.max_steps:,}: the learning "
-                        f"rate rises to {share:.0%} of optimizer.lr ({o.lr:g} x {share:.3g} = {o.lr * share:.3g}) at the "
-                        f"last step and never decays; lower warmup_steps (say {max(1, t.max_steps // 10):,}) unless you "
-                        "mean to raise max_steps and resume")
+            said.append(
+                f"optimizer.warmup_steps={o.warmup_steps:,} is past train.max_steps={t.max_steps:,}: the learning "
+                f"rate rises to {share:.0%} of optimizer.lr ({o.lr:g} x {share:.3g} = {o.lr * share:.3g}) at the "
+                f"last step and never decays; lower warmup_steps (say {max(1, t.max_steps // 10):,}) unless you "
+                "mean to raise max_steps and resume"
+            )
         if o.eps > EPS_WARN:  # AdamW's step is lr x m / (sqrt(v) + eps): about lr x g / eps once eps dwarfs |g|
-            said.append(f"optimizer.eps={o.eps:g} is far above the size of BERT's gradients (AdamW divides each update "
-                        f"by sqrt(v) + eps), so the weights barely move; the usual values are 1e-8 to 1e-6")
+            said.append(
+                f"optimizer.eps={o.eps:g} is far above the size of BERT's gradients (AdamW divides each update "
+                f"by sqrt(v) + eps), so the weights barely move; the usual values are 1e-8 to 1e-6"
+            )
         return said
 
 
@@ -442,8 +577,12 @@ PRESETS: dict[str, dict[str, Any]] = {
     # train on the bundled sample in a few minutes on a laptop CPU.
     "tiny": {
         "model": {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 256},
-        "data": {"max_seq_length": 64, "max_predictions_per_seq": 10, "tokenizer": {"vocab_size": 8000},
-                 "validation_fraction": 0.05},
+        "data": {
+            "max_seq_length": 64,
+            "max_predictions_per_seq": 10,
+            "tokenizer": {"vocab_size": 8000},
+            "validation_fraction": 0.05,
+        },
         "train": {"max_steps": 500, "batch_size": 64, "eval_every": 100},
         "optimizer": {"lr": 2e-3, "warmup_steps": 100},
         "checkpoint": {"save_every": 100},
@@ -469,10 +608,20 @@ PRESETS: dict[str, dict[str, Any]] = {
 # every 4 steps. The tests and scripts/fault_inject.py build their runs from it
 # (config_load.debug_config); it is no preset a user picks.
 DEBUG: dict[str, dict[str, Any]] = {
-    "model": {"vocab_size": 128, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
-              "intermediate_size": 64, "max_position_embeddings": 64},
-    "data": {"corpus": "synthetic", "max_seq_length": 32, "max_predictions_per_seq": 5,
-             "synthetic": {"num_documents": 100, "num_topics": 4}},
+    "model": {
+        "vocab_size": 128,
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "intermediate_size": 64,
+        "max_position_embeddings": 64,
+    },
+    "data": {
+        "corpus": "synthetic",
+        "max_seq_length": 32,
+        "max_predictions_per_seq": 5,
+        "synthetic": {"num_documents": 100, "num_topics": 4},
+    },
     "train": {"batch_size": 8, "max_steps": 12},
     "optimizer": {"warmup_steps": 2},
     "logging": {"log_every": 4},
@@ -490,9 +639,13 @@ def field_docs(cls: type) -> dict[str, str]:
     body = tree.body[0].body  # type: ignore[attr-defined]
     docs: dict[str, str] = {}
     for stmt, nxt in zip(body, body[1:]):
-        if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
-                and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
-                and isinstance(nxt.value.value, str)):
+        if (
+            isinstance(stmt, ast.AnnAssign)
+            and isinstance(stmt.target, ast.Name)
+            and isinstance(nxt, ast.Expr)
+            and isinstance(nxt.value, ast.Constant)
+            and isinstance(nxt.value.value, str)
+        ):
             docs[stmt.target.id] = " ".join(nxt.value.value.split())
     return docs
 

@@ -59,6 +59,7 @@ def as_overrides(nested: dict[str, Any], prefix: str = "") -> list[str]:
             out.append(f"{prefix}{key}={yaml_scalar(value)}")
     return out
 
+
 def preset_dict(name: str) -> dict[str, Any]:
     """What preset `name` changes from the defaults, as a nested dict."""
     if name not in PRESETS:
@@ -70,7 +71,9 @@ def model_config_from_dict(raw: dict[str, Any], source: str) -> ModelConfig:
     """A ModelConfig alone (an imported config.json's, say), with the same strict checks. With no
     tokenizer beside it to take the size from, it must give vocab_size."""
     if raw.get("vocab_size") is None:
-        raise UsageError(f"{source}: model.vocab_size: missing; an architecture on its own must give its vocabulary size")
+        raise UsageError(
+            f"{source}: model.vocab_size: missing; an architecture on its own must give its vocabulary size"
+        )
     return _build_checked(ModelConfig, raw, "model", {"": source})
 
 
@@ -93,10 +96,14 @@ def read_yaml(path: Path) -> dict[str, Any]:
     except ValueError as exc:  # an integer of thousands of digits, say: Python refuses to read it
         raise UsageError(f"{path}: malformed YAML: {str(exc).splitlines()[0]}") from None
     except RecursionError:
-        raise UsageError(f"{path}: values nested too deeply to read; a run config is two or three levels deep") from None
+        raise UsageError(
+            f"{path}: values nested too deeply to read; a run config is two or three levels deep"
+        ) from None
     except DuplicateKey as exc:
-        raise UsageError(f"{path}: line {exc.line}: key {str(exc.key)!r} is given twice (first at line {exc.first_line}); "
-                         "keep one of them (YAML would silently use the last)") from None
+        raise UsageError(
+            f"{path}: line {exc.line}: key {str(exc.key)!r} is given twice (first at line {exc.first_line}); "
+            "keep one of them (YAML would silently use the last)"
+        ) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -105,7 +112,9 @@ def read_yaml(path: Path) -> dict[str, Any]:
     if raw is None:
         return {}
     if not isinstance(raw, dict):
-        raise UsageError(f"{path}: expected a mapping of sections (model:, data:, train: ...), got {type(raw).__name__}")
+        raise UsageError(
+            f"{path}: expected a mapping of sections (model:, data:, train: ...), got {type(raw).__name__}"
+        )
     return raw
 
 
@@ -134,11 +143,18 @@ def load_yaml(text: str) -> Any:
             if id(n) in sizes:
                 return sizes[id(n)]
             if id(n) in open_:
-                raise TooManyAliases(f"an alias refers to itself (line {n.start_mark.line + 1}); a config has "
-                                     "no use for recursive values")
+                raise TooManyAliases(
+                    f"an alias refers to itself (line {n.start_mark.line + 1}); a config has "
+                    "no use for recursive values"
+                )
             open_.add(id(n))
-            children = (n.value if isinstance(n, yaml.SequenceNode) else
-                        [c for pair in n.value for c in pair] if isinstance(n, yaml.MappingNode) else [])
+            children = (
+                n.value
+                if isinstance(n, yaml.SequenceNode)
+                else [c for pair in n.value for c in pair]
+                if isinstance(n, yaml.MappingNode)
+                else []
+            )
             total = 1
             for child in children:
                 total += size(child)
@@ -149,8 +165,10 @@ def load_yaml(text: str) -> Any:
             return total
 
         if size(node) > MAX_YAML_NODES:
-            raise TooManyAliases(f"its aliases (*name) expand it to more than {MAX_YAML_NODES:,} values; a run config "
-                                 "holds about 90: write the values out, or alias whole sections only")
+            raise TooManyAliases(
+                f"its aliases (*name) expand it to more than {MAX_YAML_NODES:,} values; a run config "
+                "holds about 90: write the values out, or alias whole sections only"
+            )
         return loader.construct_document(node)
     finally:
         loader.dispose()
@@ -240,8 +258,11 @@ def _build_checked(cls: type, raw: dict[str, Any], path: str, origin: dict[str, 
     # Value checks run on what could be built, so that an unknown key and an impossible value are
     # reported together; a check that involves a value of the wrong type (which kept its default)
     # would only mislead, so it is left out.
-    errors += [f"{origin.get(p, origin.get('', 'config'))}: {p}: {msg}" for p, msg in built.problems()
-               if not any(_involves(p, msg, bad) for bad in failed)]
+    errors += [
+        f"{origin.get(p, origin.get('', 'config'))}: {p}: {msg}"
+        for p, msg in built.problems()
+        if not any(_involves(p, msg, bad) for bad in failed)
+    ]
     if errors:
         raise UsageError(*errors)
     return built
@@ -252,10 +273,12 @@ def _involves(path: str, message: str, bad: str) -> bool:
     return path == bad or path.startswith(bad + ".") or re.search(rf"(?<![\w.]){re.escape(bad)}\b", message) is not None
 
 
-def _build(cls: type, raw: Any, path: str, *, errors: list[str], origin: dict[str, str],
-           failed: set[str] | None = None) -> Any:
+def _build(
+    cls: type, raw: Any, path: str, *, errors: list[str], origin: dict[str, str], failed: set[str] | None = None
+) -> Any:
     """Build dataclass `cls` from nested dict `raw`, appending every problem to `errors` and the
     path of every value (or section) of the wrong type to `failed`: those keep their defaults."""
+
     def where(p: str) -> str:  # where a value came from: the file, or --set (for p or a key under it)
         under = [label for key, label in origin.items() if key.startswith(p + ".")] if p else []
         return f"{origin.get(p) or (under[0] if under else origin.get('', 'config'))}: {p}"
@@ -286,7 +309,11 @@ def _build(cls: type, raw: Any, path: str, *, errors: list[str], origin: dict[st
         converted, problem = _check_value(value, tp)
         if problem and str in (tp, *typing.get_args(tp)) and isinstance(value, (int, float, bool)):
             # YAML reads 2024, 1e3 and yes as numbers and booleans: a file or folder of that name needs quotes.
-            quoted = f"--set '{sub}=\"{yaml_scalar(value)}\"'" if origin.get(sub) == "--set" else f"{key}: \"{yaml_scalar(value)}\""
+            quoted = (
+                f"--set '{sub}=\"{yaml_scalar(value)}\"'"
+                if origin.get(sub) == "--set"
+                else f'{key}: "{yaml_scalar(value)}"'
+            )
             kind = "a boolean" if isinstance(value, bool) else "a number"
             problem += f"; YAML reads {yaml_scalar(value)} as {kind}: quote it ({quoted})"
         if problem:

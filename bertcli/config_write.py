@@ -33,9 +33,11 @@ def type_name(tp: Any) -> str:
 
 
 def preset_header(name: str) -> str:
-    return (f"bertcli run configuration, preset '{name}'. Written by `bertcli init`; edit freely.\n"
-            "Precedence: defaults < this file < `--set section.key=value` on the command line.\n"
-            "Each comment gives the meaning, the type and the default (the value used when a key is left out).")
+    return (
+        f"bertcli run configuration, preset '{name}'. Written by `bertcli init`; edit freely.\n"
+        "Precedence: defaults < this file < `--set section.key=value` on the command line.\n"
+        "Each comment gives the meaning, the type and the default (the value used when a key is left out)."
+    )
 
 
 def to_yaml(cfg: Config, header: str = "", comments: bool = True) -> str:

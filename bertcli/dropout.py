@@ -27,7 +27,7 @@ from torch import nn
 def keep_mask(shape: torch.Size, p: float, device: torch.device) -> torch.Tensor:
     """A bool mask of `shape`, each element True (kept) with probability 1 - p (p rounded to 2^-32)."""
     n = math.prod(shape)
-    words = torch.empty((n + 1) // 2, dtype=torch.int64, device=device).random_(-2**63, None)  # all 64 bits random
+    words = torch.empty((n + 1) // 2, dtype=torch.int64, device=device).random_(-(2**63), None)  # all 64 bits random
     # Each int32 half is uniform over [-2^31, 2^31): below the threshold with probability p. The
     # threshold stays inside int32 (p within 2^-33 of 1 would make it 2^31, wrapping to -2^31: all kept).
     threshold = min(round(p * 2**32), 2**32 - 1) - 2**31
@@ -48,8 +48,9 @@ class Dropout(nn.Dropout):
         return dropout(x, self.p, training=self.training)
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None, *,
-              dropout_p: float) -> torch.Tensor:
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None, *, dropout_p: float
+) -> torch.Tensor:
     """Scaled dot-product attention with dropout on the weights: (B, nh, T, hd) x3 -> (B, nh, T, hd);
     `keep` (B, 1, 1, T) bool: keys that may be attended (None: all).
 

@@ -67,8 +67,10 @@ class NotReproducible(UsageError):
     """A sentence-transformers folder whose own pooling or modules bertcli cannot run."""
 
     def __init__(self, folder: Path, problem: str) -> None:
-        super().__init__(f"{folder}: {problem}, so its embeddings cannot be reproduced; choose the pooling (cls, mean "
-                         "or max) for vectors of the BERT encoder itself")
+        super().__init__(
+            f"{folder}: {problem}, so its embeddings cannot be reproduced; choose the pooling (cls, mean "
+            "or max) for vectors of the BERT encoder itself"
+        )
         self.folder, self.problem = folder, problem
 
 
@@ -76,7 +78,9 @@ class NoSuchLayer(UsageError):
     """A layer the model does not have: it has 0 (the embeddings) to `last`, or -1 to -(last + 1)."""
 
     def __init__(self, layer: int, last: int) -> None:
-        super().__init__(f"layer {layer}: this model has layers 0 (embeddings) to {last} (-1 to -{last + 1} from the end)")
+        super().__init__(
+            f"layer {layer}: this model has layers 0 (embeddings) to {last} (-1 to -{last + 1} from the end)"
+        )
         self.layer, self.last = layer, last
 
 
@@ -92,8 +96,10 @@ class NotUtf8(UsageError):
     """An input line that is not UTF-8 while bad bytes are errors."""
 
     def __init__(self, source: str, line: int, byte: int) -> None:
-        super().__init__(f"{source}: line {line} is not valid UTF-8 (byte {byte} of the line); fix the input or "
-                         "read it with errors='replace'")
+        super().__init__(
+            f"{source}: line {line} is not valid UTF-8 (byte {byte} of the line); fix the input or "
+            "read it with errors='replace'"
+        )
         self.source, self.line, self.byte = source, line, byte
 
 
@@ -101,8 +107,10 @@ class Unpaired(UsageError):
     """An input line without a TAB while pairs are strict; `where`: "FILE: line N" (or "input line N")."""
 
     def __init__(self, where: str) -> None:
-        super().__init__(f"{where}: no TAB between the two sentences of a pair; write A<TAB>B, or encode pairs with "
-                         "strict_pairs off to encode such lines alone")
+        super().__init__(
+            f"{where}: no TAB between the two sentences of a pair; write A<TAB>B, or encode pairs with "
+            "strict_pairs off to encode such lines alone"
+        )
         self.where = where
 
 
@@ -134,8 +142,9 @@ def load_encoder(path: Path, device: torch.device, precision: str = "fp32") -> E
     path = Path(path)
     found = layout.identify(path)
     if found.kind is Kind.MISSING:
-        raise UsageError(f"{path}: no such folder; a model is a run folder, a checkpoint folder or a Hugging Face "
-                         "BERT folder")
+        raise UsageError(
+            f"{path}: no such folder; a model is a run folder, a checkpoint folder or a Hugging Face BERT folder"
+        )
     sentence = read_sentence_model(path) if found.kind is Kind.SENTENCE else None
     folder = sentence.transformer if sentence else path
     if found.kind is Kind.HF or (sentence is not None and layout.is_hf_folder(folder)):
@@ -148,13 +157,17 @@ def load_encoder(path: Path, device: torch.device, precision: str = "fp32") -> E
         fresh, source = tuple(hf.init_from(model, folder, uninitialised=True)), folder
     else:
         if sentence is not None:
-            raise UsageError(f"{folder}: no config.json, where {path / layout.SENTENCE_MODULES} puts the BERT model; "
-                             "restore the folder's files")
+            raise UsageError(
+                f"{folder}: no config.json, where {path / layout.SENTENCE_MODULES} puts the BERT model; "
+                "restore the folder's files"
+            )
         if found.kind is Kind.INCOMPLETE_CHECKPOINT:
             raise UsageError(f"{path}: {layout.incomplete(path)}; use another checkpoint of the run")
         if found.kind is not Kind.CHECKPOINT and not (found.kind is Kind.RUN and found.started):
-            raise UsageError(f"{path}: not a model; --model takes a run folder, a checkpoint folder or a Hugging Face "
-                             "BERT folder (config.json, model.safetensors, and tokenizer.json or vocab.txt)")
+            raise UsageError(
+                f"{path}: not a model; --model takes a run folder, a checkpoint folder or a Hugging Face "
+                "BERT folder (config.json, model.safetensors, and tokenizer.json or vocab.txt)"
+            )
         ckpt = hf.find_checkpoint(path)
         fresh, source = (), ckpt  # a checkpoint holds every weight (loaded strictly)
         cfg = checkpoint.read_config(ckpt).model
@@ -167,8 +180,14 @@ def load_encoder(path: Path, device: torch.device, precision: str = "fp32") -> E
         model = _uninitialised(cfg)
         checkpoint.load_weights(model, ckpt)  # strict: every weight
     model.to(device).eval()
-    return Encoder(model=model, tokenizer=tokenizer, rt=runtime.Runtime(device, precision), sentence=sentence, fresh=fresh,
-                   source=source)
+    return Encoder(
+        model=model,
+        tokenizer=tokenizer,
+        rt=runtime.Runtime(device, precision),
+        sentence=sentence,
+        fresh=fresh,
+        source=source,
+    )
 
 
 class _SkipInit(TorchFunctionMode):
@@ -177,8 +196,17 @@ class _SkipInit(TorchFunctionMode):
     numbers: modules initialise in their constructors, then BertForPreTraining again). The meta
     device would skip the drawing too, but initialising there imports torch._dynamo (2 s)."""
 
-    SKIPPED = {torch.nn.init.normal_, torch.nn.init.uniform_, torch.nn.init.kaiming_uniform_, torch.nn.init.zeros_,
-               torch.nn.init.ones_, torch.Tensor.normal_, torch.Tensor.uniform_, torch.Tensor.zero_, torch.Tensor.fill_}
+    SKIPPED = {
+        torch.nn.init.normal_,
+        torch.nn.init.uniform_,
+        torch.nn.init.kaiming_uniform_,
+        torch.nn.init.zeros_,
+        torch.nn.init.ones_,
+        torch.Tensor.normal_,
+        torch.Tensor.uniform_,
+        torch.Tensor.zero_,
+        torch.Tensor.fill_,
+    }
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204  (torch's protocol)
         if func in self.SKIPPED:
@@ -208,9 +236,18 @@ class Settings:
     batch_size: int  # texts per forward pass, at most
 
 
-def resolve(enc: Encoder, *, pooling: str | None = None, layer: int = -1, normalize: bool | None = None,
-            max_length: int | None = None, per_token: bool = False, pairs: bool = False, strict_pairs: bool = False,
-            batch_size: int = 32) -> Settings:
+def resolve(
+    enc: Encoder,
+    *,
+    pooling: str | None = None,
+    layer: int = -1,
+    normalize: bool | None = None,
+    max_length: int | None = None,
+    per_token: bool = False,
+    pairs: bool = False,
+    strict_pairs: bool = False,
+    batch_size: int = 32,
+) -> Settings:
     """Explicit values win. Otherwise a sentence-transformers folder's pooling with its
     normalisation, and its max_seq_length; else cls, no normalisation and the model's limit.
     Choosing a pooling leaves normalisation off unless asked: the folder's applies to its pooling
@@ -232,12 +269,22 @@ def resolve(enc: Encoder, *, pooling: str | None = None, layer: int = -1, normal
     if pooling == "pooler" and index != last:
         raise PoolerNotLast(index, last)
     if pooling == "pooler" and "pooler" in enc.fresh:  # its weights would be random: vectors of nothing learnt
-        raise UsageError(f"{enc.source}: has no pooler weights, so pooling 'pooler' would be random; pick cls, mean "
-                         "or max")
+        raise UsageError(
+            f"{enc.source}: has no pooler weights, so pooling 'pooler' would be random; pick cls, mean or max"
+        )
     folder_limit = st.max_seq_length if st is not None else None
     limit = min(max_length or folder_limit or enc.max_length, enc.max_length)
-    return Settings(pooling=pooling, normalize=bool(normalize), max_length=limit, from_folder=from_folder, layer=index,
-                    per_token=per_token, pairs=pairs, strict_pairs=strict_pairs, batch_size=batch_size)
+    return Settings(
+        pooling=pooling,
+        normalize=bool(normalize),
+        max_length=limit,
+        from_folder=from_folder,
+        layer=index,
+        per_token=per_token,
+        pairs=pairs,
+        strict_pairs=strict_pairs,
+        batch_size=batch_size,
+    )
 
 
 def read_lines(sources: list[str], errors: str) -> Iterator[Line]:
@@ -291,9 +338,11 @@ class Prefixes:
 
     def __init__(self, tok: Tokenizer, max_length: int) -> None:
         added = list(tok.get_added_tokens_decoder().values())
-        self.enabled = (isinstance(tok.pre_tokenizer, pre_tokenizers.BertPreTokenizer)
-                        and (tok.normalizer is None or isinstance(tok.normalizer, normalizers.BertNormalizer))
-                        and not any(a.normalized for a in added))
+        self.enabled = (
+            isinstance(tok.pre_tokenizer, pre_tokenizers.BertPreTokenizer)
+            and (tok.normalizer is None or isinstance(tok.normalizer, normalizers.BertNormalizer))
+            and not any(a.normalized for a in added)
+        )
         self.added = max((len(a.content) for a in added), default=0)
         self.budget = {pair: max(1, max_length - tok.num_special_tokens_to_add(pair)) for pair in (False, True)}
         self.source, self.probe = tok, None  # probe: a copy that does not truncate, made at the first long text
@@ -343,7 +392,7 @@ class Prefixes:
         Word boundaries are decided character by character (see above), so a character the last word
         holds never starts another word; an added token made only of such characters could, so then it
         may lose. Bounded work: the prefix's encoding, and scans of the rest at C speed."""
-        rest = text[len(prefix):]
+        rest = text[len(prefix) :]
         if rest.isspace():
             return False
         e = self._encode(prefix)
@@ -395,15 +444,17 @@ def _pool(hidden: torch.Tensor, valid_lens: torch.Tensor, pooling: str, model: B
     return hidden.masked_fill(~keep, float("-inf")).amax(1)
 
 
-def _forward(enc: Encoder, ids: list[list[int]], types: list[list[int]], layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _forward(
+    enc: Encoder, ids: list[list[int]], types: list[list[int]], layer: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Hidden states of `layer` (0 = embeddings, L = last; BertModel.layer_index) for a batch of
     token-id lists, padded: (B, T, H) and the (B,) valid lengths (called under torch.inference_mode)."""
     B, T = len(ids), max(len(x) for x in ids)
     input_ids = torch.zeros((B, T), dtype=torch.long)
     token_type_ids = torch.zeros((B, T), dtype=torch.long)
     for row, (x, t) in enumerate(zip(ids, types)):
-        input_ids[row, :len(x)] = torch.tensor(x)
-        token_type_ids[row, :len(t)] = torch.tensor(t)
+        input_ids[row, : len(x)] = torch.tensor(x)
+        token_type_ids[row, : len(t)] = torch.tensor(t)
     device = enc.rt.device
     valid_lens = torch.tensor([len(x) for x in ids], device=device)
     with enc.rt.autocast():
@@ -424,8 +475,9 @@ def _batches(order: list[int], lengths: list[int], rows: int, max_tokens: int | 
         yield batch
 
 
-def encode(enc: Encoder, lines: Iterator[str], out: "Writer", settings: Settings, *,
-           input_may_stall: bool = True) -> dict[str, int]:
+def encode(
+    enc: Encoder, lines: Iterator[str], out: Writer, settings: Settings, *, input_may_stall: bool = True
+) -> dict[str, int]:
     """Encode every line as `settings` say (see `resolve`) and hand the rows to `out` in input
     order; return counts. With pairs, a line without a TAB is one sentence (counted in "unpaired"),
     or an error when strict. `input_may_stall` (see `may_stall`; False for regular files): lines
@@ -453,8 +505,11 @@ def encode(enc: Encoder, lines: Iterator[str], out: "Writer", settings: Settings
             unpaired = [i for i, x in enumerate(inputs) if isinstance(x, str)]
             if unpaired and strict_pairs:
                 line = window[unpaired[0]]
-                raise Unpaired(f"{line.source}: line {line.number}" if isinstance(line, Line) else
-                               f"input line {counts['lines'] + unpaired[0] + 1}")
+                raise Unpaired(
+                    f"{line.source}: line {line.number}"
+                    if isinstance(line, Line)
+                    else f"input line {counts['lines'] + unpaired[0] + 1}"
+                )
             counts["unpaired"] += len(unpaired)
         cuts = [prefixes.cut(x) for x in inputs]  # a text far past the limit: only a prefix is tokenized
         encodings = enc.tokenizer.encode_batch([x for x, _ in cuts], add_special_tokens=True)
@@ -463,7 +518,9 @@ def encode(enc: Encoder, lines: Iterator[str], out: "Writer", settings: Settings
         order = sorted(range(len(window)), key=lengths.__getitem__)
         rows: list = [None] * len(window)
         for chunk in _batches(order, lengths, batch_size, max_tokens):
-            hidden, valid = _forward(enc, [encodings[i].ids for i in chunk], [encodings[i].type_ids for i in chunk], layer)
+            hidden, valid = _forward(
+                enc, [encodings[i].ids for i in chunk], [encodings[i].type_ids for i in chunk], layer
+            )
             if per_token:
                 for j, i in enumerate(chunk):
                     vectors = hidden[j, : int(valid[j])].float()
@@ -622,8 +679,11 @@ class Writer:
             record = {"line": number, "tokens": tokens, "vectors": [[float(f"{x:.6g}") for x in v] for v in row]}
             line = json.dumps(record | ({"text": text} if self.with_text else {}), ensure_ascii=False)
         else:
-            record = {"line": number, **({"text": text} if self.with_text else {}),
-                      "vector": [float(f"{x:.6g}") for x in row]}
+            record = {
+                "line": number,
+                **({"text": text} if self.with_text else {}),
+                "vector": [float(f"{x:.6g}") for x in row],
+            }
             line = json.dumps(record, ensure_ascii=False)
         try:
             if self.output is None:
@@ -657,8 +717,11 @@ class Writer:
             self.stream.close()
         else:
             self.raw.close()
-            header = {"descr": np.lib.format.dtype_to_descr(np.dtype("<f4")), "fortran_order": False,
-                      "shape": (self.rows, self.width or hidden_size)}
+            header = {
+                "descr": np.lib.format.dtype_to_descr(np.dtype("<f4")),
+                "fortran_order": False,
+                "shape": (self.rows, self.width or hidden_size),
+            }
             with open(self.tmp, "wb") as fh, open(self.raw_path, "rb") as rows:
                 np.lib.format.write_array_header_1_0(fh, header)
                 shutil.copyfileobj(rows, fh, 1 << 20)  # streamed: memory stays bounded

@@ -36,8 +36,13 @@ HF_FIELDS = [f.name for f in dataclasses.fields(ModelConfig) if f.name not in ("
 # model learned. Warm-up: 5% of the steps, at most the preset's.
 CONTINUED_LR = 5e-5
 CONTINUED_WARMUP_SHARE = 0.05
-SPECIAL_TOKENS = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
-                  "mask_token": "[MASK]"}
+SPECIAL_TOKENS = {
+    "unk_token": "[UNK]",
+    "sep_token": "[SEP]",
+    "pad_token": "[PAD]",
+    "cls_token": "[CLS]",
+    "mask_token": "[MASK]",
+}
 
 
 def find_checkpoint(path: Path) -> Path:
@@ -57,14 +62,20 @@ def find_checkpoint(path: Path) -> Path:
             ours = checkpoint.read_config(best)
         except Exception:  # noqa: BLE001  a best whose config does not load is no better
             ours = None
-        differ = chosen is not None and (ours is None or checkpoint.model_differences(ours, checkpoint.read_config(chosen)))
+        differ = chosen is not None and (
+            ours is None or checkpoint.model_differences(ours, checkpoint.read_config(chosen))
+        )
         if not differ:
             chosen = best
         else:
-            console.log(f"{best} is not of the run's model (that of its newest checkpoint), so it is passed over: "
-                        f"using {chosen}")
+            console.log(
+                f"{best} is not of the run's model (that of its newest checkpoint), so it is passed over: "
+                f"using {chosen}"
+            )
     if chosen is None:
-        raise UsageError(f"{path}: no checkpoint here; pass a checkpoint folder or a run folder that holds checkpoints/")
+        raise UsageError(
+            f"{path}: no checkpoint here; pass a checkpoint folder or a run folder that holds checkpoints/"
+        )
     checkpoint.check_own_files(chosen)
     return chosen
 
@@ -91,9 +102,15 @@ def export(source: Path, out_dir: Path, force: bool = False) -> Path:
     weights = checkpoint.read_weights(ckpt)  # finite, and none of the checkpoint's files a symbolic link
     for key in ("bert.embeddings.word_embeddings.weight", "cls.predictions.bias"):
         weights[key] = weights[key][: m.vocab_size].contiguous()  # drop the speed padding rows
-    config = {"architectures": ["BertForPreTraining"], "model_type": "bert",
-              **{k: getattr(m, k) for k in HF_FIELDS}, "tie_word_embeddings": True, "torch_dtype": "float32",
-              "position_embedding_type": "absolute", "bertcli_version": __version__}
+    config = {
+        "architectures": ["BertForPreTraining"],
+        "model_type": "bert",
+        **{k: getattr(m, k) for k in HF_FIELDS},
+        "tie_word_embeddings": True,
+        "torch_dtype": "float32",
+        "position_embedding_type": "absolute",
+        "bertcli_version": __version__,
+    }
     with atomic.folder(out_dir, guard) as tmp:
         _write_json(tmp / layout.HF_CONFIG, config)
         checkpoint.save_safetensors(weights, tmp / layout.WEIGHTS, metadata={"format": "pt"})
@@ -108,10 +125,14 @@ def export(source: Path, out_dir: Path, force: bool = False) -> Path:
         check_vocab_file(tok, (tmp / layout.VOCAB).read_bytes(), ckpt / layout.VOCAB)  # one vocabulary, not two
         casing = describe(tok)
         lower, strip = casing.get("lowercase", True), casing.get("strip_accents", True)
-        tokenizer_config = {"tokenizer_class": "BertTokenizer", "do_lower_case": lower,
-                            "strip_accents": None if strip == lower else strip,
-                            "tokenize_chinese_chars": casing.get("tokenize_chinese_chars", True),
-                            "model_max_length": m.max_position_embeddings, **SPECIAL_TOKENS}
+        tokenizer_config = {
+            "tokenizer_class": "BertTokenizer",
+            "do_lower_case": lower,
+            "strip_accents": None if strip == lower else strip,
+            "tokenize_chinese_chars": casing.get("tokenize_chinese_chars", True),
+            "model_max_length": m.max_position_embeddings,
+            **SPECIAL_TOKENS,
+        }
         _write_json(tmp / layout.TOKENIZER_CONFIG, tokenizer_config)
         _write_json(tmp / layout.SPECIAL_TOKENS_MAP, SPECIAL_TOKENS)
         for path in tmp.iterdir():
@@ -141,17 +162,21 @@ def read_hf_config(folder: Path) -> ModelConfig:
         if name in raw and raw[name] is not None:
             values[name] = raw[name]
     if raw.get("position_embedding_type", "absolute") != "absolute":
-        raise UsageError(f"{file}: position_embedding_type {raw['position_embedding_type']!r} is not supported (absolute only)")
+        raise UsageError(
+            f"{file}: position_embedding_type {raw['position_embedding_type']!r} is not supported (absolute only)"
+        )
     cfg = model_config_from_dict(values, str(file))  # strict: types, choices, divisibility
     check_weights(folder, cfg)  # before anything of its size is built
     return cfg
 
 
 # The sizes of a config against the weights file's tensors: (config fields, a tensor holding them as its shape).
-SIZED = [(("vocab_size", "hidden_size"), "bert.embeddings.word_embeddings.weight"),
-         (("max_position_embeddings", "hidden_size"), "bert.embeddings.position_embeddings.weight"),
-         (("type_vocab_size", "hidden_size"), "bert.embeddings.token_type_embeddings.weight"),
-         (("intermediate_size", "hidden_size"), "bert.encoder.layer.0.intermediate.dense.weight")]
+SIZED = [
+    (("vocab_size", "hidden_size"), "bert.embeddings.word_embeddings.weight"),
+    (("max_position_embeddings", "hidden_size"), "bert.embeddings.position_embeddings.weight"),
+    (("type_vocab_size", "hidden_size"), "bert.embeddings.token_type_embeddings.weight"),
+    (("intermediate_size", "hidden_size"), "bert.encoder.layer.0.intermediate.dense.weight"),
+]
 
 
 def check_weights(folder: Path, cfg: ModelConfig) -> None:
@@ -166,8 +191,10 @@ def check_weights(folder: Path, cfg: ModelConfig) -> None:
     mismatch = "the two do not belong together (one is damaged, or from another model): restore the folder's files"
     layers = {int(m.group(1)) for key in shapes if (m := re.match(r"bert\.encoder\.layer\.(\d+)\.", key))}
     if len(layers) != cfg.num_hidden_layers:
-        raise UsageError(f"{config} says num_hidden_layers {cfg.num_hidden_layers:,}, but model.safetensors holds "
-                         f"{len(layers):,} layers: {mismatch}")
+        raise UsageError(
+            f"{config} says num_hidden_layers {cfg.num_hidden_layers:,}, but model.safetensors holds "
+            f"{len(layers):,} layers: {mismatch}"
+        )
     for fields, key in SIZED:
         expected = tuple(getattr(cfg, name) for name in fields)
         if key not in shapes:
@@ -175,8 +202,9 @@ def check_weights(folder: Path, cfg: ModelConfig) -> None:
         rows = {expected[0], padded_vocab_size(cfg)} if fields[0] == "vocab_size" else {expected[0]}
         if len(shapes[key]) != 2 or shapes[key][0] not in rows or shapes[key][1] != expected[1]:
             said = " and ".join(f"{name} {getattr(cfg, name):,}" for name in fields)
-            raise UsageError(f"{config} says {said}, but model.safetensors holds {key} of shape "
-                             f"{tuple(shapes[key])}: {mismatch}")
+            raise UsageError(
+                f"{config} says {said}, but model.safetensors holds {key} of shape {tuple(shapes[key])}: {mismatch}"
+            )
 
 
 def check_tokenizer(tok: Tokenizer, cfg: ModelConfig, file: Path) -> None:
@@ -184,8 +212,10 @@ def check_tokenizer(tok: Tokenizer, cfg: ModelConfig, file: Path) -> None:
     rows or nothing (an IndexError mid-run); such a tokenizer belongs to another model."""
     top = max(tok.get_vocab(with_added_tokens=True).values(), default=-1)
     if top >= cfg.vocab_size:
-        raise UsageError(f"{file}: token ids go up to {top:,} but the model has vocab_size {cfg.vocab_size:,}; the "
-                         "tokenizer belongs to another model: restore the model's own tokenizer files")
+        raise UsageError(
+            f"{file}: token ids go up to {top:,} but the model has vocab_size {cfg.vocab_size:,}; the "
+            "tokenizer belongs to another model: restore the model's own tokenizer files"
+        )
 
 
 def _rename(key: str) -> str | None:
@@ -205,14 +235,20 @@ def weights_file(folder: Path) -> Path:
     if not file.is_file():
         if (folder / layout.HF_PICKLE).is_file():  # the tensors as they are (no heads added), read without pickle code
             pickle_path = str(folder / layout.HF_PICKLE)
-            convert = (f"import torch, safetensors.torch as st; w = torch.load({pickle_path!r}, weights_only=True); "
-                       f"st.save_file({{k: v.contiguous().clone() for k, v in w.items()}}, "
-                       f"{str(file)!r}, metadata={{'format': 'pt'}})")
-            raise UsageError(f"{folder}: only pytorch_model.bin here, and bertcli reads model.safetensors only (a .bin "
-                             f"file is a pickle, which can run code when loaded); convert it once, where you trust the "
-                             f"file: python3 -c \"{convert}\"")
-        raise UsageError(f"{folder}: no model.safetensors; a Hugging Face folder holds its weights in it (save "
-                         "them with save_pretrained(folder, safe_serialization=True))")
+            convert = (
+                f"import torch, safetensors.torch as st; w = torch.load({pickle_path!r}, weights_only=True); "
+                f"st.save_file({{k: v.contiguous().clone() for k, v in w.items()}}, "
+                f"{str(file)!r}, metadata={{'format': 'pt'}})"
+            )
+            raise UsageError(
+                f"{folder}: only pytorch_model.bin here, and bertcli reads model.safetensors only (a .bin "
+                f"file is a pickle, which can run code when loaded); convert it once, where you trust the "
+                f'file: python3 -c "{convert}"'
+            )
+        raise UsageError(
+            f"{folder}: no model.safetensors; a Hugging Face folder holds its weights in it (save "
+            "them with save_pretrained(folder, safe_serialization=True))"
+        )
     return file
 
 
@@ -227,8 +263,9 @@ def stored_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
         raise UsageError(f"{file}: cannot read weights ({exc})") from None
 
 
-def load_hf_weights(folder: Path, cfg: ModelConfig,
-                    model: BertForPreTraining | None = None) -> tuple[dict[str, torch.Tensor], list[str]]:
+def load_hf_weights(
+    folder: Path, cfg: ModelConfig, model: BertForPreTraining | None = None
+) -> tuple[dict[str, torch.Tensor], list[str]]:
     """Weights of a Hugging Face BERT folder under bertcli's names, vocabulary rows padded; and the
     parts (pooler, MLM head, NSP head) it lacks, which the caller initialises fresh. Shapes are
     checked against `model` (the one to load into), else against a model of `cfg` built on the meta
@@ -280,8 +317,10 @@ def imported_config(path: Path) -> ModelConfig:
         return checkpoint.read_config(path).model
     if found.kind in (Kind.HF, Kind.SENTENCE) and found.config is not None:  # (sentence-transformers: its own BERT)
         return read_hf_config(path)
-    raise UsageError(f"model.init_from={str(path)!r}: not a Hugging Face BERT folder (config.json + model.safetensors) "
-                     "nor a bertcli checkpoint folder")
+    raise UsageError(
+        f"model.init_from={str(path)!r}: not a Hugging Face BERT folder (config.json + model.safetensors) "
+        "nor a bertcli checkpoint folder"
+    )
 
 
 def adopt_imported(cfg: Config, path: Path) -> Config:
@@ -299,28 +338,41 @@ def adopt_imported(cfg: Config, path: Path) -> Config:
         ckpt, model = own
         data = cfg.data
         tokenizer = data.tokenizer.path
-        stand_in = (not tokenizer or Path(tokenizer) == path or path in Path(tokenizer).parents) and \
-            (ckpt / layout.TOKENIZER_JSON).is_file()
+        stand_in = (not tokenizer or Path(tokenizer) == path or path in Path(tokenizer).parents) and (
+            ckpt / layout.TOKENIZER_JSON
+        ).is_file()
         if stand_in:
-            data = dataclasses.replace(data, tokenizer=dataclasses.replace(data.tokenizer, path=str(ckpt / layout.TOKENIZER_JSON)))
-        console.info(f"model.init_from {path} is gone (or unreadable), but this run resumes from its own checkpoints and "
-                    f"does not need it: the architecture{' and the tokenizer' if stand_in else ''} come from {ckpt}")
+            data = dataclasses.replace(
+                data, tokenizer=dataclasses.replace(data.tokenizer, path=str(ckpt / layout.TOKENIZER_JSON))
+            )
+        console.info(
+            f"model.init_from {path} is gone (or unreadable), but this run resumes from its own checkpoints and "
+            f"does not need it: the architecture{' and the tokenizer' if stand_in else ''} come from {ckpt}"
+        )
         return _adopt(dataclasses.replace(cfg, data=data), model, ckpt)
     cfg = _adopt(cfg, imported, path)
     if not cfg.data.tokenizer.path:  # the imported model's own tokenizer
-        cfg = dataclasses.replace(cfg, data=dataclasses.replace(
-            cfg.data, tokenizer=dataclasses.replace(cfg.data.tokenizer, path=str(path))))
+        cfg = dataclasses.replace(
+            cfg, data=dataclasses.replace(cfg.data, tokenizer=dataclasses.replace(cfg.data.tokenizer, path=str(path)))
+        )
     return cfg
 
 
 def _adopt(cfg: Config, imported: ModelConfig, path: Path) -> Config:
     """cfg with model section `imported` (from `path`); a YAML value that contradicts it is an error."""
-    clashes = [f"model.{k}={getattr(cfg.model, k)!r} but {path} has {getattr(imported, k)!r}"
-               for k in HF_FIELDS if getattr(cfg.model, k) is not None and getattr(cfg.model, k) != getattr(imported, k)]
+    clashes = [
+        f"model.{k}={getattr(cfg.model, k)!r} but {path} has {getattr(imported, k)!r}"
+        for k in HF_FIELDS
+        if getattr(cfg.model, k) is not None and getattr(cfg.model, k) != getattr(imported, k)
+    ]
     if clashes:
-        raise UsageError(f"{'; '.join(clashes)}: the architecture comes from model.init_from; remove those keys or "
-                         f"write a matching config with `bertcli init DIR --init-from {path}`")
-    model = dataclasses.replace(imported, pad_vocab_multiple=cfg.model.pad_vocab_multiple, init_from=cfg.model.init_from)
+        raise UsageError(
+            f"{'; '.join(clashes)}: the architecture comes from model.init_from; remove those keys or "
+            f"write a matching config with `bertcli init DIR --init-from {path}`"
+        )
+    model = dataclasses.replace(
+        imported, pad_vocab_multiple=cfg.model.pad_vocab_multiple, init_from=cfg.model.init_from
+    )
     return dataclasses.replace(cfg, model=model)
 
 
@@ -359,8 +411,10 @@ def continued_pretraining(source: Path, preset: str, overrides: list[str]) -> tu
     values += [f"optimizer.lr={CONTINUED_LR}", f"optimizer.warmup_steps={warmup}"]
     cfg = preset_config(preset, values + overrides)
     o = cfg.optimizer
-    note = (f"\nContinued pretraining from {source}: its architecture (model), weights (model.init_from)"
-            f"{' and tokenizer (data.tokenizer.path)' if tokenizer else ''}.\n"
-            f"optimizer.lr {o.lr:g} with {o.warmup_steps:,} warm-up steps, against {scratch.optimizer.lr:g} from scratch "
-            f"in preset '{preset}':\na model that has learned already needs a lower rate, or the first steps undo it.")
+    note = (
+        f"\nContinued pretraining from {source}: its architecture (model), weights (model.init_from)"
+        f"{' and tokenizer (data.tokenizer.path)' if tokenizer else ''}.\n"
+        f"optimizer.lr {o.lr:g} with {o.warmup_steps:,} warm-up steps, against {scratch.optimizer.lr:g} from scratch "
+        f"in preset '{preset}':\na model that has learned already needs a lower rate, or the first steps undo it."
+    )
     return values, note

@@ -103,21 +103,39 @@ class Layout:
 
 # Every name a checkpoint folder may hold: CHECKPOINT_FILES, the tokenizer's, and any other file that
 # checkpoint.WRITERS writes (a name here that is not in CHECKPOINT_FILES: old checkpoints without it still load).
-CHECKPOINT = Layout("a checkpoint", TRAINER_STATE, frozenset((*CHECKPOINT_FILES, *TOKENIZER_FILES)),
-                    damaged_proof_counts=True)
+CHECKPOINT = Layout(
+    "a checkpoint", TRAINER_STATE, frozenset((*CHECKPOINT_FILES, *TOKENIZER_FILES)), damaged_proof_counts=True
+)
 _TMP = re.escape(TMP_PREFIX)
 _SPLIT = "|".join(map(re.escape, SPLITS))
 # Everything a prepared folder holds (this format's paths, those of format 3, and the temporary names
 # a stopped `prepare` leaves): `prepare` replaces or removes only what is one of these.
-PREPARED = Layout("prepared data", MANIFEST, frozenset(
-    (MANIFEST, *TOKENIZER_FILES, UNITS, INDEX, *SPLITS, *(f"{split}/{name}" for split in SPLITS for name in SHARD_FILES))),
-    patterns=tuple(re.compile(p) for p in (
-        rf"{UNITS}/(?:{_TMP}(?:del-)?)?{KEY}(?:\.\d+)?(?:/{re.escape(UNIT_RECORD)}|/(?:{_SPLIT})"
-        rf"(?:/(?:{'|'.join(map(re.escape, SHARD_FILES))}))?)?",
-        rf"{INDEX}/(?:{_TMP}(?:del-)?)?{KEY}(?:\.\d+)?(?:/(?:{_SPLIT})(?:/(?:{'|'.join(map(re.escape, INDEX_FILES))}))?)?",
-        rf"{_TMP}{re.escape(MANIFEST)}\.\d+")))
-EXPORT = Layout("an export", HF_CONFIG, frozenset(
-    (HF_CONFIG, WEIGHTS, *TOKENIZER_FILES, TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP)))
+PREPARED = Layout(
+    "prepared data",
+    MANIFEST,
+    frozenset(
+        (
+            MANIFEST,
+            *TOKENIZER_FILES,
+            UNITS,
+            INDEX,
+            *SPLITS,
+            *(f"{split}/{name}" for split in SPLITS for name in SHARD_FILES),
+        )
+    ),
+    patterns=tuple(
+        re.compile(p)
+        for p in (
+            rf"{UNITS}/(?:{_TMP}(?:del-)?)?{KEY}(?:\.\d+)?(?:/{re.escape(UNIT_RECORD)}|/(?:{_SPLIT})"
+            rf"(?:/(?:{'|'.join(map(re.escape, SHARD_FILES))}))?)?",
+            rf"{INDEX}/(?:{_TMP}(?:del-)?)?{KEY}(?:\.\d+)?(?:/(?:{_SPLIT})(?:/(?:{'|'.join(map(re.escape, INDEX_FILES))}))?)?",
+            rf"{_TMP}{re.escape(MANIFEST)}\.\d+",
+        )
+    ),
+)
+EXPORT = Layout(
+    "an export", HF_CONFIG, frozenset((HF_CONFIG, WEIGHTS, *TOKENIZER_FILES, TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP))
+)
 
 
 def prepared_lock(folder: Path) -> Path:
@@ -219,5 +237,11 @@ def identify(path: Path) -> Found:
     if config is None and not started:
         return Found(Kind.OTHER, path)
     best = checkpoints_dir(path) / BEST
-    return Found(Kind.RUN, path, config=config, started=started, checkpoints=tuple(list_checkpoints(path)),
-                 best=best if is_checkpoint(best) else None)
+    return Found(
+        Kind.RUN,
+        path,
+        config=config,
+        started=started,
+        checkpoints=tuple(list_checkpoints(path)),
+        best=best if is_checkpoint(best) else None,
+    )

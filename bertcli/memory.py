@@ -14,7 +14,6 @@ from bertcli.errors import UsageError
 from bertcli.model import padded_vocab_size
 from bertcli.runtime import Runtime
 
-
 BYTES_PER_PARAMETER = 16  # fp32 weights, their gradients and AdamW's two moments: 4 x 4 bytes
 
 
@@ -34,12 +33,23 @@ def parameter_count(model: ModelConfig) -> int:
     h, i, layers = model.hidden_size, model.intermediate_size, model.num_hidden_layers
     vocab = padded_vocab_size(model) if model.vocab_size is not None else model.pad_vocab_multiple
     embeddings = (vocab + model.max_position_embeddings + model.type_vocab_size) * h + 2 * h  # + LayerNorm
-    layer = (4 * h * h + 4 * h  # query, key, value and the attention output, with biases
-             + 2 * h * i + i + h  # the feed-forward block
-             + 2 * 2 * h)  # two LayerNorms
+    layer = (
+        4 * h * h
+        + 4 * h  # query, key, value and the attention output, with biases
+        + 2 * h * i
+        + i
+        + h  # the feed-forward block
+        + 2 * 2 * h
+    )  # two LayerNorms
     pooler = h * h + h
-    heads = (h * h + h + 2 * h + vocab  # MLM transform, its LayerNorm, the decoder bias (its weight is tied)
-             + 2 * h + 2)  # NSP
+    heads = (
+        h * h
+        + h
+        + 2 * h
+        + vocab  # MLM transform, its LayerNorm, the decoder bias (its weight is tied)
+        + 2 * h
+        + 2
+    )  # NSP
     return embeddings + layers * layer + pooler + heads
 
 
@@ -57,22 +67,40 @@ def check_memory(model: ModelConfig, rt: Runtime, parallel: str) -> None:
     h, hidden = model.hidden_size, f"model.hidden_size={model.hidden_size:,}"
     layers = n - parameter_count(dataclasses.replace(model, num_hidden_layers=0))
     parts = {  # the terms that can dominate, each named by the values that make it
-        f"model.vocab_size={model.vocab_size or 0:,} x {hidden}": (padded_vocab_size(model) if model.vocab_size else 0) * h,
-        f"model.max_position_embeddings={model.max_position_embeddings:,} x {hidden}": model.max_position_embeddings * h,
+        f"model.vocab_size={model.vocab_size or 0:,} x {hidden}": (padded_vocab_size(model) if model.vocab_size else 0)
+        * h,
+        f"model.max_position_embeddings={model.max_position_embeddings:,} x {hidden}": model.max_position_embeddings
+        * h,
         f"model.type_vocab_size={model.type_vocab_size:,} x {hidden}": model.type_vocab_size * h,
         f"model.num_hidden_layers={model.num_hidden_layers:,} x {layers // model.num_hidden_layers:,} per layer (from "
         f"{hidden} and model.intermediate_size={model.intermediate_size:,})": layers,
     }
     named, biggest = max(parts.items(), key=lambda kv: kv[1])
-    culprit = (f"{named} alone makes {biggest:,} of them" if biggest > n // 2 else
-               "model.hidden_size, model.intermediate_size and model.num_hidden_layers decide most of them")
-    checks = [(4 * n * local if rt.device.type == "cuda" else max(4 * n, on_device) * local, machine_memory(),
-               "this machine's memory")]
+    culprit = (
+        f"{named} alone makes {biggest:,} of them"
+        if biggest > n // 2
+        else "model.hidden_size, model.intermediate_size and model.num_hidden_layers decide most of them"
+    )
+    checks = [
+        (
+            4 * n * local if rt.device.type == "cuda" else max(4 * n, on_device) * local,
+            machine_memory(),
+            "this machine's memory",
+        )
+    ]
     if rt.device.type == "cuda":
-        checks.insert(0, (on_device, torch.cuda.get_device_properties(rt.device).total_memory,
-                          f"the GPU's memory ({torch.cuda.get_device_name(rt.device)})"))
+        checks.insert(
+            0,
+            (
+                on_device,
+                torch.cuda.get_device_properties(rt.device).total_memory,
+                f"the GPU's memory ({torch.cuda.get_device_name(rt.device)})",
+            ),
+        )
     for need, have, where in checks:
         if have and need > have:
-            raise UsageError(f"the model is too large to train here: {n:,} parameters need {need / 2**30:,.1f} GiB "
-                             f"for fp32 weights, gradients and AdamW state ({BYTES_PER_PARAMETER} bytes each, before "
-                             f"activations) but {where} is {have / 2**30:,.1f} GiB; {culprit}: choose smaller sizes")
+            raise UsageError(
+                f"the model is too large to train here: {n:,} parameters need {need / 2**30:,.1f} GiB "
+                f"for fp32 weights, gradients and AdamW state ({BYTES_PER_PARAMETER} bytes each, before "
+                f"activations) but {where} is {have / 2**30:,.1f} GiB; {culprit}: choose smaller sizes"
+            )

@@ -35,8 +35,17 @@ class LossStats(NamedTuple):
 
 
 # Dense bf16 matrix peak of known GPUs, TFLOP/s, for MFU (logging.peak_tflops overrides).
-PEAK_BF16_TFLOPS = {"H100 SXM": 989.0, "H100 80GB HBM3": 989.0, "H100 PCIe": 756.0, "H100 NVL": 835.0,
-                    "H200": 989.0, "A100": 312.0, "L40S": 362.0, "L4": 121.0, "A10G": 125.0}
+PEAK_BF16_TFLOPS = {
+    "H100 SXM": 989.0,
+    "H100 80GB HBM3": 989.0,
+    "H100 PCIe": 756.0,
+    "H100 NVL": 835.0,
+    "H200": 989.0,
+    "A100": 312.0,
+    "L40S": 362.0,
+    "L4": 121.0,
+    "A10G": 125.0,
+}
 
 
 def peak_tflops(device: torch.device, override: float) -> float | None:
@@ -54,8 +63,16 @@ class MetricsWindow:
     `read`, the one sync point, which averages them over the window's applied steps, adds
     tokens/s, model TFLOP/s and MFU, and starts the next window."""
 
-    def __init__(self, device: torch.device, step: int, micro_batches_per_step: int, batch_size: int,
-                 model: ModelConfig, nsp: bool, peak_tflops: float | None) -> None:
+    def __init__(
+        self,
+        device: torch.device,
+        step: int,
+        micro_batches_per_step: int,
+        batch_size: int,
+        model: ModelConfig,
+        nsp: bool,
+        peak_tflops: float | None,
+    ) -> None:
         self.device, self.micro_per_step, self.batch_size = device, micro_batches_per_step, batch_size
         self.model, self.nsp, self.peak = model, nsp, peak_tflops
         self.sums = torch.zeros(len(LossStats._fields), device=device)  # LossStats summed over micro-batches
@@ -86,15 +103,20 @@ class MetricsWindow:
         s = LossStats(*self.sums.tolist())  # the sync point
         skipped = int(self.skipped)
         applied = (micro_batches - skipped * self.micro_per_step * rt.world_size) or math.nan  # NaN: all skipped
-        metrics = {"loss": s.loss / applied, "mlm_loss": s.mlm_loss / applied,
-                   "mlm_acc": s.mlm_correct / max(s.mlm_count, 1.0)}
+        metrics = {
+            "loss": s.loss / applied,
+            "mlm_loss": s.mlm_loss / applied,
+            "mlm_acc": s.mlm_correct / max(s.mlm_count, 1.0),
+        }
         if self.nsp:
             metrics.update(nsp_loss=s.nsp_loss / applied, nsp_acc=s.nsp_correct / max(s.nsp_count, 1.0))
         tokens_per_s = tokens / max(elapsed, 1e-9)
         metrics.update(lr=lr, grad_norm=float(grad_norm), skipped_steps=skipped, tokens_per_s=tokens_per_s)
         if skipped:
-            console.log(f"step {step}: skipped {skipped} step(s) of the last {step - self.start_step}: "
-                        "loss or gradients NaN or inf")
+            console.log(
+                f"step {step}: skipped {skipped} step(s) of the last {step - self.start_step}: "
+                "loss or gradients NaN or inf"
+            )
         # Model FLOPs at the measured mean sequence length and share of tokens predicted.
         flops = flops_per_token(self.model, tokens / (micro_batches * self.batch_size), s.mlm_count / max(tokens, 1.0))
         metrics["model_tflops"] = tokens_per_s * flops / 1e12
@@ -133,8 +155,9 @@ def read_metrics_checked(path: Path) -> tuple[list[dict[str, Any]], str | None]:
     if not bad:
         return records, None
     shown = ", ".join(bad[:5]) + (", ..." if len(bad) > 5 else "")
-    return records, (f"{path}: {len(bad)} damaged line(s) skipped (line {shown}): each must be a JSON object with "
-                     "an integer step")
+    return records, (
+        f"{path}: {len(bad)} damaged line(s) skipped (line {shown}): each must be a JSON object with an integer step"
+    )
 
 
 def _short(value: float) -> str:
@@ -166,7 +189,9 @@ class MetricsLogger:
             threading.excepthook = self._quiet_writer_thread
             try:
                 with atomic.writing(self.tensorboard_dir):
-                    self.writer = SummaryWriter(str(self.tensorboard_dir), purge_step=start_step + 1 if start_step else None)
+                    self.writer = SummaryWriter(
+                        str(self.tensorboard_dir), purge_step=start_step + 1 if start_step else None
+                    )
             except BaseException:
                 threading.excepthook = self.excepthook
                 self.jsonl.close()
@@ -192,16 +217,26 @@ class MetricsLogger:
                 for key, value in metrics.items():
                     self.writer.add_scalar(f"{split}/{key}", value, step)
                 self.writer.flush()
-        shown = {"loss": "loss", "mlm_loss": "mlm", "mlm_acc": "mlm_acc", "nsp_acc": "nsp_acc", "perplexity": "ppl",
-                 "tokens_per_s": "tok/s"}
-        summary = {label: (_short(metrics[k]) if k == "tokens_per_s" else f"{metrics[k]:.4g}")
-                   for k, label in shown.items() if k in metrics}
+        shown = {
+            "loss": "loss",
+            "mlm_loss": "mlm",
+            "mlm_acc": "mlm_acc",
+            "nsp_acc": "nsp_acc",
+            "perplexity": "ppl",
+            "tokens_per_s": "tok/s",
+        }
+        summary = {
+            label: (_short(metrics[k]) if k == "tokens_per_s" else f"{metrics[k]:.4g}")
+            for k, label in shown.items()
+            if k in metrics
+        }
         if self.bar is not None:
             if split == "train":
                 self.bar.set_postfix(summary, refresh=True)
             else:
-                self.bar.write(f"{split} at step {step}: " + ", ".join(f"{k} {v}" for k, v in summary.items()),
-                               file=sys.stderr)
+                self.bar.write(
+                    f"{split} at step {step}: " + ", ".join(f"{k} {v}" for k, v in summary.items()), file=sys.stderr
+                )
         elif not self.quiet:
             fields = " | ".join(f"{k} {v}" for k, v in summary.items())
             prefix = "step" if split == "train" else f"{split} at step"

@@ -13,9 +13,10 @@ Shapes: B batch, T sequence length, H hidden size, P prediction slots per exampl
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cache, partial
 from itertools import islice
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -57,12 +58,13 @@ class BertEmbeddings(nn.Module):
         self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.dropout = Dropout(cfg.hidden_dropout_prob)
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
-                positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """(B, T) ids -> (B, T, H); or, packed, (N,) ids with their (N,) positions -> (N, H)."""
         x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
         if positions is None:
-            x = x + self.position_embeddings.weight[:input_ids.shape[1]]  # positions 0..T-1, broadcast over B
+            x = x + self.position_embeddings.weight[: input_ids.shape[1]]  # positions 0..T-1, broadcast over B
         else:
             x = x + self.position_embeddings(positions)
         return self.dropout(self.LayerNorm(x))
@@ -79,13 +81,18 @@ class Packing(NamedTuple):
     valid_lens: torch.Tensor  # (B,) int64
     width: int  # T, the padded width the batch came in
 
-    def to(self, device: torch.device, non_blocking: bool = False) -> "Packing":
+    def to(self, device: torch.device, non_blocking: bool = False) -> Packing:
         move = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
-        return self._replace(indices=move(self.indices), cu_seqlens=move(self.cu_seqlens), valid_lens=move(self.valid_lens))
+        return self._replace(
+            indices=move(self.indices), cu_seqlens=move(self.cu_seqlens), valid_lens=move(self.valid_lens)
+        )
 
-    def pin_memory(self) -> "Packing":
-        return self._replace(indices=self.indices.pin_memory(), cu_seqlens=self.cu_seqlens.pin_memory(),
-                             valid_lens=self.valid_lens.pin_memory())
+    def pin_memory(self) -> Packing:
+        return self._replace(
+            indices=self.indices.pin_memory(),
+            cu_seqlens=self.cu_seqlens.pin_memory(),
+            valid_lens=self.valid_lens.pin_memory(),
+        )
 
     def pack(self, padded: torch.Tensor) -> torch.Tensor:
         """(B, T, ...) -> (N, ...)"""
@@ -104,8 +111,13 @@ def packing(valid_lens: torch.Tensor, width: int) -> Packing:
     keep = torch.arange(width)[None, :] < valid_lens[:, None]  # (B, T)
     cu_seqlens = torch.zeros(len(valid_lens) + 1, dtype=torch.int32)
     cu_seqlens[1:] = valid_lens.cumsum(0)
-    return Packing(indices=keep.flatten().nonzero().squeeze(1), cu_seqlens=cu_seqlens, max_seqlen=int(valid_lens.max()),
-                   valid_lens=valid_lens, width=width)
+    return Packing(
+        indices=keep.flatten().nonzero().squeeze(1),
+        cu_seqlens=cu_seqlens,
+        max_seqlen=int(valid_lens.max()),
+        valid_lens=valid_lens,
+        width=width,
+    )
 
 
 @cache
@@ -152,10 +164,14 @@ class BertSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | Packing | None) -> torch.Tensor:
         if isinstance(attn_mask, Packing):  # x: (N, H), the real tokens only
             if self.training and self.dropout_p > 0:
-                raise ValueError("the unpadded path has no attention dropout: use it with attention_probs_dropout_prob 0")
+                raise ValueError(
+                    "the unpadded path has no attention dropout: use it with attention_probs_dropout_prob 0"
+                )
             N, H = x.shape
             heads = lambda t: t.view(N, self.num_heads, self.head_dim)  # noqa: E731  (N, nh, hd)
-            return packed_attention(heads(self.query(x)), heads(self.key(x)), heads(self.value(x)), attn_mask).reshape(N, H)
+            return packed_attention(heads(self.query(x)), heads(self.key(x)), heads(self.value(x)), attn_mask).reshape(
+                N, H
+            )
         B, T, H = x.shape
         split = lambda t: t.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # noqa: E731  (B, nh, T, hd)
         q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
@@ -230,8 +246,9 @@ class BertEncoder(nn.Module):
         super().__init__()
         self.layer = nn.ModuleList(BertLayer(cfg) for _ in range(cfg.num_hidden_layers))
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | Packing | None,
-                num_layers: int | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, attn_mask: torch.Tensor | Packing | None, num_layers: int | None = None
+    ) -> torch.Tensor:
         """The first `num_layers` blocks (None: all of them) over x."""
         for layer in islice(self.layer, num_layers):  # islice: no new ModuleList per call
             x = layer(x, attn_mask)
@@ -279,13 +296,21 @@ class BertModel(nn.Module):
         L = len(self.blocks)
         index = layer if layer >= 0 else L + 1 + layer
         if not 0 <= index <= L:
-            raise IndexError(f"layer {layer} out of range: the model has {L} layers "
-                             f"(0 = the embeddings to {L}, or -1 to -{L + 1} from the end)")
+            raise IndexError(
+                f"layer {layer} out of range: the model has {L} layers "
+                f"(0 = the embeddings to {L}, or -1 to -{L + 1} from the end)"
+            )
         return index
 
-    def hidden_states(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
-                      valid_lens: torch.Tensor | None = None, *, layer: int = -1,
-                      packed: Packing | None = None) -> torch.Tensor:
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor,
+        valid_lens: torch.Tensor | None = None,
+        *,
+        layer: int = -1,
+        packed: Packing | None = None,
+    ) -> torch.Tensor:
         """Hidden states after `layer` (see layer_index; -1 = the last): (B, T) ids -> (B, T, H).
         With `packed` (the batch's Packing) the encoder runs on the N real tokens alone and they
         come back packed, (N, H)."""
@@ -297,8 +322,14 @@ class BertModel(nn.Module):
             mask = None if valid_lens is None else padding_mask(valid_lens, input_ids.shape[1])
         return self.encoder(x, mask, self.layer_index(layer))
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, valid_lens: torch.Tensor | None = None,
-                *, packed: Packing | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor,
+        valid_lens: torch.Tensor | None = None,
+        *,
+        packed: Packing | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, T) ids -> the last layer (B, T, H) and the pooled [CLS] (B, H); packed, the last
         layer is (N, H) (see hidden_states)."""
         encoded = self.hidden_states(input_ids, token_type_ids, valid_lens, packed=packed)
@@ -380,8 +411,15 @@ class BertForPreTraining(nn.Module):
         """The encoder's blocks (see BertModel.blocks)."""
         return self.bert.blocks
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, valid_lens: torch.Tensor | None = None,
-                pred_positions: torch.Tensor | None = None, *, packed: Packing | None = None) -> PretrainingOutput:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor,
+        valid_lens: torch.Tensor | None = None,
+        pred_positions: torch.Tensor | None = None,
+        *,
+        packed: Packing | None = None,
+    ) -> PretrainingOutput:
         encoded, pooled = self.bert(input_ids, token_type_ids, valid_lens, packed=packed)
         if pred_positions is not None:
             # Gather the P predicted positions first so the MLM head (and its V-wide decoder)
@@ -394,7 +432,7 @@ class BertForPreTraining(nn.Module):
                 to_predict = encoded.gather(1, index)
         else:
             to_predict = encoded if packed is None else packed.unpack(encoded)
-        mlm_logits = self.cls.predictions(to_predict)[..., :self.config.vocab_size]  # drop padding rows (a view)
+        mlm_logits = self.cls.predictions(to_predict)[..., : self.config.vocab_size]  # drop padding rows (a view)
         nsp_logits = self.cls.seq_relationship(pooled)
         return PretrainingOutput(encoded, mlm_logits, nsp_logits)
 

@@ -33,8 +33,9 @@ def fused_adamw(device: torch.device) -> bool:
 def build_optimizer(model: nn.Module, cfg: OptimizerConfig, fused: bool = False) -> torch.optim.AdamW:
     """AdamW; `fused`: one kernel updates every parameter in place (CUDA and CPU; see
     fused_adamw), instead of a chain of tensor ops with temporaries per parameter."""
-    return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
-                             eps=cfg.eps, fused=fused or None)
+    return torch.optim.AdamW(
+        param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=fused or None
+    )
 
 
 def lr_at(step: int, cfg: OptimizerConfig, max_steps: int) -> float:

@@ -98,8 +98,9 @@ def check_replaceable(target: Path, layout: Layout, fix: str) -> None:
     """Refuse (exit 2) to replace `target` unless bertcli wrote it (see not_owned)."""
     reason = not_owned(target, layout)
     if reason is not None:
-        raise UsageError(f"{target} {reason}, so bertcli left it untouched (it replaces only what it wrote itself): "
-                         f"{fix}")
+        raise UsageError(
+            f"{target} {reason}, so bertcli left it untouched (it replaces only what it wrote itself): {fix}"
+        )
 
 
 def relation(target: Path, other: Path) -> str | None:
@@ -134,28 +135,37 @@ def check_output_file(output: Path, inputs: list[Path], model: Path) -> Path:
     if resolved.is_dir():
         raise UsageError(f"--output {output} is a folder; name a file, e.g. {Path(output) / 'vectors.npy'}")
     if not resolved.parent.is_dir():  # checked before the model loads, not at the first write
-        raise UsageError(f"--output {output}: its folder {Path(output).parent} does not exist; create it or name a "
-                         "file in an existing folder")
+        raise UsageError(
+            f"--output {output}: its folder {Path(output).parent} does not exist; create it or name a "
+            "file in an existing folder"
+        )
     for path in inputs:
-        if relation(resolved, path) == "is" or (resolved.exists() and Path(path).exists()
-                                                and os.path.samefile(resolved, path)):  # a hard link too
-            raise UsageError(f"--output {output} is the input file {path}; writing there would destroy it: "
-                             "name another file")
+        if relation(resolved, path) == "is" or (
+            resolved.exists() and Path(path).exists() and os.path.samefile(resolved, path)
+        ):  # a hard link too
+            raise UsageError(
+                f"--output {output} is the input file {path}; writing there would destroy it: name another file"
+            )
     if resolved.exists() and relation(resolved, read) == "is inside":
-        raise UsageError(f"--output {output} is a file of the model {model}; writing there would destroy it: "
-                         "name another file")
+        raise UsageError(
+            f"--output {output} is a file of the model {model}; writing there would destroy it: name another file"
+        )
     run = run_file(resolved)
     if run is not None:
-        raise UsageError(f"--output {output} is {run[1]} of the run folder {run[0]}, which bertcli reads and writes: "
-                         f"name another file, e.g. {run[0] / ('vectors' + (resolved.suffix if resolved.suffix in ('.npy', '.tsv') else '.jsonl'))}")
+        raise UsageError(
+            f"--output {output} is {run[1]} of the run folder {run[0]}, which bertcli reads and writes: "
+            f"name another file, e.g. {run[0] / ('vectors' + (resolved.suffix if resolved.suffix in ('.npy', '.tsv') else '.jsonl'))}"
+        )
     owned = owner(resolved.parent)
     if owned is not None:
         outside = owned[0].parent
         while owner(outside) is not None:
             outside = outside.parent
-        raise UsageError(f"--output {output} is inside {owned[0]}, {owned[1]} of bertcli's (it replaces such folders "
-                         "whole, and refuses one holding a file it did not write): name a file outside it, e.g. "
-                         f"{outside / resolved.name}")
+        raise UsageError(
+            f"--output {output} is inside {owned[0]}, {owned[1]} of bertcli's (it replaces such folders "
+            "whole, and refuses one holding a file it did not write): name a file outside it, e.g. "
+            f"{outside / resolved.name}"
+        )
     return resolved
 
 
@@ -164,6 +174,7 @@ def run_file(path: Path) -> tuple[Path, str] | None:
     layout.RUN_FILES), or inside its tensorboard/; None otherwise. A run folder here is one that a
     run has started in (checkpoints/, .lock or metrics.jsonl: a folder with only a config.yaml is
     not one yet, and writing there is the user's)."""
+
     def is_run(folder: Path) -> bool:
         found = identify(folder)
         return found.kind is Kind.RUN and found.started

@@ -14,12 +14,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from bertcli.model import BertForPreTraining
 from bertcli.runtime import Runtime
 
-
 COMPILE_BACKEND = "inductor"  # tests use "aot_eager": the same graph capture without minutes of code generation
 
 
-def parallelize(model: BertForPreTraining, rt: Runtime, *, parallel: str, every_parameter_used: bool,
-                compile: bool = False) -> nn.Module:
+def parallelize(
+    model: BertForPreTraining, rt: Runtime, *, parallel: str, every_parameter_used: bool, compile: bool = False
+) -> nn.Module:
     """Put `model` on the device and return what the training step calls: the model itself in
     one process; under torchrun a DistributedDataParallel wrapper (`ddp`: a whole model on each
     process, gradients all-reduced), or the model sharded in place by FSDP2 (`fsdp`: each
@@ -48,8 +48,11 @@ def parallelize(model: BertForPreTraining, rt: Runtime, *, parallel: str, every_
     if not rt.distributed:
         return model
     # Without NSP the pooler and NSP head get no gradient: DDP must be told to expect that.
-    return DDP(model, device_ids=[rt.device.index] if rt.device.type == "cuda" else None,
-               find_unused_parameters=not every_parameter_used)
+    return DDP(
+        model,
+        device_ids=[rt.device.index] if rt.device.type == "cuda" else None,
+        find_unused_parameters=not every_parameter_used,
+    )
 
 
 def gradient_sync(train_model: nn.Module, enabled: bool) -> contextlib.AbstractContextManager:

@@ -45,7 +45,11 @@ def from_here(overrides: list[str]) -> list[str]:
                 value = load_yaml(text)
             except (yaml.YAMLError, ValueError, RecursionError):  # TooManyAliases too
                 value = None  # the loader says what is wrong with it
-            if isinstance(value, str) and value.strip() and not (key.strip() == "data.corpus" and value in KEYWORD_CORPORA):
+            if (
+                isinstance(value, str)
+                and value.strip()
+                and not (key.strip() == "data.corpus" and value in KEYWORD_CORPORA)
+            ):
                 path = Path(value).expanduser()
                 item = f"{key}={json.dumps(str(path if path.is_absolute() else Path.cwd() / path))}"
         out.append(item)
@@ -66,7 +70,9 @@ def resolve(cfg: Config, base: Path, adopt_init_from: bool = True) -> Config:
         data = dataclasses.replace(data, corpus=absolute(data.corpus))
     data = dataclasses.replace(data, prepared_dir=absolute(data.prepared_dir))
     if data.tokenizer.path:
-        data = dataclasses.replace(data, tokenizer=dataclasses.replace(data.tokenizer, path=absolute(data.tokenizer.path)))
+        data = dataclasses.replace(
+            data, tokenizer=dataclasses.replace(data.tokenizer, path=absolute(data.tokenizer.path))
+        )
     model = cfg.model
     if model.init_from:
         model = dataclasses.replace(model, init_from=absolute(model.init_from))
@@ -94,14 +100,19 @@ def check_outputs_apart(cfg: Config) -> None:
     for key, target in (("output_dir", output), ("data.prepared_dir", Path(cfg.data.prepared_dir))):
         how = relation(target, corpus)
         if how in ("is", "is inside"):
-            raise UsageError(f"{key} {target} {how} the corpus {corpus}: the run would write its files into the corpus, "
-                             f"and the next prepare would read them as text; {fix} (set {key} elsewhere)")
+            raise UsageError(
+                f"{key} {target} {how} the corpus {corpus}: the run would write its files into the corpus, "
+                f"and the next prepare would read them as text; {fix} (set {key} elsewhere)"
+            )
     written = [("data.prepared_dir", Path(cfg.data.prepared_dir))] + [
-        ("output_dir", output / name) for name in RUN_OUTPUTS]
+        ("output_dir", output / name) for name in RUN_OUTPUTS
+    ]
     for key, target in written:
         if relation(corpus, target) in ("is", "is inside"):
-            raise UsageError(f"the corpus {corpus} lies inside {target}, which bertcli writes (from {key}); {fix} "
-                             "(move the corpus out of it)")
+            raise UsageError(
+                f"the corpus {corpus} lies inside {target}, which bertcli writes (from {key}); {fix} "
+                "(move the corpus out of it)"
+            )
 
 
 def with_vocab(cfg: Config, vocab_size: int, source: str) -> Config:
@@ -109,6 +120,8 @@ def with_vocab(cfg: Config, vocab_size: int, source: str) -> Config:
     if cfg.model.vocab_size is None:
         return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab_size))
     if cfg.model.vocab_size != vocab_size:
-        raise UsageError(f"model.vocab_size={cfg.model.vocab_size} but the tokenizer of {source} has {vocab_size:,} "
-                         "tokens; set model.vocab_size: null to take the size from the tokenizer")
+        raise UsageError(
+            f"model.vocab_size={cfg.model.vocab_size} but the tokenizer of {source} has {vocab_size:,} "
+            "tokens; set model.vocab_size: null to take the size from the tokenizer"
+        )
     return cfg

@@ -29,11 +29,14 @@ class RunLock:
 
     def refusal(self, command: str, holder: str) -> str:
         """The line for a command refused because `command` (`holder`: "pid N") holds the lock."""
-        fix = ("wait for it to finish, or set output_dir to another folder" if self.command == "pretrain" else
-               "wait for it to finish, then run it again")
+        fix = (
+            "wait for it to finish, or set output_dir to another folder"
+            if self.command == "pretrain"
+            else "wait for it to finish, then run it again"
+        )
         return f"{self.folder} is in use by another bertcli {command} ({holder}); {fix}"
 
-    def __enter__(self) -> "RunLock":
+    def __enter__(self) -> RunLock:
         import fcntl
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -74,5 +77,7 @@ class PreparedLock(RunLock):
 
     def refusal(self, command: str, holder: str) -> str:
         when = "it has finished" if command == "prepare" else "it has started training"
-        return (f"the prepared data {self.folder} is being prepared or read by another bertcli {command} ({holder}); "
-                f"run this again once {when}, or set data.prepared_dir to another folder")
+        return (
+            f"the prepared data {self.folder} is being prepared or read by another bertcli {command} ({holder}); "
+            f"run this again once {when}, or set data.prepared_dir to another folder"
+        )

@@ -22,7 +22,6 @@ from bertcli import console
 from bertcli.config import DEVICE_NAMES, PrecisionConfig, is_device_name
 from bertcli.errors import UsageError
 
-
 PRECISIONS = ("fp32", "bf16", "fp16")  # resolved precisions; config's precision.mode adds auto
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}  # fp32: no autocast
 
@@ -133,8 +132,9 @@ def setup(device: str, precision: PrecisionConfig) -> Runtime:
 UNPAD_MIN_TOKENS = 16_384
 
 
-def unpadded(setting: bool | None, *, device: torch.device, precision: str, attention_dropout: float,
-             micro_batch_tokens: int) -> tuple[bool, str | None]:
+def unpadded(
+    setting: bool | None, *, device: torch.device, precision: str, attention_dropout: float, micro_batch_tokens: int
+) -> tuple[bool, str | None]:
     """Whether the encoder runs on the real tokens only (train.unpad), and why not when asked for.
     Its attention (FlashAttention's variable-length kernel on GPUs, a padded reference on CPUs)
     has no attention dropout, so it applies only without; null (automatic) takes it on GPUs for
@@ -144,9 +144,16 @@ def unpadded(setting: bool | None, *, device: torch.device, precision: str, atte
     if setting is None:
         from bertcli.model import varlen_attention_available  # FlashAttention's kernel: half precision, recent torch
 
-        return (device.type == "cuda" and attention_dropout == 0 and micro_batch_tokens >= UNPAD_MIN_TOKENS
-                and precision in ("bf16", "fp16") and varlen_attention_available()), None
+        return (
+            device.type == "cuda"
+            and attention_dropout == 0
+            and micro_batch_tokens >= UNPAD_MIN_TOKENS
+            and precision in ("bf16", "fp16")
+            and varlen_attention_available()
+        ), None
     if attention_dropout > 0:
-        return False, (f"train.unpad is true but model.attention_probs_dropout_prob is {attention_dropout}, and the "
-                       "unpadded attention has no dropout: training padded (set it to 0 to train unpadded)")
+        return False, (
+            f"train.unpad is true but model.attention_probs_dropout_prob is {attention_dropout}, and the "
+            "unpadded attention has no dropout: training padded (set it to 0 to train unpadded)"
+        )
     return True, None

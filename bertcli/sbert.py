@@ -24,9 +24,14 @@ from bertcli.layout import MODULE_CONFIG, SENTENCE_MODULES, SENTENCE_SETTINGS, T
 # Pooling modes bertcli computes, under the names sentence-transformers gives them.
 SUPPORTED = ("cls", "mean", "max")
 # The older config format: one boolean per mode (all false means mean, as sentence-transformers reads it).
-LEGACY_MODES = {"pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max", "pooling_mode_mean_tokens": "mean",
-                "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
-                "pooling_mode_weightedmean_tokens": "weightedmean", "pooling_mode_lasttoken": "lasttoken"}
+LEGACY_MODES = {
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
+    "pooling_mode_lasttoken": "lasttoken",
+}
 
 
 @dataclass(frozen=True)
@@ -80,12 +85,20 @@ def _max_seq_length(settings: dict[str, Any], settings_file: Path, transformer: 
     limit). Versions before 6 put max_seq_length first; no folder either one saves has both."""
     key = "tokenizer_args" if "tokenizer_args" in settings else "processor_kwargs"
     kwargs = settings.get(key)
-    sources = [(settings_file, f"{key}.model_max_length", kwargs.get("model_max_length") if isinstance(kwargs, dict) else None),
-               (settings_file, "max_seq_length", settings.get("max_seq_length"))]
+    sources = [
+        (
+            settings_file,
+            f"{key}.model_max_length",
+            kwargs.get("model_max_length") if isinstance(kwargs, dict) else None,
+        ),
+        (settings_file, "max_seq_length", settings.get("max_seq_length")),
+    ]
     tokenizer_config = transformer / TOKENIZER_CONFIG
     if tokenizer_config.is_file():
         raw = _read_json(tokenizer_config)
-        sources.append((tokenizer_config, "model_max_length", raw.get("model_max_length") if isinstance(raw, dict) else None))
+        sources.append(
+            (tokenizer_config, "model_max_length", raw.get("model_max_length") if isinstance(raw, dict) else None)
+        )
     for file, key, length in sources:
         if length is None:
             continue
@@ -106,8 +119,10 @@ def read_sentence_model(folder: Path) -> SentenceModel | None:
         raise UsageError(f"{file}: expected a list of modules")
     kinds = [_kind(m) for m in modules]
     if not kinds or kinds[0] != "Transformer":
-        raise UsageError(f"{file}: the first module is {kinds[0] if kinds else 'missing'}, not a Transformer; "
-                         "bertcli reads sentence-transformers folders of a BERT model")
+        raise UsageError(
+            f"{file}: the first module is {kinds[0] if kinds else 'missing'}, not a Transformer; "
+            "bertcli reads sentence-transformers folders of a BERT model"
+        )
     transformer = folder / str(modules[0].get("path", ""))
     pooling, normalize, unsupported = None, False, []
     for module, kind in zip(modules[1:], kinds[1:]):
@@ -120,7 +135,12 @@ def read_sentence_model(folder: Path) -> SentenceModel | None:
     settings = transformer / SENTENCE_SETTINGS
     raw = _read_json(settings) if settings.is_file() else {}
     raw = raw if isinstance(raw, dict) else {}
-    return SentenceModel(folder=folder, transformer=transformer, pooling=pooling or "none (token vectors)",
-                         normalize=normalize, max_seq_length=_max_seq_length(raw, settings, transformer),
-                         lowercase=bool(raw.get("do_lower_case", False)),
-                         unsupported=unsupported)
+    return SentenceModel(
+        folder=folder,
+        transformer=transformer,
+        pooling=pooling or "none (token vectors)",
+        normalize=normalize,
+        max_seq_length=_max_seq_length(raw, settings, transformer),
+        lowercase=bool(raw.get("do_lower_case", False)),
+        unsupported=unsupported,
+    )

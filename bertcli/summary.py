@@ -18,17 +18,35 @@ import torch
 from bertcli import checkpoint, hf, layout, resolve
 from bertcli.config import Config, DataConfig, ModelConfig, TokenizerConfig
 from bertcli.data.examples import ExampleBuilder
-from bertcli.data.prepare import (cache_check, check_prepared, data_random_next_share, load_prepared, random_next_warning,
-                                  read_manifest, vocabulary_sample)
-from bertcli.data.tokenizer import describe, find_tokenizer_file, load_tokenizer, read_tokenizer_json, tokenizer_identity
+from bertcli.data.prepare import (
+    cache_check,
+    check_prepared,
+    data_random_next_share,
+    load_prepared,
+    random_next_warning,
+    read_manifest,
+    vocabulary_sample,
+)
+from bertcli.data.tokenizer import (
+    describe,
+    find_tokenizer_file,
+    load_tokenizer,
+    read_tokenizer_json,
+    tokenizer_identity,
+)
 from bertcli.errors import UsageError
 from bertcli.layout import Kind
 from bertcli.metrics import read_metrics_checked
 from bertcli.model import BertForPreTraining, flops_per_token
 from bertcli.sbert import read_sentence_model
 
-PARTS = {"embeddings": "bert.embeddings.", "encoder": "bert.encoder.", "pooler": "bert.pooler.",
-         "mlm_head": "cls.predictions.", "nsp_head": "cls.seq_relationship."}
+PARTS = {
+    "embeddings": "bert.embeddings.",
+    "encoder": "bert.encoder.",
+    "pooler": "bert.pooler.",
+    "mlm_head": "cls.predictions.",
+    "nsp_head": "cls.seq_relationship.",
+}
 
 
 def parameter_counts(cfg: ModelConfig) -> dict[str, int]:
@@ -52,18 +70,28 @@ def parameter_counts(cfg: ModelConfig) -> dict[str, int]:
 
 def architecture(cfg: Config) -> dict[str, Any]:
     m = cfg.model
-    return {"vocab_size": m.vocab_size, "hidden_size": m.hidden_size, "num_hidden_layers": m.num_hidden_layers,
-            "num_attention_heads": m.num_attention_heads, "head_size": m.hidden_size // m.num_attention_heads,
-            "intermediate_size": m.intermediate_size, "hidden_act": m.hidden_act,
-            "max_position_embeddings": m.max_position_embeddings, "max_seq_length": cfg.data.max_seq_length}
+    return {
+        "vocab_size": m.vocab_size,
+        "hidden_size": m.hidden_size,
+        "num_hidden_layers": m.num_hidden_layers,
+        "num_attention_heads": m.num_attention_heads,
+        "head_size": m.hidden_size // m.num_attention_heads,
+        "intermediate_size": m.intermediate_size,
+        "hidden_act": m.hidden_act,
+        "max_position_embeddings": m.max_position_embeddings,
+        "max_seq_length": cfg.data.max_seq_length,
+    }
 
 
 def flops(cfg: Config) -> dict[str, Any]:
     seq = cfg.data.max_seq_length
     share = min(cfg.data.masked_lm_prob, cfg.data.max_predictions_per_seq / seq)
-    return {"training_flops_per_token": flops_per_token(cfg.model, seq, share), "seq_len": seq,
-            "predicted_share": share,
-            "note": "forward+backward matmul FLOPs per non-padding token at full sequence length"}
+    return {
+        "training_flops_per_token": flops_per_token(cfg.model, seq, share),
+        "seq_len": seq,
+        "predicted_share": share,
+        "note": "forward+backward matmul FLOPs per non-padding token at full sequence length",
+    }
 
 
 def _readable(ckpt: Path, damaged: list[str]) -> tuple[dict[str, Any], Config] | None:
@@ -129,8 +157,10 @@ def inspect_path(path: Path) -> dict[str, Any]:
     path = Path(path)
     found = layout.identify(path)
     if found.kind is Kind.MISSING:
-        raise UsageError(f"{path}: no such file or folder; pass a config file, a run folder, a checkpoint folder "
-                         "or a prepared-data folder")
+        raise UsageError(
+            f"{path}: no such file or folder; pass a config file, a run folder, a checkpoint folder "
+            "or a prepared-data folder"
+        )
     training = None
     if found.kind is Kind.PREPARED:
         return data_report(path)
@@ -157,11 +187,18 @@ def inspect_path(path: Path) -> dict[str, Any]:
             raise UsageError(f"{path}: no checkpoint here has a config.yaml that reads; pass its config file instead")
         training = _training(path, cfg)
     else:
-        raise UsageError(f"{path}: not a config file, a run folder (with config.yaml), a checkpoint folder "
-                         f"(with {', '.join(layout.CHECKPOINT_FILES)}) or a Hugging Face folder (with config.json)")
+        raise UsageError(
+            f"{path}: not a config file, a run folder (with config.yaml), a checkpoint folder "
+            f"(with {', '.join(layout.CHECKPOINT_FILES)}) or a Hugging Face folder (with config.json)"
+        )
     cfg, vocab_note = _with_vocab(cfg)
-    report: dict[str, Any] = {"kind": kind, "path": str(path), "architecture": architecture(cfg),
-                              "parameters": parameter_counts(cfg.model), "flops": flops(cfg)}
+    report: dict[str, Any] = {
+        "kind": kind,
+        "path": str(path),
+        "architecture": architecture(cfg),
+        "parameters": parameter_counts(cfg.model),
+        "flops": flops(cfg),
+    }
     if vocab_note:
         report["architecture"]["vocab_size_note"] = vocab_note
     if training is not None:
@@ -178,7 +215,8 @@ def _run_training(cfg: Config) -> dict[str, Any]:
     if damage is not None:  # as `inspect DATA` checks it (the next pretrain prepares it again)
         training.setdefault("damaged", []).append(
             f"{cfg.data.prepared_dir}: the prepared data is damaged ({damage}); the next pretrain or prepare "
-            "prepares it again")
+            "prepares it again"
+        )
     if manifest is not None:  # next to the run's own tokenizer: they must be the same to resume
         identity = manifest["tokenizer"].get("identity")
         training["prepared_data_tokenizer"] = identity[:12] if isinstance(identity, str) else None
@@ -194,8 +232,10 @@ def _checkpoint_config(path: Path) -> Config:
     except UsageError:
         raise
     except Exception as exc:  # noqa: BLE001  YAML or worse
-        raise UsageError(f"{path / layout.CHECKPOINT_CONFIG}: damaged ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); "
-                         "inspect the run folder or another checkpoint") from None
+        raise UsageError(
+            f"{path / layout.CHECKPOINT_CONFIG}: damaged ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); "
+            "inspect the run folder or another checkpoint"
+        ) from None
 
 
 def folder_report(path: Path) -> dict[str, Any]:
@@ -205,8 +245,10 @@ def folder_report(path: Path) -> dict[str, Any]:
     sentence = read_sentence_model(path)
     folder = sentence.transformer if sentence else path
     model = hf.read_hf_config(folder)
-    seq = min(sentence.max_seq_length if sentence and sentence.max_seq_length else model.max_position_embeddings,
-              model.max_position_embeddings)
+    seq = min(
+        sentence.max_seq_length if sentence and sentence.max_seq_length else model.max_position_embeddings,
+        model.max_position_embeddings,
+    )
     cfg = Config(model=model, data=DataConfig(max_seq_length=seq, max_predictions_per_seq=max(1, round(0.15 * seq))))
     classes = json.loads((folder / layout.HF_CONFIG).read_text(encoding="utf-8")).get("architectures") or ["?"]
     counts = dict.fromkeys(PARTS, 0)
@@ -218,9 +260,13 @@ def folder_report(path: Path) -> dict[str, Any]:
     absent = [p for p in PARTS if counts[p] == 0]
     parameters = {p: n for p, n in counts.items() if n} | {"total": sum(counts.values())}
     report: dict[str, Any] = {
-        "kind": "sentence-transformers folder" if sentence else "Hugging Face folder", "path": str(path),
+        "kind": "sentence-transformers folder" if sentence else "Hugging Face folder",
+        "path": str(path),
         "architecture": {"class": ", ".join(map(str, classes)), **architecture(cfg)},
-        "parameters": parameters, "absent_parts": absent, "flops": flops(cfg)}
+        "parameters": parameters,
+        "absent_parts": absent,
+        "flops": flops(cfg),
+    }
     try:
         tok_file = find_tokenizer_file(folder)
     except UsageError:
@@ -230,9 +276,12 @@ def folder_report(path: Path) -> dict[str, Any]:
         hf.check_tokenizer(tok, model, tok_file)
         report["tokenizer"] = {"file": str(tok_file), **describe(tok)}
     if sentence:
-        report["sentence_transformers"] = {"pooling": sentence.pooling, "normalize": sentence.normalize,
-                                           "max_seq_length": sentence.max_seq_length,
-                                           "bertcli_encode": sentence.problem() or "reproduces these embeddings by default"}
+        report["sentence_transformers"] = {
+            "pooling": sentence.pooling,
+            "normalize": sentence.normalize,
+            "max_seq_length": sentence.max_seq_length,
+            "bertcli_encode": sentence.problem() or "reproduces these embeddings by default",
+        }
     return report
 
 
@@ -245,7 +294,10 @@ def _with_vocab(cfg: Config) -> tuple[Config, str | None]:
     if manifest is not None:
         size, note = manifest["tokenizer"]["vocab_size"], f"from the tokenizer in {cfg.data.prepared_dir}"
     else:
-        size, note = cfg.data.tokenizer.vocab_size, "data.tokenizer.vocab_size (not prepared yet: the trained size may be smaller)"
+        size, note = (
+            cfg.data.tokenizer.vocab_size,
+            "data.tokenizer.vocab_size (not prepared yet: the trained size may be smaller)",
+        )
     return resolve.with_vocab(cfg, size, note), note
 
 
@@ -272,20 +324,33 @@ def data_report(folder: Path, examples: int = 512) -> dict[str, Any]:
     share = data_random_next_share(folder, m, cfg.data, cfg.train.seed)
     corpus_bytes = sum(f.get("bytes", 0) for f in m["corpus"]["files"])
     return {
-        "kind": "prepared data", "path": str(folder), "corpus": m["corpus"]["source"],
-        "files": len(m["corpus"]["files"]), "corpus_bytes": corpus_bytes, "units": len(m["units"]),
-        "splits": splits, "vocab_size": prepared.vocab_size, "tokenizer": m["tokenizer"]["source"],
+        "kind": "prepared data",
+        "path": str(folder),
+        "corpus": m["corpus"]["source"],
+        "files": len(m["corpus"]["files"]),
+        "corpus_bytes": corpus_bytes,
+        "units": len(m["units"]),
+        "splits": splits,
+        "vocab_size": prepared.vocab_size,
+        "tokenizer": m["tokenizer"]["source"],
         "vocabulary_sample": vocabulary_sample(m),
-        "dtype": m["dtype"], "unknown_rate": m["unknown_tokens"] / max(tokens, 1),
-        "segment_length_mean": float(lengths.mean()), "segment_length_p95": float(np.percentile(lengths, 95)),
-        "max_seq_length": cfg.data.max_seq_length, "padding_share": padding,
-        "example": {"nsp_label": int(e.nsp_label), "text": " ".join(shown),
-                    "legend": "[shown→original] masked or replaced, [=original] chosen but kept"},
+        "dtype": m["dtype"],
+        "unknown_rate": m["unknown_tokens"] / max(tokens, 1),
+        "segment_length_mean": float(lengths.mean()),
+        "segment_length_p95": float(np.percentile(lengths, 95)),
+        "max_seq_length": cfg.data.max_seq_length,
+        "padding_share": padding,
+        "example": {
+            "nsp_label": int(e.nsp_label),
+            "text": " ".join(shown),
+            "legend": "[shown→original] masked or replaced, [=original] chosen but kept",
+        },
         "prepare_tokens_per_s": m.get("tokens_per_s"),
-        "random_next_share": share, "random_next_prob": cfg.data.random_next_prob if cfg.data.pairs else None,
+        "random_next_share": share,
+        "random_next_prob": cfg.data.random_next_prob if cfg.data.pairs else None,
         "random_next_warning": random_next_warning(share, cfg.data),
         "checked": "files regular (no symbolic links), tokenizer.json and vocab.txt hashes, shard sizes, offsets, "
-                   "the index against the units, token ids below the vocabulary",
+        "the index against the units, token ids below the vocabulary",
         "cache_check": cache_check(corpus_bytes),
     }
 
@@ -314,22 +379,32 @@ def format_report(report: dict[str, Any]) -> str:
     p = report["parameters"]
     lines += _table([(k, f"{v:>13,}  {100 * v / p['total']:5.1f}%") for k, v in p.items()])
     if report.get("absent_parts"):
-        lines.append(f"  not in the weights file (trained from scratch when pretraining from it): "
-                     f"{', '.join(report['absent_parts'])}")
+        lines.append(
+            f"  not in the weights file (trained from scratch when pretraining from it): "
+            f"{', '.join(report['absent_parts'])}"
+        )
     f = report["flops"]
-    lines += ["", f"training FLOPs per token  {f['training_flops_per_token'] / 1e6:,.1f} M "
-                  f"(seq {f['seq_len']}, {100 * f['predicted_share']:.1f}% predicted)"]
+    lines += [
+        "",
+        f"training FLOPs per token  {f['training_flops_per_token'] / 1e6:,.1f} M "
+        f"(seq {f['seq_len']}, {100 * f['predicted_share']:.1f}% predicted)",
+    ]
     if "tokenizer" in report:
         tok = report["tokenizer"]
-        lines += ["", "tokenizer"] + (_table([(k, _num(v)) for k, v in tok.items()]) if tok else ["  none in the folder"])
+        lines += ["", "tokenizer"] + (
+            _table([(k, _num(v)) for k, v in tok.items()]) if tok else ["  none in the folder"]
+        )
     if report.get("sentence_transformers"):
         lines += ["", "sentence-transformers (how its embeddings are made)"]
         lines += _table([(k, _num(v)) for k, v in report["sentence_transformers"].items()])
     t = report.get("training")
     if t:
         lines += ["", "training"]
-        rows = [("output_dir", t["output_dir"]), ("step", f"{t['step']:,} / {t['max_steps']:,}"),
-                ("tokens seen", _num(t["tokens_seen"]))]
+        rows = [
+            ("output_dir", t["output_dir"]),
+            ("step", f"{t['step']:,} / {t['max_steps']:,}"),
+            ("tokens seen", _num(t["tokens_seen"])),
+        ]
         if t.get("train_time_s") is not None:
             rows.append(("train time", f"{t['train_time_s']:.1f} s"))
         rows += [(f"last {k}", _num(v)) for k, v in t["last_metrics"].items() if k not in ("step", "split")]
@@ -337,8 +412,13 @@ def format_report(report: dict[str, Any]) -> str:
         if t.get("best_checkpoint"):
             rows.append(("best checkpoint", t["best_checkpoint"]))
         if t.get("tokenizer"):
-            rows.append(("tokenizer", t["tokenizer"] + (f" (prepared data: {t['prepared_data_tokenizer']})"
-                                                        if "prepared_data_tokenizer" in t else "")))
+            rows.append(
+                (
+                    "tokenizer",
+                    t["tokenizer"]
+                    + (f" (prepared data: {t['prepared_data_tokenizer']})" if "prepared_data_tokenizer" in t else ""),
+                )
+            )
         lines += _table(rows)
         if t.get("damaged"):
             lines += ["", "damaged (left out above)"] + [f"  {problem}" for problem in t["damaged"]]
@@ -349,22 +429,42 @@ def format_report(report: dict[str, Any]) -> str:
 
 def _format_data(r: dict[str, Any]) -> str:
     sp = r["splits"]
-    rows = [("corpus", f"{r['corpus']} ({r['files']} file(s), {r['corpus_bytes']:,} bytes, prepared in {r['units']:,} "
-                       f"unit(s))"),
-            ("documents", f"{sp['train']['documents']:,} train + {sp['valid']['documents']:,} held out"),
-            ("sentences", f"{sp['train']['segments']:,} + {sp['valid']['segments']:,}"),
-            ("tokens", f"{sp['train']['tokens']:,} + {sp['valid']['tokens']:,} ({r['dtype']})"),
-            ("vocabulary", f"{r['vocab_size']:,} ({r['tokenizer']})"),
-            *([("vocabulary from", r["vocabulary_sample"])] if r.get("vocabulary_sample") else []),
-            ("unknown tokens", f"{100 * r['unknown_rate']:.3f}%"),
-            ("sentence length", f"mean {r['segment_length_mean']:.1f}, 95th percentile {r['segment_length_p95']:.0f} tokens"),
-            ("padding", f"{100 * r['padding_share']:.1f}% of a batch at max_seq_length {r['max_seq_length']}")]
+    rows = [
+        (
+            "corpus",
+            f"{r['corpus']} ({r['files']} file(s), {r['corpus_bytes']:,} bytes, prepared in {r['units']:,} unit(s))",
+        ),
+        ("documents", f"{sp['train']['documents']:,} train + {sp['valid']['documents']:,} held out"),
+        ("sentences", f"{sp['train']['segments']:,} + {sp['valid']['segments']:,}"),
+        ("tokens", f"{sp['train']['tokens']:,} + {sp['valid']['tokens']:,} ({r['dtype']})"),
+        ("vocabulary", f"{r['vocab_size']:,} ({r['tokenizer']})"),
+        *([("vocabulary from", r["vocabulary_sample"])] if r.get("vocabulary_sample") else []),
+        ("unknown tokens", f"{100 * r['unknown_rate']:.3f}%"),
+        (
+            "sentence length",
+            f"mean {r['segment_length_mean']:.1f}, 95th percentile {r['segment_length_p95']:.0f} tokens",
+        ),
+        ("padding", f"{100 * r['padding_share']:.1f}% of a batch at max_seq_length {r['max_seq_length']}"),
+    ]
     if r.get("random_next_share") is not None:
-        rows.append(("random next", f"{100 * r['random_next_share']:.1f}% of NSP pairs (data.random_next_prob "
-                                    f"{100 * r['random_next_prob']:.0f}%; first epoch at max_seq_length {r['max_seq_length']})"))
+        rows.append(
+            (
+                "random next",
+                f"{100 * r['random_next_share']:.1f}% of NSP pairs (data.random_next_prob "
+                f"{100 * r['random_next_prob']:.0f}%; first epoch at max_seq_length {r['max_seq_length']})",
+            )
+        )
     rows += [("checked at use", r["checked"]), ("reused while", f"the settings are unchanged and {r['cache_check']}")]
     ex = r["example"]
     warning = [r["random_next_warning"]] if r.get("random_next_warning") else []
-    return "\n".join([f"prepared data: {r['path']}", ""] + _table(rows) + warning + [
-        "", f"example (NSP label {ex['nsp_label']}: {'B follows A' if ex['nsp_label'] == 0 else 'B is random'}; "
-        f"{ex['legend']})", "  " + ex["text"]])
+    return "\n".join(
+        [f"prepared data: {r['path']}", ""]
+        + _table(rows)
+        + warning
+        + [
+            "",
+            f"example (NSP label {ex['nsp_label']}: {'B follows A' if ex['nsp_label'] == 0 else 'B is random'}; "
+            f"{ex['legend']})",
+            "  " + ex["text"],
+        ]
+    )

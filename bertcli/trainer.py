@@ -32,10 +32,10 @@ from bertcli import __version__, checkpoint, console, hf, memory, parallel, reso
 from bertcli.config import Config, TrainConfig, to_dict
 from bertcli.console import info, log
 from bertcli.data import Corpus, Dataset, load_data
-from bertcli.data.loader import data_workers, loader
 from bertcli.data.examples import IGNORE, Batch, ExampleBuilder, StepBatches
-from bertcli.errors import Interrupted, RunError
+from bertcli.data.loader import data_workers, loader
 from bertcli.dropout import seed_step
+from bertcli.errors import Interrupted, RunError
 from bertcli.metrics import LossStats, MetricsLogger, MetricsWindow, peak_tflops
 from bertcli.model import BertForPreTraining, PretrainingOutput
 from bertcli.optim import build_optimizer, fused_adamw, lr_at, step_if_finite
@@ -47,8 +47,15 @@ class Losses(NamedTuple):
     stats: LossStats  # detached, this batch's own figures
 
 
-def pretraining_loss(out: PretrainingOutput, batch: Batch, mlm_weight: float, nsp_weight: float,
-                     nsp: bool = True, step_counts: torch.Tensor | None = None, world_size: int = 1) -> Losses:
+def pretraining_loss(
+    out: PretrainingOutput,
+    batch: Batch,
+    mlm_weight: float,
+    nsp_weight: float,
+    nsp: bool = True,
+    step_counts: torch.Tensor | None = None,
+    world_size: int = 1,
+) -> Losses:
     """mlm_weight * MLM cross-entropy (mean over real predictions) + nsp_weight * NSP cross-entropy.
 
     Padded prediction slots carry the label IGNORE, so they add nothing to the loss or to its
@@ -69,8 +76,11 @@ def pretraining_loss(out: PretrainingOutput, batch: Batch, mlm_weight: float, ns
     mlm = mlm_sum / real.sum().clamp(min=1)  # this batch's mean (what is logged)
     nsp_logits = out.nsp_logits.float()
     nsp_rows = batch.nsp_labels != IGNORE
-    nsp_sum = (F.cross_entropy(nsp_logits, batch.nsp_labels, ignore_index=IGNORE, reduction="sum") if nsp
-               else mlm.new_zeros(()))
+    nsp_sum = (
+        F.cross_entropy(nsp_logits, batch.nsp_labels, ignore_index=IGNORE, reduction="sum")
+        if nsp
+        else mlm.new_zeros(())
+    )
     nsp_loss = nsp_sum / nsp_rows.sum().clamp(min=1)
     if step_counts is None:
         total = mlm_weight * mlm + nsp_weight * nsp_loss
@@ -79,22 +89,30 @@ def pretraining_loss(out: PretrainingOutput, batch: Batch, mlm_weight: float, ns
         total = mlm_weight * (mlm_sum * world_size / counts[0]) + nsp_weight * (nsp_sum * world_size / counts[1])
     with torch.no_grad():  # counted on the device: no host copy
         stats = LossStats(
-            loss=mlm_weight * mlm.detach() + nsp_weight * nsp_loss.detach(), mlm_loss=mlm.detach(),
-            nsp_loss=nsp_loss.detach(), mlm_correct=((mlm_logits.argmax(-1) == labels) & real).sum().float(),
-            mlm_count=real.sum().float(), nsp_correct=((nsp_logits.argmax(-1) == batch.nsp_labels) & nsp_rows).sum().float(),
-            nsp_count=nsp_rows.sum().float())
+            loss=mlm_weight * mlm.detach() + nsp_weight * nsp_loss.detach(),
+            mlm_loss=mlm.detach(),
+            nsp_loss=nsp_loss.detach(),
+            mlm_correct=((mlm_logits.argmax(-1) == labels) & real).sum().float(),
+            mlm_count=real.sum().float(),
+            nsp_correct=((nsp_logits.argmax(-1) == batch.nsp_labels) & nsp_rows).sum().float(),
+            nsp_count=nsp_rows.sum().float(),
+        )
     return Losses(total, stats)
 
 
 def step_counts(batches: list[Batch]) -> torch.Tensor:
     """(2,) float: real MLM predictions and NSP rows in `batches`, counted where they are (no sync)."""
-    return torch.stack([torch.stack([(b.mlm_labels != IGNORE).sum(), (b.nsp_labels != IGNORE).sum()])
-                        for b in batches]).sum(0).float()
+    return (
+        torch.stack([torch.stack([(b.mlm_labels != IGNORE).sum(), (b.nsp_labels != IGNORE).sum()]) for b in batches])
+        .sum(0)
+        .float()
+    )
 
 
 @torch.no_grad()
-def evaluate(model: BertForPreTraining, batches: list[Batch], rt: runtime.Runtime, tc: TrainConfig,
-             nsp: bool) -> dict[str, float]:
+def evaluate(
+    model: BertForPreTraining, batches: list[Batch], rt: runtime.Runtime, tc: TrainConfig, nsp: bool
+) -> dict[str, float]:
     """MLM and NSP loss and accuracy on the fixed held-out batches (weighted by predictions)."""
     model.eval()
     sums = torch.zeros(5, device=rt.device)  # mlm loss*count, mlm correct, mlm count, nsp loss*rows, nsp correct
@@ -102,17 +120,26 @@ def evaluate(model: BertForPreTraining, batches: list[Batch], rt: runtime.Runtim
     for host in batches:
         batch = host.to(rt.device)
         with rt.autocast():
-            out = model(batch.input_ids, batch.token_type_ids, batch.valid_lens if host.has_padding() else None,
-                        batch.pred_positions)
+            out = model(
+                batch.input_ids,
+                batch.token_type_ids,
+                batch.valid_lens if host.has_padding() else None,
+                batch.pred_positions,
+            )
         s = pretraining_loss(out, batch, mlm_weight=tc.mlm_weight, nsp_weight=tc.nsp_weight, nsp=nsp).stats
-        sums += torch.stack([s.mlm_loss * s.mlm_count, s.mlm_correct, s.mlm_count, s.nsp_loss * s.nsp_count, s.nsp_correct])
+        sums += torch.stack(
+            [s.mlm_loss * s.mlm_count, s.mlm_correct, s.mlm_count, s.nsp_loss * s.nsp_count, s.nsp_correct]
+        )
         rows += len(batch.nsp_labels)
     model.train()
     if rt.distributed:  # every process evaluated the same batches: averaging makes their figures, and so the
         rt.all_reduce_sum(sums).div_(rt.world_size)  # best-checkpoint decision (a collective with FSDP), identical
     mlm_loss_sum, mlm_correct, mlm_count, nsp_loss_sum, nsp_correct = sums.tolist()
-    metrics = {"mlm_loss": mlm_loss_sum / mlm_count, "mlm_acc": mlm_correct / mlm_count,
-               "perplexity": math.exp(min(mlm_loss_sum / mlm_count, 50.0))}
+    metrics = {
+        "mlm_loss": mlm_loss_sum / mlm_count,
+        "mlm_acc": mlm_correct / mlm_count,
+        "perplexity": math.exp(min(mlm_loss_sum / mlm_count, 50.0)),
+    }
     if nsp:
         metrics.update(nsp_loss=nsp_loss_sum / rows, nsp_acc=nsp_correct / rows)
     return metrics
@@ -124,8 +151,9 @@ def most_frequent_token_accuracy(train: Corpus, batches: list[Batch]) -> float:
     counts = np.zeros(train.vocab_size, dtype=np.int64)
     end = min(train.num_tokens, 50_000_000)  # plenty to find the top token
     for lo in range(0, end, 1 << 20):  # in blocks: never an int64 copy of the 50M tokens (400 MB)
-        counts += np.bincount(np.asarray(train.tokens[lo:min(lo + (1 << 20), end)]),
-                              minlength=train.vocab_size)[:train.vocab_size]
+        counts += np.bincount(np.asarray(train.tokens[lo : min(lo + (1 << 20), end)]), minlength=train.vocab_size)[
+            : train.vocab_size
+        ]
     counts[[train.special.pad, train.special.unk, train.special.cls, train.special.sep, train.special.mask]] = 0
     top = int(counts.argmax())
     labels = torch.cat([b.mlm_labels[b.mlm_labels != IGNORE] for b in batches])
@@ -154,7 +182,7 @@ class StopOnSignal:
         self.signum: int | None = None
         self.previous: dict[int, Any] = {}
 
-    def __enter__(self) -> "StopOnSignal":
+    def __enter__(self) -> StopOnSignal:
         if threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGINT, signal.SIGTERM):
                 self.previous[signum] = signal.signal(signum, self._handle)
@@ -232,22 +260,41 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume: str, quiet: bool) -> Run
             log(f"initialised from {cfg.model.init_from}; not in it, so trained from scratch: {', '.join(fresh)}")
         else:
             info(f"initialised from {cfg.model.init_from}")
-    train_model = parallel.parallelize(model, rt, parallel=tc.parallel, every_parameter_used=cfg.data.pairs,
-                                       compile=tc.compile)
+    train_model = parallel.parallelize(
+        model, rt, parallel=tc.parallel, every_parameter_used=cfg.data.pairs, compile=tc.compile
+    )
     optimizer = build_optimizer(model, cfg.optimizer, fused=fused_adamw(rt.device))
-    unpad, why_not = runtime.unpadded(tc.unpad, device=rt.device, precision=rt.precision,
-                                      attention_dropout=cfg.model.attention_probs_dropout_prob,
-                                      micro_batch_tokens=tc.batch_size * cfg.data.max_seq_length)
+    unpad, why_not = runtime.unpadded(
+        tc.unpad,
+        device=rt.device,
+        precision=rt.precision,
+        attention_dropout=cfg.model.attention_probs_dropout_prob,
+        micro_batch_tokens=tc.batch_size * cfg.data.max_seq_length,
+    )
     if why_not:
         log(why_not)
     scaler = rt.grad_scaler(cfg.precision)
     progress = checkpoints.load(model=model, optimizer=optimizer, scaler=scaler)  # as the checkpoint left them, if any
-    run = Run(cfg=cfg, rt=rt, data=data, model=model, train_model=train_model, optimizer=optimizer, scaler=scaler,
-              eval_batches=eval_batches, baseline_acc=baseline, unpad=unpad, checkpoints=checkpoints, progress=progress)
+    run = Run(
+        cfg=cfg,
+        rt=rt,
+        data=data,
+        model=model,
+        train_model=train_model,
+        optimizer=optimizer,
+        scaler=scaler,
+        eval_batches=eval_batches,
+        baseline_acc=baseline,
+        unpad=unpad,
+        checkpoints=checkpoints,
+        progress=progress,
+    )
     corpus = data.train
     if not quiet:
-        log(f"model: {sum(p.numel() for p in model.parameters()):,} parameters; corpus: {corpus.num_documents:,} "
-            f"documents, {corpus.num_tokens:,} tokens")
+        log(
+            f"model: {sum(p.numel() for p in model.parameters()):,} parameters; corpus: {corpus.num_documents:,} "
+            f"documents, {corpus.num_tokens:,} tokens"
+        )
     return run
 
 
@@ -271,8 +318,10 @@ def _load_data(cfg: Config, rt: runtime.Runtime, quiet: bool) -> tuple[Dataset, 
             data = load_data(cfg, quiet=True)
         # Read once, now: every checkpoint holds these bytes, those of the ids trained on, whatever happens to the
         # prepared folder meanwhile (symbolic links are refused: never followed out of it).
-        tokenizer = {path.name: checkpoint.read_own(path, "the prepared data", "run `bertcli prepare --force` to "
-                                                    "write it again") for path in data.tokenizer_files}
+        tokenizer = {
+            path.name: checkpoint.read_own(path, "the prepared data", "run `bertcli prepare --force` to write it again")
+            for path in data.tokenizer_files
+        }
         if text:
             rt.barrier()  # every process has read the folder: rank 0 may let it go
     return data, tokenizer
@@ -285,8 +334,10 @@ def _held_out(cfg: Config, data: Dataset) -> tuple[list[Batch], float]:
     if data.valid is None or tc.eval_every == 0:
         return [], math.nan
     held_out = ExampleBuilder(data.valid, cfg.data, tc.eval_examples)  # one step of the EVAL stream
-    batches = [held_out.batch(tc.seed, 0, range(i, min(i + tc.batch_size, tc.eval_examples)), ExampleBuilder.EVAL)
-               for i in range(0, tc.eval_examples, tc.batch_size)]
+    batches = [
+        held_out.batch(tc.seed, 0, range(i, min(i + tc.batch_size, tc.eval_examples)), ExampleBuilder.EVAL)
+        for i in range(0, tc.eval_examples, tc.batch_size)
+    ]
     return batches, most_frequent_token_accuracy(data.train, batches)
 
 
@@ -309,7 +360,8 @@ class NonFiniteGuard:
                 f"step {step}: the loss or gradients were NaN or inf for {run} steps in a row (steps "
                 f"{step - run + 1}-{step}, skipped), so training stopped; the last checkpoint is "
                 f"{last_checkpoint or 'none yet'}; lower optimizer.lr or raise optimizer.warmup_steps (with fp16, try "
-                "bf16), or raise train.max_nonfinite_steps to skip more")
+                "bf16), or raise train.max_nonfinite_steps to skip more"
+            )
 
 
 def fit(run: Run, last_step: int, stopper: StopOnSignal, quiet: bool) -> dict[str, Any]:
@@ -318,24 +370,49 @@ def fit(run: Run, last_step: int, stopper: StopOnSignal, quiet: bool) -> dict[st
     cfg, rt, tc, step = run.cfg, run.rt, run.cfg.train, run.progress.step
     checkpointer, resumed_from = run.checkpoints, run.checkpoints.resumed_from
     if resumed_from is not None and step >= last_step:  # already there (or past it): nothing to train
-        limit = f"the stop step asked for, {last_step}" if last_step < tc.max_steps else f"train.max_steps={tc.max_steps}"
+        limit = (
+            f"the stop step asked for, {last_step}" if last_step < tc.max_steps else f"train.max_steps={tc.max_steps}"
+        )
         log(f"nothing to do: {resumed_from} is already at step {step}, at or past {limit}; raise it to train further")
-        return {"step": step, "tokens_seen": run.progress.tokens_seen, "checkpoint": str(resumed_from),
-                "metrics": checkpoint.read_trainer_state(resumed_from).get("metrics") or {}, "is_main": rt.is_main}
-    window = MetricsWindow(rt.device, step, micro_batches_per_step=tc.grad_accum_steps, batch_size=tc.batch_size,
-                           model=cfg.model, nsp=cfg.data.pairs,
-                           peak_tflops=peak_tflops(rt.device, cfg.logging.peak_tflops))
+        return {
+            "step": step,
+            "tokens_seen": run.progress.tokens_seen,
+            "checkpoint": str(resumed_from),
+            "metrics": checkpoint.read_trainer_state(resumed_from).get("metrics") or {},
+            "is_main": rt.is_main,
+        }
+    window = MetricsWindow(
+        rt.device,
+        step,
+        micro_batches_per_step=tc.grad_accum_steps,
+        batch_size=tc.batch_size,
+        model=cfg.model,
+        nsp=cfg.data.pairs,
+        peak_tflops=peak_tflops(rt.device, cfg.logging.peak_tflops),
+    )
     guard = NonFiniteGuard(tc.max_nonfinite_steps, rt.device)
-    logger = (MetricsLogger(Path(cfg.output_dir), step, max_steps=tc.max_steps, tensorboard=cfg.logging.tensorboard,
-                            quiet=quiet) if rt.is_main else None)
+    logger = (
+        MetricsLogger(
+            Path(cfg.output_dir), step, max_steps=tc.max_steps, tensorboard=cfg.logging.tensorboard, quiet=quiet
+        )
+        if rt.is_main
+        else None
+    )
     metrics: dict[str, float] = {}
     tokens_seen, run_start = run.progress.tokens_seen, time.perf_counter()
     if rt.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(rt.device)
     pin = rt.device.type == "cuda"
-    micro_batches = StepBatches(ExampleBuilder(run.data.train, cfg.data, tc.batch_size * tc.grad_accum_steps * rt.world_size),
-                                seed=tc.seed, first_step=step, last_step=last_step, batch_size=tc.batch_size,
-                                accum_steps=tc.grad_accum_steps, rank=rt.rank, world_size=rt.world_size)
+    micro_batches = StepBatches(
+        ExampleBuilder(run.data.train, cfg.data, tc.batch_size * tc.grad_accum_steps * rt.world_size),
+        seed=tc.seed,
+        first_step=step,
+        last_step=last_step,
+        batch_size=tc.batch_size,
+        accum_steps=tc.grad_accum_steps,
+        rank=rt.rank,
+        world_size=rt.world_size,
+    )
     batches = iter(loader(micro_batches, workers=data_workers(rt.device, tc.data_workers), pin_memory=pin))
     run.model.train()
     try:
@@ -363,18 +440,27 @@ def fit(run: Run, last_step: int, stopper: StopOnSignal, quiet: bool) -> dict[st
                 checkpointer.save(step, state, periodic=saving or stop_now)
             if stop_now:
                 name = signal.Signals(stopper.signum or signal.SIGTERM).name
-                raise Interrupted(f"stopped by {name} at step {step}; checkpoint {checkpointer.last_saved}; "
-                                  "run the same command again to resume", stopper.signum or signal.SIGTERM)
+                raise Interrupted(
+                    f"stopped by {name} at step {step}; checkpoint {checkpointer.last_saved}; "
+                    "run the same command again to resume",
+                    stopper.signum or signal.SIGTERM,
+                )
     finally:
         del batches  # stops the worker processes
         if logger:
             logger.close()
-    return {"step": step, "tokens_seen": tokens_seen, "checkpoint": str(checkpointer.last_saved), "metrics": metrics,
-            "is_main": rt.is_main}
+    return {
+        "step": step,
+        "tokens_seen": tokens_seen,
+        "checkpoint": str(checkpointer.last_saved),
+        "metrics": metrics,
+        "is_main": rt.is_main,
+    }
 
 
-def train_step(run: Run, step: int, batches: Iterator[Batch], window: MetricsWindow,
-               guard: NonFiniteGuard) -> tuple[float, torch.Tensor]:
+def train_step(
+    run: Run, step: int, batches: Iterator[Batch], window: MetricsWindow, guard: NonFiniteGuard
+) -> tuple[float, torch.Tensor]:
     """Optimizer step `step`: forward and backward over its micro-batches, clip, and step unless
     the gradients are not finite. Returns the learning rate and the gradient norm (on the device)."""
     cfg, rt, tc = run.cfg, run.rt, run.cfg.train
@@ -396,10 +482,22 @@ def train_step(run: Run, step: int, batches: Iterator[Batch], window: MetricsWin
     for micro, batch in enumerate(step_batches):
         with parallel.gradient_sync(run.train_model, micro == tc.grad_accum_steps - 1):  # reduced on the last only
             with rt.autocast():
-                out = run.train_model(batch.input_ids, batch.token_type_ids, key_lens[micro], batch.pred_positions,
-                                      packed=batch.packed if run.unpad else None)
-            losses = pretraining_loss(out, batch, mlm_weight=tc.mlm_weight, nsp_weight=tc.nsp_weight,
-                                      nsp=cfg.data.pairs, step_counts=denominators, world_size=rt.world_size)
+                out = run.train_model(
+                    batch.input_ids,
+                    batch.token_type_ids,
+                    key_lens[micro],
+                    batch.pred_positions,
+                    packed=batch.packed if run.unpad else None,
+                )
+            losses = pretraining_loss(
+                out,
+                batch,
+                mlm_weight=tc.mlm_weight,
+                nsp_weight=tc.nsp_weight,
+                nsp=cfg.data.pairs,
+                step_counts=denominators,
+                world_size=rt.world_size,
+            )
             run.scaler.scale(losses.total).backward()
         step_sums += torch.stack(losses.stats)
     run.scaler.unscale_(run.optimizer)  # no-op unless fp16
@@ -416,15 +514,20 @@ def train_step(run: Run, step: int, batches: Iterator[Batch], window: MetricsWin
 def _trainer_state(run: Run, window: MetricsWindow, metrics: dict[str, float], run_start: float) -> dict[str, Any]:
     """What a checkpoint's trainer_state.json records (tokens summed over processes: a collective)."""
     seen = run.rt.all_reduce_sum(torch.tensor([window.tokens_since_start], dtype=torch.float64, device=run.rt.device))
-    return {"tokens_seen": run.progress.tokens_seen + int(seen[0]),
-            "train_time_s": run.progress.train_time_s + time.perf_counter() - run_start, "metrics": metrics}
+    return {
+        "tokens_seen": run.progress.tokens_seen + int(seen[0]),
+        "train_time_s": run.progress.train_time_s + time.perf_counter() - run_start,
+        "metrics": metrics,
+    }
 
 
 def _evaluate(run: Run, step: int, window: MetricsWindow, logger: MetricsLogger | None) -> dict[str, float]:
     """Held-out metrics at `step`, logged; their time is kept out of tokens/s."""
     start = time.perf_counter()
-    metrics = {**evaluate(run.model, run.eval_batches, rt=run.rt, tc=run.cfg.train, nsp=run.cfg.data.pairs),
-               "mlm_acc_baseline": run.baseline_acc}
+    metrics = {
+        **evaluate(run.model, run.eval_batches, rt=run.rt, tc=run.cfg.train, nsp=run.cfg.data.pairs),
+        "mlm_acc_baseline": run.baseline_acc,
+    }
     if logger:
         logger.log(step, metrics, split="eval")
     window.exclude(time.perf_counter() - start)

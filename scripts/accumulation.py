@@ -27,12 +27,16 @@ def main() -> None:
     steps = ap.parse_args().steps
 
     def run(folder: Path, *overrides: str) -> dict:
-        pretrain(load_run(write_config(folder, f"train.max_steps={steps}", f"checkpoint.save_every={steps}",
-                                       *overrides)), quiet=True)
+        pretrain(
+            load_run(write_config(folder, f"train.max_steps={steps}", f"checkpoint.save_every={steps}", *overrides)),
+            quiet=True,
+        )
         return safetensors.torch.load_file(folder / "checkpoints" / f"step-{steps:07d}" / "model.safetensors")
 
-    for label, extra in [("default dropout 0.1", []),
-                         ("dropout 0", ["model.hidden_dropout_prob=0", "model.attention_probs_dropout_prob=0"])]:
+    for label, extra in [
+        ("default dropout 0.1", []),
+        ("dropout 0", ["model.hidden_dropout_prob=0", "model.attention_probs_dropout_prob=0"]),
+    ]:
         with tempfile.TemporaryDirectory() as tmp:
             a = run(Path(tmp) / "a", "train.batch_size=32", *extra)
             b = run(Path(tmp) / "b", "train.batch_size=16", "train.grad_accum_steps=2", *extra)

@@ -115,8 +115,14 @@ def measure(run_folder: Path, mode: str, steps: int, code: Path) -> dict[str, fl
     """Run pretrain once in `mode`; its timings and peaks."""
     out = Path(tempfile.mkdtemp(prefix="bench_bigdata."))
     try:
-        overrides = [f"train.max_steps={steps}", "logging.log_every=1", "logging.tensorboard=false",
-                     f"checkpoint.save_every={steps}", f"output_dir={out}", "optimizer.warmup_steps=1"]
+        overrides = [
+            f"train.max_steps={steps}",
+            "logging.log_every=1",
+            "logging.tensorboard=false",
+            f"checkpoint.save_every={steps}",
+            f"output_dir={out}",
+            "optimizer.warmup_steps=1",
+        ]
         if mode != "eval":
             overrides.append("train.eval_every=0")
         if mode.startswith("w"):
@@ -149,11 +155,18 @@ def measure(run_folder: Path, mode: str, steps: int, code: Path) -> dict[str, fl
         trainer = sampler.peaks.pop(proc.pid)
         workers = list(sampler.peaks.values())
         biggest = max(workers, key=lambda p: p["anon"]) if workers else {}
-        return {"imports": marks["imports"] - started, "start": marks["start"] - marks["imports"],
-                "first": marks["first"] - marks["imports"], "first_cpu": marks["first_cpu"] - marks["imports_cpu"],
-                "trainer_rss": trainer["rss"],
-                "trainer_anon": trainer["anon"], "workers": len(workers), "worker_rss": biggest.get("rss", 0.0),
-                "worker_anon": biggest.get("anon", 0.0), "worker_private": biggest.get("private", 0.0)}
+        return {
+            "imports": marks["imports"] - started,
+            "start": marks["start"] - marks["imports"],
+            "first": marks["first"] - marks["imports"],
+            "first_cpu": marks["first_cpu"] - marks["imports_cpu"],
+            "trainer_rss": trainer["rss"],
+            "trainer_anon": trainer["anon"],
+            "workers": len(workers),
+            "worker_rss": biggest.get("rss", 0.0),
+            "worker_anon": biggest.get("anon", 0.0),
+            "worker_private": biggest.get("private", 0.0),
+        }
     finally:
         shutil.rmtree(out, ignore_errors=True)
 
@@ -189,8 +202,13 @@ def corpus_of(name: str):
         long = rng.integers(20, 200, size=10_000)  # documents of 20-199 sentences of 30-59 tokens
         lengths = np.concatenate([rng.integers(5, 15, size=len(short)), rng.integers(30, 60, size=int(long.sum()))])
         seg = np.concatenate([[0], np.cumsum(lengths)])
-        corpus = Corpus(np.full(int(seg[-1]), 5, dtype=np.uint16), seg,
-                        np.concatenate([[0], np.cumsum(np.concatenate([short, long]))]), 100, SpecialTokens())
+        corpus = Corpus(
+            np.full(int(seg[-1]), 5, dtype=np.uint16),
+            seg,
+            np.concatenate([[0], np.cumsum(np.concatenate([short, long]))]),
+            100,
+            SpecialTokens(),
+        )
         return corpus, preset_config("tiny").data
     if name == "sample":
         folder = tempfile.mkdtemp(prefix="bench_bigdata.")
@@ -236,8 +254,11 @@ def window_placement(names: list[str]) -> None:
             slots = int(starts[w + 1] - starts[w])
             miss = abs(len(windows.window(42, 0, 0, w).first) - slots)
             off, worst = off + miss, max(worst, miss / slots)
-        print(f"{name}  {corpus.num_segments:,}  {windows.num_windows}  {int(starts[-1]):,}  {off / starts[-1]:.2%}  "
-              f"{worst:.2%}", flush=True)
+        print(
+            f"{name}  {corpus.num_segments:,}  {windows.num_windows}  {int(starts[-1]):,}  {off / starts[-1]:.2%}  "
+            f"{worst:.2%}",
+            flush=True,
+        )
 
 
 def main() -> None:
@@ -260,12 +281,16 @@ def main() -> None:
             r = measure(folder.resolve(), mode, args.steps, args.code.resolve())
             rows.append((f"{tokens_of(folder) / 1e6:,.0f}M", mode, r))
             print(f"{rows[-1][0]} {mode}: {r}", file=sys.stderr, flush=True)
-    print("tokens  mode  imports_s  start_s  first_step_s  first_step_cpu_s  trainer_rss_MiB  trainer_anon_MiB  "
-          "workers  worker_rss_MiB  worker_anon_MiB  worker_private_MiB")
+    print(
+        "tokens  mode  imports_s  start_s  first_step_s  first_step_cpu_s  trainer_rss_MiB  trainer_anon_MiB  "
+        "workers  worker_rss_MiB  worker_anon_MiB  worker_private_MiB"
+    )
     for tokens, mode, r in rows:
-        print(f"{tokens:>6}  {mode:<4}  {r['imports']:9.1f}  {r['start']:7.1f}  {r['first']:12.1f}  {r['first_cpu']:16.1f}  "
-              f"{r['trainer_rss']:15.0f}  {r['trainer_anon']:16.0f}  {r['workers']:7d}  {r['worker_rss']:14.0f}  "
-              f"{r['worker_anon']:15.0f}  {r['worker_private']:18.0f}")
+        print(
+            f"{tokens:>6}  {mode:<4}  {r['imports']:9.1f}  {r['start']:7.1f}  {r['first']:12.1f}  {r['first_cpu']:16.1f}  "
+            f"{r['trainer_rss']:15.0f}  {r['trainer_anon']:16.0f}  {r['workers']:7d}  {r['worker_rss']:14.0f}  "
+            f"{r['worker_anon']:15.0f}  {r['worker_private']:18.0f}"
+        )
 
 
 if __name__ == "__main__":

@@ -103,8 +103,19 @@ def commands(model: Path, batch: int) -> dict[str, Callable[[Path, Path], list[s
     """name -> (input, output) -> argv of one whole process."""
     py = sys.executable
     return {
-        "bertcli": lambda i, o: [py, "-m", "bertcli", "encode", str(i), "--model", str(model),
-                                 "--batch-size", str(batch), "-o", str(o)],
+        "bertcli": lambda i, o: [
+            py,
+            "-m",
+            "bertcli",
+            "encode",
+            str(i),
+            "--model",
+            str(model),
+            "--batch-size",
+            str(batch),
+            "-o",
+            str(o),
+        ],
         "sentence-transformers": lambda i, o: [py, "-c", ST_SCRIPT, str(model), str(i), str(o), str(batch)],
         "bertcli int8": lambda i, o: [py, "-c", INT8_SCRIPT, str(model), str(i), str(o), str(batch)],
     }
@@ -150,9 +161,11 @@ def main() -> None:
     import torch
     import transformers
 
-    print(f"model {model}; batch {args.batch_size}; fp32 on the CPU; {args.rounds} rounds; python {sys.version.split()[0]}, "
-          f"torch {torch.__version__} ({torch.get_num_threads()} threads of {os.cpu_count()} CPUs), transformers "
-          f"{transformers.__version__}, sentence-transformers {sentence_transformers.__version__}")
+    print(
+        f"model {model}; batch {args.batch_size}; fp32 on the CPU; {args.rounds} rounds; python {sys.version.split()[0]}, "
+        f"torch {torch.__version__} ({torch.get_num_threads()} threads of {os.cpu_count()} CPUs), transformers "
+        f"{transformers.__version__}, sentence-transformers {sentence_transformers.__version__}"
+    )
     for name in names:  # warm the file cache (imports, weights)
         timed(name, argvs[name](next(iter(inputs.values())), out(name, "warm-up")), env)
     times: dict[tuple[str, str], list[float]] = {}
@@ -165,16 +178,22 @@ def main() -> None:
         texts = path.read_text(encoding="utf-8").count("\n")
         med = {name: statistics.median(times[name, kind]) for name in names}
         ours, theirs = np.load(out("bertcli", kind)), np.load(out("sentence-transformers", kind))
-        print(f"\n{kind}: {texts:,} texts of {args.corpus.name}, {path.stat().st_size / texts:.0f} characters on average")
+        print(
+            f"\n{kind}: {texts:,} texts of {args.corpus.name}, {path.stat().st_size / texts:.0f} characters on average"
+        )
         for name in names:
             runs = ", ".join(f"{t:.2f}" for t in times[name, kind])
             print(f"  {name:<22} median {med[name]:6.2f} s   ({runs})")
-        print(f"  ratio sentence-transformers / bertcli: {med['sentence-transformers'] / med['bertcli']:.2f}x (goal >= 1.5)")
+        print(
+            f"  ratio sentence-transformers / bertcli: {med['sentence-transformers'] / med['bertcli']:.2f}x (goal >= 1.5)"
+        )
         print(f"  minimum cosine bertcli vs sentence-transformers: {min_cosine(ours, theirs):.7f} (goal >= 0.9999)")
         if args.int8:
             print(f"  ratio bertcli fp32 / int8: {med['bertcli'] / med['bertcli int8']:.2f}x (bar for shipping >= 1.5)")
-            print(f"  minimum cosine int8 vs fp32: {min_cosine(np.load(out('bertcli int8', kind)), ours):.6f} "
-                  "(bar for shipping >= 0.99)")
+            print(
+                f"  minimum cosine int8 vs fp32: {min_cosine(np.load(out('bertcli int8', kind)), ours):.6f} "
+                "(bar for shipping >= 0.99)"
+            )
 
 
 if __name__ == "__main__":

@@ -112,11 +112,11 @@ def _new_word(word: str, serial: int, seed: int) -> str:
     """A word made from `word` (lower case) and `serial`: a suffix, a prefix or an infix."""
     part, h = _spelled(serial), _hash(seed, serial, word)
     if h % 3 == 0:
-        return word[:max(2, len(word) - 1 - (h >> 2) % 3)] + part
+        return word[: max(2, len(word) - 1 - (h >> 2) % 3)] + part
     if h % 3 == 1:
         return part + word
     k = 1 + (h >> 2) % max(1, len(word) - 1)
-    return word[:k] + part + word[k + 1:]
+    return word[:k] + part + word[k + 1 :]
 
 
 def generate_corpus(base: Path, size: int, out: Path, seed: int = 0) -> dict[str, int]:
@@ -146,8 +146,9 @@ def generate_corpus(base: Path, size: int, out: Path, seed: int = 0) -> dict[str
                 quota = int(HEAPS_K * (words + count) ** HEAPS_BETA) - len(seen) - made - fresh
                 renamed: dict[str, str] = {}
                 if quota > 0:
-                    candidates = sorted((w for w in forms if w not in common and len(w) >= 3),
-                                        key=lambda w: _hash(seed, copy, j, w))
+                    candidates = sorted(
+                        (w for w in forms if w not in common and len(w) >= 3), key=lambda w: _hash(seed, copy, j, w)
+                    )
                     for w in candidates[:quota]:
                         new = _new_word(w, made, seed)
                         made += 1
@@ -176,9 +177,11 @@ def scale_corpus(base: Path, size: int, cache: Path, seed: int) -> Path:
     start = time.perf_counter()
     counts = generate_corpus(base, size, path, seed)
     (path.with_suffix(".json")).write_text(json.dumps(counts) + "\n")
-    print(f"corpus: generated {path} in {time.perf_counter() - start:.0f} s: {counts['bytes']:,} bytes, "
-          f"{counts['words']:,} words, about {counts['distinct_words']:,} distinct ({counts['made']:,} made)",
-          file=sys.stderr)
+    print(
+        f"corpus: generated {path} in {time.perf_counter() - start:.0f} s: {counts['bytes']:,} bytes, "
+        f"{counts['words']:,} words, about {counts['distinct_words']:,} distinct ({counts['made']:,} made)",
+        file=sys.stderr,
+    )
     return path
 
 
@@ -195,7 +198,7 @@ def _children() -> dict[int, list[int]]:
                     stat = fh.read()
             except OSError:
                 continue
-            ppid = int(stat[stat.rindex(b")") + 2:].split()[1])  # the name may hold spaces and parentheses
+            ppid = int(stat[stat.rindex(b")") + 2 :].split()[1])  # the name may hold spaces and parentheses
             tree.setdefault(ppid, []).append(int(entry))
     return tree
 
@@ -224,9 +227,11 @@ def tree_rss_kib(root: int) -> int:
 
 # Runs a command and prints what the kernel counted for it (its own children only, unlike this
 # process's RUSAGE_CHILDREN, which keeps the largest of every run so far).
-_WRAPPER = ("import json, resource, subprocess, sys; rc = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL)"
-            ".returncode; u = resource.getrusage(resource.RUSAGE_CHILDREN); "
-            "print(json.dumps({'rc': rc, 'maxrss_kib': u.ru_maxrss, 'cpu_s': u.ru_utime + u.ru_stime}))")
+_WRAPPER = (
+    "import json, resource, subprocess, sys; rc = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL)"
+    ".returncode; u = resource.getrusage(resource.RUSAGE_CHILDREN); "
+    "print(json.dumps({'rc': rc, 'maxrss_kib': u.ru_maxrss, 'cpu_s': u.ru_utime + u.ru_stime}))"
+)
 
 
 def run_measured(command: list[str]) -> dict[str, float]:
@@ -234,8 +239,9 @@ def run_measured(command: list[str]) -> dict[str, float]:
     memory of its whole process tree in MiB: the largest sum sampled every 50 ms, and never below
     the largest single process's ru_maxrss (exact, from the kernel)."""
     start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", _WRAPPER, *command], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _WRAPPER, *command], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     peak = [0]
 
     def sample() -> None:
@@ -251,15 +257,22 @@ def run_measured(command: list[str]) -> dict[str, float]:
     result = json.loads(out) if proc.returncode == 0 and out.strip() else {"rc": proc.returncode}
     if result["rc"] != 0:
         sys.exit(f"bench_prepare: {' '.join(command)} failed ({result['rc']}):\n{err}")
-    return {"wall_s": wall, "cpu_s": result["cpu_s"], "peak_mib": max(peak[0], result["maxrss_kib"]) / 1024,
-            "largest_process_mib": result["maxrss_kib"] / 1024, "stderr": err}
+    return {
+        "wall_s": wall,
+        "cpu_s": result["cpu_s"],
+        "peak_mib": max(peak[0], result["maxrss_kib"]) / 1024,
+        "largest_process_mib": result["maxrss_kib"] / 1024,
+        "stderr": err,
+    }
 
 
 def peak_rss_mib(command: list[str]) -> float:
     """Peak resident memory of `command`, in MiB, measured by a wrapper process of its own (so one
     measurement never sees another's children; ru_maxrss is in KiB on Linux)."""
-    wrapper = ("import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True, capture_output=True); "
-               "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
+    wrapper = (
+        "import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True, capture_output=True); "
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
+    )
     out = subprocess.run([sys.executable, "-c", wrapper, *command], check=True, capture_output=True, text=True)
     return int(out.stdout) / 1024
 
@@ -273,7 +286,9 @@ def prepare_command(config: Path, *extra: str) -> list[str]:
 
 def accepts_workers() -> bool:
     """Whether this bertcli's `prepare` has a --workers option."""
-    out = subprocess.run([sys.executable, "-m", "bertcli", "prepare", "--help"], capture_output=True, text=True, check=False)
+    out = subprocess.run(
+        [sys.executable, "-m", "bertcli", "prepare", "--help"], capture_output=True, text=True, check=False
+    )
     return "--workers" in out.stdout
 
 
@@ -284,11 +299,13 @@ def prepared_tokens(folder: Path) -> int:
 
 def same_shards(a: Path, b: Path) -> bool:
     """Whether two prepared folders hold the same files, byte for byte, but for the manifest's timings."""
+
     def files(folder: Path) -> dict[str, bytes]:
         out = {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
         manifest = json.loads(out.pop("manifest.json"))
-        out["manifest.json"] = json.dumps({k: v for k, v in manifest.items()
-                                           if k not in ("created", "seconds", "tokens_per_s")}).encode()
+        out["manifest.json"] = json.dumps(
+            {k: v for k, v in manifest.items() if k not in ("created", "seconds", "tokens_per_s")}
+        ).encode()
         return out
 
     return files(a) == files(b)
@@ -296,8 +313,11 @@ def same_shards(a: Path, b: Path) -> bool:
 
 def unit_stamps(folder: Path) -> dict[str, tuple[int, int]]:
     """(inode, mtime) of every file of a prepared folder's units: a file rewritten changes both."""
-    return {p.relative_to(folder).as_posix(): (p.stat().st_ino, p.stat().st_mtime_ns)
-            for p in (folder / "units").rglob("*") if p.is_file()}
+    return {
+        p.relative_to(folder).as_posix(): (p.stat().st_ino, p.stat().st_mtime_ns)
+        for p in (folder / "units").rglob("*")
+        if p.is_file()
+    }
 
 
 def new_text(base: Path, size: int, seed: int) -> str:
@@ -326,18 +346,25 @@ def compare_sample(corpus: Path, factor: int, preset: str) -> None:
     t = cfg.tokenizer
     start = time.perf_counter()
     chars = scan_characters(read_text([corpus]), t)
-    print(f"\nvocabulary samples ({preset} preset: vocab_size {t.vocab_size:,}; corpus {chars.count:,} characters; "
-          f"scan {time.perf_counter() - start:.1f} s)")
+    print(
+        f"\nvocabulary samples ({preset} preset: vocab_size {t.vocab_size:,}; corpus {chars.count:,} characters; "
+        f"scan {time.perf_counter() - start:.1f} s)"
+    )
     budgets = [t.sample_chars, factor * t.sample_chars]
     tokenizers, larger = [], None
     for budget in budgets:
         lines = LineSample(budget, chars.count)
         start = time.perf_counter()
-        tokenizers.append(train_wordpiece((x for x in read_sentences([corpus], cfg.split_sentences, keep=lines)
-                                           if x is not None), t, chars))
+        tokenizers.append(
+            train_wordpiece(
+                (x for x in read_sentences([corpus], cfg.split_sentences, keep=lines) if x is not None), t, chars
+            )
+        )
         larger = lines
-        print(f"  sample_chars {budget:>13,}: trained on {lines.chars:,} characters ({lines.lines:,} lines, "
-              f"{100 * lines.chars / chars.count:.1f}%) in {time.perf_counter() - start:.0f} s")
+        print(
+            f"  sample_chars {budget:>13,}: trained on {lines.chars:,} characters ({lines.lines:,} lines, "
+            f"{100 * lines.chars / chars.count:.1f}%) in {time.perf_counter() - start:.0f} s"
+        )
     held_out, size = [], 0
     with open(corpus, encoding="utf-8") as fh:
         for line in fh:
@@ -348,13 +375,17 @@ def compare_sample(corpus: Path, factor: int, preset: str) -> None:
     words = sum(len(line.split()) for line in held_out)
     vocabularies = [set(tok.get_vocab()) for tok in tokenizers]
     shared = len(vocabularies[0] & vocabularies[1])
-    print(f"  pieces in both: {shared:,} of {len(vocabularies[0]):,} and {len(vocabularies[1]):,} "
-          f"({100 * shared / len(vocabularies[0]):.1f}%)")
+    print(
+        f"  pieces in both: {shared:,} of {len(vocabularies[0]):,} and {len(vocabularies[1]):,} "
+        f"({100 * shared / len(vocabularies[0]):.1f}%)"
+    )
     for budget, tok in zip(budgets, tokenizers):
         ids = [e.ids for e in tok.encode_batch(held_out, add_special_tokens=False)]
         count, unk = sum(map(len, ids)), sum(row.count(tok.token_to_id("[UNK]")) for row in ids)
-        print(f"  sample_chars {budget:>13,}: {count / words:.4f} tokens per word, [UNK] {100 * unk / count:.3f}% "
-              f"({len(held_out):,} held-out lines, {words:,} words)")
+        print(
+            f"  sample_chars {budget:>13,}: {count / words:.4f} tokens per word, [UNK] {100 * unk / count:.3f}% "
+            f"({len(held_out):,} held-out lines, {words:,} words)"
+        )
 
 
 def scale(args: argparse.Namespace) -> None:
@@ -375,42 +406,55 @@ def scale(args: argparse.Namespace) -> None:
     corpus_dir.mkdir()
     (corpus_dir / corpus.name).symlink_to(corpus)
     if workers:
-        folders = {n: write_config(work / f"workers{n}", corpus_dir, f"data.tokenizer.path={tokenizer}", preset=args.preset)
-                   for n in (1, 2)}
+        folders = {
+            n: write_config(work / f"workers{n}", corpus_dir, f"data.tokenizer.path={tokenizer}", preset=args.preset)
+            for n in (1, 2)
+        }
         times: dict[int, list[float]] = {1: [], 2: []}
         for r in range(args.repeat):  # alternately, each first in turn, so both see the same load
-            for n in ((1, 2) if r % 2 == 0 else (2, 1)):
+            for n in (1, 2) if r % 2 == 0 else (2, 1):
                 result = run_measured(prepare_command(folders[n], "--workers", str(n)))
                 times[n].append(result["wall_s"])
                 runs[f"given tokenizer, {n} worker(s), run {r + 1}"] = (result, work / f"workers{n}" / "data")
-    print(f"{'run':<40} {'tokens':>12} {'wall s':>8} {'tokens/s':>10} {'per core':>9} {'per CPU s':>10} "
-          f"{'peak MiB':>9} {'largest':>8}")
+    print(
+        f"{'run':<40} {'tokens':>12} {'wall s':>8} {'tokens/s':>10} {'per core':>9} {'per CPU s':>10} "
+        f"{'peak MiB':>9} {'largest':>8}"
+    )
     for name, (r, folder) in runs.items():
         tokens = prepared_tokens(folder)
-        print(f"{name:<40} {tokens:>12,} {r['wall_s']:>8.1f} {tokens / r['wall_s']:>10,.0f} "
-              f"{tokens / r['wall_s'] / cores:>9,.0f} {tokens / r['cpu_s']:>10,.0f} {r['peak_mib']:>9.0f} "
-              f"{r['largest_process_mib']:>8.0f}")
+        print(
+            f"{name:<40} {tokens:>12,} {r['wall_s']:>8.1f} {tokens / r['wall_s']:>10,.0f} "
+            f"{tokens / r['wall_s'] / cores:>9,.0f} {tokens / r['cpu_s']:>10,.0f} {r['peak_mib']:>9.0f} "
+            f"{r['largest_process_mib']:>8.0f}"
+        )
     lines = [line for line in runs["trained vocabulary"][0]["stderr"].splitlines() if "trained on" in line]
     print("\n".join(lines) or "the vocabulary was trained on the whole corpus")
     trained, plain = runs["trained vocabulary"][0]["peak_mib"], runs["given tokenizer"][0]["peak_mib"]
-    print(f"peak memory, trained vocabulary / given tokenizer: {trained:.0f} / {plain:.0f} MiB = {trained / plain:.2f}x "
-          "(goal: at most 1.5x and 400 MiB)")
+    print(
+        f"peak memory, trained vocabulary / given tokenizer: {trained:.0f} / {plain:.0f} MiB = {trained / plain:.2f}x "
+        "(goal: at most 1.5x and 400 MiB)"
+    )
     if workers:
         one, two = statistics.median(times[1]), statistics.median(times[2])
         same = same_shards(work / "workers1" / "data", work / "workers2" / "data")
-        print(f"1 -> 2 workers: {one:.1f} s -> {two:.1f} s (medians of {args.repeat}), speed-up {one / two:.2f}x "
-              f"(goal >= 1.7x); shards byte-identical: {same}")
+        print(
+            f"1 -> 2 workers: {one:.1f} s -> {two:.1f} s (medians of {args.repeat}), speed-up {one / two:.2f}x "
+            f"(goal >= 1.7x); shards byte-identical: {same}"
+        )
         # Prepared once: a 1 MB file added to the corpus folder, prepared again (2 workers, the same tokenizer).
         (corpus_dir / "added.txt").write_text(new_text(args.corpus, 1_000_000, args.seed), encoding="utf-8")
         before = unit_stamps(work / "workers2" / "data")
-        result = run_measured([sys.executable, "-m", "bertcli", "prepare", "--config", str(folders[2]), "--quiet",
-                               "--workers", "2"])
+        result = run_measured(
+            [sys.executable, "-m", "bertcli", "prepare", "--config", str(folders[2]), "--quiet", "--workers", "2"]
+        )
         after = unit_stamps(work / "workers2" / "data")
         rewritten = sum(after.get(rel) != stamp for rel, stamp in before.items())
-        print(f"adding a 1 MB file and preparing again: {result['wall_s']:.1f} s = "
-              f"{100 * result['wall_s'] / two:.1f}% of the full preparation with 2 workers (goal <= 5%); files of "
-              f"untouched units rewritten: {rewritten} of {len(before)}; "
-              f"{next((line for line in result['stderr'].splitlines() if 'preparing' in line), '')}")
+        print(
+            f"adding a 1 MB file and preparing again: {result['wall_s']:.1f} s = "
+            f"{100 * result['wall_s'] / two:.1f}% of the full preparation with 2 workers (goal <= 5%); files of "
+            f"untouched units rewritten: {rewritten} of {len(before)}; "
+            f"{next((line for line in result['stderr'].splitlines() if 'preparing' in line), '')}"
+        )
     else:
         print("prepare has no --workers option: the 1 -> 2 worker speed-up is not measured")
     if args.compare_sample:
@@ -419,17 +463,34 @@ def scale(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--corpus", type=Path, default=REPO.parent / "shared" / "corpora" / "python-docs.txt",
-                        help="the corpus (in --scale mode: the base of the generated one)")
+    parser.add_argument(
+        "--corpus",
+        type=Path,
+        default=REPO.parent / "shared" / "corpora" / "python-docs.txt",
+        help="the corpus (in --scale mode: the base of the generated one)",
+    )
     parser.add_argument("--repeat", type=int, default=3, help="runs of each kind (in --scale mode: 1/2-worker pairs)")
-    parser.add_argument("--scale", type=parse_size, help="generate a corpus of this size (100MB, 1GB) and measure on it")
-    parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "bertcli-bench-corpora",
-                        help="folder of the generated corpora (default: %(default)s)")
-    parser.add_argument("--work", type=Path, default=None, help="folder for the prepared data (default: a temporary one)")
+    parser.add_argument(
+        "--scale", type=parse_size, help="generate a corpus of this size (100MB, 1GB) and measure on it"
+    )
+    parser.add_argument(
+        "--cache",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "bertcli-bench-corpora",
+        help="folder of the generated corpora (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--work", type=Path, default=None, help="folder for the prepared data (default: a temporary one)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the generated corpus")
     parser.add_argument("--preset", default="tiny", help="preset of the configs (default: %(default)s)")
-    parser.add_argument("--compare-sample", type=int, metavar="F", default=0,
-                        help="also compare vocabularies trained on data.tokenizer.sample_chars and F times as many")
+    parser.add_argument(
+        "--compare-sample",
+        type=int,
+        metavar="F",
+        default=0,
+        help="also compare vocabularies trained on data.tokenizer.sample_chars and F times as many",
+    )
     args = parser.parse_args()
     if not args.corpus.is_file():
         sys.exit(f"bench_prepare: {args.corpus} not found; pass --corpus")
@@ -444,16 +505,25 @@ def main() -> None:
     for r in range(args.repeat):
         config = write_config(work / f"full{r}", args.corpus)
         start = time.perf_counter()
-        folder = prepare(resolve(preset_config("tiny", [f"data.corpus={args.corpus}",
-                                                         f"data.prepared_dir={work / f'full{r}' / 'data'}"]),
-                                 config.parent), quiet=True, force=True)
+        folder = prepare(
+            resolve(
+                preset_config(
+                    "tiny", [f"data.corpus={args.corpus}", f"data.prepared_dir={work / f'full{r}' / 'data'}"]
+                ),
+                config.parent,
+            ),
+            quiet=True,
+            force=True,
+        )
         elapsed = time.perf_counter() - start
         tokens = sum(s["tokens"] for s in load_prepared(folder).manifest["splits"].values())
         full.append(tokens / elapsed)
         trained = trained or folder / "tokenizer.json"
 
-        cfg = preset_config("tiny", [f"data.corpus={args.corpus}", f"data.tokenizer.path={trained}",
-                                     f"data.prepared_dir={work / f'enc{r}'}"])
+        cfg = preset_config(
+            "tiny",
+            [f"data.corpus={args.corpus}", f"data.tokenizer.path={trained}", f"data.prepared_dir={work / f'enc{r}'}"],
+        )
         start = time.perf_counter()
         folder = prepare(resolve(cfg, write_config(work / f"enc{r}cfg", args.corpus).parent), quiet=True, force=True)
         elapsed = time.perf_counter() - start
@@ -466,17 +536,37 @@ def main() -> None:
         start = time.perf_counter()
         count = 0
         for i in range(0, len(lines), ENCODE_BATCH):
-            count += sum(len(e.ids) for e in fast(lines[i:i + ENCODE_BATCH], add_special_tokens=False))
+            count += sum(len(e.ids) for e in fast(lines[i : i + ENCODE_BATCH], add_special_tokens=False))
         bare.append(count / (time.perf_counter() - start))
 
     big = work / "corpus-x4.txt"
     text = args.corpus.read_bytes()
     big.write_bytes(text + b"\n\n" + text + b"\n\n" + text + b"\n\n" + text)
     imports = peak_rss_mib([sys.executable, "-c", "import bertcli.cli, bertcli.data.prepare, tokenizers, numpy"])
-    mem1 = peak_rss_mib([sys.executable, "-m", "bertcli", "prepare", "--config",
-                         str(write_config(work / "mem1", args.corpus)), "--quiet", "--force"])
-    mem4 = peak_rss_mib([sys.executable, "-m", "bertcli", "prepare", "--config",
-                         str(write_config(work / "mem4", big)), "--quiet", "--force"])
+    mem1 = peak_rss_mib(
+        [
+            sys.executable,
+            "-m",
+            "bertcli",
+            "prepare",
+            "--config",
+            str(write_config(work / "mem1", args.corpus)),
+            "--quiet",
+            "--force",
+        ]
+    )
+    mem4 = peak_rss_mib(
+        [
+            sys.executable,
+            "-m",
+            "bertcli",
+            "prepare",
+            "--config",
+            str(write_config(work / "mem4", big)),
+            "--quiet",
+            "--force",
+        ]
+    )
 
     med = statistics.median
     print(f"corpus: {args.corpus} ({corpus_bytes / 1e6:.2f} MB, {encode_tokens:,} tokens), {args.repeat} runs, median")
@@ -485,8 +575,10 @@ def main() -> None:
     print(f"{'bertcli prepare, given the tokenizer':<44} {med(encode):>12,.0f}")
     print(f"{'bertcli prepare, training the tokenizer too':<44} {med(full):>12,.0f}")
     print(f"ratio prepare/bare: {med(encode) / med(bare):.2f} (goal >= 0.5)")
-    print(f"peak RSS: imports only {imports:.0f} MiB; prepare {mem1:.0f} MiB on {corpus_bytes / 1e6:.1f} MB; "
-          f"{mem4:.0f} MiB on {4 * corpus_bytes / 1e6:.1f} MB (4x)")
+    print(
+        f"peak RSS: imports only {imports:.0f} MiB; prepare {mem1:.0f} MiB on {corpus_bytes / 1e6:.1f} MB; "
+        f"{mem4:.0f} MiB on {4 * corpus_bytes / 1e6:.1f} MB (4x)"
+    )
 
 
 if __name__ == "__main__":

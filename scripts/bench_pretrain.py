@@ -51,45 +51,73 @@ def real_lengths(rows: int, T: int) -> torch.Tensor:
     from bertcli.data.examples import ExampleBuilder
 
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = preset_config("tiny", [f"data.max_seq_length={T}", f"model.max_position_embeddings={max(T, 512)}",
-                                     f"data.prepared_dir={tmp}", f"data.max_predictions_per_seq={max(1, T // 6)}"])
+        cfg = preset_config(
+            "tiny",
+            [
+                f"data.max_seq_length={T}",
+                f"model.max_position_embeddings={max(T, 512)}",
+                f"data.prepared_dir={tmp}",
+                f"data.max_predictions_per_seq={max(1, T // 6)}",
+            ],
+        )
         data = load_data(cfg, None, quiet=True)
         return ExampleBuilder(data.train, cfg.data, rows).batch(cfg.train.seed, 0, range(rows)).valid_lens
 
 
-def make_batches(n: int, B: int, T: int, V: int, P: int, device: torch.device, lengths: torch.Tensor | None = None,
-                 seed: int = 0):
+def make_batches(
+    n: int, B: int, T: int, V: int, P: int, device: torch.device, lengths: torch.Tensor | None = None, seed: int = 0
+):
     """n batches of B rows of width T: random tokens, row b real up to its length (T, or lengths[i*B + b])."""
     g = torch.Generator().manual_seed(seed)
     batches = []
     for i in range(n):
-        valid = torch.full((B,), T) if lengths is None else lengths[i * B:(i + 1) * B].clone()
+        valid = torch.full((B,), T) if lengths is None else lengths[i * B : (i + 1) * B].clone()
         width = -(-int(valid.max()) // 8) * 8  # padded to the longest row, rounded up to 8, as collate does
         tokens = torch.randint(5, V, (B, width), generator=g)
         tokens[:, 0] = 2
         keep = torch.arange(width)[None, :] < valid[:, None]
         tokens[~keep] = 0
         # P distinct positions per row among 1..len-1 (a row too short repeats position 1: a duplicate prediction)
-        positions = torch.stack([torch.randperm(int(n) - 1, generator=g)[:P].sort().values + 1 if n - 1 >= P else
-                                 torch.cat([torch.arange(1, int(n)), torch.ones(P - int(n) + 1, dtype=torch.long)])
-                                 for n in valid])  # (B, P)
+        positions = torch.stack(
+            [
+                torch.randperm(int(n) - 1, generator=g)[:P].sort().values + 1
+                if n - 1 >= P
+                else torch.cat([torch.arange(1, int(n)), torch.ones(P - int(n) + 1, dtype=torch.long)])
+                for n in valid
+            ]
+        )  # (B, P)
         labels = tokens.gather(1, positions)
         masked = tokens.scatter(1, positions, 4)
         segments = ((torch.arange(width)[None, :] >= valid[:, None] // 2) & keep).long()
         nsp = torch.randint(0, 2, (B,), generator=g)
         full_labels = torch.full((B, width), IGNORE).scatter(1, positions, labels)  # transformers' form
-        batch = dict(tokens=masked, segments=segments, positions=positions, labels=labels, full_labels=full_labels,
-                     nsp=nsp, valid=valid, attention_mask=keep.long())
+        batch = dict(
+            tokens=masked,
+            segments=segments,
+            positions=positions,
+            labels=labels,
+            full_labels=full_labels,
+            nsp=nsp,
+            valid=valid,
+            attention_mask=keep.long(),
+        )
         packed = packing(valid, width)  # made on the host, as the trainer makes it
-        batches.append({**{k: v.to(device) for k, v in batch.items()}, "packed": packed.to(device),
-                        "padded": bool((valid < width).any())})  # decided on the host, as the trainer does
+        batches.append(
+            {
+                **{k: v.to(device) for k, v in batch.items()},
+                "packed": packed.to(device),
+                "padded": bool((valid < width).any()),
+            }
+        )  # decided on the host, as the trainer does
     return batches
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="tiny")
-    parser.add_argument("--vocab", type=int, default=None, help="vocabulary size (default: the preset's tokenizer size)")
+    parser.add_argument(
+        "--vocab", type=int, default=None, help="vocabulary size (default: the preset's tokenizer size)"
+    )
     parser.add_argument("--seq", type=int, default=None, help="sequence length (default: the preset's)")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--steps", type=int, default=5)
@@ -97,18 +125,34 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--compile", action="store_true", help="torch.compile each encoder layer, in both models")
-    parser.add_argument("--lengths", choices=["full", "real"], default="full",
-                        help="full rows, or the lengths of real pretraining pairs (from the bundled sample)")
-    parser.add_argument("--unpad", action="store_true", help="also time bertcli's unpadded encoder (attention dropout 0 for all)")
-    parser.add_argument("--profile", type=int, default=0, metavar="N",
-                        help="after timing, profile one window and print the N operators with the most self time")
+    parser.add_argument(
+        "--lengths",
+        choices=["full", "real"],
+        default="full",
+        help="full rows, or the lengths of real pretraining pairs (from the bundled sample)",
+    )
+    parser.add_argument(
+        "--unpad", action="store_true", help="also time bertcli's unpadded encoder (attention dropout 0 for all)"
+    )
+    parser.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after timing, profile one window and print the N operators with the most self time",
+    )
     args = parser.parse_args()
     device = torch.device(args.device)
     cfg = preset_config(args.preset)
     V = args.vocab or cfg.data.tokenizer.vocab_size
     T = args.seq or cfg.data.max_seq_length
-    mcfg = dataclasses.replace(cfg.model, vocab_size=V, max_position_embeddings=max(T, cfg.model.max_position_embeddings),
-                               hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.0 if args.unpad else 0.1)
+    mcfg = dataclasses.replace(
+        cfg.model,
+        vocab_size=V,
+        max_position_embeddings=max(T, cfg.model.max_position_embeddings),
+        hidden_dropout_prob=0.1,
+        attention_probs_dropout_prob=0.0 if args.unpad else 0.1,
+    )
     P = min(cfg.data.max_predictions_per_seq * T // cfg.data.max_seq_length, round(0.15 * T)) or 1
     cuda = device.type == "cuda"
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda)
@@ -124,25 +168,38 @@ def main() -> None:
 
         def step(b):
             with autocast:
-                out = model(b["tokens"], b["segments"], b["valid"] if b["padded"] else None, b["positions"],
-                            packed=b["packed"] if unpad else None)
-            loss = F.cross_entropy(out.mlm_logits.float().flatten(0, 1), b["labels"].flatten()) + \
-                F.cross_entropy(out.nsp_logits.float(), b["nsp"])
+                out = model(
+                    b["tokens"],
+                    b["segments"],
+                    b["valid"] if b["padded"] else None,
+                    b["positions"],
+                    packed=b["packed"] if unpad else None,
+                )
+            loss = F.cross_entropy(out.mlm_logits.float().flatten(0, 1), b["labels"].flatten()) + F.cross_entropy(
+                out.nsp_logits.float(), b["nsp"]
+            )
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
 
         return step, model
 
-    hf_cfg = transformers.BertConfig(**{k: v for k, v in dataclasses.asdict(mcfg).items()
-                                        if k not in ("pad_vocab_multiple", "init_from")}, attn_implementation="sdpa")
+    hf_cfg = transformers.BertConfig(
+        **{k: v for k, v in dataclasses.asdict(mcfg).items() if k not in ("pad_vocab_multiple", "init_from")},
+        attn_implementation="sdpa",
+    )
     theirs = transformers.BertForPreTraining(hf_cfg).to(device).train()
     theirs_opt = torch.optim.AdamW(param_groups(theirs, 0.01), lr=1e-4, fused=fused_adamw(device) or None)
 
     def theirs_step(b):
         with autocast:
-            out = theirs(input_ids=b["tokens"], token_type_ids=b["segments"], attention_mask=b["attention_mask"],
-                         labels=b["full_labels"], next_sentence_label=b["nsp"])
+            out = theirs(
+                input_ids=b["tokens"],
+                token_type_ids=b["segments"],
+                attention_mask=b["attention_mask"],
+                labels=b["full_labels"],
+                next_sentence_label=b["nsp"],
+            )
         out.loss.backward()
         theirs_opt.step()
         theirs_opt.zero_grad(set_to_none=True)
@@ -179,22 +236,30 @@ def main() -> None:
     results = {}
     for name, step, _ in contenders:
         tokens_per_s = real_tokens * args.steps / statistics.median(times[name])
-        results[name] = {"tokens_per_s": tokens_per_s, "tflops": tokens_per_s * flops / 1e12, "peak_gib": peaks.get(name)}
+        results[name] = {
+            "tokens_per_s": tokens_per_s,
+            "tflops": tokens_per_s * flops / 1e12,
+            "peak_gib": peaks.get(name),
+        }
         if args.profile:
             results[name]["profile"] = profile(step, batches, args.steps, cuda, args.profile)
     where = torch.cuda.get_device_name(device) if cuda else f"CPU, {torch.get_num_threads()} threads"
-    print(f"preset {args.preset} (L={mcfg.num_hidden_layers}, H={mcfg.hidden_size}), vocab {V}, seq {T}, batch {args.batch}, "
-          f"{P} predictions per row, {'bf16 autocast' if cuda else 'fp32'}{', compiled' if args.compile else ''}, "
-          f"rows {args.lengths} ({real_tokens / (args.batch * T):.1%} of batch x seq real), attention dropout "
-          f"{mcfg.attention_probs_dropout_prob}; {where}; torch {torch.__version__}, "
-          f"transformers {transformers.__version__}; median of {args.windows} windows x {args.steps} steps")
+    print(
+        f"preset {args.preset} (L={mcfg.num_hidden_layers}, H={mcfg.hidden_size}), vocab {V}, seq {T}, batch {args.batch}, "
+        f"{P} predictions per row, {'bf16 autocast' if cuda else 'fp32'}{', compiled' if args.compile else ''}, "
+        f"rows {args.lengths} ({real_tokens / (args.batch * T):.1%} of batch x seq real), attention dropout "
+        f"{mcfg.attention_probs_dropout_prob}; {where}; torch {torch.__version__}, "
+        f"transformers {transformers.__version__}; median of {args.windows} windows x {args.steps} steps"
+    )
     for name, r in results.items():
         extra = f", MFU {r['tflops'] / peak:.1%}" if peak else ""
         mem = f", peak {r['peak_gib']:.1f} GiB" if r["peak_gib"] is not None else ""
         print(f"{name:<17} {r['tokens_per_s']:>12,.0f} tokens/s, {r['tflops']:.3f} model TFLOP/s{extra}{mem}")
     for name in results:
         if name != "transformers":
-            print(f"ratio {name}/transformers: {results[name]['tokens_per_s'] / results['transformers']['tokens_per_s']:.2f}")
+            print(
+                f"ratio {name}/transformers: {results[name]['tokens_per_s'] / results['transformers']['tokens_per_s']:.2f}"
+            )
     for name, r in results.items():
         if "profile" in r:
             print(f"\n{name}: where one window of {args.steps} steps spends its time\n{r['profile']}")

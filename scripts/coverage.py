@@ -33,9 +33,13 @@ SP = SpecialTokens()
 def sentence_corpus(sentences_per_doc: np.ndarray, lengths: np.ndarray) -> Corpus:
     """Every token of sentence s is first_regular_id + s."""
     tokens = (SP.first_regular_id + np.repeat(np.arange(len(lengths)), lengths)).astype(np.uint32)
-    return Corpus(tokens=tokens, seg_offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
-                  doc_offsets=np.concatenate([[0], np.cumsum(sentences_per_doc)]).astype(np.int64),
-                  vocab_size=SP.first_regular_id + len(lengths), special=SP)
+    return Corpus(
+        tokens=tokens,
+        seg_offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+        doc_offsets=np.concatenate([[0], np.cumsum(sentences_per_doc)]).astype(np.int64),
+        vocab_size=SP.first_regular_id + len(lengths),
+        special=SP,
+    )
 
 
 def make_builder(corpus: Corpus, cfg: DataConfig, per_step: int) -> ExampleBuilder:
@@ -81,8 +85,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
-    cfg = dataclasses.replace(DataConfig(), max_seq_length=args.seq,
-                              max_predictions_per_seq=max(1, round(args.seq * 0.15)))
+    cfg = dataclasses.replace(
+        DataConfig(), max_seq_length=args.seq, max_predictions_per_seq=max(1, round(args.seq * 0.15))
+    )
 
     per_doc = rng.integers(13, 40, size=args.docs)
     corpus = sentence_corpus(per_doc, rng.integers(14, 43, size=int(per_doc.sum())))
@@ -91,26 +96,37 @@ def main() -> None:
     position = np.concatenate([np.arange(n) for n in per_doc])  # (S,) position in its document
     from_end = np.concatenate([np.arange(n)[::-1] for n in per_doc])  # 0 = last sentence
     mid = counts[(position >= 6) & (from_end >= 6)].mean()
-    print(f"positions: {args.docs:,} documents, {corpus.num_segments:,} sentences, {corpus.num_tokens:,} tokens; "
-          f"{args.examples:,} examples of {args.seq} tokens"
-          + (f" ({args.examples / len(epoch(args.seed, 0, 0).first):.2f} passes)" if epoch else ""))
+    print(
+        f"positions: {args.docs:,} documents, {corpus.num_segments:,} sentences, {corpus.num_tokens:,} tokens; "
+        f"{args.examples:,} examples of {args.seq} tokens"
+        + (f" ({args.examples / len(epoch(args.seed, 0, 0).first):.2f} passes)" if epoch else "")
+    )
     print("sentence position:  " + "  ".join(f"{p:>5}" for p in range(6)) + "   last-2 last-1  last")
-    print("relative coverage:  " + "  ".join(f"{counts[position == p].mean() / mid:5.2f}" for p in range(6))
-          + "   " + "  ".join(f"{counts[from_end == p].mean() / mid:5.2f}" for p in (2, 1, 0)))
-    print(f"mid-document sentences shown {mid:.2f} times on average; never shown: {np.mean(counts == 0):.1%} "
-          "of all sentences")
+    print(
+        "relative coverage:  "
+        + "  ".join(f"{counts[position == p].mean() / mid:5.2f}" for p in range(6))
+        + "   "
+        + "  ".join(f"{counts[from_end == p].mean() / mid:5.2f}" for p in (2, 1, 0))
+    )
+    print(
+        f"mid-document sentences shown {mid:.2f} times on average; never shown: {np.mean(counts == 0):.1%} "
+        "of all sentences"
+    )
 
     per_doc = np.full(args.docs, 20)
     long_doc = np.arange(args.docs) % 2 == 0
     long_sentence = np.repeat(long_doc, per_doc)
-    lengths = np.where(long_sentence, rng.integers(30, 51, size=len(long_sentence)),
-                       rng.integers(6, 19, size=len(long_sentence)))
+    lengths = np.where(
+        long_sentence, rng.integers(30, 51, size=len(long_sentence)), rng.integers(6, 19, size=len(long_sentence))
+    )
     corpus = sentence_corpus(per_doc, lengths)
     tokens = tokens_shown(corpus, cfg, args.examples, args.batch, args.seed)
     rate_long = tokens[long_sentence].sum() / lengths[long_sentence].sum()
     rate_short = tokens[~long_sentence].sum() / lengths[~long_sentence].sum()
-    print(f"per token: documents of long sentences shown {rate_long / rate_short:.2f}x as often per token as "
-          f"documents of short ones ({rate_long:.3f} vs {rate_short:.3f} tokens shown per corpus token)")
+    print(
+        f"per token: documents of long sentences shown {rate_long / rate_short:.2f}x as often per token as "
+        f"documents of short ones ({rate_long:.3f} vs {rate_short:.3f} tokens shown per corpus token)"
+    )
 
 
 if __name__ == "__main__":

@@ -60,8 +60,9 @@ def check_resumable(folder: Path, config: Path) -> int:
     console.speak(False)  # (its "resuming from" lines)
     checkpoints.choose(str(path))  # as --resume PATH: raises on a missing, truncated, damaged or mismatched file
     model = BertForPreTraining(cfg.model)
-    progress = checkpoints.load(model=model, optimizer=build_optimizer(model, cfg.optimizer),
-                                scaler=torch.amp.GradScaler("cpu", enabled=False))
+    progress = checkpoints.load(
+        model=model, optimizer=build_optimizer(model, cfg.optimizer), scaler=torch.amp.GradScaler("cpu", enabled=False)
+    )
     console.speak(True)
     assert progress.step == step
     return step
@@ -107,9 +108,11 @@ def main() -> int:
     a = safetensors.torch.load_file(work / "killed" / "checkpoints" / name / "model.safetensors")
     b = safetensors.torch.load_file(work / "clean" / "checkpoints" / name / "model.safetensors")
     different = [k for k in a if not torch.equal(a[k], b[k])]
-    print(f"{args.rounds} kill rounds ({finished_early} ended before the kill), resumable steps "
-          f"{steps_seen[:3]}...{steps_seen[-3:]}; corrupt checkpoints: 0; final weights "
-          f"{'IDENTICAL' if not different else f'DIFFER in {len(different)} tensors'} to the uninterrupted run")
+    print(
+        f"{args.rounds} kill rounds ({finished_early} ended before the kill), resumable steps "
+        f"{steps_seen[:3]}...{steps_seen[-3:]}; corrupt checkpoints: 0; final weights "
+        f"{'IDENTICAL' if not different else f'DIFFER in {len(different)} tensors'} to the uninterrupted run"
+    )
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     return 0 if not different else 1

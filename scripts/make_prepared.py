@@ -79,8 +79,9 @@ class Split:
         return {"documents": self.documents, "segments": self.segments, "tokens": self.tokens}
 
 
-def generate(folder: Path, total: int, validation_fraction: float, unigram: np.ndarray, dtype: np.dtype,
-             seed: int) -> dict[str, dict[str, int]]:
+def generate(
+    folder: Path, total: int, validation_fraction: float, unigram: np.ndarray, dtype: np.dtype, seed: int
+) -> dict[str, dict[str, int]]:
     """Write train/ and valid/ under `folder`: `total` tokens in documents, every k-th held out."""
     rng = np.random.default_rng(seed)
     splits = {"train": Split(folder / "train", dtype), "valid": Split(folder / "valid", dtype)}
@@ -95,15 +96,21 @@ def generate(folder: Path, total: int, validation_fraction: float, unigram: np.n
             lengths[-1] -= int(ends[keep - 1]) - (total - written)
             doc_ends = np.cumsum(sentences)
             last = int(np.searchsorted(doc_ends, keep, side="left"))  # the document holding sentence keep-1
-            sentences = sentences[:last + 1].copy()
+            sentences = sentences[: last + 1].copy()
             sentences[-1] -= int(doc_ends[last]) - keep
         tokens = unigram[rng.integers(0, len(unigram), size=int(lengths.sum()))]
         stride = round(1 / validation_fraction) if validation_fraction > 0 else 0  # corpus.is_held_out, vectorised
-        held = (np.arange(documents, documents + len(sentences)) % stride == stride - 1) if stride else \
-            np.zeros(len(sentences), dtype=bool)  # (D,) of this block
+        held = (
+            (np.arange(documents, documents + len(sentences)) % stride == stride - 1)
+            if stride
+            else np.zeros(len(sentences), dtype=bool)
+        )  # (D,) of this block
         seg_doc = np.repeat(held, sentences)  # (S,) whether each sentence is held out
         tok_held = np.repeat(seg_doc, lengths)  # (N,)
-        for name, pick, seg_pick, tok_pick in (("train", ~held, ~seg_doc, ~tok_held), ("valid", held, seg_doc, tok_held)):
+        for name, pick, seg_pick, tok_pick in (
+            ("train", ~held, ~seg_doc, ~tok_held),
+            ("valid", held, seg_doc, tok_held),
+        ):
             if pick.any():
                 splits[name].add(tokens[tok_pick], lengths[seg_pick], sentences[pick])
         written += int(lengths.sum())
@@ -118,8 +125,14 @@ def main() -> None:
     parser.add_argument("folder", type=Path, help="run folder to create (config.yaml and data/)")
     parser.add_argument("--tokens", type=float, required=True, help="tokens in all (train + valid), e.g. 1e9")
     parser.add_argument("--seed", type=int, default=0, help="seed of the generated documents")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="config override written into config.yaml (repeatable)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config override written into config.yaml (repeatable)",
+    )
     parser.add_argument("--force", action="store_true", help="replace a folder this script made before")
     args = parser.parse_args()
     folder, total = args.folder.resolve(), int(args.tokens)
@@ -130,8 +143,9 @@ def main() -> None:
     folder.mkdir(parents=True)
     start = time.perf_counter()
     config = folder / "config.yaml"
-    atomic.write_text(config, to_yaml(preset_config("tiny", ["data.corpus=sample", *args.overrides]),
-                                      preset_header("tiny")))
+    atomic.write_text(
+        config, to_yaml(preset_config("tiny", ["data.corpus=sample", *args.overrides]), preset_header("tiny"))
+    )
     cfg = load_run(config)
     data = prepare(cfg, quiet=True)  # the real thing, on the stand-in corpus: tokenizer, fingerprint
     manifest, _ = read_manifest(data)
@@ -142,17 +156,27 @@ def main() -> None:
     for split in ("train", "valid"):
         shutil.rmtree(data / split)
     splits = generate(data, total, cfg.data.validation_fraction, unigram, dtype, args.seed)
-    manifest.update(splits=splits, unknown_tokens=0, generated_by={
-        "script": "scripts/make_prepared.py", "tokens": total, "seed": args.seed, "overrides": args.overrides,
-        "note": "synthetic shards; the corpus entry and fingerprint are the bundled sample's (the stand-in)"})
+    manifest.update(
+        splits=splits,
+        unknown_tokens=0,
+        generated_by={
+            "script": "scripts/make_prepared.py",
+            "tokens": total,
+            "seed": args.seed,
+            "overrides": args.overrides,
+            "note": "synthetic shards; the corpus entry and fingerprint are the bundled sample's (the stand-in)",
+        },
+    )
     atomic.write_text(data / MANIFEST, json.dumps(manifest, indent=2) + "\n")
     damage = check_prepared(data, manifest)
     if damage:
         sys.exit(f"make_prepared: the generated data does not check: {damage}")
     t, v = splits["train"], splits["valid"]
-    print(f"{folder}: {t['tokens'] + v['tokens']:,} tokens, {t['documents'] + v['documents']:,} documents "
-          f"({v['documents']:,} held out), {t['segments'] + v['segments']:,} sentences, "
-          f"{time.perf_counter() - start:.0f} s; train with: python -m bertcli pretrain --config {config}")
+    print(
+        f"{folder}: {t['tokens'] + v['tokens']:,} tokens, {t['documents'] + v['documents']:,} documents "
+        f"({v['documents']:,} held out), {t['segments'] + v['segments']:,} sentences, "
+        f"{time.perf_counter() - start:.0f} s; train with: python -m bertcli pretrain --config {config}"
+    )
 
 
 if __name__ == "__main__":

@@ -31,13 +31,17 @@ def main() -> None:
     for shape in args.shape or ["128x256", "512x32"]:
         T, B = map(int, shape.split("x"))
         P = max(1, round(cfg.data.max_predictions_per_seq * T / cfg.data.max_seq_length))
-        builder = ExampleBuilder(data.train, dataclasses.replace(cfg.data, max_seq_length=T, max_predictions_per_seq=P), B)
+        builder = ExampleBuilder(
+            data.train, dataclasses.replace(cfg.data, max_seq_length=T, max_predictions_per_seq=P), B
+        )
         real = padded = 0
         for step in range(args.steps):
             batch = builder.batch(cfg.train.seed, step, range(B))
             real, padded = real + int(batch.valid_lens.sum()), padded + batch.input_ids.numel()
-        print(f"seq {T}, batch {B} ({args.steps} steps of {cfg.data.corpus}): {real / padded:.1%} of the padded "
-              f"tokens are real; mean padded width {padded / (args.steps * B):.1f} of {T}")
+        print(
+            f"seq {T}, batch {B} ({args.steps} steps of {cfg.data.corpus}): {real / padded:.1%} of the padded "
+            f"tokens are real; mean padded width {padded / (args.steps * B):.1f} of {T}"
+        )
 
 
 if __name__ == "__main__":

@@ -23,14 +23,26 @@ REPO = Path(__file__).resolve().parents[1]
 MICRO = as_overrides(DEBUG)
 
 # A model small enough to compare with transformers' in milliseconds (test_model, test_hf).
-SMALL_MODEL = ModelConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                          intermediate_size=48, max_position_embeddings=40)
+SMALL_MODEL = ModelConfig(
+    vocab_size=99,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=48,
+    max_position_embeddings=40,
+)
 
 
 # A micro model on real text: the bundled sample cut to 60 documents, a 1,000-token vocabulary.
 TEXT = [o for o in MICRO if not o.startswith(("data.corpus", "model.vocab_size", "data.synthetic"))] + [
-    "model.vocab_size=null", "data.tokenizer.vocab_size=1000", "data.validation_fraction=0.1",
-    "data.max_seq_length=48", "model.max_position_embeddings=64", "train.eval_every=6", "train.eval_examples=32"]
+    "model.vocab_size=null",
+    "data.tokenizer.vocab_size=1000",
+    "data.validation_fraction=0.1",
+    "data.max_seq_length=48",
+    "model.max_position_embeddings=64",
+    "train.eval_every=6",
+    "train.eval_examples=32",
+]
 
 
 @pytest.fixture(scope="session")
@@ -129,5 +141,11 @@ def cli(capsys):
 
 def run_process(*args: str, **kwargs) -> subprocess.CompletedProcess:
     """Run `python -m bertcli ARGS...` as a real process."""
-    return subprocess.run([sys.executable, "-m", "bertcli", *map(str, args)], capture_output=True, text=True,
-                          cwd=kwargs.pop("cwd", REPO), timeout=kwargs.pop("timeout", 120), **kwargs)
+    return subprocess.run(
+        [sys.executable, "-m", "bertcli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=kwargs.pop("cwd", REPO),
+        timeout=kwargs.pop("timeout", 120),
+        **kwargs,
+    )

@@ -14,7 +14,9 @@ PENDING: tuple[str, ...] = ()
 
 
 def test_no_call_passes_more_than_four_values_or_a_bare_bool_by_position():
-    proc = subprocess.run([sys.executable, "scripts/check_calls.py"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "scripts/check_calls.py"], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
     found = proc.stdout.splitlines()
     assert proc.returncode == (1 if found else 0), proc.stderr
     assert [line for line in found if not line.startswith(PENDING)] == []

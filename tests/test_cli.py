@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import REPO, run_process, write_config
 
 from bertcli import __version__
-from conftest import REPO, run_process, write_config
 
 
 def test_version_and_help(cli):
@@ -26,7 +26,8 @@ def test_python_dash_m_and_usage_errors_exit_2():
     proc = run_process("pretrain")
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        "bertcli: error: Missing option '--config' / '-c'. (see 'bertcli pretrain --help')"]
+        "bertcli: error: Missing option '--config' / '-c'. (see 'bertcli pretrain --help')"
+    ]
     assert proc.stdout == ""
 
 
@@ -57,22 +58,27 @@ def test_bad_config_exits_2_with_one_line_per_problem_and_no_traceback(tmp_path)
     assert "did you mean 'hidden_size'" in lines[0] and "expected an integer" in lines[1]
     assert "data.masked_lm_prob: must be in (0, 1), got 1.5" in lines[2]
     assert "Traceback" not in proc.stderr and proc.stdout == ""
-    path.write_text("model:\n  hidden_size: 100\n  num_attention_heads: 3\ndata:\n  masked_lm_prob: 1.5\n"
-                    "train:\n  mlm_weight: 0\n  nsp_weight: 0\n")
+    path.write_text(
+        "model:\n  hidden_size: 100\n  num_attention_heads: 3\ndata:\n  masked_lm_prob: 1.5\n"
+        "train:\n  mlm_weight: 0\n  nsp_weight: 0\n"
+    )
     proc = run_process("pretrain", "--config", path)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 3, proc.stderr
     assert "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["pretrain", "--config", "missing.yaml"], "config file not found"),
-    (["pretrain", "--config", "{cfg}", "--set", "train.max_stepz=3"], "did you mean 'max_steps'"),
-    (["pretrain", "--config", "{cfg}", "--set", "nonsense"], "expected section.key=value"),
-    (["pretrain", "--config", "{cfg}", "--device", "tpu"], "--device 'tpu'"),
-    (["pretrain", "--config", "{cfg}", "--resume", "nowhere"], "no such checkpoint"),
-    (["inspect", "nowhere"], "no such file or folder"),
-    (["inspect", "{dir}"], "not a config file, a run folder"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["pretrain", "--config", "missing.yaml"], "config file not found"),
+        (["pretrain", "--config", "{cfg}", "--set", "train.max_stepz=3"], "did you mean 'max_steps'"),
+        (["pretrain", "--config", "{cfg}", "--set", "nonsense"], "expected section.key=value"),
+        (["pretrain", "--config", "{cfg}", "--device", "tpu"], "--device 'tpu'"),
+        (["pretrain", "--config", "{cfg}", "--resume", "nowhere"], "no such checkpoint"),
+        (["inspect", "nowhere"], "no such file or folder"),
+        (["inspect", "{dir}"], "not a config file, a run folder"),
+    ],
+)
 def test_usage_errors(tmp_path, cli, args, needle):
     cfg = write_config(tmp_path / "run")
     (tmp_path / "empty").mkdir()
@@ -111,8 +117,9 @@ def test_pretrain_then_inspect_run_checkpoint_and_config(tmp_path, cli):
     assert result.out == "", "pretrain writes nothing to stdout"
     assert "done: step 12" in result.err and "resolved config:" not in result.err  # --quiet: the summary only
     assert len(result.err_lines) == 4, result.err  # a warning, done, checkpoint, next
-    assert result.err_lines[0].startswith("warning: optimizer.warmup_steps=24 is past train.max_steps=12: the learning "
-                                          "rate rises to 50% of optimizer.lr")
+    assert result.err_lines[0].startswith(
+        "warning: optimizer.warmup_steps=24 is past train.max_steps=12: the learning rate rises to 50% of optimizer.lr"
+    )
 
     report = json.loads(cli("inspect", tmp_path / "run", "--json").out)
     assert report["kind"] == "run"
@@ -141,7 +148,10 @@ def test_inspect_a_run_with_damaged_files_shows_the_rest_and_names_them(tmp_path
     result = cli("inspect", run)
     assert result.code == 0, result.err
     assert f"{newest / 'trainer_state.json'}: " in result.out
-    assert f"{run / 'metrics.jsonl'}: 1 damaged line(s) skipped (line 2): each must be a JSON object with an integer step" in result.out
+    assert (
+        f"{run / 'metrics.jsonl'}: 1 damaged line(s) skipped (line 2): each must be a JSON object with an integer step"
+        in result.out
+    )
     report = json.loads(cli("inspect", run, "--json").out)["training"]
     assert len(report["damaged"]) == 2 and report["step"] == 4 and report["last_metrics"]["step"] == 4
     alone = cli("inspect", newest)
@@ -175,8 +185,14 @@ def test_inspect_base_and_large_parameter_counts(cli):
 
 def test_closed_pipe_exits_quietly():
     # One process (they are slow to start): pipefail makes the exit code bertcli's, not head's.
-    proc = subprocess.run(f"set -o pipefail; {sys.executable} -m bertcli inspect configs/base.yaml | head -1",
-                          shell=True, cwd=REPO, capture_output=True, text=True, executable="/bin/bash")
+    proc = subprocess.run(
+        f"set -o pipefail; {sys.executable} -m bertcli inspect configs/base.yaml | head -1",
+        shell=True,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        executable="/bin/bash",
+    )
     assert proc.stdout.startswith("config: configs/base.yaml") and proc.stderr == "" and proc.returncode == 0
 
 
@@ -190,8 +206,10 @@ def test_an_eof_error_is_a_failure_not_an_interrupt(cli, monkeypatch):
     monkeypatch.setattr(bertcli.summary, "inspect_path", cut_short)
     result = cli("inspect", "anything")
     assert result.code == 1 and "interrupted" not in result.err
-    assert result.err_lines == ["bertcli: error: EOFError: Compressed file ended before the end-of-stream marker "
-                                "was reached (run again with --debug for the traceback)"]
+    assert result.err_lines == [
+        "bertcli: error: EOFError: Compressed file ended before the end-of-stream marker "
+        "was reached (run again with --debug for the traceback)"
+    ]
 
 
 def test_next_hints_name_the_real_folders_and_run_as_printed(tmp_path, cli, monkeypatch, small_corpus):
@@ -210,8 +228,9 @@ def test_next_hints_name_the_real_folders_and_run_as_printed(tmp_path, cli, monk
     sets = [a for o in TEXT + ["train.max_steps=2", "train.eval_every=0", "output_dir=out dir"] for a in ("--set", o)]
     [pretrain] = hints(cli("init", "my runs/demo", "--corpus", small_corpus, *sets))
     assert pretrain == ["bertcli", "pretrain", "--config", "my runs/demo/config.yaml"]
-    inspect, pretrain = hints(cli("prepare", "--config", "my runs/demo/config.yaml", "--quiet",
-                                  "--set", "data.prepared_dir=prep data"))
+    inspect, pretrain = hints(
+        cli("prepare", "--config", "my runs/demo/config.yaml", "--quiet", "--set", "data.prepared_dir=prep data")
+    )
     assert inspect == ["bertcli", "inspect", "prep data"]  # a path typed here is relative to here
     assert cli(*inspect[1:]).code == 0
     result = cli(*pretrain[1:])  # the same overrides: the data just prepared, not a new copy
@@ -231,7 +250,11 @@ def test_help_at_80_columns_is_wrapped_whole(cli, monkeypatch):
     for args in ([], *([name] for name in commands)):
         result = cli(*args, "--help")
         assert result.code == 0 and "Usage: bertcli" in result.out, args
-        assert "…" not in result.out and "<bool>" not in result.out and "<list[str]>" not in result.out.split("Arguments")[0]
+        assert (
+            "…" not in result.out
+            and "<bool>" not in result.out
+            and "<list[str]>" not in result.out.split("Arguments")[0]
+        )
         assert all(len(line) <= 80 and not line.endswith("...") for line in result.out.splitlines()[1:]), result.out
         if not args:
             assert all(name in result.out for name in commands)
@@ -255,8 +278,9 @@ def test_a_stop_under_torchrun_is_said_by_rank_0_only(cli, monkeypatch, tmp_path
         console.speak(True)
     assert other.code == 143 and other.err == ""
     main = cli("pretrain", "--config", config)
-    assert main.code == 143 and main.err_lines == ["bertcli: stopped by SIGTERM at step 3; checkpoint None; run the "
-                                                   "same command again to resume"]
+    assert main.code == 143 and main.err_lines == [
+        "bertcli: stopped by SIGTERM at step 3; checkpoint None; run the same command again to resume"
+    ]
 
 
 def test_a_model_too_large_is_refused_from_its_numbers_at_once(cli, tmp_path):
@@ -264,11 +288,14 @@ def test_a_model_too_large_is_refused_from_its_numbers_at_once(cli, tmp_path):
     import time
 
     from bertcli.config_load import preset_config
-    from bertcli.model import BertForPreTraining
     from bertcli.memory import parameter_count
+    from bertcli.model import BertForPreTraining
 
-    for overrides in ([], ["model.vocab_size=1001", "model.pad_vocab_multiple=1"], ["model.type_vocab_size=5",
-                                                                                   "model.num_hidden_layers=3"]):
+    for overrides in (
+        [],
+        ["model.vocab_size=1001", "model.pad_vocab_multiple=1"],
+        ["model.type_vocab_size=5", "model.num_hidden_layers=3"],
+    ):
         model = preset_config("tiny", ["model.vocab_size=8000", *overrides]).model
         assert parameter_count(model) == sum(p.numel() for p in BertForPreTraining(model).parameters())
     config = write_config(tmp_path, "model.num_hidden_layers=10000000")
@@ -276,9 +303,13 @@ def test_a_model_too_large_is_refused_from_its_numbers_at_once(cli, tmp_path):
     result = cli("pretrain", "--config", config)
     assert time.perf_counter() - start < 1.0
     assert result.code == 2 and len(result.err_lines) == 1
-    assert ("85,440,008,642 parameters need 1,273.2 GiB for fp32 weights, gradients and AdamW state" in result.err
-            and "model.num_hidden_layers=10,000,000 x 8,544 per layer" in result.err), result.err
-    unsized = write_config(tmp_path / "text", "data.corpus=sample", "model.vocab_size=null", "model.num_hidden_layers=10000000")
+    assert (
+        "85,440,008,642 parameters need 1,273.2 GiB for fp32 weights, gradients and AdamW state" in result.err
+        and "model.num_hidden_layers=10,000,000 x 8,544 per layer" in result.err
+    ), result.err
+    unsized = write_config(
+        tmp_path / "text", "data.corpus=sample", "model.vocab_size=null", "model.num_hidden_layers=10000000"
+    )
     result = cli("pretrain", "--config", unsized)  # no tokenizer yet: refused before preparing the corpus
     assert result.code == 2 and "too large" in result.err and not (tmp_path / "text" / "data").exists()
 
@@ -293,5 +324,6 @@ def test_init_takes_the_keyword_corpora_and_says_warnings(tmp_path, cli):
         cfg = load_run(tmp_path / corpus / "config.yaml")
         assert cfg.data.corpus == corpus and (cfg.model.vocab_size is None) == (corpus == "sample")
     result = cli("init", tmp_path / "warm", "--set", "optimizer.warmup_steps=1000")
-    assert result.code == 0 and result.err_lines[1].startswith("warning: optimizer.warmup_steps=1,000 is past "
-                                                               "train.max_steps=500"), result.err
+    assert result.code == 0 and result.err_lines[1].startswith(
+        "warning: optimizer.warmup_steps=1,000 is past train.max_steps=500"
+    ), result.err

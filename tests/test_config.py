@@ -8,12 +8,12 @@ import subprocess
 import sys
 
 import pytest
+from conftest import REPO, write_config
 
 from bertcli.config import PRESETS, Config, field_docs, to_dict
 from bertcli.config_load import load_config, model_config_from_dict, parse_overrides, preset_config
 from bertcli.config_write import to_yaml
 from bertcli.errors import UsageError
-from conftest import REPO, write_config
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
@@ -21,8 +21,9 @@ def test_configs_folder_equals_what_init_writes(preset, tmp_path, cli):
     result = cli("init", tmp_path / preset, "--preset", preset)
     assert result.code == 0, result.err
     written = (tmp_path / preset / "config.yaml").read_text()
-    assert written == (REPO / "configs" / f"{preset}.yaml").read_text(), \
+    assert written == (REPO / "configs" / f"{preset}.yaml").read_text(), (
         f"configs/{preset}.yaml drifted from `bertcli init --preset {preset}`; regenerate it with scripts/write_presets.py"
+    )
     assert load_config(tmp_path / preset / "config.yaml") == preset_config(preset)
 
 
@@ -77,7 +78,9 @@ def test_unknown_keys_name_section_and_closest_key(tmp_path):
         load_config(path)
     problems = info.value.problems
     assert len(problems) == 3  # all reported at once
-    assert any("model.hidden_sze" in p and "section 'model'" in p and "did you mean 'hidden_size'" in p for p in problems)
+    assert any(
+        "model.hidden_sze" in p and "section 'model'" in p and "did you mean 'hidden_size'" in p for p in problems
+    )
     assert any("trian" in p and "did you mean 'train'" in p for p in problems)
     assert any("train.lr" in p and "optimizer.lr" in p for p in problems)
     assert all(p.startswith(str(path)) for p in problems)
@@ -96,20 +99,23 @@ def test_wrong_types_are_reported(tmp_path):
     assert len(info.value.problems) == 4
 
 
-@pytest.mark.parametrize("overrides, needle", [
-    (["model.hidden_size=100", "model.num_attention_heads=3"], "not divisible by model.num_attention_heads=3"),
-    (["data.max_seq_length=600"], "above model.max_position_embeddings=512"),
-    (["data.masked_lm_prob=0"], "data.masked_lm_prob: must be in (0, 1)"),
-    (["data.masked_lm_prob=1.0"], "data.masked_lm_prob: must be in (0, 1)"),
-    (["train.mlm_weight=-1"], "train.mlm_weight: must not be negative"),
-    (["train.mlm_weight=0", "train.nsp_weight=0"], "both 0"),
-    (["data.mask_token_prob=0.9", "data.random_token_prob=0.2"], "at most 1"),
-    (["checkpoint.keep_last=0"], "checkpoint.keep_last: must be at least 1"),
-    (["train.device=gpu"], "train.device: must be auto, cpu, cuda or cuda:N"),
-    (["train.device=cuda:-1"], "train.device: must be auto, cpu, cuda or cuda:N, got 'cuda:-1'"),
-    (["train.device=cuda:x"], "train.device: must be auto, cpu, cuda or cuda:N, got 'cuda:x'"),
-    (["train.parallel=tp"], "train.parallel: must be one of ddp, fsdp; got 'tp'"),
-])
+@pytest.mark.parametrize(
+    "overrides, needle",
+    [
+        (["model.hidden_size=100", "model.num_attention_heads=3"], "not divisible by model.num_attention_heads=3"),
+        (["data.max_seq_length=600"], "above model.max_position_embeddings=512"),
+        (["data.masked_lm_prob=0"], "data.masked_lm_prob: must be in (0, 1)"),
+        (["data.masked_lm_prob=1.0"], "data.masked_lm_prob: must be in (0, 1)"),
+        (["train.mlm_weight=-1"], "train.mlm_weight: must not be negative"),
+        (["train.mlm_weight=0", "train.nsp_weight=0"], "both 0"),
+        (["data.mask_token_prob=0.9", "data.random_token_prob=0.2"], "at most 1"),
+        (["checkpoint.keep_last=0"], "checkpoint.keep_last: must be at least 1"),
+        (["train.device=gpu"], "train.device: must be auto, cpu, cuda or cuda:N"),
+        (["train.device=cuda:-1"], "train.device: must be auto, cpu, cuda or cuda:N, got 'cuda:-1'"),
+        (["train.device=cuda:x"], "train.device: must be auto, cpu, cuda or cuda:N, got 'cuda:x'"),
+        (["train.parallel=tp"], "train.parallel: must be one of ddp, fsdp; got 'tp'"),
+    ],
+)
 def test_impossible_values(overrides, needle):
     with pytest.raises(UsageError) as info:
         preset_config("tiny", overrides)
@@ -126,12 +132,15 @@ def test_valid_presets_have_no_problems():
         assert preset_config(name).problems() == []
 
 
-@pytest.mark.parametrize("item, needle", [
-    ("train.max_steps", "expected section.key=value"),
-    ("=3", "expected section.key=value"),
-    ("train..seed=1", "expected section.key=value"),
-    ("train.seed=[1, 2", "not a YAML scalar"),
-])
+@pytest.mark.parametrize(
+    "item, needle",
+    [
+        ("train.max_steps", "expected section.key=value"),
+        ("=3", "expected section.key=value"),
+        ("train..seed=1", "expected section.key=value"),
+        ("train.seed=[1, 2", "not a YAML scalar"),
+    ],
+)
 def test_bad_set_syntax(item, needle):
     with pytest.raises(UsageError, match=None) as info:
         parse_overrides([item])
@@ -153,7 +162,8 @@ def test_a_string_that_yaml_reads_as_a_number_gets_a_quoting_hint(tmp_path):
         "--set: data.corpus: expected a string, got 2024 (int); YAML reads 2024 as a number: quote it "
         "(--set 'data.corpus=\"2024\"')",
         "--set: data.tokenizer.path: expected a string, got True (bool); YAML reads true as a boolean: quote it "
-        "(--set 'data.tokenizer.path=\"true\"')"]
+        "(--set 'data.tokenizer.path=\"true\"')",
+    ]
     assert preset_config("tiny", ['data.corpus="2024"']).data.corpus == "2024"  # the hint, taken, works
     path = tmp_path / "config.yaml"
     path.write_text("data:\n  corpus: 2024\n")
@@ -161,11 +171,20 @@ def test_a_string_that_yaml_reads_as_a_number_gets_a_quoting_hint(tmp_path):
         load_config(path)
 
 
-@pytest.mark.parametrize("item, where", [
-    ("model.tokenizer.path=x", "--set: model.tokenizer: unknown key in section 'model'; it belongs in 'data.tokenizer'"),
-    ("train.synthetic.seed=3", "--set: train.synthetic: unknown key in section 'train'; it belongs in 'data.synthetic'"),
-    ("model.lr=0.1", "--set: model.lr: unknown key in section 'model'; it belongs in 'optimizer.lr'"),
-])
+@pytest.mark.parametrize(
+    "item, where",
+    [
+        (
+            "model.tokenizer.path=x",
+            "--set: model.tokenizer: unknown key in section 'model'; it belongs in 'data.tokenizer'",
+        ),
+        (
+            "train.synthetic.seed=3",
+            "--set: train.synthetic: unknown key in section 'train'; it belongs in 'data.synthetic'",
+        ),
+        ("model.lr=0.1", "--set: model.lr: unknown key in section 'model'; it belongs in 'optimizer.lr'"),
+    ],
+)
 def test_a_key_or_section_in_the_wrong_section_names_where_it_belongs(item, where):
     with pytest.raises(UsageError) as info:
         preset_config("tiny", [item])
@@ -180,12 +199,19 @@ def test_malformed_yaml_names_line(tmp_path):
     assert "malformed YAML at line" in str(info.value) and str(path) in str(info.value)
 
 
-@pytest.mark.parametrize("text, needle", [
-    ("model:\n  hidden_size: 64\ntrain:\n  max_steps: 3\nmodel:\n  num_hidden_layers: 2\n",
-     "line 5: key 'model' is given twice (first at line 1)"),
-    ("model:\n  hidden_size: 64\n  num_hidden_layers: 2\n  hidden_size: 32\n",
-     "line 4: key 'hidden_size' is given twice (first at line 2)"),
-])
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        (
+            "model:\n  hidden_size: 64\ntrain:\n  max_steps: 3\nmodel:\n  num_hidden_layers: 2\n",
+            "line 5: key 'model' is given twice (first at line 1)",
+        ),
+        (
+            "model:\n  hidden_size: 64\n  num_hidden_layers: 2\n  hidden_size: 32\n",
+            "line 4: key 'hidden_size' is given twice (first at line 2)",
+        ),
+    ],
+)
 def test_a_key_or_section_given_twice_names_both_lines(tmp_path, text, needle):
     path = tmp_path / "config.yaml"
     path.write_text(text)
@@ -203,14 +229,18 @@ def test_yaml_merge_keys_may_still_be_overridden(tmp_path):
 
 def test_unknown_keys_wrong_types_and_impossible_values_are_reported_together(tmp_path):
     path = tmp_path / "config.yaml"
-    path.write_text("model:\n  hidden_sze: 64\n  max_position_embeddings: big\ndata:\n  max_seq_length: 1000\n"
-                    "train:\n  max_steps: -3\n")
+    path.write_text(
+        "model:\n  hidden_sze: 64\n  max_position_embeddings: big\ndata:\n  max_seq_length: 1000\n"
+        "train:\n  max_steps: -3\n"
+    )
     with pytest.raises(UsageError) as info:
         load_config(path)
     problems = [p.removeprefix(f"{path}: ") for p in info.value.problems]
-    assert problems == ["model.hidden_sze: unknown key in section 'model'; did you mean 'hidden_size'?",
-                        "model.max_position_embeddings: expected an integer, got 'big' (str)",
-                        "train.max_steps: must be at least 1, got -3"]  # not "1000 is above ... 512", the default
+    assert problems == [
+        "model.hidden_sze: unknown key in section 'model'; did you mean 'hidden_size'?",
+        "model.max_position_embeddings: expected an integer, got 'big' (str)",
+        "train.max_steps: must be at least 1, got -3",
+    ]  # not "1000 is above ... 512", the default
 
 
 def test_round_trip_through_yaml(tmp_path):
@@ -222,16 +252,30 @@ def test_round_trip_through_yaml(tmp_path):
 
 def test_a_model_config_alone_is_checked_alone_and_reports_every_problem():
     source = "hf/config.json"
-    assert model_config_from_dict({"vocab_size": 99, "hidden_size": 32, "num_attention_heads": 4,
-                                   "max_position_embeddings": 3}, source).max_position_embeddings == 3
+    assert (
+        model_config_from_dict(
+            {"vocab_size": 99, "hidden_size": 32, "num_attention_heads": 4, "max_position_embeddings": 3}, source
+        ).max_position_embeddings
+        == 3
+    )
     with pytest.raises(UsageError) as info:
-        model_config_from_dict({"vocab_size": 99, "hidden_size": 30, "num_attention_heads": 4, "hidden_act": "swish",
-                                "layer_norm_eps": 0, "hidden_sze": 1}, source)
+        model_config_from_dict(
+            {
+                "vocab_size": 99,
+                "hidden_size": 30,
+                "num_attention_heads": 4,
+                "hidden_act": "swish",
+                "layer_norm_eps": 0,
+                "hidden_sze": 1,
+            },
+            source,
+        )
     assert info.value.problems == [
         f"{source}: model.hidden_act: must be one of gelu, gelu_new, gelu_pytorch_tanh, relu; got 'swish'",
         f"{source}: model.hidden_sze: unknown key in section 'model'; did you mean 'hidden_size'?",
         f"{source}: model.hidden_size: 30 is not divisible by model.num_attention_heads=4",
-        f"{source}: model.layer_norm_eps: must be positive, got 0.0"]
+        f"{source}: model.layer_norm_eps: must be positive, got 0.0",
+    ]
     with pytest.raises(UsageError, match="model.vocab_size: missing"):  # no tokenizer beside it to count
         model_config_from_dict({"hidden_size": 32}, source)
 
@@ -255,19 +299,23 @@ def test_non_finite_numbers_are_refused_in_every_float_field():
         for value in ("inf", ".inf", "-.inf", "nan", ".nan", "1e400"):
             with pytest.raises(UsageError) as info:
                 preset_config("tiny", [f"{key}={value}"])
-            assert info.value.problems == [f"--set: {key}: expected a finite number, got "
-                                           f"{info.value.problems[0].split('got ', 1)[1]}"], (key, value)
+            assert info.value.problems == [
+                f"--set: {key}: expected a finite number, got {info.value.problems[0].split('got ', 1)[1]}"
+            ], (key, value)
 
 
-@pytest.mark.parametrize("item, needle", [
-    ("train.seed=-1", "train.seed: must not be negative, got -1"),
-    ("data.synthetic.seed=-1", "data.synthetic.seed: must not be negative, got -1"),
-    ("train.seed=1e23", "train.seed: expected an integer, got '1e23' (str): write it out in digits"),
-    ("train.max_steps=1e300", "train.max_steps: expected an integer, got '1e300' (str): write it out in digits"),
-    ("train.max_steps=1.0e+300", "train.max_steps: expected an integer, got 1e+300 (float): write it out"),
-    (f"train.seed={2**63}", "train.seed: must be at most 9,223,372,036,854,775,807 in size (a 64-bit integer)"),
-    ("train.max_steps=" + "9" * 400, "train.max_steps: must be at most 9,223,372,036,854,775,807 in size"),
-])
+@pytest.mark.parametrize(
+    "item, needle",
+    [
+        ("train.seed=-1", "train.seed: must not be negative, got -1"),
+        ("data.synthetic.seed=-1", "data.synthetic.seed: must not be negative, got -1"),
+        ("train.seed=1e23", "train.seed: expected an integer, got '1e23' (str): write it out in digits"),
+        ("train.max_steps=1e300", "train.max_steps: expected an integer, got '1e300' (str): write it out in digits"),
+        ("train.max_steps=1.0e+300", "train.max_steps: expected an integer, got 1e+300 (float): write it out"),
+        (f"train.seed={2**63}", "train.seed: must be at most 9,223,372,036,854,775,807 in size (a 64-bit integer)"),
+        ("train.max_steps=" + "9" * 400, "train.max_steps: must be at most 9,223,372,036,854,775,807 in size"),
+    ],
+)
 def test_integers_are_bounded_where_numpy_and_torch_take_them(item, needle):
     with pytest.raises(UsageError) as info:
         preset_config("tiny", [item])
@@ -288,8 +336,12 @@ def test_the_largest_accepted_seed_and_whole_floats_still_work():
 def test_warmup_past_max_steps_is_a_warning_not_an_error():
     assert preset_config("tiny", ["optimizer.warmup_steps=500"]).warnings() == []  # max_steps 500: peak at the end
     [warning] = preset_config("tiny", ["optimizer.warmup_steps=1000"]).warnings()
-    assert warning.startswith("optimizer.warmup_steps=1,000 is past train.max_steps=500: the learning rate rises to "
-                              "50% of optimizer.lr") and "\n" not in warning
+    assert (
+        warning.startswith(
+            "optimizer.warmup_steps=1,000 is past train.max_steps=500: the learning rate rises to 50% of optimizer.lr"
+        )
+        and "\n" not in warning
+    )
     [warning] = preset_config("tiny", ["optimizer.eps=1e300"]).warnings()  # trains, with no effective updates
     assert warning.startswith("optimizer.eps=1e+300 is far above the size of BERT's gradients")
     assert preset_config("tiny", ["optimizer.eps=1e-3"]).warnings() == []
@@ -313,10 +365,15 @@ def test_a_yaml_alias_bomb_is_refused_at_once(tmp_path):
     with pytest.raises(UsageError) as info:
         load_config(path)
     assert time.perf_counter() - start < 1.0
-    assert info.value.problems == [f"{path}: its aliases (*name) expand it to more than 10,000 values; a run config "
-                                   "holds about 90: write the values out, or alias whole sections only"]
-    flow = "[" + ", ".join(f"&{chr(97 + i)} [" + ", ".join([f"*{chr(96 + i)}" if i else "1"] * 10) + "]"
-                           for i in range(9)) + "]"
+    assert info.value.problems == [
+        f"{path}: its aliases (*name) expand it to more than 10,000 values; a run config "
+        "holds about 90: write the values out, or alias whole sections only"
+    ]
+    flow = (
+        "["
+        + ", ".join(f"&{chr(97 + i)} [" + ", ".join([f"*{chr(96 + i)}" if i else "1"] * 10) + "]" for i in range(9))
+        + "]"
+    )
     start = time.perf_counter()
     with pytest.raises(UsageError, match="--set .*: the value is refused: its aliases"):
         parse_overrides([f"output_dir={flow}"])
@@ -333,11 +390,22 @@ def test_set_paths_are_relative_to_the_current_folder_yaml_paths_to_the_file(tmp
     monkeypatch.chdir((tmp_path / "here").mkdir() or tmp_path / "here")
     cfg = load_run(config)
     assert (cfg.data.corpus, cfg.output_dir) == (str(tmp_path / "run" / "texts/a.txt"), str(tmp_path / "run" / "out"))
-    cfg = load_run(config, ["data.corpus=mine.txt", "output_dir=o", "data.prepared_dir='p q'", "model.init_from=",
-                            f"data.tokenizer.path={tmp_path}/t.json"])
+    cfg = load_run(
+        config,
+        [
+            "data.corpus=mine.txt",
+            "output_dir=o",
+            "data.prepared_dir='p q'",
+            "model.init_from=",
+            f"data.tokenizer.path={tmp_path}/t.json",
+        ],
+    )
     here = tmp_path / "here"
-    assert (cfg.data.corpus, cfg.output_dir, cfg.data.prepared_dir) == (str(here / "mine.txt"), str(here / "o"),
-                                                                         str(here / "p q"))
+    assert (cfg.data.corpus, cfg.output_dir, cfg.data.prepared_dir) == (
+        str(here / "mine.txt"),
+        str(here / "o"),
+        str(here / "p q"),
+    )
     assert cfg.model.init_from == "" and cfg.data.tokenizer.path == f"{tmp_path}/t.json"
     assert load_run(config, ["data.corpus=synthetic"]).data.corpus == "synthetic"
 
@@ -353,19 +421,28 @@ except SystemExit as exc:
 """
 
 
-@pytest.mark.parametrize("args", [
-    ("pretrain", "--config", "bad.yaml"),
-    ("pretrain", "--config", "good/config.yaml", "--set", "train.seed=-1"),
-    ("pretrain", "--config", "good/config.yaml", "--device", "tpu"),
-    ("prepare", "--config", "bad.yaml"),
-    ("inspect", "bad.yaml"),
-    ("init", "other", "--set", "train.seed=-1"),
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("pretrain", "--config", "bad.yaml"),
+        ("pretrain", "--config", "good/config.yaml", "--set", "train.seed=-1"),
+        ("pretrain", "--config", "good/config.yaml", "--device", "tpu"),
+        ("prepare", "--config", "bad.yaml"),
+        ("inspect", "bad.yaml"),
+        ("init", "other", "--set", "train.seed=-1"),
+    ],
+)
 def test_config_refusals_do_not_wait_for_torch(args, tmp_path):
     """A config error is refused (exit 2, one line) before torch is imported (3-4 s, 240 MB)."""
     (tmp_path / "bad.yaml").write_text("output_dir: run\nbogus_key: 1\n")
     write_config(tmp_path / "good")
-    result = subprocess.run([sys.executable, "-c", REFUSE_AND_REPORT_TORCH, *args], capture_output=True, text=True,
-                            cwd=tmp_path, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+    result = subprocess.run(
+        [sys.executable, "-c", REFUSE_AND_REPORT_TORCH, *args],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert result.stdout.split() == ["2", "False"], (result.stdout, result.stderr)
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr

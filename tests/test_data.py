@@ -7,15 +7,14 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from conftest import assert_same_batch, micro_config
 
 from bertcli.config import DataConfig
 from bertcli.data import Corpus, SpecialTokens, chunks
-from bertcli.data.examples import ExampleBuilder
 from bertcli.data.corpus import synthetic_corpus
-from bertcli.data.examples import IGNORE, Batch, Example, collate, truncate_pair
+from bertcli.data.examples import IGNORE, Batch, Example, ExampleBuilder, collate, truncate_pair
 from bertcli.model import BertForPreTraining
 from bertcli.trainer import pretraining_loss
-from conftest import assert_same_batch, micro_config
 
 SP = SpecialTokens()
 
@@ -27,8 +26,13 @@ def one_token_per_document_corpus(num_docs: int = 40, seed: int = 0) -> Corpus:
     lengths = rng.integers(3, 12, size=int(sentences.sum()))
     doc_of_segment = np.repeat(np.arange(num_docs), sentences)
     tokens = np.concatenate([np.full(n, 10 + d) for n, d in zip(lengths, doc_of_segment)])
-    return Corpus(tokens=tokens.astype(np.uint16), seg_offsets=np.concatenate([[0], np.cumsum(lengths)]),
-                  doc_offsets=np.concatenate([[0], np.cumsum(sentences)]), vocab_size=10 + num_docs, special=SP)
+    return Corpus(
+        tokens=tokens.astype(np.uint16),
+        seg_offsets=np.concatenate([[0], np.cumsum(lengths)]),
+        doc_offsets=np.concatenate([[0], np.cumsum(sentences)]),
+        vocab_size=10 + num_docs,
+        special=SP,
+    )
 
 
 def test_pair_layout():
@@ -41,7 +45,7 @@ def test_pair_layout():
         original[e.pred_positions] = e.pred_labels
         seps = np.flatnonzero(original == SP.sep)
         assert original[0] == SP.cls and len(seps) == 2 and seps[1] == len(original) - 1
-        assert np.all(e.segments[:seps[0] + 1] == 0) and np.all(e.segments[seps[0] + 1:] == 1)
+        assert np.all(e.segments[: seps[0] + 1] == 0) and np.all(e.segments[seps[0] + 1 :] == 1)
         assert len(e.tokens) <= cfg.data.max_seq_length
         assert not np.isin(e.pred_positions, np.concatenate([[0], seps])).any(), "special tokens are never chosen"
         assert np.all(np.diff(e.pred_positions) > 0)
@@ -74,9 +78,13 @@ def large_corpus(num_docs: int, seed: int = 0) -> Corpus:
     rng = np.random.default_rng(seed)
     sentences = rng.integers(1, 9, size=num_docs)
     lengths = rng.integers(3, 31, size=int(sentences.sum()))
-    return Corpus(tokens=rng.integers(5, 100, size=int(lengths.sum())).astype(np.uint16),
-                  seg_offsets=np.concatenate([[0], np.cumsum(lengths)]),
-                  doc_offsets=np.concatenate([[0], np.cumsum(sentences)]), vocab_size=100, special=SP)
+    return Corpus(
+        tokens=rng.integers(5, 100, size=int(lengths.sum())).astype(np.uint16),
+        seg_offsets=np.concatenate([[0], np.cumsum(lengths)]),
+        doc_offsets=np.concatenate([[0], np.cumsum(sentences)]),
+        vocab_size=100,
+        special=SP,
+    )
 
 
 @pytest.mark.parametrize("piece", [ExampleBuilder.PIECE, 3])
@@ -100,7 +108,7 @@ def test_an_epoch_cuts_every_document_from_its_start_and_shows_each_sentence_onc
         first, count, a_count = int(first), int(count), int(a_count)
         assert doc_of[first] == doc_of[first + count - 1], "a chunk stays in its document"
         assert 1 <= a_count <= count and (random_next or a_count < count)
-        shown[first:first + (a_count if random_next else count)] += 1
+        shown[first : first + (a_count if random_next else count)] += 1
     assert shown.min() == 1
     # Seen twice: only the sentence before a piece's last one, when that one was left alone
     # (paired with it as A rather than given a forced random B).
@@ -121,8 +129,11 @@ def test_examples_far_into_training_are_random_access(monkeypatch, windows):
     cfg = DataConfig(max_seq_length=32, max_predictions_per_seq=5)
     walked = ExampleBuilder(corpus, cfg, 8)
     assert (walked.windows.num_windows > 1) == (windows == "several")
-    epoch_length = (len(walked.build_epoch(3, ExampleBuilder.TRAIN, 0).first) if windows == "one"
-                    else int(walked.windows.slots.sum()))
+    epoch_length = (
+        len(walked.build_epoch(3, ExampleBuilder.TRAIN, 0).first)
+        if windows == "one"
+        else int(walked.windows.slots.sum())
+    )
     step = 5 * epoch_length // 8 + 2  # in epoch 5
     for s in range(step - epoch_length // 8 - 1, step + 1):  # through the end of epoch 4
         batch = walked.batch(3, s, range(8))
@@ -145,8 +156,13 @@ def test_a_corpus_of_one_window_is_cut_as_one_epoch():
     cfg = DataConfig(max_seq_length=24, short_seq_prob=0.3)
     builder = ExampleBuilder(corpus, cfg, 8)
     for stream, epoch in ((ExampleBuilder.TRAIN, 0), (ExampleBuilder.EVAL, 2)):
-        whole = chunks.cut_epoch(corpus.seg_offsets, corpus.doc_offsets, max_tokens=cfg.max_seq_length - 3, cfg=cfg,
-                                 rng=np.random.default_rng([5, stream, epoch]))
+        whole = chunks.cut_epoch(
+            corpus.seg_offsets,
+            corpus.doc_offsets,
+            max_tokens=cfg.max_seq_length - 3,
+            cfg=cfg,
+            rng=np.random.default_rng([5, stream, epoch]),
+        )
         assert all(np.array_equal(x, y) for x, y in zip(builder.build_epoch(5, stream, epoch), whole))
 
 
@@ -161,8 +177,10 @@ def test_windows_place_an_epoch_s_chunks_in_its_positions(monkeypatch):
         cut = builder.build_epoch(3, ExampleBuilder.TRAIN, epoch)
         every = {tuple(int(x) for x in c) for c in zip(cut.first, cut.count, cut.a_count, cut.random_next, cut.target)}
         shown = [builder.chunk(3, ExampleBuilder.TRAIN, epoch * length + g) for g in range(length)]
-        placed = {(first, end - first, a_end - first, int(random_next), target)
-                  for first, end, a_end, random_next, target in shown}
+        placed = {
+            (first, end - first, a_end - first, int(random_next), target)
+            for first, end, a_end, random_next, target in shown
+        }
         assert placed <= every
         assert len(placed) > 0.9 * len(every)
 
@@ -201,7 +219,7 @@ def test_masking_and_nsp_statistics_on_a_large_sample():
         original[e.pred_positions] = e.pred_labels
         sep = int(np.flatnonzero(original == SP.sep)[0])
         a_docs = set(original[1:sep].tolist())
-        b_docs = set(original[sep + 1:-1].tolist())
+        b_docs = set(original[sep + 1 : -1].tolist())
         assert len(a_docs) == 1 and len(b_docs) == 1
         if e.nsp_label == 1:
             random_next += 1
@@ -274,8 +292,13 @@ def test_padded_prediction_slots_do_not_change_the_loss():
 
 
 def test_pairs_need_two_documents():
-    corpus = Corpus(tokens=np.arange(10, 20, dtype=np.uint16), seg_offsets=np.array([0, 5, 10]),
-                    doc_offsets=np.array([0, 2]), vocab_size=30, special=SP)
+    corpus = Corpus(
+        tokens=np.arange(10, 20, dtype=np.uint16),
+        seg_offsets=np.array([0, 5, 10]),
+        doc_offsets=np.array([0, 2]),
+        vocab_size=30,
+        special=SP,
+    )
     from bertcli.errors import UsageError
 
     with pytest.raises(UsageError, match="at least 2 documents"):
@@ -286,20 +309,47 @@ def _one_document_run(tmp_path, documents: int, *overrides: str):
     from conftest import text_run
 
     corpus = tmp_path / "docs.txt"
-    corpus.write_text("\n\n".join(f"Document {d} is here. It talks about Python lists.\nA second line of it." for d in range(documents)) + "\n")
-    return text_run(tmp_path / f"run{documents}", corpus, "data.tokenizer.vocab_size=100", "train.max_steps=2",
-                    "train.eval_every=1", "train.eval_examples=4", *overrides)
+    corpus.write_text(
+        "\n\n".join(
+            f"Document {d} is here. It talks about Python lists.\nA second line of it." for d in range(documents)
+        )
+        + "\n"
+    )
+    return text_run(
+        tmp_path / f"run{documents}",
+        corpus,
+        "data.tokenizer.vocab_size=100",
+        "train.max_steps=2",
+        "train.eval_every=1",
+        "train.eval_examples=4",
+        *overrides,
+    )
 
 
-@pytest.mark.parametrize("documents, overrides, advice, fix", [
-    (1, ["data.pairs=false", "train.nsp_weight=0"], "set data.validation_fraction: 0 (no held-out evaluation)",
-     ["data.validation_fraction=0"]),
-    (1, [], "set data.validation_fraction: 0, data.pairs: false and train.nsp_weight: 0",
-     ["data.validation_fraction=0", "data.pairs=false", "train.nsp_weight=0"]),
-    (5, [], "raise data.validation_fraction to 0.5", ["data.validation_fraction=0.5"]),
-    (1, ["data.validation_fraction=0"], "or set data.pairs: false and train.nsp_weight: 0 (no NSP)",
-     ["data.pairs=false", "train.nsp_weight=0"]),
-])
+@pytest.mark.parametrize(
+    "documents, overrides, advice, fix",
+    [
+        (
+            1,
+            ["data.pairs=false", "train.nsp_weight=0"],
+            "set data.validation_fraction: 0 (no held-out evaluation)",
+            ["data.validation_fraction=0"],
+        ),
+        (
+            1,
+            [],
+            "set data.validation_fraction: 0, data.pairs: false and train.nsp_weight: 0",
+            ["data.validation_fraction=0", "data.pairs=false", "train.nsp_weight=0"],
+        ),
+        (5, [], "raise data.validation_fraction to 0.5", ["data.validation_fraction=0.5"]),
+        (
+            1,
+            ["data.validation_fraction=0"],
+            "or set data.pairs: false and train.nsp_weight: 0 (no NSP)",
+            ["data.pairs=false", "train.nsp_weight=0"],
+        ),
+    ],
+)
 def test_a_corpus_too_small_gets_advice_that_works(tmp_path, cli, documents, overrides, advice, fix):
     """One document trains without sentence pairs; each error's advice, taken, makes the run work."""
     config = _one_document_run(tmp_path, documents, *overrides)
@@ -343,8 +393,10 @@ def test_random_replacements_are_every_non_special_id_wherever_the_specials_are(
         regular = np.delete(counts, special.ids)
         assert regular.min() > 0.8 * regular.mean() and regular.max() < 1.2 * regular.mean()  # uniform
     # bertcli's own vocabularies (specials first): the same draws as before, so runs replay unchanged
-    assert np.array_equal(SpecialTokens().random_regular(np.random.default_rng(3), V, 100),
-                          np.random.default_rng(3).integers(5, V, size=100))
+    assert np.array_equal(
+        SpecialTokens().random_regular(np.random.default_rng(3), V, 100),
+        np.random.default_rng(3).integers(5, V, size=100),
+    )
 
 
 def test_a_loaded_vocabulary_with_mask_last_trains(tmp_path, cli, trained, small_corpus):
@@ -354,8 +406,15 @@ def test_a_loaded_vocabulary_with_mask_last_trains(tmp_path, cli, trained, small
     tokens = (trained / "data" / "vocab.txt").read_text().splitlines()
     tokens.remove("[MASK]")
     (tmp_path / "vocab.txt").write_text("\n".join(tokens + ["[MASK]"]) + "\n")
-    config = text_run(tmp_path / "run", small_corpus, f"data.tokenizer.path={tmp_path / 'vocab.txt'}", "train.max_steps=2",
-                      "train.eval_every=0", "data.random_token_prob=0.5", "data.mask_token_prob=0.5")
+    config = text_run(
+        tmp_path / "run",
+        small_corpus,
+        f"data.tokenizer.path={tmp_path / 'vocab.txt'}",
+        "train.max_steps=2",
+        "train.eval_every=0",
+        "data.random_token_prob=0.5",
+        "data.mask_token_prob=0.5",
+    )
     result = cli("pretrain", "--config", config, "--quiet")
     assert result.code == 0 and "done: step 2" in result.err, result.err
 
@@ -363,10 +422,23 @@ def test_a_loaded_vocabulary_with_mask_last_trains(tmp_path, cli, trained, small
 def test_a_batch_has_padding_when_a_row_is_shorter_than_its_width():
     """What the trainer asks (on the host copy) before leaving out the attention mask: rows all of
     one length are still padded when collate rounds the width up to a multiple of 8."""
+
     def batch(*lengths):
-        return collate([Example(tokens=np.arange(n) + 5, segments=np.zeros(n, dtype=np.int64), pred_positions=np.array([1]),
-                                pred_labels=np.array([7]), nsp_label=0) for n in lengths],
-                       max_predictions=2, pad_id=0, max_length=64)
+        return collate(
+            [
+                Example(
+                    tokens=np.arange(n) + 5,
+                    segments=np.zeros(n, dtype=np.int64),
+                    pred_positions=np.array([1]),
+                    pred_labels=np.array([7]),
+                    nsp_label=0,
+                )
+                for n in lengths
+            ],
+            max_predictions=2,
+            pad_id=0,
+            max_length=64,
+        )
 
     assert not batch(16, 16).has_padding()
     assert batch(12, 12).has_padding() and batch(12, 12).input_ids.shape[1] == 16

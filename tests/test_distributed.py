@@ -11,27 +11,47 @@ import time
 import pytest
 import safetensors.torch
 import torch
+from conftest import REPO, write_config
 
 from bertcli import checkpoint, layout
 from bertcli.config_load import load_config
 from bertcli.model import BertForPreTraining
-from conftest import REPO, write_config
 
-pytestmark = [pytest.mark.skipif(not torch.distributed.is_gloo_available(), reason="needs the gloo backend"),
-              pytest.mark.slow]
+pytestmark = [
+    pytest.mark.skipif(not torch.distributed.is_gloo_available(), reason="needs the gloo backend"),
+    pytest.mark.slow,
+]
 
 NO_DROPOUT = ["model.hidden_dropout_prob=0", "model.attention_probs_dropout_prob=0"]
 
 
 def torchrun(config, *args, nproc=2, quiet=True, **kwargs):
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-               "-m", "bertcli", "pretrain", "--config", str(config), *(["--quiet"] if quiet else []), *args]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(nproc),
+        "-m",
+        "bertcli",
+        "pretrain",
+        "--config",
+        str(config),
+        *(["--quiet"] if quiet else []),
+        *args,
+    ]
     return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=180, **kwargs)
 
 
 def single(config, *args):
-    return subprocess.run([sys.executable, "-m", "bertcli", "pretrain", "--config", str(config), "--quiet", *args],
-                          cwd=REPO, capture_output=True, text=True, timeout=180)
+    return subprocess.run(
+        [sys.executable, "-m", "bertcli", "pretrain", "--config", str(config), "--quiet", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
 
 
 def weights(folder, step):
@@ -39,8 +59,12 @@ def weights(folder, step):
 
 
 def test_two_processes_equal_one_process_with_the_global_batch(tmp_path):
-    one = write_config(tmp_path / "one", "train.batch_size=8", "train.grad_accum_steps=2", "train.max_steps=8", *NO_DROPOUT)
-    two = write_config(tmp_path / "two", "train.batch_size=4", "train.grad_accum_steps=2", "train.max_steps=8", *NO_DROPOUT)
+    one = write_config(
+        tmp_path / "one", "train.batch_size=8", "train.grad_accum_steps=2", "train.max_steps=8", *NO_DROPOUT
+    )
+    two = write_config(
+        tmp_path / "two", "train.batch_size=4", "train.grad_accum_steps=2", "train.max_steps=8", *NO_DROPOUT
+    )
     assert single(one).returncode == 0
     result = torchrun(two)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -65,9 +89,23 @@ def test_two_processes_equal_one_process_with_the_global_batch(tmp_path):
 def test_killed_two_process_run_resumes(tmp_path):
     overrides = ["train.batch_size=4", "train.max_steps=200", "checkpoint.save_every=10", "logging.log_every=10"]
     config = write_config(tmp_path / "killed", *overrides)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-               "-m", "bertcli", "pretrain", "--config", str(config), "--quiet"]
-    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "bertcli",
+        "pretrain",
+        "--config",
+        str(config),
+        "--quiet",
+    ]
+    proc = subprocess.Popen(
+        command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     deadline = time.time() + 120
     while not (tmp_path / "killed" / "checkpoints" / "step-0000020").exists():
         assert proc.poll() is None and time.time() < deadline
@@ -83,7 +121,9 @@ def test_killed_two_process_run_resumes(tmp_path):
             pass
     proc.wait()
     assert layout.list_checkpoints(tmp_path / "killed")[-1][0] < 200
-    rerun = subprocess.run([c for c in command if c != "--quiet"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    rerun = subprocess.run(
+        [c for c in command if c != "--quiet"], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     assert "resuming from" in rerun.stderr and rerun.stderr.count("resuming from") == 1
     assert layout.list_checkpoints(tmp_path / "killed")[-1][0] == 200

@@ -56,7 +56,7 @@ def test_attention_with_dropout_is_sdpa_with_that_mask(masked):
     torch.manual_seed(5)
     out = attention(q, k, v, keep, dropout_p=0.3)
     torch.manual_seed(5)
-    scores = q @ k.transpose(-2, -1) / hd ** 0.5
+    scores = q @ k.transpose(-2, -1) / hd**0.5
     if keep is not None:
         scores = scores.masked_fill(~keep, float("-inf"))
     ref = (torch.softmax(scores, -1) * keep_mask(torch.Size([B, nh, T, T]), 0.3, CPU) / 0.7) @ v

@@ -9,14 +9,20 @@ import sys
 import numpy as np
 import pytest
 import torch
+from conftest import REPO
 
 from bertcli import checkpoint, layout
 from bertcli.encode import Writer, encode, load_encoder, resolve
 from bertcli.hf import export
-from conftest import REPO
 
-LINES = ["the python tutorial", "", "modules and packages are explained here in some detail .",
-         "a", "naïve café 東京", "x" * 50]
+LINES = [
+    "the python tutorial",
+    "",
+    "modules and packages are explained here in some detail .",
+    "a",
+    "naïve café 東京",
+    "x" * 50,
+]
 
 
 def run_encode(model, lines, fmt="jsonl", **kwargs):
@@ -26,7 +32,9 @@ def run_encode(model, lines, fmt="jsonl", **kwargs):
     stream = io.StringIO()
     writer = Writer(fmt, stream, None, kwargs.pop("with_text", False))
     counts = encode(enc, iter(lines), writer, resolve(enc, **kwargs))
-    return [json.loads(line) for line in stream.getvalue().splitlines()] if fmt == "jsonl" else stream.getvalue(), counts
+    return [
+        json.loads(line) for line in stream.getvalue().splitlines()
+    ] if fmt == "jsonl" else stream.getvalue(), counts
 
 
 def reference(trained, text, layer=None):
@@ -40,7 +48,9 @@ def reference(trained, text, layer=None):
     checkpoint.load_weights(model, ckpt)
     ids = Tokenizer.from_file(str(ckpt / "tokenizer.json")).encode(text).ids
     with torch.no_grad():
-        return model(torch.tensor([ids]), torch.zeros(1, len(ids), dtype=torch.long), torch.tensor([len(ids)])).encoded[0], model
+        return model(torch.tensor([ids]), torch.zeros(1, len(ids), dtype=torch.long), torch.tensor([len(ids)])).encoded[
+            0
+        ], model
 
 
 def pretraining_layers(ckpt, encodings, packed: bool) -> list[list[torch.Tensor]]:
@@ -55,12 +65,14 @@ def pretraining_layers(ckpt, encodings, packed: bool) -> list[list[torch.Tensor]
     input_ids = torch.zeros(len(encodings), max(lengths), dtype=torch.long)
     token_type_ids = torch.zeros_like(input_ids)
     for row, e in enumerate(encodings):
-        input_ids[row, :len(e.ids)], token_type_ids[row, :len(e.ids)] = torch.tensor(e.ids), torch.tensor(e.type_ids)
+        input_ids[row, : len(e.ids)], token_type_ids[row, : len(e.ids)] = torch.tensor(e.ids), torch.tensor(e.type_ids)
     valid_lens = torch.tensor(lengths)
     pk = packing(valid_lens, input_ids.shape[1]) if packed else None
     seen = []
-    hooks = [m.register_forward_hook(lambda module, args, out: seen.append(pk.unpack(out) if packed else out))
-             for m in [model.bert.embeddings, *model.blocks]]
+    hooks = [
+        m.register_forward_hook(lambda module, args, out: seen.append(pk.unpack(out) if packed else out))
+        for m in [model.bert.embeddings, *model.blocks]
+    ]
     with torch.no_grad():
         out = model(input_ids, token_type_ids, valid_lens, torch.zeros(len(lengths), 2, dtype=torch.long), packed=pk)
     for hook in hooks:
@@ -74,8 +86,9 @@ def test_encode_reads_the_hidden_states_pretraining_computes(trained, packed):
     """encode's vectors at every layer, per token, are those the pretraining forward computes for
     the same token ids (sentence pairs included): a change to the encoder reaches both, and encode
     cannot drift into a path of its own."""
-    from bertcli.hf import find_checkpoint
     from tokenizers import Tokenizer
+
+    from bertcli.hf import find_checkpoint
 
     lines = ["the python tutorial\tmodules and packages", "a", LINES[2], LINES[4]]
     ckpt = find_checkpoint(trained)
@@ -88,8 +101,9 @@ def test_encode_reads_the_hidden_states_pretraining_computes(trained, packed):
         rows, _ = run_encode(trained, lines, layer=layer, per_token=True, pairs=True, batch_size=3)
         for row, want in zip(rows, expected):
             assert row["tokens"] == encodings[row["line"] - 1].tokens
-            np.testing.assert_allclose(row["vectors"], want[layer].numpy(), rtol=2e-5, atol=2e-5,
-                                       err_msg=f"layer {layer}, line {row['line']}")
+            np.testing.assert_allclose(
+                row["vectors"], want[layer].numpy(), rtol=2e-5, atol=2e-5, err_msg=f"layer {layer}, line {row['line']}"
+            )
 
 
 def test_rows_in_input_order_including_empty_lines(trained):
@@ -104,8 +118,12 @@ def test_rows_in_input_order_including_empty_lines(trained):
 def test_pooling_matches_a_hand_computation(trained, pooling):
     rows, _ = run_encode(trained, LINES, pooling=pooling, batch_size=4)
     hidden, model = reference(trained, LINES[2])
-    expected = {"cls": hidden[0], "mean": hidden.mean(0), "max": hidden.max(0).values,
-                "pooler": model.bert.pooler(hidden[None])[0].detach()}[pooling]
+    expected = {
+        "cls": hidden[0],
+        "mean": hidden.mean(0),
+        "max": hidden.max(0).values,
+        "pooler": model.bert.pooler(hidden[None])[0].detach(),
+    }[pooling]
     np.testing.assert_allclose(rows[2]["vector"], expected.numpy(), rtol=1e-4, atol=1e-4)
 
 
@@ -129,8 +147,11 @@ def test_cpu_batches_are_capped_in_token_slots(trained, monkeypatch):
     monkeypatch.setattr(encode_mod, "CPU_BATCH_BYTES", 4 * width * 12)  # 12 token slots
     shapes = []
     forward = encode_mod._forward
-    monkeypatch.setattr(encode_mod, "_forward", lambda enc, ids, *a: shapes.append((len(ids), max(map(len, ids))))
-                        or forward(enc, ids, *a))
+    monkeypatch.setattr(
+        encode_mod,
+        "_forward",
+        lambda enc, ids, *a: shapes.append((len(ids), max(map(len, ids)))) or forward(enc, ids, *a),
+    )
     capped, _ = run_encode(trained, LINES, batch_size=6, pooling="mean")
     assert all(rows * longest <= 12 or rows == 1 for rows, longest in shapes) and len(shapes) > 2, shapes
     one, _ = run_encode(trained, LINES, batch_size=1, pooling="mean")
@@ -187,8 +208,26 @@ def test_cutting_long_texts_keeps_every_vector(trained, monkeypatch):
     import random
 
     rng = random.Random(0)
-    pieces = ["a", "the", "word", "[MASK]", "東京", "café", "e\u0301", "x" * 99, "y" * 100, "z" * 101, "q" * 150, ",",
-              "foo\x00bar", "\u3000", "  ", "[SEP]", "MASK", "["]
+    pieces = [
+        "a",
+        "the",
+        "word",
+        "[MASK]",
+        "東京",
+        "café",
+        "e\u0301",
+        "x" * 99,
+        "y" * 100,
+        "z" * 101,
+        "q" * 150,
+        ",",
+        "foo\x00bar",
+        "\u3000",
+        "  ",
+        "[SEP]",
+        "MASK",
+        "[",
+    ]
 
     def text(size: int) -> str:
         out = ""
@@ -202,8 +241,13 @@ def test_cutting_long_texts_keeps_every_vector(trained, monkeypatch):
     lines += [(w + " ") * 40 for w in ("x" * 99, "y" * 100, "z" * 101, "q" * 150)]
     lines += [" " * 500 + "the python tutorial " * 5, "foo\x00bar " * 40, "東京" * 100, "café " * 40, "e\u0301" * 300]
     lines += [text(rng.choice([start - 3, start + 3, 3 * start, 20 * start])) for _ in range(24)]
-    lines += ["a " * 200 + "\tb c d", "short\t" + "x y " * 300, "a b c d e f g h i j k l m n o p q r\t" + "w " * 100,
-              "a b c d e f g h i j k l m n o p q r\t" + "w " * 9 + "v" * 150, " " * 300 + "a b\t" + "c " * 200]
+    lines += [
+        "a " * 200 + "\tb c d",
+        "short\t" + "x y " * 300,
+        "a b c d e f g h i j k l m n o p q r\t" + "w " * 100,
+        "a b c d e f g h i j k l m n o p q r\t" + "w " * 9 + "v" * 150,
+        " " * 300 + "a b\t" + "c " * 200,
+    ]
     cut, cut_counts = run_encode(trained, lines, max_length=16, per_token=True, pairs=True)
     _without_cutting(monkeypatch)
     whole, whole_counts = run_encode(trained, lines, max_length=16, per_token=True, pairs=True)
@@ -219,8 +263,15 @@ def test_a_line_cut_at_the_cap_is_truncated_only_where_it_lost_tokens(trained, m
     import bertcli.encode as encode_mod
 
     n = 16 * encode_mod.PREFIX_CAP * 2  # --max-length 16: past the cap of 14 x PREFIX_CAP characters
-    exact = [" " * n, "x" * n, "x" * n + " " * n, "MASK" * (n // 4), "foo\x00bar" * (n // 7), "e\u0301" * (n // 2),
-             "x" * n + "\t" + "y" * n + " " * n]  # the last: a pair, each side one word
+    exact = [
+        " " * n,
+        "x" * n,
+        "x" * n + " " * n,
+        "MASK" * (n // 4),
+        "foo\x00bar" * (n // 7),
+        "e\u0301" * (n // 2),
+        "x" * n + "\t" + "y" * n + " " * n,
+    ]  # the last: a pair, each side one word
     cut, cut_counts = run_encode(trained, exact, max_length=16, per_token=True, pairs=True)
     assert cut_counts["truncated"] == 0 and [len(row["tokens"]) for row in cut] == [2, 3, 3, 3, 3, 3, 5]
     lossy = ["x" * n + " " + "x" * n, " " * n + "word", "x" * n + "!", "x" * n + " z\ty"]
@@ -281,8 +332,10 @@ def test_pooler_pooling_is_refused_when_the_folder_has_no_pooler(trained, tmp_pa
     assert refused.code == 2 and len(refused.err_lines) == 1 and "has no pooler weights" in refused.err, refused.err
     assert str(folder) in refused.err and refused.out == ""
     assert cli("encode", "--model", folder, tmp_path / "in.txt", "--pooling", "mean").code == 0
-    assert cli("encode", "--model", export(trained, tmp_path / "whole"), tmp_path / "in.txt",
-               "--pooling", "pooler").code == 0
+    assert (
+        cli("encode", "--model", export(trained, tmp_path / "whole"), tmp_path / "in.txt", "--pooling", "pooler").code
+        == 0
+    )
 
 
 def test_errors_truncation_and_missing_model(trained, tmp_path, cli):
@@ -311,8 +364,13 @@ def test_closed_pipe_and_streaming(trained):
     import select
     import time
 
-    p = subprocess.Popen([sys.executable, "-m", "bertcli", "encode", "--model", str(trained)],
-                         cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "bertcli", "encode", "--model", str(trained)],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     p.stdin.write(b"line 1\nline 2\nline 3\n")
     p.stdin.flush()
     rows, deadline = b"", time.monotonic() + 30  # start-up (imports, model) included
@@ -335,8 +393,24 @@ def test_a_terminated_encode_leaves_no_half_written_output(trained, tmp_path):
     import signal
     import time
 
-    p = subprocess.Popen([sys.executable, "-m", "bertcli", "encode", "--model", str(trained), "--batch-size", "2",
-                          "-o", str(tmp_path / "v.npy")], cwd=REPO, stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "bertcli",
+            "encode",
+            "--model",
+            str(trained),
+            "--batch-size",
+            "2",
+            "-o",
+            str(tmp_path / "v.npy"),
+        ],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     p.stdin.write("".join(f"line {i}\n" for i in range(100)))  # a window and a half; stdin stays open
     p.stdin.flush()
     deadline = time.monotonic() + 60
@@ -346,13 +420,20 @@ def test_a_terminated_encode_leaves_no_half_written_output(trained, tmp_path):
     p.send_signal(signal.SIGTERM)
     _, err = p.communicate(timeout=60)
     assert p.returncode == 143, err
-    assert err.strip().splitlines() == [f"bertcli: stopped by SIGTERM; {tmp_path / 'v.npy'} was not written (what was "
-                                        "there is intact): run the same command again"]
+    assert err.strip().splitlines() == [
+        f"bertcli: stopped by SIGTERM; {tmp_path / 'v.npy'} was not written (what was "
+        "there is intact): run the same command again"
+    ]
     assert list(tmp_path.iterdir()) == []
     # Started to ignore SIGHUP (nohup): a hang-up does not stop it.
-    p = subprocess.Popen([sys.executable, "-m", "bertcli", "encode", "--model", str(trained), "-o", str(tmp_path / "v.npy")],
-                         cwd=REPO, stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    p = subprocess.Popen(
+        [sys.executable, "-m", "bertcli", "encode", "--model", str(trained), "-o", str(tmp_path / "v.npy")],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN),
+    )
     p.stdin.write("one line\n")
     p.stdin.flush()
     while not any(tmp_path.iterdir()) and time.monotonic() < deadline + 60:
@@ -372,12 +453,16 @@ def test_a_signal_while_the_output_is_put_in_place_waits_until_it_is_there(train
     before = signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))
     try:
         real_close = Writer.close
-        monkeypatch.setattr(Writer, "close", lambda self, h: (os.kill(os.getpid(), signal.SIGTERM), real_close(self, h)))
+        monkeypatch.setattr(
+            Writer, "close", lambda self, h: (os.kill(os.getpid(), signal.SIGTERM), real_close(self, h))
+        )
         (tmp_path / "in.txt").write_text("".join(line + "\n" for line in LINES))
         result = cli("encode", "--model", trained, tmp_path / "in.txt", "-o", tmp_path / "v.npy")
         assert result.code == 0, result.err
         assert np.load(tmp_path / "v.npy").shape[0] == len(LINES) and sorted(p.name for p in tmp_path.iterdir()) == [
-            "in.txt", "v.npy"]
+            "in.txt",
+            "v.npy",
+        ]
         assert got == [signal.SIGTERM] and signal.getsignal(signal.SIGTERM) is not None
         assert signal.getsignal(signal.SIGTERM).__name__ == "<lambda>"  # the handler from before, restored
     finally:
@@ -389,13 +474,17 @@ def test_output_file_text_column_pairs_and_layer_errors(trained, tmp_path, cli):
     (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
     for fmt in ("jsonl", "tsv"):
         shown = cli("encode", "--model", trained, tmp_path / "in.txt", "-f", fmt, "--with-text")
-        written = cli("encode", "--model", trained, tmp_path / "in.txt", "-f", fmt, "--with-text", "-o", tmp_path / f"v.{fmt}")
+        written = cli(
+            "encode", "--model", trained, tmp_path / "in.txt", "-f", fmt, "--with-text", "-o", tmp_path / f"v.{fmt}"
+        )
         assert written.code == 0 and written.out == "" and (tmp_path / f"v.{fmt}").read_text() == shown.out
     cells = [row.split("\t") for row in (tmp_path / "v.tsv").read_text().splitlines()]
     assert [c[0] for c in cells] == lines[:-1] + ["a\\tTAB and a back\\\\slash"] and {len(c) for c in cells} == {33}
     assert cli("encode", "--model", trained, tmp_path / "in.txt", "-o", tmp_path / "by-suffix.npy").code == 0
     assert np.load(tmp_path / "by-suffix.npy").shape == (len(lines), 32)
-    (tmp_path / "bom.txt").write_bytes("\ufeff".encode() + (tmp_path / "in.txt").read_bytes())  # a Windows editor's file
+    (tmp_path / "bom.txt").write_bytes(
+        "\ufeff".encode() + (tmp_path / "in.txt").read_bytes()
+    )  # a Windows editor's file
     assert cli("encode", "--model", trained, tmp_path / "bom.txt", "-f", "tsv", "--with-text").out == shown.out
     (tmp_path / "bom.txt").unlink()
     no_text = cli("encode", "--model", trained, tmp_path / "in.txt", "-o", tmp_path / "t.npy", "--with-text")
@@ -411,7 +500,9 @@ def test_output_file_text_column_pairs_and_layer_errors(trained, tmp_path, cli):
     alone, _ = run_encode(trained, ["the tutorial modules"])
     assert json.loads(pairs.out.splitlines()[1])["vector"] == alone[0]["vector"], "a line without a TAB is one sentence"
     (tmp_path / "first.txt").write_text("a\tb\n")
-    strict = cli("encode", "--model", trained, tmp_path / "first.txt", tmp_path / "pairs.txt", "--pairs", "--strict-pairs")
+    strict = cli(
+        "encode", "--model", trained, tmp_path / "first.txt", tmp_path / "pairs.txt", "--pairs", "--strict-pairs"
+    )
     assert strict.code == 2 and f"{tmp_path / 'pairs.txt'}: line 2: no TAB" in strict.err and len(strict.err_lines) == 1
 
     layer = cli("encode", "--model", trained, tmp_path / "pairs.txt", "--layer", "-4")

@@ -10,15 +10,21 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import REPO, write_config
 
 from bertcli import checkpoint, layout
 from bertcli.model import BertForPreTraining
-from conftest import REPO, write_config
 
 
 def start(config):
-    return subprocess.Popen([sys.executable, "-m", "bertcli", "pretrain", "--config", str(config), "--quiet"],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "bertcli", "pretrain", "--config", str(config), "--quiet"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def wait_for(path, proc, seconds=120):
@@ -32,8 +38,14 @@ def wait_for(path, proc, seconds=120):
 @pytest.mark.slow
 @pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_signal_finishes_the_step_saves_and_says_how_to_resume(tmp_path, signum, code):
-    config = write_config(tmp_path, "train.max_steps=100000", "checkpoint.save_every=10", "logging.log_every=10",
-                          "train.data_workers=2", "train.grad_accum_steps=2")
+    config = write_config(
+        tmp_path,
+        "train.max_steps=100000",
+        "checkpoint.save_every=10",
+        "logging.log_every=10",
+        "train.data_workers=2",
+        "train.grad_accum_steps=2",
+    )
     proc = start(config)
     wait_for(tmp_path / "checkpoints" / "step-0000010", proc)
     os.killpg(proc.pid, signum)  # as Ctrl-C or a scheduler does: to the example-building workers too
@@ -46,16 +58,26 @@ def test_signal_finishes_the_step_saves_and_says_how_to_resume(tmp_path, signum,
     assert step > 10 and f"at step {step};" in err, "the checkpoint is the step it stopped at"
     if signum != signal.SIGTERM:
         return  # resuming does not depend on the signal that stopped the run: checked once (a process start saved)
-    rerun = subprocess.run([sys.executable, "-m", "bertcli", "pretrain", "--config", str(config), "--stop-at", str(step + 2)],
-                           cwd=REPO, capture_output=True, text=True, timeout=120)
+    rerun = subprocess.run(
+        [sys.executable, "-m", "bertcli", "pretrain", "--config", str(config), "--stop-at", str(step + 2)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert rerun.returncode == 0 and f"(step {step})" in rerun.stderr
 
 
 @pytest.mark.slow
 def test_a_second_sigint_stops_at_once_and_the_last_checkpoint_stays_valid(tmp_path):
     # Long steps (40 accumulated micro-batches), so that the second Ctrl-C lands inside one.
-    config = write_config(tmp_path, "train.max_steps=100000", "checkpoint.save_every=2", "logging.log_every=1",
-                          "train.grad_accum_steps=40")
+    config = write_config(
+        tmp_path,
+        "train.max_steps=100000",
+        "checkpoint.save_every=2",
+        "logging.log_every=1",
+        "train.grad_accum_steps=40",
+    )
     proc = start(config)
     wait_for(tmp_path / "checkpoints" / "step-0000002", proc)
     os.killpg(proc.pid, signal.SIGINT)
@@ -76,8 +98,9 @@ def test_sigterm_while_pretrain_prepares_its_data_stops_at_once_and_keeps_nothin
     import gzip
     import threading
 
-    from bertcli.data.prepare import SAMPLE
     from conftest import text_run
+
+    from bertcli.data.prepare import SAMPLE
 
     corpus = tmp_path / "corpus.txt"  # the 1 MB sample: seconds of preparing, stopped in the first
     corpus.write_bytes(gzip.decompress(SAMPLE.read_bytes()))
@@ -98,8 +121,10 @@ def test_sigterm_while_pretrain_prepares_its_data_stops_at_once_and_keeps_nothin
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert result.code == 143, result.err
-    assert result.err_lines[-1] == ("bertcli: stopped by SIGTERM while preparing data; nothing was kept (the "
-                                    "temporary data was removed): run the same command again"), result.err
+    assert result.err_lines[-1] == (
+        "bertcli: stopped by SIGTERM while preparing data; nothing was kept (the "
+        "temporary data was removed): run the same command again"
+    ), result.err
     assert "Traceback" not in result.err and not layout.list_checkpoints(tmp_path)
     assert not list(tmp_path.glob(".tmp-*")) and not (tmp_path / "data").exists()
 
@@ -109,18 +134,38 @@ def test_a_second_pretrain_on_the_same_folder_refuses(tmp_path):
     config = write_config(tmp_path, "train.max_steps=100000", "checkpoint.save_every=20")
     first = start(config)
     wait_for(tmp_path / "checkpoints" / "step-0000020", first)
-    second = subprocess.run([sys.executable, "-m", "bertcli", "pretrain", "--config", str(config)], cwd=REPO,
-                            capture_output=True, text=True, timeout=120)
+    second = subprocess.run(
+        [sys.executable, "-m", "bertcli", "pretrain", "--config", str(config)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert second.returncode == 1
     assert second.stderr.strip().splitlines() == [
         f"bertcli: error: {tmp_path} is in use by another bertcli pretrain (pid {first.pid}); wait for it to finish, "
-        "or set output_dir to another folder"]
+        "or set output_dir to another folder"
+    ]
     # A crashed holder leaves no stuck lock: after SIGKILL the folder is free again.
     os.kill(first.pid, signal.SIGKILL)
     first.communicate()
-    third = subprocess.run([sys.executable, "-m", "bertcli", "pretrain", "--config", str(config), "--quiet",
-                            "--stop-at", str(layout.list_checkpoints(tmp_path)[-1][0] + 1)],
-                           cwd=REPO, capture_output=True, text=True, timeout=120)
+    third = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bertcli",
+            "pretrain",
+            "--config",
+            str(config),
+            "--quiet",
+            "--stop-at",
+            str(layout.list_checkpoints(tmp_path)[-1][0] + 1),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert third.returncode == 0, third.stderr
 
 
@@ -166,7 +211,9 @@ def poison_losses(monkeypatch, bad_steps):
             return losses
         calls.append(1)  # one micro-batch per step in these runs
         if len(calls) in bad_steps:
-            return trainer.Losses(losses.total * float("nan"), type(losses.stats)(*(s * float("nan") for s in losses.stats)))
+            return trainer.Losses(
+                losses.total * float("nan"), type(losses.stats)(*(s * float("nan") for s in losses.stats))
+            )
         return losses
 
     monkeypatch.setattr(trainer, "pretraining_loss", pretraining_loss)
@@ -203,15 +250,22 @@ def test_non_finite_steps_in_a_row_stop_the_run_and_are_never_saved(tmp_path, cl
     import torch
 
     poison_losses(monkeypatch, set(range(5, 100)))
-    config = write_config(tmp_path, "train.max_steps=12", "train.max_nonfinite_steps=3", "checkpoint.save_every=2",
-                          "checkpoint.keep_last=5", "train.eval_every=0")
+    config = write_config(
+        tmp_path,
+        "train.max_steps=12",
+        "train.max_nonfinite_steps=3",
+        "checkpoint.save_every=2",
+        "checkpoint.keep_last=5",
+        "train.eval_every=0",
+    )
     result = cli("pretrain", "--config", config, "--quiet")
     assert result.code == 1 and "Traceback" not in result.err
     last_good = tmp_path / "checkpoints" / "step-0000006"
     assert [line for line in result.err_lines if line.startswith("bertcli: error")] == [
         f"bertcli: error: step 7: the loss or gradients were NaN or inf for 3 steps in a row (steps 5-7, skipped), so "
         f"training stopped; the last checkpoint is {last_good}; lower optimizer.lr or raise optimizer.warmup_steps "
-        "(with fp16, try bf16), or raise train.max_nonfinite_steps to skip more"]
+        "(with fp16, try bf16), or raise train.max_nonfinite_steps to skip more"
+    ]
     assert [s for s, _ in layout.list_checkpoints(tmp_path)] == [2, 4, 6]
     (w4, adam4), (w6, adam6) = saved(tmp_path / "checkpoints" / "step-0000004"), saved(last_good)
     assert all(torch.equal(w4[k], w6[k]) for k in w4), "the skipped steps 5 and 6 changed no weight"
@@ -220,17 +274,18 @@ def test_non_finite_steps_in_a_row_stop_the_run_and_are_never_saved(tmp_path, cl
 
 def test_a_checkpoint_with_nan_weights_is_refused_and_nothing_is_written(tmp_path):
     import torch
+    from conftest import micro_config
 
     from bertcli.errors import RunError
     from bertcli.model import BertForPreTraining
     from bertcli.optim import build_optimizer
-    from conftest import micro_config
 
     cfg = micro_config(f"output_dir={tmp_path}")
     model = BertForPreTraining(cfg.model)
     checkpoints = checkpoint.CheckpointManager(cfg, torch.device("cpu"), is_main=True, tokenizer={})
-    checkpoints.load(model=model, optimizer=build_optimizer(model, cfg.optimizer),
-                     scaler=torch.amp.GradScaler("cpu", enabled=False))
+    checkpoints.load(
+        model=model, optimizer=build_optimizer(model, cfg.optimizer), scaler=torch.amp.GradScaler("cpu", enabled=False)
+    )
     checkpoints.save(1, {}, periodic=True)
     with torch.no_grad():
         model.bert.encoder.layer[0].attention.self.query.weight[0, 0] = float("inf")
@@ -243,8 +298,8 @@ def test_a_checkpoint_with_nan_weights_is_refused_and_nothing_is_written(tmp_pat
 def test_the_optimizer_step_is_skipped_when_gradients_are_not_finite(fused):
     import torch
 
-    from bertcli.optim import build_optimizer, step_if_finite
     from bertcli.config import OptimizerConfig
+    from bertcli.optim import build_optimizer, step_if_finite
 
     model = torch.nn.Linear(4, 3)
     optimizer = build_optimizer(model, OptimizerConfig(), fused=fused)  # fused runs on CPU too
@@ -279,7 +334,9 @@ def test_disk_full_during_export_names_the_file_and_fits_the_command(tmp_path, c
     result = cli("export", trained, tmp_path / "hf")
     assert result.code == 1 and len(result.err_lines) == 1, result.err
     line = result.err_lines[0]
-    assert line.startswith(f"bertcli: error: {tmp_path / 'hf' / 'model.safetensors'}: disk full (No space left on device)")
+    assert line.startswith(
+        f"bertcli: error: {tmp_path / 'hf' / 'model.safetensors'}: disk full (No space left on device)"
+    )
     assert "nothing half-written was kept" in line and "OUT_DIR" in line
     assert "checkpoint" not in line and "resume" not in line and "output_dir" not in line  # pretrain's words
     assert list(tmp_path.iterdir()) == [], "no export folder, no temporary leftovers"
@@ -296,7 +353,7 @@ class FullFile:
     def write(self, data):
         size = len(data) if isinstance(data, str) else memoryview(data).nbytes
         if size > self.room:
-            self.fh.write(data[:self.room] if isinstance(data, str) else memoryview(data).cast("B")[:self.room])
+            self.fh.write(data[: self.room] if isinstance(data, str) else memoryview(data).cast("B")[: self.room])
             self.room, self.full = 0, True
             raise OSError(28, "No space left on device")
         self.room -= size
@@ -328,8 +385,9 @@ def fill_disk(monkeypatch, module, room: int = 100, only: str = "") -> None:
     monkeypatch.setattr(module, "open", full_open, raising=False)
 
 
-@pytest.mark.parametrize("name", ["model.safetensors", "training_state.pt", "config.yaml", "trainer_state.json",
-                                  "vocab.txt"])
+@pytest.mark.parametrize(
+    "name", ["model.safetensors", "training_state.pt", "config.yaml", "trainer_state.json", "vocab.txt"]
+)
 def test_a_full_disk_while_saving_a_checkpoint_names_the_file_whatever_writes_it(tmp_path, monkeypatch, name):
     """Each library words a full disk its own way (safetensors in Rust's words, torch.save as
     "unexpected pos", a file's write() naming no file): every one
@@ -339,25 +397,28 @@ def test_a_full_disk_while_saving_a_checkpoint_names_the_file_whatever_writes_it
     import safetensors
     import safetensors.torch
     import torch
+    from conftest import micro_config
 
     from bertcli import atomic
     from bertcli.cli import os_error_message
     from bertcli.optim import build_optimizer
-    from conftest import micro_config
 
     cfg = micro_config(f"output_dir={tmp_path}")
     model = BertForPreTraining(cfg.model)
     vocab = {"vocab.txt": b"[PAD]\n"}  # the tokenizer files' bytes, read when training starts
     checkpoints = checkpoint.CheckpointManager(cfg, torch.device("cpu"), is_main=True, tokenizer=vocab)
-    checkpoints.load(model=model, optimizer=build_optimizer(model, cfg.optimizer),
-                     scaler=torch.amp.GradScaler("cpu", enabled=False))
+    checkpoints.load(
+        model=model, optimizer=build_optimizer(model, cfg.optimizer), scaler=torch.amp.GradScaler("cpu", enabled=False)
+    )
     checkpoints.save(1, {}, periodic=True)
     if name == "model.safetensors":
         real_save = safetensors.torch.save_file
 
         def save_file(tensors, path, metadata=None):
             real_save(tensors, path, metadata=metadata)
-            raise safetensors.SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+            raise safetensors.SafetensorError(
+                "Error while serializing: I/O error: No space left on device (os error 28)"
+            )
 
         monkeypatch.setattr(safetensors.torch, "save_file", save_file)
     elif name == "training_state.pt":
@@ -386,7 +447,8 @@ def test_a_full_disk_while_saving_a_checkpoint_names_the_file_whatever_writes_it
     root = tmp_path / "checkpoints"
     assert info.value.errno == 28 and os_error_message(info.value, "pretrain").startswith(
         f"{root / 'step-0000002' / name}: disk full (No space left on device); nothing half-written was kept and "
-        "earlier checkpoints are intact: free space or set output_dir")
+        "earlier checkpoints are intact: free space or set output_dir"
+    )
     assert sorted(p.name for p in root.iterdir()) == ["step-0000001"], "no temporary folder is left"
 
 
@@ -407,7 +469,8 @@ def test_a_full_disk_while_writing_data_names_the_file(tmp_path, monkeypatch, cl
             assert result.code == 1 and result.err_lines == [
                 f"bertcli: error: {folder / 'config.yaml'}: disk full (No space left on device); nothing "
                 "half-written was kept and an existing config is intact: free space or choose a DIR on another disk, "
-                "then run the same command"]
+                "then run the same command"
+            ]
         # Nothing half-made is left: the folders init made are gone, the one that was there is kept as it was.
         assert sorted(os.listdir(tmp_path)) == ["mine"] and os.listdir(tmp_path / "mine") == ["notes.txt"]
         return
@@ -422,7 +485,8 @@ def test_a_full_disk_while_writing_data_names_the_file(tmp_path, monkeypatch, cl
             logger.log(1, {"loss": 1.0})
     where = tmp_path / "data" / "train" / "tokens.bin" if what == "prepared shards" else tmp_path / "metrics.jsonl"
     assert info.value.errno == 28 and os_error_message(info.value, "prepare").startswith(
-        f"{where}: disk full (No space left on device); nothing half-written was kept")
+        f"{where}: disk full (No space left on device); nothing half-written was kept"
+    )
 
 
 @pytest.mark.parametrize("suffix", ["npy", "jsonl"])
@@ -437,21 +501,24 @@ def test_a_full_disk_while_encoding_names_the_output_and_leaves_nothing(tmp_path
     result = cli("encode", "--model", trained, lines, "--output", out)
     assert result.code == 1 and result.err_lines == [
         f"bertcli: error: {out}: disk full (No space left on device); nothing half-written was kept and nothing at "
-        "--output was changed: free space or write --output to another disk, then run the same command"], result.err
+        "--output was changed: free space or write --output to another disk, then run the same command"
+    ], result.err
     assert os.listdir(out.parent) == [], "no temporary file is left"
 
 
 def test_prepare_and_pretrain_never_work_on_one_run_at_once(tmp_path, cli, small_corpus):
     """prepare takes the run's lock: under a running pretrain it would replace the data being trained on."""
-    from bertcli.runlock import RunLock
     from conftest import text_run
+
+    from bertcli.runlock import RunLock
 
     config = text_run(tmp_path, small_corpus)
     with RunLock(tmp_path, "pretrain"):  # flock: another open of the file conflicts, in this process too
         result = cli("prepare", "--config", config, "--quiet")
     assert result.code == 1 and result.err_lines == [
         f"bertcli: error: {tmp_path} is in use by another bertcli pretrain (pid {os.getpid()}); wait for it to finish, "
-        "then run it again"]
+        "then run it again"
+    ]
     assert not (tmp_path / "data").exists()
     with RunLock(tmp_path, "prepare"):
         result = cli("pretrain", "--config", config, "--quiet")
@@ -465,8 +532,11 @@ def _sharing_runs(tmp_path, small_corpus):
     other = tmp_path / "other.txt"
     other.write_text(small_corpus.read_text().replace("Python", "Snake"))
     shared = tmp_path / "shared-data"
-    return (text_run(tmp_path / "a", small_corpus, f"data.prepared_dir={shared}", "train.max_steps=1"),
-            text_run(tmp_path / "b", other, f"data.prepared_dir={shared}", "train.max_steps=1"), shared)
+    return (
+        text_run(tmp_path / "a", small_corpus, f"data.prepared_dir={shared}", "train.max_steps=1"),
+        text_run(tmp_path / "b", other, f"data.prepared_dir={shared}", "train.max_steps=1"),
+        shared,
+    )
 
 
 def test_runs_sharing_prepared_data_never_replace_it_under_each_other(tmp_path, cli, small_corpus, monkeypatch):
@@ -481,7 +551,8 @@ def test_runs_sharing_prepared_data_never_replace_it_under_each_other(tmp_path, 
         result = cli("prepare", "--config", b, "--quiet")
         assert result.code == 1 and result.err_lines == [
             f"bertcli: error: the prepared data {shared} is being prepared or read by another bertcli prepare (pid "
-            f"{os.getpid()}); run this again once it has finished, or set data.prepared_dir to another folder"]
+            f"{os.getpid()}); run this again once it has finished, or set data.prepared_dir to another folder"
+        ]
         assert not shared.exists()
         assert cli("pretrain", "--config", a, "--quiet").code == 1
     refused = []
@@ -509,9 +580,11 @@ def test_preparing_again_says_what_differs_from_the_data_there(tmp_path, cli, sm
     assert cli("prepare", "--config", a, "--quiet").code == 0
     result = cli("prepare", "--config", b, "--quiet")
     assert result.code == 0, result.err
-    assert (f"prepared data in {shared} was made from other inputs than this config's (corpus {small_corpus} then, "
-            f"{tmp_path / 'other.txt'} now: the folder was prepared for another config sharing data.prepared_dir, or "
-            "data.corpus changed): preparing it again") in result.err_lines
+    assert (
+        f"prepared data in {shared} was made from other inputs than this config's (corpus {small_corpus} then, "
+        f"{tmp_path / 'other.txt'} now: the folder was prepared for another config sharing data.prepared_dir, or "
+        "data.corpus changed): preparing it again"
+    ) in result.err_lines
     result = cli("prepare", "--config", b, "--quiet", "--set", "data.tokenizer.vocab_size=900")
     assert "(data.tokenizer.vocab_size 1000 then, 900 now): preparing it again" in result.err, result.err
 
@@ -547,10 +620,18 @@ def test_a_checkpoint_holds_the_tokenizer_its_model_was_trained_with(tmp_path, c
 def _prepare_process(config, *args: str) -> subprocess.Popen:
     """`bertcli prepare` in a process of its own session, with units of 8 KiB (so that a small corpus
     is dozens of units, and two workers run)."""
-    code = ("import sys; from bertcli.data import prepare; prepare.UNIT_BYTES = 8 << 10; "
-            "from bertcli.cli import main; main(sys.argv[1:])")
-    return subprocess.Popen([sys.executable, "-c", code, "prepare", "--config", str(config), *args], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    code = (
+        "import sys; from bertcli.data import prepare; prepare.UNIT_BYTES = 8 << 10; "
+        "from bertcli.cli import main; main(sys.argv[1:])"
+    )
+    return subprocess.Popen(
+        [sys.executable, "-c", code, "prepare", "--config", str(config), *args],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def _children(pid: int) -> list[int]:
@@ -586,22 +667,26 @@ def test_a_signal_stops_prepare_and_its_workers_at_once(tmp_path, small_corpus, 
     _, err = proc.communicate(timeout=60)
     assert time.time() - stopped < 10, "it did not stop at once"
     assert proc.returncode == code, err
-    assert err.strip().splitlines()[-1] == (f"bertcli: stopped by {signal.Signals(signum).name} while preparing data; "
-                                            "nothing was kept (the temporary data was removed): run the same command "
-                                            "again"), err
+    assert err.strip().splitlines()[-1] == (
+        f"bertcli: stopped by {signal.Signals(signum).name} while preparing data; "
+        "nothing was kept (the temporary data was removed): run the same command "
+        "again"
+    ), err
     assert "Traceback" not in err
     assert all(_gone(pid) for pid in workers)
     assert not list(tmp_path.glob(".tmp-*")) and not (tmp_path / "data").exists()
 
 
-def test_a_kill_while_updating_leaves_the_previous_data_valid_and_the_next_prepare_goes_on(tmp_path, small_corpus,
-                                                                                              monkeypatch, capsys):
+def test_a_kill_while_updating_leaves_the_previous_data_valid_and_the_next_prepare_goes_on(
+    tmp_path, small_corpus, monkeypatch, capsys
+):
     import json
+
+    from conftest import text_run
 
     from bertcli.data import prepare as prepare_module
     from bertcli.data.prepare import load_prepared, prepare
     from bertcli.resolve import load_run
-    from conftest import text_run
 
     monkeypatch.setattr(prepare_module, "UNIT_BYTES", 8 << 10)
     corpus = tmp_path / "corpus"

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import safetensors.torch
 import torch
-
 from conftest import SMALL_MODEL
+
 from bertcli import checkpoint, layout
 from bertcli.config import ModelConfig
 from bertcli.errors import UsageError
@@ -19,9 +19,18 @@ from bertcli.model import BertForPreTraining
 
 transformers = pytest.importorskip("transformers")
 
-TEXTS = ["Hello world, this is a test.", "Naïve café — crème brûlée!", "東京 and 北京 are cities.",
-         "supercalifragilisticexpialidocious antidisestablishmentarianism", "x = f(a[1], b={'k': 2}) # ok?",
-         "ÀÉÎÕÜ àéîõü ñ ç ø å", "", "tabs\tand  spaces", "unknownwordzzqqxx", "3.14159 is π; e ≈ 2.718"]
+TEXTS = [
+    "Hello world, this is a test.",
+    "Naïve café — crème brûlée!",
+    "東京 and 北京 are cities.",
+    "supercalifragilisticexpialidocious antidisestablishmentarianism",
+    "x = f(a[1], b={'k': 2}) # ok?",
+    "ÀÉÎÕÜ àéîõü ñ ç ø å",
+    "",
+    "tabs\tand  spaces",
+    "unknownwordzzqqxx",
+    "3.14159 is π; e ≈ 2.718",
+]
 
 
 def hf_inputs(tokenizer, texts):
@@ -62,7 +71,9 @@ def test_export_refuses_an_existing_folder(trained, tmp_path, cli):
 
 
 def random_hf(kind: str, cfg: ModelConfig, folder: Path) -> torch.nn.Module:
-    config = transformers.BertConfig(**{k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("pad_vocab_multiple", "init_from")})
+    config = transformers.BertConfig(
+        **{k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("pad_vocab_multiple", "init_from")}
+    )
     torch.manual_seed(1)
     model = getattr(transformers, kind)(config).eval()
     model.save_pretrained(folder)
@@ -87,8 +98,9 @@ def test_import_bert_for_pretraining_gives_equal_outputs(tmp_path):
     torch.testing.assert_close(out.nsp_logits, ref.seq_relationship_logits, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("kind, fresh", [("BertForMaskedLM", ["NSP head", "pooler"]),
-                                         ("BertModel", ["MLM head", "NSP head"])])
+@pytest.mark.parametrize(
+    "kind, fresh", [("BertForMaskedLM", ["NSP head", "pooler"]), ("BertModel", ["MLM head", "NSP head"])]
+)
 def test_import_other_architectures_reports_fresh_heads(tmp_path, kind, fresh):
     theirs = random_hf(kind, SMALL, tmp_path / "hf")
     cfg = read_hf_config(tmp_path / "hf")
@@ -132,12 +144,16 @@ def test_a_model_built_uninitialised_gets_what_the_folder_lacks_initialised(tmp_
 def test_legacy_gamma_beta_names(tmp_path):
     random_hf("BertForPreTraining", SMALL, tmp_path / "hf")
     weights = safetensors.torch.load_file(tmp_path / "hf" / "model.safetensors")
-    legacy = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
-              for k, v in weights.items()}
+    legacy = {
+        k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+        for k, v in weights.items()
+    }
     assert any("gamma" in k for k in legacy)
     safetensors.torch.save_file(legacy, tmp_path / "hf" / "model.safetensors")
     renamed, fresh = load_hf_weights(tmp_path / "hf", read_hf_config(tmp_path / "hf"))
-    assert fresh == [] and torch.equal(renamed["bert.embeddings.LayerNorm.weight"], weights["bert.embeddings.LayerNorm.weight"])
+    assert fresh == [] and torch.equal(
+        renamed["bert.embeddings.LayerNorm.weight"], weights["bert.embeddings.LayerNorm.weight"]
+    )
 
 
 def test_pickle_weights_are_refused_with_an_explanation(tmp_path):
@@ -153,11 +169,15 @@ def test_round_trip_export_import_export_is_byte_identical(trained, tmp_path):
     model = BertForPreTraining(cfg.model)
     assert init_from(model, first) == []
     # Save the imported model as a bertcli checkpoint (as training would), then export again.
-    checkpoints = checkpoint.CheckpointManager(dataclasses.replace(cfg, output_dir=str(tmp_path / "run2")),
-                                               torch.device("cpu"), is_main=True,
-                                               tokenizer={name: (first / name).read_bytes() for name in layout.TOKENIZER_FILES})
-    checkpoints.load(model=model, optimizer=torch.optim.AdamW(model.parameters()),
-                     scaler=torch.amp.GradScaler("cpu", enabled=False))
+    checkpoints = checkpoint.CheckpointManager(
+        dataclasses.replace(cfg, output_dir=str(tmp_path / "run2")),
+        torch.device("cpu"),
+        is_main=True,
+        tokenizer={name: (first / name).read_bytes() for name in layout.TOKENIZER_FILES},
+    )
+    checkpoints.load(
+        model=model, optimizer=torch.optim.AdamW(model.parameters()), scaler=torch.amp.GradScaler("cpu", enabled=False)
+    )
     checkpoints.save(4, {}, periodic=True)
     second = export(checkpoints.last_saved, tmp_path / "two")
     a = safetensors.torch.load_file(first / "model.safetensors")
@@ -169,10 +189,11 @@ def test_round_trip_export_import_export_is_byte_identical(trained, tmp_path):
 
 
 def test_continued_pretraining_from_an_exported_folder(tmp_path, small_corpus, capsys):
-    from bertcli.resolve import load_run
-    from bertcli.metrics import read_metrics
-    from bertcli.trainer import pretrain
     from conftest import text_run
+
+    from bertcli.metrics import read_metrics
+    from bertcli.resolve import load_run
+    from bertcli.trainer import pretrain
 
     def first_mlm_loss(folder):
         return [r for r in read_metrics(folder / "metrics.jsonl") if r["split"] == "train"][0]["mlm_loss"]
@@ -194,9 +215,10 @@ def test_continued_pretraining_from_an_exported_folder(tmp_path, small_corpus, c
 
 
 def test_init_from_a_bare_bert_model_says_which_heads_are_fresh(tmp_path, small_corpus, cli):
+    from conftest import text_run
+
     from bertcli.data.prepare import load_prepared, prepare
     from bertcli.resolve import load_run
-    from conftest import text_run
 
     config = text_run(tmp_path / "tok", small_corpus)
     prepared = load_prepared(prepare(load_run(config), quiet=True))
@@ -204,9 +226,30 @@ def test_init_from_a_bare_bert_model_says_which_heads_are_fresh(tmp_path, small_
     random_hf("BertModel", cfg, tmp_path / "hf")
     for name in ("tokenizer.json", "vocab.txt"):
         (tmp_path / "hf" / name).write_bytes((prepared.folder / name).read_bytes())
-    assert cli("init", tmp_path / "run", "--init-from", tmp_path / "hf", "--corpus", small_corpus,
-               *sum((["--set", o] for o in ("train.max_steps=2", "train.batch_size=4", "data.max_seq_length=32",
-                                            "train.eval_every=0", "data.tokenizer.vocab_size=1000")), [])).code == 0
+    assert (
+        cli(
+            "init",
+            tmp_path / "run",
+            "--init-from",
+            tmp_path / "hf",
+            "--corpus",
+            small_corpus,
+            *sum(
+                (
+                    ["--set", o]
+                    for o in (
+                        "train.max_steps=2",
+                        "train.batch_size=4",
+                        "data.max_seq_length=32",
+                        "train.eval_every=0",
+                        "data.tokenizer.vocab_size=1000",
+                    )
+                ),
+                [],
+            ),
+        ).code
+        == 0
+    )
     text = (tmp_path / "run" / "config.yaml").read_text()
     assert "hidden_size: 32" in text and f"init_from: {tmp_path / 'hf'}" in text
     result = cli("pretrain", "--config", tmp_path / "run" / "config.yaml", "--quiet")
@@ -223,9 +266,21 @@ def test_a_phase_2_run_resumes_once_its_init_from_source_is_gone(tmp_path, train
     shutil.copytree(layout.list_checkpoints(trained)[-1][1], source)
     corpus = tmp_path / "domain.txt"  # a few documents: little to prepare
     corpus.write_text("\n\n".join(small_corpus.read_text().split("\n\n")[:8]))
-    sets = sum((["--set", o] for o in ("train.max_steps=2", "train.batch_size=4", "data.max_seq_length=32",
-                                       "train.eval_every=0", "data.validation_fraction=0", "checkpoint.save_every=1",
-                                       "logging.tensorboard=false")), [])
+    sets = sum(
+        (
+            ["--set", o]
+            for o in (
+                "train.max_steps=2",
+                "train.batch_size=4",
+                "data.max_seq_length=32",
+                "train.eval_every=0",
+                "data.validation_fraction=0",
+                "checkpoint.save_every=1",
+                "logging.tensorboard=false",
+            )
+        ),
+        [],
+    )
     assert cli("init", tmp_path / "run", "--init-from", source, "--corpus", corpus, *sets).code == 0
     config = tmp_path / "run" / "config.yaml"
     assert cli("pretrain", "--config", config, "--quiet", "--stop-at", "1").code == 0
@@ -233,7 +288,10 @@ def test_a_phase_2_run_resumes_once_its_init_from_source_is_gone(tmp_path, train
     result = cli("pretrain", "--config", config)  # not --quiet: where the architecture comes from is said
     assert result.code == 0, result.err
     own = tmp_path / "run" / "checkpoints" / "step-0000001"
-    assert f"model.init_from {source} is gone" in result.err and f"the architecture and the tokenizer come from {own}" in result.err
+    assert (
+        f"model.init_from {source} is gone" in result.err
+        and f"the architecture and the tokenizer come from {own}" in result.err
+    )
     assert "is up to date" in result.err, "the same tokenizer: the prepared data is reused, not prepared again"
     assert f"resuming from {own} (step 1)" in result.err
     shutil.rmtree(tmp_path / "run" / "checkpoints")  # starting fresh needs the source

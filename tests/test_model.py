@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 import torch
-
 from conftest import SMALL_MODEL
+
 from bertcli.config import ModelConfig
 from bertcli.config_load import preset_config
 from bertcli.model import TIED_ALIASES, BertForPreTraining, flops_per_token, packing
@@ -73,7 +73,7 @@ def test_parameter_counts_equal_hugging_face(preset, expected):
     assert counts["total"] == hf.num_parameters()
     assert counts["total"] == sum(v for k, v in counts.items() if k not in ("total", "total_with_padding"))
     assert counts["nsp_head"] == 2 * cfg.hidden_size + 2
-    assert counts["pooler"] == cfg.hidden_size ** 2 + cfg.hidden_size
+    assert counts["pooler"] == cfg.hidden_size**2 + cfg.hidden_size
     # bertcli pads the embedding and decoder rows to a multiple of 64 (30,528): 6 rows of H, and 6 biases.
     assert counts["total_with_padding"] - counts["total"] == 6 * cfg.hidden_size + 6
 
@@ -181,7 +181,9 @@ def test_a_batch_without_padding_runs_unmasked_and_equals_the_masked_path(traini
         model = BertForPreTraining(cfg).train(training)
         out = model(tokens, segments, valid_lens, positions)
         (out.mlm_logits.square().mean() + out.nsp_logits.square().mean()).backward()
-        results.append((out.encoded.detach(), out.mlm_logits.detach(), {k: p.grad for k, p in model.named_parameters()}))
+        results.append(
+            (out.encoded.detach(), out.mlm_logits.detach(), {k: p.grad for k, p in model.named_parameters()})
+        )
     (enc_a, mlm_a, grads_a), (enc_b, mlm_b, grads_b) = results
     torch.testing.assert_close(enc_b, enc_a)
     torch.testing.assert_close(mlm_b, mlm_a)

@@ -10,10 +10,10 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import text_run
 
 from bertcli import layout
 from bertcli.ownership import not_owned
-from conftest import text_run
 
 
 def snapshot(root: Path) -> dict[str, str]:
@@ -74,7 +74,9 @@ def test_prepared_dir_naming_a_folder_of_unrelated_files_is_refused(user_folder,
     (precious / "thesis.tex").write_text("chapter 1\n")
     (precious / "sub" / "data.bin").write_bytes(bytes(range(256)))
     before = snapshot(tmp_path)
-    result = cli("prepare", "--config", user_folder / "config.yaml", "--set", "data.prepared_dir=../precious", "--quiet")
+    result = cli(
+        "prepare", "--config", user_folder / "config.yaml", "--set", "data.prepared_dir=../precious", "--quiet"
+    )
     refused(result, "precious")
     assert snapshot(tmp_path) == before
 
@@ -185,9 +187,22 @@ def test_init_force_replaces_only_a_bertcli_config_and_nothing_else(tmp_path, cl
 # --------------------------------------------------------------------------------------- encode
 
 
-@pytest.mark.parametrize("target", ["input", "model file", "folder", "in a checkpoint", "in checkpoints/",
-                                    "in prepared data", "in an export", "run config", "run metrics", "run lock",
-                                    "in tensorboard/"])
+@pytest.mark.parametrize(
+    "target",
+    [
+        "input",
+        "model file",
+        "folder",
+        "in a checkpoint",
+        "in checkpoints/",
+        "in prepared data",
+        "in an export",
+        "run config",
+        "run metrics",
+        "run lock",
+        "in tensorboard/",
+    ],
+)
 def test_encode_output_never_replaces_an_input(run_copy, cli, tmp_path, target):
     """Nor is it written into a folder bertcli owns: the next pretrain, prepare or export --force
     would refuse the folder for holding a file bertcli did not write."""
@@ -196,11 +211,19 @@ def test_encode_output_never_replaces_an_input(run_copy, cli, tmp_path, target):
     lines = tmp_path / "lines.txt"
     lines.write_text("The first line.\nThe second line.\n")
     ckpt = layout.list_checkpoints(run_copy)[-1][1]
-    out = {"input": lines, "model file": ckpt / "model.safetensors", "folder": tmp_path, "in a checkpoint": ckpt / "v.npy",
-           "in checkpoints/": ckpt.parent / "v.npy", "in prepared data": run_copy / "data" / "v.npy",
-           "in an export": (export(run_copy, tmp_path / "hf") if target == "in an export" else tmp_path) / "v.npy",
-           "run config": run_copy / "config.yaml", "run metrics": run_copy / "metrics.jsonl", "run lock": run_copy / ".lock",
-           "in tensorboard/": run_copy / "tensorboard" / "v.npy"}[target]
+    out = {
+        "input": lines,
+        "model file": ckpt / "model.safetensors",
+        "folder": tmp_path,
+        "in a checkpoint": ckpt / "v.npy",
+        "in checkpoints/": ckpt.parent / "v.npy",
+        "in prepared data": run_copy / "data" / "v.npy",
+        "in an export": (export(run_copy, tmp_path / "hf") if target == "in an export" else tmp_path) / "v.npy",
+        "run config": run_copy / "config.yaml",
+        "run metrics": run_copy / "metrics.jsonl",
+        "run lock": run_copy / ".lock",
+        "in tensorboard/": run_copy / "tensorboard" / "v.npy",
+    }[target]
     before = snapshot(tmp_path)
     result = cli("encode", lines, "--model", run_copy, "--format", "npy", "--output", out)
     refused(result, out)

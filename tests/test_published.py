@@ -91,8 +91,10 @@ def test_default_encode_gives_the_sentence_transformers_embeddings(cli, tmp_path
 def test_loading_the_folder_leaves_torch_dynamo_unimported(tmp_path):
     """Start-up: building a model on the meta device (to check shapes) imports torch._dynamo, 2 s of
     a 3 s start; encode loads the folder without it (a fresh process: this one may have it)."""
-    code = ("import sys, torch; from bertcli.encode import load_encoder; "
-            f"load_encoder({str(MINILM)!r}, torch.device('cpu')); print('torch._dynamo' in sys.modules)")
+    code = (
+        "import sys, torch; from bertcli.encode import load_encoder; "
+        f"load_encoder({str(MINILM)!r}, torch.device('cpu')); print('torch._dynamo' in sys.modules)"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "False", done.stdout + done.stderr
 
@@ -117,16 +119,27 @@ def st_variant(tmp_path: Path, pooling: dict, modules: list[str]) -> Path:
     (folder / "1_Pooling").mkdir()
     (folder / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 384, **pooling}))
     paths = {"Transformer": "", "Pooling": "1_Pooling", "Normalize": "2_Normalize", "Dense": "2_Dense"}
-    (folder / "modules.json").write_text(json.dumps([
-        {"idx": i, "name": str(i), "path": paths[kind], "type": f"sentence_transformers.models.{kind}"}
-        for i, kind in enumerate(modules)]))
+    (folder / "modules.json").write_text(
+        json.dumps(
+            [
+                {"idx": i, "name": str(i), "path": paths[kind], "type": f"sentence_transformers.models.{kind}"}
+                for i, kind in enumerate(modules)
+            ]
+        )
+    )
     return folder
 
 
 @pytest.mark.parametrize("mode", ["cls", "max"])
 def test_the_folders_own_pooling_is_followed(minilm, tmp_path, sample_lines, sentence_transformer, mode):
-    folder = st_variant(tmp_path, {f"pooling_mode_{mode}_token" if mode == "cls" else f"pooling_mode_{mode}_tokens": True,
-                                   "pooling_mode_mean_tokens": False}, ["Transformer", "Pooling"])
+    folder = st_variant(
+        tmp_path,
+        {
+            f"pooling_mode_{mode}_token" if mode == "cls" else f"pooling_mode_{mode}_tokens": True,
+            "pooling_mode_mean_tokens": False,
+        },
+        ["Transformer", "Pooling"],
+    )
     ours = vectors(dataclasses.replace(minilm, sentence=read_sentence_model(folder)), sample_lines[:6])
     theirs = sentence_transformer(folder).encode(sample_lines[:6])
     assert np.linalg.norm(theirs, axis=1).std() > 0.01, "no Normalize module: lengths vary"
@@ -149,22 +162,42 @@ def test_a_folder_saved_by_this_sentence_transformers_keeps_its_length(cli, tmp_
     (tmp_path / "in.txt").write_text("\n".join(sample_lines) + "\n")
     result = cli("encode", "--model", tmp_path / "saved", tmp_path / "in.txt", "-o", tmp_path / "v.npy")
     theirs = st.SentenceTransformer(str(tmp_path / "saved"), device="cpu")
-    assert result.code == 0 and f"cls pooling, not normalized, up to {theirs.max_seq_length} tokens" in result.err, result.err
+    assert result.code == 0 and f"cls pooling, not normalized, up to {theirs.max_seq_length} tokens" in result.err, (
+        result.err
+    )
     assert cosines(np.load(tmp_path / "v.npy"), theirs.encode(sample_lines)).min() >= 0.9999
 
 
-@pytest.mark.parametrize("settings, tokenizer_config, length", [
-    ({"max_seq_length": 100}, {"model_max_length": 512}, 100),  # sentence-transformers < 6 saves this
-    ({}, {"model_max_length": 64}, 64),  # 6.x saves this
-    ({"max_seq_length": 100, "processor_kwargs": {"model_max_length": 40}}, {}, 40),  # hand-edited: as 6.x reads them
-    ({"max_seq_length": 100, "tokenizer_args": {"model_max_length": 40}, "processor_kwargs": {"model_max_length": 50}},
-     {}, 40),  # tokenizer_args replaces processor_kwargs
-    ({}, {}, None)])  # nothing set: the model's own limit
+@pytest.mark.parametrize(
+    "settings, tokenizer_config, length",
+    [
+        ({"max_seq_length": 100}, {"model_max_length": 512}, 100),  # sentence-transformers < 6 saves this
+        ({}, {"model_max_length": 64}, 64),  # 6.x saves this
+        (
+            {"max_seq_length": 100, "processor_kwargs": {"model_max_length": 40}},
+            {},
+            40,
+        ),  # hand-edited: as 6.x reads them
+        (
+            {
+                "max_seq_length": 100,
+                "tokenizer_args": {"model_max_length": 40},
+                "processor_kwargs": {"model_max_length": 50},
+            },
+            {},
+            40,
+        ),  # tokenizer_args replaces processor_kwargs
+        ({}, {}, None),
+    ],
+)  # nothing set: the model's own limit
 def test_the_length_limit_is_read_as_sentence_transformers_6_reads_it(tmp_path, settings, tokenizer_config, length):
     """The order of sentence-transformers 6.2's Transformer module (checked against it for each row
     when this test was written: SentenceTransformer(folder).max_seq_length on MiniLM copies)."""
-    (tmp_path / "modules.json").write_text(json.dumps([
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.base.modules.transformer.Transformer"}]))
+    (tmp_path / "modules.json").write_text(
+        json.dumps(
+            [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.base.modules.transformer.Transformer"}]
+        )
+    )
     (tmp_path / "sentence_bert_config.json").write_text(json.dumps(settings))
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
     assert read_sentence_model(tmp_path).max_seq_length == length
@@ -182,13 +215,25 @@ def test_flags_win_and_unreproducible_folders_are_refused(minilm, cli, tmp_path,
     np.testing.assert_array_equal(vectors(with_dense, sample_lines[:4], pooling="mean"), plain_mean)
 
 
-TEXTS = ["Héllo Wörld, NAÏVE café", "東京タワー and 北京大学 Résumé", "CamelCase PyTorch ÀÉÎÕÜ àéîõü ñ ç", "crème brûlée — Ça va?"]
+TEXTS = [
+    "Héllo Wörld, NAÏVE café",
+    "東京タワー and 北京大学 Résumé",
+    "CamelCase PyTorch ÀÉÎÕÜ àéîõü ñ ç",
+    "crème brûlée — Ça va?",
+]
 
 
 @pytest.mark.parametrize("layout", ["vocab.txt", "tokenizer.json"])
-@pytest.mark.parametrize("settings", [{}, {"do_lower_case": False}, {"do_lower_case": True, "strip_accents": False},
-                                      {"do_lower_case": False, "strip_accents": True, "tokenize_chinese_chars": False},
-                                      {"do_lower_case": True, "strip_accents": None, "tokenize_chinese_chars": False}])
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {},
+        {"do_lower_case": False},
+        {"do_lower_case": True, "strip_accents": False},
+        {"do_lower_case": False, "strip_accents": True, "tokenize_chinese_chars": False},
+        {"do_lower_case": True, "strip_accents": None, "tokenize_chinese_chars": False},
+    ],
+)
 def test_a_tokenizer_config_decides_the_casing_as_in_transformers(tmp_path, settings, layout):
     """The older layout (vocab.txt alone) and a tokenizer.json whose normalizer says otherwise (it
     lowercases): tokenizer_config.json decides, as for transformers' BertTokenizer."""
@@ -206,12 +251,20 @@ def test_a_tokenizer_config_decides_the_casing_as_in_transformers(tmp_path, sett
 def test_an_export_says_the_casing_its_tokenizer_has(tmp_path, small_corpus):
     """A run on the folder's (uncased) tokenizer whose config says lowercase: false: the export's
     tokenizer_config.json must follow the tokenizer, or transformers tokenizes otherwise."""
-    from bertcli.hf import export
-    from bertcli.trainer import pretrain
     from conftest import text_run
 
-    config = text_run(tmp_path / "run", small_corpus, f"data.tokenizer.path={MINILM}", "data.tokenizer.lowercase=false",
-                      "data.tokenizer.strip_accents=false", "train.max_steps=1", "train.eval_every=0")
+    from bertcli.hf import export
+    from bertcli.trainer import pretrain
+
+    config = text_run(
+        tmp_path / "run",
+        small_corpus,
+        f"data.tokenizer.path={MINILM}",
+        "data.tokenizer.lowercase=false",
+        "data.tokenizer.strip_accents=false",
+        "train.max_steps=1",
+        "train.eval_every=0",
+    )
     pretrain(load_run(config), quiet=True)
     theirs = transformers.AutoTokenizer.from_pretrained(export(tmp_path / "run", tmp_path / "hf"))
     ours = load_tokenizer(tmp_path / "run" / "data", TokenizerConfig())
@@ -233,8 +286,11 @@ def test_inspect_reports_a_published_folder_and_an_export(cli, tmp_path, trained
     st = sentence_transformer(MINILM)
     modules = [type(m).__name__ for m in st]
     assert report["sentence_transformers"] == {
-        "pooling": st[modules.index("Pooling")].pooling_mode, "normalize": "Normalize" in modules,
-        "max_seq_length": st.max_seq_length, "bertcli_encode": "reproduces these embeddings by default"}
+        "pooling": st[modules.index("Pooling")].pooling_mode,
+        "normalize": "Normalize" in modules,
+        "max_seq_length": st.max_seq_length,
+        "bertcli_encode": "reproduces these embeddings by default",
+    }
     assert "pooling         mean" in cli("inspect", MINILM).out
 
     out = export(trained, tmp_path / "hf")
@@ -256,8 +312,9 @@ def test_continued_pretraining_from_the_folder_prepares_whole_sentences_without_
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(small_corpus.read_text() + "\n" + long + "\n")
     result = cli("init", tmp_path / "x", "--init-from", MINILM, "--corpus", corpus)
-    assert result.code == 0 and result.err_lines[0] == (f"wrote {tmp_path / 'x' / 'config.yaml'} (from {MINILM}: 6 layers, "
-                                                        "hidden 384, 12 heads, sequences of 64)")  # not "preset tiny"
+    assert result.code == 0 and result.err_lines[0] == (
+        f"wrote {tmp_path / 'x' / 'config.yaml'} (from {MINILM}: 6 layers, hidden 384, 12 heads, sequences of 64)"
+    )  # not "preset tiny"
     config = tmp_path / "x" / "config.yaml"
     cfg = load_config(config)
     assert Path(cfg.data.tokenizer.path) == MINILM and Path(cfg.model.init_from) == MINILM

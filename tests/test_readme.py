@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 import typer
+from conftest import REPO
 
 from bertcli.cli import app, click
 from bertcli.config import PRESETS, Config
 from bertcli.config_load import preset_config
 from bertcli.config_write import markdown_reference
 from bertcli.summary import parameter_counts
-from conftest import REPO
 
 README = (REPO / "README.md").read_text()
 DOCS = {path: path.read_text() for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]}
@@ -41,8 +41,9 @@ def test_the_docs_exist_and_the_readme_stays_short():
 
 
 def test_config_reference_is_the_generated_one():
-    assert markdown_reference() in EVERYWHERE, \
+    assert markdown_reference() in EVERYWHERE, (
         "the config reference is stale: paste markdown_reference()'s output into docs/configuration.md"
+    )
 
 
 def test_preset_table_matches_the_code():
@@ -52,8 +53,13 @@ def test_preset_table_matches_the_code():
         cells = [c.strip() for c in row.group(1).split("|") if c.strip()]
         cfg = preset_config(name)
         m = dataclasses.replace(cfg.model, vocab_size=cfg.data.tokenizer.vocab_size)  # counted at the tokenizer's size
-        assert [int(c) for c in cells[:5]] == [m.num_hidden_layers, m.hidden_size, m.num_attention_heads,
-                                                m.intermediate_size, cfg.data.max_seq_length]
+        assert [int(c) for c in cells[:5]] == [
+            m.num_hidden_layers,
+            m.hidden_size,
+            m.num_attention_heads,
+            m.intermediate_size,
+            cfg.data.max_seq_length,
+        ]
         assert int(cells[5].split()[0].replace(",", "")) == parameter_counts(m)["total"]
 
 
@@ -162,8 +168,13 @@ def check_command(words: list[str], whole: bool) -> str | None:
     for param in command.params:  # a metavar that lists choices (`--dtype fp32|bf16|fp16`) is a promise
         choices = (param.metavar or "").split("|")
         value = getattr(ctx.params.get(param.name), "value", ctx.params.get(param.name))
-        if len(choices) > 1 and all(c.islower() for c in choices) and value is not None and value != param.default \
-                and str(value) not in choices:
+        if (
+            len(choices) > 1
+            and all(c.islower() for c in choices)
+            and value is not None
+            and value != param.default
+            and str(value) not in choices
+        ):
             return f"{param.opts[0]} {value}: not one of {'|'.join(choices)}"
     if ctx.params.get("overrides"):
         try:
@@ -189,8 +200,12 @@ def test_every_command_line_parses(where, words, whole):
 
 
 def usage_lines() -> list[tuple[str, str]]:
-    return [(f"{path.name}: `{span}`", span) for path, text in DOCS.items()
-            for span in spans(text) if span.startswith("bertcli ") and SYNOPSIS.search(span)]
+    return [
+        (f"{path.name}: `{span}`", span)
+        for path, text in DOCS.items()
+        for span in spans(text)
+        if span.startswith("bertcli ") and SYNOPSIS.search(span)
+    ]
 
 
 @pytest.mark.parametrize("where, span", usage_lines())
@@ -264,11 +279,13 @@ def test_config_keys_in_backquotes_exist():
         if re.search(r"\.(py|sh|md|yaml|json|jsonl|txt|bin|pt|safetensors)$", key):
             continue  # a file: `checkpoint.py`
         module, _, attribute = key.partition(".")
-        assert key in names or hasattr(importlib.import_module(f"bertcli.{module}"), attribute.split(".")[0]), \
+        assert key in names or hasattr(importlib.import_module(f"bertcli.{module}"), attribute.split(".")[0]), (
             f"`{key}` is neither a config key nor in bertcli.{module}"
+        )
 
 
 # --- repository paths and links ---------------------------------------------------------------------
+
 
 def test_repository_paths_named_in_the_docs_exist():
     """`scripts/fault_inject.py`, `tests/test_train.py::test_exact_resume_is_bitwise_identical`, `configs/*.yaml`."""
@@ -294,8 +311,12 @@ def slugs(text: str) -> set[str]:
 
 
 def links() -> list[tuple[Path, str]]:
-    return [(path, target) for path, text in DOCS.items()
-            for target in re.findall(r"\]\(([^)\s]+)\)", prose(text)) if not re.match(r"[a-z]+:", target)]
+    return [
+        (path, target)
+        for path, text in DOCS.items()
+        for target in re.findall(r"\]\(([^)\s]+)\)", prose(text))
+        if not re.match(r"[a-z]+:", target)
+    ]
 
 
 def test_links_between_the_docs_resolve():
@@ -317,7 +338,7 @@ def test_headline_figures_are_the_benchmarks():
     """Each row of the README's summary table links to its section of docs/benchmarks.md, and every
     number in the row is written there: the table is a copy of measured figures, not new ones."""
     benchmarks = (REPO / "docs" / "benchmarks.md").read_text()
-    table = README[README.index("## Benchmarks"):]
+    table = README[README.index("## Benchmarks") :]
     rows = [r for r in re.findall(r"^\|(.*)\|$", table, re.M) if "docs/benchmarks.md#" in r]
     assert len(rows) >= 8, rows
     for row in rows:
@@ -327,5 +348,6 @@ def test_headline_figures_are_the_benchmarks():
         assert section, f"no section #{anchor} in docs/benchmarks.md"
         figures = re.sub(r"\]\([^)]*\)", "]", row)
         for number in re.findall(r"\d+(?:[.,]\d+)*", figures):
-            assert re.search(rf"(?<![\d.,]){re.escape(number)}(?![\d]|[.,]\d)", section), \
+            assert re.search(rf"(?<![\d.,]){re.escape(number)}(?![\d]|[.,]\d)", section), (
                 f"README summary row says {number}; section #{anchor} of docs/benchmarks.md does not: {row}"
+            )

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 import pickle
+from pathlib import Path
 
 import pytest
-
 from conftest import write_config
 
 
@@ -41,13 +40,16 @@ def test_a_malicious_training_state_is_refused_and_never_run(tmp_path, cli):
 def test_a_malicious_weights_file_in_an_imported_folder_is_refused(tmp_path, cli, name):
     transformers = pytest.importorskip("transformers")
     folder = tmp_path / "hf"
-    config = transformers.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                     intermediate_size=48)
+    config = transformers.BertConfig(
+        vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=48
+    )
     transformers.BertForPreTraining(config).save_pretrained(folder)
     (folder / "model.safetensors").unlink()
     marker = tmp_path / "pwned"
     plant(folder / name, marker)
-    (folder / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(94)]))
+    (folder / "vocab.txt").write_text(
+        "\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(94)])
+    )
     (tmp_path / "in.txt").write_text("w1 w2\n")
     result = cli("encode", "--model", folder, tmp_path / "in.txt")
     assert result.code == 2 and len(result.err_lines) == 1
@@ -116,7 +118,9 @@ def test_a_link_or_non_finite_weights_in_a_checkpoint_is_refused(tmp_path, cli, 
         (ckpt / name).unlink()
         (ckpt / name).symlink_to(target)
     (tmp_path / "in.txt").write_text("a line of text\n")
-    args = ["export", ckpt, tmp_path / "out"] if command == "export" else ["encode", "--model", ckpt, tmp_path / "in.txt"]
+    args = (
+        ["export", ckpt, tmp_path / "out"] if command == "export" else ["encode", "--model", ckpt, tmp_path / "in.txt"]
+    )
     result = cli(*args)
     assert result.code == 2 and len(result.err_lines) == 1 and result.out == "", result.err
     assert result.err_lines[0].startswith(f"bertcli: error: {ckpt / name}")
@@ -136,7 +140,8 @@ def test_an_edited_vocab_txt_in_a_checkpoint_is_never_exported(tmp_path, cli, tr
     result = cli("export", ckpt, tmp_path / "out")
     assert result.code == 2 and result.err_lines == [
         f"bertcli: error: {ckpt / 'vocab.txt'} does not match the tokenizer.json beside it (edited after bertcli wrote "
-        "it?): restore it, or use another checkpoint"], result.err
+        "it?): restore it, or use another checkpoint"
+    ], result.err
     assert not (tmp_path / "out").exists()
 
 
@@ -150,9 +155,15 @@ def test_non_finite_weights_in_a_hugging_face_folder_are_refused(tmp_path, cli, 
     safetensors.torch.save_file(weights, file)
     (tmp_path / "in.txt").write_text("a line of text\n")
     result = cli("encode", "--model", tmp_path / "hf", tmp_path / "in.txt")
-    assert result.code == 2 and result.out == "" and result.err_lines == [
-        f"bertcli: error: {file}: 1 weight tensor(s) hold NaN or inf (e.g. bert.embeddings.LayerNorm.weight); the file "
-        "is damaged: restore it, or use another model"]
+    assert (
+        result.code == 2
+        and result.out == ""
+        and result.err_lines
+        == [
+            f"bertcli: error: {file}: 1 weight tensor(s) hold NaN or inf (e.g. bert.embeddings.LayerNorm.weight); the file "
+            "is damaged: restore it, or use another model"
+        ]
+    )
 
 
 def test_a_linked_tokenizer_file_in_the_prepared_data_never_reaches_a_checkpoint(tmp_path, cli, trained):

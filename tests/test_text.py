@@ -14,13 +14,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import TEXT, assert_same_batch, prepared_files, text_run
 from tokenizers import Tokenizer, models, trainers
 
 from bertcli import layout
 from bertcli.config import TokenizerConfig
 from bertcli.config_load import load_config, preset_config
-from bertcli.data.examples import IGNORE, ExampleBuilder
 from bertcli.data.corpus import is_held_out
+from bertcli.data.examples import IGNORE, ExampleBuilder
 from bertcli.data.prepare import FORMAT_VERSION, SAMPLE, load_prepared, prepare, unit_phase
 from bertcli.data.text import read_sentences, read_text, split_sentences
 from bertcli.data.tokenizer import SPECIAL, Casing, _bert_pipeline, inner_characters, scan_characters, train_tokenizer
@@ -28,7 +29,6 @@ from bertcli.errors import UsageError
 from bertcli.metrics import read_metrics
 from bertcli.resolve import load_run
 from bertcli.trainer import pretrain
-from conftest import TEXT, assert_same_batch, prepared_files, text_run
 
 
 def train(config: Path, **kwargs) -> dict:
@@ -39,10 +39,18 @@ def train(config: Path, **kwargs) -> dict:
 
 
 def test_sentence_splitter():
-    assert split_sentences("The module defines functions. See e.g. the docs. Dr. Who met J. Smith. "
-                           "It returns 3. Then it stops! Really? Yes.") == [
-        "The module defines functions.", "See e.g. the docs.", "Dr. Who met J. Smith.", "It returns 3.",
-        "Then it stops!", "Really?", "Yes."]
+    assert split_sentences(
+        "The module defines functions. See e.g. the docs. Dr. Who met J. Smith. "
+        "It returns 3. Then it stops! Really? Yes."
+    ) == [
+        "The module defines functions.",
+        "See e.g. the docs.",
+        "Dr. Who met J. Smith.",
+        "It returns 3.",
+        "Then it stops!",
+        "Really?",
+        "Yes.",
+    ]
     assert split_sentences("short line") == ["short line"]
 
 
@@ -51,20 +59,36 @@ def test_reading_text_gzip_folders_and_jsonl(tmp_path):
     (tmp_path / "a.txt").write_text("First doc line one.\nLine two.\n\n\nSecond doc.\n")
     with gzip.open(tmp_path / "sub" / "b.txt.gz", "wt") as fh:
         fh.write("Third doc.\n")
-    (tmp_path / "c.jsonl").write_text(json.dumps({"text": "Fourth doc.\nStill fourth."}) + "\n\n"
-                                      + json.dumps({"text": "Fifth doc.", "id": 5}) + "\n")
+    (tmp_path / "c.jsonl").write_text(
+        json.dumps({"text": "Fourth doc.\nStill fourth."}) + "\n\n" + json.dumps({"text": "Fifth doc.", "id": 5}) + "\n"
+    )
     (tmp_path / "ignored.md").write_text("not a corpus file\n")
     from bertcli.data.text import corpus_files
 
     items = list(read_sentences(corpus_files(tmp_path)))
-    assert items == ["First doc line one.", "Line two.", None, "Second doc.", None,
-                     "Fourth doc.", "Still fourth.", None, "Fifth doc.", None, "Third doc.", None]
+    assert items == [
+        "First doc line one.",
+        "Line two.",
+        None,
+        "Second doc.",
+        None,
+        "Fourth doc.",
+        "Still fourth.",
+        None,
+        "Fifth doc.",
+        None,
+        "Third doc.",
+        None,
+    ]
 
 
-@pytest.mark.parametrize("content, needle", [
-    (b"good line\nbad \xff byte\n", "bad.txt: byte 14 (line 2): not valid UTF-8"),
-    (b"text\x00with nul\n", "bad.txt: byte 4: a NUL byte; this looks like a binary file"),
-])
+@pytest.mark.parametrize(
+    "content, needle",
+    [
+        (b"good line\nbad \xff byte\n", "bad.txt: byte 14 (line 2): not valid UTF-8"),
+        (b"text\x00with nul\n", "bad.txt: byte 4: a NUL byte; this looks like a binary file"),
+    ],
+)
 def test_bad_bytes_name_file_and_offset(tmp_path, content, needle):
     (tmp_path / "bad.txt").write_bytes(content)
     with pytest.raises(UsageError) as info:
@@ -122,15 +146,22 @@ def test_prepare_is_cached_and_redone_when_the_corpus_changes(tmp_path, small_co
     assert manifest["splits"]["train"]["documents"] + manifest["splits"]["valid"]["documents"] == 61
 
 
-@pytest.mark.parametrize("make, needle", [
-    (lambda d: d / "missing.txt", "corpus not found"),
-    (lambda d: (d / "empty.txt").write_text("\n\n  \n") and d / "empty.txt", "the corpus is empty"),
-    (lambda d: (d / "latin1.txt").write_bytes("caf\xe9 au lait\n".encode("latin-1")) and d / "latin1.txt",
-     "latin1.txt: byte 3 (line 1): not valid UTF-8"),
-    (lambda d: (d / "few.txt").write_text("One doc.\n\nTwo docs.\n\nThree docs.\n") and d / "few.txt",
-     "too small for the held-out split"),
-    (lambda d: (d / "folder").mkdir() or d / "folder", "no *.txt and *.jsonl files (plain, .gz, .bz2 or .xz)"),
-])
+@pytest.mark.parametrize(
+    "make, needle",
+    [
+        (lambda d: d / "missing.txt", "corpus not found"),
+        (lambda d: (d / "empty.txt").write_text("\n\n  \n") and d / "empty.txt", "the corpus is empty"),
+        (
+            lambda d: (d / "latin1.txt").write_bytes("caf\xe9 au lait\n".encode("latin-1")) and d / "latin1.txt",
+            "latin1.txt: byte 3 (line 1): not valid UTF-8",
+        ),
+        (
+            lambda d: (d / "few.txt").write_text("One doc.\n\nTwo docs.\n\nThree docs.\n") and d / "few.txt",
+            "too small for the held-out split",
+        ),
+        (lambda d: (d / "folder").mkdir() or d / "folder", "no *.txt and *.jsonl files (plain, .gz, .bz2 or .xz)"),
+    ],
+)
 def test_bad_corpora_exit_2_with_one_line_and_no_output(tmp_path, cli, make, needle):
     corpus = make(tmp_path)
     config = text_run(tmp_path / "run", corpus)
@@ -161,22 +192,29 @@ def test_existing_vocab_txt_is_used_as_the_tokenizer(tmp_path, small_corpus):
 # control characters and (stripped) accents vanish and join their neighbours (U+001C ends a line
 # in JSON Lines), a character lowercases to two, punctuation and CJK end words, case, a BOM, text
 # split across blocks and files.
-TRICKY = ("a\u0007\u0436 \u0451\u001c\u0439 c\u0301\u0437 \u0301e \u0130stanbul x.\u0449 "
-          "\u0444\u4e2d\u0446 \u00a9\u044a \u0392\u0395\u03a1\u03a4 \u00dfo o\u00df \ufeffword tab\there\n\nTwo\u2028docs \u044e")
+TRICKY = (
+    "a\u0007\u0436 \u0451\u001c\u0439 c\u0301\u0437 \u0301e \u0130stanbul x.\u0449 "
+    "\u0444\u4e2d\u0446 \u00a9\u044a \u0392\u0395\u03a1\u03a4 \u00dfo o\u00df \ufeffword tab\there\n\nTwo\u2028docs \u044e"
+)
 
 
 @pytest.mark.parametrize("lowercase, strip_accents", [(True, True), (True, False), (False, False)])
-def test_inner_characters_are_the_continuation_pieces_the_trainer_makes(tmp_path, small_corpus, lowercase,
-                                                                       strip_accents):
+def test_inner_characters_are_the_continuation_pieces_the_trainer_makes(
+    tmp_path, small_corpus, lowercase, strip_accents
+):
     (tmp_path / "docs.txt").write_text(small_corpus.read_text()[:30_000])
     (tmp_path / "tricky.txt").write_text(TRICKY)
     (tmp_path / "tricky.jsonl").write_text(json.dumps({"text": TRICKY[::-1]}) + "\n")
     files = [tmp_path / "docs.txt", tmp_path / "tricky.txt", tmp_path / "tricky.jsonl"]
     cfg = TokenizerConfig(vocab_size=300, lowercase=lowercase, strip_accents=strip_accents)
     # The trainer as it is: its "##c" pieces (ids vary from process to process, the set does not).
-    plain = _bert_pipeline(Tokenizer(models.WordPiece(unk_token="[UNK]")), Casing(do_lower_case=lowercase, strip_accents=strip_accents))
-    plain.train_from_iterator((s for s in read_sentences(files) if s is not None),
-                              trainer=trainers.WordPieceTrainer(vocab_size=300, special_tokens=list(SPECIAL)))
+    plain = _bert_pipeline(
+        Tokenizer(models.WordPiece(unk_token="[UNK]")), Casing(do_lower_case=lowercase, strip_accents=strip_accents)
+    )
+    plain.train_from_iterator(
+        (s for s in read_sentences(files) if s is not None),
+        trainer=trainers.WordPieceTrainer(vocab_size=300, special_tokens=list(SPECIAL)),
+    )
     made = sorted(t[2:] for t in plain.get_vocab() if t.startswith("##") and len(t) == 3)
     assert len(made) > 30
     assert inner_characters(read_text(files, block=5), cfg) == made
@@ -191,15 +229,23 @@ def test_every_character_is_the_alphabet_the_trainer_makes(tmp_path, small_corpu
     (tmp_path / "tricky.txt").write_text(TRICKY)
     (tmp_path / "tricky.jsonl").write_text(json.dumps({"text": TRICKY[::-1]}) + "\n")
     files = [tmp_path / "docs.txt", tmp_path / "tricky.txt", tmp_path / "tricky.jsonl"]
-    plain = _bert_pipeline(Tokenizer(models.WordPiece(unk_token="[UNK]")),
-                           Casing(do_lower_case=lowercase, strip_accents=strip_accents))
-    plain.train_from_iterator((s for s in read_sentences(files) if s is not None),
-                              trainer=trainers.WordPieceTrainer(vocab_size=300, special_tokens=list(SPECIAL)))
+    plain = _bert_pipeline(
+        Tokenizer(models.WordPiece(unk_token="[UNK]")), Casing(do_lower_case=lowercase, strip_accents=strip_accents)
+    )
+    plain.train_from_iterator(
+        (s for s in read_sentences(files) if s is not None),
+        trainer=trainers.WordPieceTrainer(vocab_size=300, special_tokens=list(SPECIAL)),
+    )
     alphabet = sorted(t for t in plain.get_vocab() if len(t) == 1)
-    chars = scan_characters(read_text(files, block=5), TokenizerConfig(lowercase=lowercase, strip_accents=strip_accents))
+    chars = scan_characters(
+        read_text(files, block=5), TokenizerConfig(lowercase=lowercase, strip_accents=strip_accents)
+    )
     assert len(alphabet) > 50 and chars.every == alphabet
-    assert chars.count == scan_characters(read_text(files), TokenizerConfig()).count == sum(
-        len(text) - text.count("\n") for text in read_text(files))  # however the text is cut
+    assert (
+        chars.count
+        == scan_characters(read_text(files), TokenizerConfig()).count
+        == sum(len(text) - text.count("\n") for text in read_text(files))
+    )  # however the text is cut
 
 
 def test_continuation_pieces_are_ordinary_vocabulary(small_corpus):
@@ -215,106 +261,19 @@ def test_continuation_pieces_are_ordinary_vocabulary(small_corpus):
 def test_prepare_is_bit_for_bit_the_same_in_two_processes(tmp_path, small_corpus):
     """huggingface/tokenizers#1794: the trainer's "##" pieces took ids in hash-map order."""
     configs = [text_run(tmp_path / name, small_corpus) for name in ("a", "b")]
-    procs = [subprocess.Popen([sys.executable, "-m", "bertcli", "prepare", "--config", str(c), "--quiet"],
-                              stderr=subprocess.PIPE, text=True) for c in configs]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "bertcli", "prepare", "--config", str(c), "--quiet"],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for c in configs
+    ]
     assert all(p.wait(timeout=120) == 0 for p in procs), [p.stderr.read() for p in procs]
     a, b = prepared_files(tmp_path / "a" / "data"), prepared_files(tmp_path / "b" / "data")
     assert list(a) == list(b) and len(a) == 14  # manifest, tokenizer, vocab; a unit's 7 files; the index's 4
     for name in a:
         assert a[name] == b[name], name
-
-
-# ------------------------------------------------------------------ a vocabulary trained on a sample (issue 20)
-
-
-def test_a_line_sample_is_a_share_spread_over_the_corpus_whatever_the_order():
-    from bertcli.data.text import LineSample
-
-    lines = [f"Line {i} of the corpus, about topic {i % 97}." for i in range(20_000)]
-    total = sum(map(len, lines))
-    sample = LineSample(total // 4, total)
-    taken = [line for line in lines if sample(line)]
-    assert not sample.whole and sample.chars == sum(map(len, taken)) and sample.lines == len(taken)
-    assert abs(sample.chars / (total // 4) - 1) < 0.05  # the budget, give or take chance
-    chosen = set(taken)
-    halves = [sum(len(line) for line in part if line in chosen) for part in (lines[:10_000], lines[10_000:])]
-    assert all(abs(h / (total // 8) - 1) < 0.1 for h in halves), halves  # from the head and the tail alike
-    again = LineSample(total // 4, total)
-    assert [line for line in reversed(lines) if again(line)] == taken[::-1], "a line's fate is its own"
-    for budget in (total, 2 * total):
-        everything = LineSample(budget, total)
-        assert everything.whole and all(map(everything, lines))
-
-
-MADE_UP = [a + b + c for a in ("zor", "quel", "vax", "dru") for b in ("vak", "min", "tos") for c in ("", "ith")]
-
-
-def _two_halves() -> tuple[str, str]:
-    """A corpus's head (English, the bundled sample's) and a tail of made-up words that the head lacks."""
-    rng = np.random.default_rng(0)
-    head = gzip.decompress(SAMPLE.read_bytes()).decode().split("\n\n")[:30]
-    tail = ["\n".join(" ".join(rng.choice(MADE_UP, 12)).capitalize() + "." for _ in range(20)) for _ in range(30)]
-    return "\n\n".join(head) + "\n\n", "\n\n".join(tail) + "\n"
-
-
-def test_the_vocabulary_sample_comes_from_the_whole_corpus_in_any_order(tmp_path, cli):
-    head, tail = _two_halves()
-    (tmp_path / "one.txt").write_text(head + tail)
-    (tmp_path / "parts").mkdir()
-    (tmp_path / "parts" / "a.txt").write_text(tail)  # read first
-    (tmp_path / "parts" / "b.txt").write_text(head)
-    budget = f"data.tokenizer.sample_chars={len(head + tail) // 3}"
-    vocabularies = []
-    for name, corpus in (("one", tmp_path / "one.txt"), ("parts", tmp_path / "parts")):
-        result = cli("prepare", "--config", text_run(tmp_path / f"run-{name}", corpus, budget), "--quiet")
-        assert result.code == 0, result.err
-        assert "the vocabulary was trained on a sample of" in result.err
-        vocabularies.append((tmp_path / f"run-{name}" / "data" / "vocab.txt").read_text())
-    assert vocabularies[0] == vocabularies[1], "the same lines train it, whatever the files and their order"
-    vocab = set(vocabularies[0].splitlines())
-    assert len(vocab & set(MADE_UP)) >= len(MADE_UP) // 2, "pieces from the tail"
-    assert {"the", "and", "function"} <= vocab, "pieces from the head"
-
-
-def test_a_sampled_vocabulary_is_recorded_shown_and_keeps_every_character(tmp_path, cli):
-    from bertcli.data.text import LineSample
-    from bertcli.data.tokenizer import scan_characters
-    from bertcli.summary import format_report
-
-    head, tail = _two_halves()
-    corpus = tmp_path / "corpus.txt"
-    for n in range(100):  # a line of rare characters that the sample leaves out
-        rare = f"Rare glyphs {n}: \u2603\u00a7 \u4e2d\u6587 \u00f8re\u00f0 \u03a9mega."
-        corpus.write_text(head + rare + "\n\n" + tail)
-        total = scan_characters(read_text([corpus]), TokenizerConfig()).count
-        if not LineSample(total // 3, total)(rare):
-            break
-    config = text_run(tmp_path / "run", corpus, f"data.tokenizer.sample_chars={total // 3}")
-    assert cli("prepare", "--config", config, "--quiet").code == 0
-    prepared = load_prepared(tmp_path / "run" / "data")
-    sample = prepared.manifest["tokenizer"]["sample"]
-    assert sample["whole"] is False and sample["sample_chars"] == total // 3 and sample["corpus_chars"] == total
-    assert 0 < sample["chars"] < total and 0 < sample["lines"]
-    tok = prepared.tokenizer
-    assert tok.token_to_id("[UNK]") not in tok.encode(rare).ids, tok.encode(rare).tokens
-    report = json.loads(cli("inspect", tmp_path / "run" / "data", "--json").out)
-    assert report["vocabulary_sample"].startswith(f"a sample of {sample['lines']:,} lines, {sample['chars']:,} of ")
-    assert f"vocabulary from  a sample of {sample['lines']:,} lines" in format_report(report)
-
-
-def test_a_changed_sample_budget_prepares_again_where_it_can_matter(tmp_path, small_corpus, cli):
-    size = small_corpus.stat().st_size
-    config = text_run(tmp_path, small_corpus)
-    runs = {}
-    for budget in (size // 3, size // 2, size // 2, 2 * size, 3 * size, 0):
-        result = cli("prepare", "--config", config, "--quiet", "--set", f"data.tokenizer.sample_chars={budget}")
-        assert result.code == 0, result.err
-        runs[budget] = ("up to date" in result.err, load_prepared(tmp_path / "data").manifest["tokenizer"]["sample"])
-    assert runs[size // 3][1]["chars"] < runs[size // 2][1]["chars"], "a larger sample"
-    assert runs[size // 2][0], "the same budget again: reused"
-    assert not runs[2 * size][0] and runs[2 * size][1]["whole"], "the whole corpus now: prepared again"
-    # Any budget the corpus fits in (0: no limit) trains on the whole of it: the same data, not prepared again.
-    assert runs[3 * size][0] and runs[0][0]
 
 
 # ------------------------------------------------------------------ a vocabulary trained on a sample (issue 20)
@@ -421,8 +380,10 @@ def prepared(tmp_path_factory, small_corpus):
 
 
 def test_pair_statistics_on_real_text(prepared):
-    cfg = preset_config("tiny", [*TEXT, "data.max_seq_length=128", "data.max_predictions_per_seq=40",
-                                 "model.max_position_embeddings=128"]).data
+    cfg = preset_config(
+        "tiny",
+        [*TEXT, "data.max_seq_length=128", "data.max_predictions_per_seq=40", "model.max_position_embeddings=128"],
+    ).data
     corpus = prepared.corpus("train")
     builder = ExampleBuilder(corpus, cfg, 3000)
     n, labels, chosen, candidates, masked, kept = 3000, [], 0, 0, 0, 0
@@ -576,25 +537,54 @@ def _link_outside(path: Path) -> None:
 
 
 DAMAGE = [  # (id, damage(folder), what the one line must say)
-    ("truncated-tokens", lambda d: _cut(_unit(d) / "train" / "tokens.bin", 100_000), "train/tokens.bin holds 100,000 bytes"),
+    (
+        "truncated-tokens",
+        lambda d: _cut(_unit(d) / "train" / "tokens.bin", 100_000),
+        "train/tokens.bin holds 100,000 bytes",
+    ),
     ("emptied-tokens", lambda d: _cut(_unit(d) / "train" / "tokens.bin", 0), "train/tokens.bin holds 0 bytes"),
-    ("emptied-doc-offsets", lambda d: _cut(_unit(d) / "valid" / "doc_offsets.bin", 0),
-     ("valid/doc_offsets.bin holds 0 bytes where manifest.json implies", "(int64)")),  # offsets: int64 in any folder
-    ("emptied-index", lambda d: _cut(_index(d) / "valid" / "doc_offsets.bin", 0),
-     ("index/", "valid/doc_offsets.bin holds 0 bytes where manifest.json implies", "(int64)")),
-    ("id-out-of-range", lambda d: _set_id(_unit(d) / "valid" / "tokens.bin", 5, 60_000),
-     "valid/tokens.bin holds token id 60,000, past the vocabulary"),
+    (
+        "emptied-doc-offsets",
+        lambda d: _cut(_unit(d) / "valid" / "doc_offsets.bin", 0),
+        ("valid/doc_offsets.bin holds 0 bytes where manifest.json implies", "(int64)"),
+    ),  # offsets: int64 in any folder
+    (
+        "emptied-index",
+        lambda d: _cut(_index(d) / "valid" / "doc_offsets.bin", 0),
+        ("index/", "valid/doc_offsets.bin holds 0 bytes where manifest.json implies", "(int64)"),
+    ),
+    (
+        "id-out-of-range",
+        lambda d: _set_id(_unit(d) / "valid" / "tokens.bin", 5, 60_000),
+        "valid/tokens.bin holds token id 60,000, past the vocabulary",
+    ),
     ("manifest-dtype", lambda d: _edit_json(d / "manifest.json", dtype="uint32"), "where manifest.json implies"),
-    ("flipped-doc-offsets", lambda d: _swap_offsets(_unit(d) / "train" / "doc_offsets.bin"),
-     ("units/", "train/doc_offsets.bin does not rise from 0")),
-    ("flipped-seg-offsets", lambda d: _swap_offsets(_index(d) / "valid" / "seg_offsets.bin"),
-     ("index/", "valid/seg_offsets.bin does not rise from 0")),
-    ("edited-vocab", lambda d: (d / "vocab.txt").write_text((d / "vocab.txt").read_text().replace("[MASK]", "[MSK]")),
-     "vocab.txt was changed after prepare"),
-    ("edited-tokenizer", lambda d: _edit_json(d / "tokenizer.json", truncation=None, version="9"),
-     "tokenizer.json was changed after prepare"),
+    (
+        "flipped-doc-offsets",
+        lambda d: _swap_offsets(_unit(d) / "train" / "doc_offsets.bin"),
+        ("units/", "train/doc_offsets.bin does not rise from 0"),
+    ),
+    (
+        "flipped-seg-offsets",
+        lambda d: _swap_offsets(_index(d) / "valid" / "seg_offsets.bin"),
+        ("index/", "valid/seg_offsets.bin does not rise from 0"),
+    ),
+    (
+        "edited-vocab",
+        lambda d: (d / "vocab.txt").write_text((d / "vocab.txt").read_text().replace("[MASK]", "[MSK]")),
+        "vocab.txt was changed after prepare",
+    ),
+    (
+        "edited-tokenizer",
+        lambda d: _edit_json(d / "tokenizer.json", truncation=None, version="9"),
+        "tokenizer.json was changed after prepare",
+    ),
     ("symlinked-vocab", lambda d: _link_outside(d / "vocab.txt"), "vocab.txt is a symbolic link"),
-    ("symlinked-shard", lambda d: _link_outside(_unit(d) / "train" / "seg_offsets.bin"), "train/seg_offsets.bin is a symbolic link"),
+    (
+        "symlinked-shard",
+        lambda d: _link_outside(_unit(d) / "train" / "seg_offsets.bin"),
+        "train/seg_offsets.bin is a symbolic link",
+    ),
     ("missing-shard", lambda d: (_index(d) / "valid" / "doc_offsets.bin").unlink(), "valid/doc_offsets.bin is missing"),
     ("missing-unit", lambda d: shutil.rmtree(_unit(d)), "units/"),
 ]
@@ -643,7 +633,10 @@ def test_an_older_format_is_prepared_again_with_a_line(prepared, tmp_path):
     shutil.copytree(prepared.folder, folder)
     _edit_json(folder / "manifest.json", format_version=2)
     manifest, why_not = read_manifest(folder)
-    assert manifest is None and why_not == f"is of format version 2 (this bertcli reads and writes version {FORMAT_VERSION})"
+    assert (
+        manifest is None
+        and why_not == f"is of format version 2 (this bertcli reads and writes version {FORMAT_VERSION})"
+    )
 
 
 def test_a_same_size_edit_with_its_time_restored_is_seen(tmp_path):
@@ -664,7 +657,7 @@ def test_a_same_size_edit_with_its_time_restored_is_seen(tmp_path):
 def test_leftovers_of_a_killed_prepare_are_removed_at_the_next_start(tmp_path):
     from bertcli.data.prepare import _clean_leftovers
 
-    dead = 2 ** 22 + 12345  # above the default pid_max: no such process
+    dead = 2**22 + 12345  # above the default pid_max: no such process
     (tmp_path / f".tmp-data.{dead}" / "train").mkdir(parents=True)
     (tmp_path / f".tmp-data.{dead}" / "train" / "tokens.bin").write_bytes(b"\0" * 10)
     (tmp_path / f".tmp-data.{os.getppid()}").mkdir()  # a live process's: left alone
@@ -674,7 +667,8 @@ def test_leftovers_of_a_killed_prepare_are_removed_at_the_next_start(tmp_path):
     (tmp_path / f".tmp-old-data.{dead}" / "manifest.json").write_text("{}")
     _clean_leftovers(tmp_path / "data")
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        ["data", f".tmp-data.{os.getppid()}", f".tmp-data.{dead + 1}"])
+        ["data", f".tmp-data.{os.getppid()}", f".tmp-data.{dead + 1}"]
+    )
     assert (tmp_path / "data" / "manifest.json").read_text() == "{}"
 
 
@@ -701,8 +695,9 @@ def test_random_next_share_is_the_share_training_draws():
 
 def test_one_sentence_documents_are_said_by_prepare_and_inspect(tmp_path, cli):
     corpus = tmp_path / "lines.jsonl"
-    corpus.write_text("".join(json.dumps({"text": f"Sentence number {i} is about topic {i % 7}."}) + "\n"
-                              for i in range(100)))
+    corpus.write_text(
+        "".join(json.dumps({"text": f"Sentence number {i} is about topic {i % 7}."}) + "\n" for i in range(100))
+    )
     config = text_run(tmp_path / "run", corpus, "data.tokenizer.vocab_size=200")
     result = cli("prepare", "--config", config, "--quiet")
     assert result.code == 0, result.err
@@ -757,23 +752,41 @@ def test_a_corpus_folder_reads_compressed_files_any_case_and_says_what_it_skips(
     files = corpus_files(root)
     err = capsys.readouterr().err
     assert [f.relative_to(root).as_posix() for f in files] == ["A.TXT", "b.txt.bz2", "linked/d.txt", "sub/c.JSONL.xz"]
-    assert list(read_sentences(files)) == ["Upper case name.", None, "From bzip2.", None, "Through a link.", None,
-                                           "From xz.", None]
-    assert f"{root}: skipped 1 file(s) that are not *.txt and *.jsonl files (plain, .gz, .bz2 or .xz), e.g. " \
-           f"{root / 'notes.md'}" in err
-    assert f"skipped 1 folder(s) or file(s) reached a second time through a symbolic link (read once), e.g. " \
-           f"{root / 'sub' / 'loop'}" in err
+    assert list(read_sentences(files)) == [
+        "Upper case name.",
+        None,
+        "From bzip2.",
+        None,
+        "Through a link.",
+        None,
+        "From xz.",
+        None,
+    ]
+    assert (
+        f"{root}: skipped 1 file(s) that are not *.txt and *.jsonl files (plain, .gz, .bz2 or .xz), e.g. "
+        f"{root / 'notes.md'}" in err
+    )
+    assert (
+        f"skipped 1 folder(s) or file(s) reached a second time through a symbolic link (read once), e.g. "
+        f"{root / 'sub' / 'loop'}" in err
+    )
     (root / "b.txt.bz2").write_bytes(bz2.compress(b"From bzip2.\n")[:20])
-    with pytest.raises(UsageError, match=r"b\.txt\.bz2: line 1.*the bzip2 file is cut short; download or compress it "
-                                         r"again \(bzip2 -t checks it\)"):
+    with pytest.raises(
+        UsageError,
+        match=r"b\.txt\.bz2: line 1.*the bzip2 file is cut short; download or compress it "
+        r"again \(bzip2 -t checks it\)",
+    ):
         list(read_sentences(files))
 
 
-@pytest.mark.parametrize("record, needle", [
-    ('{"text": "no end\n', "line 2: not valid JSON: a string is not closed before the end of the line"),
-    ('{"text": "a\tb"}\n', "line 2: not valid JSON: a raw control character (U+0009) inside a string at column 12"),
-    ('{"text": "x" "y"}\n', "line 2: not valid JSON (Expecting ',' delimiter at column 14); fix the record"),
-])
+@pytest.mark.parametrize(
+    "record, needle",
+    [
+        ('{"text": "no end\n', "line 2: not valid JSON: a string is not closed before the end of the line"),
+        ('{"text": "a\tb"}\n', "line 2: not valid JSON: a raw control character (U+0009) inside a string at column 12"),
+        ('{"text": "x" "y"}\n', "line 2: not valid JSON (Expecting ',' delimiter at column 14); fix the record"),
+    ],
+)
 def test_a_bad_jsonl_record_says_the_line_and_what_to_fix(tmp_path, record, needle):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"text": "fine"}\n' + record)
@@ -787,8 +800,11 @@ def test_a_bad_jsonl_record_says_the_line_and_what_to_fix(tmp_path, record, need
 
 def _stamps(folder: Path) -> dict[str, tuple[int, int]]:
     """(inode, mtime) of every file under units/, by path: a file rewritten or replaced changes both."""
-    return {p.relative_to(folder).as_posix(): (p.stat().st_ino, p.stat().st_mtime_ns)
-            for p in sorted((folder / "units").rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(folder).as_posix(): (p.stat().st_ino, p.stat().st_mtime_ns)
+        for p in sorted((folder / "units").rglob("*"))
+        if p.is_file()
+    }
 
 
 def _run(folder: Path, corpus: Path, *overrides: str) -> Path:
@@ -813,7 +829,7 @@ def units_corpus(tmp_path, small_corpus, monkeypatch):
     folder = tmp_path / "corpus"
     folder.mkdir()
     for i, name in enumerate("abc"):
-        (folder / f"{name}.txt").write_text("\n\n".join(docs[15 * i:15 * (i + 1)]) + "\n")
+        (folder / f"{name}.txt").write_text("\n\n".join(docs[15 * i : 15 * (i + 1)]) + "\n")
     return folder, docs
 
 
@@ -846,11 +862,14 @@ def test_adding_a_file_prepares_only_its_units_and_equals_a_fresh_prepare(tmp_pa
     assert {rel: stamp for rel, stamp in after.items() if rel.split("/")[1] not in added} == before, "rewritten"
     assert (data / "tokenizer.json").read_bytes() == tokenizer
     manifest = json.loads((data / "manifest.json").read_text())
-    assert manifest["tokenizer"]["trained_on"] == {"files": 3, "bytes": sum(f.stat().st_size for f in folder.iterdir()
-                                                                            if f.name != "b2.txt")}
+    assert manifest["tokenizer"]["trained_on"] == {
+        "files": 3,
+        "bytes": sum(f.stat().st_size for f in folder.iterdir() if f.name != "b2.txt"),
+    }
     # A fresh prepare of the whole new corpus with that tokenizer writes the same units, index and counts.
-    fresh = prepare(load_run(_run(tmp_path / "fresh", folder, f"data.tokenizer.path={data / 'tokenizer.json'}")),
-                    quiet=True)
+    fresh = prepare(
+        load_run(_run(tmp_path / "fresh", folder, f"data.tokenizer.path={data / 'tokenizer.json'}")), quiet=True
+    )
     a, b = prepared_files(data), prepared_files(fresh)
     assert list(a) == list(b)
     for name in a:
@@ -882,7 +901,9 @@ def test_removing_a_file_and_changing_one_part_of_another(tmp_path, units_corpus
     assert not any((data / "units" / key).exists() for key in gone | changed)
     kept = {rel: stamp for rel, stamp in before.items() if rel.split("/")[1] not in gone | changed}
     assert {rel: stamp for rel, stamp in after.items() if rel in kept} == kept and len(after) == len(kept) + 7
-    assert sorted(p.name for p in (data / "index").iterdir()) == [json.loads((data / "manifest.json").read_text())["index"]]
+    assert sorted(p.name for p in (data / "index").iterdir()) == [
+        json.loads((data / "manifest.json").read_text())["index"]
+    ]
     load_prepared(data)  # checks every file against the manifest
 
 
@@ -927,7 +948,9 @@ def test_a_corpus_mostly_new_gets_a_new_tokenizer(tmp_path, units_corpus, capsys
     capsys.readouterr()
     prepare(cfg, quiet=True)
     err = capsys.readouterr().err
-    assert f"prepared data in {data}: " in err and "% of the corpus is new: a new tokenizer is trained on it" in err, err
+    assert f"prepared data in {data}: " in err and "% of the corpus is new: a new tokenizer is trained on it" in err, (
+        err
+    )
     assert json.loads((data / "manifest.json").read_text())["tokenizer"]["trained_on"]["files"] == 2
 
 
@@ -937,8 +960,9 @@ def test_units_a_stopped_prepare_finished_are_reused(tmp_path, units_corpus, cap
     cfg = load_run(_run(tmp_path / "run", folder))
     data = prepare(cfg, quiet=True)
     (folder / "e.txt").write_text("\n\n".join(docs[45:50]) + "\n")
-    elsewhere = prepare(load_run(_run(tmp_path / "other", folder, f"data.tokenizer.path={data / 'tokenizer.json'}")),
-                        quiet=True)
+    elsewhere = prepare(
+        load_run(_run(tmp_path / "other", folder, f"data.tokenizer.path={data / 'tokenizer.json'}")), quiet=True
+    )
     finished = _units_of(elsewhere, 3)
     for key in finished:  # as a prepare killed after renaming them leaves them
         shutil.copytree(elsewhere / "units" / key, data / "units" / key)
@@ -964,8 +988,14 @@ def test_an_error_in_a_worker_is_the_same_one_line(tmp_path, units_corpus):
         messages.append(str(info.value))
         assert not (tmp_path / f"w{workers}" / "data").exists() and not list((tmp_path / f"w{workers}").glob(".tmp-*"))
     line = head.count(b"\n") + 1
-    assert messages[0] == messages[1] == (f"{folder / 'b.txt'}: byte 20003 (line {line}): not valid UTF-8; convert the "
-                                          "file to UTF-8 (e.g. iconv -f latin1 -t utf-8)")
+    assert (
+        messages[0]
+        == messages[1]
+        == (
+            f"{folder / 'b.txt'}: byte 20003 (line {line}): not valid UTF-8; convert the "
+            "file to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+        )
+    )
 
 
 def _parts(path: Path, every: int) -> list:
@@ -986,8 +1016,18 @@ def test_a_file_read_in_parts_gives_the_documents_of_the_whole(tmp_path, monkeyp
     monkeypatch.setattr(text, "READ_BYTES", 64)  # lines longer than this are read in pieces
     docs = small_corpus.read_text().split("\n\n")[:12]
     long_line = " ".join(["A long line of words goes on."] * 500)  # over MAX_LINE_CHARS: cut into pieces
-    body = ("\n\n".join(docs[:4]) + "\n \t\n" + long_line + "\r\n\r\n\n\n" + "\n\n".join(docs[4:8])
-            + "\n" + " " * 2000 + "\n" + "\n\n".join(docs[8:]) + "\n\nlast words without an end")
+    body = (
+        "\n\n".join(docs[:4])
+        + "\n \t\n"
+        + long_line
+        + "\r\n\r\n\n\n"
+        + "\n\n".join(docs[4:8])
+        + "\n"
+        + " " * 2000
+        + "\n"
+        + "\n\n".join(docs[8:])
+        + "\n\nlast words without an end"
+    )
     path = tmp_path / "c.txt"
     path.write_text(body)
     whole = list(read_sentences([path]))
@@ -995,7 +1035,7 @@ def test_a_file_read_in_parts_gives_the_documents_of_the_whole(tmp_path, monkeyp
         parts = _parts(path, every)
         assert len(parts) >= (3 if every < 5000 else 2), (every, parts)
         for part in parts[1:]:  # each part starts right after a blank line
-            before = path.read_bytes()[:part.start].split(b"\n")[-2]
+            before = path.read_bytes()[: part.start].split(b"\n")[-2]
             assert not before.strip(), (every, part)
         assert [s for part in parts for s in read_sentences([part])] == whole, every
     jsonl = tmp_path / "c.jsonl"
@@ -1026,14 +1066,23 @@ def test_a_large_file_in_units_gives_the_example_stream_of_one_unit(tmp_path, sm
     batches = []
     for unit_bytes in (1 << 30, 8 << 10):
         monkeypatch.setattr(prepare_module, "UNIT_BYTES", unit_bytes)
-        prepared = load_prepared(prepare(load_run(text_run(tmp_path / str(unit_bytes), small_corpus,
-                                                           "data.validation_fraction=0")), quiet=True))
+        prepared = load_prepared(
+            prepare(
+                load_run(text_run(tmp_path / str(unit_bytes), small_corpus, "data.validation_fraction=0")), quiet=True
+            )
+        )
         units = len(prepared.manifest["units"])
         assert units == 1 if unit_bytes > 1 << 20 else units > 10, units
         train = prepared.corpus("train")
         builder = ExampleBuilder(train, cfg, 16)
-        batches.append((np.asarray(train.seg_offsets).copy(), np.asarray(train.doc_offsets).copy(),
-                        train.tokens[0:train.num_tokens].copy(), builder.batch(42, 3, range(16))))
+        batches.append(
+            (
+                np.asarray(train.seg_offsets).copy(),
+                np.asarray(train.doc_offsets).copy(),
+                train.tokens[0 : train.num_tokens].copy(),
+                builder.batch(42, 3, range(16)),
+            )
+        )
     (seg_a, doc_a, tokens_a, batch_a), (seg_b, doc_b, tokens_b, batch_b) = batches
     assert np.array_equal(seg_a, seg_b) and np.array_equal(doc_a, doc_b) and np.array_equal(tokens_a, tokens_b)
     assert_same_batch(batch_a, batch_b)
@@ -1051,7 +1100,15 @@ def test_an_older_format_folder_is_prepared_again_whole_with_a_line(tmp_path, sm
     _edit_json(folder / "manifest.json", format_version=3)
     capsys.readouterr()
     prepare(cfg, quiet=True)
-    assert (f"prepared data in {folder} is of format version 3 (this bertcli reads and writes version "
-            f"{FORMAT_VERSION}): preparing it again") in capsys.readouterr().err
-    assert sorted(p.name for p in folder.iterdir()) == ["index", "manifest.json", "tokenizer.json", "units", "vocab.txt"]
+    assert (
+        f"prepared data in {folder} is of format version 3 (this bertcli reads and writes version "
+        f"{FORMAT_VERSION}): preparing it again"
+    ) in capsys.readouterr().err
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "index",
+        "manifest.json",
+        "tokenizer.json",
+        "units",
+        "vocab.txt",
+    ]
     load_prepared(folder)

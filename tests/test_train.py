@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import safetensors.torch
 import torch
+from conftest import REPO, micro_config, write_config
 
 from bertcli import checkpoint, layout
 from bertcli.config_load import load_config
@@ -25,8 +26,6 @@ from bertcli.model import TIED_ALIASES, BertForPreTraining
 from bertcli.optim import lr_at
 from bertcli.resolve import load_run
 from bertcli.trainer import pretrain
-from conftest import REPO, micro_config, write_config
-
 
 NO_DROPOUT = ["model.hidden_dropout_prob=0", "model.attention_probs_dropout_prob=0"]
 
@@ -75,15 +74,20 @@ def test_exact_resume_is_bitwise_identical(tmp_path):
     assert [s for s, _ in layout.list_checkpoints(tmp_path / "two_halves")][-1] == 6
     result = train(tmp_path / "two_halves", "train.data_workers=2")
     assert result["step"] == 12
-    a, b = tmp_path / "one_go" / "checkpoints" / "step-0000012", tmp_path / "two_halves" / "checkpoints" / "step-0000012"
+    a, b = (
+        tmp_path / "one_go" / "checkpoints" / "step-0000012",
+        tmp_path / "two_halves" / "checkpoints" / "step-0000012",
+    )
     assert_bitwise_equal(weights(a), weights(b))
     opt_a = torch.load(a / "training_state.pt", weights_only=True)["optimizer"]["state"]
     opt_b = torch.load(b / "training_state.pt", weights_only=True)["optimizer"]["state"]
     for i in opt_a:
         assert torch.equal(opt_a[i]["exp_avg"], opt_b[i]["exp_avg"])
         assert torch.equal(opt_a[i]["exp_avg_sq"], opt_b[i]["exp_avg_sq"])
-    assert json.loads((a / "trainer_state.json").read_text())["tokens_seen"] == \
-        json.loads((b / "trainer_state.json").read_text())["tokens_seen"]
+    assert (
+        json.loads((a / "trainer_state.json").read_text())["tokens_seen"]
+        == json.loads((b / "trainer_state.json").read_text())["tokens_seen"]
+    )
     # metrics.jsonl of the resumed run has each step once, in order
     for split in ("train", "eval"):
         steps = [r["step"] for r in read_metrics(tmp_path / "two_halves" / "metrics.jsonl") if r["split"] == split]
@@ -170,8 +174,19 @@ def eight_steps(tmp_path_factory) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("damage", ["empty training state", "flipped training state", "cut weights", "empty trainer state",
-                                    "linked weights", "nan weights", "flipped zip directory", "training state of step 4"])
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "empty training state",
+        "flipped training state",
+        "cut weights",
+        "empty trainer state",
+        "linked weights",
+        "nan weights",
+        "flipped zip directory",
+        "training state of step 4",
+    ],
+)
 def test_resume_auto_falls_back_past_a_damaged_newest_checkpoint(tmp_path, cli, damage, eight_steps):
     import shutil
     import zipfile
@@ -185,9 +200,16 @@ def test_resume_auto_falls_back_past_a_damaged_newest_checkpoint(tmp_path, cli, 
     data = bytearray((newest / name).read_bytes())
     if damage == "flipped training state":  # one bit of the largest tensor's bytes (not the zip's alignment padding)
         member = max(zipfile.ZipFile(newest / name).infolist(), key=lambda i: i.file_size)
-        start = member.header_offset + 30 + len(member.filename.encode()) + int.from_bytes(data[member.header_offset + 28:member.header_offset + 30], "little")
+        start = (
+            member.header_offset
+            + 30
+            + len(member.filename.encode())
+            + int.from_bytes(data[member.header_offset + 28 : member.header_offset + 30], "little")
+        )
         data[start + member.file_size // 2] ^= 0x01
-    if damage == "flipped zip directory":  # data.pkl's external attributes: Python's zipfile ignores them, torch's reader not
+    if (
+        damage == "flipped zip directory"
+    ):  # data.pkl's external attributes: Python's zipfile ignores them, torch's reader not
         data[zipfile.ZipFile(newest / name).start_dir + 38] ^= 0xFF
     if damage == "training state of step 4":  # a whole archive, CRCs right, but of another step
         data = (newest.parent / "step-0000004" / name).read_bytes()
@@ -195,15 +217,21 @@ def test_resume_auto_falls_back_past_a_damaged_newest_checkpoint(tmp_path, cli, 
         tensors = safetensors.torch.load_file(newest / name)
         tensors["bert.pooler.dense.weight"][0, 0] = float("nan")
         data = safetensors.torch.save(tensors)
-    spoilt = {"empty training state": b"", "empty trainer state": b"",
-              "cut weights": bytes(data[:len(data) // 2])}.get(damage, bytes(data))
+    spoilt = {
+        "empty training state": b"",
+        "empty trainer state": b"",
+        "cut weights": bytes(data[: len(data) // 2]),
+    }.get(damage, bytes(data))
     (newest / name).write_bytes(spoilt)
     if damage == "linked weights":  # a good file, but outside the checkpoint: never followed
         (newest / name).rename(tmp_path.parent / name)
         (newest / name).symlink_to(tmp_path.parent / name)
     result = cli("pretrain", "--config", config, "--stop-at", "6")  # not --quiet: "resuming from" is said
     assert result.code == 0, result.err
-    assert f"{newest} is damaged ({name}: " in result.err and "resuming from the newest checkpoint that loads" in result.err
+    assert (
+        f"{newest} is damaged ({name}: " in result.err
+        and "resuming from the newest checkpoint that loads" in result.err
+    )
     assert "resuming from" in result.err and "step-0000004 (step 4)" in result.err
     # keep_last=1 keeps step 6, the one just written (the damaged 8 would have been kept instead of it)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["damaged-step-0000008", "step-0000006"]
@@ -223,7 +251,9 @@ def test_resume_from_a_damaged_checkpoint_path_is_one_line(tmp_path, cli, eight_
     file.write_bytes(data)
     result = cli("pretrain", "--config", tmp_path / "config.yaml", "--quiet", "--resume", file.parent, "--stop-at", "9")
     assert result.code == 1 and len(result.err_lines) == 1, result.err
-    assert f"{file.parent} is damaged (training_state.pt: its member " in result.err and "marked as a folder" in result.err
+    assert (
+        f"{file.parent} is damaged (training_state.pt: its member " in result.err and "marked as a folder" in result.err
+    )
 
 
 def test_resume_auto_with_no_checkpoint_that_loads_is_one_line(tmp_path, cli, eight_steps):
@@ -280,8 +310,9 @@ def test_grad_accumulation_is_exactly_a_larger_batch(tmp_path):
 def test_schedule_learns_from_the_first_to_the_last_step_and_decays_as_hugging_face(schedule):
     hf = pytest.importorskip("transformers.optimization")
     steps, warmup, lr = 50, 10, 1e-3
-    cfg = micro_config(f"optimizer.schedule={schedule}", f"optimizer.warmup_steps={warmup}",
-                       f"optimizer.lr={lr}").optimizer
+    cfg = micro_config(
+        f"optimizer.schedule={schedule}", f"optimizer.warmup_steps={warmup}", f"optimizer.lr={lr}"
+    ).optimizer
     lrs = [lr_at(s, cfg, steps) for s in range(steps)]
     assert lrs[0] == pytest.approx(lr / warmup), "step 0 already learns"
     assert lrs[warmup - 1] == lrs[warmup] == pytest.approx(lr), "warm-up ends at the peak"
@@ -290,9 +321,14 @@ def test_schedule_learns_from_the_first_to_the_last_step_and_decays_as_hugging_f
     assert lrs[-1] == pytest.approx(lr * last) and lrs[-1] > 0, "the last step still learns"
     # Decay: Hugging Face's get_{linear,cosine}_schedule_with_warmup; warm-up: theirs one step later.
     extra = {} if schedule == "linear" else {"num_cycles": 0.5}
-    theirs = [lr * getattr(hf, f"_get_{schedule}_schedule_with_warmup_lr_lambda")(
-        s, num_warmup_steps=warmup, num_training_steps=steps, **extra) for s in range(steps + 1)]
-    assert lrs == pytest.approx(theirs[1:warmup + 1] + theirs[warmup:steps])
+    theirs = [
+        lr
+        * getattr(hf, f"_get_{schedule}_schedule_with_warmup_lr_lambda")(
+            s, num_warmup_steps=warmup, num_training_steps=steps, **extra
+        )
+        for s in range(steps + 1)
+    ]
+    assert lrs == pytest.approx(theirs[1 : warmup + 1] + theirs[warmup:steps])
     floor = dataclasses.replace(cfg, min_lr_ratio=0.1)
     assert lr_at(steps - 1, floor, steps) == pytest.approx(lr * (0.1 + 0.9 * last))
 
@@ -306,9 +342,17 @@ def test_training_learns(tmp_path):
     an AVX-512 Xeon seed 1 was still at 0.59 there. So NSP is asked of one of up to five seeds (the
     next seed runs only when a run ends before its jump): a test of learning that holds on any CPU,
     at the cost of one run where the first seed learns."""
-    overrides = ["train.max_steps=240", "logging.log_every=20", "checkpoint.save_every=240", "train.batch_size=16",
-                 "optimizer.lr=5e-3", "data.synthetic.num_topics=16", "model.hidden_size=64",
-                 "model.intermediate_size=128", "train.eval_every=0"]
+    overrides = [
+        "train.max_steps=240",
+        "logging.log_every=20",
+        "checkpoint.save_every=240",
+        "train.batch_size=16",
+        "optimizer.lr=5e-3",
+        "data.synthetic.num_topics=16",
+        "model.hidden_size=64",
+        "model.intermediate_size=128",
+        "train.eval_every=0",
+    ]
     nsp = []
     for seed in range(1, 6):
         train(tmp_path / f"seed-{seed}", *overrides, f"train.seed={seed}")
@@ -343,8 +387,9 @@ def test_sigkill_then_rerun_continues_from_the_last_checkpoint(tmp_path):
     assert rerun.returncode == 0, rerun.stderr
     assert f"resuming from {tmp_path / 'killed' / 'checkpoints'}" in rerun.stderr
     train(tmp_path / "clean", *overrides)
-    assert_bitwise_equal(weights(tmp_path / "killed/checkpoints/step-0000120"),
-                         weights(tmp_path / "clean/checkpoints/step-0000120"))
+    assert_bitwise_equal(
+        weights(tmp_path / "killed/checkpoints/step-0000120"), weights(tmp_path / "clean/checkpoints/step-0000120")
+    )
 
 
 def test_a_folder_moved_aside_by_an_interrupted_replace_is_put_back(tmp_path):
@@ -368,12 +413,19 @@ def test_compiled_layers_train_like_eager_ones(tmp_path, monkeypatch):
 
     monkeypatch.setattr(parallel, "COMPILE_BACKEND", "aot_eager")
     torch._dynamo.reset()
-    overrides = ["train.max_steps=4", "train.eval_every=0", "model.hidden_dropout_prob=0",
-                 "model.attention_probs_dropout_prob=0"]
+    overrides = [
+        "train.max_steps=4",
+        "train.eval_every=0",
+        "model.hidden_dropout_prob=0",
+        "model.attention_probs_dropout_prob=0",
+    ]
     train(tmp_path / "eager", *overrides)
     train(tmp_path / "compiled", *overrides, "train.compile=true")
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1, "nothing was compiled"
-    a, b = weights(tmp_path / "eager" / "checkpoints" / "step-0000004"), weights(tmp_path / "compiled" / "checkpoints" / "step-0000004")
+    a, b = (
+        weights(tmp_path / "eager" / "checkpoints" / "step-0000004"),
+        weights(tmp_path / "compiled" / "checkpoints" / "step-0000004"),
+    )
     for key in a:
         torch.testing.assert_close(b[key], a[key], rtol=0, atol=1e-6)
 
@@ -393,8 +445,11 @@ def test_unpadded_training_matches_padded_training(tmp_path, capsys, monkeypatch
     assert len(calls) == 8 * 2  # every step ran packed (2 layers)
     a = weights(tmp_path / "padded" / "checkpoints" / "step-0000008")
     b = weights(tmp_path / "unpadded" / "checkpoints" / "step-0000008")
-    assert a["bert.encoder.layer.0.attention.self.query.weight"].ne(
-        BertForPreTraining(micro_config().model).state_dict()["bert.encoder.layer.0.attention.self.query.weight"]).any()
+    assert (
+        a["bert.encoder.layer.0.attention.self.query.weight"]
+        .ne(BertForPreTraining(micro_config().model).state_dict()["bert.encoder.layer.0.attention.self.query.weight"])
+        .any()
+    )
     for key in a:
         torch.testing.assert_close(b[key], a[key], rtol=1e-4, atol=1e-5, msg=key)
     capsys.readouterr()
@@ -406,8 +461,13 @@ def test_automatic_unpadding_is_for_large_gpu_micro_batches_without_attention_dr
     from bertcli.runtime import UNPAD_MIN_TOKENS, unpadded
 
     def decide(setting, device, attention_dropout, tokens, precision="bf16"):
-        return unpadded(setting, device=torch.device(device), precision=precision, attention_dropout=attention_dropout,
-                        micro_batch_tokens=tokens)
+        return unpadded(
+            setting,
+            device=torch.device(device),
+            precision=precision,
+            attention_dropout=attention_dropout,
+            micro_batch_tokens=tokens,
+        )
 
     assert decide(None, "cuda", 0.0, UNPAD_MIN_TOKENS) == (True, None)
     assert decide(None, "cuda", 0.0, UNPAD_MIN_TOKENS - 1) == (False, None)  # launch-bound: measured slower
@@ -445,8 +505,9 @@ def test_a_run_keeps_its_tokenizer_when_its_corpus_changes(tmp_path, small_corpu
     words = first.decode().splitlines()
     words[-1], words[-2] = words[-2], words[-1]
     other.write_text("\n".join(words) + "\n")
-    result = cli("pretrain", "--config", config, "--quiet", "--set", "train.max_steps=8",
-                 "--set", f"data.tokenizer.path={other}")
+    result = cli(
+        "pretrain", "--config", config, "--quiet", "--set", "train.max_steps=8", "--set", f"data.tokenizer.path={other}"
+    )
     assert result.code == 2, result.err
     assert "would garble the model" in result.err_lines[-1] and "another output_dir" in result.err_lines[-1]
     assert not (tmp_path / "run" / "checkpoints" / "step-0000008").exists()
@@ -457,12 +518,25 @@ def test_resuming_with_other_settings_says_what_changes(tmp_path, cli, eight_ste
 
     shutil.copytree(eight_steps, tmp_path, dirs_exist_ok=True)
     # Another folder (so other absolute paths), cadence and logging: nothing a resumed run computes.
-    config = write_config(tmp_path, "checkpoint.keep_last=3", "train.eval_every=0", "logging.log_every=1",
-                          "checkpoint.save_every=1", "logging.tensorboard=false")
+    config = write_config(
+        tmp_path,
+        "checkpoint.keep_last=3",
+        "train.eval_every=0",
+        "logging.log_every=1",
+        "checkpoint.save_every=1",
+        "logging.tensorboard=false",
+    )
     result = cli("pretrain", "--config", config, "--quiet", "--stop-at", "9")
     assert result.code == 0 and "other settings" not in result.err, result.err
-    config = write_config(tmp_path, "checkpoint.keep_last=3", "train.eval_every=5", "train.seed=7",
-                          "optimizer.lr=0.001", "train.eval_examples=16", "logging.tensorboard=false")
+    config = write_config(
+        tmp_path,
+        "checkpoint.keep_last=3",
+        "train.eval_every=5",
+        "train.seed=7",
+        "optimizer.lr=0.001",
+        "train.eval_examples=16",
+        "logging.tensorboard=false",
+    )
     result = cli("pretrain", "--config", config, "--quiet", "--stop-at", "10")
     assert result.code == 0, result.err
     lr = f"{lr_at(9, micro_config().optimizer, 12):.3g} -> {lr_at(9, micro_config('optimizer.lr=0.001').optimizer, 12):.3g}"
@@ -474,7 +548,8 @@ def test_resuming_with_other_settings_says_what_changes(tmp_path, cli, eight_ste
         "set changes, so held-out metrics from now on are not comparable with the earlier ones (nor with the loss "
         "that kept checkpoints/best)",
         f"resuming step-0000009 with other settings (optimizer.lr 0.002 -> 0.001): the updates of steps 10 on follow "
-        f"them (learning rate {lr} at step 10); what the first 9 steps learned is kept"]
+        f"them (learning rate {lr} at step 10); what the first 9 steps learned is kept",
+    ]
 
 
 def test_resume_skips_damaged_metrics_records_and_says_so_once(tmp_path, cli, eight_steps):
@@ -482,7 +557,9 @@ def test_resume_skips_damaged_metrics_records_and_says_so_once(tmp_path, cli, ei
 
     shutil.copytree(eight_steps, tmp_path, dirs_exist_ok=True)
     best = shutil.copytree(tmp_path / "checkpoints" / "step-0000004", tmp_path / "checkpoints" / "best")
-    (best / "trainer_state.json").write_text('{"step": 4, "eval_metrics": {"mlm_loss": 5.')  # cut: the next best replaces it
+    (best / "trainer_state.json").write_text(
+        '{"step": 4, "eval_metrics": {"mlm_loss": 5.'
+    )  # cut: the next best replaces it
     metrics = tmp_path / "metrics.jsonl"
     good = metrics.read_text().splitlines()
     metrics.write_text("\n".join([good[0], '{"step": "4.5", "split": "train"}', "[8]", *good[1:]]) + "\n")
@@ -491,7 +568,8 @@ def test_resume_skips_damaged_metrics_records_and_says_so_once(tmp_path, cli, ei
     assert result.code == 0, result.err
     assert [line for line in result.err_lines if "damaged line" in line] == [
         f"{metrics}: 2 damaged line(s) skipped (line 2, 3): each must be a JSON object with an integer step; left out "
-        "of the file from now on"]
+        "of the file from now on"
+    ]
     assert [r["step"] for r in read_metrics(metrics)] == [4, 8, 9]
     assert metrics.read_text().splitlines()[:2] == good[:2]
 

@@ -31,11 +31,18 @@ def load_data(cfg: Config, quiet: bool = False) -> Dataset:
         assert cfg.model.vocab_size is not None  # validated in config
         corpus = synthetic_corpus(cfg.data.synthetic, cfg.model.vocab_size)
         valid = held_out(corpus.num_documents, cfg.data.validation_fraction)
-        return Dataset(select_documents(corpus, (~valid).nonzero()[0]),
-                       select_documents(corpus, valid.nonzero()[0]) if valid.any() else None,
-                       corpus.vocab_size, [])
+        return Dataset(
+            select_documents(corpus, (~valid).nonzero()[0]),
+            select_documents(corpus, valid.nonzero()[0]) if valid.any() else None,
+            corpus.vocab_size,
+            [],
+        )
     from bertcli.data.prepare import load_prepared, prepare  # tokenizers is only needed for text
 
     prepared = load_prepared(prepare(cfg, quiet=quiet), verify=False)  # prepare checked (or wrote) it just now
-    return Dataset(prepared.corpus("train"), prepared.corpus("valid"), prepared.vocab_size,
-                   [prepared.folder / name for name in TOKENIZER_FILES])
+    return Dataset(
+        prepared.corpus("train"),
+        prepared.corpus("valid"),
+        prepared.vocab_size,
+        [prepared.folder / name for name in TOKENIZER_FILES],
+    )

@@ -36,9 +36,18 @@ class ChunkIndex(NamedTuple):
     target: np.ndarray  # (C,) like count: the chunk's target length in tokens
 
 
-def cut_pieces(offsets: np.ndarray, start: np.ndarray, end: np.ndarray, *, has_previous: np.ndarray, shift: np.ndarray,
-               max_tokens: int, cfg: DataConfig, rng: np.random.Generator,
-               num_segments: int) -> tuple[ChunkIndex, np.ndarray]:
+def cut_pieces(
+    offsets: np.ndarray,
+    start: np.ndarray,
+    end: np.ndarray,
+    *,
+    has_previous: np.ndarray,
+    shift: np.ndarray,
+    max_tokens: int,
+    cfg: DataConfig,
+    rng: np.random.Generator,
+    num_segments: int,
+) -> tuple[ChunkIndex, np.ndarray]:
     """The chunks of pieces, in rounds (round r cuts the r-th chunk of every piece not yet finished),
     unshuffled, and (C,) the piece of each. `offsets` are token offsets of the segments in the
     pieces' own numbering: piece i is segments start[i]..end[i]-1 of it (P,), segment start[i]-1
@@ -67,8 +76,11 @@ def cut_pieces(offsets: np.ndarray, start: np.ndarray, end: np.ndarray, *, has_p
             split, coin = rng.random(n), rng.random(n) < cfg.random_next_prob
             several = count >= 2
             a_count[several] = 1 + (split[several] * (count[several] - 1)).astype(np.int64)
-            lone = (~several & ((p > piece_start[active]) | has_previous[active])
-                    & (offsets[chunk_end] - offsets[p] < target))
+            lone = (
+                ~several
+                & ((p > piece_start[active]) | has_previous[active])
+                & (offsets[chunk_end] - offsets[p] < target)
+            )
             random_next = coin | (~several & ~lone)
             paired = lone & ~coin  # A = the sentence before, B = this one
             first[paired] -= 1
@@ -76,15 +88,27 @@ def cut_pieces(offsets: np.ndarray, start: np.ndarray, end: np.ndarray, *, has_p
             step_to = np.where(random_next & several, p + a_count, chunk_end)  # put B's segments back
         else:
             a_count = count
-        parts.append(((first + shift[active]).astype(segment), count.astype(small), a_count.astype(small),
-                      random_next, target.astype(small)))
+        parts.append(
+            (
+                (first + shift[active]).astype(segment),
+                count.astype(small),
+                a_count.astype(small),
+                random_next,
+                target.astype(small),
+            )
+        )
         pieces.append(active)
         pos[active] = step_to
         active = active[step_to < stop]
     if not parts:
         empty = np.zeros(0, dtype=np.int64)
-        return ChunkIndex(first=empty.astype(segment), count=empty.astype(small), a_count=empty.astype(small),
-                          random_next=empty.astype(bool), target=empty.astype(small)), empty
+        return ChunkIndex(
+            first=empty.astype(segment),
+            count=empty.astype(small),
+            a_count=empty.astype(small),
+            random_next=empty.astype(bool),
+            target=empty.astype(small),
+        ), empty
     return ChunkIndex(*(np.concatenate(column) for column in zip(*parts))), np.concatenate(pieces)
 
 
@@ -94,7 +118,7 @@ def document_pieces(doc_offsets: np.ndarray, lo: int, hi: int, piece: int) -> tu
     first_doc = int(np.searchsorted(doc_offsets, lo, side="right")) - 1
     last_doc = int(np.searchsorted(doc_offsets, hi, side="left"))  # documents first_doc..last_doc-1 overlap
     doc_start = np.asarray(doc_offsets[first_doc:last_doc], dtype=np.int64)
-    doc_end = np.asarray(doc_offsets[first_doc + 1:last_doc + 1], dtype=np.int64)
+    doc_end = np.asarray(doc_offsets[first_doc + 1 : last_doc + 1], dtype=np.int64)
     part_start, part_end = np.maximum(doc_start, lo), np.minimum(doc_end, hi)
     per_part = -(-(part_end - part_start) // piece)
     k = np.arange(int(per_part.sum())) - np.repeat(np.cumsum(per_part) - per_part, per_part)
@@ -103,14 +127,30 @@ def document_pieces(doc_offsets: np.ndarray, lo: int, hi: int, piece: int) -> tu
     return start, end, start > np.repeat(doc_start, per_part)
 
 
-def cut_epoch(offsets: np.ndarray, doc_offsets: np.ndarray, *, max_tokens: int, cfg: DataConfig,
-              rng: np.random.Generator, piece: int = PIECE) -> ChunkIndex:
+def cut_epoch(
+    offsets: np.ndarray,
+    doc_offsets: np.ndarray,
+    *,
+    max_tokens: int,
+    cfg: DataConfig,
+    rng: np.random.Generator,
+    piece: int = PIECE,
+) -> ChunkIndex:
     """The chunks of one epoch of a whole corpus in one cut (see ExampleBuilder.build_epoch), drawn
     from `rng` and shuffled: `offsets` (S+1,) token offsets of the segments, `doc_offsets` (D+1,)
     first segment of each document. Memory grows with the corpus: training cuts windows (Windows)."""
     start, end, has_previous = document_pieces(doc_offsets, 0, int(doc_offsets[-1]), piece)
-    index, _ = cut_pieces(offsets, start, end, has_previous=has_previous, shift=np.zeros(len(start), dtype=np.int64),
-                          max_tokens=max_tokens, cfg=cfg, rng=rng, num_segments=len(offsets) - 1)
+    index, _ = cut_pieces(
+        offsets,
+        start,
+        end,
+        has_previous=has_previous,
+        shift=np.zeros(len(start), dtype=np.int64),
+        max_tokens=max_tokens,
+        cfg=cfg,
+        rng=rng,
+        num_segments=len(offsets) - 1,
+    )
     order = rng.permutation(len(index.first))
     return ChunkIndex(*(column[order] for column in index))
 
@@ -136,9 +176,24 @@ class Windows:
     before: a later epoch with fewer chunks wraps, one with more leaves its last out.
     """
 
-    def __init__(self, offsets: np.ndarray, doc_offsets: np.ndarray, *, max_tokens: int, cfg: DataConfig,
-                 piece: int = PIECE, block_segments: int = BLOCK_SEGMENTS, window_blocks: int = WINDOW_BLOCKS) -> None:
-        self.offsets, self.doc_offsets, self.max_tokens, self.cfg, self.piece = offsets, doc_offsets, max_tokens, cfg, piece
+    def __init__(
+        self,
+        offsets: np.ndarray,
+        doc_offsets: np.ndarray,
+        *,
+        max_tokens: int,
+        cfg: DataConfig,
+        piece: int = PIECE,
+        block_segments: int = BLOCK_SEGMENTS,
+        window_blocks: int = WINDOW_BLOCKS,
+    ) -> None:
+        self.offsets, self.doc_offsets, self.max_tokens, self.cfg, self.piece = (
+            offsets,
+            doc_offsets,
+            max_tokens,
+            cfg,
+            piece,
+        )
         self.num_segments = len(offsets) - 1
         # Blocks: cut at the piece boundary at or after each multiple of block_segments. (B+1,) segments.
         targets = np.arange(block_segments, self.num_segments, block_segments, dtype=np.int64)
@@ -183,8 +238,17 @@ class Windows:
         start, end, has_previous = (np.concatenate(column) for column in zip(*parts))
         block = np.searchsorted(lo, start, side="right") - 1  # (P,) index into blocks of each piece
         shift = lo[block] - base[block]  # corpus number = local number + shift
-        index, piece = cut_pieces(local_offsets, start - shift, end - shift, has_previous=has_previous, shift=shift,
-                                  max_tokens=self.max_tokens, cfg=self.cfg, rng=rng, num_segments=self.num_segments)
+        index, piece = cut_pieces(
+            local_offsets,
+            start - shift,
+            end - shift,
+            has_previous=has_previous,
+            shift=shift,
+            max_tokens=self.max_tokens,
+            cfg=self.cfg,
+            rng=rng,
+            num_segments=self.num_segments,
+        )
         return index, block[piece]
 
     def window(self, seed: int, stream: int, epoch: int, w: int) -> ChunkIndex:
@@ -195,7 +259,7 @@ class Windows:
         else:
             rng = np.random.default_rng([seed, stream, epoch, w, WINDOW_KEY])
             bounds = self.window_bounds()
-            blocks = np.sort(self.order(seed, stream, epoch)[bounds[w]:bounds[w + 1]])
+            blocks = np.sort(self.order(seed, stream, epoch)[bounds[w] : bounds[w + 1]])
         index, _ = self.cut(blocks, rng)
         order = rng.permutation(len(index.first))
         return ChunkIndex(*(column[order] for column in index))
@@ -254,7 +318,9 @@ def exact_fit(features: np.ndarray, counts: np.ndarray) -> list[float]:
 def _runs(lo: np.ndarray, hi: np.ndarray) -> list[tuple[int, int]]:
     """Blocks lo[i]..hi[i] (ascending) as runs of adjacent ones: one document_pieces call per run."""
     breaks = np.flatnonzero(lo[1:] != hi[:-1]) + 1
-    return list(zip(lo[np.concatenate([[0], breaks])].tolist(), hi[np.concatenate([breaks - 1, [len(hi) - 1]])].tolist()))
+    return list(
+        zip(lo[np.concatenate([[0], breaks])].tolist(), hi[np.concatenate([breaks - 1, [len(hi) - 1]])].tolist())
+    )
 
 
 SHARE_SEGMENTS = 1 << 18  # random_next_share cuts at most about this many segments (~0.05 s)

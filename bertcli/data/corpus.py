@@ -77,10 +77,16 @@ class PartTokens:
         last = int(np.searchsorted(self.starts, hi, side="left")) - 1
         if first == last:  # the usual case: one part
             base = int(self.starts[first])
-            return self.pieces[first][lo - base:hi - base]
-        return np.concatenate([self.pieces[p][max(lo, int(self.starts[p])) - int(self.starts[p]):
-                                              min(hi, int(self.starts[p + 1])) - int(self.starts[p])]
-                               for p in range(first, last + 1)])
+            return self.pieces[first][lo - base : hi - base]
+        return np.concatenate(
+            [
+                self.pieces[p][
+                    max(lo, int(self.starts[p])) - int(self.starts[p]) : min(hi, int(self.starts[p + 1]))
+                    - int(self.starts[p])
+                ]
+                for p in range(first, last + 1)
+            ]
+        )
 
 
 @dataclass
@@ -105,7 +111,7 @@ class Corpus:
         return int(self.seg_offsets[-1])
 
     def segment(self, s: int) -> np.ndarray:
-        return self.tokens[self.seg_offsets[s]:self.seg_offsets[s + 1]]
+        return self.tokens[self.seg_offsets[s] : self.seg_offsets[s + 1]]
 
     def document_of_segment(self) -> np.ndarray:
         """(S,) the document each segment belongs to."""
@@ -118,9 +124,14 @@ def select_documents(corpus: Corpus, docs: np.ndarray) -> Corpus:
     seg_ids = np.concatenate(segs) if segs else np.zeros(0, dtype=np.int64)
     lengths = np.diff(corpus.seg_offsets)[seg_ids]
     tokens = np.concatenate([corpus.segment(s) for s in seg_ids]) if len(seg_ids) else corpus.tokens[:0]
-    return Corpus(tokens=tokens, seg_offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
-                  doc_offsets=np.concatenate([[0], np.cumsum([len(x) for x in segs])]).astype(np.int64),
-                  vocab_size=corpus.vocab_size, special=corpus.special, continuation=corpus.continuation)
+    return Corpus(
+        tokens=tokens,
+        seg_offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+        doc_offsets=np.concatenate([[0], np.cumsum([len(x) for x in segs])]).astype(np.int64),
+        vocab_size=corpus.vocab_size,
+        special=corpus.special,
+        continuation=corpus.continuation,
+    )
 
 
 def held_out_stride(fraction: float) -> int:
@@ -169,7 +180,9 @@ def synthetic_corpus(cfg: SyntheticConfig, vocab_size: int, special: SpecialToke
     tokens = np.empty(int(lengths.sum()), dtype=np.int64)
     picks = rng.choice(cfg.branching, size=len(tokens), p=weights)
     doc_starts = np.concatenate([[0], np.cumsum(lengths)])[np.concatenate([[0], np.cumsum(sentences_per_doc)])[:-1]]
-    first = low + rng.integers(0, num_topics, size=cfg.num_documents) * band + rng.integers(0, band, size=cfg.num_documents)
+    first = (
+        low + rng.integers(0, num_topics, size=cfg.num_documents) * band + rng.integers(0, band, size=cfg.num_documents)
+    )
     starts = set(doc_starts.tolist())
     doc = 0
     current = 0

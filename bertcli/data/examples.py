@@ -56,10 +56,10 @@ class Batch:
         host copy, before `to`: on a GPU the answer would wait for the device."""
         return bool((self.valid_lens < self.input_ids.shape[1]).any())
 
-    def to(self, device: torch.device, non_blocking: bool = False) -> "Batch":
+    def to(self, device: torch.device, non_blocking: bool = False) -> Batch:
         return Batch(**{f.name: getattr(self, f.name).to(device, non_blocking=non_blocking) for f in fields(self)})
 
-    def pin_memory(self) -> "Batch":
+    def pin_memory(self) -> Batch:
         return Batch(**{f.name: getattr(self, f.name).pin_memory() for f in fields(self)})
 
 
@@ -80,9 +80,11 @@ class ExampleBuilder:
     def __init__(self, corpus: Corpus, cfg: DataConfig, examples_per_step: int) -> None:
         self.corpus, self.cfg, self.examples_per_step = corpus, cfg, examples_per_step
         if corpus.num_documents < 2 and cfg.pairs:
-            raise UsageError("the corpus needs at least 2 documents to build NSP pairs (random next sentences "
-                             "come from another document): add documents, or set data.pairs: false and "
-                             "train.nsp_weight: 0")
+            raise UsageError(
+                "the corpus needs at least 2 documents to build NSP pairs (random next sentences "
+                "come from another document): add documents, or set data.pairs: false and "
+                "train.nsp_weight: 0"
+            )
         # Plain ndarray views of the (memory-mapped) arrays, never copies: np.memmap adds Python-level work to
         # every small read, which slows the builder.
         self.offsets = np.asarray(corpus.seg_offsets)  # (S+1,) token offset of each segment
@@ -90,8 +92,15 @@ class ExampleBuilder:
         self.max_tokens = cfg.max_seq_length - (3 if cfg.pairs else 2)
         # The blocks and their estimated chunk counts: O(S / BLOCK_SEGMENTS) memory, made once (before the
         # example workers fork, which share them).
-        self.windows = Windows(self.offsets, self.doc_offsets, max_tokens=self.max_tokens, cfg=cfg, piece=self.PIECE,
-                               block_segments=self.BLOCK_SEGMENTS, window_blocks=self.WINDOW_BLOCKS)
+        self.windows = Windows(
+            self.offsets,
+            self.doc_offsets,
+            max_tokens=self.max_tokens,
+            cfg=cfg,
+            piece=self.PIECE,
+            block_segments=self.BLOCK_SEGMENTS,
+            window_blocks=self.WINDOW_BLOCKS,
+        )
         self._windows: dict[tuple[int, int, int, int], ChunkIndex] = {}  # the latest cut, oldest first
         self._slots: dict[tuple[int, int, int], np.ndarray] = {}  # (W+1,) window starts of recent epochs
         self._epoch_length: dict[tuple[int, int], int] = {}
@@ -107,7 +116,7 @@ class ExampleBuilder:
         return min(max(end, s + 1), doc_end)
 
     def _tokens(self, first: int, end: int) -> np.ndarray:
-        return np.asarray(self.corpus.tokens[self.offsets[first]:self.offsets[end]], dtype=np.int64)
+        return np.asarray(self.corpus.tokens[self.offsets[first] : self.offsets[end]], dtype=np.int64)
 
     def build_epoch(self, seed: int, stream: int, epoch: int) -> ChunkIndex:
         """Google's create_instances_from_document over every document at once, vectorised: round r
@@ -148,8 +157,11 @@ class ExampleBuilder:
         without cutting anything before it; a window with fewer chunks than positions wraps around,
         one with more leaves its last out."""
         if (seed, stream) not in self._epoch_length:
-            self._epoch_length[(seed, stream)] = (len(self._window(seed, stream, 0, 0).first)
-                                                  if self.windows.num_windows == 1 else int(self.windows.slots.sum()))
+            self._epoch_length[(seed, stream)] = (
+                len(self._window(seed, stream, 0, 0).first)
+                if self.windows.num_windows == 1
+                else int(self.windows.slots.sum())
+            )
         epoch, position = divmod(g, self._epoch_length[(seed, stream)])
         if self.windows.num_windows == 1:
             w, start = 0, 0
@@ -188,13 +200,19 @@ class ExampleBuilder:
         rng = np.random.default_rng([seed, stream, step, i])
         doc = self._document(first)
         if not cfg.pairs:
-            span = self._tokens(first, end)[:self.max_tokens]
+            span = self._tokens(first, end)[: self.max_tokens]
             tokens = np.concatenate([[sp.cls], span, [sp.sep]]).astype(np.int64)
             special = np.zeros(len(tokens), dtype=bool)
             special[[0, -1]] = True
             masked, positions, labels = mask_tokens(tokens, special, cfg=cfg, corpus=c, rng=rng)
-            return Example(tokens=masked, segments=np.zeros(len(tokens), dtype=np.int64), pred_positions=positions,
-                           pred_labels=labels, nsp_label=IGNORE, documents=(doc, doc))
+            return Example(
+                tokens=masked,
+                segments=np.zeros(len(tokens), dtype=np.int64),
+                pred_positions=positions,
+                pred_labels=labels,
+                nsp_label=IGNORE,
+                documents=(doc, doc),
+            )
         a = self._tokens(first, a_end)
         if random_next:
             b_first, other = self._random_start(index, doc=doc, rng=rng)
@@ -204,12 +222,18 @@ class ExampleBuilder:
         a, b = truncate_pair(a, b, self.max_tokens, rng)
         tokens = np.concatenate([[sp.cls], a, [sp.sep], b, [sp.sep]]).astype(np.int64)
         segments = np.zeros(len(tokens), dtype=np.int64)
-        segments[len(a) + 2:] = 1
+        segments[len(a) + 2 :] = 1
         special = np.zeros(len(tokens), dtype=bool)
         special[[0, len(a) + 1, len(tokens) - 1]] = True
         masked, positions, labels = mask_tokens(tokens, special, cfg=cfg, corpus=c, rng=rng)
-        return Example(tokens=masked, segments=segments, pred_positions=positions, pred_labels=labels,
-                       nsp_label=nsp_label, documents=(doc, b_doc))
+        return Example(
+            tokens=masked,
+            segments=segments,
+            pred_positions=positions,
+            pred_labels=labels,
+            nsp_label=nsp_label,
+            documents=(doc, b_doc),
+        )
 
     def batch(self, seed: int, step: int, indices: range, stream: int = TRAIN) -> Batch:
         """Examples `indices` of step `step`; padded to the longest row, rounded up to 8 within max_seq_length."""
@@ -220,8 +244,13 @@ class ExampleBuilder:
 def _chunk_at(index: ChunkIndex, j: int) -> tuple[int, int, int, bool, int]:
     """(first segment, end, end of A, random B, target) of chunk j of a window."""
     first = int(index.first[j])
-    return (first, first + int(index.count[j]), first + int(index.a_count[j]), bool(index.random_next[j]),
-            int(index.target[j]))
+    return (
+        first,
+        first + int(index.count[j]),
+        first + int(index.a_count[j]),
+        bool(index.random_next[j]),
+        int(index.target[j]),
+    )
 
 
 class StepBatches(torch.utils.data.Dataset):
@@ -231,8 +260,18 @@ class StepBatches(torch.utils.data.Dataset):
     with the whole batch. Each item is a pure function of (seed, step, rank), so worker processes
     can build them ahead of the training step without changing a thing."""
 
-    def __init__(self, builder: ExampleBuilder, *, seed: int, first_step: int, last_step: int, batch_size: int,
-                 accum_steps: int, rank: int = 0, world_size: int = 1) -> None:
+    def __init__(
+        self,
+        builder: ExampleBuilder,
+        *,
+        seed: int,
+        first_step: int,
+        last_step: int,
+        batch_size: int,
+        accum_steps: int,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
         self.builder, self.seed, self.first_step, self.last_step = builder, seed, first_step, last_step
         self.B, self.A, self.rank, self.W = batch_size, accum_steps, rank, world_size
 
@@ -245,8 +284,9 @@ class StepBatches(torch.utils.data.Dataset):
         return self.builder.batch(self.seed, step, range(first, first + self.B))
 
 
-def truncate_pair(a: np.ndarray, b: np.ndarray, max_tokens: int,
-                  rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def truncate_pair(
+    a: np.ndarray, b: np.ndarray, max_tokens: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
     """Google BERT's truncate_seq_pair: trim the longer side, one token at a random end each time."""
     a_lo, a_hi, b_lo, b_hi = 0, len(a), 0, len(b)
     while (a_hi - a_lo) + (b_hi - b_lo) > max_tokens:
@@ -266,13 +306,14 @@ def _words(candidates: np.ndarray, tokens: np.ndarray, continuation: np.ndarray 
     """Candidate positions grouped into words: a "##" piece joins the word of the position before
     it (never across a special token, which is not a candidate)."""
     if continuation is None:
-        return [candidates[i:i + 1] for i in range(len(candidates))]
+        return [candidates[i : i + 1] for i in range(len(candidates))]
     joins = continuation[tokens[candidates]] & np.concatenate([[False], np.diff(candidates) == 1])
     return np.split(candidates, np.flatnonzero(~joins)[1:])
 
 
-def mask_tokens(tokens: np.ndarray, special: np.ndarray, *, cfg: DataConfig, corpus: Corpus,
-                rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def mask_tokens(
+    tokens: np.ndarray, special: np.ndarray, *, cfg: DataConfig, corpus: Corpus, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Choose masked_lm_prob of the non-special tokens (at most max_predictions_per_seq), whole words
     together with whole_word_mask; replace each chosen token by [MASK] (mask_token_prob), a random
     regular token (random_token_prob) or keep it. Returns (masked tokens, positions, labels)."""
@@ -313,10 +354,10 @@ def collate(examples: list[Example], max_predictions: int, pad_id: int, max_leng
     pred_positions = np.zeros((B, max_predictions), dtype=np.int64)
     mlm_labels = np.full((B, max_predictions), IGNORE, dtype=np.int64)
     for row, e in enumerate(examples):
-        input_ids[row, :len(e.tokens)] = e.tokens
-        token_type_ids[row, :len(e.segments)] = e.segments
-        pred_positions[row, :len(e.pred_positions)] = e.pred_positions
-        mlm_labels[row, :len(e.pred_labels)] = e.pred_labels
+        input_ids[row, : len(e.tokens)] = e.tokens
+        token_type_ids[row, : len(e.segments)] = e.segments
+        pred_positions[row, : len(e.pred_positions)] = e.pred_positions
+        mlm_labels[row, : len(e.pred_labels)] = e.pred_labels
     valid_lens = torch.tensor([len(e.tokens) for e in examples], dtype=torch.int64)
     return Batch(
         input_ids=torch.from_numpy(input_ids),

@@ -25,9 +25,16 @@ def loader(dataset: torch.utils.data.Dataset, *, workers: int, pin_memory: bool)
     """Items in order, built by `workers` forked processes (which share the memory-mapped corpus)
     a few items ahead, and pinned for asynchronous copies to the GPU."""
     fork = "fork" if workers and "fork" in multiprocessing.get_all_start_methods() else None
-    return torch.utils.data.DataLoader(dataset, batch_size=None, shuffle=False, num_workers=workers,
-                                       pin_memory=pin_memory, prefetch_factor=4 if workers else None,
-                                       multiprocessing_context=fork, worker_init_fn=_ignore_stop_signals)
+    return torch.utils.data.DataLoader(
+        dataset,
+        batch_size=None,
+        shuffle=False,
+        num_workers=workers,
+        pin_memory=pin_memory,
+        prefetch_factor=4 if workers else None,
+        multiprocessing_context=fork,
+        worker_init_fn=_ignore_stop_signals,
+    )
 
 
 def _ignore_stop_signals(worker_id: int) -> None:

@@ -76,18 +76,48 @@ from tokenizers import Tokenizer
 
 from bertcli import __version__, atomic, layout, ownership
 from bertcli.config import Config, DataConfig
+from bertcli.console import info, log
 from bertcli.data.chunks import random_next_share
 from bertcli.data.corpus import Corpus, PartTokens, SpecialTokens, held_out_stride, is_held_out
-from bertcli.data.text import (MAX_LINE_CHARS, LineSample, Part, corpus_files, document_cuts, is_compressed, is_jsonl,
-                               read_sentences, read_text)
-from bertcli.data.tokenizer import (continuation_mask, describe, find_tokenizer_file, load_tokenizer, read_tokenizer_json,
-                                    save_tokenizer, scan_characters, special_tokens, tokenizer_identity,
-                                    train_wordpiece)
+from bertcli.data.text import (
+    MAX_LINE_CHARS,
+    LineSample,
+    Part,
+    corpus_files,
+    document_cuts,
+    is_compressed,
+    is_jsonl,
+    read_sentences,
+    read_text,
+)
+from bertcli.data.tokenizer import (
+    continuation_mask,
+    describe,
+    find_tokenizer_file,
+    load_tokenizer,
+    read_tokenizer_json,
+    save_tokenizer,
+    scan_characters,
+    special_tokens,
+    tokenizer_identity,
+    train_wordpiece,
+)
 from bertcli.errors import Interrupted, RunError, UsageError
-from bertcli.layout import (DOC_OFFSETS, INDEX, INDEX_FILES, KEY, MANIFEST, SEG_OFFSETS, SHARD_FILES, SPLITS,
-                            TOKENIZER_FILES, TOKENS, UNIT_RECORD, UNITS)
+from bertcli.layout import (
+    DOC_OFFSETS,
+    INDEX,
+    INDEX_FILES,
+    KEY,
+    MANIFEST,
+    SEG_OFFSETS,
+    SHARD_FILES,
+    SPLITS,
+    TOKENIZER_FILES,
+    TOKENS,
+    UNIT_RECORD,
+    UNITS,
+)
 from bertcli.runlock import PreparedLock
-from bertcli.console import info, log
 
 # ---------------------------------------------------------------- the prepared folder's layout
 # 4: units of work with shards of their own, a global index, per-unit held-out phase; incremental.
@@ -173,8 +203,12 @@ def _file_entries(files: list[Path], previous: list[dict[str, Any]]) -> list[dic
     for f in files:
         st = f.stat()
         old = known.get(str(f.resolve()))
-        same = (old is not None and old.get("bytes") == st.st_size and old.get("mtime_ns") == st.st_mtime_ns
-                and (isinstance(old.get("sha256"), str) or isinstance(old.get("parts"), list)))
+        same = (
+            old is not None
+            and old.get("bytes") == st.st_size
+            and old.get("mtime_ns") == st.st_mtime_ns
+            and (isinstance(old.get("sha256"), str) or isinstance(old.get("parts"), list))
+        )
         entry: dict[str, Any] = {"path": str(f.resolve()), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
         if same:
             entry.update({k: old[k] for k in ("sha256", "parts") if k in old})  # type: ignore[index]
@@ -204,11 +238,15 @@ def _hashed_again(files: list[Path]) -> bool:
 def cache_check(corpus_bytes: int) -> str:
     """What the cache check compares for a corpus of `corpus_bytes`, in words (for `inspect`)."""
     if corpus_bytes <= HASH_ALWAYS_BYTES:
-        return (f"the same SHA-256 for every corpus file (all hashed again at each start: the corpus is at most "
-                f"{HASH_ALWAYS_BYTES >> 30} GiB)")
-    return (f"the same size and modification time for every corpus file, hashed again only where either changed (the "
-            f"corpus is over {HASH_ALWAYS_BYTES >> 30} GiB: an edit that keeps both is not seen; `prepare --force` "
-            "prepares again)")
+        return (
+            f"the same SHA-256 for every corpus file (all hashed again at each start: the corpus is at most "
+            f"{HASH_ALWAYS_BYTES >> 30} GiB)"
+        )
+    return (
+        f"the same size and modification time for every corpus file, hashed again only where either changed (the "
+        f"corpus is over {HASH_ALWAYS_BYTES >> 30} GiB: an edit that keeps both is not seen; `prepare --force` "
+        "prepares again)"
+    )
 
 
 # ---------------------------------------------------------------- units of work
@@ -248,8 +286,13 @@ def _reading(path: Path) -> str:
 def plan_units(files: list[Path], entries: list[dict[str, Any]], tokenizer_sha256: str, data: DataConfig) -> list[Unit]:
     """The units of the corpus, in corpus order (see the module's docstring): a function of the files'
     contents and names' formats, so the same corpus always gives the same units."""
-    settings = {"format_version": FORMAT_VERSION, "tokenizer": tokenizer_sha256, "split_sentences": data.split_sentences,
-                "validation_fraction": data.validation_fraction, "max_line_chars": MAX_LINE_CHARS}
+    settings = {
+        "format_version": FORMAT_VERSION,
+        "tokenizer": tokenizer_sha256,
+        "split_sentences": data.split_sentences,
+        "validation_fraction": data.validation_fraction,
+        "max_line_chars": MAX_LINE_CHARS,
+    }
     units: list[Unit] = []
     group: list[tuple[Part, int, tuple[int, int, int], str]] = []  # (part, size, piece, sha256)
 
@@ -257,17 +300,31 @@ def plan_units(files: list[Path], entries: list[dict[str, Any]], tokenizer_sha25
         if not members:
             return
         content = _digest([[_reading(m[0].path), m[3]] for m in members])
-        units.append(Unit(key=_digest({**settings, "content": content}), content=content,
-                          parts=tuple(m[0] for m in members), sizes=tuple(m[1] for m in members),
-                          pieces=tuple(m[2] for m in members)))
+        units.append(
+            Unit(
+                key=_digest({**settings, "content": content}),
+                content=content,
+                parts=tuple(m[0] for m in members),
+                sizes=tuple(m[1] for m in members),
+                pieces=tuple(m[2] for m in members),
+            )
+        )
 
     for number, (path, entry) in enumerate(zip(files, entries)):
         if "parts" in entry:  # a large file, cut into parts: a unit each
             close(group)
             group = []
             for p in entry["parts"]:
-                close([(Part(path, p["start"], p["end"], p["line"]), p["end"] - p["start"],
-                        (number, p["start"], p["end"]), p["sha256"])])
+                close(
+                    [
+                        (
+                            Part(path, p["start"], p["end"], p["line"]),
+                            p["end"] - p["start"],
+                            (number, p["start"], p["end"]),
+                            p["sha256"],
+                        )
+                    ]
+                )
             continue
         member = (Part(path), entry["bytes"], (number, 0, entry["bytes"]), entry["sha256"])
         if entry["bytes"] >= UNIT_BYTES:  # a large compressed file (or one without a boundary to cut at)
@@ -276,7 +333,9 @@ def plan_units(files: list[Path], entries: list[dict[str, Any]], tokenizer_sha25
             group = []
             continue
         group.append(member)
-        if int(entry["sha256"][:16], 16) < (entry["bytes"] << 64) // UNIT_BYTES:  # closes its run: P = size / UNIT_BYTES
+        if (
+            int(entry["sha256"][:16], 16) < (entry["bytes"] << 64) // UNIT_BYTES
+        ):  # closes its run: P = size / UNIT_BYTES
             close(group)
             group = []
     close(group)
@@ -320,8 +379,11 @@ class ShardWriter:
     def flush(self) -> None:
         # The arrays' bytes through the file's write(), not ndarray.tofile: that one words a full disk as
         # "N requested and M written", without the reason.
-        for name, values, dtype in ((TOKENS, self.tokens, self.dtype), (SEG_OFFSETS, self.seg_offsets, np.int64),
-                                    (DOC_OFFSETS, self.doc_offsets, np.int64)):
+        for name, values, dtype in (
+            (TOKENS, self.tokens, self.dtype),
+            (SEG_OFFSETS, self.seg_offsets, np.int64),
+            (DOC_OFFSETS, self.doc_offsets, np.int64),
+        ):
             with atomic.writing(self.folder / name):
                 self.files[name].write(np.asarray(values, dtype=dtype).data)
         self.tokens, self.seg_offsets, self.doc_offsets = [], [], []
@@ -342,20 +404,27 @@ def sample_line(sample: dict[str, Any]) -> str:
     if sample["whole"] and not sample["sample_chars"]:
         return "the whole corpus (data.tokenizer.sample_chars=0)"
     if sample["whole"]:
-        return (f"the whole corpus ({sample['corpus_chars']:,} characters, within data.tokenizer.sample_chars="
-                f"{sample['sample_chars']:,})")
+        return (
+            f"the whole corpus ({sample['corpus_chars']:,} characters, within data.tokenizer.sample_chars="
+            f"{sample['sample_chars']:,})"
+        )
     share = sample["chars"] / max(sample["corpus_chars"], 1)
-    return (f"a sample of {sample['lines']:,} lines, {sample['chars']:,} of the corpus's {sample['corpus_chars']:,} "
-            f"characters ({100 * share:.1f}%), chosen by a hash of each line all over the corpus "
-            f"(data.tokenizer.sample_chars={sample['sample_chars']:,}; 0 trains on the whole corpus)")
+    return (
+        f"a sample of {sample['lines']:,} lines, {sample['chars']:,} of the corpus's {sample['corpus_chars']:,} "
+        f"characters ({100 * share:.1f}%), chosen by a hash of each line all over the corpus "
+        f"(data.tokenizer.sample_chars={sample['sample_chars']:,}; 0 trains on the whole corpus)"
+    )
 
 
 def vocabulary_sample(manifest: dict[str, Any]) -> str | None:
     """What trained the vocabulary of prepared data, in words (sample_line); None for a given tokenizer,
     for data from before the sample was recorded, and for a manifest whose record is malformed."""
     sample = manifest["tokenizer"].get("sample")
-    if not (isinstance(sample, dict) and isinstance(sample.get("whole"), bool)
-            and all(_count(sample.get(k)) for k in ("sample_chars", "corpus_chars", "lines", "chars"))):
+    if not (
+        isinstance(sample, dict)
+        and isinstance(sample.get("whole"), bool)
+        and all(_count(sample.get(k)) for k in ("sample_chars", "corpus_chars", "lines", "chars"))
+    ):
         return None
     return sample_line(sample)
 
@@ -363,8 +432,9 @@ def vocabulary_sample(manifest: dict[str, Any]) -> str | None:
 def _progress(total: int | None, desc: str, quiet: bool):
     from tqdm import tqdm
 
-    return tqdm(total=total, unit="B", unit_scale=True, desc=desc, file=sys.stderr, disable=quiet or None,
-                dynamic_ncols=True)
+    return tqdm(
+        total=total, unit="B", unit_scale=True, desc=desc, file=sys.stderr, disable=quiet or None, dynamic_ncols=True
+    )
 
 
 @dataclass(frozen=True)
@@ -377,8 +447,9 @@ class UnitSettings:
     owner: int  # the pid of the `prepare` that owns the temporary names (its workers write them)
 
 
-def _prepare_unit(root: Path, unit: Unit, tok: Tokenizer, *, settings: UnitSettings,
-                  progress: Callable[[int], None]) -> dict[str, Any]:
+def _prepare_unit(
+    root: Path, unit: Unit, tok: Tokenizer, *, settings: UnitSettings, progress: Callable[[int], None]
+) -> dict[str, Any]:
     """Tokenize one unit into root/units/KEY (written under a temporary name, renamed when complete);
     return its record (counts per split, unknown tokens). Documents are held out by their number in
     the unit (see Unit.phase). Runs in a worker process or in `prepare`'s own."""
@@ -419,14 +490,20 @@ def _prepare_unit(root: Path, unit: Unit, tok: Tokenizer, *, settings: UnitSetti
                 if item is not None:
                     pending += 1
                     chars += len(item)
-                if pending >= ENCODE_BATCH or chars >= ENCODE_CHARS:  # a document may span batches: the writers keep it open
+                if (
+                    pending >= ENCODE_BATCH or chars >= ENCODE_CHARS
+                ):  # a document may span batches: the writers keep it open
                     flush(batch)
                     batch, pending, chars = [], 0, 0
             if compressed:
                 progress(size)
         flush(batch)
-        record = {"bertcli_version": __version__, "key": unit.key,
-                  "splits": {split: w.close() for split, w in writers.items()}, "unknown_tokens": counts["unknown"]}
+        record = {
+            "bertcli_version": __version__,
+            "key": unit.key,
+            "splits": {split: w.close() for split, w in writers.items()},
+            "unknown_tokens": counts["unknown"],
+        }
         with atomic.writing(tmp / UNIT_RECORD), open(tmp / UNIT_RECORD, "w", encoding="utf-8") as fh:
             fh.write(json.dumps(record, indent=2) + "\n")
             fh.flush()
@@ -445,8 +522,10 @@ def _replace_folder(tmp: Path, final: Path, root: Path) -> None:
     only: a folder there holding anything else is refused)."""
     if final.exists() or final.is_symlink():
         if not _ours(final, root):
-            raise UsageError(f"{final} holds files that bertcli did not write, so it was left untouched: move it out "
-                             "of the prepared folder, then run the same command")
+            raise UsageError(
+                f"{final} holds files that bertcli did not write, so it was left untouched: move it out "
+                "of the prepared folder, then run the same command"
+            )
         atomic.remove_folder(final)
     os.replace(tmp, final)
     atomic.fsync_path(final.parent)
@@ -461,16 +540,28 @@ def _replace_folder(tmp: Path, final: Path, root: Path) -> None:
 
 
 def _unit_json(root: Path, unit: Unit) -> str:
-    return json.dumps({"root": str(root), "key": unit.key, "content": unit.content, "sizes": list(unit.sizes),
-                       "pieces": [list(p) for p in unit.pieces],
-                       "parts": [[str(p.path), p.start, p.end, p.line] for p in unit.parts]})
+    return json.dumps(
+        {
+            "root": str(root),
+            "key": unit.key,
+            "content": unit.content,
+            "sizes": list(unit.sizes),
+            "pieces": [list(p) for p in unit.pieces],
+            "parts": [[str(p.path), p.start, p.end, p.line] for p in unit.parts],
+        }
+    )
 
 
 def _unit_from_json(line: str) -> tuple[Path, Unit]:
     job = json.loads(line)
     parts = tuple(Part(Path(path), start, end, line) for path, start, end, line in job["parts"])
-    return Path(job["root"]), Unit(key=job["key"], content=job["content"], parts=parts, sizes=tuple(job["sizes"]),
-                                   pieces=tuple(tuple(p) for p in job["pieces"]))
+    return Path(job["root"]), Unit(
+        key=job["key"],
+        content=job["content"],
+        parts=parts,
+        sizes=tuple(job["sizes"]),
+        pieces=tuple(tuple(p) for p in job["pieces"]),
+    )
 
 
 def _worker_main() -> None:
@@ -540,8 +631,9 @@ def _one_core(workers: int) -> Iterator[None]:
             os.environ["TOKENIZERS_PARALLELISM"] = before
 
 
-def _prepare_units(todo: list[Unit], root: Path, tok: Tokenizer, *, settings: UnitSettings, workers: int,
-                   quiet: bool) -> dict[str, dict[str, Any]]:
+def _prepare_units(
+    todo: list[Unit], root: Path, tok: Tokenizer, *, settings: UnitSettings, workers: int, quiet: bool
+) -> dict[str, dict[str, Any]]:
     """Prepare `todo` into root/units/ on `workers` processes (in this one when one worker or one unit
     is enough); return each unit's record by key. The first error in a worker is raised here as it
     was raised there; a stop signal ends the workers at once. Progress: bytes of the corpus."""
@@ -561,8 +653,9 @@ class _Worker:
     stderr: bytes = b""  # the tail of what it said on stderr (a crash's last words)
 
 
-def _run_workers(todo: list[Unit], root: Path, *, settings: UnitSettings, count: int,
-                 progress: Callable[[int], None]) -> dict[str, dict[str, Any]]:
+def _run_workers(
+    todo: list[Unit], root: Path, *, settings: UnitSettings, count: int, progress: Callable[[int], None]
+) -> dict[str, dict[str, Any]]:
     """`count` worker processes take the units, largest first (so that the last to finish is a small
     one), each a new one as it finishes the last."""
     import selectors
@@ -570,9 +663,15 @@ def _run_workers(todo: list[Unit], root: Path, *, settings: UnitSettings, count:
     waiting = sorted(todo, key=lambda u: -u.bytes)
     records: dict[str, dict[str, Any]] = {}
     package = str(Path(__file__).resolve().parents[2])  # the folder holding this bertcli: the workers import it
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (package, os.environ.get("PYTHONPATH")) if p),
-           "TOKENIZERS_PARALLELISM": "false", "RAYON_NUM_THREADS": "1"}
-    header = json.dumps({"tokenizer": str(root / layout.TOKENIZER_JSON), "settings": dataclasses.asdict(settings)}) + "\n"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in (package, os.environ.get("PYTHONPATH")) if p),
+        "TOKENIZERS_PARALLELISM": "false",
+        "RAYON_NUM_THREADS": "1",
+    }
+    header = (
+        json.dumps({"tokenizer": str(root / layout.TOKENIZER_JSON), "settings": dataclasses.asdict(settings)}) + "\n"
+    )
     selector = selectors.DefaultSelector()
     workers: list[_Worker] = []
 
@@ -592,8 +691,13 @@ def _run_workers(todo: list[Unit], root: Path, *, settings: UnitSettings, count:
 
     try:
         for _ in range(count):
-            proc = subprocess.Popen([sys.executable, "-c", "from bertcli.data.prepare import _worker_main; _worker_main()"],
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+            proc = subprocess.Popen(
+                [sys.executable, "-c", "from bertcli.data.prepare import _worker_main; _worker_main()"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env,
+            )
             workers.append(_Worker(proc))
         for worker in workers:
             assert worker.proc.stdin is not None and worker.proc.stdout is not None and worker.proc.stderr is not None
@@ -628,9 +732,11 @@ def _run_workers(todo: list[Unit], root: Path, *, settings: UnitSettings, count:
                     time.sleep(0.2)  # a stop signal to the whole group ends the workers too: say that instead
                     _check_stop()
                     words = worker.stderr.decode(errors="replace").strip().splitlines()
-                    raise RunError(f"a worker process preparing the corpus ended without finishing (exit code "
-                                   f"{worker.proc.returncode}{': ' + words[-1] if words else '; killed for memory?'}); "
-                                   "run `bertcli prepare` again, with fewer --workers if it happens again")
+                    raise RunError(
+                        f"a worker process preparing the corpus ended without finishing (exit code "
+                        f"{worker.proc.returncode}{': ' + words[-1] if words else '; killed for memory?'}); "
+                        "run `bertcli prepare` again, with fewer --workers if it happens again"
+                    )
     finally:
         for worker in workers:
             if worker.proc.poll() is None:
@@ -674,7 +780,7 @@ def _write_index(root: Path, units: list[Unit], records: dict[str, dict[str, Any
                         offsets = np.memmap(base / name, dtype=np.int64, mode="r")
                         for lo in range(1, len(offsets), block):
                             with atomic.writing(tmp / split / name):
-                                out.write((offsets[lo:lo + block] + shift).data)
+                                out.write((offsets[lo : lo + block] + shift).data)
                         del offsets
                     tokens += counts["tokens"]
                     segments += counts["segments"]
@@ -735,8 +841,9 @@ def _prepare(cfg: Config, quiet: bool, force: bool, workers: int) -> Path:
     fixed = run_tokenizer(cfg) if tok is None else None
     if fixed is not None:  # the run's checkpoints fix its token ids: never train another vocabulary under them
         tokenizer_file, tok = fixed, read_tokenizer_json(fixed)
-    plan = _Plan(folder=folder, files=files, entries=entries, tok=tok, tokenizer_file=tokenizer_file,
-                 given_sha256=given_sha256)
+    plan = _Plan(
+        folder=folder, files=files, entries=entries, tok=tok, tokenizer_file=tokenizer_file, given_sha256=given_sha256
+    )
 
     if old is not None and not force:
         why_new = _tokenizer_changed(old, plan, data, folder)
@@ -748,8 +855,12 @@ def _prepare(cfg: Config, quiet: bool, force: bool, workers: int) -> Path:
             total = sum(u.bytes for u in units)
             if tok is not None or kept >= KEEP_TOKENIZER_SHARE * total:  # a given or the run's tokenizer: always kept
                 return _update(cfg, plan, old=old, tok=kept_tok, units=units, quiet=quiet, workers=workers)
-            _say_changes(cfg, plan, old, f"{100 * (1 - kept / max(total, 1)):.0f}% of the corpus is new: a new "
-                                         "tokenizer is trained on it")
+            _say_changes(
+                cfg,
+                plan,
+                old,
+                f"{100 * (1 - kept / max(total, 1)):.0f}% of the corpus is new: a new tokenizer is trained on it",
+            )
         elif why_new.startswith("is damaged"):
             log(f"prepared data in {folder} {why_new}: preparing it again")
         else:  # the data of other inputs: say which, since another run may be sharing the folder
@@ -757,8 +868,10 @@ def _prepare(cfg: Config, quiet: bool, force: bool, workers: int) -> Path:
     elif why_not and not force:
         log(f"prepared data in {folder} {why_not}: preparing it again")
     if fixed is not None:
-        info(f"preparing {data.corpus} with the run's own tokenizer, {fixed} (its checkpoints were trained on its "
-             "token ids; a new vocabulary would garble them)")
+        info(
+            f"preparing {data.corpus} with the run's own tokenizer, {fixed} (its checkpoints were trained on its "
+            "token ids; a new vocabulary would garble them)"
+        )
     return _fresh(cfg, plan, guard=guard, quiet=quiet, workers=workers)
 
 
@@ -766,9 +879,13 @@ def _say_changes(cfg: Config, plan: _Plan, old: dict[str, Any], why: str | None)
     """Say that the prepared folder, made from other inputs (_changes), is prepared again, and `why` a
     changed corpus gets a new tokenizer."""
     configured = plan.tokenizer_file if cfg.data.tokenizer.path else None
-    changes = _changes(old, plan.entries, cfg.data, configured=configured, tok=plan.tok, output_dir=Path(cfg.output_dir))
-    info(f"prepared data in {plan.folder} was made from other inputs than this config's ({'; '.join(changes)}): "
-         "preparing it again")
+    changes = _changes(
+        old, plan.entries, cfg.data, configured=configured, tok=plan.tok, output_dir=Path(cfg.output_dir)
+    )
+    info(
+        f"prepared data in {plan.folder} was made from other inputs than this config's ({'; '.join(changes)}): "
+        "preparing it again"
+    )
     if why:
         info(f"prepared data in {plan.folder}: {why}")
 
@@ -801,8 +918,11 @@ def _tokenizer_changed(old: dict[str, Any], plan: _Plan, data: DataConfig, folde
     else:
         sample = recorded.get("sample")
         trained_on = sample.get("corpus_chars") if isinstance(sample, dict) else None
-        if (recorded.get("source") != "trained" or not _count(trained_on)
-                or recorded.get("settings") != _tokenizer_settings(data, trained_on)):
+        if (
+            recorded.get("source") != "trained"
+            or not _count(trained_on)
+            or recorded.get("settings") != _tokenizer_settings(data, trained_on)
+        ):
             return "was prepared with other tokenizer settings (data.tokenizer)"
     damage = _check_tokenizer(folder, old)
     if damage is not None:
@@ -835,8 +955,13 @@ def _fresh(cfg: Config, plan: _Plan, *, guard: Callable[[Path], None], quiet: bo
                 sentences = _until_stopped(s for s in read if s is not None)
                 tok = train_wordpiece(sentences, data.tokenizer, chars)
             _check_stop()  # a signal cut the reading short: that vocabulary must not be used
-            sample = {"sample_chars": data.tokenizer.sample_chars, "corpus_chars": chars.count, "whole": lines.whole,
-                      "lines": lines.lines, "chars": lines.chars}
+            sample = {
+                "sample_chars": data.tokenizer.sample_chars,
+                "corpus_chars": chars.count,
+                "whole": lines.whole,
+                "lines": lines.lines,
+                "chars": lines.chars,
+            }
             if not lines.whole:
                 log(f"the vocabulary was trained on {sample_line(sample)}")
         save_tokenizer(tok, tmp)
@@ -844,8 +969,18 @@ def _fresh(cfg: Config, plan: _Plan, *, guard: Callable[[Path], None], quiet: bo
         units = plan_units(files, plan.entries, _tokenizer_sha256(tok), data)
         settings = _settings(data, tok)
         records = _prepare_units(units, tmp, tok, settings=settings, workers=workers, quiet=quiet)
-        manifest = _manifest(cfg, plan, tok=tok, root=tmp, units=units, records=records, settings=settings,
-                             sample=sample, old_tokenizer=None, seconds=time.perf_counter() - start)
+        manifest = _manifest(
+            cfg,
+            plan,
+            tok=tok,
+            root=tmp,
+            units=units,
+            records=records,
+            settings=settings,
+            sample=sample,
+            old_tokenizer=None,
+            seconds=time.perf_counter() - start,
+        )
         _check_sizes(manifest, data)
         _write_index(tmp, units, records, manifest["index"])
         _write_manifest(tmp, manifest)
@@ -855,8 +990,9 @@ def _fresh(cfg: Config, plan: _Plan, *, guard: Callable[[Path], None], quiet: bo
     return folder
 
 
-def _update(cfg: Config, plan: _Plan, *, old: dict[str, Any], tok: Tokenizer, units: list[Unit], quiet: bool,
-            workers: int) -> Path:
+def _update(
+    cfg: Config, plan: _Plan, *, old: dict[str, Any], tok: Tokenizer, units: list[Unit], quiet: bool, workers: int
+) -> Path:
     """The prepared folder, brought up to date in place: its tokenizer kept, the units it holds
     intact kept, the others prepared; a new index and manifest if anything changed."""
     global _state
@@ -869,8 +1005,11 @@ def _update(cfg: Config, plan: _Plan, *, old: dict[str, Any], tok: Tokenizer, un
     todo, damaged = [], []
     for unit in {u.key: u for u in units}.values():  # a unit twice (two equal files): prepared once, read twice
         record = records.get(unit.key) or _stray_record(folder, unit.key)
-        problem = ("missing" if record is None else
-                   _check_unit(folder, unit.key, record, dtype_name=settings.dtype, vocab_size=vocab_size))
+        problem = (
+            "missing"
+            if record is None
+            else _check_unit(folder, unit.key, record, dtype_name=settings.dtype, vocab_size=vocab_size)
+        )
         if problem is None:
             records[unit.key] = record
             continue
@@ -880,33 +1019,55 @@ def _update(cfg: Config, plan: _Plan, *, old: dict[str, Any], tok: Tokenizer, un
     digest = _index_digest(units)
     index_problem = _check_index(folder, old)
     if not todo and digest == old["index"] and index_problem is None:
-        if [(e["path"], e["mtime_ns"]) for e in plan.entries] != [(e["path"], e["mtime_ns"]) for e in old["corpus"]["files"]] \
-                or old["corpus"]["source"] != data.corpus:  # the same contents: record the files as they are now
+        if [(e["path"], e["mtime_ns"]) for e in plan.entries] != [
+            (e["path"], e["mtime_ns"]) for e in old["corpus"]["files"]
+        ] or old["corpus"]["source"] != data.corpus:  # the same contents: record the files as they are now
             _write_manifest(folder, {**old, "corpus": {"source": data.corpus, "files": plan.entries}})
         _remove_unused(folder, old)  # units a stopped prepare finished for a corpus that is not this one
         info(f"prepared data in {folder} is up to date (corpus and settings unchanged, files intact): reusing it")
         _warn_random_next(folder, old, cfg)
         return folder
     new_keys = {u.key for u in units}
-    changes = [f"{n} {word}" for n, word in ((len(new_keys - old_keys), "new or changed"),
-                                              (len(old_keys - new_keys), "gone")) if n]
+    changes = [
+        f"{n} {word}"
+        for n, word in ((len(new_keys - old_keys), "new or changed"), (len(old_keys - new_keys), "gone"))
+        if n
+    ]
     if changes:
         why = f": the corpus changed (units of it {', '.join(changes)})"
     elif damaged or index_problem:
         why = f" is damaged ({damaged[0] if damaged else index_problem})"
     else:
         why = ": the corpus changed (its files are in another order: renamed?)"
-    with_tok = ("the tokenizer of data.tokenizer.path" if plan.given_sha256 is not None else
-                "the run's own tokenizer (its checkpoints were trained on its token ids)" if plan.tok is not None else
-                "the tokenizer trained on the corpus as it was (--force trains a new one)")
-    work = (f"preparing {len(todo)} of {len(new_keys)} units ({sum(u.bytes for u in todo) / 1e6:,.1f} MB) with "
-            f"{with_tok}, keeping the other units" if todo else "writing a new index")
+    with_tok = (
+        "the tokenizer of data.tokenizer.path"
+        if plan.given_sha256 is not None
+        else "the run's own tokenizer (its checkpoints were trained on its token ids)"
+        if plan.tok is not None
+        else "the tokenizer trained on the corpus as it was (--force trains a new one)"
+    )
+    work = (
+        f"preparing {len(todo)} of {len(new_keys)} units ({sum(u.bytes for u in todo) / 1e6:,.1f} MB) with "
+        f"{with_tok}, keeping the other units"
+        if todo
+        else "writing a new index"
+    )
     (log if damaged or index_problem else info)(f"prepared data in {folder}{why}: {work}")
     _state = f"the prepared data in {folder} is as it was (units finished are kept for the next prepare)"
     try:
         records.update(_prepare_units(todo, folder, tok, settings=settings, workers=workers, quiet=quiet))
-        manifest = _manifest(cfg, plan, tok=tok, root=folder, units=units, records=records, settings=settings,
-                             sample=None, old_tokenizer=old["tokenizer"], seconds=time.perf_counter() - start)
+        manifest = _manifest(
+            cfg,
+            plan,
+            tok=tok,
+            root=folder,
+            units=units,
+            records=records,
+            settings=settings,
+            sample=None,
+            old_tokenizer=old["tokenizer"],
+            seconds=time.perf_counter() - start,
+        )
         _check_sizes(manifest, data)
         if digest != old["index"] or index_problem is not None:
             _write_index(folder, units, records, digest)
@@ -933,40 +1094,71 @@ def _stray_record(folder: Path, key: str) -> dict[str, Any] | None:
     return record if _well_formed_unit(record, in_manifest=False) and record["key"] == key else None
 
 
-def _manifest(cfg: Config, plan: _Plan, *, tok: Tokenizer, root: Path, units: list[Unit],
-              records: dict[str, dict[str, Any]], settings: UnitSettings, sample: dict[str, Any] | None,
-              old_tokenizer: dict[str, Any] | None, seconds: float) -> dict[str, Any]:
+def _manifest(
+    cfg: Config,
+    plan: _Plan,
+    *,
+    tok: Tokenizer,
+    root: Path,
+    units: list[Unit],
+    records: dict[str, dict[str, Any]],
+    settings: UnitSettings,
+    sample: dict[str, Any] | None,
+    old_tokenizer: dict[str, Any] | None,
+    seconds: float,
+) -> dict[str, Any]:
     """The manifest of prepared data in `root` (deterministic but for `created`, `seconds` and `tokens_per_s`)."""
     data = cfg.data
-    splits = {split: {c: sum(records[u.key]["splits"][split][c] for u in units) for c in ("documents", "segments", "tokens")}
-              for split in SPLITS}
+    splits = {
+        split: {c: sum(records[u.key]["splits"][split][c] for u in units) for c in ("documents", "segments", "tokens")}
+        for split in SPLITS
+    }
     total_tokens = splits["train"]["tokens"] + splits["valid"]["tokens"]
     casing = describe(tok)
     if old_tokenizer is not None:
         tokenizer = old_tokenizer
     else:
-        tokenizer = {"source": str(plan.tokenizer_file) if plan.tokenizer_file else "trained",
-                     "vocab_size": tok.get_vocab_size(with_added_tokens=True), "identity": tokenizer_identity(tok),
-                     "sha256": {name: _sha256(root / name) for name in TOKENIZER_FILES},
-                     "requested_vocab_size": data.tokenizer.vocab_size,
-                     "lowercase": casing.get("lowercase", data.tokenizer.lowercase),  # as used, not as configured
-                     "strip_accents": casing.get("strip_accents", data.tokenizer.strip_accents),
-                     "min_frequency": data.tokenizer.min_frequency, "sample": sample, "given_sha256": plan.given_sha256}
+        tokenizer = {
+            "source": str(plan.tokenizer_file) if plan.tokenizer_file else "trained",
+            "vocab_size": tok.get_vocab_size(with_added_tokens=True),
+            "identity": tokenizer_identity(tok),
+            "sha256": {name: _sha256(root / name) for name in TOKENIZER_FILES},
+            "requested_vocab_size": data.tokenizer.vocab_size,
+            "lowercase": casing.get("lowercase", data.tokenizer.lowercase),  # as used, not as configured
+            "strip_accents": casing.get("strip_accents", data.tokenizer.strip_accents),
+            "min_frequency": data.tokenizer.min_frequency,
+            "sample": sample,
+            "given_sha256": plan.given_sha256,
+        }
         if sample is not None:  # trained: on what (kept when files are added later), with which settings
             tokenizer["trained_on"] = {"files": len(plan.entries), "bytes": sum(e["bytes"] for e in plan.entries)}
             tokenizer["settings"] = _tokenizer_settings(data, sample["corpus_chars"])
     return {
-        "format_version": FORMAT_VERSION, "bertcli_version": __version__,
+        "format_version": FORMAT_VERSION,
+        "bertcli_version": __version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "corpus": {"source": data.corpus, "files": plan.entries},
         "tokenizer": tokenizer,
-        "split_sentences": data.split_sentences, "validation_fraction": data.validation_fraction,
-        "unit_bytes": UNIT_BYTES, "dtype": settings.dtype, "splits": splits,
+        "split_sentences": data.split_sentences,
+        "validation_fraction": data.validation_fraction,
+        "unit_bytes": UNIT_BYTES,
+        "dtype": settings.dtype,
+        "splits": splits,
         "unknown_tokens": sum(records[u.key]["unknown_tokens"] for u in units),
         "index": _index_digest(units),
-        "units": [{"key": u.key, "content": u.content, "bytes": u.bytes, "pieces": [list(p) for p in u.pieces],
-                   "splits": records[u.key]["splits"], "unknown_tokens": records[u.key]["unknown_tokens"]} for u in units],
-        "seconds": seconds, "tokens_per_s": total_tokens / max(seconds, 1e-9),
+        "units": [
+            {
+                "key": u.key,
+                "content": u.content,
+                "bytes": u.bytes,
+                "pieces": [list(p) for p in u.pieces],
+                "splits": records[u.key]["splits"],
+                "unknown_tokens": records[u.key]["unknown_tokens"],
+            }
+            for u in units
+        ],
+        "seconds": seconds,
+        "tokens_per_s": total_tokens / max(seconds, 1e-9),
     }
 
 
@@ -979,13 +1171,19 @@ def _report(folder: Path, manifest: dict[str, Any], cfg: Config, done: str) -> N
     t, v = manifest["splits"]["train"], manifest["splits"]["valid"]
     total_tokens = t["tokens"] + v["tokens"]
     share = _warn_random_next(folder, manifest, cfg)
-    pairs = (f"; random next sentences {100 * share:.1f}% of pairs (data.random_next_prob "
-             f"{100 * data.random_next_prob:.0f}%)" if share is not None else "")
+    pairs = (
+        f"; random next sentences {100 * share:.1f}% of pairs (data.random_next_prob "
+        f"{100 * data.random_next_prob:.0f}%)"
+        if share is not None
+        else ""
+    )
     seconds = manifest["seconds"]
-    info(f"{done}: {t['documents'] + v['documents']:,} documents ({v['documents']:,} held out), "
+    info(
+        f"{done}: {t['documents'] + v['documents']:,} documents ({v['documents']:,} held out), "
         f"{t['segments'] + v['segments']:,} sentences, {total_tokens:,} tokens, vocabulary "
         f"{manifest['tokenizer']['vocab_size']:,}, unknown {100 * manifest['unknown_tokens'] / max(total_tokens, 1):.2f}%"
-        f"{pairs}; {seconds:.1f} s, {total_tokens / max(seconds, 1e-9):,.0f} tokens/s")
+        f"{pairs}; {seconds:.1f} s, {total_tokens / max(seconds, 1e-9):,.0f} tokens/s"
+    )
 
 
 def _remove_unused(folder: Path, manifest: dict[str, Any]) -> None:
@@ -1013,19 +1211,25 @@ def data_random_next_share(folder: Path, manifest: dict[str, Any], data: DataCon
     if not data.pairs or manifest["splits"]["train"]["documents"] == 0:
         return None
     base = folder / INDEX / manifest["index"] / "train"
-    return random_next_share(np.memmap(base / SEG_OFFSETS, dtype=np.int64, mode="r"),
-                             np.memmap(base / DOC_OFFSETS, dtype=np.int64, mode="r"), data, seed)
+    return random_next_share(
+        np.memmap(base / SEG_OFFSETS, dtype=np.int64, mode="r"),
+        np.memmap(base / DOC_OFFSETS, dtype=np.int64, mode="r"),
+        data,
+        seed,
+    )
 
 
 def random_next_warning(share: float | None, data: DataConfig) -> str | None:
     """A line for the user when the documents are too short for the configured pairs."""
     if share is None or share <= data.random_next_prob + RANDOM_NEXT_MARGIN:
         return None
-    return (f"warning: {100 * share:.1f}% of the NSP pairs will have a random next sentence, against "
-            f"data.random_next_prob={data.random_next_prob:g}: most documents are too short for pairs (a single "
-            f"sentence, or sentences that fill data.max_seq_length={data.max_seq_length} alone), so NSP accuracy will "
-            "look high without learning; put several sentences in each document (a blank line ends a document in "
-            "text, one JSONL record is one document), or set data.pairs: false and train.nsp_weight: 0")
+    return (
+        f"warning: {100 * share:.1f}% of the NSP pairs will have a random next sentence, against "
+        f"data.random_next_prob={data.random_next_prob:g}: most documents are too short for pairs (a single "
+        f"sentence, or sentences that fill data.max_seq_length={data.max_seq_length} alone), so NSP accuracy will "
+        "look high without learning; put several sentences in each document (a blank line ends a document in "
+        "text, one JSONL record is one document), or set data.pairs: false and train.nsp_weight: 0"
+    )
 
 
 def _warn_random_next(folder: Path, manifest: dict[str, Any], cfg: Config) -> float | None:
@@ -1072,8 +1276,11 @@ def _stop_on_signal() -> Iterator[None]:
         _signal = signum
         raise _Stopped
 
-    previous = {signum: handler for signum in (signal.SIGINT, signal.SIGTERM)
-                if (handler := signal.getsignal(signum)) not in (signal.SIG_IGN, None)}  # nohup: ignored stays ignored
+    previous = {
+        signum: handler
+        for signum in (signal.SIGINT, signal.SIGTERM)
+        if (handler := signal.getsignal(signum)) not in (signal.SIG_IGN, None)
+    }  # nohup: ignored stays ignored
     read_end, write_end = os.pipe()
     os.set_blocking(read_end, False)
     os.set_blocking(write_end, False)
@@ -1086,8 +1293,10 @@ def _stop_on_signal() -> Iterator[None]:
         _check_stop()  # a stop that something caught on the way
     except _Stopped:
         signum = _signal or signal.SIGTERM
-        raise Interrupted(f"stopped by {signal.Signals(signum).name} while preparing data; {_state}: run the same "
-                          "command again", signum) from None
+        raise Interrupted(
+            f"stopped by {signal.Signals(signum).name} while preparing data; {_state}: run the same command again",
+            signum,
+        ) from None
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
@@ -1198,8 +1407,11 @@ def run_tokenizer(cfg: Config) -> Path | None:
     """The tokenizer.json of the run's newest checkpoint, None before its first: the tokenizer of a run
     is fixed by its first checkpoint, and every checkpoint carries it."""
     complete = (*layout.CHECKPOINT_FILES, layout.TOKENIZER_JSON)  # a link is damage, never followed (checkpoint.damage)
-    steps = [path for _, path in layout.list_checkpoints(Path(cfg.output_dir))
-             if all(ownership.own_file(path / name) for name in complete)]
+    steps = [
+        path
+        for _, path in layout.list_checkpoints(Path(cfg.output_dir))
+        if all(ownership.own_file(path / name) for name in complete)
+    ]
     return steps[-1] / layout.TOKENIZER_JSON if steps else None
 
 
@@ -1208,10 +1420,14 @@ def _guard(cfg: Config, folder: Path) -> Callable[[Path], None]:
     check that atomic.folder runs before writing and again before the swap: only prepared data
     that bertcli wrote (or an empty folder) is replaced."""
     fix = "set data.prepared_dir to a new or empty folder (the default is data, next to the config)"
-    inputs = [ownership.Input("the corpus", corpus_path(cfg)),
-              ownership.Input("the run folder (output_dir)", Path(cfg.output_dir), inside_ok=True)]
-    for label, value in (("the tokenizer (data.tokenizer.path)", cfg.data.tokenizer.path),
-                         ("the model (model.init_from)", cfg.model.init_from)):
+    inputs = [
+        ownership.Input("the corpus", corpus_path(cfg)),
+        ownership.Input("the run folder (output_dir)", Path(cfg.output_dir), inside_ok=True),
+    ]
+    for label, value in (
+        ("the tokenizer (data.tokenizer.path)", cfg.data.tokenizer.path),
+        ("the model (model.init_from)", cfg.model.init_from),
+    ):
         if value:
             inputs.append(ownership.Input(label, Path(value)))
     ownership.check_apart(folder, inputs, fix)
@@ -1234,20 +1450,32 @@ def prepared_lock(cfg: Config, command: str) -> AbstractContextManager[Any]:
     return PreparedLock(folder, command)
 
 
-def _changes(old: dict[str, Any], entries: list[dict[str, Any]], data: DataConfig, *, configured: Path | None,
-             tok: Tokenizer | None, output_dir: Path) -> list[str]:
+def _changes(
+    old: dict[str, Any],
+    entries: list[dict[str, Any]],
+    data: DataConfig,
+    *,
+    configured: Path | None,
+    tok: Tokenizer | None,
+    output_dir: Path,
+) -> list[str]:
     """What differs between the inputs recorded in manifest `old` and this config's (the fingerprint
     only says that something does), in words; `configured`: the tokenizer file of
     data.tokenizer.path (None: trained, or the run's own), `tok` the tokenizer that will be used."""
     changes = []
     if old["corpus"].get("source") != data.corpus:
-        changes.append(f"corpus {old['corpus'].get('source')} then, {data.corpus} now: the folder was prepared for "
-                       "another config sharing data.prepared_dir, or data.corpus changed")
+        changes.append(
+            f"corpus {old['corpus'].get('source')} then, {data.corpus} now: the folder was prepared for "
+            "another config sharing data.prepared_dir, or data.corpus changed"
+        )
     else:
         before = {f["path"]: _entry_digest(f) for f in old["corpus"]["files"]}
         now = {e["path"]: _entry_digest(e) for e in entries}
-        for what, paths in (("added", set(now) - set(before)), ("removed", set(before) - set(now)),
-                            ("changed", {p for p in set(now) & set(before) if now[p] != before[p]})):
+        for what, paths in (
+            ("added", set(now) - set(before)),
+            ("removed", set(before) - set(now)),
+            ("changed", {p for p in set(now) & set(before) if now[p] != before[p]}),
+        ):
             if paths:
                 first = sorted(paths)[0]
                 more = f" and {len(paths) - 1:,} more" if len(paths) > 1 else ""
@@ -1260,13 +1488,17 @@ def _changes(old: dict[str, Any], entries: list[dict[str, Any]], data: DataConfi
         changes.append(f"tokenizer {recorded.get('source')} then, {source} now")
     elif configured and tok is not None and recorded.get("identity") != tokenizer_identity(tok):
         changes.append(f"the tokenizer {configured} is not the one it was prepared with")
-    settings = [("data.tokenizer.vocab_size", recorded.get("requested_vocab_size"), t.vocab_size),
-                ("data.tokenizer.min_frequency", recorded.get("min_frequency"), t.min_frequency),
-                ("data.split_sentences", old.get("split_sentences"), data.split_sentences),
-                ("data.validation_fraction", old.get("validation_fraction"), data.validation_fraction)]
+    settings = [
+        ("data.tokenizer.vocab_size", recorded.get("requested_vocab_size"), t.vocab_size),
+        ("data.tokenizer.min_frequency", recorded.get("min_frequency"), t.min_frequency),
+        ("data.split_sentences", old.get("split_sentences"), data.split_sentences),
+        ("data.validation_fraction", old.get("validation_fraction"), data.validation_fraction),
+    ]
     if source == "trained":  # a given tokenizer's casing is its own: the manifest records it as used
-        settings += [("data.tokenizer.lowercase", recorded.get("lowercase"), t.lowercase),
-                     ("data.tokenizer.strip_accents", recorded.get("strip_accents"), t.strip_accents)]
+        settings += [
+            ("data.tokenizer.lowercase", recorded.get("lowercase"), t.lowercase),
+            ("data.tokenizer.strip_accents", recorded.get("strip_accents"), t.strip_accents),
+        ]
     changes += [f"{key} {json.dumps(then)} then, {json.dumps(now)} now" for key, then, now in settings if then != now]
     return changes or ["the corpus or tokenizer settings differ"]
 
@@ -1295,8 +1527,14 @@ def _check_sizes(manifest: dict[str, Any], data: DataConfig) -> None:
     if data.validation_fraction > 0 and valid < need:
         fixes = []
         # The widest stride (every k-th document of each unit) that holds out `need` and leaves `need` to train on.
-        stride = next((k for k in range(held_out_stride(data.validation_fraction) - 1, 1, -1)
-                       if need <= _held_out_count(manifest["units"], k) <= total - need), None)
+        stride = next(
+            (
+                k
+                for k in range(held_out_stride(data.validation_fraction) - 1, 1, -1)
+                if need <= _held_out_count(manifest["units"], k) <= total - need
+            ),
+            None,
+        )
         if stride is not None:  # validation_fraction is at most 0.5
             fixes.append(f"raise data.validation_fraction to {1 / stride:.4g}")
         if total >= need:
@@ -1304,12 +1542,16 @@ def _check_sizes(manifest: dict[str, Any], data: DataConfig) -> None:
         elif data.pairs:
             fixes.append("set data.validation_fraction: 0, data.pairs: false and train.nsp_weight: 0 (no NSP)")
         fixes.append("add documents (blank lines separate them)")
-        raise UsageError(f"data.corpus={data.corpus!r}: {total} document(s) is too small for the held-out split "
-                         f"(validation_fraction={data.validation_fraction} holds out {valid}; at least {need} "
-                         f"{'are' if need > 1 else 'is'} needed{why}): {', or '.join(fixes)}")
+        raise UsageError(
+            f"data.corpus={data.corpus!r}: {total} document(s) is too small for the held-out split "
+            f"(validation_fraction={data.validation_fraction} holds out {valid}; at least {need} "
+            f"{'are' if need > 1 else 'is'} needed{why}): {', or '.join(fixes)}"
+        )
     if train < need:
-        raise UsageError(f"data.corpus={data.corpus!r}: {train} training document(s); at least 2 are needed{why}: "
-                         f"separate documents with blank lines, or {no_pairs}")
+        raise UsageError(
+            f"data.corpus={data.corpus!r}: {train} training document(s); at least 2 are needed{why}: "
+            f"separate documents with blank lines, or {no_pairs}"
+        )
 
 
 def _check_enough_documents(units: list[Unit], data: DataConfig) -> None:
@@ -1336,8 +1578,13 @@ def _check_enough_documents(units: list[Unit], data: DataConfig) -> None:
             if total["train"] >= need and (fraction == 0 or total["valid"] >= need):
                 return
         counted.append({"content": unit.content, "splits": counts})
-    _check_sizes({"splits": {split: {"documents": sum(u["splits"][split]["documents"] for u in counted)}
-                             for split in SPLITS}, "units": counted}, data)
+    _check_sizes(
+        {
+            "splits": {split: {"documents": sum(u["splits"][split]["documents"] for u in counted)} for split in SPLITS},
+            "units": counted,
+        },
+        data,
+    )
 
 
 # ---------------------------------------------------------------- reading and checking prepared data
@@ -1361,7 +1608,10 @@ def read_manifest(folder: Path) -> tuple[dict[str, Any] | None, str | None]:
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        return None, f"is damaged ({MANIFEST} cannot be read: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+        return (
+            None,
+            f"is damaged ({MANIFEST} cannot be read: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__})",
+        )
     if not isinstance(manifest, dict):
         return None, f"is damaged ({MANIFEST} is not a JSON object)"
     version = manifest.get("format_version")
@@ -1369,15 +1619,25 @@ def read_manifest(folder: Path) -> tuple[dict[str, Any] | None, str | None]:
         return None, f"is of format version {version} (this bertcli reads and writes version {FORMAT_VERSION})"
     splits, files, tok = manifest.get("splits"), (manifest.get("corpus") or {}).get("files"), manifest.get("tokenizer")
     units = manifest.get("units")
-    well_formed = (manifest.get("dtype") in ("uint16", "uint32") and isinstance(files, list)
-                   and all(isinstance(f, dict) and isinstance(f.get("path"), str) for f in files)
-                   and _well_formed_splits(splits)
-                   and isinstance(tok, dict) and _count(tok.get("vocab_size")) and isinstance(tok.get("sha256"), dict)
-                   and all(isinstance(tok["sha256"].get(name), str) for name in TOKENIZER_FILES)
-                   and isinstance(manifest.get("index"), str) and re.fullmatch(KEY, manifest["index"]) is not None
-                   and isinstance(units, list) and all(_well_formed_unit(u) for u in units)
-                   and all(sum(u["splits"][s][c] for u in units) == splits[s][c]
-                           for s in SPLITS for c in ("documents", "segments", "tokens")))
+    well_formed = (
+        manifest.get("dtype") in ("uint16", "uint32")
+        and isinstance(files, list)
+        and all(isinstance(f, dict) and isinstance(f.get("path"), str) for f in files)
+        and _well_formed_splits(splits)
+        and isinstance(tok, dict)
+        and _count(tok.get("vocab_size"))
+        and isinstance(tok.get("sha256"), dict)
+        and all(isinstance(tok["sha256"].get(name), str) for name in TOKENIZER_FILES)
+        and isinstance(manifest.get("index"), str)
+        and re.fullmatch(KEY, manifest["index"]) is not None
+        and isinstance(units, list)
+        and all(_well_formed_unit(u) for u in units)
+        and all(
+            sum(u["splits"][s][c] for u in units) == splits[s][c]
+            for s in SPLITS
+            for c in ("documents", "segments", "tokens")
+        )
+    )
     if not well_formed:
         return None, f"is damaged ({MANIFEST} lacks fields or has values of the wrong type)"
     return manifest, None
@@ -1388,18 +1648,29 @@ def _count(value: Any) -> bool:
 
 
 def _well_formed_splits(splits: Any) -> bool:
-    return (isinstance(splits, dict) and set(splits) == set(SPLITS)
-            and all(isinstance(v, dict) and all(_count(v.get(c)) for c in ("documents", "segments", "tokens"))
-                    for v in splits.values()))
+    return (
+        isinstance(splits, dict)
+        and set(splits) == set(SPLITS)
+        and all(
+            isinstance(v, dict) and all(_count(v.get(c)) for c in ("documents", "segments", "tokens"))
+            for v in splits.values()
+        )
+    )
 
 
 def _well_formed_unit(unit: Any, in_manifest: bool = True) -> bool:
     """A unit's record: a key of 64 hex digits and counts; in the manifest, the hash of its contents too
     (its unit.json has none)."""
-    return (isinstance(unit, dict) and isinstance(unit.get("key"), str) and re.fullmatch(KEY, unit["key"]) is not None
-            and _well_formed_splits(unit.get("splits")) and _count(unit.get("unknown_tokens"))
-            and (not in_manifest or (isinstance(unit.get("content"), str)
-                                     and re.fullmatch(KEY, unit["content"]) is not None)))
+    return (
+        isinstance(unit, dict)
+        and isinstance(unit.get("key"), str)
+        and re.fullmatch(KEY, unit["key"]) is not None
+        and _well_formed_splits(unit.get("splits"))
+        and _count(unit.get("unknown_tokens"))
+        and (
+            not in_manifest or (isinstance(unit.get("content"), str) and re.fullmatch(KEY, unit["content"]) is not None)
+        )
+    )
 
 
 def _check_tokenizer(folder: Path, manifest: dict[str, Any]) -> str | None:
@@ -1423,7 +1694,11 @@ def _check_tokenizer(folder: Path, manifest: dict[str, Any]) -> str | None:
 
 def _check_files(folder: Path, rel: str, names: tuple[str, ...]) -> str | None:
     """Whether folder/rel/{train,valid}/NAME are regular files in regular folders (no symbolic links)."""
-    for path in (rel, *(f"{rel}/{split}" for split in SPLITS), *(f"{rel}/{split}/{n}" for split in SPLITS for n in names)):
+    for path in (
+        rel,
+        *(f"{rel}/{split}" for split in SPLITS),
+        *(f"{rel}/{split}/{n}" for split in SPLITS for n in names),
+    ):
         full = folder / path
         if os.path.islink(full):
             return f"{path} is a symbolic link, which bertcli never follows out of its folder"
@@ -1446,8 +1721,11 @@ def _check_unit(folder: Path, key: str, record: dict[str, Any], *, dtype_name: s
     dtype = np.dtype(dtype_name)
     for split, counts in record["splits"].items():
         base = folder / rel / split
-        expected = {TOKENS: counts["tokens"] * dtype.itemsize, SEG_OFFSETS: (counts["segments"] + 1) * 8,
-                    DOC_OFFSETS: (counts["documents"] + 1) * 8}
+        expected = {
+            TOKENS: counts["tokens"] * dtype.itemsize,
+            SEG_OFFSETS: (counts["segments"] + 1) * 8,
+            DOC_OFFSETS: (counts["documents"] + 1) * 8,
+        }
         for name, size in expected.items():
             actual = (base / name).stat().st_size
             if actual != size:
@@ -1485,8 +1763,10 @@ def _check_index(folder: Path, manifest: dict[str, Any]) -> str | None:
                 return f"{rel}/{split}/{name} does not rise from 0 to {last[name]:,}: its offsets are damaged"
         units = [u["splits"][split] for u in manifest["units"]]
         cum = {c: np.cumsum([0] + [u[c] for u in units]) for c in ("tokens", "segments", "documents")}
-        if not (np.array_equal(offsets[SEG_OFFSETS][cum["segments"]], cum["tokens"])
-                and np.array_equal(offsets[DOC_OFFSETS][cum["documents"]], cum["segments"])):
+        if not (
+            np.array_equal(offsets[SEG_OFFSETS][cum["segments"]], cum["tokens"])
+            and np.array_equal(offsets[DOC_OFFSETS][cum["documents"]], cum["segments"])
+        ):
             return f"{rel}/{split} does not agree with the units' counts: the index is damaged"
     return None
 
@@ -1500,8 +1780,9 @@ def check_prepared(folder: Path, manifest: dict[str, Any]) -> str | None:
     if problem is not None:
         return problem
     for unit in {u["key"]: u for u in manifest["units"]}.values():
-        problem = _check_unit(folder, unit["key"], unit, dtype_name=manifest["dtype"],
-                              vocab_size=manifest["tokenizer"]["vocab_size"])
+        problem = _check_unit(
+            folder, unit["key"], unit, dtype_name=manifest["dtype"], vocab_size=manifest["tokenizer"]["vocab_size"]
+        )
         if problem is not None:
             return problem
     return None
@@ -1513,7 +1794,7 @@ def _rising(offsets: np.ndarray, last: int, block: int = 1 << 20) -> bool:
     if offsets[0] != 0 or offsets[-1] != last:
         return False
     for lo in range(0, len(offsets) - 1, block):
-        if not (np.diff(offsets[lo:lo + block + 1]) > 0).all():
+        if not (np.diff(offsets[lo : lo + block + 1]) > 0).all():
             return False
     return True
 
@@ -1540,22 +1821,27 @@ class PreparedData:
         if self.manifest["splits"][split]["documents"] == 0:
             return None
         dtype = self.manifest["dtype"]
-        pieces = [np.memmap(self.folder / UNITS / u["key"] / split / TOKENS, dtype=dtype, mode="r")
-                  for u in self.manifest["units"] if u["splits"][split]["tokens"]]
+        pieces = [
+            np.memmap(self.folder / UNITS / u["key"] / split / TOKENS, dtype=dtype, mode="r")
+            for u in self.manifest["units"]
+            if u["splits"][split]["tokens"]
+        ]
         base = self.folder / INDEX / self.manifest["index"] / split
         return Corpus(
             tokens=pieces[0] if len(pieces) == 1 else PartTokens(pieces),
             seg_offsets=np.memmap(base / SEG_OFFSETS, dtype=np.int64, mode="r"),
             doc_offsets=np.memmap(base / DOC_OFFSETS, dtype=np.int64, mode="r"),
-            vocab_size=self.vocab_size, special=self.special, continuation=continuation_mask(self.tokenizer))
+            vocab_size=self.vocab_size,
+            special=self.special,
+            continuation=continuation_mask(self.tokenizer),
+        )
 
 
 def load_prepared(folder: Path, verify: bool = True) -> PreparedData:
     """Prepared data, checked (check_prepared) unless `verify` is False (prepare checked it just now)."""
     manifest, why_not = read_manifest(folder)
     config = folder.parent / layout.RUN_CONFIG if (folder.parent / layout.RUN_CONFIG).is_file() else "CONFIG"
-    again = (f"run `bertcli prepare --config {config}` (it prepares damaged or older data again; --force always "
-             "does)")
+    again = f"run `bertcli prepare --config {config}` (it prepares damaged or older data again; --force always does)"
     if manifest is None:
         raise UsageError(f"{folder}: {f'the prepared data {why_not}' if why_not else 'no prepared data here'}; {again}")
     if verify:

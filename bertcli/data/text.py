@@ -29,8 +29,11 @@ from bertcli.console import log
 from bertcli.errors import UsageError
 
 SUFFIXES = (".txt", ".jsonl")  # each plain or compressed: COMPRESSIONS
-COMPRESSIONS = {".gz": (gzip.open, "gzip", "gzip -t"), ".bz2": (bz2.open, "bzip2", "bzip2 -t"),
-                ".xz": (lzma.open, "xz", "xz -t")}
+COMPRESSIONS = {
+    ".gz": (gzip.open, "gzip", "gzip -t"),
+    ".bz2": (bz2.open, "bzip2", "bzip2 -t"),
+    ".xz": (lzma.open, "xz", "xz -t"),
+}
 END_OF_DOCUMENT = None
 # Longest line read as it is: longer ones are cut at white space near this length (a piece of
 # 10,000 characters is about 2,000 tokens, four times the longest example BERT trains on; only
@@ -41,7 +44,24 @@ CUT_WINDOW = 1_000  # a cut looks this far back from MAX_LINE_CHARS for white sp
 # A sentence ends at . ! or ? (plus closing quotes/brackets), before white space and a capital,
 # a digit or an opening quote. Abbreviations that usually precede a capital are not ends.
 _BOUNDARY = re.compile(r"""(?<=[.!?])["'\u201d\u2019)\]]*\s+(?=["'\u201c\u2018(\[]?[A-Z0-9])""")
-_ABBREVIATIONS = {"mr", "mrs", "ms", "dr", "prof", "st", "vs", "etc", "e.g", "i.e", "fig", "no", "vol", "cf", "jr", "sr"}
+_ABBREVIATIONS = {
+    "mr",
+    "mrs",
+    "ms",
+    "dr",
+    "prof",
+    "st",
+    "vs",
+    "etc",
+    "e.g",
+    "i.e",
+    "fig",
+    "no",
+    "vol",
+    "cf",
+    "jr",
+    "sr",
+}
 
 
 def split_sentences(line: str) -> list[str]:
@@ -51,11 +71,13 @@ def split_sentences(line: str) -> list[str]:
     sentences: list[str] = []
     start = 0
     for match in _BOUNDARY.finditer(line):
-        before = line[start:match.start()].rstrip("\"')]\u201d\u2019")
+        before = line[start : match.start()].rstrip("\"')]\u201d\u2019")
         last_word = before.rsplit(None, 1)[-1].rstrip(".!?") if before.strip() else ""
-        if last_word.lower() in _ABBREVIATIONS or (len(last_word) == 1 and last_word.isupper()):  # "Dr. Who", "J. Smith"
+        if last_word.lower() in _ABBREVIATIONS or (
+            len(last_word) == 1 and last_word.isupper()
+        ):  # "Dr. Who", "J. Smith"
             continue
-        sentences.append(line[start:match.start()].strip())
+        sentences.append(line[start : match.start()].strip())
         start = match.end()
     sentences.append(line[start:].strip())
     return [s for s in sentences if s]
@@ -72,7 +94,7 @@ def _cut_point(text: str, start: int, limit: int) -> tuple[int, int]:
     lo, hi = start + max(limit - CUT_WINDOW, 1), start + limit
     for pattern in (_BOUNDARY, _SPACE):
         match = None
-        for match in pattern.finditer(text, lo, hi):
+        for match in pattern.finditer(text, lo, hi):  # noqa: B007 (the last match is wanted)
             pass
         if match is not None:
             return match.start(), match.end()
@@ -135,7 +157,7 @@ def _name_parts(path: Path) -> tuple[str, str]:
     """(name without its compression suffix, compression suffix or ''), lower-cased."""
     name = path.name.lower()
     compression = next((c for c in COMPRESSIONS if name.endswith(c)), "")
-    return name[:len(name) - len(compression)], compression
+    return name[: len(name) - len(compression)], compression
 
 
 def is_jsonl(path: Path) -> bool:
@@ -166,8 +188,10 @@ def corpus_files(path: Path) -> list[Path]:
     if path.is_file():
         return [path]
     if not path.is_dir():  # a pipe, a device (/dev/null), a socket
-        raise UsageError(f"{path}: not a regular file nor a folder; the corpus is read more than once (to train the "
-                         "tokenizer, then to tokenize), so save the text to a file first and pass that")
+        raise UsageError(
+            f"{path}: not a regular file nor a folder; the corpus is read more than once (to train the "
+            "tokenizer, then to tokenize), so save the text to a file first and pass that"
+        )
     files, skipped = _walk(path)
     for why, examples in skipped.items():
         log(f"{path}: skipped {len(examples):,} {why}, e.g. {examples[0]}")
@@ -181,9 +205,12 @@ def _walk(root: Path) -> tuple[list[Path], dict[str, list[Path]]]:
     seen: set[tuple[int, int]] = set()  # (device, inode) of every folder and file taken
     files: list[Path] = []
     skipped: dict[str, list[Path]] = {}
-    reasons = {"name": f"file(s) that are not {CORPUS_NAMES}", "special": "entries that are not regular files "
-               "(broken links, pipes, devices)", "again": "folder(s) or file(s) reached a second time through a "
-               "symbolic link (read once)", "unreadable": "folder(s) that could not be read (permissions)"}
+    reasons = {
+        "name": f"file(s) that are not {CORPUS_NAMES}",
+        "special": "entries that are not regular files (broken links, pipes, devices)",
+        "again": "folder(s) or file(s) reached a second time through a symbolic link (read once)",
+        "unreadable": "folder(s) that could not be read (permissions)",
+    }
 
     def skip(reason: str, entry: Path) -> None:
         skipped.setdefault(reasons[reason], []).append(entry)
@@ -289,7 +316,7 @@ def _boundary(fh: BinaryIO, target: int, pattern: re.Pattern[bytes]) -> tuple[in
         if match is not None:
             return base + match.start() + 1, base + match.end()
         last = buf.rfind(b"\n")  # a match can only start at the last line break, if it is still open
-        keep = buf[last:] if last >= 0 and len(buf) - last <= 1026 and not buf[last + 1:].strip(b" \t\r\f\v") else b""
+        keep = buf[last:] if last >= 0 and len(buf) - last <= 1026 and not buf[last + 1 :].strip(b" \t\r\f\v") else b""
         base += len(buf) - len(keep)
         buf = keep
 
@@ -313,8 +340,10 @@ def _compressed_error(path: Path, fh: BinaryIO, exc: Exception, where: str = "")
         byte = ""
     place = ", ".join(p for p in (where, byte) if p)
     what = "cut short" if isinstance(exc, EOFError) else f"damaged or not {tool} ({exc})"
-    return UsageError(f"{path}: {place + ': ' if place else ''}the {tool} file is {what}; download or compress it "
-                      f"again ({check} checks it)")
+    return UsageError(
+        f"{path}: {place + ': ' if place else ''}the {tool} file is {what}; download or compress it "
+        f"again ({check} checks it)"
+    )
 
 
 READ_BYTES = 1 << 16  # a text line is read in parts of at most this many bytes (a JSON Lines record whole)
@@ -348,8 +377,10 @@ def _lines(part: Part, progress: Callable[[int], None]) -> Iterator[tuple[int, s
         try:
             return decoder.decode(raw, final=final)
         except UnicodeDecodeError as exc:
-            raise UsageError(f"{path}: byte {offset - held + exc.start} (line {number}): not valid UTF-8; convert the "
-                             "file to UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+            raise UsageError(
+                f"{path}: byte {offset - held + exc.start} (line {number}): not valid UTF-8; convert the "
+                "file to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+            ) from None
 
     with _open(path) as fh:
         if part.start or part.end is not None:  # a part of an uncompressed file (never a compressed one)
@@ -360,8 +391,10 @@ def _lines(part: Part, progress: Callable[[int], None]) -> Iterator[tuple[int, s
         for raw in _raw_lines(path, reader, limit):
             nul = raw.find(b"\x00")
             if nul >= 0:
-                raise UsageError(f"{path}: byte {offset + nul}: a NUL byte; this looks like a binary file, not text "
-                                 "(remove it from the corpus)")
+                raise UsageError(
+                    f"{path}: byte {offset + nul}: a NUL byte; this looks like a binary file, not text "
+                    "(remove it from the corpus)"
+                )
             ends = raw.endswith(b"\n") or limit < 0 or len(raw) < limit  # short of the limit: the file's end
             text = decode(raw, final=ends)
             offset += len(raw)
@@ -411,9 +444,12 @@ def read_text(files: list[Path], block: int = 1 << 16) -> Iterator[str]:
             yield "\n".join(texts) + "\n"
 
 
-def read_sentences(files: list[Path] | list[Part], split: bool = True,
-                   progress: Callable[[int], None] = lambda n: None,
-                   keep: Callable[[str], bool] | None = None) -> Iterator[str | None]:
+def read_sentences(
+    files: list[Path] | list[Part],
+    split: bool = True,
+    progress: Callable[[int], None] = lambda n: None,
+    keep: Callable[[str], bool] | None = None,
+) -> Iterator[str | None]:
     """Sentences of every document of the files (or parts of files, see Part), with END_OF_DOCUMENT
     (None) after each document; with `keep` (a LineSample), only the sentences of the lines it keeps
     (document ends all the same)."""
@@ -433,7 +469,7 @@ def read_sentences(files: list[Path] | list[Part], split: bool = True,
                     raise UsageError(f"{path}: line {number}: {_json_problem(line, exc)}") from None
                 text = record.get("text") if isinstance(record, dict) else None
                 if not isinstance(text, str):
-                    raise UsageError(f"{path}: line {number}: no \"text\" string field in this JSON record")
+                    raise UsageError(f'{path}: line {number}: no "text" string field in this JSON record')
                 paragraphs = [p.strip() for p in text.splitlines() if p.strip()]
                 for paragraph in paragraphs:
                     yield from _sentences(paragraph, split, keep)
@@ -471,11 +507,17 @@ def _json_problem(line: str, exc: json.JSONDecodeError) -> str:
     column = exc.colno
     if exc.msg.startswith("Invalid control character"):
         if exc.pos >= len(text):
-            return ("not valid JSON: a string is not closed before the end of the line; a record is one line, so "
-                    "close the string, and write line breaks inside text as \\n")
-        return (f"not valid JSON: a raw control character (U+{ord(line[exc.pos]):04X}) inside a string at column "
-                f"{column}; write it escaped (\\t, \\n or \\u{ord(line[exc.pos]):04x})")
+            return (
+                "not valid JSON: a string is not closed before the end of the line; a record is one line, so "
+                "close the string, and write line breaks inside text as \\n"
+            )
+        return (
+            f"not valid JSON: a raw control character (U+{ord(line[exc.pos]):04X}) inside a string at column "
+            f"{column}; write it escaped (\\t, \\n or \\u{ord(line[exc.pos]):04x})"
+        )
     if exc.msg.startswith("Unterminated string"):
         return "not valid JSON: a string is not closed before the end of the line; close it (a record is one line)"
-    return (f"not valid JSON ({exc.msg.removesuffix(' at')} at column {column}); fix the record: one JSON object "
-            'per line, such as {"text": "..."}')
+    return (
+        f"not valid JSON ({exc.msg.removesuffix(' at')} at column {column}); fix the record: one JSON object "
+        'per line, such as {"text": "..."}'
+    )

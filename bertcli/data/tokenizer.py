@@ -53,7 +53,9 @@ def casing_of(folder: Path) -> Casing | None:
     try:
         raw = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise UsageError(f"{file}: cannot read ({exc}); fix the file or remove it to use data.tokenizer's casing") from None
+        raise UsageError(
+            f"{file}: cannot read ({exc}); fix the file or remove it to use data.tokenizer's casing"
+        ) from None
     if not isinstance(raw, dict):
         raise UsageError(f"{file}: expected a JSON object")
     if not str(raw.get("tokenizer_class") or "BertTokenizer").removesuffix("Fast").endswith("BertTokenizer"):
@@ -68,8 +70,12 @@ def casing_of(folder: Path) -> Casing | None:
 
 def _bert_pipeline(tok: Tokenizer, casing: Casing) -> Tokenizer:
     """BERT's normalizer (clean text, split CJK characters, lowercase, strip accents) and pre-tokenizer."""
-    tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=casing.tokenize_chinese_chars,
-                                                strip_accents=casing.strip_accents, lowercase=casing.do_lower_case)
+    tok.normalizer = normalizers.BertNormalizer(
+        clean_text=True,
+        handle_chinese_chars=casing.tokenize_chinese_chars,
+        strip_accents=casing.strip_accents,
+        lowercase=casing.do_lower_case,
+    )
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece(prefix=CONTINUATION)
     return tok
@@ -79,13 +85,16 @@ def _add_post_processor(tok: Tokenizer) -> Tokenizer:
     """[CLS] A [SEP] and [CLS] A [SEP] B [SEP] with segment ids, as BERT expects."""
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
+    )
     return tok
 
 
 def _new_tokenizer(cfg: TokenizerConfig) -> Tokenizer:
-    return _bert_pipeline(Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix=CONTINUATION)),
-                          Casing(do_lower_case=cfg.lowercase, strip_accents=cfg.strip_accents))
+    return _bert_pipeline(
+        Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix=CONTINUATION)),
+        Casing(do_lower_case=cfg.lowercase, strip_accents=cfg.strip_accents),
+    )
 
 
 # Bits of scan_characters' table, one byte per code point.
@@ -166,7 +175,7 @@ def scan_characters(texts: Iterable[str], cfg: TokenizerConfig) -> Characters:
         last = len(points) - 1
         while kind[last] & _REMOVED:  # position 0 is always kept
             last -= 1
-        previous = points[last:last + 1].copy()
+        previous = points[last : last + 1].copy()
     return Characters(inner=sorted(inner), every=sorted(every), count=count)
 
 
@@ -192,9 +201,14 @@ def train_wordpiece(sentences: Iterable[str], cfg: TokenizerConfig, chars: Chara
     """
     continuations = [CONTINUATION + ch for ch in chars.inner]
     tok = _new_tokenizer(cfg)
-    trainer = trainers.WordPieceTrainer(vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency,
-                                        special_tokens=[*SPECIAL, *continuations], initial_alphabet=chars.every,
-                                        continuing_subword_prefix=CONTINUATION, show_progress=False)
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=cfg.vocab_size,
+        min_frequency=cfg.min_frequency,
+        special_tokens=[*SPECIAL, *continuations],
+        initial_alphabet=chars.every,
+        continuing_subword_prefix=CONTINUATION,
+        show_progress=False,
+    )
     tok.train_from_iterator(sentences, trainer=trainer)
     spec = json.loads(tok.to_str())  # the model's vocabulary holds every piece; only SPECIAL stay added tokens
     spec["added_tokens"] = [t for t in spec["added_tokens"] if t["content"] in SPECIAL]
@@ -207,7 +221,9 @@ def find_tokenizer_file(path: Path) -> Path:
     if path.is_dir():
         path = next((path / n for n in TOKENIZER_FILES if (path / n).is_file()), path)
     if not path.is_file():
-        raise UsageError(f"{path}: no tokenizer here; data.tokenizer.path takes a tokenizer.json, a vocab.txt or a folder with one")
+        raise UsageError(
+            f"{path}: no tokenizer here; data.tokenizer.path takes a tokenizer.json, a vocab.txt or a folder with one"
+        )
     return path
 
 
@@ -223,8 +239,10 @@ def read_tokenizer_json(path: Path) -> Tokenizer:
     try:
         return unpadded(Tokenizer.from_file(str(path)))
     except Exception as exc:  # tokenizers raises plain Exceptions with its own message
-        raise UsageError(f"{path}: cannot load tokenizer ({str(exc).splitlines()[0] if str(exc) else exc!r}); the file "
-                         "is damaged: restore it, or use another checkpoint or prepared folder") from None
+        raise UsageError(
+            f"{path}: cannot load tokenizer ({str(exc).splitlines()[0] if str(exc) else exc!r}); the file "
+            "is damaged: restore it, or use another checkpoint or prepared folder"
+        ) from None
 
 
 def load_tokenizer(path: Path, cfg: TokenizerConfig) -> Tokenizer:
@@ -239,11 +257,16 @@ def load_tokenizer(path: Path, cfg: TokenizerConfig) -> Tokenizer:
             norm = tok.normalizer
             if casing is not None and isinstance(norm, normalizers.BertNormalizer):
                 tok.normalizer = normalizers.BertNormalizer(
-                    clean_text=norm.clean_text, handle_chinese_chars=casing.tokenize_chinese_chars,
-                    strip_accents=casing.strip_accents, lowercase=casing.do_lower_case)
+                    clean_text=norm.clean_text,
+                    handle_chinese_chars=casing.tokenize_chinese_chars,
+                    strip_accents=casing.strip_accents,
+                    lowercase=casing.do_lower_case,
+                )
         else:
             casing = casing or Casing(do_lower_case=cfg.lowercase, strip_accents=cfg.strip_accents)
-            tok = _add_post_processor(_bert_pipeline(Tokenizer(models.WordPiece.from_file(str(path), unk_token="[UNK]")), casing))
+            tok = _add_post_processor(
+                _bert_pipeline(Tokenizer(models.WordPiece.from_file(str(path), unk_token="[UNK]")), casing)
+            )
     except Exception as exc:  # tokenizers raises plain Exceptions with its own message
         raise UsageError(f"{path}: cannot load tokenizer ({str(exc).splitlines()[0]})") from None
     missing = [t for t in SPECIAL if tok.token_to_id(t) is None]
@@ -258,8 +281,11 @@ def describe(tok: Tokenizer) -> dict[str, Any]:
     norm = tok.normalizer
     if isinstance(norm, normalizers.BertNormalizer):
         lower = bool(norm.lowercase)
-        info |= {"lowercase": lower, "strip_accents": lower if norm.strip_accents is None else bool(norm.strip_accents),
-                 "tokenize_chinese_chars": bool(norm.handle_chinese_chars)}
+        info |= {
+            "lowercase": lower,
+            "strip_accents": lower if norm.strip_accents is None else bool(norm.strip_accents),
+            "tokenize_chinese_chars": bool(norm.handle_chinese_chars),
+        }
     return info
 
 
@@ -284,8 +310,10 @@ def check_vocab_file(tok: Tokenizer, contents: bytes, where: Path) -> None:
     """Refuse a vocab.txt (its `contents`, read from `where`) that is not `tok`'s: tools that read
     vocab.txt alone would get other token ids than the tokenizer.json beside it."""
     if contents != vocab_text(tok).encode("utf-8"):
-        raise UsageError(f"{where} does not match the tokenizer.json beside it (edited after bertcli wrote it?): "
-                         "restore it, or use another checkpoint")
+        raise UsageError(
+            f"{where} does not match the tokenizer.json beside it (edited after bertcli wrote it?): "
+            "restore it, or use another checkpoint"
+        )
 
 
 def tokenizer_identity(tok: Tokenizer) -> str:
@@ -294,7 +322,11 @@ def tokenizer_identity(tok: Tokenizer) -> str:
     tokenizer saved again (into a checkpoint, say) keeps its identity."""
     spec = json.loads(tok.to_str())
     vocab = sorted(tok.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
-    key = {"vocab": [t for t, _ in vocab], "normalizer": spec.get("normalizer"), "pre_tokenizer": spec.get("pre_tokenizer")}
+    key = {
+        "vocab": [t for t, _ in vocab],
+        "normalizer": spec.get("normalizer"),
+        "pre_tokenizer": spec.get("pre_tokenizer"),
+    }
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
 
