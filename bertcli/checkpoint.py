@@ -487,6 +487,7 @@ def model_differences(a: Config, b: Config) -> list[str]:
 # the tokenizer's settings (a run's tokenizer is fixed by its first checkpoint; another one is refused).
 EXAMPLE_SETTINGS = [
     "train.seed",
+    "global batch",  # batch_size x grad_accum_steps x processes, where the checkpoint recorded it
     "train.batch_size",
     "train.grad_accum_steps",
     "data.corpus",
@@ -503,15 +504,19 @@ EXAMPLE_SETTINGS = [
     "data.random_token_prob",
     "data.synthetic",
 ]
-HELD_OUT_SETTINGS = [k for k in EXAMPLE_SETTINGS if k not in ("train.batch_size", "train.grad_accum_steps")] + [
-    "train.eval_examples"
-]
+HELD_OUT_SETTINGS = [
+    k for k in EXAMPLE_SETTINGS if k not in ("global batch", "train.batch_size", "train.grad_accum_steps")
+] + ["train.eval_examples"]
 UPDATE_SETTINGS = ["optimizer", "train.max_steps", "train.mlm_weight", "train.nsp_weight", "train.max_grad_norm"]
 
 
-def setting_differences(saved: Config, cfg: Config, step: int, where: str) -> list[str]:
+def setting_differences(
+    saved: Config, cfg: Config, *, step: int, where: str, batches: tuple[int | None, int] | None = None
+) -> list[str]:
     """What resuming checkpoint `where` (at `step`, saved with config `saved`) under `cfg` changes,
-    one line per kind of change: the examples later steps see, the held-out set, the updates."""
+    one line per kind of change: the examples later steps see, the held-out set, the updates.
+    `batches`: the global batch (examples a step) then, if the checkpoint recorded it, and now: a
+    step's examples depend on it alone, so 2 processes x 4 resumed as 1 x 8 changes nothing."""
     from bertcli.optim import lr_at
 
     def flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -521,6 +526,10 @@ def setting_differences(saved: Config, cfg: Config, step: int, where: str) -> li
         return out
 
     old, new = flat(to_dict(saved)), flat(to_dict(cfg))
+    if batches is not None and batches[0] is not None:  # compare the global batch, not its split
+        for key in ("train.batch_size", "train.grad_accum_steps"):
+            old.pop(key), new.pop(key)
+        old["global batch"], new["global batch"] = batches
     synthetic = old["data.corpus"] == new["data.corpus"] == "synthetic"  # its settings matter only then
 
     def changed(prefixes: list[str]) -> str:
@@ -741,12 +750,20 @@ class CheckpointManager:
         return self.resumed_from
 
     def load(
-        self, *, model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, **more: Stateful
+        self,
+        *,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scaler: torch.amp.GradScaler,
+        examples_per_step: int,
+        **more: Stateful,
     ) -> Progress:
         """Take the parts of the training state that every checkpoint saves from now on: the weights
         of `model` (after parallelize: sharded or not), the state of `optimizer` and `scaler`, and
         any `more` (into training_state.pt, under their names); restore them from the checkpoint
-        `choose` picked. Returns where the run stands (all zero when it starts fresh)."""
+        `choose` picked. Returns where the run stands (all zero when it starts fresh).
+        `examples_per_step`: the global batch now (batch size x accumulation x processes), which
+        decides the examples of a step whatever the number of processes."""
         self.parts = {MODEL: ModelPart(model), "optimizer": OptimizerPart(model, optimizer), "scaler": scaler, **more}
         path = self.resumed_from
         if path is None:
@@ -775,7 +792,14 @@ class CheckpointManager:
         )
         console.info(f"resuming from {path} (step {progress.step})")
         if progress.step < self.cfg.train.max_steps:  # (else there is nothing to do)
-            for line in setting_differences(read_config(path), self.cfg, progress.step, path.name):
+            saved_batch = trainer.get("examples_per_step")
+            for line in setting_differences(
+                read_config(path),
+                self.cfg,
+                step=progress.step,
+                where=path.name,
+                batches=(saved_batch if isinstance(saved_batch, int) else None, examples_per_step),
+            ):
                 console.log(line)
         return progress
 

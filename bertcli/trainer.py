@@ -274,7 +274,12 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume: str, quiet: bool) -> Run
     if why_not:
         log(why_not)
     scaler = rt.grad_scaler(cfg.precision)
-    progress = checkpoints.load(model=model, optimizer=optimizer, scaler=scaler)  # as the checkpoint left them, if any
+    progress = checkpoints.load(
+        model=model,
+        optimizer=optimizer,
+        scaler=scaler,
+        examples_per_step=cfg.train.batch_size * cfg.train.grad_accum_steps * rt.world_size,
+    )  # as the checkpoint left them, if any
     run = Run(
         cfg=cfg,
         rt=rt,
@@ -517,6 +522,8 @@ def _trainer_state(run: Run, window: MetricsWindow, metrics: dict[str, float], r
     return {
         "tokens_seen": run.progress.tokens_seen + int(seen[0]),
         "train_time_s": run.progress.train_time_s + time.perf_counter() - run_start,
+        # The global batch: a resume on another number of processes compares it, not the split.
+        "examples_per_step": run.cfg.train.batch_size * run.cfg.train.grad_accum_steps * run.rt.world_size,
         "metrics": metrics,
     }
 

@@ -44,9 +44,9 @@ def torchrun(config, *args, nproc=2, quiet=True, **kwargs):
     return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=180, **kwargs)
 
 
-def single(config, *args):
+def single(config, *args, quiet: bool = True):
     return subprocess.run(
-        [sys.executable, "-m", "bertcli", "pretrain", "--config", str(config), "--quiet", *args],
+        [sys.executable, "-m", "bertcli", "pretrain", "--config", str(config), *(["--quiet"] if quiet else []), *args],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -144,8 +144,9 @@ def test_fsdp_equals_one_process_and_its_checkpoint_resumes_in_one_process(tmp_p
     for key in a:
         torch.testing.assert_close(b[key], a[key], rtol=0, atol=1e-5)
     write_config(tmp_path / "mixed", *overrides)  # the same run, now in one process with the whole batch
-    second = single(mixed)
+    second = single(mixed, quiet=False)
     assert second.returncode == 0 and "(step 4)" in second.stderr, second.stderr[-2000:]
+    assert "other settings" not in second.stderr  # 2 processes x 4 resumed as 1 x 8: the same global batch
     a, b = weights(tmp_path / "one", 8), weights(tmp_path / "mixed", 8)
     for key in a:
         torch.testing.assert_close(b[key], a[key], rtol=0, atol=1e-5)
