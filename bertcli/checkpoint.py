@@ -755,7 +755,7 @@ class CheckpointManager:
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
         scaler: torch.amp.GradScaler,
-        examples_per_step: int,
+        examples_per_step: int | None = None,
         **more: Stateful,
     ) -> Progress:
         """Take the parts of the training state that every checkpoint saves from now on: the weights
@@ -798,7 +798,9 @@ class CheckpointManager:
                 self.cfg,
                 step=progress.step,
                 where=path.name,
-                batches=(saved_batch if isinstance(saved_batch, int) else None, examples_per_step),
+                batches=None
+                if examples_per_step is None
+                else (saved_batch if isinstance(saved_batch, int) else None, examples_per_step),
             ):
                 console.log(line)
         return progress
