@@ -34,7 +34,7 @@ from torch.overrides import TorchFunctionMode
 from bertcli import atomic, checkpoint, hf, layout, runtime
 from bertcli.config import ModelConfig, TokenizerConfig
 from bertcli.data.tokenizer import find_tokenizer_file, load_tokenizer, read_tokenizer_json
-from bertcli.errors import PipeClosed, UsageError
+from bertcli.errors import PipeClosed, RunError, UsageError
 from bertcli.layout import Kind
 from bertcli.model import BertForPreTraining, padding_mask
 from bertcli.sbert import SentenceModel, read_sentence_model
@@ -112,6 +112,19 @@ class Unpaired(UsageError):
             "strict_pairs off to encode such lines alone"
         )
         self.where = where
+
+
+class NonFiniteOutput(RunError):
+    """The model gives NaN or inf for an input (weights finite but so large that its forward pass
+    overflows, or fp16's range exceeded): a vector of it would be garbage, so none is written."""
+
+    def __init__(self, source: Path | None, where: str, precision: str) -> None:
+        fix = "encode in fp32 or bf16" if precision == "fp16" else "use another checkpoint or model"
+        super().__init__(
+            f"{source or 'the model'}: its output is NaN or inf for {where}, so its vectors would be "
+            f"meaningless; {fix}"
+        )
+        self.source, self.where = source, where
 
 
 class Line(str):
@@ -494,6 +507,10 @@ def encode(
     counts = {"lines": 0, "truncated": 0, "unpaired": 0}
     window: list[str] = []
 
+    def where(i: int) -> str:  # window[i], for a message
+        line = window[i]
+        return f"{line.source}: line {line.number}" if isinstance(line, Line) else f"input line {counts['lines'] + i + 1}"
+
     @torch.inference_mode()
     def flush() -> None:
         if not window:
@@ -504,12 +521,7 @@ def encode(
             inputs = [tuple(text.split("\t", 1)) if "\t" in text else text for text in texts]
             unpaired = [i for i, x in enumerate(inputs) if isinstance(x, str)]
             if unpaired and strict_pairs:
-                line = window[unpaired[0]]
-                raise Unpaired(
-                    f"{line.source}: line {line.number}"
-                    if isinstance(line, Line)
-                    else f"input line {counts['lines'] + unpaired[0] + 1}"
-                )
+                raise Unpaired(where(unpaired[0]))
             counts["unpaired"] += len(unpaired)
         cuts = [prefixes.cut(x) for x in inputs]  # a text far past the limit: only a prefix is tokenized
         encodings = enc.tokenizer.encode_batch([x for x, _ in cuts], add_special_tokens=True)
@@ -524,9 +536,14 @@ def encode(
             if per_token:
                 for j, i in enumerate(chunk):
                     vectors = hidden[j, : int(valid[j])].float()
+                    if not bool(torch.isfinite(vectors).all()):
+                        raise NonFiniteOutput(enc.source, where(i), enc.rt.precision)
                     rows[i] = (F.normalize(vectors, dim=-1) if normalize else vectors).cpu().numpy()
                 continue
             pooled = _pool(hidden, valid, pooling, enc.model).float()
+            bad = (~torch.isfinite(pooled)).any(1).nonzero()  # (n, 1): one host sync per batch
+            if len(bad):
+                raise NonFiniteOutput(enc.source, where(chunk[int(bad[0])]), enc.rt.precision)
             if normalize:
                 pooled = F.normalize(pooled, dim=-1)
             for j, i in enumerate(chunk):

@@ -354,9 +354,25 @@ class NonFiniteGuard:
     def __init__(self, limit: int, device: torch.device) -> None:
         self.limit = limit
         self.in_a_row = torch.zeros((), device=device)
+        self.loss_finite = torch.ones((), dtype=torch.bool, device=device)  # the last step's loss
 
-    def update(self, finite: torch.Tensor) -> None:
+    def update(self, finite: torch.Tensor, loss_finite: torch.Tensor) -> None:
         self.in_a_row = torch.where(finite, 0.0, self.in_a_row + 1)
+        self.loss_finite = loss_finite
+
+    def check_end(self, step: int, last_checkpoint: Path | None) -> None:
+        """At the last step: a run that ends skipping steps because the model's own loss is NaN or inf
+        (weights so large that the forward pass overflows: optimizer.lr=1e8) has no usable model, though
+        fewer than train.max_nonfinite_steps were skipped. Gradients alone overflowing (fp16's loss
+        scaler finds its scale that way) leave the weights as they were: not an error."""
+        run = int(self.in_a_row)
+        if run and not bool(self.loss_finite):
+            raise RunError(
+                f"step {step}: the model's loss is NaN or inf, so the last {run} steps (steps {step - run + 1}-"
+                f"{step}) were skipped and its weights are unusable; no final checkpoint was written (the last "
+                f"is {last_checkpoint or 'none yet'}); lower optimizer.lr or raise optimizer.warmup_steps, and "
+                "train again"
+            )
 
     def check(self, step: int, last_checkpoint: Path | None) -> None:
         run = int(self.in_a_row)
@@ -432,6 +448,8 @@ def fit(run: Run, last_step: int, stopper: StopOnSignal, quiet: bool) -> dict[st
             evaluating = bool(run.eval_batches) and (step % tc.eval_every == 0 or step == last_step)
             if at_log or saving or evaluating or rt.device.type == "cpu":
                 guard.check(step, checkpointer.last_saved)
+            if step == last_step:
+                guard.check_end(step, checkpointer.last_saved)
             stop_now = stopper.requested(rt, at_log)
             if at_log:
                 metrics = window.read(step, rt, lr, grad_norm)
@@ -512,7 +530,7 @@ def train_step(
     run.scaler.update()
     run.optimizer.zero_grad(set_to_none=True)
     window.add_step(step_sums, finite)  # on the device, no sync: a skipped step adds nothing to the averages
-    guard.update(finite)
+    guard.update(finite, torch.isfinite(step_sums).all())
     return lr, grad_norm
 
 

@@ -354,6 +354,30 @@ def test_errors_truncation_and_missing_model(trained, tmp_path, cli):
     assert missing.code == 2 and "no such folder" in missing.err
 
 
+@pytest.mark.parametrize("per_token", [False, True], ids=["pooled", "per-token"])
+def test_a_model_whose_output_overflows_is_refused_with_no_vector_written(trained, tmp_path, cli, per_token):
+    # Finite weights (they load) so large that attention overflows: optimizer.lr=1e8 makes such models.
+    import shutil
+
+    import safetensors.torch
+
+    ckpt = shutil.copytree(layout.list_checkpoints(trained)[-1][1], tmp_path / "step-0000004")
+    weights = safetensors.torch.load_file(ckpt / "model.safetensors")
+    for name in weights:
+        if name.endswith(("query.weight", "key.weight")):
+            weights[name] = weights[name] * 1e30
+    safetensors.torch.save_file(weights, ckpt / "model.safetensors")
+    (tmp_path / "in.txt").write_text("fine text\nmore text here\n")
+    out = tmp_path / "vectors.jsonl"
+    result = cli("encode", "--model", ckpt, tmp_path / "in.txt", "-o", out, *(["--tokens"] if per_token else []))
+    assert result.code == 1 and "Traceback" not in result.err, result.err
+    assert result.err_lines == [
+        f"bertcli: error: {ckpt}: its output is NaN or inf for {tmp_path / 'in.txt'}: line 1, so its vectors would be "
+        "meaningless; use another checkpoint or model"
+    ]
+    assert not out.exists() and result.out == ""
+
+
 def test_closed_pipe_and_streaming(trained):
     command = f"set -o pipefail; seq 1 5000 | {sys.executable} -m bertcli encode --model {trained} | head -3"
     proc = subprocess.run(command, shell=True, cwd=REPO, capture_output=True, text=True, executable="/bin/bash")

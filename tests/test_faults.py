@@ -272,6 +272,19 @@ def test_non_finite_steps_in_a_row_stop_the_run_and_are_never_saved(tmp_path, cl
     assert all(torch.equal(adam4[i][k], adam6[i][k]) for i in adam4 for k in adam4[i]), "nor Adam's state"
 
 
+def test_a_run_ending_on_a_non_finite_loss_fails_without_a_final_checkpoint(tmp_path, cli, monkeypatch):
+    # Fewer skipped steps than train.max_nonfinite_steps, but the last ones: the model it would end
+    # with gives NaN, so the run is not "done" (a finite loss at the end is, as the test above shows).
+    poison_losses(monkeypatch, {11, 12})
+    config = write_config(
+        tmp_path, "train.max_steps=12", "train.max_nonfinite_steps=3", "checkpoint.save_every=5", "train.eval_every=0"
+    )
+    result = cli("pretrain", "--config", config, "--quiet")
+    assert result.code == 1 and "Traceback" not in result.err
+    assert "step 12: the model's loss is NaN or inf, so the last 2 steps (steps 11-12) were skipped" in result.err
+    assert [s for s, _ in layout.list_checkpoints(tmp_path)] == [5, 10]
+
+
 def test_a_checkpoint_with_nan_weights_is_refused_and_nothing_is_written(tmp_path):
     import torch
     from conftest import micro_config
