@@ -24,7 +24,7 @@ on any number of processes, with or without FSDP.
 
 from __future__ import annotations
 
-import errno
+import hashlib
 import json
 import os
 import pickle  # only for its exception type: nothing is unpickled here
@@ -45,21 +45,12 @@ from bertcli import __version__, atomic, console, layout, ownership
 from bertcli.config import Config, to_dict
 from bertcli.config_load import config_from_dict
 from bertcli.config_write import to_yaml
+from bertcli.data.tokenizer import TOKENIZER_SHA256, tokenizer_change
 from bertcli.errors import RunError, UsageError
 from bertcli.model import TIED_ALIASES
+from bertcli.ownership import linked, read_own
 
 FORMAT_VERSION = 2  # 2: optimizer state keyed by parameter name (1: by position)
-
-
-def linked(
-    path: Path,
-    where: str = "a checkpoint folder",
-    fix: str = "replace it with the file itself, or use another checkpoint",
-) -> UsageError:
-    """The error for a file of bertcli's own folder `where` that is a symbolic link."""
-    return UsageError(
-        f"{path} is a symbolic link, which bertcli never follows out of {where} (its target could be any file): {fix}"
-    )
 
 
 def own_file(path: Path) -> Path:
@@ -67,23 +58,6 @@ def own_file(path: Path) -> Path:
     if Path(path).is_symlink():
         raise linked(path)
     return Path(path)
-
-
-def read_own(
-    path: Path,
-    where: str = "a checkpoint folder",
-    fix: str = "replace it with the file itself, or use another checkpoint",
-) -> bytes:
-    """The bytes of a file of bertcli's own folder `where` (a checkpoint, the prepared data); a
-    symbolic link is refused (exit 2, with `fix`), at the open itself (O_NOFOLLOW)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    except OSError as exc:
-        if exc.errno == errno.ELOOP or Path(path).is_symlink():
-            raise linked(path, where, fix) from None
-        raise
-    with os.fdopen(fd, "rb") as fh:
-        return fh.read()
 
 
 def check_own_files(folder: Path) -> None:
@@ -281,6 +255,8 @@ def _write_trainer_state(tmp: Path, snap: Snapshot) -> None:
         "bertcli_version": __version__,
         "step": snap.step,
         "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        # What the tokenizer files were: a file edited later is found (tokenizer_change), not used.
+        TOKENIZER_SHA256: {name: hashlib.sha256(contents).hexdigest() for name, contents in snap.tokenizer.items()},
         **snap.trainer_state,
     }
     with atomic.writing(tmp / layout.TRAINER_STATE):
@@ -402,6 +378,13 @@ def read_config(path: Path) -> Config:
 
 def read_trainer_state(path: Path) -> dict[str, Any]:
     return json.loads(read_own(Path(path) / layout.TRAINER_STATE).decode("utf-8"))
+
+
+def check_tokenizer_files(path: Path) -> None:
+    """Refuse (exit 2) checkpoint `path` if a tokenizer file was changed since it was written (tokenizer_change)."""
+    change = tokenizer_change(path)
+    if change:
+        raise UsageError(f"{Path(path) / change[0]}: {change[1]}; restore it, or use another checkpoint")
 
 
 def read_weights(path: Path) -> dict[str, torch.Tensor]:
@@ -590,6 +573,9 @@ def damage(path: Path) -> str | None:
         step = read_trainer_state(path).get("step")
         if not isinstance(step, int):
             return f"{name}: no step"
+        change = tokenizer_change(path)
+        if change:
+            return f"{change[0]}: {change[1]}"
         name = layout.WEIGHTS
         weights = safetensors.torch.load_file(Path(path) / name)
         bad = non_finite(weights)

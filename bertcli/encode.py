@@ -121,8 +121,7 @@ class NonFiniteOutput(RunError):
     def __init__(self, source: Path | None, where: str, precision: str) -> None:
         fix = "encode in fp32 or bf16" if precision == "fp16" else "use another checkpoint or model"
         super().__init__(
-            f"{source or 'the model'}: its output is NaN or inf for {where}, so its vectors would be "
-            f"meaningless; {fix}"
+            f"{source or 'the model'}: its output is NaN or inf for {where}, so its vectors would be meaningless; {fix}"
         )
         self.source, self.where = source, where
 
@@ -187,6 +186,7 @@ def load_encoder(path: Path, device: torch.device, precision: str = "fp32") -> E
         file = ckpt / layout.TOKENIZER_JSON
         if not file.is_file():
             raise UsageError(f"{ckpt}: no tokenizer.json (a synthetic-corpus run has no tokenizer to encode text with)")
+        checkpoint.check_tokenizer_files(ckpt)  # the tokenizer the model was trained with, not an edited one
         tokenizer = read_tokenizer_json(file)
         hf.check_weights(ckpt, cfg)  # before anything of the config's size is built
         hf.check_tokenizer(tokenizer, cfg, file)
@@ -509,7 +509,9 @@ def encode(
 
     def where(i: int) -> str:  # window[i], for a message
         line = window[i]
-        return f"{line.source}: line {line.number}" if isinstance(line, Line) else f"input line {counts['lines'] + i + 1}"
+        return (
+            f"{line.source}: line {line.number}" if isinstance(line, Line) else f"input line {counts['lines'] + i + 1}"
+        )
 
     @torch.inference_mode()
     def flush() -> None:

@@ -22,7 +22,7 @@ from tokenizers import Tokenizer
 from bertcli import __version__, atomic, checkpoint, console, layout, ownership
 from bertcli.config import Config, ModelConfig, TokenizerConfig
 from bertcli.config_load import model_config_from_dict, preset_config
-from bertcli.data.tokenizer import check_vocab_file, describe, find_tokenizer_file, load_tokenizer, read_tokenizer_json
+from bertcli.data.tokenizer import describe, find_tokenizer_file, load_tokenizer, read_tokenizer_json
 from bertcli.errors import UsageError
 from bertcli.layout import Kind
 from bertcli.model import TIED_ALIASES, BertForPreTraining, padded_vocab_size
@@ -99,6 +99,7 @@ def export(source: Path, out_dir: Path, force: bool = False) -> Path:
     cfg = checkpoint.read_config(ckpt)
     m = cfg.model
     check_weights(ckpt, m)  # an export whose config.json claims other sizes would load nowhere
+    checkpoint.check_tokenizer_files(ckpt)  # the tokenizer the model was trained with, not an edited one
     weights = checkpoint.read_weights(ckpt)  # finite, and none of the checkpoint's files a symbolic link
     for key in ("bert.embeddings.word_embeddings.weight", "cls.predictions.bias"):
         weights[key] = weights[key][: m.vocab_size].contiguous()  # drop the speed padding rows
@@ -118,11 +119,10 @@ def export(source: Path, out_dir: Path, force: bool = False) -> Path:
             if not (ckpt / name).is_file():
                 raise UsageError(f"{ckpt}: no {name}; a checkpoint of the synthetic corpus has no tokenizer to export")
             with atomic.writing(tmp / name):
-                (tmp / name).write_bytes(checkpoint.read_own(ckpt / name))  # never through a link out of the checkpoint
+                (tmp / name).write_bytes(ownership.read_own(ckpt / name))  # never through a link out of the checkpoint
         # The casing of the tokenizer itself, not of the config (a loaded tokenizer keeps its own):
         # transformers applies these keys over tokenizer.json's normalizer.
         tok = read_tokenizer_json(tmp / layout.TOKENIZER_JSON)
-        check_vocab_file(tok, (tmp / layout.VOCAB).read_bytes(), ckpt / layout.VOCAB)  # one vocabulary, not two
         casing = describe(tok)
         lower, strip = casing.get("lowercase", True), casing.get("strip_accents", True)
         tokenizer_config = {

@@ -15,6 +15,7 @@ corpus, the source checkpoint, the run folder. Paths are compared resolved (syml
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -230,3 +231,31 @@ def check_config_replaceable(path: Path) -> None:
     if foreign is None or foreign:
         why = f"its key {foreign[0]!r} is not a bertcli config section" if foreign else "it is not a YAML mapping"
         raise UsageError(f"{path} is not a bertcli config ({why}), so bertcli init leaves it untouched: {fix}")
+
+
+def linked(
+    path: Path,
+    where: str = "a checkpoint folder",
+    fix: str = "replace it with the file itself, or use another checkpoint",
+) -> UsageError:
+    """The error for a file of bertcli's own folder `where` that is a symbolic link."""
+    return UsageError(
+        f"{path} is a symbolic link, which bertcli never follows out of {where} (its target could be any file): {fix}"
+    )
+
+
+def read_own(
+    path: Path,
+    where: str = "a checkpoint folder",
+    fix: str = "replace it with the file itself, or use another checkpoint",
+) -> bytes:
+    """The bytes of a file of bertcli's own folder `where` (a checkpoint, the prepared data); a
+    symbolic link is refused (exit 2, with `fix`), at the open itself (O_NOFOLLOW)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as exc:
+        if exc.errno == errno.ELOOP or Path(path).is_symlink():
+            raise linked(path, where, fix) from None
+        raise
+    with os.fdopen(fd, "rb") as fh:
+        return fh.read()

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from bertcli import __version__, checkpoint, console, hf, memory, parallel, resolve, runtime
+from bertcli import __version__, checkpoint, console, hf, memory, ownership, parallel, resolve, runtime
 from bertcli.config import Config, TrainConfig, to_dict
 from bertcli.console import info, log
 from bertcli.data import Corpus, Dataset, load_data
@@ -324,7 +324,7 @@ def _load_data(cfg: Config, rt: runtime.Runtime, quiet: bool) -> tuple[Dataset, 
         # Read once, now: every checkpoint holds these bytes, those of the ids trained on, whatever happens to the
         # prepared folder meanwhile (symbolic links are refused: never followed out of it).
         tokenizer = {
-            path.name: checkpoint.read_own(path, "the prepared data", "run `bertcli prepare --force` to write it again")
+            path.name: ownership.read_own(path, "the prepared data", "run `bertcli prepare --force` to write it again")
             for path in data.tokenizer_files
         }
         if text:

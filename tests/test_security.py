@@ -128,21 +128,79 @@ def test_a_link_or_non_finite_weights_in_a_checkpoint_is_refused(tmp_path, cli, 
     assert not (tmp_path / "out").exists() and "hunter2" not in result.err
 
 
-def test_an_edited_vocab_txt_in_a_checkpoint_is_never_exported(tmp_path, cli, trained):
-    """vocab.txt must be tokenizer.json's vocabulary: a tool that reads vocab.txt alone (the new-user trial
-    edited one line of it) would give other ids than the model was trained with."""
+def edit_tokenizer(ckpt: Path, file: str) -> None:
+    """Edit a checkpoint's tokenizer file as the new-user trials did: one line of vocab.txt, or
+    tokenizer.json's lower-casing turned off (its vocabulary, and so vocab.txt, unchanged)."""
+    import json
+
+    if file == "vocab.txt":
+        lines = (ckpt / file).read_text().splitlines()
+        lines[200] = "zzzhacked"
+        (ckpt / file).write_text("\n".join(lines) + "\n")
+    else:
+        spec = json.loads((ckpt / file).read_text())
+        spec["normalizer"]["lowercase"] = False
+        (ckpt / file).write_text(json.dumps(spec))
+
+
+@pytest.mark.parametrize("command", ["export", "encode"])
+@pytest.mark.parametrize("file", ["vocab.txt", "tokenizer.json"])
+def test_an_edited_tokenizer_file_in_a_checkpoint_is_never_used(tmp_path, cli, trained, file, command):
+    """The tokenizer files must be the ones the model was trained with: vocab.txt read alone (the first
+    trial edited one line) or an edited tokenizer.json (the second trial's) gives other ids, silently."""
     import shutil
 
     ckpt = Path(shutil.copytree(trained / "checkpoints" / "step-0000004", tmp_path / "ckpt"))
-    lines = (ckpt / "vocab.txt").read_text().splitlines()
-    lines[200] = "zzzhacked"
-    (ckpt / "vocab.txt").write_text("\n".join(lines) + "\n")
+    edit_tokenizer(ckpt, file)
+    (tmp_path / "in.txt").write_text("a line of text\n")
+    args = (
+        ["export", ckpt, tmp_path / "out"] if command == "export" else ["encode", "--model", ckpt, tmp_path / "in.txt"]
+    )
+    result = cli(*args)
+    assert (
+        result.code == 2
+        and result.out == ""
+        and result.err_lines
+        == [
+            f"bertcli: error: {ckpt / file}: changed since the checkpoint was written (its SHA-256 is not the one "
+            "trainer_state.json records); restore it, or use another checkpoint"
+        ]
+    ), result.err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_checkpoint_from_before_tokenizer_hashes_still_needs_one_vocabulary(tmp_path, cli, trained):
+    import json
+    import shutil
+
+    ckpt = Path(shutil.copytree(trained / "checkpoints" / "step-0000004", tmp_path / "ckpt"))
+    state = json.loads((ckpt / "trainer_state.json").read_text())
+    del state["tokenizer_sha256"]
+    (ckpt / "trainer_state.json").write_text(json.dumps(state))
+    assert cli("export", ckpt, tmp_path / "good").code == 0
+    edit_tokenizer(ckpt, "vocab.txt")
     result = cli("export", ckpt, tmp_path / "out")
     assert result.code == 2 and result.err_lines == [
-        f"bertcli: error: {ckpt / 'vocab.txt'} does not match the tokenizer.json beside it (edited after bertcli wrote "
-        "it?): restore it, or use another checkpoint"
+        f"bertcli: error: {ckpt / 'vocab.txt'}: does not match the tokenizer.json beside it (edited after bertcli "
+        "wrote it?); restore it, or use another checkpoint"
     ], result.err
-    assert not (tmp_path / "out").exists()
+
+
+def test_resuming_never_takes_the_edited_tokenizer_of_a_checkpoint(tmp_path, cli, trained):
+    # The second trial's edit was laundered: the data was prepared again with the checkpoint's edited
+    # tokenizer.json (the run's own), and resumed. Now the checkpoint is damage, like any other.
+    import shutil
+
+    run = Path(shutil.copytree(trained, tmp_path / "run"))
+    data_tokenizer = (run / "data" / "tokenizer.json").read_bytes()
+    edit_tokenizer(run / "checkpoints" / "step-0000004", "tokenizer.json")
+    result = cli("pretrain", "--config", run / "config.yaml", "--set", "train.max_steps=6", "--set", f"output_dir={run}")
+    assert result.code == 1 and "Traceback" not in result.err
+    assert result.err_lines[-1].startswith(
+        f"bertcli: error: {run / 'checkpoints'}: no checkpoint loads (the newest, step-0000004: tokenizer.json: "
+        "changed since the checkpoint was written"
+    ), result.err
+    assert (run / "data" / "tokenizer.json").read_bytes() == data_tokenizer
 
 
 def test_non_finite_weights_in_a_hugging_face_folder_are_refused(tmp_path, cli, trained):

@@ -99,6 +99,7 @@ from bertcli.data.tokenizer import (
     save_tokenizer,
     scan_characters,
     special_tokens,
+    tokenizer_change,
     tokenizer_identity,
     train_wordpiece,
 )
@@ -1405,14 +1406,22 @@ def _alive(pid: int) -> bool:
 
 def run_tokenizer(cfg: Config) -> Path | None:
     """The tokenizer.json of the run's newest checkpoint, None before its first: the tokenizer of a run
-    is fixed by its first checkpoint, and every checkpoint carries it."""
+    is fixed by its first checkpoint, and every checkpoint carries it. A checkpoint whose tokenizer
+    files were edited since (tokenizer_change) is damaged, and resuming sets it aside: never its."""
     complete = (*layout.CHECKPOINT_FILES, layout.TOKENIZER_JSON)  # a link is damage, never followed (checkpoint.damage)
     steps = [
         path
         for _, path in layout.list_checkpoints(Path(cfg.output_dir))
-        if all(ownership.own_file(path / name) for name in complete)
+        if all(ownership.own_file(path / name) for name in complete) and _unchanged_tokenizer(path)
     ]
     return steps[-1] / layout.TOKENIZER_JSON if steps else None
+
+
+def _unchanged_tokenizer(path: Path) -> bool:
+    try:
+        return tokenizer_change(path) is None
+    except (OSError, ValueError, UsageError):  # an unreadable trainer_state.json: damaged too
+        return False
 
 
 def _guard(cfg: Config, folder: Path) -> Callable[[Path], None]:

@@ -27,7 +27,10 @@ from bertcli import atomic
 from bertcli.config import TokenizerConfig
 from bertcli.data.corpus import SpecialTokens
 from bertcli.errors import UsageError
-from bertcli.layout import TOKENIZER_CONFIG, TOKENIZER_FILES, TOKENIZER_JSON, VOCAB
+from bertcli.layout import TOKENIZER_CONFIG, TOKENIZER_FILES, TOKENIZER_JSON, TRAINER_STATE, VOCAB
+from bertcli.ownership import read_own
+
+TOKENIZER_SHA256 = "tokenizer_sha256"  # a checkpoint's trainer_state.json: the SHA-256 of each tokenizer file
 
 SPECIAL = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 CONTINUATION = "##"
@@ -306,14 +309,28 @@ def vocab_text(tok: Tokenizer) -> str:
     return "".join(token + "\n" for token, _ in by_id)
 
 
-def check_vocab_file(tok: Tokenizer, contents: bytes, where: Path) -> None:
-    """Refuse a vocab.txt (its `contents`, read from `where`) that is not `tok`'s: tools that read
-    vocab.txt alone would get other token ids than the tokenizer.json beside it."""
-    if contents != vocab_text(tok).encode("utf-8"):
-        raise UsageError(
-            f"{where} does not match the tokenizer.json beside it (edited after bertcli wrote it?): "
-            "restore it, or use another checkpoint"
-        )
+def tokenizer_change(path: Path) -> tuple[str, str] | None:
+    """A tokenizer file of checkpoint `path` that is not the one it was saved with, and why (None:
+    they are, or it has none): an edited tokenizer.json would encode text into other ids than the
+    model learnt, silently. trainer_state.json records each file's SHA-256; a checkpoint written
+    before it did must at least hold one vocabulary (vocab.txt that of tokenizer.json)."""
+    recorded = json.loads(read_own(Path(path) / TRAINER_STATE)).get(TOKENIZER_SHA256)
+    files = {name: Path(path) / name for name in TOKENIZER_FILES}
+    if isinstance(recorded, dict):
+        for name, digest in sorted(recorded.items()):
+            if name in files and not files[name].is_file():
+                return name, "missing, though the checkpoint was written with it"
+            if name in files and hashlib.sha256(read_own(files[name])).hexdigest() != digest:
+                return (
+                    name,
+                    f"changed since the checkpoint was written (its SHA-256 is not the one {TRAINER_STATE} records)",
+                )
+        return None
+    if all(file.is_file() for file in files.values()):
+        tok = Tokenizer.from_str(read_own(files[TOKENIZER_JSON]).decode("utf-8"))
+        if read_own(files[VOCAB]) != vocab_text(tok).encode("utf-8"):
+            return VOCAB, "does not match the tokenizer.json beside it (edited after bertcli wrote it?)"
+    return None
 
 
 def tokenizer_identity(tok: Tokenizer) -> str:
