@@ -9,18 +9,20 @@ window is written early when the input stalls (STALL_SECONDS), so a slow produce
 
 from __future__ import annotations
 
+import codecs
 import collections
 import contextlib
 import io
 import json
 import os
 import queue
+import re
 import shutil
 import stat
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, TextIO
@@ -61,6 +63,9 @@ READ_AHEAD = 4096
 # the prefix cannot add a token (see Prefixes.loses).
 PREFIX_START = 8
 PREFIX_CAP = 1000
+# A line is kept up to this many bytes (the rest is read, checked and dropped: memory stays bounded);
+# far more than the PREFIX_CAP characters per token a cut can use (512 tokens: about 2 MB of UTF-8).
+LINE_BYTES = 8 << 20
 
 
 class NotReproducible(UsageError):
@@ -127,10 +132,14 @@ class NonFiniteOutput(RunError):
 
 
 class Line(str):
-    """A line of input that knows where it came from (read_lines), for error messages."""
+    """A line of input that knows where it came from (read_lines), for error messages, and whether
+    read_lines kept only its first LINE_BYTES: `lost` when what it dropped was more than blanks,
+    `dropped_tab` when that held a TAB."""
 
     source: str
     number: int
+    lost: bool = False
+    dropped_tab: bool = False
 
 
 @dataclass(kw_only=True)
@@ -308,17 +317,48 @@ def read_lines(sources: list[str], errors: str) -> Iterator[Line]:
         stream: BinaryIO = sys.stdin.buffer if source == "-" else _open(source)
         name = "stdin" if source == "-" else source
         try:
-            for number, raw in enumerate(stream, start=1):
+            number = 0
+            while raw := stream.readline(LINE_BYTES):
+                number += 1
+                lost = tab = False
+                if len(raw) == LINE_BYTES and not raw.endswith(b"\n"):  # longer: the rest is checked, not kept
+                    raw, lost, tab = _drop_rest(raw, stream, errors=errors, source=name, number=number)
                 try:
                     text = raw.decode("utf-8", errors=errors)
                 except UnicodeDecodeError as exc:
                     raise NotUtf8(name, number, exc.start) from None
                 line = Line((text.removeprefix("\ufeff") if number == 1 else text).rstrip("\r\n"))
-                line.source, line.number = name, number
+                del raw, text  # a long line: one copy at a time
+                line.source, line.number, line.lost, line.dropped_tab = name, number, lost, tab
                 yield line
         finally:
             if stream is not sys.stdin.buffer:
                 stream.close()
+
+
+def _drop_rest(head: bytes, stream: BinaryIO, *, errors: str, source: str, number: int) -> tuple[bytes, bool, bool]:
+    """A line longer than LINE_BYTES: read the rest in blocks of that size, checked (UTF-8) but not
+    kept, so that memory stays bounded whatever the line. Returns the head cut back to whole
+    characters, whether the rest held more than ASCII blanks (tokens may be lost: the line counts as
+    truncated), and whether it held a TAB (with pairs, the second sentence)."""
+    cut = len(head)
+    while cut > len(head) - 3 and head[cut - 1] & 0xC0 == 0x80:  # continuation bytes of a character cut short
+        cut -= 1
+    if head[cut - 1] >= 0xC0:  # its lead byte
+        cut -= 1
+    decoder = codecs.getincrementaldecoder("utf-8")(errors=errors)
+    lost, tab, position, pending = bool(head[cut:].strip()), False, cut, head[cut:]
+    for block in iter(lambda: stream.readline(LINE_BYTES), b""):
+        data, pending = pending + block, b""
+        try:
+            decoder.decode(data, final=block.endswith(b"\n"))
+        except UnicodeDecodeError as exc:
+            raise NotUtf8(source, number, position + exc.start) from None
+        position += len(data)
+        lost, tab = lost or bool(block.strip()), tab or b"\t" in block
+        if block.endswith(b"\n"):
+            break
+    return head[:cut], lost, tab
 
 
 def check_input(path: str) -> None:
@@ -392,9 +432,43 @@ class Prefixes:
             if self._stable(prefix) > need:
                 return prefix, False
             if size >= need * PREFIX_CAP:
+                shorter = self._compact(text)  # runs of blanks or removed characters: few tokens in many characters
+                if len(shorter) < len(text):
+                    return self._cut(shorter, need)  # (once: a compacted text compacts to itself)
                 return prefix, self.loses(text, prefix)
             size = min(4 * size, need * PREFIX_CAP)
         return text, False
+
+    def _compact(self, text: str) -> str:
+        """`text` with each run of characters that give no token (white space, and what the normaliser
+        removes: controls, format characters such as U+200B and U+FEFF, accents it strips) shortened to
+        one character of the same effect: one that breaks words where the run holds one, else its
+        first character. It tokenizes as `text` does: each character is classed by the tokenizer
+        itself (normalised and pre-tokenized between two letters), and the classes are per character
+        (BERT's normaliser and pre-tokenizer decide character by character). Not where an added
+        token holds such a character: matched on the raw text, it could change."""
+        pre, normalizer = self.source.pre_tokenizer, self.source.normalizer
+        breaks, removed = set(), set()
+        for c in set(text):
+            words = pre.pre_tokenize_str(normalizer.normalize_str(f"a{c}b") if normalizer is not None else f"a{c}b")
+            if [w for w, _ in words] == ["a", "b"]:
+                breaks.add(c)
+            elif [w for w, _ in words] == ["ab"]:
+                removed.add(c)
+        quiet = breaks | removed
+        if not quiet or any(set(a.content) & quiet for a in self.source.get_added_tokens_decoder().values()):
+            return text
+
+        def one_of(chars: set[str]) -> str:
+            return "[" + "".join(re.escape(c) for c in sorted(chars)) + "]"
+
+        run, breaker = re.compile(one_of(quiet) + "{2,}"), re.compile(one_of(breaks) if breaks else "(?!)")
+
+        def shortened(m: re.Match[str]) -> str:
+            found = breaker.search(m.group())
+            return found.group() if found else m.group()[0]
+
+        return run.sub(shortened, text)
 
     def loses(self, text: str, prefix: str) -> bool:
         """Whether `prefix`, tokenized in place of `text` (cut at the cap, unproven), can lose tokens of it.
@@ -495,8 +569,12 @@ def encode(
     order; return counts. With pairs, a line without a TAB is one sentence (counted in "unpaired"),
     or an error when strict. `input_may_stall` (see `may_stall`; False for regular files): lines
     are read by a thread of their own, and those read are written when no more come for STALL_SECONDS."""
-    layer, pooling, normalize, per_token = settings.layer, settings.pooling, settings.normalize, settings.per_token
-    pairs, strict_pairs, batch_size = settings.pairs, settings.strict_pairs, settings.batch_size
+    per_token, pairs, strict_pairs, batch_size = (
+        settings.per_token,
+        settings.pairs,
+        settings.strict_pairs,
+        settings.batch_size,
+    )
     enc.tokenizer.enable_truncation(settings.max_length)
     prefixes = Prefixes(enc.tokenizer, settings.max_length)
     max_tokens = None
@@ -518,38 +596,16 @@ def encode(
         if not window:
             return
         texts = [line.lower() for line in window] if lowercase else window
-        inputs: list = texts
-        if pairs:
-            inputs = [tuple(text.split("\t", 1)) if "\t" in text else text for text in texts]
-            unpaired = [i for i, x in enumerate(inputs) if isinstance(x, str)]
-            if unpaired and strict_pairs:
-                raise Unpaired(where(unpaired[0]))
-            counts["unpaired"] += len(unpaired)
+        inputs: list = _pair_up(window, texts, where, strict=strict_pairs) if pairs else texts
+        counts["unpaired"] += sum(1 for x in inputs if isinstance(x, str)) if pairs else 0
         cuts = [prefixes.cut(x) for x in inputs]  # a text far past the limit: only a prefix is tokenized
         encodings = enc.tokenizer.encode_batch([x for x, _ in cuts], add_special_tokens=True)
-        counts["truncated"] += sum(1 for e, (_, unproven) in zip(encodings, cuts) if e.overflowing or unproven)
-        lengths = [len(e.ids) for e in encodings]
-        order = sorted(range(len(window)), key=lengths.__getitem__)
-        rows: list = [None] * len(window)
-        for chunk in _batches(order, lengths, batch_size, max_tokens):
-            hidden, valid = _forward(
-                enc, [encodings[i].ids for i in chunk], [encodings[i].type_ids for i in chunk], layer
-            )
-            if per_token:
-                for j, i in enumerate(chunk):
-                    vectors = hidden[j, : int(valid[j])].float()
-                    if not bool(torch.isfinite(vectors).all()):
-                        raise NonFiniteOutput(enc.source, where(i), enc.rt.precision)
-                    rows[i] = (F.normalize(vectors, dim=-1) if normalize else vectors).cpu().numpy()
-                continue
-            pooled = _pool(hidden, valid, pooling, enc.model).float()
-            bad = (~torch.isfinite(pooled)).any(1).nonzero()  # (n, 1): one host sync per batch
-            if len(bad):
-                raise NonFiniteOutput(enc.source, where(chunk[int(bad[0])]), enc.rt.precision)
-            if normalize:
-                pooled = F.normalize(pooled, dim=-1)
-            for j, i in enumerate(chunk):
-                rows[i] = pooled[j].cpu().numpy()
+        counts["truncated"] += sum(
+            1
+            for line, e, (_, unproven) in zip(window, encodings, cuts)
+            if e.overflowing or unproven or (isinstance(line, Line) and line.lost)
+        )
+        rows = _rows(enc, encodings, settings, max_tokens=max_tokens, where=where)
         for i, row in enumerate(rows):
             out.write(counts["lines"] + i + 1, window[i], row, encodings[i].tokens if per_token else None)
         out.flush()
@@ -578,6 +634,53 @@ def encode(
         reader.close()
         enc.tokenizer.no_truncation()
     return counts
+
+
+def _pair_up(window: list[str], texts: list[str], where: Callable[[int], str], *, strict: bool) -> list:
+    """`texts` as pairs (A, B) split at their first TAB; a text without one stays a string (one
+    sentence), or is an error when `strict`, or when its TAB was past what read_lines kept."""
+    inputs = [tuple(text.split("\t", 1)) if "\t" in text else text for text in texts]
+    unpaired = [i for i, x in enumerate(inputs) if isinstance(x, str)]
+    late = [i for i in unpaired if isinstance(window[i], Line) and window[i].dropped_tab]
+    if late:
+        raise UsageError(
+            f"{where(late[0])}: its TAB comes after the first {LINE_BYTES >> 20} MiB, the most of a line "
+            "encode reads; put the two sentences of a pair within that"
+        )
+    if unpaired and strict:
+        raise Unpaired(where(unpaired[0]))
+    return inputs
+
+
+def _rows(
+    enc: Encoder, encodings: list, settings: Settings, *, max_tokens: int | None, where: Callable[[int], str]
+) -> list[np.ndarray]:
+    """The row of each encoding, in order: its pooled vector, or its (T, H) per-token vectors, from
+    forward passes over batches of similar length (at most settings.batch_size texts and, on a CPU,
+    `max_tokens` token slots). A non-finite vector is an error (NonFiniteOutput) naming `where(i)`."""
+    lengths = [len(e.ids) for e in encodings]
+    order = sorted(range(len(encodings)), key=lengths.__getitem__)
+    rows: list = [None] * len(encodings)
+    for chunk in _batches(order, lengths, settings.batch_size, max_tokens):
+        hidden, valid = _forward(
+            enc, [encodings[i].ids for i in chunk], [encodings[i].type_ids for i in chunk], settings.layer
+        )
+        if settings.per_token:
+            for j, i in enumerate(chunk):
+                vectors = hidden[j, : int(valid[j])].float()
+                if not bool(torch.isfinite(vectors).all()):
+                    raise NonFiniteOutput(enc.source, where(i), enc.rt.precision)
+                rows[i] = (F.normalize(vectors, dim=-1) if settings.normalize else vectors).cpu().numpy()
+            continue
+        pooled = _pool(hidden, valid, settings.pooling, enc.model).float()
+        bad = (~torch.isfinite(pooled)).any(1).nonzero()  # (n, 1): one host sync per batch
+        if len(bad):
+            raise NonFiniteOutput(enc.source, where(chunk[int(bad[0])]), enc.rt.precision)
+        if settings.normalize:
+            pooled = F.normalize(pooled, dim=-1)
+        for j, i in enumerate(chunk):
+            rows[i] = pooled[j].cpu().numpy()
+    return rows
 
 
 _END = object()  # after the last line

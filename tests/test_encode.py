@@ -13,6 +13,7 @@ from conftest import REPO
 
 from bertcli import checkpoint, layout
 from bertcli.encode import Writer, encode, load_encoder, resolve
+from bertcli.errors import UsageError
 from bertcli.hf import export
 
 LINES = [
@@ -168,8 +169,8 @@ def _without_cutting(monkeypatch):
 
 def test_a_very_long_line_is_tokenized_from_a_prefix(trained, monkeypatch):
     """Only a prefix of a line far longer than the limit is tokenized (an 18.8 MB line took 19 s and
-    3.1 GB), with the vector of the whole line; a prefix that proves nothing (blanks) is cut at
-    PREFIX_CAP characters per token and the line counted as truncated."""
+    3.1 GB), with the vector of the whole line; a prefix that proves nothing (blanks) up to PREFIX_CAP
+    characters per token is compacted (its runs of blanks shortened), and its words kept."""
     import io
 
     import bertcli.encode as encode_mod
@@ -193,11 +194,11 @@ def test_a_very_long_line_is_tokenized_from_a_prefix(trained, monkeypatch):
     stream = io.StringIO()
     counts = encode(enc, iter(lines), Writer("jsonl", stream, None, False), resolve(enc))
     budget = enc.max_length - 2
-    assert [len(x) for x in seen] == [budget * encode_mod.PREFIX_START, budget * encode_mod.PREFIX_CAP]
-    assert counts == {"lines": 2, "truncated": 2, "unpaired": 0}
+    assert [len(x) for x in seen] == [budget * encode_mod.PREFIX_START, len(" words past the cap")]
+    assert counts == {"lines": 2, "truncated": 1, "unpaired": 0}
     _without_cutting(monkeypatch)
-    whole, _ = run_encode(trained, lines[:1])
-    assert json.loads(stream.getvalue().splitlines()[0]) == whole[0]
+    whole, _ = run_encode(trained, lines)
+    assert [json.loads(row) for row in stream.getvalue().splitlines()] == whole
 
 
 def test_cutting_long_texts_keeps_every_vector(trained, monkeypatch):
@@ -274,12 +275,74 @@ def test_a_line_cut_at_the_cap_is_truncated_only_where_it_lost_tokens(trained, m
     ]  # the last: a pair, each side one word
     cut, cut_counts = run_encode(trained, exact, max_length=16, per_token=True, pairs=True)
     assert cut_counts["truncated"] == 0 and [len(row["tokens"]) for row in cut] == [2, 3, 3, 3, 3, 3, 5]
-    lossy = ["x" * n + " " + "x" * n, " " * n + "word", "x" * n + "!", "x" * n + " z\ty"]
+    # Runs of characters that give no token, then words: the runs are shortened (Prefixes._compact), the
+    # words kept (the second trial's `' ' * 100000 + 'x'` gave [CLS] [SEP], said truncated).
+    quiet = [
+        " " * n + "word",
+        "\u200b" * n + "the python tutorial",
+        "\x01" * n + " a b\x01c",
+        "\ufeff" * n + "x" * 120,
+        "\u0301" * n + "e\u0301 done",
+        " \u200b\u3000\x00" * n + "[MASK] a" + " " * n + "b",
+        "a" + "\u200b" * n + "b " + "\t" * 3 + "c d\t" + " " * n + "e",
+    ]
+    compacted, compacted_counts = run_encode(trained, quiet, max_length=16, per_token=True, pairs=True)
+    assert compacted_counts["truncated"] == 0
+    lossy = ["x" * n + " " + "x" * n, "x" * n + "!", "x" * n + " z\ty", "w " * n + "x"]
     _, lossy_counts = run_encode(trained, lossy, max_length=16, pairs=True)
     assert lossy_counts["truncated"] == len(lossy)
     _without_cutting(monkeypatch)
     whole, whole_counts = run_encode(trained, exact, max_length=16, per_token=True, pairs=True)
     assert whole_counts == cut_counts and whole == cut
+    whole, whole_counts = run_encode(trained, quiet, max_length=16, per_token=True, pairs=True)
+    assert whole_counts == compacted_counts and whole == compacted
+    assert all(len(row["tokens"]) > 2 for row in compacted), "the words after the runs are there"
+
+
+def test_a_line_past_line_bytes_is_read_in_bounded_memory_and_said_truncated(trained, tmp_path, monkeypatch):
+    """read_lines keeps the first LINE_BYTES of a line (here 4,096) and checks the rest without keeping
+    it: the vector is the whole line's (its first tokens), and the line counts as truncated only when
+    the dropped part held more than blanks; a character cut by the limit is not an error."""
+    import bertcli.encode as encode_mod
+    from bertcli.encode import NotUtf8, read_lines
+
+    monkeypatch.setattr(encode_mod, "LINE_BYTES", 4096)
+    lines = ["a b c " * 2000, "word " + " " * 20_000, "東京 " * 3000, "short"]
+    path = tmp_path / "in.txt"
+    path.write_text("\n".join(lines) + "\n")
+    read = list(read_lines([str(path)], "strict"))
+    assert [len(x.encode()) <= 4096 for x in read] == [True] * 4 and read[3] == "short"
+    assert [x.lost for x in read] == [True, False, True, False]
+    got, counts = run_encode(trained, iter(read), max_length=16, per_token=True)
+    want, _ = run_encode(trained, lines, max_length=16, per_token=True)
+    assert got == want and counts["truncated"] == 2
+    path.write_bytes(b"x " * 3000 + b"\tsecond half\n")
+    with pytest.raises(UsageError, match="its TAB comes after the first 0 MiB"):
+        run_encode(trained, read_lines([str(path)], "strict"), pairs=True)
+    path.write_bytes(b"x" * 5000 + b"\xff" + b"y" * 10 + b"\n")
+    with pytest.raises(NotUtf8, match="line 1 is not valid UTF-8 [(]byte 5000 of the line[)]"):
+        list(read_lines([str(path)], "strict"))
+
+
+def test_encoding_a_40_mb_line_takes_bounded_memory(trained, tmp_path):
+    """The second trial's 100 MB line took 919 MB (9 bytes a byte); a line is now kept up to LINE_BYTES (8 MiB)."""
+    script = (
+        "import resource, subprocess, sys; subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, check=True); "
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
+    )
+
+    def peak_mib(text_file):
+        command = [sys.executable, "-c", script, sys.executable, "-m", "bertcli", "encode", "--model", str(trained)]
+        out = subprocess.run([*command, str(text_file)], capture_output=True, text=True, check=True, cwd=REPO)
+        return int(out.stdout) / 1024
+
+    (tmp_path / "short.txt").write_text("a short line\n")
+    with open(tmp_path / "long.txt", "w") as fh:
+        for _ in range(40):
+            fh.write("the python tutorial " * 50_000)  # 1 MB at a time: the test itself stays small
+        fh.write("\n")
+    base, long = peak_mib(tmp_path / "short.txt"), peak_mib(tmp_path / "long.txt")
+    assert long - base < 150, f"{long:.0f} MiB for a 40 MB line, {base:.0f} MiB for a short one"
 
 
 def test_normalize_layer_tokens_and_pairs(trained):
