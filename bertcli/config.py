@@ -47,6 +47,24 @@ def is_device_name(name: str) -> bool:
     return name in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:[0-9]+", name) is not None
 
 
+NAME_MAX, PATH_MAX = 255, 4096  # bytes of one file name, and of a whole path (Linux; macOS allows fewer)
+
+
+def path_problem(value: str) -> str | None:
+    """Why `value` can name no file on this system (None: it can): a NUL character, a file name past
+    NAME_MAX bytes or a path past PATH_MAX (the system would refuse it at the first use, after work)."""
+    encoded = value.encode("utf-8", "surrogateescape")
+    longest = max((len(part) for part in encoded.split(b"/")), default=0)
+    if "\0" in value:
+        return "holds a NUL character, which no path can"
+    if longest > NAME_MAX or len(encoded) > PATH_MAX:
+        return (
+            f"is no usable path: {len(encoded):,} bytes, with a name of {longest:,} (a file name is at most "
+            f"{NAME_MAX} bytes, a path at most {PATH_MAX:,})"
+        )
+    return None
+
+
 @dataclass
 class ModelConfig:
     """The architecture; field names and meanings are Hugging Face `BertConfig`'s."""
@@ -274,9 +292,10 @@ class DataConfig:
                     ),
                     (0.0 < d.masked_lm_prob < 1.0, "data.masked_lm_prob", f"must be in (0, 1), got {d.masked_lm_prob}"),
                     (
-                        d.max_predictions_per_seq >= 1,
+                        1 <= d.max_predictions_per_seq <= max(d.max_seq_length, 1),
                         "data.max_predictions_per_seq",
-                        f"must be at least 1, got {d.max_predictions_per_seq}",
+                        f"must be from 1 to data.max_seq_length={d.max_seq_length:,} (a token is predicted at most "
+                        f"once), got {d.max_predictions_per_seq:,}",
                     ),
                     (
                         0.0 <= d.mask_token_prob <= 1.0,
@@ -384,9 +403,10 @@ class TrainConfig:
                     f"must not be negative (0 = no clipping), got {t.max_grad_norm}",
                 ),
                 (
-                    t.data_workers is None or t.data_workers >= 0,
+                    t.data_workers is None or 0 <= t.data_workers <= MAX_DATA_WORKERS,
                     "train.data_workers",
-                    f"must be null (automatic) or at least 0, got {t.data_workers}",
+                    f"must be null (automatic) or from 0 to {MAX_DATA_WORKERS} (each is a process holding a copy of the "
+                    f"example builder; 4 keep a GPU fed), got {t.data_workers}",
                 ),
                 (is_device_name(t.device), "train.device", f"must be auto, cpu, cuda or cuda:N, got {t.device!r}"),
                 (math.isfinite(t.mlm_weight), "train.mlm_weight", "must be a finite number"),
@@ -424,6 +444,12 @@ class OptimizerConfig:
             [
                 (o.lr > 0, "optimizer.lr", f"must be positive, got {o.lr}"),
                 (o.weight_decay >= 0, "optimizer.weight_decay", f"must not be negative, got {o.weight_decay}"),
+                (
+                    o.lr * o.weight_decay < 1,
+                    "optimizer.weight_decay",
+                    f"times optimizer.lr must be below 1 (each step scales the weights by 1 - lr x weight_decay: "
+                    f"0 or less zeroes or flips them), got {o.weight_decay:g} x {o.lr:g}; the usual value is 0.01",
+                ),
                 (0 <= o.beta1 < 1, "optimizer.beta1", f"must be in [0, 1), got {o.beta1}"),
                 (0 <= o.beta2 < 1, "optimizer.beta2", f"must be in [0, 1), got {o.beta2}"),
                 (o.eps > 0, "optimizer.eps", f"must be positive, got {o.eps}"),
@@ -544,6 +570,17 @@ class Config:
                     "is false (single spans, no sentence pairs) but train.nsp_weight is not 0: NSP needs pairs",
                 ),
             ]
+            + [
+                (problem is None, name, problem or "")
+                for name, value in (
+                    ("output_dir", self.output_dir),
+                    ("data.corpus", d.corpus),
+                    ("data.prepared_dir", d.prepared_dir),
+                    ("data.tokenizer.path", d.tokenizer.path),
+                    ("model.init_from", m.init_from),
+                )
+                for problem in [path_problem(value)]
+            ]
         )
 
     def warnings(self) -> list[str]:
@@ -565,10 +602,17 @@ class Config:
                 f"optimizer.eps={o.eps:g} is far above the size of BERT's gradients (AdamW divides each update "
                 f"by sqrt(v) + eps), so the weights barely move; the usual values are 1e-8 to 1e-6"
             )
+        if o.weight_decay > WEIGHT_DECAY_WARN and o.lr * o.weight_decay < 1:
+            said.append(
+                f"optimizer.weight_decay={o.weight_decay:g} pulls the weights toward 0 by {o.lr * o.weight_decay:.3g} "
+                "of themselves at every step at the peak rate, more than they learn; the usual values are 0 to 0.1"
+            )
         return said
 
 
 EPS_WARN = 1e-3  # AdamW epsilon past which updates shrink by the ratio of gradient size to eps
+WEIGHT_DECAY_WARN = 1.0  # decoupled weight decay past which the weights shrink faster than they learn
+MAX_DATA_WORKERS = 64
 
 
 # Presets: overrides on top of the defaults. Only what differs from the defaults is listed.

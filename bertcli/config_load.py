@@ -80,7 +80,16 @@ def model_config_from_dict(raw: dict[str, Any], source: str) -> ModelConfig:
 def read_yaml(path: Path) -> dict[str, Any]:
     """Read a YAML mapping, turning every way it can fail into one UsageError line."""
     try:
-        text = path.read_text(encoding="utf-8")
+        with open(
+            path, "rb"
+        ) as fh:  # at most MAX_CONFIG_BYTES + 1: --config /dev/zero, or a 10 GB file, is refused at once
+            data = fh.read(MAX_CONFIG_BYTES + 1)
+        if len(data) > MAX_CONFIG_BYTES:
+            raise UsageError(
+                f"{path}: more than {MAX_CONFIG_BYTES // 1024} KiB, so not a run config (one is a few KiB); "
+                "is this the right file?"
+            )
+        text = data.decode("utf-8")
     except FileNotFoundError:
         raise UsageError(f"{path}: config file not found; create one with `bertcli init DIR --preset tiny`") from None
     except IsADirectoryError:
@@ -120,11 +129,14 @@ def read_yaml(path: Path) -> dict[str, Any]:
 
 # A whole config is about 90 values; aliases (`<<: *defaults`) may repeat some sections, never make
 # it thousands of times larger (nine nested aliases of ten make a billion: the "billion laughs").
+# The file itself is read up to MAX_CONFIG_BYTES, and composed up to MAX_YAML_NODES values: PyYAML
+# composes a list of a million values in about 20 s.
 MAX_YAML_NODES = 10_000
+MAX_CONFIG_BYTES = 256 * 1024
 
 
 class TooManyAliases(yaml.YAMLError):
-    pass
+    """Too many values: written out (counted while composing), or made by aliases (counted after)."""
 
 
 def load_yaml(text: str) -> Any:
@@ -183,6 +195,17 @@ class DuplicateKey(yaml.YAMLError):
 class StrictLoader(yaml.SafeLoader):
     """SafeLoader that refuses a key given twice in one mapping (plain YAML keeps the last one
     silently, so a second `model:` section would hide the first)."""
+
+    composed = 0  # nodes composed so far
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        self.composed += 1
+        if self.composed > MAX_YAML_NODES:
+            mark = self.peek_event().start_mark
+            raise TooManyAliases(
+                f"more than {MAX_YAML_NODES:,} values (past line {mark.line + 1}); a run config holds about 90"
+            )
+        return super().compose_node(parent, index)
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, int] = {}

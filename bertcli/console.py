@@ -16,6 +16,20 @@ _speaks = True  # False in the processes of a job other than rank 0
 _quiet = False  # pretrain --quiet: `info` lines are left out
 
 
+MAX_LINE = 2_000  # characters of a message; a value echoed whole (a 10 MB path) would bury the rest
+
+
+def _shortened(message: str) -> str:
+    """`message` with its middle left out when longer than MAX_LINE: the start says what and where,
+    the end how to fix it."""
+    if len(message) <= MAX_LINE:
+        return message
+    if "\n" in message:  # (help text): line by line
+        return "\n".join(_shortened(line) for line in message.split("\n"))
+    head, tail = MAX_LINE * 2 // 3, MAX_LINE // 4
+    return f"{message[:head]} [... {len(message) - head - tail:,} characters left out ...] {message[-tail:]}"
+
+
 def speak(enabled: bool) -> None:
     """Whether `log` prints in this process (runtime.setup: rank 0 only)."""
     global _speaks
@@ -25,12 +39,12 @@ def speak(enabled: bool) -> None:
 def log(message: str) -> None:
     """A line for the user on stderr, from rank 0 only."""
     if _speaks:
-        print(message, file=sys.stderr, flush=True)
+        print(_shortened(message), file=sys.stderr, flush=True)
 
 
 def error(message: str) -> None:
     """A line on stderr from any process: an error, or the end of a command."""
-    print(message, file=sys.stderr, flush=True)
+    print(_shortened(message), file=sys.stderr, flush=True)
 
 
 def info(message: str) -> None:

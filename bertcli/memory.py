@@ -9,12 +9,13 @@ import os
 
 import torch
 
-from bertcli.config import ModelConfig
+from bertcli.config import Config, ModelConfig
 from bertcli.errors import UsageError
 from bertcli.model import padded_vocab_size
 from bertcli.runtime import Runtime
 
 BYTES_PER_PARAMETER = 16  # fp32 weights, their gradients and AdamW's two moments: 4 x 4 bytes
+BYTES_PER_TOKEN = 16  # a batch's token ids and segment ids (int64) alone, before masks and labels
 
 
 def machine_memory() -> int:
@@ -103,4 +104,50 @@ def check_memory(model: ModelConfig, rt: Runtime, parallel: str) -> None:
                 f"the model is too large to train here: {n:,} parameters need {need / 2**30:,.1f} GiB "
                 f"for fp32 weights, gradients and AdamW state ({BYTES_PER_PARAMETER} bytes each, before "
                 f"activations) but {where} is {have / 2**30:,.1f} GiB; {culprit}: choose smaller sizes"
+            )
+
+
+def check_batch(cfg: Config, rt: Runtime) -> None:
+    """Refuse batch sizes whose tensors cannot fit, before any is built (train.batch_size=1e9 would
+    grow to the machine's memory and then fail, or be killed): lower bounds, each against the memory
+    that holds it. One micro-batch's activations, kept for the backward pass: per token and layer at
+    least the attention's input and output, query, key and value (4 x hidden_size) and the
+    feed-forward's inner values (intermediate_size), 2 bytes each under autocast, else 4. A step's
+    micro-batches, moved to the device together (its loss denominators are counted first):
+    BYTES_PER_TOKEN a token. The held-out examples, built once and kept: BYTES_PER_TOKEN a token."""
+    m, t, tokens = cfg.model, cfg.train, cfg.data.max_seq_length
+    itemsize = 2 if rt.autocast_dtype is not None else 4
+    device = (
+        (torch.cuda.get_device_properties(rt.device).total_memory, "the GPU's memory")
+        if rt.device.type == "cuda"
+        else (machine_memory(), "this machine's memory")
+    )
+    host = (machine_memory(), "this machine's memory")
+    per_example = tokens * m.num_hidden_layers * (4 * m.hidden_size + m.intermediate_size) * itemsize
+    needs = [
+        (
+            t.batch_size * per_example,
+            device,
+            f"train.batch_size={t.batch_size:,} examples of data.max_seq_length={tokens:,} tokens need at least "
+            "{need} of activations",
+            "lower train.batch_size (and raise train.grad_accum_steps for the same batch per step)",
+        ),
+        (
+            t.batch_size * t.grad_accum_steps * tokens * BYTES_PER_TOKEN,
+            device,
+            f"a step's train.batch_size x train.grad_accum_steps = {t.batch_size * t.grad_accum_steps:,} examples of "
+            f"{tokens:,} tokens need at least {{need}}",
+            "lower train.grad_accum_steps",
+        ),
+        (
+            t.eval_examples * tokens * BYTES_PER_TOKEN,
+            host,
+            f"train.eval_examples={t.eval_examples:,} held-out examples of {tokens:,} tokens need at least {{need}}",
+            "lower train.eval_examples",
+        ),
+    ]
+    for need, (have, where), what, fix in needs:
+        if have and need > have:
+            raise UsageError(
+                f"{what.format(need=f'{need / 2**30:,.1f} GiB')}, but {where} is {have / 2**30:,.1f} GiB: {fix}"
             )

@@ -105,6 +105,16 @@ def _weights_of(ckpt: Path, other: Path) -> Path:
     return ckpt
 
 
+def _with_extra_tensor(ckpt: Path) -> Path:
+    """A checkpoint whose weights file holds one tensor the model has no place for (export would publish it)."""
+    import safetensors.torch
+    import torch
+
+    weights = safetensors.torch.load_file(ckpt / "model.safetensors")
+    safetensors.torch.save_file(weights | {"secret.payload": torch.zeros(3)}, ckpt / "model.safetensors")
+    return ckpt
+
+
 def _fifo(path: Path) -> Path:
     os.mkfifo(path)
     return path
@@ -606,6 +616,24 @@ CASES = [
         2,
         "config.yaml says intermediate_size 64,000,000,000 and hidden_size 32, but model.safetensors holds",
     ),
+    (
+        "export-into-prepared-data",
+        lambda d, b: ["export", b["text"], b["text"] / "data" / "hf"],
+        2,
+        "/data, prepared data of bertcli's (it replaces such folders whole",
+    ),
+    (
+        "export-into-checkpoints",
+        lambda d, b: ["export", b["text"], b["text"] / "checkpoints" / "hf"],
+        2,
+        "/checkpoints, a run's checkpoints folder of bertcli's",
+    ),
+    (
+        "export-extra-tensor",
+        lambda d, b: ["export", _with_extra_tensor(_copy_ckpt(b, d)), d / "out"],
+        2,
+        "weights do not fit this model: 1 unexpected (e.g. secret.payload)",
+    ),
     ("export-existing-folder", lambda d, b: ["export", b["text"], (d / "out").mkdir() or d / "out"], 2, "pass --force"),
     ("export-no-checkpoint", lambda d, b: ["export", d, d / "out"], 2, "no checkpoint here"),
     ("inspect-missing", lambda d, b: ["inspect", d / "nothing"], 2, "no such file or folder"),
@@ -621,6 +649,55 @@ CASES = [
         lambda d, b: ["pretrain", "-c", _with_checkpoint(b, d), "--resume", "never"],
         2,
         "already holds 1 checkpoint(s) and --resume never was given; use --resume auto",
+    ),
+    (
+        "batch-size-past-memory",
+        lambda d, b: ["pretrain", "-c", write_config(d, "train.batch_size=1000000000")],
+        2,
+        "train.batch_size=1,000,000,000 examples of data.max_seq_length=",
+    ),
+    (
+        "grad-accum-past-memory",
+        lambda d, b: ["pretrain", "-c", write_config(d, "train.grad_accum_steps=1000000000")],
+        2,
+        "lower train.grad_accum_steps",
+    ),
+    (
+        "eval-examples-past-memory",
+        lambda d, b: ["pretrain", "-c", write_config(d, "train.eval_examples=1000000000000")],
+        2,
+        "train.eval_examples=1,000,000,000,000 held-out examples",
+    ),
+    (
+        "max-predictions-past-length",
+        lambda d, b: ["pretrain", "-c", write_config(d), "--set", "data.max_predictions_per_seq=1000000000"],
+        2,
+        "data.max_predictions_per_seq: must be from 1 to data.max_seq_length=",
+    ),
+    (
+        "data-workers-thousands",
+        lambda d, b: ["pretrain", "-c", write_config(d), "--set", "train.data_workers=5000"],
+        2,
+        "train.data_workers: must be null (automatic) or from 0 to 64",
+    ),
+    (
+        "weight-decay-past-one-over-lr",
+        lambda d, b: ["pretrain", "-c", write_config(d), "--set", "optimizer.weight_decay=1e10"],
+        2,
+        "optimizer.weight_decay: times optimizer.lr must be below 1",
+    ),
+    (
+        "output-dir-unusable-path",
+        lambda d, b: ["pretrain", "-c", _write(d, "c.yaml", CONFIG_OK + "output_dir: " + "o" * 100_000 + "\n")],
+        2,
+        "output_dir: is no usable path: 100,000 bytes",
+    ),
+    ("config-dev-zero", lambda d, b: ["pretrain", "-c", "/dev/zero"], 2, "/dev/zero: more than 256 KiB"),
+    (
+        "config-thousands-of-values",
+        lambda d, b: ["inspect", _write(d, "c.yaml", CONFIG_OK + "extra:\n" + "- 1\n" * 50_000)],
+        2,
+        "c.yaml: more than 10,000 values (past line",
     ),
     (
         "training-state-empty",
