@@ -643,6 +643,23 @@ def check_same_tokenizer(ckpt: Path, prepared: Path, contents: bytes) -> None:
         )
 
 
+def _set_aside(damaged: list[tuple[Path, str]], resumed: Path | None, is_main: bool) -> None:
+    """Rename each damaged or incomplete checkpoint folder damaged-step-NNNNNNN (by the main process),
+    saying why and what the run resumes from instead."""
+    for bad, reason in damaged:
+        aside = bad.with_name(f"{layout.DAMAGED_PREFIX}{bad.name}")
+        if is_main:
+            if aside.exists():
+                aside = aside.with_name(f"{aside.name}.{time.strftime('%Y%m%d-%H%M%S')}")
+            os.replace(bad, aside)
+            then = (
+                f"resuming from the newest checkpoint that loads, {resumed}"
+                if resumed
+                else "no checkpoint loads: starting fresh"
+            )
+            console.log(f"{bad} is damaged ({reason}): renamed {aside.name}; {then}")
+
+
 def choose_resume(output_dir: Path, resume: str, cfg: Config, is_main: bool = True) -> Path | None:
     """The checkpoint to resume from (None = start fresh), per `resume`: auto, never or a path. `auto`
     takes the newest checkpoint that loads: newer damaged ones (a disk that failed, a file someone
@@ -654,7 +671,13 @@ def choose_resume(output_dir: Path, resume: str, cfg: Config, is_main: bool = Tr
             raise ResumeRefused(layout.checkpoints_dir(output_dir), len(found))
         return None
     if resume == "auto":
+        # A step folder that lacks files (a copy cut short, a file deleted) newer than the newest good
+        # checkpoint is damage too: said and set aside, never skipped silently.
+        partial = [
+            (s, p, layout.incomplete(p)) for s, p in layout.list_step_folders(output_dir) if not layout.is_checkpoint(p)
+        ]
         if not found:
+            _set_aside([(p, why) for _, p, why in reversed(partial)], None, is_main)
             return None
         damaged = []
         for _, path in reversed(found):
@@ -668,16 +691,9 @@ def choose_resume(output_dir: Path, resume: str, cfg: Config, is_main: bool = Tr
                 f"{root}: no checkpoint loads (the newest, {damaged[0][0].name}: {damaged[0][1]}); to start "
                 f"fresh, move {root} aside or set output_dir to a new folder"
             )
-        for bad, reason in damaged:
-            aside = bad.with_name(f"{layout.DAMAGED_PREFIX}{bad.name}")
-            if is_main:
-                if aside.exists():
-                    aside = aside.with_name(f"{aside.name}.{time.strftime('%Y%m%d-%H%M%S')}")
-                os.replace(bad, aside)
-                console.log(
-                    f"{bad} is damaged ({reason}): renamed {aside.name}; resuming from the newest checkpoint "
-                    f"that loads, {path}"
-                )
+        good = int(layout.STEP_DIR.match(path.name).group(1))
+        damaged += [(p, why) for s, p, why in reversed(partial) if s > good]
+        _set_aside(damaged, path, is_main)
     else:
         path = Path(resume)
         problem = layout.incomplete(path)

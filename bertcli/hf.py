@@ -54,6 +54,8 @@ def find_checkpoint(path: Path) -> Path:
     if found.kind is Kind.CHECKPOINT:
         checkpoint.check_own_files(path)
         return path
+    if found.kind is Kind.INCOMPLETE_CHECKPOINT:
+        raise UsageError(f"{path}: {layout.incomplete(path)}; use another checkpoint of the run")
     best = found.best
     chosen = found.checkpoints[-1][1] if found.checkpoints else None
     if best is not None:
@@ -89,6 +91,7 @@ def export(source: Path, out_dir: Path, force: bool = False) -> Path:
     ckpt = find_checkpoint(source)
     fix = "choose a new or empty OUT_DIR"
     ownership.check_apart(out_dir, [ownership.Input("the source checkpoint", ckpt)], fix)
+    ownership.check_output_folder(out_dir, fix)
     if out_dir.exists() and not force:
         raise UsageError(f"{out_dir} already exists; pass --force to replace it, or choose another folder")
 
@@ -101,6 +104,8 @@ def export(source: Path, out_dir: Path, force: bool = False) -> Path:
     check_weights(ckpt, m)  # an export whose config.json claims other sizes would load nowhere
     checkpoint.check_tokenizer_files(ckpt)  # the tokenizer the model was trained with, not an edited one
     weights = checkpoint.read_weights(ckpt)  # finite, and none of the checkpoint's files a symbolic link
+    with torch.device("meta"):  # the model's keys and shapes, nothing allocated: the weights publish no other tensor
+        checkpoint.check_fits(weights, BertForPreTraining(m), ckpt / layout.WEIGHTS)
     for key in ("bert.embeddings.word_embeddings.weight", "cls.predictions.bias"):
         weights[key] = weights[key][: m.vocab_size].contiguous()  # drop the speed padding rows
     config = {

@@ -92,6 +92,9 @@ class Layout:
     # bertcli's, when its name is bertcli's alone (trainer_state.json), never for a name that other
     # tools write too (an export's config.json).
     damaged_proof_counts: bool = False
+    # A folder here, not empty, whose entries (all of this layout, with bertcli's own names: units/KEY)
+    # prove the folder bertcli's when the proof file is damaged, for a proof name others write too.
+    own_mark: str | None = None
     # Paths of variable names bertcli writes there too (prepared data's units/KEY/...), as regular
     # expressions that match a whole relative path.
     patterns: tuple[re.Pattern[str], ...] = ()
@@ -132,6 +135,7 @@ PREPARED = Layout(
             rf"{_TMP}{re.escape(MANIFEST)}\.\d+",
         )
     ),
+    own_mark=UNITS,
 )
 EXPORT = Layout(
     "an export", HF_CONFIG, frozenset((HF_CONFIG, WEIGHTS, *TOKENIZER_FILES, TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP))
@@ -156,17 +160,22 @@ def is_checkpoint(path: Path) -> bool:
     return Path(path).is_dir() and all((Path(path) / name).is_file() for name in CHECKPOINT_FILES)
 
 
-def list_checkpoints(output_dir: Path) -> list[tuple[int, Path]]:
-    """The complete step checkpoints of run folder `output_dir`, oldest first."""
+def list_step_folders(output_dir: Path) -> list[tuple[int, Path]]:
+    """The step-NNNNNNN folders of run folder `output_dir`, complete or not, oldest first."""
     root = checkpoints_dir(output_dir)
     if not root.is_dir():
         return []
     found = []
     for child in root.iterdir():
         match = STEP_DIR.match(child.name)
-        if match and is_checkpoint(child):
+        if match and child.is_dir():
             found.append((int(match.group(1)), child))
     return sorted(found)
+
+
+def list_checkpoints(output_dir: Path) -> list[tuple[int, Path]]:
+    """The complete step checkpoints of run folder `output_dir`, oldest first."""
+    return [(step, path) for step, path in list_step_folders(output_dir) if is_checkpoint(path)]
 
 
 def incomplete(path: Path) -> str | None:
@@ -230,7 +239,8 @@ def identify(path: Path) -> Found:
     if hf_config is not None:
         return Found(Kind.HF, path, config=hf_config)
     missing = tuple(name for name in CHECKPOINT_FILES if not (path / name).is_file())
-    if any(name not in missing for name in CHECKPOINT_FILES if name != CHECKPOINT_CONFIG):
+    named = STEP_DIR.match(path.name) is not None and path.parent.name == CHECKPOINTS  # run/checkpoints/step-N
+    if named or any(name not in missing for name in CHECKPOINT_FILES if name != CHECKPOINT_CONFIG):
         return Found(Kind.INCOMPLETE_CHECKPOINT, path, missing=missing)
     config = path / RUN_CONFIG if (path / RUN_CONFIG).is_file() else None
     started = checkpoints_dir(path).is_dir() or any((path / name).exists() for name in (METRICS, LOCK))

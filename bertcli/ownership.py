@@ -23,7 +23,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bertcli.errors import UsageError
-from bertcli.layout import CHECKPOINT, CHECKPOINTS, EXPORT, PREPARED, RUN_FILES, RUN_FOLDERS, Kind, Layout, identify
+from bertcli.layout import (
+    CHECKPOINT,
+    CHECKPOINTS,
+    EXPORT,
+    LOCK,
+    PREPARED,
+    RUN_FILES,
+    RUN_FOLDERS,
+    Kind,
+    Layout,
+    identify,
+)
 
 PROOF_KEY = "bertcli_version"  # bertcli writes it in every manifest, trainer state and exported config.json
 
@@ -89,7 +100,12 @@ def not_owned(target: Path, layout: Layout) -> str | None:
     if foreign is not None:
         return f"holds {foreign}, which bertcli did not write"
     # Every entry is one bertcli writes there; the proof must parse (see Layout.damaged_proof_counts).
-    damaged_proof = layout.damaged_proof_counts and (target / layout.proof).is_file()
+    marked = (
+        layout.own_mark is not None
+        and (target / layout.own_mark).is_dir()
+        and any((target / layout.own_mark).iterdir())
+    )
+    damaged_proof = (layout.damaged_proof_counts or marked) and (target / layout.proof).is_file()
     if not _is_proof(target / layout.proof) and not damaged_proof:
         return f"is not {layout.noun} written by bertcli (no {layout.proof} of bertcli's)"
     return None
@@ -170,6 +186,22 @@ def check_output_file(output: Path, inputs: list[Path], model: Path) -> Path:
     return resolved
 
 
+def check_output_folder(target: Path, fix: str) -> None:
+    """Refuse (exit 2) an output folder (export's OUT) inside a folder bertcli owns (see `owner`: a
+    checkpoint, prepared data, a run's checkpoints/) or a run folder's own folders (tensorboard/):
+    bertcli replaces or prunes those whole, and would count the new folder as damage or a foreign file."""
+    resolved = Path(target).expanduser().resolve()
+    run = run_file(resolved)
+    if run is not None:
+        raise UsageError(f"{target} is {run[1]} of the run folder {run[0]}, which bertcli reads and writes: {fix}")
+    owned = owner(resolved.parent)
+    if owned is not None:
+        raise UsageError(
+            f"{target} is inside {owned[0]}, {owned[1]} of bertcli's (it replaces such folders whole, and refuses "
+            f"one holding a file it did not write): {fix}"
+        )
+
+
 def run_file(path: Path) -> tuple[Path, str] | None:
     """(the run folder, what `path` is of it) when `path` is one of a run folder's own files (see
     layout.RUN_FILES), or inside its tensorboard/; None otherwise. A run folder here is one that a
@@ -182,6 +214,9 @@ def run_file(path: Path) -> tuple[Path, str] | None:
 
     if path.name in RUN_FILES and is_run(path.parent):
         return path.parent, f"the {path.name}"
+    locked = path.parent / path.name[1 : -len(LOCK)]  # PARENT/.NAME.lock: the lock of prepared data PARENT/NAME
+    if path.name.startswith(".") and path.name.endswith(LOCK) and locked.is_dir() and is_run(path.parent):
+        return path.parent, f"the lock of its prepared data {locked.name}/"
     for at in path.parents:
         if at.name in RUN_FOLDERS and is_run(at.parent):
             return at.parent, f"inside the {at.name}/ folder"

@@ -10,11 +10,13 @@ locked. Torch-free: `prepare` does not load torch.
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
 from bertcli import atomic, layout
 from bertcli.errors import RunError
+from bertcli.ownership import linked
 
 
 class RunLock:
@@ -40,7 +42,15 @@ class RunLock:
         import fcntl
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.fh = open(self.path, "a+")
+        try:  # never through a symbolic link: writing the holder's pid would truncate its target
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP or self.path.is_symlink():
+                raise linked(
+                    self.path, "a folder of its own", "remove the link, then run the same command again"
+                ) from None
+            raise
+        self.fh = os.fdopen(fd, "r+")
         try:
             fcntl.flock(self.fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

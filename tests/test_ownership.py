@@ -200,6 +200,7 @@ def test_init_force_replaces_only_a_bertcli_config_and_nothing_else(tmp_path, cl
         "run config",
         "run metrics",
         "run lock",
+        "prepared data's lock",
         "in tensorboard/",
     ],
 )
@@ -222,6 +223,7 @@ def test_encode_output_never_replaces_an_input(run_copy, cli, tmp_path, target):
         "run config": run_copy / "config.yaml",
         "run metrics": run_copy / "metrics.jsonl",
         "run lock": run_copy / ".lock",
+        "prepared data's lock": run_copy / ".data.lock",
         "in tensorboard/": run_copy / "tensorboard" / "v.npy",
     }[target]
     before = snapshot(tmp_path)

@@ -194,7 +194,9 @@ def test_resuming_never_takes_the_edited_tokenizer_of_a_checkpoint(tmp_path, cli
     run = Path(shutil.copytree(trained, tmp_path / "run"))
     data_tokenizer = (run / "data" / "tokenizer.json").read_bytes()
     edit_tokenizer(run / "checkpoints" / "step-0000004", "tokenizer.json")
-    result = cli("pretrain", "--config", run / "config.yaml", "--set", "train.max_steps=6", "--set", f"output_dir={run}")
+    result = cli(
+        "pretrain", "--config", run / "config.yaml", "--set", "train.max_steps=6", "--set", f"output_dir={run}"
+    )
     assert result.code == 1 and "Traceback" not in result.err
     assert result.err_lines[-1].startswith(
         f"bertcli: error: {run / 'checkpoints'}: no checkpoint loads (the newest, step-0000004: tokenizer.json: "
@@ -237,3 +239,21 @@ def test_a_linked_tokenizer_file_in_the_prepared_data_never_reaches_a_checkpoint
     if result.code != 0:  # refused (it may also be prepared again)
         assert result.code == 2 and result.err_lines[-1].startswith(f"bertcli: error: {run / 'data' / 'vocab.txt'}")
     assert all("hunter2" not in path.read_text() for path in run.rglob("vocab.txt") if not path.is_symlink())
+
+
+@pytest.mark.parametrize("lock", [".lock", ".data.lock"])
+def test_a_lock_file_that_is_a_symbolic_link_is_never_written_through(tmp_path, cli, lock, small_corpus):
+    """Taking a lock writes the holder's pid into the lock file: through a link it would truncate the target."""
+    from conftest import text_run
+
+    config = text_run(tmp_path / "run", small_corpus, "train.max_steps=2")
+    victim = tmp_path / "precious.txt"
+    victim.write_text("keep me\n")
+    (tmp_path / "run" / lock).symlink_to(victim)
+    result = cli("pretrain", "--config", config, "--quiet")
+    assert result.code == 2 and "Traceback" not in result.err
+    assert result.err_lines == [
+        f"bertcli: error: {tmp_path / 'run' / lock} is a symbolic link, which bertcli never follows out of a folder "
+        "of its own (its target could be any file): remove the link, then run the same command again"
+    ], result.err
+    assert victim.read_text() == "keep me\n"

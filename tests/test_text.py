@@ -59,12 +59,17 @@ def test_reading_text_gzip_folders_and_jsonl(tmp_path):
     (tmp_path / "a.txt").write_text("First doc line one.\nLine two.\n\n\nSecond doc.\n")
     with gzip.open(tmp_path / "sub" / "b.txt.gz", "wt") as fh:
         fh.write("Third doc.\n")
-    (tmp_path / "c.jsonl").write_text(
-        json.dumps({"text": "Fourth doc.\nStill fourth."}) + "\n\n" + json.dumps({"text": "Fifth doc.", "id": 5}) + "\n"
+    (tmp_path / "c.jsonl").write_text(  # with a byte-order mark, as Windows editors save it
+        "\ufeff"
+        + json.dumps({"text": "Fourth doc.\nStill fourth."})
+        + "\n\n"
+        + json.dumps({"text": "Fifth doc.", "id": 5})
+        + "\n"
     )
     (tmp_path / "ignored.md").write_text("not a corpus file\n")
     from bertcli.data.text import corpus_files
 
+    assert "Fourth doc." in "".join(read_text([tmp_path / "c.jsonl"])), "the first record is read"
     items = list(read_sentences(corpus_files(tmp_path)))
     assert items == [
         "First doc line one.",
@@ -624,6 +629,30 @@ def test_damaged_prepared_data_is_prepared_again_with_a_line(tmp_path, small_cor
     assert (_unit(folder) / "train" / "tokens.bin").read_bytes() == good
     assert not (folder / "vocab.txt").is_symlink() and "SECRET" not in (folder / "vocab.txt").read_text()
     assert (tmp_path / "run" / "secret.txt").read_text() == "SECRET\n"
+
+
+@pytest.mark.parametrize("damage", ["garbage", "unreadable"])
+def test_a_damaged_manifest_is_prepared_again_not_a_dead_end(tmp_path, small_corpus, capsys, damage):
+    """The manifest is the proof that bertcli wrote the folder; damaged, the folder's units/ (names only
+    bertcli writes) still prove it, so `prepare` prepares it again (it refused, --force or not)."""
+    from bertcli.data.prepare import read_manifest
+
+    corpus = tmp_path / "docs.txt"
+    corpus.write_text("\n\n".join(small_corpus.read_text().split("\n\n")[:4]) + "\n")
+    cfg = load_run(text_run(tmp_path / "run", corpus, "data.tokenizer.vocab_size=200", "data.validation_fraction=0"))
+    folder = prepare(cfg, quiet=True)
+    good = (_unit(folder) / "train" / "tokens.bin").read_bytes()
+    if damage == "garbage":
+        (folder / "manifest.json").write_bytes(b"\x00\xff not json")
+    else:
+        (folder / "manifest.json").chmod(0)
+    if damage == "unreadable" and os.access(folder / "manifest.json", os.R_OK):
+        pytest.skip("root reads a file of mode 000")
+    capsys.readouterr()
+    prepare(cfg, quiet=True)
+    assert "preparing it again" in capsys.readouterr().err
+    assert (_unit(folder) / "train" / "tokens.bin").read_bytes() == good
+    assert read_manifest(folder)[0]["format_version"] == FORMAT_VERSION
 
 
 def test_an_older_format_is_prepared_again_with_a_line(prepared, tmp_path):

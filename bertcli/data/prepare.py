@@ -663,13 +663,6 @@ def _run_workers(
 
     waiting = sorted(todo, key=lambda u: -u.bytes)
     records: dict[str, dict[str, Any]] = {}
-    package = str(Path(__file__).resolve().parents[2])  # the folder holding this bertcli: the workers import it
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(p for p in (package, os.environ.get("PYTHONPATH")) if p),
-        "TOKENIZERS_PARALLELISM": "false",
-        "RAYON_NUM_THREADS": "1",
-    }
     header = (
         json.dumps({"tokenizer": str(root / layout.TOKENIZER_JSON), "settings": dataclasses.asdict(settings)}) + "\n"
     )
@@ -691,15 +684,7 @@ def _run_workers(
             pass  # it died: seen below
 
     try:
-        for _ in range(count):
-            proc = subprocess.Popen(
-                [sys.executable, "-c", "from bertcli.data.prepare import _worker_main; _worker_main()"],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env=env,
-            )
-            workers.append(_Worker(proc))
+        _start_workers(count, into=workers)
         for worker in workers:
             assert worker.proc.stdin is not None and worker.proc.stdout is not None and worker.proc.stderr is not None
             worker.proc.stdin.write(header.encode())
@@ -713,45 +698,79 @@ def _run_workers(
                 chunk = os.read(key.fd, 1 << 16)
                 if not chunk:
                     selector.unregister(key.fileobj)
-                    continue
-                if stream == "err":
+                elif stream == "err":
                     worker.stderr = (worker.stderr + chunk)[-2000:]
-                    continue
-                worker.buffer += chunk
-                *lines, worker.buffer = worker.buffer.split(b"\n")
-                for line in lines:
-                    message = json.loads(line)
-                    if "progress" in message:
-                        progress(message["progress"])
-                    elif "done" in message:
-                        records[message["done"]] = message["record"]
+                else:
+                    for done in _worker_messages(worker, chunk, progress):
+                        records[done[0]] = done[1]
                         give(worker)
-                    else:
-                        _raise_worker_error(message)
-            for worker in workers:
-                if worker.job is not None and worker.job not in records and worker.proc.poll() is not None:
-                    time.sleep(0.2)  # a stop signal to the whole group ends the workers too: say that instead
-                    _check_stop()
-                    words = worker.stderr.decode(errors="replace").strip().splitlines()
-                    raise RunError(
-                        f"a worker process preparing the corpus ended without finishing (exit code "
-                        f"{worker.proc.returncode}{': ' + words[-1] if words else '; killed for memory?'}); "
-                        "run `bertcli prepare` again, with fewer --workers if it happens again"
-                    )
+            _check_workers_alive(workers, records)
     finally:
-        for worker in workers:
-            if worker.proc.poll() is None:
-                worker.proc.terminate()
-        for worker in workers:
-            worker.proc.wait()
-            for stream in (worker.proc.stdin, worker.proc.stdout, worker.proc.stderr):
-                try:
-                    if stream is not None:
-                        stream.close()
-                except OSError:  # (a pipe the worker never read: closing flushes into nothing)
-                    pass
+        _stop_workers(workers)
         selector.close()
     return records
+
+
+def _start_workers(count: int, *, into: list[_Worker]) -> None:
+    """Start `count` worker processes (plain interpreters running _worker_main, one thread each, importing
+    this bertcli), each added to `into` as it starts (so that a failure to start one stops the others)."""
+    package = str(Path(__file__).resolve().parents[2])  # the folder holding this bertcli: the workers import it
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in (package, os.environ.get("PYTHONPATH")) if p),
+        "TOKENIZERS_PARALLELISM": "false",
+        "RAYON_NUM_THREADS": "1",
+    }
+    command = [sys.executable, "-c", "from bertcli.data.prepare import _worker_main; _worker_main()"]
+    pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+    for _ in range(count):
+        into.append(_Worker(subprocess.Popen(command, env=env, **pipes)))
+
+
+def _worker_messages(
+    worker: _Worker, chunk: bytes, progress: Callable[[int], None]
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The (unit key, record) of each unit `worker` finished, from the JSON lines it wrote (`chunk`, a
+    read of its stdout, completed by what it buffered); progress reported; an error raised."""
+    worker.buffer += chunk
+    *lines, worker.buffer = worker.buffer.split(b"\n")
+    for line in lines:
+        message = json.loads(line)
+        if "progress" in message:
+            progress(message["progress"])
+        elif "done" in message:
+            yield message["done"], message["record"]
+        else:
+            _raise_worker_error(message)
+
+
+def _check_workers_alive(workers: list[_Worker], records: dict[str, dict[str, Any]]) -> None:
+    """A RunError when a worker ended before finishing its unit (killed for memory, say)."""
+    for worker in workers:
+        if worker.job is not None and worker.job not in records and worker.proc.poll() is not None:
+            time.sleep(0.2)  # a stop signal to the whole group ends the workers too: say that instead
+            _check_stop()
+            words = worker.stderr.decode(errors="replace").strip().splitlines()
+            raise RunError(
+                f"a worker process preparing the corpus ended without finishing (exit code "
+                f"{worker.proc.returncode}{': ' + words[-1] if words else '; killed for memory?'}); "
+                "run `bertcli prepare` again, with fewer --workers if it happens again"
+            )
+
+
+def _stop_workers(workers: list[_Worker]) -> None:
+    """End the workers still running and close their pipes."""
+    for worker in workers:
+        if worker.proc.poll() is None:
+            worker.proc.terminate()
+    for worker in workers:
+        worker.proc.wait()
+        for stream in (worker.proc.stdin, worker.proc.stdout, worker.proc.stderr):
+            try:
+                if stream is not None:
+                    stream.close()
+            except OSError:  # (a pipe the worker never read: closing flushes into nothing)
+                pass
 
 
 # ---------------------------------------------------------------- the index
@@ -1028,32 +1047,9 @@ def _update(
         info(f"prepared data in {folder} is up to date (corpus and settings unchanged, files intact): reusing it")
         _warn_random_next(folder, old, cfg)
         return folder
-    new_keys = {u.key for u in units}
-    changes = [
-        f"{n} {word}"
-        for n, word in ((len(new_keys - old_keys), "new or changed"), (len(old_keys - new_keys), "gone"))
-        if n
-    ]
-    if changes:
-        why = f": the corpus changed (units of it {', '.join(changes)})"
-    elif damaged or index_problem:
-        why = f" is damaged ({damaged[0] if damaged else index_problem})"
-    else:
-        why = ": the corpus changed (its files are in another order: renamed?)"
-    with_tok = (
-        "the tokenizer of data.tokenizer.path"
-        if plan.given_sha256 is not None
-        else "the run's own tokenizer (its checkpoints were trained on its token ids)"
-        if plan.tok is not None
-        else "the tokenizer trained on the corpus as it was (--force trains a new one)"
-    )
-    work = (
-        f"preparing {len(todo)} of {len(new_keys)} units ({sum(u.bytes for u in todo) / 1e6:,.1f} MB) with "
-        f"{with_tok}, keeping the other units"
-        if todo
-        else "writing a new index"
-    )
-    (log if damaged or index_problem else info)(f"prepared data in {folder}{why}: {work}")
+    problem = damaged[0] if damaged else index_problem
+    line = _update_line(plan, todo, new_keys={u.key for u in units}, old_keys=old_keys, problem=problem)
+    (log if problem else info)(line)
     _state = f"the prepared data in {folder} is as it was (units finished are kept for the next prepare)"
     try:
         records.update(_prepare_units(todo, folder, tok, settings=settings, workers=workers, quiet=quiet))
@@ -1080,6 +1076,36 @@ def _update(
     _remove_unused(folder, manifest)
     _report(folder, manifest, cfg, f"updated {folder}")
     return folder
+
+
+def _update_line(plan: _Plan, todo: list[Unit], *, new_keys: set[str], old_keys: set[str], problem: str | None) -> str:
+    """What `_update` says it does: why the folder is not up to date (the corpus changed, or `problem`:
+    damage found), which tokenizer it keeps, and how much it prepares."""
+    changes = [
+        f"{n} {word}"
+        for n, word in ((len(new_keys - old_keys), "new or changed"), (len(old_keys - new_keys), "gone"))
+        if n
+    ]
+    if changes:
+        why = f": the corpus changed (units of it {', '.join(changes)})"
+    elif problem:
+        why = f" is damaged ({problem})"
+    else:
+        why = ": the corpus changed (its files are in another order: renamed?)"
+    with_tok = (
+        "the tokenizer of data.tokenizer.path"
+        if plan.given_sha256 is not None
+        else "the run's own tokenizer (its checkpoints were trained on its token ids)"
+        if plan.tok is not None
+        else "the tokenizer trained on the corpus as it was (--force trains a new one)"
+    )
+    work = (
+        f"preparing {len(todo)} of {len(new_keys)} units ({sum(u.bytes for u in todo) / 1e6:,.1f} MB) with "
+        f"{with_tok}, keeping the other units"
+        if todo
+        else "writing a new index"
+    )
+    return f"prepared data in {plan.folder}{why}: {work}"
 
 
 def _stray_record(folder: Path, key: str) -> dict[str, Any] | None:

@@ -346,6 +346,7 @@ def _compressed_error(path: Path, fh: BinaryIO, exc: Exception, where: str = "")
     )
 
 
+UTF8_BOM = b"\xef\xbb\xbf"
 READ_BYTES = 1 << 16  # a text line is read in parts of at most this many bytes (a JSON Lines record whole)
 
 
@@ -431,7 +432,7 @@ def read_text(files: list[Path], block: int = 1 << 16) -> Iterator[str]:
             size = 0
             for raw in _raw_lines(path, fh):
                 try:
-                    record = json.loads(raw)
+                    record = json.loads(raw.removeprefix(UTF8_BOM))
                 except ValueError:
                     continue
                 text = record.get("text") if isinstance(record, dict) else None
@@ -463,6 +464,9 @@ def read_sentences(
             if jsonl:
                 if not line.strip():
                     continue
+                line = line.removeprefix(
+                    "\ufeff"
+                )  # a byte-order mark, as Windows editors write before the first record
                 try:
                     record = json.loads(line)
                 except json.JSONDecodeError as exc:
