@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable, Iterator
 from enum import Enum
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -322,107 +322,131 @@ class Format(str, Enum):
     npy = "npy"
 
 
-@app.command(short_help="Turn lines of text into vectors, one row per line, streamed.")
-def encode(
-    inputs: list[str] = typer.Argument(
-        None, metavar="FILE", help="Text files, one text per line ('-' or none: stdin)."
-    ),
-    model: Path = typer.Option(
-        ...,
+# encode's flags, declared once here so that the command reads as its steps.
+_Inputs = Annotated[
+    list[str], typer.Argument(metavar="FILE", help="Text files, one text per line ('-' or none: stdin).")
+]
+_Model = Annotated[
+    Path,
+    typer.Option(
         "--model",
         "-m",
         metavar="PATH",
-        help="A run folder, a checkpoint folder or a Hugging Face BERT folder "
-        "(a sentence-transformers folder included).",
+        help="A run folder, a checkpoint folder or a Hugging Face BERT folder (a sentence-transformers folder included).",
     ),
-    pooling: Optional[Pooling] = typer.Option(
-        None,
+]
+_PoolingOpt = Annotated[
+    Optional[Pooling],
+    typer.Option(
         "--pooling",
-        help="cls, mean or max (over all non-padding positions), or "
-        "pooler. Default: a sentence-transformers folder's own pooling and "
-        "normalisation (its embeddings), else cls.",
+        help="cls, mean or max (over all non-padding positions), or pooler. Default: a sentence-transformers "
+        "folder's own pooling and normalisation (its embeddings), else cls.",
     ),
-    layer: int = typer.Option(
-        -1, "--layer", metavar="N", help="Layer to read: 0 = embeddings, 1..L, negative from the end (-1 = last)."
+]
+_Layer = Annotated[
+    int,
+    typer.Option(
+        "--layer", metavar="N", help="Layer to read: 0 = embeddings, 1..L, negative from the end (-1 = last)."
     ),
-    normalize: Optional[bool] = typer.Option(
-        None,
+]
+_Normalize = Annotated[
+    Optional[bool],
+    typer.Option(
         "--normalize/--no-normalize",
-        help="Scale each vector to unit length. "
-        "Default: as a sentence-transformers folder says when --pooling is not "
-        "given, else off.",
+        help="Scale each vector to unit length. Default: as a sentence-transformers folder says when --pooling is "
+        "not given, else off.",
     ),
-    fmt: Optional[Format] = typer.Option(
-        None, "--format", "-f", help="jsonl, tsv or npy. Default: from the --output suffix (.npy, .tsv), else jsonl."
+]
+_FormatOpt = Annotated[
+    Optional[Format],
+    typer.Option(
+        "--format", "-f", help="jsonl, tsv or npy. Default: from the --output suffix (.npy, .tsv), else jsonl."
     ),
-    output: Optional[Path] = typer.Option(
-        None,
+]
+_Output = Annotated[
+    Optional[Path],
+    typer.Option(
         "--output",
         "-o",
         metavar="FILE",
-        help="Write the rows to this file (atomically) instead "
-        "of stdout; needed for npy. Replaced if it exists; never an input file, "
-        "nor inside bertcli's own folders.",
+        help="Write the rows to this file (atomically) instead of stdout; needed for npy. Replaced if it exists; "
+        "never an input file, nor inside bertcli's own folders.",
     ),
-    with_text: bool = typer.Option(
-        False,
+]
+_WithText = Annotated[
+    bool,
+    typer.Option(
         "--with-text",
         help="Add the text to each row (tsv: as the first column, TAB and backslash escaped as \\t and \\\\).",
     ),
-    tokens: bool = typer.Option(False, "--tokens", help="Per-token vectors (JSONL): tokens and one vector each."),
-    pairs: bool = typer.Option(
-        False,
+]
+_Tokens = Annotated[bool, typer.Option("--tokens", help="Per-token vectors (JSONL): tokens and one vector each.")]
+_Pairs = Annotated[
+    bool,
+    typer.Option(
         "--pairs",
-        help="Lines are A<TAB>B sentence pairs, encoded with segment ids; a "
-        "line without a TAB is encoded as one sentence (counted on stderr).",
+        help="Lines are A<TAB>B sentence pairs, encoded with segment ids; a line without a TAB is encoded as one "
+        "sentence (counted on stderr).",
     ),
-    strict_pairs: bool = typer.Option(False, "--strict-pairs", help="With --pairs, a line without a TAB is an error."),
-    batch_size: int = typer.Option(
-        32,
+]
+_StrictPairs = Annotated[bool, typer.Option("--strict-pairs", help="With --pairs, a line without a TAB is an error.")]
+_BatchSize = Annotated[
+    int,
+    typer.Option(
         "--batch-size",
         min=1,
         metavar="N",
         help="Texts per forward pass, at most (on a CPU fewer when they are long: 8 MiB of activations at most).",
     ),
-    max_length: Optional[int] = typer.Option(
-        None,
+]
+_MaxLength = Annotated[
+    Optional[int],
+    typer.Option(
         "--max-length",
         min=2,
         metavar="N",
-        help="Truncate longer texts (default: a "
-        "sentence-transformers folder's max_seq_length, else the model's limit).",
+        help="Truncate longer texts (default: a sentence-transformers folder's max_seq_length, else the model's limit).",
     ),
-    device: str = typer.Option("auto", "--device", metavar="DEVICE", help="auto, cpu, cuda or cuda:N."),
-    dtype: str = typer.Option("fp32", "--dtype", metavar="fp32|bf16|fp16", help="fp32, bf16 or fp16."),
-    errors: str = typer.Option(
-        "strict",
+]
+_Device = Annotated[str, typer.Option("--device", metavar="DEVICE", help="auto, cpu, cuda or cuda:N.")]
+_Dtype = Annotated[str, typer.Option("--dtype", metavar="fp32|bf16|fp16", help="fp32, bf16 or fp16.")]
+_Errors = Annotated[
+    str,
+    typer.Option(
         "--errors",
         metavar="strict|replace",
         help="strict: a line that is not UTF-8 is an error; replace: replace bad bytes.",
     ),
+]
+
+
+@app.command(short_help="Turn lines of text into vectors, one row per line, streamed.")
+def encode(
+    model: _Model,
+    inputs: _Inputs = None,
+    pooling: _PoolingOpt = None,
+    layer: _Layer = -1,
+    normalize: _Normalize = None,
+    fmt: _FormatOpt = None,
+    output: _Output = None,
+    with_text: _WithText = False,
+    tokens: _Tokens = False,
+    pairs: _Pairs = False,
+    strict_pairs: _StrictPairs = False,
+    batch_size: _BatchSize = 32,
+    max_length: _MaxLength = None,
+    device: _Device = "auto",
+    dtype: _Dtype = "fp32",
+    errors: _Errors = "strict",
 ) -> None:
     """Turn lines of text into vectors: one row per input line, in input order, streamed."""
     from bertcli import encode as enc_mod
-    from bertcli.ownership import check_output_file
-    from bertcli.runtime import PRECISIONS, parse_device
+    from bertcli.runtime import parse_device
 
     on_device = parse_device(device, "--device")
-    if dtype not in PRECISIONS:
-        raise UsageError(f"--dtype {dtype!r}: expected {', '.join(PRECISIONS[:-1])} or {PRECISIONS[-1]}")
-    if errors not in ("strict", "replace"):
-        raise UsageError(f"--errors {errors!r}: expected strict or replace")
-    if strict_pairs and not pairs:
-        raise UsageError("--strict-pairs checks --pairs input: add --pairs, or drop --strict-pairs")
+    _check_encode_flags(dtype=dtype, errors=errors, pairs=pairs, strict_pairs=strict_pairs)
     fmt = _encode_format(fmt, output, with_text, tokens)
-    for source in inputs or []:  # before the model loads (seconds) rather than when the file's turn comes
-        if source != "-":
-            enc_mod.check_input(source)
-    if output is not None:  # never a folder, an input file or a file of the model; resolved (links written through)
-        output = check_output_file(output, [i for i in inputs or [] if i != "-"], model)
-    if not model.exists():
-        raise UsageError(
-            f"--model {model}: no such folder; pass a run folder, a checkpoint folder or a Hugging Face BERT folder"
-        )
+    output = _check_encode_files(inputs or [], model=model, output=output)
     encoder = enc_mod.load_encoder(model, on_device, dtype)
     try:
         settings = enc_mod.resolve(
@@ -441,17 +465,7 @@ def encode(
         if worded is None:
             raise
         raise worded from None
-    if max_length is not None and max_length > settings.max_length:
-        err(
-            f"bertcli encode: --max-length {max_length} is past the model's {settings.max_length} positions; texts are "
-            f"truncated at {settings.max_length}"
-        )
-    if settings.from_folder:
-        err(
-            f"bertcli encode: {model} is a sentence-transformers model: {settings.pooling} pooling, "
-            f"{'normalized' if settings.normalize else 'not normalized'}, up to {settings.max_length} tokens (its own "
-            "settings; --pooling, --normalize/--no-normalize and --max-length choose otherwise)"
-        )
+    _say_encode_settings(settings, model=model, max_length=max_length)
     with _signals_stop_encoding(output) as hold_signals:
         writer = enc_mod.Writer(fmt.value, sys.stdout, output, with_text)
         try:
@@ -476,6 +490,51 @@ def encode(
         err(
             f"bertcli encode: {counts['unpaired']:,} of {counts['lines']:,} lines had no TAB and were encoded as one "
             "sentence each (--strict-pairs makes that an error)"
+        )
+
+
+def _check_encode_flags(*, dtype: str, errors: str, pairs: bool, strict_pairs: bool) -> None:
+    """Refuse values of encode's flags that Typer does not check itself."""
+    from bertcli.runtime import PRECISIONS
+
+    if dtype not in PRECISIONS:
+        raise UsageError(f"--dtype {dtype!r}: expected {', '.join(PRECISIONS[:-1])} or {PRECISIONS[-1]}")
+    if errors not in ("strict", "replace"):
+        raise UsageError(f"--errors {errors!r}: expected strict or replace")
+    if strict_pairs and not pairs:
+        raise UsageError("--strict-pairs checks --pairs input: add --pairs, or drop --strict-pairs")
+
+
+def _check_encode_files(inputs: list[str], *, model: Path, output: Path | None) -> Path | None:
+    """Check encode's input files, --output (returned resolved: a link is written through) and --model,
+    before the model loads (seconds) rather than when a file's turn comes."""
+    from bertcli import encode as enc_mod
+    from bertcli.ownership import check_output_file
+
+    for source in inputs:
+        if source != "-":
+            enc_mod.check_input(source)
+    if output is not None:  # never a folder, an input file or a file of the model
+        output = check_output_file(output, [i for i in inputs if i != "-"], model)
+    if not model.exists():
+        raise UsageError(
+            f"--model {model}: no such folder; pass a run folder, a checkpoint folder or a Hugging Face BERT folder"
+        )
+    return output
+
+
+def _say_encode_settings(settings: Any, *, model: Path, max_length: int | None) -> None:
+    """The lines encode says about its settings (encode.Settings) before it starts."""
+    if max_length is not None and max_length > settings.max_length:
+        err(
+            f"bertcli encode: --max-length {max_length} is past the model's {settings.max_length} positions; texts are "
+            f"truncated at {settings.max_length}"
+        )
+    if settings.from_folder:
+        err(
+            f"bertcli encode: {model} is a sentence-transformers model: {settings.pooling} pooling, "
+            f"{'normalized' if settings.normalize else 'not normalized'}, up to {settings.max_length} tokens (its own "
+            "settings; --pooling, --normalize/--no-normalize and --max-length choose otherwise)"
         )
 
 

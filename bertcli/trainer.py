@@ -176,7 +176,8 @@ def pretrain(cfg: Config, resume: str = "auto", quiet: bool = False, stop_at: in
 
 class StopOnSignal:
     """SIGINT and SIGTERM ask the loop to finish the current step, write a checkpoint and stop
-    (exit 130 or 143); a second SIGINT stops at once (the last complete checkpoint stays valid)."""
+    (exit 130 or 143); a second signal stops at once (the last complete checkpoint stays valid): a
+    Ctrl-C as KeyboardInterrupt, a SIGTERM (a scheduler that waited long enough) with exit 143."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
@@ -191,8 +192,17 @@ class StopOnSignal:
     def _handle(self, signum: int, frame: Any) -> None:
         if self.signum is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt
+        if self.signum is not None:
+            raise Interrupted(
+                f"stopped at once by a second {signal.Signals(signum).name}; nothing half-written was kept (writes "
+                "are atomic): run the same command again to resume from the last checkpoint",
+                signum,
+            )
         self.signum = signum
-        log(f"{signal.Signals(signum).name}: stopping after this step with a checkpoint (Ctrl-C again stops at once)")
+        log(
+            f"{signal.Signals(signum).name}: stopping after this step with a checkpoint (the same signal again "
+            "stops at once)"
+        )
 
     def __exit__(self, *exc: object) -> None:
         for signum, handler in self.previous.items():
@@ -207,6 +217,11 @@ class StopOnSignal:
             return False
         flag = torch.tensor([float(self.signum or 0)], device=rt.device)
         return float(rt.all_reduce_sum(flag)[0]) > 0
+
+
+def examples_per_step(cfg: Config, rt: runtime.Runtime) -> int:
+    """The global batch: examples per optimizer step over all processes (what resuming compares)."""
+    return cfg.train.batch_size * cfg.train.grad_accum_steps * rt.world_size
 
 
 @dataclass
@@ -226,6 +241,10 @@ class Run:
     checkpoints: checkpoint.CheckpointManager  # resumed from (resumed_from), saves the parts of the training state
     progress: checkpoint.Progress  # step, tokens seen and training time before this process started
 
+    @property
+    def examples_per_step(self) -> int:
+        return examples_per_step(self.cfg, self.rt)
+
 
 def build_run(cfg: Config, rt: runtime.Runtime, resume: str, quiet: bool) -> Run:
     """Data (prepared by rank 0 when needed), model, optimizer and the checkpoint to resume from."""
@@ -238,6 +257,7 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume: str, quiet: bool) -> Run
     # Before the data (a synthetic corpus is as large as the vocabulary; without a vocabulary yet, a
     # lower bound: 100,000 layers are refused before the corpus is prepared), and after when unsized.
     memory.check_memory(cfg.model, rt, cfg.train.parallel)
+    memory.check_batch(cfg, rt)
     data, tokenizer = _load_data(cfg, rt, quiet)
     cfg = resolve.with_vocab(cfg, data.vocab_size, cfg.data.corpus)  # the tokenizer exists now
     if not sized:
@@ -278,7 +298,7 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume: str, quiet: bool) -> Run
         model=model,
         optimizer=optimizer,
         scaler=scaler,
-        examples_per_step=cfg.train.batch_size * cfg.train.grad_accum_steps * rt.world_size,
+        examples_per_step=examples_per_step(cfg, rt),
     )  # as the checkpoint left them, if any
     run = Run(
         cfg=cfg,
@@ -389,19 +409,9 @@ def fit(run: Run, last_step: int, stopper: StopOnSignal, quiet: bool) -> dict[st
     """Train from run.progress.step to `last_step`: log, evaluate and save when due; return the last metrics
     and the final checkpoint."""
     cfg, rt, tc, step = run.cfg, run.rt, run.cfg.train, run.progress.step
-    checkpointer, resumed_from = run.checkpoints, run.checkpoints.resumed_from
-    if resumed_from is not None and step >= last_step:  # already there (or past it): nothing to train
-        limit = (
-            f"the stop step asked for, {last_step}" if last_step < tc.max_steps else f"train.max_steps={tc.max_steps}"
-        )
-        log(f"nothing to do: {resumed_from} is already at step {step}, at or past {limit}; raise it to train further")
-        return {
-            "step": step,
-            "tokens_seen": run.progress.tokens_seen,
-            "checkpoint": str(resumed_from),
-            "metrics": checkpoint.read_trainer_state(resumed_from).get("metrics") or {},
-            "is_main": rt.is_main,
-        }
+    checkpointer = run.checkpoints
+    if checkpointer.resumed_from is not None and step >= last_step:  # already there (or past it)
+        return _nothing_to_do(run, last_step)
     window = MetricsWindow(
         rt.device,
         step,
@@ -423,18 +433,7 @@ def fit(run: Run, last_step: int, stopper: StopOnSignal, quiet: bool) -> dict[st
     tokens_seen, run_start = run.progress.tokens_seen, time.perf_counter()
     if rt.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(rt.device)
-    pin = rt.device.type == "cuda"
-    micro_batches = StepBatches(
-        ExampleBuilder(run.data.train, cfg.data, tc.batch_size * tc.grad_accum_steps * rt.world_size),
-        seed=tc.seed,
-        first_step=step,
-        last_step=last_step,
-        batch_size=tc.batch_size,
-        accum_steps=tc.grad_accum_steps,
-        rank=rt.rank,
-        world_size=rt.world_size,
-    )
-    batches = iter(loader(micro_batches, workers=data_workers(rt.device, tc.data_workers), pin_memory=pin))
+    batches = _train_batches(run, first_step=step, last_step=last_step)
     run.model.train()
     try:
         while step < last_step:
@@ -479,6 +478,38 @@ def fit(run: Run, last_step: int, stopper: StopOnSignal, quiet: bool) -> dict[st
         "metrics": metrics,
         "is_main": rt.is_main,
     }
+
+
+def _nothing_to_do(run: Run, last_step: int) -> dict[str, Any]:
+    """fit's result for a run resumed at or past `last_step`: the checkpoint's own, and a line saying so."""
+    resumed_from, step, tc = run.checkpoints.resumed_from, run.progress.step, run.cfg.train
+    limit = f"the stop step asked for, {last_step}" if last_step < tc.max_steps else f"train.max_steps={tc.max_steps}"
+    log(f"nothing to do: {resumed_from} is already at step {step}, at or past {limit}; raise it to train further")
+    return {
+        "step": step,
+        "tokens_seen": run.progress.tokens_seen,
+        "checkpoint": str(resumed_from),
+        "metrics": checkpoint.read_trainer_state(resumed_from).get("metrics") or {},
+        "is_main": run.rt.is_main,
+    }
+
+
+def _train_batches(run: Run, *, first_step: int, last_step: int) -> Iterator[Batch]:
+    """This process's micro-batches of steps first_step+1 .. last_step, in order, built by the data
+    workers (pinned on GPUs). A batch is a function of (seed, step, rank): resuming is exact."""
+    cfg, rt, tc = run.cfg, run.rt, run.cfg.train
+    micro_batches = StepBatches(
+        ExampleBuilder(run.data.train, cfg.data, run.examples_per_step),
+        seed=tc.seed,
+        first_step=first_step,
+        last_step=last_step,
+        batch_size=tc.batch_size,
+        accum_steps=tc.grad_accum_steps,
+        rank=rt.rank,
+        world_size=rt.world_size,
+    )
+    workers = data_workers(rt.device, tc.data_workers)
+    return iter(loader(micro_batches, workers=workers, pin_memory=rt.device.type == "cuda"))
 
 
 def train_step(
@@ -541,7 +572,7 @@ def _trainer_state(run: Run, window: MetricsWindow, metrics: dict[str, float], r
         "tokens_seen": run.progress.tokens_seen + int(seen[0]),
         "train_time_s": run.progress.train_time_s + time.perf_counter() - run_start,
         # The global batch: a resume on another number of processes compares it, not the split.
-        "examples_per_step": run.cfg.train.batch_size * run.cfg.train.grad_accum_steps * run.rt.world_size,
+        "examples_per_step": run.examples_per_step,
         "metrics": metrics,
     }
 

@@ -69,7 +69,8 @@ def test_signal_finishes_the_step_saves_and_says_how_to_resume(tmp_path, signum,
 
 
 @pytest.mark.slow
-def test_a_second_sigint_stops_at_once_and_the_last_checkpoint_stays_valid(tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_second_signal_stops_at_once_and_the_last_checkpoint_stays_valid(tmp_path, signum):
     # Long steps (40 accumulated micro-batches), so that the second Ctrl-C lands inside one.
     config = write_config(
         tmp_path,
@@ -80,14 +81,17 @@ def test_a_second_sigint_stops_at_once_and_the_last_checkpoint_stays_valid(tmp_p
     )
     proc = start(config)
     wait_for(tmp_path / "checkpoints" / "step-0000002", proc)
-    os.killpg(proc.pid, signal.SIGINT)
+    os.killpg(proc.pid, signum)
     time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGINT)
+    os.killpg(proc.pid, signum)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130 and err.strip().splitlines()[-1].startswith("bertcli: interrupted;"), err[-1000:]
+    last = "bertcli: interrupted;" if signum == signal.SIGINT else "bertcli: stopped at once by a second SIGTERM;"
+    assert proc.returncode == 128 + signum and err.strip().splitlines()[-1].startswith(last), err[-1000:]
     assert "Traceback" not in err
     step, path = layout.list_checkpoints(tmp_path)[-1]
-    assert f"stopped by SIGINT at step {step}" not in err, "it did not wait for the step to finish"
+    assert f"stopped by {signal.Signals(signum).name} at step {step}" not in err, (
+        "it did not wait for the step to finish"
+    )
     checkpoint.load_weights(BertForPreTraining(checkpoint.read_config(path).model), path)  # complete and loadable
 
 
@@ -730,3 +734,34 @@ def test_a_kill_while_updating_leaves_the_previous_data_valid_and_the_next_prepa
     assert prepared_now < len(new) - len(known), "the units the killed prepare finished are kept"
     assert not list(data.rglob(".tmp-*")) and not list(tmp_path.glob(".tmp-*"))
     load_prepared(data)
+
+
+def test_an_incomplete_newest_checkpoint_is_said_and_set_aside(tmp_path, cli):
+    """A step folder lacking files (a copy cut short) newer than the good checkpoints was skipped
+    silently: now it is damage like any other, and `inspect` calls it a checkpoint, not a run."""
+    import shutil
+
+    config = write_config(tmp_path, "train.max_steps=4", "checkpoint.save_every=4", "train.eval_every=0")
+    assert cli("pretrain", "--config", config, "--quiet").code == 0
+    cut = tmp_path / "checkpoints" / "step-0000009"
+    cut.mkdir()
+    shutil.copyfile(tmp_path / "checkpoints" / "step-0000004" / "config.yaml", cut / "config.yaml")
+    inspected = cli("inspect", cut)
+    assert inspected.code == 2 and inspected.err_lines == [
+        f"bertcli: error: {cut}: not a complete checkpoint (missing model.safetensors, training_state.pt, "
+        "trainer_state.json); inspect the run folder, or another checkpoint"
+    ], inspected.err
+    exported = cli("export", cut, tmp_path / "hf")
+    assert exported.code == 2 and exported.err_lines == [
+        f"bertcli: error: {cut}: not a complete checkpoint (missing model.safetensors, training_state.pt, "
+        "trainer_state.json); use another checkpoint of the run"
+    ], exported.err
+    result = cli("pretrain", "--config", config, "--set", "train.max_steps=6")
+    assert result.code == 0, result.err
+    assert (
+        f"{cut} is damaged (not a complete checkpoint (missing model.safetensors, training_state.pt, "
+        f"trainer_state.json)): renamed damaged-step-0000009; resuming from the newest checkpoint that loads, "
+        f"{tmp_path / 'checkpoints' / 'step-0000004'}"
+    ) in result.err
+    assert [s for s, _ in layout.list_checkpoints(tmp_path)][-1] == 6
+    assert (tmp_path / "checkpoints" / "damaged-step-0000009" / "config.yaml").is_file()
