@@ -638,7 +638,7 @@ def check_same_tokenizer(ckpt: Path, prepared: Path, contents: bytes) -> None:
         raise UsageError(
             f"{prepared} was prepared with tokenizer {theirs[:12]}, but the checkpoint {ckpt} was "
             f"trained with tokenizer {ours[:12]}: resuming on other token ids would garble the model. "
-            f"Prepare with the checkpoint's own tokenizer (--set data.tokenizer.path={file}), "
+            f"Prepare with the checkpoint's own tokenizer (data.tokenizer.path: {file}), "
             "or start a new run with another output_dir"
         )
 

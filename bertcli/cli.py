@@ -303,9 +303,15 @@ def export(
     force: bool = typer.Option(False, "--force", help="Replace OUT_DIR if it exists."),
 ) -> None:
     """Write a checkpoint as a Hugging Face folder (BertForPreTraining, loads with no custom code)."""
+    from bertcli.hf import ExportExists
     from bertcli.hf import export as run
 
-    folder = run(source, out_dir, force=force)
+    try:
+        folder = run(source, out_dir, force=force)
+    except ExportExists as exc:
+        raise UsageError(
+            f"{exc.out_dir} already exists; pass --force to replace it, or choose another folder"
+        ) from None
     err(f"wrote {folder}; load it with transformers.BertForPreTraining.from_pretrained({str(folder)!r})")
 
 

@@ -4,7 +4,7 @@ Every field carries a docstring (the string literal under it); `bertcli init` wr
 as one-line YAML comments, and `field_docs()` is how the rest of the code reads them.
 Each section's `problems()`, under its fields, lists its impossible values; `Config.problems()`
 adds the checks that read two sections (a sequence longer than the position embeddings, say).
-Reading a config (YAML, `--set`, strict checks) is `bertcli.config_load`; writing one is
+Reading a config (YAML, command-line overrides, strict checks) is `bertcli.config_load`; writing one is
 `bertcli.config_write`.
 """
 

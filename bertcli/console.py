@@ -2,7 +2,7 @@
 
 Under torchrun every process runs the same code; only rank 0 speaks (`runtime.setup` says which
 process this is), so a message appears once. Errors are shown from whichever process hits them.
-`pretrain --quiet` keeps errors, warnings and the final summary: what only tells how the work goes
+A quiet `pretrain` keeps errors, warnings and the final summary: what only tells how the work goes
 (`info`: resuming, data up to date, prepared) is left out.
 """
 
@@ -13,7 +13,7 @@ import sys
 from collections.abc import Iterator
 
 _speaks = True  # False in the processes of a job other than rank 0
-_quiet = False  # pretrain --quiet: `info` lines are left out
+_quiet = False  # a quiet pretrain: `info` lines are left out
 
 
 MAX_LINE = 2_000  # characters of a message; a value echoed whole (a 10 MB path) would bury the rest
@@ -48,7 +48,7 @@ def error(message: str) -> None:
 
 
 def info(message: str) -> None:
-    """A line that tells how the work goes (rank 0 only), left out under --quiet; a warning, or
+    """A line that tells how the work goes (rank 0 only), left out when quiet; a warning, or
     anything the user must know, goes through `log`."""
     if not _quiet:
         log(message)
@@ -56,7 +56,7 @@ def info(message: str) -> None:
 
 @contextlib.contextmanager
 def quiet(enabled: bool) -> Iterator[None]:
-    """While inside: `info` lines are left out if `enabled` (pretrain --quiet)."""
+    """While inside: `info` lines are left out if `enabled` (a quiet pretrain)."""
     global _quiet
     before, _quiet = _quiet, enabled
     try:

@@ -186,7 +186,7 @@ def load_encoder(path: Path, device: torch.device, precision: str = "fp32") -> E
             raise UsageError(f"{path}: {layout.incomplete(path)}; use another checkpoint of the run")
         if found.kind is not Kind.CHECKPOINT and not (found.kind is Kind.RUN and found.started):
             raise UsageError(
-                f"{path}: not a model; --model takes a run folder, a checkpoint folder or a Hugging Face "
+                f"{path}: not a model; a model is a run folder, a checkpoint folder or a Hugging Face "
                 "BERT folder (config.json, model.safetensors, and tokenizer.json or vocab.txt)"
             )
         ckpt = hf.find_checkpoint(path)

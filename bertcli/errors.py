@@ -2,7 +2,7 @@
 
 Everything the user can fix (a flag, a config value, an input file) is a `UsageError`
 (exit 2); everything that goes wrong while doing the work is a `RunError` (exit 1).
-The CLI prints `str(error)` as one line on stderr, with no traceback unless `--debug`.
+The CLI prints `str(error)` as one line on stderr, with no traceback unless debugging was asked for.
 """
 
 from __future__ import annotations

@@ -45,6 +45,14 @@ SPECIAL_TOKENS = {
 }
 
 
+class ExportExists(UsageError):
+    """export's OUT_DIR exists and replacing it was not asked for (the CLI words the flag that asks)."""
+
+    def __init__(self, out_dir: Path) -> None:
+        super().__init__(f"{out_dir} already exists; replace it (an earlier export only), or choose another folder")
+        self.out_dir = out_dir
+
+
 def find_checkpoint(path: Path) -> Path:
     """A checkpoint folder, or a run folder's best checkpoint (else its newest); refused if one of
     its files is a symbolic link. A `best` of another model than the newest checkpoint's (left by an
@@ -93,9 +101,9 @@ def export(source: Path, out_dir: Path, force: bool = False) -> Path:
     ownership.check_apart(out_dir, [ownership.Input("the source checkpoint", ckpt)], fix)
     ownership.check_output_folder(out_dir, fix)
     if out_dir.exists() and not force:
-        raise UsageError(f"{out_dir} already exists; pass --force to replace it, or choose another folder")
+        raise ExportExists(out_dir)
 
-    def guard(target: Path) -> None:  # --force replaces an earlier export only, never anything else
+    def guard(target: Path) -> None:  # forced, it replaces an earlier export only, never anything else
         ownership.check_replaceable(target, layout.EXPORT, fix)
 
     guard(out_dir)
@@ -373,7 +381,7 @@ def _adopt(cfg: Config, imported: ModelConfig, path: Path) -> Config:
     if clashes:
         raise UsageError(
             f"{'; '.join(clashes)}: the architecture comes from model.init_from; remove those keys or "
-            f"write a matching config with `bertcli init DIR --init-from {path}`"
+            f"write a matching config with `bertcli init` from {path}"
         )
     model = dataclasses.replace(
         imported, pad_vocab_multiple=cfg.model.pad_vocab_multiple, init_from=cfg.model.init_from
@@ -392,7 +400,7 @@ def _newest_own_checkpoint(output_dir: Path) -> tuple[Path, ModelConfig] | None:
 
 
 def continued_pretraining(source: Path, preset: str, overrides: list[str]) -> tuple[list[str], str]:
-    """What `bertcli init --init-from SOURCE` sets before the user's --set values (which win): the
+    """What `bertcli init` from SOURCE (init_from) sets before the user's overrides (which win): the
     imported architecture and weights, its tokenizer as data.tokenizer.path (with its casing), and
     optimizer values for continuing; and a note for the config's header saying so."""
     sentence = read_sentence_model(source) if layout.identify(source).kind is Kind.SENTENCE else None
@@ -404,7 +412,7 @@ def continued_pretraining(source: Path, preset: str, overrides: list[str]) -> tu
     try:
         tokenizer = find_tokenizer_file(source)
     except UsageError:
-        tokenizer = None  # prepare trains one, as without --init-from
+        tokenizer = None  # prepare trains one, as from scratch
     if tokenizer is not None:
         loaded = load_tokenizer(tokenizer, TokenizerConfig())
         check_tokenizer(loaded, imported, tokenizer)

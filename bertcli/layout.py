@@ -7,7 +7,7 @@ Run folder (output_dir): `pretrain` writes it, `init` writes its config.yaml
   tensorboard/         TensorBoard event files (logging.tensorboard)
   .lock                held by pretrain and prepare (runlock.py)
   checkpoints/         step-NNNNNNN/ (the newest checkpoint.keep_last), best/ (the lowest held-out MLM
-                       loss), damaged-step-NNNNNNN/ (set aside by --resume auto), .tmp-* (being written)
+                       loss), damaged-step-NNNNNNN/ (set aside when resuming), .tmp-* (being written)
   data/                the prepared data, by default (data.prepared_dir), with its lock .data.lock beside it
 Checkpoint folder (checkpoint.py: a folder named step-* is always complete)
   model.safetensors, config.yaml, training_state.pt, trainer_state.json (CHECKPOINT_FILES), and the

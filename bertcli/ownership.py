@@ -142,7 +142,7 @@ def check_apart(target: Path, inputs: list[Input], fix: str) -> None:
 
 
 def check_output_file(output: Path, inputs: list[Path], model: Path) -> Path:
-    """The resolved path for a file output such as `encode --output`: a file the user names is
+    """The resolved path for a file output such as encode's output file: a file the user names is
     replaced (as with any -o), but never a folder, one of the input files, a file of the model
     (inside a checkpoint or Hugging Face folder, or a run folder's checkpoints/; a run folder's other
     files are not read), nor a new file inside a folder bertcli owns (see `owner`). Resolved, so
@@ -150,10 +150,10 @@ def check_output_file(output: Path, inputs: list[Path], model: Path) -> Path:
     read = Path(model) / CHECKPOINTS if (Path(model) / CHECKPOINTS).is_dir() else Path(model)
     resolved = Path(output).expanduser().resolve()
     if resolved.is_dir():
-        raise UsageError(f"--output {output} is a folder; name a file, e.g. {Path(output) / 'vectors.npy'}")
+        raise UsageError(f"the output {output} is a folder; name a file, e.g. {Path(output) / 'vectors.npy'}")
     if not resolved.parent.is_dir():  # checked before the model loads, not at the first write
         raise UsageError(
-            f"--output {output}: its folder {Path(output).parent} does not exist; create it or name a "
+            f"the output {output}: its folder {Path(output).parent} does not exist; create it or name a "
             "file in an existing folder"
         )
     for path in inputs:
@@ -161,16 +161,16 @@ def check_output_file(output: Path, inputs: list[Path], model: Path) -> Path:
             resolved.exists() and Path(path).exists() and os.path.samefile(resolved, path)
         ):  # a hard link too
             raise UsageError(
-                f"--output {output} is the input file {path}; writing there would destroy it: name another file"
+                f"the output {output} is the input file {path}; writing there would destroy it: name another file"
             )
     if resolved.exists() and relation(resolved, read) == "is inside":
         raise UsageError(
-            f"--output {output} is a file of the model {model}; writing there would destroy it: name another file"
+            f"the output {output} is a file of the model {model}; writing there would destroy it: name another file"
         )
     run = run_file(resolved)
     if run is not None:
         raise UsageError(
-            f"--output {output} is {run[1]} of the run folder {run[0]}, which bertcli reads and writes: "
+            f"the output {output} is {run[1]} of the run folder {run[0]}, which bertcli reads and writes: "
             f"name another file, e.g. {run[0] / ('vectors' + (resolved.suffix if resolved.suffix in ('.npy', '.tsv') else '.jsonl'))}"
         )
     owned = owner(resolved.parent)
@@ -179,7 +179,7 @@ def check_output_file(output: Path, inputs: list[Path], model: Path) -> Path:
         while owner(outside) is not None:
             outside = outside.parent
         raise UsageError(
-            f"--output {output} is inside {owned[0]}, {owned[1]} of bertcli's (it replaces such folders "
+            f"the output {output} is inside {owned[0]}, {owned[1]} of bertcli's (it replaces such folders "
             "whole, and refuses one holding a file it did not write): name a file outside it, e.g. "
             f"{outside / resolved.name}"
         )
@@ -243,7 +243,7 @@ def owner(folder: Path) -> tuple[Path, str] | None:
 
 
 def check_config_replaceable(path: Path) -> None:
-    """Refuse (exit 2) to overwrite `path` (init --force) unless it is a bertcli config: a YAML
+    """Refuse (exit 2) to overwrite `path` (a forced init) unless it is a bertcli config: a YAML
     mapping whose top-level keys are all bertcli sections (or an empty file). Only that one file is
     ever written; nothing else in its folder is touched."""
     import dataclasses

@@ -1,4 +1,4 @@
-"""Resolving a run: (YAML, --set, the config file's folder) -> the config every command works from.
+"""Resolving a run: (YAML, command-line overrides, the config file's folder) -> the config every command works from.
 
 This is the one place where a run's config is finished. Afterwards nothing downstream (data,
 trainer, summary, encode) needs to know where the config file was:
@@ -23,18 +23,18 @@ from bertcli.config_load import load_config, load_yaml
 from bertcli.errors import UsageError
 
 KEYWORD_CORPORA = ("sample", "synthetic")  # data.corpus values that are not paths
-SYNTHETIC_VOCAB = 1024  # `init --corpus synthetic`: the generated corpus has no tokenizer to size the model
+SYNTHETIC_VOCAB = 1024  # init with the synthetic corpus: the generated corpus has no tokenizer to size the model
 PATH_KEYS = ("output_dir", "data.corpus", "data.prepared_dir", "data.tokenizer.path", "model.init_from")
 
 
 def load_run(path: Path, overrides: list[str] | None = None, adopt_init_from: bool = True) -> Config:
-    """The resolved config of the config file at `path` with `--set` overrides (command-line paths:
+    """The resolved config of the config file at `path` with overrides (command-line paths:
     relative to the current folder, see `from_here`)."""
     return resolve(load_config(path, from_here(overrides or [])), Path(path).resolve().parent, adopt_init_from)
 
 
 def from_here(overrides: list[str]) -> list[str]:
-    """`--set` overrides with relative paths made absolute from the current folder, where the user
+    """Overrides (section.key=value) with relative paths made absolute from the current folder, where the user
     typed them (a path in the YAML file is relative to the file's folder). Values that are not
     paths (sample, synthetic, empty, not a string) are left for the loader to check."""
     out = []

@@ -126,7 +126,7 @@ def setup(device: str, precision: PrecisionConfig) -> Runtime:
 
 
 # Token slots per micro-batch (batch_size x max_seq_length) from which unpadding pays on a GPU.
-# Measured on an H100 at BERT-base (bench_pretrain --lengths real --unpad, pretrain 60 steps):
+# Measured on an H100 at BERT-base (bench_pretrain on real lengths, unpadded; pretrain 60 steps):
 # +6% at 256 x 128 and 32 x 512 (the padding share saved), -10% at 64 x 128, where the step is bound
 # by kernel launches and the packing's few extra kernels cost more than the padding.
 UNPAD_MIN_TOKENS = 16_384

@@ -137,7 +137,7 @@ def _training(output_dir: Path, cfg: Config, only: Path | None = None) -> dict[s
         "output_dir": str(output_dir),
         # A run's step: the newest checkpoint's, or a later logged step (a run killed after logging).
         "step": state.get("step", 0) if only else max([state.get("step", 0)] + [r["step"] for r in records[-1:]]),
-        # The resolved config of the newest checkpoint knows about --set overrides; the file does not.
+        # The resolved config of the newest checkpoint knows about command-line overrides; the file does not.
         "max_steps": saved.train.max_steps if saved else cfg.train.max_steps,
         "tokens_seen": state.get("tokens_seen", 0),
         "train_time_s": state.get("train_time_s") if isinstance(state.get("train_time_s"), (int, float)) else None,

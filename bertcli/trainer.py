@@ -265,7 +265,7 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume: str, quiet: bool) -> Run
     checkpoints = checkpoint.CheckpointManager(cfg, rt.device, is_main=rt.is_main, tokenizer=tokenizer)
     resumed_from = checkpoints.choose(resume)
     processes = f"{rt.world_size} processes ({cfg.train.parallel})" if rt.distributed else "1 process"
-    if not quiet:  # --quiet: errors, warnings and the final summary only
+    if not quiet:  # quiet: errors, warnings and the final summary only
         log(f"bertcli {__version__}: {rt.describe()}; {processes}; output in {output_dir}")
         log("resolved config:\n" + yaml.safe_dump(to_dict(cfg), sort_keys=False).rstrip())
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -276,7 +276,7 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume: str, quiet: bool) -> Run
     model = BertForPreTraining(cfg.model)  # on the CPU; with FSDP only each process's shards reach the device
     if cfg.model.init_from and resumed_from is None:
         fresh = hf.init_from(model, Path(cfg.model.init_from))
-        if fresh:  # a caveat, said under --quiet too
+        if fresh:  # a caveat, said when quiet too
             log(f"initialised from {cfg.model.init_from}; not in it, so trained from scratch: {', '.join(fresh)}")
         else:
             info(f"initialised from {cfg.model.init_from}")
@@ -344,7 +344,11 @@ def _load_data(cfg: Config, rt: runtime.Runtime, quiet: bool) -> tuple[Dataset, 
         # Read once, now: every checkpoint holds these bytes, those of the ids trained on, whatever happens to the
         # prepared folder meanwhile (symbolic links are refused: never followed out of it).
         tokenizer = {
-            path.name: ownership.read_own(path, "the prepared data", "run `bertcli prepare --force` to write it again")
+            path.name: ownership.read_own(
+                path,
+                "the prepared data",
+                "remove the link, then run the same command again (it prepares the data again)",
+            )
             for path in data.tokenizer_files
         }
         if text:

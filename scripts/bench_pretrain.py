@@ -60,7 +60,7 @@ def real_lengths(rows: int, T: int) -> torch.Tensor:
                 f"data.max_predictions_per_seq={max(1, T // 6)}",
             ],
         )
-        data = load_data(cfg, None, quiet=True)
+        data = load_data(cfg, quiet=True)
         return ExampleBuilder(data.train, cfg.data, rows).batch(cfg.train.seed, 0, range(rows)).valid_lens
 
 

@@ -558,7 +558,7 @@ CASES = [
         "encode-not-a-model",
         lambda d, b: ["encode", "--model", _write(d, "in.txt", "a\n").parent, d / "in.txt"],
         2,
-        "not a model; --model takes a run folder, a checkpoint folder or a Hugging Face BERT folder",
+        "not a model; a model is a run folder, a checkpoint folder or a Hugging Face BERT folder",
     ),
     (
         "encode-hf-without-tokenizer",

@@ -172,7 +172,7 @@ class Windows:
     the epoch's length and where a position falls are known without cutting the corpus. A window
     that yields fewer chunks than its slots wraps around (repeats its first, shuffled, chunks);
     one that yields more leaves its last out: a share of about the estimate's error (measured by
-    scripts/bench_bigdata.py --windows). With one window the length is epoch 0's exact count, as
+    scripts/bench_bigdata.py, its windows option). With one window the length is epoch 0's exact count, as
     before: a later epoch with fewer chunks wraps, one with more leaves its last out.
     """
 

@@ -27,7 +27,7 @@ A `prepare` that finds the folder of this format with the same tokenizer writes 
 temporary names and renames each into place, then a new index, then the manifest; only then are
 the units and index the corpus no longer uses removed. A crash at any point leaves the previous
 manifest valid, with all it names; the next `prepare` removes the strays, and reuses the finished
-units. A folder of another format, a new tokenizer or `--force` prepares everything into a
+units. A folder of another format, a new tokenizer or a forced prepare prepares everything into a
 temporary folder that replaces the old one in one rename (atomic.folder).
 
 The tokenizer is trained once. The corpus is streamed three times: a scan for the characters of its
@@ -37,7 +37,7 @@ English text), so on a corpus of more than data.tokenizer.sample_chars character
 sample of the lines, chosen by a hash of each line (text.LineSample): memory stays bounded
 whatever the corpus's size. When
 the corpus changes, the prepared folder keeps its tokenizer (a new vocabulary would change the ids
-of every unit) as long as the units it keeps hold at least half of the corpus's bytes; `--force`
+of every unit) as long as the units it keeps hold at least half of the corpus's bytes; a forced prepare
 trains a new one. A run keeps the tokenizer of its checkpoints whatever happens (run_tokenizer).
 
 Held-out documents are every k-th document of each unit (k = 1/validation_fraction), counted from
@@ -245,8 +245,8 @@ def cache_check(corpus_bytes: int) -> str:
         )
     return (
         f"the same size and modification time for every corpus file, hashed again only where either changed (the "
-        f"corpus is over {HASH_ALWAYS_BYTES >> 30} GiB: an edit that keeps both is not seen; `prepare --force` "
-        "prepares again)"
+        f"corpus is over {HASH_ALWAYS_BYTES >> 30} GiB: an edit that keeps both is not seen; a forced "
+        "`prepare` prepares again)"
     )
 
 
@@ -566,7 +566,7 @@ def _unit_from_json(line: str) -> tuple[Path, Unit]:
 
 
 def _worker_main() -> None:
-    """A worker process: prepares the units it reads on stdin with one encoding thread (--workers N
+    """A worker process: prepares the units it reads on stdin with one encoding thread (N workers
     means N cores), writing progress, records and the first error as JSON lines on stdout."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent ends us
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # read by tokenizers at each call
@@ -617,7 +617,7 @@ def _raise_worker_error(message: dict[str, Any]) -> None:
 
 @contextmanager
 def _one_core(workers: int) -> Iterator[None]:
-    """With one worker, the tokenizer encodes (and trains) on one thread: --workers 1 means one core."""
+    """With one worker, the tokenizer encodes (and trains) on one thread: 1 worker means one core."""
     if workers > 1:
         yield
         return
@@ -754,7 +754,7 @@ def _check_workers_alive(workers: list[_Worker], records: dict[str, dict[str, An
             raise RunError(
                 f"a worker process preparing the corpus ended without finishing (exit code "
                 f"{worker.proc.returncode}{': ' + words[-1] if words else '; killed for memory?'}); "
-                "run `bertcli prepare` again, with fewer --workers if it happens again"
+                "run `bertcli prepare` again, with fewer workers if it happens again"
             )
 
 
@@ -1097,7 +1097,7 @@ def _update_line(plan: _Plan, todo: list[Unit], *, new_keys: set[str], old_keys:
         if plan.given_sha256 is not None
         else "the run's own tokenizer (its checkpoints were trained on its token ids)"
         if plan.tok is not None
-        else "the tokenizer trained on the corpus as it was (--force trains a new one)"
+        else "the tokenizer trained on the corpus as it was (a forced prepare trains a new one)"
     )
     work = (
         f"preparing {len(todo)} of {len(new_keys)} units ({sum(u.bytes for u in todo) / 1e6:,.1f} MB) with "
