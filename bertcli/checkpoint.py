@@ -819,10 +819,12 @@ class CheckpointManager:
             return
         states = {name: part.state_dict() for name, part in self.parts.items()}  # every process: FSDP gathers
         snap = Snapshot(step=step, states=states, trainer_state=trainer_state, cfg=self.cfg, tokenizer=self.tokenizer)
+        # The step checkpoint first: it is what resuming needs, so a disk that fills while `best` is
+        # written still leaves the run resumable from this step.
+        if periodic and self.is_main:
+            self.last_saved = write(self.output_dir, snap)
+            prune(self.output_dir, self.cfg.checkpoint.keep_last)
         if new_best:
             self.best = loss
             if self.is_main:
                 write(self.output_dir, snap, name=layout.BEST)
-        if periodic and self.is_main:
-            self.last_saved = write(self.output_dir, snap)
-            prune(self.output_dir, self.cfg.checkpoint.keep_last)

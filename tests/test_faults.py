@@ -201,6 +201,28 @@ def test_disk_full_during_a_checkpoint_is_one_clear_line_and_keeps_earlier_check
     assert again.code == 0 and "resuming from" in again.err
 
 
+def test_a_disk_that_fills_while_best_is_written_leaves_the_step_checkpoint(tmp_path, cli, monkeypatch):
+    """At a step that is both saved and the best so far, the step checkpoint (what resuming needs) is
+    written first: a disk that fills up on `best` still leaves the run resumable from that step."""
+    import errno
+
+    import safetensors.torch
+
+    real_save, calls = safetensors.torch.save_file, []
+
+    def save_file(tensors, path, metadata=None):
+        calls.append(path)
+        if len(calls) == 2:  # the second write of step 4
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real_save(tensors, path, metadata=metadata)
+
+    monkeypatch.setattr(safetensors.torch, "save_file", save_file)
+    config = write_config(tmp_path, "train.max_steps=8", "checkpoint.save_every=4", "train.eval_every=4")
+    result = cli("pretrain", "--config", config, "--quiet")
+    assert result.code == 1 and "disk full" in result.err, result.err
+    assert [s for s, _ in layout.list_checkpoints(tmp_path)] == [4]
+
+
 def poison_losses(monkeypatch, bad_steps):
     """Make the training loss NaN at the given (1-based) steps; evaluation is left alone."""
     import torch
