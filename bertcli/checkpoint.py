@@ -47,7 +47,7 @@ from bertcli.config_load import config_from_dict
 from bertcli.config_write import to_yaml
 from bertcli.data.tokenizer import TOKENIZER_SHA256, tokenizer_change
 from bertcli.errors import RunError, UsageError
-from bertcli.model import TIED_ALIASES
+from bertcli.hf_names import TIED_ALIASES
 from bertcli.ownership import linked, read_own
 
 FORMAT_VERSION = 2  # 2: optimizer state keyed by parameter name (1: by position)

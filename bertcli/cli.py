@@ -135,12 +135,13 @@ def init(
     elif corpus is not None:
         corpus_files(Path(corpus))  # fail now, not at pretrain time, if it is missing or holds no text files
         overrides = [f"data.corpus={json.dumps(str(Path(corpus).expanduser().resolve()))}"] + overrides
+    continued: dict[str, Any] = {}  # what --init-from sets, below the overrides
     if init_from is not None:
-        from bertcli.hf import continued_pretraining
+        from bertcli.adopt import continued_pretraining
 
         continued, note = continued_pretraining(init_from.expanduser().resolve(), preset.value, overrides)
-        overrides, header = continued + overrides, header + "\n" + note
-    cfg = preset_config(preset.value, overrides)
+        header = header + "\n" + note
+    cfg = preset_config(preset.value, overrides, values=continued)
     # The outputs apart from the corpus, as pretrain will check them (paths in the file: from DIR), refused now.
     check_outputs_apart(resolve(cfg, directory.expanduser().absolute(), adopt_init_from=False))
     path = directory / layout.RUN_CONFIG
@@ -303,8 +304,8 @@ def export(
     force: bool = typer.Option(False, "--force", help="Replace OUT_DIR if it exists."),
 ) -> None:
     """Write a checkpoint as a Hugging Face folder (BertForPreTraining, loads with no custom code)."""
-    from bertcli.hf import ExportExists
-    from bertcli.hf import export as run
+    from bertcli.export import ExportExists
+    from bertcli.export import export as run
 
     try:
         folder = run(source, out_dir, force=force)

@@ -37,10 +37,20 @@ def config_from_dict(raw: dict[str, Any], source: str) -> Config:
     return build_config(raw, {"": source})
 
 
-def preset_config(name: str, overrides: list[str] | None = None) -> Config:
-    """defaults < preset `name` < --set overrides, strictly checked."""
+def preset_config(name: str, overrides: list[str] | None = None, *, values: dict[str, Any] | None = None) -> Config:
+    """defaults < preset `name` < `values` < --set overrides, strictly checked. `values` ({"model.hidden_size":
+    256, ...}, typed: nothing parsed) are what a command sets for the user (init --init-from's), and are
+    named as the user's own --set in messages."""
+    chosen: dict[str, Any] = {}
+    for key, value in (values or {}).items():
+        *sections, last = key.split(".")
+        node = chosen
+        for part in sections:
+            node = node.setdefault(part, {})
+        node[last] = value
     extra, origin = parse_overrides(overrides or [])
-    return build_config(_merge(preset_dict(name), extra), {"": f"preset {name}", **origin})
+    labels = {"": f"preset {name}", **dict.fromkeys(values or {}, "--set"), **origin}
+    return build_config(_merge(_merge(preset_dict(name), chosen), extra), labels)
 
 
 def debug_config(overrides: list[str] | None = None) -> Config:

@@ -33,10 +33,11 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer, normalizers, pre_tokenizers
 from torch.overrides import TorchFunctionMode
 
-from bertcli import atomic, checkpoint, hf, layout, runtime
+from bertcli import atomic, checkpoint, hf_import, layout, runtime
 from bertcli.config import ModelConfig, TokenizerConfig
 from bertcli.data.tokenizer import find_tokenizer_file, load_tokenizer, read_tokenizer_json
 from bertcli.errors import PipeClosed, RunError, UsageError
+from bertcli.export import find_checkpoint
 from bertcli.layout import Kind
 from bertcli.model import BertForPreTraining, padding_mask
 from bertcli.sbert import SentenceModel, read_sentence_model
@@ -171,11 +172,11 @@ def load_encoder(path: Path, device: torch.device, precision: str = "fp32") -> E
     if found.kind is Kind.HF or (sentence is not None and layout.is_hf_folder(folder)):
         if not any((folder / name).is_file() for name in layout.TOKENIZER_FILES):  # before the weights load
             raise UsageError(f"{folder}: no tokenizer.json or vocab.txt; copy the model's tokenizer files into it")
-        cfg = hf.read_hf_config(folder)  # its sizes checked against the weights file
+        cfg = hf_import.read_hf_config(folder)  # its sizes checked against the weights file
         tokenizer = load_tokenizer(folder, TokenizerConfig())  # a vocab.txt follows its tokenizer_config.json
-        hf.check_tokenizer(tokenizer, cfg, find_tokenizer_file(folder))
+        hf_import.check_tokenizer(tokenizer, cfg, find_tokenizer_file(folder))
         model = _uninitialised(cfg)
-        fresh, source = tuple(hf.init_from(model, folder, uninitialised=True)), folder
+        fresh, source = tuple(hf_import.init_from(model, folder, uninitialised=True)), folder
     else:
         if sentence is not None:
             raise UsageError(
@@ -189,7 +190,7 @@ def load_encoder(path: Path, device: torch.device, precision: str = "fp32") -> E
                 f"{path}: not a model; a model is a run folder, a checkpoint folder or a Hugging Face "
                 "BERT folder (config.json, model.safetensors, and tokenizer.json or vocab.txt)"
             )
-        ckpt = hf.find_checkpoint(path)
+        ckpt = find_checkpoint(path)
         fresh, source = (), ckpt  # a checkpoint holds every weight (loaded strictly)
         cfg = checkpoint.read_config(ckpt).model
         file = ckpt / layout.TOKENIZER_JSON
@@ -197,8 +198,8 @@ def load_encoder(path: Path, device: torch.device, precision: str = "fp32") -> E
             raise UsageError(f"{ckpt}: no tokenizer.json (a synthetic-corpus run has no tokenizer to encode text with)")
         checkpoint.check_tokenizer_files(ckpt)  # the tokenizer the model was trained with, not an edited one
         tokenizer = read_tokenizer_json(file)
-        hf.check_weights(ckpt, cfg)  # before anything of the config's size is built
-        hf.check_tokenizer(tokenizer, cfg, file)
+        hf_import.check_weights(ckpt, cfg)  # before anything of the config's size is built
+        hf_import.check_tokenizer(tokenizer, cfg, file)
         model = _uninitialised(cfg)
         checkpoint.load_weights(model, ckpt)  # strict: every weight
     model.to(device).eval()

@@ -16,7 +16,7 @@ Prepared data (data/prepare.py)
   manifest.json, tokenizer.json, vocab.txt, units/KEY/ (unit.json, and train/ and valid/ each with
   tokens.bin, seg_offsets.bin, doc_offsets.bin: the corpus.Corpus arrays of one unit), index/DIGEST/
   (train/ and valid/ with the whole corpus's seg_offsets.bin and doc_offsets.bin)
-Export (hf.export): a Hugging Face folder whose config.json carries bertcli_version
+Export (export.export): a Hugging Face folder whose config.json carries bertcli_version
   config.json, model.safetensors, tokenizer.json, vocab.txt, tokenizer_config.json, special_tokens_map.json
 Read, never written:
   a Hugging Face BERT folder: config.json, model.safetensors (a pytorch_model.bin is refused: a pickle),

@@ -32,12 +32,6 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "relu": F.relu,  # the d2l textbook's choice
 }
 
-# In state_dict() but not stored in weight files: aliases of other parameters (tied weights).
-TIED_ALIASES = {
-    "cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
-    "cls.predictions.decoder.bias": "cls.predictions.bias",
-}
-
 
 def padded_vocab_size(cfg: ModelConfig) -> int:
     """Rows of the embedding and decoder matrices: vocab_size rounded up to pad_vocab_multiple

@@ -78,9 +78,9 @@ def resolve(cfg: Config, base: Path, adopt_init_from: bool = True) -> Config:
         model = dataclasses.replace(model, init_from=absolute(model.init_from))
     cfg = dataclasses.replace(cfg, output_dir=absolute(cfg.output_dir), data=data, model=model)
     if cfg.model.init_from and adopt_init_from:
-        from bertcli import hf  # imports torch: only for runs that start from a model
+        from bertcli import adopt  # imports torch: only for runs that start from a model
 
-        cfg = hf.adopt_imported(cfg, Path(cfg.model.init_from))
+        cfg = adopt.adopt_imported(cfg, Path(cfg.model.init_from))
     return cfg
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bertcli import checkpoint, hf, layout, resolve
+from bertcli import checkpoint, hf_import, layout, resolve
 from bertcli.config import Config, DataConfig, ModelConfig, TokenizerConfig
 from bertcli.data.examples import ExampleBuilder
 from bertcli.data.prepare import (
@@ -170,7 +170,8 @@ def inspect_path(path: Path) -> dict[str, Any]:
         kind, cfg = "config", resolve.load_run(path, adopt_init_from=False)
     elif found.kind is Kind.CHECKPOINT:
         kind, cfg = "checkpoint", _checkpoint_config(path)
-        hf.check_weights(path, cfg.model)  # its sizes are the weights' (before a model of them is built, on meta)
+        # its sizes are the weights' (before a model of them is built, on meta)
+        hf_import.check_weights(path, cfg.model)
         training = _training(path.parent.parent, cfg, only=path)
     elif found.kind is Kind.INCOMPLETE_CHECKPOINT:
         raise UsageError(f"{path}: {layout.incomplete(path)}; inspect the run folder, or another checkpoint")
@@ -244,7 +245,7 @@ def folder_report(path: Path) -> dict[str, Any]:
     embeddings are made."""
     sentence = read_sentence_model(path)
     folder = sentence.transformer if sentence else path
-    model = hf.read_hf_config(folder)
+    model = hf_import.read_hf_config(folder)
     seq = min(
         sentence.max_seq_length if sentence and sentence.max_seq_length else model.max_position_embeddings,
         model.max_position_embeddings,
@@ -252,7 +253,7 @@ def folder_report(path: Path) -> dict[str, Any]:
     cfg = Config(model=model, data=DataConfig(max_seq_length=seq, max_predictions_per_seq=max(1, round(0.15 * seq))))
     classes = json.loads((folder / layout.HF_CONFIG).read_text(encoding="utf-8")).get("architectures") or ["?"]
     counts = dict.fromkeys(PARTS, 0)
-    for name, shape in hf.stored_shapes(folder).items():
+    for name, shape in hf_import.stored_shapes(folder).items():
         part = next((p for p, prefix in PARTS.items() if name.startswith(prefix)), None)
         if part is None:
             raise UsageError(f"{folder / layout.WEIGHTS}: {name} is not a BERT weight bertcli knows")
@@ -273,7 +274,7 @@ def folder_report(path: Path) -> dict[str, Any]:
         report["tokenizer"] = None
     else:
         tok = load_tokenizer(tok_file, TokenizerConfig())
-        hf.check_tokenizer(tok, model, tok_file)
+        hf_import.check_tokenizer(tok, model, tok_file)
         report["tokenizer"] = {"file": str(tok_file), **describe(tok)}
     if sentence:
         report["sentence_transformers"] = {

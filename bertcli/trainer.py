@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from bertcli import __version__, checkpoint, console, hf, memory, ownership, parallel, resolve, runtime
+from bertcli import __version__, checkpoint, console, hf_import, memory, ownership, parallel, resolve, runtime
 from bertcli.config import Config, TrainConfig, to_dict
 from bertcli.console import info, log
 from bertcli.data import Corpus, Dataset, load_data
@@ -275,7 +275,7 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume: str, quiet: bool) -> Run
     torch.manual_seed(tc.seed)
     model = BertForPreTraining(cfg.model)  # on the CPU; with FSDP only each process's shards reach the device
     if cfg.model.init_from and resumed_from is None:
-        fresh = hf.init_from(model, Path(cfg.model.init_from))
+        fresh = hf_import.init_from(model, Path(cfg.model.init_from))
         if fresh:  # a caveat, said when quiet too
             log(f"initialised from {cfg.model.init_from}; not in it, so trained from scratch: {', '.join(fresh)}")
         else:

@@ -51,7 +51,7 @@ def _emptied(ckpt: Path, name: str) -> Path:
 
 def _hf_without(run: Path, folder: Path, *names: str) -> Path:
     """The run exported as a Hugging Face folder, less the named files (as users lay folders out)."""
-    from bertcli.hf import export
+    from bertcli.export import export
 
     out = export(run, folder / "hf")
     for name in names:

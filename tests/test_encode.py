@@ -14,7 +14,7 @@ from conftest import REPO
 from bertcli import checkpoint, layout
 from bertcli.encode import Writer, encode, load_encoder, resolve
 from bertcli.errors import UsageError
-from bertcli.hf import export
+from bertcli.export import export
 
 LINES = [
     "the python tutorial",
@@ -89,7 +89,7 @@ def test_encode_reads_the_hidden_states_pretraining_computes(trained, packed):
     cannot drift into a path of its own."""
     from tokenizers import Tokenizer
 
-    from bertcli.hf import find_checkpoint
+    from bertcli.export import find_checkpoint
 
     lines = ["the python tutorial\tmodules and packages", "a", LINES[2], LINES[4]]
     ckpt = find_checkpoint(trained)

@@ -14,7 +14,8 @@ from conftest import SMALL_MODEL
 from bertcli import checkpoint, layout
 from bertcli.config import ModelConfig
 from bertcli.errors import UsageError
-from bertcli.hf import export, init_from, load_hf_weights, read_hf_config
+from bertcli.export import export
+from bertcli.hf_import import init_from, load_hf_weights, read_hf_config
 from bertcli.model import BertForPreTraining
 
 transformers = pytest.importorskip("transformers")
@@ -119,7 +120,7 @@ def test_a_model_built_uninitialised_gets_what_the_folder_lacks_initialised(tmp_
     """encode builds its model without drawing the random weights it loads next; the weights the
     folder lacks are then initialised as a new model's, and the others are the folder's."""
     from bertcli.encode import _uninitialised
-    from bertcli.model import TIED_ALIASES
+    from bertcli.hf_names import TIED_ALIASES
 
     random_hf(kind, SMALL, tmp_path / "hf")
     cfg = read_hf_config(tmp_path / "hf")

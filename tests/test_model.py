@@ -10,7 +10,8 @@ from conftest import SMALL_MODEL
 
 from bertcli.config import ModelConfig
 from bertcli.config_load import preset_config
-from bertcli.model import TIED_ALIASES, BertForPreTraining, flops_per_token, packing
+from bertcli.hf_names import TIED_ALIASES
+from bertcli.model import BertForPreTraining, flops_per_token, packing
 from bertcli.summary import parameter_counts
 
 transformers = pytest.importorskip("transformers")

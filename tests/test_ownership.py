@@ -207,7 +207,7 @@ def test_init_force_replaces_only_a_bertcli_config_and_nothing_else(tmp_path, cl
 def test_encode_output_never_replaces_an_input(run_copy, cli, tmp_path, target):
     """Nor is it written into a folder bertcli owns: the next pretrain, prepare or export --force
     would refuse the folder for holding a file bertcli did not write."""
-    from bertcli.hf import export
+    from bertcli.export import export
 
     lines = tmp_path / "lines.txt"
     lines.write_text("The first line.\nThe second line.\n")

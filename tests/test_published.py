@@ -253,7 +253,7 @@ def test_an_export_says_the_casing_its_tokenizer_has(tmp_path, small_corpus):
     tokenizer_config.json must follow the tokenizer, or transformers tokenizes otherwise."""
     from conftest import text_run
 
-    from bertcli.hf import export
+    from bertcli.export import export
     from bertcli.trainer import pretrain
 
     config = text_run(
@@ -273,7 +273,7 @@ def test_an_export_says_the_casing_its_tokenizer_has(tmp_path, small_corpus):
 
 
 def test_inspect_reports_a_published_folder_and_an_export(cli, tmp_path, trained, sentence_transformer):
-    from bertcli.hf import export
+    from bertcli.export import export
 
     report = json.loads(cli("inspect", MINILM, "--json").out)
     config = json.loads((MINILM / "config.json").read_text())

@@ -21,8 +21,9 @@ from bertcli import checkpoint, layout
 from bertcli.config_load import load_config
 from bertcli.data.corpus import synthetic_corpus
 from bertcli.errors import UsageError
+from bertcli.hf_names import TIED_ALIASES
 from bertcli.metrics import read_metrics
-from bertcli.model import TIED_ALIASES, BertForPreTraining
+from bertcli.model import BertForPreTraining
 from bertcli.optim import lr_at
 from bertcli.resolve import load_run
 from bertcli.trainer import pretrain
@@ -141,12 +142,12 @@ def test_sizes_that_cannot_fit_are_refused_with_the_figure(monkeypatch):
 
 def test_weights_get_the_mode_of_every_other_file(tmp_path, trained):
     """safetensors writes its file 0600; bertcli gives it 0666 less the umask, like the rest."""
-    from bertcli import hf
+    from bertcli import export
 
     old = os.umask(0o027)
     try:
         train(tmp_path / "run", stop_at=4)
-        hf.export(trained, tmp_path / "hf")
+        export.export(trained, tmp_path / "hf")
     finally:
         os.umask(old)
     for folder in (tmp_path / "run" / "checkpoints" / "step-0000004", tmp_path / "hf"):
@@ -594,7 +595,7 @@ def test_best_belongs_to_the_runs_current_model(tmp_path, cli, capsys, eight_ste
     assert result.code == 0 and f"removed {root / 'best'}: this run starts fresh" in result.err, result.err
 
     def layers() -> int:  # of the checkpoint export and encode take from the run folder
-        from bertcli.hf import find_checkpoint
+        from bertcli.export import find_checkpoint
 
         return checkpoint.read_config(find_checkpoint(tmp_path)).model.num_hidden_layers
 

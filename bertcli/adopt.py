@@ -1,0 +1,140 @@
+"""A run that starts from a model (model.init_from): its architecture adopted into the run's config
+(`adopt_imported`, at resolve time), and what `bertcli init --init-from` sets for continued
+pretraining (`continued_pretraining`): the imported architecture, weights and tokenizer, and
+optimizer values for continuing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from bertcli import checkpoint, console, layout
+from bertcli.config import Config, ModelConfig, TokenizerConfig
+from bertcli.config_load import preset_config
+from bertcli.data.tokenizer import describe, find_tokenizer_file, load_tokenizer
+from bertcli.errors import UsageError
+from bertcli.hf_import import check_tokenizer, read_hf_config, weights_file
+from bertcli.hf_names import HF_FIELDS
+from bertcli.layout import Kind
+from bertcli.sbert import read_sentence_model
+
+# Continued pretraining: the peak learning rate of BERT fine-tuning and of Hugging Face's run_mlm, well below
+# what a preset uses from scratch (2e-3 for tiny, 1e-4 for base): a high rate would first undo what the
+# model learned. Warm-up: 5% of the steps, at most the preset's.
+CONTINUED_LR = 5e-5
+CONTINUED_WARMUP_SHARE = 0.05
+
+
+def imported_config(path: Path) -> ModelConfig:
+    """The architecture of an init_from source: a Hugging Face folder's config.json or a checkpoint's config."""
+    path = Path(path)
+    found = layout.identify(path)
+    if found.kind is Kind.CHECKPOINT:
+        return checkpoint.read_config(path).model
+    if found.kind in (Kind.HF, Kind.SENTENCE) and found.config is not None:  # (sentence-transformers: its own BERT)
+        return read_hf_config(path)
+    raise UsageError(
+        f"model.init_from={str(path)!r}: not a Hugging Face BERT folder (config.json + model.safetensors) "
+        "nor a bertcli checkpoint folder"
+    )
+
+
+def adopt_imported(cfg: Config, path: Path) -> Config:
+    """cfg with the model section of the init_from source; a YAML value that contradicts it is an error.
+
+    The source matters only to start: a run that has checkpoints resumes from them. So when it is
+    gone (phase 1's keep_last pruned the step a phase 2 came from, say), the run's newest checkpoint
+    stands in for it: its architecture, and its tokenizer where the source was the tokenizer."""
+    try:
+        imported = imported_config(path)
+    except UsageError:
+        own = _newest_own_checkpoint(Path(cfg.output_dir))
+        if own is None:
+            raise  # starting fresh: the source is needed
+        ckpt, model = own
+        data = cfg.data
+        tokenizer = data.tokenizer.path
+        stand_in = (not tokenizer or Path(tokenizer) == path or path in Path(tokenizer).parents) and (
+            ckpt / layout.TOKENIZER_JSON
+        ).is_file()
+        if stand_in:
+            data = dataclasses.replace(
+                data, tokenizer=dataclasses.replace(data.tokenizer, path=str(ckpt / layout.TOKENIZER_JSON))
+            )
+        console.info(
+            f"model.init_from {path} is gone (or unreadable), but this run resumes from its own checkpoints and "
+            f"does not need it: the architecture{' and the tokenizer' if stand_in else ''} come from {ckpt}"
+        )
+        return _adopt(dataclasses.replace(cfg, data=data), model, ckpt)
+    cfg = _adopt(cfg, imported, path)
+    if not cfg.data.tokenizer.path:  # the imported model's own tokenizer
+        cfg = dataclasses.replace(
+            cfg, data=dataclasses.replace(cfg.data, tokenizer=dataclasses.replace(cfg.data.tokenizer, path=str(path)))
+        )
+    return cfg
+
+
+def _adopt(cfg: Config, imported: ModelConfig, path: Path) -> Config:
+    """cfg with model section `imported` (from `path`); a YAML value that contradicts it is an error."""
+    clashes = [
+        f"model.{k}={getattr(cfg.model, k)!r} but {path} has {getattr(imported, k)!r}"
+        for k in HF_FIELDS
+        if getattr(cfg.model, k) is not None and getattr(cfg.model, k) != getattr(imported, k)
+    ]
+    if clashes:
+        raise UsageError(
+            f"{'; '.join(clashes)}: the architecture comes from model.init_from; remove those keys or "
+            f"write a matching config with `bertcli init` from {path}"
+        )
+    model = dataclasses.replace(
+        imported, pad_vocab_multiple=cfg.model.pad_vocab_multiple, init_from=cfg.model.init_from
+    )
+    return dataclasses.replace(cfg, model=model)
+
+
+def _newest_own_checkpoint(output_dir: Path) -> tuple[Path, ModelConfig] | None:
+    """The run's newest checkpoint whose config reads, with its architecture (None: no checkpoint)."""
+    for _, path in reversed(layout.list_checkpoints(output_dir)):
+        try:
+            return path, checkpoint.read_config(path).model
+        except Exception:  # noqa: BLE001  a damaged one: resuming sets it aside too
+            continue
+    return None
+
+
+def continued_pretraining(source: Path, preset: str, overrides: list[str]) -> tuple[dict[str, Any], str]:
+    """What `bertcli init` from SOURCE (init_from) sets before the user's overrides (which win), as
+    config_load.preset_config's `values`: the imported architecture and weights, its tokenizer as
+    data.tokenizer.path (with its casing), and optimizer values for continuing; and a note for the
+    config's header saying so."""
+    sentence = read_sentence_model(source) if layout.identify(source).kind is Kind.SENTENCE else None
+    source = sentence.transformer if sentence else Path(source)  # a sentence-transformers folder's BERT
+    imported = imported_config(source)
+    if layout.identify(source).kind is not Kind.CHECKPOINT:
+        weights_file(source)  # refused now (a pickle only, no weights), not when pretrain starts
+    values: dict[str, Any] = {f"model.{k}": getattr(imported, k) for k in HF_FIELDS}
+    values["model.init_from"] = str(source)
+    try:
+        tokenizer = find_tokenizer_file(source)
+    except UsageError:
+        tokenizer = None  # prepare trains one, as from scratch
+    if tokenizer is not None:
+        loaded = load_tokenizer(tokenizer, TokenizerConfig())
+        check_tokenizer(loaded, imported, tokenizer)
+        casing = describe(loaded)
+        values["data.tokenizer.path"] = str(source)
+        values |= {f"data.tokenizer.{k}": casing[k] for k in ("lowercase", "strip_accents") if k in casing}
+    scratch = preset_config(preset, overrides, values=values)
+    warmup = min(scratch.optimizer.warmup_steps, max(1, round(CONTINUED_WARMUP_SHARE * scratch.train.max_steps)))
+    values |= {"optimizer.lr": CONTINUED_LR, "optimizer.warmup_steps": warmup}
+    cfg = preset_config(preset, overrides, values=values)
+    o = cfg.optimizer
+    note = (
+        f"\nContinued pretraining from {source}: its architecture (model), weights (model.init_from)"
+        f"{' and tokenizer (data.tokenizer.path)' if tokenizer else ''}.\n"
+        f"optimizer.lr {o.lr:g} with {o.warmup_steps:,} warm-up steps, against {scratch.optimizer.lr:g} from scratch "
+        f"in preset '{preset}':\na model that has learned already needs a lower rate, or the first steps undo it."
+    )
+    return values, note

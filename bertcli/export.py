@@ -1,0 +1,137 @@
+"""Export: a bertcli checkpoint (named directly, or a run folder's best, else newest) written as a
+Hugging Face folder that `transformers` loads as `BertForPreTraining` with no custom code. The
+weights' names and vocabulary rows are translated by hf_names.to_hf; only safetensors are written.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bertcli import __version__, atomic, checkpoint, console, hf_names, layout, ownership
+from bertcli.data.tokenizer import describe, read_tokenizer_json
+from bertcli.errors import UsageError
+from bertcli.hf_import import check_weights
+from bertcli.layout import Kind
+from bertcli.model import BertForPreTraining
+
+# An export is layout.EXPORT; its config.json carries bertcli_version, the proof that bertcli wrote it.
+SPECIAL_TOKENS = {
+    "unk_token": "[UNK]",
+    "sep_token": "[SEP]",
+    "pad_token": "[PAD]",
+    "cls_token": "[CLS]",
+    "mask_token": "[MASK]",
+}
+
+
+class ExportExists(UsageError):
+    """export's OUT_DIR exists and replacing it was not asked for (the CLI words the flag that asks)."""
+
+    def __init__(self, out_dir: Path) -> None:
+        super().__init__(f"{out_dir} already exists; replace it (an earlier export only), or choose another folder")
+        self.out_dir = out_dir
+
+
+def find_checkpoint(path: Path) -> Path:
+    """A checkpoint folder, or a run folder's best checkpoint (else its newest); refused if one of
+    its files is a symbolic link. A `best` of another model than the newest checkpoint's (left by an
+    earlier run) is passed over, with a line."""
+    path = Path(path)
+    found = layout.identify(path)
+    if found.kind is Kind.CHECKPOINT:
+        checkpoint.check_own_files(path)
+        return path
+    if found.kind is Kind.INCOMPLETE_CHECKPOINT:
+        raise UsageError(f"{path}: {layout.incomplete(path)}; use another checkpoint of the run")
+    best = found.best
+    chosen = found.checkpoints[-1][1] if found.checkpoints else None
+    if best is not None:
+        checkpoint.check_own_files(best)
+        try:
+            ours = checkpoint.read_config(best)
+        except Exception:  # noqa: BLE001  a best whose config does not load is no better
+            ours = None
+        differ = chosen is not None and (
+            ours is None or checkpoint.model_differences(ours, checkpoint.read_config(chosen))
+        )
+        if not differ:
+            chosen = best
+        else:
+            console.log(
+                f"{best} is not of the run's model (that of its newest checkpoint), so it is passed over: "
+                f"using {chosen}"
+            )
+    if chosen is None:
+        raise UsageError(
+            f"{path}: no checkpoint here; pass a checkpoint folder or a run folder that holds checkpoints/"
+        )
+    checkpoint.check_own_files(chosen)
+    return chosen
+
+
+def export(source: Path, out_dir: Path, force: bool = False) -> Path:
+    """Write checkpoint `source` (or a run's best/newest) as a Hugging Face folder."""
+    out_dir = Path(out_dir)
+    ckpt = find_checkpoint(source)
+    fix = "choose a new or empty OUT_DIR"
+    ownership.check_apart(out_dir, [ownership.Input("the source checkpoint", ckpt)], fix)
+    ownership.check_output_folder(out_dir, fix)
+    if out_dir.exists() and not force:
+        raise ExportExists(out_dir)
+
+    def guard(target: Path) -> None:  # forced, it replaces an earlier export only, never anything else
+        ownership.check_replaceable(target, layout.EXPORT, fix)
+
+    guard(out_dir)
+    cfg = checkpoint.read_config(ckpt)
+    m = cfg.model
+    check_weights(ckpt, m)  # an export whose config.json claims other sizes would load nowhere
+    checkpoint.check_tokenizer_files(ckpt)  # the tokenizer the model was trained with, not an edited one
+    weights = checkpoint.read_weights(ckpt)  # finite, and none of the checkpoint's files a symbolic link
+    with torch.device("meta"):  # the model's keys and shapes, nothing allocated: the weights publish no other tensor
+        checkpoint.check_fits(weights, BertForPreTraining(m), ckpt / layout.WEIGHTS)
+    weights = hf_names.to_hf(weights, m)  # Hugging Face's names, the speed padding rows dropped
+    config = {
+        "architectures": ["BertForPreTraining"],
+        "model_type": "bert",
+        **{k: getattr(m, k) for k in hf_names.HF_FIELDS},
+        "tie_word_embeddings": True,
+        "torch_dtype": "float32",
+        "position_embedding_type": "absolute",
+        "bertcli_version": __version__,
+    }
+    with atomic.folder(out_dir, guard) as tmp:
+        _write_json(tmp / layout.HF_CONFIG, config)
+        checkpoint.save_safetensors(weights, tmp / layout.WEIGHTS, metadata={"format": "pt"})
+        for name in layout.TOKENIZER_FILES:
+            if not (ckpt / name).is_file():
+                raise UsageError(f"{ckpt}: no {name}; a checkpoint of the synthetic corpus has no tokenizer to export")
+            with atomic.writing(tmp / name):
+                (tmp / name).write_bytes(ownership.read_own(ckpt / name))  # never through a link out of the checkpoint
+        # The casing of the tokenizer itself, not of the config (a loaded tokenizer keeps its own):
+        # transformers applies these keys over tokenizer.json's normalizer.
+        tok = read_tokenizer_json(tmp / layout.TOKENIZER_JSON)
+        casing = describe(tok)
+        lower, strip = casing.get("lowercase", True), casing.get("strip_accents", True)
+        tokenizer_config = {
+            "tokenizer_class": "BertTokenizer",
+            "do_lower_case": lower,
+            "strip_accents": None if strip == lower else strip,
+            "tokenize_chinese_chars": casing.get("tokenize_chinese_chars", True),
+            "model_max_length": m.max_position_embeddings,
+            **SPECIAL_TOKENS,
+        }
+        _write_json(tmp / layout.TOKENIZER_CONFIG, tokenizer_config)
+        _write_json(tmp / layout.SPECIAL_TOKENS_MAP, SPECIAL_TOKENS)
+        for path in tmp.iterdir():
+            atomic.fsync_path(path)
+    return out_dir
+
+
+def _write_json(path: Path, value: Any) -> None:
+    with atomic.writing(path):
+        path.write_text(json.dumps(value, indent=2) + "\n")

@@ -1,0 +1,175 @@
+"""Reading Hugging Face BERT folders: their config.json as a ModelConfig checked against the weights'
+sizes (also a checkpoint's, for export and encode), their weights under bertcli's names (hf_names.from_hf),
+and `init_from`, which loads a Hugging Face folder or a bertcli checkpoint into a model. Only
+safetensors weights are read: nothing is ever unpickled.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import safetensors
+import safetensors.torch
+import torch
+from tokenizers import Tokenizer
+
+from bertcli import checkpoint, hf_names, layout
+from bertcli.config import ModelConfig
+from bertcli.config_load import model_config_from_dict
+from bertcli.errors import UsageError
+from bertcli.hf_names import HF_FIELDS, TIED_ALIASES
+from bertcli.layout import Kind
+from bertcli.model import BertForPreTraining, padded_vocab_size
+
+
+def read_hf_config(folder: Path) -> ModelConfig:
+    """The ModelConfig of a Hugging Face BERT folder's config.json."""
+    file = Path(folder) / layout.HF_CONFIG
+    try:
+        raw = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{file}: cannot read ({exc})") from None
+    if raw.get("model_type", "bert") != "bert":
+        raise UsageError(f"{file}: model_type is {raw.get('model_type')!r}; bertcli reads BERT models only")
+    values: dict[str, Any] = {}
+    for name in HF_FIELDS:
+        if name in raw and raw[name] is not None:
+            values[name] = raw[name]
+    if raw.get("position_embedding_type", "absolute") != "absolute":
+        raise UsageError(
+            f"{file}: position_embedding_type {raw['position_embedding_type']!r} is not supported (absolute only)"
+        )
+    cfg = model_config_from_dict(values, str(file))  # strict: types, choices, divisibility
+    check_weights(folder, cfg)  # before anything of its size is built
+    return cfg
+
+
+# The sizes of a config against the weights file's tensors: (config fields, a tensor holding them as its shape).
+SIZED = [
+    (("vocab_size", "hidden_size"), "bert.embeddings.word_embeddings.weight"),
+    (("max_position_embeddings", "hidden_size"), "bert.embeddings.position_embeddings.weight"),
+    (("type_vocab_size", "hidden_size"), "bert.embeddings.token_type_embeddings.weight"),
+    (("intermediate_size", "hidden_size"), "bert.encoder.layer.0.intermediate.dense.weight"),
+]
+
+
+def check_weights(folder: Path, cfg: ModelConfig) -> None:
+    """Refuse (exit 2) a config whose sizes are not those of the tensors in `folder`'s
+    model.safetensors (a Hugging Face folder or a checkpoint: vocabulary rows padded or not), read
+    from the file's header alone; safetensors checks the header against the file's length. A model
+    of `cfg` then costs about what the file holds: a config.json claiming absurd sizes (damage, or
+    the config of another model) is one line, not an allocation that fails or runs for minutes."""
+    folder = Path(folder)
+    shapes = stored_shapes(folder)
+    config = folder / (layout.HF_CONFIG if layout.is_hf_folder(folder) else layout.CHECKPOINT_CONFIG)
+    mismatch = "the two do not belong together (one is damaged, or from another model): restore the folder's files"
+    layers = {int(m.group(1)) for key in shapes if (m := re.match(r"bert\.encoder\.layer\.(\d+)\.", key))}
+    if len(layers) != cfg.num_hidden_layers:
+        raise UsageError(
+            f"{config} says num_hidden_layers {cfg.num_hidden_layers:,}, but model.safetensors holds "
+            f"{len(layers):,} layers: {mismatch}"
+        )
+    for fields, key in SIZED:
+        expected = tuple(getattr(cfg, name) for name in fields)
+        if key not in shapes:
+            raise UsageError(f"{folder / layout.WEIGHTS}: the encoder is incomplete (no {key}); restore the file")
+        rows = {expected[0], padded_vocab_size(cfg)} if fields[0] == "vocab_size" else {expected[0]}
+        if len(shapes[key]) != 2 or shapes[key][0] not in rows or shapes[key][1] != expected[1]:
+            said = " and ".join(f"{name} {getattr(cfg, name):,}" for name in fields)
+            raise UsageError(
+                f"{config} says {said}, but model.safetensors holds {key} of shape {tuple(shapes[key])}: {mismatch}"
+            )
+
+
+def check_tokenizer(tok: Tokenizer, cfg: ModelConfig, file: Path) -> None:
+    """Refuse (exit 2) a tokenizer with ids past the model's vocab_size: they would index padding
+    rows or nothing (an IndexError mid-run); such a tokenizer belongs to another model."""
+    top = max(tok.get_vocab(with_added_tokens=True).values(), default=-1)
+    if top >= cfg.vocab_size:
+        raise UsageError(
+            f"{file}: token ids go up to {top:,} but the model has vocab_size {cfg.vocab_size:,}; the "
+            "tokenizer belongs to another model: restore the model's own tokenizer files"
+        )
+
+
+def weights_file(folder: Path) -> Path:
+    """The model.safetensors of a Hugging Face folder; a folder with only a pickle is refused, with why."""
+    folder = Path(folder)
+    file = folder / layout.WEIGHTS
+    if not file.is_file():
+        if (folder / layout.HF_PICKLE).is_file():  # the tensors as they are (no heads added), read without pickle code
+            pickle_path = str(folder / layout.HF_PICKLE)
+            convert = (
+                f"import torch, safetensors.torch as st; w = torch.load({pickle_path!r}, weights_only=True); "
+                f"st.save_file({{k: v.contiguous().clone() for k, v in w.items()}}, "
+                f"{str(file)!r}, metadata={{'format': 'pt'}})"
+            )
+            raise UsageError(
+                f"{folder}: only pytorch_model.bin here, and bertcli reads model.safetensors only (a .bin "
+                f"file is a pickle, which can run code when loaded); convert it once, where you trust the "
+                f'file: python3 -c "{convert}"'
+            )
+        raise UsageError(
+            f"{folder}: no model.safetensors; a Hugging Face folder holds its weights in it (save "
+            "them with save_pretrained(folder, safe_serialization=True))"
+        )
+    return file
+
+
+def stored_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
+    """The shapes of a Hugging Face folder's weights under bertcli's names (no vocabulary padding,
+    no tied aliases), read from the safetensors header alone: nothing is loaded."""
+    file = weights_file(folder)
+    try:
+        with safetensors.safe_open(file, "pt") as f:
+            return {
+                new: tuple(f.get_slice(key).get_shape())
+                for key in f.keys()
+                if (new := hf_names.our_key(key)) is not None
+            }
+    except (safetensors.SafetensorError, OSError, ValueError) as exc:
+        raise UsageError(f"{file}: cannot read weights ({exc})") from None
+
+
+def load_hf_weights(
+    folder: Path, cfg: ModelConfig, model: BertForPreTraining | None = None
+) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """Weights of a Hugging Face BERT folder under bertcli's names, vocabulary rows padded; and the
+    parts (pooler, MLM head, NSP head) it lacks, which the caller initialises fresh. Shapes are
+    checked against `model` (the one to load into), else against a model of `cfg` built on the meta
+    device, whose initialisation there imports torch._dynamo (2 s): callers with a model pass it."""
+    file = weights_file(folder)
+    try:
+        raw = safetensors.torch.load_file(file)
+    except (safetensors.SafetensorError, OSError, ValueError) as exc:
+        raise UsageError(f"{file}: cannot read weights ({exc})") from None
+    checkpoint.check_finite(raw, file, "restore it, or use another model")
+    weights = hf_names.from_hf(raw, cfg)  # bertcli's names, the vocabulary rows padded
+    if model is None:
+        with torch.device("meta"):
+            model = BertForPreTraining(cfg)
+    parts = {"bert.pooler.": "pooler", "cls.predictions.": "MLM head", "cls.seq_relationship.": "NSP head"}
+    missing = checkpoint.check_fits(weights, model, file, optional=tuple(parts))  # the encoder whole, the rest may lack
+    fresh = sorted({name for prefix, name in parts.items() if any(k.startswith(prefix) for k in missing)})
+    return {k: v.float() for k, v in weights.items()}, fresh
+
+
+def init_from(model: BertForPreTraining, path: Path, uninitialised: bool = False) -> list[str]:
+    """Load a Hugging Face folder or a bertcli checkpoint into `model`; return the parts left fresh.
+    `uninitialised`: the model was built without its random initialisation (encode does, to start
+    faster), so the weights the folder lacks are initialised here, as a new model's would be."""
+    path = Path(path)
+    if layout.identify(path).kind is Kind.CHECKPOINT:
+        checkpoint.load_weights(model, path)  # every weight, or an error
+        return []
+    weights, fresh = load_hf_weights(path, model.config, model)
+    if uninitialised:
+        missing = set(model.state_dict()) - set(weights) - set(TIED_ALIASES)
+        for name, module in model.named_modules():  # a module owning a missing weight; loading follows
+            if any(f"{name}.{p}" in missing for p, _ in module.named_parameters(recurse=False)):
+                model._init_weights(module)
+    model.load_state_dict(weights, strict=False)  # absent parts keep their fresh initialisation
+    return fresh
