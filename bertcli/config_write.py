@@ -2,8 +2,8 @@
 docs/configuration.md.
 
 Both come from the schema in `bertcli.config`: every field with its docstring, its type and its
-default, so the files people read cannot drift from the code (tests/test_config.py and
-tests/test_readme.py check that configs/ and docs/configuration.md equal what these functions write).
+default, so the files people read cannot drift from the code (tests/unit/test_config.py and
+tests/system/test_readme.py check that configs/ and docs/configuration.md equal what these functions write).
 """
 
 from __future__ import annotations

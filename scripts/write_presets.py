@@ -2,7 +2,7 @@
 
     python scripts/write_presets.py
 
-tests/test_config.py fails when the two drift apart.
+tests/unit/test_config.py fails when the two drift apart.
 """
 
 from pathlib import Path

@@ -80,7 +80,7 @@ def test_command_examples_use_run_folders_the_readme_makes():
 def test_bad_input_catalogue_count_is_the_tests():
     from test_bad_inputs import CASES
 
-    stated = re.findall(r"`tests/test_bad_inputs.py` is a catalogue of (\d+) bad inputs", EVERYWHERE)
+    stated = re.findall(r"`tests/system/test_bad_inputs.py` is a catalogue of (\d+) bad inputs", EVERYWHERE)
     assert stated and {int(n) for n in stated} == {len(CASES)}, f"the docs say {stated}, the test has {len(CASES)}"
 
 
@@ -288,7 +288,7 @@ def test_config_keys_in_backquotes_exist():
 
 
 def test_repository_paths_named_in_the_docs_exist():
-    """`scripts/fault_inject.py`, `tests/test_train.py::test_exact_resume_is_bitwise_identical`, `configs/*.yaml`."""
+    """`scripts/fault_inject.py`, `tests/system/test_train.py::test_exact_resume_is_bitwise_identical`, `configs/*.yaml`."""
     named = set(re.findall(r"`((?:scripts|tests|configs|bertcli|benchmarks|\.ci)/[^`\s]*)`", EVERYWHERE))
     assert len(named) > 10, named
     for name in sorted(named):
