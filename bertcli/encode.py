@@ -375,6 +375,22 @@ def _open(path: str) -> BinaryIO:
     return open(path, "rb")  # a file gone since the check: an OSError, one line from the CLI
 
 
+def _one_of(chars: set[str]) -> str:
+    """A regular-expression class of `chars`."""
+    return "[" + "".join(re.escape(c) for c in sorted(chars)) + "]"
+
+
+def _shortened(breaks: set[str]) -> Callable[[re.Match[str]], str]:
+    """What a run of characters that give no token becomes: one that breaks words (of `breaks`), else its first."""
+    breaker = re.compile(_one_of(breaks) if breaks else "(?!)")
+
+    def one(m: re.Match[str]) -> str:
+        found = breaker.search(m.group())
+        return found.group() if found else m.group()[0]
+
+    return one
+
+
 class Prefixes:
     """Texts far longer than the length limit can use, cut before tokenizing: tokenizing a whole line
     costs time and memory in its length (an 18.8 MB line: 19 s and 3.1 GB for one 256-token vector).
@@ -441,35 +457,42 @@ class Prefixes:
         return text, False
 
     def _compact(self, text: str) -> str:
-        """`text` with each run of characters that give no token (white space, and what the normaliser
-        removes: controls, format characters such as U+200B and U+FEFF, accents it strips) shortened to
-        one character of the same effect: one that breaks words where the run holds one, else its
-        first character. It tokenizes as `text` does: each character is classed by the tokenizer
-        itself (normalised and pre-tokenized between two letters), and the classes are per character
-        (BERT's normaliser and pre-tokenizer decide character by character). Not where an added
-        token holds such a character: matched on the raw text, it could change."""
+        """`text` shortened where its length buys no token, so that a prefix reaches the words after:
+        each run of characters that give no token (white space, and what the normaliser removes:
+        controls, format characters such as U+200B and U+FEFF, accents it strips) becomes one character
+        of the same effect (one that breaks words where the run holds one, else its first); and each
+        run of plain word characters past WordPiece's max_input_chars_per_word (a base64 blob, 70,000
+        letters), which is one [UNK] however long, keeps one character more than that limit. It
+        tokenizes as `text` does: each character is classed by the tokenizer itself (normalised and
+        pre-tokenized between two letters; plain: it stays one character of the word), and the
+        classes are per character (BERT's normaliser and pre-tokenizer decide character by
+        character). Not where an added token holds such characters: matched on the raw text, it could change."""
         pre, normalizer = self.source.pre_tokenizer, self.source.normalizer
-        breaks, removed = set(), set()
+        breaks, removed, plain = set(), set(), set()
         for c in set(text):
-            words = pre.pre_tokenize_str(normalizer.normalize_str(f"a{c}b") if normalizer is not None else f"a{c}b")
-            if [w for w, _ in words] == ["a", "b"]:
+            words = [
+                w
+                for w, _ in pre.pre_tokenize_str(
+                    normalizer.normalize_str(f"a{c}b") if normalizer is not None else f"a{c}b"
+                )
+            ]
+            if words == ["a", "b"]:
                 breaks.add(c)
-            elif [w for w, _ in words] == ["ab"]:
+            elif words == ["ab"]:
                 removed.add(c)
+            elif len(words) == 1 and len(words[0]) == 3:
+                plain.add(c)
+        added = [set(a.content) for a in self.source.get_added_tokens_decoder().values()]
+        longest = getattr(self.source.model, "max_input_chars_per_word", None)
         quiet = breaks | removed
-        if not quiet or any(set(a.content) & quiet for a in self.source.get_added_tokens_decoder().values()):
-            return text
-
-        def one_of(chars: set[str]) -> str:
-            return "[" + "".join(re.escape(c) for c in sorted(chars)) + "]"
-
-        run, breaker = re.compile(one_of(quiet) + "{2,}"), re.compile(one_of(breaks) if breaks else "(?!)")
-
-        def shortened(m: re.Match[str]) -> str:
-            found = breaker.search(m.group())
-            return found.group() if found else m.group()[0]
-
-        return run.sub(shortened, text)
+        if quiet and not any(chars & quiet for chars in added):
+            text = re.compile(_one_of(quiet) + "{2,}").sub(_shortened(breaks), text)
+        keep = (longest or 0) + 1  # plain characters a word keeps: still more than the limit, still one [UNK]
+        if plain and longest is not None and not any(chars <= plain or len(chars) >= keep for chars in added):
+            # A plain character with the removed ones after it (x + U+0301 ...): one character of the word.
+            unit = _one_of(plain) + (_one_of(removed) + "*" if removed else "")
+            text = re.compile(f"((?:{unit}){{{keep}}})(?:{unit})+").sub(r"\1", text)
+        return text
 
     def loses(self, text: str, prefix: str) -> bool:
         """Whether `prefix`, tokenized in place of `text` (cut at the cap, unproven), can lose tokens of it.

@@ -285,10 +285,19 @@ def test_a_line_cut_at_the_cap_is_truncated_only_where_it_lost_tokens(trained, m
         "\u0301" * n + "e\u0301 done",
         " \u200b\u3000\x00" * n + "[MASK] a" + " " * n + "b",
         "a" + "\u200b" * n + "b " + "\t" * 3 + "c d\t" + " " * n + "e",
+        # A word far past WordPiece's 100 characters is one [UNK] however long: the third trial's
+        # `'hello ' + 'a' * 70000 + ' world'` lost "world"; a base64 blob before words likewise.
+        "hello " + "a" * n + " world",
+        "QUJD" * (n // 4) + "== then some words",
+        "x" * n + " " + "x" * n,
+        "x" * n + "!",
+        "x" * n + " z\ty",
+        "é" * n + " e\u0301" * 3,
+        "x\u0301" * n + " [MASK] word",  # one word of n letters, an accent after each (stripped)
     ]
     compacted, compacted_counts = run_encode(trained, quiet, max_length=16, per_token=True, pairs=True)
     assert compacted_counts["truncated"] == 0
-    lossy = ["x" * n + " " + "x" * n, "x" * n + "!", "x" * n + " z\ty", "w " * n + "x"]
+    lossy = ["w " * n + "x", "w\u200bq " * n + "x", "a " * 20 + "x" * n + " b" * 20]
     _, lossy_counts = run_encode(trained, lossy, max_length=16, pairs=True)
     assert lossy_counts["truncated"] == len(lossy)
     _without_cutting(monkeypatch)
