@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import text_run, write_config
+from conftest import text_run, without_file_hashes, write_config
 
 
 @pytest.fixture(scope="module")
@@ -33,10 +33,20 @@ def _write(folder: Path, name: str, content: str | bytes) -> Path:
 
 
 def _copy_ckpt(base, folder: Path) -> Path:
+    """A copy of a checkpoint without the SHA-256 record of its files, so that the damage done to it
+    meets the checks below that record (a checkpoint of an older bertcli, or one a person forged)."""
     src = base["syn"] / "checkpoints" / "step-0000004"
     dst = folder / "ckpt"
     shutil.copytree(src, dst)
-    return dst
+    return without_file_hashes(dst)
+
+
+def _bit_flipped(ckpt: Path) -> Path:
+    """One bit of a weight flipped (the value stays finite): only the recorded SHA-256 tells."""
+    data = bytearray((ckpt / "model.safetensors").read_bytes())
+    data[-3] ^= 0x01
+    (ckpt / "model.safetensors").write_bytes(bytes(data))
+    return ckpt
 
 
 def _without(ckpt: Path, name: str) -> Path:
@@ -698,6 +708,29 @@ CASES = [
         lambda d, b: ["inspect", _write(d, "c.yaml", CONFIG_OK + "extra:\n" + "- 1\n" * 50_000)],
         2,
         "c.yaml: more than 10,000 values (past line",
+    ),
+    (
+        "weights-bit-flipped-encode",
+        lambda d, b: [
+            "encode",
+            "--model",
+            _bit_flipped(Path(shutil.copytree(b["text"] / "checkpoints" / "step-0000004", d / "ck"))),
+            _write(d, "in.txt", "a line\n"),
+        ],
+        2,
+        "ck/model.safetensors: changed since the checkpoint was written (its SHA-256 is not the one",
+    ),
+    (
+        "weights-bit-flipped-resume",
+        lambda d, b: [
+            "pretrain",
+            "-c",
+            write_config(d),
+            "--resume",
+            _bit_flipped(Path(shutil.copytree(b["syn"] / "checkpoints" / "step-0000004", d / "ck"))),
+        ],
+        1,
+        "ck is damaged (model.safetensors: changed since the checkpoint was written",
     ),
     (
         "training-state-empty",

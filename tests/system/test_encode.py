@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import REPO
+from conftest import REPO, without_file_hashes
 
 from bertcli import checkpoint, layout
 from bertcli.encode import Writer, encode, load_encoder, resolve
@@ -439,6 +439,7 @@ def test_a_model_whose_output_overflows_is_refused_with_no_vector_written(traine
         if name.endswith(("query.weight", "key.weight")):
             weights[name] = weights[name] * 1e30
     safetensors.torch.save_file(weights, ckpt / "model.safetensors")
+    without_file_hashes(ckpt)  # weights that were so when saved (the record would tell an edit)
     (tmp_path / "in.txt").write_text("fine text\nmore text here\n")
     out = tmp_path / "vectors.jsonl"
     result = cli("encode", "--model", ckpt, tmp_path / "in.txt", "-o", out, *(["--tokens"] if per_token else []))

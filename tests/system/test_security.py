@@ -7,7 +7,7 @@ import pickle
 from pathlib import Path
 
 import pytest
-from conftest import write_config
+from conftest import without_file_hashes, write_config
 
 
 class Payload:
@@ -29,6 +29,7 @@ def test_a_malicious_training_state_is_refused_and_never_run(tmp_path, cli):
     assert cli("pretrain", "--config", config, "--quiet").code == 0
     marker = tmp_path / "pwned"
     plant(tmp_path / "run" / "checkpoints" / "step-0000004" / "training_state.pt", marker)
+    without_file_hashes(tmp_path / "run" / "checkpoints" / "step-0000004")  # an attacker rewrites the record too
     result = cli("pretrain", "--config", config, "--set", "train.max_steps=8", "--quiet")
     errors = [line for line in result.err_lines if line.startswith("bertcli: error:")]
     assert result.code == 1 and len(errors) == 1 and "refused unread" in errors[0], result.err[-500:]
@@ -117,6 +118,7 @@ def test_a_link_or_non_finite_weights_in_a_checkpoint_is_refused(tmp_path, cli, 
     if damage.startswith("linked"):
         (ckpt / name).unlink()
         (ckpt / name).symlink_to(target)
+    without_file_hashes(ckpt)  # the checks below the record of the files' SHA-256
     (tmp_path / "in.txt").write_text("a line of text\n")
     args = (
         ["export", ckpt, tmp_path / "out"] if command == "export" else ["encode", "--model", ckpt, tmp_path / "in.txt"]
