@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import pickle  # only for its exception type: nothing is unpickled here
 import time
@@ -851,7 +852,8 @@ class CheckpointManager:
         """Save step `step` (`periodic`: a step checkpoint is due) and `best` if `trainer_state` (what
         trainer_state.json records) holds held-out metrics better than the best so far."""
         loss = trainer_state.get("eval_metrics", {}).get("mlm_loss")
-        new_best = loss is not None and (self.best is None or loss < self.best)
+        # A NaN held-out loss is never best (the first evaluation of a diverged run had made one).
+        new_best = loss is not None and math.isfinite(loss) and (self.best is None or loss < self.best)
         if not (periodic or new_best):
             return
         states = {name: part.state_dict() for name, part in self.parts.items()}  # every process: FSDP gathers

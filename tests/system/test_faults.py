@@ -787,3 +787,28 @@ def test_an_incomplete_newest_checkpoint_is_said_and_set_aside(tmp_path, cli):
     ) in result.err
     assert [s for s, _ in layout.list_checkpoints(tmp_path)][-1] == 6
     assert (tmp_path / "checkpoints" / "damaged-step-0000009" / "config.yaml").is_file()
+
+
+def test_a_diverged_run_never_makes_a_best_checkpoint_of_a_nan_loss(tmp_path, cli):
+    """The third trial: optimizer.lr=1e6 made every held-out loss NaN, and the first evaluation was
+    saved as `best` (nothing to compare with), which export then published."""
+    import json
+
+    config = write_config(
+        tmp_path,
+        "train.max_steps=4",
+        "train.eval_every=2",
+        "optimizer.lr=1e8",
+        "optimizer.warmup_steps=0",
+        "optimizer.weight_decay=0",
+    )
+    result = cli("pretrain", "--config", config, "--quiet")
+    assert "Traceback" not in result.err
+    best = tmp_path / "checkpoints" / "best"
+    if best.exists():  # (a loss that stayed finite at step 2 may be best: never a NaN one)
+        loss = json.loads((best / "trainer_state.json").read_text())["eval_metrics"]["mlm_loss"]
+        assert loss == loss, "best holds a NaN held-out loss"
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert any(r.get("split") == "eval" and r.get("mlm_loss", 0) is None for r in records), (  # NaN is null there
+        "the run did not diverge: the test proves nothing"
+    )
