@@ -128,8 +128,11 @@ def read_yaml(path: Path) -> dict[str, Any]:
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise UsageError(f"{path}: malformed YAML{at}: {problem}") from None
-    if raw is None:
-        return {}
+    if raw is None or raw == {}:  # (`--config /dev/null` trained BERT-base's defaults into /dev)
+        raise UsageError(
+            f"{path}: no settings in it (empty, or only comments); a run config names its corpus at least: "
+            "write one with `bertcli init DIR`"
+        )
     if not isinstance(raw, dict):
         raise UsageError(
             f"{path}: expected a mapping of sections (model:, data:, train: ...), got {type(raw).__name__}"

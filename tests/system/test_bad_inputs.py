@@ -703,6 +703,13 @@ CASES = [
         "output_dir: is no usable path: 100,000 bytes",
     ),
     ("config-dev-zero", lambda d, b: ["pretrain", "-c", "/dev/zero"], 2, "/dev/zero: more than 256 KiB"),
+    ("config-dev-null", lambda d, b: ["pretrain", "-c", "/dev/null"], 2, "/dev/null: no settings in it"),
+    (
+        "config-comments-only",
+        lambda d, b: ["pretrain", "-c", _write(d, "c.yaml", "# nothing\n")],
+        2,
+        "no settings in it",
+    ),
     (
         "config-thousands-of-values",
         lambda d, b: ["inspect", _write(d, "c.yaml", CONFIG_OK + "extra:\n" + "- 1\n" * 50_000)],
