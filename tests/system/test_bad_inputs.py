@@ -673,10 +673,10 @@ CASES = [
         "lower train.grad_accum_steps",
     ),
     (
-        "eval-examples-past-memory",
-        lambda d, b: ["pretrain", "-c", write_config(d, "train.eval_examples=1000000000000")],
+        "eval-examples-a-million",
+        lambda d, b: ["pretrain", "-c", write_config(d), "--set", "train.eval_examples=1000000"],
         2,
-        "train.eval_examples=1,000,000,000,000 held-out examples",
+        "train.eval_examples: must be from 1 to 100,000",
     ),
     (
         "max-predictions-past-length",
