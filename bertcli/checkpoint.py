@@ -48,7 +48,7 @@ from bertcli.config_load import config_from_dict
 from bertcli.config_write import to_yaml
 from bertcli.data.tokenizer import TOKENIZER_SHA256, tokenizer_change
 from bertcli.errors import RunError, UsageError
-from bertcli.hf_names import TIED_ALIASES
+from bertcli.hf_names import TIED_ALIASES, weight_keys
 from bertcli.ownership import linked, read_own
 
 FORMAT_VERSION = 2  # 2: optimizer state keyed by parameter name (1: by position)
@@ -374,10 +374,12 @@ def settle_best(output_dir: Path, cfg: Config, resumed_from: Path | None, is_mai
 
 
 def read_config(path: Path) -> Config:
-    """The resolved config stored in a checkpoint folder."""
+    """The resolved config stored in a checkpoint folder (an empty one is damage, not the defaults)."""
     file = Path(path) / layout.CHECKPOINT_CONFIG
     raw = yaml.safe_load(read_own(file).decode("utf-8"))
-    return config_from_dict(raw or {}, str(file))
+    if not raw:
+        raise UsageError(f"{file}: empty, where the checkpoint's resolved config belongs; use another checkpoint")
+    return config_from_dict(raw, str(file))
 
 
 def read_trainer_state(path: Path) -> dict[str, Any]:
@@ -619,6 +621,11 @@ def damage(path: Path) -> str | None:
         bad = non_finite(weights)
         if bad:
             return f"{name}: {len(bad)} weight tensor(s) hold NaN or inf (e.g. {bad[0]})"
+        expected = weight_keys(read_config(path).model)
+        odd = sorted(set(weights) ^ expected)
+        if odd:
+            how = "it lacks" if odd[0] in expected else "it holds a tensor the model has no place for:"
+            return f"{name}: {how} {odd[0]} (of {len(odd)} key(s) that do not fit its {layout.CHECKPOINT_CONFIG})"
         name = layout.TRAINING_STATE
         with open(Path(path) / name, "rb") as fh:
             if fh.read(1) == b"\x80" and not zipfile.is_zipfile(fh):  # a pickle's first byte, no archive

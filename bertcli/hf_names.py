@@ -54,6 +54,13 @@ KEYS = (
     "cls.seq_relationship.bias",
 )
 TO_HF = {key: key for key in KEYS}
+
+
+def weight_keys(cfg: ModelConfig) -> set[str]:
+    """Every key a weights file of a model of `cfg` holds (bertcli's names, layers numbered)."""
+    return {key.format(i) for key in KEYS for i in (range(cfg.num_hidden_layers) if "{}" in key else [0])}
+
+
 FROM_HF = {hf: ours for ours, hf in TO_HF.items()}
 
 # In state_dict() but in no weights file (bertcli's or Hugging Face's): aliases of other parameters

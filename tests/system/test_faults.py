@@ -812,3 +812,29 @@ def test_a_diverged_run_never_makes_a_best_checkpoint_of_a_nan_loss(tmp_path, cl
     assert any(r.get("split") == "eval" and r.get("mlm_loss", 0) is None for r in records), (  # NaN is null there
         "the run did not diverge: the test proves nothing"
     )
+
+
+@pytest.mark.parametrize("damage", ["empty config.yaml", "extra tensor"])
+def test_more_damage_to_the_newest_checkpoint_falls_back_to_the_one_before(tmp_path, cli, damage):
+    """The third trial: an empty config.yaml (read as the defaults, so resuming blamed the user's
+    settings) and an extra tensor in the weights (of a checkpoint without the SHA-256 record) stopped
+    the resume with exit 2, where other damage falls back to the checkpoint before."""
+    import safetensors.torch
+    import torch
+    from conftest import without_file_hashes
+
+    config = write_config(tmp_path, "train.max_steps=4", "checkpoint.save_every=2", "train.eval_every=0")
+    assert cli("pretrain", "--config", config, "--quiet").code == 0
+    newest = tmp_path / "checkpoints" / "step-0000004"
+    if damage == "empty config.yaml":
+        (newest / "config.yaml").write_text("")
+        why = "config.yaml: "
+    else:
+        weights = safetensors.torch.load_file(newest / "model.safetensors")
+        safetensors.torch.save_file(weights | {"secret.payload": torch.zeros(3)}, newest / "model.safetensors")
+        without_file_hashes(newest)
+        why = "model.safetensors: it holds a tensor the model has no place for: secret.payload"
+    result = cli("pretrain", "--config", config, "--set", "train.max_steps=6")
+    assert result.code == 0, result.err
+    assert f"{newest} is damaged ({why}" in result.err, result.err
+    assert f"resuming from the newest checkpoint that loads, {tmp_path / 'checkpoints' / 'step-0000002'}" in result.err
