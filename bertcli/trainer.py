@@ -18,7 +18,7 @@ import math
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -111,13 +111,22 @@ def step_counts(batches: list[Batch]) -> torch.Tensor:
 
 @torch.no_grad()
 def evaluate(
-    model: BertForPreTraining, batches: list[Batch], rt: runtime.Runtime, tc: TrainConfig, nsp: bool
-) -> dict[str, float]:
-    """MLM and NSP loss and accuracy on the fixed held-out batches (weighted by predictions)."""
+    model: BertForPreTraining,
+    batches: list[Batch],
+    rt: runtime.Runtime,
+    tc: TrainConfig,
+    nsp: bool,
+    stop: Callable[[], bool] = lambda: False,
+) -> dict[str, float] | None:
+    """MLM and NSP loss and accuracy on the fixed held-out batches (weighted by predictions); None
+    when `stop()` says so between two batches (a signal: the run saves and stops)."""
     model.eval()
     sums = torch.zeros(5, device=rt.device)  # mlm loss*count, mlm correct, mlm count, nsp loss*rows, nsp correct
     rows = 0
     for host in batches:
+        if stop():
+            model.train()
+            return None
         batch = host.to(rt.device)
         with rt.autocast():
             out = model(
@@ -462,7 +471,13 @@ def fit(run: Run, last_step: int, stopper: StopOnSignal, quiet: bool) -> dict[st
                 state = _trainer_state(run, window, metrics, run_start)
                 tokens_seen = state["tokens_seen"]
                 if evaluating:
-                    state["eval_metrics"] = _evaluate(run, step, window, logger)
+                    # Alone, a signal during the evaluation ends it (what was evaluated is dropped) and the
+                    # run stops here; under torchrun every process evaluates every batch (collectives).
+                    asked = (lambda: stopper.signum is not None) if not rt.distributed else (lambda: False)
+                    held_out = _evaluate(run, step, window, logger, stop=asked)
+                    if held_out is not None:
+                        state["eval_metrics"] = held_out
+                    stop_now = stop_now or asked()
                 checkpointer.save(step, state, periodic=saving or stop_now)
             if stop_now:
                 name = signal.Signals(stopper.signum or signal.SIGTERM).name
@@ -581,14 +596,16 @@ def _trainer_state(run: Run, window: MetricsWindow, metrics: dict[str, float], r
     }
 
 
-def _evaluate(run: Run, step: int, window: MetricsWindow, logger: MetricsLogger | None) -> dict[str, float]:
-    """Held-out metrics at `step`, logged; their time is kept out of tokens/s."""
+def _evaluate(
+    run: Run, step: int, window: MetricsWindow, logger: MetricsLogger | None, *, stop: Callable[[], bool]
+) -> dict[str, float] | None:
+    """Held-out metrics at `step`, logged; their time is kept out of tokens/s. None: `stop` said to stop."""
     start = time.perf_counter()
-    metrics = {
-        **evaluate(run.model, run.eval_batches, rt=run.rt, tc=run.cfg.train, nsp=run.cfg.data.pairs),
-        "mlm_acc_baseline": run.baseline_acc,
-    }
+    held_out = evaluate(run.model, run.eval_batches, rt=run.rt, tc=run.cfg.train, nsp=run.cfg.data.pairs, stop=stop)
+    window.exclude(time.perf_counter() - start)
+    if held_out is None:
+        return None
+    metrics = {**held_out, "mlm_acc_baseline": run.baseline_acc}
     if logger:
         logger.log(step, metrics, split="eval")
-    window.exclude(time.perf_counter() - start)
     return metrics

@@ -838,3 +838,29 @@ def test_more_damage_to_the_newest_checkpoint_falls_back_to_the_one_before(tmp_p
     assert result.code == 0, result.err
     assert f"{newest} is damaged ({why}" in result.err, result.err
     assert f"resuming from the newest checkpoint that loads, {tmp_path / 'checkpoints' / 'step-0000002'}" in result.err
+
+
+def test_a_signal_during_an_evaluation_stops_there_with_a_checkpoint(tmp_path, cli, monkeypatch):
+    """The third trial: a SIGTERM during an evaluation waited for the whole evaluation and one more
+    step (74 to 152 s). Now the evaluation ends at its next batch and the run saves and stops."""
+    import json
+
+    import torch
+
+    from bertcli import trainer
+
+    real, sent = trainer.pretraining_loss, []
+
+    def pretraining_loss(*args, **kwargs):
+        if not torch.is_grad_enabled() and not sent:  # the first held-out batch: a scheduler's SIGTERM
+            sent.append(1)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(trainer, "pretraining_loss", pretraining_loss)
+    config = write_config(tmp_path, "train.max_steps=8", "train.eval_every=4", "checkpoint.save_every=100")
+    result = cli("pretrain", "--config", config, "--quiet")
+    assert result.code == 143 and "stopped by SIGTERM at step 4" in result.err, result.err
+    assert [s for s, _ in layout.list_checkpoints(tmp_path)] == [4]
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert not [r for r in records if r.get("split") == "eval"], "the interrupted evaluation is not logged"
