@@ -1,5 +1,5 @@
 """A run that starts from a model (model.init_from): its architecture adopted into the run's config
-(`adopt_imported`, at resolve time), and what `bertcli init --init-from` sets for continued
+(`adopt_imported`, at resolve time), and what `bertcli init` from a model (its init_from) sets for continued
 pretraining (`continued_pretraining`): the imported architecture, weights and tokenizer, and
 optimizer values for continuing.
 """
