@@ -15,6 +15,7 @@ import re
 import shlex
 import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from enum import Enum
 from pathlib import Path
@@ -733,4 +734,13 @@ def main(argv: list[str] | None = None) -> None:
             "(run again with --debug for the traceback)"
         )
         code = 1
-    sys.exit(code if isinstance(code, int) else 0)
+    code = code if isinstance(code, int) else 0
+    if argv is None and any(t.name == "bertcli-encode-input" and t.is_alive() for t in threading.enumerate()):
+        # encode stopped while its input thread is blocked reading stdin (a signal, a refusal): that
+        # thread holds stdin's lock, and the interpreter's shutdown would abort on it ("could not
+        # acquire lock for <stdin> at interpreter shutdown"). Everything is written: end the process.
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        os._exit(code)
+    sys.exit(code)
