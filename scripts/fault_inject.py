@@ -3,8 +3,10 @@ then compare the final weights with an uninterrupted run's.
 
     python scripts/fault_inject.py --rounds 50 [--seed 0] [--keep]
 
-Each round starts the command, waits a random time (so kills land in start-up, training steps,
-evaluation and checkpoint writes; checkpoints are written every 2 steps), and kills the process.
+Each round starts the command and kills it at a random moment: one round in five during start-up
+(a random time into it), the others just after a random checkpoint beyond the last one (up to 50 ms
+after it appears), so kills land in training steps, evaluation and checkpoint writes (checkpoints
+are written every 2 steps). A blind random time would mostly land in start-up, which takes seconds.
 After every kill, the checkpoint that `--resume auto` would pick must be complete and loadable
 (weights and training state). When the rounds are done, the command runs to the end; its final
 weights must equal, bit for bit, those of the same command run once without interruption.
@@ -79,10 +81,18 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="fault_inject."))
     killed_cfg, clean_cfg = write_config(work / "killed", args.max_steps), write_config(work / "clean", args.max_steps)
 
-    steps_seen, finished_early = [], 0
+    # The uninterrupted run, beside the rounds (a process of its own: it uses the other core).
+    clean = subprocess.Popen(command(clean_cfg), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    steps_seen, finished_early, step = [], 0, 0
     for round_ in range(1, args.rounds + 1):
         proc = subprocess.Popen(command(killed_cfg), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        time.sleep(rng.uniform(1.5, 6.0))  # start-up takes ~2 s: kills land in it and in training
+        if rng.random() < 0.2 or step + 2 >= args.max_steps:
+            time.sleep(rng.uniform(0.5, 4.0))  # in start-up
+        else:
+            target = work / "killed" / "checkpoints" / f"step-{rng.randrange(step + 2, args.max_steps, 2):07d}"
+            while not target.exists() and proc.poll() is None:
+                time.sleep(0.002)
+            time.sleep(rng.uniform(0, 0.05))  # in the next steps, evaluation or checkpoint write
         if proc.poll() is not None:
             finished_early += 1
             err = proc.stderr.read().decode()
@@ -100,9 +110,9 @@ def main() -> int:
     if final.returncode != 0:
         print(f"final run failed: {final.stderr[-500:]}")
         return 1
-    clean = subprocess.run(command(clean_cfg), cwd=REPO, capture_output=True, text=True)
+    _, clean_err = clean.communicate()
     if clean.returncode != 0:
-        print(f"uninterrupted run failed: {clean.stderr[-500:]}")
+        print(f"uninterrupted run failed: {clean_err[-500:]}")
         return 1
     name = f"step-{args.max_steps:07d}"
     a = safetensors.torch.load_file(work / "killed" / "checkpoints" / name / "model.safetensors")

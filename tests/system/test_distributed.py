@@ -44,50 +44,50 @@ def torchrun(config, *args, nproc=2, quiet=True, **kwargs):
     return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=180, **kwargs)
 
 
-def single(config, *args, quiet: bool = True):
-    return subprocess.run(
-        [sys.executable, "-m", "bertcli", "pretrain", "--config", str(config), *(["--quiet"] if quiet else []), *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-
-
 def weights(folder, step):
     return safetensors.torch.load_file(folder / "checkpoints" / f"step-{step:07d}" / "model.safetensors")
 
 
-def test_two_processes_equal_one_process_with_the_global_batch(tmp_path):
-    one = write_config(
-        tmp_path / "one", "train.batch_size=8", "train.grad_accum_steps=2", "train.max_steps=8", *NO_DROPOUT
-    )
-    two = write_config(
-        tmp_path / "two", "train.batch_size=4", "train.grad_accum_steps=2", "train.max_steps=8", *NO_DROPOUT
-    )
-    assert single(one).returncode == 0
+# The global batch of the two-process runs below: 8 examples x 2 micro-batches, 8 steps, no dropout.
+GLOBAL = ["train.batch_size=8", "train.grad_accum_steps=2", "train.max_steps=8", *NO_DROPOUT]
+
+
+@pytest.fixture(scope="module")
+def one(tmp_path_factory):
+    """The one-process run both data-parallel flavours must equal, trained once in this process
+    (what is compared is the weights; a process start of its own would only add seconds)."""
+    from bertcli.resolve import load_run
+    from bertcli.trainer import pretrain
+
+    folder = tmp_path_factory.mktemp("one")
+    pretrain(load_run(write_config(folder, *GLOBAL)), quiet=True)
+    return folder
+
+
+def test_two_processes_equal_one_process_with_the_global_batch(tmp_path, one):
+    two = write_config(tmp_path / "two", *GLOBAL, "train.batch_size=4")
     result = torchrun(two)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stderr.count("done: step 8") == 1, "only rank 0 reports"
     assert "Warning" not in result.stderr
-    a, b = weights(tmp_path / "one", 8), weights(tmp_path / "two", 8)
+    a, b = weights(one, 8), weights(tmp_path / "two", 8)
     for key in a:
         torch.testing.assert_close(b[key], a[key], rtol=0, atol=1e-5)
-    cfg = load_config(one)
+    cfg = load_config(one / "config.yaml")
     torch.manual_seed(cfg.train.seed)  # the weights both runs started from (the trainer's seeding)
     start = BertForPreTraining(cfg.model).state_dict()
     for key in ("bert.encoder.layer.0.attention.self.query.weight", "cls.seq_relationship.weight"):
         assert not torch.equal(start[key], a[key]), f"training did not move {key}"
     state = lambda f: checkpoint.read_trainer_state(f / "checkpoints" / "step-0000008")  # noqa: E731
-    assert state(tmp_path / "one")["tokens_seen"] == state(tmp_path / "two")["tokens_seen"]
+    assert state(one)["tokens_seen"] == state(tmp_path / "two")["tokens_seen"]
     # metrics are averaged over the processes: the logged losses agree with the single process
-    one_m = state(tmp_path / "one")["metrics"]
+    one_m = state(one)["metrics"]
     two_m = state(tmp_path / "two")["metrics"]
     assert abs(one_m["nsp_loss"] - two_m["nsp_loss"]) < 1e-4 and abs(one_m["mlm_acc"] - two_m["mlm_acc"]) < 1e-6
 
 
 def test_killed_two_process_run_resumes(tmp_path):
-    overrides = ["train.batch_size=4", "train.max_steps=200", "checkpoint.save_every=10", "logging.log_every=10"]
+    overrides = ["train.batch_size=4", "train.max_steps=60", "checkpoint.save_every=10", "logging.log_every=10"]
     config = write_config(tmp_path / "killed", *overrides)
     command = [
         sys.executable,
@@ -120,33 +120,31 @@ def test_killed_two_process_run_resumes(tmp_path):
         except OSError:
             pass
     proc.wait()
-    assert layout.list_checkpoints(tmp_path / "killed")[-1][0] < 200
+    assert layout.list_checkpoints(tmp_path / "killed")[-1][0] < 60
     rerun = subprocess.run(
         [c for c in command if c != "--quiet"], cwd=REPO, capture_output=True, text=True, timeout=300
     )
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     assert "resuming from" in rerun.stderr and rerun.stderr.count("resuming from") == 1
-    assert layout.list_checkpoints(tmp_path / "killed")[-1][0] == 200
+    assert layout.list_checkpoints(tmp_path / "killed")[-1][0] == 60
 
 
-def test_fsdp_equals_one_process_and_its_checkpoint_resumes_in_one_process(tmp_path):
+def test_fsdp_equals_one_process_and_its_checkpoint_resumes_in_one_process(tmp_path, one, cli):
     """FSDP2 (2 processes, accumulation without gradient sync on the first micro-batch) trains
     like one process with the global batch; its checkpoints hold the gathered weights and
-    optimizer state, so one process resumes them."""
-    overrides = ["train.batch_size=8", "train.grad_accum_steps=2", "train.max_steps=8", *NO_DROPOUT]
-    assert single(write_config(tmp_path / "one", *overrides)).returncode == 0
-    mixed = write_config(tmp_path / "mixed", *overrides, "train.batch_size=4", "train.parallel=fsdp")
+    optimizer state, so one process (here, this one) resumes them."""
+    mixed = write_config(tmp_path / "mixed", *GLOBAL, "train.batch_size=4", "train.parallel=fsdp")
     first = torchrun(mixed, "--stop-at", "4", quiet=False)  # 2 processes x 4 examples
     assert first.returncode == 0, first.stderr[-2000:]
     assert "2 processes (fsdp)" in first.stderr and first.stderr.count("done: step 4") == 1
     assert "Warning" not in first.stderr
-    a, b = weights(tmp_path / "one", 4), weights(tmp_path / "mixed", 4)
+    a, b = weights(one, 4), weights(tmp_path / "mixed", 4)
     for key in a:
         torch.testing.assert_close(b[key], a[key], rtol=0, atol=1e-5)
-    write_config(tmp_path / "mixed", *overrides)  # the same run, now in one process with the whole batch
-    second = single(mixed, quiet=False)
-    assert second.returncode == 0 and "(step 4)" in second.stderr, second.stderr[-2000:]
-    assert "other settings" not in second.stderr  # 2 processes x 4 resumed as 1 x 8: the same global batch
-    a, b = weights(tmp_path / "one", 8), weights(tmp_path / "mixed", 8)
+    write_config(tmp_path / "mixed", *GLOBAL)  # the same run, now in one process with the whole batch
+    second = cli("pretrain", "--config", mixed)
+    assert second.code == 0 and "(step 4)" in second.err, second.err[-2000:]
+    assert "other settings" not in second.err  # 2 processes x 4 resumed as 1 x 8: the same global batch
+    a, b = weights(one, 8), weights(tmp_path / "mixed", 8)
     for key in a:
         torch.testing.assert_close(b[key], a[key], rtol=0, atol=1e-5)

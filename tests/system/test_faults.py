@@ -37,7 +37,7 @@ def wait_for(path, proc, seconds=120):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
-def test_signal_finishes_the_step_saves_and_says_how_to_resume(tmp_path, signum, code):
+def test_signal_finishes_the_step_saves_and_says_how_to_resume(tmp_path, signum, code, cli):
     config = write_config(
         tmp_path,
         "train.max_steps=100000",
@@ -57,15 +57,9 @@ def test_signal_finishes_the_step_saves_and_says_how_to_resume(tmp_path, signum,
     step = layout.list_checkpoints(tmp_path)[-1][0]
     assert step > 10 and f"at step {step};" in err, "the checkpoint is the step it stopped at"
     if signum != signal.SIGTERM:
-        return  # resuming does not depend on the signal that stopped the run: checked once (a process start saved)
-    rerun = subprocess.run(
-        [sys.executable, "-m", "bertcli", "pretrain", "--config", str(config), "--stop-at", str(step + 2)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert rerun.returncode == 0 and f"(step {step})" in rerun.stderr
+        return  # resuming does not depend on the signal that stopped the run: checked once
+    rerun = cli("pretrain", "--config", config, "--stop-at", step + 2)  # in this process: seconds saved
+    assert rerun.code == 0 and f"(step {step})" in rerun.err, rerun.err
 
 
 @pytest.mark.slow
@@ -134,43 +128,23 @@ def test_sigterm_while_pretrain_prepares_its_data_stops_at_once_and_keeps_nothin
 
 
 @pytest.mark.slow
-def test_a_second_pretrain_on_the_same_folder_refuses(tmp_path):
+def test_a_second_pretrain_on_the_same_folder_refuses(tmp_path, cli):
+    """The first pretrain is a real process; the second and third run in this one (the lock is
+    between processes either way)."""
     config = write_config(tmp_path, "train.max_steps=100000", "checkpoint.save_every=20")
     first = start(config)
     wait_for(tmp_path / "checkpoints" / "step-0000020", first)
-    second = subprocess.run(
-        [sys.executable, "-m", "bertcli", "pretrain", "--config", str(config)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert second.returncode == 1
-    assert second.stderr.strip().splitlines() == [
+    second = cli("pretrain", "--config", config)
+    assert second.code == 1
+    assert second.err_lines == [
         f"bertcli: error: {tmp_path} is in use by another bertcli pretrain (pid {first.pid}); wait for it to finish, "
         "or set output_dir to another folder"
     ]
     # A crashed holder leaves no stuck lock: after SIGKILL the folder is free again.
     os.kill(first.pid, signal.SIGKILL)
     first.communicate()
-    third = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bertcli",
-            "pretrain",
-            "--config",
-            str(config),
-            "--quiet",
-            "--stop-at",
-            str(layout.list_checkpoints(tmp_path)[-1][0] + 1),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert third.returncode == 0, third.stderr
+    third = cli("pretrain", "--config", config, "--quiet", "--stop-at", layout.list_checkpoints(tmp_path)[-1][0] + 1)
+    assert third.code == 0, third.err
 
 
 def test_disk_full_during_a_checkpoint_is_one_clear_line_and_keeps_earlier_checkpoints(tmp_path, cli, monkeypatch):

@@ -368,9 +368,9 @@ def test_training_learns(tmp_path):
 
 
 @pytest.mark.slow
-def test_sigkill_then_rerun_continues_from_the_last_checkpoint(tmp_path):
-    """Kill -9 a real `bertcli pretrain` mid-run; the same command then finishes the run, and
-    the result is bitwise what an uninterrupted run gives."""
+def test_sigkill_then_rerun_continues_from_the_last_checkpoint(tmp_path, cli):
+    """Kill -9 a real `bertcli pretrain` mid-run; the same command (in this process: a process start
+    saved) then finishes the run, and the result is bitwise what an uninterrupted run gives."""
     overrides = ["train.max_steps=60", "checkpoint.save_every=10", "logging.log_every=10"]
     config = write_config(tmp_path / "killed", *overrides)
     command = [sys.executable, "-m", "bertcli", "pretrain", "--config", str(config), "--quiet"]
@@ -385,9 +385,9 @@ def test_sigkill_then_rerun_continues_from_the_last_checkpoint(tmp_path):
     proc.stderr.close()
     survivors = [s for s, _ in layout.list_checkpoints(tmp_path / "killed")]
     assert survivors and survivors[-1] < 60, "killed before the end"
-    rerun = subprocess.run(command[:-1], cwd=REPO, capture_output=True, text=True, timeout=300)  # not --quiet
-    assert rerun.returncode == 0, rerun.stderr
-    assert f"resuming from {tmp_path / 'killed' / 'checkpoints'}" in rerun.stderr
+    rerun = cli("pretrain", "--config", config)  # not --quiet
+    assert rerun.code == 0, rerun.err
+    assert f"resuming from {tmp_path / 'killed' / 'checkpoints'}" in rerun.err
     train(tmp_path / "clean", *overrides)
     assert_bitwise_equal(
         weights(tmp_path / "killed/checkpoints/step-0000060"), weights(tmp_path / "clean/checkpoints/step-0000060")
