@@ -94,6 +94,15 @@ SET = "KEY=VALUE"  # the metavar of --set
 SET_HELP = "Override a config value, e.g. --set train.max_steps=200 (repeatable; values are YAML scalars)."
 
 
+def preset_header(name: str) -> str:
+    """The comment at the top of the config file `init` writes (and the tests and scripts write as it does)."""
+    return (
+        f"bertcli run configuration, preset '{name}'. Written by `bertcli init`; edit freely.\n"
+        "Precedence: defaults < this file < `--set section.key=value` on the command line.\n"
+        "Each comment gives the meaning, the type and the default (the value used when a key is left out)."
+    )
+
+
 @app.command(short_help="Write DIR/config.yaml from a preset, every field commented.")
 def init(
     directory: Path = typer.Argument(..., metavar="DIR", help="Folder to create; config.yaml is written inside it."),
@@ -120,7 +129,7 @@ def init(
     """Scaffold a run: write DIR/config.yaml from a preset, every field commented."""
     from bertcli import atomic, layout, ownership
     from bertcli.config_load import preset_config
-    from bertcli.config_write import preset_header, to_yaml
+    from bertcli.config_write import to_yaml
     from bertcli.data.text import corpus_files
     from bertcli.resolve import KEYWORD_CORPORA, SYNTHETIC_VOCAB, check_outputs_apart, from_here, resolve
 
@@ -286,9 +295,16 @@ def inspect_command(
         from bertcli.resolve import load_run
 
         load_run(path, adopt_init_from=False)
+    from bertcli.data.prepare import NotPrepared
     from bertcli.summary import format_report, inspect_path
 
-    report = inspect_path(path)
+    try:
+        report = inspect_path(path)
+    except NotPrepared as exc:  # inspect cannot prepare: say the command that does
+        again = f"bertcli prepare --config {exc.config or 'CONFIG'}"
+        raise UsageError(
+            f"{exc.folder}: {exc.problem}; run `{again}` (it prepares damaged or older data again; --force always does)"
+        ) from None
     out(json.dumps(report) if as_json else format_report(report))
 
 

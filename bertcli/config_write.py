@@ -32,14 +32,6 @@ def type_name(tp: Any) -> str:
     return {int: "int", float: "float", str: "str", bool: "bool"}.get(tp, getattr(tp, "__name__", str(tp)))
 
 
-def preset_header(name: str) -> str:
-    return (
-        f"bertcli run configuration, preset '{name}'. Written by `bertcli init`; edit freely.\n"
-        "Precedence: defaults < this file < `--set section.key=value` on the command line.\n"
-        "Each comment gives the meaning, the type and the default (the value used when a key is left out)."
-    )
-
-
 def to_yaml(cfg: Config, header: str = "", comments: bool = True) -> str:
     """The config as YAML: every field, each with a one-line comment (meaning, type, default)."""
     lines = [f"# {line}" if line else "#" for line in header.splitlines()]

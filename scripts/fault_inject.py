@@ -31,8 +31,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bertcli import checkpoint, console, layout  # noqa: E402
+from bertcli.cli import preset_header  # noqa: E402
 from bertcli.config_load import debug_config  # noqa: E402
-from bertcli.config_write import preset_header, to_yaml  # noqa: E402
+from bertcli.config_write import to_yaml  # noqa: E402
 from bertcli.model import BertForPreTraining  # noqa: E402
 from bertcli.optim import build_optimizer  # noqa: E402
 

@@ -38,8 +38,9 @@ from pathlib import Path
 import numpy as np
 
 from bertcli import atomic
+from bertcli.cli import preset_header
 from bertcli.config_load import preset_config
-from bertcli.config_write import preset_header, to_yaml
+from bertcli.config_write import to_yaml
 from bertcli.data.prepare import MANIFEST, SHARD_FILES, check_prepared, load_prepared, prepare, read_manifest
 from bertcli.resolve import load_run
 

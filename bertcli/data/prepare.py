@@ -1864,15 +1864,23 @@ class PreparedData:
         )
 
 
+class NotPrepared(UsageError):
+    """Folder `folder` holds no usable prepared data (`problem` says why); preparing again from the run's
+    config file `config` (None: no config.yaml beside it) makes it. The CLI words that with its command."""
+
+    def __init__(self, folder: Path, problem: str, config: Path | None) -> None:
+        super().__init__(f"{folder}: {problem}; prepare it again from {config or 'its config file'}")
+        self.folder, self.problem, self.config = folder, problem, config
+
+
 def load_prepared(folder: Path, verify: bool = True) -> PreparedData:
     """Prepared data, checked (check_prepared) unless `verify` is False (prepare checked it just now)."""
     manifest, why_not = read_manifest(folder)
-    config = folder.parent / layout.RUN_CONFIG if (folder.parent / layout.RUN_CONFIG).is_file() else "CONFIG"
-    again = f"run `bertcli prepare --config {config}` (it prepares damaged or older data again; --force always does)"
+    config = folder.parent / layout.RUN_CONFIG if (folder.parent / layout.RUN_CONFIG).is_file() else None
     if manifest is None:
-        raise UsageError(f"{folder}: {f'the prepared data {why_not}' if why_not else 'no prepared data here'}; {again}")
+        raise NotPrepared(folder, f"the prepared data {why_not}" if why_not else "no prepared data here", config)
     if verify:
         damage = check_prepared(folder, manifest)
         if damage is not None:
-            raise UsageError(f"{folder}: the prepared data is damaged ({damage}); {again}")
+            raise NotPrepared(folder, f"the prepared data is damaged ({damage})", config)
     return PreparedData(folder=folder, manifest=manifest, tokenizer=read_tokenizer_json(folder / layout.TOKENIZER_JSON))
