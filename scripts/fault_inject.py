@@ -71,19 +71,31 @@ def check_resumable(folder: Path, config: Path) -> int:
     return step
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=50)
     parser.add_argument("--max-steps", type=int, default=400)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     rng = random.Random(args.seed)
     work = Path(tempfile.mkdtemp(prefix="fault_inject."))
     killed_cfg, clean_cfg = write_config(work / "killed", args.max_steps), write_config(work / "clean", args.max_steps)
 
     # The uninterrupted run, beside the rounds (a process of its own: it uses the other core).
     clean = subprocess.Popen(command(clean_cfg), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        return rounds(args, rng=rng, work=work, killed_cfg=killed_cfg, clean=clean)
+    finally:
+        if clean.poll() is None:  # a round failed: the uninterrupted run is not needed
+            clean.kill()
+            clean.communicate()
+
+
+def rounds(
+    args: argparse.Namespace, *, rng: random.Random, work: Path, killed_cfg: Path, clean: subprocess.Popen
+) -> int:
+    """The kill rounds, the final run and the comparison with `clean`, the uninterrupted run."""
     steps_seen, finished_early, step = [], 0, 0
     for round_ in range(1, args.rounds + 1):
         proc = subprocess.Popen(command(killed_cfg), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
