@@ -138,7 +138,11 @@ def folder(final: Path, guard: Callable[[Path], None]) -> Iterator[Path]:
 
 
 def remove_folder(path: Path) -> None:
-    """Delete a folder so that it never looks complete while half-deleted: rename, then delete."""
+    """Delete a folder so that it never looks complete while half-deleted: rename, then delete. A
+    symbolic link is removed itself, its target left alone (renamed, it stayed behind as a .tmp-del- link)."""
+    if path.is_symlink():
+        path.unlink()
+        return
     doomed = path.with_name(f"{TMP_PREFIX}del-{path.name}.{os.getpid()}")
     os.replace(path, doomed)
     shutil.rmtree(doomed, ignore_errors=True)

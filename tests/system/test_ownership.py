@@ -230,3 +230,19 @@ def test_encode_output_never_replaces_an_input(run_copy, cli, tmp_path, target):
     result = cli("encode", lines, "--model", run_copy, "--format", "npy", "--output", out)
     refused(result, out)
     assert snapshot(tmp_path) == before
+
+
+def test_removing_a_linked_folder_removes_the_link_only(tmp_path):
+    """A folder bertcli removes (a damaged unit, an old checkpoint) that is a symbolic link loses its
+    link, never what it points to, and leaves no temporary name behind."""
+    from bertcli import atomic
+
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (target / "kept.txt").write_text("yours")
+    (tmp_path / "parent").mkdir()
+    link = tmp_path / "parent" / "step-0000004"
+    link.symlink_to(target, target_is_directory=True)
+    atomic.remove_folder(link)
+    assert not link.is_symlink() and not list((tmp_path / "parent").iterdir())
+    assert (target / "kept.txt").read_text() == "yours"
