@@ -102,10 +102,15 @@ def _readable(ckpt: Path, damaged: list[str]) -> tuple[dict[str, Any], Config] |
         if not isinstance(state, dict) or type(state.get("step")) is not int:
             raise ValueError("no integer step")
         name = layout.CHECKPOINT_CONFIG
-        return state, checkpoint.read_config(ckpt)
+        found = state, checkpoint.read_config(ckpt)
     except Exception as exc:  # noqa: BLE001  damaged in any way: say which file, report the rest
         damaged.append(f"{ckpt / name}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
         return None
+    # Files changed since they were written (their SHA-256): what encode, export and resume refuse.
+    change = checkpoint.tokenizer_change(ckpt) or checkpoint.file_change(ckpt)
+    if change:
+        damaged.append(f"{ckpt / change[0]}: {change[1]}")
+    return found
 
 
 def _training(output_dir: Path, cfg: Config, only: Path | None = None) -> dict[str, Any]:

@@ -158,6 +158,23 @@ def test_inspect_a_run_with_damaged_files_shows_the_rest_and_names_them(tmp_path
     assert alone.code == 0 and f"{newest / 'trainer_state.json'}: " in alone.out
 
 
+def test_inspect_names_a_checkpoint_file_changed_since_it_was_written(tmp_path, cli, trained):
+    """A flipped byte in the weights (still finite) is what encode, export and resume refuse by its
+    SHA-256: inspect, of the checkpoint or of its run, names it too instead of a clean report."""
+    import shutil
+
+    run = Path(shutil.copytree(trained, tmp_path / "run", ignore=shutil.ignore_patterns("tensorboard")))
+    weights = run / "checkpoints" / "step-0000004" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-3] ^= 0x01  # the low bits of the last float
+    weights.write_bytes(bytes(data))
+    problem = f"{weights}: changed since the checkpoint was written"
+    for path in (run, weights.parent):
+        result = cli("inspect", path)
+        assert result.code == 0 and problem in result.out, result.out
+        assert any(d.startswith(problem) for d in json.loads(cli("inspect", path, "--json").out)["training"]["damaged"])
+
+
 def test_inspect_a_run_names_damage_to_its_prepared_data(tmp_path, cli, trained):
     """inspect RUN checks the run's prepared data as inspect RUN/data does: damage is one line of the report."""
     import shutil
