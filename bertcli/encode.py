@@ -464,7 +464,8 @@ class Prefixes:
         run of plain word characters past WordPiece's max_input_chars_per_word (a base64 blob, 70,000
         letters), which is one [UNK] however long, keeps one character more than that limit. It
         tokenizes as `text` does: each character is classed by the tokenizer itself (normalised and
-        pre-tokenized between two letters; plain: it stays one character of the word), and the
+        pre-tokenized between two letters; plain: it stays in the word as one character or more, so
+        a run of `keep` of them is still past the limit), and the
         classes are per character (BERT's normaliser and pre-tokenizer decide character by
         character). Not where an added token holds such characters: matched on the raw text, it could change."""
         pre, normalizer = self.source.pre_tokenizer, self.source.normalizer
@@ -480,7 +481,7 @@ class Prefixes:
                 breaks.add(c)
             elif words == ["ab"]:
                 removed.add(c)
-            elif len(words) == 1 and len(words[0]) == 3:
+            elif len(words) == 1 and len(words[0]) >= 3:  # one character of the word, or more (Hangul: 3 jamo)
                 plain.add(c)
         added = [set(a.content) for a in self.source.get_added_tokens_decoder().values()]
         longest = getattr(self.source.model, "max_input_chars_per_word", None)

@@ -294,6 +294,10 @@ def test_a_line_cut_at_the_cap_is_truncated_only_where_it_lost_tokens(trained, m
         "x" * n + " z\ty",
         "é" * n + " e\u0301" * 3,
         "x\u0301" * n + " [MASK] word",  # one word of n letters, an accent after each (stripped)
+        # Letters that the normaliser decomposes into several (Hangul syllables: three jamo each): a
+        # fourth trial's `'\ud7a3' * 70000 + '. ok'` lost ". ok" and was said truncated.
+        "\u2460\u2460" + "\ud7a3" * n + ". \u0e01\u0e32" + "\u00bd" * 700,
+        "\ud7a3\uac00" * (n // 2) + " then words",
     ]
     compacted, compacted_counts = run_encode(trained, quiet, max_length=16, per_token=True, pairs=True)
     assert compacted_counts["truncated"] == 0
