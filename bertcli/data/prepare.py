@@ -140,7 +140,7 @@ PROGRESS_BYTES = 1 << 20  # a worker reports its progress every this many bytes 
 # larger one only where a file's size or modification time changed.
 HASH_ALWAYS_BYTES = 1 << 30
 RANDOM_NEXT_MARGIN = 0.1  # warn when the data gives random next sentences this far above random_next_prob
-KEEP_TOKENIZER_SHARE = 0.5  # a changed corpus keeps its tokenizer while kept units hold this share of its bytes
+KEEP_TOKENIZER_SHARE = 0.5  # a changed corpus keeps its tokenizer while unchanged files hold this share of its bytes
 SAMPLE = Path(__file__).resolve().parent / "sample" / "python-docs-sample.txt.gz"
 
 
@@ -220,6 +220,25 @@ def _entry_digest(entry: dict[str, Any]) -> str | None:
     if isinstance(entry.get("parts"), list):
         return _digest([p.get("sha256") for p in entry["parts"] if isinstance(p, dict)])
     return entry.get("sha256")
+
+
+def _unchanged_bytes(entries: list[dict[str, Any]], previous: list[dict[str, Any]]) -> int:
+    """Bytes of the corpus (`entries`) that the last prepare read too (`previous`): files, or parts of
+    a file cut into parts, with a SHA-256 it recorded. By content, not by unit: a small corpus is one
+    unit, which a file added changes whole, while nearly all of its text is the same."""
+
+    def pieces(found: list[dict[str, Any]]) -> list[tuple[Any, int]]:  # (SHA-256, bytes) of each file or part
+        out = []
+        for e in found:
+            parts = e.get("parts")
+            if isinstance(parts, list):
+                out += [(p.get("sha256"), p.get("end", 0) - p.get("start", 0)) for p in parts if isinstance(p, dict)]
+            else:
+                out.append((e.get("sha256"), e.get("bytes", 0)))
+        return out
+
+    known = {digest for digest, _ in pieces(previous) if isinstance(digest, str)}
+    return sum(size for digest, size in pieces(entries) if digest in known)
 
 
 def _hashed_again(files: list[Path]) -> bool:
@@ -862,9 +881,7 @@ def _prepare(cfg: Config, quiet: bool, force: bool, workers: int) -> Path:
         if why_new is None:
             kept_tok = read_tokenizer_json(folder / layout.TOKENIZER_JSON)
             units = plan_units(files, entries, _tokenizer_sha256(kept_tok), data)
-            known = {u["key"] for u in old["units"]}
-            kept = sum(u.bytes for u in units if u.key in known)
-            total = sum(u.bytes for u in units)
+            kept, total = _unchanged_bytes(entries, old["corpus"]["files"]), sum(e["bytes"] for e in entries)
             if tok is not None or kept >= KEEP_TOKENIZER_SHARE * total:  # a given or the run's tokenizer: always kept
                 return _update(cfg, plan, old=old, tok=kept_tok, units=units, quiet=quiet, workers=workers)
             _say_changes(

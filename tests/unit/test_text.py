@@ -983,6 +983,32 @@ def test_a_corpus_mostly_new_gets_a_new_tokenizer(tmp_path, units_corpus, capsys
     assert json.loads((data / "manifest.json").read_text())["tokenizer"]["trained_on"]["files"] == 2
 
 
+def test_a_file_added_to_a_corpus_of_one_unit_keeps_the_tokenizer(tmp_path, small_corpus, capsys):
+    """The share of the corpus that is new is counted by content: a small corpus is one unit, which
+    a file added changes whole. A 5% addition said "100% of the corpus is new" and trained another
+    vocabulary; it keeps the tokenizer, and equals a fresh prepare with that tokenizer given."""
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    docs = small_corpus.read_text().split("\n\n")
+    (folder / "a.txt").write_text("\n\n".join(docs[:57]) + "\n")
+    cfg = load_run(_run(tmp_path / "run", folder))
+    data = prepare(cfg, quiet=True)
+    assert len(json.loads((data / "manifest.json").read_text())["units"]) == 1
+    tokenizer = (data / "tokenizer.json").read_bytes()
+    (folder / "b.txt").write_text("\n\n".join(docs[57:60]) + "\n")
+    capsys.readouterr()
+    prepare(cfg, quiet=True)
+    err = capsys.readouterr().err
+    assert "new tokenizer" not in err and (data / "tokenizer.json").read_bytes() == tokenizer, err
+    (tmp_path / "tok.json").write_bytes(tokenizer)
+    given = prepare(
+        load_run(_run(tmp_path / "given", folder, f"data.tokenizer.path={tmp_path / 'tok.json'}")), quiet=True
+    )
+    assert [u["key"] for u in json.loads((given / "manifest.json").read_text())["units"]] == [
+        u["key"] for u in json.loads((data / "manifest.json").read_text())["units"]
+    ]
+
+
 def test_units_a_stopped_prepare_finished_are_reused(tmp_path, units_corpus, capsys):
     """A unit renamed into place counts as finished even when its manifest never came (a kill)."""
     folder, docs = units_corpus
