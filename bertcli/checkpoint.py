@@ -374,8 +374,13 @@ def settle_best(output_dir: Path, cfg: Config, resumed_from: Path | None, is_mai
 
 
 def read_config(path: Path) -> Config:
-    """The resolved config stored in a checkpoint folder (an empty one is damage, not the defaults)."""
+    """The resolved config stored in a checkpoint folder (an empty one is damage, not the defaults),
+    refused if it changed since the checkpoint was written: the architecture the weights run in
+    (an edited hidden_act or head count gives other vectors from the same weights)."""
     file = Path(path) / layout.CHECKPOINT_CONFIG
+    changed = file_change(path, (layout.CHECKPOINT_CONFIG,))
+    if changed:
+        raise UsageError(f"{file}: {changed[1]}; restore it, or use another checkpoint")
     raw = yaml.safe_load(read_own(file).decode("utf-8"))
     if not raw:
         raise UsageError(f"{file}: empty, where the checkpoint's resolved config belongs; use another checkpoint")
@@ -394,13 +399,18 @@ def check_tokenizer_files(path: Path) -> None:
 
 
 FILES_SHA256 = "files_sha256"  # trainer_state.json's record of HASHED
-HASHED = (layout.WEIGHTS, layout.TRAINING_STATE)
+# The files written before trainer_state.json (WRITERS' order). Checkpoints written before the config was
+# hashed lack its entry, and are read as they were.
+HASHED = (layout.WEIGHTS, layout.CHECKPOINT_CONFIG, layout.TRAINING_STATE)
 
 
 def file_change(path: Path, names: tuple[str, ...] = HASHED) -> tuple[str, str] | None:
     """A file of checkpoint `path` (of `names`) that is not the one it was written as, and why (None:
     they are, or the checkpoint predates the record): its SHA-256 against trainer_state.json's."""
-    recorded = read_trainer_state(path).get(FILES_SHA256)
+    try:
+        recorded = read_trainer_state(path).get(FILES_SHA256)
+    except (OSError, ValueError, AttributeError):  # no readable record: damage the callers' own checks name
+        return None
     if not isinstance(recorded, dict):
         return None
     for name in names:

@@ -112,7 +112,7 @@ class ModelConfig:
                     f"must be at least 8 (5 special tokens and some words), got {m.vocab_size}",
                 ),
                 (
-                    m.vocab_size is None or 0 <= m.pad_token_id < m.vocab_size,
+                    0 <= m.pad_token_id < (m.vocab_size or 2**31),
                     "model.pad_token_id",
                     f"must be a token id below vocab_size={m.vocab_size}, got {m.pad_token_id}",
                 ),
@@ -160,6 +160,10 @@ class ModelConfig:
         )
 
 
+MAX_SYNTHETIC_TOKENS = 10_000_000  # the generated corpus's bound: its chain is walked token by token in Python
+MAX_BRANCHING = 1024  # successors per token: a table of vocab_size x branching ids
+
+
 @dataclass
 class SyntheticConfig:
     """A generated corpus with learnable structure: a seeded random Markov chain over the vocabulary."""
@@ -201,7 +205,26 @@ class SyntheticConfig:
                     "data.synthetic.min_sentence_length",
                     f"need 1 <= min_sentence_length <= max_sentence_length, got {s.min_sentence_length} and {s.max_sentence_length}",
                 ),
-                (s.branching >= 1, "data.synthetic.branching", f"must be at least 1, got {s.branching}"),
+                (
+                    s.max_sentences <= MAX_SYNTHETIC_TOKENS and s.max_sentence_length <= MAX_SYNTHETIC_TOKENS,
+                    "data.synthetic.max_sentences"
+                    if s.max_sentences > MAX_SYNTHETIC_TOKENS
+                    else "data.synthetic.max_sentence_length",
+                    f"must be at most {MAX_SYNTHETIC_TOKENS:,} (the corpus's bound), got "
+                    f"{max(s.max_sentences, s.max_sentence_length):,}",
+                ),
+                (
+                    s.num_documents * s.max_sentences * s.max_sentence_length <= MAX_SYNTHETIC_TOKENS
+                    or max(s.max_sentences, s.max_sentence_length) > MAX_SYNTHETIC_TOKENS,
+                    "data.synthetic.num_documents",
+                    f"{s.num_documents:,} x up to {s.max_sentences:,} sentences x {s.max_sentence_length:,} tokens: "
+                    f"past the {MAX_SYNTHETIC_TOKENS:,} tokens of this corpus for quick checks; lower them",
+                ),
+                (
+                    1 <= s.branching <= MAX_BRANCHING,
+                    "data.synthetic.branching",
+                    f"must be from 1 to {MAX_BRANCHING:,}, got {s.branching}",
+                ),
                 (s.num_topics >= 1, "data.synthetic.num_topics", f"must be at least 1, got {s.num_topics}"),
                 (s.seed >= 0, "data.synthetic.seed", f"must not be negative, got {s.seed}"),
             ]

@@ -115,13 +115,19 @@ def check_outputs_apart(cfg: Config) -> None:
             )
 
 
-def with_vocab(cfg: Config, vocab_size: int, source: str) -> Config:
-    """model.vocab_size from the tokenizer of `source` (when null), or checked against it."""
-    if cfg.model.vocab_size is None:
-        return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab_size))
-    if cfg.model.vocab_size != vocab_size:
+def with_vocab(cfg: Config, vocab_size: int, source: str, pad_id: int | None = None) -> Config:
+    """model.vocab_size from the tokenizer of `source` (when null), or checked against it; and
+    model.pad_token_id checked against the tokenizer's [PAD] id `pad_id` (when known): the padding
+    row of the embeddings gets no gradient, so another token there would never learn (a [MASK]
+    that every prediction reads, frozen at zero)."""
+    if cfg.model.vocab_size is not None and cfg.model.vocab_size != vocab_size:
         raise UsageError(
             f"model.vocab_size={cfg.model.vocab_size} but the tokenizer of {source} has {vocab_size:,} "
             "tokens; set model.vocab_size: null to take the size from the tokenizer"
         )
-    return cfg
+    if pad_id is not None and cfg.model.pad_token_id != pad_id:
+        raise UsageError(
+            f"model.pad_token_id={cfg.model.pad_token_id} but [PAD] is token {pad_id} of the tokenizer of {source}; "
+            f"set model.pad_token_id: {pad_id} (the padding row never learns: another token there would not either)"
+        )
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab_size))

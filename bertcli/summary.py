@@ -104,7 +104,8 @@ def _readable(ckpt: Path, damaged: list[str]) -> tuple[dict[str, Any], Config] |
         name = layout.CHECKPOINT_CONFIG
         found = state, checkpoint.read_config(ckpt)
     except Exception as exc:  # noqa: BLE001  damaged in any way: say which file, report the rest
-        damaged.append(f"{ckpt / name}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        damaged.append(text if text.startswith(f"{ckpt / name}: ") else f"{ckpt / name}: {text}")
         return None
     # Files changed since they were written (their SHA-256): what encode, export and resume refuse.
     change = checkpoint.tokenizer_change(ckpt) or checkpoint.file_change(ckpt)

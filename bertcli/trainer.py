@@ -268,7 +268,7 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume: str, quiet: bool) -> Run
     memory.check_memory(cfg.model, rt, cfg.train.parallel)
     memory.check_batch(cfg, rt)
     data, tokenizer = _load_data(cfg, rt, quiet)
-    cfg = resolve.with_vocab(cfg, data.vocab_size, cfg.data.corpus)  # the tokenizer exists now
+    cfg = resolve.with_vocab(cfg, data.vocab_size, cfg.data.corpus, pad_id=data.train.special.pad)  # tokenizer now
     if not sized:
         memory.check_memory(cfg.model, rt, cfg.train.parallel)
     checkpoints = checkpoint.CheckpointManager(cfg, rt.device, is_main=rt.is_main, tokenizer=tokenizer)

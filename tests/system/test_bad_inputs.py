@@ -49,6 +49,14 @@ def _bit_flipped(ckpt: Path) -> Path:
     return ckpt
 
 
+def _config_edited(ckpt: Path) -> Path:
+    """Another activation in the checkpoint's config.yaml: the weights still fit, the vectors differ."""
+    text = (ckpt / "config.yaml").read_text()
+    assert "hidden_act: gelu" in text
+    (ckpt / "config.yaml").write_text(text.replace("hidden_act: gelu", "hidden_act: relu"))
+    return ckpt
+
+
 def _without(ckpt: Path, name: str) -> Path:
     (ckpt / name).unlink()
     return ckpt
@@ -89,12 +97,13 @@ def _hf_with_a_larger_tokenizer(run: Path, folder: Path) -> Path:
 
 
 def _ckpt_claiming(run: Path, folder: Path, line: str, value: str) -> Path:
-    """A copy of a run's checkpoint whose config.yaml claims another size than its weights."""
+    """A copy of a run's checkpoint whose config.yaml claims another size than its weights, without the
+    SHA-256 record (which would name the edit first): the check of sizes against the weights meets it."""
     ckpt = Path(shutil.copytree(run / "checkpoints" / "step-0000004", folder / "ckpt"))
     text = (ckpt / "config.yaml").read_text()
     assert line in text
     (ckpt / "config.yaml").write_text(text.replace(line, value, 1))
-    return ckpt
+    return without_file_hashes(ckpt)
 
 
 def _with_checkpoint(base, folder: Path) -> Path:
@@ -450,6 +459,26 @@ CASES = [
         "set model.vocab_size: null",
     ),
     (
+        "pad-token-is-mask",  # the padding row never learns: [MASK] there would stay at zero
+        lambda d, b: [
+            "pretrain",
+            "-c",
+            text_run(d, b["corpus"], "model.pad_token_id=4", f"data.prepared_dir={b['text'] / 'data'}"),
+        ],
+        2,
+        "model.pad_token_id=4 but [PAD] is token 0 of the tokenizer of",
+    ),
+    (
+        "pad-token-past-vocabulary",
+        lambda d, b: [
+            "pretrain",
+            "-c",
+            text_run(d, b["corpus"], "model.pad_token_id=99999", f"data.prepared_dir={b['text'] / 'data'}"),
+        ],
+        2,
+        "model.pad_token_id=99999 but [PAD] is token 0",
+    ),
+    (
         "tokenizer-path-missing",
         lambda d, b: [
             "prepare",
@@ -726,6 +755,27 @@ CASES = [
         ],
         2,
         "ck/model.safetensors: changed since the checkpoint was written (its SHA-256 is not the one",
+    ),
+    (
+        "checkpoint-config-edited-encode",
+        lambda d, b: [
+            "encode",
+            "--model",
+            _config_edited(Path(shutil.copytree(b["text"] / "checkpoints" / "step-0000004", d / "ck"))),
+            _write(d, "in.txt", "a line\n"),
+        ],
+        2,
+        "ck/config.yaml: changed since the checkpoint was written (its SHA-256 is not the one",
+    ),
+    (
+        "checkpoint-config-edited-export",
+        lambda d, b: [
+            "export",
+            _config_edited(Path(shutil.copytree(b["text"] / "checkpoints" / "step-0000004", d / "ck"))),
+            d / "out",
+        ],
+        2,
+        "ck/config.yaml: changed since the checkpoint was written",
     ),
     (
         "weights-bit-flipped-resume",

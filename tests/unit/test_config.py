@@ -309,6 +309,13 @@ def test_non_finite_numbers_are_refused_in_every_float_field():
     [
         ("train.seed=-1", "train.seed: must not be negative, got -1"),
         ("data.synthetic.seed=-1", "data.synthetic.seed: must not be negative, got -1"),
+        (
+            "data.synthetic.num_documents=1000000000",
+            "data.synthetic.num_documents: 1,000,000,000 x up to 12 sentences x 24 tokens: past the 10,000,000",
+        ),
+        ("data.synthetic.max_sentence_length=1e9", "data.synthetic.max_sentence_length: must be at most 10,000,000"),
+        ("data.synthetic.max_sentences=1e9", "data.synthetic.max_sentences: must be at most 10,000,000 (the corpus"),
+        ("data.synthetic.branching=1e9", "data.synthetic.branching: must be from 1 to 1,024, got 1000000000"),
         ("train.seed=1e23", "train.seed: expected an integer, got '1e23' (str): write it out in digits"),
         ("train.max_steps=1e300", "train.max_steps: expected an integer, got '1e300' (str): write it out in digits"),
         ("train.max_steps=1.0e+300", "train.max_steps: expected an integer, got 1e+300 (float): write it out"),
