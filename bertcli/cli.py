@@ -572,10 +572,12 @@ def _signals_stop_encoding(output: Path | None) -> Iterator[Callable[[], None]]:
     wait while the output is put in place (stopped there, encode would leave its temporary files, or
     call a finished output unwritten). On the way out the previous handlers come back first, then
     what was held is raised again for them."""
+    from bertcli.ownership import is_stream
+
     where = (
         f"{output} was not written (what was there is intact)"
-        if output is not None
-        else "the rows on stdout so far are those of the first lines only"
+        if output is not None and not is_stream(output)
+        else f"the rows on {output or 'stdout'} so far are those of the first lines only"
     )
 
     holding, held = False, []  # held: signals that came while holding, raised again at the end

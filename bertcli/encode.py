@@ -20,6 +20,7 @@ import re
 import shutil
 import stat
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -33,7 +34,7 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer, normalizers, pre_tokenizers
 from torch.overrides import TorchFunctionMode
 
-from bertcli import atomic, checkpoint, hf_import, layout, runtime
+from bertcli import atomic, checkpoint, hf_import, layout, ownership, runtime
 from bertcli.config import ModelConfig, TokenizerConfig
 from bertcli.data.tokenizer import find_tokenizer_file, load_tokenizer, read_tokenizer_json
 from bertcli.errors import PipeClosed, RunError, UsageError
@@ -797,21 +798,29 @@ class _Reader:
 
 class Writer:
     """Rows out: jsonl or tsv to a text stream, or to an output file; npy to a file. A file is written
-    under a temporary name and renamed into place at the end (never half-written)."""
+    under a temporary name and renamed into place at the end (never half-written), with the mode of
+    the file it replaces; a character device or named pipe (`-o /dev/null`, a FIFO, /dev/stdout) is
+    written in place as the rows come, as the shell's `>` writes it (npy: at the end, its header
+    needing the row count)."""
 
     def __init__(self, fmt: str, stream: TextIO | None, output: Path | None, with_text: bool) -> None:
         self.fmt, self.stream, self.with_text = fmt, stream, with_text
         self.output, self.rows, self.width = output, 0, None
         self.raw: io.BufferedWriter | None = None
+        self.in_place = output is not None and ownership.is_stream(output)
         if fmt == "npy" and (output is None or with_text):  # the CLI says which flag to change
             raise ValueError("npy is written to an output file, numbers only: no stream, no text")
         if output is not None:
             self.tmp = output.with_name(f"{atomic.TMP_PREFIX}{output.name}.{os.getpid()}")
             if fmt == "npy":  # the rows first; the header, which needs their count, is written at close
-                self.raw_path = output.with_name(f"{atomic.TMP_PREFIX}{output.name}.{os.getpid()}.raw")
-                self.raw = open(self.raw_path, "wb")
+                if self.in_place:  # no folder of ours beside a device: the rows wait in an unnamed file
+                    self.raw_path = None
+                    self.raw = tempfile.TemporaryFile()
+                else:
+                    self.raw_path = output.with_name(f"{atomic.TMP_PREFIX}{output.name}.{os.getpid()}.raw")
+                    self.raw = open(self.raw_path, "w+b")  # read back at close
             else:
-                self.stream = open(self.tmp, "w", encoding="utf-8", newline="\n")
+                self.stream = open(output if self.in_place else self.tmp, "w", encoding="utf-8", newline="\n")
 
     def write(self, number: int, text: str, row: np.ndarray, tokens: list[str] | None) -> None:
         self.rows += 1
@@ -852,28 +861,40 @@ class Writer:
         """Into place: a text file as written; npy as header + rows (an empty input gives shape (0, H))."""
         if self.output is None:
             return
-        with atomic.writing(self.output):
-            self._close(hidden_size)
+        try:
+            with atomic.writing(self.output):
+                self._close(hidden_size)
+        except BrokenPipeError:  # a FIFO's reader went away
+            raise PipeClosed from None
+        if self.in_place:
+            return
+        with contextlib.suppress(FileNotFoundError):  # a file replaced keeps its mode (0600 stays private)
+            os.chmod(self.tmp, stat.S_IMODE(os.stat(self.output).st_mode))
         os.replace(self.tmp, self.output)
         atomic.fsync_path(self.output.parent)
 
     def _close(self, hidden_size: int) -> None:
         if self.raw is None:
             self.stream.flush()
-            os.fsync(self.stream.fileno())
+            if not self.in_place:
+                os.fsync(self.stream.fileno())
             self.stream.close()
-        else:
-            self.raw.close()
-            header = {
-                "descr": np.lib.format.dtype_to_descr(np.dtype("<f4")),
-                "fortran_order": False,
-                "shape": (self.rows, self.width or hidden_size),
-            }
-            with open(self.tmp, "wb") as fh, open(self.raw_path, "rb") as rows:
-                np.lib.format.write_array_header_1_0(fh, header)
-                shutil.copyfileobj(rows, fh, 1 << 20)  # streamed: memory stays bounded
-                fh.flush()
+            return
+        header = {
+            "descr": np.lib.format.dtype_to_descr(np.dtype("<f4")),
+            "fortran_order": False,
+            "shape": (self.rows, self.width or hidden_size),
+        }
+        self.raw.flush()
+        self.raw.seek(0)
+        with open(self.output if self.in_place else self.tmp, "wb") as fh:
+            np.lib.format.write_array_header_1_0(fh, header)
+            shutil.copyfileobj(self.raw, fh, 1 << 20)  # streamed: memory stays bounded
+            fh.flush()
+            if not self.in_place:
                 os.fsync(fh.fileno())
+        self.raw.close()
+        if self.raw_path is not None:
             self.raw_path.unlink(missing_ok=True)
 
     def abort(self) -> None:
@@ -882,9 +903,10 @@ class Writer:
             return
         with contextlib.suppress(OSError):  # closing flushes, which fails again on a full disk
             (self.stream if self.raw is None else self.raw).close()
-        if self.raw is not None:
+        if self.raw is not None and self.raw_path is not None:
             self.raw_path.unlink(missing_ok=True)
-        self.tmp.unlink(missing_ok=True)
+        if not self.in_place:
+            self.tmp.unlink(missing_ok=True)
 
 
 def _tsv_text(text: str) -> str:

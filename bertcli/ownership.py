@@ -142,14 +142,38 @@ def check_apart(target: Path, inputs: list[Input], fix: str) -> None:
             raise UsageError(f"{target} {how} {item.label} {item.path}; writing there would {harm} it: {fix}")
 
 
+def is_stream(path: Path) -> bool:
+    """Whether `path` (its links followed: /dev/stdout) is a character device or a named pipe: an output
+    written in place as it goes, as the shell's `>` writes it. Replacing it by a rename would put a
+    regular file where /dev/null or a pipe's reader's FIFO was."""
+    try:
+        mode = os.stat(Path(path).expanduser()).st_mode
+    except OSError:
+        return False
+    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
+
+
+def _kind(path: Path) -> str:
+    mode = os.stat(path).st_mode
+    return "block device" if stat.S_ISBLK(mode) else "socket" if stat.S_ISSOCK(mode) else "special file"
+
+
 def check_output_file(output: Path, inputs: list[Path], model: Path) -> Path:
     """The resolved path for a file output such as encode's output file: a file the user names is
     replaced (as with any -o), but never a folder, one of the input files, a file of the model
     (inside a checkpoint or Hugging Face folder, or a run folder's checkpoints/; a run folder's other
     files are not read), nor a new file inside a folder bertcli owns (see `owner`). Resolved, so
-    that an output that is a symbolic link is written through."""
+    that an output that is a symbolic link is written through; a character device or named pipe
+    (`is_stream`) is returned as given, to be written in place."""
     read = Path(model) / CHECKPOINTS if (Path(model) / CHECKPOINTS).is_dir() else Path(model)
+    if is_stream(output):  # -o /dev/null, a named pipe, /dev/stdout: written in place, as the shell's > does
+        return Path(output)
     resolved = Path(output).expanduser().resolve()
+    if resolved.exists() and not resolved.is_file() and not resolved.is_dir():
+        raise UsageError(
+            f"the output {output} is a {_kind(resolved)}, not a file: name a file (or a character device or named pipe, "
+            "which are written in place)"
+        )
     if resolved.is_dir():
         raise UsageError(f"the output {output} is a folder; name a file, e.g. {Path(output) / 'vectors.npy'}")
     if not resolved.parent.is_dir():  # checked before the model loads, not at the first write

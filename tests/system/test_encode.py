@@ -386,6 +386,61 @@ def test_npy_tsv_and_empty_input(trained, tmp_path, cli):
     assert np.load(tmp_path / "e.npy").shape == (0, 32)
 
 
+def test_an_output_that_is_a_device_or_a_pipe_is_written_in_place(trained, tmp_path, cli):
+    """`-o` a character device, a named pipe or /dev/stdout is written as the shell's `>` writes it: the
+    node stays what it was (a rename put a regular file of vectors where /dev/null or a FIFO was, and
+    the pipe's reader got nothing); a regular file replaced keeps its mode (0600 stays private)."""
+    import io
+    import os
+    import stat
+    import threading
+
+    (tmp_path / "in.txt").write_text("\n".join(LINES[:3]) + "\n")
+    fifo = tmp_path / "fifo"
+    for fmt, parse in (
+        ("jsonl", lambda b: len(b.decode().splitlines())),
+        ("npy", lambda b: len(np.load(io.BytesIO(b)))),
+    ):
+        os.mkfifo(fifo)
+        got: list[bytes] = []
+        reader = threading.Thread(target=lambda got=got: got.append(fifo.read_bytes()), daemon=True)
+        reader.start()
+        result = cli("encode", "--model", trained, tmp_path / "in.txt", "-f", fmt, "-o", fifo)
+        reader.join(timeout=60)
+        assert result.code == 0, result.err
+        assert stat.S_ISFIFO(fifo.stat().st_mode) and got and parse(got[0]) == 3, (fmt, got)
+        fifo.unlink()
+    try:  # a character device of our own (that of /dev/null): never the system's, should this fail
+        os.mknod(tmp_path / "null", stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    except OSError:
+        pass  # not root: the FIFO and /dev/stdout below are the same path through the code
+    else:
+        assert cli("encode", "--model", trained, tmp_path / "in.txt", "-o", tmp_path / "null").code == 0
+        assert stat.S_ISCHR((tmp_path / "null").stat().st_mode)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bertcli",
+            "encode",
+            "--model",
+            str(trained),
+            str(tmp_path / "in.txt"),
+            "-o",
+            "/dev/stdout",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0 and len(proc.stdout.splitlines()) == 3, proc.stderr[-500:]
+    private = tmp_path / "private.jsonl"
+    private.write_text("")
+    private.chmod(0o600)
+    assert cli("encode", "--model", trained, tmp_path / "in.txt", "-o", private).code == 0
+    assert stat.S_IMODE(private.stat().st_mode) == 0o600 and len(private.read_text().splitlines()) == 3
+
+
 def test_a_hugging_face_folder_gives_the_same_vectors(trained, tmp_path):
     folder = export(trained, tmp_path / "hf")
     a, _ = run_encode(trained, LINES, pooling="mean")
