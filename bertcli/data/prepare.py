@@ -798,7 +798,12 @@ def _write_index(root: Path, units: list[Unit], records: dict[str, dict[str, Any
         for split in SPLITS:
             (tmp / split).mkdir(parents=True)
             tokens = segments = 0
-            with open(tmp / split / SEG_OFFSETS, "wb") as seg_out, open(tmp / split / DOC_OFFSETS, "wb") as doc_out:
+            # (the folder named for a full disk met where no file is: closing flushes what is buffered)
+            with (
+                atomic.writing(tmp / split),
+                open(tmp / split / SEG_OFFSETS, "wb") as seg_out,
+                open(tmp / split / DOC_OFFSETS, "wb") as doc_out,
+            ):
                 for out, name in ((seg_out, SEG_OFFSETS), (doc_out, DOC_OFFSETS)):
                     with atomic.writing(tmp / split / name):
                         out.write(np.zeros(1, dtype=np.int64).data)
@@ -1787,8 +1792,9 @@ def _check_unit(folder: Path, key: str, record: dict[str, Any], *, dtype_name: s
 
 def _check_index(folder: Path, manifest: dict[str, Any]) -> str | None:
     """What is wrong with the index (naming the file), or None: regular files of the sizes the totals
-    imply, offsets rising from 0 to the totals, and at each unit's start the tokens and segments of
-    the units before it."""
+    imply, holding each unit's own offsets (checked by _check_unit first), shifted by the tokens and
+    segments of the units before it. So every boundary training reads is one a unit holds: a moved
+    one (still rising) is found too."""
     rel = f"{INDEX}/{manifest['index']}"
     problem = _check_files(folder, rel, INDEX_FILES)
     if problem is not None:
@@ -1796,31 +1802,51 @@ def _check_index(folder: Path, manifest: dict[str, Any]) -> str | None:
     for split, counts in manifest["splits"].items():
         base = folder / rel / split
         lengths = {SEG_OFFSETS: counts["segments"] + 1, DOC_OFFSETS: counts["documents"] + 1}
-        last = {SEG_OFFSETS: counts["tokens"], DOC_OFFSETS: counts["segments"]}
         offsets = {}
         for name, length in lengths.items():
             actual = (base / name).stat().st_size
             if actual != length * 8:
                 return f"{rel}/{split}/{name} holds {actual:,} bytes where {MANIFEST} implies {length * 8:,} (int64)"
             offsets[name] = np.memmap(base / name, dtype=np.int64, mode="r")
-            if not _rising(offsets[name], last[name]):
-                return f"{rel}/{split}/{name} does not rise from 0 to {last[name]:,}: its offsets are damaged"
-        units = [u["splits"][split] for u in manifest["units"]]
-        cum = {c: np.cumsum([0] + [u[c] for u in units]) for c in ("tokens", "segments", "documents")}
-        if not (
-            np.array_equal(offsets[SEG_OFFSETS][cum["segments"]], cum["tokens"])
-            and np.array_equal(offsets[DOC_OFFSETS][cum["documents"]], cum["segments"])
-        ):
-            return f"{rel}/{split} does not agree with the units' counts: the index is damaged"
+        if offsets[SEG_OFFSETS][0] != 0 or offsets[DOC_OFFSETS][0] != 0:
+            return f"{rel}/{split} does not start at 0: the index is damaged"
+        start = {"tokens": 0, "segments": 0, "documents": 0}  # of the units before this one
+        for unit in manifest["units"]:
+            unit_counts = unit["splits"][split]
+            own = folder / UNITS / unit["key"] / split
+            for name, at, shift in (
+                (SEG_OFFSETS, start["segments"], start["tokens"]),
+                (DOC_OFFSETS, start["documents"], start["segments"]),
+            ):
+                if not _holds_shifted(offsets[name], at, np.memmap(own / name, dtype=np.int64, mode="r"), shift):
+                    return (
+                        f"{rel}/{split}/{name} does not hold the offsets of {UNITS}/{unit['key']}/{split} from its "
+                        f"entry {at:,}: the index is damaged"
+                    )
+            start = {c: start[c] + unit_counts[c] for c in start}
+        if start != {c: counts[c] for c in start}:
+            return f"{MANIFEST}: the {split} totals are not the sum of its units' counts: the manifest is damaged"
     return None
+
+
+def _holds_shifted(index: np.ndarray, at: int, own: np.ndarray, shift: int, block: int = 1 << 20) -> bool:
+    """Whether index[at : at + len(own)] == own + shift; read in blocks, so that no temporary array grows
+    with the corpus."""
+    if at + len(own) > len(index):
+        return False
+    for lo in range(0, len(own), block):
+        piece = own[lo : lo + block]
+        if not np.array_equal(index[at + lo : at + lo + len(piece)], piece + shift):
+            return False
+    return True
 
 
 def check_prepared(folder: Path, manifest: dict[str, Any]) -> str | None:
     """What is wrong with the files of prepared data (naming the file), or None when they are whole:
     regular files (never symbolic links), tokenizer.json and vocab.txt as hashed in the manifest,
-    the index and every unit as _check_index and _check_unit check them. Cheap: the tokenizer files
-    and the offsets are read whole, the token ids once."""
-    problem = _check_tokenizer(folder, manifest) or _check_index(folder, manifest)
+    every unit as _check_unit checks it, then the index as _check_index does. Cheap: the tokenizer
+    files and the offsets are read whole, the token ids once."""
+    problem = _check_tokenizer(folder, manifest)
     if problem is not None:
         return problem
     for unit in {u["key"]: u for u in manifest["units"]}.values():
@@ -1829,7 +1855,7 @@ def check_prepared(folder: Path, manifest: dict[str, Any]) -> str | None:
         )
         if problem is not None:
             return problem
-    return None
+    return _check_index(folder, manifest)
 
 
 def _rising(offsets: np.ndarray, last: int, block: int = 1 << 20) -> bool:

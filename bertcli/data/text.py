@@ -430,13 +430,14 @@ def read_text(files: list[Path], block: int = 1 << 16) -> Iterator[str]:
                 continue
             texts: list[str] = []
             size = 0
-            for raw in _raw_lines(path, fh):
+            for number, raw in enumerate(_raw_lines(path, fh), 1):
                 try:
                     record = json.loads(raw.removeprefix(UTF8_BOM))
                 except ValueError:
                     continue
                 text = record.get("text") if isinstance(record, dict) else None
                 if isinstance(text, str):
+                    _check_surrogates(path, number, raw, text)
                     texts.append("\n".join(text.splitlines()))
                     size += len(text)
                 if size >= block:
@@ -474,6 +475,7 @@ def read_sentences(
                 text = record.get("text") if isinstance(record, dict) else None
                 if not isinstance(text, str):
                     raise UsageError(f'{path}: line {number}: no "text" string field in this JSON record')
+                _check_surrogates(path, number, line, text)
                 paragraphs = [p.strip() for p in text.splitlines() if p.strip()]
                 for paragraph in paragraphs:
                     yield from _sentences(paragraph, split, keep)
@@ -502,6 +504,20 @@ def read_sentences(
             open_document = True
         if open_document:  # a file's end also ends its last document
             yield END_OF_DOCUMENT
+
+
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def _check_surrogates(path: Path, number: int, line: str | bytes, text: str) -> None:
+    """Refuse a record whose text holds a lone surrogate: JSON may escape one (\\ud800), UTF-8 cannot
+    hold it, and no tokenizer reads it. Cheap: searched only in lines with an escape."""
+    found = _SURROGATE.search(text) if (b"\\u" if isinstance(line, bytes) else "\\u") in line else None
+    if found:
+        raise UsageError(
+            f"{path}: line {number:,}: the text holds a lone surrogate (\\u{ord(found.group()):04x}), which is no "
+            "Unicode character; remove it, or escape the character it should be as a pair (\\ud83d\\ude00)"
+        )
 
 
 def _json_problem(line: str, exc: json.JSONDecodeError) -> str:

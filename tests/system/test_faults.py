@@ -465,13 +465,43 @@ def test_a_full_disk_while_saving_a_checkpoint_names_the_file_whatever_writes_it
     assert sorted(p.name for p in root.iterdir()) == ["step-0000001"], "no temporary folder is left"
 
 
-@pytest.mark.parametrize("what", ["prepared shards", "metrics.jsonl", "init's config"])
-def test_a_full_disk_while_writing_data_names_the_file(tmp_path, monkeypatch, cli, what):
+class FullOnClose(FullFile):
+    """A file whose writes fit in its buffer, and whose closing flushes them into a full disk."""
+
+    def write(self, data):
+        return self.fh.write(data)
+
+    def close(self) -> None:
+        self.fh.close()
+        raise OSError(28, "No space left on device")
+
+
+@pytest.mark.parametrize("what", ["prepared shards", "prepared index", "metrics.jsonl", "init's config"])
+def test_a_full_disk_while_writing_data_names_the_file(tmp_path, monkeypatch, cli, small_corpus, what):
+    import builtins
+
     import numpy as np
+    from conftest import text_run
 
     from bertcli import atomic, metrics
     from bertcli.cli import os_error_message
     from bertcli.data import prepare
+
+    if what == "prepared index":  # written by prepare's own process, closed full: it named no file
+        config = text_run(tmp_path / "run", small_corpus)
+
+        def full_open(path, mode="r", *args, **kwargs):
+            fh = builtins.open(path, mode, *args, **kwargs)
+            full = "w" in mode and "/index/" in str(path) and str(path).endswith("doc_offsets.bin")
+            return FullOnClose(fh, 0) if full else fh
+
+        monkeypatch.setattr(prepare, "open", full_open, raising=False)
+        result = cli("prepare", "--config", config, "--quiet")
+        index = tmp_path / "run" / "data" / "index"
+        assert result.code == 1 and len(result.err_lines) == 1, result.err
+        assert result.err.startswith(f"bertcli: error: {index}/") and "/train: disk full (No space" in result.err
+        assert not (tmp_path / "run" / "data").exists(), "nothing half-written is left"
+        return
 
     if what == "init's config":
         fill_disk(monkeypatch, atomic, room=0)

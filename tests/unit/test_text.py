@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -534,6 +535,15 @@ def _swap_offsets(path: Path) -> None:
     offsets.tofile(path)
 
 
+def _move_boundaries(path: Path) -> None:
+    """Every other interior boundary moved to one past the one before: the offsets still rise."""
+    offsets = np.fromfile(path, dtype=np.int64)
+    moved = offsets.copy()
+    moved[1:-1:2] = offsets[0:-2:2] + 1
+    assert (np.diff(moved) > 0).all() and not np.array_equal(moved, offsets)
+    moved.tofile(path)
+
+
 def _link_outside(path: Path) -> None:
     secret = path.parent.parent / "secret.txt"
     secret.write_text("SECRET\n")
@@ -572,7 +582,17 @@ DAMAGE = [  # (id, damage(folder), what the one line must say)
     (
         "flipped-seg-offsets",
         lambda d: _swap_offsets(_index(d) / "valid" / "seg_offsets.bin"),
-        ("index/", "valid/seg_offsets.bin does not rise from 0"),
+        ("index/", "valid/seg_offsets.bin does not hold the offsets of units/", "the index is damaged"),
+    ),
+    (
+        "moved-index-boundaries",  # still rising: only the units' own offsets tell
+        lambda d: _move_boundaries(_index(d) / "train" / "seg_offsets.bin"),
+        ("index/", "train/seg_offsets.bin does not hold the offsets of units/", "from its entry 0"),
+    ),
+    (
+        "moved-index-documents",
+        lambda d: _move_boundaries(_index(d) / "train" / "doc_offsets.bin"),
+        ("index/", "train/doc_offsets.bin does not hold the offsets of units/"),
     ),
     (
         "edited-vocab",
@@ -822,6 +842,21 @@ def test_a_bad_jsonl_record_says_the_line_and_what_to_fix(tmp_path, record, need
     with pytest.raises(UsageError) as info:
         list(read_sentences([path]))
     assert str(info.value).startswith(f"{path}: {needle}"), str(info.value)
+
+
+def test_a_lone_surrogate_in_a_jsonl_record_is_refused_naming_the_line(tmp_path):
+    """JSON may escape a lone surrogate ("\\ud800"), which is no character: refused with the file and
+    line by both readers (the tokenizer trainer's stream met it first: a UnicodeEncodeError, exit 1);
+    a surrogate pair (an emoji) is text."""
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"text": "fine \\ud83d\\ude00"}\n{"text": "x \\uD800 y"}\n')
+    needle = f"{path}: line 2: the text holds a lone surrogate (\\ud800), which is no Unicode character"
+    with pytest.raises(UsageError, match=re.escape(needle)):
+        list(read_sentences([path]))
+    with pytest.raises(UsageError, match=re.escape(needle)):
+        list(read_text([path]))
+    path.write_text('{"text": "fine \\ud83d\\ude00"}\n')
+    assert list(read_sentences([path])) == ["fine \U0001f600", None]
 
 
 # ------------------------------------------------------------------ units: workers, parts, updates in place (issue 20)
