@@ -47,9 +47,9 @@ from bertcli.config import Config, to_dict
 from bertcli.config_load import config_from_dict
 from bertcli.config_write import to_yaml
 from bertcli.data.tokenizer import TOKENIZER_SHA256, tokenizer_change
-from bertcli.errors import RunError, UsageError
+from bertcli.errors import DamagedFile, RunError, UsageError
 from bertcli.hf_names import TIED_ALIASES, weight_keys
-from bertcli.ownership import linked, read_own, sha256_of
+from bertcli.ownership import linked, read_own, read_own_json, sha256_of
 
 FORMAT_VERSION = 2  # 2: optimizer state keyed by parameter name (1: by position)
 
@@ -381,14 +381,17 @@ def read_config(path: Path) -> Config:
     changed = file_change(path, (layout.CHECKPOINT_CONFIG,))
     if changed:
         raise UsageError(f"{file}: {changed[1]}; restore it, or use another checkpoint")
-    raw = yaml.safe_load(read_own(file).decode("utf-8"))
+    try:
+        raw = yaml.safe_load(read_own(file).decode("utf-8"))
+    except (yaml.YAMLError, ValueError, RecursionError) as exc:  # a cut file, say (UnicodeDecodeError: a ValueError)
+        raise DamagedFile(file, exc) from None
     if not raw:
         raise UsageError(f"{file}: empty, where the checkpoint's resolved config belongs; use another checkpoint")
     return config_from_dict(raw, str(file))
 
 
 def read_trainer_state(path: Path) -> dict[str, Any]:
-    return json.loads(read_own(Path(path) / layout.TRAINER_STATE).decode("utf-8"))
+    return read_own_json(Path(path) / layout.TRAINER_STATE)
 
 
 def check_tokenizer_files(path: Path) -> None:
@@ -409,7 +412,7 @@ def file_change(path: Path, names: tuple[str, ...] = HASHED) -> tuple[str, str] 
     they are, or the checkpoint predates the record): its SHA-256 against trainer_state.json's."""
     try:
         recorded = read_trainer_state(path).get(FILES_SHA256)
-    except (OSError, ValueError, AttributeError):  # no readable record: damage the callers' own checks name
+    except (OSError, UsageError):  # no readable record: damage the callers' own checks name
         return None
     if not isinstance(recorded, dict):
         return None
@@ -657,6 +660,8 @@ def damage(path: Path) -> str | None:
             if unknown
             else None
         )
+    except DamagedFile as exc:
+        return f"{exc.file.name}: {exc.reason}"
     except pickle.UnpicklingError:  # weights_only refuses anything but tensors and plain containers
         return (
             f"{name}: it holds objects other than tensors and plain values, so it was refused unread; it was damaged "

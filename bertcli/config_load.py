@@ -101,7 +101,7 @@ def read_yaml(path: Path) -> dict[str, Any]:
             )
         text = data.decode("utf-8")
     except FileNotFoundError:
-        raise UsageError(f"{path}: config file not found; create one with `bertcli init DIR --preset tiny`") from None
+        raise UsageError(f"{path}: config file not found; create one with `bertcli init DIR`") from None
     except IsADirectoryError:
         raise UsageError(f"{path}: is a folder; pass the config file inside it (e.g. {path / 'config.yaml'})") from None
     except UnicodeDecodeError as exc:
@@ -247,7 +247,7 @@ def parse_overrides(overrides: list[str]) -> tuple[dict[str, Any], dict[str, str
         key, sep, text = item.partition("=")
         key = key.strip()
         if not sep or not key or any(not part for part in key.split(".")):
-            raise UsageError(f"--set {item!r}: expected section.key=value, for example --set train.max_steps=200")
+            raise UsageError(f"--set {item!r}: expected section.key=value, for example train.max_steps=200")
         try:
             value = load_yaml(text) if text.strip() else ""
         except TooManyAliases as exc:

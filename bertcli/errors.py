@@ -24,6 +24,15 @@ class UsageError(BertcliError):
     exit_code = 2
 
 
+class DamagedFile(UsageError):
+    """A file of a folder bertcli wrote that no longer parses (cut short, say): `file` and `reason`
+    say which and how."""
+
+    def __init__(self, file: object, exc: BaseException, fix: str = "use another checkpoint") -> None:
+        self.file, self.reason = file, str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        super().__init__(f"{file}: damaged ({self.reason}); {fix}")
+
+
 class RunError(BertcliError):
     """Something failed while working (exit 1)."""
 

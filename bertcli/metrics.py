@@ -135,23 +135,39 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return read_metrics_checked(path)[0]
 
 
+MAX_RECORD_BYTES = 1 << 16  # a metrics record is a few hundred bytes: a longer line is damage, never kept whole
+
+
 def read_metrics_checked(path: Path) -> tuple[list[dict[str, Any]], str | None]:
     """Records of a metrics.jsonl, JSON objects with an integer step; and, in words, the lines that
-    are not (None: none, or only a torn last line, which a crash mid-write leaves: skipped silently)."""
+    are not (None: none, or only a torn last line of a record's size, which a crash mid-write leaves:
+    skipped silently). Read a line at a time, each up to MAX_RECORD_BYTES: a damaged line of any
+    length costs no more memory than a record."""
     records: list[dict[str, Any]] = []
     if not Path(path).is_file():
         return records, None
-    lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
-    bad = []
-    for number, line in enumerate(lines, 1):
-        try:
-            record = json.loads(line)
-        except ValueError:
-            record = None
-        if isinstance(record, dict) and type(record.get("step")) is int:
-            records.append(record)
-        elif line.strip() and not (record is None and number == len(lines)):
-            bad.append(str(number))
+    bad: list[str] = []
+    torn = None  # the last line read, when it did not parse: dropped silently if it is the file's last
+    with open(path, "rb") as fh:
+        number = 0
+        while line := fh.readline(MAX_RECORD_BYTES + 1):
+            number += 1
+            if torn is not None:
+                bad.append(torn)
+                torn = None
+            long = len(line) > MAX_RECORD_BYTES and not line.endswith(b"\n")
+            while long and (rest := fh.readline(MAX_RECORD_BYTES)) and not rest.endswith(b"\n"):
+                pass  # the rest of an over-long line, read and dropped
+            try:
+                record = None if long else json.loads(line.decode("utf-8", errors="replace"))
+            except ValueError:
+                record = None
+            if isinstance(record, dict) and type(record.get("step")) is int:
+                records.append(record)
+            elif line.strip() and (record is not None or long):
+                bad.append(str(number))
+            elif line.strip():
+                torn = str(number)
     if not bad:
         return records, None
     shown = ", ".join(bad[:5]) + (", ..." if len(bad) > 5 else "")

@@ -22,8 +22,9 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from bertcli.errors import UsageError
+from bertcli.errors import DamagedFile, UsageError
 from bertcli.layout import (
     CHECKPOINT,
     CHECKPOINTS,
@@ -319,6 +320,18 @@ def read_own(
         raise
     with os.fdopen(fd, "rb") as fh:
         return fh.read()
+
+
+def read_own_json(path: Path) -> dict[str, Any]:
+    """The JSON object in file `path` of a checkpoint folder (read_own: never through a link); one
+    that does not parse, or holds no object, is DamagedFile (exit 2, naming it)."""
+    try:
+        value = json.loads(read_own(path).decode("utf-8"))
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise DamagedFile(path, exc) from None
+    if not isinstance(value, dict):
+        raise DamagedFile(path, ValueError("not a JSON object"))
+    return value
 
 
 def sha256_of(path: Path) -> str:

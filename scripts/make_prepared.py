@@ -11,8 +11,10 @@ DIR/data/, prepared data in exactly the format `bertcli prepare` writes, so that
      (tokenizer.json, vocab.txt, their SHA-256s) and records the sample's hash and the settings in
      the manifest's fingerprint, which is what decides reuse. So the fingerprint is honest about
      the corpus file and the settings; only the shards are synthetic.
-  2. Its train/ and valid/ shards are replaced by generated ones of N tokens, and the manifest's
-     counts with theirs; the manifest records `generated_by` (this script and its arguments).
+  2. The shards of its first unit (units/KEY/train and valid/) are replaced by generated ones of N
+     tokens, that unit's counts (unit.json, the manifest) and the totals with theirs, and the index
+     (index/DIGEST, the same digest: the same units) is written again from the units, as `prepare`
+     writes it; the manifest records `generated_by` (this script and its arguments).
      check_prepared accepts the result (the script runs it at the end).
 The generated corpus: documents of 1-200 sentences (log-normal, median 15), sentences of 5-60
 tokens (log-normal, median 20), token ids drawn from the unigram distribution of the sample's own
@@ -41,7 +43,18 @@ from bertcli import atomic
 from bertcli.cli import preset_header
 from bertcli.config_load import preset_config
 from bertcli.config_write import to_yaml
-from bertcli.data.prepare import MANIFEST, SHARD_FILES, check_prepared, load_prepared, prepare, read_manifest
+from bertcli.data import prepare as prepare_module
+from bertcli.data.prepare import (
+    MANIFEST,
+    SHARD_FILES,
+    SPLITS,
+    UNIT_RECORD,
+    UNITS,
+    check_prepared,
+    load_prepared,
+    prepare,
+    read_manifest,
+)
 from bertcli.resolve import load_run
 
 BLOCK_DOCUMENTS = 1 << 14  # documents generated at once (~9M tokens: ~80 MB of temporaries)
@@ -154,12 +167,24 @@ def main() -> None:
     unigram = np.array(sample.tokens)  # the sample's token ids, drawn uniformly: its unigram distribution
     dtype = np.dtype(manifest["dtype"])
     (data / MANIFEST).unlink()  # until the shards are whole: prepare would then prepare the sample again
-    for split in ("train", "valid"):
-        shutil.rmtree(data / split)
-    splits = generate(data, total, cfg.data.validation_fraction, unigram, dtype, args.seed)
+    first = manifest["units"][0]  # its shards become the generated ones; the other units stay the sample's
+    unit = data / UNITS / first["key"]
+    for split in SPLITS:
+        shutil.rmtree(unit / split)
+    first["splits"] = generate(unit, total, cfg.data.validation_fraction, unigram, dtype, args.seed)
+    first["unknown_tokens"] = 0
+    record = json.loads((unit / UNIT_RECORD).read_text())
+    atomic.write_text(unit / UNIT_RECORD, json.dumps({**record, "splits": first["splits"], "unknown_tokens": 0}))
+    records = {u["key"]: u for u in manifest["units"]}
+    units = [argparse.Namespace(key=u["key"]) for u in manifest["units"]]
+    prepare_module._write_index(data, units, records, manifest["index"])  # the same units: the same digest
+    splits = {
+        split: {c: sum(u["splits"][split][c] for u in manifest["units"]) for c in ("documents", "segments", "tokens")}
+        for split in SPLITS
+    }
     manifest.update(
         splits=splits,
-        unknown_tokens=0,
+        unknown_tokens=sum(u["unknown_tokens"] for u in manifest["units"]),
         generated_by={
             "script": "scripts/make_prepared.py",
             "tokens": total,

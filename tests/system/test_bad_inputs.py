@@ -57,6 +57,13 @@ def _config_edited(ckpt: Path) -> Path:
     return ckpt
 
 
+def _cut_in_half(ckpt: Path, name: str) -> Path:
+    """`name` as a crash can leave it: its second half zeros (a file whose size was written, not its blocks)."""
+    data = (ckpt / name).read_bytes()
+    (ckpt / name).write_bytes(data[: len(data) // 2] + bytes(len(data) - len(data) // 2))
+    return ckpt
+
+
 def _without(ckpt: Path, name: str) -> Path:
     (ckpt / name).unlink()
     return ckpt
@@ -776,6 +783,32 @@ CASES = [
         ],
         2,
         "ck/config.yaml: changed since the checkpoint was written",
+    ),
+    (
+        "checkpoint-trainer-state-cut-encode",
+        lambda d, b: [
+            "encode",
+            "--model",
+            _cut_in_half(
+                Path(shutil.copytree(b["text"] / "checkpoints" / "step-0000004", d / "ck")), "trainer_state.json"
+            ),
+            _write(d, "in.txt", "a line\n"),
+        ],
+        2,
+        "ck/trainer_state.json: damaged (",
+    ),
+    (
+        "checkpoint-config-cut-export",  # (below the SHA-256 record, which names any edit first)
+        lambda d, b: [
+            "export",
+            _cut_in_half(
+                without_file_hashes(Path(shutil.copytree(b["text"] / "checkpoints" / "step-0000004", d / "ck"))),
+                "config.yaml",
+            ),
+            d / "out",
+        ],
+        2,
+        "ck/config.yaml: damaged (",
     ),
     (
         "weights-bit-flipped-resume",
