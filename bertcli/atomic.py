@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -146,6 +147,32 @@ def remove_folder(path: Path) -> None:
     doomed = path.with_name(f"{TMP_PREFIX}del-{path.name}.{os.getpid()}")
     os.replace(path, doomed)
     shutil.rmtree(doomed, ignore_errors=True)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists (one of this machine's; another user's counts too): the temporary
+    names carry their writer's PID, so that a leftover is told from a write under way."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def clean_leftover_files(final: Path) -> None:
+    """Remove the temporary files a killed writer of file `final` left beside it (.tmp-NAME.PID and
+    .tmp-NAME.PID.SUFFIX, PID gone): regular files only, never a link."""
+    pattern = re.compile(rf"{re.escape(TMP_PREFIX)}{re.escape(final.name)}\.(\d+)(?:\.[a-z]+)?")
+    if not final.parent.is_dir():
+        return
+    for child in final.parent.iterdir():
+        match = pattern.fullmatch(child.name)
+        if match and not pid_alive(int(match.group(1))) and not child.is_symlink() and child.is_file():
+            child.unlink(missing_ok=True)
 
 
 def clean_leftovers(parent: Path) -> None:

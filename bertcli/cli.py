@@ -464,14 +464,14 @@ def encode(
     errors: _Errors = "strict",
 ) -> None:
     """Turn lines of text into vectors: one row per input line, in input order, streamed."""
+    # What needs no model is refused before torch is imported (3-4 s, 240 MB).
+    _check_encode_flags(device=device, dtype=dtype, errors=errors, pairs=pairs, strict_pairs=strict_pairs)
+    fmt = _encode_format(fmt, output, with_text, tokens)
+    output = _check_encode_files(inputs or [], model=model, output=output)
     from bertcli import encode as enc_mod
     from bertcli.runtime import parse_device
 
-    on_device = parse_device(device, "--device")
-    _check_encode_flags(dtype=dtype, errors=errors, pairs=pairs, strict_pairs=strict_pairs)
-    fmt = _encode_format(fmt, output, with_text, tokens)
-    output = _check_encode_files(inputs or [], model=model, output=output)
-    encoder = enc_mod.load_encoder(model, on_device, dtype)
+    encoder = enc_mod.load_encoder(model, parse_device(device, "--device"), dtype)
     try:
         settings = enc_mod.resolve(
             encoder,
@@ -517,10 +517,13 @@ def encode(
         )
 
 
-def _check_encode_flags(*, dtype: str, errors: str, pairs: bool, strict_pairs: bool) -> None:
-    """Refuse values of encode's flags that Typer does not check itself."""
-    from bertcli.runtime import PRECISIONS
+def _check_encode_flags(*, device: str, dtype: str, errors: str, pairs: bool, strict_pairs: bool) -> None:
+    """Refuse values of encode's flags that Typer does not check itself (torch-free: a GPU that is
+    not there is found when the device is made)."""
+    from bertcli.config import DEVICE_NAMES, PRECISIONS, is_device_name
 
+    if not is_device_name(device):
+        raise UsageError(f"--device {device!r}: expected {DEVICE_NAMES}")
     if dtype not in PRECISIONS:
         raise UsageError(f"--dtype {dtype!r}: expected {', '.join(PRECISIONS[:-1])} or {PRECISIONS[-1]}")
     if errors not in ("strict", "replace"):
@@ -532,12 +535,11 @@ def _check_encode_flags(*, dtype: str, errors: str, pairs: bool, strict_pairs: b
 def _check_encode_files(inputs: list[str], *, model: Path, output: Path | None) -> Path | None:
     """Check encode's input files, --output (returned resolved: a link is written through) and --model,
     before the model loads (seconds) rather than when a file's turn comes."""
-    from bertcli import encode as enc_mod
-    from bertcli.ownership import check_output_file
+    from bertcli.ownership import check_input, check_output_file
 
     for source in inputs:
         if source != "-":
-            enc_mod.check_input(source)
+            check_input(source)
     if output is not None:  # never a folder, an input file or a file of the model
         output = check_output_file(output, [i for i in inputs if i != "-"], model)
     if not model.exists():

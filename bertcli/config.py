@@ -40,6 +40,7 @@ checks only that a device is a string, and `TrainConfig.problems()` checks its f
 
 
 DEVICE_NAMES = "auto, cpu, cuda or cuda:N"  # in words, for messages
+PRECISIONS = ("fp32", "bf16", "fp16")  # resolved precisions; precision.mode adds auto
 
 
 def is_device_name(name: str) -> bool:

@@ -41,6 +41,7 @@ from bertcli.errors import PipeClosed, RunError, UsageError
 from bertcli.export import find_checkpoint
 from bertcli.layout import Kind
 from bertcli.model import BertForPreTraining, padding_mask
+from bertcli.ownership import check_input
 from bertcli.sbert import SentenceModel, read_sentence_model
 
 POOLINGS = ("cls", "mean", "max", "pooler")
@@ -361,14 +362,6 @@ def _drop_rest(head: bytes, stream: BinaryIO, *, errors: str, source: str, numbe
         if block.endswith(b"\n"):
             break
     return head[:cut], lost, tab
-
-
-def check_input(path: str) -> None:
-    """Refuse a missing input file or a folder (the CLI asks before the model loads)."""
-    if not Path(path).exists():
-        raise UsageError(f"{path}: no such input file")
-    if Path(path).is_dir():
-        raise UsageError(f"{path}: is a folder, not a text file")
 
 
 def _open(path: str) -> BinaryIO:
@@ -811,6 +804,8 @@ class Writer:
         if fmt == "npy" and (output is None or with_text):  # the CLI says which flag to change
             raise ValueError("npy is written to an output file, numbers only: no stream, no text")
         if output is not None:
+            if not self.in_place:
+                atomic.clean_leftover_files(output)  # of an encode killed (SIGKILL) before it put its output in place
             self.tmp = output.with_name(f"{atomic.TMP_PREFIX}{output.name}.{os.getpid()}")
             if fmt == "npy":  # the rows first; the header, which needs their count, is written at close
                 if self.in_place:  # no folder of ours beside a device: the rows wait in an unnamed file

@@ -143,6 +143,14 @@ def check_apart(target: Path, inputs: list[Input], fix: str) -> None:
             raise UsageError(f"{target} {how} {item.label} {item.path}; writing there would {harm} it: {fix}")
 
 
+def check_input(path: str) -> None:
+    """Refuse a missing input file or a folder (the CLI asks before the model loads)."""
+    if not Path(path).exists():
+        raise UsageError(f"{path}: no such input file")
+    if Path(path).is_dir():
+        raise UsageError(f"{path}: is a folder, not a text file")
+
+
 def is_stream(path: Path) -> bool:
     """Whether `path` (its links followed: /dev/stdout) is a character device or a named pipe: an output
     written in place as it goes, as the shell's `>` writes it. Replacing it by a rename would put a

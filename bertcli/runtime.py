@@ -22,7 +22,6 @@ from bertcli import console
 from bertcli.config import DEVICE_NAMES, PrecisionConfig, is_device_name
 from bertcli.errors import UsageError
 
-PRECISIONS = ("fp32", "bf16", "fp16")  # resolved precisions; config's precision.mode adds auto
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}  # fp32: no autocast
 
 

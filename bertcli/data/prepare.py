@@ -1402,7 +1402,7 @@ def _clean_leftovers(folder: Path) -> None:
     pattern = re.compile(rf"^{re.escape(atomic.TMP_PREFIX)}(old-|del-)?{re.escape(final.name)}\.(\d+)$")
     for child in final.parent.iterdir():
         match = pattern.match(child.name)
-        if not match or _alive(int(match.group(2))) or child.is_symlink() or not child.is_dir():
+        if not match or atomic.pid_alive(int(match.group(2))) or child.is_symlink() or not child.is_dir():
             continue
         if ownership.first_foreign(child, layout.PREPARED) is not None:
             continue  # something else in it: not bertcli's to delete
@@ -1423,25 +1423,12 @@ def _clean_inside(folder: Path, mine: bool = False) -> None:
             continue
         for child in sub.iterdir():
             match = _TEMPORARY.fullmatch(child.name)
-            if match is None or (int(match.group(1)) != os.getpid() if mine else _alive(int(match.group(1)))):
+            if match is None or (int(match.group(1)) != os.getpid() if mine else atomic.pid_alive(int(match.group(1)))):
                 continue
             if child.is_dir() and _ours(child, folder):
                 shutil.rmtree(child, ignore_errors=True)
             elif child.name.startswith(f"{atomic.TMP_PREFIX}{MANIFEST}") and ownership.own_file(child):
                 child.unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    """Whether process `pid` exists (one of this machine's; another user's counts too)."""
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
 
 
 def run_tokenizer(cfg: Config) -> Path | None:

@@ -441,6 +441,24 @@ def test_an_output_that_is_a_device_or_a_pipe_is_written_in_place(trained, tmp_p
     assert stat.S_IMODE(private.stat().st_mode) == 0o600 and len(private.read_text().splitlines()) == 3
 
 
+def test_leftovers_of_a_killed_encode_are_removed_at_the_next_start(trained, tmp_path, cli):
+    """A SIGKILL leaves `.tmp-OUT.PID` (and `.raw` for npy) beside the output; the next `encode -o OUT`
+    removes those of processes that are gone, and nothing else (a live writer's, a link)."""
+    import os
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (tmp_path / "in.txt").write_text("a line\n")
+    for name in ("v.jsonl", "v.npy"):
+        gone = [tmp_path / f".tmp-{name}.{dead.pid}", tmp_path / f".tmp-{name}.{dead.pid}.raw"]
+        kept = [tmp_path / f".tmp-{name}.{os.getppid()}", tmp_path / f".tmp-{name}.{dead.pid + 1_000_000}"]
+        for path in gone + kept[:1]:
+            path.write_bytes(b"")
+        kept[1].symlink_to(tmp_path / "in.txt")
+        assert cli("encode", "--model", trained, tmp_path / "in.txt", "-o", tmp_path / name).code == 0
+        assert not any(p.exists() for p in gone) and all(p.is_symlink() or p.exists() for p in kept)
+
+
 def test_a_hugging_face_folder_gives_the_same_vectors(trained, tmp_path):
     folder = export(trained, tmp_path / "hf")
     a, _ = run_encode(trained, LINES, pooling="mean")

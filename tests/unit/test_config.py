@@ -437,6 +437,13 @@ except SystemExit as exc:
         ("prepare", "--config", "bad.yaml"),
         ("inspect", "bad.yaml"),
         ("init", "other", "--set", "train.seed=-1"),
+        ("encode", "--model", "none", "--dtype", "int8"),
+        ("encode", "--model", "none", "--errors", "ignore"),
+        ("encode", "--model", "none", "--strict-pairs"),
+        ("encode", "--model", "none", "--tokens", "--format", "npy", "-o", "x.npy"),
+        ("encode", "--model", "none", "--device", "tpu"),
+        ("encode", "--model", "none", "missing.txt"),
+        ("encode", "--model", "none"),
     ],
 )
 def test_config_refusals_do_not_wait_for_torch(args, tmp_path):
