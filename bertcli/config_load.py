@@ -11,7 +11,9 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import os
 import re
+import stat
 import typing
 from functools import cache
 from pathlib import Path
@@ -89,6 +91,15 @@ def model_config_from_dict(raw: dict[str, Any], source: str) -> ModelConfig:
 
 def read_yaml(path: Path) -> dict[str, Any]:
     """Read a YAML mapping, turning every way it can fail into one UsageError line."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        mode = 0  # the open below says why
+    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):  # <(...) or a FIFO: no folder for its relative paths
+        raise UsageError(
+            f"{path}: a pipe, not a file; a config's relative paths are relative to its folder, so save it to a "
+            "file and pass that"
+        )
     try:
         with open(
             path, "rb"

@@ -100,7 +100,7 @@ def not_owned(target: Path, layout: Layout) -> str | None:
         return None
     foreign = first_foreign(target, layout)
     if foreign is not None:
-        return f"holds {foreign}, which bertcli did not write"
+        return f"holds {foreign}, which is not a file bertcli writes in {layout.noun}"
     # Every entry is one bertcli writes there; the proof must parse (see Layout.damaged_proof_counts).
     marked = (
         layout.own_mark is not None

@@ -90,12 +90,20 @@ def check_outputs_apart(cfg: Config) -> None:
     read as text by the next prepare, and the corpus would change under its own cache), or a corpus
     inside what bertcli writes (prepared data, checkpoints/, tensorboard/). A corpus folder inside the
     run folder (next to config.yaml, say) is fine: bertcli writes only its own names there."""
-    from bertcli.layout import RUN_OUTPUTS
+    from bertcli.layout import CHECKPOINTS, RUN_OUTPUTS, TENSORBOARD
     from bertcli.ownership import relation
 
+    output, prepared = Path(cfg.output_dir), Path(cfg.data.prepared_dir)
+    for inside in (output / CHECKPOINTS, output / TENSORBOARD):  # folders pretrain replaces, prunes, writes whole
+        how = relation(prepared, inside)
+        if how in ("is", "is inside"):
+            raise UsageError(
+                f"data.prepared_dir {prepared} {how} {inside}, which pretrain writes (checkpoints are replaced and "
+                "pruned whole): set data.prepared_dir elsewhere (by default it is data/ in the run folder)"
+            )
     if cfg.data.corpus in KEYWORD_CORPORA:
         return
-    corpus, output = Path(cfg.data.corpus), Path(cfg.output_dir)
+    corpus = Path(cfg.data.corpus)
     fix = "keep the corpus and the run's outputs in separate folders"
     for key, target in (("output_dir", output), ("data.prepared_dir", Path(cfg.data.prepared_dir))):
         how = relation(target, corpus)

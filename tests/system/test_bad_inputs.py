@@ -64,6 +64,13 @@ def _cut_in_half(ckpt: Path, name: str) -> Path:
     return ckpt
 
 
+def _fifo(path: Path) -> Path:
+    import os
+
+    os.mkfifo(path)
+    return path
+
+
 def _without(ckpt: Path, name: str) -> Path:
     (ckpt / name).unlink()
     return ckpt
@@ -740,6 +747,32 @@ CASES = [
     ),
     ("config-dev-zero", lambda d, b: ["pretrain", "-c", "/dev/zero"], 2, "/dev/zero: more than 256 KiB"),
     ("config-dev-null", lambda d, b: ["pretrain", "-c", "/dev/null"], 2, "/dev/null: no settings in it"),
+    (
+        "config-a-fifo",  # without a writer, opening it blocked for ever
+        lambda d, b: ["prepare", "-c", _fifo(d / "c.yaml")],
+        2,
+        "c.yaml: a pipe, not a file; a config's relative paths are relative to its folder",
+    ),
+    (
+        "prepared-dir-inside-checkpoints",  # prepare wrote data/ into best/: the run could not resume
+        lambda d, b: [
+            "prepare",
+            "-c",
+            write_config(d, "data.corpus=sample", f"data.prepared_dir={d / 'checkpoints' / 'best' / 'data'}"),
+        ],
+        2,
+        "/checkpoints/best/data is inside {d}/checkpoints, which pretrain writes",
+    ),
+    (
+        "prepared-dir-is-tensorboard",
+        lambda d, b: [
+            "pretrain",
+            "-c",
+            write_config(d, "data.corpus=sample", f"data.prepared_dir={d / 'tensorboard'}"),
+        ],
+        2,
+        "/tensorboard is {d}/tensorboard, which pretrain writes",
+    ),
     (
         "config-comments-only",
         lambda d, b: ["pretrain", "-c", _write(d, "c.yaml", "# nothing\n")],
