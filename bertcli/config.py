@@ -101,6 +101,17 @@ class ModelConfig:
     pad_token_id: int = 0
     """Token id of [PAD]."""
 
+    def pad_problem(self, pad_id: int, source: str) -> str | None:
+        """Why pad_token_id does not fit the tokenizer of `source`, whose [PAD] is `pad_id` (None: it
+        does). The padding row of the embeddings gets no gradient, so another token there would never
+        learn (a [MASK] that every prediction reads, an [UNK], frozen at zero)."""
+        if self.pad_token_id == pad_id:
+            return None
+        return (
+            f"model.pad_token_id={self.pad_token_id} but [PAD] is token {pad_id} of the tokenizer of {source}; set "
+            f"model.pad_token_id: {pad_id} (the padding row never learns: another token there would not either)"
+        )
+
     def problems(self) -> list[Problem]:
         """This section's impossible values."""
         m = self

@@ -125,17 +125,13 @@ def check_outputs_apart(cfg: Config) -> None:
 
 def with_vocab(cfg: Config, vocab_size: int, source: str, pad_id: int | None = None) -> Config:
     """model.vocab_size from the tokenizer of `source` (when null), or checked against it; and
-    model.pad_token_id checked against the tokenizer's [PAD] id `pad_id` (when known): the padding
-    row of the embeddings gets no gradient, so another token there would never learn (a [MASK]
-    that every prediction reads, frozen at zero)."""
+    model.pad_token_id checked against the tokenizer's [PAD] id `pad_id` (when known: ModelConfig.pad_problem)."""
     if cfg.model.vocab_size is not None and cfg.model.vocab_size != vocab_size:
         raise UsageError(
             f"model.vocab_size={cfg.model.vocab_size} but the tokenizer of {source} has {vocab_size:,} "
             "tokens; set model.vocab_size: null to take the size from the tokenizer"
         )
-    if pad_id is not None and cfg.model.pad_token_id != pad_id:
-        raise UsageError(
-            f"model.pad_token_id={cfg.model.pad_token_id} but [PAD] is token {pad_id} of the tokenizer of {source}; "
-            f"set model.pad_token_id: {pad_id} (the padding row never learns: another token there would not either)"
-        )
+    problem = cfg.model.pad_problem(pad_id, source) if pad_id is not None else None
+    if problem:
+        raise UsageError(problem)
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab_size))

@@ -91,6 +91,7 @@ from bertcli.data.text import (
     read_text,
 )
 from bertcli.data.tokenizer import (
+    SPECIAL,
     continuation_mask,
     describe,
     find_tokenizer_file,
@@ -880,6 +881,12 @@ def _prepare(cfg: Config, quiet: bool, force: bool, workers: int) -> Path:
     plan = _Plan(
         folder=folder, files=files, entries=entries, tok=tok, tokenizer_file=tokenizer_file, given_sha256=given_sha256
     )
+    # Before any work: the model's padding row is the tokenizer's [PAD] (a trained one's is SPECIAL's first, 0).
+    pad = cfg.model.pad_problem(
+        tok.token_to_id("[PAD]") if tok is not None else SPECIAL.index("[PAD]"), str(tokenizer_file or data.corpus)
+    )
+    if pad:
+        raise UsageError(pad)
 
     if old is not None and not force:
         why_new = _tokenizer_changed(old, plan, data, folder)
@@ -998,6 +1005,15 @@ def _fresh(cfg: Config, plan: _Plan, *, guard: Callable[[Path], None], quiet: bo
             }
             if not lines.whole:
                 log(f"the vocabulary was trained on {sample_line(sample)}")
+            size = tok.get_vocab_size(with_added_tokens=True)
+            if size > 1.25 * data.tokenizer.vocab_size:  # every character has its pieces, whatever the size asked
+                log(
+                    f"warning: the vocabulary has {size:,} tokens, {size / data.tokenizer.vocab_size:.1f}x "
+                    f"data.tokenizer.vocab_size={data.tokenizer.vocab_size:,}: every character of the corpus is a "
+                    f"token ({len(chars.every):,}), and each that continues a word a ## piece ({len(chars.inner):,}), "
+                    "so the embeddings grow with the corpus's scripts; raise vocab_size for its words, or give a "
+                    "tokenizer (data.tokenizer.path)"
+                )
         save_tokenizer(tok, tmp)
         tok = read_tokenizer_json(tmp / layout.TOKENIZER_JSON)  # as every later prepare reads it (the units' keys)
         units = plan_units(files, plan.entries, _tokenizer_sha256(tok), data)

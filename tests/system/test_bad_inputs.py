@@ -64,6 +64,10 @@ def _cut_in_half(ckpt: Path, name: str) -> Path:
     return ckpt
 
 
+VOCAB_SPECIAL_ONLY = "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n"
+VOCAB_UNK_FIRST = "".join(f"{t}\n" for t in ["[UNK]", "[PAD]", "[CLS]", "[SEP]", "[MASK]", "the", "a", "of", "to"])
+
+
 def _fifo(path: Path) -> Path:
     import os
 
@@ -491,6 +495,26 @@ CASES = [
         ],
         2,
         "model.pad_token_id=99999 but [PAD] is token 0",
+    ),
+    (
+        "vocab-of-special-tokens-only",  # MLM's random replacements had no ids to draw from: ValueError, exit 1
+        lambda d, b: [
+            "prepare",
+            "-c",
+            text_run(d, b["corpus"], f"data.tokenizer.path={_write(d, 'vocab.txt', VOCAB_SPECIAL_ONLY)}"),
+        ],
+        2,
+        "vocab.txt: no ordinary token comes after the special ones ([MASK] is the last id, 4)",
+    ),
+    (
+        "vocab-with-pad-not-first",  # the model's pad_token_id 0 was [UNK]: its embedding never learned
+        lambda d, b: [
+            "pretrain",
+            "-c",
+            text_run(d, b["corpus"], f"data.tokenizer.path={_write(d, 'vocab.txt', VOCAB_UNK_FIRST)}"),
+        ],
+        2,
+        "model.pad_token_id=0 but [PAD] is token 1 of the tokenizer of",
     ),
     (
         "tokenizer-path-missing",

@@ -844,6 +844,27 @@ def test_a_bad_jsonl_record_says_the_line_and_what_to_fix(tmp_path, record, need
     assert str(info.value).startswith(f"{path}: {needle}"), str(info.value)
 
 
+def test_a_vocabulary_grown_past_its_size_by_the_corpus_characters_is_said(tmp_path, capsys):
+    """Every character of the corpus is a token, whatever data.tokenizer.vocab_size asks: 3,000 distinct
+    CJK characters make a vocabulary of about 2,900 for 1,000 asked, and prepare says why."""
+    import random
+
+    rng = random.Random(0)
+    chars = [chr(c) for c in range(0x4E00, 0x4E00 + 3000)]
+    docs = ["\n".join("".join(rng.choice(chars) for _ in range(30)) + "。" for _ in range(5)) for _ in range(60)]
+    (tmp_path / "cjk.txt").write_text("\n\n".join(docs) + "\n")
+    cfg = load_run(text_run(tmp_path / "run", tmp_path / "cjk.txt", "data.tokenizer.vocab_size=1000"))
+    prepare(cfg, quiet=True)
+    size = load_prepared(tmp_path / "run" / "data").vocab_size
+    warning = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: the vocabulary")]
+    assert size > 2000 and warning == [
+        f"warning: the vocabulary has {size:,} tokens, {size / 1000:.1f}x data.tokenizer.vocab_size=1,000: every "
+        f"character of the corpus is a token ({size - 5:,}), and each that continues a word a ## piece (0), so the "
+        "embeddings grow with the corpus's scripts; raise vocab_size for its words, or give a tokenizer "
+        "(data.tokenizer.path)"
+    ], warning
+
+
 def test_a_lone_surrogate_in_a_jsonl_record_is_refused_naming_the_line(tmp_path):
     """JSON may escape a lone surrogate ("\\ud800"), which is no character: refused with the file and
     line by both readers (the tokenizer trainer's stream met it first: a UnicodeEncodeError, exit 1);
