@@ -275,12 +275,10 @@ def load_tokenizer(path: Path, cfg: TokenizerConfig) -> Tokenizer:
     missing = [t for t in SPECIAL if tok.token_to_id(t) is None]
     if missing:
         raise UsageError(f"{path}: the vocabulary lacks {', '.join(missing)}; BERT needs all of {', '.join(SPECIAL)}")
-    last = max(SPECIAL, key=tok.token_to_id)
-    if tok.token_to_id(last) + 1 >= tok.get_vocab_size(with_added_tokens=True):
+    if tok.get_vocab_size(with_added_tokens=True) <= len(SPECIAL):
         raise UsageError(
-            f"{path}: no ordinary token comes after the special ones ({last} is the last id, "
-            f"{tok.token_to_id(last)}); MLM draws its random replacements from the ids above them: use a vocabulary "
-            "with its words after [PAD], [UNK], [CLS], [SEP] and [MASK]"
+            f"{path}: the vocabulary holds only the special tokens {', '.join(SPECIAL)}; every word, and MLM's "
+            "random replacements, need ordinary ones: use a vocabulary with words in it"
         )
     return unpadded(tok)
 

@@ -504,7 +504,7 @@ CASES = [
             text_run(d, b["corpus"], f"data.tokenizer.path={_write(d, 'vocab.txt', VOCAB_SPECIAL_ONLY)}"),
         ],
         2,
-        "vocab.txt: no ordinary token comes after the special ones ([MASK] is the last id, 4)",
+        "vocab.txt: the vocabulary holds only the special tokens [PAD], [UNK], [CLS], [SEP], [MASK]",
     ),
     (
         "vocab-with-pad-not-first",  # the model's pad_token_id 0 was [UNK]: its embedding never learned
