@@ -6,6 +6,7 @@ one under the final name. Temporary names start with '.tmp-' so readers can skip
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -165,14 +166,16 @@ def pid_alive(pid: int) -> bool:
 
 def clean_leftover_files(final: Path) -> None:
     """Remove the temporary files a killed writer of file `final` left beside it (.tmp-NAME.PID and
-    .tmp-NAME.PID.SUFFIX, PID gone): regular files only, never a link."""
-    pattern = re.compile(rf"{re.escape(TMP_PREFIX)}{re.escape(final.name)}\.(\d+)(?:\.[a-z]+)?")
+    .tmp-NAME.PID.raw, PID gone from this machine: a writer on another machine sharing the folder is
+    not seen): regular files only, never a link."""
+    pattern = re.compile(rf"{re.escape(TMP_PREFIX)}{re.escape(final.name)}\.(\d{{1,9}})(?:\.raw)?")
     if not final.parent.is_dir():
         return
     for child in final.parent.iterdir():
         match = pattern.fullmatch(child.name)
         if match and not pid_alive(int(match.group(1))) and not child.is_symlink() and child.is_file():
-            child.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # another user's, in a shared sticky folder: theirs to remove
+                child.unlink(missing_ok=True)
 
 
 def clean_leftovers(parent: Path) -> None:

@@ -375,8 +375,8 @@ def settle_best(output_dir: Path, cfg: Config, resumed_from: Path | None, is_mai
 
 def read_config(path: Path) -> Config:
     """The resolved config stored in a checkpoint folder (an empty one is damage, not the defaults),
-    refused if it changed since the checkpoint was written: the architecture the weights run in
-    (an edited hidden_act or head count gives other vectors from the same weights)."""
+    refused after any edit since the checkpoint was written (its SHA-256): it holds the architecture
+    the weights run in (an edited hidden_act or head count gives other vectors from the same weights)."""
     file = Path(path) / layout.CHECKPOINT_CONFIG
     changed = file_change(path, (layout.CHECKPOINT_CONFIG,))
     if changed:

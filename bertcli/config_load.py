@@ -297,6 +297,12 @@ def build_config(raw: dict[str, Any], origin: dict[str, str]) -> Config:
     return _build_checked(Config, raw, "", origin)
 
 
+def _origin_of(p: str, origin: dict[str, str]) -> str:
+    """Where the value at `p` came from: the file, or --set (for p or a key under it: a section's check)."""
+    under = [label for key, label in origin.items() if key.startswith(p + ".")] if p else []
+    return origin.get(p) or (under[0] if under else origin.get("", "config"))
+
+
 def _build_checked(cls: type, raw: dict[str, Any], path: str, origin: dict[str, str]) -> Any:
     """Build section `cls` (at `path`: "" for a whole Config) and check its values with its `problems()`."""
     errors: list[str] = []
@@ -306,7 +312,7 @@ def _build_checked(cls: type, raw: dict[str, Any], path: str, origin: dict[str, 
     # reported together; a check that involves a value of the wrong type (which kept its default)
     # would only mislead, so it is left out.
     errors += [
-        f"{origin.get(p, origin.get('', 'config'))}: {p}: {msg}"
+        f"{_origin_of(p, origin)}: {p}: {msg}"
         for p, msg in built.problems()
         if not any(_involves(p, msg, bad) for bad in failed)
     ]
@@ -326,9 +332,8 @@ def _build(
     """Build dataclass `cls` from nested dict `raw`, appending every problem to `errors` and the
     path of every value (or section) of the wrong type to `failed`: those keep their defaults."""
 
-    def where(p: str) -> str:  # where a value came from: the file, or --set (for p or a key under it)
-        under = [label for key, label in origin.items() if key.startswith(p + ".")] if p else []
-        return f"{origin.get(p) or (under[0] if under else origin.get('', 'config'))}: {p}"
+    def where(p: str) -> str:
+        return f"{_origin_of(p, origin)}: {p}"
 
     failed = set() if failed is None else failed
     if raw is None:

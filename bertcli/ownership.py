@@ -176,6 +176,16 @@ def check_output_file(output: Path, inputs: list[Path], model: Path) -> Path:
     (`is_stream`) is returned as given, to be written in place."""
     read = Path(model) / CHECKPOINTS if (Path(model) / CHECKPOINTS).is_dir() else Path(model)
     if is_stream(output):  # -o /dev/null, a named pipe, /dev/stdout: written in place, as the shell's > does
+        read = [os.stat(p) for p in inputs if is_stream(p)] + (
+            [os.fstat(0)] if not inputs or "-" in map(str, inputs) else []
+        )
+        written = os.stat(Path(output).expanduser())
+        if stat.S_ISFIFO(written.st_mode) and any(
+            (r.st_dev, r.st_ino) == (written.st_dev, written.st_ino) for r in read
+        ):
+            raise UsageError(
+                f"the output {output} is the pipe encode reads: its rows would come back as input; name another"
+            )
         return Path(output)
     resolved = Path(output).expanduser().resolve()
     if resolved.exists() and not resolved.is_file() and not resolved.is_dir():

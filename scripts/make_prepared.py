@@ -137,7 +137,12 @@ def generate(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("folder", type=Path, help="run folder to create (config.yaml and data/)")
-    parser.add_argument("--tokens", type=float, required=True, help="tokens in all (train + valid), e.g. 1e9")
+    parser.add_argument(
+        "--tokens",
+        type=float,
+        required=True,
+        help="generated tokens (train + valid), e.g. 1e9; other units of the sample, if any, keep theirs",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the generated documents")
     parser.add_argument(
         "--set",

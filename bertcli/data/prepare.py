@@ -841,7 +841,7 @@ def prepare(cfg: Config, quiet: bool = False, force: bool = False, workers: int 
     the cores available), keeping what is already prepared, whole and undamaged; return the prepared
     folder. SIGINT and SIGTERM stop it at once (what it was writing is removed; exit 130 or 143)."""
     workers = workers or default_workers()
-    with _stop_on_signal(), _one_core(workers):
+    with _stop_on_signal(Path(cfg.data.prepared_dir)), _one_core(workers):
         return _prepare(cfg, quiet, force, workers)
 
 
@@ -1067,7 +1067,8 @@ def _update(
             damaged.append(problem)
         todo.append(unit)
     digest = _index_digest(units)
-    index_problem = _check_index(folder, old)
+    # With a unit damaged, the index is written again with it (its check would read the damaged files).
+    index_problem = "written again with the damaged units" if damaged else _check_index(folder, old)
     if not todo and digest == old["index"] and index_problem is None:
         if [(e["path"], e["mtime_ns"]) for e in plan.entries] != [
             (e["path"], e["mtime_ns"]) for e in old["corpus"]["files"]
@@ -1312,7 +1313,7 @@ _state = ""  # what a stop now keeps, in words
 
 
 @contextmanager
-def _stop_on_signal() -> Iterator[None]:
+def _stop_on_signal(folder: Path) -> Iterator[None]:
     """SIGINT and SIGTERM stop `prepare` at once, also inside `pretrain` (whose own handlers only ask
     the training loop to stop after a step): the exception unwinds atomic.folder, which removes the
     temporary folder (or, updating a prepared folder in place, the temporary units; the previous
@@ -1322,7 +1323,11 @@ def _stop_on_signal() -> Iterator[None]:
     Python runs a handler in the main thread only, and the tokenizer trainer holds the main thread
     while its own threads read the corpus (8 s for the 3.5 MB python-docs.txt): there the signal is
     seen through a wakeup pipe (signal.set_wakeup_fd), the reading stops (_until_stopped), and the
-    trainer returns early; what it trained on part of the corpus is never used (_check_stop)."""
+    trainer returns early; what it trained on part of the corpus is never used (_check_stop).
+
+    A signal raises wherever the main thread is, also between atomic.folder's mkdir and its `try`,
+    or after its `yield` and before the `with` took it: then no cleanup of its own runs, so this
+    process's temporary folders next to and inside `folder` are removed here too."""
     global _stop_pipe, _signal, _state
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -1350,6 +1355,9 @@ def _stop_on_signal() -> Iterator[None]:
         _check_stop()  # a stop that something caught on the way
     except _Stopped:
         signum = _signal or signal.SIGTERM
+        _clean_leftovers(folder, mine=True)
+        if Path(folder).is_dir():
+            _clean_inside(Path(folder), mine=True)
         raise Interrupted(
             f"stopped by {signal.Signals(signum).name} while preparing data; {_state}: run the same command again",
             signum,
@@ -1407,18 +1415,19 @@ def _polling(progress: Callable[[int], None]) -> Callable[[int], None]:
     return update
 
 
-def _clean_leftovers(folder: Path) -> None:
+def _clean_leftovers(folder: Path, mine: bool = False) -> None:
     """Remove what a `prepare` that was killed left next to `folder`: its temporary folders
-    (.tmp-NAME.PID, .tmp-del-NAME.PID) when process PID is gone, and only when they hold nothing
-    but prepared-data files; a folder moved aside (.tmp-old-NAME.PID) whose replacement never
-    arrived is put back."""
+    (.tmp-NAME.PID, .tmp-del-NAME.PID) when process PID is gone (`mine`: this process's own, after a
+    stop), and only when they hold nothing but prepared-data files; a folder moved aside
+    (.tmp-old-NAME.PID) whose replacement never arrived is put back."""
     final = Path(folder).expanduser().resolve()
     if not final.parent.is_dir():
         return
     pattern = re.compile(rf"^{re.escape(atomic.TMP_PREFIX)}(old-|del-)?{re.escape(final.name)}\.(\d+)$")
     for child in final.parent.iterdir():
         match = pattern.match(child.name)
-        if not match or atomic.pid_alive(int(match.group(2))) or child.is_symlink() or not child.is_dir():
+        left = match and (int(match.group(2)) == os.getpid() if mine else not atomic.pid_alive(int(match.group(2))))
+        if not left or child.is_symlink() or not child.is_dir():
             continue
         if ownership.first_foreign(child, layout.PREPARED) is not None:
             continue  # something else in it: not bertcli's to delete
@@ -1817,6 +1826,13 @@ def _check_index(folder: Path, manifest: dict[str, Any]) -> str | None:
         for unit in manifest["units"]:
             unit_counts = unit["splits"][split]
             own = folder / UNITS / unit["key"] / split
+            # (a unit _check_unit has not seen, of an older manifest: its files checked before they are read)
+            problem = _check_files(folder, f"{UNITS}/{unit['key']}", INDEX_FILES)
+            for name, count in ((SEG_OFFSETS, unit_counts["segments"]), (DOC_OFFSETS, unit_counts["documents"])):
+                if problem is None and (own / name).stat().st_size != (count + 1) * 8:
+                    problem = f"{UNITS}/{unit['key']}/{split}/{name} is not of the size {MANIFEST} implies"
+            if problem is not None:
+                return problem
             for name, at, shift in (
                 (SEG_OFFSETS, start["segments"], start["tokens"]),
                 (DOC_OFFSETS, start["documents"], start["segments"]),

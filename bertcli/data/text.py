@@ -346,7 +346,6 @@ def _compressed_error(path: Path, fh: BinaryIO, exc: Exception, where: str = "")
     )
 
 
-UTF8_BOM = b"\xef\xbb\xbf"
 READ_BYTES = 1 << 16  # a text line is read in parts of at most this many bytes (a JSON Lines record whole)
 
 
@@ -432,7 +431,8 @@ def read_text(files: list[Path], block: int = 1 << 16) -> Iterator[str]:
             size = 0
             for number, raw in enumerate(_raw_lines(path, fh), 1):
                 try:
-                    record = json.loads(raw.removeprefix(UTF8_BOM))
+                    # (decoded here: json.loads of bytes lets through surrogates written as bytes, ED A0 80)
+                    record = json.loads(raw.decode("utf-8", errors="replace").removeprefix("\ufeff"))
                 except ValueError:
                     continue
                 text = record.get("text") if isinstance(record, dict) else None

@@ -410,6 +410,10 @@ def test_an_output_that_is_a_device_or_a_pipe_is_written_in_place(trained, tmp_p
         assert result.code == 0, result.err
         assert stat.S_ISFIFO(fifo.stat().st_mode) and got and parse(got[0]) == 3, (fmt, got)
         fifo.unlink()
+    os.mkfifo(fifo)  # read and written: its rows would come back as input, for ever
+    refused = cli("encode", "--model", trained, fifo, "-o", fifo)
+    assert refused.code == 2 and "is the pipe encode reads" in refused.err, refused.err
+    fifo.unlink()
     try:  # a character device of our own (that of /dev/null): never the system's, should this fail
         os.mknod(tmp_path / "null", stat.S_IFCHR | 0o666, os.makedev(1, 3))
     except OSError:

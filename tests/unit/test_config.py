@@ -311,10 +311,10 @@ def test_non_finite_numbers_are_refused_in_every_float_field():
         ("data.synthetic.seed=-1", "data.synthetic.seed: must not be negative, got -1"),
         (
             "data.synthetic.num_documents=1000000000",
-            "data.synthetic.num_documents: 1,000,000,000 x up to 12 sentences x 24 tokens: past the 10,000,000",
+            "data.synthetic: about 98,000,000,000 tokens (num_documents x the mean sentences x the mean length); the",
         ),
-        ("data.synthetic.max_sentence_length=1e9", "data.synthetic.max_sentence_length: must be at most 10,000,000"),
-        ("data.synthetic.max_sentences=1e9", "data.synthetic.max_sentences: must be at most 10,000,000 (the corpus"),
+        ("data.synthetic.max_sentence_length=1e9", "--set: data.synthetic: about 7,000,000,028,000 tokens"),
+        ("data.synthetic.max_sentences=1e9", "--set: data.synthetic: about 14,000,000,028,000 tokens"),
         ("data.synthetic.branching=1e9", "data.synthetic.branching: must be from 1 to 1,024, got 1000000000"),
         ("train.seed=1e23", "train.seed: expected an integer, got '1e23' (str): write it out in digits"),
         ("train.max_steps=1e300", "train.max_steps: expected an integer, got '1e300' (str): write it out in digits"),

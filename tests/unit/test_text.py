@@ -878,6 +878,10 @@ def test_a_lone_surrogate_in_a_jsonl_record_is_refused_naming_the_line(tmp_path)
         list(read_text([path]))
     path.write_text('{"text": "fine \\ud83d\\ude00"}\n')
     assert list(read_sentences([path])) == ["fine \U0001f600", None]
+    path.write_bytes(b'{"text": "a \xed\xa0\x80 b"}\n')  # a surrogate written as bytes (CESU-8): no UTF-8
+    assert "\ud800" not in "".join(read_text([path]))  # (json.loads of the bytes let it through)
+    with pytest.raises(UsageError, match="byte 12 \\(line 1\\): not valid UTF-8"):
+        list(read_sentences([path]))
 
 
 # ------------------------------------------------------------------ units: workers, parts, updates in place (issue 20)
@@ -1006,20 +1010,23 @@ def test_renaming_files_writes_only_a_new_index(tmp_path, units_corpus, capsys):
     assert load_prepared(data).manifest["units"][-1]["pieces"][0][0] == 2, "d.txt's units come last in the index"
 
 
-def test_a_damaged_unit_is_prepared_again_alone(tmp_path, units_corpus, capsys):
+@pytest.mark.parametrize("name", ["tokens.bin", "seg_offsets.bin", "doc_offsets.bin"])
+def test_a_damaged_unit_is_prepared_again_alone(tmp_path, units_corpus, capsys, name):
+    """Its offsets too: the index check, which reads each unit's offsets, read the cut file (numpy's
+    'not a multiple of the data-type size', exit 1) before the unit was prepared again."""
     folder, _ = units_corpus
     cfg = load_run(_run(tmp_path / "run", folder))
     data = prepare(cfg, quiet=True)
     unit = _unit(data, 3)
-    good = (unit / "train" / "tokens.bin").read_bytes()
-    _cut(unit / "train" / "tokens.bin", 10)
+    good = (unit / "train" / name).read_bytes()
+    _cut(unit / "train" / name, 10)
     before = {rel: stamp for rel, stamp in _stamps(data).items() if not rel.startswith(f"units/{unit.name}")}
     capsys.readouterr()
     prepare(cfg, quiet=True)
     err = capsys.readouterr().err
-    assert f"prepared data in {data} is damaged (units/{unit.name}/train/tokens.bin holds 10 bytes" in err, err
+    assert f"prepared data in {data} is damaged (units/{unit.name}/train/{name} holds 10 bytes" in err, err
     assert "preparing 1 of" in err
-    assert (unit / "train" / "tokens.bin").read_bytes() == good
+    assert (unit / "train" / name).read_bytes() == good
     assert {rel: stamp for rel, stamp in _stamps(data).items() if rel in before} == before
 
 
