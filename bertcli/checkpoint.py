@@ -694,15 +694,21 @@ def check_same_tokenizer(ckpt: Path, prepared: Path, contents: bytes) -> None:
         )
 
 
-def _set_aside(damaged: list[tuple[Path, str]], resumed: Path | None, is_main: bool) -> None:
+def _set_aside(
+    damaged: list[tuple[Path, str]], resumed: Path | None, is_main: bool, prefix: str = layout.DAMAGED_PREFIX
+) -> None:
     """Rename each damaged or incomplete checkpoint folder damaged-step-NNNNNNN (by the main process),
-    saying why and what the run resumes from instead."""
+    saying why and what the run resumes from instead; or (`prefix` ABANDONED_PREFIX) each of a history
+    that a resume by path went back from, abandoned-step-NNNNNNN."""
     for bad, reason in damaged:
-        aside = bad.with_name(f"{layout.DAMAGED_PREFIX}{bad.name}")
+        aside = bad.with_name(f"{prefix}{bad.name}")
         if is_main:
             if aside.exists():
                 aside = aside.with_name(f"{aside.name}.{time.strftime('%Y%m%d-%H%M%S')}")
             os.replace(bad, aside)
+            if prefix == layout.ABANDONED_PREFIX:
+                console.log(f"{bad} is {reason}: renamed {aside.name}, so that resuming never goes back to it")
+                continue
             then = (
                 f"resuming from the newest checkpoint that loads, {resumed}"
                 if resumed
@@ -754,12 +760,22 @@ def choose_resume(output_dir: Path, resume: str, cfg: Config, is_main: bool = Tr
         reason = damage(path)
         if reason is not None:
             raise DamagedState(f"{path} is damaged ({reason})")
+        # The run's checkpoints past that step are another history: `--resume auto` (the next slice, the same
+        # command) would go back to it, and keep_last would prune the new one first.
+        step = read_trainer_state(path)["step"]
+        abandoned = [
+            (p, f"of step {s}, past the step resumed from ({step}): a history left behind")
+            for s, p in found
+            if s > step and p.resolve() != path.resolve()
+        ]
     diffs = model_differences(read_config(path), cfg)
     if diffs:
         raise UsageError(
             f"cannot resume from {path}: {'; '.join(diffs)}; to start fresh, set output_dir to a new "
             f"folder (or remove {layout.checkpoints_dir(output_dir)})"
         )
+    if resume != "auto":
+        _set_aside(abandoned, path, is_main, prefix=layout.ABANDONED_PREFIX)
     return path
 
 

@@ -323,9 +323,16 @@ def export(
     """Write a checkpoint as a Hugging Face folder (BertForPreTraining, loads with no custom code)."""
     from bertcli.export import ExportExists
     from bertcli.export import export as run
+    from bertcli.layout import EXPORT
+    from bertcli.ownership import remove_leftover_folders
 
     try:
-        folder = run(source, out_dir, force=force)
+        with _signals_stop(f"{out_dir} was not written (what was there is intact)"):
+            try:
+                folder = run(source, out_dir, force=force)
+            except Interrupted:  # (the signal may land where atomic.folder's own cleanup does not run)
+                remove_leftover_folders(out_dir, EXPORT, mine=True)
+                raise
     except ExportExists as exc:
         raise UsageError(
             f"{exc.out_dir} already exists; pass --force to replace it, or choose another folder"
@@ -490,7 +497,7 @@ def encode(
             raise
         raise worded from None
     _say_encode_settings(settings, model=model, max_length=max_length)
-    with _signals_stop_encoding(output) as hold_signals:
+    with _signals_stop(_encode_stop_words(output)) as hold_signals:
         writer = enc_mod.Writer(fmt.value, sys.stdout, output, with_text)
         try:
             counts = enc_mod.encode(
@@ -567,21 +574,24 @@ def _say_encode_settings(settings: Any, *, model: Path, max_length: int | None) 
 STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
 
 
-@contextlib.contextmanager
-def _signals_stop_encoding(output: Path | None) -> Iterator[Callable[[], None]]:
-    """Ctrl-C, SIGTERM and SIGHUP end encode: the temporary output is removed, one line, exit 128 + N;
-    not where the process was started to ignore one (nohup). Yields `hold`: from its call on they
-    wait while the output is put in place (stopped there, encode would leave its temporary files, or
-    call a finished output unwritten). On the way out the previous handlers come back first, then
-    what was held is raised again for them."""
+def _encode_stop_words(output: Path | None) -> str:
+    """What a stopped encode leaves, in words (for _signals_stop)."""
     from bertcli.ownership import is_stream
 
-    where = (
+    return (
         f"{output} was not written (what was there is intact)"
         if output is not None and not is_stream(output)
         else f"the rows on {output or 'stdout'} so far are those of the first lines only"
     )
 
+
+@contextlib.contextmanager
+def _signals_stop(where: str) -> Iterator[Callable[[], None]]:
+    """Ctrl-C, SIGTERM and SIGHUP end encode or export: the temporary output is removed, one line
+    (saying `where`: what is left), exit 128 + N; not where the process was started to ignore one
+    (nohup). Yields `hold`: from its call on they wait while the output is put in place (stopped
+    there, the command would leave its temporary files, or call a finished output unwritten). On the
+    way out the previous handlers come back first, then what was held is raised again for them."""
     holding, held = False, []  # held: signals that came while holding, raised again at the end
 
     def stop(signum: int, frame: object) -> None:

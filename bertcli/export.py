@@ -87,6 +87,7 @@ def export(source: Path, out_dir: Path, force: bool = False) -> Path:
         ownership.check_replaceable(target, layout.EXPORT, fix)
 
     guard(out_dir)
+    ownership.remove_leftover_folders(out_dir, layout.EXPORT)  # of an export killed while it wrote
     cfg = checkpoint.read_config(ckpt)
     m = cfg.model
     check_weights(ckpt, m)  # an export whose config.json claims other sizes would load nowhere

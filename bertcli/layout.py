@@ -7,7 +7,8 @@ Run folder (output_dir): `pretrain` writes it, `init` writes its config.yaml
   tensorboard/         TensorBoard event files (logging.tensorboard)
   .lock                held by pretrain and prepare (runlock.py)
   checkpoints/         step-NNNNNNN/ (the newest checkpoint.keep_last), best/ (the lowest held-out MLM
-                       loss), damaged-step-NNNNNNN/ (set aside when resuming), .tmp-* (being written)
+                       loss), damaged-step-NNNNNNN/ (set aside when resuming), abandoned-step-NNNNNNN/
+                       (past a step resumed from by path: the history left), .tmp-* (being written)
   data/                the prepared data, by default (data.prepared_dir), with its lock .data.lock beside it
 Checkpoint folder (checkpoint.py: a folder named step-* is always complete)
   model.safetensors, config.yaml, training_state.pt, trainer_state.json (CHECKPOINT_FILES), and the
@@ -59,6 +60,7 @@ BEST = "best"
 STEP_PREFIX = "step-"
 STEP_DIR = re.compile(rf"^{STEP_PREFIX}(\d+)$")
 DAMAGED_PREFIX = "damaged-"
+ABANDONED_PREFIX = "abandoned-"  # step folders past the one a `--resume PATH` went back to: another history
 
 # ---------------------------------------------------------------------------------------- prepared data
 MANIFEST = "manifest.json"  # written last: what makes the rest valid

@@ -19,11 +19,14 @@ import errno
 import hashlib
 import json
 import os
+import re
+import shutil
 import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bertcli import atomic
 from bertcli.errors import DamagedFile, UsageError
 from bertcli.layout import (
     CHECKPOINT,
@@ -141,6 +144,29 @@ def check_apart(target: Path, inputs: list[Input], fix: str) -> None:
         if how is not None and not (how == "is inside" and item.inside_ok):
             harm = "change" if how == "is inside" else "destroy"
             raise UsageError(f"{target} {how} {item.label} {item.path}; writing there would {harm} it: {fix}")
+
+
+def remove_leftover_folders(final: Path, kind: Layout, mine: bool = False) -> None:
+    """Remove what a killed writer of folder `final` (atomic.folder's) left next to it: its temporary
+    folders (.tmp-NAME.PID, .tmp-del-NAME.PID) when process PID is gone (`mine`: this process's own,
+    after a stop whose signal landed where no cleanup of its own ran), and only when they hold
+    nothing but files of `kind`; a folder moved aside (.tmp-old-NAME.PID) whose replacement never
+    arrived is put back."""
+    final = Path(final).expanduser().resolve()
+    if not final.parent.is_dir():
+        return
+    pattern = re.compile(rf"^{re.escape(atomic.TMP_PREFIX)}(old-|del-)?{re.escape(final.name)}\.(\d{{1,9}})$")
+    for child in final.parent.iterdir():
+        match = pattern.match(child.name)
+        left = match and (int(match.group(2)) == os.getpid() if mine else not atomic.pid_alive(int(match.group(2))))
+        if not left or child.is_symlink() or not child.is_dir():
+            continue
+        if first_foreign(child, kind) is not None:
+            continue  # something else in it: not bertcli's to delete
+        if match.group(1) == "old-" and not final.exists() and not final.is_symlink():
+            os.replace(child, final)
+        else:
+            shutil.rmtree(child, ignore_errors=True)
 
 
 def check_input(path: str) -> None:

@@ -862,7 +862,7 @@ def _prepare(cfg: Config, quiet: bool, force: bool, workers: int) -> Path:
     folder = Path(data.prepared_dir)
     files = corpus_files(corpus_path(cfg))
     guard = _guard(cfg, folder)
-    _clean_leftovers(folder)
+    ownership.remove_leftover_folders(folder, layout.PREPARED)
     old, why_not = read_manifest(folder)
     if old is not None:
         _clean_inside(folder)
@@ -1355,7 +1355,7 @@ def _stop_on_signal(folder: Path) -> Iterator[None]:
         _check_stop()  # a stop that something caught on the way
     except _Stopped:
         signum = _signal or signal.SIGTERM
-        _clean_leftovers(folder, mine=True)
+        ownership.remove_leftover_folders(folder, layout.PREPARED, mine=True)
         if Path(folder).is_dir():
             _clean_inside(Path(folder), mine=True)
         raise Interrupted(
@@ -1413,28 +1413,6 @@ def _polling(progress: Callable[[int], None]) -> Callable[[int], None]:
             _poll_stop()
 
     return update
-
-
-def _clean_leftovers(folder: Path, mine: bool = False) -> None:
-    """Remove what a `prepare` that was killed left next to `folder`: its temporary folders
-    (.tmp-NAME.PID, .tmp-del-NAME.PID) when process PID is gone (`mine`: this process's own, after a
-    stop), and only when they hold nothing but prepared-data files; a folder moved aside
-    (.tmp-old-NAME.PID) whose replacement never arrived is put back."""
-    final = Path(folder).expanduser().resolve()
-    if not final.parent.is_dir():
-        return
-    pattern = re.compile(rf"^{re.escape(atomic.TMP_PREFIX)}(old-|del-)?{re.escape(final.name)}\.(\d+)$")
-    for child in final.parent.iterdir():
-        match = pattern.match(child.name)
-        left = match and (int(match.group(2)) == os.getpid() if mine else not atomic.pid_alive(int(match.group(2))))
-        if not left or child.is_symlink() or not child.is_dir():
-            continue
-        if ownership.first_foreign(child, layout.PREPARED) is not None:
-            continue  # something else in it: not bertcli's to delete
-        if match.group(1) == "old-" and not final.exists() and not final.is_symlink():
-            os.replace(child, final)
-        else:
-            shutil.rmtree(child, ignore_errors=True)
 
 
 _TEMPORARY = re.compile(rf"{_TMP}(?:del-)?(?:{KEY}|{re.escape(MANIFEST)})\.(\d+)")

@@ -150,6 +150,43 @@ def test_a_stop_right_after_the_temporary_folder_is_made_leaves_nothing(tmp_path
     assert not list(tmp_path.glob(".tmp-*")) and not (tmp_path / "data").exists()
 
 
+def test_a_signal_during_export_is_one_line_and_leaves_nothing(tmp_path, cli, monkeypatch, trained):
+    """SIGTERM while export writes: exit 143 with one line, no .tmp-OUT.PID folder (it was killed
+    silently, leaving a half-written one); and the next export removes the folders that an export
+    killed with SIGKILL left (its PID gone), never one holding another file."""
+    import subprocess
+
+    from bertcli import export
+
+    real_save = export.checkpoint.save_safetensors
+
+    def save(*args, **kwargs):
+        real_save(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)  # its handler runs as this returns
+
+    monkeypatch.setattr(export.checkpoint, "save_safetensors", save)
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)  # a late signal must not end pytest
+    try:
+        result = cli("export", trained, tmp_path / "out")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert result.code == 143 and result.err_lines == [
+        f"bertcli: stopped by SIGTERM; {tmp_path / 'out'} was not written (what was there is intact): run the "
+        "same command again"
+    ], result.err
+    assert os.listdir(tmp_path) == []
+    monkeypatch.undo()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    left, kept = tmp_path / f".tmp-out.{dead.pid}", tmp_path / f".tmp-out.{dead.pid + 1}"
+    for folder in (left, kept):
+        folder.mkdir()
+        (folder / "config.json").write_text("{}")
+    (kept / "notes.txt").write_text("mine")
+    assert cli("export", trained, tmp_path / "out").code == 0
+    assert sorted(os.listdir(tmp_path)) == [kept.name, "out"]
+
+
 @pytest.mark.slow
 def test_a_second_pretrain_on_the_same_folder_refuses(tmp_path, cli):
     """The first pretrain is a real process; the second and third run in this one (the lock is

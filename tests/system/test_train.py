@@ -576,6 +576,31 @@ def test_resume_skips_damaged_metrics_records_and_says_so_once(tmp_path, cli, ei
     assert metrics.read_text().splitlines()[:2] == good[:2]
 
 
+def test_resuming_an_older_checkpoint_by_path_sets_the_later_history_aside(tmp_path, cli, eight_steps):
+    """`--resume PATH` back to step 4 of a run at step 8 starts another history: step 8 is set aside,
+    so that the next slice (the same command, --resume auto) continues from the new one, not from the
+    abandoned step 8 ('nothing to do'), and keep_last never prunes the new history first."""
+    import shutil
+
+    shutil.copytree(eight_steps, tmp_path, dirs_exist_ok=True)
+    root = tmp_path / "checkpoints"
+    config = write_config(tmp_path, "checkpoint.keep_last=3", "train.eval_every=0", "logging.tensorboard=false")
+    result = cli("pretrain", "--config", config, "--quiet", "--resume", root / "step-0000004", "--stop-at", "6")
+    assert result.code == 0, result.err
+    assert (
+        f"{root / 'step-0000008'} is of step 8, past the step resumed from (4): a history left behind: renamed "
+        "abandoned-step-0000008, so that resuming never goes back to it"
+    ) in result.err_lines, result.err
+    result = cli("pretrain", "--config", config, "--quiet", "--stop-at", "7")
+    assert result.code == 0 and "done: step 7" in result.err, result.err
+    assert sorted(p.name for p in root.iterdir()) == [
+        "abandoned-step-0000008",
+        "step-0000004",
+        "step-0000006",
+        "step-0000007",
+    ]
+
+
 def test_metrics_lines_of_any_length_are_read_in_bounded_memory_and_each_counted(tmp_path):
     """A record is a few hundred bytes: a damaged line of megabytes is read past, never held (inspect
     and resume took 2.3x a 900 MB line), and counted, the last line too (only a torn record of a

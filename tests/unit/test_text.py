@@ -704,7 +704,7 @@ def test_a_same_size_edit_with_its_time_restored_is_seen(tmp_path):
 
 
 def test_leftovers_of_a_killed_prepare_are_removed_at_the_next_start(tmp_path):
-    from bertcli.data.prepare import _clean_leftovers
+    from bertcli import layout, ownership
 
     dead = 2**22 + 12345  # above the default pid_max: no such process
     (tmp_path / f".tmp-data.{dead}" / "train").mkdir(parents=True)
@@ -714,7 +714,7 @@ def test_leftovers_of_a_killed_prepare_are_removed_at_the_next_start(tmp_path):
     (tmp_path / f".tmp-data.{dead + 1}" / "notes.md").write_text("mine")  # not bertcli's: left alone
     (tmp_path / f".tmp-old-data.{dead}").mkdir()  # moved aside, its replacement never arrived: put back
     (tmp_path / f".tmp-old-data.{dead}" / "manifest.json").write_text("{}")
-    _clean_leftovers(tmp_path / "data")
+    ownership.remove_leftover_folders(tmp_path / "data", layout.PREPARED)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         ["data", f".tmp-data.{os.getppid()}", f".tmp-data.{dead + 1}"]
     )
