@@ -66,6 +66,10 @@ READ_AHEAD = 4096
 # the prefix cannot add a token (see Prefixes.loses).
 PREFIX_START = 8
 PREFIX_CAP = 1000
+# A side of a pair is tokenized whole up to this many characters (a few milliseconds): truncation gives
+# the odd token of an odd budget to the longer side, which only whole sides tell. Both sides past it
+# are cut, and only there may that token go to the other side than the whole line's.
+PAIR_WHOLE_CHARS = 100_000
 # A line is kept up to this many bytes (the rest is read, checked and dropped: memory stays bounded);
 # far more than the PREFIX_CAP characters per token a cut can use (512 tokens: about 2 MB of UTF-8).
 LINE_BYTES = 8 << 20
@@ -397,8 +401,9 @@ class Prefixes:
     either. The tokens of a prefix that count are read from its encoding (word ids, offsets).
     Tokenizers of other kinds are never cut. A pair's sides are cut alone; where one is cut and the
     other whole, the cut one must also keep more tokens than the other has, so that truncation
-    (longest first) still sees which is longer. Both sides cut: which one keeps the odd token of an
-    odd budget follows their prefixes, the one way the vectors can differ from the whole line's."""
+    (longest first) still sees which is longer. A side is cut only past PAIR_WHOLE_CHARS: both sides
+    cut, which one keeps the odd token of an odd budget follows their prefixes, the one way the
+    vectors can differ from the whole line's."""
 
     def __init__(self, tok: Tokenizer, max_length: int) -> None:
         added = list(tok.get_added_tokens_decoder().values())
@@ -520,7 +525,9 @@ class Prefixes:
         return any(set(a.content) <= set(chars) for a in self.source.get_added_tokens_decoder().values())
 
     def _long(self, text: str, *, pair: bool) -> bool:
-        return len(text) > self.budget[pair] * PREFIX_START
+        return len(text) > (
+            max(self.budget[pair] * PREFIX_START, PAIR_WHOLE_CHARS) if pair else self.budget[pair] * PREFIX_START
+        )
 
     def cut(self, item: str | tuple[str, str]) -> tuple[str | tuple[str, str], bool]:
         """A text (or pair) to tokenize in place of `item`, and whether it lost text unproven (truncated)."""

@@ -208,6 +208,9 @@ def test_cutting_long_texts_keeps_every_vector(trained, monkeypatch):
     count of truncated lines are those of the whole texts."""
     import random
 
+    from bertcli import encode as encode_module
+
+    monkeypatch.setattr(encode_module, "PAIR_WHOLE_CHARS", 0)  # pairs' sides cut as soon as single texts are
     rng = random.Random(0)
     pieces = [
         "a",
@@ -255,6 +258,25 @@ def test_cutting_long_texts_keeps_every_vector(trained, monkeypatch):
     assert cut_counts == whole_counts and cut_counts["truncated"] > 30
     for line, a, b in zip(lines, cut, whole):
         assert a == b, line
+
+
+def test_pairs_of_ordinary_sides_are_truncated_as_the_tokenizer_truncates_them(trained, monkeypatch):
+    """An odd budget's odd token goes to the longer side (longest first): with both sides cut to
+    prefixes it went by the prefixes' lengths, to the other side on ordinary lines (a 28-token A with a
+    46-token B at --max-length 16). Sides of up to PAIR_WHOLE_CHARS are tokenized whole."""
+    import random
+
+    rng = random.Random(0)
+    words = ["the", "a", "function", "returns", "of", "python", "module", "x", "tutorial", "import", "q" * 9]
+
+    def side() -> str:
+        return " ".join(rng.choice(words) for _ in range(rng.randint(20, 120)))
+
+    lines = [f"{side()}\t{side()}" for _ in range(40)]
+    cut, _ = run_encode(trained, lines, max_length=16, per_token=True, pairs=True)
+    _without_cutting(monkeypatch)
+    whole, _ = run_encode(trained, lines, max_length=16, per_token=True, pairs=True)
+    assert [r["tokens"] for r in cut] == [r["tokens"] for r in whole]
 
 
 def test_a_line_cut_at_the_cap_is_truncated_only_where_it_lost_tokens(trained, monkeypatch):
