@@ -85,7 +85,10 @@ def fsync_path(path: Path) -> None:
             os.close(fd)
 
 
-def write_bytes(path: Path, data: bytes) -> None:
+def write_bytes(path: Path, data: bytes, *, exclusive: bool = False) -> None:
+    """`data` into `path` through a temporary name; `exclusive`: never over a file that is there by then
+    (another process's, written meanwhile: FileExistsError), by a hard link, which fails where a rename
+    would replace."""
     path = Path(path)
     tmp = path.with_name(f"{TMP_PREFIX}{path.name}.{os.getpid()}")
     try:
@@ -93,15 +96,19 @@ def write_bytes(path: Path, data: bytes) -> None:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        if exclusive:
+            os.link(tmp, path)
+            tmp.unlink()
+        else:
+            os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     fsync_path(path.parent)
 
 
-def write_text(path: Path, text: str) -> None:
-    write_bytes(path, text.encode("utf-8"))
+def write_text(path: Path, text: str, *, exclusive: bool = False) -> None:
+    write_bytes(path, text.encode("utf-8"), exclusive=exclusive)
 
 
 @contextmanager

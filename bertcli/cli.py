@@ -163,8 +163,13 @@ def init(
         raise UsageError(f"{directory} exists and is not a folder")
     created = [p for p in (directory, *directory.parents) if not p.exists() and not p.is_symlink()]  # deepest first
     directory.mkdir(parents=True, exist_ok=True)
-    try:
-        atomic.write_text(path.resolve(), to_yaml(cfg, header))  # a link: keep it, rewrite its config
+    try:  # a link: keep it, rewrite its config; without --force, never over one another init wrote meanwhile
+        atomic.write_text(path.resolve(), to_yaml(cfg, header), exclusive=not force)
+    except FileExistsError:
+        raise UsageError(
+            f"{path} already exists (written while this init ran); pass --force to overwrite it, or choose another "
+            "folder"
+        ) from None
     except BaseException:  # a full disk, say: nothing half-made is left, only the folders made here are removed
         for folder in created:
             with contextlib.suppress(OSError):

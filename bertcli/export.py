@@ -84,6 +84,8 @@ def export(source: Path, out_dir: Path, force: bool = False) -> Path:
         raise ExportExists(out_dir)
 
     def guard(target: Path) -> None:  # forced, it replaces an earlier export only, never anything else
+        if target.exists() and not force:  # (again before the swap: another export may have written it meanwhile)
+            raise ExportExists(out_dir)
         ownership.check_replaceable(target, layout.EXPORT, fix)
 
     guard(out_dir)

@@ -187,6 +187,37 @@ def test_a_signal_during_export_is_one_line_and_leaves_nothing(tmp_path, cli, mo
     assert sorted(os.listdir(tmp_path)) == [kept.name, "out"]
 
 
+def test_an_export_or_init_that_another_wrote_meanwhile_is_not_replaced(tmp_path, cli, monkeypatch, trained):
+    """Two exports (or inits) into one new target at once: both said they wrote it, and the second
+    replaced the first without --force. The one that finishes second now refuses, and the first stays."""
+    from bertcli import config_write, export
+
+    out = tmp_path / "out"
+    real_save = export.checkpoint.save_safetensors
+
+    def save(*args, **kwargs):  # meanwhile, another export puts its folder in place
+        real_save(*args, **kwargs)
+        out.mkdir(exist_ok=True)
+        (out / "config.json").write_text('{"bertcli_version": "other"}')
+
+    monkeypatch.setattr(export.checkpoint, "save_safetensors", save)
+    result = cli("export", trained, out)
+    assert result.code == 2 and "already exists; pass --force" in result.err, result.err
+    assert os.listdir(out) == ["config.json"] and sorted(os.listdir(tmp_path)) == ["out"]
+    real_to_yaml = config_write.to_yaml
+
+    def to_yaml(*args, **kwargs):  # meanwhile, another init writes the config
+        (tmp_path / "run").mkdir(exist_ok=True)
+        (tmp_path / "run" / "config.yaml").write_text("# theirs\n")
+        return real_to_yaml(*args, **kwargs)
+
+    monkeypatch.setattr(config_write, "to_yaml", to_yaml)
+    result = cli("init", tmp_path / "run")
+    assert result.code == 2 and "already exists (written while this init ran)" in result.err, result.err
+    assert os.listdir(tmp_path / "run") == ["config.yaml"]
+    assert (tmp_path / "run" / "config.yaml").read_text() == "# theirs\n"
+
+
 @pytest.mark.slow
 def test_a_second_pretrain_on_the_same_folder_refuses(tmp_path, cli):
     """The first pretrain is a real process; the second and third run in this one (the lock is
