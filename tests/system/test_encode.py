@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, without_file_hashes
+from conftest import REPO, run_process, without_file_hashes
 
 from bertcli import checkpoint, layout
 from bertcli.encode import Writer, encode, load_encoder, resolve
@@ -443,22 +443,7 @@ def test_an_output_that_is_a_device_or_a_pipe_is_written_in_place(trained, tmp_p
     else:
         assert cli("encode", "--model", trained, tmp_path / "in.txt", "-o", tmp_path / "null").code == 0
         assert stat.S_ISCHR((tmp_path / "null").stat().st_mode)
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bertcli",
-            "encode",
-            "--model",
-            str(trained),
-            str(tmp_path / "in.txt"),
-            "-o",
-            "/dev/stdout",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        timeout=120,
-    )
+    proc = run_process("encode", "--model", trained, tmp_path / "in.txt", "-o", "/dev/stdout")
     assert proc.returncode == 0 and len(proc.stdout.splitlines()) == 3, proc.stderr[-500:]
     private = tmp_path / "private.jsonl"
     private.write_text("")
