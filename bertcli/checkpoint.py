@@ -694,21 +694,22 @@ def check_same_tokenizer(ckpt: Path, prepared: Path, contents: bytes) -> None:
         )
 
 
-def _set_aside(
-    damaged: list[tuple[Path, str]], resumed: Path | None, is_main: bool, prefix: str = layout.DAMAGED_PREFIX
-) -> None:
+def _rename_aside(folder: Path, prefix: str) -> Path:
+    """Rename checkpoint `folder` PREFIX-step-NNNNNNN (a time added when that name is taken): out of
+    what resuming and pruning count, kept for the user."""
+    aside = folder.with_name(f"{prefix}{folder.name}")
+    if aside.exists():
+        aside = aside.with_name(f"{aside.name}.{time.strftime('%Y%m%d-%H%M%S')}")
+    os.replace(folder, aside)
+    return aside
+
+
+def _set_aside(damaged: list[tuple[Path, str]], resumed: Path | None, is_main: bool) -> None:
     """Rename each damaged or incomplete checkpoint folder damaged-step-NNNNNNN (by the main process),
-    saying why and what the run resumes from instead; or (`prefix` ABANDONED_PREFIX) each of a history
-    that a resume by path went back from, abandoned-step-NNNNNNN."""
+    saying why and what the run resumes from instead."""
     for bad, reason in damaged:
-        aside = bad.with_name(f"{prefix}{bad.name}")
         if is_main:
-            if aside.exists():
-                aside = aside.with_name(f"{aside.name}.{time.strftime('%Y%m%d-%H%M%S')}")
-            os.replace(bad, aside)
-            if prefix == layout.ABANDONED_PREFIX:
-                console.log(f"{bad} is {reason}: renamed {aside.name}, so that resuming never goes back to it")
-                continue
+            aside = _rename_aside(bad, layout.DAMAGED_PREFIX)
             then = (
                 f"resuming from the newest checkpoint that loads, {resumed}"
                 if resumed
@@ -723,6 +724,7 @@ def choose_resume(output_dir: Path, resume: str, cfg: Config, is_main: bool = Tr
     emptied) are reported and, by the main process, renamed damaged-step-NNNNNNN, so that neither
     resuming nor pruning counts them again (pruning keeps the newest: it would delete good ones)."""
     found = layout.list_checkpoints(output_dir)
+    abandoned: list[tuple[Path, int]] = []  # (resuming by path) the run's later checkpoints: another history
     if resume == "never":
         if found:
             raise ResumeRefused(layout.checkpoints_dir(output_dir), len(found))
@@ -763,19 +765,19 @@ def choose_resume(output_dir: Path, resume: str, cfg: Config, is_main: bool = Tr
         # The run's checkpoints past that step are another history: `--resume auto` (the next slice, the same
         # command) would go back to it, and keep_last would prune the new one first.
         step = read_trainer_state(path)["step"]
-        abandoned = [
-            (p, f"of step {s}, past the step resumed from ({step}): a history left behind")
-            for s, p in found
-            if s > step and p.resolve() != path.resolve()
-        ]
+        abandoned = [(p, s) for s, p in found if s > step and p.resolve() != path.resolve()]
     diffs = model_differences(read_config(path), cfg)
     if diffs:
         raise UsageError(
             f"cannot resume from {path}: {'; '.join(diffs)}; to start fresh, set output_dir to a new "
             f"folder (or remove {layout.checkpoints_dir(output_dir)})"
         )
-    if resume != "auto":
-        _set_aside(abandoned, path, is_main, prefix=layout.ABANDONED_PREFIX)
+    for later, step_of in abandoned if is_main else []:
+        aside = _rename_aside(later, layout.ABANDONED_PREFIX)
+        console.log(
+            f"{later} is of step {step_of}, past the step resumed from ({step}): a history left behind: renamed "
+            f"{aside.name}, so that resuming never goes back to it"
+        )
     return path
 
 

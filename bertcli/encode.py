@@ -525,9 +525,8 @@ class Prefixes:
         return any(set(a.content) <= set(chars) for a in self.source.get_added_tokens_decoder().values())
 
     def _long(self, text: str, *, pair: bool) -> bool:
-        return len(text) > (
-            max(self.budget[pair] * PREFIX_START, PAIR_WHOLE_CHARS) if pair else self.budget[pair] * PREFIX_START
-        )
+        start = self.budget[pair] * PREFIX_START
+        return len(text) > (max(start, PAIR_WHOLE_CHARS) if pair else start)
 
     def cut(self, item: str | tuple[str, str]) -> tuple[str | tuple[str, str], bool]:
         """A text (or pair) to tokenize in place of `item`, and whether it lost text unproven (truncated)."""

@@ -49,6 +49,11 @@ def _bit_flipped(ckpt: Path) -> Path:
     return ckpt
 
 
+def _text_ckpt(folder: Path, base) -> Path:
+    """A copy of the text run's checkpoint (it holds a tokenizer), as folder/ck, to spoil."""
+    return Path(shutil.copytree(base["text"] / "checkpoints" / "step-0000004", folder / "ck"))
+
+
 def _config_edited(ckpt: Path) -> Path:
     """Another activation in the checkpoint's config.yaml: the weights still fit, the vectors differ."""
     text = (ckpt / "config.yaml").read_text()
@@ -814,7 +819,7 @@ CASES = [
         lambda d, b: [
             "encode",
             "--model",
-            _bit_flipped(Path(shutil.copytree(b["text"] / "checkpoints" / "step-0000004", d / "ck"))),
+            _bit_flipped(_text_ckpt(d, b)),
             _write(d, "in.txt", "a line\n"),
         ],
         2,
@@ -825,7 +830,7 @@ CASES = [
         lambda d, b: [
             "encode",
             "--model",
-            _config_edited(Path(shutil.copytree(b["text"] / "checkpoints" / "step-0000004", d / "ck"))),
+            _config_edited(_text_ckpt(d, b)),
             _write(d, "in.txt", "a line\n"),
         ],
         2,
@@ -835,7 +840,7 @@ CASES = [
         "checkpoint-config-edited-export",
         lambda d, b: [
             "export",
-            _config_edited(Path(shutil.copytree(b["text"] / "checkpoints" / "step-0000004", d / "ck"))),
+            _config_edited(_text_ckpt(d, b)),
             d / "out",
         ],
         2,
@@ -846,9 +851,7 @@ CASES = [
         lambda d, b: [
             "encode",
             "--model",
-            _cut_in_half(
-                Path(shutil.copytree(b["text"] / "checkpoints" / "step-0000004", d / "ck")), "trainer_state.json"
-            ),
+            _cut_in_half(_text_ckpt(d, b), "trainer_state.json"),
             _write(d, "in.txt", "a line\n"),
         ],
         2,
@@ -859,7 +862,7 @@ CASES = [
         lambda d, b: [
             "export",
             _cut_in_half(
-                without_file_hashes(Path(shutil.copytree(b["text"] / "checkpoints" / "step-0000004", d / "ck"))),
+                without_file_hashes(_text_ckpt(d, b)),
                 "config.yaml",
             ),
             d / "out",
