@@ -34,13 +34,9 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import safetensors
-import safetensors.torch
-import torch
 import yaml
-from torch import nn
 
 from bertcli import __version__, atomic, console, layout, ownership
 from bertcli.config import Config, to_dict
@@ -50,6 +46,10 @@ from bertcli.data.tokenizer import TOKENIZER_SHA256, tokenizer_change
 from bertcli.errors import DamagedFile, RunError, UsageError
 from bertcli.hf_names import TIED_ALIASES, weight_keys
 from bertcli.ownership import linked, read_own, read_own_json, sha256_of
+
+if TYPE_CHECKING:  # torch is imported by the functions that handle tensors: inspect reads checkpoints without it
+    import torch
+    from torch import nn
 
 FORMAT_VERSION = 2  # 2: optimizer state keyed by parameter name (1: by position)
 
@@ -107,6 +107,8 @@ def umask() -> int:
 def save_safetensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> None:
     """safetensors.torch.save_file, then the mode every other file gets (0666 less the umask):
     safetensors writes through a temporary file of its own, created 0600."""
+    import safetensors.torch
+
     with atomic.writing(path):
         safetensors.torch.save_file(tensors, path, metadata=metadata)
     os.chmod(path, 0o666 & ~umask())
@@ -133,6 +135,8 @@ class DamagedState(RunError):
 
 def all_finite(tensors: list[torch.Tensor]) -> bool:
     """Whether every floating-point tensor holds only finite numbers (one host sync per device)."""
+    import torch
+
     checks: dict[torch.device, list[torch.Tensor]] = {}
     for t in tensors:
         if torch.is_floating_point(t):
@@ -144,6 +148,8 @@ def non_finite(tensors: dict[str, torch.Tensor]) -> list[str]:
     """Names of the floating-point tensors that hold NaN or inf. A tensor whose sum is finite holds
     only finite values; isfinite (which allocates a mask as large as the tensor) runs only where
     the sum is not (NaN, inf, or finite values so large that the sum overflows)."""
+    import torch
+
     return [
         name
         for name, t in tensors.items()
@@ -279,6 +285,8 @@ WRITERS: dict[str, Callable[[Path, Snapshot], None]] = {
 
 def _tensors(state: Any) -> list[torch.Tensor]:
     """Every tensor in a state dict (nested dicts and lists)."""
+    import torch
+
     if isinstance(state, torch.Tensor):
         return [state]
     values = state.values() if isinstance(state, dict) else state if isinstance(state, (list, tuple)) else ()
@@ -428,6 +436,8 @@ def file_change(path: Path, names: tuple[str, ...] = HASHED) -> tuple[str, str] 
 def read_weights(path: Path) -> dict[str, torch.Tensor]:
     """The weights of checkpoint folder `path`, refused if one of its files is a symbolic link or a
     weight holds NaN or inf (exit 2, naming the file); unreadable weights are a RunError."""
+    import safetensors.torch
+
     check_own_files(path)
     file = Path(path) / layout.WEIGHTS
     changed = file_change(path, (layout.WEIGHTS,))
@@ -480,6 +490,8 @@ def load_weights(model: nn.Module, path: Path) -> None:
 def read_training_state(path: Path, device: torch.device) -> dict[str, Any]:
     """A checkpoint's training_state.pt, on `device`: the parts but the model, and the step. Never
     unpickles arbitrary objects (weights_only: tensors and plain containers only)."""
+    import torch
+
     file = own_file(Path(path) / layout.TRAINING_STATE)
     try:
         with warnings.catch_warnings():  # torch warns about odd pickle protocols: the error below says it all
@@ -603,6 +615,9 @@ def damage(path: Path) -> str | None:
     folder), holding the optimizer state of that step and of those weights (its tensors are
     mapped, not read)."""
     import zipfile
+
+    import safetensors.torch
+    import torch
 
     links = [name for name in sorted(layout.CHECKPOINT.paths) if (Path(path) / name).is_symlink()]
     if links:

@@ -9,14 +9,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from bertcli import __version__, atomic, checkpoint, console, hf_names, layout, ownership
 from bertcli.data.tokenizer import describe, read_tokenizer_json
 from bertcli.errors import UsageError
 from bertcli.hf_import import check_weights
 from bertcli.layout import Kind
-from bertcli.model import BertForPreTraining
 
 # An export is layout.EXPORT; its config.json carries bertcli_version, the proof that bertcli wrote it.
 SPECIAL_TOKENS = {
@@ -94,6 +91,10 @@ def export(source: Path, out_dir: Path, force: bool = False) -> Path:
     m = cfg.model
     check_weights(ckpt, m)  # an export whose config.json claims other sizes would load nowhere
     checkpoint.check_tokenizer_files(ckpt)  # the tokenizer the model was trained with, not an edited one
+    import torch  # here, after the checks: a refused export never waits for it
+
+    from bertcli.model import BertForPreTraining
+
     weights = checkpoint.read_weights(ckpt)  # finite, and none of the checkpoint's files a symbolic link
     with torch.device("meta"):  # the model's keys and shapes, nothing allocated: the weights publish no other tensor
         checkpoint.check_fits(weights, BertForPreTraining(m), ckpt / layout.WEIGHTS)

@@ -9,11 +9,9 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import safetensors
-import safetensors.torch
-import torch
 from tokenizers import Tokenizer
 
 from bertcli import checkpoint, hf_names, layout
@@ -22,7 +20,12 @@ from bertcli.config_load import model_config_from_dict
 from bertcli.errors import UsageError
 from bertcli.hf_names import HF_FIELDS, TIED_ALIASES
 from bertcli.layout import Kind
-from bertcli.model import BertForPreTraining, padded_vocab_size
+from bertcli.sizes import padded_vocab_size
+
+if TYPE_CHECKING:  # the loaders import torch: configs and shapes are read without it (inspect)
+    import torch
+
+    from bertcli.model import BertForPreTraining
 
 
 def read_hf_config(folder: Path) -> ModelConfig:
@@ -124,7 +127,7 @@ def stored_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
     no tied aliases), read from the safetensors header alone: nothing is loaded."""
     file = weights_file(folder)
     try:
-        with safetensors.safe_open(file, "pt") as f:
+        with safetensors.safe_open(file, "numpy") as f:  # shapes only; "pt" would import torch
             return {
                 new: tuple(f.get_slice(key).get_shape())
                 for key in f.keys()
@@ -141,6 +144,11 @@ def load_hf_weights(
     parts (pooler, MLM head, NSP head) it lacks, which the caller initialises fresh. Shapes are
     checked against `model` (the one to load into), else against a model of `cfg` built on the meta
     device, whose initialisation there imports torch._dynamo (2 s): callers with a model pass it."""
+    import safetensors.torch
+    import torch
+
+    from bertcli.model import BertForPreTraining
+
     file = weights_file(folder)
     try:
         raw = safetensors.torch.load_file(file)

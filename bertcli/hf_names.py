@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import re
-
-import torch
+from typing import TYPE_CHECKING
 
 from bertcli.config import ModelConfig
-from bertcli.model import padded_vocab_size
+from bertcli.sizes import padded_vocab_size
+
+if TYPE_CHECKING:  # only from_hf makes tensors: the names are read without torch
+    import torch
 
 # config.json's fields: BertConfig's, which ModelConfig's carry but its two of bertcli's own.
 HF_FIELDS = [f.name for f in dataclasses.fields(ModelConfig) if f.name not in ("pad_vocab_multiple", "init_from")]
@@ -126,6 +128,8 @@ def to_hf(state_dict: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, to
 def from_hf(state_dict: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """Hugging Face weights under bertcli's names (our_key), the vocabulary rows padded with zeros to
     padded_vocab_size(cfg). A tensor of another number of rows is left as it is, for check_fits to refuse."""
+    import torch
+
     weights = {new: value for key, value in state_dict.items() if (new := our_key(key)) is not None}
     V, padded = cfg.vocab_size, padded_vocab_size(cfg)
     for key in VOCAB_ROWS:

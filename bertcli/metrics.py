@@ -12,14 +12,16 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-import torch
 from tqdm import tqdm
 
 from bertcli import atomic, console, layout
 from bertcli.config import ModelConfig
-from bertcli.model import flops_per_token
+from bertcli.sizes import flops_per_token
+
+if TYPE_CHECKING:  # imported where tensors are made: inspect reads metrics.jsonl without torch
+    import torch
 
 
 class LossStats(NamedTuple):
@@ -50,6 +52,8 @@ PEAK_BF16_TFLOPS = {
 
 def peak_tflops(device: torch.device, override: float) -> float | None:
     """The device's dense bf16 peak (TFLOP/s), None when unknown (CPUs, unlisted GPUs)."""
+    import torch
+
     if override > 0:
         return override
     if device.type != "cuda":
@@ -73,6 +77,8 @@ class MetricsWindow:
         nsp: bool,
         peak_tflops: float | None,
     ) -> None:
+        import torch
+
         self.device, self.micro_per_step, self.batch_size = device, micro_batches_per_step, batch_size
         self.model, self.nsp, self.peak = model, nsp, peak_tflops
         self.sums = torch.zeros(len(LossStats._fields), device=device)  # LossStats summed over micro-batches
@@ -87,7 +93,7 @@ class MetricsWindow:
 
     def add_step(self, step_sums: torch.Tensor, finite: torch.Tensor) -> None:
         """One optimizer step's summed LossStats (stacked); a skipped step adds nothing but its count."""
-        self.sums += torch.where(finite, step_sums, 0.0)
+        self.sums += step_sums.where(finite, 0.0)
         self.skipped += (~finite).float()
 
     def exclude(self, seconds: float) -> None:
@@ -96,6 +102,8 @@ class MetricsWindow:
 
     def read(self, step: int, rt: Any, lr: float, grad_norm: torch.Tensor) -> dict[str, float]:
         """The window's metrics, summed over processes (a collective: every process calls it)."""
+        import torch
+
         tokens = float(rt.all_reduce_sum(torch.tensor([self.tokens], dtype=torch.float64, device=self.device))[0])
         rt.all_reduce_sum(self.sums)
         elapsed = time.perf_counter() - self.start_s

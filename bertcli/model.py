@@ -24,6 +24,7 @@ from torch import nn
 
 from bertcli.config import ModelConfig
 from bertcli.dropout import Dropout, attention
+from bertcli.sizes import padded_vocab_size
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu": F.gelu,  # exact (erf) GELU, as in Google BERT and HF "gelu"
@@ -31,14 +32,6 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu_pytorch_tanh": partial(F.gelu, approximate="tanh"),
     "relu": F.relu,  # the d2l textbook's choice
 }
-
-
-def padded_vocab_size(cfg: ModelConfig) -> int:
-    """Rows of the embedding and decoder matrices: vocab_size rounded up to pad_vocab_multiple
-    (matrix units like multiples of 64). Padding rows are never looked up and never targets."""
-    if cfg.vocab_size is None:
-        raise ValueError("model.vocab_size is not resolved yet (it comes from the tokenizer)")
-    return -(-cfg.vocab_size // cfg.pad_vocab_multiple) * cfg.pad_vocab_multiple
 
 
 class BertEmbeddings(nn.Module):
@@ -429,14 +422,3 @@ class BertForPreTraining(nn.Module):
         mlm_logits = self.cls.predictions(to_predict)[..., : self.config.vocab_size]  # drop padding rows (a view)
         nsp_logits = self.cls.seq_relationship(pooled)
         return PretrainingOutput(encoded, mlm_logits, nsp_logits)
-
-
-def flops_per_token(cfg: ModelConfig, seq_len: float, pred_share: float) -> float:
-    """Training FLOPs (forward + backward = 3x forward, 2 per multiply-add) per token.
-
-    Matrix products only: per layer 4H^2 (Q, K, V, output) + 2*H*I (feed-forward) weights, the
-    attention scores and values 2*H*s per token, and the MLM head (H^2 + V*H) at the share of
-    tokens predicted. With I = 4H this is issue #5's 72*L*H^2 + 12*L*H*s + 6*p*(H^2 + V*H).
-    """
-    H, L, I, V = cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size, padded_vocab_size(cfg)
-    return 6 * L * (4 * H * H + 2 * H * I) + 12 * L * H * seq_len + 6 * pred_share * (H * H + V * H)

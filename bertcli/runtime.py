@@ -4,7 +4,7 @@ The model and the data code never look at devices or dtypes; the trainer and enc
 module (device names are parsed by `parse_device`, precisions mapped to dtypes by `AUTOCAST_DTYPES`,
 `Runtime.autocast` is the one mixed-precision context, and `unpadded` says whether the encoder runs
 on the real tokens only, a kernel choice of the device and precision). The other decisions a run
-makes about the machine live by their job: `memory.py` (does the training state fit), `parallel.py`
+makes about the machine live by their job: `sizes.py` (does the training state fit), `parallel.py`
 (compile, DDP or FSDP, gradient sync), `data/loader.py` (example-building workers), `optim.fused_adamw`,
 `metrics.peak_tflops` and `dropout.seed_step`.
 """

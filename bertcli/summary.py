@@ -1,7 +1,7 @@
 """`bertcli inspect`: what a config, a run folder, a checkpoint folder, prepared data or a Hugging
 Face folder (a sentence-transformers folder, a bertcli export) holds, as a report dict (printed as
-tables or as one JSON object). Parameter counts come from the real model built on
-the meta device (no memory, no time), so they cannot drift from the architecture.
+tables or as one JSON object). Torch-free: parameter counts and FLOPs come from the config's numbers
+(`sizes.py`, checked against built models by the tests), shapes from safetensors headers.
 """
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
-from bertcli import checkpoint, hf_import, layout, resolve
+from bertcli import checkpoint, hf_import, layout, resolve, sizes
 from bertcli.config import Config, DataConfig, ModelConfig, TokenizerConfig
 from bertcli.data.examples import ExampleBuilder
 from bertcli.data.prepare import (
@@ -37,7 +36,6 @@ from bertcli.data.tokenizer import (
 from bertcli.errors import UsageError
 from bertcli.layout import Kind
 from bertcli.metrics import read_metrics_checked
-from bertcli.model import BertForPreTraining, flops_per_token
 from bertcli.sbert import read_sentence_model
 
 PARTS = {
@@ -52,20 +50,8 @@ PARTS = {
 def parameter_counts(cfg: ModelConfig) -> dict[str, int]:
     """Parameters per part and in total, as Hugging Face counts them (no vocabulary padding, the
     tied decoder once, in embeddings), plus `total_with_padding`: what bertcli trains."""
-
-    def count(model_cfg: ModelConfig) -> dict[str, int]:
-        with torch.device("meta"):
-            model = BertForPreTraining(model_cfg)
-        counts = dict.fromkeys(PARTS, 0)
-        for name, param in model.named_parameters():  # each tied parameter once, under its first name
-            part = next(p for p, prefix in PARTS.items() if name.startswith(prefix))
-            counts[part] += param.numel()
-        counts["total"] = sum(counts.values())
-        return counts
-
-    counts = count(dataclasses.replace(cfg, pad_vocab_multiple=1))
-    counts["total_with_padding"] = count(cfg)["total"]
-    return counts
+    counts = sizes.parameter_counts(dataclasses.replace(cfg, pad_vocab_multiple=1))
+    return counts | {"total": sum(counts.values()), "total_with_padding": sizes.parameter_count(cfg)}
 
 
 def architecture(cfg: Config) -> dict[str, Any]:
@@ -87,7 +73,7 @@ def flops(cfg: Config) -> dict[str, Any]:
     seq = cfg.data.max_seq_length
     share = min(cfg.data.masked_lm_prob, cfg.data.max_predictions_per_seq / seq)
     return {
-        "training_flops_per_token": flops_per_token(cfg.model, seq, share),
+        "training_flops_per_token": sizes.flops_per_token(cfg.model, seq, share),
         "seq_len": seq,
         "predicted_share": share,
         "note": "forward+backward matmul FLOPs per non-padding token at full sequence length",

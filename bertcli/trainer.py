@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from bertcli import __version__, checkpoint, console, hf_import, memory, ownership, parallel, resolve, runtime
+from bertcli import __version__, checkpoint, console, hf_import, ownership, parallel, resolve, runtime, sizes
 from bertcli.config import Config, TrainConfig, to_dict
 from bertcli.console import info, log
 from bertcli.data import Corpus, Dataset, load_data
@@ -265,12 +265,12 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume: str, quiet: bool) -> Run
     sized = cfg.model.vocab_size is not None
     # Before the data (a synthetic corpus is as large as the vocabulary; without a vocabulary yet, a
     # lower bound: 100,000 layers are refused before the corpus is prepared), and after when unsized.
-    memory.check_memory(cfg.model, rt, cfg.train.parallel)
-    memory.check_batch(cfg, rt)
+    sizes.check_memory(cfg.model, rt, cfg.train.parallel)
+    sizes.check_batch(cfg, rt)
     data, tokenizer = _load_data(cfg, rt, quiet)
     cfg = resolve.with_vocab(cfg, data.vocab_size, cfg.data.corpus, pad_id=data.train.special.pad)  # tokenizer now
     if not sized:
-        memory.check_memory(cfg.model, rt, cfg.train.parallel)
+        sizes.check_memory(cfg.model, rt, cfg.train.parallel)
     checkpoints = checkpoint.CheckpointManager(cfg, rt.device, is_main=rt.is_main, tokenizer=tokenizer)
     resumed_from = checkpoints.choose(resume)
     processes = f"{rt.world_size} processes ({cfg.train.parallel})" if rt.distributed else "1 process"

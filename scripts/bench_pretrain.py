@@ -39,8 +39,9 @@ import transformers
 from bertcli.config_load import preset_config
 from bertcli.data.examples import IGNORE
 from bertcli.metrics import peak_tflops
-from bertcli.model import BertForPreTraining, flops_per_token, packing
+from bertcli.model import BertForPreTraining, packing
 from bertcli.optim import fused_adamw, param_groups
+from bertcli.sizes import flops_per_token
 
 
 def real_lengths(rows: int, T: int) -> torch.Tensor:

@@ -17,15 +17,19 @@ the memory and time of one window, whatever the size of the corpus.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from bertcli.config import DataConfig
 from bertcli.data.chunks import BLOCK_SEGMENTS, PIECE, WINDOW_BLOCKS, ChunkIndex, Windows
 from bertcli.data.corpus import Corpus
 from bertcli.errors import UsageError
-from bertcli.model import Packing, packing
+
+if TYPE_CHECKING:  # only collate makes tensors: examples are numpy, and inspect shows them without torch
+    import torch
+
+    from bertcli.model import Packing
 
 IGNORE = -100  # label of padded prediction slots: cross_entropy(ignore_index=IGNORE) skips them
 
@@ -253,8 +257,9 @@ def _chunk_at(index: ChunkIndex, j: int) -> tuple[int, int, int, bool, int]:
     )
 
 
-class StepBatches(torch.utils.data.Dataset):
-    """This process's micro-batches of steps `first_step` to `last_step - 1`, in training order:
+class StepBatches:
+    """A map-style dataset for torch's DataLoader (`len` and `[i]`, all the DataLoader asks):
+    this process's micro-batches of steps `first_step` to `last_step - 1`, in training order:
     item i is micro-batch i % A of step first_step + i // A. Micro-batch m of a step is split
     over the W processes (rows (m*W + rank)*B onwards), so any W sees the examples of one process
     with the whole batch. Each item is a pure function of (seed, step, rank), so worker processes
@@ -346,6 +351,10 @@ def collate(examples: list[Example], max_predictions: int, pad_id: int, max_leng
     """Examples padded to the longest, rounded up to a multiple of 8 (a few distinct shapes only, and
     aligned for the matrix units) but never past max_length (data.max_seq_length, at most
     model.max_position_embeddings: a longer row has no position embedding)."""
+    import torch
+
+    from bertcli.model import packing
+
     B = len(examples)
     T = max(len(e.tokens) for e in examples)
     T = min(-(-T // 8) * 8, max(T, max_length))

@@ -273,7 +273,7 @@ def config_names() -> set[str]:
 
 def test_config_keys_in_backquotes_exist():
     """`train.unpad`, `data.tokenizer.path: ...`: a key a reader copies into a config is one the schema
-    has (or a function of the bertcli module of that name: `model.flops_per_token`)."""
+    has (or a function of the bertcli module of that name: `sizes.flops_per_token`)."""
     names = config_names()
     for key in sorted(set(re.findall(r"`((?:%s)\.[a-z_][\w.]*)[`:= ]" % "|".join(SECTIONS), EVERYWHERE))):
         if re.search(r"\.(py|sh|md|yaml|json|jsonl|txt|bin|pt|safetensors)$", key):

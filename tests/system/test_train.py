@@ -123,21 +123,21 @@ def test_resuming_past_the_requested_end_has_nothing_to_do(tmp_path, cli):
 
 
 def test_sizes_that_cannot_fit_are_refused_with_the_figure(monkeypatch):
-    from bertcli import memory, runtime
+    from bertcli import runtime, sizes
 
     cfg = micro_config()
     rt = runtime.Runtime(device=torch.device("cpu"), precision="fp32")
     n = sum(p.numel() for p in BertForPreTraining(cfg.model).parameters())
-    monkeypatch.setattr(memory, "machine_memory", lambda: 16 * n)
-    memory.check_memory(cfg.model, rt, "ddp")  # exactly fits
-    monkeypatch.setattr(memory, "machine_memory", lambda: 16 * n - 1)
+    monkeypatch.setattr(sizes, "machine_memory", lambda: 16 * n)
+    sizes.check_memory(cfg.model, rt, "ddp")  # exactly fits
+    monkeypatch.setattr(sizes, "machine_memory", lambda: 16 * n - 1)
     with pytest.raises(UsageError, match=f"{n:,} parameters need .* GiB .* this machine's memory is"):
-        memory.check_memory(cfg.model, rt, "ddp")
-    monkeypatch.setattr(memory, "machine_memory", lambda: 4 * n)
+        sizes.check_memory(cfg.model, rt, "ddp")
+    monkeypatch.setattr(sizes, "machine_memory", lambda: 4 * n)
     monkeypatch.setenv("WORLD_SIZE", "4")
-    memory.check_memory(cfg.model, runtime.Runtime(torch.device("cpu"), "fp32", world_size=4), "fsdp")  # 1/4 each
+    sizes.check_memory(cfg.model, runtime.Runtime(torch.device("cpu"), "fp32", world_size=4), "fsdp")  # 1/4 each
     with pytest.raises(UsageError, match="too large"):
-        memory.check_memory(cfg.model, runtime.Runtime(torch.device("cpu"), "fp32", world_size=4), "ddp")
+        sizes.check_memory(cfg.model, runtime.Runtime(torch.device("cpu"), "fp32", world_size=4), "ddp")
 
 
 def test_weights_get_the_mode_of_every_other_file(tmp_path, trained):

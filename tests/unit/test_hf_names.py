@@ -13,7 +13,8 @@ from conftest import SMALL_MODEL
 from bertcli import hf_names
 from bertcli.errors import UsageError
 from bertcli.hf_import import load_hf_weights
-from bertcli.model import BertForPreTraining, padded_vocab_size
+from bertcli.model import BertForPreTraining
+from bertcli.sizes import padded_vocab_size
 
 
 def tiny_weights(multiple: int) -> tuple[dict[str, torch.Tensor], object]:

@@ -11,8 +11,9 @@ from conftest import SMALL_MODEL
 from bertcli.config import ModelConfig
 from bertcli.config_load import preset_config
 from bertcli.hf_names import TIED_ALIASES
-from bertcli.model import BertForPreTraining, flops_per_token, packing
-from bertcli.summary import parameter_counts
+from bertcli.model import BertForPreTraining, packing
+from bertcli.sizes import flops_per_token
+from bertcli.summary import PARTS, parameter_counts
 
 transformers = pytest.importorskip("transformers")
 
@@ -73,8 +74,12 @@ def test_parameter_counts_equal_hugging_face(preset, expected):
         hf = hf_model(cfg)
     assert counts["total"] == hf.num_parameters()
     assert counts["total"] == sum(v for k, v in counts.items() if k not in ("total", "total_with_padding"))
-    assert counts["nsp_head"] == 2 * cfg.hidden_size + 2
-    assert counts["pooler"] == cfg.hidden_size**2 + cfg.hidden_size
+    by_part = dict.fromkeys(PARTS, 0)  # the built model's, each tied parameter once under its first name
+    for name, param in hf.named_parameters():
+        by_part[next(part for part, prefix in PARTS.items() if name.startswith(prefix))] += param.numel()
+    assert {part: counts[part] for part in PARTS} == by_part
+    with torch.device("meta"):
+        assert counts["total_with_padding"] == sum(p.numel() for p in BertForPreTraining(cfg).parameters())
     # bertcli pads the embedding and decoder rows to a multiple of 64 (30,528): 6 rows of H, and 6 biases.
     assert counts["total_with_padding"] - counts["total"] == 6 * cfg.hidden_size + 6
 

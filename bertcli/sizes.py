@@ -1,18 +1,20 @@
-"""Whether a model's training state can fit on this machine, decided from the config's numbers
-before anything is built (a closed-form parameter count: an absurd size is refused in microseconds).
+"""A model's sizes from its config's numbers alone, before anything is built: the rows of its
+vocabulary matrices, its parameters per part, its training FLOPs per token, and whether its training
+state can fit on this machine (closed forms: an absurd size is refused in microseconds). Torch is
+imported only to ask a GPU its memory, so `inspect` and config checks stay torch-free.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-
-import torch
+from typing import TYPE_CHECKING
 
 from bertcli.config import Config, ModelConfig
 from bertcli.errors import UsageError
-from bertcli.model import padded_vocab_size
-from bertcli.runtime import Runtime
+
+if TYPE_CHECKING:
+    from bertcli.runtime import Runtime
 
 BYTES_PER_PARAMETER = 16  # fp32 weights, their gradients and AdamW's two moments: 4 x 4 bytes
 BYTES_PER_TOKEN = 16  # a batch's token ids and segment ids (int64) alone, before masks and labels
@@ -26,32 +28,58 @@ def machine_memory() -> int:
         return 0
 
 
-def parameter_count(model: ModelConfig) -> int:
-    """The parameters of BertForPreTraining(model), from the config's numbers alone (no model is
-    built: a million layers are counted at once); tests check it against built models. With
-    vocab_size null (the tokenizer not trained yet) the vocabulary counts as its padding multiple:
-    a lower bound, enough to refuse sizes that fail whatever the vocabulary."""
-    h, i, layers = model.hidden_size, model.intermediate_size, model.num_hidden_layers
+def _gpu_memory(rt: Runtime) -> tuple[int, str]:
+    """The training GPU's memory in bytes, and its name."""
+    import torch  # only with a GPU: the rest of this module is arithmetic
+
+    return torch.cuda.get_device_properties(rt.device).total_memory, torch.cuda.get_device_name(rt.device)
+
+
+def padded_vocab_size(cfg: ModelConfig) -> int:
+    """Rows of the embedding and decoder matrices: vocab_size rounded up to pad_vocab_multiple
+    (matrix units like multiples of 64). Padding rows are never looked up and never targets."""
+    if cfg.vocab_size is None:
+        raise ValueError("model.vocab_size is not resolved yet (it comes from the tokenizer)")
+    return -(-cfg.vocab_size // cfg.pad_vocab_multiple) * cfg.pad_vocab_multiple
+
+
+def parameter_counts(model: ModelConfig) -> dict[str, int]:
+    """The parameters of BertForPreTraining(model) per part, named as Hugging Face's weights are
+    grouped (bert.embeddings, bert.encoder, bert.pooler, cls.predictions, cls.seq_relationship),
+    the tied decoder weight once, in embeddings; from the config's numbers alone (a million layers
+    are counted at once), checked against built models by the tests. With vocab_size null (the
+    tokenizer not trained yet) the vocabulary counts as its padding multiple: a lower bound, enough
+    to refuse sizes that fail whatever the vocabulary."""
+    h, i = model.hidden_size, model.intermediate_size
     vocab = padded_vocab_size(model) if model.vocab_size is not None else model.pad_vocab_multiple
-    embeddings = (vocab + model.max_position_embeddings + model.type_vocab_size) * h + 2 * h  # + LayerNorm
     layer = (
-        4 * h * h
-        + 4 * h  # query, key, value and the attention output, with biases
-        + 2 * h * i
-        + i
-        + h  # the feed-forward block
-        + 2 * 2 * h
-    )  # two LayerNorms
-    pooler = h * h + h
-    heads = (
-        h * h
-        + h
-        + 2 * h
-        + vocab  # MLM transform, its LayerNorm, the decoder bias (its weight is tied)
-        + 2 * h
-        + 2
-    )  # NSP
-    return embeddings + layers * layer + pooler + heads
+        (4 * h * h + 4 * h)  # query, key, value and the attention output, with biases
+        + (2 * h * i + i + h)  # the feed-forward block
+        + 2 * 2 * h  # two LayerNorms
+    )
+    return {
+        "embeddings": (vocab + model.max_position_embeddings + model.type_vocab_size) * h + 2 * h,  # + LayerNorm
+        "encoder": model.num_hidden_layers * layer,
+        "pooler": h * h + h,
+        "mlm_head": h * h + h + 2 * h + vocab,  # transform, its LayerNorm, the decoder bias (its weight is tied)
+        "nsp_head": 2 * h + 2,
+    }
+
+
+def parameter_count(model: ModelConfig) -> int:
+    """All the parameters of BertForPreTraining(model) (parameter_counts, summed)."""
+    return sum(parameter_counts(model).values())
+
+
+def flops_per_token(cfg: ModelConfig, seq_len: float, pred_share: float) -> float:
+    """Training FLOPs (forward + backward = 3x forward, 2 per multiply-add) per token.
+
+    Matrix products only: per layer 4H^2 (Q, K, V, output) + 2*H*I (feed-forward) weights, the
+    attention scores and values 2*H*s per token, and the MLM head (H^2 + V*H) at the share of
+    tokens predicted. With I = 4H this is issue #5's 72*L*H^2 + 12*L*H*s + 6*p*(H^2 + V*H).
+    """
+    H, L, I, V = cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size, padded_vocab_size(cfg)
+    return 6 * L * (4 * H * H + 2 * H * I) + 12 * L * H * seq_len + 6 * pred_share * (H * H + V * H)
 
 
 def check_memory(model: ModelConfig, rt: Runtime, parallel: str) -> None:
@@ -90,14 +118,8 @@ def check_memory(model: ModelConfig, rt: Runtime, parallel: str) -> None:
         )
     ]
     if rt.device.type == "cuda":
-        checks.insert(
-            0,
-            (
-                on_device,
-                torch.cuda.get_device_properties(rt.device).total_memory,
-                f"the GPU's memory ({torch.cuda.get_device_name(rt.device)})",
-            ),
-        )
+        total, name = _gpu_memory(rt)
+        checks.insert(0, (on_device, total, f"the GPU's memory ({name})"))
     for need, have, where in checks:
         if have and need > have:
             raise UsageError(
@@ -118,7 +140,7 @@ def check_batch(cfg: Config, rt: Runtime) -> None:
     m, t, tokens = cfg.model, cfg.train, cfg.data.max_seq_length
     itemsize = 2 if rt.autocast_dtype is not None else 4
     device = (
-        (torch.cuda.get_device_properties(rt.device).total_memory, "the GPU's memory")
+        (_gpu_memory(rt)[0], "the GPU's memory")
         if rt.device.type == "cuda"
         else (machine_memory(), "this machine's memory")
     )
