@@ -245,6 +245,36 @@ class StrictLoader(yaml.SafeLoader):
                 raise DuplicateKey(key, first, key_node.start_mark.line + 1)
         return super().construct_mapping(node, deep)
 
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        """An integer as YAML 1.2 reads it (and as a person does): `010` is 10, `0x1F` and `0o17` hex
+        and octal. PyYAML's YAML 1.1 made `010` 8 and `1:30` 90, silently."""
+        text = str(self.construct_scalar(node)).replace("_", "")
+        sign, digits = (-1, text[1:]) if text[:1] == "-" else (1, text.lstrip("+"))
+        return sign * (int(digits, 0) if digits[:2].lower() in ("0x", "0o") else int(digits, 10))
+
+
+# YAML 1.2 core schema numbers: no sexagesimal (`1:30` stays text, refused where a number is due)
+# and no binary; leading zeros are decimal. Floats keep PyYAML's other forms.
+StrictLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+StrictLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:int", re.compile(r"^(?:[-+]?[0-9][0-9_]*|0x[0-9a-fA-F_]+|0o[0-7_]+)$"), list("-+0123456789")
+)
+StrictLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?
+        |\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?
+        |[-+]?\.(?:inf|Inf|INF)
+        |\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
+StrictLoader.add_constructor("tag:yaml.org,2002:int", StrictLoader.construct_yaml_int)
+
 
 # ---------------------------------------------------------------------------------------------
 # --set overrides

@@ -155,6 +155,20 @@ def test_set_values_are_yaml_scalars_and_bad_values_name_set():
     assert info.value.problems == ["--set: train.max_steps: expected an integer, got 'many' (str)"]
 
 
+def test_numbers_read_as_yaml_1_2_reads_them(tmp_path):
+    """PyYAML's YAML 1.1 made `seed: 010` 8 (octal) and `max_steps: 1:30` 90 (base 60), silently."""
+    path = tmp_path / "config.yaml"
+    path.write_text("train:\n  seed: 010\n  max_steps: 0x10\n  eval_every: 1_000\n  eval_examples: 0o17\n")
+    train = load_config(path).train
+    assert (train.seed, train.max_steps, train.eval_every, train.eval_examples) == (10, 16, 1000, 15)
+    assert preset_config("tiny", ["train.seed=010", "train.max_steps=+1_0"]).train.seed == 10
+    path.write_text("train:\n  max_steps: 1:30\n  seed: 0b11\n")
+    with pytest.raises(UsageError) as info:
+        load_config(path)
+    assert "train.max_steps: expected an integer, got '1:30' (str)" in str(info.value)
+    assert "train.seed: expected an integer, got '0b11' (str)" in str(info.value)
+
+
 def test_a_string_that_yaml_reads_as_a_number_gets_a_quoting_hint(tmp_path):
     with pytest.raises(UsageError) as info:
         preset_config("tiny", ["data.corpus=2024", "data.tokenizer.path=yes"])
