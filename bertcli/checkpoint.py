@@ -69,7 +69,13 @@ def check_own_files(folder: Path) -> None:
 
 def guard(target: Path) -> None:
     """Refuse (exit 2) to replace checkpoint folder `target` (step-NNNNNNN or best) unless bertcli
-    wrote it and nobody added to it (see ownership.py)."""
+    wrote it and nobody added to it (see ownership.py). A symbolic link there is refused, not
+    followed: bertcli makes none, and through one a new best replaced another checkpoint (a step of
+    this run, or of another run) that kept its name."""
+    if Path(target).is_symlink():
+        raise ownership.linked(
+            target, "checkpoints/", f"remove the link (rm {target}), or set output_dir to a new folder"
+        )
     ownership.check_replaceable(
         target, layout.CHECKPOINT, f"move it out of {Path(target).parent}, or set output_dir to a new folder"
     )
@@ -309,6 +315,7 @@ def write(output_dir: Path, snap: Snapshot, name: str | None = None) -> Path:
     ):
         # (a slip in this code, not the user's)
         raise ValueError("a checkpoint holds the files layout.py names, no others")
+    guard(final)  # here as well: atomic.folder sees the path resolved, through any link
     with atomic.folder(final, guard) as tmp:
         for file, contents in snap.tokenizer.items():
             with atomic.writing(tmp / file):
@@ -371,12 +378,9 @@ def settle_best(output_dir: Path, cfg: Config, resumed_from: Path | None, is_mai
     if cfg.model.init_from and ownership.relation(best, Path(cfg.model.init_from)) is not None:
         return None  # the weights this run starts from: read after this, so left in place (replaced at the next best)
     if (
-        is_main and best.exists() and ownership.not_owned(best, layout.CHECKPOINT) is None
+        is_main and best.exists() and not best.is_symlink() and ownership.not_owned(best, layout.CHECKPOINT) is None
     ):  # (refused at start otherwise)
-        target = best.resolve()
-        atomic.remove_folder(target)
-        if best.is_symlink():
-            target.mkdir()  # the link stays, to an empty folder: the next best is written there
+        atomic.remove_folder(best)
         console.log(f"removed {best}: {reason}")
     return None
 

@@ -124,6 +124,23 @@ def test_a_checkpoint_folder_bertcli_did_not_write_is_refused_before_training(tm
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.parametrize("name", ["best", "step-0000008"])
+def test_a_symbolic_link_in_checkpoints_is_refused_not_written_through(run_copy, cli, tmp_path, name):
+    """A `best` linked to step-0000004 (of this run or another's) was replaced by the new best: the
+    folder kept its name and held another step, silently."""
+    other = Path(shutil.copytree(run_copy / "checkpoints" / "step-0000004", tmp_path / "other-run-step-4"))
+    for target in (run_copy / "checkpoints" / "step-0000004", other):
+        link = run_copy / "checkpoints" / name
+        link.symlink_to(target, target_is_directory=True)
+        before = snapshot(run_copy) | snapshot(target)
+        overrides = ("--set", "train.max_steps=8", "--set", "train.eval_every=4", "--set", "checkpoint.save_every=4")
+        result = cli("pretrain", "--config", run_copy / "config.yaml", *overrides, "--quiet")
+        refused(result, link)
+        assert "is a symbolic link" in result.err
+        assert snapshot(run_copy) | snapshot(target) == before
+        link.unlink()
+
+
 def test_an_old_checkpoint_the_user_added_to_is_never_pruned(run_copy, cli):
     old = run_copy / "checkpoints" / "step-0000004"
     assert not_owned(old, layout.CHECKPOINT) is None, "a checkpoint is bertcli's own"
