@@ -15,7 +15,7 @@ from bertcli.config import Config, ModelConfig, TokenizerConfig
 from bertcli.config_load import preset_config
 from bertcli.data.tokenizer import describe, find_tokenizer_file, load_tokenizer
 from bertcli.errors import UsageError
-from bertcli.hf_import import check_tokenizer, read_hf_config, weights_file
+from bertcli.hf_import import check_tied, check_tokenizer, read_hf_config, weights_file
 from bertcli.hf_names import HF_FIELDS
 from bertcli.layout import Kind
 from bertcli.sbert import read_sentence_model
@@ -34,7 +34,9 @@ def imported_config(path: Path) -> ModelConfig:
     if found.kind is Kind.CHECKPOINT:
         return checkpoint.read_config(path).model
     if found.kind in (Kind.HF, Kind.SENTENCE) and found.config is not None:  # (sentence-transformers: its own BERT)
-        return read_hf_config(path)
+        config = read_hf_config(path)
+        check_tied(path)
+        return config
     raise UsageError(
         f"model.init_from={str(path)!r}: not a Hugging Face BERT folder (config.json + model.safetensors) "
         "nor a bertcli checkpoint folder"

@@ -41,13 +41,44 @@ def read_hf_config(folder: Path) -> ModelConfig:
     for name in HF_FIELDS:
         if name in raw and raw[name] is not None:
             values[name] = raw[name]
-    if raw.get("position_embedding_type", "absolute") != "absolute":
-        raise UsageError(
-            f"{file}: position_embedding_type {raw['position_embedding_type']!r} is not supported (absolute only)"
-        )
+    for key, value in UNSUPPORTED.items():  # settings that change what the encoder computes
+        if raw.get(key, value[0]) != value[0]:
+            raise UsageError(f"{file}: {key} {raw[key]!r} is not supported ({value[1]}); bertcli reads BERT encoders")
     cfg = model_config_from_dict(values, str(file))  # strict: types, choices, divisibility
     check_weights(folder, cfg)  # before anything of its size is built
     return cfg
+
+
+# config.json settings of BertModel that bertcli's encoder does not implement: the value it does, and what that means.
+UNSUPPORTED = {
+    "position_embedding_type": ("absolute", "absolute position embeddings only"),
+    "is_decoder": (False, "bidirectional attention only: a decoder attends to earlier tokens only"),
+    "add_cross_attention": (False, "no cross-attention"),
+}
+
+# An MLM decoder of its own (tie_word_embeddings false): the key transformers saves it under.
+DECODER = "cls.predictions.decoder.weight"
+
+
+def check_tied(folder: Path) -> None:
+    """Refuse (exit 2) to continue pretraining from a folder whose MLM decoder is its own, not the
+    word embeddings: bertcli's model ties the two, so that decoder would be dropped unsaid (encode
+    needs no decoder and reads such folders)."""
+    file = Path(folder) / layout.HF_CONFIG
+    if not layout.is_hf_folder(folder):
+        return
+    try:
+        tied = json.loads(file.read_text(encoding="utf-8")).get("tie_word_embeddings", True)
+    except (OSError, ValueError):
+        return  # read_hf_config says what is wrong with it
+    if tied is False:
+        with safetensors.safe_open(weights_file(folder), "numpy") as f:
+            if DECODER in f.keys():
+                raise UsageError(
+                    f"{file}: tie_word_embeddings is false and model.safetensors holds an MLM decoder of its own "
+                    f"({DECODER}); bertcli ties the decoder to the word embeddings, so continuing from this "
+                    "model would drop it: continue from a model with a tied decoder"
+                )
 
 
 # The sizes of a config against the weights file's tensors: (config fields, a tensor holding them as its shape).

@@ -142,6 +142,33 @@ def test_a_model_built_uninitialised_gets_what_the_folder_lacks_initialised(tmp_
     assert ours.cls.predictions.decoder.weight is ours.bert.embeddings.word_embeddings.weight  # still tied
 
 
+@pytest.mark.parametrize(
+    "key, value", [("is_decoder", True), ("add_cross_attention", True), ("position_embedding_type", "relative_key")]
+)
+def test_settings_the_encoder_does_not_implement_are_refused(tmp_path, key, value):
+    """is_decoder: true (causal attention in transformers) was encoded bidirectionally, exit 0, up to 1.05 away."""
+    random_hf("BertModel", SMALL, tmp_path / "hf")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config | {key: value}))
+    with pytest.raises(UsageError, match=f"config.json: {key} {value!r} is not supported"):
+        read_hf_config(tmp_path / "hf")
+
+
+def test_continuing_from_an_untied_decoder_is_refused_encoding_is_not(tmp_path, small_corpus, cli):
+    """A decoder of its own (tie_word_embeddings false) was dropped for the word embeddings, unsaid."""
+    hf = tmp_path / "hf"
+    model = random_hf("BertForPreTraining", dataclasses.replace(SMALL, vocab_size=99), hf)
+    model.config.tie_word_embeddings = False
+    untied = transformers.BertForPreTraining(model.config)
+    untied.save_pretrained(hf)
+    assert "cls.predictions.decoder.weight" in safetensors.torch.load_file(hf / "model.safetensors")
+    result = cli("init", tmp_path / "run", "--init-from", hf, "--corpus", small_corpus)
+    assert result.code == 2 and "tie_word_embeddings is false" in result.err and len(result.err_lines) == 1
+    assert not (tmp_path / "run").exists()
+    ours = BertForPreTraining(read_hf_config(hf))
+    assert init_from(ours, hf) == []  # encode reads its encoder as it is
+
+
 def test_legacy_gamma_beta_names(tmp_path):
     random_hf("BertForPreTraining", SMALL, tmp_path / "hf")
     weights = safetensors.torch.load_file(tmp_path / "hf" / "model.safetensors")
