@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from bertcli import checkpoint, console, layout
-from bertcli.config import Config, ModelConfig, TokenizerConfig
+from bertcli.config import Config, ModelConfig
 from bertcli.config_load import preset_config
-from bertcli.data.tokenizer import describe, find_tokenizer_file, load_tokenizer
+from bertcli.data.tokenizer import describe, find_tokenizer_file
 from bertcli.errors import UsageError
-from bertcli.hf_import import check_tied, check_tokenizer, read_hf_config, weights_file
+from bertcli.hf_import import check_tied, load_model_tokenizer, read_hf_config, weights_file
 from bertcli.hf_names import HF_FIELDS
 from bertcli.layout import Kind
 from bertcli.sbert import read_sentence_model
@@ -123,8 +123,7 @@ def continued_pretraining(source: Path, preset: str, overrides: list[str]) -> tu
     except UsageError:
         tokenizer = None  # prepare trains one, as from scratch
     if tokenizer is not None:
-        loaded = load_tokenizer(tokenizer, TokenizerConfig())
-        check_tokenizer(loaded, imported, tokenizer)
+        loaded = load_model_tokenizer(tokenizer, imported)
         casing = describe(loaded)
         values["data.tokenizer.path"] = str(source)
         values |= {f"data.tokenizer.{k}": casing[k] for k in ("lowercase", "strip_accents") if k in casing}

@@ -35,8 +35,8 @@ from tokenizers import Tokenizer, normalizers, pre_tokenizers
 from torch.overrides import TorchFunctionMode
 
 from bertcli import atomic, checkpoint, hf_import, layout, ownership, runtime
-from bertcli.config import ModelConfig, TokenizerConfig
-from bertcli.data.tokenizer import find_tokenizer_file, load_tokenizer, read_tokenizer_json
+from bertcli.config import ModelConfig
+from bertcli.data.tokenizer import find_tokenizer_file, read_tokenizer_json
 from bertcli.errors import PipeClosed, RunError, UsageError
 from bertcli.export import find_checkpoint
 from bertcli.layout import Kind
@@ -179,8 +179,7 @@ def load_encoder(path: Path, device: torch.device, precision: str = "fp32") -> E
         if not any((folder / name).is_file() for name in layout.TOKENIZER_FILES):  # before the weights load
             raise UsageError(f"{folder}: no tokenizer.json or vocab.txt; copy the model's tokenizer files into it")
         cfg = hf_import.read_hf_config(folder)  # its sizes checked against the weights file
-        tokenizer = load_tokenizer(folder, TokenizerConfig())  # a vocab.txt follows its tokenizer_config.json
-        hf_import.check_tokenizer(tokenizer, cfg, find_tokenizer_file(folder))
+        tokenizer = hf_import.load_model_tokenizer(find_tokenizer_file(folder), cfg)
         model = _uninitialised(cfg)
         fresh, source = tuple(hf_import.init_from(model, folder, uninitialised=True)), folder
     else:

@@ -168,7 +168,7 @@ def read_metrics_checked(path: Path) -> tuple[list[dict[str, Any]], str | None]:
                 pass  # the rest of an over-long line, read and dropped
             try:
                 record = None if long else json.loads(line.decode("utf-8", errors="replace"))
-            except ValueError:
+            except (ValueError, RecursionError):
                 record = None
             if isinstance(record, dict) and type(record.get("step")) is int:
                 records.append(record)

@@ -56,7 +56,7 @@ class Input:
 def _is_proof(file: Path) -> bool:
     try:
         raw = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return False
     return isinstance(raw, dict) and PROOF_KEY in raw
 

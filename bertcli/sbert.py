@@ -58,7 +58,7 @@ class SentenceModel:
 def _read_json(file: Path) -> Any:
     try:
         return json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
         raise UsageError(f"{file}: cannot read ({exc}); is this a sentence-transformers folder?") from None
 
 

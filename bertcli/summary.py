@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from bertcli import checkpoint, hf_import, layout, resolve, sizes
-from bertcli.config import Config, DataConfig, ModelConfig, TokenizerConfig
+from bertcli.config import Config, DataConfig, ModelConfig
 from bertcli.data.examples import ExampleBuilder
 from bertcli.data.prepare import (
     cache_check,
@@ -29,7 +29,6 @@ from bertcli.data.prepare import (
 from bertcli.data.tokenizer import (
     describe,
     find_tokenizer_file,
-    load_tokenizer,
     read_tokenizer_json,
     tokenizer_identity,
 )
@@ -265,8 +264,7 @@ def folder_report(path: Path) -> dict[str, Any]:
     except UsageError:
         report["tokenizer"] = None
     else:
-        tok = load_tokenizer(tok_file, TokenizerConfig())
-        hf_import.check_tokenizer(tok, model, tok_file)
+        tok = hf_import.load_model_tokenizer(tok_file, model)
         report["tokenizer"] = {"file": str(tok_file), **describe(tok)}
     if sentence:
         report["sentence_transformers"] = {

@@ -1147,7 +1147,7 @@ def _stray_record(folder: Path, key: str) -> dict[str, Any] | None:
         return None
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     return record if _well_formed_unit(record, in_manifest=False) and record["key"] == key else None
 
@@ -1646,7 +1646,7 @@ def read_manifest(folder: Path) -> tuple[dict[str, Any] | None, str | None]:
         return None, f"is damaged ({MANIFEST} is not a regular file; a symbolic link is never followed)"
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         return (
             None,
             f"is damaged ({MANIFEST} cannot be read: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__})",

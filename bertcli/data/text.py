@@ -433,7 +433,7 @@ def read_text(files: list[Path], block: int = 1 << 16) -> Iterator[str]:
                 try:
                     # (decoded here: json.loads of bytes lets through surrogates written as bytes, ED A0 80)
                     record = json.loads(raw.decode("utf-8", errors="replace").removeprefix("\ufeff"))
-                except ValueError:
+                except (ValueError, RecursionError):
                     continue
                 text = record.get("text") if isinstance(record, dict) else None
                 if isinstance(text, str):
@@ -472,6 +472,10 @@ def read_sentences(
                     record = json.loads(line)
                 except json.JSONDecodeError as exc:
                     raise UsageError(f"{path}: line {number}: {_json_problem(line, exc)}") from None
+                except RecursionError:
+                    raise UsageError(
+                        f"{path}: line {number}: nested too deeply to read; a record is an object with a text field"
+                    ) from None
                 text = record.get("text") if isinstance(record, dict) else None
                 if not isinstance(text, str):
                     raise UsageError(f'{path}: line {number}: no "text" string field in this JSON record')

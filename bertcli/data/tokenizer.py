@@ -55,7 +55,7 @@ def casing_of(folder: Path) -> Casing | None:
         return None
     try:
         raw = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
         raise UsageError(
             f"{file}: cannot read ({exc}); fix the file or remove it to use data.tokenizer's casing"
         ) from None

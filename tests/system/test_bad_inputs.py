@@ -119,6 +119,13 @@ def _hf_with_a_larger_tokenizer(run: Path, folder: Path) -> Path:
     return out
 
 
+def _hf_nested(run: Path, folder: Path, name: str) -> Path:
+    """The run exported as a Hugging Face folder whose JSON file `name` nests 5,000 lists (10 KB)."""
+    out = _hf_without(run, folder)
+    (out / name).write_text("[" * 5000 + "]" * 5000)
+    return out
+
+
 def _ckpt_claiming(run: Path, folder: Path, line: str, value: str) -> Path:
     """A copy of a run's checkpoint whose config.yaml claims another size than its weights, without the
     SHA-256 record (which would name the edit first): the check of sizes against the weights meets it."""
@@ -686,7 +693,34 @@ CASES = [
         "encode-hf-tokenizer-past-the-vocabulary",
         lambda d, b: ["encode", "--model", _hf_with_a_larger_tokenizer(b["text"], d), _write(d, "in.txt", "w1090\n")],
         2,
-        "vocab.txt: token ids go up to 1,104 but the model has vocab_size 1,000",
+        "vocab.txt: more than 1,000 lines (tokens), but the model has vocab_size 1,000",
+    ),
+    (
+        "inspect-hf-config-nested-too-deeply",
+        lambda d, b: ["inspect", _hf_nested(b["text"], d, "config.json")],
+        2,
+        "config.json: cannot read (maximum recursion depth exceeded",
+    ),
+    (
+        "encode-hf-tokenizer-config-nested-too-deeply",
+        lambda d, b: [
+            "encode",
+            "--model",
+            _hf_nested(b["text"], d, "tokenizer_config.json"),
+            _write(d, "in.txt", "a\n"),
+        ],
+        2,
+        "tokenizer_config.json: cannot read (maximum recursion depth exceeded",
+    ),
+    (
+        "prepare-jsonl-record-nested-too-deeply",
+        lambda d, b: [
+            "prepare",
+            "-c",
+            text_run(d, _write(d, "c/a.jsonl", '{"text": "a b."}\n' + "[" * 5000 + "]" * 5000 + "\n")),
+        ],
+        2,
+        "a.jsonl: line 2: nested too deeply to read",
     ),
     (
         "export-checkpoint-config-claims-other-sizes",
