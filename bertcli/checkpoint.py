@@ -29,6 +29,7 @@ import json
 import math
 import os
 import pickle  # only for its exception type: nothing is unpickled here
+import shutil
 import time
 import warnings
 from collections.abc import Callable
@@ -836,8 +837,36 @@ class CheckpointManager:
             prepared = Path(self.cfg.data.prepared_dir)
             check_same_tokenizer(self.resumed_from, prepared, self.tokenizer[layout.TOKENIZER_JSON])
         self.best = settle_best(self.output_dir, self.cfg, self.resumed_from, self.is_main)
+        self._catch_up_best()
         self.last_saved = self.resumed_from
         return self.resumed_from
+
+    def _catch_up_best(self) -> None:
+        """A run stopped after a step checkpoint that was evaluated best but before `best` was written
+        (the disk filled, the process was killed) left an older `best`, which encode and export then
+        used: the checkpoint resumed from, whose held-out loss beats `best`'s, is copied to `best`
+        (its trainer_state.json holds eval_metrics only when that step was evaluated)."""
+        if self.resumed_from is None:
+            return
+        loss = read_trainer_state(self.resumed_from).get("eval_metrics", {}).get("mlm_loss")
+        if (
+            not isinstance(loss, (int, float))
+            or not math.isfinite(loss)
+            or (self.best is not None and loss >= self.best)
+        ):
+            return
+        self.best = loss  # every process alike; the main one writes
+        if self.is_main:
+            best = layout.checkpoints_dir(self.output_dir) / layout.BEST
+            guard(best)
+            with atomic.folder(best, guard) as tmp:
+                for name in layout.CHECKPOINT_FILES + layout.TOKENIZER_FILES:
+                    if (self.resumed_from / name).is_file():
+                        shutil.copyfile(own_file(self.resumed_from / name), tmp / name)
+                        atomic.fsync_path(tmp / name)
+            console.log(
+                f"wrote {best}: {self.resumed_from.name} was evaluated best (held-out MLM loss {loss:.4g}), and not yet copied there"
+            )
 
     def load(
         self,

@@ -286,6 +286,17 @@ def test_a_disk_that_fills_while_best_is_written_leaves_the_step_checkpoint(tmp_
     result = cli("pretrain", "--config", config, "--quiet")
     assert result.code == 1 and "disk full" in result.err, result.err
     assert [s for s, _ in layout.list_checkpoints(tmp_path)] == [4]
+    # Space is back; the same command (here at its stop step: "nothing to do") writes the best it missed,
+    # which encode and export would otherwise miss too (an older best, or none).
+    monkeypatch.setattr(safetensors.torch, "save_file", real_save)
+    best, step_4 = tmp_path / "checkpoints" / "best", tmp_path / "checkpoints" / "step-0000004"
+    assert not best.exists()
+    result = cli("pretrain", "--config", config, "--set", "train.max_steps=4", "--quiet")
+    assert result.code == 0 and f"wrote {best}: step-0000004 was evaluated best" in result.err, result.err
+    for name in layout.CHECKPOINT_FILES + layout.TOKENIZER_FILES:
+        assert (best / name).exists() == (step_4 / name).exists()
+        assert not (best / name).exists() or (best / name).read_bytes() == (step_4 / name).read_bytes()
+    assert checkpoint.damage(best) is None
 
 
 def poison_losses(monkeypatch, bad_steps):
