@@ -477,7 +477,9 @@ def encode(
 ) -> None:
     """Turn lines of text into vectors: one row per input line, in input order, streamed."""
     # What needs no model is refused before torch is imported (3-4 s, 240 MB).
-    _check_encode_flags(device=device, dtype=dtype, errors=errors, pairs=pairs, strict_pairs=strict_pairs)
+    _check_encode_flags(
+        device=device, dtype=dtype, errors=errors, pairs=pairs, strict_pairs=strict_pairs, max_length=max_length
+    )
     fmt = _encode_format(fmt, output, with_text, tokens)
     output = _check_encode_files(inputs or [], model=model, output=output)
     from bertcli import encode as enc_mod
@@ -529,7 +531,9 @@ def encode(
         )
 
 
-def _check_encode_flags(*, device: str, dtype: str, errors: str, pairs: bool, strict_pairs: bool) -> None:
+def _check_encode_flags(
+    *, device: str, dtype: str, errors: str, pairs: bool, strict_pairs: bool, max_length: int | None
+) -> None:
     """Refuse values of encode's flags that Typer does not check itself (torch-free: a GPU that is
     not there is found when the device is made)."""
     from bertcli.config import DEVICE_NAMES, PRECISIONS, is_device_name
@@ -542,6 +546,12 @@ def _check_encode_flags(*, device: str, dtype: str, errors: str, pairs: bool, st
         raise UsageError(f"--errors {errors!r}: expected strict or replace")
     if strict_pairs and not pairs:
         raise UsageError("--strict-pairs checks --pairs input: add --pairs, or drop --strict-pairs")
+    if pairs and max_length is not None and max_length < 4:
+        # (below, nothing was truncated: a long pair ran past the model's positions, exit 1)
+        raise UsageError(
+            f"--max-length {max_length} with --pairs: a pair takes 3 special tokens ([CLS] A [SEP] B [SEP]) "
+            "and needs a token of text: use --max-length 4 or more"
+        )
 
 
 def _check_encode_files(inputs: list[str], *, model: Path, output: Path | None) -> Path | None:

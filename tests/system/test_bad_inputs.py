@@ -600,6 +600,20 @@ CASES = [
         "pass --output FILE.npy",
     ),
     (
+        "encode-pairs-shorter-than-their-special-tokens",
+        lambda d, b: [
+            "encode",
+            "--model",
+            b["text"],
+            "--pairs",
+            "--max-length",
+            "2",
+            _write(d, "in.txt", "a b\t" + "word " * 600 + "\n"),
+        ],
+        2,
+        "--max-length 2 with --pairs: a pair takes 3 special tokens",
+    ),
+    (
         "encode-bad-layer",
         lambda d, b: ["encode", "--model", b["text"], "--layer", "9", _write(d, "in.txt", "a\n")],
         2,
