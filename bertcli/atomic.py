@@ -131,9 +131,12 @@ def folder(final: Path, guard: Callable[[Path], None]) -> Iterator[Path]:
         yield tmp
         fsync_path(tmp)
         guard(final)
-        if final.exists():
-            # Move the old one aside first: a crash between the two renames leaves the old
-            # copy under a temporary name (ignored by readers), never a broken `final`.
+        if final.exists() and exchange(tmp, final):
+            shutil.rmtree(tmp, ignore_errors=True)  # the old folder, swapped out
+        elif final.exists():
+            # Where the filesystem cannot swap: move the old one aside first. A crash between the two
+            # renames leaves the old copy under a temporary name (ignored by readers), never a broken
+            # `final`; but for a moment there is no `final` (a reader of `best` took another checkpoint).
             old = final.with_name(f"{TMP_PREFIX}old-{final.name}.{os.getpid()}")
             os.replace(final, old)
             os.replace(tmp, final)
@@ -144,6 +147,29 @@ def folder(final: Path, guard: Callable[[Path], None]) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+_RENAME_EXCHANGE = 2  # renameat2's flag (linux/fs.h): swap the two paths in one step
+_AT_FDCWD = -100
+
+
+def exchange(a: Path, b: Path) -> bool:
+    """Swap folders `a` and `b` in one step (Linux renameat2 with RENAME_EXCHANGE): a reader of either
+    path always finds a whole folder there, the old or the new. False where the system or the
+    filesystem cannot (another OS, an old kernel or C library, some network filesystems)."""
+    import ctypes
+
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
+        return False
+    raise OSError(code, os.strerror(code), str(b))
 
 
 def remove_folder(path: Path) -> None:

@@ -195,18 +195,15 @@ def load_encoder(path: Path, device: torch.device, precision: str = "fp32") -> E
                 f"{path}: not a model; a model is a run folder, a checkpoint folder or a Hugging Face "
                 "BERT folder (config.json, model.safetensors, and tokenizer.json or vocab.txt)"
             )
-        ckpt = find_checkpoint(path)
-        fresh, source = (), ckpt  # a checkpoint holds every weight (loaded strictly)
-        cfg = checkpoint.read_config(ckpt).model
-        file = ckpt / layout.TOKENIZER_JSON
-        if not file.is_file():
-            raise UsageError(f"{ckpt}: no tokenizer.json (a synthetic-corpus run has no tokenizer to encode text with)")
-        checkpoint.check_tokenizer_files(ckpt)  # the tokenizer the model was trained with, not an edited one
-        tokenizer = read_tokenizer_json(file)
-        hf_import.check_weights(ckpt, cfg)  # before anything of the config's size is built
-        hf_import.check_tokenizer(tokenizer, cfg, file)
-        model = _uninitialised(cfg)
-        checkpoint.load_weights(model, ckpt)  # strict: every weight
+        for tries in range(3, 0, -1):
+            source, fresh = find_checkpoint(path), ()  # a checkpoint holds every weight (loaded strictly)
+            try:
+                model, tokenizer = _load_checkpoint(source)
+                break
+            except (OSError, UsageError, RunError):  # a file gone, its hash or its weights not read
+                if found.kind is not Kind.RUN or source.exists() or tries == 1:
+                    raise
+                # The run is training and pruned that step while it was read: take the newest again.
     model.to(device).eval()
     return Encoder(
         model=model,
@@ -240,6 +237,21 @@ class _SkipInit(TorchFunctionMode):
         if func in self.SKIPPED:
             return args[0] if args else kwargs["tensor"]  # the tensor, untouched (all work in place)
         return func(*args, **(kwargs or {}))
+
+
+def _load_checkpoint(ckpt: Path) -> tuple[BertForPreTraining, Tokenizer]:
+    """The model and tokenizer of checkpoint folder `ckpt`, checked against each other and its records."""
+    cfg = checkpoint.read_config(ckpt).model
+    file = ckpt / layout.TOKENIZER_JSON
+    if not file.is_file():
+        raise UsageError(f"{ckpt}: no tokenizer.json (a synthetic-corpus run has no tokenizer to encode text with)")
+    checkpoint.check_tokenizer_files(ckpt)  # the tokenizer the model was trained with, not an edited one
+    tokenizer = read_tokenizer_json(file)
+    hf_import.check_weights(ckpt, cfg)  # before anything of the config's size is built
+    hf_import.check_tokenizer(tokenizer, cfg, file)
+    model = _uninitialised(cfg)
+    checkpoint.load_weights(model, ckpt)  # strict: every weight
+    return model, tokenizer
 
 
 def _uninitialised(cfg: ModelConfig) -> BertForPreTraining:

@@ -692,3 +692,28 @@ def test_output_file_text_column_pairs_and_layer_errors(trained, tmp_path, cli):
 
     layer = cli("encode", "--model", trained, tmp_path / "pairs.txt", "--layer", "-4")
     assert layer.code == 2 and "--layer -4:" in layer.err and "layers 0 (embeddings) to 2" in layer.err
+
+
+def test_a_checkpoint_pruned_while_it_is_read_gives_way_to_the_newest(trained, tmp_path, monkeypatch):
+    """encode --model RUN while the run trains: the newest step, pruned under it, was an error
+    ("step-0000036/config.yaml: No such file or directory", exit 1); the run's newest is taken again."""
+    import shutil
+
+    from bertcli import encode as enc
+
+    run = shutil.copytree(trained, tmp_path / "run", ignore=shutil.ignore_patterns("tensorboard"))
+    shutil.copytree(run / "checkpoints" / "step-0000004", run / "checkpoints" / "step-0000003")
+    real, read = enc._load_checkpoint, []
+
+    def pruned_first(ckpt):
+        read.append(ckpt.name)
+        if len(read) == 1:
+            shutil.rmtree(ckpt)  # the run's next save prunes it while it is read
+        return real(ckpt)
+
+    monkeypatch.setattr(enc, "_load_checkpoint", pruned_first)
+    encoder = load_encoder(run, torch.device("cpu"))
+    assert read == ["step-0000004", "step-0000003"] and encoder.source == run / "checkpoints" / "step-0000003"
+    monkeypatch.setattr(enc, "_load_checkpoint", lambda ckpt: shutil.rmtree(ckpt) or real(ckpt))
+    with pytest.raises(FileNotFoundError):  # a checkpoint named by the user is not swapped for another
+        load_encoder(run / "checkpoints" / "step-0000003", torch.device("cpu"))

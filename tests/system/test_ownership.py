@@ -263,3 +263,32 @@ def test_removing_a_linked_folder_removes_the_link_only(tmp_path):
     atomic.remove_folder(link)
     assert not link.is_symlink() and not list((tmp_path / "parent").iterdir())
     assert (target / "kept.txt").read_text() == "yours"
+
+
+def test_a_folder_replaced_is_never_missing_to_a_reader(tmp_path, monkeypatch):
+    """`best` replaced in two renames (old aside, new in) was missing for a moment: an encode of the
+    run then took the newest step instead, or read a step folder pruned under it (exit 1). Where the
+    system swaps folders in one step (Linux), every rename and removal sees a whole folder in place."""
+    from bertcli import atomic
+
+    final = tmp_path / "best"
+    final.mkdir()
+    (final / "model.safetensors").write_text("old")
+    seen = []
+
+    def watching(real):
+        def call(*args, **kwargs):
+            seen.append((final / "model.safetensors").read_text() if final.is_dir() else None)
+            return real(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(atomic.os, "replace", watching(os.replace))
+    monkeypatch.setattr(atomic.shutil, "rmtree", watching(shutil.rmtree))
+    if not atomic.exchange(tmp_path / "best", tmp_path / "best"):
+        pytest.skip("this system cannot swap two folders in one step")
+    with atomic.folder(final, lambda target: None) as tmp:
+        (tmp / "model.safetensors").write_text("new")
+    assert (final / "model.safetensors").read_text() == "new"
+    assert seen and None not in seen, seen
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best"]
