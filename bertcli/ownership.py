@@ -307,7 +307,7 @@ def owner(folder: Path) -> tuple[Path, str] | None:
         for layout in layouts:
             if proves(at, layout):
                 return at, layout.noun
-        if at.name == CHECKPOINTS and any(proves(child, CHECKPOINT) for child in at.iterdir()):
+        if at.name == CHECKPOINTS and at.is_dir() and any(proves(child, CHECKPOINT) for child in at.iterdir()):
             return at, "a run's checkpoints folder"
     return None
 

@@ -91,9 +91,21 @@ def check_outputs_apart(cfg: Config) -> None:
     inside what bertcli writes (prepared data, checkpoints/, tensorboard/). A corpus folder inside the
     run folder (next to config.yaml, say) is fine: bertcli writes only its own names there."""
     from bertcli.layout import CHECKPOINTS, RUN_OUTPUTS, TENSORBOARD
-    from bertcli.ownership import relation
+    from bertcli.ownership import owner, relation, run_file
 
     output, prepared = Path(cfg.output_dir), Path(cfg.data.prepared_dir)
+    # Not inside what bertcli replaces whole or prunes (a checkpoint, prepared data, an export, a run's
+    # checkpoints/ or tensorboard/): the run's files there made that folder "foreign" to its owner.
+    resolved = output.expanduser().resolve()
+    owned, run = owner(resolved), run_file(resolved)
+    if owned is not None or run is not None:
+        what = (
+            (f"is {owned[1]}" if owned[0] == resolved else f"lies inside {owned[0]}, {owned[1]}")
+            + " of bertcli's (replaced or pruned whole, and refused once it holds a file bertcli did not write there)"
+            if owned is not None
+            else f"is {run[1]} of the run folder {run[0]}"
+        )
+        raise UsageError(f"output_dir {output} {what}: set output_dir to a folder of its own")
     for inside in (output / CHECKPOINTS, output / TENSORBOARD):  # folders pretrain replaces, prunes, writes whole
         how = relation(prepared, inside)
         if how in ("is", "is inside"):

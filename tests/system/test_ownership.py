@@ -292,3 +292,34 @@ def test_a_folder_replaced_is_never_missing_to_a_reader(tmp_path, monkeypatch):
     assert (final / "model.safetensors").read_text() == "new"
     assert seen and None not in seen, seen
     assert sorted(p.name for p in tmp_path.iterdir()) == ["best"]
+
+
+@pytest.mark.parametrize(
+    "target, what",
+    [
+        ("checkpoints/step-0000004/x", "lies inside"),
+        ("checkpoints", "is a run's checkpoints folder"),
+        ("data", "is prepared data"),
+        ("export", "is an export"),
+        ("tensorboard/x", "inside the tensorboard/ folder"),
+    ],
+)
+def test_an_output_dir_inside_what_bertcli_owns_is_refused(run_copy, cli, tmp_path, target, what):
+    """A run trained into another run's checkpoint, checkpoints/, prepared data or an export (exit 0),
+    whose owner then refused it for holding files bertcli did not write."""
+    if target == "export":
+        assert cli("export", run_copy, run_copy / "export").code == 0
+    (run_copy / "tensorboard").mkdir(exist_ok=True)
+    output = run_copy / target
+    config = tmp_path / "other" / "config.yaml"
+    config.parent.mkdir()
+    shutil.copyfile(run_copy / "config.yaml", config)
+    before = snapshot(run_copy)
+    result = cli("pretrain", "--config", config, "--set", f"output_dir={output}", "--quiet")
+    refused(result, output)
+    assert what in result.err
+    assert snapshot(run_copy) == before
+    if target.startswith("checkpoints/"):  # init DIR sets output_dir: a checkpoint's config.yaml stays its own
+        forced = cli("init", output.parent, "--force")
+        assert forced.code == 2 and "is a checkpoint of bertcli's" in forced.err, forced.err
+        assert snapshot(run_copy) == before
