@@ -24,6 +24,7 @@ on any number of processes, with or without FSDP.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -608,6 +609,13 @@ def setting_differences(
             f"resuming {where} with other settings ({updates}): the updates of steps {step + 1:,} on "
             f"follow them{lr}; what the first {step:,} steps learned is kept"
         )
+    tokenizer = changed(["data.tokenizer"])
+    if tokenizer and not synthetic:  # (the synthetic corpus has no tokenizer)
+        lines.append(
+            f"resuming {where} with other tokenizer settings ({tokenizer}): ignored, as a run keeps the "
+            "tokenizer of its first checkpoint (its token ids are what the model learned); start a run in a new "
+            "output_dir to change it"
+        )
     return lines
 
 
@@ -910,10 +918,11 @@ class CheckpointManager:
             train_time_s=float(trainer.get("train_time_s", 0.0)),
         )
         console.info(f"resuming from {path} (step {progress.step})")
+        saved = read_config(path)
         if progress.step < self.cfg.train.max_steps:  # (else there is nothing to do)
             saved_batch = trainer.get("examples_per_step")
             for line in setting_differences(
-                read_config(path),
+                saved,
                 self.cfg,
                 step=progress.step,
                 where=path.name,
@@ -922,6 +931,10 @@ class CheckpointManager:
                 else (saved_batch if isinstance(saved_batch, int) else None, examples_per_step),
             ):
                 console.log(line)
+        # The checkpoints' configs say the tokenizer in use: the run's, whatever data.tokenizer says now.
+        self.cfg = dataclasses.replace(
+            self.cfg, data=dataclasses.replace(self.cfg.data, tokenizer=saved.data.tokenizer)
+        )
         return progress
 
     def due(self, step: int, last_step: int) -> bool:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import safetensors.torch
 import torch
-from conftest import REPO, micro_config, without_file_hashes, write_config
+from conftest import REPO, micro_config, read_yaml, without_file_hashes, write_config
 
 from bertcli import checkpoint, layout
 from bertcli.config_load import load_config
@@ -668,3 +668,18 @@ def test_best_is_of_the_history_resumed(tmp_path, eight_steps):
     other = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, hidden_act="relu"))
     assert checkpoint.settle_best(tmp_path / "run", other, root / "step-0000008") is None
     assert not (root / "best").exists()
+
+
+def test_resuming_with_other_tokenizer_settings_says_they_are_ignored(tmp_path, cli, trained):
+    """A run keeps its tokenizer: other data.tokenizer settings on a resume were ignored unsaid, and the
+    new checkpoint's config.yaml recorded them next to the tokenizer it did not describe."""
+    import shutil
+
+    run = Path(shutil.copytree(trained, tmp_path / "run", ignore=shutil.ignore_patterns("tensorboard")))
+    overrides = ["data.tokenizer.lowercase=false", "data.tokenizer.vocab_size=3000", "train.max_steps=5"]
+    result = cli("pretrain", "--config", run / "config.yaml", *(f"--set={o}" for o in overrides), "--quiet")
+    assert result.code == 0, result.err
+    [line] = [line for line in result.err_lines if "tokenizer settings" in line]
+    assert "data.tokenizer.lowercase True -> False" in line and "ignored" in line
+    saved = read_yaml(run / "checkpoints" / "step-0000005" / "config.yaml")["data"]["tokenizer"]
+    assert saved == read_yaml(run / "checkpoints" / "step-0000004" / "config.yaml")["data"]["tokenizer"]
