@@ -732,6 +732,11 @@ def _rename_aside(folder: Path, prefix: str) -> Path:
     return aside
 
 
+def _kept_words(aside: Path) -> str:
+    """What a folder set aside costs and that it is the user's to delete."""
+    return f"it keeps {layout.folder_bytes(aside) / 2**20:,.1f} MiB until you delete it (bertcli never does)"
+
+
 def _set_aside(damaged: list[tuple[Path, str]], resumed: Path | None, is_main: bool) -> None:
     """Rename each damaged or incomplete checkpoint folder damaged-step-NNNNNNN (by the main process),
     saying why and what the run resumes from instead."""
@@ -743,7 +748,7 @@ def _set_aside(damaged: list[tuple[Path, str]], resumed: Path | None, is_main: b
                 if resumed
                 else "no checkpoint loads: starting fresh"
             )
-            console.log(f"{bad} is damaged ({reason}): renamed {aside.name}; {then}")
+            console.log(f"{bad} is damaged ({reason}): renamed {aside.name} ({_kept_words(aside)}); {then}")
 
 
 def choose_resume(output_dir: Path, resume: str, cfg: Config, is_main: bool = True) -> Path | None:
@@ -804,7 +809,7 @@ def choose_resume(output_dir: Path, resume: str, cfg: Config, is_main: bool = Tr
         aside = _rename_aside(later, layout.ABANDONED_PREFIX)
         console.log(
             f"{later} is of step {step_of}, past the step resumed from ({step}): a history left behind: renamed "
-            f"{aside.name}, so that resuming never goes back to it"
+            f"{aside.name}, so that resuming never goes back to it ({_kept_words(aside)})"
         )
     return path
 

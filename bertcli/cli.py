@@ -31,7 +31,7 @@ except ImportError:  # older Typer uses the click package
 from bertcli import __version__, console
 from bertcli.console import error as err
 from bertcli.console import log
-from bertcli.errors import BertcliError, Interrupted, PipeClosed, RunError, UsageError
+from bertcli.errors import STOP_SIGNALS, BertcliError, Interrupted, PipeClosed, RunError, UsageError
 
 app = typer.Typer(
     name="bertcli",
@@ -586,9 +586,6 @@ def _say_encode_settings(settings: Any, *, model: Path, max_length: int | None) 
         )
 
 
-STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
-
-
 def _encode_stop_words(output: Path | None) -> str:
     """What a stopped encode leaves, in words (for _signals_stop)."""
     from bertcli.ownership import is_stream
@@ -620,8 +617,7 @@ def _signals_stop(where: str) -> Iterator[Callable[[], None]]:
         holding = True
 
     # (A signal mask would not do: torch's threads take a process's signals where the main thread blocks them.)
-    caught = (signal.SIGINT, *STOP_SIGNALS)
-    previous = {signum: signal.getsignal(signum) for signum in caught}
+    previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
     for signum, handler in previous.items():
         if handler is not signal.SIG_IGN and (signum != signal.SIGINT or handler is signal.default_int_handler):
             signal.signal(signum, stop)

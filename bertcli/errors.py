@@ -7,6 +7,8 @@ The CLI prints `str(error)` as one line on stderr, with no traceback unless debu
 
 from __future__ import annotations
 
+import signal
+
 
 class BertcliError(Exception):
     """Base class: a message meant for the user, one line per problem."""
@@ -42,6 +44,11 @@ class RunError(BertcliError):
 class PipeClosed(Exception):
     """The reader of stdout went away (`| head`): the command ends quietly with exit 0.
     Not an OSError, so that Typer (which turns EPIPE into exit 1) lets it through to main()."""
+
+
+# The signals that stop a command cleanly (Interrupted, exit 128 + N): Ctrl-C, a scheduler's SIGTERM,
+# and the SIGHUP of a closed terminal or ssh session (not where the process was started to ignore it: nohup).
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 
 
 class Interrupted(BertcliError):

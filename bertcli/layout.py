@@ -180,6 +180,20 @@ def list_checkpoints(output_dir: Path) -> list[tuple[int, Path]]:
     return [(step, path) for step, path in list_step_folders(output_dir) if is_checkpoint(path)]
 
 
+def set_aside(output_dir: Path) -> list[Path]:
+    """The checkpoint folders a run set aside (damaged-step-N, abandoned-step-N), oldest name first:
+    kept for the user, counted by neither resuming nor pruning."""
+    root = checkpoints_dir(output_dir)
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.name.startswith((DAMAGED_PREFIX, ABANDONED_PREFIX)) and p.is_dir())
+
+
+def folder_bytes(folder: Path) -> int:
+    """The bytes of the files directly in `folder` (a checkpoint holds no subfolders; links not followed)."""
+    return sum(p.lstat().st_size for p in Path(folder).iterdir() if p.is_file() and not p.is_symlink())
+
+
 def incomplete(path: Path) -> str | None:
     """Why `path` is no checkpoint folder to resume from (None: it is a complete one)."""
     if not Path(path).exists():

@@ -134,6 +134,8 @@ def _training(output_dir: Path, cfg: Config, only: Path | None = None) -> dict[s
         "train_time_s": state.get("train_time_s") if isinstance(state.get("train_time_s"), (int, float)) else None,
         "last_metrics": last if isinstance(last, dict) else {},
         "checkpoints": [{"step": s, "path": str(p)} for s, p in ckpts],
+        # damaged-step-N and abandoned-step-N: out of the run's history, kept for the user to delete
+        "set_aside": [{"path": str(p), "bytes": layout.folder_bytes(p)} for p in layout.set_aside(output_dir)],
         "metrics_file": str(output_dir / layout.METRICS) if records else None,
         "tokenizer": tokenizer,
     }
@@ -415,6 +417,10 @@ def format_report(report: dict[str, Any]) -> str:
             lines += ["", "damaged (left out above)"] + [f"  {problem}" for problem in t["damaged"]]
         lines += ["", f"checkpoints ({len(t['checkpoints'])})"]
         lines += [f"  step {c['step']:>9,}  {c['path']}" for c in t["checkpoints"]] or ["  none yet"]
+        if t.get("set_aside"):
+            total = sum(c["bytes"] for c in t["set_aside"]) / 2**20
+            lines += ["", f"set aside ({len(t['set_aside'])}, {total:,.1f} MiB: yours to delete; bertcli never does)"]
+            lines += [f"  {c['bytes'] / 2**20:>9,.1f} MiB  {c['path']}" for c in t["set_aside"]]
     return "\n".join(lines)
 
 

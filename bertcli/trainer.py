@@ -35,7 +35,7 @@ from bertcli.data import Corpus, Dataset, load_data
 from bertcli.data.examples import IGNORE, Batch, ExampleBuilder, StepBatches
 from bertcli.data.loader import data_workers, loader
 from bertcli.dropout import seed_step
-from bertcli.errors import Interrupted, RunError
+from bertcli.errors import STOP_SIGNALS, Interrupted, RunError
 from bertcli.metrics import LossStats, MetricsLogger, MetricsWindow, peak_tflops
 from bertcli.model import BertForPreTraining, PretrainingOutput
 from bertcli.optim import build_optimizer, fused_adamw, lr_at, step_if_finite
@@ -184,8 +184,8 @@ def pretrain(cfg: Config, resume: str = "auto", quiet: bool = False, stop_at: in
 
 
 class StopOnSignal:
-    """SIGINT and SIGTERM ask the loop to finish the current step, write a checkpoint and stop
-    (exit 130 or 143); a second signal stops at once (the last complete checkpoint stays valid): a
+    """SIGINT, SIGTERM and SIGHUP ask the loop to finish the current step, write a checkpoint and
+    stop (exit 130, 143 or 129); a second signal stops at once (the last complete checkpoint stays valid): a
     Ctrl-C as KeyboardInterrupt, a SIGTERM (a scheduler that waited long enough) with exit 143."""
 
     def __init__(self) -> None:
@@ -194,8 +194,9 @@ class StopOnSignal:
 
     def __enter__(self) -> StopOnSignal:
         if threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                self.previous[signum] = signal.signal(signum, self._handle)
+            for signum in STOP_SIGNALS:
+                if signal.getsignal(signum) is not signal.SIG_IGN:  # nohup: ignored stays ignored
+                    self.previous[signum] = signal.signal(signum, self._handle)
         return self
 
     def _handle(self, signum: int, frame: Any) -> None:

@@ -11,6 +11,8 @@ import signal
 
 import torch
 
+from bertcli.errors import STOP_SIGNALS
+
 
 def data_workers(device: torch.device, configured: int | None) -> int:
     """Example-building processes: on a GPU four keep the step fed (a BERT-base batch of 256 takes
@@ -38,8 +40,8 @@ def loader(dataset: torch.utils.data.Dataset, *, workers: int, pin_memory: bool)
 
 
 def _ignore_stop_signals(worker_id: int) -> None:
-    """Ctrl-C and a scheduler's SIGTERM reach the whole process group: the workers leave the
-    graceful stop to the training process (which still needs batches to finish its step) and
-    end when it shuts the loader down, or when it dies."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    """Ctrl-C, a scheduler's SIGTERM and a closed terminal's SIGHUP reach the whole process group:
+    the workers leave the graceful stop to the training process (which still needs batches to
+    finish its step) and end when it shuts the loader down, or when it dies."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)

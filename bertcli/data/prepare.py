@@ -104,7 +104,7 @@ from bertcli.data.tokenizer import (
     tokenizer_identity,
     train_wordpiece,
 )
-from bertcli.errors import Interrupted, RunError, UsageError
+from bertcli.errors import STOP_SIGNALS, Interrupted, RunError, UsageError
 from bertcli.layout import (
     DOC_OFFSETS,
     INDEX,
@@ -580,7 +580,8 @@ def _unit_from_json(line: str) -> tuple[Path, Unit]:
 def _worker_main() -> None:
     """A worker process: prepares the units it reads on stdin with one encoding thread (N workers
     means N cores), writing progress, records and the first error as JSON lines on stdout."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent ends us
+    for signum in (signal.SIGINT, signal.SIGHUP):  # they reach the whole process group: the parent ends us
+        signal.signal(signum, signal.SIG_IGN)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # read by tokenizers at each call
     out = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)  # what a library prints goes to stderr, never into the messages
@@ -1314,7 +1315,7 @@ _state = ""  # what a stop now keeps, in words
 
 @contextmanager
 def _stop_on_signal(folder: Path) -> Iterator[None]:
-    """SIGINT and SIGTERM stop `prepare` at once, also inside `pretrain` (whose own handlers only ask
+    """SIGINT, SIGTERM and SIGHUP stop `prepare` at once, also inside `pretrain` (whose own handlers only ask
     the training loop to stop after a step): the exception unwinds atomic.folder, which removes the
     temporary folder (or, updating a prepared folder in place, the temporary units; the previous
     manifest stays valid), ends the worker processes, and ends the command with exit 128 + N and
@@ -1340,7 +1341,7 @@ def _stop_on_signal(folder: Path) -> Iterator[None]:
 
     previous = {
         signum: handler
-        for signum in (signal.SIGINT, signal.SIGTERM)
+        for signum in STOP_SIGNALS
         if (handler := signal.getsignal(signum)) not in (signal.SIG_IGN, None)
     }  # nohup: ignored stays ignored
     read_end, write_end = os.pipe()
@@ -1382,7 +1383,7 @@ def _poll_stop() -> None:
     global _signal
     if _stop_pipe is not None and _signal is None:
         try:
-            _signal = next((b for b in os.read(_stop_pipe, 64) if b in (signal.SIGINT, signal.SIGTERM)), None)
+            _signal = next((b for b in os.read(_stop_pipe, 64) if b in STOP_SIGNALS), None)
         except OSError:  # nothing there (BlockingIOError), or the pipe is gone
             pass
 

@@ -36,7 +36,7 @@ def wait_for(path, proc, seconds=120):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGHUP, 129)])
 def test_signal_finishes_the_step_saves_and_says_how_to_resume(tmp_path, signum, code, cli):
     config = write_config(
         tmp_path,
@@ -795,7 +795,7 @@ def _gone(pid: int) -> bool:
         return True
 
 
-@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGHUP, 129)])
 def test_a_signal_stops_prepare_and_its_workers_at_once(tmp_path, small_corpus, signum, code):
     """To the whole process group, as Ctrl-C or a scheduler sends it: the workers end, their temporary
     units go with the temporary folder, and the one line says nothing was kept."""
@@ -889,10 +889,11 @@ def test_an_incomplete_newest_checkpoint_is_said_and_set_aside(tmp_path, cli):
     ], exported.err
     result = cli("pretrain", "--config", config, "--set", "train.max_steps=6")
     assert result.code == 0, result.err
+    size = sum(p.stat().st_size for p in (tmp_path / "checkpoints" / "damaged-step-0000009").iterdir()) / 2**20
     assert (
         f"{cut} is damaged (not a complete checkpoint (missing model.safetensors, training_state.pt, "
-        f"trainer_state.json)): renamed damaged-step-0000009; resuming from the newest checkpoint that loads, "
-        f"{tmp_path / 'checkpoints' / 'step-0000004'}"
+        f"trainer_state.json)): renamed damaged-step-0000009 (it keeps {size:,.1f} MiB until you delete it (bertcli "
+        f"never does)); resuming from the newest checkpoint that loads, {tmp_path / 'checkpoints' / 'step-0000004'}"
     ) in result.err
     assert [s for s, _ in layout.list_checkpoints(tmp_path)][-1] == 6
     assert (tmp_path / "checkpoints" / "damaged-step-0000009" / "config.yaml").is_file()

@@ -587,10 +587,16 @@ def test_resuming_an_older_checkpoint_by_path_sets_the_later_history_aside(tmp_p
     config = write_config(tmp_path, "checkpoint.keep_last=3", "train.eval_every=0", "logging.tensorboard=false")
     result = cli("pretrain", "--config", config, "--quiet", "--resume", root / "step-0000004", "--stop-at", "6")
     assert result.code == 0, result.err
+    size = sum(p.stat().st_size for p in (root / "abandoned-step-0000008").iterdir()) / 2**20
     assert (
         f"{root / 'step-0000008'} is of step 8, past the step resumed from (4): a history left behind: renamed "
-        "abandoned-step-0000008, so that resuming never goes back to it"
+        f"abandoned-step-0000008, so that resuming never goes back to it (it keeps {size:,.1f} MiB until you "
+        "delete it (bertcli never does))"
     ) in result.err_lines, result.err
+    # inspect says what is set aside and what it costs (they piled up unseen, a full checkpoint each)
+    report = json.loads(cli("inspect", tmp_path, "--json").out)["training"]
+    assert report["set_aside"] == [{"path": str(root / "abandoned-step-0000008"), "bytes": round(size * 2**20)}]
+    assert f"set aside (1, {size:,.1f} MiB: yours to delete" in cli("inspect", tmp_path).out
     result = cli("pretrain", "--config", config, "--quiet", "--stop-at", "7")
     assert result.code == 0 and "done: step 7" in result.err, result.err
     assert sorted(p.name for p in root.iterdir()) == [
