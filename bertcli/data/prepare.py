@@ -207,6 +207,7 @@ def _file_entries(files: list[Path], previous: list[dict[str, Any]]) -> list[dic
         if same:
             entry.update({k: old[k] for k in ("sha256", "parts") if k in old})  # type: ignore[index]
         else:
+            _say_cr_line_ends(f)
             cuts = document_cuts(f, UNIT_BYTES) if st.st_size > UNIT_BYTES and not is_compressed(f) else []
             if cuts:
                 entry["parts"] = _hash_parts(f, cuts)
@@ -214,6 +215,20 @@ def _file_entries(files: list[Path], previous: list[dict[str, Any]]) -> list[dic
                 entry["sha256"] = ownership.sha256_of(f)
         entries.append(entry)
     return entries
+
+
+def _say_cr_line_ends(path: Path) -> None:
+    """Warn of a text file whose lines end in CR alone (classic Mac OS): a line ends at LF, so it is
+    read as one line, its documents as one. Its first 4 KiB tell (a file read anyway: the page is cached)."""
+    if is_compressed(path) or is_jsonl(path):
+        return
+    with open(path, "rb") as fh:
+        head = fh.read(4096)
+    if head.count(b"\r") > 1 and b"\n" not in head:
+        log(
+            f"warning: {path}: its lines end in CR alone (classic Mac OS line ends); a line ends at LF, so it is "
+            "read as one line and its documents as one: convert it (tr '\\r' '\\n' < OLD > NEW)"
+        )
 
 
 def _entry_digest(entry: dict[str, Any]) -> str | None:

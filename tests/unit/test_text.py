@@ -828,6 +828,21 @@ def test_a_corpus_folder_reads_compressed_files_any_case_and_says_what_it_skips(
         list(read_sentences(files))
 
 
+def test_a_file_with_cr_line_ends_is_said(tmp_path, capsys):
+    """Classic Mac OS line ends (CR alone): read as one line, its documents merged, unsaid."""
+    from bertcli.data.prepare import _file_entries
+
+    lf, cr, crlf = tmp_path / "lf.txt", tmp_path / "cr.txt", tmp_path / "crlf.txt"
+    text = "One sentence here.\nAnother one.\n\nA second document.\n"
+    lf.write_text(text)
+    cr.write_bytes(text.replace("\n", "\r").encode())
+    crlf.write_bytes(text.replace("\n", "\r\n").encode())
+    capsys.readouterr()
+    _file_entries([lf, cr, crlf], [])
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"warning: {cr}: its lines end in CR alone") and "convert it" in line
+
+
 @pytest.mark.parametrize(
     "record, needle",
     [
