@@ -1,6 +1,6 @@
 """`bertcli encode`: lines of text in, one vector per line out, streamed.
 
-Lines are read a window at a time (32 batches), tokenized together, sorted by length inside the
+Lines are read a window at a time (32 batches, or 1M characters), tokenized together, sorted by length inside the
 window so that each batch carries little padding, run through the encoder under
 torch.inference_mode, and written back in input order before the next window is read: memory is
 bounded whatever the input's length, and a consumer sees rows while the input still flows. A
@@ -46,6 +46,10 @@ from bertcli.sbert import SentenceModel, read_sentence_model
 
 POOLINGS = ("cls", "mean", "max", "pooler")
 WINDOW_BATCHES = 32
+# A window ends at WINDOW_BATCHES batches or at WINDOW_CHARS characters of text, whichever comes first:
+# memory stays bounded whatever --batch-size asks (a 10 MB input at --batch-size 100000000 was read
+# whole, 2.9 GB; the default window of 1,024 ordinary lines is far below the bound).
+WINDOW_CHARS = 1 << 20
 # On a CPU a batch's widest activation (token slots x intermediate_size x 4 bytes) stays under this,
 # so long texts come fewer per batch (1,365 token slots at MiniLM's 1,536: 64 texts up to 21 tokens).
 # The matrix products run as fast from about 640 rows up, while smaller batches of long texts carry
@@ -190,7 +194,7 @@ def load_encoder(path: Path, device: torch.device, precision: str = "fp32") -> E
             )
         if found.kind is Kind.INCOMPLETE_CHECKPOINT:
             raise UsageError(f"{path}: {layout.incomplete(path)}; use another checkpoint of the run")
-        if found.kind is not Kind.CHECKPOINT and not (found.kind is Kind.RUN and found.started):
+        if found.kind not in (Kind.CHECKPOINT, Kind.RUN):  # (a run with no checkpoint: find_checkpoint says so)
             raise UsageError(
                 f"{path}: not a model; a model is a run folder, a checkpoint folder or a Hugging Face "
                 "BERT folder (config.json, model.safetensors, and tokenizer.json or vocab.txt)"
@@ -650,7 +654,7 @@ def encode(
 
     reader = _Reader(lines) if input_may_stall else _Direct(lines)
     try:
-        first = 0.0  # when the window's first line came
+        first, chars = 0.0, 0  # when the window's first line came, and the characters read into it
         while True:
             try:  # with lines pending, wait for more only while the input flows (a slow producer: tail -f)
                 wait = min(STALL_SECONDS, first + MAX_WAIT_SECONDS - time.monotonic()) if window else None
@@ -661,9 +665,10 @@ def encode(
             if line is _END:
                 break
             if not window:
-                first = time.monotonic()
+                first, chars = time.monotonic(), 0
             window.append(line)
-            if len(window) >= batch_size * WINDOW_BATCHES:
+            chars += len(line)
+            if len(window) >= batch_size * WINDOW_BATCHES or chars >= WINDOW_CHARS:
                 flush()
         flush()
     finally:

@@ -119,6 +119,15 @@ def _hf_with_a_larger_tokenizer(run: Path, folder: Path) -> Path:
     return out
 
 
+def _hf_padded_tokenizer(run: Path, folder: Path) -> Path:
+    """The run exported as a Hugging Face folder whose tokenizer.json is 3 MiB (read whole, a tokenizer of
+    millions of tokens took gigabytes before the vocabulary-size refusal)."""
+    out = _hf_without(run, folder)
+    text = (out / "tokenizer.json").read_text()
+    (out / "tokenizer.json").write_text(text + " " * (3 * 2**20 - len(text.encode())))
+    return out
+
+
 def _hf_nested(run: Path, folder: Path, name: str) -> Path:
     """The run exported as a Hugging Face folder whose JSON file `name` nests 5,000 lists (10 KB)."""
     out = _hf_without(run, folder)
@@ -614,6 +623,12 @@ CASES = [
         "--max-length 2 with --pairs: a pair takes 3 special tokens",
     ),
     (
+        "encode-run-not-trained-yet",
+        lambda d, b: ["encode", "--model", text_run(d / "run", b["corpus"]).parent, _write(d, "in.txt", "a\n")],
+        2,
+        "run: no checkpoint here; pass a checkpoint folder or a run folder that holds checkpoints/",
+    ),
+    (
         "encode-bad-layer",
         lambda d, b: ["encode", "--model", b["text"], "--layer", "9", _write(d, "in.txt", "a\n")],
         2,
@@ -708,6 +723,12 @@ CASES = [
         lambda d, b: ["encode", "--model", _hf_with_a_larger_tokenizer(b["text"], d), _write(d, "in.txt", "w1090\n")],
         2,
         "vocab.txt: more than 1,000 lines (tokens), but the model has vocab_size 1,000",
+    ),
+    (
+        "inspect-hf-tokenizer-json-past-any-vocabulary-of-the-model",
+        lambda d, b: ["inspect", _hf_padded_tokenizer(b["text"], d)],
+        2,
+        "tokenizer.json: 3.0 MiB, more than a tokenizer of the model's vocab_size 1,000 needs (2.0 MiB at most)",
     ),
     (
         "inspect-hf-config-nested-too-deeply",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -717,3 +718,27 @@ def test_a_checkpoint_pruned_while_it_is_read_gives_way_to_the_newest(trained, t
     monkeypatch.setattr(enc, "_load_checkpoint", lambda ckpt: shutil.rmtree(ckpt) or real(ckpt))
     with pytest.raises(FileNotFoundError):  # a checkpoint named by the user is not swapped for another
         load_encoder(run / "checkpoints" / "step-0000003", torch.device("cpu"))
+
+
+def test_a_window_is_bounded_in_characters_whatever_the_batch_size(trained, monkeypatch):
+    """--batch-size 100000000 made one window of 3.2 billion lines: the whole input read before a row
+    was written (a 10 MB input: 2.9 GB, growing with the input). A window also ends at WINDOW_CHARS."""
+    from bertcli import encode as enc_mod
+
+    monkeypatch.setattr(enc_mod, "WINDOW_CHARS", 100)
+    enc = load_encoder(trained, torch.device("cpu"))
+    windows = []
+    real = enc.tokenizer.encode_batch
+
+    class Counting:  # the tokenizer, with its calls counted: one per window
+        def __getattr__(self, name):
+            return getattr(real.__self__, name)
+
+        def encode_batch(self, texts, **kwargs):
+            windows.append(len(texts))
+            return real(texts, **kwargs)
+
+    enc.tokenizer = Counting()
+    lines = [f"line number {i} of the input" for i in range(30)]  # 26 or 27 characters each
+    counts = encode(enc, iter(lines), Writer("jsonl", io.StringIO(), None, False), resolve(enc, batch_size=10**8))
+    assert counts["lines"] == 30 and windows == [4] * 7 + [2], windows
