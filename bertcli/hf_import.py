@@ -119,19 +119,19 @@ def check_weights(folder: Path, cfg: ModelConfig) -> None:
             )
 
 
-# all-MiniLM-L6-v2's tokenizer.json (BERT's uncased vocabulary): 466 KB for 30,522 tokens, 15 bytes a token.
-TOKENIZER_JSON_BYTES_PER_TOKEN = 1024
+# all-MiniLM-L6-v2's tokenizer.json (BERT's uncased vocabulary): 466 KB for 30,522 tokens, 15 bytes a token;
+# its vocab.txt 232 KB, 8 bytes a token. A tokenizer file past 1 KiB a token belongs to no such model.
+TOKENIZER_BYTES_PER_TOKEN = 1024
 
 
 def load_model_tokenizer(file: Path, cfg: ModelConfig) -> Tokenizer:
     """The tokenizer.json or vocab.txt `file` of a model folder, checked against the model
-    (check_tokenizer). A vocab.txt (a token a line, its id the line number) with more lines than
-    the model's vocab_size is refused before it is loaded: counted streamed, it costs no memory,
-    where the tokenizer built from 20 million lines took 7.7 GB and 108 s to reach the same refusal.
-    A tokenizer.json is refused unread past TOKENIZER_JSON_BYTES_PER_TOKEN bytes a token of the model
-    (about 65 times what BERT's uncased vocabulary takes), plus a MiB."""
-    size, bound = Path(file).stat().st_size, TOKENIZER_JSON_BYTES_PER_TOKEN * cfg.vocab_size + (1 << 20)
-    if Path(file).suffix == ".json" and size > bound:
+    (check_tokenizer). What cannot belong to the model is refused before it is read: a file past
+    TOKENIZER_BYTES_PER_TOKEN bytes a token of the model (plus a MiB), and a vocab.txt (a token a
+    line, its id the line number) of more lines than the model's vocab_size, counted streamed (the
+    tokenizer built from 20 million lines took 7.7 GB and 108 s to reach the same refusal)."""
+    size, bound = Path(file).stat().st_size, TOKENIZER_BYTES_PER_TOKEN * cfg.vocab_size + (1 << 20)
+    if size > bound:
         raise UsageError(
             f"{file}: {size / 2**20:,.1f} MiB, more than a tokenizer of the model's vocab_size {cfg.vocab_size:,} "
             f"needs ({bound / 2**20:,.1f} MiB at most); the tokenizer belongs to another model: restore the "

@@ -87,6 +87,7 @@ from bertcli.data.text import (
     document_cuts,
     is_compressed,
     is_jsonl,
+    lines_end_in_cr,
     read_sentences,
     read_text,
 )
@@ -218,13 +219,8 @@ def _file_entries(files: list[Path], previous: list[dict[str, Any]]) -> list[dic
 
 
 def _say_cr_line_ends(path: Path) -> None:
-    """Warn of a text file whose lines end in CR alone (classic Mac OS): a line ends at LF, so it is
-    read as one line, its documents as one. Its first 4 KiB tell (a file read anyway: the page is cached)."""
-    if is_compressed(path) or is_jsonl(path):
-        return
-    with open(path, "rb") as fh:
-        head = fh.read(4096)
-    if head.count(b"\r") > 1 and b"\n" not in head:
+    """Warn of a text file whose lines end in CR alone: it is read as one line, its documents as one."""
+    if lines_end_in_cr(path):
         log(
             f"warning: {path}: its lines end in CR alone (classic Mac OS line ends); a line ends at LF, so it is "
             "read as one line and its documents as one: convert it (tr '\\r' '\\n' < OLD > NEW)"

@@ -247,6 +247,20 @@ def _open(path: Path) -> BinaryIO:
     return COMPRESSIONS[compression][0](path, "rb") if compression else open(path, "rb")  # type: ignore[return-value]
 
 
+def lines_end_in_cr(path: Path) -> bool:
+    """Whether a text file's lines end in CR alone (classic Mac OS): its first 4 KiB, decompressed,
+    hold CRs and no LF. A line ends at LF, so such a file reads as one line. (A damaged compressed
+    file says nothing here: reading it names the damage.)"""
+    if is_jsonl(path):
+        return False
+    try:
+        with _open(path) as fh:
+            head = fh.read(4096)
+    except (OSError, *COMPRESSED_ERRORS):
+        return False
+    return head.count(b"\r") > 1 and b"\n" not in head
+
+
 @dataclass(frozen=True)
 class Part:
     """Bytes [start, end) of a corpus file, read on their own (end None: to the file's end); `line` is

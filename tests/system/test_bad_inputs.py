@@ -119,12 +119,13 @@ def _hf_with_a_larger_tokenizer(run: Path, folder: Path) -> Path:
     return out
 
 
-def _hf_padded_tokenizer(run: Path, folder: Path) -> Path:
-    """The run exported as a Hugging Face folder whose tokenizer.json is 3 MiB (read whole, a tokenizer of
-    millions of tokens took gigabytes before the vocabulary-size refusal)."""
-    out = _hf_without(run, folder)
-    text = (out / "tokenizer.json").read_text()
-    (out / "tokenizer.json").write_text(text + " " * (3 * 2**20 - len(text.encode())))
+def _hf_padded_tokenizer(run: Path, folder: Path, name: str = "tokenizer.json") -> Path:
+    """The run exported as a Hugging Face folder whose tokenizer file `name` is 3 MiB (read whole, a
+    tokenizer of millions of tokens, or a vocab.txt of one 600 MB line, took gigabytes before the
+    vocabulary-size refusal); a vocab.txt alone (no tokenizer.json)."""
+    out = _hf_without(run, folder, *(["tokenizer.json"] if name == "vocab.txt" else []))
+    text = (out / name).read_text()
+    (out / name).write_text(text + " " * (3 * 2**20 - len(text.encode())))
     return out
 
 
@@ -729,6 +730,12 @@ CASES = [
         lambda d, b: ["inspect", _hf_padded_tokenizer(b["text"], d)],
         2,
         "tokenizer.json: 3.0 MiB, more than a tokenizer of the model's vocab_size 1,000 needs (2.0 MiB at most)",
+    ),
+    (
+        "encode-hf-vocab-txt-of-a-line-past-any-vocabulary-of-the-model",
+        lambda d, b: ["encode", "--model", _hf_padded_tokenizer(b["text"], d, "vocab.txt"), _write(d, "in.txt", "a\n")],
+        2,
+        "vocab.txt: 3.0 MiB, more than a tokenizer of the model's vocab_size 1,000 needs (2.0 MiB at most)",
     ),
     (
         "inspect-hf-config-nested-too-deeply",

@@ -832,15 +832,16 @@ def test_a_file_with_cr_line_ends_is_said(tmp_path, capsys):
     """Classic Mac OS line ends (CR alone): read as one line, its documents merged, unsaid."""
     from bertcli.data.prepare import _file_entries
 
-    lf, cr, crlf = tmp_path / "lf.txt", tmp_path / "cr.txt", tmp_path / "crlf.txt"
+    lf, cr, crlf, cr_gz = (tmp_path / name for name in ("lf.txt", "cr.txt", "crlf.txt", "cr.txt.gz"))
     text = "One sentence here.\nAnother one.\n\nA second document.\n"
     lf.write_text(text)
     cr.write_bytes(text.replace("\n", "\r").encode())
     crlf.write_bytes(text.replace("\n", "\r\n").encode())
+    cr_gz.write_bytes(gzip.compress(text.replace("\n", "\r").encode()))
     capsys.readouterr()
-    _file_entries([lf, cr, crlf], [])
-    [line] = capsys.readouterr().err.splitlines()
-    assert line.startswith(f"warning: {cr}: its lines end in CR alone") and "convert it" in line
+    _file_entries([lf, cr, crlf, cr_gz], [])
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(": its lines end in CR alone")[0] for line in lines] == [f"warning: {cr}", f"warning: {cr_gz}"]
 
 
 @pytest.mark.parametrize(
