@@ -80,6 +80,7 @@ TOKENIZER_CONFIG = "tokenizer_config.json"
 SPECIAL_TOKENS_MAP = "special_tokens_map.json"
 SENTENCE_MODULES = "modules.json"  # sentence-transformers: the modules, run in order
 SENTENCE_SETTINGS = "sentence_bert_config.json"
+SENTENCE_PROMPTS = "config_sentence_transformers.json"  # its prompts, and the one encode() prepends by default
 MODULE_CONFIG = HF_CONFIG  # a sentence-transformers module's settings, in its own folder
 
 

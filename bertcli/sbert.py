@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bertcli.errors import UsageError
-from bertcli.layout import MODULE_CONFIG, SENTENCE_MODULES, SENTENCE_SETTINGS, TOKENIZER_CONFIG
+from bertcli.layout import MODULE_CONFIG, SENTENCE_MODULES, SENTENCE_PROMPTS, SENTENCE_SETTINGS, TOKENIZER_CONFIG
 
 # Pooling modes bertcli computes, under the names sentence-transformers gives them.
 SUPPORTED = ("cls", "mean", "max")
@@ -45,11 +45,18 @@ class SentenceModel:
     max_seq_length: int | None  # None: the model's own limit
     lowercase: bool
     unsupported: list[str] = field(default_factory=list)  # modules bertcli does not run (Dense, ...)
+    default_prompt: tuple[str, str] | None = None  # (name, text) that encode() prepends to every text
 
     def problem(self) -> str | None:
         """Why bertcli cannot reproduce this model's embeddings, or None when it can."""
         if self.unsupported:
             return f"its modules.json also runs {', '.join(self.unsupported)}, which bertcli does not"
+        if self.default_prompt:
+            name, text = self.default_prompt
+            return (
+                f"its {SENTENCE_PROMPTS} prepends the prompt {name!r} ({text!r}) to every text by default, "
+                "which bertcli does not"
+            )
         if self.pooling not in SUPPORTED:
             return f"its pooling is {self.pooling}, which bertcli does not compute"
         return None
@@ -132,6 +139,11 @@ def read_sentence_model(folder: Path) -> SentenceModel | None:
             normalize = True  # no settings: the module may have no folder at all
         else:
             unsupported.append(kind)
+    prompts_file = folder / SENTENCE_PROMPTS
+    prompts = _read_json(prompts_file) if prompts_file.is_file() else {}
+    prompts = prompts if isinstance(prompts, dict) else {}
+    name = prompts.get("default_prompt_name")
+    text = prompts.get("prompts", {}).get(name) if isinstance(prompts.get("prompts"), dict) else None
     settings = transformer / SENTENCE_SETTINGS
     raw = _read_json(settings) if settings.is_file() else {}
     raw = raw if isinstance(raw, dict) else {}
@@ -143,4 +155,5 @@ def read_sentence_model(folder: Path) -> SentenceModel | None:
         max_seq_length=_max_seq_length(raw, settings, transformer),
         lowercase=bool(raw.get("do_lower_case", False)),
         unsupported=unsupported,
+        default_prompt=(str(name), text) if isinstance(text, str) and text else None,
     )

@@ -215,6 +215,26 @@ def test_flags_win_and_unreproducible_folders_are_refused(minilm, cli, tmp_path,
     np.testing.assert_array_equal(vectors(with_dense, sample_lines[:4], pooling="mean"), plain_mean)
 
 
+def test_a_default_prompt_is_refused_unless_the_pooling_is_chosen(minilm, cli, tmp_path, sample_lines):
+    """sentence-transformers prepends a folder's default prompt to every text: encoded without it,
+    every vector differed (cosine down to 0.81), exit 0. A prompt set but not default changes nothing."""
+    folder = st_variant(tmp_path, {"pooling_mode_mean_tokens": True}, ["Transformer", "Pooling", "Normalize"])
+    prompts = folder / "config_sentence_transformers.json"
+    prompts.unlink()  # (a link to the package's)
+    (tmp_path / "in.txt").write_text("a line\n")
+    for default, refused in ((None, False), ("document", False), ("query", True)):
+        prompts.write_text(
+            json.dumps({"prompts": {"query": "query: ", "document": ""}, "default_prompt_name": default})
+        )
+        result = cli("encode", "--model", folder, tmp_path / "in.txt")
+        assert (result.code == 2) == refused, result.err
+        if refused:
+            assert "prepends the prompt 'query' ('query: ') to every text by default" in result.err
+            assert len(result.err_lines) == 1 and "--pooling" in result.err
+    chosen = cli("encode", "--model", folder, "--pooling", "mean", tmp_path / "in.txt")
+    assert chosen.code == 0, chosen.err
+
+
 TEXTS = [
     "Héllo Wörld, NAÏVE café",
     "東京タワー and 北京大学 Résumé",
