@@ -518,7 +518,7 @@ def encode(
             writer.close(encoder.model.config.hidden_size)
         except BaseException as exc:
             writer.abort()
-            worded = _encode_error(exc)
+            worded = _encode_error(exc) or _stream_full(exc, output)
             if worded is not None:
                 raise worded from None
             raise
@@ -648,6 +648,20 @@ def _encode_format(fmt: Format | None, output: Path | None, with_text: bool, tok
     if fmt == Format.npy and with_text:
         raise UsageError("--with-text: npy holds numbers only; use --format jsonl or tsv for the text")
     return fmt
+
+
+def _stream_full(exc: BaseException, output: Path | None) -> RunError | None:
+    """A full disk under encode's rows on stdout (or a device or pipe -o names): what was written
+    stays there, unlike a file of --output (written whole or not at all); None: another error."""
+    from bertcli.atomic import is_disk_full
+    from bertcli.ownership import is_stream
+
+    if not (isinstance(exc, OSError) and is_disk_full(exc)) or (output is not None and not is_stream(output)):
+        return None
+    return RunError(
+        f"{output or 'stdout'}: disk full ({exc.strerror}); the rows written there so far are incomplete (the last "
+        "one may be cut): free space, or write with --output FILE, which keeps nothing half-written"
+    )
 
 
 def _encode_error(exc: BaseException) -> UsageError | None:

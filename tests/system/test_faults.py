@@ -651,6 +651,21 @@ def test_a_full_disk_while_encoding_names_the_output_and_leaves_nothing(tmp_path
     assert os.listdir(out.parent) == [], "no temporary file is left"
 
 
+def test_a_full_disk_under_rows_on_stdout_says_they_are_incomplete(tmp_path, trained):
+    """Rows on stdout stay where a full disk cut them: the line said 'nothing half-written was kept
+    and nothing at --output was changed', with no --output given (793 rows and half a row were there)."""
+    lines = tmp_path / "in.txt"
+    lines.write_text("a line of text\n" * 3000)
+    with open("/dev/full", "w") as full:  # every write: ENOSPC
+        command = [sys.executable, "-m", "bertcli", "encode", "--model", str(trained), str(lines)]
+        result = subprocess.run(command, cwd=REPO, stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.splitlines() == [
+        "bertcli: error: stdout: disk full (No space left on device); the rows written there so far are incomplete "
+        "(the last one may be cut): free space, or write with --output FILE, which keeps nothing half-written"
+    ], result.stderr
+
+
 def test_prepare_and_pretrain_never_work_on_one_run_at_once(tmp_path, cli, small_corpus):
     """prepare takes the run's lock: under a running pretrain it would replace the data being trained on."""
     from conftest import text_run
