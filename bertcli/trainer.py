@@ -178,7 +178,16 @@ def pretrain(cfg: Config, resume: str = "auto", quiet: bool = False, stop_at: in
         lock = RunLock(Path(cfg.output_dir), "pretrain") if rt.is_main else contextlib.nullcontext()
         with console.quiet(quiet), lock, StopOnSignal() as stopper:
             run = build_run(cfg, rt, resume, quiet)
-            return fit(run, min(cfg.train.max_steps, stop_at or cfg.train.max_steps), stopper, quiet)
+            try:
+                result = fit(run, min(cfg.train.max_steps, stop_at or cfg.train.max_steps), stopper, quiet)
+            except Interrupted:  # (every process stops at the same step, after the same checkpoint)
+                rt.barrier()
+                raise
+        # The processes end together: one that tore its connections down while rank 0 still wrote the
+        # last checkpoint aborted ("terminate called without an active exception", SIGABRT), and
+        # torchrun then sent rank 0 SIGTERM mid-save and failed the job (1 run in 8 to 16 here).
+        rt.barrier()
+        return result
     finally:
         rt.close()
 
