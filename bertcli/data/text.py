@@ -210,6 +210,7 @@ def _walk(root: Path) -> tuple[list[Path], dict[str, list[Path]]]:
         "special": "entries that are not regular files (broken links, pipes, devices)",
         "again": "folder(s) or file(s) reached a second time through a symbolic link (read once)",
         "unreadable": "folder(s) that could not be read (permissions)",
+        "model": "file(s) of a model, tokenizer, prepared data or run (a vocabulary list, training metrics), not text",
     }
 
     def skip(reason: str, entry: Path) -> None:
@@ -232,6 +233,8 @@ def _walk(root: Path) -> tuple[list[Path], dict[str, list[Path]]]:
                 skip("special", entry)
             elif not is_corpus_file(entry):
                 skip("name", entry)
+            elif _not_text(entry):
+                skip("model", entry)
             else:
                 st = entry.stat()
                 if (st.st_dev, st.st_ino) in seen:
@@ -240,6 +243,20 @@ def _walk(root: Path) -> tuple[list[Path], dict[str, list[Path]]]:
                     seen.add((st.st_dev, st.st_ino))
                     files.append(entry)
     return sorted(files), skipped
+
+
+# Files a model, tokenizer, prepared data or run folder holds under corpus names, and what in their folder
+# shows it is one (a corpus folder that holds a model: its vocab.txt was trained on as 30,522 "sentences").
+NOT_TEXT = {
+    "vocab.txt": ("config.json", "tokenizer.json", "model.safetensors", "trainer_state.json", "manifest.json"),
+    "merges.txt": ("config.json", "tokenizer.json", "vocab.json"),
+    "metrics.jsonl": ("config.yaml", "checkpoints"),
+}
+
+
+def _not_text(entry: Path) -> bool:
+    """Whether corpus-named file `entry` is a model's or a run's own file (see NOT_TEXT)."""
+    return any((entry.parent / mark).exists() for mark in NOT_TEXT.get(entry.name, ()))
 
 
 def _open(path: Path) -> BinaryIO:

@@ -828,6 +828,30 @@ def test_a_corpus_folder_reads_compressed_files_any_case_and_says_what_it_skips(
         list(read_sentences(files))
 
 
+def test_a_corpus_folder_skips_the_vocabularies_and_metrics_of_models_and_runs_in_it(tmp_path, capsys):
+    """A model folder inside the corpus (an export, a checkpoint, all-MiniLM-L6-v2) had its vocab.txt
+    trained on as text: 98.8% of the sentences were the vocabulary list, exit 0, unsaid."""
+    from bertcli.data.text import corpus_files
+
+    root = tmp_path / "project"
+    marks = {"export": "config.json", "data": "manifest.json", "tok": "tokenizer.json", "ckpt": "trainer_state.json"}
+    for folder, mark in marks.items():
+        (root / folder).mkdir(parents=True)
+        (root / folder / mark).write_text("{}")
+        (root / folder / "vocab.txt").write_text("[PAD]\n[UNK]\n##s\n")
+    (root / "run").mkdir()
+    (root / "run" / "config.yaml").write_text("train: {}\n")
+    (root / "run" / "metrics.jsonl").write_text('{"step": 1}\n')
+    (root / "text").mkdir()
+    (root / "text" / "a.txt").write_text("Real text.\n")
+    (root / "text" / "vocab.txt").write_text("A text of the user's that is named vocab.txt.\n")
+    capsys.readouterr()
+    files = corpus_files(root)
+    assert [f.relative_to(root).as_posix() for f in files] == ["text/a.txt", "text/vocab.txt"]
+    err = capsys.readouterr().err
+    assert f"{root}: skipped 5 file(s) of a model, tokenizer, prepared data or run" in err
+
+
 def test_a_file_with_cr_line_ends_is_said(tmp_path, capsys):
     """Classic Mac OS line ends (CR alone): read as one line, its documents merged, unsaid."""
     from bertcli.data.prepare import _file_entries
