@@ -37,6 +37,12 @@ def imported_config(path: Path) -> ModelConfig:
         config = read_hf_config(path)
         check_tied(path)
         return config
+    if found.kind is Kind.RUN and found.checkpoints:  # a run's best can change under a run started from it
+        choose = found.best or found.checkpoints[-1][1]
+        raise UsageError(
+            f"model.init_from={str(path)!r}: a run folder, whose best checkpoint changes while it trains; "
+            f"name one of its checkpoints ({choose}, say)"
+        )
     raise UsageError(
         f"model.init_from={str(path)!r}: not a Hugging Face BERT folder (config.json + model.safetensors) "
         "nor a bertcli checkpoint folder"

@@ -90,6 +90,8 @@ def check_start(output_dir: Path, max_steps: int) -> None:
     incomplete folder of a later step is never touched, so it stays. Refused now, not at a save
     hours later."""
     root = layout.checkpoints_dir(output_dir)
+    if root.is_symlink():  # through it, this run pruned and replaced another run's checkpoints
+        raise ownership.linked(root, "a run folder", f"remove the link (rm {root}), or set output_dir to a new folder")
     atomic.clean_leftovers(root)
     if root.is_dir():
         for child in sorted(root.iterdir()):

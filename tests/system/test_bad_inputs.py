@@ -630,6 +630,12 @@ CASES = [
         "run: no checkpoint here; pass a checkpoint folder or a run folder that holds checkpoints/",
     ),
     (
+        "init-from-a-run-folder",
+        lambda d, b: ["init", d / "run", "--init-from", b["text"]],
+        2,
+        "a run folder, whose best checkpoint changes while it trains; name one of its checkpoints (",
+    ),
+    (
         "encode-bad-layer",
         lambda d, b: ["encode", "--model", b["text"], "--layer", "9", _write(d, "in.txt", "a\n")],
         2,

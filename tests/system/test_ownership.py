@@ -323,3 +323,17 @@ def test_an_output_dir_inside_what_bertcli_owns_is_refused(run_copy, cli, tmp_pa
         forced = cli("init", output.parent, "--force")
         assert forced.code == 2 and "is a checkpoint of bertcli's" in forced.err, forced.err
         assert snapshot(run_copy) == before
+
+
+def test_a_checkpoints_folder_that_is_a_symbolic_link_is_refused(run_copy, cli, tmp_path):
+    """RUN/checkpoints linked to another run's: pretrain wrote its steps and best there and pruned the
+    other run's step-0000010 (exit 0); every reader of the other run then used this run's model."""
+    other = Path(shutil.copytree(run_copy, tmp_path / "other", ignore=shutil.ignore_patterns("tensorboard")))
+    shutil.rmtree(run_copy / "checkpoints")
+    (run_copy / "checkpoints").symlink_to(other / "checkpoints", target_is_directory=True)
+    before = snapshot(other)
+    overrides = ("--set", "train.max_steps=8", "--set", "checkpoint.save_every=2", "--set", "checkpoint.keep_last=1")
+    result = cli("pretrain", "--config", run_copy / "config.yaml", *overrides, "--quiet")
+    refused(result, run_copy / "checkpoints")
+    assert "is a symbolic link" in result.err
+    assert snapshot(other) == before
