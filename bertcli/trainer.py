@@ -180,8 +180,9 @@ def pretrain(cfg: Config, resume: str = "auto", quiet: bool = False, stop_at: in
             run = build_run(cfg, rt, resume, quiet)
             try:
                 result = fit(run, min(cfg.train.max_steps, stop_at or cfg.train.max_steps), stopper, quiet)
-            except Interrupted:  # (every process stops at the same step, after the same checkpoint)
-                rt.barrier()
+            except Interrupted:  # stopped after a step's checkpoint: every process at the same step
+                if not stopper.at_once:
+                    rt.barrier()
                 raise
         # The processes end together: one that tore its connections down while rank 0 still wrote the
         # last checkpoint aborted ("terminate called without an active exception", SIGABRT), and
@@ -199,6 +200,7 @@ class StopOnSignal:
 
     def __init__(self) -> None:
         self.signum: int | None = None
+        self.at_once = False  # a second signal: stopped wherever this process was (no common point to meet)
         self.previous: dict[int, Any] = {}
 
     def __enter__(self) -> StopOnSignal:
@@ -212,6 +214,7 @@ class StopOnSignal:
         if self.signum is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt
         if self.signum is not None:
+            self.at_once = True
             raise Interrupted(
                 f"stopped at once by a second {signal.Signals(signum).name}; nothing half-written was kept (writes "
                 "are atomic): run the same command again to resume from the last checkpoint",
