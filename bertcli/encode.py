@@ -38,7 +38,7 @@ from bertcli import atomic, checkpoint, hf_import, layout, ownership, runtime
 from bertcli.config import ModelConfig
 from bertcli.data.tokenizer import find_tokenizer_file, read_tokenizer_json
 from bertcli.errors import PipeClosed, RunError, UsageError
-from bertcli.export import find_checkpoint
+from bertcli.export import read_checkpoint
 from bertcli.layout import Kind
 from bertcli.model import BertForPreTraining, padding_mask
 from bertcli.ownership import check_input
@@ -199,15 +199,9 @@ def load_encoder(path: Path, device: torch.device, precision: str = "fp32") -> E
                 f"{path}: not a model; a model is a run folder, a checkpoint folder or a Hugging Face "
                 "BERT folder (config.json, model.safetensors, and tokenizer.json or vocab.txt)"
             )
-        for tries in range(3, 0, -1):
-            source, fresh = find_checkpoint(path), ()  # a checkpoint holds every weight (loaded strictly)
-            try:
-                model, tokenizer = _load_checkpoint(source)
-                break
-            except (OSError, UsageError, RunError):  # a file gone, its hash or its weights not read
-                if found.kind is not Kind.RUN or source.exists() or tries == 1:
-                    raise
-                # The run is training and pruned that step while it was read: take the newest again.
+        # A checkpoint holds every weight (loaded strictly); a run's, pruned while read, is chosen again.
+        source, (model, tokenizer) = read_checkpoint(path, _load_checkpoint)
+        fresh = ()
     model.to(device).eval()
     return Encoder(
         model=model,

@@ -6,14 +6,17 @@ weights' names and vocabulary rows are translated by hf_names.to_hf; only safete
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from bertcli import __version__, atomic, checkpoint, console, hf_names, layout, ownership
 from bertcli.data.tokenizer import describe, read_tokenizer_json
-from bertcli.errors import UsageError
+from bertcli.errors import RunError, UsageError
 from bertcli.hf_import import check_weights
 from bertcli.layout import Kind
+
+T = TypeVar("T")
 
 # An export is layout.EXPORT; its config.json carries bertcli_version, the proof that bertcli wrote it.
 SPECIAL_TOKENS = {
@@ -70,10 +73,26 @@ def find_checkpoint(path: Path) -> Path:
     return chosen
 
 
+def read_checkpoint(path: Path, read: Callable[[Path], T]) -> tuple[Path, T]:
+    """(the checkpoint `path` names (find_checkpoint), read(it)). When `path` is a run folder that is
+    training, the step chosen may be pruned while it is read (an error: a file gone, its hash or its
+    weights not read): the run's checkpoint is chosen again, up to three times."""
+    for tries in range(3, 0, -1):
+        ckpt = find_checkpoint(path)
+        try:
+            return ckpt, read(ckpt)
+        except (OSError, UsageError, RunError):
+            if layout.identify(path).kind is not Kind.RUN or ckpt.exists() or tries == 1:
+                raise
+    raise AssertionError("unreachable")  # (the last try returns or raises)
+
+
 def export(source: Path, out_dir: Path, force: bool = False) -> Path:
     """Write checkpoint `source` (or a run's best/newest) as a Hugging Face folder."""
-    out_dir = Path(out_dir)
-    ckpt = find_checkpoint(source)
+    return read_checkpoint(source, lambda ckpt: _export(ckpt, Path(out_dir), force))[1]
+
+
+def _export(ckpt: Path, out_dir: Path, force: bool) -> Path:
     fix = "choose a new or empty OUT_DIR"
     ownership.check_apart(out_dir, [ownership.Input("the source checkpoint", ckpt)], fix)
     ownership.check_output_folder(out_dir, fix)

@@ -325,3 +325,25 @@ def test_a_phase_2_run_resumes_once_its_init_from_source_is_gone(tmp_path, train
     shutil.rmtree(tmp_path / "run" / "checkpoints")  # starting fresh needs the source
     fresh = cli("pretrain", "--config", config, "--quiet")
     assert fresh.code == 2 and "not a Hugging Face BERT folder" in fresh.err_lines[-1]
+
+
+def test_an_export_of_a_run_whose_step_is_pruned_while_read_takes_the_newest_again(trained, tmp_path, monkeypatch):
+    """export RUN while the run trains: the step it read, pruned under it, was an error (exit 1)."""
+    import shutil
+
+    from bertcli import export as export_module
+
+    run = shutil.copytree(trained, tmp_path / "run", ignore=shutil.ignore_patterns("tensorboard"))
+    shutil.copytree(run / "checkpoints" / "step-0000004", run / "checkpoints" / "step-0000003")
+    real, read = export_module._export, []
+
+    def pruned_first(ckpt, out_dir, force):
+        read.append(ckpt.name)
+        if len(read) == 1:
+            shutil.rmtree(ckpt)  # the run's next save prunes it while it is read
+        return real(ckpt, out_dir, force)
+
+    monkeypatch.setattr(export_module, "_export", pruned_first)
+    export(run, tmp_path / "hf")
+    assert read == ["step-0000004", "step-0000003"] and (tmp_path / "hf" / "model.safetensors").is_file()
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
