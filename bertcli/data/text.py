@@ -15,6 +15,7 @@ import bz2
 import codecs
 import gzip
 import hashlib
+import io
 import json
 import lzma
 import os
@@ -31,8 +32,8 @@ from bertcli.errors import UsageError
 SUFFIXES = (".txt", ".jsonl")  # each plain or compressed: COMPRESSIONS
 COMPRESSIONS = {
     ".gz": (gzip.open, "gzip", "gzip -t"),
-    ".bz2": (bz2.open, "bzip2", "bzip2 -t"),
-    ".xz": (lzma.open, "xz", "xz -t"),
+    ".bz2": (lambda path, mode: _strict_streams(path, bz2.BZ2Decompressor), "bzip2", "bzip2 -t"),
+    ".xz": (lambda path, mode: _strict_streams(path, lzma.LZMADecompressor), "xz", "xz -t"),
 }
 END_OF_DOCUMENT = None
 # Longest line read as it is: longer ones are cut at white space near this length (a piece of
@@ -259,6 +260,52 @@ def _not_text(entry: Path) -> bool:
     return any((entry.parent / mark).exists() for mark in NOT_TEXT.get(entry.name, ()))
 
 
+class _Streams(io.RawIOBase):
+    """The decompressed bytes of a file of one or more bz2 or xz streams, one after another (as
+    pbzip2 and pixz write them). Unlike bz2.open and lzma.open, bytes after a stream that do not
+    start another one are an error, not the file's quiet end: a damaged second stream would
+    otherwise cut the corpus in two, unsaid. (xz's stream padding, zero bytes, is skipped.)"""
+
+    def __init__(self, path: Path, decompressor: Callable[[], bz2.BZ2Decompressor | lzma.LZMADecompressor]) -> None:
+        self.fileobj = open(path, "rb")  # noqa: SIM115 (closed with this reader); also named for error positions
+        self.new, self.stream = decompressor, decompressor()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        while True:
+            if self.stream.eof:  # a stream ended: another follows, or the file ends
+                rest = self.stream.unused_data or self.fileobj.read(READ_BYTES)
+                if isinstance(self.stream, lzma.LZMADecompressor):
+                    rest = rest.lstrip(b"\0")
+                    while not rest and (more := self.fileobj.read(READ_BYTES)):
+                        rest = more.lstrip(b"\0")
+                if not rest:
+                    return 0
+                self.stream = self.new()
+                data = self.stream.decompress(rest, len(buffer))  # raises on what is not a stream
+            elif self.stream.needs_input:
+                if not (raw := self.fileobj.read(READ_BYTES)):
+                    raise EOFError("compressed file ended before the end-of-stream marker was reached")
+                data = self.stream.decompress(raw, len(buffer))
+            else:
+                data = self.stream.decompress(b"", len(buffer))
+            if data:
+                buffer[: len(data)] = data
+                return len(data)
+
+    def close(self) -> None:
+        self.fileobj.close()
+        super().close()
+
+
+def _strict_streams(path: Path, decompressor: Callable[[], bz2.BZ2Decompressor | lzma.LZMADecompressor]) -> BinaryIO:
+    reader = io.BufferedReader(_Streams(path, decompressor), READ_BYTES)
+    reader.fileobj = reader.raw.fileobj  # type: ignore[attr-defined]  # where _compressed_error reads the byte reached
+    return reader  # type: ignore[return-value]
+
+
 def _open(path: Path) -> BinaryIO:
     compression = _name_parts(path)[1]
     return COMPRESSIONS[compression][0](path, "rb") if compression else open(path, "rb")  # type: ignore[return-value]
@@ -364,7 +411,7 @@ def _compressed_error(path: Path, fh: BinaryIO, exc: Exception, where: str = "")
     if isinstance(exc, OSError) and exc.errno is not None:
         raise exc
     _, tool, check = COMPRESSIONS.get(_name_parts(path)[1], (None, "compressed", "the file's tool"))
-    at = getattr(fh, "fileobj", None) or getattr(fh, "_fp", None)  # gzip's, and bz2's and lzma's underlying file
+    at = getattr(fh, "fileobj", None)  # the compressed file under gzip's reader and _strict_streams
     try:
         byte = f"compressed byte {at.tell():,}" if at is not None and not at.closed else ""
     except (OSError, ValueError, AttributeError):

@@ -828,6 +828,31 @@ def test_a_corpus_folder_reads_compressed_files_any_case_and_says_what_it_skips(
         list(read_sentences(files))
 
 
+@pytest.mark.parametrize("suffix", [".bz2", ".xz"])
+def test_a_multi_stream_file_is_read_whole_and_a_damaged_later_stream_is_refused(tmp_path, suffix):
+    """pbzip2 and pixz write one stream after another. bz2.open and lzma.open end the file quietly at
+    bytes that do not start a stream: a damaged second stream cut the corpus in two, exit 0 (trial
+    12 S-1; gzip refused the same damage)."""
+    import bz2
+    import lzma
+
+    compress = bz2.compress if suffix == ".bz2" else lzma.compress
+    first, second = b"One stream.\n\n", b"And a second one.\n"
+    good, bad = tmp_path / f"good.txt{suffix}", tmp_path / f"bad.txt{suffix}"
+    padding = b"\0" * 8 if suffix == ".xz" else b""  # xz's stream padding is no damage
+    good.write_bytes(compress(first) + padding + compress(second))
+    assert list(read_sentences([good])) == ["One stream.", None, "And a second one.", None]
+    damaged = bytearray(compress(second))
+    damaged[0] ^= 0xFF  # the second stream's header
+    bad.write_bytes(compress(first) + bytes(damaged))
+    tool = "bzip2" if suffix == ".bz2" else "xz"
+    with pytest.raises(UsageError, match=rf"bad\.txt\{suffix}: line 3, compressed byte [0-9,]+: the {tool} file is damaged"):
+        list(read_sentences([bad]))
+    bad.write_bytes(compress(first) + b"junk\n")  # trailing bytes that are no stream at all
+    with pytest.raises(UsageError, match=f"the {tool} file is damaged"):
+        list(read_sentences([bad]))
+
+
 def test_a_corpus_folder_skips_the_vocabularies_and_metrics_of_models_and_runs_in_it(tmp_path, capsys):
     """A model folder inside the corpus (an export, a checkpoint, all-MiniLM-L6-v2) had its vocab.txt
     trained on as text: 98.8% of the sentences were the vocabulary list, exit 0, unsaid."""
