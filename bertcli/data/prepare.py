@@ -1080,7 +1080,14 @@ def _update(
         todo.append(unit)
     digest = _index_digest(units)
     # With a unit damaged, the index is written again with it (its check would read the damaged files).
-    index_problem = "written again with the damaged units" if damaged else _check_index(folder, old)
+    index_damage = None if damaged else _check_index(folder, old)
+    index_problem = "written again with the damaged units" if damaged else index_damage and index_damage[0]
+    suspect = index_damage[1] if index_damage else None
+    current = {u.key: u for u in units}
+    if suspect in current and suspect in old_keys and suspect not in {u.key for u in todo}:
+        # The unit or the index: neither is taken for the truth; the unit is prepared again, then the index.
+        damaged.append(index_problem)
+        todo.append(current[suspect])
     if not todo and digest == old["index"] and index_problem is None:
         if [(e["path"], e["mtime_ns"]) for e in plan.entries] != [
             (e["path"], e["mtime_ns"]) for e in old["corpus"]["files"]
@@ -1792,15 +1799,17 @@ def _check_unit(folder: Path, key: str, record: dict[str, Any], *, dtype_name: s
     return None
 
 
-def _check_index(folder: Path, manifest: dict[str, Any]) -> str | None:
-    """What is wrong with the index (naming the file), or None: regular files of the sizes the totals
-    imply, holding each unit's own offsets (checked by _check_unit first), shifted by the tokens and
-    segments of the units before it. So every boundary training reads is one a unit holds: a moved
-    one (still rising) is found too."""
+def _check_index(folder: Path, manifest: dict[str, Any]) -> tuple[str, str | None] | None:
+    """What is wrong with the index (naming the file) and the key of the unit it disagrees with, if
+    one; None when it is whole: regular files of the sizes the totals imply, holding each unit's own
+    offsets (checked by _check_unit first), shifted by the tokens and segments of the units before
+    it. So every boundary training reads is one a unit holds: a moved one (still rising) is found
+    too. The index is the second copy of each unit's offsets: where the two disagree, either may be
+    the damaged one (a moved offset in a unit still rises from 0 to its counts)."""
     rel = f"{INDEX}/{manifest['index']}"
     problem = _check_files(folder, rel, INDEX_FILES)
     if problem is not None:
-        return problem
+        return problem, None
     for split, counts in manifest["splits"].items():
         base = folder / rel / split
         lengths = {SEG_OFFSETS: counts["segments"] + 1, DOC_OFFSETS: counts["documents"] + 1}
@@ -1808,10 +1817,10 @@ def _check_index(folder: Path, manifest: dict[str, Any]) -> str | None:
         for name, length in lengths.items():
             actual = (base / name).stat().st_size
             if actual != length * 8:
-                return f"{rel}/{split}/{name} holds {actual:,} bytes where {MANIFEST} implies {length * 8:,} (int64)"
+                return f"{rel}/{split}/{name} holds {actual:,} bytes where {MANIFEST} implies {length * 8:,} (int64)", None
             offsets[name] = np.memmap(base / name, dtype=np.int64, mode="r")
         if offsets[SEG_OFFSETS][0] != 0 or offsets[DOC_OFFSETS][0] != 0:
-            return f"{rel}/{split} does not start at 0: the index is damaged"
+            return f"{rel}/{split} does not start at 0: the index is damaged", None
         start = {"tokens": 0, "segments": 0, "documents": 0}  # of the units before this one
         for unit in manifest["units"]:
             unit_counts = unit["splits"][split]
@@ -1822,7 +1831,7 @@ def _check_index(folder: Path, manifest: dict[str, Any]) -> str | None:
                 if problem is None and (own / name).stat().st_size != (count + 1) * 8:
                     problem = f"{UNITS}/{unit['key']}/{split}/{name} is not of the size {MANIFEST} implies"
             if problem is not None:
-                return problem
+                return problem, unit["key"]
             for name, at, shift in (
                 (SEG_OFFSETS, start["segments"], start["tokens"]),
                 (DOC_OFFSETS, start["documents"], start["segments"]),
@@ -1830,11 +1839,12 @@ def _check_index(folder: Path, manifest: dict[str, Any]) -> str | None:
                 if not _holds_shifted(offsets[name], at, np.memmap(own / name, dtype=np.int64, mode="r"), shift):
                     return (
                         f"{rel}/{split}/{name} does not hold the offsets of {UNITS}/{unit['key']}/{split} from its "
-                        f"entry {at:,}: the index is damaged"
+                        f"entry {at:,}: one of the two is damaged",
+                        unit["key"],
                     )
             start = {c: start[c] + unit_counts[c] for c in start}
         if start != {c: counts[c] for c in start}:
-            return f"{MANIFEST}: the {split} totals are not the sum of its units' counts: the manifest is damaged"
+            return f"{MANIFEST}: the {split} totals are not the sum of its units' counts: the manifest is damaged", None
     return None
 
 
@@ -1864,7 +1874,8 @@ def check_prepared(folder: Path, manifest: dict[str, Any]) -> str | None:
         )
         if problem is not None:
             return problem
-    return _check_index(folder, manifest)
+    damage = _check_index(folder, manifest)
+    return damage[0] if damage else None
 
 
 def _rising(offsets: np.ndarray, last: int, block: int = 1 << 20) -> bool:

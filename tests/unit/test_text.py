@@ -582,12 +582,17 @@ DAMAGE = [  # (id, damage(folder), what the one line must say)
     (
         "flipped-seg-offsets",
         lambda d: _swap_offsets(_index(d) / "valid" / "seg_offsets.bin"),
-        ("index/", "valid/seg_offsets.bin does not hold the offsets of units/", "the index is damaged"),
+        ("index/", "valid/seg_offsets.bin does not hold the offsets of units/", "one of the two is damaged"),
     ),
     (
         "moved-index-boundaries",  # still rising: only the units' own offsets tell
         lambda d: _move_boundaries(_index(d) / "train" / "seg_offsets.bin"),
         ("index/", "train/seg_offsets.bin does not hold the offsets of units/", "from its entry 0"),
+    ),
+    (
+        "moved-unit-boundaries",  # still rising from 0 to its counts: only the index tells
+        lambda d: _move_boundaries(_unit(d) / "train" / "seg_offsets.bin"),
+        ("index/", "train/seg_offsets.bin does not hold the offsets of units/", "one of the two is damaged"),
     ),
     (
         "moved-index-documents",
@@ -649,6 +654,28 @@ def test_damaged_prepared_data_is_prepared_again_with_a_line(tmp_path, small_cor
     assert (_unit(folder) / "train" / "tokens.bin").read_bytes() == good
     assert not (folder / "vocab.txt").is_symlink() and "SECRET" not in (folder / "vocab.txt").read_text()
     assert (tmp_path / "run" / "secret.txt").read_text() == "SECRET\n"
+
+
+@pytest.mark.parametrize("damaged", ["unit", "index"])
+def test_a_unit_and_the_index_that_disagree_are_both_written_again(tmp_path, small_corpus, capsys, damaged):
+    """A unit's offsets moved (still rising from 0 to its counts) disagree with the index, their second
+    copy. Which one is damaged cannot be told: the index was written again from the damaged unit, and
+    from then on the data was "intact", its sentence and document boundaries moved (trial 12 S-2)."""
+    corpus = tmp_path / "docs.txt"
+    corpus.write_text("\n\n".join(small_corpus.read_text().split("\n\n")[:4]) + "\n")
+    cfg = load_run(text_run(tmp_path / "run", corpus, "data.tokenizer.vocab_size=200", "data.validation_fraction=0"))
+    folder = prepare(cfg, quiet=True)
+    files = [_unit(folder) / "train" / "seg_offsets.bin", _index(folder) / "train" / "seg_offsets.bin"]
+    good = [f.read_bytes() for f in files]
+    _move_boundaries(files[0] if damaged == "unit" else files[1])
+    capsys.readouterr()
+    prepare(cfg, quiet=True)
+    err = capsys.readouterr().err
+    assert "train/seg_offsets.bin does not hold the offsets of units/" in err and "one of the two is damaged" in err
+    assert "preparing 1 of 1 units" in err, err
+    assert [f.read_bytes() for f in files] == good
+    prepare(cfg, quiet=True)
+    assert "up to date" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("damage", ["garbage", "unreadable"])
