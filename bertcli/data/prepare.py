@@ -1817,7 +1817,10 @@ def _check_index(folder: Path, manifest: dict[str, Any]) -> tuple[str, str | Non
         for name, length in lengths.items():
             actual = (base / name).stat().st_size
             if actual != length * 8:
-                return f"{rel}/{split}/{name} holds {actual:,} bytes where {MANIFEST} implies {length * 8:,} (int64)", None
+                return (
+                    f"{rel}/{split}/{name} holds {actual:,} bytes where {MANIFEST} implies {length * 8:,} (int64)",
+                    None,
+                )
             offsets[name] = np.memmap(base / name, dtype=np.int64, mode="r")
         if offsets[SEG_OFFSETS][0] != 0 or offsets[DOC_OFFSETS][0] != 0:
             return f"{rel}/{split} does not start at 0: the index is damaged", None

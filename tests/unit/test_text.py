@@ -873,7 +873,9 @@ def test_a_multi_stream_file_is_read_whole_and_a_damaged_later_stream_is_refused
     damaged[0] ^= 0xFF  # the second stream's header
     bad.write_bytes(compress(first) + bytes(damaged))
     tool = "bzip2" if suffix == ".bz2" else "xz"
-    with pytest.raises(UsageError, match=rf"bad\.txt\{suffix}: line 3, compressed byte [0-9,]+: the {tool} file is damaged"):
+    with pytest.raises(
+        UsageError, match=rf"bad\.txt\{suffix}: line 3, compressed byte [0-9,]+: the {tool} file is damaged"
+    ):
         list(read_sentences([bad]))
     bad.write_bytes(compress(first) + b"junk\n")  # trailing bytes that are no stream at all
     with pytest.raises(UsageError, match=f"the {tool} file is damaged"):
