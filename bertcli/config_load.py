@@ -232,17 +232,17 @@ class StrictLoader(yaml.SafeLoader):
         return super().compose_node(parent, index)
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: dict[Any, int] = {}
+        seen: dict[Any, yaml.Node] = {}  # each key's first node (a flow mapping `{a: 1, a: 2}` is on one line)
         for key_node, _ in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor` may be overridden: YAML's rule
                 continue
             key = self.construct_object(key_node, deep=True)
             try:
-                first = seen.setdefault(key, key_node.start_mark.line + 1)
+                first = seen.setdefault(key, key_node)
             except TypeError:  # an unhashable key: SafeLoader's own error says so
                 continue
-            if first != key_node.start_mark.line + 1:
-                raise DuplicateKey(key, first, key_node.start_mark.line + 1)
+            if first is not key_node:
+                raise DuplicateKey(key, first.start_mark.line + 1, key_node.start_mark.line + 1)
         return super().construct_mapping(node, deep)
 
     def construct_yaml_int(self, node: yaml.ScalarNode) -> int:

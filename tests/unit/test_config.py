@@ -224,6 +224,11 @@ def test_malformed_yaml_names_line(tmp_path):
             "model:\n  hidden_size: 64\n  num_hidden_layers: 2\n  hidden_size: 32\n",
             "line 4: key 'hidden_size' is given twice (first at line 2)",
         ),
+        (  # a flow mapping: both keys on one line (trial 12 C-1: the last one won, exit 0)
+            "model: {hidden_size: 128, num_attention_heads: 2, hidden_size: 256}\n",
+            "line 1: key 'hidden_size' is given twice (first at line 1)",
+        ),
+        ("train: {max_steps: 5,\n  max_steps: 6}\n", "line 2: key 'max_steps' is given twice (first at line 1)"),
     ],
 )
 def test_a_key_or_section_given_twice_names_both_lines(tmp_path, text, needle):
