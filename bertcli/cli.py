@@ -258,6 +258,10 @@ def pretrain(
     with console.quiet(quiet):  # (resolving may say where a gone init_from's architecture comes from)
         cfg = load_run(config, overrides + ([f"train.device={device}"] if device else []))
     check_outputs_apart(cfg)
+    if os.environ.get("RANK", "0") == "0":  # only rank 0 takes the lock: the others would find it held
+        from bertcli.runlock import RunLock
+
+        RunLock(Path(cfg.output_dir), "pretrain").check_free()  # a busy run refused before torch loads
 
     from bertcli import checkpoint, layout
     from bertcli.runtime import parse_device

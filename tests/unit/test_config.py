@@ -479,3 +479,25 @@ def test_config_refusals_do_not_wait_for_torch(args, tmp_path):
     )
     assert result.stdout.split() == ["2", "False"], (result.stdout, result.stderr)
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_a_run_in_use_is_refused_before_torch_loads(tmp_path):
+    """A second pretrain of a run another command holds is refused before torch is imported (trial 12
+    U-1: after it, 3.7 s and 249 MB for the refusal)."""
+    from bertcli.runlock import RunLock
+
+    write_config(tmp_path / "good")
+    with RunLock(tmp_path / "good", "prepare"):
+        result = subprocess.run(
+            [sys.executable, "-c", REFUSE_AND_REPORT_TORCH, "pretrain", "--config", "good/config.yaml"],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            timeout=60,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
+    assert result.stdout.split() == ["1", "False"], (result.stdout, result.stderr)
+    assert result.stderr.splitlines() == [
+        f"bertcli: error: {tmp_path / 'good'} is in use by another bertcli prepare (pid {os.getpid()}); "
+        "wait for it to finish, or set output_dir to another folder"
+    ], result.stderr
