@@ -109,6 +109,21 @@ def test_pooling_cls_is_the_bert_model_cls_vector(minilm, sample_lines):
             np.testing.assert_allclose(row, model(**batch).last_hidden_state[0, 0].numpy(), rtol=1e-5, atol=1e-5)
 
 
+def test_pairs_with_an_empty_side_are_tokenized_as_transformers_tokenizes_pairs(minilm):
+    """`A<TAB>` is the pair (A, ""): [CLS] A [SEP] [SEP], as the tokenizers library and transformers'
+    call on lists of pairs give it. (Its call on one pair, tokenizer(a, ""), drops an empty second
+    side: trial 12 P-4 took that for the reference; the documented choice is the batch call's.)"""
+    lines = ["hello world\tgoodbye now", "hello world\t", "\thello world", "\t", "One.\tTwo, three."]
+    out = Rows()
+    out.write = lambda number, text, row, tokens: out.rows.append(tokens)  # type: ignore[method-assign]
+    encode(minilm, iter(lines), out, resolve(minilm, pairs=True, per_token=True))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(MINILM)
+    sides = [line.split("\t") for line in lines]
+    theirs = tokenizer([a for a, _ in sides], [b for _, b in sides])["input_ids"]
+    assert out.rows == [tokenizer.convert_ids_to_tokens(ids) for ids in theirs]
+    assert out.rows[1] == ["[CLS]", "hello", "world", "[SEP]", "[SEP]"]
+
+
 def st_variant(tmp_path: Path, pooling: dict, modules: list[str]) -> Path:
     """The model folder with another Pooling config and module list (weights linked, not copied)."""
     folder = tmp_path / "variant"
