@@ -486,10 +486,18 @@ def encode(
     )
     fmt = _encode_format(fmt, output, with_text, tokens)
     output = _check_encode_files(inputs or [], model=model, output=output)
+    from bertcli import hf_import
+
+    hf = hf_import.read_encoder_folder(model)  # a Hugging Face folder's config and tokenizer, checked torch-free
+    if hf is not None:
+        try:
+            hf.config.layer_index(layer)
+        except IndexError:
+            raise _no_such_layer(layer, hf.config.num_hidden_layers) from None
     from bertcli import encode as enc_mod
     from bertcli.runtime import parse_device
 
-    encoder = enc_mod.load_encoder(model, parse_device(device, "--device"), dtype)
+    encoder = enc_mod.load_encoder(model, parse_device(device, "--device"), dtype, hf=hf)
     try:
         settings = enc_mod.resolve(
             encoder,
@@ -668,15 +676,18 @@ def _stream_full(exc: BaseException, output: Path | None) -> RunError | None:
     )
 
 
+def _no_such_layer(layer: int, last: int) -> UsageError:
+    return UsageError(
+        f"--layer {layer}: this model has layers 0 (embeddings) to {last} (-1 to -{last + 1} from the end)"
+    )
+
+
 def _encode_error(exc: BaseException) -> UsageError | None:
     """A setting or an input line encode refused, worded with the flag that changes it (None: another error)."""
     from bertcli import encode as enc_mod
 
     if isinstance(exc, enc_mod.NoSuchLayer):
-        return UsageError(
-            f"--layer {exc.layer}: this model has layers 0 (embeddings) to {exc.last} (-1 to "
-            f"-{exc.last + 1} from the end)"
-        )
+        return _no_such_layer(exc.layer, exc.last)
     if isinstance(exc, enc_mod.NotReproducible):
         return UsageError(
             f"--model {exc.folder}: {exc.problem}, so its embeddings cannot be reproduced; pass --pooling "

@@ -101,6 +101,18 @@ class ModelConfig:
     pad_token_id: int = 0
     """Token id of [PAD]."""
 
+    def layer_index(self, layer: int) -> int:
+        """`layer` as a count of blocks run: 0 is the embeddings' output, L the last block's;
+        negative counts from the end (-1 = L, -(L+1) = 0). IndexError outside that range."""
+        L = self.num_hidden_layers
+        index = layer if layer >= 0 else L + 1 + layer
+        if not 0 <= index <= L:
+            raise IndexError(
+                f"layer {layer} out of range: the model has {L} layers "
+                f"(0 = the embeddings to {L}, or -1 to -{L + 1} from the end)"
+            )
+        return index
+
     def pad_problem(self, pad_id: int, source: str) -> str | None:
         """Why pad_token_id does not fit the tokenizer of `source`, whose [PAD] is `pad_id` (None: it
         does). The padding row of the embeddings gets no gradient, so another token there would never

@@ -36,7 +36,7 @@ from torch.overrides import TorchFunctionMode
 
 from bertcli import atomic, checkpoint, hf_import, layout, ownership, runtime
 from bertcli.config import ModelConfig
-from bertcli.data.tokenizer import find_tokenizer_file, read_tokenizer_json
+from bertcli.data.tokenizer import read_tokenizer_json
 from bertcli.errors import PipeClosed, RunError, UsageError
 from bertcli.export import read_checkpoint
 from bertcli.layout import Kind
@@ -167,29 +167,28 @@ class Encoder:
         return self.model.config.max_position_embeddings
 
 
-def load_encoder(path: Path, device: torch.device, precision: str = "fp32") -> Encoder:
+def load_encoder(
+    path: Path, device: torch.device, precision: str = "fp32", hf: hf_import.EncoderFolder | None = None
+) -> Encoder:
     """A run folder (best checkpoint, else newest), a checkpoint folder, or a Hugging Face BERT
     folder (a sentence-transformers folder's settings come along), to run on `device` in
-    `precision` (fp32, bf16 or fp16: see runtime)."""
+    `precision` (fp32, bf16 or fp16: see runtime). `hf`: the folder already read (read_encoder_folder)."""
     path = Path(path)
     found = layout.identify(path)
     if found.kind is Kind.MISSING:
         raise UsageError(
             f"{path}: no such folder; a model is a run folder, a checkpoint folder or a Hugging Face BERT folder"
         )
-    sentence = read_sentence_model(path) if found.kind is Kind.SENTENCE else None
-    folder = sentence.transformer if sentence else path
-    if found.kind is Kind.HF or (sentence is not None and layout.is_hf_folder(folder)):
-        if not any((folder / name).is_file() for name in layout.TOKENIZER_FILES):  # before the weights load
-            raise UsageError(f"{folder}: no tokenizer.json or vocab.txt; copy the model's tokenizer files into it")
-        cfg = hf_import.read_hf_config(folder)  # its sizes checked against the weights file
-        tokenizer = hf_import.load_model_tokenizer(find_tokenizer_file(folder), cfg)
-        model = _uninitialised(cfg)
-        fresh, source = tuple(hf_import.init_from(model, folder, uninitialised=True)), folder
+    hf = hf or hf_import.read_encoder_folder(path)
+    sentence = hf.sentence if hf else None
+    if hf is not None:
+        tokenizer, model = hf.tokenizer, _uninitialised(hf.config)
+        fresh, source = tuple(hf_import.init_from(model, hf.folder, uninitialised=True)), hf.folder
     else:
-        if sentence is not None:
+        if found.kind is Kind.SENTENCE:
+            st = read_sentence_model(path)
             raise UsageError(
-                f"{folder}: no config.json, where {path / layout.SENTENCE_MODULES} puts the BERT model; "
+                f"{st.transformer if st else path}: no config.json, where {path / layout.SENTENCE_MODULES} puts the BERT model; "
                 "restore the folder's files"
             )
         if found.kind is Kind.INCOMPLETE_CHECKPOINT:

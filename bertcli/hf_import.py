@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,7 @@ if TYPE_CHECKING:  # the loaders import torch: configs and shapes are read witho
     import torch
 
     from bertcli.model import BertForPreTraining
+    from bertcli.sbert import SentenceModel
 
 
 def read_hf_config(folder: Path) -> ModelConfig:
@@ -151,6 +153,36 @@ def load_model_tokenizer(file: Path, cfg: ModelConfig) -> Tokenizer:
     tok = load_tokenizer(file, TokenizerConfig())  # a vocab.txt follows its tokenizer_config.json
     check_tokenizer(tok, cfg, file)
     return tok
+
+
+@dataclass(frozen=True)
+class EncoderFolder:
+    """A Hugging Face BERT folder given to `encode`, or a sentence-transformers folder around one,
+    read and checked without torch (so that a folder encode cannot use is refused before torch
+    loads, 3-4 s and 250 MB): the sentence-transformers settings, the BERT folder, its config and
+    its tokenizer. The weights are read by encode.load_encoder."""
+
+    sentence: SentenceModel | None
+    folder: Path
+    config: ModelConfig
+    tokenizer: Tokenizer
+
+
+def read_encoder_folder(path: Path) -> EncoderFolder | None:
+    """`path` as an EncoderFolder, or None where it is no Hugging Face folder (a run, a checkpoint,
+    nothing: encode.load_encoder says which)."""
+    from bertcli.data.tokenizer import find_tokenizer_file
+    from bertcli.sbert import read_sentence_model
+
+    found = layout.identify(path)
+    sentence = read_sentence_model(path) if found.kind is Kind.SENTENCE else None
+    folder = sentence.transformer if sentence else path
+    if not (found.kind is Kind.HF or (sentence is not None and layout.is_hf_folder(folder))):
+        return None
+    if not any((folder / name).is_file() for name in layout.TOKENIZER_FILES):  # before the weights load
+        raise UsageError(f"{folder}: no tokenizer.json or vocab.txt; copy the model's tokenizer files into it")
+    cfg = read_hf_config(folder)  # its sizes checked against the weights file
+    return EncoderFolder(sentence, folder, cfg, load_model_tokenizer(find_tokenizer_file(folder), cfg))
 
 
 def check_tokenizer(tok: Tokenizer, cfg: ModelConfig, file: Path) -> None:

@@ -268,6 +268,7 @@ class BertModel(nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
+        self.config = cfg
         self.embeddings = BertEmbeddings(cfg)
         self.encoder = BertEncoder(cfg)
         self.pooler = BertPooler(cfg)
@@ -278,16 +279,8 @@ class BertModel(nn.Module):
         return self.encoder.layer
 
     def layer_index(self, layer: int) -> int:
-        """`layer` as a count of blocks run: 0 is the embeddings' output, L the last block's;
-        negative counts from the end (-1 = L, -(L+1) = 0). IndexError outside that range."""
-        L = len(self.blocks)
-        index = layer if layer >= 0 else L + 1 + layer
-        if not 0 <= index <= L:
-            raise IndexError(
-                f"layer {layer} out of range: the model has {L} layers "
-                f"(0 = the embeddings to {L}, or -1 to -{L + 1} from the end)"
-            )
-        return index
+        """ModelConfig.layer_index of this model's blocks."""
+        return self.config.layer_index(layer)
 
     def hidden_states(
         self,

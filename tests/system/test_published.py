@@ -368,3 +368,43 @@ def test_continued_pretraining_from_the_folder_prepares_whole_sentences_without_
     train = np.diff(np.asarray(prepared.corpus("train").seg_offsets))
     assert report["segment_length_mean"] == pytest.approx(train.mean()) and report["segment_length_mean"] < 64
     assert "[PAD]" not in report["example"]["text"] and report["tokenizer"] != "trained"
+
+
+REFUSE_AND_REPORT_TORCH = """
+import sys
+from bertcli.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit as exc:
+    print(exc.code, 'torch' in sys.modules)
+"""
+
+
+@pytest.mark.parametrize(
+    "edit, args, needle",
+    [
+        ({"num_attention_heads": 7}, (), "num_attention_heads"),
+        ({"hidden_act": "silu"}, (), "hidden_act"),
+        ({}, ("--layer", "99"), "--layer 99: this model has layers 0 (embeddings) to 6 (-1 to -7 from the end)"),
+        ({}, ("--layer", "-8"), "--layer -8: this model has layers 0 (embeddings) to 6"),
+    ],
+)
+def test_a_folder_encode_cannot_use_is_refused_before_torch_loads(tmp_path, edit, args, needle):
+    """What the folder's config.json says is checked torch-free, as inspect checks it (trial 12 U-2: a
+    bad config.json or --layer was refused after torch and the weights loaded, 3.7-5.2 s, 250-485 MB)."""
+    folder = tmp_path / "model"
+    shutil.copytree(MINILM, folder, ignore=shutil.ignore_patterns("model.safetensors", "*.onnx", "onnx", "openvino"))
+    (folder / "model.safetensors").symlink_to(MINILM / "model.safetensors")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **edit}))
+    (tmp_path / "in.txt").write_text("hello world\n")
+    result = subprocess.run(
+        [sys.executable, "-c", REFUSE_AND_REPORT_TORCH, "encode", "--model", str(folder), "in.txt", *args],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+    assert result.stdout.split() == ["2", "False"], (result.stdout, result.stderr)
+    assert len(result.stderr.splitlines()) == 1 and needle in result.stderr, result.stderr
