@@ -155,7 +155,9 @@ def init(
     # The outputs apart from the corpus, as pretrain will check them (paths in the file: from DIR), refused now.
     check_outputs_apart(resolve(cfg, directory.expanduser().absolute(), adopt_init_from=False))
     path = directory / layout.RUN_CONFIG
-    if path.exists() or path.is_symlink():
+    if path.is_symlink():  # written through, the link's target (a shared template, any file) was replaced
+        raise ownership.linked(path, "the run folder", "remove the link (its target is left alone), then run init again")
+    if path.exists():
         ownership.check_config_replaceable(path)  # --force overwrites a bertcli config, never another file
     if path.exists() and not force:
         raise UsageError(f"{path} already exists; pass --force to overwrite it, or choose another folder")
@@ -163,8 +165,8 @@ def init(
         raise UsageError(f"{directory} exists and is not a folder")
     created = [p for p in (directory, *directory.parents) if not p.exists() and not p.is_symlink()]  # deepest first
     directory.mkdir(parents=True, exist_ok=True)
-    try:  # a link: keep it, rewrite its config; without --force, never over one another init wrote meanwhile
-        atomic.write_text(path.resolve(), to_yaml(cfg, header), exclusive=not force)
+    try:  # without --force, never over one another init wrote meanwhile
+        atomic.write_text(path, to_yaml(cfg, header), exclusive=not force)
     except FileExistsError:
         raise UsageError(
             f"{path} already exists (written while this init ran); pass --force to overwrite it, or choose another "

@@ -201,6 +201,24 @@ def test_init_force_replaces_only_a_bertcli_config_and_nothing_else(tmp_path, cl
     assert (tmp_path / "notes.md").read_text() == "my notes\n" and len(list(tmp_path.iterdir())) == 2
 
 
+def test_init_force_never_writes_through_a_linked_config(tmp_path, cli):
+    """A config.yaml that is a link to a shared template: the template was replaced by the preset,
+    exit 0 (trial 12 S-3)."""
+    shared = tmp_path / "templates"
+    shared.mkdir()
+    assert cli("init", shared, "--preset", "small").code == 0  # a bertcli config: the ownership check passes
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").symlink_to(shared / "config.yaml")
+    before = snapshot(tmp_path)
+    result = cli("init", run, "--force")
+    assert result.code == 2 and result.err_lines == [
+        f"bertcli: error: {run / 'config.yaml'} is a symbolic link, which bertcli never follows out of the run folder "
+        "(its target could be any file): remove the link (its target is left alone), then run init again"
+    ], result.err
+    assert snapshot(tmp_path) == before
+
+
 # --------------------------------------------------------------------------------------- encode
 
 
