@@ -47,13 +47,15 @@ from bertcli.config_write import to_yaml
 from bertcli.data.tokenizer import TOKENIZER_SHA256, tokenizer_change
 from bertcli.errors import DamagedFile, RunError, UsageError
 from bertcli.hf_names import TIED_ALIASES, weight_keys
-from bertcli.ownership import linked, read_own, read_own_json, sha256_of
+from bertcli.ownership import linked, must_record_hashes, read_own, read_own_json, sha256_of
 
 if TYPE_CHECKING:  # torch is imported by the functions that handle tensors: inspect reads checkpoints without it
     import torch
     from torch import nn
 
-FORMAT_VERSION = 2  # 2: optimizer state keyed by parameter name (1: by position)
+# 3: trainer_state.json always records the SHA-256 of the files (ownership.HASHES_RECORDED_FROM);
+# 2: optimizer state keyed by parameter name (1: by position)
+FORMAT_VERSION = 3
 
 
 def own_file(path: Path) -> Path:
@@ -396,7 +398,7 @@ def read_config(path: Path) -> Config:
     file = Path(path) / layout.CHECKPOINT_CONFIG
     changed = file_change(path, (layout.CHECKPOINT_CONFIG,))
     if changed:
-        raise UsageError(f"{file}: {changed[1]}; restore it, or use another checkpoint")
+        raise UsageError(f"{Path(path) / changed[0]}: {changed[1]}; restore it, or use another checkpoint")
     try:
         raw = yaml.safe_load(read_own(file).decode("utf-8"))
     except (yaml.YAMLError, ValueError, RecursionError) as exc:  # a cut file, say (UnicodeDecodeError: a ValueError)
@@ -427,12 +429,23 @@ def file_change(path: Path, names: tuple[str, ...] = HASHED) -> tuple[str, str] 
     """A file of checkpoint `path` (of `names`) that is not the one it was written as, and why (None:
     they are, or the checkpoint predates the record): its SHA-256 against trainer_state.json's."""
     try:
-        recorded = read_trainer_state(path).get(FILES_SHA256)
+        state = read_trainer_state(path)
     except (OSError, UsageError):  # no readable record: damage the callers' own checks name
         return None
+    recorded = state.get(FILES_SHA256)
+    required = must_record_hashes(state)
     if not isinstance(recorded, dict):
-        return None
+        return (
+            (layout.TRAINER_STATE, f"holds no {FILES_SHA256} record, which a checkpoint of its format has")
+            if required
+            else None
+        )
     for name in names:
+        if required and name not in recorded:
+            return (
+                layout.TRAINER_STATE,
+                f"its {FILES_SHA256} record has no {name}, which a checkpoint of its format has",
+            )
         if name in recorded and sha256_of(own_file(Path(path) / name)) != recorded[name]:
             return name, (
                 f"changed since the checkpoint was written (its SHA-256 is not the one {layout.TRAINER_STATE} "
@@ -450,7 +463,7 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
     file = Path(path) / layout.WEIGHTS
     changed = file_change(path, (layout.WEIGHTS,))
     if changed:
-        raise UsageError(f"{file}: {changed[1]}; the file is damaged: use another checkpoint")
+        raise UsageError(f"{Path(path) / changed[0]}: {changed[1]}; the file is damaged: use another checkpoint")
     try:
         weights = safetensors.torch.load_file(file)
     except (safetensors.SafetensorError, OSError, ValueError) as exc:

@@ -156,7 +156,9 @@ def init(
     check_outputs_apart(resolve(cfg, directory.expanduser().absolute(), adopt_init_from=False))
     path = directory / layout.RUN_CONFIG
     if path.is_symlink():  # written through, the link's target (a shared template, any file) was replaced
-        raise ownership.linked(path, "the run folder", "remove the link (its target is left alone), then run init again")
+        raise ownership.linked(
+            path, "the run folder", "remove the link (its target is left alone), then run init again"
+        )
     if path.exists():
         ownership.check_config_replaceable(path)  # --force overwrites a bertcli config, never another file
     if path.exists() and not force:

@@ -378,6 +378,19 @@ def read_own_json(path: Path) -> dict[str, Any]:
     return value
 
 
+# The checkpoint format (trainer_state.json's format_version) from which every checkpoint records the
+# SHA-256 of its weights, training state, config and tokenizer files. Without that record, a checkpoint
+# of an older format is read as it was; one of this format or none is damaged (a trainer_state.json
+# cut down to `{}` let an edited config.yaml through, exit 0).
+HASHES_RECORDED_FROM = 3
+
+
+def must_record_hashes(trainer_state: dict[str, Any]) -> bool:
+    """Whether checkpoint state `trainer_state` must hold the SHA-256 records (see HASHES_RECORDED_FROM)."""
+    version = trainer_state.get("format_version")
+    return not (isinstance(version, int) and not isinstance(version, bool) and version < HASHES_RECORDED_FROM)
+
+
 def sha256_of(path: Path) -> str:
     """The SHA-256 of a file, read in 4 MiB blocks (about 1.5 GB/s: 0.3 s for BERT-base's weights):
     what shows that a file is the one bertcli wrote (a corpus file, a tokenizer, a checkpoint's weights)."""

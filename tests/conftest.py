@@ -168,5 +168,6 @@ def without_file_hashes(ckpt: Path) -> Path:
 
     state = json.loads((ckpt / "trainer_state.json").read_text())
     state.pop("files_sha256", None)
+    state["format_version"] = 2  # the last format that may lack the record
     (ckpt / "trainer_state.json").write_text(json.dumps(state))
     return ckpt

@@ -28,7 +28,7 @@ from bertcli.config import TokenizerConfig
 from bertcli.data.corpus import SpecialTokens
 from bertcli.errors import UsageError
 from bertcli.layout import TOKENIZER_CONFIG, TOKENIZER_FILES, TOKENIZER_JSON, TRAINER_STATE, VOCAB
-from bertcli.ownership import read_own, read_own_json
+from bertcli.ownership import must_record_hashes, read_own, read_own_json
 
 TOKENIZER_SHA256 = "tokenizer_sha256"  # a checkpoint's trainer_state.json: the SHA-256 of each tokenizer file
 
@@ -319,8 +319,11 @@ def tokenizer_change(path: Path) -> tuple[str, str] | None:
     they are, or it has none): an edited tokenizer.json would encode text into other ids than the
     model learnt, silently. trainer_state.json records each file's SHA-256; a checkpoint written
     before it did must at least hold one vocabulary (vocab.txt that of tokenizer.json)."""
-    recorded = read_own_json(Path(path) / TRAINER_STATE).get(TOKENIZER_SHA256)
+    state = read_own_json(Path(path) / TRAINER_STATE)
+    recorded = state.get(TOKENIZER_SHA256)
     files = {name: Path(path) / name for name in TOKENIZER_FILES}
+    if not isinstance(recorded, dict) and must_record_hashes(state):
+        return TRAINER_STATE, f"holds no {TOKENIZER_SHA256} record, which a checkpoint of its format has"
     if isinstance(recorded, dict):
         for name, digest in sorted(recorded.items()):
             if name in files and not files[name].is_file():

@@ -178,6 +178,7 @@ def test_a_checkpoint_from_before_tokenizer_hashes_still_needs_one_vocabulary(tm
     ckpt = Path(shutil.copytree(trained / "checkpoints" / "step-0000004", tmp_path / "ckpt"))
     state = json.loads((ckpt / "trainer_state.json").read_text())
     del state["tokenizer_sha256"]
+    state["format_version"] = 2  # written before checkpoints had to record it
     (ckpt / "trainer_state.json").write_text(json.dumps(state))
     assert cli("export", ckpt, tmp_path / "good").code == 0
     edit_tokenizer(ckpt, "vocab.txt")
@@ -186,6 +187,35 @@ def test_a_checkpoint_from_before_tokenizer_hashes_still_needs_one_vocabulary(tm
         f"bertcli: error: {ckpt / 'vocab.txt'}: does not match the tokenizer.json beside it (edited after bertcli "
         "wrote it?); restore it, or use another checkpoint"
     ], result.err
+
+
+@pytest.mark.parametrize("strip", ["everything", "files_sha256", "tokenizer_sha256", "config entry"])
+def test_a_checkpoint_stripped_of_its_records_is_damaged(tmp_path, cli, trained, strip):
+    """A trainer_state.json cut down to `{}`, or without its SHA-256 records, was read as a checkpoint
+    from before the records, so an edited config.yaml passed: other vectors, exit 0 (trial 12 P-1).
+    Every checkpoint of the current format holds them."""
+    import json
+    import shutil
+
+    ckpt = Path(shutil.copytree(trained / "checkpoints" / "step-0000004", tmp_path / "ckpt"))
+    if strip != "tokenizer_sha256":  # (that record guards the tokenizer files: nothing else changes)
+        config = (ckpt / "config.yaml").read_text()
+        (ckpt / "config.yaml").write_text(config.replace("hidden_act: gelu", "hidden_act: relu"))
+    state = json.loads((ckpt / "trainer_state.json").read_text())
+    if strip == "everything":
+        state = {}
+    elif strip == "config entry":
+        del state["files_sha256"]["config.yaml"]
+    else:
+        del state[strip]
+    (ckpt / "trainer_state.json").write_text(json.dumps(state))
+    (tmp_path / "in.txt").write_text("hello world\n")
+    for args in (("export", ckpt, tmp_path / "out"), ("encode", "--model", ckpt, tmp_path / "in.txt")):
+        result = cli(*args)
+        assert result.code == 2 and len(result.err_lines) == 1, result.err
+        assert f"{ckpt / 'trainer_state.json'}: " in result.err, result.err
+        assert "which a checkpoint of its format has" in result.err, result.err
+    assert not (tmp_path / "out").exists()
 
 
 def test_resuming_never_takes_the_edited_tokenizer_of_a_checkpoint(tmp_path, cli, trained):
