@@ -93,6 +93,7 @@ from bertcli.data.text import (
 )
 from bertcli.data.tokenizer import (
     SPECIAL,
+    check_ids,
     continuation_mask,
     describe,
     find_tokenizer_file,
@@ -884,6 +885,7 @@ def _prepare(cfg: Config, quiet: bool, force: bool, workers: int) -> Path:
     if data.tokenizer.path:
         tokenizer_file = find_tokenizer_file(Path(data.tokenizer.path))
         tok = load_tokenizer(tokenizer_file, data.tokenizer)
+        check_ids(tok, tokenizer_file)  # its vocab.txt is written into the data and every checkpoint
         # The loaded tokenizer as it is used (casing from a tokenizer_config.json, padding off), not its file
         # alone: data prepared with a tokenizer that padded (older bertcli) is prepared again.
         given_sha256 = hashlib.sha256(tok.to_str().encode()).hexdigest()

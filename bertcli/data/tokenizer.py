@@ -306,6 +306,31 @@ def save_tokenizer(tok: Tokenizer, folder: Path) -> None:
         vocab.write_text(vocab_text(tok), encoding="utf-8")
 
 
+def check_ids(tok: Tokenizer, path: Path) -> None:
+    """Refuse (exit 2) tokenizer file `path` unless its ids are 0..N-1, which bertcli's vocab.txt (a
+    token a line, in id order) needs. In a vocab.txt that is a token given twice: its first line's id
+    is lost (the tokenizers library keeps the last), naming both lines."""
+    ids = sorted(tok.get_vocab(with_added_tokens=True).values())
+    if ids == list(range(len(ids))):
+        return
+    if Path(path).suffix != ".json":
+        seen: dict[str, int] = {}
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            for number, line in enumerate(fh, 1):
+                token = line.rstrip()
+                if token in seen:
+                    raise UsageError(
+                        f"{path}: token {token!r} is on lines {seen[token]:,} and {number:,}, where a vocab.txt holds "
+                        "each token once (its id is its line number): remove the repeated line"
+                    )
+                seen[token] = number
+    missing = next(i for i, id_ in enumerate([*ids, -1]) if i != id_)
+    raise UsageError(
+        f"{path}: the token ids are not 0..N-1 (id {missing:,} is missing), where bertcli writes vocab.txt a token a "
+        "line in id order: use a tokenizer whose ids are 0..N-1"
+    )
+
+
 def vocab_text(tok: Tokenizer) -> str:
     """The vocab.txt of `tok`: one token per line, in id order."""
     by_id = sorted(tok.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])

@@ -71,6 +71,7 @@ def _cut_in_half(ckpt: Path, name: str) -> Path:
 
 VOCAB_SPECIAL_ONLY = "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n"
 VOCAB_UNK_FIRST = "".join(f"{t}\n" for t in ["[UNK]", "[PAD]", "[CLS]", "[SEP]", "[MASK]", "the", "a", "of", "to"])
+VOCAB_REPEATED = "".join(f"{t}\n" for t in ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "a", "of", "the", "to"])
 
 
 def _fifo(path: Path) -> Path:
@@ -527,6 +528,17 @@ CASES = [
         ],
         2,
         "vocab.txt: the vocabulary holds only the special tokens [PAD], [UNK], [CLS], [SEP], [MASK]",
+    ),
+    (
+        "vocab-with-a-repeated-token",  # 'the tokenizer's ids are not 0..N-1; cannot write vocab.txt': no file, no fix
+        lambda d, b: [
+            "prepare",
+            "-c",
+            text_run(d, b["corpus"], f"data.tokenizer.path={_write(d, 'vocab.txt', VOCAB_REPEATED)}"),
+        ],
+        2,
+        "vocab.txt: token 'the' is on lines 6 and 9, where a vocab.txt holds each token once (its id is its line "
+        "number): remove the repeated line",
     ),
     (
         "vocab-with-pad-not-first",  # the model's pad_token_id 0 was [UNK]: its embedding never learned
