@@ -298,6 +298,9 @@ def parse_overrides(overrides: list[str]) -> tuple[dict[str, Any], dict[str, str
             raise UsageError(f"--set {_shown(item)}: the value is not a YAML scalar ({problem})") from None
         node = nested
         parts = key.split(".")
+        if len(parts) == 1 and dataclasses.is_dataclass(field_types(Config).get(key)):
+            # (merged over the preset, a whole section replaced it: `train=null` gave every global default)
+            raise UsageError(f"--set {_shown(item)}: {key} is a section: set its keys one at a time ({key}.KEY=VALUE)")
         for part in parts[:-1]:
             child = node.setdefault(part, {})
             if not isinstance(child, dict):

@@ -139,6 +139,9 @@ def test_valid_presets_have_no_problems():
         ("=3", "expected section.key=value"),
         ("train..seed=1", "expected section.key=value"),
         ("train.seed=[1, 2", "not a YAML scalar"),
+        # a whole section merged over the preset replaced it (trial 12 P-3: train=null gave every global default)
+        ("train=null", "train is a section: set its keys one at a time (train.KEY=VALUE)"),
+        ("model={}", "model is a section"),
     ],
 )
 def test_bad_set_syntax(item, needle):
