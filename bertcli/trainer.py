@@ -280,7 +280,8 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume: str, quiet: bool) -> Run
     # lower bound: 100,000 layers are refused before the corpus is prepared), and after when unsized.
     sizes.check_memory(cfg.model, rt, cfg.train.parallel)
     sizes.check_batch(cfg, rt)
-    data, tokenizer = _load_data(cfg, rt, quiet)
+    resume_from = Path(resume) if resume not in ("auto", "never") else None
+    data, tokenizer = _load_data(cfg, rt, quiet, resume_from)
     cfg = resolve.with_vocab(cfg, data.vocab_size, cfg.data.corpus, pad_id=data.train.special.pad)  # tokenizer now
     if not sized:
         sizes.check_memory(cfg.model, rt, cfg.train.parallel)
@@ -345,11 +346,14 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume: str, quiet: bool) -> Run
     return run
 
 
-def _load_data(cfg: Config, rt: runtime.Runtime, quiet: bool) -> tuple[Dataset, dict[str, bytes]]:
+def _load_data(
+    cfg: Config, rt: runtime.Runtime, quiet: bool, resume_from: Path | None = None
+) -> tuple[Dataset, dict[str, bytes]]:
     """The run's data and its tokenizer's files (name -> bytes): rank 0 prepares text corpora first when
     needed (cached), the others then read it. Rank 0 holds the prepared folder's lock until every
     process has read it: another run sharing the folder cannot replace it meanwhile. From then on
-    training reads its memory maps (a replaced folder's files live on while mapped) and these bytes."""
+    training reads its memory maps (a replaced folder's files live on while mapped) and these bytes.
+    `resume_from`: the checkpoint named by --resume PATH, whose tokenizer a run with none yet takes."""
     text = cfg.data.corpus != "synthetic"
     if rt.is_main and text:
         from bertcli.data.prepare import prepared_lock
@@ -359,7 +363,7 @@ def _load_data(cfg: Config, rt: runtime.Runtime, quiet: bool) -> tuple[Dataset, 
         lock = contextlib.nullcontext()
     with lock:
         if rt.is_main:
-            data = load_data(cfg, quiet)
+            data = load_data(cfg, quiet, resume_from=resume_from)
         rt.barrier()
         if not rt.is_main:
             data = load_data(cfg, quiet=True)

@@ -24,9 +24,9 @@ class Dataset:
     tokenizer_files: list[Path]  # copied into every checkpoint (none for the synthetic corpus)
 
 
-def load_data(cfg: Config, quiet: bool = False) -> Dataset:
+def load_data(cfg: Config, quiet: bool = False, resume_from: Path | None = None) -> Dataset:
     """The corpus named by data.corpus of resolved config `cfg`: generated, or prepared from text
-    (prepared first if needed)."""
+    (prepared first if needed; see prepare for `resume_from`)."""
     if cfg.data.corpus == "synthetic":
         assert cfg.model.vocab_size is not None  # validated in config
         corpus = synthetic_corpus(cfg.data.synthetic, cfg.model.vocab_size)
@@ -39,7 +39,9 @@ def load_data(cfg: Config, quiet: bool = False) -> Dataset:
         )
     from bertcli.data.prepare import load_prepared, prepare  # tokenizers is only needed for text
 
-    prepared = load_prepared(prepare(cfg, quiet=quiet), verify=False)  # prepare checked (or wrote) it just now
+    prepared = load_prepared(
+        prepare(cfg, quiet=quiet, resume_from=resume_from), verify=False
+    )  # prepare checked (or wrote) it just now
     return Dataset(
         prepared.corpus("train"),
         prepared.corpus("valid"),

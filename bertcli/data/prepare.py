@@ -849,13 +849,20 @@ def _write_index(root: Path, units: list[Unit], records: dict[str, dict[str, Any
 # ---------------------------------------------------------------- prepare
 
 
-def prepare(cfg: Config, quiet: bool = False, force: bool = False, workers: int | None = None) -> Path:
+def prepare(
+    cfg: Config,
+    quiet: bool = False,
+    force: bool = False,
+    workers: int | None = None,
+    resume_from: Path | None = None,
+) -> Path:
     """Prepare the corpus of resolved config `cfg` (see resolve.py) on `workers` processes (default:
     the cores available), keeping what is already prepared, whole and undamaged; return the prepared
-    folder. SIGINT and SIGTERM stop it at once (what it was writing is removed; exit 130 or 143)."""
+    folder. SIGINT and SIGTERM stop it at once (what it was writing is removed; exit 130 or 143).
+    `resume_from`: a checkpoint the run will resume from (see run_tokenizer)."""
     workers = workers or default_workers()
     with _stop_on_signal(Path(cfg.data.prepared_dir)), _one_core(workers):
-        return _prepare(cfg, quiet, force, workers)
+        return _prepare(cfg, quiet, force, workers, resume_from)
 
 
 @dataclass
@@ -870,7 +877,7 @@ class _Plan:
     given_sha256: str | None  # the given tokenizer (data.tokenizer.path) as loaded
 
 
-def _prepare(cfg: Config, quiet: bool, force: bool, workers: int) -> Path:
+def _prepare(cfg: Config, quiet: bool, force: bool, workers: int, resume_from: Path | None = None) -> Path:
     data = cfg.data
     folder = Path(data.prepared_dir)
     files = corpus_files(corpus_path(cfg))
@@ -889,7 +896,7 @@ def _prepare(cfg: Config, quiet: bool, force: bool, workers: int) -> Path:
         # The loaded tokenizer as it is used (casing from a tokenizer_config.json, padding off), not its file
         # alone: data prepared with a tokenizer that padded (older bertcli) is prepared again.
         given_sha256 = hashlib.sha256(tok.to_str().encode()).hexdigest()
-    fixed = run_tokenizer(cfg) if tok is None else None
+    fixed = run_tokenizer(cfg, resume_from) if tok is None else None
     if fixed is not None:  # the run's checkpoints fix its token ids: never train another vocabulary under them
         tokenizer_file, tok = fixed, read_tokenizer_json(fixed)
     plan = _Plan(
@@ -1455,16 +1462,25 @@ def _clean_inside(folder: Path, mine: bool = False) -> None:
                 child.unlink(missing_ok=True)
 
 
-def run_tokenizer(cfg: Config) -> Path | None:
+def run_tokenizer(cfg: Config, resume_from: Path | None = None) -> Path | None:
     """The tokenizer.json of the run's newest checkpoint, None before its first: the tokenizer of a run
     is fixed by its first checkpoint, and every checkpoint carries it. A checkpoint whose tokenizer
-    files were edited since (tokenizer_change) is damaged, and resuming sets it aside: never its."""
+    files were edited since (tokenizer_change) is damaged, and resuming sets it aside: never its.
+    Before the run's first checkpoint, that of `resume_from` (pretrain --resume PATH, another run's
+    checkpoint, say), whose weights were trained on its token ids (a new vocabulary was trained and
+    the whole corpus prepared, and then resuming refused)."""
     complete = (*layout.CHECKPOINT_FILES, layout.TOKENIZER_JSON)  # a link is damage, never followed (checkpoint.damage)
     steps = [
         path
         for _, path in layout.list_checkpoints(Path(cfg.output_dir))
         if all(ownership.own_file(path / name) for name in complete) and _unchanged_tokenizer(path)
     ]
+    if not steps and resume_from is not None:
+        steps = [
+            p
+            for p in [Path(resume_from)]
+            if all(ownership.own_file(p / n) for n in complete) and _unchanged_tokenizer(p)
+        ]
     return steps[-1] / layout.TOKENIZER_JSON if steps else None
 
 

@@ -689,3 +689,25 @@ def test_resuming_with_other_tokenizer_settings_says_they_are_ignored(tmp_path, 
     assert "data.tokenizer.lowercase True -> False" in line and "ignored" in line
     saved = read_yaml(run / "checkpoints" / "step-0000005" / "config.yaml")["data"]["tokenizer"]
     assert saved == read_yaml(run / "checkpoints" / "step-0000004" / "config.yaml")["data"]["tokenizer"]
+
+
+def test_a_new_run_resuming_another_runs_checkpoint_prepares_with_its_tokenizer(tmp_path, cli, trained, small_corpus):
+    """`--resume PATH` into a run with no checkpoint (and no data.tokenizer.path): its data is prepared
+    with the checkpoint's tokenizer, whose ids the weights were trained on (trial 12 P-2: a new
+    vocabulary was trained on the other corpus and the whole corpus prepared, then resuming refused)."""
+    from conftest import text_run
+
+    from bertcli.data.tokenizer import read_tokenizer_json, tokenizer_identity
+
+    other = tmp_path / "other.txt"
+    other.write_text(small_corpus.read_text().replace("Python", "Snake").replace("the", "teh"))
+    config = text_run(tmp_path / "new", other, "train.max_steps=6", "train.eval_every=0")
+    ckpt = trained / "checkpoints" / "step-0000004"
+    result = cli("pretrain", "--config", config, "--quiet", "--resume", ckpt)
+    assert result.code == 0, result.err
+    ids = {
+        tokenizer_identity(read_tokenizer_json(f))
+        for f in (ckpt / "tokenizer.json", tmp_path / "new" / "data" / "tokenizer.json")
+    }
+    assert len(ids) == 1
+    assert (tmp_path / "new" / "checkpoints" / "step-0000006").is_dir()
