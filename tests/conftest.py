@@ -109,6 +109,34 @@ def micro_config(*overrides: str) -> Config:
     return debug_config(list(overrides))
 
 
+_REFUSE_AND_REPORT_TORCH = """
+import sys
+from bertcli.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit as exc:
+    print(exc.code, 'torch' in sys.modules)
+"""
+
+
+def refuse_in_fresh_interpreter(*args: str, cwd: Path) -> tuple[list[str], str]:
+    """`bertcli ARGS` run in a fresh interpreter (whether torch got imported on the way is then the
+    command's alone): [exit code, "True" or "False" for torch imported], and stderr."""
+    import os
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-c", _REFUSE_AND_REPORT_TORCH, *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    return result.stdout.split(), result.stderr
+
+
 def write_config(folder: Path, *overrides: str) -> Path:
     """A micro run config written the way `bertcli init` writes one."""
     folder.mkdir(parents=True, exist_ok=True)

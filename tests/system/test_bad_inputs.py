@@ -71,7 +71,9 @@ def _cut_in_half(ckpt: Path, name: str) -> Path:
 
 VOCAB_SPECIAL_ONLY = "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n"
 VOCAB_UNK_FIRST = "".join(f"{t}\n" for t in ["[UNK]", "[PAD]", "[CLS]", "[SEP]", "[MASK]", "the", "a", "of", "to"])
-VOCAB_REPEATED = "".join(f"{t}\n" for t in ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "a", "of", "the", "to"])
+VOCAB_REPEATED = "".join(
+    f"{t}\n" for t in ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "a", "of", "the", "to"]
+)
 
 
 def _fifo(path: Path) -> Path:

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import refuse_in_fresh_interpreter
 
 from bertcli.config import TokenizerConfig
 from bertcli.data.prepare import SAMPLE
@@ -370,16 +371,6 @@ def test_continued_pretraining_from_the_folder_prepares_whole_sentences_without_
     assert "[PAD]" not in report["example"]["text"] and report["tokenizer"] != "trained"
 
 
-REFUSE_AND_REPORT_TORCH = """
-import sys
-from bertcli.cli import main
-try:
-    main(sys.argv[1:])
-except SystemExit as exc:
-    print(exc.code, 'torch' in sys.modules)
-"""
-
-
 @pytest.mark.parametrize(
     "edit, args, needle",
     [
@@ -398,13 +389,6 @@ def test_a_folder_encode_cannot_use_is_refused_before_torch_loads(tmp_path, edit
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, **edit}))
     (tmp_path / "in.txt").write_text("hello world\n")
-    result = subprocess.run(
-        [sys.executable, "-c", REFUSE_AND_REPORT_TORCH, "encode", "--model", str(folder), "in.txt", *args],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=60,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
-    )
-    assert result.stdout.split() == ["2", "False"], (result.stdout, result.stderr)
-    assert len(result.stderr.splitlines()) == 1 and needle in result.stderr, result.stderr
+    out, err = refuse_in_fresh_interpreter("encode", "--model", folder, "in.txt", *args, cwd=tmp_path)
+    assert out == ["2", "False"], (out, err)
+    assert len(err.splitlines()) == 1 and needle in err, err

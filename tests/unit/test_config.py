@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import subprocess
-import sys
 
 import pytest
-from conftest import REPO, write_config
+from conftest import REPO, refuse_in_fresh_interpreter, write_config
 
 from bertcli.config import PRESETS, Config, field_docs, to_dict
 from bertcli.config_load import load_config, model_config_from_dict, parse_overrides, preset_config
@@ -439,17 +437,6 @@ def test_set_paths_are_relative_to_the_current_folder_yaml_paths_to_the_file(tmp
     assert load_run(config, ["data.corpus=synthetic"]).data.corpus == "synthetic"
 
 
-# Each refusal runs in a fresh interpreter: whether torch got imported on its way is then the refusal's alone.
-REFUSE_AND_REPORT_TORCH = """
-import sys
-from bertcli.cli import main
-try:
-    main(sys.argv[1:])
-except SystemExit as exc:
-    print(exc.code, 'torch' in sys.modules)
-"""
-
-
 @pytest.mark.parametrize(
     "args",
     [
@@ -472,16 +459,9 @@ def test_config_refusals_do_not_wait_for_torch(args, tmp_path):
     """A config error is refused (exit 2, one line) before torch is imported (3-4 s, 240 MB)."""
     (tmp_path / "bad.yaml").write_text("output_dir: run\nbogus_key: 1\n")
     write_config(tmp_path / "good")
-    result = subprocess.run(
-        [sys.executable, "-c", REFUSE_AND_REPORT_TORCH, *args],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=60,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-    assert result.stdout.split() == ["2", "False"], (result.stdout, result.stderr)
-    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    out, err = refuse_in_fresh_interpreter(*args, cwd=tmp_path)
+    assert out == ["2", "False"], (out, err)
+    assert len(err.strip().splitlines()) == 1, err
 
 
 def test_a_run_in_use_is_refused_before_torch_loads(tmp_path):
@@ -491,16 +471,9 @@ def test_a_run_in_use_is_refused_before_torch_loads(tmp_path):
 
     write_config(tmp_path / "good")
     with RunLock(tmp_path / "good", "prepare"):
-        result = subprocess.run(
-            [sys.executable, "-c", REFUSE_AND_REPORT_TORCH, "pretrain", "--config", "good/config.yaml"],
-            capture_output=True,
-            text=True,
-            cwd=tmp_path,
-            timeout=60,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
-        )
-    assert result.stdout.split() == ["1", "False"], (result.stdout, result.stderr)
-    assert result.stderr.splitlines() == [
+        out, err = refuse_in_fresh_interpreter("pretrain", "--config", "good/config.yaml", cwd=tmp_path)
+    assert out == ["1", "False"], (out, err)
+    assert err.splitlines() == [
         f"bertcli: error: {tmp_path / 'good'} is in use by another bertcli prepare (pid {os.getpid()}); "
         "wait for it to finish, or set output_dir to another folder"
-    ], result.stderr
+    ], err
