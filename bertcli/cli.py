@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable, Iterator
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
@@ -32,6 +32,9 @@ from bertcli import __version__, console
 from bertcli.console import error as err
 from bertcli.console import log
 from bertcli.errors import STOP_SIGNALS, BertcliError, Interrupted, PipeClosed, RunError, UsageError
+
+if TYPE_CHECKING:
+    from bertcli.config import Config
 
 app = typer.Typer(
     name="bertcli",
@@ -262,21 +265,15 @@ def pretrain(
     with console.quiet(quiet):  # (resolving may say where a gone init_from's architecture comes from)
         cfg = load_run(config, overrides + ([f"train.device={device}"] if device else []))
     check_outputs_apart(cfg)
-    if os.environ.get("RANK", "0") == "0":  # only rank 0 takes the lock: the others would find it held
-        from bertcli.runlock import RunLock
+    from bertcli import checkpoint
 
-        RunLock(Path(cfg.output_dir), "pretrain").check_free()  # a busy run refused before torch loads
-
-    from bertcli import checkpoint, layout
-    from bertcli.runtime import parse_device
-    from bertcli.trainer import pretrain as run
-
-    if device is not None:
-        parse_device(device, "--device")  # a GPU that is not there
-    problem = layout.incomplete(Path(resume)) if resume not in ("auto", "never") else None
-    if problem:
-        raise UsageError(f"--resume {resume}: {problem}")
     try:
+        _check_pretrain_start(cfg, resume)
+        from bertcli.runtime import parse_device
+        from bertcli.trainer import pretrain as run
+
+        if device is not None:
+            parse_device(device, "--device")  # a GPU that is not there
         result = run(cfg, resume=resume, quiet=quiet, stop_at=stop_at)
     except checkpoint.ResumeRefused as exc:
         raise UsageError(
@@ -678,6 +675,27 @@ def _stream_full(exc: BaseException, output: Path | None) -> RunError | None:
         f"{output or 'stdout'}: disk full ({exc.strerror}); the rows written there so far are incomplete (the last "
         "one may be cut): free space, or write with --output FILE, which keeps nothing half-written"
     )
+
+
+def _check_pretrain_start(cfg: Config, resume: str) -> None:
+    """What pretrain refuses from files alone, before torch is imported (3-4 s, 250 MB): a run another
+    command holds, a --resume PATH that is no checkpoint, --resume never over checkpoints, a corpus
+    that is not there. (The trainer checks them again where it acts on them.)"""
+    from bertcli import checkpoint, layout
+    from bertcli.data.prepare import corpus_path
+    from bertcli.data.text import corpus_root
+    from bertcli.runlock import RunLock
+
+    if os.environ.get("RANK", "0") == "0":  # only rank 0 takes the lock: the others would find it held
+        RunLock(Path(cfg.output_dir), "pretrain").check_free()
+    problem = layout.incomplete(Path(resume)) if resume not in ("auto", "never") else None
+    if problem:
+        raise UsageError(f"--resume {resume}: {problem}")
+    found = layout.list_checkpoints(Path(cfg.output_dir)) if resume == "never" else []
+    if found:
+        raise checkpoint.ResumeRefused(layout.checkpoints_dir(Path(cfg.output_dir)), len(found))
+    if cfg.data.corpus != "synthetic":
+        corpus_root(corpus_path(cfg))
 
 
 def _no_such_layer(layer: int, last: int) -> UsageError:

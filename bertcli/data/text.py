@@ -177,15 +177,21 @@ def is_corpus_file(path: Path) -> bool:
 CORPUS_NAMES = "*.txt and *.jsonl files (plain, .gz, .bz2 or .xz)"
 
 
+def corpus_root(path: Path) -> Path:
+    """data.corpus `path` (its ~ expanded), refused when it is not there."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise UsageError(f"{path}: corpus not found; set data.corpus to a text file, a JSONL file or a folder of them")
+    return path
+
+
 def corpus_files(path: Path) -> list[Path]:
     """The files of a corpus path: the file itself, or every corpus file under a folder, sorted.
 
     In a folder, symbolic links to folders are followed (a corpus is often a folder of links to
     data elsewhere), each folder and file once: a link back up (a loop) or a second way to the same
     folder or file is not read twice. Entries that are not read are said in one line on stderr."""
-    path = Path(path).expanduser()
-    if not path.exists():
-        raise UsageError(f"{path}: corpus not found; set data.corpus to a text file, a JSONL file or a folder of them")
+    path = corpus_root(path)
     if path.is_file():
         return [path]
     if not path.is_dir():  # a pipe, a device (/dev/null), a socket

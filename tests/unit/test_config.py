@@ -453,12 +453,22 @@ def test_set_paths_are_relative_to_the_current_folder_yaml_paths_to_the_file(tmp
         ("encode", "--model", "none", "--device", "tpu"),
         ("encode", "--model", "none", "missing.txt"),
         ("encode", "--model", "none"),
+        # what pretrain refuses from files alone (trial 12 U-1: 4.2-4.8 s, 250 MB each)
+        ("pretrain", "--config", "good/config.yaml", "--resume", "nowhere"),
+        ("pretrain", "--config", "good/config.yaml", "--resume", "."),
+        ("pretrain", "--config", "ran/config.yaml", "--resume", "never"),
+        ("pretrain", "--config", "nocorpus/config.yaml"),
     ],
 )
 def test_config_refusals_do_not_wait_for_torch(args, tmp_path):
     """A config error is refused (exit 2, one line) before torch is imported (3-4 s, 240 MB)."""
     (tmp_path / "bad.yaml").write_text("output_dir: run\nbogus_key: 1\n")
     write_config(tmp_path / "good")
+    write_config(tmp_path / "ran")
+    (tmp_path / "ran" / "checkpoints" / "step-0000001").mkdir(parents=True)
+    for name in ("model.safetensors", "config.yaml", "training_state.pt", "trainer_state.json"):
+        (tmp_path / "ran" / "checkpoints" / "step-0000001" / name).write_text("")
+    write_config(tmp_path / "nocorpus", f"data.corpus={tmp_path / 'gone.txt'}")
     out, err = refuse_in_fresh_interpreter(*args, cwd=tmp_path)
     assert out == ["2", "False"], (out, err)
     assert len(err.strip().splitlines()) == 1, err
