@@ -37,7 +37,7 @@ English text), so on a corpus of more than data.tokenizer.sample_chars character
 sample of the lines, chosen by a hash of each line (text.LineSample): memory stays bounded
 whatever the corpus's size. When
 the corpus changes, the prepared folder keeps its tokenizer (a new vocabulary would change the ids
-of every unit) as long as the units it keeps hold at least half of the corpus's bytes; a forced prepare
+of every unit) as long as unchanged files hold at least half of the corpus's bytes (_unchanged_bytes); a forced prepare
 trains a new one. A run keeps the tokenizer of its checkpoints whatever happens (run_tokenizer).
 
 Held-out documents are every k-th document of each unit (k = 1/validation_fraction), counted from
@@ -1158,9 +1158,10 @@ def _update_line(plan: _Plan, todo: list[Unit], *, new_keys: set[str], old_keys:
         if plan.tok is not None
         else "the tokenizer trained on the corpus as it was (a forced prepare trains a new one)"
     )
+    kept = len(new_keys) - len(todo)
     work = (
         f"preparing {len(todo)} of {len(new_keys)} units ({sum(u.bytes for u in todo) / 1e6:,.1f} MB) with "
-        f"{with_tok}, keeping the other units"
+        f"{with_tok}" + (f", keeping the other {kept}" if kept else "")
         if todo
         else "writing a new index"
     )

@@ -1039,7 +1039,9 @@ def test_adding_a_file_prepares_only_its_units_and_equals_a_fresh_prepare(tmp_pa
     prepare(cfg, quiet=True)
     err = capsys.readouterr().err
     added = _units_of(data, 2)
-    assert len(added) >= 2 and f"preparing {len(added)} of" in err and "keeping the other units" in err
+    total = len(json.loads((data / "manifest.json").read_text())["units"])
+    assert len(added) >= 2 and f"preparing {len(added)} of {total} units" in err
+    assert f"keeping the other {total - len(added)}" in err  # (nothing said of others where none are kept)
     assert "with the tokenizer trained on the corpus as it was (a forced prepare trains a new one)" in err
     after = _stamps(data)
     assert {rel: stamp for rel, stamp in after.items() if rel.split("/")[1] not in added} == before, "rewritten"
