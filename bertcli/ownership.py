@@ -327,14 +327,21 @@ def check_config_replaceable(path: Path) -> None:
     if path.is_dir():
         raise UsageError(f"{path} is a folder; bertcli init writes config.yaml as a file: {fix}")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        raw = yaml.safe_load(text)
     except (OSError, ValueError, yaml.YAMLError):
         raw = False  # unreadable, not text, not YAML: not a config bertcli wrote
-    if raw is None:
-        return  # an empty file: nothing to lose
+    if raw is None and not text.strip():
+        return  # an empty file: nothing to lose (one of comments alone is notes, not a config bertcli wrote)
     foreign = sorted(str(k) for k in raw if k not in sections) if isinstance(raw, dict) else None
     if foreign is None or foreign:
-        why = f"its key {foreign[0]!r} is not a bertcli config section" if foreign else "it is not a YAML mapping"
+        why = (
+            f"its key {foreign[0]!r} is not a bertcli config section"
+            if foreign
+            else "it holds no settings"
+            if raw is None
+            else "it is not a YAML mapping"
+        )
         raise UsageError(f"{path} is not a bertcli config ({why}), so bertcli init leaves it untouched: {fix}")
 
 

@@ -194,6 +194,13 @@ def test_init_force_replaces_only_a_bertcli_config_and_nothing_else(tmp_path, cl
     refused(cli("init", tmp_path, "--force"), tmp_path / "config.yaml")
     assert snapshot(tmp_path) == before
 
+    (tmp_path / "config.yaml").write_text("# my notes on the runs to try\n---\n...\n")  # YAML's empty document
+    before = snapshot(tmp_path)
+    refused(cli("init", tmp_path, "--force"), tmp_path / "config.yaml")  # (it was replaced: trial 12 P-6)
+    assert snapshot(tmp_path) == before
+
+    (tmp_path / "config.yaml").write_text("\n")  # an empty file: nothing to lose
+    assert cli("init", tmp_path, "--force").code == 0
     (tmp_path / "config.yaml").unlink()
     assert cli("init", tmp_path).code == 0
     assert cli("init", tmp_path, "--force", "--preset", "small").code == 0, "a bertcli config is overwritten"
