@@ -42,7 +42,7 @@ from bertcli.export import read_checkpoint
 from bertcli.layout import Kind
 from bertcli.model import BertForPreTraining, padding_mask
 from bertcli.ownership import check_input
-from bertcli.sbert import SentenceModel, read_sentence_model
+from bertcli.sbert import SentenceModel, lowercase_first, read_sentence_model
 
 POOLINGS = ("cls", "mean", "max", "pooler")
 WINDOW_BATCHES = 32
@@ -608,13 +608,16 @@ def encode(
         settings.strict_pairs,
         settings.batch_size,
     )
-    enc.tokenizer.enable_truncation(settings.max_length)
-    prefixes = Prefixes(enc.tokenizer, settings.max_length)
+    tokenizer = enc.tokenizer
+    if enc.sentence is not None and enc.sentence.lowercase:  # sentence_bert_config.json's do_lower_case
+        tokenizer = Tokenizer.from_str(tokenizer.to_str())  # (the encoder's own is left as it is)
+        tokenizer.normalizer = lowercase_first(tokenizer.normalizer)
+    tokenizer.enable_truncation(settings.max_length)
+    prefixes = Prefixes(tokenizer, settings.max_length)
     max_tokens = None
     if enc.rt.device.type == "cpu":  # token slots whose widest activation fits CPU_BATCH_BYTES (2 bytes under autocast)
         itemsize = (enc.rt.autocast_dtype or torch.float32).itemsize
         max_tokens = CPU_BATCH_BYTES // (itemsize * enc.model.config.intermediate_size)
-    lowercase = enc.sentence is not None and enc.sentence.lowercase  # sentence_bert_config.json's do_lower_case
     counts = {"lines": 0, "truncated": 0, "unpaired": 0}
     window: list[str] = []
 
@@ -628,11 +631,10 @@ def encode(
     def flush() -> None:
         if not window:
             return
-        texts = [line.lower() for line in window] if lowercase else window
-        inputs: list = _pair_up(window, texts, where, strict=strict_pairs) if pairs else texts
+        inputs: list = _pair_up(window, where, strict=strict_pairs) if pairs else window
         counts["unpaired"] += sum(1 for x in inputs if isinstance(x, str)) if pairs else 0
         cuts = [prefixes.cut(x) for x in inputs]  # a text far past the limit: only a prefix is tokenized
-        encodings = enc.tokenizer.encode_batch([x for x, _ in cuts], add_special_tokens=True)
+        encodings = tokenizer.encode_batch([x for x, _ in cuts], add_special_tokens=True)
         counts["truncated"] += sum(
             1
             for line, e, (_, unproven) in zip(window, encodings, cuts)
@@ -666,14 +668,14 @@ def encode(
         flush()
     finally:
         reader.close()
-        enc.tokenizer.no_truncation()
+        tokenizer.no_truncation()
     return counts
 
 
-def _pair_up(window: list[str], texts: list[str], where: Callable[[int], str], *, strict: bool) -> list:
-    """`texts` as pairs (A, B) split at their first TAB; a text without one stays a string (one
-    sentence), or is an error when `strict`, or when its TAB was past what read_lines kept."""
-    inputs = [tuple(text.split("\t", 1)) if "\t" in text else text for text in texts]
+def _pair_up(window: list[str], where: Callable[[int], str], *, strict: bool) -> list:
+    """The lines of `window` as pairs (A, B) split at their first TAB; a line without one stays a
+    string (one sentence), or is an error when `strict`, or when its TAB was past what read_lines kept."""
+    inputs = [tuple(text.split("\t", 1)) if "\t" in text else text for text in window]
     unpaired = [i for i, x in enumerate(inputs) if isinstance(x, str)]
     late = [i for i in unpaired if isinstance(window[i], Line) and window[i].dropped_tab]
     if late:

@@ -4,7 +4,9 @@ A sentence-transformers model folder is a Hugging Face BERT folder plus `modules
 modules run in order: a Transformer (the BERT itself, at its `path`; "" = this folder), a Pooling
 module (`1_Pooling/config.json`: cls, mean, max, ...) and optionally Normalize (unit length).
 `sentence_bert_config.json`, beside the Transformer, gives max_seq_length (tokens per text) and
-do_lower_case (lower-case the text before the tokenizer sees it). sentence-transformers 6 writes no
+do_lower_case (a Lowercase normalizer put first in the tokenizer, as sentence-transformers 6 does:
+special tokens written in the text, such as [MASK], are matched before normalizers and stay special;
+versions before lower-cased the text itself). sentence-transformers 6 writes no
 max_seq_length there: the limit is the tokenizer's model_max_length (`tokenizer_config.json`),
 which every version also falls back on when max_seq_length is absent, capped at the model's
 positions (encode.resolve caps); see _max_seq_length for the order. `bertcli encode` follows these
@@ -157,3 +159,19 @@ def read_sentence_model(folder: Path) -> SentenceModel | None:
         unsupported=unsupported,
         default_prompt=(str(name), text) if isinstance(text, str) and text else None,
     )
+
+
+def lowercase_first(normalizer: Any) -> Any:
+    """A tokenizer's `normalizer` with do_lower_case applied as sentence-transformers 6 applies it: a
+    Lowercase normalizer put first, unless one is there already (a BertNormalizer that lowercases
+    does not count, there either). The text itself is not lower-cased: special tokens in it, such as
+    [MASK], are matched before normalizers and stay special (lower-casing the text made them
+    '[', 'mask', ']': cosine 0.28 to sentence-transformers' vector, trial 12 P-8)."""
+    from tokenizers import normalizers
+
+    if isinstance(normalizer, normalizers.Lowercase):
+        return normalizer
+    parts = list(normalizer) if isinstance(normalizer, normalizers.Sequence) else [normalizer] if normalizer else []
+    if any(isinstance(part, normalizers.Lowercase) for part in parts):
+        return normalizer
+    return normalizers.Sequence([normalizers.Lowercase(), *parts])

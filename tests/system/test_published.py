@@ -125,6 +125,22 @@ def test_pairs_with_an_empty_side_are_tokenized_as_transformers_tokenizes_pairs(
     assert out.rows[1] == ["[CLS]", "hello", "world", "[SEP]", "[SEP]"]
 
 
+def test_do_lower_case_is_applied_as_sentence_transformers_applies_it(cli, tmp_path, sentence_transformer):
+    """sentence_bert_config.json's do_lower_case: sentence-transformers 6 puts a Lowercase normalizer
+    first in the tokenizer, so special tokens written in the text ([MASK], [CLS]) stay special;
+    bertcli lower-cased the text itself, and they became '[', 'mask', ']' (cosine 0.28, trial 12 P-8)."""
+    folder = tmp_path / "model"
+    shutil.copytree(MINILM, folder, ignore=shutil.ignore_patterns("model.safetensors", "*.onnx", "onnx", "openvino"))
+    (folder / "model.safetensors").symlink_to(MINILM / "model.safetensors")
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 256, "do_lower_case": True}))
+    lines = ["[CLS] [SEP] [MASK] [PAD] [UNK]", "see [MASK] here", "Ordinary Text, Mixed CASE.", "İstanbul ÉTÉ"]
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
+    result = cli("encode", "--model", folder, tmp_path / "in.txt", "-f", "npy", "-o", tmp_path / "v.npy")
+    assert result.code == 0, result.err
+    theirs = sentence_transformer(folder).encode(lines)
+    assert cosines(np.load(tmp_path / "v.npy"), theirs).min() > 0.9999
+
+
 def st_variant(tmp_path: Path, pooling: dict, modules: list[str]) -> Path:
     """The model folder with another Pooling config and module list (weights linked, not copied)."""
     folder = tmp_path / "variant"
