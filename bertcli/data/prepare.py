@@ -862,7 +862,7 @@ def prepare(
     `resume_from`: a checkpoint the run will resume from (see run_tokenizer)."""
     workers = workers or default_workers()
     with _stop_on_signal(Path(cfg.data.prepared_dir)), _one_core(workers):
-        return _prepare(cfg, quiet, force, workers, resume_from)
+        return _prepare(cfg, quiet, force, workers, resume_from=resume_from)
 
 
 @dataclass
