@@ -270,6 +270,9 @@ def load_tokenizer(path: Path, cfg: TokenizerConfig) -> Tokenizer:
             tok = _add_post_processor(
                 _bert_pipeline(Tokenizer(models.WordPiece.from_file(str(path), unk_token="[UNK]")), casing)
             )
+            # As transformers' BertTokenizer (and a tokenizer.json) has them: special tokens written in the text
+            # are those tokens, never lower-cased and split ([MASK] became '[', 'mask', ']': trial 13 S-1).
+            tok.add_special_tokens([t for t in SPECIAL if tok.token_to_id(t) is not None])
     except Exception as exc:  # tokenizers raises plain Exceptions with its own message
         raise UsageError(f"{path}: cannot load tokenizer ({str(exc).splitlines()[0]})") from None
     missing = [t for t in SPECIAL if tok.token_to_id(t) is None]

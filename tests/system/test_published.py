@@ -272,6 +272,7 @@ TEXTS = [
     "東京タワー and 北京大学 Résumé",
     "CamelCase PyTorch ÀÉÎÕÜ àéîõü ñ ç",
     "crème brûlée — Ça va?",
+    "Special tokens in text: [MASK] [CLS]x [SEP] [PAD] [UNK] [mask]",  # (vocab.txt: lower-cased, split: trial 13 S-1)
 ]
 
 
