@@ -408,6 +408,23 @@ def read_config(path: Path) -> Config:
     return config_from_dict(raw, str(file))
 
 
+def check_readable(path: Path) -> Config:
+    """The config of checkpoint `path`, after every check that needs no torch: the config and the
+    tokenizer files as recorded, the weights' SHA-256 as recorded and their shapes those of the
+    config. `encode` and `export` run it before they import torch (3-4 s, 250 MB), so that a
+    damaged checkpoint is refused in a fraction of a second; loading checks again (the hashes are
+    not computed twice: ownership.sha256_of)."""
+    from bertcli.hf_import import check_weights
+
+    cfg = read_config(path)
+    check_tokenizer_files(path)
+    changed = file_change(path, (layout.WEIGHTS,))
+    if changed:
+        raise UsageError(f"{Path(path) / changed[0]}: {changed[1]}; the file is damaged: use another checkpoint")
+    check_weights(path, cfg.model)
+    return cfg
+
+
 def read_trainer_state(path: Path) -> dict[str, Any]:
     return read_own_json(Path(path) / layout.TRAINER_STATE)
 

@@ -34,7 +34,7 @@ from bertcli.console import log
 from bertcli.errors import STOP_SIGNALS, BertcliError, Interrupted, PipeClosed, RunError, UsageError
 
 if TYPE_CHECKING:
-    from bertcli.config import Config
+    from bertcli.config import Config, ModelConfig
 
 app = typer.Typer(
     name="bertcli",
@@ -490,11 +490,12 @@ def encode(
     from bertcli import hf_import
 
     hf = hf_import.read_encoder_folder(model)  # a Hugging Face folder's config and tokenizer, checked torch-free
-    if hf is not None:
+    model_cfg = hf.config if hf is not None else _checkpoint_model(model)
+    if model_cfg is not None:
         try:
-            hf.config.layer_index(layer)
+            model_cfg.layer_index(layer)
         except IndexError:
-            raise _no_such_layer(layer, hf.config.num_hidden_layers) from None
+            raise _no_such_layer(layer, model_cfg.num_hidden_layers) from None
     from bertcli import encode as enc_mod
     from bertcli.runtime import parse_device
 
@@ -696,6 +697,17 @@ def _check_pretrain_start(cfg: Config, resume: str) -> None:
         raise checkpoint.ResumeRefused(layout.checkpoints_dir(Path(cfg.output_dir)), len(found))
     if cfg.data.corpus != "synthetic":
         corpus_root(corpus_path(cfg))
+
+
+def _checkpoint_model(path: Path) -> ModelConfig | None:
+    """The model config of the checkpoint `path` names (a run's best or newest), checked torch-free as
+    export checks it (checkpoint.check_readable); None where `path` is no run or checkpoint."""
+    from bertcli import checkpoint, layout
+    from bertcli.export import read_checkpoint
+
+    if layout.identify(path).kind not in (layout.Kind.RUN, layout.Kind.CHECKPOINT):
+        return None
+    return read_checkpoint(path, checkpoint.check_readable)[1].model
 
 
 def _no_such_layer(layer: int, last: int) -> UsageError:

@@ -13,7 +13,6 @@ from typing import Any, TypeVar
 from bertcli import __version__, atomic, checkpoint, console, hf_names, layout, ownership
 from bertcli.data.tokenizer import describe, read_tokenizer_json
 from bertcli.errors import RunError, UsageError
-from bertcli.hf_import import check_weights
 from bertcli.layout import Kind
 
 T = TypeVar("T")
@@ -106,10 +105,10 @@ def _export(ckpt: Path, out_dir: Path, force: bool) -> Path:
 
     guard(out_dir)
     ownership.remove_leftover_folders(out_dir, layout.EXPORT)  # of an export killed while it wrote
-    cfg = checkpoint.read_config(ckpt)
+    # Config, tokenizer and weights as recorded, the weights of the config's sizes (an export whose config.json
+    # claims other sizes would load nowhere), the tokenizer the model was trained with, not an edited one.
+    cfg = checkpoint.check_readable(ckpt)
     m = cfg.model
-    check_weights(ckpt, m)  # an export whose config.json claims other sizes would load nowhere
-    checkpoint.check_tokenizer_files(ckpt)  # the tokenizer the model was trained with, not an edited one
     import torch  # here, after the checks: a refused export never waits for it
 
     from bertcli.model import BertForPreTraining

@@ -289,3 +289,48 @@ def test_a_lock_file_that_is_a_symbolic_link_is_never_written_through(tmp_path, 
         "of its own (its target could be any file): remove the link, then run the same command again"
     ], result.err
     assert victim.read_text() == "keep me\n"
+
+
+@pytest.mark.parametrize("command", ["encode-layer", "encode-flipped", "export-flipped"])
+def test_a_checkpoint_encode_or_export_cannot_use_is_refused_before_torch_loads(tmp_path, trained, command):
+    """A run's --layer out of range, weights that fail their SHA-256 record: checked from the files
+    before torch is imported (trial 13 U-1, U-2: 4.1-5.5 s and 250-262 MB for the refusal)."""
+    import shutil
+
+    from conftest import refuse_in_fresh_interpreter
+
+    run = Path(shutil.copytree(trained, tmp_path / "run"))
+    ckpt = run / "checkpoints" / "step-0000004"
+    (tmp_path / "in.txt").write_text("hello\n")
+    if command == "encode-layer":
+        args, needle = ("encode", "--model", run, "--layer", "9", "in.txt"), "--layer 9: this model has layers 0"
+    else:
+        weights = bytearray((ckpt / "model.safetensors").read_bytes())
+        weights[len(weights) // 2] ^= 1
+        (ckpt / "model.safetensors").write_bytes(bytes(weights))
+        args = ("encode", "--model", ckpt, "in.txt") if command == "encode-flipped" else ("export", ckpt, "out")
+        needle = "model.safetensors: changed since the checkpoint was written"
+    out, err = refuse_in_fresh_interpreter(*args, cwd=tmp_path)
+    assert out == ["2", "False"], (out, err)
+    assert len(err.splitlines()) == 1 and needle in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_file_edited_in_place_after_it_was_hashed_is_hashed_anew(tmp_path):
+    """sha256_of keeps the hashes of large files for the second check of the same weights: an edit of
+    the same size with its modification time set back still changes the ctime, and is hashed anew."""
+    import hashlib
+    import os
+
+    from bertcli.ownership import HASH_CACHE_BYTES, sha256_of
+
+    path = tmp_path / "model.safetensors"
+    data = bytearray(os.urandom(HASH_CACHE_BYTES + 1))
+    path.write_bytes(bytes(data))
+    assert sha256_of(path) == sha256_of(path) == hashlib.sha256(data).hexdigest()
+    stat = path.stat()
+    data[len(data) // 2] ^= 1
+    with open(path, "r+b") as fh:  # in place: the same inode and size
+        fh.write(bytes(data))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert sha256_of(path) == hashlib.sha256(data).hexdigest()
