@@ -817,7 +817,8 @@ def main(argv: list[str] | None = None) -> None:
             raise
         interrupted = isinstance(exc, Interrupted)
         for problem in exc.problems:  # a stop is the job's: under torchrun rank 0 says it, errors any process
-            (log if interrupted else err)(f"{'bertcli: ' if interrupted else 'bertcli: error: '}{problem}")
+            line = problem.replace("\r", "\\r").replace("\n", "\\n")  # one line, whatever a path holds
+            (log if interrupted else err)(f"{'bertcli: ' if interrupted else 'bertcli: error: '}{line}")
         code = exc.exit_code
     except PipeClosed:
         # The reader of our stdout went away: not an error. Point stdout at /dev/null so the

@@ -24,7 +24,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from bertcli.console import log
 from bertcli.errors import UsageError
@@ -553,9 +553,17 @@ def read_sentences(
                     "\ufeff"
                 )  # a byte-order mark, as Windows editors write before the first record
                 try:
-                    record = json.loads(line)
+                    # (the hook costs a call per object: only where "text" is written twice, as a key or a value)
+                    record = (
+                        json.loads(line, object_pairs_hook=_one_text) if line.count('"text"') > 1 else json.loads(line)
+                    )
                 except json.JSONDecodeError as exc:
                     raise UsageError(f"{path}: line {number}: {_json_problem(line, exc)}") from None
+                except _TextTwice:
+                    raise UsageError(
+                        f'{path}: line {number}: the record has two "text" fields, where JSON readers keep the last '
+                        "silently; keep one (join the texts if both belong to the document)"
+                    ) from None
                 except RecursionError:
                     raise UsageError(
                         f"{path}: line {number}: nested too deeply to read; a record is an object with a text field"
@@ -592,6 +600,18 @@ def read_sentences(
             open_document = True
         if open_document:  # a file's end also ends its last document
             yield END_OF_DOCUMENT
+
+
+class _TextTwice(ValueError):
+    """A JSON Lines record (an object of it) with two "text" keys."""
+
+
+def _one_text(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json.loads' object_pairs_hook: the object as a dict, refusing a second "text" key (json keeps
+    the last one silently, so a document's first text would be dropped)."""
+    if sum(key == "text" for key, _ in pairs) > 1:
+        raise _TextTwice
+    return dict(pairs)
 
 
 _SURROGATE = re.compile(r"[\ud800-\udfff]")

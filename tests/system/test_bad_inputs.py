@@ -785,6 +785,22 @@ CASES = [
         "a.jsonl: line 2: nested too deeply to read",
     ),
     (
+        "prepare-jsonl-record-with-two-texts",  # json keeps the last: 'dup key 1' was dropped, exit 0 (trial 13 P-2)
+        lambda d, b: [
+            "prepare",
+            "-c",
+            text_run(d, _write(d, "c/a.jsonl", '{"text": "a b."}\n{"text": "dup key 1", "text": "dup key 2"}\n')),
+        ],
+        2,
+        'a.jsonl: line 2: the record has two "text" fields, where JSON readers keep the last silently; keep one',
+    ),
+    (
+        "error-line-of-a-path-with-a-line-break",  # printed over two lines (trial 13 P-1)
+        lambda d, b: ["init", d / "run", "--corpus", d / "a\nb.txt"],
+        2,
+        "a\\nb.txt: corpus not found",
+    ),
+    (
         "export-checkpoint-config-claims-other-sizes",
         lambda d, b: [
             "export",
