@@ -85,6 +85,18 @@ def guard(target: Path) -> None:
     )
 
 
+def check_no_links(output_dir: Path, fix: str) -> None:
+    """Refuse (exit 2) a run folder whose checkpoints/, best or a step folder is a symbolic link:
+    bertcli makes none, and through one another run's checkpoint would be read as this run's
+    (encoded, exported: published) or replaced by its saves."""
+    root = layout.checkpoints_dir(output_dir)
+    if root.is_symlink():
+        raise ownership.linked(root, "a run folder", fix)
+    for child in sorted(root.iterdir()) if root.is_dir() else ():
+        if child.is_symlink() and (child.name == layout.BEST or layout.STEP_DIR.match(child.name)):
+            raise ownership.linked(child, "checkpoints/", fix)
+
+
 def check_start(output_dir: Path, max_steps: int) -> None:
     """Before a run trains (rank 0): remove what a killed run was writing in checkpoints/, and
     refuse a folder there that bertcli did not write and could replace or delete: `best`, a

@@ -707,7 +707,8 @@ def _checkpoint_model(path: Path) -> ModelConfig | None:
 
     if layout.identify(path).kind not in (layout.Kind.RUN, layout.Kind.CHECKPOINT):
         return None
-    return read_checkpoint(path, checkpoint.check_readable)[1].model
+    with console.silent():  # (what it says of the checkpoint chosen, loading says)
+        return read_checkpoint(path, checkpoint.check_readable)[1].model
 
 
 def _no_such_layer(layer: int, last: int) -> UsageError:

@@ -63,3 +63,15 @@ def quiet(enabled: bool) -> Iterator[None]:
         yield
     finally:
         _quiet = before
+
+
+@contextlib.contextmanager
+def silent() -> Iterator[None]:
+    """While inside: `log` and `info` print nothing (a check run ahead of the work, which says its
+    lines again when it repeats it); errors still reach the user, raised."""
+    global _speaks
+    before, _speaks = _speaks, False
+    try:
+        yield
+    finally:
+        _speaks = before

@@ -46,7 +46,12 @@ def find_checkpoint(path: Path) -> Path:
         return path
     if found.kind is Kind.INCOMPLETE_CHECKPOINT:
         raise UsageError(f"{path}: {layout.incomplete(path)}; use another checkpoint of the run")
+    # (a link to another run's checkpoint of the same model was read as this run's, exit 0)
+    checkpoint.check_no_links(path, "remove the link, or name the checkpoint folder to read")
     best = found.best
+    best_folder = layout.checkpoints_dir(path) / layout.BEST
+    if best is None and best_folder.is_dir():  # incomplete: a copy cut short, a file deleted
+        console.log(f"{best_folder} is {layout.incomplete(best_folder)}, so it is passed over")
     chosen = found.checkpoints[-1][1] if found.checkpoints else None
     if best is not None:
         checkpoint.check_own_files(best)

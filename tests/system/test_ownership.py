@@ -141,6 +141,40 @@ def test_a_symbolic_link_in_checkpoints_is_refused_not_written_through(run_copy,
         link.unlink()
 
 
+@pytest.mark.parametrize("name", ["best", "step-0000099", "checkpoints"])
+def test_encode_and_export_of_a_run_never_read_another_runs_checkpoint_through_a_link(run_copy, cli, tmp_path, name):
+    """best, a step folder or checkpoints/ itself linked to another run's checkpoint of the same model:
+    encode and export read it as this run's (its vectors, its weights published), exit 0 (trial 13 S-2)."""
+    other = Path(shutil.copytree(run_copy, tmp_path / "other-run"))
+    if name == "checkpoints":
+        shutil.rmtree(run_copy / "checkpoints")
+        link = run_copy / "checkpoints"
+        link.symlink_to(other / "checkpoints", target_is_directory=True)
+    else:
+        link = run_copy / "checkpoints" / name
+        if link.exists():
+            shutil.rmtree(link)
+        link.symlink_to(other / "checkpoints" / "step-0000004", target_is_directory=True)
+    (tmp_path / "in.txt").write_text("hello\n")
+    for args in (("encode", "--model", run_copy, tmp_path / "in.txt"), ("export", run_copy, tmp_path / "out")):
+        result = cli(*args)
+        refused(result, link)
+        assert "is a symbolic link, which bertcli never follows out of" in result.err and result.out == ""
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_incomplete_best_passed_over_is_said(run_copy, cli, tmp_path):
+    best = Path(shutil.copytree(run_copy / "checkpoints" / "step-0000004", run_copy / "checkpoints" / "best"))
+    (best / "model.safetensors").unlink()  # a copy cut short
+    (tmp_path / "in.txt").write_text("hello\n")
+    result = cli("encode", "--model", run_copy, tmp_path / "in.txt")
+    assert result.code == 0, result.err
+    assert [line for line in result.err_lines if "passed over" in line] == [
+        f"{run_copy / 'checkpoints' / 'best'} is not a complete checkpoint (missing model.safetensors), so it is "
+        "passed over"
+    ], result.err
+
+
 def test_an_old_checkpoint_the_user_added_to_is_never_pruned(run_copy, cli):
     old = run_copy / "checkpoints" / "step-0000004"
     assert not_owned(old, layout.CHECKPOINT) is None, "a checkpoint is bertcli's own"
