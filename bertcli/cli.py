@@ -166,6 +166,11 @@ def init(
         ownership.check_config_replaceable(path)  # --force overwrites a bertcli config, never another file
     if path.exists() and not force:
         raise UsageError(f"{path} already exists; pass --force to overwrite it, or choose another folder")
+    if path.exists():  # (the config of a run that trains now was replaced under it, unsaid)
+        from bertcli.runlock import RunLock
+
+        RunLock(directory, "init").check_free()
+    checkpoints = layout.list_checkpoints(directory) if path.exists() else []
     if directory.exists() and not directory.is_dir():
         raise UsageError(f"{directory} exists and is not a folder")
     created = [p for p in (directory, *directory.parents) if not p.exists() and not p.is_symlink()]  # deepest first
@@ -190,6 +195,11 @@ def init(
     )
     for warning in cfg.warnings():
         err(f"warning: {warning}")
+    if checkpoints:
+        err(
+            f"note: {directory} holds {len(checkpoints)} checkpoint(s) of a run: pretrain resumes the newest with "
+            "these settings (and says which differ); to start afresh, init another folder"
+        )
     err(f"next: {command_line('pretrain', '--config', path)}")
 
 

@@ -175,6 +175,27 @@ def test_an_incomplete_best_passed_over_is_said(run_copy, cli, tmp_path):
     ], result.err
 
 
+def test_init_force_of_a_run_in_use_is_refused_and_of_a_trained_one_is_said(run_copy, cli):
+    """init --force replaced the config of a run that was training, and of one with checkpoints, unsaid;
+    the pretrain it suggested then resumed them on the preset's corpus and schedule (trial 13 C-1)."""
+    from bertcli.runlock import RunLock
+
+    before = snapshot(run_copy)
+    with RunLock(run_copy, "pretrain"):
+        result = cli("init", run_copy, "--force")
+    assert result.code == 1 and result.err_lines == [
+        f"bertcli: error: {run_copy} is in use by another bertcli pretrain (pid {os.getpid()}); wait for it to "
+        "finish, then run it again"
+    ], result.err
+    assert snapshot(run_copy) == before
+    result = cli("init", run_copy, "--force")
+    assert result.code == 0, result.err
+    assert (
+        f"note: {run_copy} holds 1 checkpoint(s) of a run: pretrain resumes the newest with these settings (and says "
+        "which differ); to start afresh, init another folder"
+    ) in result.err_lines, result.err
+
+
 def test_an_old_checkpoint_the_user_added_to_is_never_pruned(run_copy, cli):
     old = run_copy / "checkpoints" / "step-0000004"
     assert not_owned(old, layout.CHECKPOINT) is None, "a checkpoint is bertcli's own"
