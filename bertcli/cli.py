@@ -277,14 +277,17 @@ def pretrain(
     check_outputs_apart(cfg)
     from bertcli import checkpoint
 
+    # A signal before the training loop's own handling (torch's import alone takes seconds): one line, exit 128 + N.
+    # Preparing the data and the loop put their own handlers in place of this one while they run.
     try:
-        _check_pretrain_start(cfg, resume)
-        from bertcli.runtime import parse_device
-        from bertcli.trainer import pretrain as run
+        with _signals_stop("nothing half-written was kept (writes are atomic)"):
+            _check_pretrain_start(cfg, resume)
+            from bertcli.runtime import parse_device
+            from bertcli.trainer import pretrain as run
 
-        if device is not None:
-            parse_device(device, "--device")  # a GPU that is not there
-        result = run(cfg, resume=resume, quiet=quiet, stop_at=stop_at)
+            if device is not None:
+                parse_device(device, "--device")  # a GPU that is not there
+            result = run(cfg, resume=resume, quiet=quiet, stop_at=stop_at)
     except checkpoint.ResumeRefused as exc:
         raise UsageError(
             f"{exc.folder} already holds {exc.count} checkpoint(s) and --resume never was given; use "
@@ -506,10 +509,11 @@ def encode(
             model_cfg.layer_index(layer)
         except IndexError:
             raise _no_such_layer(layer, model_cfg.num_hidden_layers) from None
-    from bertcli import encode as enc_mod
-    from bertcli.runtime import parse_device
+    with _signals_stop("nothing was written"):  # (torch's import and the model's load take seconds)
+        from bertcli import encode as enc_mod
+        from bertcli.runtime import parse_device
 
-    encoder = enc_mod.load_encoder(model, parse_device(device, "--device"), dtype, hf=hf)
+        encoder = enc_mod.load_encoder(model, parse_device(device, "--device"), dtype, hf=hf)
     try:
         settings = enc_mod.resolve(
             encoder,

@@ -989,3 +989,34 @@ def test_a_signal_during_an_evaluation_stops_there_with_a_checkpoint(tmp_path, c
     assert [s for s, _ in layout.list_checkpoints(tmp_path)] == [4]
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert not [r for r in records if r.get("split") == "eval"], "the interrupted evaluation is not logged"
+
+
+@pytest.mark.parametrize("command", ["pretrain", "encode"])
+def test_a_signal_while_torch_loads_stops_with_one_line(tmp_path, cli, trained, monkeypatch, command):
+    """SIGTERM in a command's first seconds (torch's import, the model's load) killed it by the signal's
+    default action: exit 143, no line (trial 13 P-3). The signal is sent where those run."""
+    import signal
+
+    import bertcli.cli
+    import bertcli.encode
+
+    def signalled(real):
+        def run(*args, **kwargs):
+            os.kill(os.getpid(), signal.SIGTERM)
+            return real(*args, **kwargs)
+
+        return run
+
+    if command == "pretrain":
+        monkeypatch.setattr(bertcli.cli, "_check_pretrain_start", signalled(bertcli.cli._check_pretrain_start))
+        result = cli("pretrain", "--config", trained / "config.yaml", "--set", "train.max_steps=6")
+        words = "nothing half-written was kept (writes are atomic)"
+    else:
+        monkeypatch.setattr(bertcli.encode, "load_encoder", signalled(bertcli.encode.load_encoder))
+        (tmp_path / "in.txt").write_text("hello\n")
+        result = cli("encode", "--model", trained, tmp_path / "in.txt", "-o", tmp_path / "v.npy")
+        words = "nothing was written"
+        assert not (tmp_path / "v.npy").exists()
+    assert result.code == 143 and result.err_lines == [
+        f"bertcli: stopped by SIGTERM; {words}: run the same command again"
+    ], result.err
