@@ -503,6 +503,10 @@ def encode(
     from bertcli import hf_import
 
     hf = hf_import.read_encoder_folder(model)  # a Hugging Face folder's config and tokenizer, checked torch-free
+    st = hf.sentence if hf is not None else None
+    problem = st.problem() if st is not None and pooling is None and not tokens else None
+    if problem:  # the folder's own pooling or modules, which bertcli cannot run: said before torch loads
+        raise _not_reproducible(st.folder, problem)
     model_cfg = hf.config if hf is not None else _checkpoint_model(model)
     if model_cfg is not None:
         try:
@@ -731,17 +735,23 @@ def _no_such_layer(layer: int, last: int) -> UsageError:
     )
 
 
+def _not_reproducible(folder: Path, problem: str) -> UsageError:
+    return UsageError(
+        f"--model {folder}: {problem}, so its embeddings cannot be reproduced; pass --pooling cls, mean or max for "
+        "vectors of the BERT encoder itself"
+    )
+
+
 def _encode_error(exc: BaseException) -> UsageError | None:
     """A setting or an input line encode refused, worded with the flag that changes it (None: another error)."""
+    from bertcli.sbert import NotReproducible
+
+    if isinstance(exc, NotReproducible):
+        return _not_reproducible(exc.folder, exc.problem)
     from bertcli import encode as enc_mod
 
     if isinstance(exc, enc_mod.NoSuchLayer):
         return _no_such_layer(exc.layer, exc.last)
-    if isinstance(exc, enc_mod.NotReproducible):
-        return UsageError(
-            f"--model {exc.folder}: {exc.problem}, so its embeddings cannot be reproduced; pass --pooling "
-            "cls, mean or max for vectors of the BERT encoder itself"
-        )
     if isinstance(exc, enc_mod.PoolerNotLast):
         return UsageError("--pooling pooler reads the last layer; drop --layer or pick another pooling")
     if isinstance(exc, enc_mod.NotUtf8):

@@ -42,7 +42,7 @@ from bertcli.export import read_checkpoint
 from bertcli.layout import Kind
 from bertcli.model import BertForPreTraining, padding_mask
 from bertcli.ownership import check_input
-from bertcli.sbert import SentenceModel, lowercase_first, read_sentence_model
+from bertcli.sbert import NotReproducible, SentenceModel, lowercase_first, read_sentence_model
 
 POOLINGS = ("cls", "mean", "max", "pooler")
 WINDOW_BATCHES = 32
@@ -77,17 +77,6 @@ PAIR_WHOLE_CHARS = 100_000
 # A line is kept up to this many bytes (the rest is read, checked and dropped: memory stays bounded);
 # far more than the PREFIX_CAP characters per token a cut can use (512 tokens: about 2 MB of UTF-8).
 LINE_BYTES = 8 << 20
-
-
-class NotReproducible(UsageError):
-    """A sentence-transformers folder whose own pooling or modules bertcli cannot run."""
-
-    def __init__(self, folder: Path, problem: str) -> None:
-        super().__init__(
-            f"{folder}: {problem}, so its embeddings cannot be reproduced; choose the pooling (cls, mean "
-            "or max) for vectors of the BERT encoder itself"
-        )
-        self.folder, self.problem = folder, problem
 
 
 class NoSuchLayer(UsageError):

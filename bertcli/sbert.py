@@ -64,6 +64,17 @@ class SentenceModel:
         return None
 
 
+class NotReproducible(UsageError):
+    """A sentence-transformers folder whose own pooling or modules bertcli cannot run."""
+
+    def __init__(self, folder: Path, problem: str) -> None:
+        super().__init__(
+            f"{folder}: {problem}, so its embeddings cannot be reproduced; choose the pooling (cls, mean "
+            "or max) for vectors of the BERT encoder itself"
+        )
+        self.folder, self.problem = folder, problem
+
+
 def _read_json(file: Path) -> Any:
     try:
         return json.loads(file.read_text(encoding="utf-8"))

@@ -409,3 +409,21 @@ def test_a_folder_encode_cannot_use_is_refused_before_torch_loads(tmp_path, edit
     out, err = refuse_in_fresh_interpreter("encode", "--model", folder, "in.txt", *args, cwd=tmp_path)
     assert out == ["2", "False"], (out, err)
     assert len(err.splitlines()) == 1 and needle in err, err
+
+
+def test_a_pooling_bertcli_does_not_compute_is_refused_before_torch_loads(tmp_path):
+    """The folder's own pooling is in 1_Pooling/config.json: refused from it, not after torch and the
+    weights loaded (trial 14 U1: 6-9 s and 485 MB)."""
+    folder = tmp_path / "model"
+    shutil.copytree(MINILM, folder, ignore=shutil.ignore_patterns("model.safetensors", "*.onnx", "onnx", "openvino"))
+    (folder / "model.safetensors").symlink_to(MINILM / "model.safetensors")
+    pooling = json.loads((folder / "1_Pooling" / "config.json").read_text())
+    pooling.update(pooling_mode_mean_tokens=False, pooling_mode_mean_sqrt_len_tokens=True)
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+    (tmp_path / "in.txt").write_text("hello world\n")
+    out, err = refuse_in_fresh_interpreter("encode", "--model", folder, "in.txt", cwd=tmp_path)
+    assert out == ["2", "False"], (out, err)
+    assert err.splitlines() == [
+        f"bertcli: error: --model {folder}: its pooling is mean_sqrt_len_tokens, which bertcli does not compute, so "
+        "its embeddings cannot be reproduced; pass --pooling cls, mean or max for vectors of the BERT encoder itself"
+    ], err
