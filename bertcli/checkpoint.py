@@ -557,6 +557,22 @@ def read_training_state(path: Path, device: torch.device) -> dict[str, Any]:
         raise DamagedState(f"{file}: cannot load training state ({type(exc).__name__}); the file is damaged") from None
 
 
+def check_same_model(path: Path, cfg: Config, output_dir: Path) -> None:
+    """Refuse (exit 2) to resume checkpoint `path` as a model other than `cfg`'s (a vocab_size still
+    to come from the tokenizer, null in `cfg`, is not compared). Torch-free: pretrain asks before it
+    imports torch, and again where it resumes."""
+    diffs = [
+        d
+        for d in model_differences(read_config(path), cfg)
+        if not (cfg.model.vocab_size is None and d.startswith("model.vocab_size="))
+    ]
+    if diffs:
+        raise UsageError(
+            f"cannot resume from {path}: {'; '.join(diffs)}; to start fresh, set output_dir to a new "
+            f"folder (or remove {layout.checkpoints_dir(output_dir)})"
+        )
+
+
 def model_differences(a: Config, b: Config) -> list[str]:
     """Model fields that differ between two configs, as 'model.key: a vs b'."""
     da, db = to_dict(a)["model"], to_dict(b)["model"]
@@ -843,12 +859,7 @@ def choose_resume(output_dir: Path, resume: str, cfg: Config, is_main: bool = Tr
         # command) would go back to it, and keep_last would prune the new one first.
         step = read_trainer_state(path)["step"]
         abandoned = [(p, s) for s, p in found if s > step and p.resolve() != path.resolve()]
-    diffs = model_differences(read_config(path), cfg)
-    if diffs:
-        raise UsageError(
-            f"cannot resume from {path}: {'; '.join(diffs)}; to start fresh, set output_dir to a new "
-            f"folder (or remove {layout.checkpoints_dir(output_dir)})"
-        )
+    check_same_model(path, cfg, output_dir)
     for later, step_of in abandoned if is_main else []:
         aside = _rename_aside(later, layout.ABANDONED_PREFIX)
         console.log(

@@ -710,9 +710,16 @@ def _check_pretrain_start(cfg: Config, resume: str) -> None:
     problem = layout.incomplete(Path(resume)) if resume not in ("auto", "never") else None
     if problem:
         raise UsageError(f"--resume {resume}: {problem}")
-    found = layout.list_checkpoints(Path(cfg.output_dir)) if resume == "never" else []
-    if found:
+    found = layout.list_checkpoints(Path(cfg.output_dir))
+    if resume == "never" and found:
         raise checkpoint.ResumeRefused(layout.checkpoints_dir(Path(cfg.output_dir)), len(found))
+    resumed = Path(resume) if resume not in ("auto", "never") else found[-1][1] if found and resume == "auto" else None
+    try:
+        readable = resumed is not None and checkpoint.read_config(resumed) is not None
+    except (BertcliError, OSError):  # a damaged checkpoint: the trainer says so, and sets it aside
+        readable = False
+    if readable:
+        checkpoint.check_same_model(resumed, cfg, Path(cfg.output_dir))
     if cfg.data.corpus != "synthetic":
         corpus_root(corpus_path(cfg))
 

@@ -291,7 +291,7 @@ def test_a_lock_file_that_is_a_symbolic_link_is_never_written_through(tmp_path, 
     assert victim.read_text() == "keep me\n"
 
 
-@pytest.mark.parametrize("command", ["encode-layer", "encode-flipped", "export-flipped"])
+@pytest.mark.parametrize("command", ["encode-layer", "encode-flipped", "export-flipped", "pretrain-other-model"])
 def test_a_checkpoint_encode_or_export_cannot_use_is_refused_before_torch_loads(tmp_path, trained, command):
     """A run's --layer out of range, weights that fail their SHA-256 record: checked from the files
     before torch is imported (trial 13 U-1, U-2: 4.1-5.5 s and 250-262 MB for the refusal)."""
@@ -304,6 +304,17 @@ def test_a_checkpoint_encode_or_export_cannot_use_is_refused_before_torch_loads(
     (tmp_path / "in.txt").write_text("hello\n")
     if command == "encode-layer":
         args, needle = ("encode", "--model", run, "--layer", "9", "in.txt"), "--layer 9: this model has layers 0"
+    elif command == "pretrain-other-model":  # (trial 14 U2: 5.5 s, 265 MB)
+        args = (
+            "pretrain",
+            "--config",
+            run / "config.yaml",
+            "--set",
+            "model.hidden_act=relu",
+            "--set",
+            "train.max_steps=6",
+        )
+        needle = f"cannot resume from {ckpt}: model.hidden_act='gelu' in the checkpoint vs 'relu' in the config"
     else:
         weights = bytearray((ckpt / "model.safetensors").read_bytes())
         weights[len(weights) // 2] ^= 1
