@@ -6,6 +6,7 @@ weights' names and vocabulary rows are translated by hf_names.to_hf; only safete
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -39,7 +40,7 @@ def find_checkpoint(path: Path) -> Path:
     """A checkpoint folder, or a run folder's best checkpoint (else its newest); refused if one of
     its files is a symbolic link. A `best` of another model than the newest checkpoint's (left by an
     earlier run) is passed over, with a line."""
-    path = Path(path)
+    path = _run_outputs(Path(path))
     found = layout.identify(path)
     if found.kind is Kind.CHECKPOINT:
         checkpoint.check_own_files(path)
@@ -75,6 +76,30 @@ def find_checkpoint(path: Path) -> Path:
         )
     checkpoint.check_own_files(chosen)
     return chosen
+
+
+def _run_outputs(path: Path) -> Path:
+    """Where the run of folder `path` keeps its checkpoints: the output_dir of its config.yaml, as for
+    pretrain and inspect (a config naming a scratch disk, say); `path` itself where the config does
+    not load or names it. A folder with checkpoints of its own whose config names another is refused:
+    which run is meant cannot be told (the folder's own stale checkpoints were read, exit 0)."""
+    from bertcli.resolve import load_run
+
+    config = path / layout.RUN_CONFIG
+    if layout.identify(path).kind is not Kind.RUN or not config.is_file():
+        return path
+    try:
+        outputs = Path(os.path.normpath(load_run(config, adopt_init_from=False).output_dir))
+    except (UsageError, OSError):
+        return path
+    if outputs.resolve() == path.resolve():
+        return path
+    if layout.checkpoints_dir(path).exists():
+        raise UsageError(
+            f"{path} holds checkpoints/, but its {layout.RUN_CONFIG} keeps the run's in {outputs}; name the checkpoint "
+            "folder to read"
+        )
+    return outputs
 
 
 def read_checkpoint(path: Path, read: Callable[[Path], T]) -> tuple[Path, T]:

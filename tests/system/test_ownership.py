@@ -163,6 +163,30 @@ def test_encode_and_export_of_a_run_never_read_another_runs_checkpoint_through_a
     assert not (tmp_path / "out").exists()
 
 
+def test_encode_and_export_of_a_run_follow_its_config_output_dir(run_copy, cli, tmp_path):
+    """A run folder whose config.yaml keeps the checkpoints elsewhere (output_dir): encode and export
+    read the folder's own stale checkpoints/ where pretrain and inspect use output_dir's (trial 14 S1:
+    another history's weights, exit 0). Both there: refused; only output_dir's: those are read."""
+    import re
+
+    folder = tmp_path / "config-only"
+    folder.mkdir()
+    config = (run_copy / "config.yaml").read_text()
+    assert re.search(r"^output_dir: .*$", config, flags=re.M)
+    (folder / "config.yaml").write_text(re.sub(r"^output_dir: .*$", f"output_dir: {run_copy}", config, flags=re.M))
+    (tmp_path / "in.txt").write_text("hello\n")
+    ours = cli("encode", "--model", folder, tmp_path / "in.txt", "-f", "tsv")
+    assert ours.code == 0 and ours.out == cli("encode", "--model", run_copy, tmp_path / "in.txt", "-f", "tsv").out
+    assert cli("export", folder, tmp_path / "out").code == 0
+    shutil.copytree(run_copy / "checkpoints", folder / "checkpoints")  # the folder's own, stale
+    for args in (("encode", "--model", folder, tmp_path / "in.txt"), ("export", folder, tmp_path / "out2")):
+        result = cli(*args)
+        assert result.code == 2 and result.err_lines == [
+            f"bertcli: error: {folder} holds checkpoints/, but its config.yaml keeps the run's in {run_copy}; name "
+            "the checkpoint folder to read"
+        ], result.err
+
+
 def test_an_incomplete_best_passed_over_is_said(run_copy, cli, tmp_path):
     best = Path(shutil.copytree(run_copy / "checkpoints" / "step-0000004", run_copy / "checkpoints" / "best"))
     (best / "model.safetensors").unlink()  # a copy cut short
