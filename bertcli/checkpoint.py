@@ -702,6 +702,9 @@ def damage(path: Path) -> str | None:
         step = read_trainer_state(path).get("step")
         if not isinstance(step, int):
             return f"{name}: no step"
+        named = layout.STEP_DIR.match(Path(path).name)
+        if named and int(named.group(1)) != step:  # (a copy under another name: resumed by its name, unsaid)
+            return f"{name}: step {step:,}, where the folder's name says {int(named.group(1)):,}"
         change = tokenizer_change(path)
         if change:
             return f"{change[0]}: {change[1]}"

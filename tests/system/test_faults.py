@@ -939,7 +939,7 @@ def test_a_diverged_run_never_makes_a_best_checkpoint_of_a_nan_loss(tmp_path, cl
     )
 
 
-@pytest.mark.parametrize("damage", ["empty config.yaml", "extra tensor"])
+@pytest.mark.parametrize("damage", ["empty config.yaml", "extra tensor", "another step's folder"])
 def test_more_damage_to_the_newest_checkpoint_falls_back_to_the_one_before(tmp_path, cli, damage):
     """The third trial: an empty config.yaml (read as the defaults, so resuming blamed the user's
     settings) and an extra tensor in the weights (of a checkpoint without the SHA-256 record) stopped
@@ -954,6 +954,12 @@ def test_more_damage_to_the_newest_checkpoint_falls_back_to_the_one_before(tmp_p
     if damage == "empty config.yaml":
         (newest / "config.yaml").write_text("")
         why = "config.yaml: "
+    elif damage == "another step's folder":  # a copy under a later step's name was resumed by its name (trial 14 C1)
+        import shutil
+
+        shutil.rmtree(newest)
+        shutil.copytree(tmp_path / "checkpoints" / "step-0000002", newest)
+        why = "trainer_state.json: step 2, where the folder's name says 4"
     else:
         weights = safetensors.torch.load_file(newest / "model.safetensors")
         safetensors.torch.save_file(weights | {"secret.payload": torch.zeros(3)}, newest / "model.safetensors")
