@@ -430,11 +430,16 @@ def check_readable(path: Path) -> Config:
 
     cfg = read_config(path)
     check_tokenizer_files(path)
+    _check_weights_unchanged(path)
+    check_weights(path, cfg.model)
+    return cfg
+
+
+def _check_weights_unchanged(path: Path) -> None:
+    """Refuse (exit 2) checkpoint `path` if its weights are not those its record hashed (file_change)."""
     changed = file_change(path, (layout.WEIGHTS,))
     if changed:
         raise UsageError(f"{Path(path) / changed[0]}: {changed[1]}; the file is damaged: use another checkpoint")
-    check_weights(path, cfg.model)
-    return cfg
 
 
 def read_trainer_state(path: Path) -> dict[str, Any]:
@@ -490,9 +495,7 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
 
     check_own_files(path)
     file = Path(path) / layout.WEIGHTS
-    changed = file_change(path, (layout.WEIGHTS,))
-    if changed:
-        raise UsageError(f"{Path(path) / changed[0]}: {changed[1]}; the file is damaged: use another checkpoint")
+    _check_weights_unchanged(path)
     try:
         weights = safetensors.torch.load_file(file)
     except (safetensors.SafetensorError, OSError, ValueError) as exc:

@@ -162,15 +162,15 @@ def init(
         raise ownership.linked(
             path, "the run folder", "remove the link (its target is left alone), then run init again"
         )
+    checkpoints = []
     if path.exists():
         ownership.check_config_replaceable(path)  # --force overwrites a bertcli config, never another file
-    if path.exists() and not force:
-        raise UsageError(f"{path} already exists; pass --force to overwrite it, or choose another folder")
-    if path.exists():  # (the config of a run that trains now was replaced under it, unsaid)
+        if not force:
+            raise UsageError(f"{path} already exists; pass --force to overwrite it, or choose another folder")
         from bertcli.runlock import RunLock
 
-        RunLock(directory, "init").check_free()
-    checkpoints = layout.list_checkpoints(directory) if path.exists() else []
+        RunLock(directory, "init").check_free()  # (the config of a run that trains now was replaced under it)
+        checkpoints = layout.list_checkpoints(directory)
     if directory.exists() and not directory.is_dir():
         raise UsageError(f"{directory} exists and is not a folder")
     created = [p for p in (directory, *directory.parents) if not p.exists() and not p.is_symlink()]  # deepest first
@@ -714,11 +714,12 @@ def _check_pretrain_start(cfg: Config, resume: str) -> None:
     if resume == "never" and found:
         raise checkpoint.ResumeRefused(layout.checkpoints_dir(Path(cfg.output_dir)), len(found))
     resumed = Path(resume) if resume not in ("auto", "never") else found[-1][1] if found and resume == "auto" else None
-    try:
-        readable = resumed is not None and checkpoint.read_config(resumed) is not None
-    except (BertcliError, OSError):  # a damaged checkpoint: the trainer says so, and sets it aside
-        readable = False
-    if readable:
+    if resumed is not None:
+        try:
+            checkpoint.read_config(resumed)
+        except (BertcliError, OSError):  # a damaged checkpoint: the trainer says so, and sets it aside
+            resumed = None
+    if resumed is not None:
         checkpoint.check_same_model(resumed, cfg, Path(cfg.output_dir))
     if cfg.data.corpus != "synthetic":
         corpus_root(corpus_path(cfg))
