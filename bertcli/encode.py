@@ -568,7 +568,7 @@ def _forward(
     valid_lens = torch.tensor([len(x) for x in ids], device=device)
     with enc.rt.autocast():
         hidden = enc.model.bert.hidden_states(input_ids.to(device), token_type_ids.to(device), valid_lens, layer=layer)
-    return hidden, valid_lens
+    return hidden.float(), valid_lens  # bf16 under bf16 autocast (model.LayerNorm): pooled and written in fp32
 
 
 def _batches(order: list[int], lengths: list[int], rows: int, max_tokens: int | None) -> Iterator[list[int]]:

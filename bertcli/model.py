@@ -34,6 +34,28 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 
+class LayerNorm(nn.LayerNorm):
+    """nn.LayerNorm (the same parameters and state_dict) whose output is bf16 under bf16 autocast.
+
+    Autocast runs layer_norm in fp32 and returns fp32, so the residual stream would be fp32: each
+    matrix product then casts its input to bf16 again (3 times for Q, K and V), and every residual
+    add, dropout and norm, forward and backward, moves twice the bytes (13% of a BERT-base step
+    on an H100 was such copies and casts). Here a bf16 input is normalised by the bf16 kernel,
+    which still computes its statistics in fp32, and an fp32 input (the embeddings' sum) is
+    normalised in fp32 and rounded once: the stream stays bf16 from the embeddings on. fp16
+    autocast keeps fp32 norms: fp16's range is what an fp32 residual guards against."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        device = x.device.type
+        if not torch.is_autocast_enabled(device) or torch.get_autocast_dtype(device) != torch.bfloat16:
+            return super().forward(x)
+        with torch.autocast(device, enabled=False):
+            if x.dtype != torch.bfloat16:
+                return super().forward(x).to(torch.bfloat16)
+            bf16 = lambda t: t.to(torch.bfloat16)  # noqa: E731  (H,): negligible casts
+            return F.layer_norm(x, self.normalized_shape, weight=bf16(self.weight), bias=bf16(self.bias), eps=self.eps)
+
+
 class BertEmbeddings(nn.Module):
     """Sum of token, segment and learned position embeddings, then LayerNorm and dropout."""
 
@@ -42,7 +64,7 @@ class BertEmbeddings(nn.Module):
         self.word_embeddings = nn.Embedding(padded_vocab_size(cfg), cfg.hidden_size, padding_idx=cfg.pad_token_id)
         self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
         self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
-        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.LayerNorm = LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.dropout = Dropout(cfg.hidden_dropout_prob)
 
     def forward(
@@ -148,22 +170,29 @@ class BertSelfAttention(nn.Module):
         self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.dropout_p = cfg.attention_probs_dropout_prob
 
+    fused_qkv = True  # False: three products, one per projection (the reference the fused one is tested against)
+
+    def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(..., H) -> q, k, v, each (..., nh, hd). Fused: one (..., 3H) product over the three
+        weights concatenated (x read once, one wider GEMM instead of three launches); the
+        parameters stay three Linears, Hugging Face's query, key and value."""
+        heads = (self.num_heads, self.head_dim)
+        if not self.fused_qkv:
+            return tuple(proj(x).unflatten(-1, heads) for proj in (self.query, self.key, self.value))
+        weight = torch.cat([self.query.weight, self.key.weight, self.value.weight])  # (3H, H)
+        bias = torch.cat([self.query.bias, self.key.bias, self.value.bias])  # (3H,)
+        return F.linear(x, weight, bias).unflatten(-1, (3, *heads)).unbind(-3)
+
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | Packing | None) -> torch.Tensor:
         if isinstance(attn_mask, Packing):  # x: (N, H), the real tokens only
             if self.training and self.dropout_p > 0:
                 raise ValueError(
                     "the unpadded path has no attention dropout: use it with attention_probs_dropout_prob 0"
                 )
-            N, H = x.shape
-            heads = lambda t: t.view(N, self.num_heads, self.head_dim)  # noqa: E731  (N, nh, hd)
-            return packed_attention(heads(self.query(x)), heads(self.key(x)), heads(self.value(x)), attn_mask).reshape(
-                N, H
-            )
-        B, T, H = x.shape
-        split = lambda t: t.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # noqa: E731  (B, nh, T, hd)
-        q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
+            return packed_attention(*self.qkv(x), attn_mask).flatten(1)  # (N, nh, hd) x3 -> (N, H)
+        q, k, v = (t.transpose(1, 2) for t in self.qkv(x))  # (B, nh, T, hd)
         out = attention(q, k, v, attn_mask, dropout_p=self.dropout_p if self.training else 0.0)
-        return out.transpose(1, 2).reshape(B, T, H)
+        return out.transpose(1, 2).flatten(2)  # (B, T, H)
 
 
 class BertSelfOutput(nn.Module):
@@ -172,7 +201,7 @@ class BertSelfOutput(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
-        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.LayerNorm = LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.dropout = Dropout(cfg.hidden_dropout_prob)
 
     def forward(self, hidden: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
@@ -207,7 +236,7 @@ class BertOutput(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.dense = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
-        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.LayerNorm = LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.dropout = Dropout(cfg.hidden_dropout_prob)
 
     def forward(self, hidden: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
@@ -324,7 +353,7 @@ class BertPredictionHeadTransform(nn.Module):
         super().__init__()
         self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.act = ACTIVATIONS[cfg.hidden_act]
-        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.LayerNorm = LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.LayerNorm(self.act(self.dense(x)))

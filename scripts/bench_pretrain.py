@@ -7,6 +7,7 @@
     add --profile to print, for each model, the operators that take the time over one window
     add --lengths real to give rows the lengths of real pretraining pairs instead of full rows
     add --unpad to time bertcli's unpadded encoder too (train.unpad), beside the padded one
+    add --ablate to time bertcli with each lever of issue 21 undone too (bf16 norms, one QKV product)
 
 Both get the same sizes, batch, sequence length, masking rate (15% of positions, at most
 max_predictions) and the same synthetic batches (random tokens, full rows), torch's fused AdamW
@@ -28,9 +29,11 @@ padded models work that the unpadded one skips. --unpad sets attention dropout t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import statistics
 import time
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -39,7 +42,7 @@ import transformers
 from bertcli.config_load import preset_config
 from bertcli.data.examples import IGNORE
 from bertcli.metrics import peak_tflops
-from bertcli.model import BertForPreTraining, packing
+from bertcli.model import BertForPreTraining, BertSelfAttention, LayerNorm, packing
 from bertcli.optim import fused_adamw, param_groups
 from bertcli.sizes import flops_per_token
 
@@ -127,6 +130,9 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--compile", action="store_true", help="torch.compile each encoder layer, in both models")
     parser.add_argument(
+        "--compile-mode", default=None, help="torch.compile's mode with --compile (reduce-overhead: CUDA graphs)"
+    )
+    parser.add_argument(
         "--lengths",
         choices=["full", "real"],
         default="full",
@@ -134,6 +140,12 @@ def main() -> None:
     )
     parser.add_argument(
         "--unpad", action="store_true", help="also time bertcli's unpadded encoder (attention dropout 0 for all)"
+    )
+    parser.add_argument(
+        "--ablate",
+        action="store_true",
+        help="also time bertcli with each lever of issue 21 undone (fp32 norms, three QKV products, both), "
+        "and on GPUs with bf16 weights and no autocast (a bound: no fp32 master weights)",
     )
     parser.add_argument(
         "--profile",
@@ -162,13 +174,20 @@ def main() -> None:
     batches = make_batches(n_batches, args.batch, T, V, P, device, lengths)
     real_tokens = sum(int(b["valid"].sum()) for b in batches) / n_batches  # per step
 
-    def bertcli_step(unpad: bool):
+    def bertcli_step(unpad: bool, fp32_norms: bool = False, three_qkv: bool = False, bf16_weights: bool = False):
         torch.manual_seed(0)
         model = BertForPreTraining(mcfg).to(device).train()
+        for module in model.modules():  # the levers of issue 21 undone, one at a time (--ablate)
+            if fp32_norms and isinstance(module, LayerNorm):
+                module.forward = partial(torch.nn.LayerNorm.forward, module)  # autocast's fp32 norm, fp32 stream
+            if three_qkv and isinstance(module, BertSelfAttention):
+                module.fused_qkv = False
+        if bf16_weights:  # a bound, not a mode: bf16 weights and optimizer, no autocast, no fp32 master
+            model.to(torch.bfloat16)
         opt = torch.optim.AdamW(param_groups(model, 0.01), lr=1e-4, fused=fused_adamw(device) or None)
 
         def step(b):
-            with autocast:
+            with autocast if not bf16_weights else contextlib.nullcontext():
                 out = model(
                     b["tokens"],
                     b["segments"],
@@ -206,13 +225,19 @@ def main() -> None:
         theirs_opt.zero_grad(set_to_none=True)
 
     contenders = [("bertcli", *bertcli_step(False))]
+    if args.ablate:
+        contenders.append(("bertcli 3 qkv", *bertcli_step(False, three_qkv=True)))
+        contenders.append(("bertcli fp32 norms", *bertcli_step(False, fp32_norms=True)))
+        contenders.append(("before issue 21", *bertcli_step(False, fp32_norms=True, three_qkv=True)))
+        if cuda:
+            contenders.append(("bf16 weights", *bertcli_step(False, bf16_weights=True)))
     if args.unpad:
         contenders.append(("bertcli unpadded", *bertcli_step(True)))
     contenders.append(("transformers", theirs_step, theirs))
     if args.compile:  # the same scope for all: each encoder layer, as train.compile does
         for _, _, model in contenders:
             for layer in model.bert.encoder.layer:
-                layer.compile()
+                layer.compile(mode=args.compile_mode)
 
     mean_len = real_tokens / args.batch
     flops = flops_per_token(mcfg, mean_len, P / mean_len)

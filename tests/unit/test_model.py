@@ -11,7 +11,7 @@ from conftest import SMALL_MODEL
 from bertcli.config import ModelConfig
 from bertcli.config_load import preset_config
 from bertcli.hf_names import TIED_ALIASES
-from bertcli.model import BertForPreTraining, packing
+from bertcli.model import BertForPreTraining, BertSelfAttention, LayerNorm, packing
 from bertcli.sizes import flops_per_token
 from bertcli.summary import PARTS, parameter_counts
 
@@ -32,6 +32,28 @@ def random_inputs(cfg: ModelConfig, B: int = 4, T: int = 16, seed: int = 0):
     valid_lens = torch.tensor([T, T - 3, 7, 5][:B])
     segments = (torch.arange(T)[None, :] >= (valid_lens[:, None] // 2)).long()
     return tokens, segments, valid_lens
+
+
+POSITIONS = torch.tensor([[1, 4, 0], [2, 3, 9], [1, 5, 6], [3, 0, 0]])  # (B=4, P=3) prediction slots
+
+
+def outputs_and_grads(model: BertForPreTraining, *inputs, packed=None):
+    """One forward and backward of `model` from seed 0 (so that dropout draws the same masks):
+    the last layer (unpacked), the MLM and NSP logits, and every parameter's gradient."""
+    torch.manual_seed(0)
+    out = model(*inputs, packed=packed)
+    (out.mlm_logits.square().mean() + out.nsp_logits.square().mean()).backward()
+    encoded = out.encoded if packed is None else packed.unpack(out.encoded)
+    grads = {k: p.grad.clone() for k, p in model.named_parameters()}
+    return encoded.detach(), out.mlm_logits.detach(), out.nsp_logits.detach(), grads
+
+
+def assert_same_results(a, b) -> None:
+    """outputs_and_grads of two paths agree (to float rounding)."""
+    for x, y in zip(a[:3], b[:3]):
+        torch.testing.assert_close(y, x)
+    for name, grad in a[3].items():
+        torch.testing.assert_close(b[3][name], grad, msg=name)
 
 
 def test_state_dict_keys_and_shapes_equal_hugging_face():
@@ -145,24 +167,16 @@ def test_unpadded_forward_and_backward_equal_the_padded_ones():
     drawn over (N, H) instead of (B, T, H), so the paths agree in distribution, not bit for bit."""
     cfg = dataclasses.replace(SMALL, attention_probs_dropout_prob=0.0, hidden_dropout_prob=0.0, pad_vocab_multiple=8)
     tokens, segments, valid_lens = random_inputs(cfg, B=4, T=16)
-    positions = torch.tensor([[1, 4, 0], [2, 3, 9], [1, 5, 6], [3, 0, 0]])
-    results = []
-    for packed in (None, packing(valid_lens, tokens.shape[1])):
-        torch.manual_seed(0)
-        model = BertForPreTraining(cfg)
-        out = model(tokens, segments, valid_lens, positions, packed=packed)
-        (out.mlm_logits.square().mean() + out.nsp_logits.square().mean()).backward()
-        encoded = out.encoded if packed is None else packed.unpack(out.encoded)
-        grads = {k: p.grad.clone() for k, p in model.named_parameters()}
-        results.append((out.mlm_logits.detach(), out.nsp_logits.detach(), encoded.detach(), grads))
-    (mlm_a, nsp_a, enc_a, grads_a), (mlm_b, nsp_b, enc_b, grads_b) = results
+    torch.manual_seed(0)
+    model = BertForPreTraining(cfg)
+    padded = outputs_and_grads(model, tokens, segments, valid_lens, POSITIONS)
+    model.zero_grad()
+    pk = packing(valid_lens, tokens.shape[1])
+    unpadded = outputs_and_grads(model, tokens, segments, valid_lens, POSITIONS, packed=pk)
     keep = torch.arange(tokens.shape[1])[None, :] < valid_lens[:, None]
-    torch.testing.assert_close(mlm_b, mlm_a)
-    torch.testing.assert_close(nsp_b, nsp_a)
-    torch.testing.assert_close(enc_b[keep], enc_a[keep])
-    assert torch.all(enc_b[~keep] == 0)
-    for name, grad in grads_a.items():
-        torch.testing.assert_close(grads_b[name], grad, msg=name)
+    assert torch.all(unpadded[0][~keep] == 0)
+    padded[0][~keep] = 0  # padding rows: whatever the padded path computed there
+    assert_same_results(padded, unpadded)
 
 
 def test_unpadded_path_refuses_attention_dropout():
@@ -179,19 +193,63 @@ def test_a_batch_without_padding_runs_unmasked_and_equals_the_masked_path(traini
     gradients, in training with dropout (the same seed draws the same masks) and in evaluation."""
     cfg = dataclasses.replace(SMALL, pad_vocab_multiple=8)  # dropout 0.1 on hidden states and attention
     tokens, segments, _ = random_inputs(cfg, B=4, T=16)
-    full = torch.full((4,), 16)
-    positions = torch.tensor([[1, 4, 0], [2, 3, 9], [1, 5, 6], [3, 0, 0]])
+    model = BertForPreTraining(cfg).train(training)
+    masked = outputs_and_grads(model, tokens, segments, torch.full((4,), 16), POSITIONS)
+    model.zero_grad()
+    assert_same_results(masked, outputs_and_grads(model, tokens, segments, None, POSITIONS))
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_fused_qkv_equals_three_projections(packed):
+    """Issue 21: Q, K and V from one product over the concatenated weights give what the three
+    Linears give (the reference path): outputs and every gradient, padded and packed, with dropout
+    (the same seed draws the same masks)."""
+    cfg = dataclasses.replace(SMALL, pad_vocab_multiple=8, attention_probs_dropout_prob=0.0 if packed else 0.1)
+    tokens, segments, valid_lens = random_inputs(cfg, B=4, T=16)
+    pk = packing(valid_lens, tokens.shape[1]) if packed else None
+    model = BertForPreTraining(cfg).train()
     results = []
-    for valid_lens in (full, None):
-        torch.manual_seed(0)
-        model = BertForPreTraining(cfg).train(training)
-        out = model(tokens, segments, valid_lens, positions)
-        (out.mlm_logits.square().mean() + out.nsp_logits.square().mean()).backward()
-        results.append(
-            (out.encoded.detach(), out.mlm_logits.detach(), {k: p.grad for k, p in model.named_parameters()})
-        )
-    (enc_a, mlm_a, grads_a), (enc_b, mlm_b, grads_b) = results
-    torch.testing.assert_close(enc_b, enc_a)
-    torch.testing.assert_close(mlm_b, mlm_a)
-    for name, grad in grads_a.items():
-        torch.testing.assert_close(grads_b[name], grad, msg=name)
+    for fused in (False, True):
+        for attention in model.modules():
+            if isinstance(attention, BertSelfAttention):
+                attention.fused_qkv = fused
+        model.zero_grad(set_to_none=True)
+        results.append(outputs_and_grads(model, tokens, segments, valid_lens, POSITIONS, packed=pk))
+    assert_same_results(*results)
+
+
+def test_layer_norm_keeps_bf16_under_bf16_autocast_and_is_nn_layer_norm_otherwise():
+    """Issue 21: outside bf16 autocast LayerNorm is nn.LayerNorm, bit for bit; under it, the output
+    is bf16 and equals the norm computed in fp32 from the same input, rounded once (forward and
+    the gradients of input, weight and bias); so the residual stream stays bf16 through a block."""
+    torch.manual_seed(0)
+    ours, reference = LayerNorm(32, eps=1e-12), torch.nn.LayerNorm(32, eps=1e-12)
+    with torch.no_grad():
+        for p in ours.parameters():
+            p.normal_()
+    reference.load_state_dict(ours.state_dict())
+    x = torch.randn(4, 7, 32)
+    assert torch.equal(ours(x), reference(x))
+    with torch.autocast("cpu", dtype=torch.float16):  # fp16 autocast: autocast's own norm
+        assert torch.equal(ours(x.half()), reference(x.half()))
+    for dtype in (torch.float32, torch.bfloat16):  # the embeddings' fp32 sum, a block's bf16 residual
+        inputs = x.to(dtype).detach().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = ours(inputs)
+        assert out.dtype == torch.bfloat16
+        # fp64 reference with the weights as the kernel takes them (in the input's dtype)
+        upcast = inputs.detach().double().requires_grad_()
+        w, b = (p.to(dtype).double() for p in (ours.weight, ours.bias))
+        expected = torch.nn.functional.layer_norm(upcast, (32,), w, b, 1e-12)
+        torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=2**-8)  # one bf16 rounding
+        grad = torch.randn_like(expected)
+        out.backward(grad.to(out.dtype))
+        ref_grads = torch.autograd.grad(expected, (upcast, w, b), grad)
+        for got, want in zip((inputs.grad, ours.weight.grad, ours.bias.grad), ref_grads):
+            assert (got.double() - want).norm() / want.norm() < 2**-6  # bf16 gradients: ~2^-8
+        ours.zero_grad()
+    model = BertForPreTraining(SMALL)
+    tokens, segments, valid_lens = random_inputs(SMALL)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(tokens, segments, valid_lens)
+    assert out.encoded.dtype == torch.bfloat16
