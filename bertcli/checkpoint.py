@@ -510,15 +510,27 @@ def check_fits(
     weights: dict[str, torch.Tensor], model: nn.Module, file: Path, optional: tuple[str, ...] = ()
 ) -> list[str]:
     """Refuse (exit 2, naming `file`) weights that do not fit `model`, whoever wrote them (a
-    checkpoint, a Hugging Face folder): none that the model lacks, each of the model's shape, and
-    every weight of the model there but those under the `optional` prefixes, which are returned
-    (the caller initialises them). The tied aliases are never needed: their targets carry them."""
+    checkpoint, a Hugging Face folder): see check_shapes. Returns the missing optional weights."""
     # The model's shapes (under FSDP, a DTensor's shape is the whole tensor's).
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items() if k not in TIED_ALIASES}
-    missing = sorted(set(expected) - set(weights))
+    return check_shapes({k: tuple(v.shape) for k, v in weights.items()}, expected, file, optional)
+
+
+def check_shapes(
+    found: dict[str, tuple[int, ...]],
+    expected: dict[str, tuple[int, ...]],
+    file: Path,
+    optional: tuple[str, ...] = (),
+) -> list[str]:
+    """Refuse (exit 2, naming `file`) weights of shapes `found` that do not fit a model of shapes
+    `expected` (torch-free: hf_import.check_weights runs it on a file's header before torch is
+    imported): none that the model lacks, each of the model's shape, and every weight of the model
+    there but those under the `optional` prefixes, which are returned (the caller initialises
+    them). The tied aliases are never needed: their targets carry them."""
+    missing = sorted(set(expected) - set(found))
     needed = [k for k in missing if not k.startswith(optional)] if optional else missing
-    unexpected = sorted(set(weights) - set(expected))
-    wrong = sorted(k for k in set(expected) & set(weights) if tuple(weights[k].shape) != expected[k])
+    unexpected = sorted(set(found) - set(expected))
+    wrong = sorted(k for k in set(expected) & set(found) if found[k] != expected[k])
     if needed or unexpected or wrong:
         parts = []
         if needed:
@@ -527,7 +539,7 @@ def check_fits(
             parts.append(f"{len(unexpected)} unexpected (e.g. {unexpected[0]})")
         if wrong:
             k = wrong[0]
-            parts.append(f"{len(wrong)} of another shape (e.g. {k}: {tuple(weights[k].shape)} vs {expected[k]})")
+            parts.append(f"{len(wrong)} of another shape (e.g. {k}: {found[k]} vs {expected[k]})")
         raise UsageError(f"{file}: weights do not fit this model: {'; '.join(parts)}")
     return missing
 

@@ -84,6 +84,10 @@ def check_tied(folder: Path) -> None:
                 )
 
 
+# The parts a Hugging Face folder may lack (a bare BertModel, a BertForMaskedLM): initialised fresh.
+PARTS = {"bert.pooler.": "pooler", "cls.predictions.": "MLM head", "cls.seq_relationship.": "NSP head"}
+OPTIONAL_PARTS = tuple(PARTS)
+
 # The sizes of a config against the weights file's tensors: (config fields, a tensor holding them as its shape).
 SIZED = [
     (("vocab_size", "hidden_size"), "bert.embeddings.word_embeddings.weight"),
@@ -119,6 +123,12 @@ def check_weights(folder: Path, cfg: ModelConfig) -> None:
             raise UsageError(
                 f"{config} says {said}, but model.safetensors holds {key} of shape {tuple(shapes[key])}: {mismatch}"
             )
+    # Then every tensor, as loading will check it (vocabulary rows as stored, padded or not):
+    # a missing, extra or reshaped tensor is one line here, not after seconds of importing torch.
+    for key in hf_names.VOCAB_ROWS:
+        if key in shapes and shapes[key][0] == cfg.vocab_size:
+            shapes[key] = (padded_vocab_size(cfg), *shapes[key][1:])
+    checkpoint.check_shapes(shapes, hf_names.weight_shapes(cfg), folder / layout.WEIGHTS, OPTIONAL_PARTS)
 
 
 # all-MiniLM-L6-v2's tokenizer.json (BERT's uncased vocabulary): 466 KB for 30,522 tokens, 15 bytes a token;
@@ -257,9 +267,8 @@ def load_hf_weights(
     if model is None:
         with torch.device("meta"):
             model = BertForPreTraining(cfg)
-    parts = {"bert.pooler.": "pooler", "cls.predictions.": "MLM head", "cls.seq_relationship.": "NSP head"}
-    missing = checkpoint.check_fits(weights, model, file, optional=tuple(parts))  # the encoder whole, the rest may lack
-    fresh = sorted({name for prefix, name in parts.items() if any(k.startswith(prefix) for k in missing)})
+    missing = checkpoint.check_fits(weights, model, file, optional=OPTIONAL_PARTS)  # the encoder whole
+    fresh = sorted({name for prefix, name in PARTS.items() if any(k.startswith(prefix) for k in missing)})
     return {k: v.float() for k, v in weights.items()}, fresh
 
 

@@ -63,6 +63,29 @@ def weight_keys(cfg: ModelConfig) -> set[str]:
     return {key.format(i) for key in KEYS for i in (range(cfg.num_hidden_layers) if "{}" in key else [0])}
 
 
+def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The shape of every weight of a model of `cfg` (weight_keys), vocabulary rows padded
+    (padded_vocab_size), from the config's numbers alone: what a weights file is checked against
+    before anything of its size is built."""
+    h, i, V = cfg.hidden_size, cfg.intermediate_size, padded_vocab_size(cfg)
+    by_suffix = (  # the first suffix a key ends with gives its shape
+        ("word_embeddings.weight", (V, h)),
+        ("position_embeddings.weight", (cfg.max_position_embeddings, h)),
+        ("token_type_embeddings.weight", (cfg.type_vocab_size, h)),
+        ("attention.output.dense.weight", (h, h)),
+        ("intermediate.dense.weight", (i, h)),
+        ("intermediate.dense.bias", (i,)),
+        ("output.dense.weight", (h, i)),  # the feed-forward block's second product
+        ("predictions.bias", (V,)),
+        ("seq_relationship.weight", (2, h)),
+        ("seq_relationship.bias", (2,)),
+        ("LayerNorm.weight", (h,)),
+        ("weight", (h, h)),  # query, key, value, pooler, the MLM head's transform
+        ("bias", (h,)),
+    )
+    return {key: next(shape for suffix, shape in by_suffix if key.endswith(suffix)) for key in weight_keys(cfg)}
+
+
 FROM_HF = {hf: ours for ours, hf in TO_HF.items()}
 
 # In state_dict() but in no weights file (bertcli's or Hugging Face's): aliases of other parameters

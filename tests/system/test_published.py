@@ -411,6 +411,39 @@ def test_a_folder_encode_cannot_use_is_refused_before_torch_loads(tmp_path, edit
     assert len(err.splitlines()) == 1 and needle in err, err
 
 
+@pytest.mark.parametrize(
+    "change, needle",
+    [
+        ("drop", "1 missing (e.g. bert.encoder.layer.3.attention.self.value.bias)"),
+        ("add", "1 unexpected (e.g. classifier.weight)"),
+        ("reshape", "1 of another shape (e.g. bert.encoder.layer.3.attention.self.value.bias: (192,) vs (384,))"),
+    ],
+)
+def test_weights_that_do_not_fit_the_config_are_refused_before_torch_loads(tmp_path, change, needle):
+    """A tensor missing, extra or of another shape in model.safetensors is seen in its header, against
+    the shapes the config gives (hf_names.weight_shapes), before torch is imported (trial 14 U4: after
+    torch and the weights loaded, about 6 s and 400 MB)."""
+    from safetensors.numpy import load_file, save_file
+
+    folder = tmp_path / "model"
+    shutil.copytree(MINILM, folder, ignore=shutil.ignore_patterns("model.safetensors", "*.onnx", "onnx", "openvino"))
+    weights = load_file(MINILM / "model.safetensors")
+    key = "encoder.layer.3.attention.self.value.bias"  # MiniLM's file: a bare BertModel's names
+    if change == "drop":
+        del weights[key]
+    elif change == "add":
+        weights["classifier.weight"] = np.zeros((2, 384), dtype=np.float32)
+    else:
+        weights[key] = weights[key][:192].copy()
+    save_file(weights, folder / "model.safetensors")
+    (tmp_path / "in.txt").write_text("hello world\n")
+    out, err = refuse_in_fresh_interpreter("encode", "--model", folder, "in.txt", cwd=tmp_path)
+    assert out == ["2", "False"], (out, err)
+    assert err.splitlines() == [
+        f"bertcli: error: {folder / 'model.safetensors'}: weights do not fit this model: {needle}"
+    ], err
+
+
 def test_a_pooling_bertcli_does_not_compute_is_refused_before_torch_loads(tmp_path):
     """The folder's own pooling is in 1_Pooling/config.json: refused from it, not after torch and the
     weights loaded (trial 14 U1: 6-9 s and 485 MB)."""

@@ -74,3 +74,16 @@ def test_an_hf_tensor_the_map_does_not_know_is_refused_by_the_one_fit_check(tmp_
     safetensors.torch.save_file(theirs, tmp_path / "model.safetensors")
     with pytest.raises(UsageError, match=r"1 missing \(e.g. bert.embeddings.token_type.*1 unexpected \(e.g. secret"):
         load_hf_weights(tmp_path, cfg)
+
+
+@pytest.mark.parametrize("preset", ["tiny", "base", "large"])
+def test_weight_shapes_are_those_of_the_built_model(preset):
+    """hf_names.weight_shapes (torch-free, what a weights file's header is checked against before
+    torch loads) gives every weight of BertForPreTraining with its shape, vocabulary rows padded."""
+    from bertcli.config_load import preset_config
+
+    cfg = dataclasses.replace(preset_config(preset).model, vocab_size=1003)  # padded to 1,008 or 1,024
+    with torch.device("meta"):
+        model = BertForPreTraining(cfg)
+    built = {k: tuple(v.shape) for k, v in model.state_dict().items() if k not in hf_names.TIED_ALIASES}
+    assert hf_names.weight_shapes(cfg) == built
