@@ -699,9 +699,10 @@ def _stream_full(exc: BaseException, output: Path | None) -> RunError | None:
 def _check_pretrain_start(cfg: Config, resume: str) -> None:
     """What pretrain refuses from files alone, before torch is imported (3-4 s, 250 MB): a run another
     command holds, a --resume PATH that is no checkpoint, --resume never over checkpoints, a corpus
-    that is not there. (The trainer checks them again where it acts on them.)"""
+    that is not there or too small, a given tokenizer of another size than the model's vocabulary.
+    (The trainer checks them again where it acts on them.)"""
     from bertcli import checkpoint, layout
-    from bertcli.data.prepare import corpus_path
+    from bertcli.data.prepare import check_before_training, corpus_path
     from bertcli.data.text import corpus_root
     from bertcli.runlock import RunLock
 
@@ -723,6 +724,7 @@ def _check_pretrain_start(cfg: Config, resume: str) -> None:
         checkpoint.check_same_model(resumed, cfg, Path(cfg.output_dir))
     if cfg.data.corpus != "synthetic":
         corpus_root(corpus_path(cfg))
+        check_before_training(cfg)
 
 
 def _checkpoint_model(path: Path) -> ModelConfig | None:

@@ -74,7 +74,7 @@ from typing import Any, BinaryIO
 import numpy as np
 from tokenizers import Tokenizer
 
-from bertcli import __version__, atomic, layout, ownership
+from bertcli import __version__, atomic, console, layout, ownership
 from bertcli.config import Config, DataConfig
 from bertcli.console import info, log
 from bertcli.data.chunks import random_next_share
@@ -1629,6 +1629,27 @@ def _check_sizes(manifest: dict[str, Any], data: DataConfig) -> None:
             f"data.corpus={data.corpus!r}: {train} training document(s); at least 2 are needed{why}: "
             f"separate documents with blank lines, or {no_pairs}"
         )
+
+
+def check_before_training(cfg: Config) -> None:
+    """What `pretrain` would refuse once its data is prepared, where the files show it at once: run
+    before torch is imported (3-4 s, 250 MB), so that such a refusal takes a fraction of a second.
+    A given tokenizer (data.tokenizer.path) of another size than model.vocab_size; a corpus of fewer
+    documents than the held-out split and the pairs need (_check_enough_documents, which reads
+    documents only until there are enough), looked at only when the corpus is under UNIT_BYTES on
+    disk: a corpus too small that is larger is a few huge documents, refused where it is prepared."""
+    from bertcli.resolve import with_vocab
+
+    data = cfg.data
+    if data.tokenizer.path and cfg.model.vocab_size is not None:
+        file = find_tokenizer_file(Path(data.tokenizer.path))
+        with_vocab(cfg, load_tokenizer(file, data.tokenizer).get_vocab_size(with_added_tokens=True), str(file))
+    with console.silent():  # what it says of the corpus (files skipped, odd lines), preparing says
+        files = corpus_files(corpus_path(cfg))
+        sizes = [f.stat().st_size for f in files]
+        if sum(sizes) < UNIT_BYTES:  # one unit's worth: no file is cut into parts (plan_units)
+            entries = [{"bytes": size, "sha256": ownership.sha256_of(f)} for f, size in zip(files, sizes)]
+            _check_enough_documents(plan_units(files, entries, "", data), data)
 
 
 def _check_enough_documents(units: list[Unit], data: DataConfig) -> None:
