@@ -515,9 +515,11 @@ def encode(
             raise _no_such_layer(layer, model_cfg.num_hidden_layers) from None
     with _signals_stop("nothing was written"):  # (torch's import and the model's load take seconds)
         from bertcli import encode as enc_mod
-        from bertcli.runtime import parse_device
+        from bertcli.runtime import parse_device, slow_autocast
 
         encoder = enc_mod.load_encoder(model, parse_device(device, "--device"), dtype, hf=hf)
+    if slow := slow_autocast(encoder.rt):
+        err(f"warning: --dtype {slow}; use --dtype fp32 on this CPU")
     try:
         settings = enc_mod.resolve(
             encoder,

@@ -517,7 +517,7 @@ class PrecisionConfig:
     """Numeric precision of the training step."""
 
     mode: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
-    """auto = bf16 on GPUs that support it, fp16 + loss scaling on older GPUs, fp32 on CPU."""
+    """auto = bf16 on GPUs that support it, fp16 + loss scaling on older GPUs, fp32 on CPU (a CPU without bf16 or fp16 instructions emulates them, about 10x slower than fp32: pretrain warns)."""
     allow_tf32: bool = True
     """Let CUDA use TF32 matrix units for fp32 matrix products."""
     fp16_init_scale: float = 65536.0

@@ -291,6 +291,8 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume: str, quiet: bool) -> Run
     if not quiet:  # quiet: errors, warnings and the final summary only
         log(f"bertcli {__version__}: {rt.describe()}; {processes}; output in {output_dir}")
         log("resolved config:\n" + yaml.safe_dump(to_dict(cfg), sort_keys=False).rstrip())
+    if slow := runtime.slow_autocast(rt):
+        log(f"warning: precision.mode={slow}; use fp32 (or auto) on this CPU")
     output_dir.mkdir(parents=True, exist_ok=True)
 
     tc = cfg.train

@@ -515,6 +515,22 @@ def test_errors_truncation_and_missing_model(trained, tmp_path, cli):
     assert missing.code == 2 and "no such folder" in missing.err
 
 
+def test_dtype_bf16_on_a_cpu_without_its_instructions_is_warned(trained, tmp_path, cli, monkeypatch):
+    """Trial 15 P1: encode --dtype bf16 there is about twice as slow as fp32 (emulated): one warning line."""
+    from bertcli import runtime
+
+    for probe in runtime.NATIVE_ON_CPU["bf16"]:
+        monkeypatch.setattr(torch.cpu, probe, lambda: False)
+    (tmp_path / "in.txt").write_text("hello world\n")
+    done = cli("encode", "--model", trained, tmp_path / "in.txt", "--dtype", "bf16")
+    warned = [line for line in done.err_lines if line.startswith("warning:")]
+    assert done.code == 0 and len(done.out.splitlines()) == 1, done.err
+    assert len(warned) == 1 and warned[0].startswith("warning: --dtype bf16 on a CPU without bf16 instructions ("), (
+        warned
+    )
+    assert warned[0].endswith("; use --dtype fp32 on this CPU"), warned
+
+
 @pytest.mark.parametrize("per_token", [False, True], ids=["pooled", "per-token"])
 def test_a_model_whose_output_overflows_is_refused_with_no_vector_written(trained, tmp_path, cli, per_token):
     # Finite weights (they load) so large that attention overflows: optimizer.lr=1e8 makes such models.

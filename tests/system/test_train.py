@@ -17,7 +17,7 @@ import safetensors.torch
 import torch
 from conftest import REPO, micro_config, read_yaml, without_file_hashes, write_config
 
-from bertcli import checkpoint, layout
+from bertcli import checkpoint, layout, runtime
 from bertcli.config_load import load_config
 from bertcli.data.corpus import synthetic_corpus
 from bertcli.errors import UsageError
@@ -292,6 +292,24 @@ def test_mixed_precision_on_cpu(tmp_path, mode):
     assert any(not torch.equal(stored[k], plain[k]) for k in plain), f"{mode} trained exactly like fp32"
     for key in plain:
         torch.testing.assert_close(stored[key], plain[key], rtol=0.05, atol=0.02, msg=key)
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_half_precision_on_a_cpu_without_its_instructions_is_warned(tmp_path, monkeypatch, capsys, native):
+    """Trial 15 P1: bf16 or fp16 autocast on a CPU without the instructions for it runs about 10x slower
+    than fp32 (torch emulates it): pretrain says so once, with what to use instead; not where it is native."""
+    for probe in runtime.NATIVE_ON_CPU["bf16"]:  # this machine's CPU, whatever it is, seen as with or without
+        monkeypatch.setattr(torch.cpu, probe, lambda: native)
+    train(tmp_path / "run", "precision.mode=bf16", "train.max_steps=1")
+    warned = [line for line in capsys.readouterr().err.splitlines() if "instructions" in line]
+    assert warned == [] if native else len(warned) == 1, warned
+    if not native:
+        assert warned[0].startswith("warning: precision.mode=bf16 on a CPU without bf16 instructions (")
+        assert warned[0].endswith(
+            "torch emulates it, several times slower than fp32 here; use fp32 (or auto) on this CPU"
+        )
+    assert runtime.slow_autocast(runtime.Runtime(torch.device("cpu"), "fp32")) is None
+    assert runtime.slow_autocast(runtime.Runtime(torch.device("meta"), "bf16")) is None  # not a CPU
 
 
 def test_grad_accumulation_is_exactly_a_larger_batch(tmp_path):
