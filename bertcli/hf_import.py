@@ -236,13 +236,14 @@ def stored_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
     file = weights_file(folder)
     try:
         with safetensors.safe_open(file, "numpy") as f:  # shapes only; "pt" would import torch
-            return {
-                new: tuple(f.get_slice(key).get_shape())
-                for key in f.keys()
-                if (new := hf_names.our_key(key)) is not None
-            }
+            names = f.keys()
+            shapes = {key: tuple(f.get_slice(key).get_shape()) for key in names}
     except (safetensors.SafetensorError, OSError, ValueError) as exc:
         raise UsageError(f"{file}: cannot read weights ({exc})") from None
+    try:
+        return {new: shapes[key] for new, key in hf_names.our_keys(names).items()}
+    except ValueError as exc:
+        raise UsageError(f"{file}: {exc}, and bertcli cannot tell which is the model's: remove the other") from None
 
 
 def load_hf_weights(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from bertcli.config import ModelConfig
@@ -137,6 +138,22 @@ def our_key(key: str) -> str | None:
     return _mapped(key, FROM_HF) or key
 
 
+def our_keys(keys: Iterable[str]) -> dict[str, str]:
+    """bertcli's name -> the file's key, for the keys of a weights file (our_key; those no model loads
+    left out). Two keys of one weight (`X` and `bert.X`, `LayerNorm.gamma` and `LayerNorm.weight`)
+    are a ValueError: which one a loader takes is a guess (transformers takes `bert.X`, a dict
+    built in file order the last), and the two give other vectors when they differ."""
+    names: dict[str, str] = {}
+    for key in keys:
+        new = our_key(key)
+        if new is None:
+            continue
+        if new in names:
+            raise ValueError(f"holds both {names[new]} and {key}, two tensors for the one weight {new}")
+        names[new] = key
+    return names
+
+
 def to_hf(state_dict: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """bertcli weights (a state_dict, or a checkpoint's: with or without the tied aliases) under Hugging
     Face's names, the vocabulary padding rows dropped; a ValueError for a weight the map does not know."""
@@ -153,7 +170,7 @@ def from_hf(state_dict: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, 
     padded_vocab_size(cfg). A tensor of another number of rows is left as it is, for check_fits to refuse."""
     import torch
 
-    weights = {new: value for key, value in state_dict.items() if (new := our_key(key)) is not None}
+    weights = {new: state_dict[key] for new, key in our_keys(state_dict).items()}
     V, padded = cfg.vocab_size, padded_vocab_size(cfg)
     for key in VOCAB_ROWS:
         if key in weights and weights[key].shape[0] == V and padded > V:

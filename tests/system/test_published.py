@@ -414,15 +414,26 @@ def test_a_folder_encode_cannot_use_is_refused_before_torch_loads(tmp_path, edit
 @pytest.mark.parametrize(
     "change, needle",
     [
-        ("drop", "1 missing (e.g. bert.encoder.layer.3.attention.self.value.bias)"),
-        ("add", "1 unexpected (e.g. classifier.weight)"),
-        ("reshape", "1 of another shape (e.g. bert.encoder.layer.3.attention.self.value.bias: (192,) vs (384,))"),
+        ("drop", "weights do not fit this model: 1 missing (e.g. bert.encoder.layer.3.attention.self.value.bias)"),
+        ("add", "weights do not fit this model: 1 unexpected (e.g. classifier.weight)"),
+        (
+            "reshape",
+            "weights do not fit this model: 1 of another shape "
+            "(e.g. bert.encoder.layer.3.attention.self.value.bias: (192,) vs (384,))",
+        ),
+        (  # trial 15 S1: bertcli took one, transformers the other: other vectors, exit 0
+            "duplicate",
+            "holds both bert.encoder.layer.3.attention.self.value.bias and encoder.layer.3.attention.self.value.bias, "
+            "two tensors for the one weight bert.encoder.layer.3.attention.self.value.bias, and bertcli cannot tell "
+            "which is the model's: remove the other",
+        ),
     ],
 )
 def test_weights_that_do_not_fit_the_config_are_refused_before_torch_loads(tmp_path, change, needle):
-    """A tensor missing, extra or of another shape in model.safetensors is seen in its header, against
-    the shapes the config gives (hf_names.weight_shapes), before torch is imported (trial 14 U4: after
-    torch and the weights loaded, about 6 s and 400 MB)."""
+    """A tensor missing, extra, of another shape or stored twice (under a bare BertModel's name and
+    BertForPreTraining's) in model.safetensors is seen in its header, against the shapes the config
+    gives (hf_names.weight_shapes), before torch is imported (trial 14 U4: after torch and the
+    weights loaded, about 6 s and 400 MB)."""
     from safetensors.numpy import load_file, save_file
 
     folder = tmp_path / "model"
@@ -433,15 +444,15 @@ def test_weights_that_do_not_fit_the_config_are_refused_before_torch_loads(tmp_p
         del weights[key]
     elif change == "add":
         weights["classifier.weight"] = np.zeros((2, 384), dtype=np.float32)
+    elif change == "duplicate":
+        weights["bert." + key] = weights[key] + 1
     else:
         weights[key] = weights[key][:192].copy()
     save_file(weights, folder / "model.safetensors")
     (tmp_path / "in.txt").write_text("hello world\n")
     out, err = refuse_in_fresh_interpreter("encode", "--model", folder, "in.txt", cwd=tmp_path)
     assert out == ["2", "False"], (out, err)
-    assert err.splitlines() == [
-        f"bertcli: error: {folder / 'model.safetensors'}: weights do not fit this model: {needle}"
-    ], err
+    assert err.splitlines() == [f"bertcli: error: {folder / 'model.safetensors'}: {needle}"], err
 
 
 def test_a_pooling_bertcli_does_not_compute_is_refused_before_torch_loads(tmp_path):
