@@ -219,6 +219,25 @@ def _file_entries(files: list[Path], previous: list[dict[str, Any]]) -> list[dic
     return entries
 
 
+def _say_copies(entries: list[dict[str, Any]]) -> None:
+    """Warn of corpus files with the same bytes (their hashes are at hand): their documents would be
+    trained on twice, and could fall on both sides of the held-out split, flattering its metrics."""
+    first: dict[Any, str] = {}
+    copies = []
+    for entry in entries:
+        content = entry.get("sha256") or tuple(p["sha256"] for p in entry["parts"])
+        if content in first:
+            copies.append((entry["path"], first[content]))
+        else:
+            first[content] = entry["path"]
+    if copies:
+        log(
+            f"warning: {len(copies):,} corpus file(s) hold the same bytes as another, e.g. {copies[0][0]} and "
+            f"{copies[0][1]}: their documents are trained on twice and can be held out and trained on at once; "
+            "remove the copies"
+        )
+
+
 def _say_cr_line_ends(path: Path) -> None:
     """Warn of a text file whose lines end in CR alone: it is read as one line, its documents as one."""
     if lines_end_in_cr(path):
@@ -888,6 +907,7 @@ def _prepare(cfg: Config, quiet: bool, force: bool, workers: int, resume_from: P
         _clean_inside(folder)
     # The hashes recorded for files cut at another UNIT_BYTES are not those of today's parts.
     entries = _file_entries(files, old["corpus"]["files"] if old and old.get("unit_bytes") == UNIT_BYTES else [])
+    _say_copies(entries)
     tokenizer_file = tok = given_sha256 = None
     if data.tokenizer.path:
         tokenizer_file = find_tokenizer_file(Path(data.tokenizer.path))

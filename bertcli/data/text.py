@@ -218,6 +218,8 @@ def _walk(root: Path) -> tuple[list[Path], dict[str, list[Path]]]:
         "again": "folder(s) or file(s) reached a second time through a symbolic link (read once)",
         "unreadable": "folder(s) that could not be read (permissions)",
         "model": "file(s) of a model, tokenizer, prepared data or run (a vocabulary list, training metrics), not text",
+        "hidden": "hidden folder(s) and file(s) (names starting with '.': version control, notebook checkpoints, "
+        "editor copies)",
     }
 
     def skip(reason: str, entry: Path) -> None:
@@ -228,7 +230,9 @@ def _walk(root: Path) -> tuple[list[Path], dict[str, list[Path]]]:
         kept = []
         for name in sorted(dirs):
             st = os.stat(os.path.join(folder, name))
-            if (st.st_dev, st.st_ino) in seen:
+            if name.startswith("."):  # .git, .ipynb_checkpoints: copies and tools' files, not the corpus
+                skip("hidden", Path(folder, name))
+            elif (st.st_dev, st.st_ino) in seen:
                 skip("again", Path(folder, name))
             else:
                 seen.add((st.st_dev, st.st_ino))
@@ -236,7 +240,9 @@ def _walk(root: Path) -> tuple[list[Path], dict[str, list[Path]]]:
         dirs[:] = kept
         for name in sorted(names):
             entry = Path(folder, name)
-            if not entry.is_file():
+            if name.startswith("."):
+                skip("hidden", entry)
+            elif not entry.is_file():
                 skip("special", entry)
             elif not is_corpus_file(entry):
                 skip("name", entry)

@@ -906,6 +906,33 @@ def test_a_corpus_folder_skips_the_vocabularies_and_metrics_of_models_and_runs_i
     assert f"{root}: skipped 5 file(s) of a model, tokenizer, prepared data or run" in err
 
 
+def test_a_corpus_folder_skips_hidden_entries_and_copies_are_said(tmp_path, capsys):
+    """Trial 15 P2: a corpus folder's .ipynb_checkpoints/ (notebook copies) was read as text, so its
+    documents were trained on twice, unsaid. Hidden folders and files are skipped with the other
+    skips' line; files of the same bytes are warned of (their hashes are at hand)."""
+    from bertcli.data.prepare import _file_entries, _say_copies
+    from bertcli.data.text import corpus_files
+
+    root = tmp_path / "corpus"
+    for name in ("a/one.txt", ".ipynb_checkpoints/one-checkpoint.txt", ".notes.txt", "a/.draft.txt", "b/copy.txt"):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text("The same document.\n")
+    (root / "a" / "two.txt").write_text("Another document.\n")
+    capsys.readouterr()
+    files = corpus_files(root)
+    assert [f.relative_to(root).as_posix() for f in files] == ["a/one.txt", "a/two.txt", "b/copy.txt"]
+    assert capsys.readouterr().err.splitlines() == [
+        f"{root}: skipped 3 hidden folder(s) and file(s) (names starting with '.': version control, notebook "
+        f"checkpoints, editor copies), e.g. {root / '.ipynb_checkpoints'}"
+    ]
+    _say_copies(_file_entries(files, []))
+    assert capsys.readouterr().err.splitlines() == [
+        f"warning: 1 corpus file(s) hold the same bytes as another, e.g. {root / 'b' / 'copy.txt'} and "
+        f"{root / 'a' / 'one.txt'}: their documents are trained on twice and can be held out and trained on at "
+        "once; remove the copies"
+    ]
+
+
 def test_a_file_with_cr_line_ends_is_said(tmp_path, capsys):
     """Classic Mac OS line ends (CR alone): read as one line, its documents merged, unsaid."""
     from bertcli.data.prepare import _file_entries
