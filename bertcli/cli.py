@@ -344,15 +344,15 @@ def export(
     force: bool = typer.Option(False, "--force", help="Replace OUT_DIR if it exists."),
 ) -> None:
     """Write a checkpoint as a Hugging Face folder (BertForPreTraining, loads with no custom code)."""
-    from bertcli.export import ExportExists
-    from bertcli.export import export as run
+    from bertcli.export import ExportExists, described
+    from bertcli.export import export_checkpoint as run
     from bertcli.layout import EXPORT
     from bertcli.ownership import remove_leftover_folders
 
     try:
         with _signals_stop(f"{out_dir} was not written (what was there is intact)"):
             try:
-                folder = run(source, out_dir, force=force)
+                ckpt, folder = run(source, out_dir, force=force)
             except Interrupted:  # (the signal may land where atomic.folder's own cleanup does not run)
                 remove_leftover_folders(out_dir, EXPORT, mine=True)
                 raise
@@ -360,7 +360,8 @@ def export(
         raise UsageError(
             f"{exc.out_dir} already exists; pass --force to replace it, or choose another folder"
         ) from None
-    err(f"wrote {folder}; load it with transformers.BertForPreTraining.from_pretrained({str(folder)!r})")
+    origin = f" from {described(ckpt)}" if ckpt != source else ""  # a run folder: the checkpoint it chose
+    err(f"wrote {folder}{origin}; load it with transformers.BertForPreTraining.from_pretrained({str(folder)!r})")
 
 
 class Pooling(str, Enum):
@@ -556,6 +557,12 @@ def encode(
             if worded is not None:
                 raise worded from None
             raise
+    from bertcli import layout
+
+    if counts["lines"] and layout.identify(Path(model)).kind is layout.Kind.RUN:  # which checkpoint the run gave
+        from bertcli.export import described
+
+        err(f"bertcli encode: the vectors of {described(encoder.source)}")
     if counts["truncated"]:
         err(f"bertcli encode: {counts['truncated']:,} of {counts['lines']:,} lines were truncated to the length limit")
     if counts["unpaired"]:

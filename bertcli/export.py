@@ -78,6 +78,17 @@ def find_checkpoint(path: Path) -> Path:
     return chosen
 
 
+def described(ckpt: Path) -> str:
+    """`ckpt` with its step and, where it was evaluated, its held-out MLM loss (as trainer_state.json records them)."""
+    try:
+        state = checkpoint.read_trainer_state(ckpt)
+    except (UsageError, RunError, OSError):  # damage: reading the checkpoint says so
+        return str(ckpt)
+    loss = (state.get("eval_metrics") or {}).get("mlm_loss")
+    held_out = f", held-out MLM loss {loss:.4f}" if isinstance(loss, (int, float)) else ""
+    return f"{ckpt} (step {state.get('step')}{held_out})"
+
+
 def _run_outputs(path: Path) -> Path:
     """Where the run of folder `path` keeps its checkpoints: the output_dir of its config.yaml, as for
     pretrain and inspect (a config naming a scratch disk, say); `path` itself where the config does
@@ -117,8 +128,13 @@ def read_checkpoint(path: Path, read: Callable[[Path], T]) -> tuple[Path, T]:
 
 
 def export(source: Path, out_dir: Path, force: bool = False) -> Path:
-    """Write checkpoint `source` (or a run's best/newest) as a Hugging Face folder."""
-    return read_checkpoint(source, lambda ckpt: _export(ckpt, Path(out_dir), force))[1]
+    """Write checkpoint `source` (or a run's best/newest) as a Hugging Face folder; return the folder."""
+    return export_checkpoint(source, out_dir, force)[1]
+
+
+def export_checkpoint(source: Path, out_dir: Path, force: bool = False) -> tuple[Path, Path]:
+    """export(), returning the checkpoint written out (a run folder's chosen one) with the folder."""
+    return read_checkpoint(source, lambda ckpt: _export(ckpt, Path(out_dir), force))
 
 
 def _export(ckpt: Path, out_dir: Path, force: bool) -> Path:
@@ -155,6 +171,7 @@ def _export(ckpt: Path, out_dir: Path, force: bool) -> Path:
         "torch_dtype": "float32",
         "position_embedding_type": "absolute",
         "bertcli_version": __version__,
+        "bertcli_step": checkpoint.read_trainer_state(ckpt).get("step"),  # which checkpoint of the run this is
     }
     with atomic.folder(out_dir, guard) as tmp:
         _write_json(tmp / layout.HF_CONFIG, config)

@@ -244,7 +244,8 @@ def folder_report(path: Path) -> dict[str, Any]:
         model.max_position_embeddings,
     )
     cfg = Config(model=model, data=DataConfig(max_seq_length=seq, max_predictions_per_seq=max(1, round(0.15 * seq))))
-    classes = json.loads((folder / layout.HF_CONFIG).read_text(encoding="utf-8")).get("architectures") or ["?"]
+    raw = json.loads((folder / layout.HF_CONFIG).read_text(encoding="utf-8"))
+    classes = raw.get("architectures") or ["?"]
     counts = dict.fromkeys(PARTS, 0)
     for name, shape in hf_import.stored_shapes(folder).items():
         part = next((p for p, prefix in PARTS.items() if name.startswith(prefix)), None)
@@ -261,6 +262,8 @@ def folder_report(path: Path) -> dict[str, Any]:
         "absent_parts": absent,
         "flops": flops(cfg),
     }
+    if "bertcli_version" in raw:  # a bertcli export: which checkpoint of its run it is
+        report["bertcli_export"] = {"bertcli_version": raw["bertcli_version"], "step": raw.get("bertcli_step")}
     try:
         tok_file = find_tokenizer_file(folder)
     except UsageError:
@@ -387,6 +390,8 @@ def format_report(report: dict[str, Any]) -> str:
         lines += ["", "tokenizer"] + (
             _table([(k, _num(v)) for k, v in tok.items()]) if tok else ["  none in the folder"]
         )
+    if report.get("bertcli_export"):
+        lines += ["", "exported by bertcli"] + _table([(k, _num(v)) for k, v in report["bertcli_export"].items()])
     if report.get("sentence_transformers"):
         lines += ["", "sentence-transformers (how its embeddings are made)"]
         lines += _table([(k, _num(v)) for k, v in report["sentence_transformers"].items()])

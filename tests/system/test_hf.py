@@ -71,6 +71,30 @@ def test_export_refuses_an_existing_folder(trained, tmp_path, cli):
     assert (tmp_path / "hf" / "model.safetensors").is_file()
 
 
+def test_export_and_encode_of_a_run_say_which_checkpoint_and_the_export_records_its_step(trained, tmp_path, cli):
+    """Trial 15 P3: a run folder's best (or newest) checkpoint was read unsaid, and the export kept no
+    trace of which step it was (its best at the time, pruned since, matched none of the run's)."""
+    found = layout.identify(trained)
+    chosen = found.best or found.checkpoints[-1][1]
+    state = checkpoint.read_trainer_state(chosen)
+    loss = (state.get("eval_metrics") or {}).get("mlm_loss")
+    held_out = f", held-out MLM loss {loss:.4f}" if loss is not None else ""
+    said = f"{chosen} (step {state['step']}{held_out})"
+    exported = cli("export", trained, tmp_path / "hf")
+    assert exported.code == 0 and exported.err_lines == [
+        f"wrote {tmp_path / 'hf'} from {said}; load it with "
+        f"transformers.BertForPreTraining.from_pretrained({str(tmp_path / 'hf')!r})"
+    ], exported.err
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["bertcli_step"] == state["step"]
+    report = json.loads(cli("inspect", tmp_path / "hf", "--json").out)
+    assert report["bertcli_export"]["step"] == state["step"]
+    (tmp_path / "in.txt").write_text("hello world\n")
+    encoded = cli("encode", "--model", trained, tmp_path / "in.txt")
+    assert encoded.code == 0 and encoded.err_lines == [f"bertcli encode: the vectors of {said}"], encoded.err
+    named = cli("encode", "--model", chosen, tmp_path / "in.txt")  # a checkpoint named: nothing chosen, nothing said
+    assert named.code == 0 and named.err_lines == [], named.err
+
+
 def random_hf(kind: str, cfg: ModelConfig, folder: Path) -> torch.nn.Module:
     config = transformers.BertConfig(
         **{k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("pad_vocab_multiple", "init_from")}
