@@ -502,8 +502,10 @@ def encode(
     fmt = _encode_format(fmt, output, with_text, tokens)
     output = _check_encode_files(inputs or [], model=model, output=output)
     from bertcli import hf_import
+    from bertcli.export import check_model_path
 
     hf = hf_import.read_encoder_folder(model)  # a Hugging Face folder's config and tokenizer, checked torch-free
+    check_model_path(model, hf)
     st = hf.sentence if hf is not None else None
     problem = st.problem() if st is not None and pooling is None and not tokens else None
     if problem:  # the folder's own pooling or modules, which bertcli cannot run: said before torch loads

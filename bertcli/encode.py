@@ -38,11 +38,10 @@ from bertcli import atomic, checkpoint, hf_import, layout, ownership, runtime
 from bertcli.config import ModelConfig
 from bertcli.data.tokenizer import read_tokenizer_json
 from bertcli.errors import PipeClosed, RunError, UsageError
-from bertcli.export import read_checkpoint
-from bertcli.layout import Kind
+from bertcli.export import check_model_path, read_checkpoint
 from bertcli.model import BertForPreTraining, padding_mask
 from bertcli.ownership import check_input
-from bertcli.sbert import NotReproducible, SentenceModel, lowercase_first, read_sentence_model
+from bertcli.sbert import NotReproducible, SentenceModel, lowercase_first
 
 POOLINGS = ("cls", "mean", "max", "pooler")
 WINDOW_BATCHES = 32
@@ -163,30 +162,13 @@ def load_encoder(
     folder (a sentence-transformers folder's settings come along), to run on `device` in
     `precision` (fp32, bf16 or fp16: see runtime). `hf`: the folder already read (read_encoder_folder)."""
     path = Path(path)
-    found = layout.identify(path)
-    if found.kind is Kind.MISSING:
-        raise UsageError(
-            f"{path}: no such folder; a model is a run folder, a checkpoint folder or a Hugging Face BERT folder"
-        )
     hf = hf or hf_import.read_encoder_folder(path)
+    check_model_path(path, hf)
     sentence = hf.sentence if hf else None
     if hf is not None:
         tokenizer, model = hf.tokenizer, _uninitialised(hf.config)
         fresh, source = tuple(hf_import.init_from(model, hf.folder, uninitialised=True)), hf.folder
     else:
-        if found.kind is Kind.SENTENCE:
-            st = read_sentence_model(path)
-            raise UsageError(
-                f"{st.transformer if st else path}: no config.json, where {path / layout.SENTENCE_MODULES} puts the BERT model; "
-                "restore the folder's files"
-            )
-        if found.kind is Kind.INCOMPLETE_CHECKPOINT:
-            raise UsageError(f"{path}: {layout.incomplete(path)}; use another checkpoint of the run")
-        if found.kind not in (Kind.CHECKPOINT, Kind.RUN):  # (a run with no checkpoint: find_checkpoint says so)
-            raise UsageError(
-                f"{path}: not a model; a model is a run folder, a checkpoint folder or a Hugging Face "
-                "BERT folder (config.json, model.safetensors, and tokenizer.json or vocab.txt)"
-            )
         # A checkpoint holds every weight (loaded strictly); a run's, pruned while read, is chosen again.
         source, (model, tokenizer) = read_checkpoint(path, _load_checkpoint)
         fresh = ()

@@ -9,12 +9,16 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from bertcli import __version__, atomic, checkpoint, console, hf_names, layout, ownership
 from bertcli.data.tokenizer import describe, read_tokenizer_json
 from bertcli.errors import RunError, UsageError
 from bertcli.layout import Kind
+from bertcli.sbert import read_sentence_model
+
+if TYPE_CHECKING:
+    from bertcli.hf_import import EncoderFolder
 
 T = TypeVar("T")
 
@@ -40,6 +44,7 @@ def find_checkpoint(path: Path) -> Path:
     """A checkpoint folder, or a run folder's best checkpoint (else its newest); refused if one of
     its files is a symbolic link. A `best` of another model than the newest checkpoint's (left by an
     earlier run) is passed over, with a line."""
+    _refuse_a_run_config(Path(path), "a checkpoint")
     path = _run_outputs(Path(path))
     found = layout.identify(path)
     if found.kind is Kind.CHECKPOINT:
@@ -87,6 +92,41 @@ def described(ckpt: Path) -> str:
     loss = (state.get("eval_metrics") or {}).get("mlm_loss")
     held_out = f", held-out MLM loss {loss:.4f}" if isinstance(loss, (int, float)) else ""
     return f"{ckpt} (step {state.get('step')}{held_out})"
+
+
+def check_model_path(path: Path, hf: EncoderFolder | None) -> None:
+    """Refuse (exit 2) a model path that is none, from the files alone (torch-free: `encode` runs it
+    before importing torch): a model is a run folder (find_checkpoint then chooses), a checkpoint
+    folder, or the Hugging Face folder `hf` (hf_import.read_encoder_folder; None: not one)."""
+    found = layout.identify(path)
+    if found.kind is Kind.MISSING:
+        raise UsageError(
+            f"{path}: no such folder; a model is a run folder, a checkpoint folder or a Hugging Face BERT folder"
+        )
+    if hf is not None or found.kind in (
+        Kind.CHECKPOINT,
+        Kind.RUN,
+    ):  # (a run with no checkpoint: find_checkpoint says so)
+        return
+    if found.kind is Kind.SENTENCE:
+        st = read_sentence_model(path)
+        raise UsageError(
+            f"{st.transformer if st else path}: no config.json, where {path / layout.SENTENCE_MODULES} puts the BERT "
+            "model; restore the folder's files"
+        )
+    if found.kind is Kind.INCOMPLETE_CHECKPOINT:
+        raise UsageError(f"{path}: {layout.incomplete(path)}; use another checkpoint of the run")
+    _refuse_a_run_config(path, "a model")
+    raise UsageError(
+        f"{path}: not a model; a model is a run folder, a checkpoint folder or a Hugging Face BERT folder "
+        "(config.json, model.safetensors, and tokenizer.json or vocab.txt)"
+    )
+
+
+def _refuse_a_run_config(path: Path, wanted: str) -> None:
+    """A run's config.yaml given where its run folder is meant (as after `pretrain --config`): say so."""
+    if path.name == layout.RUN_CONFIG and path.is_file() and layout.identify(path.parent).kind is Kind.RUN:
+        raise UsageError(f"{path}: a run's config, not {wanted}: pass the run folder, {path.parent}")
 
 
 def _run_outputs(path: Path) -> Path:
