@@ -23,9 +23,9 @@
 #     and name .gpu in the device call's carry.
 # PRESET, STEPS and GPUS override the run size and process count (PRESET=tiny STEPS=4 GPUS=2 is a
 # quick smoke run of the script itself on a CPU, where the benchmarks then fail for want of CUDA).
-# CHECKS picks groups among "bench runs encode" (default all three). On one H100 bench takes about
-# 270 s, runs 230 s and encode 150 s: all three together pass a device call's 10 minutes (2026-11-26,
-# cut off in encode), so run them as two calls, CHECKS=bench, then CHECKS="runs encode".
+# CHECKS picks groups among "bench runs encode" (default all three). On one H100 (2026-11-26) bench
+# took 264 s and runs 202 s, and encode was cut off past 100 s when the three together passed a
+# device call's 10 minutes: run them as two calls, CHECKS=bench, then CHECKS="runs encode".
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_checks}
