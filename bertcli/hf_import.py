@@ -230,16 +230,28 @@ def weights_file(folder: Path) -> Path:
     return file
 
 
+# safetensors' names of the dtypes weights may come in (a model saved in fp64 too); anything else is refused.
+FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
+
+
 def stored_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
     """The shapes of a Hugging Face folder's weights under bertcli's names (no vocabulary padding,
-    no tied aliases), read from the safetensors header alone: nothing is loaded."""
+    no tied aliases), read from the safetensors header alone: nothing is loaded. Refused (exit 2):
+    a weight stored twice under two names, or stored as other than floating point."""
     file = weights_file(folder)
     try:
         with safetensors.safe_open(file, "numpy") as f:  # shapes only; "pt" would import torch
             names = f.keys()
             shapes = {key: tuple(f.get_slice(key).get_shape()) for key in names}
+            dtypes = {key: f.get_slice(key).get_dtype() for key in names}
     except (safetensors.SafetensorError, OSError, ValueError) as exc:
         raise UsageError(f"{file}: cannot read weights ({exc})") from None
+    odd = [key for key in names if dtypes[key] not in FLOAT_DTYPES and hf_names.our_key(key) is not None]
+    if odd:  # quantized (its scales elsewhere) or damaged: read as numbers, the weights would be others
+        raise UsageError(
+            f"{file}: {odd[0]} is stored as {dtypes[odd[0]]}, not as floating point (fp32, fp16 or bf16); a "
+            "quantized or damaged weight gives other vectors: use the model's floating-point weights"
+        )
     try:
         return {new: shapes[key] for new, key in hf_names.our_keys(names).items()}
     except ValueError as exc:

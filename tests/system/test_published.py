@@ -421,6 +421,11 @@ def test_a_folder_encode_cannot_use_is_refused_before_torch_loads(tmp_path, edit
             "weights do not fit this model: 1 of another shape "
             "(e.g. bert.encoder.layer.3.attention.self.value.bias: (192,) vs (384,))",
         ),
+        (  # trial 16 S1: read as numbers (0.x truncated to 0 by whoever wrote it), other vectors, exit 0
+            "integer",
+            "encoder.layer.3.attention.self.value.bias is stored as I32, not as floating point (fp32, fp16 or "
+            "bf16); a quantized or damaged weight gives other vectors: use the model's floating-point weights",
+        ),
         (  # trial 15 S1: bertcli took one, transformers the other: other vectors, exit 0
             "duplicate",
             "holds both bert.encoder.layer.3.attention.self.value.bias and encoder.layer.3.attention.self.value.bias, "
@@ -430,8 +435,8 @@ def test_a_folder_encode_cannot_use_is_refused_before_torch_loads(tmp_path, edit
     ],
 )
 def test_weights_that_do_not_fit_the_config_are_refused_before_torch_loads(tmp_path, change, needle):
-    """A tensor missing, extra, of another shape or stored twice (under a bare BertModel's name and
-    BertForPreTraining's) in model.safetensors is seen in its header, against the shapes the config
+    """A tensor missing, extra, of another shape, stored twice (under a bare BertModel's name and
+    BertForPreTraining's) or as integers in model.safetensors is seen in its header, against the shapes the config
     gives (hf_names.weight_shapes), before torch is imported (trial 14 U4: after torch and the
     weights loaded, about 6 s and 400 MB)."""
     from safetensors.numpy import load_file, save_file
@@ -446,6 +451,8 @@ def test_weights_that_do_not_fit_the_config_are_refused_before_torch_loads(tmp_p
         weights["classifier.weight"] = np.zeros((2, 384), dtype=np.float32)
     elif change == "duplicate":
         weights["bert." + key] = weights[key] + 1
+    elif change == "integer":
+        weights[key] = weights[key].astype(np.int32)
     else:
         weights[key] = weights[key][:192].copy()
     save_file(weights, folder / "model.safetensors")
