@@ -948,7 +948,8 @@ class CheckpointManager:
             with atomic.folder(best, guard) as tmp:
                 for name in layout.CHECKPOINT_FILES + layout.TOKENIZER_FILES:
                     if (self.resumed_from / name).is_file():
-                        shutil.copyfile(own_file(self.resumed_from / name), tmp / name)
+                        with atomic.writing(tmp / name):  # (a full disk: copyfile's error names its source)
+                            shutil.copyfile(own_file(self.resumed_from / name), tmp / name)
                         atomic.fsync_path(tmp / name)
             console.log(
                 f"wrote {best}: {self.resumed_from.name} was evaluated best (held-out MLM loss {loss:.4g}), and not yet copied there"

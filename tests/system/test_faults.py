@@ -567,6 +567,45 @@ def test_a_full_disk_while_saving_a_checkpoint_names_the_file_whatever_writes_it
     assert sorted(p.name for p in root.iterdir()) == ["step-0000001"], "no temporary folder is left"
 
 
+def test_a_full_disk_while_best_is_caught_up_names_best_not_the_checkpoint_copied(tmp_path, monkeypatch):
+    """Trial 16 C1: resuming copies a step evaluated best into `best` when the run stopped before it
+    did; a full disk there named the intact step's file (shutil.copyfile's error names its source)."""
+    import shutil
+
+    import torch
+    from conftest import micro_config
+
+    from bertcli.cli import os_error_message
+    from bertcli.optim import build_optimizer
+
+    cfg = micro_config(f"output_dir={tmp_path}")
+
+    def manager() -> checkpoint.CheckpointManager:
+        model = BertForPreTraining(cfg.model)
+        cm = checkpoint.CheckpointManager(cfg, torch.device("cpu"), is_main=True, tokenizer={"vocab.txt": b"[PAD]\n"})
+        cm.load(
+            model=model,
+            optimizer=build_optimizer(model, cfg.optimizer),
+            scaler=torch.amp.GradScaler("cpu", enabled=False),
+        )
+        return cm
+
+    manager().save(1, {"eval_metrics": {"mlm_loss": 5.0}}, periodic=True)  # the step, and best
+    root = tmp_path / "checkpoints"
+    shutil.rmtree(root / "best")  # as if stopped before best was written
+
+    def full_copy(src, dst, **kwargs):
+        raise OSError(28, "No space left on device", str(src))  # as copyfile words it: the source's name
+
+    monkeypatch.setattr(checkpoint.shutil, "copyfile", full_copy)
+    with pytest.raises(OSError) as info:
+        manager().choose("auto")
+    assert os_error_message(info.value, "pretrain").startswith(
+        f"{root / 'best' / 'model.safetensors'}: disk full (No space left on device)"
+    ), os_error_message(info.value, "pretrain")
+    assert sorted(p.name for p in root.iterdir()) == ["step-0000001"], "no temporary folder is left"
+
+
 class FullOnClose(FullFile):
     """A file whose writes fit in its buffer, and whose closing flushes them into a full disk."""
 
