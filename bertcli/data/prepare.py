@@ -1045,7 +1045,7 @@ def _fresh(cfg: Config, plan: _Plan, *, guard: Callable[[Path], None], quiet: bo
                 "chars": lines.chars,
             }
             if not lines.whole:
-                log(f"the vocabulary was trained on {sample_line(sample)}")
+                info(f"the vocabulary was trained on {sample_line(sample)}")
             size = tok.get_vocab_size(with_added_tokens=True)
             if size > 1.25 * data.tokenizer.vocab_size:  # every character has its pieces, whatever the size asked
                 log(
@@ -1640,9 +1640,9 @@ def _check_sizes(manifest: dict[str, Any], data: DataConfig) -> None:
             fixes.append("set data.validation_fraction: 0, data.pairs: false and train.nsp_weight: 0 (no NSP)")
         fixes.append("add documents (blank lines separate them)")
         raise UsageError(
-            f"data.corpus={data.corpus!r}: {total} document(s) is too small for the held-out split "
-            f"(validation_fraction={data.validation_fraction} holds out {valid}; at least {need} "
-            f"{'are' if need > 1 else 'is'} needed{why}): {', or '.join(fixes)}"
+            f"data.corpus={data.corpus!r}: {total} document(s) is too small for the held-out split: "
+            f"validation_fraction={data.validation_fraction} holds out {valid}, and held-out examples need at "
+            f"least {need}{why}; {', or '.join(fixes)}"
         )
     if train < need:
         raise UsageError(

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from bertcli.console import log
+from bertcli.console import info
 from bertcli.errors import UsageError
 
 SUFFIXES = (".txt", ".jsonl")  # each plain or compressed: COMPRESSIONS
@@ -201,7 +201,7 @@ def corpus_files(path: Path) -> list[Path]:
         )
     files, skipped = _walk(path)
     for why, examples in skipped.items():
-        log(f"{path}: skipped {len(examples):,} {why}, e.g. {examples[0]}")
+        info(f"{path}: skipped {len(examples):,} {why}, e.g. {examples[0]}")  # (not under --quiet)
     if not files:
         raise UsageError(f"{path}: no {CORPUS_NAMES} in this folder")
     return files

@@ -110,6 +110,27 @@ def test_quiet_pretrain_says_errors_warnings_and_the_summary_only(tmp_path, cli,
         assert [line for line in result.err_lines if not line.startswith(summary)] == [], result.err
 
 
+def test_quiet_pretrain_leaves_out_the_corpus_lines_that_are_no_warnings(tmp_path, cli):
+    """Trial 16 P6: under --quiet the corpus folder's skipped files and the vocabulary's sample were
+    still said; they are how the work goes (shown without --quiet), not warnings."""
+    corpus = tmp_path / "corpus"
+    (corpus / ".ipynb_checkpoints").mkdir(parents=True)
+    text = "".join(f"Document {i} has a first sentence. And a second one here.\n\n" for i in range(80))
+    (corpus / "a.txt").write_text(text)
+    (corpus / ".ipynb_checkpoints" / "a-checkpoint.txt").write_text(text)
+    (corpus / "README.md").write_text("# not text\n")
+    args = (f"data.corpus={corpus}", "model.vocab_size=null", "data.tokenizer.vocab_size=200")
+    cfg = write_config(tmp_path / "run", *args, "data.tokenizer.sample_chars=2000", "train.max_steps=2")
+    quiet = cli("pretrain", "--config", cfg, "--quiet")
+    assert quiet.code == 0 and [line.split(":")[0] for line in quiet.err_lines] == ["done", "checkpoint", "next"], (
+        quiet.err
+    )
+    other = write_config(tmp_path / "other", *args, "data.tokenizer.sample_chars=2000")
+    said = cli("prepare", "--config", other)  # not quiet (and a vocabulary to train): both lines
+    assert said.code == 0 and any(f"{corpus}: skipped 1 hidden" in line for line in said.err_lines), said.err
+    assert any(line.startswith("the vocabulary was trained on a sample") for line in said.err_lines), said.err
+
+
 def test_pretrain_then_inspect_run_checkpoint_and_config(tmp_path, cli):
     cfg = write_config(tmp_path / "run")
     result = cli("pretrain", "--config", cfg, "--quiet", "--set", "optimizer.warmup_steps=24")

@@ -497,7 +497,15 @@ def test_what_the_data_would_refuse_is_refused_before_torch_loads(tmp_path):
     write_config(tmp_path / "small", f"data.corpus={tmp_path / 'tiny.txt'}", "model.vocab_size=null")
     out, err = refuse_in_fresh_interpreter("pretrain", "--config", "small/config.yaml", cwd=tmp_path)
     assert out == ["2", "False"], (out, err)
-    assert len(err.splitlines()) == 1 and "2 document(s) is too small for the held-out split" in err, err
+    assert (
+        len(err.splitlines()) == 1
+        and (
+            "2 document(s) is too small for the held-out split: validation_fraction=0.05 holds out 1, and held-out "
+            "examples need at least 2 (random next sentences come from another document); set "
+            "data.validation_fraction: 0 (no held-out evaluation), or add documents"
+        )
+        in err
+    ), err  # (trial 16 P5: "2 documents ... at least 2 are needed" read as a contradiction)
 
     tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefghijklmnopqrstuvwxyz"]
     (tmp_path / "vocab.txt").write_text("".join(t + "\n" for t in tokens))
