@@ -564,7 +564,9 @@ def encode(
     if counts["lines"] and layout.identify(Path(model)).kind is layout.Kind.RUN:  # which checkpoint the run gave
         from bertcli.export import described
 
-        err(f"bertcli encode: the vectors of {described(encoder.source)}")
+        how = "a vector per token" if settings.per_token else f"{settings.pooling} pooling"
+        norm = ", normalized" if settings.normalize else ""
+        err(f"bertcli encode: the vectors of {described(encoder.source)}: {how}{norm} (--pooling chooses)")
     if counts["truncated"]:
         err(f"bertcli encode: {counts['truncated']:,} of {counts['lines']:,} lines were truncated to the length limit")
     if counts["unpaired"]:

@@ -90,7 +90,9 @@ def test_export_and_encode_of_a_run_say_which_checkpoint_and_the_export_records_
     assert report["bertcli_export"]["step"] == state["step"]
     (tmp_path / "in.txt").write_text("hello world\n")
     encoded = cli("encode", "--model", trained, tmp_path / "in.txt")
-    assert encoded.code == 0 and encoded.err_lines == [f"bertcli encode: the vectors of {said}"], encoded.err
+    assert encoded.code == 0 and encoded.err_lines == [
+        f"bertcli encode: the vectors of {said}: cls pooling (--pooling chooses)"  # (trial 16 P1: unsaid)
+    ], encoded.err
     named = cli("encode", "--model", chosen, tmp_path / "in.txt")  # a checkpoint named: nothing chosen, nothing said
     assert named.code == 0 and named.err_lines == [], named.err
 
