@@ -524,12 +524,13 @@ def test_what_the_data_would_refuse_is_refused_before_torch_loads(tmp_path):
     ], err
 
 
-@pytest.mark.parametrize("given", ["run/config.yaml", "run", "notes.txt", "data"])
+@pytest.mark.parametrize("given", ["run/config.yaml", "run/checkpoints", "run", "notes.txt", "data"])
 def test_a_model_path_that_is_no_model_is_refused_before_torch_loads(tmp_path, given):
     """Trial 15 U2: encode --model given a run's config, a text file or a prepared-data folder was
     refused after torch loaded (6.8-9 s, 249 MB); a run's config is answered with its run folder.
     (A run folder with no checkpoint is a model path: refused later, by find_checkpoint.)"""
     write_config(tmp_path / "run")
+    (tmp_path / "run" / "checkpoints").mkdir()
     (tmp_path / "notes.txt").write_text("hello world\n")
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "manifest.json").write_text("{}")
@@ -538,10 +539,13 @@ def test_a_model_path_that_is_no_model_is_refused_before_torch_loads(tmp_path, g
         assert out[0] == "2" and "no checkpoint" in err, (out, err)
         return
     assert out == ["2", "False"], (out, err)
-    expected = (
-        f"{given}: a run's config, not a model: pass the run folder, run"
-        if given.endswith("config.yaml")
-        else f"{given}: not a model; a model is a run folder, a checkpoint folder or a Hugging Face BERT folder "
-        "(config.json, model.safetensors, and tokenizer.json or vocab.txt)"
+    expected = {  # (trial 16 P2: the near misses named what to pass)
+        "run/config.yaml": "run/config.yaml: a run's config, not a model: pass the run folder, run",
+        "run/checkpoints": "run/checkpoints: a run's checkpoints folder, not a model: pass the run folder, run",
+        "data": "data: prepared data, not a model: pass the run folder that trained on it",
+    }.get(
+        given,
+        f"{given}: not a model; a model is a run folder, a checkpoint folder or a Hugging Face BERT folder "
+        "(config.json, model.safetensors, and tokenizer.json or vocab.txt)",
     )
     assert err.splitlines() == [f"bertcli: error: {expected}"], err
