@@ -56,8 +56,9 @@ def find_checkpoint(path: Path) -> Path:
     checkpoint.check_no_links(path, "remove the link, or name the checkpoint folder to read")
     best = found.best
     best_folder = layout.checkpoints_dir(path) / layout.BEST
-    if best is None and best_folder.is_dir():  # incomplete: a copy cut short, a file deleted
-        console.log(f"{best_folder} is {layout.incomplete(best_folder)}, so it is passed over")
+    problem = layout.incomplete(best_folder) if best is None and best_folder.is_dir() else None
+    if problem:  # a copy cut short, a file deleted
+        console.log(f"{best_folder} is {problem}, so it is passed over")
     chosen = found.checkpoints[-1][1] if found.checkpoints else None
     if best is not None:
         checkpoint.check_own_files(best)

@@ -90,7 +90,7 @@ def check_outputs_apart(cfg: Config) -> None:
     read as text by the next prepare, and the corpus would change under its own cache), or a corpus
     inside what bertcli writes (prepared data, checkpoints/, tensorboard/). A corpus folder inside the
     run folder (next to config.yaml, say) is fine: bertcli writes only its own names there."""
-    from bertcli.layout import CHECKPOINTS, RUN_OUTPUTS, TENSORBOARD
+    from bertcli.layout import CHECKPOINTS, RUN_OUTPUTS, TENSORBOARD, Kind, identify
     from bertcli.ownership import owner, relation, run_file
 
     output, prepared = Path(cfg.output_dir), Path(cfg.data.prepared_dir)
@@ -106,6 +106,16 @@ def check_outputs_apart(cfg: Config) -> None:
             else f"is {run[1]} of the run folder {run[0]}"
         )
         raise UsageError(f"output_dir {output} {what}: set output_dir to a folder of its own")
+    # A model folder (the run's checkpoints/ there: inspect and encode of it read the model, not the
+    # run), or the root of the file system.
+    if resolved == Path(resolved.anchor):
+        raise UsageError(f"output_dir {output} is the root of the file system: set output_dir to a folder of its own")
+    kind = identify(resolved).kind
+    if kind in (Kind.HF, Kind.SENTENCE):
+        raise UsageError(
+            f"output_dir {output} is {kind.value}: the run's checkpoints there would be mixed up with that model "
+            "(inspect and encode of the folder read the model); set output_dir to a folder of its own"
+        )
     for inside in (output / CHECKPOINTS, output / TENSORBOARD):  # folders pretrain replaces, prunes, writes whole
         how = relation(prepared, inside)
         if how in ("is", "is inside"):

@@ -398,6 +398,39 @@ def test_a_folder_replaced_is_never_missing_to_a_reader(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["best"]
 
 
+@pytest.mark.parametrize("kind", ["hf", "sentence", "root"])
+def test_an_output_dir_that_is_a_model_folder_or_the_root_is_refused(run_copy, cli, tmp_path, kind):
+    """Trial 16 S3: a run trained into a Hugging Face or sentence-transformers folder (exit 0) was
+    then mixed up with that model: inspect and encode of the folder read the model, not the run; and
+    output_dir=/ wrote the run's files at the root of the file system (trial 16 S2)."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "bert"}')
+    if kind == "sentence":
+        (folder / "modules.json").write_text("[]")
+    output = Path("/") if kind == "root" else folder
+    before = snapshot(tmp_path)
+    result = cli("pretrain", "--config", run_copy / "config.yaml", "--set", f"output_dir={output}", "--quiet")
+    assert result.code == 2 and len(result.err_lines) == 1, result.err
+    if kind == "root":
+        assert "is the root of the file system: set output_dir to a folder of its own" in result.err
+    else:
+        folder_kind = "a sentence-transformers folder" if kind == "sentence" else "a Hugging Face folder"
+        assert f"output_dir {folder} is {folder_kind}: the run's checkpoints there would be mixed up" in result.err
+    assert snapshot(tmp_path) == before
+
+
+def test_export_of_a_model_folder_holding_checkpoints_says_one_line(run_copy, cli, tmp_path):
+    """Trial 16 C2: such a folder (a run trained into a model folder before that was refused) gave
+    "checkpoints/best is None, so it is passed over" before its error: a leaked None, two lines."""
+    folder = tmp_path / "model"
+    shutil.copytree(layout.list_checkpoints(run_copy)[-1][1], folder / "checkpoints" / "best")
+    (folder / "config.json").write_text('{"model_type": "bert"}')
+    (folder / "modules.json").write_text("[]")
+    result = cli("export", folder, tmp_path / "out")
+    assert result.code == 2 and len(result.err_lines) == 1 and "None" not in result.err, result.err
+
+
 @pytest.mark.parametrize(
     "target, what",
     [
