@@ -1657,13 +1657,17 @@ def check_before_training(cfg: Config) -> None:
     A given tokenizer (data.tokenizer.path) of another size than model.vocab_size; a corpus of fewer
     documents than the held-out split and the pairs need (_check_enough_documents, which reads
     documents only until there are enough), looked at only when the corpus is under UNIT_BYTES on
-    disk: a corpus too small that is larger is a few huge documents, refused where it is prepared."""
+    disk: a corpus too small that is larger is a few huge documents, refused where it is prepared;
+    a data.prepared_dir to be prepared that holds files bertcli did not write there."""
     from bertcli.resolve import with_vocab
 
     data = cfg.data
     if data.tokenizer.path and cfg.model.vocab_size is not None:
         file = find_tokenizer_file(Path(data.tokenizer.path))
         with_vocab(cfg, load_tokenizer(file, data.tokenizer).get_vocab_size(with_added_tokens=True), str(file))
+    folder = Path(data.prepared_dir)
+    if folder.is_dir() and read_manifest(folder)[0] is None:  # to be prepared: a folder of the user's is refused
+        _guard(cfg, folder)(folder)
     with console.silent():  # what it says of the corpus (files skipped, odd lines), preparing says
         files = corpus_files(corpus_path(cfg))
         sizes = [f.stat().st_size for f in files]

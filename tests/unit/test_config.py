@@ -507,6 +507,16 @@ def test_what_the_data_would_refuse_is_refused_before_torch_loads(tmp_path):
         in err
     ), err  # (trial 16 P5: "2 documents ... at least 2 are needed" read as a contradiction)
 
+    (tmp_path / "mine").mkdir()  # trial 16 U4: a prepared_dir of the user's, refused after torch (5.5 s)
+    (tmp_path / "mine" / "notes.md").write_text("my notes\n")
+    write_config(tmp_path / "user", f"data.corpus={tmp_path / 'tiny.txt'}", f"data.prepared_dir={tmp_path / 'mine'}")
+    out, err = refuse_in_fresh_interpreter("pretrain", "--config", "user/config.yaml", cwd=tmp_path)
+    assert out == ["2", "False"], (out, err)
+    assert err.startswith(f"bertcli: error: {tmp_path / 'mine'} holds notes.md, which is not a file bertcli writes"), (
+        err
+    )
+    assert (tmp_path / "mine" / "notes.md").read_text() == "my notes\n"
+
     tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefghijklmnopqrstuvwxyz"]
     (tmp_path / "vocab.txt").write_text("".join(t + "\n" for t in tokens))
     (tmp_path / "docs.txt").write_text("".join(f"Document {i} has words. It has two sentences.\n\n" for i in range(60)))
