@@ -225,6 +225,8 @@ def _say_copies(entries: list[dict[str, Any]]) -> None:
     first: dict[Any, str] = {}
     copies = []
     for entry in entries:
+        if not entry["bytes"]:  # empty: no documents to train on twice
+            continue
         content = entry.get("sha256") or tuple(p["sha256"] for p in entry["parts"])
         if content in first:
             copies.append((entry["path"], first[content]))

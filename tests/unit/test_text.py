@@ -918,9 +918,17 @@ def test_a_corpus_folder_skips_hidden_entries_and_copies_are_said(tmp_path, caps
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text("The same document.\n")
     (root / "a" / "two.txt").write_text("Another document.\n")
+    for empty in ("a/empty.txt", "b/empty.txt"):  # the same (no) bytes, no documents: no copies (trial 16 P12)
+        (root / empty).write_text("")
     capsys.readouterr()
     files = corpus_files(root)
-    assert [f.relative_to(root).as_posix() for f in files] == ["a/one.txt", "a/two.txt", "b/copy.txt"]
+    assert [f.relative_to(root).as_posix() for f in files] == [
+        "a/empty.txt",
+        "a/one.txt",
+        "a/two.txt",
+        "b/copy.txt",
+        "b/empty.txt",
+    ]
     assert capsys.readouterr().err.splitlines() == [
         f"{root}: skipped 3 hidden folder(s) and file(s) (names starting with '.': version control, notebook "
         f"checkpoints, editor copies), e.g. {root / '.ipynb_checkpoints'}"
