@@ -602,13 +602,22 @@ def _check_encode_flags(
 def _check_encode_files(inputs: list[str], *, model: Path, output: Path | None) -> Path | None:
     """Check encode's input files, --output (returned resolved: a link is written through) and --model,
     before the model loads (seconds) rather than when a file's turn comes."""
-    from bertcli.ownership import check_input, check_output_file
+    import tempfile
+
+    from bertcli.ownership import check_input, check_output_file, is_stream
 
     for source in inputs:
         if source != "-":
             check_input(source)
     if output is not None:  # never a folder, an input file or a file of the model
         output = check_output_file(output, [i for i in inputs if i != "-"], model)
+        if not is_stream(output):  # a folder that takes no file (read-only, forbidden): said now, naming --output
+            try:
+                fd, probe = tempfile.mkstemp(prefix=".tmp-bertcli-probe.", dir=output.parent)
+                os.close(fd)
+                os.unlink(probe)
+            except OSError as exc:
+                raise OSError(exc.errno, exc.strerror, str(output)) from None
     if not model.exists():
         raise UsageError(
             f"--model {model}: no such folder; pass a run folder, a checkpoint folder or a Hugging Face BERT folder"

@@ -515,6 +515,32 @@ def test_errors_truncation_and_missing_model(trained, tmp_path, cli):
     assert missing.code == 2 and "no such folder" in missing.err
 
 
+def test_an_output_folder_that_takes_no_file_is_said_first_naming_the_output(trained, tmp_path, cli, monkeypatch):
+    """Trial 16 U6: a read-only --output folder was found after torch and the model loaded (5.6 s,
+    267 MB), and the error named encode's hidden temporary file instead of --output."""
+    import errno
+    import tempfile
+
+    real = tempfile.mkstemp
+    readonly = tmp_path / "ro"
+    readonly.mkdir()
+
+    def mkstemp(*args, dir=None, **kwargs):
+        if dir is not None and str(dir) == str(readonly):
+            raise OSError(errno.EROFS, "Read-only file system", f"{dir}/probe")
+        return real(*args, dir=dir, **kwargs)
+
+    from bertcli import encode as encode_module
+
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+    monkeypatch.setattr(encode_module, "load_encoder", lambda *a, **k: pytest.fail("the model was loaded first"))
+    (tmp_path / "in.txt").write_text("hello world\n")
+    result = cli("encode", "--model", trained, tmp_path / "in.txt", "-o", readonly / "v.npy")
+    assert result.code == 1 and result.err_lines == [
+        f"bertcli: error: {readonly / 'v.npy'}: Read-only file system; choose a folder you can write to (--output)"
+    ], result.err
+
+
 def test_dtype_bf16_on_a_cpu_without_its_instructions_is_warned(trained, tmp_path, cli, monkeypatch):
     """Trial 15 P1: encode --dtype bf16 there is about twice as slow as fp32 (emulated): one warning line."""
     from bertcli import runtime
