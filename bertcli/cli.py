@@ -599,11 +599,26 @@ def _check_encode_flags(
         )
 
 
+def _check_writable(folder: Path, named: Path) -> None:
+    """A folder that takes no file (read-only, forbidden) is said before torch loads (seconds), as an
+    OSError naming `named` (what the command writes there), not at the first write: a probe file is
+    made and removed in `folder`, or in its nearest existing parent (the command makes the rest)."""
+    import tempfile
+
+    folder = Path(folder).expanduser().absolute()
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".tmp-bertcli-probe.", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, str(named)) from None
+
+
 def _check_encode_files(inputs: list[str], *, model: Path, output: Path | None) -> Path | None:
     """Check encode's input files, --output (returned resolved: a link is written through) and --model,
     before the model loads (seconds) rather than when a file's turn comes."""
-    import tempfile
-
     from bertcli.ownership import check_input, check_output_file, is_stream
 
     for source in inputs:
@@ -611,13 +626,8 @@ def _check_encode_files(inputs: list[str], *, model: Path, output: Path | None) 
             check_input(source)
     if output is not None:  # never a folder, an input file or a file of the model
         output = check_output_file(output, [i for i in inputs if i != "-"], model)
-        if not is_stream(output):  # a folder that takes no file (read-only, forbidden): said now, naming --output
-            try:
-                fd, probe = tempfile.mkstemp(prefix=".tmp-bertcli-probe.", dir=output.parent)
-                os.close(fd)
-                os.unlink(probe)
-            except OSError as exc:
-                raise OSError(exc.errno, exc.strerror, str(output)) from None
+        if not is_stream(output):
+            _check_writable(output.parent, output)
     if not model.exists():
         raise UsageError(
             f"--model {model}: no such folder; pass a run folder, a checkpoint folder or a Hugging Face BERT folder"
@@ -744,6 +754,7 @@ def _check_pretrain_start(cfg: Config, resume: str) -> None:
             resumed = None
     if resumed is not None:
         checkpoint.check_same_model(resumed, cfg, Path(cfg.output_dir))
+    _check_writable(Path(cfg.output_dir), Path(cfg.output_dir))
     if cfg.data.corpus != "synthetic":
         corpus_root(corpus_path(cfg))
         check_before_training(cfg)

@@ -517,7 +517,8 @@ def test_errors_truncation_and_missing_model(trained, tmp_path, cli):
 
 def test_an_output_folder_that_takes_no_file_is_said_first_naming_the_output(trained, tmp_path, cli, monkeypatch):
     """Trial 16 U6: a read-only --output folder was found after torch and the model loaded (5.6 s,
-    267 MB), and the error named encode's hidden temporary file instead of --output."""
+    267 MB), and the error named encode's hidden temporary file instead of --output; a read-only
+    output_dir of pretrain after torch (4.9 s). Both are said first, naming what was asked for."""
     import errno
     import tempfile
 
@@ -539,6 +540,15 @@ def test_an_output_folder_that_takes_no_file_is_said_first_naming_the_output(tra
     assert result.code == 1 and result.err_lines == [
         f"bertcli: error: {readonly / 'v.npy'}: Read-only file system; choose a folder you can write to (--output)"
     ], result.err
+    from bertcli import trainer
+
+    monkeypatch.setattr(trainer, "pretrain", lambda *a, **k: pytest.fail("training started first"))
+    run = readonly / "run"  # not there yet: its nearest folder is probed
+    trained_again = cli("pretrain", "--config", trained / "config.yaml", "--set", f"output_dir={run}", "--quiet")
+    assert trained_again.code == 1 and trained_again.err_lines == [
+        f"bertcli: error: {run}: Read-only file system; choose a folder you can write to (output_dir, "
+        "data.prepared_dir)"
+    ], trained_again.err
 
 
 def test_dtype_bf16_on_a_cpu_without_its_instructions_is_warned(trained, tmp_path, cli, monkeypatch):
