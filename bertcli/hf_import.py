@@ -240,22 +240,22 @@ def stored_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
     a weight stored twice under two names, or stored as other than floating point."""
     file = weights_file(folder)
     try:
-        with safetensors.safe_open(file, "numpy") as f:  # shapes only; "pt" would import torch
-            names = f.keys()
-            shapes = {key: tuple(f.get_slice(key).get_shape()) for key in names}
-            dtypes = {key: f.get_slice(key).get_dtype() for key in names}
+        with safetensors.safe_open(file, "numpy") as f:  # the header only; "pt" would import torch
+            slices = {key: f.get_slice(key) for key in f.keys()}
+            header = {key: (tuple(s.get_shape()), s.get_dtype()) for key, s in slices.items()}  # key -> (shape, dtype)
     except (safetensors.SafetensorError, OSError, ValueError) as exc:
         raise UsageError(f"{file}: cannot read weights ({exc})") from None
-    odd = [key for key in names if dtypes[key] not in FLOAT_DTYPES and hf_names.our_key(key) is not None]
-    if odd:  # quantized (its scales elsewhere) or damaged: read as numbers, the weights would be others
-        raise UsageError(
-            f"{file}: {odd[0]} is stored as {dtypes[odd[0]]}, not as floating point (fp32, fp16 or bf16); a "
-            "quantized or damaged weight gives other vectors: use the model's floating-point weights"
-        )
     try:
-        return {new: shapes[key] for new, key in hf_names.our_keys(names).items()}
+        names = hf_names.our_keys(header)  # bertcli's name -> the file's key
     except ValueError as exc:
         raise UsageError(f"{file}: {exc}, and bertcli cannot tell which is the model's: remove the other") from None
+    odd = [key for key in names.values() if header[key][1] not in FLOAT_DTYPES]
+    if odd:  # quantized (its scales elsewhere) or damaged: read as numbers, the weights would be others
+        raise UsageError(
+            f"{file}: {odd[0]} is stored as {header[odd[0]][1]}, not as floating point (fp32, fp16 or bf16); a "
+            "quantized or damaged weight gives other vectors: use the model's floating-point weights"
+        )
+    return {new: header[key][0] for new, key in names.items()}
 
 
 def load_hf_weights(
