@@ -15,7 +15,7 @@ from bertcli.config import Config, ModelConfig
 from bertcli.config_load import preset_config
 from bertcli.data.tokenizer import describe, find_tokenizer_file
 from bertcli.errors import UsageError
-from bertcli.hf_import import check_tied, load_model_tokenizer, read_hf_config, weights_file
+from bertcli.hf_import import check_finite_weights, check_tied, load_model_tokenizer, read_hf_config
 from bertcli.hf_names import HF_FIELDS
 from bertcli.layout import Kind
 from bertcli.sbert import read_sentence_model
@@ -121,7 +121,7 @@ def continued_pretraining(source: Path, preset: str, overrides: list[str]) -> tu
     source = sentence.transformer if sentence else Path(source)  # a sentence-transformers folder's BERT
     imported = imported_config(source)
     if layout.identify(source).kind is not Kind.CHECKPOINT:
-        weights_file(source)  # refused now (a pickle only, no weights), not when pretrain starts
+        check_finite_weights(source)  # refused now (a pickle only, no weights, NaN), not when pretrain starts
     values: dict[str, Any] = {f"model.{k}": getattr(imported, k) for k in HF_FIELDS}
     values["model.init_from"] = str(source)
     try:

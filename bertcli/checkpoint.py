@@ -183,7 +183,11 @@ def non_finite(tensors: dict[str, torch.Tensor]) -> list[str]:
 
 def check_finite(tensors: dict[str, torch.Tensor], file: Path, fix: str = "use another checkpoint") -> None:
     """Refuse (exit 2) weights that hold NaN or inf: no model computes anything with them."""
-    bad = non_finite(tensors)
+    refuse_non_finite(non_finite(tensors), file, fix)
+
+
+def refuse_non_finite(bad: list[str], file: Path, fix: str) -> None:
+    """Refuse (exit 2) the weights of `file` if `bad` names any (those holding NaN or inf)."""
     if bad:
         raise UsageError(
             f"{file}: {len(bad)} weight tensor(s) hold NaN or inf (e.g. {bad[0]}); the file is damaged: {fix}"
@@ -778,9 +782,9 @@ def damage(path: Path) -> str | None:
         return f"{name}: {reason}"
 
 
-def check_same_tokenizer(ckpt: Path, prepared: Path, contents: bytes) -> None:
+def check_same_tokenizer(ckpt: Path, source: Path, contents: bytes) -> None:
     """Refuse to resume `ckpt` on data tokenized by another tokenizer (`contents`: the tokenizer.json
-    of `prepared`, the prepared folder, as the run read it): the weights were trained on the
+    the run's data is tokenized with, from file `source`): the weights were trained on the
     checkpoint's token ids."""
     from tokenizers import Tokenizer
 
@@ -793,7 +797,7 @@ def check_same_tokenizer(ckpt: Path, prepared: Path, contents: bytes) -> None:
     theirs = tokenizer_identity(Tokenizer.from_str(contents.decode("utf-8")))
     if ours != theirs:
         raise UsageError(
-            f"{prepared} was prepared with tokenizer {theirs[:12]}, but the checkpoint {ckpt} was "
+            f"the run's data is tokenized with {source} (tokenizer {theirs[:12]}), but the checkpoint {ckpt} was "
             f"trained with tokenizer {ours[:12]}: resuming on other token ids would garble the model. "
             f"Prepare with the checkpoint's own tokenizer (data.tokenizer.path: {file}), "
             "or start a new run with another output_dir"
@@ -920,7 +924,7 @@ class CheckpointManager:
         data's; and `best` settled (settle_best)."""
         self.resumed_from = choose_resume(self.output_dir, resume, self.cfg, self.is_main)
         if self.resumed_from is not None and layout.TOKENIZER_JSON in self.tokenizer:
-            prepared = Path(self.cfg.data.prepared_dir)
+            prepared = Path(self.cfg.data.prepared_dir) / layout.TOKENIZER_JSON
             check_same_tokenizer(self.resumed_from, prepared, self.tokenizer[layout.TOKENIZER_JSON])
         self.best = settle_best(self.output_dir, self.cfg, self.resumed_from, self.is_main)
         self._catch_up_best()

@@ -731,11 +731,13 @@ def _stream_full(exc: BaseException, output: Path | None) -> RunError | None:
 def _check_pretrain_start(cfg: Config, resume: str) -> None:
     """What pretrain refuses from files alone, before torch is imported (3-4 s, 250 MB): a run another
     command holds, a --resume PATH that is no checkpoint, --resume never over checkpoints, a corpus
-    that is not there or too small, a given tokenizer of another size than the model's vocabulary.
+    that is not there or too small, a given tokenizer of another size than the model's vocabulary, a
+    checkpoint to resume of another tokenizer than the run's, a model.init_from with NaN weights.
     (The trainer checks them again where it acts on them.)"""
     from bertcli import checkpoint, layout
-    from bertcli.data.prepare import check_before_training, corpus_path
+    from bertcli.data.prepare import check_before_training, corpus_path, fixed_tokenizer, unchanged_tokenizer
     from bertcli.data.text import corpus_root
+    from bertcli.hf_import import check_finite_weights
     from bertcli.runlock import RunLock
 
     if os.environ.get("RANK", "0") == "0":  # only rank 0 takes the lock: the others would find it held
@@ -754,6 +756,13 @@ def _check_pretrain_start(cfg: Config, resume: str) -> None:
             resumed = None
     if resumed is not None:
         checkpoint.check_same_model(resumed, cfg, Path(cfg.output_dir))
+    if resumed is not None and unchanged_tokenizer(resumed):  # (an edited one: the trainer sets it aside)
+        used = fixed_tokenizer(cfg, resumed)  # (trial 16 U8: refused after torch, 6.2 s)
+        if used is not None and used[0] != resumed / layout.TOKENIZER_JSON:
+            checkpoint.check_same_tokenizer(resumed, used[0], used[1].to_str().encode())
+    start_from = Path(cfg.model.init_from) if cfg.model.init_from and resumed is None and not found else None
+    if start_from is not None and layout.identify(start_from).kind is not layout.Kind.CHECKPOINT:
+        check_finite_weights(start_from)  # (trial 16 U7: refused after the corpus was prepared, 11 s)
     _check_writable(Path(cfg.output_dir), Path(cfg.output_dir))
     if cfg.data.corpus != "synthetic":
         corpus_root(corpus_path(cfg))

@@ -910,17 +910,15 @@ def _prepare(cfg: Config, quiet: bool, force: bool, workers: int, resume_from: P
     # The hashes recorded for files cut at another UNIT_BYTES are not those of today's parts.
     entries = _file_entries(files, old["corpus"]["files"] if old and old.get("unit_bytes") == UNIT_BYTES else [])
     _say_copies(entries)
-    tokenizer_file = tok = given_sha256 = None
+    tokenizer_file, tok = fixed_tokenizer(cfg, resume_from) or (None, None)
+    given_sha256 = fixed = None
     if data.tokenizer.path:
-        tokenizer_file = find_tokenizer_file(Path(data.tokenizer.path))
-        tok = load_tokenizer(tokenizer_file, data.tokenizer)
         check_ids(tok, tokenizer_file)  # its vocab.txt is written into the data and every checkpoint
         # The loaded tokenizer as it is used (casing from a tokenizer_config.json, padding off), not its file
         # alone: data prepared with a tokenizer that padded (older bertcli) is prepared again.
         given_sha256 = hashlib.sha256(tok.to_str().encode()).hexdigest()
-    fixed = run_tokenizer(cfg, resume_from) if tok is None else None
-    if fixed is not None:  # the run's checkpoints fix its token ids: never train another vocabulary under them
-        tokenizer_file, tok = fixed, read_tokenizer_json(fixed)
+    else:  # the run's checkpoints fix its token ids, if any: never train another vocabulary under them
+        fixed = tokenizer_file
     plan = _Plan(
         folder=folder, files=files, entries=entries, tok=tok, tokenizer_file=tokenizer_file, given_sha256=given_sha256
     )
@@ -1485,6 +1483,17 @@ def _clean_inside(folder: Path, mine: bool = False) -> None:
                 child.unlink(missing_ok=True)
 
 
+def fixed_tokenizer(cfg: Config, resume_from: Path | None = None) -> tuple[Path, Tokenizer] | None:
+    """The tokenizer file the run's data is tokenized with, and the tokenizer as used, where something
+    fixes it: data.tokenizer.path (with the config's casing), else the run's checkpoints (run_tokenizer);
+    None: prepare trains one (or keeps the one the prepared data has)."""
+    if cfg.data.tokenizer.path:
+        file = find_tokenizer_file(Path(cfg.data.tokenizer.path))
+        return file, load_tokenizer(file, cfg.data.tokenizer)
+    fixed = run_tokenizer(cfg, resume_from)
+    return (fixed, read_tokenizer_json(fixed)) if fixed is not None else None
+
+
 def run_tokenizer(cfg: Config, resume_from: Path | None = None) -> Path | None:
     """The tokenizer.json of the run's newest checkpoint, None before its first: the tokenizer of a run
     is fixed by its first checkpoint, and every checkpoint carries it. A checkpoint whose tokenizer
@@ -1496,18 +1505,19 @@ def run_tokenizer(cfg: Config, resume_from: Path | None = None) -> Path | None:
     steps = [
         path
         for _, path in layout.list_checkpoints(Path(cfg.output_dir))
-        if all(ownership.own_file(path / name) for name in complete) and _unchanged_tokenizer(path)
+        if all(ownership.own_file(path / name) for name in complete) and unchanged_tokenizer(path)
     ]
     if not steps and resume_from is not None:
         steps = [
             p
             for p in [Path(resume_from)]
-            if all(ownership.own_file(p / n) for n in complete) and _unchanged_tokenizer(p)
+            if all(ownership.own_file(p / n) for n in complete) and unchanged_tokenizer(p)
         ]
     return steps[-1] / layout.TOKENIZER_JSON if steps else None
 
 
-def _unchanged_tokenizer(path: Path) -> bool:
+def unchanged_tokenizer(path: Path) -> bool:
+    """Whether checkpoint `path`'s tokenizer files are those it was written with (tokenizer_change)."""
     try:
         return tokenizer_change(path) is None
     except (OSError, ValueError, UsageError):  # an unreadable trainer_state.json: damaged too

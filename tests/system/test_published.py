@@ -462,6 +462,38 @@ def test_weights_that_do_not_fit_the_config_are_refused_before_torch_loads(tmp_p
     assert err.splitlines() == [f"bertcli: error: {folder / 'model.safetensors'}: {needle}"], err
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_weights_holding_nan_are_refused_before_torch_loads_by_init_pretrain_and_encode(tmp_path, dtype):
+    """A NaN weight in a model folder is seen in the file's raw words, before torch (trial 16 U7:
+    init --init-from accepted it, and pretrain refused it after preparing the corpus, 11 s)."""
+    import safetensors.torch
+
+    folder = tmp_path / "model"
+    shutil.copytree(MINILM, folder, ignore=shutil.ignore_patterns("*.onnx", "onnx", "openvino"))
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"Document {i} has words. It has a second sentence.\n\n" for i in range(80)))
+    out, err = refuse_in_fresh_interpreter("init", "run", "--init-from", folder, "--corpus", corpus, cwd=tmp_path)
+    assert out == ["0", "False"], (out, err)  # (the sound folder: fine)
+
+    key = "encoder.layer.2.output.dense.weight"
+    weights = {k: v.to(dtype) for k, v in safetensors.torch.load_file(MINILM / "model.safetensors").items()}
+    weights[key][7, 3] = float("nan")
+    safetensors.torch.save_file(weights, folder / "model.safetensors")
+    (tmp_path / "in.txt").write_text("hello world\n")
+    line = (
+        f"bertcli: error: {folder / 'model.safetensors'}: 1 weight tensor(s) hold NaN or inf (e.g. {key}); the file "
+        "is damaged: restore it, or use another model"
+    )
+    for args in (
+        ("init", "again", "--init-from", folder, "--corpus", corpus),
+        ("pretrain", "--config", "run/config.yaml"),  # init_from damaged after init
+        ("encode", "--model", folder, "in.txt"),
+    ):
+        out, err = refuse_in_fresh_interpreter(*args, cwd=tmp_path)
+        assert out == ["2", "False"] and err.splitlines() == [line], (args, out, err)
+    assert not (tmp_path / "again").exists() and not (tmp_path / "run" / "data").exists()
+
+
 def test_a_pooling_bertcli_does_not_compute_is_refused_before_torch_loads(tmp_path):
     """The folder's own pooling is in 1_Pooling/config.json: refused from it, not after torch and the
     weights loaded (trial 14 U1: 6-9 s and 485 MB)."""

@@ -291,7 +291,9 @@ def test_a_lock_file_that_is_a_symbolic_link_is_never_written_through(tmp_path, 
     assert victim.read_text() == "keep me\n"
 
 
-@pytest.mark.parametrize("command", ["encode-layer", "encode-flipped", "export-flipped", "pretrain-other-model"])
+@pytest.mark.parametrize(
+    "command", ["encode-layer", "encode-flipped", "export-flipped", "pretrain-other-model", "pretrain-other-tokenizer"]
+)
 def test_a_checkpoint_encode_or_export_cannot_use_is_refused_before_torch_loads(tmp_path, trained, command):
     """A run's --layer out of range, weights that fail their SHA-256 record: checked from the files
     before torch is imported (trial 13 U-1, U-2: 4.1-5.5 s and 250-262 MB for the refusal)."""
@@ -315,6 +317,13 @@ def test_a_checkpoint_encode_or_export_cannot_use_is_refused_before_torch_loads(
             "train.max_steps=6",
         )
         needle = f"cannot resume from {ckpt}: model.hidden_act='gelu' in the checkpoint vs 'relu' in the config"
+    elif command == "pretrain-other-tokenizer":  # (trial 16 U8: refused after torch and the data, 6.2 s)
+        words = (run / "data" / "vocab.txt").read_text().splitlines()
+        words[-1], words[-2] = words[-2], words[-1]  # the same size, two ids swapped
+        (tmp_path / "other.txt").write_text("\n".join(words) + "\n")
+        tokenizer = f"data.tokenizer.path={tmp_path / 'other.txt'}"
+        args = ("pretrain", "--config", run / "config.yaml", "--set", tokenizer, "--set", "train.max_steps=6")
+        needle = f"the run's data is tokenized with {tmp_path / 'other.txt'} (tokenizer "
     else:
         weights = bytearray((ckpt / "model.safetensors").read_bytes())
         weights[len(weights) // 2] ^= 1
