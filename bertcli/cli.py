@@ -742,7 +742,7 @@ def _check_pretrain_start(cfg: Config, resume: str) -> None:
 
     if os.environ.get("RANK", "0") == "0":  # only rank 0 takes the lock: the others would find it held
         RunLock(Path(cfg.output_dir), "pretrain").check_free()
-    problem = layout.incomplete(Path(resume)) if resume not in ("auto", "never") else None
+    problem = _resume_problem(Path(resume)) if resume not in ("auto", "never") else None
     if problem:
         raise UsageError(f"--resume {resume}: {problem}")
     found = layout.list_checkpoints(Path(cfg.output_dir))
@@ -767,6 +767,25 @@ def _check_pretrain_start(cfg: Config, resume: str) -> None:
     if cfg.data.corpus != "synthetic":
         corpus_root(corpus_path(cfg))
         check_before_training(cfg)
+
+
+def _resume_problem(path: Path) -> str | None:
+    """Why --resume PATH names no checkpoint to resume from, and what to pass where a run or a model
+    folder was given (trial 16 P13); None: a complete checkpoint."""
+    from bertcli import layout
+
+    problem = layout.incomplete(path)
+    if problem is None:
+        return None
+    found = layout.identify(path)
+    if found.kind is layout.Kind.RUN and found.checkpoints:
+        return f"a run folder, not a checkpoint: name one of its checkpoints ({found.checkpoints[-1][1]}, its newest)"
+    if found.kind in (layout.Kind.HF, layout.Kind.SENTENCE):
+        return (
+            f"{found.kind.value}, not a checkpoint (a checkpoint holds the optimizer's state too): to start from its "
+            "weights, set model.init_from to it, or write the run's config with bertcli init --init-from"
+        )
+    return problem
 
 
 def _checkpoint_model(path: Path) -> ModelConfig | None:

@@ -166,10 +166,24 @@ def read_checkpoint(path: Path, read: Callable[[Path], T]) -> tuple[Path, T]:
         ckpt = find_checkpoint(path)
         try:
             return ckpt, read(ckpt)
-        except (OSError, UsageError, RunError):
-            if layout.identify(path).kind is not Kind.RUN or ckpt.exists() or tries == 1:
+        except (OSError, UsageError, RunError) as exc:
+            found = layout.identify(path)
+            if found.kind is Kind.RUN and ckpt.name == layout.BEST and type(exc) is UsageError:
+                _refuse_damaged_best(ckpt, exc, found.checkpoints)
+            if found.kind is not Kind.RUN or ckpt.exists() or tries == 1:
                 raise
     raise AssertionError("unreachable")  # (the last try returns or raises)
+
+
+def _refuse_damaged_best(best: Path, exc: UsageError, steps: tuple[tuple[int, Path], ...]) -> None:
+    """A run's best that is damaged (`exc` came of it, and check_readable fails on it too: not an
+    export folder that exists, say) is refused with the run's newest step checkpoint named, which
+    the user can pass instead (trial 16 P14: "use another checkpoint", none named)."""
+    try:
+        checkpoint.check_readable(best)
+    except UsageError:
+        if steps:
+            raise UsageError(f"{exc} (the run's best; its newest checkpoint is {steps[-1][1]}: pass that)") from None
 
 
 def export(source: Path, out_dir: Path, force: bool = False) -> Path:

@@ -107,6 +107,30 @@ class PreparedLock(RunLock):
         self.path = layout.prepared_lock(folder)
         self.folder = folder
 
+    def __enter__(self) -> PreparedLock:
+        while True:  # until the file locked is the one the path names (see __exit__)
+            super().__enter__()
+            if self._still_named():
+                return self
+            self.fh.close()  # its holder removed it as it let go: lock the path's file now
+
+    def __exit__(self, *exc: object) -> None:
+        """The lock file lies in a folder of the user's (PARENT): removed while still held, so that
+        none is left there (trial 16 P10). A command that opened it meanwhile finds, once it holds
+        it, that the path no longer names it (_still_named), and locks the path's file afresh."""
+        if self.fh is not None and self._still_named():
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass  # (a read-only parent: the file stays, as before)
+        super().__exit__(*exc)
+
+    def _still_named(self) -> bool:
+        try:
+            return os.path.samestat(os.fstat(self.fh.fileno()), os.stat(self.path, follow_symlinks=False))
+        except OSError:
+            return False
+
     def refusal(self, command: str, holder: str) -> str:
         when = "it has finished" if command == "prepare" else "it has started training"
         return (

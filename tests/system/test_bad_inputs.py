@@ -586,6 +586,19 @@ CASES = [
         2,
         "not a complete checkpoint (missing training_state.pt)",
     ),
+    (  # trial 16 P13: a run folder given to --resume is answered with its newest checkpoint
+        "resume-a-run-folder",
+        lambda d, b: ["pretrain", "-c", write_config(d), "--resume", b["text"]],
+        2,
+        "a run folder, not a checkpoint: name one of its checkpoints (",
+    ),
+    (  # and a model folder with model.init_from
+        "resume-a-model-folder",
+        lambda d, b: ["pretrain", "-c", write_config(d), "--resume", _write(d / "hf", "config.json", "{}").parent],
+        2,
+        "a Hugging Face folder, not a checkpoint (a checkpoint holds the optimizer's state too): to start from its "
+        "weights, set model.init_from to it",
+    ),
     (
         "safetensors-truncated",
         lambda d, b: ["pretrain", "-c", write_config(d), "--resume", _truncated(_copy_ckpt(b, d))],

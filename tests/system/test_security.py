@@ -292,7 +292,15 @@ def test_a_lock_file_that_is_a_symbolic_link_is_never_written_through(tmp_path, 
 
 
 @pytest.mark.parametrize(
-    "command", ["encode-layer", "encode-flipped", "export-flipped", "pretrain-other-model", "pretrain-other-tokenizer"]
+    "command",
+    [
+        "encode-layer",
+        "encode-flipped",
+        "export-flipped",
+        "export-flipped-best",
+        "pretrain-other-model",
+        "pretrain-other-tokenizer",
+    ],
 )
 def test_a_checkpoint_encode_or_export_cannot_use_is_refused_before_torch_loads(tmp_path, trained, command):
     """A run's --layer out of range, weights that fail their SHA-256 record: checked from the files
@@ -324,6 +332,17 @@ def test_a_checkpoint_encode_or_export_cannot_use_is_refused_before_torch_loads(
         tokenizer = f"data.tokenizer.path={tmp_path / 'other.txt'}"
         args = ("pretrain", "--config", run / "config.yaml", "--set", tokenizer, "--set", "train.max_steps=6")
         needle = f"the run's data is tokenized with {tmp_path / 'other.txt'} (tokenizer "
+    elif command == "export-flipped-best":  # trial 16 P14: the line names the checkpoint to pass instead
+        best = Path(shutil.copytree(ckpt, run / "checkpoints" / "best"))
+        weights = bytearray((best / "model.safetensors").read_bytes())
+        weights[len(weights) // 2] ^= 1
+        (best / "model.safetensors").write_bytes(bytes(weights))
+        needle = (
+            f"{best / 'model.safetensors'}: changed since the checkpoint was written (its SHA-256 is not the one "
+            f"trainer_state.json records: a flipped bit, or an edit); the file is damaged: use another checkpoint "
+            f"(the run's best; its newest checkpoint is {ckpt}: pass that)"
+        )
+        args = ("export", run, "out")
     else:
         weights = bytearray((ckpt / "model.safetensors").read_bytes())
         weights[len(weights) // 2] ^= 1
