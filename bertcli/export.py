@@ -44,7 +44,7 @@ def find_checkpoint(path: Path) -> Path:
     """A checkpoint folder, or a run folder's best checkpoint (else its newest); refused if one of
     its files is a symbolic link. A `best` of another model than the newest checkpoint's (left by an
     earlier run) is passed over, with a line."""
-    _refuse_a_part_of_a_run(Path(path), "a checkpoint")
+    refuse_a_part_of_a_run(Path(path), "a checkpoint")
     path = _run_outputs(Path(path))
     found = layout.identify(path)
     if found.kind is Kind.CHECKPOINT:
@@ -117,14 +117,14 @@ def check_model_path(path: Path, hf: EncoderFolder | None) -> None:
         )
     if found.kind is Kind.INCOMPLETE_CHECKPOINT:
         raise UsageError(f"{path}: {layout.incomplete(path)}; use another checkpoint of the run")
-    _refuse_a_part_of_a_run(path, "a model")
+    refuse_a_part_of_a_run(path, "a model")
     raise UsageError(
         f"{path}: not a model; a model is a run folder, a checkpoint folder or a Hugging Face BERT folder "
         "(config.json, model.safetensors, and tokenizer.json or vocab.txt)"
     )
 
 
-def _refuse_a_part_of_a_run(path: Path, wanted: str) -> None:
+def refuse_a_part_of_a_run(path: Path, wanted: str) -> None:
     """A run's config.yaml or checkpoints/ given where its run folder is meant (as after `pretrain
     --config`), or prepared data: say which it is, and what to pass."""
     part = {layout.RUN_CONFIG: "config", layout.CHECKPOINTS: "checkpoints folder"}.get(path.name)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from bertcli.data.tokenizer import (
     tokenizer_identity,
 )
 from bertcli.errors import UsageError
+from bertcli.export import refuse_a_part_of_a_run
 from bertcli.layout import Kind
 from bertcli.metrics import read_metrics_checked
 from bertcli.sbert import read_sentence_model
@@ -125,12 +127,15 @@ def _training(output_dir: Path, cfg: Config, only: Path | None = None) -> dict[s
     report = {
         "last_eval_metrics": last_eval if isinstance(last_eval, dict) else {},
         "best_checkpoint": str(best) if layout.is_checkpoint(best) else None,
-        "output_dir": str(output_dir),
+        "output_dir": os.path.normpath(output_dir),  # (a config's "../other": the folder it names)
         # A run's step: the newest checkpoint's, or a later logged step (a run killed after logging).
-        "step": state.get("step", 0) if only else max([state.get("step", 0)] + [r["step"] for r in records[-1:]]),
+        # A checkpoint whose trainer state does not read: its step and tokens are unknown (None), not 0.
+        "step": (state.get("step") if source else None)
+        if only
+        else max([state.get("step", 0)] + [r["step"] for r in records[-1:]]),
         # The resolved config of the newest checkpoint knows about command-line overrides; the file does not.
         "max_steps": saved.train.max_steps if saved else cfg.train.max_steps,
-        "tokens_seen": state.get("tokens_seen", 0),
+        "tokens_seen": state.get("tokens_seen", 0) if source or not only else None,
         "train_time_s": state.get("train_time_s") if isinstance(state.get("train_time_s"), (int, float)) else None,
         "last_metrics": last if isinstance(last, dict) else {},
         "checkpoints": [{"step": s, "path": str(p)} for s, p in ckpts],
@@ -151,21 +156,24 @@ def inspect_path(path: Path) -> dict[str, Any]:
     found = layout.identify(path)
     if found.kind is Kind.MISSING:
         raise UsageError(
-            f"{path}: no such file or folder; pass a config file, a run folder, a checkpoint folder "
-            "or a prepared-data folder"
+            f"{path}: no such file or folder; pass a config file, a run folder, a checkpoint folder, a "
+            "prepared-data folder or a Hugging Face (or sentence-transformers) model folder"
         )
     training = None
     if found.kind is Kind.PREPARED:
         return data_report(path)
     if found.kind in (Kind.HF, Kind.SENTENCE):
+        _refuse_a_module(path)
         return folder_report(path)
     if found.kind is Kind.FILE:
         kind, cfg = "config", resolve.load_run(path, adopt_init_from=False)
     elif found.kind is Kind.CHECKPOINT:
         kind, cfg = "checkpoint", _checkpoint_config(path)
-        # its sizes are the weights' (before a model of them is built, on meta)
-        hf_import.check_weights(path, cfg.model)
         training = _training(path.parent.parent, cfg, only=path)
+        try:  # its sizes are the weights' (damage of the file is reported as the rest is: trial 16 P8)
+            hf_import.check_weights(path, cfg.model)
+        except UsageError as exc:
+            training.setdefault("damaged", []).append(str(exc))
     elif found.kind is Kind.INCOMPLETE_CHECKPOINT:
         raise UsageError(f"{path}: {layout.incomplete(path)}; inspect the run folder, or another checkpoint")
     elif found.kind is Kind.RUN and found.config is not None:
@@ -181,9 +189,11 @@ def inspect_path(path: Path) -> dict[str, Any]:
             raise UsageError(f"{path}: no checkpoint here has a config.yaml that reads; pass its config file instead")
         training = _training(path, cfg)
     else:
+        refuse_a_part_of_a_run(path, "a checkpoint")  # a run's checkpoints/: its run folder
         raise UsageError(
             f"{path}: not a config file, a run folder (with config.yaml), a checkpoint folder "
-            f"(with {', '.join(layout.CHECKPOINT_FILES)}) or a Hugging Face folder (with config.json)"
+            f"(with {', '.join(layout.CHECKPOINT_FILES)}), a prepared-data folder (with {layout.MANIFEST}) or a "
+            "Hugging Face (or sentence-transformers) model folder (with config.json)"
         )
     cfg, vocab_note = _with_vocab(cfg)
     report: dict[str, Any] = {
@@ -217,6 +227,17 @@ def _run_training(cfg: Config) -> dict[str, Any]:
     elif why_not is not None and why_not.startswith("is damaged"):
         training.setdefault("damaged", []).append(f"{Path(cfg.data.prepared_dir) / layout.MANIFEST}: {why_not}")
     return training
+
+
+def _refuse_a_module(path: Path) -> None:
+    """A module folder of a sentence-transformers model other than its BERT (1_Pooling: its
+    config.json is the pooling's, not a model's) is answered with the model folder (trial 15 P4)."""
+    parent = path.resolve().parent
+    if layout.identify(parent).kind is not Kind.SENTENCE:
+        return
+    model = read_sentence_model(parent)
+    if model is not None and model.transformer.resolve() != path.resolve():
+        raise UsageError(f"{path}: a module of the sentence-transformers model {parent}, not a model: inspect {parent}")
 
 
 def _checkpoint_config(path: Path) -> Config:
@@ -400,8 +421,8 @@ def format_report(report: dict[str, Any]) -> str:
         lines += ["", "training"]
         rows = [
             ("output_dir", t["output_dir"]),
-            ("step", f"{t['step']:,} / {t['max_steps']:,}"),
-            ("tokens seen", _num(t["tokens_seen"])),
+            ("step", f"{'unknown (damaged)' if t['step'] is None else format(t['step'], ',')} / {t['max_steps']:,}"),
+            ("tokens seen", "unknown (damaged)" if t["tokens_seen"] is None else _num(t["tokens_seen"])),
         ]
         if t.get("train_time_s") is not None:
             rows.append(("train time", f"{t['train_time_s']:.1f} s"))

@@ -177,6 +177,59 @@ def test_inspect_a_run_with_damaged_files_shows_the_rest_and_names_them(tmp_path
     assert len(report["damaged"]) == 2 and report["step"] == 4 and report["last_metrics"]["step"] == 4
     alone = cli("inspect", newest)
     assert alone.code == 0 and f"{newest / 'trainer_state.json'}: " in alone.out
+    # (trial 16 P8: "step 0 / 4" and "tokens seen 0" for a checkpoint of step 4, read as real)
+    assert "step         unknown (damaged) / 4" in alone.out and "tokens seen  unknown (damaged)" in alone.out
+    report = json.loads(cli("inspect", newest, "--json").out)["training"]
+    assert report["step"] is None and report["tokens_seen"] is None
+
+    cut = newest.parent / "cut"  # weights cut short: a damaged line too, not an error (as a flipped byte)
+    shutil.copytree(trained / "checkpoints" / "step-0000004", cut)
+    with open(cut / "model.safetensors", "r+b") as fh:
+        fh.truncate(1000)
+    result = cli("inspect", cut)
+    assert result.code == 0 and f"{cut / 'model.safetensors'}: cannot read weights (" in result.out, result
+
+
+def test_inspect_says_what_to_pass_for_paths_it_does_not_read(tmp_path, cli, trained):
+    """One list of what inspect reads, whatever the miss; a part of a run or of a sentence-transformers
+    model is answered with the folder to pass (trial 15 P4, trial 16 P3)."""
+    import shutil
+
+    accepted = "a prepared-data folder"
+    missing = cli("inspect", tmp_path / "nope")
+    assert missing.code == 2 and accepted in missing.err and "Hugging Face (or sentence-transformers)" in missing.err
+    (tmp_path / "empty").mkdir()
+    other = cli("inspect", tmp_path / "empty")
+    assert other.code == 2 and "a prepared-data folder (with manifest.json)" in other.err
+    assert "Hugging Face (or sentence-transformers) model folder" in other.err
+    part = cli("inspect", trained / "checkpoints")
+    assert part.err_lines == [
+        f"bertcli: error: {trained / 'checkpoints'}: a run's checkpoints folder, not a checkpoint: pass the run "
+        f"folder, {trained}"
+    ]
+    model = tmp_path / "st"  # a sentence-transformers layout: its BERT at the top, its pooling in 1_Pooling
+    assert cli("export", trained, model).code == 0
+    (model / "modules.json").write_text(
+        json.dumps(
+            [
+                {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+            ]
+        )
+    )
+    (model / "1_Pooling").mkdir()
+    (model / "1_Pooling" / "config.json").write_text(
+        json.dumps({"word_embedding_dimension": 32, "pooling_mode_mean_tokens": True})
+    )
+    pooling = cli("inspect", model / "1_Pooling")
+    assert pooling.err_lines == [
+        f"bertcli: error: {model / '1_Pooling'}: a module of the sentence-transformers model {model}, not a model: "
+        f"inspect {model}"
+    ], pooling.err
+    run = Path(shutil.copytree(trained, tmp_path / "run" / "sub", ignore=shutil.ignore_patterns("tensorboard")))
+    config = run / "config.yaml"  # its output_dir written with "..": shown as the folder it names
+    config.write_text(config.read_text().replace("output_dir: .", "output_dir: ../sub"))
+    assert json.loads(cli("inspect", run, "--json").out)["training"]["output_dir"] == str(run)
 
 
 def test_inspect_names_a_checkpoint_file_changed_since_it_was_written(tmp_path, cli, trained):
