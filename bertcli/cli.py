@@ -133,6 +133,7 @@ def init(
     from bertcli import atomic, layout, ownership
     from bertcli.config_load import preset_config
     from bertcli.config_write import to_yaml
+    from bertcli.data.prepare import check_vocab_size
     from bertcli.data.text import corpus_files
     from bertcli.resolve import KEYWORD_CORPORA, SYNTHETIC_VOCAB, check_outputs_apart, from_here, resolve
 
@@ -155,8 +156,11 @@ def init(
         continued, note = continued_pretraining(init_from.expanduser().resolve(), preset.value, overrides)
         header = header + "\n" + note
     cfg = preset_config(preset.value, overrides, values=continued)
-    # The outputs apart from the corpus, as pretrain will check them (paths in the file: from DIR), refused now.
-    check_outputs_apart(resolve(cfg, directory.expanduser().absolute(), adopt_init_from=False))
+    # The outputs apart from the corpus, and a vocabulary size the tokenizer will not have, as pretrain will
+    # check them (paths in the file: from DIR), refused now.
+    resolved = resolve(cfg, directory.expanduser().absolute(), adopt_init_from=False)
+    check_outputs_apart(resolved)
+    check_vocab_size(resolved)
     path = directory / layout.RUN_CONFIG
     if path.is_symlink():  # written through, the link's target (a shared template, any file) was replaced
         raise ownership.linked(

@@ -1666,17 +1666,13 @@ def _check_sizes(manifest: dict[str, Any], data: DataConfig) -> None:
 def check_before_training(cfg: Config) -> None:
     """What `pretrain` would refuse once its data is prepared, where the files show it at once: run
     before torch is imported (3-4 s, 250 MB), so that such a refusal takes a fraction of a second.
-    A given tokenizer (data.tokenizer.path) of another size than model.vocab_size; a corpus of fewer
+    A model.vocab_size the tokenizer will not have (check_vocab_size); a corpus of fewer
     documents than the held-out split and the pairs need (_check_enough_documents, which reads
     documents only until there are enough), looked at only when the corpus is under UNIT_BYTES on
     disk: a corpus too small that is larger is a few huge documents, refused where it is prepared;
     a data.prepared_dir to be prepared that holds files bertcli did not write there."""
-    from bertcli.resolve import with_vocab
-
     data = cfg.data
-    if data.tokenizer.path and cfg.model.vocab_size is not None:
-        file = find_tokenizer_file(Path(data.tokenizer.path))
-        with_vocab(cfg, load_tokenizer(file, data.tokenizer).get_vocab_size(with_added_tokens=True), str(file))
+    check_vocab_size(cfg)
     folder = Path(data.prepared_dir)
     if folder.is_dir() and read_manifest(folder)[0] is None:  # to be prepared: a folder of the user's is refused
         _guard(cfg, folder)(folder)
@@ -1686,6 +1682,27 @@ def check_before_training(cfg: Config) -> None:
         if sum(sizes) < UNIT_BYTES:  # one unit's worth: no file is cut into parts (plan_units)
             entries = [{"bytes": size, "sha256": ownership.sha256_of(f)} for f, size in zip(files, sizes)]
             _check_enough_documents(plan_units(files, entries, "", data), data)
+
+
+def check_vocab_size(cfg: Config) -> None:
+    """Refuse (exit 2) a model.vocab_size the run's tokenizer will not have, seen from the files and
+    the config: that of a tokenizer fixed in advance (data.tokenizer.path, or the run's checkpoints'),
+    or one larger than data.tokenizer.vocab_size where a tokenizer is to be trained into a new
+    prepared folder (the trainer makes at most that many, bar a corpus of more distinct characters:
+    trial 16 U5, refused after the whole corpus was prepared, 12 s). `init` and `pretrain` run it."""
+    from bertcli.resolve import with_vocab
+
+    size, data = cfg.model.vocab_size, cfg.data
+    if size is None or data.corpus == "synthetic":
+        return
+    fixed = fixed_tokenizer(cfg)
+    if fixed is not None:
+        with_vocab(cfg, fixed[1].get_vocab_size(with_added_tokens=True), str(fixed[0]))
+    elif size > data.tokenizer.vocab_size and read_manifest(Path(data.prepared_dir)) == (None, None):
+        raise UsageError(
+            f"model.vocab_size={size:,} but the tokenizer to be trained has at most data.tokenizer.vocab_size="
+            f"{data.tokenizer.vocab_size:,} tokens; set model.vocab_size: null to take the size from the tokenizer"
+        )
 
 
 def _check_enough_documents(units: list[Unit], data: DataConfig) -> None:

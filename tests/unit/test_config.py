@@ -533,6 +533,18 @@ def test_what_the_data_would_refuse_is_refused_before_torch_loads(tmp_path):
         "set model.vocab_size: null to take the size from the tokenizer"
     ], err
 
+    # trial 16 U5: a tokenizer to be trained has at most data.tokenizer.vocab_size tokens (12 s, after the data)
+    larger = ("--set", "data.tokenizer.vocab_size=500", "--set", "model.vocab_size=600")
+    line = (
+        "bertcli: error: model.vocab_size=600 but the tokenizer to be trained has at most data.tokenizer.vocab_size="
+        "500 tokens; set model.vocab_size: null to take the size from the tokenizer"
+    )
+    write_config(tmp_path / "trained", f"data.corpus={tmp_path / 'docs.txt'}")
+    for args in (("pretrain", "--config", "trained/config.yaml"), ("init", "new", "--corpus", "docs.txt")):
+        out, err = refuse_in_fresh_interpreter(*args, *larger, cwd=tmp_path)
+        assert out == ["2", "False"] and err.splitlines() == [line], (args, out, err)
+    assert not (tmp_path / "new").exists()
+
 
 @pytest.mark.parametrize("given", ["run/config.yaml", "run/checkpoints", "run", "notes.txt", "data"])
 def test_a_model_path_that_is_no_model_is_refused_before_torch_loads(tmp_path, given):
