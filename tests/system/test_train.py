@@ -110,9 +110,16 @@ def test_resume_modes(tmp_path):
     assert "new folder" in str(info.value)
 
 
-def test_resuming_past_the_requested_end_has_nothing_to_do(tmp_path, cli):
+def test_resuming_past_the_requested_end_has_nothing_to_do(tmp_path, cli, monkeypatch):
+    from bertcli import trainer
+
     train(tmp_path, stop_at=8)
     before = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+
+    def no_model(*args, **kwargs):  # said before the model is built (trial 15 U1: 6.5 s, half of it building)
+        raise AssertionError("a model was built for a run with nothing to do")
+
+    monkeypatch.setattr(trainer, "BertForPreTraining", no_model)
     result = train(tmp_path, "train.max_steps=4")  # below the checkpoint's step
     assert result["step"] == 8 and result["checkpoint"].endswith("step-0000008")
     for args in (["--stop-at", "6"], ["--set", "train.max_steps=5"], ["--stop-at", "8"]):
