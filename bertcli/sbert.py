@@ -148,10 +148,10 @@ def read_sentence_model(folder: Path) -> SentenceModel | None:
     for module, kind in zip(modules[1:], kinds[1:]):
         if kind == "Pooling" and pooling is None:
             pooling = _pooling_mode(folder / str(module.get("path", "")) / MODULE_CONFIG)
-        elif kind == "Normalize" and not normalize:
+        elif kind == "Normalize" and not normalize and pooling is not None:
             normalize = True  # no settings: the module may have no folder at all
-        else:
-            unsupported.append(kind)
+        else:  # (a Normalize before the Pooling: sentence-transformers 6 leaves that vector unit-less, 5 fails)
+            unsupported.append(f"{kind} before Pooling" if kind == "Normalize" and pooling is None else kind)
     prompts_file = folder / SENTENCE_PROMPTS
     prompts = _read_json(prompts_file) if prompts_file.is_file() else {}
     prompts = prompts if isinstance(prompts, dict) else {}

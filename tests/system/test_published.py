@@ -245,6 +245,11 @@ def test_flags_win_and_unreproducible_folders_are_refused(minilm, cli, tmp_path,
     assert refused.code == 2 and "Dense" in refused.err and "--pooling" in refused.err and len(refused.err_lines) == 1
     with_dense = dataclasses.replace(minilm, sentence=read_sentence_model(folder))
     np.testing.assert_array_equal(vectors(with_dense, sample_lines[:4], pooling="mean"), plain_mean)
+    # trial 17 S1: a Normalize before the Pooling normalises no sentence vector in sentence-transformers 6
+    shutil.rmtree(folder)
+    folder = st_variant(tmp_path, {"pooling_mode_mean_tokens": True}, ["Transformer", "Normalize", "Pooling"])
+    refused = cli("encode", "--model", folder, tmp_path / "in.txt")
+    assert refused.code == 2 and "Normalize before Pooling, which bertcli does not" in refused.err, refused.err
 
 
 def test_a_default_prompt_is_refused_unless_the_pooling_is_chosen(minilm, cli, tmp_path, sample_lines):
