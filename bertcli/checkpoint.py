@@ -586,10 +586,9 @@ def check_same_model(path: Path, cfg: Config, output_dir: Path) -> None:
         if not (cfg.model.vocab_size is None and d.startswith("model.vocab_size="))
     ]
     if diffs:
-        raise UsageError(
-            f"cannot resume from {path}: {'; '.join(diffs)}; to start fresh, set output_dir to a new "
-            f"folder (or remove {layout.checkpoints_dir(output_dir)})"
-        )
+        own = layout.checkpoints_dir(output_dir)
+        fix = f"; to start fresh, set output_dir to a new folder{f' (or remove {own})' if own.exists() else ''}"
+        raise UsageError(f"cannot resume from {path}: {'; '.join(diffs)}{fix}")
 
 
 def model_differences(a: Config, b: Config) -> list[str]:

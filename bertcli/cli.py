@@ -758,12 +758,13 @@ def _check_pretrain_start(cfg: Config, resume: str) -> None:
             checkpoint.read_config(resumed)
         except (BertcliError, OSError):  # a damaged checkpoint: the trainer says so, and sets it aside
             resumed = None
-    if resumed is not None:
-        checkpoint.check_same_model(resumed, cfg, Path(cfg.output_dir))
+    # The tokenizer first: another one's size is a model.vocab_size that differs, whose fix is the tokenizer's.
     if resumed is not None and unchanged_tokenizer(resumed):  # (an edited one: the trainer sets it aside)
         used = fixed_tokenizer(cfg, resumed)  # (trial 16 U8: refused after torch, 6.2 s)
         if used is not None and used[0] != resumed / layout.TOKENIZER_JSON:
             checkpoint.check_same_tokenizer(resumed, used[0], used[1].to_str().encode())
+    if resumed is not None:
+        checkpoint.check_same_model(resumed, cfg, Path(cfg.output_dir))
     start_from = Path(cfg.model.init_from) if cfg.model.init_from and resumed is None and not found else None
     if start_from is not None and layout.identify(start_from).kind is not layout.Kind.CHECKPOINT:
         check_finite_weights(start_from)  # (trial 16 U7: refused after the corpus was prepared, 11 s)
