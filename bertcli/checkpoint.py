@@ -380,6 +380,8 @@ def settle_best(output_dir: Path, cfg: Config, resumed_from: Path | None, is_mai
     if not best.exists():
         return None
     loss, reason = best_eval_loss(output_dir), None
+    if resumed_from is not None and Path(resumed_from) == best:  # (choose_resume checked it whole)
+        return loss
     if resumed_from is None:
         reason = "this run starts fresh, so it was of another run"
     else:
@@ -852,19 +854,23 @@ def choose_resume(output_dir: Path, resume: str, cfg: Config, is_main: bool = Tr
         if not found:
             _set_aside([(p, why) for _, p, why in reversed(partial)], None, is_main)
             return None
-        damaged = []
-        for _, path in reversed(found):
-            reason = damage(path)
+        damaged, chosen = [], None
+        for _, candidate in reversed(found):
+            reason = damage(candidate)
             if reason is None:
+                chosen = candidate
                 break
-            damaged.append((path, reason))
-        else:
+            damaged.append((candidate, reason))
+        good = int(layout.STEP_DIR.match(chosen.name).group(1)) if chosen else -1
+        # `best` is a whole checkpoint too: an intact one of a later step than the newest good step folder
+        # (the copy of a step found damaged) is resumed from, not removed as past it (trial 17 P3).
+        path = (_intact_best_after(output_dir, good, found[-1][0]) if damaged else None) or chosen
+        if path is None:
             root = layout.checkpoints_dir(output_dir)
             raise RunError(
                 f"{root}: no checkpoint loads (the newest, {damaged[0][0].name}: {damaged[0][1]}); to start "
                 f"fresh, move {root} aside or set output_dir to a new folder"
             )
-        good = int(layout.STEP_DIR.match(path.name).group(1))
         damaged += [(p, why) for s, p, why in reversed(partial) if s > good]
         _set_aside(damaged, path, is_main)
     else:
@@ -888,6 +894,19 @@ def choose_resume(output_dir: Path, resume: str, cfg: Config, is_main: bool = Tr
             f"{aside.name}, so that resuming never goes back to it ({_kept_words(aside)})"
         )
     return path
+
+
+def _intact_best_after(output_dir: Path, step: int, newest: int) -> Path | None:
+    """The run's `best` where it is an intact checkpoint of a step past `step` and not past `newest`
+    (the run's newest step folder: a `best` past it is of a history left behind); else None."""
+    best = layout.checkpoints_dir(output_dir) / layout.BEST
+    if best.is_symlink() or not layout.is_checkpoint(best):
+        return None
+    try:
+        at = read_trainer_state(best).get("step")
+    except (OSError, ValueError, UsageError):
+        return None
+    return best if isinstance(at, int) and step < at <= newest and damage(best) is None else None
 
 
 @dataclass(frozen=True)

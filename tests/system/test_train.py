@@ -246,6 +246,25 @@ def test_resume_auto_falls_back_past_a_damaged_newest_checkpoint(tmp_path, cli, 
     assert (tmp_path / "checkpoints" / "damaged-step-0000008" / name).read_bytes() == spoilt, "kept as it was"
 
 
+def test_an_intact_best_of_the_damaged_newest_step_is_resumed_from(tmp_path, cli, eight_steps):
+    """`best` is a whole checkpoint: when it copies the newest step and that step folder is damaged,
+    the run resumes from it (trial 17 P3: it was removed as "past the step resumed from", and the
+    steps since the older step folder were trained again)."""
+    import shutil
+
+    shutil.copytree(eight_steps, tmp_path, dirs_exist_ok=True)
+    checkpoints = tmp_path / "checkpoints"
+    best = Path(shutil.copytree(checkpoints / "step-0000008", checkpoints / "best"))
+    (checkpoints / "step-0000008" / "training_state.pt").write_bytes(b"")
+    result = cli("pretrain", "--config", tmp_path / "config.yaml", "--stop-at", "9")
+    assert result.code == 0, result.err
+    assert f"resuming from the newest checkpoint that loads, {best}" in result.err and "removed" not in result.err
+    assert json.loads((checkpoints / "step-0000009" / "trainer_state.json").read_text())["step"] == 9
+    assert json.loads((best / "trainer_state.json").read_text())["step"] == 8
+    records = [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl") if r["split"] == "train"]
+    assert records == sorted(set(records)) and records[-1] == 9  # steps 5-8 not trained again
+
+
 def test_resume_from_a_damaged_checkpoint_path_is_one_line(tmp_path, cli, eight_steps):
     """A member marked as a folder in the zip directory: torch's reader would leave its buffer unwritten and
     unpickle whatever memory held (it loaded, or failed with another error, from run to run)."""
