@@ -1,6 +1,6 @@
 """A model's sizes from its config's numbers alone, before anything is built: the rows of its
 vocabulary matrices, its parameters per part, its training FLOPs per token, and whether its training
-state can fit on this machine (closed forms: an absurd size is refused in microseconds). Torch is
+state can fit on this machine and one checkpoint on the run's disk (closed forms: an absurd size is refused in microseconds). Torch is
 imported only to ask a GPU its memory, so `inspect` and config checks stay torch-free.
 """
 
@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bertcli.config import Config, ModelConfig
-from bertcli.errors import UsageError
+from bertcli.errors import RunError, UsageError
 
 if TYPE_CHECKING:
     from bertcli.runtime import Runtime
 
 BYTES_PER_PARAMETER = 16  # fp32 weights, their gradients and AdamW's two moments: 4 x 4 bytes
+CHECKPOINT_BYTES_PER_PARAMETER = 12  # a checkpoint: fp32 weights and AdamW's two moments, 3 x 4 bytes
 BYTES_PER_TOKEN = 16  # a batch's token ids and segment ids (int64) alone, before masks and labels
 
 
@@ -127,6 +129,27 @@ def check_memory(model: ModelConfig, rt: Runtime, parallel: str) -> None:
                 f"for fp32 weights, gradients and AdamW state ({BYTES_PER_PARAMETER} bytes each, before "
                 f"activations) but {where} is {have / 2**30:,.1f} GiB; {culprit}: choose smaller sizes"
             )
+
+
+def check_disk(model: ModelConfig, output_dir: Path) -> None:
+    """Refuse (exit 1) a run whose output disk has no room for one checkpoint (its fp32 weights and
+    AdamW's two moments, CHECKPOINT_BYTES_PER_PARAMETER a parameter; the tokenizer on top): every
+    step before the first save would be trained for nothing (trial 17 U3: the run failed at its first
+    save, after save_every steps). With vocab_size null the size is a lower bound; `pretrain` asks
+    before torch, and again once the tokenizer is known."""
+    folder = Path(output_dir)
+    while not folder.exists() and folder != folder.parent:  # the disk it will be made on
+        folder = folder.parent
+    try:
+        stat = os.statvfs(folder)
+    except OSError:  # (writing there is refused on its own)
+        return
+    free, need = stat.f_bavail * stat.f_frsize, CHECKPOINT_BYTES_PER_PARAMETER * parameter_count(model)
+    if free < need:
+        raise RunError(
+            f"{output_dir}: its disk has {free / 2**20:,.1f} MiB free, and one checkpoint of this model takes about "
+            f"{need / 2**20:,.1f} MiB (fp32 weights and AdamW's state): free space, or set output_dir to another disk"
+        )
 
 
 def check_batch(cfg: Config, rt: Runtime) -> None:

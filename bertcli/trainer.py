@@ -298,6 +298,8 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume: str, quiet: bool, *, las
     cfg = resolve.with_vocab(cfg, data.vocab_size, cfg.data.corpus, pad_id=data.train.special.pad)  # tokenizer now
     if not sized:
         sizes.check_memory(cfg.model, rt, cfg.train.parallel)
+    if rt.is_main:  # the process that writes checkpoints
+        sizes.check_disk(cfg.model, output_dir)
     checkpoints = checkpoint.CheckpointManager(cfg, rt.device, is_main=rt.is_main, tokenizer=tokenizer)
     resumed_from = checkpoints.choose(resume)
     if resumed_from is not None and checkpoint.read_trainer_state(resumed_from)["step"] >= last_step:

@@ -266,6 +266,44 @@ def test_disk_full_during_a_checkpoint_is_one_clear_line_and_keeps_earlier_check
     assert again.code == 0 and "resuming from" in again.err
 
 
+@pytest.mark.parametrize("known", [True, False])
+def test_a_disk_without_room_for_one_checkpoint_is_refused_before_any_step(tmp_path, cli, monkeypatch, known):
+    """Trial 17 U3: the run trained until its first save, then failed with the steps lost. Refused at
+    the start: before torch where the model's size is known, else once the tokenizer is (the lower
+    bound without it passes here: the free space lies between the bound and the size)."""
+    import dataclasses
+
+    from bertcli import sizes
+    from bertcli.resolve import load_run
+
+    text = [] if known else ["data.corpus=sample", "model.vocab_size=null"]
+    config = write_config(tmp_path / "run", "train.max_steps=4", "train.eval_every=0", *text)
+    model = load_run(config).model
+    block = os.statvfs(tmp_path).f_frsize
+    if known:
+        free = sizes.CHECKPOINT_BYTES_PER_PARAMETER * sizes.parameter_count(model) // 2 // block
+    else:  # the lower bound, rounded up to whole blocks
+        free = -(
+            -sizes.CHECKPOINT_BYTES_PER_PARAMETER
+            * sizes.parameter_count(dataclasses.replace(model, vocab_size=None))
+            // block
+        )
+    real = os.statvfs
+
+    def statvfs(path):  # a disk with `free` blocks free
+        got = real(path)
+        return os.statvfs_result((*got[:4], free, *got[5:]))
+
+    monkeypatch.setattr(sizes.os, "statvfs", statvfs)
+    result = cli("pretrain", "--config", config, "--quiet")
+    errors = [line for line in result.err_lines if not line.startswith("warning:")]  # (the NSP warning of sample)
+    assert result.code == 1 and len(errors) == 1, result.err
+    assert errors[0].startswith(f"bertcli: error: {tmp_path / 'run'}: its disk has ")
+    assert "one checkpoint of this model takes about" in result.err and "set output_dir to another disk" in result.err
+    assert not (tmp_path / "run" / "checkpoints").exists() and not (tmp_path / "run" / "metrics.jsonl").exists()
+    assert (tmp_path / "run" / "data").exists() is not known  # prepared first only where the size waits on it
+
+
 def test_a_disk_that_fills_while_best_is_written_leaves_the_step_checkpoint(tmp_path, cli, monkeypatch):
     """At a step that is both saved and the best so far, the step checkpoint (what resuming needs) is
     written first: a disk that fills up on `best` still leaves the run resumable from that step."""
