@@ -293,17 +293,12 @@ def check_finite_weights(folder: Path) -> None:
     checkpoint.refuse_non_finite(bad, file, "restore it, or use another model")
 
 
-def load_hf_weights(
-    folder: Path, cfg: ModelConfig, model: BertForPreTraining | None = None
-) -> tuple[dict[str, torch.Tensor], list[str]]:
+def load_hf_weights(folder: Path, cfg: ModelConfig) -> tuple[dict[str, torch.Tensor], list[str]]:
     """Weights of a Hugging Face BERT folder under bertcli's names, vocabulary rows padded; and the
     parts (pooler, MLM head, NSP head) it lacks, which the caller initialises fresh. Shapes are
-    checked against `model` (the one to load into), else against a model of `cfg` built on the meta
-    device, whose initialisation there imports torch._dynamo (2 s): callers with a model pass it."""
+    checked against those of a model of `cfg` (hf_names.weight_shapes: a model built on the meta
+    device to ask them imported torch._dynamo, 2-5 s)."""
     import safetensors.torch
-    import torch
-
-    from bertcli.model import BertForPreTraining
 
     file = weights_file(folder)
     try:
@@ -312,10 +307,10 @@ def load_hf_weights(
         raise UsageError(f"{file}: cannot read weights ({exc})") from None
     checkpoint.check_finite(raw, file, "restore it, or use another model")
     weights = hf_names.from_hf(raw, cfg)  # bertcli's names, the vocabulary rows padded
-    if model is None:
-        with torch.device("meta"):
-            model = BertForPreTraining(cfg)
-    missing = checkpoint.check_fits(weights, model, file, optional=OPTIONAL_PARTS)  # the encoder whole
+    shapes = {k: tuple(v.shape) for k, v in weights.items()}
+    missing = checkpoint.check_shapes(
+        shapes, hf_names.weight_shapes(cfg), file, optional=OPTIONAL_PARTS
+    )  # the encoder whole
     fresh = sorted({name for prefix, name in PARTS.items() if any(k.startswith(prefix) for k in missing)})
     return {k: v.float() for k, v in weights.items()}, fresh
 
@@ -328,7 +323,7 @@ def init_from(model: BertForPreTraining, path: Path, uninitialised: bool = False
     if layout.identify(path).kind is Kind.CHECKPOINT:
         checkpoint.load_weights(model, path)  # every weight, or an error
         return []
-    weights, fresh = load_hf_weights(path, model.config, model)
+    weights, fresh = load_hf_weights(path, model.config)
     if uninitialised:
         missing = set(model.state_dict()) - set(weights) - set(TIED_ALIASES)
         for name, module in model.named_modules():  # a module owning a missing weight; loading follows

@@ -63,6 +63,22 @@ def test_export_loads_in_transformers_with_equal_logits_and_tokens(trained, tmp_
     torch.testing.assert_close(out_.nsp_logits, ref.seq_relationship_logits, rtol=1e-5, atol=1e-5)
 
 
+def test_export_leaves_torch_dynamo_unimported(trained, tmp_path):
+    """The weights' shapes come from the config's numbers: a model built on the meta device to ask
+    them imported torch._dynamo, 5 s of a 10 s export of a tiny run (trial 17 P1). A fresh process:
+    this one may have it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from bertcli.export import export; "
+        f"export({str(trained)!r}, {str(tmp_path / 'hf')!r}); print('torch._dynamo' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "False", done.stdout + done.stderr
+    assert (tmp_path / "hf" / "model.safetensors").is_file()
+
+
 def test_export_refuses_an_existing_folder(trained, tmp_path, cli):
     (tmp_path / "hf").mkdir()
     result = cli("export", trained, tmp_path / "hf")
