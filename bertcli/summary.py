@@ -22,7 +22,9 @@ from bertcli.data.prepare import (
     cache_check,
     check_prepared,
     data_random_next_share,
+    fixed_tokenizer,
     load_prepared,
+    made_from,
     random_next_warning,
     read_manifest,
     vocabulary_sample,
@@ -307,13 +309,17 @@ def _with_vocab(cfg: Config) -> tuple[Config, str | None]:
     size the tokenizer will be trained to (said in a note)."""
     if cfg.model.vocab_size is not None:
         return cfg, None
+    fixed = fixed_tokenizer(cfg)  # data.tokenizer.path, or the run's checkpoints'
     manifest, _ = read_manifest(Path(cfg.data.prepared_dir))  # damaged: said with the training report
-    if manifest is not None:
+    if fixed is not None:
+        size, note = fixed[1].get_vocab_size(with_added_tokens=True), f"from the tokenizer {fixed[0]}"
+    elif manifest is not None and made_from(cfg, manifest):
         size, note = manifest["tokenizer"]["vocab_size"], f"from the tokenizer in {cfg.data.prepared_dir}"
-    else:
+    else:  # (trial 17 P2: the size of data another config had prepared there was shown as this one's)
+        why = "not prepared yet" if manifest is None else f"{cfg.data.prepared_dir} holds data of other inputs"
         size, note = (
             cfg.data.tokenizer.vocab_size,
-            "data.tokenizer.vocab_size (not prepared yet: the trained size may be smaller)",
+            f"data.tokenizer.vocab_size ({why}: the trained size may be smaller)",
         )
     return resolve.with_vocab(cfg, size, note), note
 

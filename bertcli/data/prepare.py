@@ -987,6 +987,24 @@ def _tokenizer_settings(data: DataConfig, corpus_chars: int) -> dict[str, Any]:
     return settings
 
 
+def made_from(cfg: Config, manifest: dict[str, Any]) -> bool:
+    """Whether prepared data `manifest` holds a tokenizer trained from cfg's corpus files (by path) and
+    tokenizer settings, at a glance: nothing is hashed (inspect's question; prepare checks contents)."""
+    recorded = manifest["tokenizer"]
+    sample = recorded.get("sample")
+    trained_on = sample.get("corpus_chars") if isinstance(sample, dict) else None
+    if recorded.get("source") != "trained" or not _count(trained_on):
+        return False
+    with console.silent():  # (what it says of the corpus, preparing says)
+        try:
+            paths = {str(f.resolve()) for f in corpus_files(corpus_path(cfg))}
+        except UsageError:
+            return False
+    return recorded.get("settings") == _tokenizer_settings(cfg.data, trained_on) and paths == {
+        e.get("path") for e in manifest["corpus"]["files"]
+    }
+
+
 def _tokenizer_changed(old: dict[str, Any], plan: _Plan, data: DataConfig, folder: Path) -> str | None:
     """Why the prepared folder's tokenizer cannot be kept (None: it can): another tokenizer was given,
     the run's is another, the training settings changed, or its files are damaged."""

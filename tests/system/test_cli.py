@@ -190,6 +190,24 @@ def test_inspect_a_run_with_damaged_files_shows_the_rest_and_names_them(tmp_path
     assert result.code == 0 and f"{cut / 'model.safetensors'}: cannot read weights (" in result.out, result
 
 
+def test_inspect_of_a_config_sizes_the_vocabulary_from_data_of_its_own_inputs_only(tmp_path, cli, small_corpus):
+    """Trial 17 P2: a config whose prepared_dir held data another config had prepared (another corpus
+    and vocabulary size) was shown with that data's vocabulary and parameter count."""
+    documents = small_corpus.read_text().split("\n\n")
+    (tmp_path / "a.txt").write_text("\n\n".join(documents[:30]) + "\n")
+    (tmp_path / "b.txt").write_text("\n\n".join(documents[30:]) + "\n")
+    for name, corpus, size in (("one", "a.txt", 300), ("two", "b.txt", 400)):
+        (tmp_path / f"{name}.yaml").write_text(
+            f"data:\n  corpus: {corpus}\n  tokenizer: {{vocab_size: {size}}}\n  validation_fraction: 0\n"
+        )
+    assert cli("prepare", "--config", tmp_path / "one.yaml", "--quiet").code == 0
+    trained = json.loads((tmp_path / "data" / "manifest.json").read_text())["tokenizer"]["vocab_size"]
+    one = json.loads(cli("inspect", tmp_path / "one.yaml", "--json").out)["architecture"]
+    assert one["vocab_size"] == trained and one["vocab_size_note"] == f"from the tokenizer in {tmp_path / 'data'}"
+    two = json.loads(cli("inspect", tmp_path / "two.yaml", "--json").out)["architecture"]
+    assert two["vocab_size"] == 400 and "holds data of other inputs" in two["vocab_size_note"], two
+
+
 def test_inspect_says_what_to_pass_for_paths_it_does_not_read(tmp_path, cli, trained):
     """One list of what inspect reads, whatever the miss; a part of a run or of a sentence-transformers
     model is answered with the folder to pass (trial 15 P4, trial 16 P3)."""
