@@ -743,7 +743,6 @@ def _check_pretrain_start(cfg: Config, resume: str) -> None:
     from bertcli.data.text import corpus_root
     from bertcli.hf_import import check_finite_weights
     from bertcli.runlock import RunLock
-    from bertcli.sizes import check_disk
 
     if os.environ.get("RANK", "0") == "0":  # only rank 0 takes the lock: the others would find it held
         RunLock(Path(cfg.output_dir), "pretrain").check_free()
@@ -770,8 +769,6 @@ def _check_pretrain_start(cfg: Config, resume: str) -> None:
     if start_from is not None and layout.identify(start_from).kind is not layout.Kind.CHECKPOINT:
         check_finite_weights(start_from)  # (trial 16 U7: refused after the corpus was prepared, 11 s)
     _check_writable(Path(cfg.output_dir), Path(cfg.output_dir))
-    if os.environ.get("RANK", "0") == "0":  # (a lower bound where the vocabulary is still to come)
-        check_disk(cfg.model, Path(cfg.output_dir))
     if cfg.data.corpus != "synthetic":
         corpus_root(corpus_path(cfg))
         check_before_training(cfg)

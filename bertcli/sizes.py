@@ -136,7 +136,7 @@ def check_disk(model: ModelConfig, output_dir: Path) -> None:
     AdamW's two moments, CHECKPOINT_BYTES_PER_PARAMETER a parameter; the tokenizer on top): every
     step before the first save would be trained for nothing (trial 17 U3: the run failed at its first
     save, after save_every steps). With vocab_size null the size is a lower bound; `pretrain` asks
-    before torch, and again once the tokenizer is known."""
+    before the data, and again once the tokenizer is known."""
     folder = Path(output_dir)
     while not folder.exists() and folder != folder.parent:  # the disk it will be made on
         folder = folder.parent

@@ -293,13 +293,15 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume: str, quiet: bool, *, las
     # lower bound: 100,000 layers are refused before the corpus is prepared), and after when unsized.
     sizes.check_memory(cfg.model, rt, cfg.train.parallel)
     sizes.check_batch(cfg, rt)
+    if rt.is_main:  # the process that writes checkpoints (and a lower bound here when unsized)
+        sizes.check_disk(cfg.model, output_dir)
     resume_from = Path(resume) if resume not in ("auto", "never") else None
     data, tokenizer = _load_data(cfg, rt, quiet, resume_from)
     cfg = resolve.with_vocab(cfg, data.vocab_size, cfg.data.corpus, pad_id=data.train.special.pad)  # tokenizer now
     if not sized:
         sizes.check_memory(cfg.model, rt, cfg.train.parallel)
-    if rt.is_main:  # the process that writes checkpoints
-        sizes.check_disk(cfg.model, output_dir)
+        if rt.is_main:
+            sizes.check_disk(cfg.model, output_dir)
     checkpoints = checkpoint.CheckpointManager(cfg, rt.device, is_main=rt.is_main, tokenizer=tokenizer)
     resumed_from = checkpoints.choose(resume)
     if resumed_from is not None and checkpoint.read_trainer_state(resumed_from)["step"] >= last_step:

@@ -269,8 +269,8 @@ def test_disk_full_during_a_checkpoint_is_one_clear_line_and_keeps_earlier_check
 @pytest.mark.parametrize("known", [True, False])
 def test_a_disk_without_room_for_one_checkpoint_is_refused_before_any_step(tmp_path, cli, monkeypatch, known):
     """Trial 17 U3: the run trained until its first save, then failed with the steps lost. Refused at
-    the start: before torch where the model's size is known, else once the tokenizer is (the lower
-    bound without it passes here: the free space lies between the bound and the size)."""
+    the start: before the data where the model's size is known, else once the tokenizer is (the
+    lower bound without it passes here: the free space lies between the bound and the size)."""
     import dataclasses
 
     from bertcli import sizes
