@@ -1,7 +1,8 @@
 """A model's sizes from its config's numbers alone, before anything is built: the rows of its
-vocabulary matrices, its parameters per part, its training FLOPs per token, and whether its training
-state can fit on this machine and one checkpoint on the run's disk (closed forms: an absurd size is refused in microseconds). Torch is
-imported only to ask a GPU its memory, so `inspect` and config checks stay torch-free.
+vocabulary matrices, its parameters per part, its training FLOPs per token, whether its training
+state can fit on this machine, and whether one checkpoint fits on the run's disk (closed forms: an
+absurd size is refused in microseconds). Torch is imported only to ask a GPU its memory, so
+`inspect` and config checks stay torch-free.
 """
 
 from __future__ import annotations
