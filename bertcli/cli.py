@@ -428,7 +428,7 @@ _Output = Annotated[
         "--output",
         "-o",
         metavar="FILE",
-        help="Write the rows to this file (atomically) instead of stdout; needed for npy. Replaced if it exists; "
+        help="Write the rows to this file (atomically) instead of stdout (npy: not a terminal). Replaced if it exists; "
         "never an input file, nor inside bertcli's own folders.",
     ),
 ]
@@ -711,8 +711,10 @@ def _encode_format(fmt: Format | None, output: Path | None, with_text: bool, tok
             else "drop --format or use --format jsonl"
         )
         raise UsageError(f"--tokens writes JSONL: {fix}")
-    if fmt == Format.npy and output is None:
-        raise UsageError("--format npy writes a file: pass --output FILE.npy")
+    if fmt == Format.npy and output is None and sys.stdout.isatty():  # (`> FILE.npy` is fine: trial 16 P9)
+        raise UsageError(
+            "--format npy is binary, not for a terminal: redirect stdout (> FILE.npy) or pass --output FILE.npy"
+        )
     if fmt == Format.npy and with_text:
         raise UsageError("--with-text: npy holds numbers only; use --format jsonl or tsv for the text")
     return fmt

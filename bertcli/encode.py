@@ -778,19 +778,21 @@ class _Reader:
 
 
 class Writer:
-    """Rows out: jsonl or tsv to a text stream, or to an output file; npy to a file. A file is written
-    under a temporary name and renamed into place at the end (never half-written), with the mode of
-    the file it replaces; a character device or named pipe (`-o /dev/null`, a FIFO, /dev/stdout) is
-    written in place as the rows come, as the shell's `>` writes it (npy: at the end, its header
-    needing the row count)."""
+    """Rows out: jsonl or tsv to a text stream, or to an output file; npy to a file or to the stream
+    (binary, at the end: its header needs the row count). A file is written under a temporary name
+    and renamed into place at the end (never half-written), with the mode of the file it replaces; a
+    character device or named pipe (`-o /dev/null`, a FIFO, /dev/stdout) is written in place as the
+    rows come, as the shell's `>` writes it (npy: at the end)."""
 
     def __init__(self, fmt: str, stream: TextIO | None, output: Path | None, with_text: bool) -> None:
         self.fmt, self.stream, self.with_text = fmt, stream, with_text
         self.output, self.rows, self.width = output, 0, None
         self.raw: io.BufferedWriter | None = None
         self.in_place = output is not None and ownership.is_stream(output)
-        if fmt == "npy" and (output is None or with_text):  # the CLI says which flag to change
-            raise ValueError("npy is written to an output file, numbers only: no stream, no text")
+        if fmt == "npy" and with_text:  # the CLI says which flag to change
+            raise ValueError("npy holds numbers only: no text")
+        if fmt == "npy" and output is None:  # (`> FILE.npy`: trial 16 P9) the rows wait in an unnamed file
+            self.raw_path, self.raw = None, tempfile.TemporaryFile()
         if output is not None:
             if not self.in_place:
                 atomic.clean_leftover_files(output)  # of an encode killed (SIGKILL) before it put its output in place
@@ -809,7 +811,7 @@ class Writer:
         self.rows += 1
         if self.raw is not None:
             self.width = row.shape[-1]
-            with atomic.writing(self.output):
+            with atomic.writing(self.output or Path("stdout")):
                 self.raw.write(np.ascontiguousarray(row, dtype=np.float32).tobytes())
             return
         if self.fmt == "tsv":
@@ -843,6 +845,13 @@ class Writer:
     def close(self, hidden_size: int) -> None:
         """Into place: a text file as written; npy as header + rows (an empty input gives shape (0, H))."""
         if self.output is None:
+            if self.raw is not None:  # npy on the stream: its bytes, as a file of it would hold them
+                try:
+                    self.stream.flush()
+                    self._write_npy(self.stream.buffer, hidden_size)
+                    self.stream.buffer.flush()
+                except BrokenPipeError:
+                    raise PipeClosed from None
             return
         try:
             with atomic.writing(self.output):
@@ -856,13 +865,8 @@ class Writer:
         os.replace(self.tmp, self.output)
         atomic.fsync_path(self.output.parent)
 
-    def _close(self, hidden_size: int) -> None:
-        if self.raw is None:
-            self.stream.flush()
-            if not self.in_place:
-                os.fsync(self.stream.fileno())
-            self.stream.close()
-            return
+    def _write_npy(self, fh: BinaryIO, hidden_size: int) -> None:
+        """The .npy header for the rows written, then the rows (streamed: memory stays bounded)."""
         header = {
             "descr": np.lib.format.dtype_to_descr(np.dtype("<f4")),
             "fortran_order": False,
@@ -870,13 +874,22 @@ class Writer:
         }
         self.raw.flush()
         self.raw.seek(0)
+        np.lib.format.write_array_header_1_0(fh, header)
+        shutil.copyfileobj(self.raw, fh, 1 << 20)
+        self.raw.close()
+
+    def _close(self, hidden_size: int) -> None:
+        if self.raw is None:
+            self.stream.flush()
+            if not self.in_place:
+                os.fsync(self.stream.fileno())
+            self.stream.close()
+            return
         with open(self.output if self.in_place else self.tmp, "wb") as fh:
-            np.lib.format.write_array_header_1_0(fh, header)
-            shutil.copyfileobj(self.raw, fh, 1 << 20)  # streamed: memory stays bounded
+            self._write_npy(fh, hidden_size)
             fh.flush()
             if not self.in_place:
                 os.fsync(fh.fileno())
-        self.raw.close()
         if self.raw_path is not None:
             self.raw_path.unlink(missing_ok=True)
 

@@ -631,12 +631,6 @@ CASES = [
         "no tokenizer.json",
     ),
     (
-        "encode-npy-without-output",
-        lambda d, b: ["encode", "--model", b["text"], "-f", "npy", _write(d, "in.txt", "a\n")],
-        2,
-        "pass --output FILE.npy",
-    ),
-    (
         "encode-pairs-shorter-than-their-special-tokens",
         lambda d, b: [
             "encode",

@@ -409,6 +409,36 @@ def test_npy_tsv_and_empty_input(trained, tmp_path, cli):
     assert np.load(tmp_path / "e.npy").shape == (0, 32)
 
 
+def test_npy_goes_to_stdout_where_it_is_no_terminal(trained, tmp_path, cli, monkeypatch):
+    """`encode -f npy > FILE.npy` (trial 16 P9: refused, leaving the shell's empty file) gives the
+    bytes `--output FILE.npy` writes, through a pipe too; a terminal is refused in one line."""
+    (tmp_path / "in.txt").write_text("\n".join(LINES[:5]) + "\n")
+    assert cli("encode", "--model", trained, tmp_path / "in.txt", "-f", "npy", "-o", tmp_path / "v.npy").code == 0
+    command = [
+        sys.executable,
+        "-m",
+        "bertcli",
+        "encode",
+        "--model",
+        str(trained),
+        str(tmp_path / "in.txt"),
+        "-f",
+        "npy",
+    ]
+    with open(tmp_path / "out.npy", "wb") as fh:
+        done = subprocess.run(command, stdout=fh, stderr=subprocess.PIPE, cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "out.npy").read_bytes() == (tmp_path / "v.npy").read_bytes()
+    piped = subprocess.run(command, capture_output=True, cwd=REPO, timeout=120)
+    assert piped.returncode == 0 and piped.stdout == (tmp_path / "v.npy").read_bytes()
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    refused = cli("encode", "--model", trained, tmp_path / "in.txt", "-f", "npy")
+    assert refused.code == 2 and refused.err_lines == [
+        "bertcli: error: --format npy is binary, not for a terminal: redirect stdout (> FILE.npy) or pass --output "
+        "FILE.npy"
+    ]
+
+
 def test_an_output_that_is_a_device_or_a_pipe_is_written_in_place(trained, tmp_path, cli):
     """`-o` a character device, a named pipe or /dev/stdout is written as the shell's `>` writes it: the
     node stays what it was (a rename put a regular file of vectors where /dev/null or a FIFO was, and
