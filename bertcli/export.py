@@ -163,14 +163,16 @@ def read_checkpoint(path: Path, read: Callable[[Path], T]) -> tuple[Path, T]:
     training, the step chosen may be pruned while it is read (an error: a file gone, its hash or its
     weights not read): the run's checkpoint is chosen again, up to three times."""
     for tries in range(3, 0, -1):
-        ckpt = find_checkpoint(path)
+        ckpt = None
         try:
+            ckpt = find_checkpoint(path)  # (choosing reads step folders too: trial 17 C2)
             return ckpt, read(ckpt)
         except (OSError, UsageError, RunError) as exc:
             found = layout.identify(path)
-            if found.kind is Kind.RUN and ckpt.name == layout.BEST and type(exc) is UsageError:
+            if found.kind is Kind.RUN and ckpt is not None and ckpt.name == layout.BEST and type(exc) is UsageError:
                 _refuse_damaged_best(ckpt, exc, found.checkpoints)
-            if found.kind is not Kind.RUN or ckpt.exists() or tries == 1:
+            gone = isinstance(exc, FileNotFoundError) if ckpt is None else not ckpt.exists()
+            if found.kind is not Kind.RUN or not gone or tries == 1:
                 raise
     raise AssertionError("unreachable")  # (the last try returns or raises)
 

@@ -802,6 +802,30 @@ def test_a_checkpoint_pruned_while_it_is_read_gives_way_to_the_newest(trained, t
         load_encoder(run / "checkpoints" / "step-0000003", torch.device("cpu"))
 
 
+def test_a_step_pruned_while_the_checkpoint_is_chosen_gives_way_too(trained, tmp_path, monkeypatch):
+    """Choosing reads the newest step's config (is `best` of its model?): pruned right then, it was
+    "step-0000447/config.yaml: No such file or directory", exit 1 (trial 17 C2, 3 calls in 38)."""
+    import shutil
+
+    from bertcli import export
+
+    run = shutil.copytree(trained, tmp_path / "run", ignore=shutil.ignore_patterns("tensorboard"))
+    checkpoints = run / "checkpoints"
+    shutil.copytree(checkpoints / "step-0000004", checkpoints / "step-0000003")
+    shutil.copytree(checkpoints / "step-0000004", checkpoints / "best")
+    real, read = export.checkpoint.read_config, []
+
+    def pruned_first(ckpt):
+        read.append(ckpt.name)
+        if ckpt.name == "step-0000004" and (ckpt / "config.yaml").exists():
+            shutil.rmtree(ckpt)  # the run's next save prunes it while best is weighed against it
+        return real(ckpt)
+
+    monkeypatch.setattr(export.checkpoint, "read_config", pruned_first)
+    encoder = load_encoder(run, torch.device("cpu"))
+    assert "step-0000004" in read and encoder.source == checkpoints / "best"
+
+
 def test_a_window_is_bounded_in_characters_whatever_the_batch_size(trained, monkeypatch):
     """--batch-size 100000000 made one window of 3.2 billion lines: the whole input read before a row
     was written (a 10 MB input: 2.9 GB, growing with the input). A window also ends at WINDOW_CHARS."""
