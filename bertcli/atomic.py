@@ -18,9 +18,18 @@ from typing import Any
 
 TMP_PREFIX = ".tmp-"
 
-DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+# No room for the file: the disk, the user's quota, or the largest file this process may write
+# (ulimit -f: EFBIG, Python ignores SIGXFSZ) or the file system holds.
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 # How the libraries that raise no OSError say it: safetensors and tokenizers pass on Rust's io::Error text.
-DISK_FULL_WORDS = ("No space left on device", "Disk quota exceeded", "os error 28", "os error 122")
+DISK_FULL_WORDS = (
+    "No space left on device",
+    "Disk quota exceeded",
+    "File too large",
+    "os error 28",
+    "os error 122",
+    "os error 27",
+)
 
 
 def is_disk_full(exc: BaseException) -> bool:
@@ -41,8 +50,19 @@ def writing(path: Path) -> Iterator[None]:
     except Exception as exc:
         if not is_disk_full(exc) or (isinstance(exc, OSError) and exc.filename == str(path)):
             raise
-        code = exc.errno if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS else errno.ENOSPC
-        raise OSError(code, os.strerror(code), str(path)) from exc
+        raise OSError(_full_errno(exc), os.strerror(_full_errno(exc)), str(path)) from exc
+
+
+def _full_errno(exc: BaseException) -> int:
+    """The errno of a full disk `exc` says, in any library's words (is_disk_full)."""
+    if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:
+        return exc.errno
+    text = str(exc)
+    if "File too large" in text or "os error 27" in text:
+        return errno.EFBIG
+    if "Disk quota exceeded" in text or "os error 122" in text:
+        return errno.EDQUOT
+    return errno.ENOSPC
 
 
 def save_torch(obj: Any, path: Path) -> None:

@@ -873,10 +873,15 @@ def os_error_message(exc: OSError, command: str = "") -> str:
     name, then rename), so what was there before is intact."""
     # A write fails inside its temporary name (.tmp-NAME.PID), gone by now: name what was being written.
     where = TEMPORARY.sub(r"\1", str(exc.filename)) + ": " if exc.filename else ""
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
         intact, fix = DISK_FULL_ADVICE.get(
             command, ("what was there is intact", "write to another disk, then try again")
         )
+        if exc.errno == errno.EFBIG:  # (trial 17 C3: "File too large" alone, no file named)
+            return (
+                f"{where}file too large ({exc.strerror}: past the size this process may write, ulimit -f, or the file "
+                f"system's largest); nothing half-written was kept and {intact}: raise the limit or {fix}"
+            )
         return f"{where}disk full ({exc.strerror}); nothing half-written was kept and {intact}: free space or {fix}"
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         folders = f" ({WRITABLE[command]})" if command in WRITABLE else ""

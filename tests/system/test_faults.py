@@ -605,6 +605,36 @@ def test_a_full_disk_while_saving_a_checkpoint_names_the_file_whatever_writes_it
     assert sorted(p.name for p in root.iterdir()) == ["step-0000001"], "no temporary folder is left"
 
 
+def test_a_file_size_limit_is_one_line_naming_the_file(tmp_path, small_corpus, trained):
+    """`ulimit -f` (EFBIG; Python ignores SIGXFSZ) gave "bertcli: error: File too large", no file named
+    (trial 17 C3): worded as a full disk is, naming the file, in prepare (the tokenizer's own Rust words
+    too) and in encode --output; nothing half-written is left."""
+    import resource
+
+    from conftest import run_process, text_run
+
+    def limit() -> None:  # (in the child only)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, resource.RLIM_INFINITY))
+
+    config = text_run(tmp_path / "run", small_corpus)
+    prepared = run_process("prepare", "--config", config, "--quiet", preexec_fn=limit)
+    lines = prepared.stderr.splitlines()
+    assert prepared.returncode == 1 and len(lines) == 1 and "Traceback" not in prepared.stderr, prepared.stderr
+    assert lines[0].startswith(f"bertcli: error: {tmp_path / 'run' / 'data'}") and ": file too large (" in lines[0]
+    assert "raise the limit or set data.prepared_dir to another disk" in lines[0]
+    assert not (tmp_path / "run" / "data").exists() and not list((tmp_path / "run").glob(".tmp-*"))
+
+    (tmp_path / "in.txt").write_text("a line of text\n" * 400)
+    out = tmp_path / "v.jsonl"
+    encoded = run_process("encode", "--model", trained, tmp_path / "in.txt", "-o", out, preexec_fn=limit)
+    assert encoded.returncode == 1 and encoded.stderr.splitlines() == [
+        f"bertcli: error: {out}: file too large (File too large: past the size this process may write, ulimit -f, or "
+        "the file system's largest); nothing half-written was kept and nothing at --output was changed: raise the "
+        "limit or write --output to another disk, then run the same command"
+    ], encoded.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "run"]  # no v.jsonl, no temporary file
+
+
 def test_a_full_disk_while_best_is_caught_up_names_best_not_the_checkpoint_copied(tmp_path, monkeypatch):
     """Trial 16 C1: resuming copies a step evaluated best into `best` when the run stopped before it
     did; a full disk there named the intact step's file (shutil.copyfile's error names its source)."""
