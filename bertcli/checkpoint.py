@@ -953,8 +953,15 @@ class CheckpointManager:
         """A run stopped after a step checkpoint that was evaluated best but before `best` was written
         (the disk filled, the process was killed) left an older `best`, which encode and export then
         used: the checkpoint resumed from, whose held-out loss beats `best`'s, is copied to `best`
-        (its trainer_state.json holds eval_metrics only when that step was evaluated)."""
-        if self.resumed_from is None:
+        (its trainer_state.json holds eval_metrics only when that step was evaluated). Only a step
+        folder of this run's: another run's checkpoint (--resume PATH) was evaluated on that run's
+        held-out set, and `best` itself is no step (trial 17 P5: "best was evaluated best")."""
+        own = layout.checkpoints_dir(self.output_dir).resolve()
+        if (
+            self.resumed_from is None
+            or self.resumed_from.parent.resolve() != own
+            or self.resumed_from.name == layout.BEST
+        ):
             return
         loss = read_trainer_state(self.resumed_from).get("eval_metrics", {}).get("mlm_loss")
         if (

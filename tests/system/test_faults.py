@@ -335,6 +335,12 @@ def test_a_disk_that_fills_while_best_is_written_leaves_the_step_checkpoint(tmp_
         assert (best / name).exists() == (step_4 / name).exists()
         assert not (best / name).exists() or (best / name).read_bytes() == (step_4 / name).read_bytes()
     assert checkpoint.damage(best) is None
+    # Another run's checkpoint was evaluated on that run's held-out set: never this run's best (trial 17 P5).
+    other = write_config(tmp_path / "other", "train.max_steps=4", "checkpoint.save_every=4", "train.eval_every=4")
+    for source in (best, step_4):
+        result = cli("pretrain", "--config", other, "--resume", source, "--quiet")
+        assert result.code == 0 and "evaluated best" not in result.err, result.err
+        assert not (tmp_path / "other" / "checkpoints" / "best").exists()
 
 
 def poison_losses(monkeypatch, bad_steps):
