@@ -97,12 +97,42 @@ def check_no_links(output_dir: Path, fix: str) -> None:
             raise ownership.linked(child, "checkpoints/", fix)
 
 
+METRICS_START = b'{"step": '  # how every line of metrics.jsonl starts (metrics.MetricsLogger)
+
+
+def check_run_outputs(output_dir: Path) -> None:
+    """Refuse (exit 2) what lies in the way of a run's own outputs in output_dir and is not bertcli's:
+    a file (not a folder) named checkpoints or tensorboard (trial 18 U2: refused after training, "File
+    exists", exit 1), and, where the run starts fresh (no checkpoint), a metrics.jsonl with no record
+    of a run in it (trial 18 S1: its lines were dropped as damaged, the file rewritten). Torch-free:
+    `pretrain` asks before torch, and again where the run starts (check_start)."""
+    fix = "move it away, or set output_dir to another folder"
+    for name, what in ((layout.CHECKPOINTS, "its checkpoints"), (layout.TENSORBOARD, "its TensorBoard logs")):
+        path = Path(output_dir) / name
+        if (path.exists() or path.is_symlink()) and not path.is_dir():
+            raise UsageError(f"{path}: a file bertcli did not write, where the run keeps {what} folder: {fix}")
+    metrics = Path(output_dir) / layout.METRICS
+    if (
+        metrics.is_file()
+        and not layout.list_step_folders(output_dir)
+        and not (layout.checkpoints_dir(output_dir) / layout.BEST).exists()
+    ):
+        from bertcli.metrics import read_metrics_checked
+
+        records, bad = read_metrics_checked(metrics)
+        with open(metrics, "rb") as fh:  # (a record's first bytes: a line cut by a crash keeps them)
+            start = fh.read(len(METRICS_START))
+        if not records and (bad or start and start != METRICS_START):
+            raise UsageError(f"{metrics}: not a metrics file bertcli wrote (no line is a record of a run): {fix}")
+
+
 def check_start(output_dir: Path, max_steps: int) -> None:
     """Before a run trains (rank 0): remove what a killed run was writing in checkpoints/, and
     refuse a folder there that bertcli did not write and could replace or delete: `best`, a
     complete step-NNNNNNN folder (pruning), or one of a step it may save (<= max_steps). An
     incomplete folder of a later step is never touched, so it stays. Refused now, not at a save
-    hours later."""
+    hours later; and what check_run_outputs refuses."""
+    check_run_outputs(output_dir)
     root = layout.checkpoints_dir(output_dir)
     if root.is_symlink():  # through it, this run pruned and replaced another run's checkpoints
         raise ownership.linked(root, "a run folder", f"remove the link (rm {root}), or set output_dir to a new folder")

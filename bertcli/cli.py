@@ -745,6 +745,7 @@ def _check_pretrain_start(cfg: Config, resume: str) -> None:
     from bertcli.data.text import corpus_root
     from bertcli.hf_import import check_finite_weights
     from bertcli.runlock import RunLock
+    from bertcli.sizes import BYTES_PER_PARAMETER, check_disk, machine_memory, parameter_count
 
     if os.environ.get("RANK", "0") == "0":  # only rank 0 takes the lock: the others would find it held
         RunLock(Path(cfg.output_dir), "pretrain").check_free()
@@ -781,6 +782,11 @@ def _check_pretrain_start(cfg: Config, resume: str) -> None:
     if start_from is not None and layout.identify(start_from).kind is not layout.Kind.CHECKPOINT:
         check_finite_weights(start_from)  # (trial 16 U7: refused after the corpus was prepared, 11 s)
     _check_writable(Path(cfg.output_dir), Path(cfg.output_dir))
+    checkpoint.check_run_outputs(Path(cfg.output_dir))
+    # One checkpoint's room (a lower bound while the vocabulary is still to come); a model too large for
+    # this machine is refused as such (exit 2) where memory is checked, not as one too large for the disk.
+    if os.environ.get("RANK", "0") == "0" and BYTES_PER_PARAMETER * parameter_count(cfg.model) <= machine_memory():
+        check_disk(cfg.model, Path(cfg.output_dir))
     if cfg.data.corpus != "synthetic":
         corpus_root(corpus_path(cfg))
         check_before_training(cfg)

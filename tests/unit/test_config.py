@@ -489,6 +489,28 @@ def test_a_run_in_use_is_refused_before_torch_loads(tmp_path):
     ], err
 
 
+@pytest.mark.parametrize("name", ["checkpoints", "tensorboard", "metrics.jsonl"])
+def test_a_file_of_the_users_where_a_run_writes_is_refused_before_torch_loads(tmp_path, name):
+    """A file named checkpoints or tensorboard was refused after training ("File exists", exit 1), and
+    a metrics.jsonl of the user's in a fresh output_dir was rewritten without its lines (trial 18 U2,
+    S1). A line a crash cut (a record's start) is the run's own: kept working."""
+    from bertcli.checkpoint import check_run_outputs
+
+    write_config(tmp_path / "run", "train.max_steps=2")
+    mine = tmp_path / "run" / name
+    mine.write_text('mine\n{"my": "own data"}\n')
+    out, err = refuse_in_fresh_interpreter("pretrain", "--config", "run/config.yaml", cwd=tmp_path)
+    assert out == ["2", "False"], (out, err)
+    what = "" if name == "metrics.jsonl" else "a file bertcli did not write, where the run keeps its "
+    assert err.startswith(f"bertcli: error: {mine}: {what}") and err.rstrip().endswith(
+        "move it away, or set output_dir to another folder"
+    ), err
+    assert mine.read_text() == 'mine\n{"my": "own data"}\n'
+    if name == "metrics.jsonl":
+        mine.write_text('{"step": 4, "split": "tr')  # a run killed while it wrote its first record
+        check_run_outputs(tmp_path / "run")
+
+
 def test_what_the_data_would_refuse_is_refused_before_torch_loads(tmp_path):
     """A corpus too small for the held-out split, and a given tokenizer of another size than
     model.vocab_size, are seen in the files (prepare.check_before_training): refused before torch is
