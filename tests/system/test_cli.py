@@ -47,6 +47,24 @@ def test_init_writes_a_config_and_refuses_to_overwrite(tmp_path, cli):
     assert not (tmp_path / "other").exists()
 
 
+def test_init_writes_a_non_ascii_path_as_typed(tmp_path, cli, small_corpus):
+    """Trial 18 P4: "ünï cödé/corp us.txt" was written as "\\xFCn\\xEF c\\xF6d\\xE9/corp us.txt" (valid
+    YAML, unreadable in a file meant to be read and edited)."""
+    import shutil
+
+    from bertcli.resolve import load_run
+
+    corpus = tmp_path / "ünï cödé" / "corp us.txt"
+    corpus.parent.mkdir()
+    shutil.copy(small_corpus, corpus)
+    assert cli("init", tmp_path / "rün 1", "--corpus", corpus).code == 0
+    config = tmp_path / "rün 1" / "config.yaml"
+    assert f'corpus: "{corpus}"' in config.read_text(encoding="utf-8") or f"corpus: {corpus}" in config.read_text(
+        encoding="utf-8"
+    )
+    assert load_run(config).data.corpus == str(corpus)
+
+
 def test_bad_config_exits_2_with_one_line_per_problem_and_no_traceback(tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text("model:\n  hidden_sze: 64\n  num_attention_heads: two\ndata:\n  masked_lm_prob: 1.5\n")
