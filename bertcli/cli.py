@@ -801,6 +801,8 @@ def _resume_problem(path: Path) -> str | None:
     if problem is None:
         return None
     found = layout.identify(path)
+    if path.name == layout.CHECKPOINTS and layout.identify(path.parent).kind is layout.Kind.RUN:
+        found = layout.identify(path.parent)  # a run's checkpoints/ (tab-completed): its run's answer (trial 18 P1)
     if found.kind is layout.Kind.RUN and found.checkpoints:
         return f"a run folder, not a checkpoint: name one of its checkpoints ({found.checkpoints[-1][1]}, its newest)"
     if found.kind in (layout.Kind.HF, layout.Kind.SENTENCE):

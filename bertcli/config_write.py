@@ -19,7 +19,7 @@ from bertcli.config import Config, field_docs, field_types
 
 def yaml_scalar(value: Any) -> str:
     """A value as a YAML scalar that reads back as the same Python value; non-ASCII text as it is
-    (a path "ünï/x" was written "\xFCn\xEF/x": trial 18 P4), only what YAML cannot print escaped."""
+    (a path "ünï/x" was written "\\xFCn\\xEF/x": trial 18 P4), only what YAML cannot print escaped."""
     text = yaml.safe_dump(value, default_flow_style=True, width=10_000, allow_unicode=True)
     return text.removesuffix("\n...\n").strip()
 

@@ -172,6 +172,8 @@ def inspect_path(path: Path) -> dict[str, Any]:
     elif found.kind is Kind.CHECKPOINT:
         kind, cfg = "checkpoint", _checkpoint_config(path)
         training = _training(path.parent.parent, cfg, only=path)
+        if path.resolve().parent.name != layout.CHECKPOINTS:  # a copy out of its run: no run's folder or list to show
+            training |= {"output_dir": None, "checkpoints": None, "best_checkpoint": None, "set_aside": []}
         try:  # its sizes are the weights' (damage of the file is reported as the rest is: trial 16 P8)
             hf_import.check_weights(path, cfg.model)
         except UsageError as exc:
@@ -425,8 +427,8 @@ def format_report(report: dict[str, Any]) -> str:
     t = report.get("training")
     if t:
         lines += ["", "training"]
-        rows = [
-            ("output_dir", t["output_dir"]),
+        rows = [("output_dir", t["output_dir"])] if t["output_dir"] is not None else []
+        rows += [
             ("step", f"{'unknown (damaged)' if t['step'] is None else format(t['step'], ',')} / {t['max_steps']:,}"),
             ("tokens seen", "unknown (damaged)" if t["tokens_seen"] is None else _num(t["tokens_seen"])),
         ]
@@ -447,8 +449,9 @@ def format_report(report: dict[str, Any]) -> str:
         lines += _table(rows)
         if t.get("damaged"):
             lines += ["", "damaged (left out above)"] + [f"  {problem}" for problem in t["damaged"]]
-        lines += ["", f"checkpoints ({len(t['checkpoints'])})"]
-        lines += [f"  step {c['step']:>9,}  {c['path']}" for c in t["checkpoints"]] or ["  none yet"]
+        if t["checkpoints"] is not None:
+            lines += ["", f"checkpoints ({len(t['checkpoints'])})"]
+            lines += [f"  step {c['step']:>9,}  {c['path']}" for c in t["checkpoints"]] or ["  none yet"]
         if t.get("set_aside"):
             total = sum(c["bytes"] for c in t["set_aside"]) / 2**20
             lines += ["", f"set aside ({len(t['set_aside'])}, {total:,.1f} MiB: yours to delete; bertcli never does)"]

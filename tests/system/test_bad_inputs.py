@@ -592,6 +592,12 @@ CASES = [
         2,
         "a run folder, not a checkpoint: name one of its checkpoints (",
     ),
+    (  # and its checkpoints/ folder the same (trial 18 P1)
+        "resume-a-runs-checkpoints-folder",
+        lambda d, b: ["pretrain", "-c", write_config(d), "--resume", b["text"] / "checkpoints"],
+        2,
+        "a run folder, not a checkpoint: name one of its checkpoints (",
+    ),
     (  # and a model folder with model.init_from
         "resume-a-model-folder",
         lambda d, b: ["pretrain", "-c", write_config(d), "--resume", _write(d / "hf", "config.json", "{}").parent],

@@ -206,6 +206,9 @@ def test_inspect_a_run_with_damaged_files_shows_the_rest_and_names_them(tmp_path
         fh.truncate(1000)
     result = cli("inspect", cut)
     assert result.code == 0 and f"{cut / 'model.safetensors'}: cannot read weights (" in result.out, result
+    alone = Path(shutil.copytree(newest, tmp_path / "alone"))  # out of its run: no run folder or list to show
+    result = cli("inspect", alone)  # (trial 18 P2: "output_dir ." and "checkpoints (0) none yet")
+    assert result.code == 0 and "output_dir" not in result.out and "checkpoints (" not in result.out, result.out
 
 
 def test_inspect_of_a_config_sizes_the_vocabulary_from_data_of_its_own_inputs_only(tmp_path, cli, small_corpus):
