@@ -456,6 +456,12 @@ def read_config(path: Path) -> Config:
     return config_from_dict(raw, str(file))
 
 
+def trained_length(cfg: Config) -> int | None:
+    """The positions a run trains (data.max_seq_length), where it starts from scratch: a run from a
+    model (model.init_from) also has the positions that model was trained at (None: all)."""
+    return None if cfg.model.init_from else cfg.data.max_seq_length
+
+
 def check_readable(path: Path) -> Config:
     """The config of checkpoint `path`, after every check that needs no torch: the config and the
     tokenizer files as recorded, the weights' SHA-256 as recorded and their shapes those of the

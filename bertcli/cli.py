@@ -572,7 +572,15 @@ def encode(
         norm = ", normalized" if settings.normalize else ""
         err(f"bertcli encode: the vectors of {described(encoder.source)}: {how}{norm} (--pooling chooses)")
     if counts["truncated"]:
-        err(f"bertcli encode: {counts['truncated']:,} of {counts['lines']:,} lines were truncated to the length limit")
+        trained = (
+            ", the length the model was trained at (its positions past it were never trained; --max-length chooses)"
+            if max_length is None and settings.max_length == encoder.trained_length and not settings.from_folder
+            else ""
+        )
+        err(
+            f"bertcli encode: {counts['truncated']:,} of {counts['lines']:,} lines were truncated to the length limit, "
+            f"{settings.max_length} tokens{trained}"
+        )
     if counts["unpaired"]:
         err(
             f"bertcli encode: {counts['unpaired']:,} of {counts['lines']:,} lines had no TAB and were encoded as one "

@@ -149,6 +149,10 @@ class Encoder:
     sentence: SentenceModel | None = None  # a sentence-transformers folder's own settings
     fresh: tuple[str, ...] = ()  # parts a Hugging Face folder lacked, initialised at random: "pooler", ...
     source: Path | None = None  # the folder or checkpoint the weights came from
+    # Positions the model was trained at, where fewer than it has (None: all): a run from scratch's
+    # data.max_seq_length, an export's or a folder's tokenizer model_max_length. The positions past it
+    # hold their random initialisation (trial 18 P3), so encode stops there unless asked.
+    trained_length: int | None = None
 
     @property
     def max_length(self) -> int:
@@ -168,12 +172,14 @@ def load_encoder(
     if hf is not None:
         tokenizer, model = hf.tokenizer, _uninitialised(hf.config)
         fresh, source = tuple(hf_import.init_from(model, hf.folder, uninitialised=True)), hf.folder
+        trained = hf_import.tokenizer_limit(hf.folder) if sentence is None else None  # (its own settings say)
     else:
         # A checkpoint holds every weight (loaded strictly); a run's, pruned while read, is chosen again.
         source, (model, tokenizer) = read_checkpoint(path, _load_checkpoint)
-        fresh = ()
+        fresh, trained = (), checkpoint.trained_length(checkpoint.read_config(source))
     model.to(device).eval()
     return Encoder(
+        trained_length=trained if trained is not None and trained < model.config.max_position_embeddings else None,
         model=model,
         tokenizer=tokenizer,
         rt=runtime.Runtime(device, precision),
@@ -257,7 +263,8 @@ def resolve(
     batch_size: int = 32,
 ) -> Settings:
     """Explicit values win. Otherwise a sentence-transformers folder's pooling with its
-    normalisation, and its max_seq_length; else cls, no normalisation and the model's limit.
+    normalisation, and its max_seq_length; else cls, no normalisation and the length the model was
+    trained at (Encoder.trained_length), else its limit.
     Choosing a pooling leaves normalisation off unless asked: the folder's applies to its pooling
     (and per-token vectors are not pooled). Every check of the settings against the model is here:
     NoSuchLayer, NotReproducible, PoolerNotLast, and a pooler the folder has no weights for."""
@@ -280,7 +287,7 @@ def resolve(
         raise UsageError(
             f"{enc.source}: has no pooler weights, so pooling 'pooler' would be random; pick cls, mean or max"
         )
-    folder_limit = st.max_seq_length if st is not None else None
+    folder_limit = st.max_seq_length if st is not None else enc.trained_length
     limit = min(max_length or folder_limit or enc.max_length, enc.max_length)
     return Settings(
         pooling=pooling,

@@ -250,7 +250,9 @@ def _export(ckpt: Path, out_dir: Path, force: bool) -> Path:
             "do_lower_case": lower,
             "strip_accents": None if strip == lower else strip,
             "tokenize_chinese_chars": casing.get("tokenize_chinese_chars", True),
-            "model_max_length": m.max_position_embeddings,
+            # The positions trained (a run from scratch at data.max_seq_length: the rest are random), what
+            # transformers truncates at, and bertcli's encode of this folder as of its run.
+            "model_max_length": checkpoint.trained_length(cfg) or m.max_position_embeddings,
             **SPECIAL_TOKENS,
         }
         _write_json(tmp / layout.TOKENIZER_CONFIG, tokenizer_config)

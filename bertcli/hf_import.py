@@ -197,6 +197,18 @@ def read_encoder_folder(path: Path) -> EncoderFolder | None:
     return EncoderFolder(sentence, folder, cfg, load_model_tokenizer(find_tokenizer_file(folder), cfg))
 
 
+def tokenizer_limit(folder: Path) -> int | None:
+    """tokenizer_config.json's model_max_length: what transformers truncates at (None: not set, or not
+    a whole number of at least 2; transformers writes 10^30 for "none": the model's positions cap it)."""
+    file = Path(folder) / layout.TOKENIZER_CONFIG
+    try:
+        raw = json.loads(file.read_text(encoding="utf-8")) if file.is_file() else {}
+    except (OSError, ValueError, RecursionError):
+        return None
+    length = raw.get("model_max_length") if isinstance(raw, dict) else None
+    return length if isinstance(length, int) and not isinstance(length, bool) and length >= 2 else None
+
+
 def check_tokenizer(tok: Tokenizer, cfg: ModelConfig, file: Path) -> None:
     """Refuse (exit 2) a tokenizer with ids past the model's vocab_size: they would index padding
     rows or nothing (an IndexError mid-run); such a tokenizer belongs to another model."""

@@ -194,7 +194,7 @@ def test_a_very_long_line_is_tokenized_from_a_prefix(trained, monkeypatch):
     lines = ["modules and packages are explained here . " * 5_000, " " * 100_000 + "words past the cap"]
     stream = io.StringIO()
     counts = encode(enc, iter(lines), Writer("jsonl", stream, None, False), resolve(enc))
-    budget = enc.max_length - 2
+    budget = resolve(enc).max_length - 2  # (the length the run was trained at)
     assert [len(x) for x in seen] == [budget * encode_mod.PREFIX_START, len(" words past the cap")]
     assert counts == {"lines": 2, "truncated": 1, "unpaired": 0}
     _without_cutting(monkeypatch)
@@ -543,6 +543,33 @@ def test_errors_truncation_and_missing_model(trained, tmp_path, cli):
     assert past.code == 0 and f"--max-length {limit + 100} is past the model's {limit} positions" in past.err
     missing = cli("encode", "--model", tmp_path / "nothing", tmp_path / "long.txt")
     assert missing.code == 2 and "no such folder" in missing.err
+
+
+def test_a_run_encodes_up_to_the_length_it_was_trained_at_as_its_export_does(trained, tmp_path, cli):
+    """Trial 18 P3: a run trained at data.max_seq_length encoded long lines through positions it never
+    trained (their random initialisation). Its export says the length (model_max_length, what
+    transformers truncates at), and encode of either stops there; --max-length chooses otherwise."""
+    from bertcli.resolve import load_run
+
+    trained_at = load_run(trained / "config.yaml").data.max_seq_length
+    assert trained_at < load_encoder(trained, torch.device("cpu")).max_length
+    (tmp_path / "long.txt").write_text("word " * 300 + "\nshort\n")
+    folder = export(trained, tmp_path / "hf")
+    assert json.loads((folder / "tokenizer_config.json").read_text())["model_max_length"] == trained_at
+    transformers = pytest.importorskip("transformers")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    assert len(tokenizer("word " * 300, truncation=True)["input_ids"]) == trained_at
+    rows = {}
+    for model in (trained, folder):
+        result = cli("encode", "--model", model, tmp_path / "long.txt", "-f", "tsv")
+        assert result.code == 0 and "1 of 2 lines were truncated to the length limit, " in result.err, result.err
+        assert f"{trained_at} tokens, the length the model was trained at" in result.err
+        rows[model] = np.loadtxt(result.out.splitlines(), delimiter="\t")
+    np.testing.assert_allclose(rows[trained], rows[folder], atol=1e-5)
+    exact = cli("encode", "--model", trained, tmp_path / "long.txt", "-f", "tsv", "--max-length", str(trained_at))
+    np.testing.assert_allclose(np.loadtxt(exact.out.splitlines(), delimiter="\t"), rows[trained], atol=1e-6)
+    longer = cli("encode", "--model", trained, tmp_path / "long.txt", "-f", "tsv", "--max-length", "200")
+    assert not np.allclose(np.loadtxt(longer.out.splitlines(), delimiter="\t")[0], rows[trained][0], atol=1e-3)
 
 
 def test_an_output_folder_that_takes_no_file_is_said_first_naming_the_output(trained, tmp_path, cli, monkeypatch):
