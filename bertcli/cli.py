@@ -160,7 +160,8 @@ def init(
     # check them (paths in the file: from DIR), refused now.
     resolved = resolve(cfg, directory.expanduser().absolute(), adopt_init_from=False)
     check_outputs_apart(resolved)
-    check_vocab_size(resolved)
+    # (with init_from, the size is its weights', whatever model.vocab_size says: trial 18 P5)
+    check_vocab_size(resolve(cfg, directory.expanduser().absolute()) if cfg.model.init_from else resolved)
     path = directory / layout.RUN_CONFIG
     if path.is_symlink():  # written through, the link's target (a shared template, any file) was replaced
         raise ownership.linked(

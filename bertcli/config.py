@@ -261,7 +261,8 @@ class TokenizerConfig:
     """The WordPiece tokenizer: trained on the corpus by `prepare`, or an existing one."""
 
     path: str = ""
-    """An existing tokenizer.json or BERT vocab.txt to use; empty = train one on the corpus."""
+    """An existing tokenizer.json or BERT vocab.txt to use; empty = train one on the corpus (with
+    model.init_from: that model's own, whose embeddings need its ids)."""
     vocab_size: int = 30522
     """Size of the vocabulary to train (the result can be smaller on a small corpus)."""
     min_frequency: int = 2

@@ -149,6 +149,12 @@ def with_vocab(cfg: Config, vocab_size: int, source: str, pad_id: int | None = N
     """model.vocab_size from the tokenizer of `source` (when null), or checked against it; and
     model.pad_token_id checked against the tokenizer's [PAD] id `pad_id` (when known: ModelConfig.pad_problem)."""
     if cfg.model.vocab_size is not None and cfg.model.vocab_size != vocab_size:
+        if cfg.model.init_from:  # the size is the weights' (trial 18 P5: "set null" led to the same line)
+            raise UsageError(
+                f"the tokenizer of {source} has {vocab_size:,} tokens but the weights of model.init_from "
+                f"({cfg.model.init_from}) have {cfg.model.vocab_size:,} rows: a tokenizer of another model; drop "
+                "data.tokenizer.path to use the model's own"
+            )
         raise UsageError(
             f"model.vocab_size={cfg.model.vocab_size} but the tokenizer of {source} has {vocab_size:,} "
             "tokens; set model.vocab_size: null to take the size from the tokenizer"

@@ -109,6 +109,9 @@ def step_counts(batches: list[Batch]) -> torch.Tensor:
     )
 
 
+PERPLEXITY_CAP = 700.0  # the largest held-out loss shown as perplexity e^loss (e^709.78 overflows a float)
+
+
 @torch.no_grad()
 def evaluate(
     model: BertForPreTraining,
@@ -147,7 +150,9 @@ def evaluate(
     metrics = {
         "mlm_loss": mlm_loss_sum / mlm_count,
         "mlm_acc": mlm_correct / mlm_count,
-        "perplexity": math.exp(min(mlm_loss_sum / mlm_count, 50.0)),
+        # e^loss; past e^700 a float overflows (a diverged run: capped there, not at e^50 as it was, which
+        # gave every diverged evaluation the same figure: trial 18 P8).
+        "perplexity": math.exp(min(mlm_loss_sum / mlm_count, PERPLEXITY_CAP)),
     }
     if nsp:
         metrics.update(nsp_loss=nsp_loss_sum / rows, nsp_acc=nsp_correct / rows)

@@ -358,6 +358,22 @@ def test_inspect_reports_a_published_folder_and_an_export(cli, tmp_path, trained
     assert report["tokenizer"]["vocab_size"] == len(transformers.AutoTokenizer.from_pretrained(out))
 
 
+def test_a_tokenizer_of_another_model_with_init_from_is_named_as_such(cli, tmp_path, small_corpus):
+    """Trial 18 P5: the line said "set model.vocab_size: null", which init then wrote, and pretrain gave
+    the same line again: the size is the weights' rows, and the tokenizer another model's."""
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("".join(t + "\n" for t in ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefghij"]))
+    for extra in ([], ["--set", "model.vocab_size=null"]):
+        result = cli(
+            "init", tmp_path / "x", "--init-from", MINILM, "--corpus", small_corpus, "--set",
+            f"data.tokenizer.path={vocab}", *extra,
+        )  # fmt: skip
+        assert result.code == 2 and result.err_lines == [
+            f"bertcli: error: the tokenizer of {vocab} has 15 tokens but the weights of model.init_from ({MINILM}) "
+            "have 30,522 rows: a tokenizer of another model; drop data.tokenizer.path to use the model's own"
+        ], result.err
+
+
 def test_continued_pretraining_from_the_folder_prepares_whole_sentences_without_pad(cli, tmp_path, small_corpus):
     from bertcli.config_load import load_config, preset_config
     from bertcli.data.prepare import load_prepared

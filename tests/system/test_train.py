@@ -265,6 +265,24 @@ def test_an_intact_best_of_the_damaged_newest_step_is_resumed_from(tmp_path, cli
     assert records == sorted(set(records)) and records[-1] == 9  # steps 5-8 not trained again
 
 
+def test_held_out_perplexity_is_e_to_the_loss_of_a_diverged_model_too(tmp_path, monkeypatch):
+    """Trial 18 P8: perplexity was capped at e^50, so every evaluation of a diverged run read 5.185e+21."""
+    from bertcli import trainer
+
+    real = trainer.pretraining_loss
+
+    def diverged(out, batch, **kwargs):  # held-out logits 1000 times too large: a loss in the hundreds
+        if not torch.is_grad_enabled():
+            out = out._replace(mlm_logits=out.mlm_logits * 1000)
+        return real(out, batch, **kwargs)
+
+    monkeypatch.setattr(trainer, "pretraining_loss", diverged)
+    train(tmp_path, "train.max_steps=2", "train.eval_every=2", "checkpoint.save_every=2")
+    [held_out] = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["split"] == "eval"]
+    assert 50 < held_out["mlm_loss"] < trainer.PERPLEXITY_CAP
+    assert held_out["perplexity"] == pytest.approx(math.exp(held_out["mlm_loss"]), rel=1e-9)
+
+
 def test_resume_from_a_damaged_checkpoint_path_is_one_line(tmp_path, cli, eight_steps):
     """A member marked as a folder in the zip directory: torch's reader would leave its buffer unwritten and
     unpickle whatever memory held (it loaded, or failed with another error, from run to run)."""
