@@ -230,6 +230,14 @@ def _run_training(cfg: Config) -> dict[str, Any]:
         training["prepared_data_tokenizer"] = identity[:12] if isinstance(identity, str) else None
     elif why_not is not None and why_not.startswith("is damaged"):
         training.setdefault("damaged", []).append(f"{Path(cfg.data.prepared_dir) / layout.MANIFEST}: {why_not}")
+    newest = layout.list_checkpoints(Path(cfg.output_dir))[-1:]
+    if newest:  # what pretrain refuses of a config edited after the run trained (trial 18 P7)
+        try:
+            checkpoint.check_same_model(newest[0][1], cfg, Path(cfg.output_dir))
+        except UsageError as exc:
+            training["warnings"] = [f"the architecture above is the config's; pretrain would refuse it: {exc}"]
+        except Exception:  # noqa: BLE001  a checkpoint whose config does not read: named as damaged above
+            pass
     return training
 
 
@@ -447,6 +455,8 @@ def format_report(report: dict[str, Any]) -> str:
                 )
             )
         lines += _table(rows)
+        if t.get("warnings"):
+            lines += ["", "warnings"] + [f"  {warning}" for warning in t["warnings"]]
         if t.get("damaged"):
             lines += ["", "damaged (left out above)"] + [f"  {problem}" for problem in t["damaged"]]
         if t["checkpoints"] is not None:

@@ -229,6 +229,22 @@ def test_inspect_of_a_config_sizes_the_vocabulary_from_data_of_its_own_inputs_on
     assert two["vocab_size"] == 400 and "holds data of other inputs" in two["vocab_size_note"], two
 
 
+def test_inspect_of_a_run_whose_config_was_edited_to_another_model_warns(tmp_path, cli, trained):
+    """Trial 18 P7: the config's architecture was shown beside checkpoints of another, without a word."""
+    import shutil
+
+    run = Path(shutil.copytree(trained, tmp_path / "run", ignore=shutil.ignore_patterns("tensorboard")))
+    config = run / "config.yaml"
+    config.write_text(config.read_text().replace("  hidden_act: gelu", "  hidden_act: relu"))
+    line = (
+        "the architecture above is the config's; pretrain would refuse it: cannot resume from "
+        f"{run / 'checkpoints' / 'step-0000004'}: model.hidden_act='gelu' in the checkpoint vs 'relu' in the config"
+    )
+    assert line in cli("inspect", run).out
+    assert json.loads(cli("inspect", run, "--json").out)["training"]["warnings"][0].startswith(line)
+    assert "warnings" not in json.loads(cli("inspect", trained, "--json").out)["training"]
+
+
 def test_inspect_says_what_to_pass_for_paths_it_does_not_read(tmp_path, cli, trained):
     """One list of what inspect reads, whatever the miss; a part of a run or of a sentence-transformers
     model is answered with the folder to pass (trial 15 P4, trial 16 P3)."""
