@@ -153,8 +153,19 @@ def _training(output_dir: Path, cfg: Config, only: Path | None = None) -> dict[s
 
 def inspect_path(path: Path) -> dict[str, Any]:
     """The report for what `path` is (layout.identify): a config file, a run folder, a checkpoint
-    folder, prepared data, or a Hugging Face or sentence-transformers folder."""
-    path = Path(path)
+    folder, prepared data, or a Hugging Face or sentence-transformers folder. A run that trains
+    prunes its checkpoints while they are read: a file gone meanwhile makes the report again, up to
+    three times (trial 18 C2: "step-N/trainer_state.json: No such file or directory", exit 1)."""
+    for tries in range(3, 0, -1):
+        try:
+            return _inspect_path(Path(path))
+        except FileNotFoundError:
+            if tries == 1 or not Path(path).exists():
+                raise
+    raise AssertionError("unreachable")  # (the last try returns or raises)
+
+
+def _inspect_path(path: Path) -> dict[str, Any]:
     found = layout.identify(path)
     if found.kind is Kind.MISSING:
         raise UsageError(

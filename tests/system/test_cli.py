@@ -245,6 +245,24 @@ def test_inspect_of_a_run_whose_config_was_edited_to_another_model_warns(tmp_pat
     assert "warnings" not in json.loads(cli("inspect", trained, "--json").out)["training"]
 
 
+def test_inspect_of_a_run_whose_checkpoint_is_pruned_while_read_makes_the_report_again(cli, trained, monkeypatch):
+    """Trial 18 C2: inspect RUN while the run saves every step failed 4 times in 85 ("step-N/
+    trainer_state.json: No such file or directory", exit 1)."""
+    from bertcli import summary
+
+    real, calls = summary.checkpoint.file_change, []
+
+    def pruned_once(path, *args):  # the run's next save prunes the step while inspect reads it
+        calls.append(path)
+        if len(calls) == 2:  # (the first is read_config's, of config.yaml alone)
+            raise FileNotFoundError(2, "No such file or directory", str(path / "trainer_state.json"))
+        return real(path, *args)
+
+    monkeypatch.setattr(summary.checkpoint, "file_change", pruned_once)
+    result = cli("inspect", trained)
+    assert result.code == 0 and len(calls) >= 3 and "step" in result.out, result.err
+
+
 def test_inspect_says_what_to_pass_for_paths_it_does_not_read(tmp_path, cli, trained):
     """One list of what inspect reads, whatever the miss; a part of a run or of a sentence-transformers
     model is answered with the folder to pass (trial 15 P4, trial 16 P3)."""
