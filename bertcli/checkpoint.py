@@ -414,6 +414,8 @@ def settle_best(output_dir: Path, cfg: Config, resumed_from: Path | None, is_mai
         return loss
     if resumed_from is None:
         reason = "this run starts fresh, so it was of another run"
+    elif is_foreign(resumed_from, output_dir):  # (trial 18 P9)
+        reason = f"this run resumes from another run's checkpoint, {resumed_from}, so it was of another history"
     else:
         try:
             check_own_files(best)
@@ -919,17 +921,29 @@ def choose_resume(output_dir: Path, resume: str, cfg: Config, is_main: bool = Tr
         if reason is not None:
             raise DamagedState(f"{path} is damaged ({reason})")
         # The run's checkpoints past that step are another history: `--resume auto` (the next slice, the same
-        # command) would go back to it, and keep_last would prune the new one first.
+        # command) would go back to it, and keep_last would prune the new one first. Another run's checkpoint
+        # makes all of them another history (trial 18 P9: a fall-back went to one of another model).
         step = read_trainer_state(path)["step"]
-        abandoned = [(p, s) for s, p in found if s > step and p.resolve() != path.resolve()]
+        foreign = is_foreign(path, output_dir)
+        abandoned = [(p, s) for s, p in found if (foreign or s > step) and p.resolve() != path.resolve()]
     check_same_model(path, cfg, output_dir)
     for later, step_of in abandoned if is_main else []:
         aside = _rename_aside(later, layout.ABANDONED_PREFIX)
+        why = (
+            f"the run resumes from another run's checkpoint, {path}"
+            if step_of <= step
+            else f"past the step resumed from ({step})"
+        )
         console.log(
-            f"{later} is of step {step_of}, past the step resumed from ({step}): a history left behind: renamed "
+            f"{later} is of step {step_of}, {why}: a history left behind: renamed "
             f"{aside.name}, so that resuming never goes back to it ({_kept_words(aside)})"
         )
     return path
+
+
+def is_foreign(ckpt: Path | None, output_dir: Path) -> bool:
+    """Whether checkpoint `ckpt` is another run's (not a folder in output_dir's checkpoints/)."""
+    return ckpt is not None and Path(ckpt).resolve().parent != layout.checkpoints_dir(output_dir).resolve()
 
 
 def _intact_best_after(output_dir: Path, step: int, newest: int) -> Path | None:
@@ -992,10 +1006,9 @@ class CheckpointManager:
         (its trainer_state.json holds eval_metrics only when that step was evaluated). Only a step
         folder of this run's: another run's checkpoint (--resume PATH) was evaluated on that run's
         held-out set, and `best` itself is no step (trial 17 P5: "best was evaluated best")."""
-        own = layout.checkpoints_dir(self.output_dir).resolve()
         if (
             self.resumed_from is None
-            or self.resumed_from.parent.resolve() != own
+            or is_foreign(self.resumed_from, self.output_dir)
             or self.resumed_from.name == layout.BEST
         ):
             return

@@ -195,13 +195,22 @@ def _short(value: float) -> str:
 class MetricsLogger:
     """Where the metrics of rank 0 go: metrics.jsonl, TensorBoard, the progress bar or line."""
 
-    def __init__(self, output_dir: Path, start_step: int, max_steps: int, tensorboard: bool, quiet: bool) -> None:
+    def __init__(
+        self,
+        output_dir: Path,
+        start_step: int,
+        max_steps: int,
+        tensorboard: bool,
+        quiet: bool,
+        own_history: bool = True,
+    ) -> None:
         self.jsonl_path = Path(output_dir) / layout.METRICS
-        # After a resume, drop what a crashed run logged past the checkpoint: those steps are redone.
+        # After a resume, drop what a crashed run logged past the checkpoint: those steps are redone; all of
+        # it where the run took another run's checkpoint (`own_history` False: trial 18 P9).
         records, damaged = read_metrics_checked(self.jsonl_path)
         if damaged:
             console.log(f"{damaged}; left out of the file from now on")
-        kept = [r for r in records if r["step"] <= start_step]
+        kept = [r for r in records if r["step"] <= start_step and own_history]
         atomic.write_text(self.jsonl_path, "".join(json.dumps(r) + "\n" for r in kept))
         self.jsonl = open(self.jsonl_path, "a", encoding="utf-8")
         self.writer = None
@@ -214,7 +223,8 @@ class MetricsLogger:
             try:
                 with atomic.writing(self.tensorboard_dir):
                     self.writer = SummaryWriter(
-                        str(self.tensorboard_dir), purge_step=start_step + 1 if start_step else None
+                        str(self.tensorboard_dir),
+                        purge_step=(start_step + 1 if own_history else 1) if start_step else None,
                     )
             except BaseException:
                 threading.excepthook = self.excepthook

@@ -478,7 +478,12 @@ def fit(run: Run, last_step: int, stopper: StopOnSignal, quiet: bool) -> dict[st
     guard = NonFiniteGuard(tc.max_nonfinite_steps, rt.device)
     logger = (
         MetricsLogger(
-            Path(cfg.output_dir), step, max_steps=tc.max_steps, tensorboard=cfg.logging.tensorboard, quiet=quiet
+            Path(cfg.output_dir),
+            step,
+            max_steps=tc.max_steps,
+            tensorboard=cfg.logging.tensorboard,
+            quiet=quiet,
+            own_history=not checkpoint.is_foreign(checkpointer.resumed_from, Path(cfg.output_dir)),
         )
         if rt.is_main
         else None

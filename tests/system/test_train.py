@@ -638,6 +638,30 @@ def test_resume_skips_damaged_metrics_records_and_says_so_once(tmp_path, cli, ei
     assert metrics.read_text().splitlines()[:2] == good[:2]
 
 
+def test_resuming_another_runs_checkpoint_sets_the_whole_own_history_aside(tmp_path, cli, eight_steps):
+    """Trial 18 P9: after --resume OTHER/step-N, the run's own steps up to N stayed as its checkpoints
+    (a fall-back later went to one of another model), its best stayed, and its metrics kept that
+    history's records beside the new one's."""
+    import shutil
+
+    other = Path(shutil.copytree(eight_steps, tmp_path / "other"))
+    run = tmp_path / "run"
+    train(run, "train.max_steps=4", "train.eval_every=2", "checkpoint.save_every=2", "checkpoint.keep_last=3")
+    root = run / "checkpoints"
+    assert {p.name for p in root.iterdir()} == {"step-0000002", "step-0000004", "best"}
+    source = other / "checkpoints" / "step-0000008"
+    result = cli("pretrain", "--config", run / "config.yaml", "--resume", source, "--set", "train.max_steps=10")
+    assert result.code == 0, result.err
+    for step in (2, 4):
+        assert any(
+            line.startswith(f"{root / f'step-000000{step}'} is of step {step}, the run resumes from another run's "
+            f"checkpoint, {source}: a history left behind") for line in result.err_lines
+        ), result.err  # fmt: skip
+    assert f"removed {root / 'best'}: this run resumes from another run's checkpoint" in result.err
+    assert sorted(p.name for p in root.iterdir() if p.name.startswith("step-")) == ["step-0000010"]
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [10, 10]  # (the train and eval records)
+
+
 def test_resuming_an_older_checkpoint_by_path_sets_the_later_history_aside(tmp_path, cli, eight_steps):
     """`--resume PATH` back to step 4 of a run at step 8 starts another history: step 8 is set aside,
     so that the next slice (the same command, --resume auto) continues from the new one, not from the
