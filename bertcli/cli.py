@@ -60,6 +60,10 @@ def out(text: str) -> None:
         print(text, flush=True)
     except BrokenPipeError:
         raise PipeClosed from None
+    except OSError as exc:  # a full disk or device under stdout: named as such (trial 18 P10)
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            raise RunError(f"stdout: disk full ({exc.strerror}); what it holds of this output is incomplete") from None
+        raise
 
 
 def command_line(*args: str | Path) -> str:
@@ -737,9 +741,14 @@ def _stream_full(exc: BaseException, output: Path | None) -> RunError | None:
 
     if not (isinstance(exc, OSError) and is_disk_full(exc)) or (output is not None and not is_stream(output)):
         return None
+    fix = (
+        "free space"
+        if output is not None
+        else "free space, or write with --output FILE, which keeps nothing half-written"
+    )
     return RunError(
         f"{output or 'stdout'}: disk full ({exc.strerror}); the rows written there so far are incomplete (the last "
-        "one may be cut): free space, or write with --output FILE, which keeps nothing half-written"
+        f"one may be cut): {fix}"
     )
 
 

@@ -777,6 +777,18 @@ def test_a_full_disk_under_rows_on_stdout_says_they_are_incomplete(tmp_path, tra
         "bertcli: error: stdout: disk full (No space left on device); the rows written there so far are incomplete "
         "(the last one may be cut): free space, or write with --output FILE, which keeps nothing half-written"
     ], result.stderr
+    # --output the device itself: no advice to use --output; inspect's report on stdout: named (trial 18 P10)
+    device = subprocess.run([*command, "--output", "/dev/full"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert device.returncode == 1 and device.stderr.splitlines() == [
+        "bertcli: error: /dev/full: disk full (No space left on device); the rows written there so far are incomplete "
+        "(the last one may be cut): free space"
+    ], device.stderr
+    with open("/dev/full", "w") as full:
+        inspect = [sys.executable, "-m", "bertcli", "inspect", str(trained)]
+        result = subprocess.run(inspect, cwd=REPO, stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert result.returncode == 1 and result.stderr.splitlines() == [
+        "bertcli: error: stdout: disk full (No space left on device); what it holds of this output is incomplete"
+    ], result.stderr
 
 
 def test_prepare_and_pretrain_never_work_on_one_run_at_once(tmp_path, cli, small_corpus):
