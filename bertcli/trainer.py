@@ -14,6 +14,7 @@ resumes, decides when to save and saves: the only host-device syncs are at log, 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import signal
 import threading
@@ -387,9 +388,13 @@ def _load_data(
         lock = prepared_lock(cfg, "pretrain")
     else:
         lock = contextlib.nullcontext()
+
+    def vocab_check(vocab_size: int) -> None:  # the disk's room for a checkpoint, before the corpus is tokenized
+        sizes.check_disk(dataclasses.replace(cfg.model, vocab_size=vocab_size), Path(cfg.output_dir))
+
     with lock:
         if rt.is_main:
-            data = load_data(cfg, quiet, resume_from=resume_from)
+            data = load_data(cfg, quiet, resume_from=resume_from, vocab_check=vocab_check)
         rt.barrier()
         if not rt.is_main:
             data = load_data(cfg, quiet=True)

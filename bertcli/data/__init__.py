@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,9 +25,14 @@ class Dataset:
     tokenizer_files: list[Path]  # copied into every checkpoint (none for the synthetic corpus)
 
 
-def load_data(cfg: Config, quiet: bool = False, resume_from: Path | None = None) -> Dataset:
+def load_data(
+    cfg: Config,
+    quiet: bool = False,
+    resume_from: Path | None = None,
+    vocab_check: Callable[[int], None] | None = None,
+) -> Dataset:
     """The corpus named by data.corpus of resolved config `cfg`: generated, or prepared from text
-    (prepared first if needed; see prepare for `resume_from`)."""
+    (prepared first if needed; see prepare for `resume_from` and `vocab_check`)."""
     if cfg.data.corpus == "synthetic":
         assert cfg.model.vocab_size is not None  # validated in config
         corpus = synthetic_corpus(cfg.data.synthetic, cfg.model.vocab_size)
@@ -40,7 +46,7 @@ def load_data(cfg: Config, quiet: bool = False, resume_from: Path | None = None)
     from bertcli.data.prepare import load_prepared, prepare  # tokenizers is only needed for text
 
     prepared = load_prepared(
-        prepare(cfg, quiet=quiet, resume_from=resume_from), verify=False
+        prepare(cfg, quiet=quiet, resume_from=resume_from, vocab_check=vocab_check), verify=False
     )  # prepare checked (or wrote) it just now
     return Dataset(
         prepared.corpus("train"),

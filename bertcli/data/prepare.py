@@ -876,14 +876,17 @@ def prepare(
     force: bool = False,
     workers: int | None = None,
     resume_from: Path | None = None,
+    vocab_check: Callable[[int], None] | None = None,
 ) -> Path:
     """Prepare the corpus of resolved config `cfg` (see resolve.py) on `workers` processes (default:
     the cores available), keeping what is already prepared, whole and undamaged; return the prepared
     folder. SIGINT and SIGTERM stop it at once (what it was writing is removed; exit 130 or 143).
-    `resume_from`: a checkpoint the run will resume from (see run_tokenizer)."""
+    `resume_from`: a checkpoint the run will resume from (see run_tokenizer). `vocab_check`: called
+    with the vocabulary's size once it is known, before the corpus is tokenized (pretrain refuses a
+    model its disk has no room for there, not after the whole corpus is prepared: trial 18 U1)."""
     workers = workers or default_workers()
     with _stop_on_signal(Path(cfg.data.prepared_dir)), _one_core(workers):
-        return _prepare(cfg, quiet, force, workers, resume_from=resume_from)
+        return _prepare(cfg, quiet, force, workers, resume_from=resume_from, vocab_check=vocab_check)
 
 
 @dataclass
@@ -896,9 +899,17 @@ class _Plan:
     tok: Tokenizer | None  # None: to be trained
     tokenizer_file: Path | None  # the given or the run's tokenizer file; None: trained (or kept)
     given_sha256: str | None  # the given tokenizer (data.tokenizer.path) as loaded
+    vocab_check: Callable[[int], None] | None = None  # see prepare
 
 
-def _prepare(cfg: Config, quiet: bool, force: bool, workers: int, resume_from: Path | None = None) -> Path:
+def _prepare(
+    cfg: Config,
+    quiet: bool,
+    force: bool,
+    workers: int,
+    resume_from: Path | None = None,
+    vocab_check: Callable[[int], None] | None = None,
+) -> Path:
     data = cfg.data
     folder = Path(data.prepared_dir)
     files = corpus_files(corpus_path(cfg))
@@ -920,7 +931,13 @@ def _prepare(cfg: Config, quiet: bool, force: bool, workers: int, resume_from: P
     else:  # the run's checkpoints fix its token ids, if any: never train another vocabulary under them
         fixed = tokenizer_file
     plan = _Plan(
-        folder=folder, files=files, entries=entries, tok=tok, tokenizer_file=tokenizer_file, given_sha256=given_sha256
+        folder=folder,
+        files=files,
+        entries=entries,
+        tok=tok,
+        tokenizer_file=tokenizer_file,
+        given_sha256=given_sha256,
+        vocab_check=vocab_check,
     )
     # Before any work: the model's padding row is the tokenizer's [PAD] (a trained one's is SPECIAL's first, 0).
     pad = cfg.model.pad_problem(
@@ -1075,6 +1092,8 @@ def _fresh(cfg: Config, plan: _Plan, *, guard: Callable[[Path], None], quiet: bo
                 )
         save_tokenizer(tok, tmp)
         tok = read_tokenizer_json(tmp / layout.TOKENIZER_JSON)  # as every later prepare reads it (the units' keys)
+        if plan.vocab_check is not None:
+            plan.vocab_check(tok.get_vocab_size(with_added_tokens=True))
         units = plan_units(files, plan.entries, _tokenizer_sha256(tok), data)
         settings = _settings(data, tok)
         records = _prepare_units(units, tmp, tok, settings=settings, workers=workers, quiet=quiet)
@@ -1109,6 +1128,8 @@ def _update(
     start = time.perf_counter()
     settings = _settings(data, tok)
     vocab_size = tok.get_vocab_size(with_added_tokens=True)
+    if plan.vocab_check is not None:
+        plan.vocab_check(vocab_size)
     records = {u["key"]: u for u in old["units"]}
     old_keys = set(records)
     todo, damaged = [], []

@@ -269,8 +269,9 @@ def test_disk_full_during_a_checkpoint_is_one_clear_line_and_keeps_earlier_check
 @pytest.mark.parametrize("known", [True, False])
 def test_a_disk_without_room_for_one_checkpoint_is_refused_before_any_step(tmp_path, cli, monkeypatch, known):
     """Trial 17 U3: the run trained until its first save, then failed with the steps lost. Refused at
-    the start: before the data where the model's size is known, else once the tokenizer is (the
-    lower bound without it passes here: the free space lies between the bound and the size)."""
+    the start: before the data where the model's size is known, else once the tokenizer is trained,
+    before the corpus is tokenized (the lower bound without it passes here: the free space lies
+    between the bound and the size)."""
     import dataclasses
 
     from bertcli import sizes
@@ -301,7 +302,9 @@ def test_a_disk_without_room_for_one_checkpoint_is_refused_before_any_step(tmp_p
     assert errors[0].startswith(f"bertcli: error: {tmp_path / 'run'}: its disk has ")
     assert "one checkpoint of this model takes about" in result.err and "set output_dir to another disk" in result.err
     assert not (tmp_path / "run" / "checkpoints").exists() and not (tmp_path / "run" / "metrics.jsonl").exists()
-    assert (tmp_path / "run" / "data").exists() is not known  # prepared first only where the size waits on it
+    # (trial 18 U1: where the size waited on the tokenizer, the whole corpus was prepared first: now the
+    # check comes once the vocabulary is trained, before the corpus is tokenized, and nothing is kept)
+    assert not (tmp_path / "run" / "data").exists()
 
 
 def test_a_disk_that_fills_while_best_is_written_leaves_the_step_checkpoint(tmp_path, cli, monkeypatch):
