@@ -124,10 +124,11 @@ from bertcli.layout import (
 from bertcli.runlock import PreparedLock
 
 # ---------------------------------------------------------------- the prepared folder's layout
+# 5: sentences keep the closing quotes and brackets after their end (4 dropped them).
 # 4: units of work with shards of their own, a global index, per-unit held-out phase; incremental.
 # 3: tokenizer.json and vocab.txt hashed in the manifest; lines over text.MAX_LINE_CHARS cut in pieces.
 # 2: deterministic vocabulary (continuation pieces right after the special tokens).
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 # The names (manifest.json, units/KEY/, index/DIGEST/, the shards) are layout.py's, with layout.PREPARED: everything
 # a prepared folder holds, which `prepare` alone replaces or removes.
 _TMP = re.escape(atomic.TMP_PREFIX)
