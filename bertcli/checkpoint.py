@@ -45,7 +45,7 @@ from bertcli.config import Config, to_dict
 from bertcli.config_load import config_from_dict
 from bertcli.config_write import to_yaml
 from bertcli.data.tokenizer import TOKENIZER_SHA256, tokenizer_change
-from bertcli.errors import DamagedFile, RunError, UsageError
+from bertcli.errors import BertcliError, DamagedFile, RunError, UsageError
 from bertcli.hf_names import TIED_ALIASES, weight_keys
 from bertcli.ownership import linked, must_record_hashes, read_own, read_own_json, sha256_of
 
@@ -458,10 +458,26 @@ def read_config(path: Path) -> Config:
     return config_from_dict(raw, str(file))
 
 
-def trained_length(cfg: Config) -> int | None:
-    """The positions a run trains (data.max_seq_length), where it starts from scratch: a run from a
-    model (model.init_from) also has the positions that model was trained at (None: all)."""
-    return None if cfg.model.init_from else cfg.data.max_seq_length
+def trained_length(cfg: Config, _depth: int = 0) -> int | None:
+    """The positions a run has trained, where fewer than its model has (None: all of them): its
+    data.max_seq_length, or more where it started from a model (model.init_from) trained longer:
+    a bertcli checkpoint's own trained length, a Hugging Face folder's model_max_length (trial 19 S2:
+    a run continued at 64 from a model trained at 64 was taken as trained at every position). A
+    source that is gone, or says nothing, counts as trained at all of them."""
+    length = cfg.data.max_seq_length
+    source = Path(cfg.model.init_from) if cfg.model.init_from else None
+    if source is not None:
+        from bertcli.hf_import import tokenizer_limit
+
+        if layout.identify(source).kind is layout.Kind.CHECKPOINT and _depth < 16:
+            try:
+                inherited = trained_length(read_config(source), _depth + 1)
+            except (OSError, BertcliError):
+                inherited = None
+        else:
+            inherited = tokenizer_limit(source) if layout.is_hf_folder(source) else None
+        length = max(length, inherited) if inherited is not None else cfg.model.max_position_embeddings
+    return length if length < cfg.model.max_position_embeddings else None
 
 
 def check_readable(path: Path) -> Config:

@@ -571,6 +571,21 @@ def test_a_run_encodes_up_to_the_length_it_was_trained_at_as_its_export_does(tra
     longer = cli("encode", "--model", trained, tmp_path / "long.txt", "-f", "tsv", "--max-length", "200")
     assert not np.allclose(np.loadtxt(longer.out.splitlines(), delimiter="\t")[0], rows[trained][0], atol=1e-3)
 
+    # A run continued from it (its export, or its checkpoint) at that length or less has trained no other
+    # position (trial 19 S2: it counted as trained at all of them); a longer one, or a source gone, counts.
+    import dataclasses
+
+    from bertcli import checkpoint
+
+    cfg = load_run(trained / "config.yaml")
+    for source in (folder, trained / "checkpoints" / "step-0000004"):
+        continued = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, init_from=str(source)))
+        assert checkpoint.trained_length(continued) == trained_at
+        longer_run = dataclasses.replace(continued, data=dataclasses.replace(cfg.data, max_seq_length=trained_at + 8))
+        assert checkpoint.trained_length(longer_run) == trained_at + 8
+    gone = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, init_from=str(tmp_path / "gone")))
+    assert checkpoint.trained_length(gone) is None
+
 
 def test_an_output_folder_that_takes_no_file_is_said_first_naming_the_output(trained, tmp_path, cli, monkeypatch):
     """Trial 16 U6: a read-only --output folder was found after torch and the model loaded (5.6 s,
