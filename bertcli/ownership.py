@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import stat
 from dataclasses import dataclass
@@ -169,12 +170,26 @@ def remove_leftover_folders(final: Path, kind: Layout, mine: bool = False) -> No
             shutil.rmtree(child, ignore_errors=True)
 
 
+# The first bytes of compressed files: encode reads text, and a compressed file's bytes are no text.
+COMPRESSED_MAGIC = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz"}
+
+
 def check_input(path: str) -> None:
-    """Refuse a missing input file or a folder (the CLI asks before the model loads)."""
+    """Refuse a missing input file, a folder or a compressed file (the CLI asks before the model
+    loads: a .gz was refused after it, as "line 1 is not valid UTF-8", trial 19 U2)."""
     if not Path(path).exists():
         raise UsageError(f"{path}: no such input file")
     if Path(path).is_dir():
         raise UsageError(f"{path}: is a folder, not a text file")
+    if Path(path).is_file():
+        with open(path, "rb") as fh:
+            start = fh.read(6)
+        kind = next((name for magic, name in COMPRESSED_MAGIC.items() if start.startswith(magic)), None)
+        if kind:
+            raise UsageError(
+                f"{path}: {kind}-compressed, and encode reads text: decompress it, or pipe it in "
+                f"({'gzip' if kind == 'gzip' else kind} -dc {shlex.quote(str(path))} | bertcli encode ... -)"
+            )
 
 
 def is_stream(path: Path) -> bool:
