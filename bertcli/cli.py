@@ -522,9 +522,11 @@ def encode(
     model_cfg = hf.config if hf is not None else _checkpoint_model(model)
     if model_cfg is not None:
         try:
-            model_cfg.layer_index(layer)
+            index = model_cfg.layer_index(layer)
         except IndexError:
             raise _no_such_layer(layer, model_cfg.num_hidden_layers) from None
+        if pooling is not None and pooling.value == "pooler" and index != model_cfg.num_hidden_layers:
+            raise _pooler_not_last()  # (trial 19 U1: refused after the model loaded, 4.2-5.7 s)
     with _signals_stop("nothing was written"):  # (torch's import and the model's load take seconds)
         from bertcli import encode as enc_mod
         from bertcli.runtime import parse_device, slow_autocast
@@ -733,6 +735,10 @@ def _encode_format(fmt: Format | None, output: Path | None, with_text: bool, tok
     return fmt
 
 
+def _pooler_not_last() -> UsageError:
+    return UsageError("--pooling pooler reads the last layer; drop --layer or pick another pooling")
+
+
 def _stream_full(exc: BaseException, output: Path | None) -> RunError | None:
     """A full disk under encode's rows on stdout (or a device or pipe -o names): what was written
     stays there, unlike a file of --output (written whole or not at all); None: another error."""
@@ -867,7 +873,7 @@ def _encode_error(exc: BaseException) -> UsageError | None:
     if isinstance(exc, enc_mod.NoSuchLayer):
         return _no_such_layer(exc.layer, exc.last)
     if isinstance(exc, enc_mod.PoolerNotLast):
-        return UsageError("--pooling pooler reads the last layer; drop --layer or pick another pooling")
+        return _pooler_not_last()
     if isinstance(exc, enc_mod.NotUtf8):
         return UsageError(
             f"{exc.source}: line {exc.line} is not valid UTF-8 (byte {exc.byte} of the line); fix the "

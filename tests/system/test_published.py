@@ -416,6 +416,7 @@ def test_continued_pretraining_from_the_folder_prepares_whole_sentences_without_
         ({"hidden_act": "silu"}, (), "hidden_act"),
         ({}, ("--layer", "99"), "--layer 99: this model has layers 0 (embeddings) to 6 (-1 to -7 from the end)"),
         ({}, ("--layer", "-8"), "--layer -8: this model has layers 0 (embeddings) to 6"),
+        ({}, ("--layer", "2", "--pooling", "pooler"), "--pooling pooler reads the last layer"),  # (trial 19 U1)
     ],
 )
 def test_a_folder_encode_cannot_use_is_refused_before_torch_loads(tmp_path, edit, args, needle):
