@@ -299,7 +299,11 @@ class Snapshot:
 
 def _write_weights(tmp: Path, snap: Snapshot) -> None:
     save_safetensors(
-        snap.states[MODEL], tmp / layout.WEIGHTS, metadata={"format": "pt", "producer": f"bertcli {__version__}"}
+        # One key: safetensors writes its metadata map in a random order, so a second key made the bytes of
+        # the same weights differ from save to save (trial 19 P1); the version is in trainer_state.json.
+        snap.states[MODEL],
+        tmp / layout.WEIGHTS,
+        metadata={"format": "pt"},
     )
 
 

@@ -58,6 +58,8 @@ def test_run_writes_metrics_tensorboard_and_checkpoints(tmp_path):
     assert [s for s, _ in layout.list_checkpoints(tmp_path)] == [8, 12]  # keep_last 2
     ckpt = tmp_path / "checkpoints" / "step-0000012"
     stored = weights(ckpt)
+    with safetensors.safe_open(ckpt / "model.safetensors", "pt") as f:  # one key: the bytes of the same weights
+        assert f.metadata() == {"format": "pt"}  # are the same (safetensors orders a map at random: trial 19 P1)
     model = BertForPreTraining(micro_config().model)
     assert set(stored) == set(model.state_dict()) - set(TIED_ALIASES)  # Hugging Face names, no tied copies
     state = torch.load(ckpt / "training_state.pt", weights_only=True)  # nothing but tensors and containers
