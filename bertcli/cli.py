@@ -509,6 +509,8 @@ def encode(
         device=device, dtype=dtype, errors=errors, pairs=pairs, strict_pairs=strict_pairs, max_length=max_length
     )
     fmt = _encode_format(fmt, output, with_text, tokens)
+    if tokens and pooling is not None:  # (trial 19 P3: accepted, and ignored without a word)
+        raise UsageError(f"--tokens gives a vector per token, which no pooling makes: drop --pooling {pooling.value}")
     output = _check_encode_files(inputs or [], model=model, output=output)
     from bertcli import hf_import
     from bertcli.export import check_model_path

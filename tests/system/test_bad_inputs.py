@@ -630,6 +630,12 @@ CASES = [
         "no such folder",
     ),
     ("encode-missing-input", lambda d, b: ["encode", "--model", b["text"], d / "none.txt"], 2, "no such input file"),
+    (  # trial 19 P3: accepted and ignored
+        "encode-tokens-with-a-pooling",
+        lambda d, b: ["encode", "--model", b["text"], _write(d, "in.txt", "a\n"), "--tokens", "--pooling", "max"],
+        2,
+        "--tokens gives a vector per token, which no pooling makes: drop --pooling max",
+    ),
     (  # trial 19 U2: refused after the model loaded, as "line 1 is not valid UTF-8"
         "encode-a-gzip-file",
         lambda d, b: ["encode", "--model", b["text"], _write(d, "in.txt.gz", gzip.compress(b"a line\n"))],
