@@ -211,6 +211,16 @@ class MetricsLogger:
         if damaged:
             console.log(f"{damaged}; left out of the file from now on")
         kept = [r for r in records if r["step"] <= start_step and own_history]
+        if len(kept) < len(records):  # said, never silent (trial 20 S1: a fresh run emptied an old run's file)
+            steps = sorted({r["step"] for r in records if r not in kept})
+            console.log(
+                f"{self.jsonl_path}: {len(records) - len(kept):,} record(s) of steps {steps[0]:,}-{steps[-1]:,} dropped: "
+                + (
+                    f"past step {start_step:,}, where this run resumes (logged after its last checkpoint)"
+                    if own_history and start_step
+                    else "of a history this run does not continue"
+                )
+            )
         atomic.write_text(self.jsonl_path, "".join(json.dumps(r) + "\n" for r in kept))
         self.jsonl = open(self.jsonl_path, "a", encoding="utf-8")
         self.writer = None

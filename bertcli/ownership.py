@@ -171,7 +171,15 @@ def remove_leftover_folders(final: Path, kind: Layout, mine: bool = False) -> No
 
 
 # The first bytes of compressed files: encode reads text, and a compressed file's bytes are no text.
-COMPRESSED_MAGIC = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz"}
+COMPRESSED_MAGIC = {
+    b"\x1f\x8b": "gzip",
+    b"BZh": "bzip2",
+    b"\xfd7zXZ\x00": "xz",
+    b"\x28\xb5\x2f\xfd": "zstd",
+    b"PK\x03\x04": "zip",
+}
+# How each is piped in, decompressed (trial 20 U1: zstd and zip were read as text after the model loaded).
+DECOMPRESS = {"gzip": "gzip -dc", "bzip2": "bzip2 -dc", "xz": "xz -dc", "zstd": "zstd -dc", "zip": "unzip -p"}
 
 
 def check_input(path: str) -> None:
@@ -188,7 +196,7 @@ def check_input(path: str) -> None:
         if kind:
             raise UsageError(
                 f"{path}: {kind}-compressed, and encode reads text: decompress it, or pipe it in "
-                f"({'gzip' if kind == 'gzip' else kind} -dc {shlex.quote(str(path))} | bertcli encode ... -)"
+                f"({DECOMPRESS[kind]} {shlex.quote(str(path))} | bertcli encode ... -)"
             )
 
 

@@ -630,6 +630,12 @@ CASES = [
         "no such folder",
     ),
     ("encode-missing-input", lambda d, b: ["encode", "--model", b["text"], d / "none.txt"], 2, "no such input file"),
+    (  # trial 20 U1: zstd (and zip) were read as text after the model loaded
+        "encode-a-zstd-file",
+        lambda d, b: ["encode", "--model", b["text"], _write(d, "in.txt.zst", b"\x28\xb5\x2f\xfd" + bytes(20))],
+        2,
+        "in.txt.zst: zstd-compressed, and encode reads text: decompress it, or pipe it in (zstd -dc ",
+    ),
     (  # trial 19 P3: accepted and ignored
         "encode-tokens-with-a-pooling",
         lambda d, b: ["encode", "--model", b["text"], _write(d, "in.txt", "a\n"), "--tokens", "--pooling", "max"],

@@ -662,6 +662,21 @@ def test_resuming_another_runs_checkpoint_sets_the_whole_own_history_aside(tmp_p
     assert f"removed {root / 'best'}: this run resumes from another run's checkpoint" in result.err
     assert sorted(p.name for p in root.iterdir() if p.name.startswith("step-")) == ["step-0000010"]
     assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [10, 10]  # (the train and eval records)
+    assert any(
+        line.startswith(f"{run / 'metrics.jsonl'}: ")
+        and line.endswith("dropped: of a history this run does not continue")
+        for line in result.err_lines
+    ), result.err
+
+    # A fresh start over a run whose checkpoints were deleted drops that file's records: said too (trial 20 S1).
+    import shutil as _shutil
+
+    _shutil.rmtree(root)
+    again = cli("pretrain", "--config", run / "config.yaml", "--set", "train.max_steps=2")
+    assert again.code == 0 and (
+        f"{run / 'metrics.jsonl'}: 2 record(s) of steps 10-10 dropped: of a history this run does not continue"
+        in again.err_lines
+    ), again.err
 
 
 def test_resuming_an_older_checkpoint_by_path_sets_the_later_history_aside(tmp_path, cli, eight_steps):
