@@ -48,6 +48,7 @@ from bertcli.data.tokenizer import TOKENIZER_SHA256, tokenizer_change
 from bertcli.errors import BertcliError, DamagedFile, RunError, UsageError
 from bertcli.hf_names import TIED_ALIASES, weight_keys
 from bertcli.ownership import linked, must_record_hashes, read_own, read_own_json, sha256_of
+from bertcli.resolve import PATH_KEYS
 
 if TYPE_CHECKING:  # torch is imported by the functions that handle tensors: inspect reads checkpoints without it
     import torch
@@ -712,12 +713,19 @@ def setting_differences(
         old["global batch"], new["global batch"] = batches
     synthetic = old["data.corpus"] == new["data.corpus"] == "synthetic"  # its settings matter only then
 
+    def same(key: str, a: Any, b: Any) -> bool:
+        # A path setting names one file however it is spelt (trial 20 C1: `../tok.json` in the
+        # config, resolved as RUN/../tok.json, against the same file given with --set).
+        if key in PATH_KEYS and isinstance(a, str) and isinstance(b, str) and a and b:
+            return os.path.realpath(a) == os.path.realpath(b)
+        return a == b
+
     def changed(prefixes: list[str]) -> str:
         keys = [
             k
             for k in new
             if any(k == p or k.startswith(p + ".") for p in prefixes)
-            and old.get(k) != new[k]
+            and not same(k, old.get(k), new[k])
             and (synthetic or not k.startswith("data.synthetic."))
         ]
         return ", ".join(f"{k} {old.get(k)!r} -> {new[k]!r}" for k in keys)

@@ -814,3 +814,28 @@ def test_a_new_run_resuming_another_runs_checkpoint_prepares_with_its_tokenizer(
     }
     assert len(ids) == 1
     assert (tmp_path / "new" / "checkpoints" / "step-0000006").is_dir()
+
+
+def test_resuming_names_a_path_setting_changed_only_when_its_file_is_another(tmp_path):
+    """Trial 20 C1: the tokenizer given as `../tok.json` in the run's config (resolved to
+    RUN/../tok.json) and as the same file with --set was said to be another tokenizer, "ignored",
+    at every resume; a corpus spelt two ways likewise said the examples changed."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "tok.json").write_text("{}")
+    (tmp_path / "corpus.txt").write_text("text\n")
+    (tmp_path / "other.json").write_text("{}")
+
+    def config(tokenizer: Path, corpus: Path):
+        cfg = micro_config()
+        data = dataclasses.replace(
+            cfg.data, corpus=str(corpus), tokenizer=dataclasses.replace(cfg.data.tokenizer, path=str(tokenizer))
+        )
+        return dataclasses.replace(cfg, data=data)
+
+    spelt = config(tmp_path / "run" / ".." / "tok.json", tmp_path / "run" / ".." / "corpus.txt")
+    plain = config(tmp_path / "tok.json", tmp_path / "corpus.txt")
+    assert checkpoint.setting_differences(spelt, plain, step=4, where="step-0000004") == []
+    lines = checkpoint.setting_differences(
+        spelt, config(tmp_path / "other.json", tmp_path / "corpus.txt"), step=4, where="s"
+    )
+    assert len(lines) == 1 and "data.tokenizer.path" in lines[0] and "ignored" in lines[0]
