@@ -464,7 +464,7 @@ def read_config(path: Path) -> Config:
 
 
 def trained_length(cfg: Config, _depth: int = 0) -> int | None:
-    """The positions a run has trained, where fewer than its model has (None: all of them): its
+    """The positions a run of `cfg` trains, where fewer than its model has (None: all of them): its
     data.max_seq_length, or more where it started from a model (model.init_from) trained longer:
     a bertcli checkpoint's own trained length, a Hugging Face folder's model_max_length (trial 19 S2:
     a run continued at 64 from a model trained at 64 was taken as trained at every position). A
@@ -476,13 +476,29 @@ def trained_length(cfg: Config, _depth: int = 0) -> int | None:
 
         if layout.identify(source).kind is layout.Kind.CHECKPOINT and _depth < 16:
             try:
-                inherited = trained_length(read_config(source), _depth + 1)
+                inherited = checkpoint_trained_length(source, _depth + 1)
+                inherited = inherited if inherited is not None else cfg.model.max_position_embeddings
             except (OSError, BertcliError):
                 inherited = None
         else:
             inherited = tokenizer_limit(source) if layout.is_hf_folder(source) else None
         length = max(length, inherited) if inherited is not None else cfg.model.max_position_embeddings
     return length if length < cfg.model.max_position_embeddings else None
+
+
+TRAINED_LENGTH = "trained_length"  # trainer_state.json: the longest sequences the run has trained on so far
+
+
+def checkpoint_trained_length(path: Path, _depth: int = 0) -> int | None:
+    """The positions the model of checkpoint `path` was trained at, where fewer than it has (None:
+    all): the longest over its run's history, as trainer_state.json records it (trial 20 U2: a run
+    trained at 128 and resumed at 64 counted 64 only), else (a checkpoint written before the
+    record) what its config says (trained_length)."""
+    cfg = read_config(path)
+    recorded = read_trainer_state(path).get(TRAINED_LENGTH)
+    if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded > 0:
+        return recorded if recorded < cfg.model.max_position_embeddings else None
+    return trained_length(cfg, _depth)
 
 
 def check_readable(path: Path) -> Config:
@@ -995,6 +1011,7 @@ class Progress:
     step: int = 0
     tokens_seen: int = 0
     train_time_s: float = 0.0
+    trained_length: int = 0  # the longest sequences trained on (0: none yet)
 
 
 class CheckpointManager:
@@ -1101,6 +1118,7 @@ class CheckpointManager:
             step=int(state["step"]),
             tokens_seen=int(trainer.get("tokens_seen", 0)),
             train_time_s=float(trainer.get("train_time_s", 0.0)),
+            trained_length=checkpoint_trained_length(path) or self.cfg.model.max_position_embeddings,
         )
         console.info(f"resuming from {path} (step {progress.step})")
         saved = read_config(path)

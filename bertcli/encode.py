@@ -176,7 +176,7 @@ def load_encoder(
     else:
         # A checkpoint holds every weight (loaded strictly); a run's, pruned while read, is chosen again.
         source, (model, tokenizer) = read_checkpoint(path, _load_checkpoint)
-        fresh, trained = (), checkpoint.trained_length(checkpoint.read_config(source))
+        fresh, trained = (), checkpoint.checkpoint_trained_length(source)
     model.to(device).eval()
     return Encoder(
         trained_length=trained if trained is not None and trained < model.config.max_position_embeddings else None,

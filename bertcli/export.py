@@ -252,7 +252,7 @@ def _export(ckpt: Path, out_dir: Path, force: bool) -> Path:
             "tokenize_chinese_chars": casing.get("tokenize_chinese_chars", True),
             # The positions trained (a run from scratch at data.max_seq_length: the rest are random), what
             # transformers truncates at, and bertcli's encode of this folder as of its run.
-            "model_max_length": checkpoint.trained_length(cfg) or m.max_position_embeddings,
+            "model_max_length": checkpoint.checkpoint_trained_length(ckpt) or m.max_position_embeddings,
             **SPECIAL_TOKENS,
         }
         _write_json(tmp / layout.TOKENIZER_CONFIG, tokenizer_config)

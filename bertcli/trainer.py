@@ -638,12 +638,21 @@ def train_step(
 
 def _trainer_state(run: Run, window: MetricsWindow, metrics: dict[str, float], run_start: float) -> dict[str, Any]:
     """What a checkpoint's trainer_state.json records (tokens summed over processes: a collective)."""
+    cfg = run.cfg
     seen = run.rt.all_reduce_sum(torch.tensor([window.tokens_since_start], dtype=torch.float64, device=run.rt.device))
     return {
         "tokens_seen": run.progress.tokens_seen + int(seen[0]),
         "train_time_s": run.progress.train_time_s + time.perf_counter() - run_start,
         # The global batch: a resume on another number of processes compares it, not the split.
         "examples_per_step": run.examples_per_step,
+        # The longest sequences trained on over the run's history (a resume may shorten them); a
+        # fresh run's source model (model.init_from) counts too, a resumed one's is in the record.
+        checkpoint.TRAINED_LENGTH: max(
+            run.progress.trained_length,
+            cfg.data.max_seq_length
+            if run.progress.trained_length
+            else checkpoint.trained_length(cfg) or cfg.model.max_position_embeddings,
+        ),
         "metrics": metrics,
     }
 

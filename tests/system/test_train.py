@@ -839,3 +839,33 @@ def test_resuming_names_a_path_setting_changed_only_when_its_file_is_another(tmp
         spelt, config(tmp_path / "other.json", tmp_path / "corpus.txt"), step=4, where="s"
     )
     assert len(lines) == 1 and "data.tokenizer.path" in lines[0] and "ignored" in lines[0]
+
+
+def test_a_run_resumed_at_shorter_sequences_keeps_the_longest_it_trained(tmp_path, eight_steps):
+    """Trial 20 U2: a run trained at 32 and resumed at 24 counted only 24 positions as trained, so
+    its encode and export (model_max_length) cut texts short of what the model learned."""
+    import shutil
+
+    shutil.copytree(eight_steps, tmp_path, dirs_exist_ok=True)
+    root = tmp_path / "checkpoints"
+    assert checkpoint.read_trainer_state(root / "step-0000008")[checkpoint.TRAINED_LENGTH] == 32
+    assert checkpoint.checkpoint_trained_length(root / "step-0000008") == 32
+    train(tmp_path, "checkpoint.keep_last=3", "train.eval_every=0", "data.max_seq_length=24", stop_at=10)
+    assert checkpoint.read_trainer_state(root / "step-0000010")[checkpoint.TRAINED_LENGTH] == 32
+    assert checkpoint.checkpoint_trained_length(root / "step-0000010") == 32
+    train(tmp_path, "checkpoint.keep_last=3", "train.eval_every=0", "data.max_seq_length=48", stop_at=12)
+    assert checkpoint.checkpoint_trained_length(root / "step-0000012") == 48
+    train(
+        tmp_path,
+        "checkpoint.keep_last=3",
+        "train.eval_every=0",
+        "data.max_seq_length=64",
+        "train.max_steps=16",
+        stop_at=13,
+    )
+    assert checkpoint.checkpoint_trained_length(root / "step-0000013") is None  # all 64 positions
+    # A checkpoint written before the record: what its config says.
+    state = checkpoint.read_trainer_state(root / "step-0000010")
+    del state[checkpoint.TRAINED_LENGTH]
+    (root / "step-0000010" / "trainer_state.json").write_text(json.dumps(state))
+    assert checkpoint.checkpoint_trained_length(root / "step-0000010") == 24
