@@ -275,7 +275,7 @@ def pretrain(
     ),
 ) -> None:
     """Pretrain BERT (MLM + NSP) as the config says, resuming from the newest checkpoint."""
-    from bertcli.config import DEVICE_NAMES, is_device_name
+    from bertcli.config import DEVICE_NAMES, check_gpu_build, is_device_name
     from bertcli.resolve import check_outputs_apart, load_run
 
     # The config is checked before torch loads (3-4 s, 240 MB): a refusal takes a fraction of a second.
@@ -284,6 +284,7 @@ def pretrain(
     with console.quiet(quiet):  # (resolving may say where a gone init_from's architecture comes from)
         cfg = load_run(config, overrides + ([f"train.device={device}"] if device else []))
     check_outputs_apart(cfg)
+    check_gpu_build(cfg.train.device, "--device" if device is not None else "train.device")
     from bertcli import checkpoint
 
     # A signal before the training loop's own handling (torch's import alone takes seconds): one line, exit 128 + N.
@@ -600,12 +601,13 @@ def encode(
 def _check_encode_flags(
     *, device: str, dtype: str, errors: str, pairs: bool, strict_pairs: bool, max_length: int | None
 ) -> None:
-    """Refuse values of encode's flags that Typer does not check itself (torch-free: a GPU that is
-    not there is found when the device is made)."""
-    from bertcli.config import DEVICE_NAMES, PRECISIONS, is_device_name
+    """Refuse values of encode's flags that Typer does not check itself (torch-free: a CPU build of
+    torch is read from its files, a GPU that is not there is found when the device is made)."""
+    from bertcli.config import DEVICE_NAMES, PRECISIONS, check_gpu_build, is_device_name
 
     if not is_device_name(device):
         raise UsageError(f"--device {device!r}: expected {DEVICE_NAMES}")
+    check_gpu_build(device, "--device")
     if dtype not in PRECISIONS:
         raise UsageError(f"--dtype {dtype!r}: expected {', '.join(PRECISIONS[:-1])} or {PRECISIONS[-1]}")
     if errors not in ("strict", "replace"):

@@ -18,7 +18,10 @@ import re
 import typing
 from dataclasses import dataclass, field
 from functools import cache
+from pathlib import Path
 from typing import Any, Literal, Optional
+
+from bertcli.errors import UsageError
 
 Problem = tuple[str, str]
 """An impossible value: (its path from the top of the config, what is wrong), e.g.
@@ -46,6 +49,34 @@ PRECISIONS = ("fp32", "bf16", "fp16")  # resolved precisions; precision.mode add
 def is_device_name(name: str) -> bool:
     """Whether `name` is a Device: auto, cpu, cuda, or cuda:N with N a device index."""
     return name in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:[0-9]+", name) is not None
+
+
+def check_gpu_build(name: str, what: str) -> None:
+    """Refuse (UsageError) a CUDA device name where the installed PyTorch is a CPU build, as its
+    torch/version.py says, read without importing torch (3-4 s, 250 MB: the refusal runtime's
+    parse_device gives after the import took 4-5 s). A CUDA or ROCm build, or a file not read as
+    expected, passes: parse_device then asks the driver."""
+    if not name.startswith("cuda"):
+        return
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("torch")  # (finds the package without importing it)
+        text = Path(spec.origin).with_name("version.py").read_text() if spec and spec.origin else ""
+        values = {
+            target.id: node.value.value
+            for node in ast.parse(text).body
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Constant)
+            for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+            if isinstance(target, ast.Name)
+        }
+    except (OSError, ValueError, SyntaxError, ImportError):
+        return
+    if "cuda" in values and values.get("cuda") is None and values.get("hip") is None:
+        raise UsageError(
+            f"{what} {name!r}: the installed PyTorch ({values.get('__version__', 'unknown version')}) is a CPU "
+            f"build, without CUDA; use {what} cpu (or auto), or install a CUDA build of torch"
+        )
 
 
 NAME_MAX, PATH_MAX = 255, 4096  # bytes of one file name, and of a whole path (Linux; macOS allows fewer)

@@ -109,8 +109,21 @@ def test_usage_errors(tmp_path, cli, args, needle):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
 def test_cuda_without_a_gpu_is_a_usage_error(tmp_path, cli):
+    """A CPU build of torch is refused from its files before torch loads (it took 4-5 s after the
+    import, trial 20); a CUDA build on a machine without a GPU, after asking the driver."""
+    from conftest import refuse_in_fresh_interpreter
+
+    cpu_build = torch.version.cuda is None and torch.version.hip is None
     result = cli("pretrain", "--config", write_config(tmp_path), "--device", "cuda")
-    assert result.code == 2 and "no CUDA GPU" in result.err
+    assert result.code == 2 and ("a CPU build" if cpu_build else "no CUDA GPU") in result.err, result.err
+    if cpu_build:
+        (tmp_path / "in.txt").write_text("hello\n")
+        for args in (
+            ["pretrain", "--config", tmp_path / "config.yaml", "--device", "cuda:1"],
+            ["encode", "--model", tmp_path / "nothing", tmp_path / "in.txt", "--device", "cuda"],
+        ):
+            (code, imported), err = refuse_in_fresh_interpreter(*args, cwd=tmp_path)
+            assert (code, imported) == ("2", "False") and "is a CPU build, without CUDA" in err, err
 
 
 def test_quiet_pretrain_says_errors_warnings_and_the_summary_only(tmp_path, cli, trained):

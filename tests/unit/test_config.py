@@ -593,3 +593,37 @@ def test_a_model_path_that_is_no_model_is_refused_before_torch_loads(tmp_path, g
         "(config.json, model.safetensors, and tokenizer.json or vocab.txt)",
     )
     assert err.splitlines() == [f"bertcli: error: {expected}"], err
+
+
+@pytest.mark.parametrize(
+    ("version", "refused"),
+    [
+        ("cuda: Optional[str] = None\nhip: Optional[str] = None\n", True),  # a CPU build
+        ("cuda: Optional[str] = '12.8'\nhip: Optional[str] = None\n", False),
+        ("cuda: Optional[str] = None\nhip: Optional[str] = '6.4'\n", False),  # ROCm: torch's "cuda" device
+        ("this is not python(\n", False),  # not read as expected: the driver is asked later
+        (None, False),  # no version.py
+    ],
+)
+def test_a_cuda_device_is_refused_before_torch_loads_where_torch_is_a_cpu_build(
+    tmp_path, monkeypatch, version, refused
+):
+    import importlib.machinery
+    import importlib.util
+
+    from bertcli.config import check_gpu_build
+
+    package = tmp_path / "torch"
+    package.mkdir()
+    (package / "__init__.py").write_text("raise ImportError('imported')\n")
+    if version is not None:
+        (package / "version.py").write_text("from typing import Optional\n__version__ = '9.9'\n" + version)
+    spec = importlib.machinery.ModuleSpec("torch", None, origin=str(package / "__init__.py"))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: spec)
+    check_gpu_build("cpu", "--device")  # never refused
+    check_gpu_build("auto", "--device")
+    if refused:
+        with pytest.raises(UsageError, match=r"--device 'cuda:1': the installed PyTorch \(9.9\) is a CPU build"):
+            check_gpu_build("cuda:1", "--device")
+    else:
+        check_gpu_build("cuda:1", "--device")
