@@ -642,11 +642,13 @@ def _check_writable(folder: Path, named: Path) -> None:
 def _check_encode_files(inputs: list[str], *, model: Path, output: Path | None) -> Path | None:
     """Check encode's input files, --output (returned resolved: a link is written through) and --model,
     before the model loads (seconds) rather than when a file's turn comes."""
-    from bertcli.ownership import check_input, check_output_file, is_stream
+    from bertcli.ownership import check_input, check_output_file, check_stdin, is_stream
 
     for source in inputs:
         if source != "-":
             check_input(source)
+    if not inputs or "-" in inputs:
+        check_stdin()  # (trial 20: gzip on stdin was "line 1 is not valid UTF-8" after the model loaded)
     if output is not None:  # never a folder, an input file or a file of the model
         output = check_output_file(output, [i for i in inputs if i != "-"], model)
         if not is_stream(output):

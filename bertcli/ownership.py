@@ -23,6 +23,7 @@ import re
 import shlex
 import shutil
 import stat
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -182,6 +183,21 @@ COMPRESSED_MAGIC = {
 DECOMPRESS = {"gzip": "gzip -dc", "bzip2": "bzip2 -dc", "xz": "xz -dc", "zstd": "zstd -dc", "zip": "unzip -p"}
 
 
+def compressed_kind(start: bytes) -> str | None:
+    """The compression whose magic bytes `start` (a stream's first bytes) begins with, if any."""
+    return next((name for magic, name in COMPRESSED_MAGIC.items() if start.startswith(magic)), None)
+
+
+def refuse_compressed(name: str, kind: str, path: str | None = None) -> UsageError:
+    """The one line for a compressed input `name` (of compression `kind`; `path`: a file, else stdin)."""
+    how = (
+        f"pipe it in ({DECOMPRESS[kind]} {shlex.quote(path)} | bertcli encode ... -)"
+        if path is not None
+        else f"pipe it through {DECOMPRESS[kind]} first (... | {DECOMPRESS[kind]} | bertcli encode ...)"
+    )
+    return UsageError(f"{name}: {kind}-compressed, and encode reads text: decompress it, or {how}")
+
+
 def check_input(path: str) -> None:
     """Refuse a missing input file, a folder or a compressed file (the CLI asks before the model
     loads: a .gz was refused after it, as "line 1 is not valid UTF-8", trial 19 U2)."""
@@ -191,13 +207,27 @@ def check_input(path: str) -> None:
         raise UsageError(f"{path}: is a folder, not a text file")
     if Path(path).is_file():
         with open(path, "rb") as fh:
-            start = fh.read(6)
-        kind = next((name for magic, name in COMPRESSED_MAGIC.items() if start.startswith(magic)), None)
+            kind = compressed_kind(fh.read(6))
         if kind:
-            raise UsageError(
-                f"{path}: {kind}-compressed, and encode reads text: decompress it, or pipe it in "
-                f"({DECOMPRESS[kind]} {shlex.quote(str(path))} | bertcli encode ... -)"
-            )
+            raise refuse_compressed(path, kind, path)
+
+
+def check_stdin(wait_s: float = 0.5) -> None:
+    """Refuse compressed bytes on stdin before the model loads (seconds), where its first bytes come
+    within `wait_s`: they are peeked, left for the reader. A producer slower than that, or a
+    terminal, is not waited for (encode's reader checks the first line again)."""
+    import select
+
+    try:
+        stream = sys.stdin.buffer
+        if stream.isatty() or not select.select([stream], [], [], wait_s)[0]:
+            return
+        start = stream.peek(6)[:6]
+    except (AttributeError, ValueError, OSError):  # no stdin of its own (in-process), or closed
+        return
+    kind = compressed_kind(start)
+    if kind:
+        raise refuse_compressed("stdin", kind)
 
 
 def is_stream(path: Path) -> bool:

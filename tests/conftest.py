@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 # One thread per process for the suite's micro models (hidden size 32), in this process and in every
 # bertcli it starts (the variable is inherited), set before torch is imported. Threads only cost
@@ -119,7 +120,7 @@ except SystemExit as exc:
 """
 
 
-def refuse_in_fresh_interpreter(*args: str, cwd: Path) -> tuple[list[str], str]:
+def refuse_in_fresh_interpreter(*args: str, cwd: Path, stdin: Any = None) -> tuple[list[str], str]:
     """`bertcli ARGS` run in a fresh interpreter (whether torch got imported on the way is then the
     command's alone): [exit code, "True" or "False" for torch imported], and stderr."""
     import os
@@ -128,6 +129,7 @@ def refuse_in_fresh_interpreter(*args: str, cwd: Path) -> tuple[list[str], str]:
 
     result = subprocess.run(
         [sys.executable, "-c", _REFUSE_AND_REPORT_TORCH, *map(str, args)],
+        stdin=stdin,
         capture_output=True,
         text=True,
         cwd=cwd,

@@ -890,3 +890,36 @@ def test_a_window_is_bounded_in_characters_whatever_the_batch_size(trained, monk
     lines = [f"line number {i} of the input" for i in range(30)]  # 26 or 27 characters each
     counts = encode(enc, iter(lines), Writer("jsonl", io.StringIO(), None, False), resolve(enc, batch_size=10**8))
     assert counts["lines"] == 30 and windows == [4] * 7 + [2], windows
+
+
+def test_compressed_stdin_is_refused_before_the_model_loads_and_never_read_as_text(trained, tmp_path):
+    """Trial 20: gzip on stdin was "line 1 is not valid UTF-8" after the model loaded (2-4 s, 300
+    MB), and with --errors replace it was encoded as text. Its first bytes are peeked before the model
+    loads; a producer too slow for the peek is refused at its first line, --errors replace or not."""
+    import gzip
+
+    from conftest import refuse_in_fresh_interpreter
+
+    packed = tmp_path / "in.txt.gz"
+    packed.write_bytes(gzip.compress(b"a line\nanother\n"))
+    with open(packed, "rb") as stdin:
+        (code, imported), err = refuse_in_fresh_interpreter("encode", "--model", trained, cwd=tmp_path, stdin=stdin)
+    assert (code, imported) == ("2", "False"), err
+    assert err.splitlines() == [
+        "bertcli: error: stdin: gzip-compressed, and encode reads text: decompress it, or pipe it through gzip -dc "
+        "first (... | gzip -dc | bertcli encode ...)"
+    ]
+    slow = subprocess.Popen(  # its bytes come after the peek gave up waiting
+        [
+            sys.executable,
+            "-c",
+            f"import sys, time; time.sleep(1.5); sys.stdout.buffer.write(open({str(packed)!r}, 'rb').read())",
+        ],
+        stdout=subprocess.PIPE,
+    )
+    result = run_process("encode", "--model", trained, "--errors", "replace", "-", stdin=slow.stdout)
+    slow.wait()
+    assert result.returncode == 2 and result.stdout == "", result.stderr
+    assert "stdin: gzip-compressed, and encode reads text" in result.stderr.splitlines()[-1]
+    plain = run_process("encode", "--model", trained, "-f", "tsv", input="a line\nanother\n")
+    assert plain.returncode == 0 and len(plain.stdout.splitlines()) == 2, plain.stderr
