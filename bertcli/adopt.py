@@ -13,7 +13,7 @@ from typing import Any
 from bertcli import checkpoint, console, layout
 from bertcli.config import Config, ModelConfig
 from bertcli.config_load import preset_config
-from bertcli.data.tokenizer import describe, find_tokenizer_file
+from bertcli.data.tokenizer import casing_clashes, describe, find_tokenizer_file
 from bertcli.errors import UsageError
 from bertcli.hf_import import check_finite_weights, check_tied, load_model_tokenizer, read_hf_config
 from bertcli.hf_names import HF_FIELDS
@@ -137,6 +137,13 @@ def continued_pretraining(source: Path, preset: str, overrides: list[str]) -> tu
     warmup = min(scratch.optimizer.warmup_steps, max(1, round(CONTINUED_WARMUP_SHARE * scratch.train.max_steps)))
     values |= {"optimizer.lr": CONTINUED_LR, "optimizer.warmup_steps": warmup}
     cfg = preset_config(preset, overrides, values=values)
+    if tokenizer is not None and cfg.data.tokenizer.path == str(source):
+        clashes = casing_clashes(loaded, cfg.data.tokenizer)
+        if clashes:  # (trial 19 P2: written into the config, and ignored by the loaded tokenizer)
+            raise UsageError(
+                f"{clashes}: the tokenizer of {source} keeps its own casing, as the model's embeddings were "
+                "trained on its ids: drop those settings"
+            )
     o = cfg.optimizer
     note = (
         f"\nContinued pretraining from {source}: its architecture (model), weights (model.init_from)"

@@ -93,6 +93,7 @@ from bertcli.data.text import (
 )
 from bertcli.data.tokenizer import (
     SPECIAL,
+    casing_clashes,
     check_ids,
     continuation_mask,
     describe,
@@ -926,6 +927,16 @@ def _prepare(
     given_sha256 = fixed = None
     if data.tokenizer.path:
         check_ids(tok, tokenizer_file)  # its vocab.txt is written into the data and every checkpoint
+        if clashes := casing_clashes(tok, data.tokenizer):
+            log(
+                f"warning: {clashes}: ignored, as the tokenizer of data.tokenizer.path ({tokenizer_file}) keeps its "
+                "own casing (its vocabulary was made with it); set them as the tokenizer has them"
+                + (
+                    ""
+                    if cfg.model.init_from
+                    else ", or leave data.tokenizer.path empty to train a tokenizer of your own"
+                )
+            )
         # The loaded tokenizer as it is used (casing from a tokenizer_config.json, padding off), not its file
         # alone: data prepared with a tokenizer that padded (older bertcli) is prepared again.
         given_sha256 = hashlib.sha256(tok.to_str().encode()).hexdigest()

@@ -300,6 +300,19 @@ def describe(tok: Tokenizer) -> dict[str, Any]:
     return info
 
 
+def casing_clashes(tok: Tokenizer, cfg: TokenizerConfig) -> str:
+    """The casing settings of `cfg` (lowercase, strip_accents) that loaded tokenizer `tok` does not
+    follow, as "key=value (the tokenizer: value)" ('': none, or no BERT normalizer to compare): a
+    loaded tokenizer keeps its own casing, since its vocabulary was made with it (trial 19 P2: a
+    --set data.tokenizer.lowercase=false beside a lowercasing tokenizer was kept without a word)."""
+    casing = describe(tok)
+    return ", ".join(
+        f"data.tokenizer.{key}={str(getattr(cfg, key)).lower()} (the tokenizer: {str(casing[key]).lower()})"
+        for key in ("lowercase", "strip_accents")
+        if key in casing and casing[key] != getattr(cfg, key)
+    )
+
+
 def save_tokenizer(tok: Tokenizer, folder: Path) -> None:
     """tokenizer.json and vocab.txt (one token per line, in id order) into folder."""
     tokenizer_json, vocab = Path(folder) / TOKENIZER_JSON, Path(folder) / VOCAB

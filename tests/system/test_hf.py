@@ -389,3 +389,30 @@ def test_an_export_of_a_run_whose_step_is_pruned_while_read_takes_the_newest_aga
     export(run, tmp_path / "hf")
     assert read == ["step-0000004", "step-0000003"] and (tmp_path / "hf" / "model.safetensors").is_file()
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_a_casing_the_loaded_tokenizer_does_not_follow_is_refused_at_init_and_said_after(trained, tmp_path, cli):
+    """Trial 19 P2: `init --init-from FOLDER --set data.tokenizer.lowercase=false` wrote the setting,
+    and the loaded tokenizer kept its own casing (lowercase) without a word."""
+    folder = export(trained, tmp_path / "hf")
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"Sentence {i} of the Corpus. Another One here.\n\n" for i in range(60)))
+    refused = cli(
+        "init", tmp_path / "run", "--init-from", folder, "--corpus", corpus, "--set", "data.tokenizer.lowercase=false"
+    )
+    assert refused.code == 2 and refused.err_lines == [
+        f"bertcli: error: data.tokenizer.lowercase=false (the tokenizer: true): the tokenizer of {folder} keeps its own "
+        "casing, as the model's embeddings were trained on its ids: drop those settings"
+    ]
+    assert not (tmp_path / "run").exists()
+    assert cli("init", tmp_path / "run", "--init-from", folder, "--corpus", corpus).code == 0
+    config = tmp_path / "run" / "config.yaml"
+    agreeing = cli("prepare", "--config", config)
+    assert agreeing.code == 0 and "warning: data.tokenizer" not in agreeing.err, agreeing.err
+    config.write_text(config.read_text().replace("    strip_accents: true", "    strip_accents: false"))
+    said = cli("prepare", "--config", config)
+    assert said.code == 0 and [line for line in said.err_lines if "warning: data.tokenizer" in line] == [
+        f"warning: data.tokenizer.strip_accents=false (the tokenizer: true): ignored, as the tokenizer of "
+        f"data.tokenizer.path ({folder / 'tokenizer.json'}) keeps its own casing (its vocabulary was made with it); "
+        "set them as the tokenizer has them"
+    ]
