@@ -581,6 +581,8 @@ def encode(
         how = "a vector per token" if settings.per_token else f"{settings.pooling} pooling"
         norm = ", normalized" if settings.normalize else ""
         err(f"bertcli encode: the vectors of {described(encoder.source)}: {how}{norm} (--pooling chooses)")
+        if pooling is None and normalize is None and not tokens:
+            _say_sentence_source(encoder.source, settings)
     if counts["truncated"]:
         trained = (
             ", the length the model was trained at (its positions past it were never trained; --max-length chooses)"
@@ -596,6 +598,27 @@ def encode(
             f"bertcli encode: {counts['unpaired']:,} of {counts['lines']:,} lines had no TAB and were encoded as one "
             "sentence each (--strict-pairs makes that an error)"
         )
+
+
+def _say_sentence_source(ckpt: Path, settings: Any) -> None:
+    """A run continued from a sentence-transformers model encodes as any checkpoint (cls pooling): say
+    the pooling that model's embeddings take where it differs (trial 19 P4: its mean pooling and
+    normalisation were left for the user to know)."""
+    from bertcli import checkpoint
+    from bertcli.sbert import continued_sentence_model
+
+    try:
+        st = continued_sentence_model(checkpoint.read_config(ckpt).model.init_from)
+    except (BertcliError, OSError):
+        return
+    if st is None or (st.pooling, st.normalize) == (settings.pooling, settings.normalize):
+        return
+    flags = f"--pooling {st.pooling}{' --normalize' if st.normalize else ''}"
+    err(
+        f"bertcli encode: this run continued {st.folder}, a sentence-transformers model of {st.pooling} pooling"
+        f"{', normalized' if st.normalize else ''}"
+        + (f": {flags} gives vectors of its kind" if st.pooling in Pooling.__members__ else "")
+    )
 
 
 def _check_encode_flags(

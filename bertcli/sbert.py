@@ -128,6 +128,22 @@ def _max_seq_length(settings: dict[str, Any], settings_file: Path, transformer: 
     return None
 
 
+def continued_sentence_model(init_from: str) -> SentenceModel | None:
+    """The sentence-transformers model whose BERT folder is `init_from` (a run's model.init_from:
+    `init --init-from` takes an ST folder's Transformer module), where it is still there and reads."""
+    if not init_from:
+        return None
+    source = Path(init_from)
+    for folder in (source, source.parent):
+        try:
+            st = read_sentence_model(folder)
+        except (UsageError, OSError, ValueError):
+            continue
+        if st is not None and st.transformer.resolve() == source.resolve():
+            return st
+    return None
+
+
 def read_sentence_model(folder: Path) -> SentenceModel | None:
     """The settings of a sentence-transformers folder; None when `folder` has no modules.json."""
     folder = Path(folder)

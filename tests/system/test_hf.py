@@ -416,3 +416,34 @@ def test_a_casing_the_loaded_tokenizer_does_not_follow_is_refused_at_init_and_sa
         f"data.tokenizer.path ({folder / 'tokenizer.json'}) keeps its own casing (its vocabulary was made with it); "
         "set them as the tokenizer has them"
     ]
+
+
+def test_a_run_continued_from_a_sentence_transformers_model_says_that_models_pooling(trained, tmp_path, cli):
+    """Trial 19 P4: a run continued from a sentence-transformers model (mean pooling, normalized)
+    encoded [CLS] vectors, and nothing said that the model it came from pools otherwise."""
+    folder = tmp_path / "st"
+    export(trained, folder / "0_Transformer")  # the layout of sentence-transformers' save(): its BERT in a module
+    (folder / "1_Pooling").mkdir()
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True}))
+    kinds = [("0_Transformer", "Transformer"), ("1_Pooling", "Pooling"), ("2_Normalize", "Normalize")]
+    (folder / "modules.json").write_text(
+        json.dumps(
+            [{"idx": i, "path": p, "type": f"sentence_transformers.models.{k}"} for i, (p, k) in enumerate(kinds)]
+        )
+    )
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"Sentence {i} of the corpus. Another one here.\n\n" for i in range(60)))
+    sets = ["train.max_steps=1", "train.batch_size=2", "train.eval_every=0", "logging.tensorboard=false"]
+    assert (
+        cli("init", tmp_path / "run", "--init-from", folder, "--corpus", corpus, *(f"--set={s}" for s in sets)).code
+        == 0
+    )
+    assert cli("pretrain", "--config", tmp_path / "run" / "config.yaml", "--quiet").code == 0
+    (tmp_path / "in.txt").write_text("a line\n")
+    default = cli("encode", "--model", tmp_path / "run", tmp_path / "in.txt")
+    assert default.code == 0 and default.err_lines[-1] == (
+        f"bertcli encode: this run continued {folder}, a sentence-transformers model of mean pooling, normalized: "
+        "--pooling mean --normalize gives vectors of its kind"
+    ), default.err
+    chosen = cli("encode", "--model", tmp_path / "run", tmp_path / "in.txt", "--pooling", "cls")
+    assert chosen.code == 0 and "sentence-transformers" not in chosen.err
