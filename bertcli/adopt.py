@@ -14,7 +14,7 @@ from bertcli import checkpoint, console, layout
 from bertcli.config import Config, ModelConfig
 from bertcli.config_load import preset_config
 from bertcli.data.tokenizer import casing_clashes, describe, find_tokenizer_file
-from bertcli.errors import UsageError
+from bertcli.errors import BertcliError, UsageError
 from bertcli.hf_import import check_finite_weights, check_tied, load_model_tokenizer, read_hf_config
 from bertcli.hf_names import HF_FIELDS
 from bertcli.layout import Kind
@@ -38,14 +38,42 @@ def imported_config(path: Path) -> ModelConfig:
         check_tied(path)
         return config
     if found.kind is Kind.RUN and found.checkpoints:  # a run's best can change under a run started from it
-        choose = found.best or found.checkpoints[-1][1]
+        best = pinned_step(found.best) if found.best else None
+        choose = f"{best}, its best now" if best else f"{found.checkpoints[-1][1]}, its newest"
         raise UsageError(
             f"model.init_from={str(path)!r}: a run folder, whose best checkpoint changes while it trains; "
-            f"name one of its checkpoints ({choose}, say)"
+            f"name one of its step checkpoints ({choose}, say)"
         )
     raise UsageError(
         f"model.init_from={str(path)!r}: not a Hugging Face BERT folder (config.json + model.safetensors) "
         "nor a bertcli checkpoint folder"
+    )
+
+
+def moving_best(path: Path) -> bool:
+    """Whether checkpoint `path` is a run's checkpoints/best, which the run replaces as it trains."""
+    path = Path(path)
+    return path.name == layout.BEST and layout.identify(path.parent.parent).kind is Kind.RUN
+
+
+def pinned_step(best: Path) -> Path | None:
+    """The step checkpoint of a run holding what its checkpoints/best `best` holds now (same step), if kept."""
+    try:
+        step = checkpoint.read_trainer_state(best).get("step")
+    except (BertcliError, OSError):
+        return None
+    same = [p for s, p in layout.list_checkpoints(Path(best).parent.parent) if s == step]
+    return same[0] if same else None
+
+
+def source_note(path: Path) -> str | None:
+    """What `init` and `pretrain` say of an init_from that is a run's checkpoints/best (trial 21 P1: the
+    refusal of a run folder named it, and a run started later from it took other weights, unsaid)."""
+    if not moving_best(path):
+        return None
+    pinned = pinned_step(path)
+    return f"{path} changes while its run trains, and a run starts from what it holds then" + (
+        f"; {pinned} holds the same weights and stays: name it to pin them" if pinned else ""
     )
 
 

@@ -155,7 +155,7 @@ def init(
         overrides = [f"data.corpus={json.dumps(str(Path(corpus).expanduser().resolve()))}"] + overrides
     continued: dict[str, Any] = {}  # what --init-from sets, below the overrides
     if init_from is not None:
-        from bertcli.adopt import continued_pretraining
+        from bertcli.adopt import continued_pretraining, source_note
 
         continued, note = continued_pretraining(init_from.expanduser().resolve(), preset.value, overrides)
         header = header + "\n" + note
@@ -198,12 +198,18 @@ def init(
         raise
     m = cfg.model
     sizes = f"from {m.init_from}" if init_from is not None else f"preset {preset.value}"
+    if init_from is not None and layout.identify(Path(m.init_from)).kind is layout.Kind.CHECKPOINT:
+        from bertcli.export import described
+
+        sizes = f"from {described(Path(m.init_from))}"  # its step: a run's best moves (trial 21 P1)
     err(
         f"wrote {path} ({sizes}: {m.num_hidden_layers} layers, hidden {m.hidden_size}, "
         f"{m.num_attention_heads} heads, sequences of {cfg.data.max_seq_length})"
     )
     for warning in cfg.warnings():
         err(f"warning: {warning}")
+    if init_from is not None and (note := source_note(Path(m.init_from))):
+        err(f"note: {note}")
     if checkpoints:
         err(
             f"note: {directory} holds {len(checkpoints)} checkpoint(s) of a run: pretrain resumes the newest with "

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from bertcli import __version__, checkpoint, console, hf_import, ownership, parallel, resolve, runtime, sizes
+from bertcli import __version__, checkpoint, console, hf_import, layout, ownership, parallel, resolve, runtime, sizes
 from bertcli.config import Config, TrainConfig, to_dict
 from bertcli.console import info, log
 from bertcli.data import Corpus, Dataset, load_data
@@ -326,10 +326,18 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume: str, quiet: bool, *, las
     model = BertForPreTraining(cfg.model)  # on the CPU; with FSDP only each process's shards reach the device
     if cfg.model.init_from and resumed_from is None:
         fresh = hf_import.init_from(model, Path(cfg.model.init_from))
+        source = Path(cfg.model.init_from)
+        if layout.identify(source).kind is layout.Kind.CHECKPOINT:  # its step (a run's best moves: trial 21 P1)
+            from bertcli.adopt import source_note
+            from bertcli.export import described
+
+            source, note = described(source), source_note(source)
+            if note:
+                log(f"note: {note}")
         if fresh:  # a caveat, said when quiet too
-            log(f"initialised from {cfg.model.init_from}; not in it, so trained from scratch: {', '.join(fresh)}")
+            log(f"initialised from {source}; not in it, so trained from scratch: {', '.join(fresh)}")
         else:
-            info(f"initialised from {cfg.model.init_from}")
+            info(f"initialised from {source}")
     train_model = parallel.parallelize(
         model, rt, parallel=tc.parallel, every_parameter_used=cfg.data.pairs, compile=tc.compile
     )

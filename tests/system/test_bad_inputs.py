@@ -678,7 +678,7 @@ CASES = [
         "init-from-a-run-folder",
         lambda d, b: ["init", d / "run", "--init-from", b["text"]],
         2,
-        "a run folder, whose best checkpoint changes while it trains; name one of its checkpoints (",
+        "a run folder, whose best checkpoint changes while it trains; name one of its step checkpoints (",
     ),
     (
         "encode-bad-layer",

@@ -447,3 +447,33 @@ def test_a_run_continued_from_a_sentence_transformers_model_says_that_models_poo
     ), default.err
     chosen = cli("encode", "--model", tmp_path / "run", tmp_path / "in.txt", "--pooling", "cls")
     assert chosen.code == 0 and "sentence-transformers" not in chosen.err
+
+
+def test_starting_from_a_runs_best_names_its_step_and_the_step_that_pins_it(tmp_path, small_corpus, cli):
+    """Trial 21 P1: init --init-from RUN was refused because the run's best moves, and the refusal
+    named checkpoints/best, which moves as well: a run started later took other weights, unsaid."""
+    from conftest import text_run
+
+    from bertcli.resolve import load_run
+    from bertcli.trainer import pretrain
+
+    source = tmp_path / "src"
+    pretrain(load_run(text_run(source, small_corpus, "train.max_steps=4", "train.eval_every=2")), quiet=True)
+    best, pinned = source / "checkpoints" / "best", source / "checkpoints" / "step-0000004"
+    assert checkpoint.read_trainer_state(best)["step"] == 4 and pinned.is_dir()
+    refused = cli("init", tmp_path / "run", "--init-from", source)
+    assert refused.code == 2 and refused.err_lines[-1].endswith(
+        f"name one of its step checkpoints ({pinned}, its best now, say)"
+    ), refused.err
+    note = (
+        f"note: {best} changes while its run trains, and a run starts from what it holds then; {pinned} holds the "
+        "same weights and stays: name it to pin them"
+    )
+    sets = ["--set=train.max_steps=1", "--set=train.eval_every=0", "--set=logging.tensorboard=false"]
+    made = cli("init", tmp_path / "run", "--init-from", best, *sets)
+    assert made.code == 0 and note in made.err_lines and "(step 4, held-out MLM loss " in made.err_lines[0], made.err
+    started = cli("pretrain", "--config", tmp_path / "run" / "config.yaml")
+    assert started.code == 0 and note in started.err_lines, started.err
+    assert any(line.startswith(f"initialised from {best} (step 4") for line in started.err_lines), started.err
+    pinned_run = cli("init", tmp_path / "pinned", "--init-from", pinned, *sets)
+    assert pinned_run.code == 0 and not any(line.startswith("note:") for line in pinned_run.err_lines), pinned_run.err
