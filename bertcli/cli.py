@@ -797,17 +797,29 @@ def _check_pretrain_start(cfg: Config, resume: str) -> None:
     """What pretrain refuses from files alone, before torch is imported (3-4 s, 250 MB): a run another
     command holds, a --resume PATH that is no checkpoint, --resume never over checkpoints, a corpus
     that is not there or too small, a given tokenizer of another size than the model's vocabulary, a
-    checkpoint to resume of another tokenizer than the run's, a model.init_from with NaN weights.
+    checkpoint to resume of another tokenizer than the run's, a model.init_from with NaN weights, a
+    model or batch too large for this machine's memory where the run trains on its CPU.
     (The trainer checks them again where it acts on them.)"""
     from bertcli import checkpoint, layout
     from bertcli.data.prepare import check_before_training, corpus_path, fixed_tokenizer, unchanged_tokenizer
     from bertcli.data.text import corpus_root
     from bertcli.hf_import import check_finite_weights
     from bertcli.runlock import RunLock
-    from bertcli.sizes import BYTES_PER_PARAMETER, check_disk, machine_memory, parameter_count
+    from bertcli.sizes import (
+        BYTES_PER_PARAMETER,
+        check_batch,
+        check_disk,
+        check_memory,
+        cpu_placement,
+        machine_memory,
+        parameter_count,
+    )
 
     if os.environ.get("RANK", "0") == "0":  # only rank 0 takes the lock: the others would find it held
         RunLock(Path(cfg.output_dir), "pretrain").check_free()
+    if (where := cpu_placement(cfg)) is not None:  # (trial 21 U1: after torch, 3.6 s and 250 MB)
+        check_memory(cfg.model, where, cfg.train.parallel)
+        check_batch(cfg, where)
     problem = _resume_problem(Path(resume)) if resume not in ("auto", "never") else None
     if problem:
         raise UsageError(f"--resume {resume}: {problem}")

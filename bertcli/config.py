@@ -51,13 +51,10 @@ def is_device_name(name: str) -> bool:
     return name in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:[0-9]+", name) is not None
 
 
-def check_gpu_build(name: str, what: str) -> None:
-    """Refuse (UsageError) a CUDA device name where the installed PyTorch is a CPU build, as its
-    torch/version.py says, read without importing torch (3-4 s, 250 MB: the refusal runtime's
-    parse_device gives after the import took 4-5 s). A CUDA or ROCm build, or a file not read as
-    expected, passes: parse_device then asks the driver."""
-    if not name.startswith("cuda"):
-        return
+@cache
+def torch_build() -> tuple[str, str] | None:
+    """("cpu" or "gpu", the version) of the installed PyTorch, read from its torch/version.py without
+    importing torch (3-4 s, 250 MB): a CPU build has neither CUDA nor ROCm. None: not read as expected."""
     import importlib.util
 
     try:
@@ -71,11 +68,22 @@ def check_gpu_build(name: str, what: str) -> None:
             if isinstance(target, ast.Name)
         }
     except (OSError, ValueError, SyntaxError, ImportError):
-        return
-    if "cuda" in values and values.get("cuda") is None and values.get("hip") is None:
+        return None
+    if "cuda" not in values:
+        return None
+    gpu = values.get("cuda") is not None or values.get("hip") is not None
+    return ("gpu" if gpu else "cpu"), str(values.get("__version__", "unknown version"))
+
+
+def check_gpu_build(name: str, what: str) -> None:
+    """Refuse (UsageError) a CUDA device name where the installed PyTorch is a CPU build (torch_build),
+    before torch is imported: the refusal runtime's parse_device gives after the import took 4-5 s.
+    A CUDA or ROCm build, or one not read as expected, passes: parse_device then asks the driver."""
+    build = torch_build() if name.startswith("cuda") else None
+    if build is not None and build[0] == "cpu":
         raise UsageError(
-            f"{what} {name!r}: the installed PyTorch ({values.get('__version__', 'unknown version')}) is a CPU "
-            f"build, without CUDA; use {what} cpu (or auto), or install a CUDA build of torch"
+            f"{what} {name!r}: the installed PyTorch ({build[1]}) is a CPU build, without CUDA; use {what} cpu "
+            "(or auto), or install a CUDA build of torch"
         )
 
 

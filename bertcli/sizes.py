@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,11 +32,35 @@ def machine_memory() -> int:
         return 0
 
 
-def _gpu_memory(rt: Runtime) -> tuple[int, str]:
-    """The training GPU's memory in bytes, and its name."""
-    import torch  # only with a GPU: the rest of this module is arithmetic
+@dataclass(frozen=True)
+class Placement:
+    """What the memory checks read of where a run trains, torch-free: `pretrain` asks them before
+    torch is imported (3-4 s, 250 MB) where the run is sure to train on this machine's CPU (trial 21
+    U1), and the trainer again with its Runtime (placement)."""
 
-    return torch.cuda.get_device_properties(rt.device).total_memory, torch.cuda.get_device_name(rt.device)
+    half: bool  # activations in 2 bytes (autocast), else 4
+    world_size: int = 1  # processes in the job
+    gpu: tuple[int, str] | None = None  # the training GPU's memory in bytes and its name; None: the CPU
+
+
+def placement(rt: Runtime) -> Placement:
+    """The Placement of a Runtime (a GPU asked its memory)."""
+    gpu = None
+    if rt.device.type == "cuda":
+        import torch  # only with a GPU: the rest of this module is arithmetic
+
+        gpu = (torch.cuda.get_device_properties(rt.device).total_memory, torch.cuda.get_device_name(rt.device))
+    return Placement(half=rt.autocast_dtype is not None, world_size=rt.world_size, gpu=gpu)
+
+
+def cpu_placement(cfg: Config) -> Placement | None:
+    """The Placement of a run of `cfg`, where it is sure to train on this machine's CPU (train.device
+    cpu, or auto with a CPU build of torch: config.torch_build); None where torch must tell."""
+    from bertcli.config import torch_build
+
+    if cfg.train.device != "cpu" and not (cfg.train.device == "auto" and (torch_build() or ("",))[0] == "cpu"):
+        return None
+    return Placement(half=cfg.precision.mode in ("bf16", "fp16"), world_size=int(os.environ.get("WORLD_SIZE", "1")))
 
 
 def padded_vocab_size(cfg: ModelConfig) -> int:
@@ -85,7 +110,7 @@ def flops_per_token(cfg: ModelConfig, seq_len: float, pred_share: float) -> floa
     return 6 * L * (4 * H * H + 2 * H * I) + 12 * L * H * seq_len + 6 * pred_share * (H * H + V * H)
 
 
-def check_memory(model: ModelConfig, rt: Runtime, parallel: str) -> None:
+def check_memory(model: ModelConfig, where: Placement, parallel: str) -> None:
     """Refuse sizes whose training state cannot fit, before anything is built: parameters x 16 bytes
     on the training device (divided over the processes under FSDP), against the GPU's memory, and
     the fp32 model each process first builds on the CPU, against the machine's RAM (times the
@@ -93,7 +118,7 @@ def check_memory(model: ModelConfig, rt: Runtime, parallel: str) -> None:
     The count is closed-form (parameter_count), so an absurd size is refused in microseconds; with
     vocab_size null it is a lower bound, and the check runs again once the tokenizer is known."""
     n = parameter_count(model)
-    shards = rt.world_size if rt.distributed and parallel == "fsdp" else 1
+    shards = where.world_size if where.world_size > 1 and parallel == "fsdp" else 1
     on_device = BYTES_PER_PARAMETER * n // shards
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # this job's processes on this machine
     h, hidden = model.hidden_size, f"model.hidden_size={model.hidden_size:,}"
@@ -115,13 +140,13 @@ def check_memory(model: ModelConfig, rt: Runtime, parallel: str) -> None:
     )
     checks = [
         (
-            4 * n * local if rt.device.type == "cuda" else max(4 * n, on_device) * local,
+            4 * n * local if where.gpu else max(4 * n, on_device) * local,
             machine_memory(),
             "this machine's memory",
         )
     ]
-    if rt.device.type == "cuda":
-        total, name = _gpu_memory(rt)
+    if where.gpu:
+        total, name = where.gpu
         checks.insert(0, (on_device, total, f"the GPU's memory ({name})"))
     for need, have, where in checks:
         if have and need > have:
@@ -153,7 +178,7 @@ def check_disk(model: ModelConfig, output_dir: Path) -> None:
         )
 
 
-def check_batch(cfg: Config, rt: Runtime) -> None:
+def check_batch(cfg: Config, where: Placement) -> None:
     """Refuse batch sizes whose tensors cannot fit, before any is built (train.batch_size=1e9 would
     grow to the machine's memory and then fail, or be killed): lower bounds, each against the memory
     that holds it. One micro-batch's activations, kept for the backward pass: per token and layer at
@@ -162,12 +187,8 @@ def check_batch(cfg: Config, rt: Runtime) -> None:
     micro-batches, moved to the device together (its loss denominators are counted first):
     BYTES_PER_TOKEN a token. The held-out examples, built once and kept: BYTES_PER_TOKEN a token."""
     m, t, tokens = cfg.model, cfg.train, cfg.data.max_seq_length
-    itemsize = 2 if rt.autocast_dtype is not None else 4
-    device = (
-        (_gpu_memory(rt)[0], "the GPU's memory")
-        if rt.device.type == "cuda"
-        else (machine_memory(), "this machine's memory")
-    )
+    itemsize = 2 if where.half else 4
+    device = (where.gpu[0], "the GPU's memory") if where.gpu else (machine_memory(), "this machine's memory")
     host = (machine_memory(), "this machine's memory")
     per_example = tokens * m.num_hidden_layers * (4 * m.hidden_size + m.intermediate_size) * itemsize
     needs = [

@@ -294,18 +294,18 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume: str, quiet: bool, *, las
         log(f"warning: {warning}")
     if rt.is_main:
         checkpoint.check_start(output_dir, cfg.train.max_steps)  # leftovers gone; what it may not replace refused
-    sized = cfg.model.vocab_size is not None
+    sized, where = cfg.model.vocab_size is not None, sizes.placement(rt)
     # Before the data (a synthetic corpus is as large as the vocabulary; without a vocabulary yet, a
     # lower bound: 100,000 layers are refused before the corpus is prepared), and after when unsized.
-    sizes.check_memory(cfg.model, rt, cfg.train.parallel)
-    sizes.check_batch(cfg, rt)
+    sizes.check_memory(cfg.model, where, cfg.train.parallel)
+    sizes.check_batch(cfg, where)
     if rt.is_main:  # the process that writes checkpoints (and a lower bound here when unsized)
         sizes.check_disk(cfg.model, output_dir)
     resume_from = Path(resume) if resume not in ("auto", "never") else None
     data, tokenizer = _load_data(cfg, rt, quiet, resume_from)
     cfg = resolve.with_vocab(cfg, data.vocab_size, cfg.data.corpus, pad_id=data.train.special.pad)  # tokenizer now
     if not sized:
-        sizes.check_memory(cfg.model, rt, cfg.train.parallel)
+        sizes.check_memory(cfg.model, where, cfg.train.parallel)
         if rt.is_main:
             sizes.check_disk(cfg.model, output_dir)
     checkpoints = checkpoint.CheckpointManager(cfg, rt.device, is_main=rt.is_main, tokenizer=tokenizer)

@@ -138,15 +138,36 @@ def test_sizes_that_cannot_fit_are_refused_with_the_figure(monkeypatch):
     rt = runtime.Runtime(device=torch.device("cpu"), precision="fp32")
     n = sum(p.numel() for p in BertForPreTraining(cfg.model).parameters())
     monkeypatch.setattr(sizes, "machine_memory", lambda: 16 * n)
-    sizes.check_memory(cfg.model, rt, "ddp")  # exactly fits
+    sizes.check_memory(cfg.model, sizes.placement(rt), "ddp")  # exactly fits
     monkeypatch.setattr(sizes, "machine_memory", lambda: 16 * n - 1)
     with pytest.raises(UsageError, match=f"{n:,} parameters need .* GiB .* this machine's memory is"):
-        sizes.check_memory(cfg.model, rt, "ddp")
+        sizes.check_memory(cfg.model, sizes.placement(rt), "ddp")
     monkeypatch.setattr(sizes, "machine_memory", lambda: 4 * n)
     monkeypatch.setenv("WORLD_SIZE", "4")
-    sizes.check_memory(cfg.model, runtime.Runtime(torch.device("cpu"), "fp32", world_size=4), "fsdp")  # 1/4 each
+    sizes.check_memory(
+        cfg.model, sizes.placement(runtime.Runtime(torch.device("cpu"), "fp32", world_size=4)), "fsdp"
+    )  # 1/4 each
     with pytest.raises(UsageError, match="too large"):
-        sizes.check_memory(cfg.model, runtime.Runtime(torch.device("cpu"), "fp32", world_size=4), "ddp")
+        sizes.check_memory(
+            cfg.model, sizes.placement(runtime.Runtime(torch.device("cpu"), "fp32", world_size=4)), "ddp"
+        )
+
+
+def test_sizes_that_cannot_fit_on_this_cpu_are_refused_before_torch_loads(tmp_path):
+    """Trial 21 U1: a batch or a model too large for this machine's memory was refused after torch's
+    import (3.6 s, 250 MB); on the CPU the figures need none."""
+    from conftest import refuse_in_fresh_interpreter
+
+    config = write_config(tmp_path)
+    for setting, said in (
+        ("train.batch_size=100000000", "of activations, but this machine's memory is"),
+        ("model.hidden_size=1000000", "the model is too large to train here"),
+    ):
+        (code, imported), err = refuse_in_fresh_interpreter(
+            "pretrain", "--config", config, "--device", "cpu", "--set", setting, cwd=tmp_path
+        )
+        assert (code, imported) == ("2", "False") and said in err, err
+    assert not (tmp_path / "checkpoints").exists()
 
 
 def test_weights_get_the_mode_of_every_other_file(tmp_path, trained):

@@ -606,13 +606,15 @@ def test_a_model_path_that_is_no_model_is_refused_before_torch_loads(tmp_path, g
     ],
 )
 def test_a_cuda_device_is_refused_before_torch_loads_where_torch_is_a_cpu_build(
-    tmp_path, monkeypatch, version, refused
+    tmp_path, monkeypatch, request, version, refused
 ):
     import importlib.machinery
     import importlib.util
 
-    from bertcli.config import check_gpu_build
+    from bertcli.config import check_gpu_build, torch_build
 
+    torch_build.cache_clear()  # (read once a process: the fake package's answer must not stay)
+    request.addfinalizer(torch_build.cache_clear)
     package = tmp_path / "torch"
     package.mkdir()
     (package / "__init__.py").write_text("raise ImportError('imported')\n")
