@@ -286,6 +286,23 @@ def check_output_file(output: Path, inputs: list[Path], model: Path) -> Path:
             raise UsageError(
                 f"the output {output} is the input file {path}; writing there would destroy it: name another file"
             )
+    if resolved.exists() and (not inputs or "-" in map(str, inputs)):  # stdin a file: `-o F < F` (trial 21 S2)
+        try:
+            given, written = os.fstat(0), os.stat(resolved)
+        except OSError:  # no stdin
+            given = written = None
+        if (
+            given is not None
+            and stat.S_ISREG(given.st_mode)
+            and (given.st_dev, given.st_ino)
+            == (
+                written.st_dev,
+                written.st_ino,
+            )
+        ):
+            raise UsageError(
+                f"the output {output} is the file on encode's stdin; writing there would destroy it: name another file"
+            )
     if resolved.exists() and relation(resolved, read) == "is inside":
         raise UsageError(
             f"the output {output} is a file of the model {model}; writing there would destroy it: name another file"

@@ -923,3 +923,24 @@ def test_compressed_stdin_is_refused_before_the_model_loads_and_never_read_as_te
     assert "stdin: gzip-compressed, and encode reads text" in result.stderr.splitlines()[-1]
     plain = run_process("encode", "--model", trained, "-f", "tsv", input="a line\nanother\n")
     assert plain.returncode == 0 and len(plain.stdout.splitlines()) == 2, plain.stderr
+
+
+def test_an_output_that_is_the_file_on_stdin_is_refused(trained, tmp_path):
+    """Trial 21 S2: `encode --output F < F` replaced the user's text with vectors, exit 0 (F as an
+    argument was refused); a hard link to it as well."""
+    import os
+
+    text = tmp_path / "in.txt"
+    text.write_text("a line\nanother\n")
+    os.link(text, tmp_path / "linked.txt")
+    for output, args in ((text, []), (text, ["-"]), (tmp_path / "linked.txt", [])):
+        with open(text, "rb") as stdin:
+            result = run_process("encode", "--model", trained, "--output", output, *args, stdin=stdin)
+        assert result.returncode == 2 and result.stderr.splitlines() == [
+            f"bertcli: error: the output {output} is the file on encode's stdin; writing there would destroy it: "
+            "name another file"
+        ]
+    assert text.read_text() == "a line\nanother\n"
+    with open(text, "rb") as stdin:  # another output: written
+        result = run_process("encode", "--model", trained, "--output", tmp_path / "v.npy", stdin=stdin)
+    assert result.returncode == 0 and np.load(tmp_path / "v.npy").shape[0] == 2, result.stderr
