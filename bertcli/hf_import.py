@@ -211,12 +211,14 @@ def tokenizer_limit(folder: Path) -> int | None:
 
 def check_tokenizer(tok: Tokenizer, cfg: ModelConfig, file: Path) -> None:
     """Refuse (exit 2) a tokenizer with ids past the model's vocab_size: they would index padding
-    rows or nothing (an IndexError mid-run); such a tokenizer belongs to another model."""
+    rows or nothing (an IndexError mid-run): a token added without the embeddings resized, or the
+    tokenizer of another model."""
     top = max(tok.get_vocab(with_added_tokens=True).values(), default=-1)
     if top >= cfg.vocab_size:
         raise UsageError(
-            f"{file}: token ids go up to {top:,} but the model has vocab_size {cfg.vocab_size:,}; the "
-            "tokenizer belongs to another model: restore the model's own tokenizer files"
+            f"{file}: its highest token id is {top:,}, but the model's vocab_size {cfg.vocab_size:,} has ids 0 to "
+            f"{cfg.vocab_size - 1:,} (a token added without resizing the model's embeddings, or another model's "
+            "tokenizer): restore the model's own tokenizer files, or resize the embeddings and save the model again"
         )
 
 

@@ -477,3 +477,30 @@ def test_starting_from_a_runs_best_names_its_step_and_the_step_that_pins_it(tmp_
     assert any(line.startswith(f"initialised from {best} (step 4") for line in started.err_lines), started.err
     pinned_run = cli("init", tmp_path / "pinned", "--init-from", pinned, *sets)
     assert pinned_run.code == 0 and not any(line.startswith("note:") for line in pinned_run.err_lines), pinned_run.err
+
+
+def test_a_tokenizer_with_an_id_past_the_vocabulary_is_refused_with_both_figures_meant(trained, tmp_path, cli):
+    """Trial 21 P3: a token added at id vocab_size read "token ids go up to 30,522 but the model has
+    vocab_size 30,522", two equal numbers for a refusal."""
+    folder = export(trained, tmp_path / "hf")
+    size = json.loads((folder / "config.json").read_text())["vocab_size"]
+    tokenizer = json.loads((folder / "tokenizer.json").read_text())
+    tokenizer["added_tokens"].append(
+        {
+            "id": size,
+            "content": "[NEW]",
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
+    )
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
+    (tmp_path / "in.txt").write_text("hello\n")
+    result = cli("encode", "--model", folder, tmp_path / "in.txt")
+    assert result.code == 2 and result.err_lines == [
+        f"bertcli: error: {folder / 'tokenizer.json'}: its highest token id is {size:,}, but the model's vocab_size "
+        f"{size:,} has ids 0 to {size - 1:,} (a token added without resizing the model's embeddings, or another "
+        "model's tokenizer): restore the model's own tokenizer files, or resize the embeddings and save the model again"
+    ]
