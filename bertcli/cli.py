@@ -163,6 +163,8 @@ def init(
     # The outputs apart from the corpus, and a vocabulary size the tokenizer will not have, as pretrain will
     # check them (paths in the file: from DIR), refused now.
     resolved = resolve(cfg, directory.expanduser().absolute(), adopt_init_from=False)
+    if corpus is None and resolved.data.corpus not in KEYWORD_CORPORA:
+        corpus_files(Path(resolved.data.corpus))  # --set data.corpus as --corpus (trial 21 P4: written unchecked)
     check_outputs_apart(resolved)
     # (with init_from, the size is its weights', whatever model.vocab_size says: trial 18 P5)
     check_vocab_size(resolve(cfg, directory.expanduser().absolute()) if cfg.model.init_from else resolved)

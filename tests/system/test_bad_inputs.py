@@ -385,6 +385,12 @@ CASES = [
         "pass --force",
     ),
     ("corpus-missing", lambda d, b: ["init", d / "run", "--corpus", d / "nowhere"], 2, "corpus not found"),
+    (  # trial 21 P4: the same setting by --set was written unchecked
+        "corpus-missing-by-set",
+        lambda d, b: ["init", d / "run", "--set", f"data.corpus={d / 'nowhere'}"],
+        2,
+        "nowhere: corpus not found",
+    ),
     (
         "corpus-fifo",
         lambda d, b: ["init", d / "run", "--corpus", _fifo(d / "pipe")],
