@@ -18,7 +18,7 @@ from bertcli.errors import BertcliError, UsageError
 from bertcli.hf_import import check_finite_weights, check_tied, load_model_tokenizer, read_hf_config
 from bertcli.hf_names import HF_FIELDS
 from bertcli.layout import Kind
-from bertcli.sbert import read_sentence_model
+from bertcli.sbert import read_sentence_model, refuse_a_module
 
 # Continued pretraining: the peak learning rate of BERT fine-tuning and of Hugging Face's run_mlm, well below
 # what a preset uses from scratch (2e-3 for tiny, 1e-4 for base): a high rate would first undo what the
@@ -30,6 +30,7 @@ CONTINUED_WARMUP_SHARE = 0.05
 def imported_config(path: Path) -> ModelConfig:
     """The architecture of an init_from source: a Hugging Face folder's config.json or a checkpoint's config."""
     path = Path(path)
+    refuse_a_module(path, "set model.init_from to")
     found = layout.identify(path)
     if found.kind is Kind.CHECKPOINT:
         return checkpoint.read_config(path).model
@@ -145,6 +146,7 @@ def continued_pretraining(source: Path, preset: str, overrides: list[str]) -> tu
     config_load.preset_config's `values`: the imported architecture and weights, its tokenizer as
     data.tokenizer.path (with its casing), and optimizer values for continuing; and a note for the
     config's header saying so."""
+    refuse_a_module(source, "init --init-from")
     sentence = read_sentence_model(source) if layout.identify(source).kind is Kind.SENTENCE else None
     source = sentence.transformer if sentence else Path(source)  # a sentence-transformers folder's BERT
     imported = imported_config(source)

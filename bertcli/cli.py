@@ -523,7 +523,9 @@ def encode(
     output = _check_encode_files(inputs or [], model=model, output=output)
     from bertcli import hf_import
     from bertcli.export import check_model_path
+    from bertcli.sbert import refuse_a_module
 
+    refuse_a_module(model, "encode --model")
     hf = hf_import.read_encoder_folder(model)  # a Hugging Face folder's config and tokenizer, checked torch-free
     check_model_path(model, hf)
     st = hf.sentence if hf is not None else None

@@ -128,6 +128,26 @@ def _max_seq_length(settings: dict[str, Any], settings_file: Path, transformer: 
     return None
 
 
+def refuse_a_module(path: Path, command: str) -> None:
+    """A module folder of a sentence-transformers model other than its BERT (1_Pooling: its
+    config.json is the pooling's, not a model's) is answered with the model folder and the `command`
+    to pass it to (trial 15 P4, inspect; trial 21 P5: encode said to copy tokenizer files into it,
+    init read the pooling's config.json as an architecture)."""
+    from bertcli.layout import Kind, identify
+
+    parent = Path(path).resolve().parent
+    if identify(parent).kind is not Kind.SENTENCE:
+        return
+    try:
+        model = read_sentence_model(parent)
+    except (UsageError, OSError, ValueError):  # a damaged modules.json: the command's own checks say so
+        return
+    if model is not None and model.transformer.resolve() != Path(path).resolve():
+        raise UsageError(
+            f"{path}: a module of the sentence-transformers model {parent}, not a model: {command} {parent}"
+        )
+
+
 def continued_sentence_model(init_from: str) -> SentenceModel | None:
     """The sentence-transformers model whose BERT folder is `init_from` (a run's model.init_from:
     `init --init-from` takes an ST folder's Transformer module), where it is still there and reads."""

@@ -39,7 +39,7 @@ from bertcli.errors import UsageError
 from bertcli.export import refuse_a_part_of_a_run
 from bertcli.layout import Kind
 from bertcli.metrics import read_metrics_checked
-from bertcli.sbert import read_sentence_model
+from bertcli.sbert import read_sentence_model, refuse_a_module
 
 PARTS = {
     "embeddings": "bert.embeddings.",
@@ -176,7 +176,7 @@ def _inspect_path(path: Path) -> dict[str, Any]:
     if found.kind is Kind.PREPARED:
         return data_report(path)
     if found.kind in (Kind.HF, Kind.SENTENCE):
-        _refuse_a_module(path)
+        refuse_a_module(path, "inspect")
         return folder_report(path)
     if found.kind is Kind.FILE:
         kind, cfg = "config", resolve.load_run(path, adopt_init_from=False)
@@ -250,17 +250,6 @@ def _run_training(cfg: Config) -> dict[str, Any]:
         except Exception:  # noqa: BLE001  a checkpoint whose config does not read: named as damaged above
             pass
     return training
-
-
-def _refuse_a_module(path: Path) -> None:
-    """A module folder of a sentence-transformers model other than its BERT (1_Pooling: its
-    config.json is the pooling's, not a model's) is answered with the model folder (trial 15 P4)."""
-    parent = path.resolve().parent
-    if layout.identify(parent).kind is not Kind.SENTENCE:
-        return
-    model = read_sentence_model(parent)
-    if model is not None and model.transformer.resolve() != path.resolve():
-        raise UsageError(f"{path}: a module of the sentence-transformers model {parent}, not a model: inspect {parent}")
 
 
 def _checkpoint_config(path: Path) -> Config:

@@ -307,11 +307,18 @@ def test_inspect_says_what_to_pass_for_paths_it_does_not_read(tmp_path, cli, tra
     (model / "1_Pooling" / "config.json").write_text(
         json.dumps({"word_embedding_dimension": 32, "pooling_mode_mean_tokens": True})
     )
-    pooling = cli("inspect", model / "1_Pooling")
-    assert pooling.err_lines == [
-        f"bertcli: error: {model / '1_Pooling'}: a module of the sentence-transformers model {model}, not a model: "
-        f"inspect {model}"
-    ], pooling.err
+    (tmp_path / "in.txt").write_text("a line\n")
+    for args, command in (  # trial 21 P5: encode said to copy tokenizer files there, init read it as a model
+        (["inspect", model / "1_Pooling"], "inspect"),
+        (["encode", "--model", model / "1_Pooling", tmp_path / "in.txt"], "encode --model"),
+        (["init", tmp_path / "cont", "--init-from", model / "1_Pooling"], "init --init-from"),
+    ):
+        pooling = cli(*args)
+        assert pooling.code == 2 and pooling.err_lines == [
+            f"bertcli: error: {model / '1_Pooling'}: a module of the sentence-transformers model {model}, not a model: "
+            f"{command} {model}"
+        ], pooling.err
+    assert not (tmp_path / "cont").exists()
     run = Path(shutil.copytree(trained, tmp_path / "run" / "sub", ignore=shutil.ignore_patterns("tensorboard")))
     config = run / "config.yaml"  # its output_dir written with "..": shown as the folder it names
     config.write_text(config.read_text().replace("output_dir: .", "output_dir: ../sub"))
