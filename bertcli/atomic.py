@@ -217,18 +217,24 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def clean_leftover_files(final: Path) -> None:
-    """Remove the temporary files a killed writer of file `final` left beside it (.tmp-NAME.PID and
-    .tmp-NAME.PID.raw, PID gone from this machine: a writer on another machine sharing the folder is
-    not seen): regular files only, never a link."""
-    pattern = re.compile(rf"{re.escape(TMP_PREFIX)}{re.escape(final.name)}\.(\d{{1,9}})(?:\.raw)?")
+def clean_leftover_files(final: Path, prefix: str, ours: Callable[[Path], bool]) -> list[Path]:
+    """Remove the temporary files a killed writer of file `final` left beside it (PREFIX+NAME.PID and
+    PREFIX+NAME.PID.raw, PID gone from this machine: a writer on another machine sharing the folder is
+    not seen), regular files only, never a link, and only where `ours` finds in them what the writer
+    writes (trial 21 S3: a user's file of the name, whatever it held, was deleted unsaid). Returns
+    those removed, for the caller to say."""
+    pattern = re.compile(rf"{re.escape(prefix)}{re.escape(final.name)}\.(\d{{1,9}})(?:\.raw)?")
+    removed: list[Path] = []
     if not final.parent.is_dir():
-        return
+        return removed
     for child in final.parent.iterdir():
         match = pattern.fullmatch(child.name)
         if match and not pid_alive(int(match.group(1))) and not child.is_symlink() and child.is_file():
             with contextlib.suppress(OSError):  # another user's, in a shared sticky folder: theirs to remove
-                child.unlink(missing_ok=True)
+                if ours(child):
+                    child.unlink()
+                    removed.append(child)
+    return removed
 
 
 def clean_leftovers(parent: Path) -> None:

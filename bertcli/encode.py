@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer, normalizers, pre_tokenizers
 from torch.overrides import TorchFunctionMode
 
-from bertcli import atomic, checkpoint, hf_import, layout, ownership, runtime
+from bertcli import atomic, checkpoint, console, hf_import, layout, ownership, runtime
 from bertcli.config import ModelConfig
 from bertcli.data.tokenizer import read_tokenizer_json
 from bertcli.errors import PipeClosed, RunError, UsageError
@@ -786,6 +786,33 @@ class _Reader:
         self.room.set()
 
 
+# The temporary names of encode's output files (+ NAME.PID, + NAME.PID.raw for npy's rows): bertcli's own,
+# which the next encode of NAME removes once PID is gone, where they hold rows (_holds_rows).
+TMP_ROWS = f"{atomic.TMP_PREFIX}bertcli-encode."
+_JSONL_ROW = re.compile(rb'^\{"line": \d+, "(vector|tokens)": \[')
+
+
+def _holds_rows(path: Path) -> bool:
+    """Whether temporary file `path` holds what encode writes there, as far as its start tells: nothing
+    yet, npy's float32 rows (.raw: whole float32s) or header, a JSON Lines row, or a TSV row (numbers,
+    after the text with --with-text). A file of another content is not encode's, whatever its name."""
+    size = path.stat().st_size
+    if size == 0:
+        return True
+    if path.name.endswith(".raw"):
+        return size % 4 == 0
+    with open(path, "rb") as fh:
+        head = fh.read(1 << 16)
+    if head.startswith(b"\x93NUMPY") or _JSONL_ROW.match(head):
+        return True
+    fields = head.split(b"\n", 1)[0].split(b"\t")
+    numbers = [f for f in (fields[1:] if len(fields) > 1 else fields) if f]  # (a first field may be --with-text's)
+    try:
+        return bool(numbers) and all(isinstance(float(f), float) for f in numbers)
+    except ValueError:
+        return False
+
+
 class Writer:
     """Rows out: jsonl or tsv to a text stream, or to an output file; npy to a file or to the stream
     (binary, at the end: its header needs the row count). A file is written under a temporary name
@@ -803,15 +830,16 @@ class Writer:
         if fmt == "npy" and output is None:  # (`> FILE.npy`: trial 16 P9) the rows wait in an unnamed file
             self.raw_path, self.raw = None, tempfile.TemporaryFile()
         if output is not None:
-            if not self.in_place:
-                atomic.clean_leftover_files(output)  # of an encode killed (SIGKILL) before it put its output in place
-            self.tmp = output.with_name(f"{atomic.TMP_PREFIX}{output.name}.{os.getpid()}")
+            if not self.in_place:  # of an encode killed (SIGKILL) before it put its output in place
+                for left in atomic.clean_leftover_files(output, TMP_ROWS, _holds_rows):
+                    console.log(f"bertcli encode: removed {left}, left by an encode killed before it finished")
+            self.tmp = output.with_name(f"{TMP_ROWS}{output.name}.{os.getpid()}")
             if fmt == "npy":  # the rows first; the header, which needs their count, is written at close
                 if self.in_place:  # no folder of ours beside a device: the rows wait in an unnamed file
                     self.raw_path = None
                     self.raw = tempfile.TemporaryFile()
                 else:
-                    self.raw_path = output.with_name(f"{atomic.TMP_PREFIX}{output.name}.{os.getpid()}.raw")
+                    self.raw_path = output.with_name(f"{TMP_ROWS}{output.name}.{os.getpid()}.raw")
                     self.raw = open(self.raw_path, "w+b")  # read back at close
             else:
                 self.stream = open(output if self.in_place else self.tmp, "w", encoding="utf-8", newline="\n")

@@ -484,21 +484,38 @@ def test_an_output_that_is_a_device_or_a_pipe_is_written_in_place(trained, tmp_p
 
 
 def test_leftovers_of_a_killed_encode_are_removed_at_the_next_start(trained, tmp_path, cli):
-    """A SIGKILL leaves `.tmp-OUT.PID` (and `.raw` for npy) beside the output; the next `encode -o OUT`
-    removes those of processes that are gone, and nothing else (a live writer's, a link)."""
+    """A SIGKILL leaves `.tmp-bertcli-encode.OUT.PID` (and `.raw` for npy) beside the output; the next
+    `encode -o OUT` removes those of processes that are gone, holding rows, and says so; nothing else
+    (a live writer's, a link, a file of the name that holds other text: trial 21 S3 lost a user's
+    `.tmp-OUT.PID` notes, unsaid)."""
     import os
+
+    from bertcli.encode import TMP_ROWS
 
     dead = subprocess.Popen(["true"])
     dead.wait()
     (tmp_path / "in.txt").write_text("a line\n")
-    for name in ("v.jsonl", "v.npy"):
-        gone = [tmp_path / f".tmp-{name}.{dead.pid}", tmp_path / f".tmp-{name}.{dead.pid}.raw"]
-        kept = [tmp_path / f".tmp-{name}.{os.getppid()}", tmp_path / f".tmp-{name}.{dead.pid + 1_000_000}"]
-        for path in gone + kept[:1]:
-            path.write_bytes(b"")
+    rows = {"v.jsonl": b'{"line": 1, "vector": [0.25, -1', "v.npy": b"\x93NUMPY\x01\x00v\x00", "v.tsv": b"0.5\t-2e-3\n"}
+    for name, written in rows.items():
+        gone = [tmp_path / f"{TMP_ROWS}{name}.{dead.pid}", tmp_path / f"{TMP_ROWS}{name}.{dead.pid}.raw"]
+        gone[0].write_bytes(written)
+        gone[1].write_bytes(bytes(8))  # two float32s
+        kept = [
+            tmp_path / f"{TMP_ROWS}{name}.{os.getppid()}",  # a live writer's
+            tmp_path / f"{TMP_ROWS}{name}.{dead.pid + 1_000_000}",  # a link
+            tmp_path / f".tmp-{name}.{dead.pid}",  # not bertcli's name
+            tmp_path / f"{TMP_ROWS}{name}.{dead.pid + 2_000_000}",  # bertcli's name, the user's notes
+        ]
+        kept[0].write_bytes(b"")
         kept[1].symlink_to(tmp_path / "in.txt")
-        assert cli("encode", "--model", trained, tmp_path / "in.txt", "-o", tmp_path / name).code == 0
-        assert not any(p.exists() for p in gone) and all(p.is_symlink() or p.exists() for p in kept)
+        kept[2].write_bytes(written)
+        kept[3].write_text("my own notes\n")
+        result = cli("encode", "--model", trained, tmp_path / "in.txt", "-o", tmp_path / name)
+        assert result.code == 0 and not any(p.exists() for p in gone), result.err
+        assert all(p.is_symlink() or p.exists() for p in kept) and kept[3].read_text() == "my own notes\n"
+        assert sorted(line for line in result.err_lines if "removed" in line) == [
+            f"bertcli encode: removed {p}, left by an encode killed before it finished" for p in sorted(gone)
+        ]
 
 
 def test_a_hugging_face_folder_gives_the_same_vectors(trained, tmp_path):
