@@ -24,7 +24,7 @@ from bertcli.config_load import load_config, preset_config
 from bertcli.data.corpus import is_held_out
 from bertcli.data.examples import IGNORE, ExampleBuilder
 from bertcli.data.prepare import FORMAT_VERSION, SAMPLE, load_prepared, prepare, unit_phase
-from bertcli.data.text import read_sentences, read_text, split_sentences
+from bertcli.data.text import LineSample, read_sentences, read_text, split_sentences
 from bertcli.data.tokenizer import SPECIAL, Casing, _bert_pipeline, inner_characters, scan_characters, train_tokenizer
 from bertcli.errors import UsageError
 from bertcli.metrics import read_metrics
@@ -384,6 +384,37 @@ def test_a_sampled_vocabulary_is_recorded_shown_and_keeps_every_character(tmp_pa
     report = json.loads(cli("inspect", tmp_path / "run" / "data", "--json").out)
     assert report["vocabulary_sample"].startswith(f"a sample of {sample['lines']:,} lines, {sample['chars']:,} of ")
     assert f"vocabulary from  a sample of {sample['lines']:,} lines" in format_report(report)
+
+
+def test_a_sampled_vocabulary_far_below_the_size_asked_is_said(tmp_path, cli):
+    """Trial 21 P6: a corpus mostly one repeated line: equal lines are all in the sample or all out,
+    so it overshot sample_chars 6.8x and the vocabulary came out at 1,316 tokens of 8,000, unsaid."""
+    head, tail = _two_halves()
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "text.txt").write_text(head + tail)
+    for n in range(1000):  # a repeated line that the sample takes
+        line = f"Lorem ipsum dolor sit amet {n}."
+        (corpus / "repeated.txt").write_text(f"{line}\n" * 40_000)
+        total = scan_characters(read_text(sorted(corpus.iterdir())), TokenizerConfig()).count
+        budget = total // 20
+        if LineSample(budget, total)(line):
+            break
+    config = text_run(
+        tmp_path / "run", corpus, f"data.tokenizer.sample_chars={budget}", "data.tokenizer.vocab_size=2000"
+    )
+    result = cli("prepare", "--config", config, "--quiet")
+    size = load_prepared(tmp_path / "run" / "data").tokenizer.get_vocab_size(with_added_tokens=True)
+    assert result.code == 0 and size < 1000, result.err
+    over = load_prepared(tmp_path / "run" / "data").manifest["tokenizer"]["sample"]["chars"] / budget
+    assert [line for line in result.err_lines if "tokens of the" in line] == [
+        f"warning: the vocabulary has {size:,} tokens of the 2,000 asked (data.tokenizer.vocab_size): the sample it "
+        f"was trained on held few distinct words, and is {over:.1f}x data.tokenizer.sample_chars: lines repeated many "
+        "times are all in it or all out; deduplicate the corpus, or raise data.tokenizer.sample_chars (0: the whole "
+        "corpus)"
+    ]
+    whole = cli("prepare", "--config", config, "--quiet", "--set", "data.tokenizer.sample_chars=0")
+    assert whole.code == 0 and "tokens of the" not in whole.err, "a whole corpus gives what it has: not said"
 
 
 def test_a_changed_sample_budget_prepares_again_where_it_can_matter(tmp_path, small_corpus, cli):
