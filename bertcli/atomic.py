@@ -235,22 +235,3 @@ def clean_leftover_files(final: Path, prefix: str, ours: Callable[[Path], bool])
                     child.unlink()
                     removed.append(child)
     return removed
-
-
-def clean_leftovers(parent: Path) -> None:
-    """Remove temporary files and folders that a crashed writer left in `parent`; a folder moved
-    aside by `folder()` whose replacement never arrived (a crash between its two renames) is
-    put back instead."""
-    if not parent.is_dir():
-        return
-    for child in parent.iterdir():
-        if child.name.startswith(f"{TMP_PREFIX}old-"):
-            original = parent / child.name[len(f"{TMP_PREFIX}old-") :].rsplit(".", 1)[0]
-            if not original.exists():
-                os.replace(child, original)
-                continue
-        if child.name.startswith(TMP_PREFIX):
-            if child.is_dir():
-                shutil.rmtree(child, ignore_errors=True)
-            else:
-                child.unlink(missing_ok=True)

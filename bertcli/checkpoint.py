@@ -30,6 +30,7 @@ import json
 import math
 import os
 import pickle  # only for its exception type: nothing is unpickled here
+import re
 import shutil
 import time
 import warnings
@@ -137,13 +138,31 @@ def check_start(output_dir: Path, max_steps: int) -> None:
     root = layout.checkpoints_dir(output_dir)
     if root.is_symlink():  # through it, this run pruned and replaced another run's checkpoints
         raise ownership.linked(root, "a run folder", f"remove the link (rm {root}), or set output_dir to a new folder")
-    atomic.clean_leftovers(root)
+    remove_leftovers(root)
     if root.is_dir():
         for child in sorted(root.iterdir()):
             match = layout.STEP_DIR.match(child.name)
             replaceable = match and (layout.is_checkpoint(child) or int(match.group(1)) <= max_steps)
             if child.name == layout.BEST or replaceable:
                 guard(child)
+
+
+# The temporary names atomic.folder gives a checkpoint (NAME being written, moved aside, being deleted).
+_LEFTOVER = re.compile(
+    rf"^{re.escape(atomic.TMP_PREFIX)}(?:old-|del-)?({layout.BEST}|{layout.STEP_PREFIX}\d+)\.\d{{1,9}}$"
+)
+
+
+def remove_leftovers(root: Path) -> None:
+    """Remove what a killed writer of checkpoints left in `root` (checkpoints/): the temporary folders of
+    a process that is gone, holding nothing but checkpoint files, and put back a folder moved aside
+    whose replacement never came (ownership.remove_leftover_folders). Anything else of a temporary
+    name is left alone (trial 21 S4: every .tmp-* there was deleted, whatever it held)."""
+    if not root.is_dir() or root.is_symlink():
+        return
+    names = {match.group(1) for child in root.iterdir() if (match := _LEFTOVER.match(child.name))}
+    for name in sorted(names):
+        ownership.remove_leftover_folders(root / name, layout.CHECKPOINT)
 
 
 def umask() -> int:

@@ -335,16 +335,63 @@ def test_resume_auto_with_no_checkpoint_that_loads_is_one_line(tmp_path, cli, ei
     assert result.code == 1 and len(result.err_lines) == 1 and "no checkpoint loads" in result.err, result.err
 
 
+def _dead_pid() -> int:
+    """The PID of a process that has ended (a leftover's writer)."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    return dead.pid
+
+
 def test_incomplete_and_temporary_checkpoint_folders_are_never_picked(tmp_path):
     train(tmp_path, stop_at=4)
     root = tmp_path / "checkpoints"
     (root / "step-0000099").mkdir()
     (root / "step-0000099" / "config.yaml").write_text("half written")
-    (root / ".tmp-step-0000100.123").mkdir()
+    left = root / f".tmp-step-0000100.{_dead_pid()}"
+    left.mkdir()
+    (left / "config.yaml").write_text("half written")
     assert [s for s, _ in layout.list_checkpoints(tmp_path)] == [4]
     result = train(tmp_path, stop_at=8)  # resumes from 4, not from the broken 99
     assert result["step"] == 8
-    assert not (root / ".tmp-step-0000100.123").exists(), "leftovers of a killed writer are cleaned"
+    assert not left.exists(), "leftovers of a killed writer are cleaned"
+
+
+def test_temporary_names_in_checkpoints_that_bertcli_did_not_write_are_left_alone(tmp_path, cli, eight_steps):
+    """Trial 21 S4: pretrain deleted every .tmp-* in checkpoints/ whatever it held (a user's thesis.txt),
+    and renamed .tmp-old-X.N to X, without a word. Only a gone writer's folders of checkpoint files go."""
+    import os
+    import shutil
+
+    shutil.copytree(eight_steps, tmp_path, dirs_exist_ok=True)
+    root, dead = tmp_path / "checkpoints", _dead_pid()
+    theirs = [
+        f".tmp-step-0000042.{dead}",
+        f".tmp-best.{dead}",
+        f".tmp-old-my-notes.{dead}",
+        f".tmp-del-step-0000020.{dead}",
+    ]
+    for name in theirs:
+        (root / name).mkdir()
+        (root / name / "thesis.txt").write_text("mine")
+    (root / ".tmp-x").write_text("mine")
+    live = root / f".tmp-step-0000009.{os.getppid()}"  # a live writer's (pytest's parent stands in)
+    live.mkdir()
+    ours = root / f".tmp-step-0000011.{dead}"
+    ours.mkdir()
+    (ours / "config.yaml").write_text("half written")
+    result = cli(
+        "pretrain",
+        "--config",
+        write_config(tmp_path, "checkpoint.keep_last=3", "train.eval_every=0"),
+        "--quiet",
+        "--stop-at",
+        "9",
+    )
+    assert result.code == 0, result.err
+    for name in theirs:
+        assert (root / name / "thesis.txt").read_text() == "mine", name
+    assert (root / ".tmp-x").read_text() == "mine" and live.is_dir() and not ours.exists()
+    assert not (root / "my-notes").exists()
 
 
 @pytest.mark.parametrize("mode", ["bf16", "fp16"])
@@ -480,13 +527,11 @@ def test_sigkill_then_rerun_continues_from_the_last_checkpoint(tmp_path, cli):
 
 
 def test_a_folder_moved_aside_by_an_interrupted_replace_is_put_back(tmp_path):
-    from bertcli import atomic
-
     train(tmp_path, stop_at=4)
     root = tmp_path / "checkpoints"
     # A crash between the two renames of replacing step-0000004: only the moved-aside copy is left.
-    (root / "step-0000004").rename(root / ".tmp-old-step-0000004.999")
-    atomic.clean_leftovers(root)
+    (root / "step-0000004").rename(root / f".tmp-old-step-0000004.{_dead_pid()}")
+    checkpoint.remove_leftovers(root)
     assert layout.is_checkpoint(root / "step-0000004")
     assert not list(root.glob(".tmp-*"))
 
