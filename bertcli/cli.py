@@ -754,10 +754,20 @@ def _signals_stop(where: str) -> Iterator[Callable[[], None]]:
 
 def _encode_format(fmt: Format | None, output: Path | None, with_text: bool, tokens: bool) -> Format:
     """--format, or the one the --output suffix implies; refused where the other flags cannot have it."""
+    from bertcli.ownership import COMPRESSED_SUFFIXES, is_stream
+
     by_suffix = fmt is None
+    suffix = output.suffix.lower() if output is not None else ""
+    if suffix in COMPRESSED_SUFFIXES and not is_stream(output):  # (trial 21 P8: plain JSONL under a .gz name)
+        kind = COMPRESSED_SUFFIXES[suffix]
+        raise UsageError(
+            f"--output {output}: a {suffix} name, and encode writes plain rows: pipe them through {kind} "
+            f"(bertcli encode ... | {kind} > {output}), or name a file without {suffix}"
+        )
     if fmt is None:
-        suffix = output.suffix.lower() if output is not None else ""
         fmt = Format.npy if suffix == ".npy" else Format.tsv if suffix == ".tsv" else Format.jsonl
+    elif suffix in (".npy", ".tsv", ".jsonl") and suffix != f".{fmt.value}":
+        err(f"warning: --format {fmt.value} writes {fmt.value} into {output}, whose {suffix} name says otherwise")
     if tokens and fmt != Format.jsonl:
         fix = (
             f"--output {output} asks for {fmt.value}: name a .jsonl file"

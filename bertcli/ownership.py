@@ -179,6 +179,8 @@ COMPRESSED_MAGIC = {
     b"\x28\xb5\x2f\xfd": "zstd",
     b"PK\x03\x04": "zip",
 }
+# Output names that promise a compression encode does not apply, and the tool that would.
+COMPRESSED_SUFFIXES = {".gz": "gzip", ".bz2": "bzip2", ".xz": "xz", ".zst": "zstd", ".zip": "zip"}
 # How each is piped in, decompressed (trial 20 U1: zstd and zip were read as text after the model loaded).
 DECOMPRESS = {"gzip": "gzip -dc", "bzip2": "bzip2 -dc", "xz": "xz -dc", "zstd": "zstd -dc", "zip": "unzip -p"}
 

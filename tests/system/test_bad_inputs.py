@@ -642,6 +642,12 @@ CASES = [
         2,
         "in.txt.zst: zstd-compressed, and encode reads text: decompress it, or pipe it in (zstd -dc ",
     ),
+    (  # trial 21 P8: plain JSONL was written under the .gz name, exit 0
+        "encode-output-with-a-compression-suffix",
+        lambda d, b: ["encode", "--model", b["text"], _write(d, "in.txt", "a\n"), "--output", d / "v.tsv.gz"],
+        2,
+        "v.tsv.gz: a .gz name, and encode writes plain rows: pipe them through gzip (bertcli encode ... | gzip > ",
+    ),
     (  # trial 19 P3: accepted and ignored
         "encode-tokens-with-a-pooling",
         lambda d, b: ["encode", "--model", b["text"], _write(d, "in.txt", "a\n"), "--tokens", "--pooling", "max"],

@@ -961,3 +961,15 @@ def test_an_output_that_is_the_file_on_stdin_is_refused(trained, tmp_path):
     with open(text, "rb") as stdin:  # another output: written
         result = run_process("encode", "--model", trained, "--output", tmp_path / "v.npy", stdin=stdin)
     assert result.returncode == 0 and np.load(tmp_path / "v.npy").shape[0] == 2, result.stderr
+
+
+def test_a_format_its_output_name_contradicts_is_written_and_said(trained, tmp_path, cli):
+    """Trial 21 P8: --format jsonl --output v.npy wrote JSON Lines under an npy name without a word."""
+    (tmp_path / "in.txt").write_text("a line\n")
+    result = cli("encode", "--model", trained, tmp_path / "in.txt", "--format", "jsonl", "-o", tmp_path / "v.npy")
+    assert result.code == 0 and result.err_lines[0] == (
+        f"warning: --format jsonl writes jsonl into {tmp_path / 'v.npy'}, whose .npy name says otherwise"
+    ), result.err
+    assert json.loads((tmp_path / "v.npy").read_text())["line"] == 1
+    agreeing = cli("encode", "--model", trained, tmp_path / "in.txt", "--format", "tsv", "-o", tmp_path / "v.tsv")
+    assert agreeing.code == 0 and "warning" not in agreeing.err
