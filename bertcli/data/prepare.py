@@ -1180,7 +1180,14 @@ def _update(
         _warn_random_next(folder, old, cfg)
         return folder
     problem = damaged[0] if damaged else index_problem
-    line = _update_line(plan, todo, new_keys={u.key for u in units}, old_keys=old_keys, problem=problem)
+    line = _update_line(
+        plan,
+        todo,
+        new_keys={u.key for u in units},
+        old_keys=old_keys,
+        problem=problem,
+        settings=_unit_setting_changes(old, data) if {u.content for u in units} == _old_contents(old) else [],
+    )
     (log if problem else info)(line)
     _state = f"the prepared data in {folder} is as it was (units finished are kept for the next prepare)"
     try:
@@ -1210,15 +1217,43 @@ def _update(
     return folder
 
 
-def _update_line(plan: _Plan, todo: list[Unit], *, new_keys: set[str], old_keys: set[str], problem: str | None) -> str:
-    """What `_update` says it does: why the folder is not up to date (the corpus changed, or `problem`:
-    damage found), which tokenizer it keeps, and how much it prepares."""
+def _old_contents(old: dict[str, Any]) -> set[str]:
+    """The contents (Unit.content) of the units an earlier prepare recorded."""
+    return {u.get("content") for u in old["units"] if isinstance(u, dict)}
+
+
+def _unit_setting_changes(old: dict[str, Any], data: DataConfig) -> list[str]:
+    """The settings in every unit's key (plan_units) that differ from those `old` was prepared with."""
+    return [
+        f"{key} {json.dumps(old.get(name))} then, {json.dumps(getattr(data, name))} now"
+        for key, name in (
+            ("data.split_sentences", "split_sentences"),
+            ("data.validation_fraction", "validation_fraction"),
+        )
+        if old.get(name) != getattr(data, name)
+    ]
+
+
+def _update_line(
+    plan: _Plan,
+    todo: list[Unit],
+    *,
+    new_keys: set[str],
+    old_keys: set[str],
+    problem: str | None,
+    settings: list[str],
+) -> str:
+    """What `_update` says it does: why the folder is not up to date (`settings` that every unit
+    depends on changed, the corpus changed, or `problem`: damage found), which tokenizer it keeps,
+    and how much it prepares."""
     changes = [
         f"{n} {word}"
         for n, word in ((len(new_keys - old_keys), "new or changed"), (len(old_keys - new_keys), "gone"))
         if n
     ]
-    if changes:
+    if settings and changes:  # (trial 21 P7: a changed validation_fraction was "the corpus changed")
+        why = f": the settings of every unit changed ({'; '.join(settings)})"
+    elif changes:
         why = f": the corpus changed (units of it {', '.join(changes)})"
     elif problem:
         why = f" is damaged ({problem})"

@@ -1184,6 +1184,23 @@ def test_removing_a_file_and_changing_one_part_of_another(tmp_path, units_corpus
     load_prepared(data)  # checks every file against the manifest
 
 
+def test_a_changed_setting_of_every_unit_is_named_not_called_a_corpus_change(tmp_path, units_corpus, capsys):
+    """Trial 21 P7: data.validation_fraction changed: "the corpus changed (units of it 1 new or changed,
+    1 gone)", and the user went looking for a changed file."""
+    folder, _ = units_corpus
+    config = _run(tmp_path / "run", folder)
+    prepare(load_run(config), quiet=True)
+    capsys.readouterr()
+    prepare(load_run(config, ["data.validation_fraction=0.2"]), quiet=True)
+    err = capsys.readouterr().err
+    assert "the settings of every unit changed (data.validation_fraction 0.25 then, 0.2 now): preparing" in err, err
+    assert "the corpus changed" not in err
+    (folder / "a.txt").write_text((folder / "a.txt").read_text() + "\n\nA new document here.\n")
+    prepare(load_run(config), quiet=True)  # the setting back, and a file changed: the corpus is said
+    err = capsys.readouterr().err
+    assert "the corpus changed (units of it" in err, err
+
+
 def test_renaming_files_writes_only_a_new_index(tmp_path, units_corpus, capsys):
     folder, _ = units_corpus
     cfg = load_run(_run(tmp_path / "run", folder))
