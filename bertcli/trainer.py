@@ -217,6 +217,9 @@ class StopOnSignal:
             for signum in STOP_SIGNALS:
                 if signal.getsignal(signum) is not signal.SIG_IGN:  # nohup: ignored stays ignored
                     self.previous[signum] = signal.signal(signum, self._handle)
+            if signal.SIGINT not in self.previous and signal.SIGTERM in self.previous:
+                # A script's background job starts with SIGINT ignored (POSIX): kill -INT did nothing, unsaid (trial 21).
+                info("SIGINT is ignored in this process (as in a background job of a script): stop it with SIGTERM")
         return self
 
     def _handle(self, signum: int, frame: Any) -> None:

@@ -935,3 +935,19 @@ def test_a_run_resumed_at_shorter_sequences_keeps_the_longest_it_trained(tmp_pat
     del state[checkpoint.TRAINED_LENGTH]
     (root / "step-0000010" / "trainer_state.json").write_text(json.dumps(state))
     assert checkpoint.checkpoint_trained_length(root / "step-0000010") == 24
+
+
+def test_a_run_whose_sigint_is_ignored_says_how_to_stop_it(tmp_path, cli):
+    """Trial 21: a script's background job starts with SIGINT ignored (POSIX), and `kill -INT` did
+    nothing, unsaid, for the 7 minutes the run took. It keeps ignoring it (as under nohup), and says so."""
+    config = write_config(tmp_path, "train.max_steps=1", "train.eval_every=0", "logging.tensorboard=false")
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        ignored = cli("pretrain", "--config", config)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN, "ignored stays ignored"
+    finally:
+        signal.signal(signal.SIGINT, before)
+    line = "SIGINT is ignored in this process (as in a background job of a script): stop it with SIGTERM"
+    assert ignored.code == 0 and line in ignored.err_lines, ignored.err
+    fresh = cli("pretrain", "--config", write_config(tmp_path / "other", "train.max_steps=1", "train.eval_every=0"))
+    assert fresh.code == 0 and line not in fresh.err_lines
