@@ -520,7 +520,10 @@ def encode(
     fmt = _encode_format(fmt, output, with_text, tokens)
     if tokens and pooling is not None:  # (trial 19 P3: accepted, and ignored without a word)
         raise UsageError(f"--tokens gives a vector per token, which no pooling makes: drop --pooling {pooling.value}")
-    output = _check_encode_files(inputs or [], model=model, output=output)
+    named, output = output, _check_encode_files(inputs or [], model=model, output=output)
+    suffix = named.suffix.lower() if named is not None else ""
+    if suffix in (".npy", ".tsv", ".jsonl") and suffix != f".{fmt.value}":  # (trial 21 P8) --format given
+        err(f"warning: --format {fmt.value} writes {fmt.value} into {named}, whose {suffix} name says otherwise")
     from bertcli import hf_import
     from bertcli.export import check_model_path
     from bertcli.sbert import refuse_a_module
@@ -766,8 +769,6 @@ def _encode_format(fmt: Format | None, output: Path | None, with_text: bool, tok
         )
     if fmt is None:
         fmt = Format.npy if suffix == ".npy" else Format.tsv if suffix == ".tsv" else Format.jsonl
-    elif suffix in (".npy", ".tsv", ".jsonl") and suffix != f".{fmt.value}":
-        err(f"warning: --format {fmt.value} writes {fmt.value} into {output}, whose {suffix} name says otherwise")
     if tokens and fmt != Format.jsonl:
         fix = (
             f"--output {output} asks for {fmt.value}: name a .jsonl file"

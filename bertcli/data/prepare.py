@@ -1102,8 +1102,8 @@ def _fresh(cfg: Config, plan: _Plan, *, guard: Callable[[Path], None], quiet: bo
                     "so the embeddings grow with the corpus's scripts; raise vocab_size for its words, or give a "
                     "tokenizer (data.tokenizer.path)"
                 )
-            elif not lines.whole and size < SMALL_VOCAB_SHARE * data.tokenizer.vocab_size:
-                log(small_vocab_warning(size, sample, data))
+            elif not lines.whole and (warning := small_vocab_warning(size, sample, data)):
+                log(warning)
         save_tokenizer(tok, tmp)
         tok = read_tokenizer_json(tmp / layout.TOKENIZER_JSON)  # as every later prepare reads it (the units' keys)
         if plan.vocab_check is not None:
@@ -1414,24 +1414,24 @@ def data_random_next_share(folder: Path, manifest: dict[str, Any], data: DataCon
     )
 
 
-SMALL_VOCAB_SHARE = 0.5  # a vocabulary trained on a sample to under this share of the size asked is said
+SMALL_VOCAB_SHARE = 0.5  # a vocabulary trained on a sample to under this share of the size asked ...
+SAMPLE_MISS = 2.0  # ... from a sample this many times over (or under) its budget is said
 
 
-def small_vocab_warning(size: int, sample: dict[str, Any], data: DataConfig) -> str:
-    """The line for a vocabulary trained on a sample of a large corpus to far fewer tokens than asked:
-    the sample held few distinct words, which a corpus of much repeated text gives, since equal lines
-    are all in the sample or all out (text.LineSample): one line repeated a million times can fill it
-    many times over (trial 21 P6: a sample 6.8x sample_chars, and 1,316 tokens of 8,000)."""
+def small_vocab_warning(size: int, sample: dict[str, Any], data: DataConfig) -> str | None:
+    """The line for a vocabulary trained on a sample of a large corpus to far fewer tokens than asked,
+    where the sample missed its budget by far: equal lines are all in it or all out (text.LineSample),
+    so a line repeated a million times fills it many times over, or leaves it nearly empty (trial 21
+    P6: a sample 6.8x sample_chars, and 1,316 tokens of 8,000). None: nothing to say (a sample near
+    its budget gives what the text has)."""
     over = sample["chars"] / max(sample["sample_chars"], 1)
+    if size >= SMALL_VOCAB_SHARE * data.tokenizer.vocab_size or 1 / SAMPLE_MISS <= over <= SAMPLE_MISS:
+        return None
     return (
         f"warning: the vocabulary has {size:,} tokens of the {data.tokenizer.vocab_size:,} asked "
-        f"(data.tokenizer.vocab_size): the sample it was trained on held few distinct words"
-        + (
-            f", and is {over:.1f}x data.tokenizer.sample_chars: lines repeated many times are all in it or all out"
-            if over > 2
-            else ""
-        )
-        + "; deduplicate the corpus, or raise data.tokenizer.sample_chars (0: the whole corpus)"
+        f"(data.tokenizer.vocab_size): the sample it was trained on is {over:.2g}x data.tokenizer.sample_chars, "
+        "as lines repeated many times are all in it or all out; deduplicate the corpus, or raise "
+        "data.tokenizer.sample_chars (0: the whole corpus)"
     )
 
 

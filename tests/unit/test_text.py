@@ -409,9 +409,8 @@ def test_a_sampled_vocabulary_far_below_the_size_asked_is_said(tmp_path, cli):
     over = load_prepared(tmp_path / "run" / "data").manifest["tokenizer"]["sample"]["chars"] / budget
     assert [line for line in result.err_lines if "tokens of the" in line] == [
         f"warning: the vocabulary has {size:,} tokens of the 2,000 asked (data.tokenizer.vocab_size): the sample it "
-        f"was trained on held few distinct words, and is {over:.1f}x data.tokenizer.sample_chars: lines repeated many "
-        "times are all in it or all out; deduplicate the corpus, or raise data.tokenizer.sample_chars (0: the whole "
-        "corpus)"
+        f"was trained on is {over:.2g}x data.tokenizer.sample_chars, as lines repeated many times are all in it or all "
+        "out; deduplicate the corpus, or raise data.tokenizer.sample_chars (0: the whole corpus)"
     ]
     whole = cli("prepare", "--config", config, "--quiet", "--set", "data.tokenizer.sample_chars=0")
     assert whole.code == 0 and "tokens of the" not in whole.err, "a whole corpus gives what it has: not said"
