@@ -135,10 +135,17 @@ def check_start(output_dir: Path, max_steps: int) -> None:
     incomplete folder of a later step is never touched, so it stays. Refused now, not at a save
     hours later; and what check_run_outputs refuses."""
     check_run_outputs(output_dir)
+    remove_leftovers(layout.checkpoints_dir(output_dir))  # (not through a link: check_replaceable refuses it)
+    check_replaceable(output_dir, max_steps)
+
+
+def check_replaceable(output_dir: Path, max_steps: int) -> None:
+    """Refuse what check_start refuses in checkpoints/ (a link, a folder bertcli may replace that it did
+    not write), from the files alone: `pretrain` asks before torch is imported too (trial 22 U1: a
+    user's step-N folder was refused after 3.4 s and 252 MB)."""
     root = layout.checkpoints_dir(output_dir)
     if root.is_symlink():  # through it, this run pruned and replaced another run's checkpoints
         raise ownership.linked(root, "a run folder", f"remove the link (rm {root}), or set output_dir to a new folder")
-    remove_leftovers(root)
     if root.is_dir():
         for child in sorted(root.iterdir()):
             match = layout.STEP_DIR.match(child.name)

@@ -869,6 +869,8 @@ def _check_pretrain_start(cfg: Config, resume: str) -> None:
         check_finite_weights(start_from)  # (trial 16 U7: refused after the corpus was prepared, 11 s)
     _check_writable(Path(cfg.output_dir), Path(cfg.output_dir))
     checkpoint.check_run_outputs(Path(cfg.output_dir))
+    if os.environ.get("RANK", "0") == "0":  # (rank 0 replaces checkpoints)
+        checkpoint.check_replaceable(Path(cfg.output_dir), cfg.train.max_steps)
     # One checkpoint's room (a lower bound while the vocabulary is still to come); a model too large for
     # this machine is refused as such (exit 2) where memory is checked, not as one too large for the disk.
     if os.environ.get("RANK", "0") == "0" and BYTES_PER_PARAMETER * parameter_count(cfg.model) <= machine_memory():

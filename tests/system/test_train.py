@@ -170,6 +170,31 @@ def test_sizes_that_cannot_fit_on_this_cpu_are_refused_before_torch_loads(tmp_pa
     assert not (tmp_path / "checkpoints").exists()
 
 
+def test_a_users_folder_among_the_checkpoints_is_refused_before_torch_loads(tmp_path, eight_steps):
+    """Trial 22 U1: a user's step-N folder, or a note inside best, was refused from the files alone,
+    but after torch's import (3.4-4.4 s, 252 MB)."""
+    import shutil
+
+    from conftest import refuse_in_fresh_interpreter
+
+    shutil.copytree(eight_steps, tmp_path / "run")
+    root = tmp_path / "run" / "checkpoints"
+    (root / "step-0000003").mkdir()
+    (root / "step-0000003" / "model.safetensors").write_text("mine")
+    config = write_config(tmp_path / "run", "checkpoint.keep_last=3", "train.eval_every=0")
+    (code, imported), err = refuse_in_fresh_interpreter("pretrain", "--config", config, cwd=tmp_path)
+    assert (code, imported) == (
+        "2",
+        "False",
+    ) and f"{root / 'step-0000003'} is not a checkpoint written by bertcli" in err, err
+    shutil.rmtree(root / "step-0000003")
+    shutil.copytree(root / "step-0000008", root / "best")
+    (root / "best" / "NOTES.txt").write_text("mine")
+    (code, imported), err = refuse_in_fresh_interpreter("pretrain", "--config", config, cwd=tmp_path)
+    assert (code, imported) == ("2", "False") and "holds NOTES.txt, which is not a file bertcli writes" in err, err
+    assert (root / "best" / "NOTES.txt").read_text() == "mine"
+
+
 def test_weights_get_the_mode_of_every_other_file(tmp_path, trained):
     """safetensors writes its file 0600; bertcli gives it 0666 less the umask, like the rest."""
     from bertcli import export
