@@ -185,19 +185,44 @@ COMPRESSED_SUFFIXES = {".gz": "gzip", ".bz2": "bzip2", ".xz": "xz", ".zst": "zst
 DECOMPRESS = {"gzip": "gzip -dc", "bzip2": "bzip2 -dc", "xz": "xz -dc", "zstd": "zstd -dc", "zip": "unzip -p"}
 
 
+# Text in another encoding than UTF-8, by its byte-order mark (UTF-32's first: its LE mark begins with UTF-16's),
+# or by the NUL of each ASCII character's other byte (UTF-16 without a mark); converted with iconv.
+ENCODING_MARKS = {
+    b"\xff\xfe\x00\x00": "UTF-32",
+    b"\x00\x00\xfe\xff": "UTF-32",
+    b"\xff\xfe": "UTF-16",
+    b"\xfe\xff": "UTF-16",
+}
+CONVERT = {name: f"iconv -f {name} -t UTF-8" for name in ("UTF-16", "UTF-32")}
+
+
 def compressed_kind(start: bytes) -> str | None:
-    """The compression whose magic bytes `start` (a stream's first bytes) begins with, if any."""
-    return next((name for magic, name in COMPRESSED_MAGIC.items() if start.startswith(magic)), None)
+    """What a stream that begins with bytes `start` (its first 6 or more) holds, where it is not UTF-8
+    text encode can read: a compression (COMPRESSED_MAGIC), or UTF-16 or UTF-32 text (trial 22 U2:
+    Windows' "Unicode" text was refused after the model loaded, as "not valid UTF-8", and with
+    --errors replace encoded as garbage). None: it may be UTF-8."""
+    kind = next((name for magic, name in COMPRESSED_MAGIC.items() if start.startswith(magic)), None)
+    kind = kind or next((name for mark, name in ENCODING_MARKS.items() if start.startswith(mark)), None)
+    if kind is None and len(start) >= 6:  # ASCII as UTF-16 without a mark: every other byte NUL, the rest not
+        odd, even = start[1:6:2], start[0:6:2]
+        if (odd == bytes(3) and all(even)) or (even == bytes(3) and all(odd)):
+            kind = "UTF-16"
+    return kind
 
 
 def refuse_compressed(name: str, kind: str, path: str | None = None) -> UsageError:
-    """The one line for a compressed input `name` (of compression `kind`; `path`: a file, else stdin)."""
+    """The one line for an input `name` that is not UTF-8 text (compressed_kind `kind`; `path`: a
+    file, else stdin), with the command that makes it text."""
+    tool = CONVERT.get(kind) or DECOMPRESS[kind]
+    what = f"{kind} text" if kind in CONVERT else f"{kind}-compressed"
     how = (
-        f"pipe it in ({DECOMPRESS[kind]} {shlex.quote(path)} | bertcli encode ... -)"
+        f"pipe it in ({tool} {shlex.quote(path)} | bertcli encode ... -)"
         if path is not None
-        else f"pipe it through {DECOMPRESS[kind]} first (... | {DECOMPRESS[kind]} | bertcli encode ...)"
+        else f"pipe it through {tool} first (... | {tool} | bertcli encode ...)"
     )
-    return UsageError(f"{name}: {kind}-compressed, and encode reads text: decompress it, or {how}")
+    return UsageError(
+        f"{name}: {what}, and encode reads UTF-8 text: {'convert' if kind in CONVERT else 'decompress'} it, or {how}"
+    )
 
 
 def check_input(path: str) -> None:

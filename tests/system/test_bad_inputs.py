@@ -640,7 +640,13 @@ CASES = [
         "encode-a-zstd-file",
         lambda d, b: ["encode", "--model", b["text"], _write(d, "in.txt.zst", b"\x28\xb5\x2f\xfd" + bytes(20))],
         2,
-        "in.txt.zst: zstd-compressed, and encode reads text: decompress it, or pipe it in (zstd -dc ",
+        "in.txt.zst: zstd-compressed, and encode reads UTF-8 text: decompress it, or pipe it in (zstd -dc ",
+    ),
+    (  # trial 22 U2: refused after the model loaded (3.8 s, 268 MB), as "not valid UTF-8"
+        "encode-a-utf16-file",
+        lambda d, b: ["encode", "--model", b["text"], _write(d, "in.txt", "a line\n".encode("utf-16"))],
+        2,
+        "in.txt: UTF-16 text, and encode reads UTF-8 text: convert it, or pipe it in (iconv -f UTF-16 -t UTF-8 ",
     ),
     (  # trial 21 P8: plain JSONL was written under the .gz name, exit 0
         "encode-output-with-a-compression-suffix",
@@ -658,7 +664,7 @@ CASES = [
         "encode-a-gzip-file",
         lambda d, b: ["encode", "--model", b["text"], _write(d, "in.txt.gz", gzip.compress(b"a line\n"))],
         2,
-        "in.txt.gz: gzip-compressed, and encode reads text: decompress it, or pipe it in (gzip -dc ",
+        "in.txt.gz: gzip-compressed, and encode reads UTF-8 text: decompress it, or pipe it in (gzip -dc ",
     ),
     (
         "encode-synthetic-run",

@@ -923,7 +923,7 @@ def test_compressed_stdin_is_refused_before_the_model_loads_and_never_read_as_te
         (code, imported), err = refuse_in_fresh_interpreter("encode", "--model", trained, cwd=tmp_path, stdin=stdin)
     assert (code, imported) == ("2", "False"), err
     assert err.splitlines() == [
-        "bertcli: error: stdin: gzip-compressed, and encode reads text: decompress it, or pipe it through gzip -dc "
+        "bertcli: error: stdin: gzip-compressed, and encode reads UTF-8 text: decompress it, or pipe it through gzip -dc "
         "first (... | gzip -dc | bertcli encode ...)"
     ]
     slow = subprocess.Popen(  # its bytes come after the peek gave up waiting
@@ -937,7 +937,15 @@ def test_compressed_stdin_is_refused_before_the_model_loads_and_never_read_as_te
     result = run_process("encode", "--model", trained, "--errors", "replace", "-", stdin=slow.stdout)
     slow.wait()
     assert result.returncode == 2 and result.stdout == "", result.stderr
-    assert "stdin: gzip-compressed, and encode reads text" in result.stderr.splitlines()[-1]
+    assert "stdin: gzip-compressed, and encode reads UTF-8 text" in result.stderr.splitlines()[-1]
+    wide = subprocess.run(  # trial 22 U2: --errors replace encoded UTF-16 as garbage rows, one more than lines
+        [sys.executable, "-m", "bertcli", "encode", "--model", str(trained), "--errors", "replace"],
+        input="a line\nanother\n".encode("utf-16-le"),
+        capture_output=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert wide.returncode == 2 and wide.stdout == b"" and b"stdin: UTF-16 text" in wide.stderr, wide.stderr
     plain = run_process("encode", "--model", trained, "-f", "tsv", input="a line\nanother\n")
     assert plain.returncode == 0 and len(plain.stdout.splitlines()) == 2, plain.stderr
 
