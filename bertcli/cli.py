@@ -611,6 +611,12 @@ def encode(
             f"bertcli encode: {counts['unpaired']:,} of {counts['lines']:,} lines had no TAB and were encoded as one "
             "sentence each (--strict-pairs makes that an error)"
         )
+    if counts["inner_cr"]:  # (trial 22 P1: a CR-only file gave one row for three texts, unsaid; prepare warned)
+        err(
+            f"warning: {counts['inner_cr']:,} of {counts['lines']:,} lines hold a carriage return (CR) inside, as "
+            "classic Mac OS text ends its lines: a line ends at LF, so each was encoded as one text; if CR ends "
+            "your lines, convert them first (tr '\\r' '\\n' < FILE | bertcli encode ...)"
+        )
 
 
 def _say_sentence_source(ckpt: Path, settings: Any) -> None:

@@ -133,12 +133,14 @@ class NonFiniteOutput(RunError):
 class Line(str):
     """A line of input that knows where it came from (read_lines), for error messages, and whether
     read_lines kept only its first LINE_BYTES: `lost` when what it dropped was more than blanks,
-    `dropped_tab` when that held a TAB."""
+    `dropped_tab` when that held a TAB, and whether it holds a CR inside (`inner_cr`: classic Mac OS line
+    ends, read as one line)."""
 
     source: str
     number: int
     lost: bool = False
     dropped_tab: bool = False
+    inner_cr: bool = False
 
 
 @dataclass(kw_only=True)
@@ -325,6 +327,7 @@ def read_lines(sources: list[str], errors: str) -> Iterator[Line]:
                 line = Line((text.removeprefix("\ufeff") if number == 1 else text).rstrip("\r\n"))
                 del raw, text  # a long line: one copy at a time
                 line.source, line.number, line.lost, line.dropped_tab = name, number, lost, tab
+                line.inner_cr = "\r" in line
                 yield line
         finally:
             if stream is not sys.stdin.buffer:
@@ -598,7 +601,7 @@ def encode(
     if enc.rt.device.type == "cpu":  # token slots whose widest activation fits CPU_BATCH_BYTES (2 bytes under autocast)
         itemsize = (enc.rt.autocast_dtype or torch.float32).itemsize
         max_tokens = CPU_BATCH_BYTES // (itemsize * enc.model.config.intermediate_size)
-    counts = {"lines": 0, "truncated": 0, "unpaired": 0}
+    counts = {"lines": 0, "truncated": 0, "unpaired": 0, "inner_cr": 0}
     window: list[str] = []
 
     def where(i: int) -> str:  # window[i], for a message
@@ -613,6 +616,7 @@ def encode(
             return
         inputs: list = _pair_up(window, where, strict=strict_pairs) if pairs else window
         counts["unpaired"] += sum(1 for x in inputs if isinstance(x, str)) if pairs else 0
+        counts["inner_cr"] += sum(1 for line in window if isinstance(line, Line) and line.inner_cr)
         cuts = [prefixes.cut(x) for x in inputs]  # a text far past the limit: only a prefix is tokenized
         encodings = tokenizer.encode_batch([x for x, _ in cuts], add_special_tokens=True)
         counts["truncated"] += sum(

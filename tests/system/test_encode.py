@@ -981,3 +981,19 @@ def test_a_format_its_output_name_contradicts_is_written_and_said(trained, tmp_p
     assert json.loads((tmp_path / "v.npy").read_text())["line"] == 1
     agreeing = cli("encode", "--model", trained, tmp_path / "in.txt", "--format", "tsv", "-o", tmp_path / "v.tsv")
     assert agreeing.code == 0 and "warning" not in agreeing.err
+
+
+def test_lines_with_a_carriage_return_inside_are_encoded_as_one_text_and_said(trained, tmp_path, cli):
+    """Trial 22 P1: a file of classic Mac OS line ends (CR alone) gave one row for its three texts,
+    unsaid (prepare warns of such a file); CRLF line ends are line ends."""
+    (tmp_path / "cr.txt").write_bytes(b"one\rtwo\rthree\r\nfour\n")
+    result = cli("encode", "--model", trained, tmp_path / "cr.txt", "-f", "tsv")
+    assert result.code == 0 and len(result.out.splitlines()) == 2, result.err
+    assert result.err_lines[-1] == (
+        "warning: 1 of 2 lines hold a carriage return (CR) inside, as classic Mac OS text ends its lines: a line ends "
+        "at LF, so each was encoded as one text; if CR ends your lines, convert them first (tr '\\r' '\\n' < FILE | "
+        "bertcli encode ...)"
+    ), result.err
+    (tmp_path / "crlf.txt").write_bytes(b"one\r\ntwo\r\n")
+    plain = cli("encode", "--model", trained, tmp_path / "crlf.txt", "-f", "tsv")
+    assert plain.code == 0 and len(plain.out.splitlines()) == 2 and "carriage return" not in plain.err
