@@ -977,6 +977,7 @@ def _prepare(
         else:  # the data of other inputs: say which, since another run may be sharing the folder
             _say_changes(cfg, plan, old, None)
     elif why_not and not force:
+        guard(folder)  # a folder bertcli did not write is refused, not said to be prepared again (trial 22 P2)
         log(f"prepared data in {folder} {why_not}: preparing it again")
     if fixed is not None:
         info(

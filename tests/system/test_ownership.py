@@ -81,6 +81,19 @@ def test_prepared_dir_naming_a_folder_of_unrelated_files_is_refused(user_folder,
     assert snapshot(tmp_path) == before
 
 
+def test_a_folder_with_a_manifest_not_of_bertcli_is_refused_not_said_to_be_prepared_again(user_folder, cli, tmp_path):
+    """Trial 22 P2: "prepared data in X is of format version None ...: preparing it again", then the
+    refusal of X as not bertcli's: the first line said the opposite of the second."""
+    mine = tmp_path / "mydata"
+    (mine / "units").mkdir(parents=True)
+    (mine / "manifest.json").write_text("{}")
+    before = snapshot(tmp_path)
+    result = cli("prepare", "--config", user_folder / "config.yaml", "--set", f"data.prepared_dir={mine}")
+    refused(result, mine)
+    assert len(result.err_lines) == 1, result.err
+    assert snapshot(tmp_path) == before
+
+
 def test_prepared_dir_naming_the_corpus_file_is_refused(user_folder, cli, monkeypatch):
     monkeypatch.chdir(user_folder)
     before = snapshot(user_folder)
