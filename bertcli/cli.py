@@ -359,7 +359,9 @@ def export(
     out_dir: Path = typer.Argument(
         ..., metavar="OUT_DIR", help="Folder to write: config.json, model.safetensors and the tokenizer files."
     ),
-    force: bool = typer.Option(False, "--force", help="Replace OUT_DIR if it exists."),
+    force: bool = typer.Option(
+        False, "--force", help="Replace OUT_DIR if it holds an earlier export (an empty one is used as it is)."
+    ),
 ) -> None:
     """Write a checkpoint as a Hugging Face folder (BertForPreTraining, loads with no custom code)."""
     from bertcli.export import ExportExists, described

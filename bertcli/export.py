@@ -202,11 +202,13 @@ def _export(ckpt: Path, out_dir: Path, force: bool) -> Path:
     fix = "choose a new or empty OUT_DIR"
     ownership.check_apart(out_dir, [ownership.Input("the source checkpoint", ckpt)], fix)
     ownership.check_output_folder(out_dir, fix)
-    if out_dir.exists() and not force:
+    # An empty folder is used as a new one (trial 22 P3: refused without --force, as the docs said it may be used).
+    if out_dir.exists() and not force and not ownership.is_empty_folder(out_dir):
         raise ExportExists(out_dir)
 
     def guard(target: Path) -> None:  # forced, it replaces an earlier export only, never anything else
-        if target.exists() and not force:  # (again before the swap: another export may have written it meanwhile)
+        # (again before the swap: another export may have written it meanwhile)
+        if target.exists() and not force and not ownership.is_empty_folder(target):
             raise ExportExists(out_dir)
         ownership.check_replaceable(target, layout.EXPORT, fix)
 

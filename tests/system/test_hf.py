@@ -79,8 +79,12 @@ def test_export_leaves_torch_dynamo_unimported(trained, tmp_path):
     assert (tmp_path / "hf" / "model.safetensors").is_file()
 
 
-def test_export_refuses_an_existing_folder(trained, tmp_path, cli):
+def test_export_refuses_an_existing_folder_and_uses_an_empty_one(trained, tmp_path, cli):
+    """An empty folder is used as a new one (trial 22 P3: refused without --force, where the docs say an
+    empty folder may be used); one holding an export is replaced with --force only."""
     (tmp_path / "hf").mkdir()
+    assert cli("export", trained, tmp_path / "hf").code == 0
+    assert (tmp_path / "hf" / "model.safetensors").is_file()
     result = cli("export", trained, tmp_path / "hf")
     assert result.code == 2 and "--force" in result.err and len(result.err_lines) == 1
     assert cli("export", trained, tmp_path / "hf", "--force").code == 0
