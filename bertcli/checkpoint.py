@@ -942,11 +942,15 @@ def _set_aside(damaged: list[tuple[Path, str]], resumed: Path | None, is_main: b
             console.log(f"{bad} is damaged ({reason}): renamed {aside.name} ({_kept_words(aside)}); {then}")
 
 
-def choose_resume(output_dir: Path, resume: str, cfg: Config, is_main: bool = True) -> Path | None:
+def choose_resume(
+    output_dir: Path, resume: str, cfg: Config, is_main: bool = True, last_step: int | None = None
+) -> Path | None:
     """The checkpoint to resume from (None = start fresh), per `resume`: auto, never or a path. `auto`
     takes the newest checkpoint that loads: newer damaged ones (a disk that failed, a file someone
     emptied) are reported and, by the main process, renamed damaged-step-NNNNNNN, so that neither
-    resuming nor pruning counts them again (pruning keeps the newest: it would delete good ones)."""
+    resuming nor pruning counts them again (pruning keeps the newest: it would delete good ones).
+    A path at or past `last_step` leaves the run's checkpoints as they are: nothing is trained from it
+    (trial 22 S2: the run's whole history was set aside, and the next pretrain started fresh)."""
     found = layout.list_checkpoints(output_dir)
     abandoned: list[tuple[Path, int]] = []  # (resuming by path) the run's later checkpoints: another history
     if resume == "never":
@@ -961,6 +965,17 @@ def choose_resume(output_dir: Path, resume: str, cfg: Config, is_main: bool = Tr
         ]
         if not found:
             _set_aside([(p, why) for _, p, why in reversed(partial)], None, is_main)
+            root = layout.checkpoints_dir(output_dir)
+            aside = sorted(
+                p.name
+                for p in (root.iterdir() if root.is_dir() and not root.is_symlink() else [])
+                if p.name.startswith((layout.ABANDONED_PREFIX, layout.DAMAGED_PREFIX))
+            )
+            if aside and is_main:  # (trial 22 S2: a run of only set-aside checkpoints started over, unsaid)
+                console.log(
+                    f"{root} holds no checkpoint to resume, only ones set aside ({', '.join(aside[:3])}"
+                    f"{', ...' if len(aside) > 3 else ''}): this run starts fresh, from step 0"
+                )
             return None
         damaged, chosen = [], None
         for _, candidate in reversed(found):
@@ -995,7 +1010,8 @@ def choose_resume(output_dir: Path, resume: str, cfg: Config, is_main: bool = Tr
         # makes all of them another history (trial 18 P9: a fall-back went to one of another model).
         step = read_trainer_state(path)["step"]
         foreign = is_foreign(path, output_dir)
-        abandoned = [(p, s) for s, p in found if (foreign or s > step) and p.resolve() != path.resolve()]
+        if last_step is None or step < last_step:
+            abandoned = [(p, s) for s, p in found if (foreign or s > step) and p.resolve() != path.resolve()]
     check_same_model(path, cfg, output_dir)
     for later, step_of in abandoned if is_main else []:
         aside = _rename_aside(later, layout.ABANDONED_PREFIX)
@@ -1057,14 +1073,21 @@ class CheckpointManager:
         self.best: float | None = None  # the held-out MLM loss of checkpoints/best, kept by settle_best
         self.last_saved: Path | None = None  # the newest complete checkpoint of the run
 
-    def choose(self, resume: str) -> Path | None:
+    def choose(self, resume: str, last_step: int | None = None) -> Path | None:
         """The checkpoint to resume from per `resume` (auto, never or a path: see choose_resume;
         None: start fresh), refused if it was trained with another tokenizer than the prepared
-        data's; and `best` settled (settle_best)."""
-        self.resumed_from = choose_resume(self.output_dir, resume, self.cfg, self.is_main)
+        data's; and `best` settled (settle_best), unless that checkpoint is at or past `last_step`:
+        a run with nothing to do changes none of its checkpoints."""
+        self.resumed_from = choose_resume(self.output_dir, resume, self.cfg, self.is_main, last_step)
         if self.resumed_from is not None and layout.TOKENIZER_JSON in self.tokenizer:
             prepared = Path(self.cfg.data.prepared_dir) / layout.TOKENIZER_JSON
             check_same_tokenizer(self.resumed_from, prepared, self.tokenizer[layout.TOKENIZER_JSON])
+        if (
+            self.resumed_from is not None
+            and last_step is not None
+            and read_trainer_state(self.resumed_from)["step"] >= last_step
+        ):
+            return self.resumed_from  # nothing to do: `best` stays as it is
         self.best = settle_best(self.output_dir, self.cfg, self.resumed_from, self.is_main)
         self._catch_up_best()
         self.last_saved = self.resumed_from

@@ -312,7 +312,7 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume: str, quiet: bool, *, las
         if rt.is_main:
             sizes.check_disk(cfg.model, output_dir)
     checkpoints = checkpoint.CheckpointManager(cfg, rt.device, is_main=rt.is_main, tokenizer=tokenizer)
-    resumed_from = checkpoints.choose(resume)
+    resumed_from = checkpoints.choose(resume, last_step)
     if resumed_from is not None and checkpoint.read_trainer_state(resumed_from)["step"] >= last_step:
         raise NothingToDo(_nothing_to_do(cfg, rt, resumed_from, last_step))
     processes = f"{rt.world_size} processes ({cfg.train.parallel})" if rt.distributed else "1 process"

@@ -976,3 +976,35 @@ def test_a_run_whose_sigint_is_ignored_says_how_to_stop_it(tmp_path, cli):
     assert ignored.code == 0 and line in ignored.err_lines, ignored.err
     fresh = cli("pretrain", "--config", write_config(tmp_path / "other", "train.max_steps=1", "train.eval_every=0"))
     assert fresh.code == 0 and line not in fresh.err_lines
+
+
+def test_a_resume_with_nothing_to_do_changes_none_of_the_runs_checkpoints(tmp_path, cli, eight_steps):
+    """Trial 22 S2: `--resume OTHER/step-8` with nothing to do renamed the run's steps abandoned-* and
+    removed its best, exit 0; the next plain pretrain started from step 0 without a word. Its own
+    earlier step likewise set the later one aside and replaced best."""
+    import shutil
+
+    other = Path(shutil.copytree(eight_steps, tmp_path / "other"))
+    run = Path(shutil.copytree(eight_steps, tmp_path / "run"))
+    root = run / "checkpoints"
+    shutil.copytree(root / "step-0000008", root / "best")
+    before = sorted(p.name for p in root.iterdir())
+    config = write_config(run, "checkpoint.keep_last=3", "train.eval_every=0", "train.max_steps=8")
+    for source, args in ((other / "checkpoints" / "step-0000008", []), (root / "step-0000004", ["--stop-at", "4"])):
+        result = cli("pretrain", "--config", config, "--resume", source, *args)
+        assert result.code == 0 and any(line.startswith("nothing to do") for line in result.err_lines), result.err
+        assert sorted(p.name for p in root.iterdir()) == before, result.err
+        assert not any("abandoned" in line or "removed" in line for line in result.err_lines), result.err
+    # Only set-aside checkpoints left: starting over is said.
+    for name in ("step-0000004", "step-0000008"):
+        (root / name).rename(root / f"abandoned-{name}")
+    shutil.rmtree(root / "best")
+    fresh = cli("pretrain", "--config", config, "--stop-at", "1")
+    assert (
+        fresh.code == 0
+        and (
+            f"{root} holds no checkpoint to resume, only ones set aside (abandoned-step-0000004, abandoned-step-0000008): "
+            "this run starts fresh, from step 0"
+        )
+        in fresh.err_lines
+    ), fresh.err
