@@ -524,7 +524,9 @@ def encode(
         raise UsageError(f"--tokens gives a vector per token, which no pooling makes: drop --pooling {pooling.value}")
     named, output = output, _check_encode_files(inputs or [], model=model, output=output)
     suffix = named.suffix.lower() if named is not None else ""
-    if suffix in (".npy", ".tsv", ".jsonl") and suffix != f".{fmt.value}":  # (trial 21 P8) --format given
+    if (
+        suffix in (".npy", ".tsv", ".jsonl") and suffix != f".{fmt.value}"
+    ) or suffix in OTHER_FORMATS:  # --format given
         err(f"warning: --format {fmt.value} writes {fmt.value} into {named}, whose {suffix} name says otherwise")
     from bertcli import hf_import
     from bertcli.export import check_model_path
@@ -763,6 +765,24 @@ def _signals_stop(where: str) -> Iterator[Callable[[], None]]:
             signal.raise_signal(signum)
 
 
+# Output names of data formats encode does not write, and what each is (their readers would fail on its rows).
+OTHER_FORMATS = {
+    ".npz": "a NumPy archive",
+    ".csv": "comma-separated values",
+    ".json": "one JSON document",
+    ".pt": "a PyTorch pickle",
+    ".pth": "a PyTorch pickle",
+    ".pkl": "a pickle",
+    ".pickle": "a pickle",
+    ".h5": "HDF5",
+    ".hdf5": "HDF5",
+    ".parquet": "Parquet",
+    ".arrow": "Arrow",
+    ".feather": "Feather",
+    ".safetensors": "safetensors",
+}
+
+
 def _encode_format(fmt: Format | None, output: Path | None, with_text: bool, tokens: bool) -> Format:
     """--format, or the one the --output suffix implies; refused where the other flags cannot have it."""
     from bertcli.ownership import COMPRESSED_SUFFIXES, is_stream
@@ -774,6 +794,11 @@ def _encode_format(fmt: Format | None, output: Path | None, with_text: bool, tok
         raise UsageError(
             f"--output {output}: a {suffix} name, and encode writes plain rows: pipe them through {kind} "
             f"(bertcli encode ... | {kind} > {output}), or name a file without {suffix}"
+        )
+    if fmt is None and suffix in OTHER_FORMATS:  # (trial 22 S1: JSON Lines under v.npz or v.csv, exit 0)
+        raise UsageError(
+            f"--output {output}: a {suffix} name asks for {OTHER_FORMATS[suffix]}, which encode does not write: name a "
+            ".jsonl, .tsv or .npy file (the name chooses the format), or pass --format to write one under this name"
         )
     if fmt is None:
         fmt = Format.npy if suffix == ".npy" else Format.tsv if suffix == ".tsv" else Format.jsonl

@@ -648,6 +648,12 @@ CASES = [
         2,
         "in.txt: UTF-16 text, and encode reads UTF-8 text: convert it, or pipe it in (iconv -f UTF-16 -t UTF-8 ",
     ),
+    (  # trial 22 S1: JSON Lines under v.npz (np.load then failed on "pickled data"), exit 0
+        "encode-output-named-for-another-format",
+        lambda d, b: ["encode", "--model", b["text"], _write(d, "in.txt", "a\n"), "--output", d / "v.npz"],
+        2,
+        "v.npz: a .npz name asks for a NumPy archive, which encode does not write: name a .jsonl, .tsv or .npy file",
+    ),
     (  # trial 21 P8: plain JSONL was written under the .gz name, exit 0
         "encode-output-with-a-compression-suffix",
         lambda d, b: ["encode", "--model", b["text"], _write(d, "in.txt", "a\n"), "--output", d / "v.tsv.gz"],

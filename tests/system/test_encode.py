@@ -981,6 +981,10 @@ def test_a_format_its_output_name_contradicts_is_written_and_said(trained, tmp_p
     assert json.loads((tmp_path / "v.npy").read_text())["line"] == 1
     agreeing = cli("encode", "--model", trained, tmp_path / "in.txt", "--format", "tsv", "-o", tmp_path / "v.tsv")
     assert agreeing.code == 0 and "warning" not in agreeing.err
+    chosen = cli("encode", "--model", trained, tmp_path / "in.txt", "--format", "tsv", "-o", tmp_path / "v.csv")
+    assert chosen.code == 0 and chosen.err_lines[0] == (
+        f"warning: --format tsv writes tsv into {tmp_path / 'v.csv'}, whose .csv name says otherwise"
+    ), chosen.err
 
 
 def test_lines_with_a_carriage_return_inside_are_encoded_as_one_text_and_said(trained, tmp_path, cli):
