@@ -1077,8 +1077,8 @@ class CheckpointManager:
         """The checkpoint to resume from per `resume` (auto, never or a path: see choose_resume;
         None: start fresh), refused if it was trained with another tokenizer than the prepared
         data's; and `best` settled (settle_best), unless that checkpoint is at or past `last_step`:
-        a run with nothing to do changes none of its checkpoints."""
-        self.resumed_from = choose_resume(self.output_dir, resume, self.cfg, self.is_main, last_step)
+        a run with nothing to do sets none of its checkpoints aside (`best` is only caught up)."""
+        self.resumed_from = choose_resume(self.output_dir, resume, self.cfg, is_main=self.is_main, last_step=last_step)
         if self.resumed_from is not None and layout.TOKENIZER_JSON in self.tokenizer:
             prepared = Path(self.cfg.data.prepared_dir) / layout.TOKENIZER_JSON
             check_same_tokenizer(self.resumed_from, prepared, self.tokenizer[layout.TOKENIZER_JSON])
@@ -1087,8 +1087,10 @@ class CheckpointManager:
             and last_step is not None
             and read_trainer_state(self.resumed_from)["step"] >= last_step
         ):
-            return self.resumed_from  # nothing to do: `best` stays as it is
-        self.best = settle_best(self.output_dir, self.cfg, self.resumed_from, self.is_main)
+            # Nothing to do: `best` is not removed as past the step or of another history, only caught up.
+            self.best = best_eval_loss(self.output_dir)
+        else:
+            self.best = settle_best(self.output_dir, self.cfg, self.resumed_from, self.is_main)
         self._catch_up_best()
         self.last_saved = self.resumed_from
         return self.resumed_from

@@ -883,7 +883,12 @@ CASES = [
         2,
         "weights do not fit this model: 1 unexpected (e.g. secret.payload)",
     ),
-    ("export-existing-folder", lambda d, b: ["export", b["text"], (d / "out").mkdir() or d / "out"], 2, "pass --force"),
+    (  # (an empty folder is used as a new one: trial 22 P3)
+        "export-existing-folder",
+        lambda d, b: ["export", b["text"], _write(d, "out/notes.txt", "mine").parent],
+        2,
+        "pass --force",
+    ),
     ("export-no-checkpoint", lambda d, b: ["export", d, d / "out"], 2, "no checkpoint here"),
     ("inspect-missing", lambda d, b: ["inspect", d / "nothing"], 2, "no such file or folder"),
     ("device-unknown", lambda d, b: ["pretrain", "-c", write_config(d), "--device", "tpu"], 2, "--device 'tpu'"),

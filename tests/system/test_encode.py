@@ -196,7 +196,7 @@ def test_a_very_long_line_is_tokenized_from_a_prefix(trained, monkeypatch):
     counts = encode(enc, iter(lines), Writer("jsonl", stream, None, False), resolve(enc))
     budget = resolve(enc).max_length - 2  # (the length the run was trained at)
     assert [len(x) for x in seen] == [budget * encode_mod.PREFIX_START, len(" words past the cap")]
-    assert counts == {"lines": 2, "truncated": 1, "unpaired": 0}
+    assert counts == {"lines": 2, "truncated": 1, "unpaired": 0, "inner_cr": 0}
     _without_cutting(monkeypatch)
     whole, _ = run_encode(trained, lines)
     assert [json.loads(row) for row in stream.getvalue().splitlines()] == whole
