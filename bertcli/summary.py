@@ -272,10 +272,10 @@ def folder_report(path: Path) -> dict[str, Any]:
     sentence = read_sentence_model(path)
     folder = sentence.transformer if sentence else path
     model = hf_import.read_hf_config(folder)
-    seq = min(
-        sentence.max_seq_length if sentence and sentence.max_seq_length else model.max_position_embeddings,
-        model.max_position_embeddings,
-    )
+    # The length encode and transformers use (trial 23 P1: an export trained at 64 was shown at its 512
+    # positions): sentence_bert_config.json's, else the tokenizer's model_max_length, else the positions.
+    limit = (sentence.max_seq_length if sentence else None) or hf_import.tokenizer_limit(folder)
+    seq = min(limit or model.max_position_embeddings, model.max_position_embeddings)
     cfg = Config(model=model, data=DataConfig(max_seq_length=seq, max_predictions_per_seq=max(1, round(0.15 * seq))))
     raw = json.loads((folder / layout.HF_CONFIG).read_text(encoding="utf-8"))
     classes = raw.get("architectures") or ["?"]

@@ -508,3 +508,15 @@ def test_a_tokenizer_with_an_id_past_the_vocabulary_is_refused_with_both_figures
         f"{size:,} has ids 0 to {size - 1:,} (a token added without resizing the model's embeddings, or another "
         "model's tokenizer): restore the model's own tokenizer files, or resize the embeddings and save the model again"
     ]
+
+
+def test_inspect_of_an_export_shows_the_length_its_run_trained_at(trained, tmp_path, cli):
+    """Trial 23 P1: inspect of an export trained at data.max_seq_length showed its positions (512), where
+    its tokenizer_config.json, encode and transformers take the trained length."""
+    from bertcli.resolve import load_run
+
+    trained_at = load_run(trained / "config.yaml").data.max_seq_length
+    folder = export(trained, tmp_path / "hf")
+    assert json.loads((folder / "config.json").read_text())["max_position_embeddings"] > trained_at
+    report = json.loads(cli("inspect", folder, "--json").out)
+    assert report["architecture"]["max_seq_length"] == trained_at, report["architecture"]
