@@ -287,6 +287,7 @@ def pretrain(
     from bertcli.resolve import check_outputs_apart, load_run
 
     # The config is checked before torch loads (3-4 s, 240 MB): a refusal takes a fraction of a second.
+    _check_launch_env()
     if device is not None and not is_device_name(device):
         raise UsageError(f"--device {device!r}: expected {DEVICE_NAMES}")
     with console.quiet(quiet):  # (resolving may say where a gone init_from's architecture comes from)
@@ -839,6 +840,34 @@ def _stream_full(exc: BaseException, output: Path | None) -> RunError | None:
         f"{output or 'stdout'}: disk full ({exc.strerror}); the rows written there so far are incomplete (the last "
         f"one may be cut): {fix}"
     )
+
+
+def _check_launch_env() -> None:
+    """Refuse the variables of a distributed job (torchrun's) that cannot start one: a number that is
+    none, a rank past the world size, or WORLD_SIZE > 1 without where to meet (MASTER_ADDR,
+    MASTER_PORT). Left in a shell by mistake, they gave a library's error after torch's import (trial
+    23 C1: 3.4-4.2 s, "environment variable MASTER_ADDR expected")."""
+    values = {name: os.environ.get(name) for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    for name, value in values.items():
+        if value is not None and not value.strip().isdigit():
+            raise UsageError(
+                f"{name}={value!r} in the environment: a process count or index, as torchrun sets it; unset it"
+            )
+    world = int(values["WORLD_SIZE"] or 1)
+    if world <= 1:
+        return
+    missing = [name for name in ("RANK", "MASTER_ADDR", "MASTER_PORT") if not os.environ.get(name)]
+    rank = int(values["RANK"] or 0)
+    if missing or rank >= world:
+        what = (
+            f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not"
+            if missing
+            else f"RANK={rank} is past it"
+        )
+        raise UsageError(
+            f"WORLD_SIZE={world} is set in the environment (a distributed job's, as torchrun sets it), but {what}: "
+            "run under torchrun (torchrun --nproc-per-node N -m bertcli pretrain ...), or unset WORLD_SIZE and RANK"
+        )
 
 
 def _check_pretrain_start(cfg: Config, resume: str) -> None:

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -20,7 +23,7 @@ import torch.distributed as dist
 
 from bertcli import console
 from bertcli.config import DEVICE_NAMES, PrecisionConfig, is_device_name
-from bertcli.errors import UsageError
+from bertcli.errors import STOP_SIGNALS, UsageError
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}  # fp32: no autocast
 
@@ -125,6 +128,46 @@ def slow_autocast(rt: Runtime) -> str | None:
     )
 
 
+@contextlib.contextmanager
+def _signals_end_the_wait() -> Iterator[None]:
+    """While the main thread waits inside torch for the job's other processes (the rendezvous of
+    init_process_group: forever, if they never come), a stop signal ends the process at once (exit
+    128 + N), nothing being written yet. Python runs its handlers only when the wait returns (trial
+    23 C2: SIGTERM and SIGINT did nothing); the signal's byte on the wakeup fd (written by the C
+    handler at once) is read by a thread instead."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    previous = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            byte = os.read(read_end, 1)
+            if done.is_set() or not byte:
+                return
+            if byte[0] in STOP_SIGNALS and signal.getsignal(byte[0]) is not signal.SIG_IGN:
+                name = signal.Signals(byte[0]).name
+                console.error(
+                    f"bertcli: stopped by {name} while waiting for the job's other processes; nothing was written"
+                )
+                os._exit(128 + byte[0])
+
+    thread = threading.Thread(target=watch, daemon=True, name="bertcli-rendezvous-signals")
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        signal.set_wakeup_fd(previous)
+        os.write(write_end, b"\0")  # the thread's read returns
+        thread.join(timeout=1)
+        os.close(write_end)
+        os.close(read_end)
+
+
 def setup(device: str, precision: PrecisionConfig) -> Runtime:
     """Device and precision; under torchrun (WORLD_SIZE > 1) also the process group: NCCL on
     GPUs (one per local rank), gloo on CPU."""
@@ -138,7 +181,14 @@ def setup(device: str, precision: PrecisionConfig) -> Runtime:
         torch.backends.cuda.matmul.allow_tf32 = precision.allow_tf32
         torch.backends.cudnn.allow_tf32 = precision.allow_tf32
     if world_size > 1 and not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
+        if "TORCHELASTIC_RUN_ID" not in os.environ:  # another launcher, or the variables set by mistake (trial 23 C2)
+            console.log(
+                f"RANK={rank} and WORLD_SIZE={world_size} are set, not by torchrun: waiting for the job's other "
+                f"processes at {os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}; if they were set by "
+                "mistake, stop this (Ctrl-C) and unset them"
+            )
+        with _signals_end_the_wait():
+            dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
     console.speak(rank == 0)  # one process speaks for the job
     return Runtime(device=dev, precision=resolve_precision(precision.mode, dev), rank=rank, world_size=world_size)
 

@@ -148,3 +148,49 @@ def test_fsdp_equals_one_process_and_its_checkpoint_resumes_in_one_process(tmp_p
     a, b = weights(one, 8), weights(tmp_path / "mixed", 8)
     for key in a:
         torch.testing.assert_close(b[key], a[key], rtol=0, atol=1e-5)
+
+
+def test_the_variables_of_a_job_set_by_mistake_are_refused_or_said_and_a_signal_ends_the_wait(tmp_path, monkeypatch):
+    """Trial 23 C1: RANK/WORLD_SIZE left in a shell gave torch's "MASTER_ADDR expected" after its import
+    (3.4-4.2 s); C2: with MASTER_ADDR too, pretrain waited forever for the other process, unsaid, and
+    SIGTERM and SIGINT did nothing (Python's handlers wait for torch's rendezvous to return)."""
+    import socket
+
+    from conftest import refuse_in_fresh_interpreter
+
+    config = write_config(tmp_path, "train.max_steps=2", "train.eval_every=0")
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    for env, said in (
+        ({"RANK": "1", "WORLD_SIZE": "2"}, "but MASTER_ADDR and MASTER_PORT are not: run under torchrun"),
+        ({"WORLD_SIZE": "two"}, "WORLD_SIZE='two' in the environment: a process count or index"),
+    ):
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        (code, imported), err = refuse_in_fresh_interpreter("pretrain", "--config", config, cwd=tmp_path)
+        assert (code, imported) == ("2", "False") and said in err, err
+        for name in env:
+            monkeypatch.delenv(name)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "bertcli", "pretrain", "--config", str(config), "--device", "cpu"],
+            cwd=REPO,
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # (a background job's is ignored)
+        )
+        waiting = proc.stderr.readline()
+        assert "are set, not by torchrun: waiting for the job's other processes at 127.0.0.1" in waiting, waiting
+        time.sleep(1)  # inside the rendezvous
+        proc.send_signal(signum)
+        try:
+            rest = proc.communicate(timeout=30)[1]
+        finally:
+            proc.kill()
+        assert proc.returncode == 128 + signum, rest
+        assert f"stopped by {signal.Signals(signum).name} while waiting for the job's other processes" in rest
+        assert not (tmp_path / "checkpoints").exists()
