@@ -114,6 +114,10 @@ def check_run_outputs(output_dir: Path) -> None:
         if (path.exists() or path.is_symlink()) and not path.is_dir():
             raise UsageError(f"{path}: a file bertcli did not write, where the run keeps {what} folder: {fix}")
     metrics = Path(output_dir) / layout.METRICS
+    if metrics.is_symlink():  # (trial 23 P3: replaced by a file of this run's records, the link gone unsaid)
+        raise ownership.linked(
+            metrics, "a run folder", f"remove the link (rm {metrics}), or set output_dir to another folder"
+        )
     if (
         metrics.is_file()
         and not layout.list_step_folders(output_dir)

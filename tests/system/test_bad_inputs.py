@@ -648,6 +648,20 @@ CASES = [
         2,
         "in.txt: UTF-16 text, and encode reads UTF-8 text: convert it, or pipe it in (iconv -f UTF-16 -t UTF-8 ",
     ),
+    (  # trial 23 P3: the link was replaced by a file of this run's records, unsaid
+        "pretrain-metrics-a-link",
+        lambda d, b: [
+            "pretrain",
+            "-c",
+            write_config(d),
+            "--quiet",
+            (d / "metrics.jsonl").symlink_to(_write(d, "other/metrics.jsonl", '{"step": 1, "split": "train"}\n'))
+            or "--stop-at",
+            "1",
+        ],
+        2,
+        "metrics.jsonl is a symbolic link, which bertcli never follows out of a run folder",
+    ),
     (  # trial 22 S1: JSON Lines under v.npz (np.load then failed on "pickled data"), exit 0
         "encode-output-named-for-another-format",
         lambda d, b: ["encode", "--model", b["text"], _write(d, "in.txt", "a\n"), "--output", d / "v.npz"],
