@@ -737,6 +737,20 @@ HELD_OUT_SETTINGS = [
 UPDATE_SETTINGS = ["optimizer", "train.max_steps", "train.mlm_weight", "train.nsp_weight", "train.max_grad_norm"]
 
 
+def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config dict as {"section.key": value}."""
+    out = {}
+    for key, value in tree.items():
+        out.update(_flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+    return out
+
+
+def held_out_changed(saved: Config, cfg: Config) -> bool:
+    """Whether resuming a checkpoint saved with `saved` under `cfg` changes the held-out set (see
+    setting_differences), so that held-out losses from now on are not comparable with `best`'s."""
+    return any("the held-out set changes" in line for line in setting_differences(saved, cfg, step=0, where=""))
+
+
 def setting_differences(
     saved: Config, cfg: Config, *, step: int, where: str, batches: tuple[int | None, int] | None = None
 ) -> list[str]:
@@ -746,13 +760,7 @@ def setting_differences(
     step's examples depend on it alone, so 2 processes x 4 resumed as 1 x 8 changes nothing."""
     from bertcli.optim import lr_at
 
-    def flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-        out = {}
-        for key, value in tree.items():
-            out.update(flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
-        return out
-
-    old, new = flat(to_dict(saved)), flat(to_dict(cfg))
+    old, new = _flat(to_dict(saved)), _flat(to_dict(cfg))
     if batches is not None and batches[0] is not None:  # compare the global batch, not its split
         for key in ("train.batch_size", "train.grad_accum_steps"):
             old.pop(key), new.pop(key)
@@ -1189,6 +1197,13 @@ class CheckpointManager:
                 else (saved_batch if isinstance(saved_batch, int) else None, examples_per_step),
             ):
                 console.log(line)
+            if held_out_changed(saved, self.cfg) and self.best is not None:
+                # (trial 23 P5: `best` was then replaced by comparing losses on two held-out sets)
+                self.best = None
+                console.log(
+                    f"{layout.checkpoints_dir(self.output_dir) / layout.BEST} is replaced at this run's next "
+                    "evaluation: its held-out loss was on the earlier set"
+                )
         # The checkpoints' configs say the tokenizer in use: the run's, whatever data.tokenizer says now.
         self.cfg = dataclasses.replace(
             self.cfg, data=dataclasses.replace(self.cfg.data, tokenizer=saved.data.tokenizer)

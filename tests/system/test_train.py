@@ -1008,3 +1008,23 @@ def test_a_resume_with_nothing_to_do_changes_none_of_the_runs_checkpoints(tmp_pa
         )
         in fresh.err_lines
     ), fresh.err
+
+
+def test_best_of_an_earlier_held_out_set_is_replaced_at_the_next_evaluation(tmp_path, cli):
+    """Trial 23 P5: after a resume that changed the held-out set (said: not comparable with the loss that
+    kept best), best was replaced or kept by comparing exactly those losses."""
+    config = write_config(tmp_path, "train.eval_every=4", "checkpoint.keep_last=3", "train.max_steps=12")
+    assert cli("pretrain", "--config", config, "--quiet", "--stop-at", "8").code == 0
+    best = tmp_path / "checkpoints" / "best"
+    assert checkpoint.read_trainer_state(best)["step"] in (4, 8)
+    result = cli("pretrain", "--config", config, "--stop-at", "12", "--set", "train.eval_examples=16")
+    assert (
+        result.code == 0
+        and f"{best} is replaced at this run's next evaluation: its held-out loss was on the earlier set"
+        in result.err_lines
+    ), result.err
+    assert checkpoint.read_trainer_state(best)["step"] == 12, "the first evaluation on the new set"
+    same = cli(
+        "pretrain", "--config", config, "--quiet", "--set", "train.max_steps=13", "--set", "train.eval_examples=16"
+    )
+    assert same.code == 0 and "is replaced at this run's next evaluation" not in same.err
