@@ -40,12 +40,13 @@ CONFIG_YAML = "config.yaml"
 # ---------------------------------------------------------------------------------------- run folder
 RUN_CONFIG = CONFIG_YAML
 METRICS = "metrics.jsonl"
+METRICS_LEFT = "metrics.left-behind.jsonl"  # the records a resume drops from METRICS: a history left behind
 TENSORBOARD = "tensorboard"
 LOCK = ".lock"
 CHECKPOINTS = "checkpoints"
 RUN_FILES = (RUN_CONFIG, METRICS, LOCK)  # the run folder's own files, next to its folders
 RUN_FOLDERS = (TENSORBOARD,)
-RUN_OUTPUTS = (CHECKPOINTS, TENSORBOARD, METRICS)  # what pretrain writes there (the lock aside)
+RUN_OUTPUTS = (CHECKPOINTS, TENSORBOARD, METRICS, METRICS_LEFT)  # what pretrain writes there (the lock aside)
 
 # ---------------------------------------------------------------------------------------- checkpoint
 WEIGHTS = "model.safetensors"  # also a Hugging Face folder's

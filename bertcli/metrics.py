@@ -192,6 +192,20 @@ def _short(value: float) -> str:
     return f"{value:.3g}"
 
 
+def _keep_left_behind(path: Path, records: list[dict[str, Any]]) -> Path | None:
+    """Append `records`, which a resume leaves out of metrics.jsonl (a history left behind: its
+    checkpoints are set aside, not deleted), to `path`, written whole (trial 23 P2: they were dropped,
+    and the curve of the checkpoints kept was lost). None where `path` is not a file of bertcli's
+    records (a link, a folder, a user's file): it is left alone and the records go."""
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        return None
+    earlier, bad = read_metrics_checked(path) if path.exists() else ([], None)
+    if bad:
+        return None
+    atomic.write_text(path, "".join(json.dumps(r) + "\n" for r in earlier + records))
+    return path
+
+
 class MetricsLogger:
     """Where the metrics of rank 0 go: metrics.jsonl, TensorBoard, the progress bar or line."""
 
@@ -212,14 +226,19 @@ class MetricsLogger:
             console.log(f"{damaged}; left out of the file from now on")
         kept = [r for r in records if r["step"] <= start_step and own_history]
         if len(kept) < len(records):  # said, never silent (trial 20 S1: a fresh run emptied an old run's file)
-            steps = sorted({r["step"] for r in records if r not in kept})
+            dropped = [r for r in records if r["step"] > start_step or not own_history]
+            steps = sorted({r["step"] for r in dropped})
+            where = _keep_left_behind(Path(output_dir) / layout.METRICS_LEFT, dropped)
             console.log(
-                f"{self.jsonl_path}: {len(records) - len(kept):,} record(s) of steps {steps[0]:,}-{steps[-1]:,} dropped: "
+                f"{self.jsonl_path}: {len(dropped):,} record(s) of step"
+                + (f" {steps[0]:,}" if len(steps) == 1 else f"s {steps[0]:,}-{steps[-1]:,}")
+                + " left out: "
                 + (
-                    f"past step {start_step:,}, where this run resumes (logged after its last checkpoint)"
+                    f"past step {start_step:,}, where this run resumes"
                     if own_history and start_step
                     else "of a history this run does not continue"
                 )
+                + (f"; kept in {where}" if where else "")
             )
         atomic.write_text(self.jsonl_path, "".join(json.dumps(r) + "\n" for r in kept))
         self.jsonl = open(self.jsonl_path, "a", encoding="utf-8")

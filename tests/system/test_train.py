@@ -753,11 +753,13 @@ def test_resuming_another_runs_checkpoint_sets_the_whole_own_history_aside(tmp_p
     assert f"removed {root / 'best'}: this run resumes from another run's checkpoint" in result.err
     assert sorted(p.name for p in root.iterdir() if p.name.startswith("step-")) == ["step-0000010"]
     assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [10, 10]  # (the train and eval records)
+    left = run / "metrics.left-behind.jsonl"  # (trial 23 P2: the records of the history left behind were lost)
     assert any(
         line.startswith(f"{run / 'metrics.jsonl'}: ")
-        and line.endswith("dropped: of a history this run does not continue")
+        and line.endswith(f"left out: of a history this run does not continue; kept in {left}")
         for line in result.err_lines
     ), result.err
+    assert {r["step"] for r in read_metrics(left)} == {2, 4}
 
     # A fresh start over a run whose checkpoints were deleted drops that file's records: said too (trial 20 S1).
     import shutil as _shutil
@@ -765,8 +767,8 @@ def test_resuming_another_runs_checkpoint_sets_the_whole_own_history_aside(tmp_p
     _shutil.rmtree(root)
     again = cli("pretrain", "--config", run / "config.yaml", "--set", "train.max_steps=2")
     assert again.code == 0 and (
-        f"{run / 'metrics.jsonl'}: 2 record(s) of steps 10-10 dropped: of a history this run does not continue"
-        in again.err_lines
+        f"{run / 'metrics.jsonl'}: 2 record(s) of step 10 left out: of a history this run does not continue; kept in "
+        f"{left}" in again.err_lines
     ), again.err
 
 
