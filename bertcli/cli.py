@@ -849,12 +849,23 @@ def _check_launch_env() -> None:
     23 C1: 3.4-4.2 s, "environment variable MASTER_ADDR expected")."""
     values = {name: os.environ.get(name) for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
     for name, value in values.items():
-        if value is not None and not value.strip().isdigit():
+        if value is not None and not re.fullmatch(r"\s*[0-9]+\s*", value):  # (not str.isdigit: '²' is a digit)
             raise UsageError(
                 f"{name}={value!r} in the environment: a process count or index, as torchrun sets it; unset it"
             )
     world = int(values["WORLD_SIZE"] or 1)
+    if values["WORLD_SIZE"] is not None and world < 1:  # (trial 24 C2: a division by zero after 9.7 s)
+        raise UsageError("WORLD_SIZE=0 in the environment: a job has at least one process; unset it")
     if world <= 1:
+        # A rank other than 0 in a job of one process: it trained without writing anything, exit 0 (trial 24 S1).
+        stray = [
+            f"{name}={values[name].strip()}" for name in ("RANK", "LOCAL_RANK") if values[name] and int(values[name])
+        ]
+        if stray:
+            raise UsageError(
+                f"{' and '.join(stray)} in the environment, with no WORLD_SIZE above 1: a process of a job that is not "
+                "one, which would train and write nothing (rank 0 writes); unset it, or run under torchrun"
+            )
         return
     missing = [name for name in ("RANK", "MASTER_ADDR", "MASTER_PORT") if not os.environ.get(name)]
     rank = int(values["RANK"] or 0)

@@ -163,6 +163,9 @@ def test_the_variables_of_a_job_set_by_mistake_are_refused_or_said_and_a_signal_
     for env, said in (
         ({"RANK": "1", "WORLD_SIZE": "2"}, "but MASTER_ADDR and MASTER_PORT are not: run under torchrun"),
         ({"WORLD_SIZE": "two"}, "WORLD_SIZE='two' in the environment: a process count or index"),
+        ({"RANK": "\u00b2"}, "RANK='\u00b2' in the environment: a process count or index"),  # (trial 24 C1)
+        ({"WORLD_SIZE": "0"}, "WORLD_SIZE=0 in the environment: a job has at least one process"),  # (trial 24 C2)
+        ({"RANK": "1"}, "RANK=1 in the environment, with no WORLD_SIZE above 1"),  # (trial 24 S1: wrote nothing)
     ):
         for name, value in env.items():
             monkeypatch.setenv(name, value)
