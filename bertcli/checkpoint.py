@@ -114,10 +114,19 @@ def check_run_outputs(output_dir: Path) -> None:
         if (path.exists() or path.is_symlink()) and not path.is_dir():
             raise UsageError(f"{path}: a file bertcli did not write, where the run keeps {what} folder: {fix}")
     metrics = Path(output_dir) / layout.METRICS
-    if metrics.is_symlink():  # (trial 23 P3: replaced by a file of this run's records, the link gone unsaid)
-        raise ownership.linked(
-            metrics, "a run folder", f"remove the link (rm {metrics}), or set output_dir to another folder"
-        )
+    left = Path(output_dir) / layout.METRICS_LEFT  # (trial 24 S2: not bertcli's, so the records left out went unsaid)
+    for path in (metrics, left):  # (trial 23 P3: a linked metrics.jsonl was replaced by a file, the link gone unsaid)
+        if path.is_symlink():
+            raise ownership.linked(
+                path, "a run folder", f"remove the link (rm {path}), or set output_dir to another folder"
+            )
+    if left.exists():
+        from bertcli.metrics import read_metrics_checked
+
+        if not left.is_file() or read_metrics_checked(left)[1]:
+            raise UsageError(
+                f"{left}: not a file of records bertcli wrote, where a run keeps those it leaves out: {fix}"
+            )
     if (
         metrics.is_file()
         and not layout.list_step_folders(output_dir)

@@ -202,7 +202,11 @@ def _keep_left_behind(path: Path, records: list[dict[str, Any]]) -> Path | None:
     earlier, bad = read_metrics_checked(path) if path.exists() else ([], None)
     if bad:
         return None
-    atomic.write_text(path, "".join(json.dumps(r) + "\n" for r in earlier + records))
+    # Each set of records says when it was left out: histories left behind one after another stay apart.
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    atomic.write_text(
+        path, "".join(json.dumps(r) + "\n" for r in earlier + [{**r, "left_behind": stamp} for r in records])
+    )
     return path
 
 
@@ -238,7 +242,11 @@ class MetricsLogger:
                     if own_history and start_step
                     else "of a history this run does not continue"
                 )
-                + (f"; kept in {where}" if where else "")
+                + (
+                    f"; kept in {where}"
+                    if where
+                    else f"; not kept ({Path(output_dir) / layout.METRICS_LEFT} is not bertcli's)"
+                )
             )
         atomic.write_text(self.jsonl_path, "".join(json.dumps(r) + "\n" for r in kept))
         self.jsonl = open(self.jsonl_path, "a", encoding="utf-8")

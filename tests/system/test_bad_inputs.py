@@ -662,6 +662,19 @@ CASES = [
         2,
         "metrics.jsonl is a symbolic link, which bertcli never follows out of a run folder",
     ),
+    (  # trial 24 S2: the records a resume leaves out were then dropped, unsaid
+        "pretrain-metrics-left-behind-a-link",
+        lambda d, b: [
+            "pretrain",
+            "-c",
+            write_config(d),
+            "--quiet",
+            (d / "metrics.left-behind.jsonl").symlink_to(_write(d, "other/notes.jsonl", "mine\n")) or "--stop-at",
+            "1",
+        ],
+        2,
+        "metrics.left-behind.jsonl is a symbolic link, which bertcli never follows out of a run folder",
+    ),
     (  # trial 22 S1: JSON Lines under v.npz (np.load then failed on "pickled data"), exit 0
         "encode-output-named-for-another-format",
         lambda d, b: ["encode", "--model", b["text"], _write(d, "in.txt", "a\n"), "--output", d / "v.npz"],

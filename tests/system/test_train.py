@@ -760,6 +760,9 @@ def test_resuming_another_runs_checkpoint_sets_the_whole_own_history_aside(tmp_p
         for line in result.err_lines
     ), result.err
     assert {r["step"] for r in read_metrics(left)} == {2, 4}
+    assert all(isinstance(r["left_behind"], str) for r in read_metrics(left)), (
+        "when: histories stay apart (trial 24 P2)"
+    )
 
     # A fresh start over a run whose checkpoints were deleted drops that file's records: said too (trial 20 S1).
     import shutil as _shutil
