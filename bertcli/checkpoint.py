@@ -1019,6 +1019,7 @@ def choose_resume(
         _set_aside(damaged, path, is_main)
     else:
         path = Path(resume)
+        check_not_set_aside(path, output_dir)
         problem = layout.incomplete(path)
         if problem:
             raise UsageError(f"{path}: {problem}")
@@ -1046,6 +1047,19 @@ def choose_resume(
             f"{aside.name}, so that resuming never goes back to it ({_kept_words(aside)})"
         )
     return path
+
+
+def check_not_set_aside(path: Path, output_dir: Path) -> None:
+    """Refuse (exit 2) resuming, in its own run, a checkpoint that run set aside (abandoned-*, damaged-*):
+    its history is not the one the run's step folders and metrics hold, which the resume would splice
+    together (trial 24 S3: the steps below it, of another branch, stayed as its own)."""
+    path = Path(path)
+    if path.name.startswith((layout.ABANDONED_PREFIX, layout.DAMAGED_PREFIX)) and not is_foreign(path, output_dir):
+        raise UsageError(
+            f"--resume {path}: a checkpoint this run set aside, of another history than its step folders and "
+            "metrics: resume it in a run of its own (another output_dir: pretrain --resume takes another run's "
+            "checkpoint)"
+        )
 
 
 def is_foreign(ckpt: Path | None, output_dir: Path) -> bool:

@@ -911,6 +911,8 @@ def _check_pretrain_start(cfg: Config, resume: str) -> None:
     problem = _resume_problem(Path(resume)) if resume not in ("auto", "never") else None
     if problem:
         raise UsageError(f"--resume {resume}: {problem}")
+    if resume not in ("auto", "never"):
+        checkpoint.check_not_set_aside(Path(resume), Path(cfg.output_dir))
     try:  # its files' SHA-256 against their record (trial 17 U4: after torch, 4.2-4.7 s)
         change = (
             checkpoint.tokenizer_change(Path(resume)) or checkpoint.file_change(Path(resume))

@@ -1033,3 +1033,23 @@ def test_best_of_an_earlier_held_out_set_is_replaced_at_the_next_evaluation(tmp_
         "pretrain", "--config", config, "--quiet", "--set", "train.max_steps=13", "--set", "train.eval_examples=16"
     )
     assert same.code == 0 and "is replaced at this run's next evaluation" not in same.err
+
+
+def test_resuming_a_checkpoint_the_run_set_aside_is_refused_in_that_run(tmp_path, cli, eight_steps):
+    """Trial 24 S3: `--resume RUN/checkpoints/abandoned-step-8` in RUN spliced histories: a step-5 of
+    another branch below it stayed a step folder of the run, its metrics records in metrics.jsonl."""
+    import shutil
+
+    from conftest import refuse_in_fresh_interpreter
+
+    run = Path(shutil.copytree(eight_steps, tmp_path / "run"))
+    root = run / "checkpoints"
+    (root / "step-0000008").rename(root / "abandoned-step-0000008")
+    config = write_config(run, "checkpoint.keep_last=3", "train.eval_every=0")
+    (code, imported), err = refuse_in_fresh_interpreter(
+        "pretrain", "--config", config, "--resume", root / "abandoned-step-0000008", cwd=tmp_path
+    )
+    assert (code, imported) == ("2", "False") and "a checkpoint this run set aside, of another history" in err, err
+    other = write_config(tmp_path / "other", "checkpoint.keep_last=3", "train.eval_every=0", "train.max_steps=10")
+    elsewhere = cli("pretrain", "--config", other, "--quiet", "--resume", root / "abandoned-step-0000008")
+    assert elsewhere.code == 0 and (tmp_path / "other" / "checkpoints" / "step-0000010").is_dir(), elsewhere.err
