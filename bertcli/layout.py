@@ -44,7 +44,7 @@ METRICS_LEFT = "metrics.left-behind.jsonl"  # the records a resume drops from ME
 TENSORBOARD = "tensorboard"
 LOCK = ".lock"
 CHECKPOINTS = "checkpoints"
-RUN_FILES = (RUN_CONFIG, METRICS, LOCK)  # the run folder's own files, next to its folders
+RUN_FILES = (RUN_CONFIG, METRICS, METRICS_LEFT, LOCK)  # the run folder's own files, next to its folders
 RUN_FOLDERS = (TENSORBOARD,)
 RUN_OUTPUTS = (CHECKPOINTS, TENSORBOARD, METRICS, METRICS_LEFT)  # what pretrain writes there (the lock aside)
 

@@ -333,6 +333,7 @@ def test_init_force_never_writes_through_a_linked_config(tmp_path, cli):
         "in an export",
         "run config",
         "run metrics",
+        "run metrics left behind",  # (trial 24 S5: overwritten, exit 0)
         "run lock",
         "prepared data's lock",
         "in tensorboard/",
@@ -356,6 +357,7 @@ def test_encode_output_never_replaces_an_input(run_copy, cli, tmp_path, target):
         "in an export": (export(run_copy, tmp_path / "hf") if target == "in an export" else tmp_path) / "v.npy",
         "run config": run_copy / "config.yaml",
         "run metrics": run_copy / "metrics.jsonl",
+        "run metrics left behind": run_copy / "metrics.left-behind.jsonl",
         "run lock": run_copy / ".lock",
         "prepared data's lock": run_copy / ".data.lock",
         "in tensorboard/": run_copy / "tensorboard" / "v.npy",
