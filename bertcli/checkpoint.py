@@ -1220,7 +1220,12 @@ class CheckpointManager:
                 else (saved_batch if isinstance(saved_batch, int) else None, examples_per_step),
             ):
                 console.log(line)
-            if held_out_changed(saved, self.cfg) and self.best is not None:
+            best = layout.checkpoints_dir(self.output_dir) / layout.BEST
+            try:  # best's own held-out set: a run stopped before its next evaluation kept it (trial 24 S4)
+                other_set = self.best is not None and held_out_changed(read_config(best), self.cfg)
+            except (BertcliError, OSError):
+                other_set = False
+            if other_set:
                 # (trial 23 P5: `best` was then replaced by comparing losses on two held-out sets)
                 self.best = None
                 console.log(

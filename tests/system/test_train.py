@@ -1029,6 +1029,21 @@ def test_best_of_an_earlier_held_out_set_is_replaced_at_the_next_evaluation(tmp_
         in result.err_lines
     ), result.err
     assert checkpoint.read_trainer_state(best)["step"] == 12, "the first evaluation on the new set"
+    # Stopped after the change but before an evaluation: the next resume still knows best is of the earlier
+    # set (trial 24 S4: it was compared again, and kept).
+    assert cli("pretrain", "--config", config, "--quiet", "--set", "train.max_steps=16", "--stop-at", "13").code == 0
+    changed = cli("pretrain", "--config", config, "--set", "train.max_steps=16", "--set", "train.eval_examples=8")
+    assert checkpoint.read_trainer_state(best)["step"] == 16 and any(
+        "is replaced at this run's next evaluation" in line for line in changed.err_lines
+    )
+    sets = ["--set", "train.max_steps=24", "--set", "train.eval_examples=4"]
+    no_eval = cli("pretrain", "--config", config, "--quiet", *sets, "--set", "train.eval_every=0", "--stop-at", "17")
+    assert no_eval.code == 0, no_eval.err  # the set changed, and no evaluation since: best is still of the set before
+    resumed = cli("pretrain", "--config", config, *sets, "--stop-at", "20")
+    assert resumed.code == 0 and any(
+        "is replaced at this run's next evaluation" in line for line in resumed.err_lines
+    ), resumed.err
+    assert checkpoint.read_trainer_state(best)["step"] == 20
     same = cli(
         "pretrain", "--config", config, "--quiet", "--set", "train.max_steps=13", "--set", "train.eval_examples=16"
     )
