@@ -847,7 +847,7 @@ def _check_launch_env() -> None:
     none, a rank past the world size, or WORLD_SIZE > 1 without where to meet (MASTER_ADDR,
     MASTER_PORT). Left in a shell by mistake, they gave a library's error after torch's import (trial
     23 C1: 3.4-4.2 s, "environment variable MASTER_ADDR expected")."""
-    values = {name: os.environ.get(name) for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    values = {name: os.environ.get(name) for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
     for name, value in values.items():
         if value is not None and not re.fullmatch(r"\s*[0-9]+\s*", value):  # (not str.isdigit: '²' is a digit)
             raise UsageError(
@@ -861,10 +861,12 @@ def _check_launch_env() -> None:
         stray = [
             f"{name}={values[name].strip()}" for name in ("RANK", "LOCAL_RANK") if values[name] and int(values[name])
         ]
+        local = values["LOCAL_WORLD_SIZE"]  # (trial 25 P1: 100,000 of them made the tiny model "too large")
+        stray += [f"LOCAL_WORLD_SIZE={local.strip()}"] if local and int(local) != 1 else []
         if stray:
             raise UsageError(
-                f"{' and '.join(stray)} in the environment, with no WORLD_SIZE above 1: a process of a job that is not "
-                "one, which would train and write nothing (rank 0 writes); unset it, or run under torchrun"
+                f"{' and '.join(stray)} in the environment, with no WORLD_SIZE above 1: torchrun's variables without "
+                "a job (a rank other than 0 trains and writes nothing); unset them, or run under torchrun"
             )
         return
     port = os.environ.get("MASTER_PORT")

@@ -120,7 +120,8 @@ def check_memory(model: ModelConfig, where: Placement, parallel: str) -> None:
     n = parameter_count(model)
     shards = where.world_size if where.world_size > 1 and parallel == "fsdp" else 1
     on_device = BYTES_PER_PARAMETER * n // shards
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # this job's processes on this machine
+    # This job's processes on this machine (pretrain refuses the variable where there is no job).
+    local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))) if where.world_size > 1 else 1
     h, hidden = model.hidden_size, f"model.hidden_size={model.hidden_size:,}"
     layers = n - parameter_count(dataclasses.replace(model, num_hidden_layers=0))
     parts = {  # the terms that can dominate, each named by the values that make it
@@ -142,7 +143,8 @@ def check_memory(model: ModelConfig, where: Placement, parallel: str) -> None:
         (
             4 * n * local if where.gpu else max(4 * n, on_device) * local,
             machine_memory(),
-            "this machine's memory",
+            "this machine's memory"
+            + (f", shared by this job's {local} processes on it (LOCAL_WORLD_SIZE)," if local > 1 else ""),
         )
     ]
     if where.gpu:
