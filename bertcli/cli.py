@@ -872,7 +872,7 @@ def _check_launch_env() -> None:
     port = os.environ.get("MASTER_PORT")
     if port and not (re.fullmatch(r"\s*[0-9]+\s*", port) and 0 < int(port) < 65536):  # (trial 24 C3: after torch)
         raise UsageError(f"MASTER_PORT={port!r} in the environment: a TCP port (1 to 65535), as torchrun sets it")
-    missing = [name for name in ("RANK", "MASTER_ADDR", "MASTER_PORT") if not os.environ.get(name)]
+    missing = [name for name in ("RANK", "MASTER_ADDR", "MASTER_PORT") if not os.environ.get(name, "").strip()]
     rank = int(values["RANK"] or 0)
     if missing or rank >= world:
         what = (

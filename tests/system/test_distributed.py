@@ -167,6 +167,10 @@ def test_the_variables_of_a_job_set_by_mistake_are_refused_or_said_and_a_signal_
         ({"WORLD_SIZE": "0"}, "WORLD_SIZE=0 in the environment: a job has at least one process"),  # (trial 24 C2)
         ({"RANK": "1"}, "RANK=1 in the environment, with no WORLD_SIZE above 1"),  # (trial 24 S1: wrote nothing)
         ({"LOCAL_WORLD_SIZE": "abc"}, "LOCAL_WORLD_SIZE='abc' in the environment: a process count"),  # (trial 25 C1)
+        (  # (trial 25 C2: a blank MASTER_ADDR waited, with torch's warnings every 2 s)
+            {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": " ", "MASTER_PORT": "29556"},
+            "but MASTER_ADDR is not: run under torchrun",
+        ),
         ({"LOCAL_WORLD_SIZE": "100000"}, "LOCAL_WORLD_SIZE=100000 in the environment, with no WORLD_SIZE above 1"),
         (  # (trial 24 C3: a ValueError after torch's import)
             {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "99999"},
