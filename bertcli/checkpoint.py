@@ -757,18 +757,13 @@ def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def held_out_changed(saved: Config, cfg: Config) -> bool:
     """Whether resuming a checkpoint saved with `saved` under `cfg` changes the held-out set (see
     setting_differences), so that held-out losses from now on are not comparable with `best`'s."""
-    return any("the held-out set changes" in line for line in setting_differences(saved, cfg, step=0, where=""))
+    return cfg.train.eval_every > 0 and bool(_changes(saved, cfg, HELD_OUT_SETTINGS))
 
 
-def setting_differences(
-    saved: Config, cfg: Config, *, step: int, where: str, batches: tuple[int | None, int] | None = None
-) -> list[str]:
-    """What resuming checkpoint `where` (at `step`, saved with config `saved`) under `cfg` changes,
-    one line per kind of change: the examples later steps see, the held-out set, the updates.
-    `batches`: the global batch (examples a step) then, if the checkpoint recorded it, and now: a
-    step's examples depend on it alone, so 2 processes x 4 resumed as 1 x 8 changes nothing."""
-    from bertcli.optim import lr_at
-
+def _changes(saved: Config, cfg: Config, prefixes: list[str], batches: tuple[int | None, int] | None = None) -> str:
+    """The settings under `prefixes` that differ between `saved` and `cfg`, as "key old -> new, ...":
+    the global batch compared where `batches` (then, now) says it, not its split; a path setting by
+    the file it names; the synthetic corpus's settings only when both use it."""
     old, new = _flat(to_dict(saved)), _flat(to_dict(cfg))
     if batches is not None and batches[0] is not None:  # compare the global batch, not its split
         for key in ("train.batch_size", "train.grad_accum_steps"):
@@ -783,15 +778,29 @@ def setting_differences(
             return os.path.realpath(a) == os.path.realpath(b)
         return a == b
 
+    keys = [
+        k
+        for k in new
+        if any(k == p or k.startswith(p + ".") for p in prefixes)
+        and not same(k, old.get(k), new[k])
+        and (synthetic or not k.startswith("data.synthetic."))
+    ]
+    return ", ".join(f"{k} {old.get(k)!r} -> {new[k]!r}" for k in keys)
+
+
+def setting_differences(
+    saved: Config, cfg: Config, *, step: int, where: str, batches: tuple[int | None, int] | None = None
+) -> list[str]:
+    """What resuming checkpoint `where` (at `step`, saved with config `saved`) under `cfg` changes,
+    one line per kind of change: the examples later steps see, the held-out set, the updates.
+    `batches`: the global batch (examples a step) then, if the checkpoint recorded it, and now: a
+    step's examples depend on it alone, so 2 processes x 4 resumed as 1 x 8 changes nothing."""
+    from bertcli.optim import lr_at
+
+    synthetic = saved.data.corpus == cfg.data.corpus == "synthetic"  # (the synthetic corpus has no tokenizer)
+
     def changed(prefixes: list[str]) -> str:
-        keys = [
-            k
-            for k in new
-            if any(k == p or k.startswith(p + ".") for p in prefixes)
-            and not same(k, old.get(k), new[k])
-            and (synthetic or not k.startswith("data.synthetic."))
-        ]
-        return ", ".join(f"{k} {old.get(k)!r} -> {new[k]!r}" for k in keys)
+        return _changes(saved, cfg, prefixes, batches)
 
     lines = []
     examples, held_out, updates = changed(EXAMPLE_SETTINGS), changed(HELD_OUT_SETTINGS), changed(UPDATE_SETTINGS)

@@ -40,7 +40,7 @@ from bertcli.data.tokenizer import read_tokenizer_json
 from bertcli.errors import PipeClosed, RunError, UsageError
 from bertcli.export import check_model_path, read_checkpoint
 from bertcli.model import BertForPreTraining, padding_mask
-from bertcli.ownership import check_input, compressed_kind, refuse_compressed
+from bertcli.ownership import check_input, foreign_text_kind, refuse_foreign_text
 from bertcli.sbert import NotReproducible, SentenceModel, lowercase_first
 
 POOLINGS = ("cls", "mean", "max", "pooler")
@@ -315,8 +315,10 @@ def read_lines(sources: list[str], errors: str) -> Iterator[Line]:
             number = 0
             while raw := stream.readline(LINE_BYTES):
                 number += 1
-                if number == 1 and (kind := compressed_kind(raw)):  # (a file's is refused as it opens)
-                    raise refuse_compressed(name, kind, None if source == "-" else source)  # even with --errors replace
+                if number == 1 and (kind := foreign_text_kind(raw)):  # (a file's is refused as it opens)
+                    raise refuse_foreign_text(
+                        name, kind, None if source == "-" else source
+                    )  # even with --errors replace
                 lost = tab = False
                 if len(raw) == LINE_BYTES and not raw.endswith(b"\n"):  # longer: the rest is checked, not kept
                     raw, lost, tab = _drop_rest(raw, stream, errors=errors, source=name, number=number)

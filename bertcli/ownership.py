@@ -196,7 +196,7 @@ ENCODING_MARKS = {
 CONVERT = {name: f"iconv -f {name} -t UTF-8" for name in ("UTF-16", "UTF-32")}
 
 
-def compressed_kind(start: bytes) -> str | None:
+def foreign_text_kind(start: bytes) -> str | None:
     """What a stream that begins with bytes `start` (its first 6 or more) holds, where it is not UTF-8
     text encode can read: a compression (COMPRESSED_MAGIC), or UTF-16 or UTF-32 text (trial 22 U2:
     Windows' "Unicode" text was refused after the model loaded, as "not valid UTF-8", and with
@@ -210,8 +210,8 @@ def compressed_kind(start: bytes) -> str | None:
     return kind
 
 
-def refuse_compressed(name: str, kind: str, path: str | None = None) -> UsageError:
-    """The one line for an input `name` that is not UTF-8 text (compressed_kind `kind`; `path`: a
+def refuse_foreign_text(name: str, kind: str, path: str | None = None) -> UsageError:
+    """The one line for an input `name` that is not UTF-8 text (foreign_text_kind `kind`; `path`: a
     file, else stdin), with the command that makes it text."""
     tool = CONVERT.get(kind) or DECOMPRESS[kind]
     what = f"{kind} text" if kind in CONVERT else f"{kind}-compressed"
@@ -234,13 +234,13 @@ def check_input(path: str) -> None:
         raise UsageError(f"{path}: is a folder, not a text file")
     if Path(path).is_file():
         with open(path, "rb") as fh:
-            kind = compressed_kind(fh.read(6))
+            kind = foreign_text_kind(fh.read(6))
         if kind:
-            raise refuse_compressed(path, kind, path)
+            raise refuse_foreign_text(path, kind, path)
 
 
 def check_stdin(wait_s: float = 0.5) -> None:
-    """Refuse compressed bytes on stdin before the model loads (seconds), where its first bytes come
+    """Refuse compressed or UTF-16/32 bytes on stdin before the model loads (seconds), where its first bytes come
     within `wait_s`: they are peeked, left for the reader. A producer slower than that, or a
     terminal, is not waited for (encode's reader checks the first line again)."""
     import select
@@ -252,9 +252,9 @@ def check_stdin(wait_s: float = 0.5) -> None:
         start = stream.peek(6)[:6]
     except (AttributeError, ValueError, OSError):  # no stdin of its own (in-process), or closed
         return
-    kind = compressed_kind(start)
+    kind = foreign_text_kind(start)
     if kind:
-        raise refuse_compressed("stdin", kind)
+        raise refuse_foreign_text("stdin", kind)
 
 
 def is_stream(path: Path) -> bool:
@@ -318,15 +318,7 @@ def check_output_file(output: Path, inputs: list[Path], model: Path) -> Path:
             given, written = os.fstat(0), os.stat(resolved)
         except OSError:  # no stdin
             given = written = None
-        if (
-            given is not None
-            and stat.S_ISREG(given.st_mode)
-            and (given.st_dev, given.st_ino)
-            == (
-                written.st_dev,
-                written.st_ino,
-            )
-        ):
+        if given is not None and stat.S_ISREG(given.st_mode) and os.path.samestat(given, written):
             raise UsageError(
                 f"the output {output} is the file on encode's stdin; writing there would destroy it: name another file"
             )
