@@ -525,6 +525,9 @@ def fit(run: Run, last_step: int, stopper: StopOnSignal, quiet: bool) -> dict[st
             if step == last_step:
                 guard.check_end(step, checkpointer.last_saved)
             stop_now = stopper.requested(rt, at_log)
+            # A stop logs its window too: the steps since the last log step are in metrics.jsonl (under torchrun a
+            # stop is agreed at log steps only, so every process reads the window: a collective).
+            at_log = at_log or stop_now
             if at_log:
                 metrics = window.read(step, rt, lr, grad_norm)
                 if logger:

@@ -13,6 +13,7 @@ import pytest
 from conftest import REPO, write_config
 
 from bertcli import checkpoint, layout
+from bertcli.metrics import read_metrics
 from bertcli.model import BertForPreTraining
 
 
@@ -56,6 +57,8 @@ def test_signal_finishes_the_step_saves_and_says_how_to_resume(tmp_path, signum,
     assert "Traceback" not in err
     step = layout.list_checkpoints(tmp_path)[-1][0]
     assert step > 10 and f"at step {step};" in err, "the checkpoint is the step it stopped at"
+    train = [r["step"] for r in read_metrics(tmp_path / layout.METRICS) if r["split"] == "train"]
+    assert train[-1] == step, f"the steps since the last log step are logged at the stop: {train}"
     if signum != signal.SIGTERM:
         return  # resuming does not depend on the signal that stopped the run: checked once
     rerun = cli("pretrain", "--config", config, "--stop-at", step + 2)  # in this process: seconds saved
