@@ -6,6 +6,7 @@ stderr: a tqdm bar on a terminal, one plain line per log step otherwise).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import sys
@@ -252,7 +253,10 @@ class MetricsLogger:
         self.jsonl = open(self.jsonl_path, "a", encoding="utf-8")
         self.writer = None
         self.tensorboard_dir = Path(output_dir) / layout.TENSORBOARD
+        self.event_files: list[Path] = []  # what this writer made: removed if the run fails before it logs
+        self.made_tensorboard_dir, self.scalars_written = not self.tensorboard_dir.exists(), False
         if tensorboard:
+            before = set(self.tensorboard_dir.iterdir()) if self.tensorboard_dir.is_dir() else set()
             from torch.utils.tensorboard import SummaryWriter  # imports tensorboard: only when used
 
             self.excepthook = threading.excepthook
@@ -263,6 +267,7 @@ class MetricsLogger:
                         str(self.tensorboard_dir),
                         purge_step=(start_step + 1 if own_history else 1) if start_step else None,
                     )
+                self.event_files = sorted(set(self.tensorboard_dir.iterdir()) - before)
             except BaseException:
                 threading.excepthook = self.excepthook
                 self.jsonl.close()
@@ -288,6 +293,7 @@ class MetricsLogger:
                 for key, value in metrics.items():
                     self.writer.add_scalar(f"{split}/{key}", value, step)
                 self.writer.flush()
+            self.scalars_written = True
         shown = {
             "loss": "loss",
             "mlm_loss": "mlm",
@@ -336,3 +342,14 @@ class MetricsLogger:
             self.jsonl.close()
             if self.writer is not None:
                 threading.excepthook = self.excepthook
+                if leaving_on_error and not self.scalars_written:
+                    self._remove_event_files()
+
+    def _remove_event_files(self) -> None:
+        """A run that failed before its first log step leaves no event file of its own (only a header:
+        each failed attempt added one, trial 25), nor a tensorboard/ folder it made and left empty."""
+        with contextlib.suppress(OSError):
+            for path in self.event_files:
+                path.unlink()
+            if self.made_tensorboard_dir:
+                self.tensorboard_dir.rmdir()  # only when empty

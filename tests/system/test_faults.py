@@ -1157,3 +1157,32 @@ def test_a_signal_while_torch_loads_stops_with_one_line(tmp_path, cli, trained, 
     assert result.code == 143 and result.err_lines == [
         f"bertcli: stopped by SIGTERM; {words}: run the same command again"
     ], result.err
+
+
+def test_a_run_that_fails_before_it_logs_leaves_no_event_file(tmp_path, cli, monkeypatch):
+    """A failed attempt left an event file holding only a header in tensorboard/, one more per attempt
+    (trial 25), and on a fresh run the folder itself: they are removed; what a run logged stays."""
+    from bertcli import trainer
+    from bertcli.errors import RunError
+
+    config = write_config(tmp_path, "train.max_steps=2", "logging.log_every=1", "checkpoint.save_every=2")
+    board = tmp_path / layout.TENSORBOARD
+    real = trainer.train_step
+    fail_at = {"step": 0}
+
+    def train_step(run, step, *args, **kwargs):
+        if step == fail_at["step"]:
+            raise RunError(f"step {step}: out of memory (made up)")
+        return real(run, step, *args, **kwargs)
+
+    monkeypatch.setattr(trainer, "train_step", train_step)
+    failed = cli("pretrain", "--config", config, "--quiet")
+    assert failed.code == 1 and "out of memory (made up)" in failed.err, failed.err
+    assert not board.exists(), list(board.iterdir())
+    fail_at["step"] = 2  # the first step of the resume below
+    assert cli("pretrain", "--config", config, "--quiet").code == 0
+    logged = sorted(board.iterdir())
+    assert len(logged) == 1 and logged[0].stat().st_size > 200, logged  # the scalars of steps 1-2
+    failed = cli("pretrain", "--config", config, "--quiet", "--set", "train.max_steps=4")
+    assert failed.code == 1 and "out of memory (made up)" in failed.err, failed.err
+    assert sorted(board.iterdir()) == logged
