@@ -1071,6 +1071,19 @@ def check_not_set_aside(path: Path, output_dir: Path) -> None:
         )
 
 
+def set_aside_note(path: Path) -> str | None:
+    """What encode, export and init say of a checkpoint its run set aside (trial 25: an abandoned-* one was
+    used as any other, unsaid): None for any other folder."""
+    name = Path(path).name
+    if name.startswith(layout.ABANDONED_PREFIX + "step-"):
+        why = "of a history left behind when the run resumed from an earlier checkpoint (or another run's)"
+    elif name.startswith(layout.DAMAGED_PREFIX + "step-"):
+        why = "found damaged when the run resumed (it said why then)"
+    else:
+        return None
+    return f"{path} is a checkpoint its run set aside, {why}; the run's own checkpoints are its step-* folders"
+
+
 def is_foreign(ckpt: Path | None, output_dir: Path) -> bool:
     """Whether checkpoint `ckpt` is another run's (not a folder in output_dir's checkpoints/)."""
     return ckpt is not None and Path(ckpt).resolve().parent != layout.checkpoints_dir(output_dir).resolve()

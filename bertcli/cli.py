@@ -365,6 +365,7 @@ def export(
     ),
 ) -> None:
     """Write a checkpoint as a Hugging Face folder (BertForPreTraining, loads with no custom code)."""
+    from bertcli.checkpoint import set_aside_note
     from bertcli.export import ExportExists, described
     from bertcli.export import export_checkpoint as run
     from bertcli.layout import EXPORT
@@ -382,6 +383,8 @@ def export(
             f"{exc.out_dir} already exists; pass --force to replace it, or choose another folder"
         ) from None
     origin = f" from {described(ckpt)}" if ckpt != source else ""  # a run folder: the checkpoint it chose
+    if note := set_aside_note(ckpt):
+        err(f"note: {note}")
     err(f"wrote {folder}{origin}; load it with transformers.BertForPreTraining.from_pretrained({str(folder)!r})")
 
 
@@ -573,6 +576,10 @@ def encode(
             raise
         raise worded from None
     _say_encode_settings(settings, model=model, max_length=max_length)
+    from bertcli.checkpoint import set_aside_note
+
+    if note := set_aside_note(encoder.source):
+        err(f"bertcli encode: note: {note}")
     with _signals_stop(_encode_stop_words(output)) as hold_signals:
         writer = enc_mod.Writer(fmt.value, sys.stdout, output, with_text)
         try:

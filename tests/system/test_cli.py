@@ -542,3 +542,23 @@ def test_init_takes_the_keyword_corpora_and_says_warnings(tmp_path, cli):
     assert result.code == 0 and result.err_lines[1].startswith(
         "warning: optimizer.warmup_steps=1,000 is past train.max_steps=500"
     ), result.err
+
+
+def test_encode_export_and_init_say_a_checkpoint_was_set_aside(tmp_path, cli, trained):
+    """Trial 25: a run's abandoned-step-N (a history left behind) was encoded, exported and started from as
+    any checkpoint, unsaid; a step folder is not noted."""
+    import shutil
+
+    run = Path(shutil.copytree(trained, tmp_path / "run", ignore=shutil.ignore_patterns("tensorboard")))
+    step = run / "checkpoints" / "step-0000004"
+    aside = Path(shutil.copytree(step, step.with_name("abandoned-step-0000004")))
+    note = f"{aside} is a checkpoint its run set aside, of a history left behind when the run resumed"
+    (tmp_path / "in.txt").write_text("a line of text\n")
+    encoded = cli("encode", "--model", aside, tmp_path / "in.txt")
+    assert encoded.code == 0 and f"bertcli encode: note: {note}" in encoded.err, encoded.err
+    exported = cli("export", aside, tmp_path / "hf")
+    assert exported.code == 0 and f"note: {note}" in exported.err, exported.err
+    init = cli("init", tmp_path / "next", "--init-from", aside)
+    assert init.code == 0 and f"note: {note}" in init.err, init.err
+    kept = cli("export", run, tmp_path / "hf2")
+    assert kept.code == 0 and "set aside" not in kept.err, kept.err
