@@ -35,7 +35,7 @@ from bertcli.data.tokenizer import (
     read_tokenizer_json,
     tokenizer_identity,
 )
-from bertcli.errors import UsageError
+from bertcli.errors import BertcliError, UsageError
 from bertcli.export import refuse_a_part_of_a_run
 from bertcli.layout import Kind
 from bertcli.metrics import read_metrics_checked
@@ -126,9 +126,13 @@ def _training(output_dir: Path, cfg: Config, only: Path | None = None) -> dict[s
             tokenizer = tokenizer_identity(read_tokenizer_json(source / layout.TOKENIZER_JSON))[:12]
         except UsageError as exc:
             damaged.append(str(exc))
+    best_state = _best_state(best) if layout.is_checkpoint(best) else {}
     report = {
         "last_eval_metrics": last_eval if isinstance(last_eval, dict) else {},
         "best_checkpoint": str(best) if layout.is_checkpoint(best) else None,
+        # Which step best holds, and its held-out MLM loss: what made it best (trial 25: shown without them).
+        "best_step": best_state.get("step"),
+        "best_mlm_loss": (best_state.get("eval_metrics") or {}).get("mlm_loss"),
         "output_dir": os.path.normpath(output_dir),  # (a config's "../other": the folder it names)
         # A run's step: the newest checkpoint's, or a later logged step (a run killed after logging).
         # A checkpoint whose trainer state does not read: its step and tokens are unknown (None), not 0.
@@ -149,6 +153,15 @@ def _training(output_dir: Path, cfg: Config, only: Path | None = None) -> dict[s
     if damaged:
         report["damaged"] = damaged
     return report
+
+
+def _best_state(best: Path) -> dict[str, Any]:
+    """checkpoints/best's trainer state, {} where it does not read (its damage is not this report's to name)."""
+    try:
+        state = checkpoint.read_trainer_state(best)
+    except (BertcliError, OSError):
+        return {}
+    return state if isinstance(state, dict) else {}
 
 
 def inspect_path(path: Path) -> dict[str, Any]:
@@ -184,7 +197,14 @@ def _inspect_path(path: Path) -> dict[str, Any]:
         kind, cfg = "checkpoint", _checkpoint_config(path)
         training = _training(path.parent.parent, cfg, only=path)
         if path.resolve().parent.name != layout.CHECKPOINTS:  # a copy out of its run: no run's folder or list to show
-            training |= {"output_dir": None, "checkpoints": None, "best_checkpoint": None, "set_aside": []}
+            training |= {
+                "output_dir": None,
+                "checkpoints": None,
+                "best_checkpoint": None,
+                "best_step": None,
+                "best_mlm_loss": None,
+                "set_aside": [],
+            }
         try:  # its sizes are the weights' (damage of the file is reported as the rest is: trial 16 P8)
             hf_import.check_weights(path, cfg.model)
         except UsageError as exc:
@@ -445,7 +465,10 @@ def format_report(report: dict[str, Any]) -> str:
         rows += [(f"last {k}", _num(v)) for k, v in t["last_metrics"].items() if k not in ("step", "split")]
         rows += [(f"held-out {k}", _num(v)) for k, v in t["last_eval_metrics"].items() if k not in ("step", "split")]
         if t.get("best_checkpoint"):
-            rows.append(("best checkpoint", t["best_checkpoint"]))
+            loss = t.get("best_mlm_loss")
+            what = [f"step {t['best_step']:,}"] if isinstance(t.get("best_step"), int) else []
+            what += [f"held-out MLM loss {loss:.4f}"] if isinstance(loss, (int, float)) else []
+            rows.append(("best checkpoint", t["best_checkpoint"] + (f" ({', '.join(what)})" if what else "")))
         if t.get("tokenizer"):
             rows.append(
                 (

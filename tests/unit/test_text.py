@@ -505,7 +505,7 @@ def test_pairs_false_with_nsp_weight_is_a_config_error():
 # ------------------------------------------------------------------ training on real text
 
 
-def test_evaluation_best_checkpoint_and_self_contained_checkpoints(tmp_path, small_corpus):
+def test_evaluation_best_checkpoint_and_self_contained_checkpoints(tmp_path, small_corpus, cli):
     config = text_run(tmp_path, small_corpus)
     train(config)
     evals = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["split"] == "eval"]
@@ -519,6 +519,12 @@ def test_evaluation_best_checkpoint_and_self_contained_checkpoints(tmp_path, sma
     for ckpt in (best, tmp_path / "checkpoints" / "step-0000012"):
         assert (ckpt / "tokenizer.json").is_file() and (ckpt / "vocab.txt").is_file()
     assert [s for s, _ in layout.list_checkpoints(tmp_path)] == [8, 12], "best is not a step checkpoint"
+    # inspect says which step best holds and its loss (trial 25: the path alone)
+    best_step = json.loads((best / "trainer_state.json").read_text())["step"]
+    report = json.loads(cli("inspect", tmp_path, "--json").out)["training"]
+    assert (report["best_step"], report["best_mlm_loss"]) == (best_step, best_loss)
+    text = cli("inspect", tmp_path).out
+    assert f" {best} (step {best_step}, held-out MLM loss {best_loss:.4f})\n" in text, text
 
 
 def test_exact_resume_on_real_text(tmp_path, small_corpus):
