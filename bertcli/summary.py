@@ -462,6 +462,9 @@ def format_report(report: dict[str, Any]) -> str:
         ]
         if t.get("train_time_s") is not None:
             rows.append(("train time", f"{t['train_time_s']:.1f} s"))
+        logged = t["last_metrics"].get("step")
+        if isinstance(logged, int) and logged != t["step"]:  # (trial 25: step 20's figures read as step 28's)
+            rows.append(("last logged", f"at step {logged:,}"))
         rows += [(f"last {k}", _num(v)) for k, v in t["last_metrics"].items() if k not in ("step", "split")]
         rows += [(f"held-out {k}", _num(v)) for k, v in t["last_eval_metrics"].items() if k not in ("step", "split")]
         if t.get("best_checkpoint"):
@@ -486,7 +489,7 @@ def format_report(report: dict[str, Any]) -> str:
             lines += ["", f"checkpoints ({len(t['checkpoints'])})"]
             lines += [f"  step {c['step']:>9,}  {c['path']}" for c in t["checkpoints"]] or ["  none yet"]
         if t.get("set_aside"):
-            total = sum(c["bytes"] for c in t["set_aside"]) / 2**20
+            total = sum(round(c["bytes"] / 2**20, 1) for c in t["set_aside"])  # the sum of the figures shown
             lines += ["", f"set aside ({len(t['set_aside'])}, {total:,.1f} MiB: yours to delete; bertcli never does)"]
             lines += [f"  {c['bytes'] / 2**20:>9,.1f} MiB  {c['path']}" for c in t["set_aside"]]
     return "\n".join(lines)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -562,3 +563,24 @@ def test_encode_export_and_init_say_a_checkpoint_was_set_aside(tmp_path, cli, tr
     assert init.code == 0 and f"note: {note}" in init.err, init.err
     kept = cli("export", run, tmp_path / "hf2")
     assert kept.code == 0 and "set aside" not in kept.err, kept.err
+
+
+def test_inspect_says_where_its_last_figures_are_from_and_sums_what_it_shows(tmp_path, cli, trained):
+    """Trial 25: a run killed past its last log step showed that step's figures as the run's ("step 28",
+    "last mlm_loss" of step 20), and five folders of 16.0 MiB each summed to "79.9 MiB"."""
+    import shutil
+
+    run = Path(shutil.copytree(trained, tmp_path / "run", ignore=shutil.ignore_patterns("tensorboard")))
+    records = [json.loads(r) for r in (run / "metrics.jsonl").read_text().splitlines()]
+    assert records[-1]["step"] == 4, records
+    earlier = 2  # as if the run logged at step 2, then saved step 4 and was killed
+    (run / "metrics.jsonl").write_text("".join(json.dumps({**r, "step": earlier}) + "\n" for r in records))
+    root = run / "checkpoints"
+    for n in range(5):  # 5 x 0.04 MiB: each shows 0.0, as their sum does
+        (root / f"abandoned-step-000000{n}").mkdir()
+        (root / f"abandoned-step-000000{n}" / "model.safetensors").write_bytes(b"\0" * 45_000)
+    text = cli("inspect", run).out
+    assert re.search(rf"\n  last logged +at step {earlier}\n", text) and re.search(r"\n  step +4 / 4\n", text), text
+    assert "set aside (5, 0.0 MiB: yours to delete" in text, text
+    shutil.copytree(trained, tmp_path / "again", ignore=shutil.ignore_patterns("tensorboard"))
+    assert "last logged" not in cli("inspect", tmp_path / "again").out  # the run's own step: nothing to add
