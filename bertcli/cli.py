@@ -322,7 +322,10 @@ def pretrain(
     shown = ", ".join(f"{k} {metrics[k]:.4g}" for k in ("mlm_loss", "mlm_acc", "nsp_acc") if k in metrics)
     err(f"done: step {result['step']:,}, {result['tokens_seen']:,} tokens seen{'; ' + shown if shown else ''}")
     err(f"checkpoint: {result['checkpoint']}")
-    err(f"next: {command_line('inspect', Path(cfg.output_dir))}")
+    # Nothing to do from another run's checkpoint left this run as it was: that checkpoint is what to look at
+    # (trial 25: its step, then `inspect` of this run, which shows another).
+    foreign = checkpoint.is_foreign(Path(result["checkpoint"]), Path(cfg.output_dir))
+    err(f"next: {command_line('inspect', Path(result['checkpoint']) if foreign else Path(cfg.output_dir))}")
 
 
 @app.command("inspect", short_help="Explain a config, a run, a checkpoint, prepared data or a model.")

@@ -1000,6 +1000,8 @@ def test_a_resume_with_nothing_to_do_changes_none_of_the_runs_checkpoints(tmp_pa
         assert result.code == 0 and any(line.startswith("nothing to do") for line in result.err_lines), result.err
         assert sorted(p.name for p in root.iterdir()) == before, result.err
         assert not any("abandoned" in line or "removed" in line for line in result.err_lines), result.err
+        # the next look is at the checkpoint that has the step said: another run's, or this one
+        assert result.err_lines[-1] == f"next: bertcli inspect {source if not args else run}", result.err
     # Only set-aside checkpoints left: starting over is said.
     for name in ("step-0000004", "step-0000008"):
         (root / name).rename(root / f"abandoned-{name}")
