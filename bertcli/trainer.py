@@ -518,6 +518,9 @@ def fit(run: Run, last_step: int, stopper: StopOnSignal, quiet: bool) -> dict[st
                 logger.advance()
             # Every process reaches the blocks below at the same steps: their collectives match.
             at_log = step % cfg.logging.log_every == 0 or step == last_step
+            if step == run.progress.step + 1 and not at_log:
+                float(grad_norm)  # the step done on the device: its time is measured (once)
+                _say_pace(time.perf_counter() - run_start, step, last_step, cfg.logging.log_every)
             saving = checkpointer.due(step, last_step)
             evaluating = bool(run.eval_batches) and (step % tc.eval_every == 0 or step == last_step)
             if at_log or saving or evaluating or rt.device.type == "cpu":
@@ -562,6 +565,32 @@ def fit(run: Run, last_step: int, stopper: StopOnSignal, quiet: bool) -> dict[st
         "metrics": metrics,
         "is_main": rt.is_main,
     }
+
+
+PACE_NOTE_S = 60.0  # a first log line further away than this is announced after the first step
+
+
+def _about(seconds: float) -> str:
+    """A duration in words, to two figures: '40 s', '7.5 min', '2.3 h', '3.1 days'."""
+    for unit, size in (("days", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= 2 * size:
+            return f"{seconds / size:.2g} {unit}" if seconds / size < 10 else f"{seconds / size:,.0f} {unit}"
+    return f"{seconds:.0f} s"
+
+
+def _say_pace(first_s: float, step: int, last_step: int, log_every: int) -> None:
+    """After a process's first step, where the first figures are more than PACE_NOTE_S away: when they come,
+    and the end (trial 25: a large model on a CPU took 9 min a step, and nothing was said before step log_every)."""
+    next_log = min(last_step, (step // log_every + 1) * log_every)
+    if (next_log - step) * first_s <= PACE_NOTE_S:
+        return
+    end = f"step {last_step:,}, the last, in about {_about((last_step - step) * first_s)}"
+    if next_log < last_step:
+        end = f"step {next_log:,} in about {_about((next_log - step) * first_s)}, and {end}"
+    info(
+        f"step {step} took {_about(first_s)} (start-up included): at this pace the first figures come at {end}; "
+        "logging.log_every sets how often figures come"
+    )
 
 
 def _nothing_to_do(cfg: Config, rt: runtime.Runtime, resumed_from: Path, last_step: int) -> dict[str, Any]:

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -1070,3 +1071,22 @@ def test_resuming_a_checkpoint_the_run_set_aside_is_refused_in_that_run(tmp_path
     other = write_config(tmp_path / "other", "checkpoint.keep_last=3", "train.eval_every=0", "train.max_steps=10")
     elsewhere = cli("pretrain", "--config", other, "--quiet", "--resume", root / "abandoned-step-0000008")
     assert elsewhere.code == 0 and (tmp_path / "other" / "checkpoints" / "step-0000010").is_dir(), elsewhere.err
+
+
+def test_a_slow_first_step_says_when_the_first_figures_come(tmp_path, cli, monkeypatch):
+    """Trial 25: the large preset on a CPU took minutes a step and said nothing until step log_every. After
+    the first step, a first log line further away than trainer.PACE_NOTE_S is announced, with the end."""
+    from bertcli import trainer
+
+    monkeypatch.setattr(trainer, "PACE_NOTE_S", 0.0)  # any pace is slow
+    result = cli("pretrain", "--config", write_config(tmp_path / "a", "train.max_steps=5", "logging.log_every=3"))
+    assert result.code == 0, result.err
+    said = [line for line in result.err_lines if " took " in line]
+    assert len(said) == 1 and re.fullmatch(
+        r"step 1 took \d+ s \(start-up included\): at this pace the first figures come at step 3 in about \d+ s, "
+        r"and step 5, the last, in about \d+ s; logging.log_every sets how often figures come",
+        said[0],
+    ), result.err
+    monkeypatch.setattr(trainer, "PACE_NOTE_S", 60.0)  # the micro model's steps take milliseconds
+    quick = cli("pretrain", "--config", write_config(tmp_path / "b", "train.max_steps=5", "logging.log_every=3"))
+    assert quick.code == 0 and not any(" took " in line for line in quick.err_lines), quick.err
