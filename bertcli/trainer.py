@@ -545,6 +545,10 @@ def fit(run: Run, last_step: int, stopper: StopOnSignal, quiet: bool) -> dict[st
                     held_out = _evaluate(run, step, window, logger, stop=asked)
                     if held_out is not None:
                         state["eval_metrics"] = held_out
+                    if asked() and not at_log:  # stopped during the evaluation: the step's window is logged too
+                        metrics = state["metrics"] = window.read(step, rt, lr, grad_norm)
+                        if logger:
+                            logger.log(step, metrics)
                     stop_now = stop_now or asked()
                 checkpointer.save(step, state, periodic=saving or stop_now)
             if stop_now:

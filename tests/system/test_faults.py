@@ -1120,12 +1120,17 @@ def test_a_signal_during_an_evaluation_stops_there_with_a_checkpoint(tmp_path, c
         return real(*args, **kwargs)
 
     monkeypatch.setattr(trainer, "pretraining_loss", pretraining_loss)
-    config = write_config(tmp_path, "train.max_steps=8", "train.eval_every=4", "checkpoint.save_every=100")
+    config = write_config(
+        tmp_path, "train.max_steps=8", "train.eval_every=4", "checkpoint.save_every=100", "logging.log_every=3"
+    )
     result = cli("pretrain", "--config", config, "--quiet")
     assert result.code == 143 and "stopped by SIGTERM at step 4" in result.err, result.err
     assert [s for s, _ in layout.list_checkpoints(tmp_path)] == [4]
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert not [r for r in records if r.get("split") == "eval"], "the interrupted evaluation is not logged"
+    assert [r["step"] for r in records] == [3, 4], "the steps since the last log step are, at the stop"
+    saved = json.loads((tmp_path / "checkpoints" / "step-0000004" / "trainer_state.json").read_text())
+    assert saved["metrics"] == {k: v for k, v in records[-1].items() if k not in ("step", "split")}
 
 
 @pytest.mark.parametrize("command", ["pretrain", "encode"])
