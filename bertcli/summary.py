@@ -364,6 +364,14 @@ def data_report(folder: Path, examples: int = 512) -> dict[str, Any]:
         cfg = Config()
     train = prepared.corpus("train")
     lengths = np.diff(np.asarray(train.seg_offsets))
+    note = None
+    if cfg.data.pairs and train.num_documents < 2:  # no NSP pairs: a run on it sets data.pairs false (trial 26 U1)
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, pairs=False))
+        note = (
+            f"one training document makes no NSP pairs: shown as with data.pairs false (the config at "
+            f"{folder.parent / layout.RUN_CONFIG} says true; training on this data needs data.pairs: false and "
+            "train.nsp_weight: 0)"
+        )
     builder = ExampleBuilder(train, cfg.data, examples)
     rows = [builder.example(cfg.train.seed, 0, i, stream=2) for i in range(examples)]  # a stream of its own
     padding = 1.0 - float(np.mean([len(e.tokens) for e in rows])) / cfg.data.max_seq_length
@@ -393,8 +401,9 @@ def data_report(folder: Path, examples: int = 512) -> dict[str, Any]:
         "segment_length_p95": float(np.percentile(lengths, 95)),
         "max_seq_length": cfg.data.max_seq_length,
         "padding_share": padding,
+        "pairs_note": note,
         "example": {
-            "nsp_label": int(e.nsp_label),
+            "nsp_label": int(e.nsp_label) if cfg.data.pairs else None,
             "text": " ".join(shown),
             "legend": "[shown→original] masked or replaced, [=original] chosen but kept",
         },
@@ -525,14 +534,15 @@ def _format_data(r: dict[str, Any]) -> str:
     rows += [("checked at use", r["checked"]), ("reused while", f"the settings are unchanged and {r['cache_check']}")]
     ex = r["example"]
     warning = [r["random_next_warning"]] if r.get("random_next_warning") else []
+    warning += [f"note: {r['pairs_note']}"] if r.get("pairs_note") else []
+    nsp = (
+        "no sentence pair"
+        if ex["nsp_label"] is None
+        else f"NSP label {ex['nsp_label']}: {'B follows A' if ex['nsp_label'] == 0 else 'B is random'}"
+    )
     return "\n".join(
         [f"prepared data: {r['path']}", ""]
         + _table(rows)
         + warning
-        + [
-            "",
-            f"example (NSP label {ex['nsp_label']}: {'B follows A' if ex['nsp_label'] == 0 else 'B is random'}; "
-            f"{ex['legend']})",
-            "  " + ex["text"],
-        ]
+        + ["", f"example ({nsp}; {ex['legend']})", "  " + ex["text"]]
     )

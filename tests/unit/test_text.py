@@ -556,6 +556,22 @@ def test_inspect_prepared_data(tmp_path, small_corpus, cli):
     assert "documents" in text and "unknown tokens" in text and "padding" in text
 
 
+def test_inspect_prepared_data_of_one_document(tmp_path, small_corpus, cli):
+    """Trial 26 U1: one document (one book), prepared with --set data.pairs=false as the error says, and then
+    `inspect DATA` (which prepare suggests) refused it: the run's config file says pairs true."""
+    book = tmp_path / "book.txt"
+    book.write_text("\n".join(line for line in small_corpus.read_text().splitlines() if line.strip()) + "\n")
+    config = text_run(tmp_path / "run", book, "data.validation_fraction=0")
+    no_pairs = ["--set", "data.pairs=false", "--set", "train.nsp_weight=0"]
+    assert cli("prepare", "--config", config, "--quiet", *no_pairs).code == 0
+    result = cli("inspect", tmp_path / "run" / "data")
+    assert result.code == 0, result.err
+    assert "note: one training document makes no NSP pairs: shown as with data.pairs false" in result.out
+    assert "example (no sentence pair; " in result.out and "[SEP]" in result.out
+    report = json.loads(cli("inspect", tmp_path / "run" / "data", "--json").out)
+    assert report["example"]["nsp_label"] is None and report["splits"]["train"]["documents"] == 1
+
+
 def test_init_with_corpus_and_missing_corpus(tmp_path, small_corpus, cli):
     result = cli("init", tmp_path / "run", "--corpus", small_corpus)
     assert result.code == 0 and f"corpus: {small_corpus}" in (tmp_path / "run" / "config.yaml").read_text()
