@@ -469,7 +469,7 @@ def _lines(part: Part, progress: Callable[[int], None]) -> Iterator[tuple[int, s
         try:
             return decoder.decode(raw, final=final)
         except UnicodeDecodeError as exc:
-            raise UsageError(
+            raise _foreign_text(path) or UsageError(
                 f"{path}: byte {offset - held + exc.start} (line {number}): not valid UTF-8; convert the "
                 "file to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
             ) from None
@@ -483,7 +483,7 @@ def _lines(part: Part, progress: Callable[[int], None]) -> Iterator[tuple[int, s
         for raw in _raw_lines(path, reader, limit):
             nul = raw.find(b"\x00")
             if nul >= 0:
-                raise UsageError(
+                raise _foreign_text(path) or UsageError(
                     f"{path}: byte {offset + nul}: a NUL byte; this looks like a binary file, not text "
                     "(remove it from the corpus)"
                 )
@@ -495,6 +495,27 @@ def _lines(part: Part, progress: Callable[[int], None]) -> Iterator[tuple[int, s
             number += ends
         if not ends:  # the file ended with a part exactly READ_BYTES long
             yield number, decode(b"", final=True), True
+
+
+def _foreign_text(path: Path) -> UsageError | None:
+    """The line for a corpus file that is text in UTF-16 or UTF-32, or compressed under a plain name (by its
+    first bytes, ownership.foreign_text_kind), with the command that makes it UTF-8 text; None for other
+    bytes (trial 26 P3: Windows' "Unicode" text was "a binary file" to remove, while encode named it)."""
+    from bertcli.ownership import COMPRESSED_SUFFIXES, CONVERT, foreign_text_kind
+
+    with _open(path) as fh:
+        kind = foreign_text_kind(fh.read(8))
+    if kind in CONVERT:
+        return UsageError(
+            f"{path}: {kind} text, and prepare reads UTF-8: convert it ({CONVERT[kind]} OLD > NEW) and put the "
+            "new file in its place"
+        )
+    suffix = next((s for s, name in COMPRESSED_SUFFIXES.items() if name == kind), None)
+    if suffix in COMPRESSIONS:  # compressed data under a name without the suffix that says so
+        return UsageError(f"{path}: {kind}-compressed, under a name without {suffix}: add {suffix} to its name")
+    if kind:
+        return UsageError(f"{path}: {kind}-compressed, which prepare does not read: decompress it")
+    return None
 
 
 def read_text(files: list[Path], block: int = 1 << 16) -> Iterator[str]:

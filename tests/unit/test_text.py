@@ -119,6 +119,12 @@ def test_reading_text_gzip_folders_and_jsonl(tmp_path):
     [
         (b"good line\nbad \xff byte\n", "bad.txt: byte 14 (line 2): not valid UTF-8"),
         (b"text\x00with nul\n", "bad.txt: byte 4: a NUL byte; this looks like a binary file"),
+        # (trial 26 P3: UTF-16 text was "a binary file" to remove)
+        ("Hello world.\n".encode("utf-16"), "bad.txt: UTF-16 text, and prepare reads UTF-8: convert it (iconv -f "),
+        ("Hello world.\n".encode("utf-16-le"), "bad.txt: UTF-16 text, and prepare reads UTF-8"),
+        ("Grüße.\n".encode("utf-32"), "bad.txt: UTF-32 text, and prepare reads UTF-8"),
+        (gzip.compress(b"Hello world.\n"), "bad.txt: gzip-compressed, under a name without .gz: add .gz to its name"),
+        (b"PK\x03\x04\x00\x00", "bad.txt: zip-compressed, which prepare does not read: decompress it"),
     ],
 )
 def test_bad_bytes_name_file_and_offset(tmp_path, content, needle):
