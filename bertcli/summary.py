@@ -185,7 +185,7 @@ def _inspect_path(path: Path) -> dict[str, Any]:
             f"{path}: no such file or folder; pass a config file, a run folder, a checkpoint folder, a "
             "prepared-data folder or a Hugging Face (or sentence-transformers) model folder"
         )
-    training = None
+    training, note = None, None
     if found.kind is Kind.PREPARED:
         return data_report(path)
     if found.kind in (Kind.HF, Kind.SENTENCE):
@@ -196,7 +196,8 @@ def _inspect_path(path: Path) -> dict[str, Any]:
     elif found.kind is Kind.CHECKPOINT:
         kind, cfg = "checkpoint", _checkpoint_config(path)
         training = _training(path.parent.parent, cfg, only=path)
-        if path.resolve().parent.name != layout.CHECKPOINTS:  # a copy out of its run: no run's folder or list to show
+        note = checkpoint.set_aside_note(path)  # (trial 26 P2: shown with the run's best and steps, as one of them)
+        if note or path.resolve().parent.name != layout.CHECKPOINTS:  # out of its run's history: none of it shown
             training |= {
                 "output_dir": None,
                 "checkpoints": None,
@@ -240,6 +241,8 @@ def _inspect_path(path: Path) -> dict[str, Any]:
     }
     if vocab_note:
         report["architecture"]["vocab_size_note"] = vocab_note
+    if note:
+        report["note"] = note
     if training is not None:
         report["training"] = training
     return report
@@ -435,7 +438,8 @@ def _num(value: Any) -> str:
 def format_report(report: dict[str, Any]) -> str:
     if report["kind"] == "prepared data":
         return _format_data(report)
-    lines = [f"{report['kind']}: {report['path']}", "", "architecture"]
+    lines = [f"{report['kind']}: {report['path']}"] + ([f"note: {report['note']}"] if report.get("note") else [])
+    lines += ["", "architecture"]
     lines += _table([(k, _num(v)) for k, v in report["architecture"].items()])
     lines += ["", "parameters (tied decoder counted once)"]
     p = report["parameters"]

@@ -561,6 +561,10 @@ def test_encode_export_and_init_say_a_checkpoint_was_set_aside(tmp_path, cli, tr
     assert exported.code == 0 and f"note: {note}" in exported.err, exported.err
     init = cli("init", tmp_path / "next", "--init-from", aside)
     assert init.code == 0 and f"note: {note}" in init.err, init.err
+    inspected = cli("inspect", aside)  # (trial 26 P2: shown with the run's best and step folders, as one of them)
+    assert inspected.code == 0 and inspected.out.splitlines()[1].startswith(f"note: {note}"), inspected.out
+    assert "best checkpoint" not in inspected.out and "step-0000004" not in inspected.out.replace(str(aside), "")
+    assert json.loads(cli("inspect", aside, "--json").out)["note"].startswith(note)
     kept = cli("export", run, tmp_path / "hf2")
     assert kept.code == 0 and "set aside" not in kept.err, kept.err
 
