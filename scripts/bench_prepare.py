@@ -305,7 +305,7 @@ def same_shards(a: Path, b: Path) -> bool:
         out = {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
         manifest = json.loads(out.pop("manifest.json"))
         out["manifest.json"] = json.dumps(
-            {k: v for k, v in manifest.items() if k not in ("created", "seconds", "tokens_per_s")}
+            {k: v for k, v in manifest.items() if k not in ("created", "seconds", "prepared_tokens", "tokens_per_s")}
         ).encode()
         return out
 

@@ -1170,6 +1170,10 @@ def test_adding_a_file_prepares_only_its_units_and_equals_a_fresh_prepare(tmp_pa
         "files": 3,
         "bytes": sum(f.stat().st_size for f in folder.iterdir() if f.name != "b2.txt"),
     }
+    # The rate is of the tokens prepared (trial 26 P1: of the whole corpus, in the time of the units added)
+    new_tokens = sum(sum(s["tokens"] for s in u["splits"].values()) for u in manifest["units"] if u["key"] in added)
+    assert manifest["prepared_tokens"] == new_tokens < manifest["splits"]["train"]["tokens"]
+    assert manifest["tokens_per_s"] == pytest.approx(new_tokens / manifest["seconds"])
     # A fresh prepare of the whole new corpus with that tokenizer writes the same units, index and counts.
     fresh = prepare(
         load_run(_run(tmp_path / "fresh", folder, f"data.tokenizer.path={data / 'tokenizer.json'}")), quiet=True
