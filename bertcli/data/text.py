@@ -187,6 +187,44 @@ def corpus_root(path: Path) -> Path:
     return path
 
 
+# Names of formats that a file named as the corpus is refused in: read as plain text, its markup (a CSV's
+# header, ids and commas) would be trained on, unsaid (trial 26 P4). Other names are read as plain text.
+DATA_FORMATS = {
+    ".csv": "CSV",
+    ".tsv": "TSV",
+    ".json": "JSON",
+    ".parquet": "Parquet",
+    ".arrow": "Arrow",
+    ".xlsx": "Excel",
+    ".xls": "Excel",
+    ".pdf": "PDF",
+    ".docx": "Word",
+    ".doc": "Word",
+    ".zip": "zip",
+    ".zst": "zstd",
+    ".tar": "tar",
+}
+
+
+def check_text_name(path: Path) -> None:
+    """Refuse (exit 2) a corpus file whose name says it is not plain text or JSON Lines (DATA_FORMATS)."""
+    name = _name_parts(path)[0]
+    suffix = next((s for s in DATA_FORMATS if name.endswith(s)), None)
+    if suffix is None:
+        return
+    how = (
+        "if it holds one JSON object per line, name it .jsonl"
+        if suffix == ".json"
+        else 'convert it: one JSON line {"text": ...} per document (a .jsonl file), or plain text (.txt)'
+        if suffix in (".csv", ".tsv", ".parquet", ".arrow", ".xlsx", ".xls")
+        else "extract its text into a .txt file (a blank line ends a document)"
+    )
+    raise UsageError(
+        f"{path}: a {DATA_FORMATS[suffix]} file, and the corpus is plain text (.txt, a blank line ends a document) or "
+        f'JSON Lines (.jsonl, a "text" field per line), read as such whatever the name: {how}'
+    )
+
+
 def corpus_files(path: Path) -> list[Path]:
     """The files of a corpus path: the file itself, or every corpus file under a folder, sorted.
 
@@ -195,6 +233,7 @@ def corpus_files(path: Path) -> list[Path]:
     folder or file is not read twice. Entries that are not read are said in one line on stderr."""
     path = corpus_root(path)
     if path.is_file():
+        check_text_name(path)
         return [path]
     if not path.is_dir():  # a pipe, a device (/dev/null), a socket
         raise UsageError(

@@ -391,6 +391,24 @@ CASES = [
         2,
         "nowhere: corpus not found",
     ),
+    (  # trial 26 P4: read as plain text, header, ids and commas, and trained on
+        "corpus-csv",
+        lambda d, b: ["init", d / "run", "--corpus", _write(d, "rows.csv", "id,title,text\n1,a,Some text.\n")],
+        2,
+        'rows.csv: a CSV file, and the corpus is plain text (.txt, a blank line ends a document) or JSON Lines (.jsonl, a "text"',
+    ),
+    (
+        "corpus-utf16",
+        lambda d, b: [
+            "prepare",
+            "-c",
+            write_config(
+                d, "data.corpus=" + str(_write(d, "u.txt", "Some text.\n".encode("utf-16"))), "model.vocab_size=null"
+            ),
+        ],
+        2,
+        "u.txt: UTF-16 text, and prepare reads UTF-8: convert it (iconv -f UTF-16 -t UTF-8 OLD > NEW)",
+    ),
     (
         "corpus-fifo",
         lambda d, b: ["init", d / "run", "--corpus", _fifo(d / "pipe")],
