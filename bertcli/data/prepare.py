@@ -65,6 +65,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
@@ -1189,6 +1190,7 @@ def _update(
         old_keys=old_keys,
         problem=problem,
         settings=_unit_setting_changes(old, data) if {u.content for u in units} == _old_contents(old) else [],
+        files=([_entry_digest(e) for e in old["corpus"]["files"]], [_entry_digest(e) for e in plan.entries]),
     )
     (log if problem else info)(line)
     _state = f"the prepared data in {folder} is as it was (units finished are kept for the next prepare)"
@@ -1245,10 +1247,11 @@ def _update_line(
     old_keys: set[str],
     problem: str | None,
     settings: list[str],
+    files: tuple[list[str], list[str]],
 ) -> str:
     """What `_update` says it does: why the folder is not up to date (`settings` that every unit
     depends on changed, the corpus changed, or `problem`: damage found), which tokenizer it keeps,
-    and how much it prepares."""
+    and how much it prepares. `files`: the corpus files' contents (_entry_digest) then and now."""
     changes = [
         f"{n} {word}"
         for n, word in ((len(new_keys - old_keys), "new or changed"), (len(old_keys - new_keys), "gone"))
@@ -1260,6 +1263,13 @@ def _update_line(
         why = f": the corpus changed (units of it {', '.join(changes)})"
     elif problem:
         why = f" is damaged ({problem})"
+    elif Counter(files[0]) != Counter(files[1]):  # (trial 26 P5: a copy added or removed was "renamed?")
+        then, now = Counter(files[0]), Counter(files[1])
+        counts = ((sum((now - then).values()), "added"), (sum((then - now).values()), "gone"))
+        why = (
+            f": the corpus changed (files {', '.join(f'{n} {word}' for n, word in counts if n)}, each the same "
+            "bytes as a file kept, or empty)"
+        )
     else:
         why = ": the corpus changed (its files are in another order: renamed?)"
     with_tok = (

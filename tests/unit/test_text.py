@@ -1244,6 +1244,16 @@ def test_renaming_files_writes_only_a_new_index(tmp_path, units_corpus, capsys):
     assert "the corpus changed (its files are in another order: renamed?): writing a new index" in err, err
     assert _stamps(data) == before
     assert load_prepared(data).manifest["units"][-1]["pieces"][0][0] == 2, "d.txt's units come last in the index"
+    # A copy of a file added, then removed: no unit to prepare, and said as such (trial 26 P5: "renamed?")
+    shutil.copy(folder / "b.txt", folder / "b copy.txt")
+    prepare(cfg, quiet=True)
+    err = capsys.readouterr().err
+    assert "the corpus changed (files 1 added, each the same bytes as a file kept, or empty): writing" in err, err
+    (folder / "b copy.txt").unlink()
+    prepare(cfg, quiet=True)
+    err = capsys.readouterr().err
+    assert "the corpus changed (files 1 gone, each the same bytes as a file kept, or empty): writing" in err, err
+    assert _stamps(data) == before
 
 
 @pytest.mark.parametrize("name", ["tokens.bin", "seg_offsets.bin", "doc_offsets.bin"])
