@@ -526,6 +526,7 @@ def trained_length(cfg: Config, _depth: int = 0) -> int | None:
 
 
 TRAINED_LENGTH = "trained_length"  # trainer_state.json: the longest sequences the run has trained on so far
+PREPARED_DATA = "prepared_data"  # trainer_state.json: what the examples came from (PreparedData.identity)
 
 
 def checkpoint_trained_length(path: Path, _depth: int = 0) -> int | None:
@@ -833,6 +834,34 @@ def setting_differences(
             f"resuming {where} with other tokenizer settings ({tokenizer}): ignored, as a run keeps the "
             "tokenizer of its first checkpoint (its token ids are what the model learned); start a run in a new "
             "output_dir to change it"
+        )
+    return lines
+
+
+def _other_held_out(then: Any, now: dict[str, Any] | None) -> bool:
+    """Whether a checkpoint's recorded prepared data (`then`, PREPARED_DATA; absent before it was recorded)
+    had another held-out set than `now`'s."""
+    return isinstance(then, dict) and now is not None and then.get("held_out") != now.get("held_out")
+
+
+def data_differences(saved: Config, cfg: Config, then: Any, now: dict[str, Any] | None, *, where: str) -> list[str]:
+    """What resuming checkpoint `where` on prepared data `now` changes where the data it trained on (`then`,
+    its PREPARED_DATA) differs, with the settings that make it unchanged: the corpus's text changed (trial 26
+    P5: a file added, edited or removed, and the resume said nothing). Settings that changed are said by
+    setting_differences."""
+    if not isinstance(then, dict) or now is None or _changes(saved, cfg, ["data.corpus", "data.split_sentences"]):
+        return []
+    lines = []
+    documents = f" ({then.get('documents', '?'):,} documents then, {now['documents']:,} now)"
+    if then.get("index") != now["index"] and not _changes(saved, cfg, ["data.validation_fraction"]):
+        lines.append(
+            f"resuming {where} on a corpus whose text changed since{documents}: the steps from here on train on "
+            "other examples than this run would have, so it is no longer the run it was"
+        )
+    if _other_held_out(then, now) and cfg.train.eval_every > 0 and not _changes(saved, cfg, HELD_OUT_SETTINGS):
+        lines.append(
+            f"resuming {where} on a corpus whose held-out documents changed since: held-out metrics from now on "
+            "are not comparable with the earlier ones (nor with the loss that kept checkpoints/best)"
         )
     return lines
 
@@ -1193,6 +1222,7 @@ class CheckpointManager:
         optimizer: torch.optim.Optimizer,
         scaler: torch.amp.GradScaler,
         examples_per_step: int | None = None,
+        data_identity: dict[str, Any] | None = None,
         **more: Stateful,
     ) -> Progress:
         """Take the parts of the training state that every checkpoint saves from now on: the weights
@@ -1200,7 +1230,8 @@ class CheckpointManager:
         any `more` (into training_state.pt, under their names); restore them from the checkpoint
         `choose` picked. Returns where the run stands (all zero when it starts fresh).
         `examples_per_step`: the global batch now (batch size x accumulation x processes), which
-        decides the examples of a step whatever the number of processes."""
+        decides the examples of a step whatever the number of processes; `data_identity`: the prepared
+        data's now (PREPARED_DATA), against the checkpoint's."""
         self.parts = {MODEL: ModelPart(model), "optimizer": OptimizerPart(model, optimizer), "scaler": scaler, **more}
         path = self.resumed_from
         if path is None:
@@ -1242,9 +1273,14 @@ class CheckpointManager:
                 else (saved_batch if isinstance(saved_batch, int) else None, examples_per_step),
             ):
                 console.log(line)
+            for line in data_differences(saved, self.cfg, trainer.get(PREPARED_DATA), data_identity, where=path.name):
+                console.log(line)
             best = layout.checkpoints_dir(self.output_dir) / layout.BEST
             try:  # best's own held-out set: a run stopped before its next evaluation kept it (trial 24 S4)
-                other_set = self.best is not None and held_out_changed(read_config(best), self.cfg)
+                other_set = self.best is not None and (
+                    held_out_changed(read_config(best), self.cfg)
+                    or _other_held_out(read_trainer_state(best).get(PREPARED_DATA), data_identity)
+                )
             except (BertcliError, OSError):
                 other_set = False
             if other_set:

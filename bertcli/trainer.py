@@ -360,6 +360,7 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume: str, quiet: bool, *, las
         optimizer=optimizer,
         scaler=scaler,
         examples_per_step=examples_per_step(cfg, rt),
+        data_identity=data.identity,
     )  # as the checkpoint left them, if any
     run = Run(
         cfg=cfg,
@@ -701,6 +702,7 @@ def _trainer_state(run: Run, window: MetricsWindow, metrics: dict[str, float], r
             else checkpoint.trained_length(cfg) or cfg.model.max_position_embeddings,
         ),
         "metrics": metrics,
+        **({checkpoint.PREPARED_DATA: run.data.identity} if run.data.identity is not None else {}),
     }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from bertcli.config import Config
 from bertcli.data.corpus import Corpus, SpecialTokens, held_out, select_documents, synthetic_corpus
@@ -23,6 +24,9 @@ class Dataset:
     valid: Corpus | None
     vocab_size: int
     tokenizer_files: list[Path]  # copied into every checkpoint (none for the synthetic corpus)
+    identity: dict[str, Any] | None = (
+        None  # prepared data's (PreparedData.identity); the synthetic corpus's: its settings
+    )
 
 
 def load_data(
@@ -53,4 +57,5 @@ def load_data(
         prepared.corpus("valid"),
         prepared.vocab_size,
         [prepared.folder / name for name in TOKENIZER_FILES],
+        prepared.identity,
     )

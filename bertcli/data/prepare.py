@@ -2129,6 +2129,19 @@ class PreparedData:
     def special(self) -> SpecialTokens:
         return special_tokens(self.tokenizer)
 
+    @property
+    def identity(self) -> dict[str, Any]:
+        """What the examples and the held-out set are drawn from, as a checkpoint records it (a resume on a
+        changed corpus is said: trial 26 P5): the index (every unit, in order), the units holding held-out
+        documents, in order, and the documents."""
+        units = [u for u in self.manifest["units"] if isinstance(u, dict)]
+        splits = self.manifest["splits"]
+        return {
+            "index": self.manifest["index"],
+            "held_out": _digest([u.get("key") for u in units if u.get("splits", {}).get("valid", {}).get("documents")]),
+            "documents": splits["train"]["documents"] + splits["valid"]["documents"],
+        }
+
     def corpus(self, split: str) -> Corpus | None:
         """One split: the index's offsets memory-mapped, the units' tokens read as one array (each unit's
         tokens.bin memory-mapped now, so that a unit another `prepare` removes later stays readable)."""

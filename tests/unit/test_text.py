@@ -549,6 +549,35 @@ def test_exact_resume_on_real_text(tmp_path, small_corpus):
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+def test_a_resume_on_a_changed_corpus_says_so_and_replaces_best(tmp_path, small_corpus, cli):
+    """Trial 26 P5: a corpus file added (or edited, or removed) between two slices of a run: the resume said
+    nothing, and best was then kept or replaced by comparing losses on two held-out sets."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    shutil.copy(small_corpus, corpus / "a.txt")
+    config = text_run(tmp_path / "run", corpus)
+    assert cli("pretrain", "--config", config, "--quiet", "--stop-at", "6").code == 0
+    same = cli("pretrain", "--config", config, "--stop-at", "7")  # the same corpus: nothing to say
+    assert same.code == 0 and not any("changed since" in line for line in same.err_lines), same.err
+    ckpts = tmp_path / "run" / "checkpoints"
+    then = json.loads((ckpts / "step-0000007" / "trainer_state.json").read_text())["prepared_data"]["documents"]
+    (corpus / "a.txt").write_text((corpus / "a.txt").read_text() + "\n\nA new document. It has two sentences.\n")
+    changed = cli("pretrain", "--config", config, "--stop-at", "8")
+    assert changed.code == 0, changed.err
+    assert (
+        f"resuming step-0000007 on a corpus whose text changed since ({then} documents then, {then + 1} now): the "
+        "steps from here on train on other examples than this run would have, so it is no longer the run it was"
+    ) in changed.err_lines, changed.err
+    assert any(
+        line.startswith("resuming step-0000007 on a corpus whose held-out documents changed since: held-out metrics")
+        for line in changed.err_lines
+    ), changed.err
+    best = ckpts / "best"
+    assert f"{best} is replaced at this run's next evaluation: its held-out loss was on the earlier set" in changed.err
+    state = json.loads((ckpts / "step-0000008" / "trainer_state.json").read_text())
+    assert state["prepared_data"]["documents"] == then + 1
+
+
 def test_inspect_prepared_data(tmp_path, small_corpus, cli):
     config = text_run(tmp_path, small_corpus)
     assert cli("prepare", "--config", config, "--quiet").code == 0
