@@ -204,6 +204,7 @@ def _export(ckpt: Path, out_dir: Path, force: bool) -> Path:
     ownership.check_output_folder(out_dir, fix)
     # An empty folder is used as a new one (trial 22 P3: refused without --force, as the docs said it may be used).
     if out_dir.exists() and not force and not ownership.is_empty_folder(out_dir):
+        ownership.check_replaceable(out_dir, layout.EXPORT, fix)  # (trial 26 C2: a file was told to pass --force)
         raise ExportExists(out_dir)
 
     def guard(target: Path) -> None:  # forced, it replaces an earlier export only, never anything else

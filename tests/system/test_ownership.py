@@ -264,6 +264,13 @@ def test_export_force_replaces_only_an_earlier_export(run_copy, cli, tmp_path):
     before = snapshot(precious)
     refused(cli("export", run_copy, precious, "--force"), precious)
     assert snapshot(precious) == before
+    # Without --force too: said at once (trial 26 C2: "pass --force to replace it", which then refused)
+    result = cli("export", run_copy, precious)
+    refused(result, precious)
+    assert "--force" not in result.err and snapshot(precious) == before
+    (tmp_path / "victim.csv").write_text("a,b\n")
+    result = cli("export", run_copy, tmp_path / "victim.csv")
+    assert result.code == 2 and "victim.csv is a file, not a folder, so bertcli left it untouched" in result.err
 
     out = tmp_path / "hf"
     assert cli("export", run_copy, out).code == 0
