@@ -999,6 +999,15 @@ def _say_changes(cfg: Config, plan: _Plan, old: dict[str, Any], why: str | None)
         f"prepared data in {plan.folder} was made from other inputs than this config's ({'; '.join(changes)}): "
         "preparing it again"
     )
+    run = plan.folder.parent
+    found = layout.identify(run)
+    if found.kind is layout.Kind.RUN and found.checkpoints and run.resolve() != Path(cfg.output_dir).resolve():
+        # (trial 26 P6: two runs sharing a prepared folder, each prepare redid the whole corpus for the other)
+        log(
+            f"warning: {plan.folder} is the prepared data of the run in {run}, whose checkpoints were trained on "
+            "the tokenizer it held: that run's next pretrain prepares it again, and each prepare of one redoes the "
+            "whole corpus while they share it; give this run a data.prepared_dir of its own"
+        )
     if why:
         info(f"prepared data in {plan.folder}: {why}")
 

@@ -588,3 +588,24 @@ def test_inspect_says_where_its_last_figures_are_from_and_sums_what_it_shows(tmp
     assert "set aside (5, 0.0 MiB: yours to delete" in text, text
     shutil.copytree(trained, tmp_path / "again", ignore=shutil.ignore_patterns("tensorboard"))
     assert "last logged" not in cli("inspect", tmp_path / "again").out  # the run's own step: nothing to add
+
+
+def test_preparing_another_runs_data_for_other_settings_is_warned(tmp_path, cli, trained, small_corpus):
+    """Trial 26 P6: a second run pointed at a trained run's data/ with another vocabulary size prepared it
+    again for itself, and the first run's next pretrain prepared it all again for its own: unsaid."""
+    import shutil
+
+    from conftest import text_run
+
+    run = Path(shutil.copytree(trained, tmp_path / "run", ignore=shutil.ignore_patterns("tensorboard")))
+    other = text_run(
+        tmp_path / "other", small_corpus, f"data.prepared_dir={run / 'data'}", "data.tokenizer.vocab_size=900"
+    )
+    result = cli("prepare", "--config", other, "--quiet")
+    assert result.code == 0, result.err
+    assert (
+        f"warning: {run / 'data'} is the prepared data of the run in {run}, whose checkpoints were trained on the "
+        "tokenizer it held: that run's next pretrain prepares it again"
+    ) in result.err, result.err
+    again = cli("prepare", "--config", run / "config.yaml", "--quiet")  # the run's own: no warning
+    assert again.code == 0 and "is the prepared data of the run" not in again.err, again.err
