@@ -904,7 +904,13 @@ def _check_pretrain_start(cfg: Config, resume: str) -> None:
     model or batch too large for this machine's memory where the run trains on its CPU.
     (The trainer checks them again where it acts on them.)"""
     from bertcli import checkpoint, layout
-    from bertcli.data.prepare import check_before_training, corpus_path, fixed_tokenizer, unchanged_tokenizer
+    from bertcli.data.prepare import (
+        check_before_training,
+        corpus_path,
+        fixed_tokenizer,
+        stands_in,
+        unchanged_tokenizer,
+    )
     from bertcli.data.text import corpus_root
     from bertcli.hf_import import check_finite_weights
     from bertcli.runlock import RunLock
@@ -966,7 +972,8 @@ def _check_pretrain_start(cfg: Config, resume: str) -> None:
     if os.environ.get("RANK", "0") == "0" and BYTES_PER_PARAMETER * parameter_count(cfg.model) <= machine_memory():
         check_disk(cfg.model, Path(cfg.output_dir))
     if cfg.data.corpus != "synthetic":
-        corpus_root(corpus_path(cfg))
+        if not stands_in(cfg):  # (a corpus that is not here, whose prepared data may stand in: prepare decides)
+            corpus_root(corpus_path(cfg))
         check_before_training(cfg)
 
 

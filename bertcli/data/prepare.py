@@ -915,15 +915,22 @@ def _prepare(
 ) -> Path:
     data = cfg.data
     folder = Path(data.prepared_dir)
-    files = corpus_files(corpus_path(cfg))
+    stand_in = not force and stands_in(cfg)  # the corpus is not here: its prepared data stands in, if it can
+    files = [] if stand_in else corpus_files(corpus_path(cfg))
     guard = _guard(cfg, folder)
     ownership.remove_leftover_folders(folder, layout.PREPARED)
     old, why_not = read_manifest(folder)
     if old is not None:
         _clean_inside(folder)
-    # The hashes recorded for files cut at another UNIT_BYTES are not those of today's parts.
-    entries = _file_entries(files, old["corpus"]["files"] if old and old.get("unit_bytes") == UNIT_BYTES else [])
-    _say_copies(entries)
+    stand_in = stand_in and old is not None  # (a manifest gone meanwhile: the corpus is not found, below)
+    if stand_in:  # the files as recorded: they are not here to be read
+        entries = old["corpus"]["files"]
+        files = [Path(e["path"]) for e in entries]
+    else:
+        files = files or corpus_files(corpus_path(cfg))
+        # The hashes recorded for files cut at another UNIT_BYTES are not those of today's parts.
+        entries = _file_entries(files, old["corpus"]["files"] if old and old.get("unit_bytes") == UNIT_BYTES else [])
+        _say_copies(entries)
     tokenizer_file, tok = fixed_tokenizer(cfg, resume_from) or (None, None)
     given_sha256 = fixed = None
     if data.tokenizer.path:
@@ -958,6 +965,8 @@ def _prepare(
     )
     if pad:
         raise UsageError(pad)
+    if stand_in:
+        return _stand_in(cfg, plan, old)
 
     if old is not None and not force:
         why_new = _tokenizer_changed(old, plan, data, folder)
@@ -1043,6 +1052,45 @@ def made_from(cfg: Config, manifest: dict[str, Any]) -> bool:
     return recorded.get("settings") == _tokenizer_settings(cfg.data, trained_on) and paths == {
         e.get("path") for e in manifest["corpus"]["files"]
     }
+
+
+def stands_in(cfg: Config) -> bool:
+    """Whether data.corpus is not there (moved, unmounted, not copied to the machine that trains) and
+    data.prepared_dir holds data prepared from it, which then stands in for it if it is of this config's
+    settings and whole (_stand_in; trial 26 U2: a run could not train on its prepared data alone)."""
+    path = corpus_path(cfg)
+    if cfg.data.corpus == "synthetic" or path.exists() or path.is_symlink():
+        return False
+    manifest, _ = read_manifest(Path(cfg.data.prepared_dir))
+    source = manifest["corpus"].get("source") if manifest is not None else None
+    return isinstance(source, str) and os.path.realpath(source) == os.path.realpath(cfg.data.corpus)
+
+
+def _stand_in(cfg: Config, plan: _Plan, old: dict[str, Any]) -> Path:
+    """The prepared folder, as it is, for a corpus that is not there (stands_in): where it was prepared with
+    this config's settings (and tokenizer) and its files are whole; else one line saying why it cannot."""
+    data, folder = cfg.data, plan.folder
+    why = _tokenizer_changed(old, plan, data, folder)
+    if why is None and (changed := _unit_setting_changes(old, data)):
+        why = f"was prepared with other settings ({'; '.join(changed)})"
+    if why is None:
+        tok = read_tokenizer_json(folder / layout.TOKENIZER_JSON)
+        if _index_digest(plan_units(plan.files, plan.entries, _tokenizer_sha256(tok), data)) != old["index"]:
+            why = "does not hold the corpus's units as recorded"
+    if why is None and (damage := check_prepared(folder, old)) is not None:
+        why = f"is damaged ({damage})"
+    if why is not None:
+        raise UsageError(
+            f"{data.corpus}: corpus not found, and the data prepared from it in {folder} {why}, so it cannot stand "
+            "in for it: put the corpus back (or set data.corpus to where it is now)"
+        )
+    splits = old["splits"]
+    log(
+        f"warning: {data.corpus} is not there (moved, or not on this machine): the data prepared from it in {folder} "
+        f"stands in as it is ({splits['train']['documents'] + splits['valid']['documents']:,} documents, prepared "
+        f"{old.get('created', 'earlier')}); whether the corpus changed since cannot be checked"
+    )
+    return folder
 
 
 def _tokenizer_changed(old: dict[str, Any], plan: _Plan, data: DataConfig, folder: Path) -> str | None:
@@ -1810,6 +1858,8 @@ def check_before_training(cfg: Config) -> None:
     a data.prepared_dir to be prepared that holds files bertcli did not write there."""
     data = cfg.data
     check_vocab_size(cfg)
+    if stands_in(cfg):  # the corpus is not here: its prepared data is checked where it is used (prepare)
+        return
     folder = Path(data.prepared_dir)
     if folder.is_dir() and read_manifest(folder)[0] is None:  # to be prepared: a folder of the user's is refused
         _guard(cfg, folder)(folder)

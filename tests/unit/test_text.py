@@ -578,6 +578,42 @@ def test_a_resume_on_a_changed_corpus_says_so_and_replaces_best(tmp_path, small_
     assert state["prepared_data"]["documents"] == then + 1
 
 
+def test_prepared_data_stands_in_for_a_corpus_that_is_not_there(tmp_path, small_corpus, cli):
+    """Trial 26 U2: prepared on one machine, trained on another (or the corpus unmounted): pretrain refused
+    ("corpus not found") though the run's prepared data was whole. It stands in, said, where it is of the
+    run's settings and whole; else one line says why not."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    shutil.copy(small_corpus, corpus / "a.txt")
+    config = text_run(tmp_path / "run", corpus)
+    assert cli("pretrain", "--config", config, "--quiet", "--stop-at", "2").code == 0
+    corpus.rename(tmp_path / "elsewhere")
+    data = tmp_path / "run" / "data"
+    resumed = cli("pretrain", "--config", config, "--quiet", "--stop-at", "3")
+    assert resumed.code == 0, resumed.err
+    assert any(
+        line.startswith(
+            f"warning: {corpus} is not there (moved, or not on this machine): the data prepared from it in "
+            f"{data} stands in as it is ("
+        )
+        and line.endswith("whether the corpus changed since cannot be checked")
+        for line in resumed.err_lines
+    ), resumed.err
+    assert [s for s, _ in layout.list_checkpoints(tmp_path / "run")] == [2, 3]
+    other = cli("pretrain", "--config", config, "--stop-at", "4", "--set", "data.validation_fraction=0.2")
+    assert other.code == 2 and other.err_lines[-1] == (
+        f"bertcli: error: {corpus}: corpus not found, and the data prepared from it in {data} was prepared with "
+        "other settings (data.validation_fraction 0.1 then, 0.2 now), so it cannot stand in for it: put the corpus "
+        "back (or set data.corpus to where it is now)"
+    ), other.err
+    forced = cli("prepare", "--config", config, "--force")
+    assert forced.code == 2 and f"{corpus}: corpus not found" in forced.err, forced.err
+    unit = next((data / "units").iterdir()) / "train" / "tokens.bin"
+    unit.write_bytes(unit.read_bytes()[:-2])  # cut
+    damaged = cli("prepare", "--config", config)
+    assert damaged.code == 2 and f"the data prepared from it in {data} is damaged (" in damaged.err, damaged.err
+
+
 def test_inspect_prepared_data(tmp_path, small_corpus, cli):
     config = text_run(tmp_path, small_corpus)
     assert cli("prepare", "--config", config, "--quiet").code == 0
