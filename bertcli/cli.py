@@ -802,9 +802,11 @@ def _encode_format(fmt: Format | None, output: Path | None, with_text: bool, tok
     suffix = output.suffix.lower() if output is not None else ""
     if suffix in COMPRESSED_SUFFIXES and not is_stream(output):  # (trial 21 P8: plain JSONL under a .gz name)
         kind = COMPRESSED_SUFFIXES[suffix]
+        inner = Path(output.stem).suffix.lower()  # v.npy.gz: the format asked for, which stdout needs said
+        flag = f" --format {(fmt.value if fmt else inner[1:])}" if fmt or inner in (".npy", ".tsv") else ""
         raise UsageError(
             f"--output {output}: a {suffix} name, and encode writes plain rows: pipe them through {kind} "
-            f"(bertcli encode ... | {kind} > {output}), or name a file without {suffix}"
+            f"(bertcli encode ...{flag} | {kind} > {output}), or name a file without {suffix}"
         )
     if fmt is None and suffix in OTHER_FORMATS:  # (trial 22 S1: JSON Lines under v.npz or v.csv, exit 0)
         raise UsageError(

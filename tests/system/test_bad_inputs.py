@@ -703,7 +703,7 @@ CASES = [
         "encode-output-with-a-compression-suffix",
         lambda d, b: ["encode", "--model", b["text"], _write(d, "in.txt", "a\n"), "--output", d / "v.tsv.gz"],
         2,
-        "v.tsv.gz: a .gz name, and encode writes plain rows: pipe them through gzip (bertcli encode ... | gzip > ",
+        "v.tsv.gz: a .gz name, and encode writes plain rows: pipe them through gzip (bertcli encode ... --format tsv | gzip > ",
     ),
     (  # trial 19 P3: accepted and ignored
         "encode-tokens-with-a-pooling",
