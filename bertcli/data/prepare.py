@@ -1253,6 +1253,7 @@ def _update(
     _state = f"the prepared data in {folder} is as it was (units finished are kept for the next prepare)"
     try:
         records.update(_prepare_units(todo, folder, tok, settings=settings, workers=workers, quiet=quiet))
+        _warn_unknown(plan, todo, units, records)
         manifest = _manifest(
             cfg,
             plan,
@@ -1277,6 +1278,37 @@ def _update(
     _remove_unused(folder, manifest)
     _report(folder, manifest, cfg, f"updated {folder}")
     return folder
+
+
+UNKNOWN_SHARE = 0.01  # [UNK] in the units an update prepares beyond this share, and 5x the rest's, is warned of
+
+
+def _warn_unknown(plan: _Plan, todo: list[Unit], units: list[Unit], records: dict[str, dict[str, Any]]) -> None:
+    """Warn where the units an update prepared are far more [UNK] than the rest: text in characters the kept
+    tokenizer lacks (trial 26 P7: a file of Chinese added to an English corpus, nearly all [UNK], showed only
+    as 'unknown 1.55%' over the whole corpus)."""
+
+    def unknown(group: list[Unit]) -> tuple[float, int]:
+        tokens = sum(records[u.key]["splits"][split]["tokens"] for u in group for split in SPLITS)
+        return sum(records[u.key]["unknown_tokens"] for u in group) / max(tokens, 1), tokens
+
+    new, _ = unknown(todo)
+    rest, rest_tokens = unknown([u for u in {u.key: u for u in units}.values() if u not in todo])
+    if new <= UNKNOWN_SHARE or (rest_tokens and new <= 5 * rest):
+        return
+    worst = max(todo, key=lambda u: unknown([u])[0])
+    remedy = (
+        "give a tokenizer that has them (data.tokenizer.path)"
+        if plan.given_sha256 is not None
+        else "the run's checkpoints fix its tokenizer: a vocabulary with them needs a new run"
+        if plan.tok is not None
+        else "prepare --force trains a new tokenizer on the whole corpus"
+    )
+    log(
+        f"warning: {100 * new:.1f}% of the tokens prepared now are [UNK] ({100 * rest:.2f}% of the others), the most "
+        f"in {worst.parts[0].path} ({100 * unknown([worst])[0]:.0f}%): the tokenizer kept lacks their characters; "
+        f"{remedy}"
+    )
 
 
 def _old_contents(old: dict[str, Any]) -> set[str]:

@@ -1200,6 +1200,32 @@ def units_corpus(tmp_path, small_corpus, monkeypatch):
     return folder, docs
 
 
+def test_text_in_characters_the_kept_tokenizer_lacks_is_warned(tmp_path, units_corpus, capsys):
+    """Trial 26 P7: a file of Chinese added to a prepared English corpus was tokenized to [UNK] nearly whole,
+    and said only as the corpus's unknown share (1.55%). Where an update's units are far more [UNK] than the
+    rest, a warning names the worst file; an update in the corpus's own characters says nothing."""
+    folder, docs = units_corpus
+    cfg = load_run(_run(tmp_path / "run", folder))
+    prepare(cfg, quiet=True)
+    (folder / "b2.txt").write_text("\n\n".join(docs[45:50]) + "\n")  # more English
+    capsys.readouterr()
+    prepare(cfg, quiet=True)
+    assert "[UNK]" not in capsys.readouterr().err
+    han = "".join(chr(0x4E00 + (i * 7919) % 20000) for i in range(400))  # characters the vocabulary never saw
+    (folder / "zh.txt").write_text(
+        "\n\n".join(f"{han[i : i + 40]}。{han[i + 40 : i + 80]}。" for i in range(0, 320, 80))
+    )
+    prepare(cfg, quiet=True)
+    err = capsys.readouterr().err
+    warning = [line for line in err.splitlines() if "[UNK]" in line]
+    assert len(warning) == 1 and re.fullmatch(
+        rf"warning: [\d.]+% of the tokens prepared now are \[UNK\] \(0\.\d\d% of the others\), the most in "
+        rf"{re.escape(str(folder / 'zh.txt'))} \(\d+%\): the tokenizer kept lacks their characters; prepare --force "
+        r"trains a new tokenizer on the whole corpus",
+        warning[0],
+    ), err
+
+
 def test_one_and_two_workers_write_the_same_prepared_folder(tmp_path, units_corpus):
     folder, docs = units_corpus
     (folder / "d.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs[45:60]))
