@@ -184,8 +184,14 @@ def _refuse_damaged_best(best: Path, exc: UsageError, steps: tuple[tuple[int, Pa
     try:
         checkpoint.check_readable(best)
     except UsageError:
-        if steps:
-            raise UsageError(f"{exc} (the run's best; its newest checkpoint is {steps[-1][1]}: pass that)") from None
+        # The newest step folder whose files are as written (trial 26 P8: the newest, named, was cut as well).
+        intact = next(
+            (p for _, p in reversed(steps) if not (checkpoint.tokenizer_change(p) or checkpoint.file_change(p))),
+            None,
+        )
+        if intact is not None:
+            newest = "its newest" if intact == steps[-1][1] else "its newest intact"
+            raise UsageError(f"{exc} (the run's best; {newest} checkpoint is {intact}: pass that)") from None
 
 
 def export(source: Path, out_dir: Path, force: bool = False) -> Path:

@@ -35,7 +35,7 @@ from bertcli.data.tokenizer import (
     read_tokenizer_json,
     tokenizer_identity,
 )
-from bertcli.errors import BertcliError, UsageError
+from bertcli.errors import UsageError
 from bertcli.export import refuse_a_part_of_a_run
 from bertcli.layout import Kind
 from bertcli.metrics import read_metrics_checked
@@ -126,10 +126,15 @@ def _training(output_dir: Path, cfg: Config, only: Path | None = None) -> dict[s
             tokenizer = tokenizer_identity(read_tokenizer_json(source / layout.TOKENIZER_JSON))[:12]
         except UsageError as exc:
             damaged.append(str(exc))
-    best_state = _best_state(best) if layout.is_checkpoint(best) else {}
+    # best is checked as the step folders are (trial 26 P8: a cut best was shown as the run's best, and
+    # `encode RUN` then refused it)
+    seen = len(damaged)
+    best_read = _readable(best, damaged) if layout.is_checkpoint(best) else None
+    best_state, best_damaged = (best_read[0] if best_read else {}), len(damaged) > seen
     report = {
         "last_eval_metrics": last_eval if isinstance(last_eval, dict) else {},
         "best_checkpoint": str(best) if layout.is_checkpoint(best) else None,
+        "best_damaged": best_damaged,
         # Which step best holds, and its held-out MLM loss: what made it best (trial 25: shown without them).
         "best_step": best_state.get("step"),
         "best_mlm_loss": (best_state.get("eval_metrics") or {}).get("mlm_loss"),
@@ -153,15 +158,6 @@ def _training(output_dir: Path, cfg: Config, only: Path | None = None) -> dict[s
     if damaged:
         report["damaged"] = damaged
     return report
-
-
-def _best_state(best: Path) -> dict[str, Any]:
-    """checkpoints/best's trainer state, {} where it does not read (its damage is not this report's to name)."""
-    try:
-        state = checkpoint.read_trainer_state(best)
-    except (BertcliError, OSError):
-        return {}
-    return state if isinstance(state, dict) else {}
 
 
 def inspect_path(path: Path) -> dict[str, Any]:
@@ -204,6 +200,7 @@ def _inspect_path(path: Path) -> dict[str, Any]:
                 "best_checkpoint": None,
                 "best_step": None,
                 "best_mlm_loss": None,
+                "best_damaged": False,
                 "set_aside": [],
             }
         try:  # its sizes are the weights' (damage of the file is reported as the rest is: trial 16 P8)
@@ -484,6 +481,7 @@ def format_report(report: dict[str, Any]) -> str:
             loss = t.get("best_mlm_loss")
             what = [f"step {t['best_step']:,}"] if isinstance(t.get("best_step"), int) else []
             what += [f"held-out MLM loss {loss:.4f}"] if isinstance(loss, (int, float)) else []
+            what += ["damaged: see below"] if t.get("best_damaged") else []
             rows.append(("best checkpoint", t["best_checkpoint"] + (f" ({', '.join(what)})" if what else "")))
         if t.get("tokenizer"):
             rows.append(

@@ -1090,3 +1090,24 @@ def test_a_slow_first_step_says_when_the_first_figures_come(tmp_path, cli, monke
     monkeypatch.setattr(trainer, "PACE_NOTE_S", 60.0)  # the micro model's steps take milliseconds
     quick = cli("pretrain", "--config", write_config(tmp_path / "b", "train.max_steps=5", "logging.log_every=3"))
     assert quick.code == 0 and not any(" took " in line for line in quick.err_lines), quick.err
+
+
+def test_a_damaged_best_is_named_by_inspect_and_the_intact_checkpoint_by_export(tmp_path, cli, eight_steps):
+    """Trial 26 P8: a run copied with its best and its newest step cut (an interrupted rsync): inspect showed
+    best as the run's best, and `encode RUN` refused it naming the newest step, which was cut too."""
+    import shutil
+
+    run = Path(shutil.copytree(eight_steps, tmp_path / "run"))
+    root = run / "checkpoints"
+    best = Path(shutil.copytree(root / "step-0000008", root / "best"))
+    for folder in (best, root / "step-0000008"):
+        with open(folder / "model.safetensors", "r+b") as fh:
+            fh.truncate(1000)
+    text = cli("inspect", run).out
+    assert re.search(rf"\n  best checkpoint +{re.escape(str(best))} \(step 8, damaged: see below\)\n", text), text
+    assert f"  {best / 'model.safetensors'}: changed since the checkpoint was written" in text, text
+    assert json.loads(cli("inspect", run, "--json").out)["training"]["best_damaged"] is True
+    result = cli("export", run, tmp_path / "out")
+    assert result.code == 2 and result.err.rstrip().endswith(
+        f"(the run's best; its newest intact checkpoint is {root / 'step-0000004'}: pass that)"
+    ), result.err
