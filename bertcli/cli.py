@@ -578,7 +578,7 @@ def encode(
         if worded is None:
             raise
         raise worded from None
-    _say_encode_settings(settings, model=model, max_length=max_length)
+    _say_encode_settings(settings, model=model, max_length=max_length, trained_length=encoder.trained_length)
     from bertcli.checkpoint import set_aside_note
 
     if note := set_aside_note(encoder.source):
@@ -717,12 +717,20 @@ def _check_encode_files(inputs: list[str], *, model: Path, output: Path | None) 
     return output
 
 
-def _say_encode_settings(settings: Any, *, model: Path, max_length: int | None) -> None:
-    """The lines encode says about its settings (encode.Settings) before it starts."""
+def _say_encode_settings(settings: Any, *, model: Path, max_length: int | None, trained_length: int | None) -> None:
+    """The lines encode says about its settings (encode.Settings) before it starts. `trained_length`: the
+    longest sequences the model was trained on, where shorter than its positions (None: all of them)."""
     if max_length is not None and max_length > settings.max_length:
         err(
             f"bertcli encode: --max-length {max_length} is past the model's {settings.max_length} positions; texts are "
             f"truncated at {settings.max_length}"
+        )
+    if max_length is not None and trained_length is not None and settings.max_length > trained_length:
+        # (trial 26 P9: said without --max-length, unsaid with one)
+        err(
+            f"warning: texts are encoded up to {settings.max_length} tokens (--max-length), past the length the model "
+            f"was trained at, {trained_length}: its positions past it were never trained, so texts longer than that "
+            "get vectors that depend on untrained weights"
         )
     if settings.from_folder:
         err(

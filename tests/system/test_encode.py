@@ -587,6 +587,11 @@ def test_a_run_encodes_up_to_the_length_it_was_trained_at_as_its_export_does(tra
     np.testing.assert_allclose(np.loadtxt(exact.out.splitlines(), delimiter="\t"), rows[trained], atol=1e-6)
     longer = cli("encode", "--model", trained, tmp_path / "long.txt", "-f", "tsv", "--max-length", "200")
     assert not np.allclose(np.loadtxt(longer.out.splitlines(), delimiter="\t")[0], rows[trained][0], atol=1e-3)
+    # (trial 26 P9: said without --max-length, unsaid with one past that length)
+    positions = load_encoder(trained, torch.device("cpu")).max_length
+    warning = f"warning: texts are encoded up to {positions} tokens (--max-length), past the length the model was "
+    assert f"{warning}trained at, {trained_at}: its positions" in longer.err, longer.err
+    assert "past the length" not in exact.err, exact.err
 
     # A run continued from it (its export, or its checkpoint) at that length or less has trained no other
     # position (trial 19 S2: it counted as trained at all of them); a longer one, or a source gone, counts.
