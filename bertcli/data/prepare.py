@@ -1246,7 +1246,8 @@ def _update(
         new_keys={u.key for u in units},
         old_keys=old_keys,
         problem=problem,
-        settings=_unit_setting_changes(old, data) if {u.content for u in units} == _old_contents(old) else [],
+        settings=_unit_setting_changes(old, data),
+        same_contents={u.content for u in units} == _old_contents(old),
         files=([_entry_digest(e) for e in old["corpus"]["files"]], [_entry_digest(e) for e in plan.entries]),
     )
     (log if problem else info)(line)
@@ -1336,6 +1337,7 @@ def _update_line(
     old_keys: set[str],
     problem: str | None,
     settings: list[str],
+    same_contents: bool,
     files: tuple[list[str], list[str]],
 ) -> str:
     """What `_update` says it does: why the folder is not up to date (`settings` that every unit
@@ -1346,10 +1348,11 @@ def _update_line(
         for n, word in ((len(new_keys - old_keys), "new or changed"), (len(old_keys - new_keys), "gone"))
         if n
     ]
-    if settings and changes:  # (trial 21 P7: a changed validation_fraction was "the corpus changed")
+    if settings and changes and same_contents:  # (trial 21 P7: a changed validation_fraction was "the corpus changed")
         why = f": the settings of every unit changed ({'; '.join(settings)})"
-    elif changes:
-        why = f": the corpus changed (units of it {', '.join(changes)})"
+    elif changes:  # (trial 26 C8: the settings went unsaid where the corpus changed too)
+        also = f"; and the settings of every unit ({'; '.join(settings)})" if settings else ""
+        why = f": the corpus changed (units of it {', '.join(changes)}){also}"
     elif problem:
         why = f" is damaged ({problem})"
     elif Counter(files[0]) != Counter(files[1]):  # (trial 26 P5: a copy added or removed was "renamed?")

@@ -1321,6 +1321,15 @@ def test_a_changed_setting_of_every_unit_is_named_not_called_a_corpus_change(tmp
     prepare(load_run(config), quiet=True)  # the setting back, and a file changed: the corpus is said
     err = capsys.readouterr().err
     assert "the corpus changed (units of it" in err, err
+    assert "the settings of every unit" in err, "(the setting went back too)"
+    (folder / "a.txt").write_text((folder / "a.txt").read_text() + "\n\nOne more document.\n")
+    prepare(load_run(config, ["data.validation_fraction=0.2"]), quiet=True)  # both: both said (trial 26 C8)
+    err = capsys.readouterr().err
+    assert re.search(
+        r"the corpus changed \(units of it [^)]*\); and the settings of every unit \(data.validation_fraction 0.25 "
+        r"then, 0.2 now\): preparing",
+        err,
+    ), err
 
 
 def test_renaming_files_writes_only_a_new_index(tmp_path, units_corpus, capsys):
