@@ -467,6 +467,21 @@ CASES = [
         2,
         "cut.txt.gz: line ",
     ),
+    (  # trial 26 C9: a failed download, 0 bytes, was read as an empty text (gzip -t calls it damaged)
+        "corpus-gzip-empty",
+        lambda d, b: [
+            "prepare",
+            "-c",
+            write_config(
+                d,
+                f"data.corpus={_write(d, 'c/docs.txt', b['corpus'].read_bytes()).parent}",
+                "model.vocab_size=null",
+                f"data.prepared_dir={_write(d, 'c/empty.txt.gz', b'').parent.parent / 'data'}",
+            ),
+        ],
+        2,
+        "empty.txt.gz: line 1: the gzip file is empty (0 bytes, no stream at all: a download that failed?); download",
+    ),
     (
         "corpus-gzip-corrupt",
         lambda d, b: [
