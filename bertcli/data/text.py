@@ -20,6 +20,7 @@ import json
 import lzma
 import os
 import re
+import shlex
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -645,6 +646,8 @@ def read_sentences(
                         json.loads(line, object_pairs_hook=_one_text) if line.count('"text"') > 1 else json.loads(line)
                     )
                 except json.JSONDecodeError as exc:
+                    if line.lstrip().startswith("["):  # a pretty-printed array: its first line, "["
+                        raise _an_array(path, number) from None
                     raise UsageError(f"{path}: line {number}: {_json_problem(line, exc)}") from None
                 except _TextTwice:
                     raise UsageError(
@@ -655,6 +658,8 @@ def read_sentences(
                     raise UsageError(
                         f"{path}: line {number}: nested too deeply to read; a record is an object with a text field"
                     ) from None
+                if isinstance(record, list):
+                    raise _an_array(path, number)
                 text = record.get("text") if isinstance(record, dict) else None
                 if not isinstance(text, str):
                     raise UsageError(f'{path}: line {number}: no "text" string field in this JSON record')
@@ -687,6 +692,15 @@ def read_sentences(
             open_document = True
         if open_document:  # a file's end also ends its last document
             yield END_OF_DOCUMENT
+
+
+def _an_array(path: Path, number: int) -> UsageError:
+    """A JSON array where JSON Lines has one object per line (trial 26 C10: 'no "text" field', or 'not valid
+    JSON', for a list of records saved whole)."""
+    return UsageError(
+        f"{path}: line {number}: a JSON array, where JSON Lines holds one object per line: write one record per "
+        f"line (jq -c '.[]' {shlex.quote(str(path))} > NEW.jsonl)"
+    )
 
 
 class _TextTwice(ValueError):

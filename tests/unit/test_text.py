@@ -1112,6 +1112,9 @@ def test_a_file_with_cr_line_ends_is_said(tmp_path, capsys):
         ('{"text": "no end\n', "line 2: not valid JSON: a string is not closed before the end of the line"),
         ('{"text": "a\tb"}\n', "line 2: not valid JSON: a raw control character (U+0009) inside a string at column 12"),
         ('{"text": "x" "y"}\n', "line 2: not valid JSON (Expecting ',' delimiter at column 14); fix the record"),
+        # a list of records saved whole, on one line or pretty-printed (trial 26 C10: 'no "text" field')
+        ('[{"text": "a"}, {"text": "b"}]\n', "line 2: a JSON array, where JSON Lines holds one object per line: "),
+        ('[\n  {"text": "a"}\n]\n', "line 2: a JSON array, where JSON Lines holds one object per line: write one "),
     ],
 )
 def test_a_bad_jsonl_record_says_the_line_and_what_to_fix(tmp_path, record, needle):
