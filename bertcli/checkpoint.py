@@ -693,14 +693,14 @@ def read_training_state(path: Path, device: torch.device) -> dict[str, Any]:
         raise DamagedState(f"{file}: cannot load training state ({type(exc).__name__}); the file is damaged") from None
 
 
-def check_same_model(path: Path, cfg: Config, output_dir: Path) -> None:
+def check_same_model(path: Path, cfg: Config, output_dir: Path, *, vocab: bool = True) -> None:
     """Refuse (exit 2) to resume checkpoint `path` as a model other than `cfg`'s (a vocab_size still
-    to come from the tokenizer, null in `cfg`, is not compared). Torch-free: pretrain asks before it
-    imports torch, and again where it resumes."""
+    to come from the tokenizer, null in `cfg`, is not compared; nor any, without `vocab`: the tokenizer's
+    to say). Torch-free: pretrain asks before it imports torch, and again where it resumes."""
     diffs = [
         d
         for d in model_differences(read_config(path), cfg)
-        if not (cfg.model.vocab_size is None and d.startswith("model.vocab_size="))
+        if not ((cfg.model.vocab_size is None or not vocab) and d.startswith("model.vocab_size="))
     ]
     if diffs:
         own = layout.checkpoints_dir(output_dir)

@@ -963,7 +963,10 @@ def _check_pretrain_start(cfg: Config, resume: str) -> None:
             checkpoint.read_config(resumed)
         except (BertcliError, OSError):  # a damaged checkpoint: the trainer says so, and sets it aside
             resumed = None
-    # The tokenizer first: another one's size is a model.vocab_size that differs, whose fix is the tokenizer's.
+    # Another architecture first: no tokenizer makes it resumable (trial 26 C6: the tokenizer's advice led nowhere).
+    # Then the tokenizer: another one's size is a model.vocab_size that differs, whose fix is the tokenizer's.
+    if resumed is not None:
+        checkpoint.check_same_model(resumed, cfg, Path(cfg.output_dir), vocab=False)
     if resumed is not None and unchanged_tokenizer(resumed):  # (an edited one: the trainer sets it aside)
         used = fixed_tokenizer(cfg, resumed)  # (trial 16 U8: refused after torch, 6.2 s)
         if used is not None and used[0] != resumed / layout.TOKENIZER_JSON:

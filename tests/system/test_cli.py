@@ -609,3 +609,28 @@ def test_preparing_another_runs_data_for_other_settings_is_warned(tmp_path, cli,
     ) in result.err, result.err
     again = cli("prepare", "--config", run / "config.yaml", "--quiet")  # the run's own: no warning
     assert again.code == 0 and "is the prepared data of the run" not in again.err, again.err
+
+
+def test_resuming_another_runs_checkpoint_of_another_architecture_says_that_first(tmp_path, cli, trained, small_corpus):
+    """Trial 26 C6: the first refusal was of its tokenizer, whose advice (prepare with the checkpoint's) led
+    to the refusal of its sizes: no tokenizer makes another architecture resumable, so that is said first."""
+    import shutil
+
+    from conftest import text_run
+
+    run = Path(shutil.copytree(trained, tmp_path / "run", ignore=shutil.ignore_patterns("tensorboard")))
+    other = text_run(
+        tmp_path / "other",
+        small_corpus,
+        "data.tokenizer.vocab_size=900",
+        "model.hidden_size=64",
+        "model.intermediate_size=128",
+        "train.eval_every=0",
+    )
+    assert cli("pretrain", "--config", other, "--quiet", "--stop-at", "1").code == 0
+    ckpt = tmp_path / "other" / "checkpoints" / "step-0000001"
+    result = cli("pretrain", "--config", run / "config.yaml", "--resume", ckpt, "--stop-at", "6")
+    assert result.code == 2 and result.err_lines[-1].startswith(
+        f"bertcli: error: cannot resume from {ckpt}: model.hidden_size=64 in the checkpoint vs 32 in the config"
+    ), result.err
+    assert "tokenizer" not in result.err_lines[-1]
