@@ -1021,6 +1021,29 @@ def _say_changes(cfg: Config, plan: _Plan, old: dict[str, Any], why: str | None)
         info(f"prepared data in {plan.folder}: {why}")
 
 
+PREPARED_SHARE = 0.2  # bytes of prepared data per byte of corpus file, at least (English text: 0.5 to 0.6)
+
+
+def _check_room(folder: Path, corpus_bytes: int) -> None:
+    """Refuse (exit 1) to prepare `corpus_bytes` of corpus files (compressed ones at their size: a lower
+    bound) into `folder` where its disk has no room for PREPARED_SHARE of them: it would fill part-way
+    (trial 26 C5: after 25 s of a 44 s prepare; hours in at scale)."""
+    disk = folder
+    while not disk.exists() and disk != disk.parent:  # the disk it will be made on
+        disk = disk.parent
+    try:
+        stat = os.statvfs(disk)
+    except OSError:  # (writing there is refused on its own)
+        return
+    free, need = stat.f_bavail * stat.f_frsize, PREPARED_SHARE * corpus_bytes
+    if free < need:
+        raise RunError(
+            f"{folder}: its disk has {free / 2**20:,.1f} MiB free, and preparing {corpus_bytes / 2**20:,.1f} MiB of "
+            f"corpus takes at least {need / 2**20:,.1f} MiB (about half the text's size for English): free space, "
+            "or set data.prepared_dir to another disk"
+        )
+
+
 def _tokenizer_sha256(tok: Tokenizer) -> str:
     """What the units' keys take of the tokenizer: all of it as used (vocabulary, normaliser, model settings)."""
     return hashlib.sha256(tok.to_str().encode()).hexdigest()
@@ -1134,6 +1157,7 @@ def _fresh(cfg: Config, plan: _Plan, *, guard: Callable[[Path], None], quiet: bo
     sample: dict[str, Any] | None = None  # what trained the vocabulary, for the manifest (None: given tokenizer)
     # Before the tokenizer is trained (seconds to minutes): the units' held-out phases depend on their bytes alone.
     _check_enough_documents(plan_units(files, plan.entries, "", data), data)
+    _check_room(folder, sum(e["bytes"] for e in plan.entries))
     with atomic.folder(folder, guard) as tmp:
         if tok is None:
             chars = scan_characters(read_text(files), data.tokenizer)
@@ -1252,6 +1276,7 @@ def _update(
     )
     (log if problem else info)(line)
     _state = f"the prepared data in {folder} is as it was (units finished are kept for the next prepare)"
+    _check_room(folder, sum(u.bytes for u in todo))
     try:
         records.update(_prepare_units(todo, folder, tok, settings=settings, workers=workers, quiet=quiet))
         _warn_unknown(plan, todo, units, records)

@@ -310,6 +310,35 @@ def test_a_disk_without_room_for_one_checkpoint_is_refused_before_any_step(tmp_p
     assert not (tmp_path / "run" / "data").exists()
 
 
+def test_a_disk_without_room_for_the_prepared_data_is_refused_before_tokenizing(
+    tmp_path, cli, monkeypatch, small_corpus
+):
+    """Trial 26 C5: prepare filled a small disk after 25 s of its 44 (hours in at scale) and lost what it had
+    done. A disk without room for PREPARED_SHARE of the corpus is refused before the corpus is tokenized."""
+    from conftest import text_run
+
+    from bertcli.data import prepare as prepare_module
+
+    config = text_run(tmp_path / "run", small_corpus)
+    block = os.statvfs(tmp_path).f_frsize
+    free = int(prepare_module.PREPARED_SHARE * small_corpus.stat().st_size) // block - 1  # just short of it
+    real = os.statvfs
+
+    def statvfs(path):  # a disk with `free` blocks free
+        got = real(path)
+        return os.statvfs_result((*got[:4], free, *got[5:]))
+
+    monkeypatch.setattr(prepare_module.os, "statvfs", statvfs)
+    result = cli("prepare", "--config", config, "--quiet")
+    assert result.code == 1 and result.err_lines[-1].startswith(
+        f"bertcli: error: {tmp_path / 'run' / 'data'}: its disk has "
+    ), result.err
+    assert "of corpus takes at least" in result.err and "set data.prepared_dir to another disk" in result.err
+    assert not (tmp_path / "run" / "data").exists()
+    monkeypatch.setattr(prepare_module.os, "statvfs", real)  # (the real disk has room)
+    assert cli("prepare", "--config", config, "--quiet").code == 0
+
+
 def test_a_disk_that_fills_while_best_is_written_leaves_the_step_checkpoint(tmp_path, cli, monkeypatch):
     """At a step that is both saved and the best so far, the step checkpoint (what resuming needs) is
     written first: a disk that fills up on `best` still leaves the run resumable from that step."""
