@@ -53,9 +53,9 @@ def load_data(
         prepare(cfg, quiet=quiet, resume_from=resume_from, vocab_check=vocab_check), verify=False
     )  # prepare checked (or wrote) it just now
     return Dataset(
-        prepared.corpus("train"),
-        prepared.corpus("valid"),
-        prepared.vocab_size,
-        [prepared.folder / name for name in TOKENIZER_FILES],
-        prepared.identity,
+        train=prepared.corpus("train"),
+        valid=prepared.corpus("valid"),
+        vocab_size=prepared.vocab_size,
+        tokenizer_files=[prepared.folder / name for name in TOKENIZER_FILES],
+        identity=prepared.identity,
     )

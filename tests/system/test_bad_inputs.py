@@ -947,7 +947,8 @@ CASES = [
         "export-existing-folder",
         lambda d, b: ["export", b["text"], _write(d, "out/notes.txt", "mine").parent],
         2,
-        "pass --force",
+        # (trial 26 C2: "pass --force", which then refused it too)
+        "out holds notes.txt, which is not a file bertcli writes in an export, so bertcli left it untouched",
     ),
     ("export-no-checkpoint", lambda d, b: ["export", d, d / "out"], 2, "no checkpoint here"),
     ("inspect-missing", lambda d, b: ["inspect", d / "nothing"], 2, "no such file or folder"),

@@ -275,6 +275,8 @@ def test_export_force_replaces_only_an_earlier_export(run_copy, cli, tmp_path):
     out = tmp_path / "hf"
     assert cli("export", run_copy, out).code == 0
     assert not_owned(out, layout.EXPORT) is None, "an export is bertcli's own"
+    again = cli("export", run_copy, out)  # an earlier export: --force replaces it
+    assert again.code == 2 and "already exists; pass --force to replace it" in again.err, again.err
     assert cli("export", run_copy, out, "--force").code == 0, "an earlier export is replaced"
     (out / "eval.txt").write_text("scores\n")
     before = snapshot(out)
