@@ -852,11 +852,13 @@ def data_differences(saved: Config, cfg: Config, then: Any, now: dict[str, Any] 
     if not isinstance(then, dict) or now is None or _changes(saved, cfg, ["data.corpus", "data.split_sentences"]):
         return []
     lines = []
-    documents = f" ({then.get('documents', '?'):,} documents then, {now['documents']:,} now)"
     if then.get("index") != now["index"] and not _changes(saved, cfg, ["data.validation_fraction"]):
+        counted = then.get("documents")
+        documents = f"{counted:,}" if isinstance(counted, int) else "?"
         lines.append(
-            f"resuming {where} on a corpus whose text changed since{documents}: the steps from here on train on "
-            "other examples than this run would have, so it is no longer the run it was"
+            f"resuming {where} on a corpus whose files or text changed since ({documents} documents then, "
+            f"{now['documents']:,} now): the steps from here on train on other examples than this run would have, "
+            "so it is no longer the run it was"
         )
     if _other_held_out(then, now) and cfg.train.eval_every > 0 and not _changes(saved, cfg, HELD_OUT_SETTINGS):
         lines.append(
@@ -1279,7 +1281,10 @@ class CheckpointManager:
             try:  # best's own held-out set: a run stopped before its next evaluation kept it (trial 24 S4)
                 other_set = self.best is not None and (
                     held_out_changed(read_config(best), self.cfg)
-                    or _other_held_out(read_trainer_state(best).get(PREPARED_DATA), data_identity)
+                    or (
+                        self.cfg.train.eval_every > 0
+                        and _other_held_out(read_trainer_state(best).get(PREPARED_DATA), data_identity)
+                    )
                 )
             except (BertcliError, OSError):
                 other_set = False

@@ -103,7 +103,9 @@ def _readable(ckpt: Path, damaged: list[str]) -> tuple[dict[str, Any], Config] |
     return found
 
 
-def _training(output_dir: Path, cfg: Config, only: Path | None = None) -> dict[str, Any]:
+def _training(output_dir: Path, cfg: Config, only: Path | None = None, *, with_run: bool = True) -> dict[str, Any]:
+    """The training report of the run in `output_dir`, or of its checkpoint `only`; without `with_run`, its
+    best is not read (a checkpoint out of the run's history: its best is another's)."""
     damaged: list[str] = []  # files that could not be read, and why: the report says so and shows the rest
     ckpts = layout.list_checkpoints(output_dir)
     records, bad_records = read_metrics_checked(output_dir / layout.METRICS)
@@ -129,11 +131,11 @@ def _training(output_dir: Path, cfg: Config, only: Path | None = None) -> dict[s
     # best is checked as the step folders are (trial 26 P8: a cut best was shown as the run's best, and
     # `encode RUN` then refused it)
     seen = len(damaged)
-    best_read = _readable(best, damaged) if layout.is_checkpoint(best) else None
+    best_read = _readable(best, damaged) if with_run and layout.is_checkpoint(best) else None
     best_state, best_damaged = (best_read[0] if best_read else {}), len(damaged) > seen
     report = {
         "last_eval_metrics": last_eval if isinstance(last_eval, dict) else {},
-        "best_checkpoint": str(best) if layout.is_checkpoint(best) else None,
+        "best_checkpoint": str(best) if with_run and layout.is_checkpoint(best) else None,
         "best_damaged": best_damaged,
         # Which step best holds, and its held-out MLM loss: what made it best (trial 25: shown without them).
         "best_step": best_state.get("step"),
@@ -191,18 +193,11 @@ def _inspect_path(path: Path) -> dict[str, Any]:
         kind, cfg = "config", resolve.load_run(path, adopt_init_from=False)
     elif found.kind is Kind.CHECKPOINT:
         kind, cfg = "checkpoint", _checkpoint_config(path)
-        training = _training(path.parent.parent, cfg, only=path)
         note = checkpoint.set_aside_note(path)  # (trial 26 P2: shown with the run's best and steps, as one of them)
-        if note or path.resolve().parent.name != layout.CHECKPOINTS:  # out of its run's history: none of it shown
-            training |= {
-                "output_dir": None,
-                "checkpoints": None,
-                "best_checkpoint": None,
-                "best_step": None,
-                "best_mlm_loss": None,
-                "best_damaged": False,
-                "set_aside": [],
-            }
+        apart = note is not None or path.resolve().parent.name != layout.CHECKPOINTS  # out of its run's history
+        training = _training(path.parent.parent, cfg, only=path, with_run=not apart)
+        if apart:  # none of the run's own is shown
+            training |= {"output_dir": None, "checkpoints": None, "set_aside": []}
         try:  # its sizes are the weights' (damage of the file is reported as the rest is: trial 16 P8)
             hf_import.check_weights(path, cfg.model)
         except UsageError as exc:
@@ -358,19 +353,19 @@ def data_report(folder: Path, examples: int = 512) -> dict[str, Any]:
     """Statistics of prepared data, and one decoded example pair with its masked positions marked."""
     prepared = load_prepared(folder)
     m = prepared.manifest
+    source = f"the config at {folder.parent / layout.RUN_CONFIG}"
     try:  # the run config that owns this folder gives the sequence length and masking settings
         cfg = resolve.load_run(folder.parent / layout.RUN_CONFIG, adopt_init_from=False)
     except UsageError:
-        cfg = Config()
+        cfg, source = Config(), "the default config"  # (no run's config beside the folder)
     train = prepared.corpus("train")
     lengths = np.diff(np.asarray(train.seg_offsets))
     note = None
     if cfg.data.pairs and train.num_documents < 2:  # no NSP pairs: a run on it sets data.pairs false (trial 26 U1)
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, pairs=False))
         note = (
-            f"one training document makes no NSP pairs: shown as with data.pairs false (the config at "
-            f"{folder.parent / layout.RUN_CONFIG} says true; training on this data needs data.pairs: false and "
-            "train.nsp_weight: 0)"
+            f"one training document makes no NSP pairs: shown as with data.pairs false ({source} says true; "
+            "training on this data needs data.pairs: false and train.nsp_weight: 0)"
         )
     builder = ExampleBuilder(train, cfg.data, examples)
     rows = [builder.example(cfg.train.seed, 0, i, stream=2) for i in range(examples)]  # a stream of its own

@@ -507,6 +507,7 @@ def fit(run: Run, last_step: int, stopper: StopOnSignal, quiet: bool) -> dict[st
     )
     metrics: dict[str, float] = {}
     tokens_seen, run_start = run.progress.tokens_seen, time.perf_counter()
+    timed = run_start  # the end of the last step timed for _say_pace (this process's first two)
     if rt.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(rt.device)
     batches = _train_batches(run, first_step=step, last_step=last_step)
@@ -519,9 +520,12 @@ def fit(run: Run, last_step: int, stopper: StopOnSignal, quiet: bool) -> dict[st
                 logger.advance()
             # Every process reaches the blocks below at the same steps: their collectives match.
             at_log = step % cfg.logging.log_every == 0 or step == last_step
-            if step == run.progress.step + 1 and not at_log:
-                float(grad_norm)  # the step done on the device: its time is measured (once)
-                _say_pace(time.perf_counter() - run_start, step, last_step, cfg.logging.log_every)
+            if step <= run.progress.step + 2 and not at_log:
+                float(grad_norm)  # the step done on the device: its time is measured (twice)
+                seconds, timed = time.perf_counter() - timed, time.perf_counter()
+                _say_pace(
+                    seconds, step, last_step, log_every=cfg.logging.log_every, first=step == run.progress.step + 1
+                )
             saving = checkpointer.due(step, last_step)
             evaluating = bool(run.eval_batches) and (step % tc.eval_every == 0 or step == last_step)
             if at_log or saving or evaluating or rt.device.type == "cpu":
@@ -583,18 +587,23 @@ def _about(seconds: float) -> str:
     return f"{seconds:.0f} s"
 
 
-def _say_pace(first_s: float, step: int, last_step: int, log_every: int) -> None:
-    """After a process's first step, where the first figures are more than PACE_NOTE_S away: when they come,
-    and the end (trial 25: a large model on a CPU took 9 min a step, and nothing was said before step log_every)."""
+def _say_pace(seconds: float, step: int, last_step: int, *, log_every: int, first: bool) -> None:
+    """After a process's first two steps (`seconds` each), where the first figures are more than PACE_NOTE_S
+    away at that pace (trial 25: a large model on a CPU took 9 min a step, and nothing was said before step
+    log_every): the first step's time (start-up and compilation included: no pace to project), then, from the
+    second, when the first figures come and the run ends."""
     next_log = min(last_step, (step // log_every + 1) * log_every)
-    if (next_log - step) * first_s <= PACE_NOTE_S:
+    if (next_log - step) * seconds <= PACE_NOTE_S:
         return
-    end = f"step {last_step:,}, the last, in about {_about((last_step - step) * first_s)}"
+    if first:
+        info(f"step {step} took {_about(seconds)} (start-up included); the pace follows after the next")
+        return
+    end = f"step {last_step:,}, the last, in about {_about((last_step - step) * seconds)}"
     if next_log < last_step:
-        end = f"step {next_log:,} in about {_about((next_log - step) * first_s)}, and {end}"
+        end = f"step {next_log:,} in about {_about((next_log - step) * seconds)}, and {end}"
     info(
-        f"step {step} took {_about(first_s)} (start-up included): at this pace the first figures come at {end}; "
-        "logging.log_every sets how often figures come"
+        f"step {step} took {_about(seconds)}: at this pace the first figures come at {end}; logging.log_every sets "
+        "how often figures come"
     )
 
 

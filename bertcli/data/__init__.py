@@ -24,9 +24,9 @@ class Dataset:
     valid: Corpus | None
     vocab_size: int
     tokenizer_files: list[Path]  # copied into every checkpoint (none for the synthetic corpus)
-    identity: dict[str, Any] | None = (
-        None  # prepared data's (PreparedData.identity); the synthetic corpus's: its settings
-    )
+    # What the examples come from, as checkpoints record it (PreparedData.identity); None for the synthetic
+    # corpus, which its settings say.
+    identity: dict[str, Any] | None = None
 
 
 def load_data(

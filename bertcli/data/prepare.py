@@ -1082,7 +1082,9 @@ def stands_in(cfg: Config) -> bool:
     data.prepared_dir holds data prepared from it, which then stands in for it if it is of this config's
     settings and whole (_stand_in; trial 26 U2: a run could not train on its prepared data alone)."""
     path = corpus_path(cfg)
-    if cfg.data.corpus == "synthetic" or path.exists() or path.is_symlink():
+    if cfg.data.corpus == "synthetic" or path.is_symlink():
+        return False
+    if path.exists() and not (path.is_dir() and not any(path.iterdir())):  # (an unmounted mount point: empty)
         return False
     manifest, _ = read_manifest(Path(cfg.data.prepared_dir))
     source = manifest["corpus"].get("source") if manifest is not None else None
@@ -1096,6 +1098,8 @@ def _stand_in(cfg: Config, plan: _Plan, old: dict[str, Any]) -> Path:
     why = _tokenizer_changed(old, plan, data, folder)
     if why is None and (changed := _unit_setting_changes(old, data)):
         why = f"was prepared with other settings ({'; '.join(changed)})"
+    if why is None and old.get("unit_bytes") != UNIT_BYTES:  # its units are cut otherwise: not this plan's
+        why = "was prepared by another version of bertcli (in units of another size)"
     if why is None:
         tok = read_tokenizer_json(folder / layout.TOKENIZER_JSON)
         if _index_digest(plan_units(plan.files, plan.entries, _tokenizer_sha256(tok), data)) != old["index"]:
@@ -1320,9 +1324,11 @@ def _warn_unknown(plan: _Plan, todo: list[Unit], units: list[Unit], records: dic
 
     new, _ = unknown(todo)
     rest, rest_tokens = unknown([u for u in {u.key: u for u in units}.values() if u not in todo])
-    if new <= UNKNOWN_SHARE or (rest_tokens and new <= 5 * rest):
+    if new <= UNKNOWN_SHARE or not rest_tokens or new <= 5 * rest:  # (every unit redone: nothing to compare with)
         return
     worst = max(todo, key=lambda u: unknown([u])[0])
+    files = sorted({str(part.path) for part in worst.parts})  # a unit of small files holds several
+    where = files[0] + (f" (and {len(files) - 1} file(s) prepared with it)" if len(files) > 1 else "")
     remedy = (
         "give a tokenizer that has them (data.tokenizer.path)"
         if plan.given_sha256 is not None
@@ -1332,7 +1338,7 @@ def _warn_unknown(plan: _Plan, todo: list[Unit], units: list[Unit], records: dic
     )
     log(
         f"warning: {100 * new:.1f}% of the tokens prepared now are [UNK] ({100 * rest:.2f}% of the others), the most "
-        f"in {worst.parts[0].path} ({100 * unknown([worst])[0]:.0f}%): the tokenizer kept lacks their characters; "
+        f"in {where} ({100 * unknown([worst])[0]:.0f}%): the tokenizer kept lacks their characters; "
         f"{remedy}"
     )
 

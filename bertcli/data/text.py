@@ -235,6 +235,10 @@ def check_text_name(path: Path) -> None:
         if suffix == ".json"
         else 'convert it: one JSON line {"text": ...} per document (a .jsonl file), or plain text (.txt)'
         if suffix in (".csv", ".tsv", ".parquet", ".arrow", ".xlsx", ".xls")
+        else "extract its files into a folder and give the folder"
+        if suffix in (".zip", ".tar")
+        else "decompress it (zstd -d), or compress it as .gz, .bz2 or .xz, which prepare reads"
+        if suffix == ".zst"
         else "extract its text into a .txt file (a blank line ends a document)"
     )
     raise UsageError(

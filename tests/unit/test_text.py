@@ -565,7 +565,7 @@ def test_a_resume_on_a_changed_corpus_says_so_and_replaces_best(tmp_path, small_
     changed = cli("pretrain", "--config", config, "--stop-at", "8")
     assert changed.code == 0, changed.err
     assert (
-        f"resuming step-0000007 on a corpus whose text changed since ({then} documents then, {then + 1} now): the "
+        f"resuming step-0000007 on a corpus whose files or text changed since ({then} documents then, {then + 1} now): the "
         "steps from here on train on other examples than this run would have, so it is no longer the run it was"
     ) in changed.err_lines, changed.err
     assert any(
@@ -608,6 +608,9 @@ def test_prepared_data_stands_in_for_a_corpus_that_is_not_there(tmp_path, small_
     ), other.err
     forced = cli("prepare", "--config", config, "--force")
     assert forced.code == 2 and f"{corpus}: corpus not found" in forced.err, forced.err
+    corpus.mkdir()  # an empty folder where it was, as an unmounted mount point leaves
+    assert cli("pretrain", "--config", config, "--quiet", "--stop-at", "4").code == 0
+    corpus.rmdir()
     unit = next((data / "units").iterdir()) / "train" / "tokens.bin"
     unit.write_bytes(unit.read_bytes()[:-2])  # cut
     damaged = cli("prepare", "--config", config)
@@ -1107,6 +1110,29 @@ def test_a_file_with_cr_line_ends_is_said(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(
+    "name, needle",
+    [
+        ("rows.csv", "a CSV file, and the corpus is plain text"),
+        ("docs.jsonl.zst", "a zstd file, and the corpus is plain text"),
+        ("books.zip", "a zip file, and the corpus is plain text"),
+        ("notes.TXT", None),  # any other name is read as text
+        ("corpus", None),
+    ],
+)
+def test_a_corpus_file_named_as_a_data_format_is_refused_with_what_to_do(tmp_path, name, needle):
+    from bertcli.data.text import check_text_name
+
+    if needle is None:
+        check_text_name(tmp_path / name)
+        return
+    with pytest.raises(UsageError) as info:
+        check_text_name(tmp_path / name)
+    assert needle in str(info.value)
+    fix = {"rows.csv": 'one JSON line {"text": ...} per document', "docs.jsonl.zst": "decompress it (zstd -d)"}
+    assert fix.get(name, "extract its files into a folder") in str(info.value)
+
+
+@pytest.mark.parametrize(
     "record, needle",
     [
         ('{"text": "no end\n', "line 2: not valid JSON: a string is not closed before the end of the line"),
@@ -1227,6 +1253,8 @@ def test_text_in_characters_the_kept_tokenizer_lacks_is_warned(tmp_path, units_c
         r"trains a new tokenizer on the whole corpus",
         warning[0],
     ), err
+    prepare(load_run(_run(tmp_path / "run", folder, "data.validation_fraction=0.2")), quiet=True)  # every unit again
+    assert "[UNK]" not in capsys.readouterr().err, "none kept to compare with: no warning"
 
 
 def test_one_and_two_workers_write_the_same_prepared_folder(tmp_path, units_corpus):
