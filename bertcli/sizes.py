@@ -159,21 +159,26 @@ def check_memory(model: ModelConfig, where: Placement, parallel: str) -> None:
             )
 
 
+def free_bytes(folder: Path) -> int | None:
+    """Free bytes of the disk `folder` is (or will be made) on; None where that cannot be read (writing
+    there is then refused on its own)."""
+    while not folder.exists() and folder != folder.parent:  # the disk it will be made on
+        folder = folder.parent
+    try:
+        stat = os.statvfs(folder)
+    except OSError:
+        return None
+    return stat.f_bavail * stat.f_frsize
+
+
 def check_disk(model: ModelConfig, output_dir: Path) -> None:
     """Refuse (exit 1) a run whose output disk has no room for one checkpoint (its fp32 weights and
     AdamW's two moments, CHECKPOINT_BYTES_PER_PARAMETER a parameter; the tokenizer on top): every
     step before the first save would be trained for nothing (trial 17 U3: the run failed at its first
     save, after save_every steps). With vocab_size null the size is a lower bound; `pretrain` asks
     before the data, and again once the tokenizer is known."""
-    folder = Path(output_dir)
-    while not folder.exists() and folder != folder.parent:  # the disk it will be made on
-        folder = folder.parent
-    try:
-        stat = os.statvfs(folder)
-    except OSError:  # (writing there is refused on its own)
-        return
-    free, need = stat.f_bavail * stat.f_frsize, CHECKPOINT_BYTES_PER_PARAMETER * parameter_count(model)
-    if free < need:
+    free, need = free_bytes(Path(output_dir)), CHECKPOINT_BYTES_PER_PARAMETER * parameter_count(model)
+    if free is not None and free < need:
         raise RunError(
             f"{output_dir}: its disk has {free / 2**20:,.1f} MiB free, and one checkpoint of this model takes about "
             f"{need / 2**20:,.1f} MiB (fp32 weights and AdamW's state): free space, or set output_dir to another disk"

@@ -124,6 +124,7 @@ from bertcli.layout import (
     UNITS,
 )
 from bertcli.runlock import PreparedLock
+from bertcli.sizes import free_bytes
 
 # ---------------------------------------------------------------- the prepared folder's layout
 # 5: sentences keep the closing quotes and brackets after their end (4 dropped them).
@@ -1028,15 +1029,8 @@ def _check_room(folder: Path, corpus_bytes: int) -> None:
     """Refuse (exit 1) to prepare `corpus_bytes` of corpus files (compressed ones at their size: a lower
     bound) into `folder` where its disk has no room for PREPARED_SHARE of them: it would fill part-way
     (trial 26 C5: after 25 s of a 44 s prepare; hours in at scale)."""
-    disk = folder
-    while not disk.exists() and disk != disk.parent:  # the disk it will be made on
-        disk = disk.parent
-    try:
-        stat = os.statvfs(disk)
-    except OSError:  # (writing there is refused on its own)
-        return
-    free, need = stat.f_bavail * stat.f_frsize, PREPARED_SHARE * corpus_bytes
-    if free < need:
+    free, need = free_bytes(folder), PREPARED_SHARE * corpus_bytes
+    if free is not None and free < need:
         raise RunError(
             f"{folder}: its disk has {free / 2**20:,.1f} MiB free, and preparing {corpus_bytes / 2**20:,.1f} MiB of "
             f"corpus takes at least {need / 2**20:,.1f} MiB (about half the text's size for English): free space, "

@@ -28,6 +28,18 @@ def start(config):
     )
 
 
+def _disk_with_free_blocks(monkeypatch, free: int):
+    """os.statvfs, for the rest of the test, says every disk has `free` blocks free; returns the real one."""
+    real = os.statvfs
+
+    def statvfs(path):
+        got = real(path)
+        return os.statvfs_result((*got[:4], free, *got[5:]))
+
+    monkeypatch.setattr(os, "statvfs", statvfs)
+    return real
+
+
 def wait_for(path, proc, seconds=120):
     deadline = time.time() + seconds
     while not path.exists():
@@ -292,13 +304,7 @@ def test_a_disk_without_room_for_one_checkpoint_is_refused_before_any_step(tmp_p
             * sizes.parameter_count(dataclasses.replace(model, vocab_size=None))
             // block
         )
-    real = os.statvfs
-
-    def statvfs(path):  # a disk with `free` blocks free
-        got = real(path)
-        return os.statvfs_result((*got[:4], free, *got[5:]))
-
-    monkeypatch.setattr(sizes.os, "statvfs", statvfs)
+    _disk_with_free_blocks(monkeypatch, free)
     result = cli("pretrain", "--config", config, "--quiet")
     errors = [line for line in result.err_lines if not line.startswith("warning:")]  # (the NSP warning of sample)
     assert result.code == 1 and len(errors) == 1, result.err
@@ -322,20 +328,14 @@ def test_a_disk_without_room_for_the_prepared_data_is_refused_before_tokenizing(
     config = text_run(tmp_path / "run", small_corpus)
     block = os.statvfs(tmp_path).f_frsize
     free = int(prepare_module.PREPARED_SHARE * small_corpus.stat().st_size) // block - 1  # just short of it
-    real = os.statvfs
-
-    def statvfs(path):  # a disk with `free` blocks free
-        got = real(path)
-        return os.statvfs_result((*got[:4], free, *got[5:]))
-
-    monkeypatch.setattr(prepare_module.os, "statvfs", statvfs)
+    real = _disk_with_free_blocks(monkeypatch, free)
     result = cli("prepare", "--config", config, "--quiet")
     assert result.code == 1 and result.err_lines[-1].startswith(
         f"bertcli: error: {tmp_path / 'run' / 'data'}: its disk has "
     ), result.err
     assert "of corpus takes at least" in result.err and "set data.prepared_dir to another disk" in result.err
     assert not (tmp_path / "run" / "data").exists()
-    monkeypatch.setattr(prepare_module.os, "statvfs", real)  # (the real disk has room)
+    monkeypatch.setattr(os, "statvfs", real)  # (the real disk has room)
     assert cli("prepare", "--config", config, "--quiet").code == 0
 
 
