@@ -1277,7 +1277,7 @@ def _update(
     _check_room(folder, sum(u.bytes for u in todo))
     try:
         records.update(_prepare_units(todo, folder, tok, settings=settings, workers=workers, quiet=quiet))
-        _warn_unknown(plan, todo, units, records)
+        _warn_unknown(plan, todo, units, records, old=old)
         manifest = _manifest(
             cfg,
             plan,
@@ -1307,10 +1307,13 @@ def _update(
 UNKNOWN_SHARE = 0.01  # [UNK] in the units an update prepares beyond this share, and 5x the rest's, is warned of
 
 
-def _warn_unknown(plan: _Plan, todo: list[Unit], units: list[Unit], records: dict[str, dict[str, Any]]) -> None:
-    """Warn where the units an update prepared are far more [UNK] than the rest: text in characters the kept
-    tokenizer lacks (trial 26 P7: a file of Chinese added to an English corpus, nearly all [UNK], showed only
-    as 'unknown 1.55%' over the whole corpus)."""
+def _warn_unknown(
+    plan: _Plan, todo: list[Unit], units: list[Unit], records: dict[str, dict[str, Any]], *, old: dict[str, Any]
+) -> None:
+    """Warn where the units an update prepared are far more [UNK] than the units kept, or than the data
+    before it (`old`'s manifest) where none was kept: text in characters the kept tokenizer lacks (trial 26
+    P7: a file of Chinese added to an English corpus, nearly all [UNK], showed only as 'unknown 1.55%' over
+    the whole corpus; trial 27 P4: in a corpus of one unit, every update redoes it all)."""
 
     def unknown(group: list[Unit]) -> tuple[float, int]:
         tokens = sum(records[u.key]["splits"][split]["tokens"] for u in group for split in SPLITS)
@@ -1318,7 +1321,12 @@ def _warn_unknown(plan: _Plan, todo: list[Unit], units: list[Unit], records: dic
 
     new, _ = unknown(todo)
     rest, rest_tokens = unknown([u for u in {u.key: u for u in units}.values() if u not in todo])
-    if new <= UNKNOWN_SHARE or not rest_tokens or new <= 5 * rest:  # (every unit redone: nothing to compare with)
+    than = "of the others"
+    if not rest_tokens:  # every unit redone: compared with the data as it was
+        splits = old["splits"]
+        rest = old.get("unknown_tokens", 0) / max(splits["train"]["tokens"] + splits["valid"]["tokens"], 1)
+        than = "before this update"
+    if new <= UNKNOWN_SHARE or new <= 5 * rest:
         return
     worst = max(todo, key=lambda u: unknown([u])[0])
     files = sorted({str(part.path) for part in worst.parts})  # a unit of small files holds several
@@ -1331,7 +1339,7 @@ def _warn_unknown(plan: _Plan, todo: list[Unit], units: list[Unit], records: dic
         else "prepare --force trains a new tokenizer on the whole corpus"
     )
     log(
-        f"warning: {100 * new:.1f}% of the tokens prepared now are [UNK] ({100 * rest:.2f}% of the others), the most "
+        f"warning: {100 * new:.1f}% of the tokens prepared now are [UNK] ({100 * rest:.2f}% {than}), the most "
         f"in {where} ({100 * unknown([worst])[0]:.0f}%): the tokenizer kept lacks their characters; "
         f"{remedy}"
     )
