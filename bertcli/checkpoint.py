@@ -604,7 +604,7 @@ def file_change(path: Path, names: tuple[str, ...] = HASHED) -> tuple[str, str] 
         if name in recorded and sha256_of(own_file(Path(path) / name)) != recorded[name]:
             return name, (
                 f"changed since the checkpoint was written (its SHA-256 is not the one {layout.TRAINER_STATE} "
-                "records: a flipped bit, or an edit)"
+                "records: cut short, a flipped bit, or an edit)"
             )
     return None
 

@@ -191,7 +191,7 @@ def _refuse_damaged_best(best: Path, exc: UsageError, steps: tuple[tuple[int, Pa
         )
         if intact is not None:
             newest = "its newest" if intact == steps[-1][1] else "its newest intact"
-            raise UsageError(f"{exc} (the run's best; {newest} checkpoint is {intact}: pass that)") from None
+            raise UsageError(f"{exc} (that is the run's best: pass {newest} checkpoint, {intact}, instead)") from None
 
 
 def export(source: Path, out_dir: Path, force: bool = False) -> Path:

@@ -131,8 +131,9 @@ def _training(output_dir: Path, cfg: Config, only: Path | None = None, *, with_r
     # best is checked as the step folders are (trial 26 P8: a cut best was shown as the run's best, and
     # `encode RUN` then refused it)
     seen = len(damaged)
-    best_read = _readable(best, damaged) if with_run and layout.is_checkpoint(best) else None
-    best_state, best_damaged = (best_read[0] if best_read else {}), len(damaged) > seen
+    itself = only is not None and Path(only).resolve() == best.resolve()  # (inspect of best: read above once)
+    best_read = _readable(best, damaged) if with_run and not itself and layout.is_checkpoint(best) else None
+    best_state, best_damaged = (best_read[0] if best_read else state if itself else {}), len(damaged) > seen
     report = {
         "last_eval_metrics": last_eval if isinstance(last_eval, dict) else {},
         "best_checkpoint": str(best) if with_run and layout.is_checkpoint(best) else None,

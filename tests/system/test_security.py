@@ -342,8 +342,8 @@ def test_a_checkpoint_encode_or_export_cannot_use_is_refused_before_torch_loads(
         (best / "model.safetensors").write_bytes(bytes(weights))
         needle = (
             f"{best / 'model.safetensors'}: changed since the checkpoint was written (its SHA-256 is not the one "
-            f"trainer_state.json records: a flipped bit, or an edit); the file is damaged: use another checkpoint "
-            f"(the run's best; its newest checkpoint is {ckpt}: pass that)"
+            f"trainer_state.json records: cut short, a flipped bit, or an edit); the file is damaged: use another checkpoint "
+            f"(that is the run's best: pass its newest checkpoint, {ckpt}, instead)"
         )
         args = ("export", run, "out")
     else:
@@ -376,7 +376,7 @@ def test_resume_of_a_checkpoint_whose_files_changed_is_refused_before_torch_load
     assert out == ["1", "False"], (out, err)
     assert err.splitlines() == [
         f"bertcli: error: {ckpt} is damaged (training_state.pt: changed since the checkpoint was written (its SHA-256 "
-        "is not the one trainer_state.json records: a flipped bit, or an edit)): resume from another checkpoint "
+        "is not the one trainer_state.json records: cut short, a flipped bit, or an edit)): resume from another checkpoint "
         "(--resume PATH) or start in a new output_dir"
     ], err
 

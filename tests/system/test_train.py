@@ -1110,7 +1110,9 @@ def test_a_damaged_best_is_named_by_inspect_and_the_intact_checkpoint_by_export(
     assert re.search(rf"\n  best checkpoint +{re.escape(str(best))} \(step 8, damaged: see below\)\n", text), text
     assert f"  {best / 'model.safetensors'}: changed since the checkpoint was written" in text, text
     assert json.loads(cli("inspect", run, "--json").out)["training"]["best_damaged"] is True
+    alone = cli("inspect", best).out  # (trial 27 P5: its damage was listed twice, as the checkpoint and as best)
+    assert alone.count(f"{best / 'model.safetensors'}: changed since the checkpoint was written") == 1, alone
     result = cli("export", run, tmp_path / "out")
     assert result.code == 2 and result.err.rstrip().endswith(
-        f"(the run's best; its newest intact checkpoint is {root / 'step-0000004'}: pass that)"
+        f"(that is the run's best: pass its newest intact checkpoint, {root / 'step-0000004'}, instead)"
     ), result.err
