@@ -65,7 +65,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
@@ -1270,7 +1269,7 @@ def _update(
         problem=problem,
         settings=_unit_setting_changes(old, data),
         same_contents={u.content for u in units} == _old_contents(old),
-        files=([_entry_digest(e) for e in old["corpus"]["files"]], [_entry_digest(e) for e in plan.entries]),
+        files=_file_changes(old["corpus"]["files"], plan.entries, root=corpus_path(cfg)),
     )
     (log if problem else info)(line)
     _state = f"the prepared data in {folder} is as it was (units finished are kept for the next prepare)"
@@ -1371,32 +1370,28 @@ def _update_line(
     problem: str | None,
     settings: list[str],
     same_contents: bool,
-    files: tuple[list[str], list[str]],
+    files: str,
 ) -> str:
     """What `_update` says it does: why the folder is not up to date (`settings` that every unit
     depends on changed, the corpus changed, or `problem`: damage found), which tokenizer it keeps,
-    and how much it prepares. `files`: the corpus files' contents (_entry_digest) then and now."""
+    and how much it prepares. `files`: the corpus files changed, in words (_file_changes)."""
     changes = [
         f"{n} {word}"
         for n, word in ((len(new_keys - old_keys), "new or changed"), (len(old_keys - new_keys), "gone"))
         if n
     ]
+    named = f"files {files}; " if files else ""  # (trial 27 P2: no file was named)
     if settings and changes and same_contents:  # (trial 21 P7: a changed validation_fraction was "the corpus changed")
         why = f": the settings of every unit changed ({'; '.join(settings)})"
     elif changes:  # (trial 26 C8: the settings went unsaid where the corpus changed too)
         also = f"; and the settings of every unit ({'; '.join(settings)})" if settings else ""
-        why = f": the corpus changed (units of it {', '.join(changes)}){also}"
+        why = f": the corpus changed ({named}units of it {', '.join(changes)}){also}"
     elif problem:
         why = f" is damaged ({problem})"
-    elif Counter(files[0]) != Counter(files[1]):  # (trial 26 P5: a copy added or removed was "renamed?")
-        then, now = Counter(files[0]), Counter(files[1])
-        counts = ((sum((now - then).values()), "added"), (sum((then - now).values()), "gone"))
-        why = (
-            f": the corpus changed (files {', '.join(f'{n} {word}' for n, word in counts if n)}, each the same "
-            "bytes as a file kept, or empty)"
-        )
+    elif files:  # no unit to prepare: a copy added or removed, a file renamed (trial 26 P5: "renamed?")
+        why = f": the corpus changed (files {files})"
     else:
-        why = ": the corpus changed (its files are in another order: renamed?)"
+        why = ": the corpus changed (its files are in another order)"
     with_tok = (
         "the tokenizer of data.tokenizer.path"
         if plan.given_sha256 is not None
@@ -1412,6 +1407,38 @@ def _update_line(
         else "writing a new index"
     )
     return f"prepared data in {plan.folder}{why}: {work}"
+
+
+def _file_changes(then: list[dict[str, Any]], now: list[dict[str, Any]], *, root: Path) -> str:
+    """The corpus files changed between two prepares (their entries), in words, two of each kind named
+    (relative to the corpus folder `root`): '1 changed (part05.txt), 1 added (new.txt)'; '' where none is."""
+    old = {e.get("path"): _entry_digest(e) for e in then}
+    new = {e.get("path"): _entry_digest(e) for e in now}
+    added = [p for p in new if p not in old]
+    gone = [p for p in old if p not in new]
+    renamed = []  # a file gone and one added with its bytes: renamed (or moved)
+    for path in list(added):
+        twin = next((g for g in gone if old[g] == new[path]), None)
+        if twin is not None:
+            renamed.append(f"{_short(twin, root)} -> {_short(path, root)}")
+            added.remove(path)
+            gone.remove(twin)
+    kinds = (
+        ("changed", [_short(p, root) for p in new if p in old and old[p] != new[p]]),
+        ("added", [_short(p, root) for p in added]),
+        ("gone", [_short(p, root) for p in gone]),
+        ("renamed", renamed),
+    )
+    return ", ".join(
+        f"{len(names)} {word} ({', '.join(names[:2])}{', ...' if len(names) > 2 else ''})"
+        for word, names in kinds
+        if names
+    )
+
+
+def _short(path: Any, root: Path) -> str:
+    """A corpus file's path as said: relative to the corpus folder."""
+    return os.path.relpath(str(path), root) if root.is_dir() else Path(str(path)).name
 
 
 def _stray_record(folder: Path, key: str) -> dict[str, Any] | None:

@@ -1374,13 +1374,14 @@ def test_a_changed_setting_of_every_unit_is_named_not_called_a_corpus_change(tmp
     (folder / "a.txt").write_text((folder / "a.txt").read_text() + "\n\nA new document here.\n")
     prepare(load_run(config), quiet=True)  # the setting back, and a file changed: the corpus is said
     err = capsys.readouterr().err
-    assert "the corpus changed (units of it" in err, err
+    assert "the corpus changed (files 1 changed (a.txt); units of it" in err, err  # (trial 27 P2: none named)
     assert "the settings of every unit" in err, "(the setting went back too)"
     (folder / "a.txt").write_text((folder / "a.txt").read_text() + "\n\nOne more document.\n")
     prepare(load_run(config, ["data.validation_fraction=0.2"]), quiet=True)  # both: both said (trial 26 C8)
     err = capsys.readouterr().err
     assert re.search(
-        r"the corpus changed \(units of it [^)]*\); and the settings of every unit \(data.validation_fraction 0.25 "
+        r"the corpus changed \(files 1 changed \(a.txt\); units of it [^)]*\); and the settings of every unit "
+        r"\(data.validation_fraction 0.25 "
         r"then, 0.2 now\): preparing",
         err,
     ), err
@@ -1395,18 +1396,18 @@ def test_renaming_files_writes_only_a_new_index(tmp_path, units_corpus, capsys):
     capsys.readouterr()
     prepare(cfg, quiet=True)
     err = capsys.readouterr().err
-    assert "the corpus changed (its files are in another order: renamed?): writing a new index" in err, err
+    assert "the corpus changed (files 1 renamed (a.txt -> d.txt)): writing a new index" in err, err
     assert _stamps(data) == before
     assert load_prepared(data).manifest["units"][-1]["pieces"][0][0] == 2, "d.txt's units come last in the index"
     # A copy of a file added, then removed: no unit to prepare, and said as such (trial 26 P5: "renamed?")
     shutil.copy(folder / "b.txt", folder / "b copy.txt")
     prepare(cfg, quiet=True)
     err = capsys.readouterr().err
-    assert "the corpus changed (files 1 added, each the same bytes as a file kept, or empty): writing" in err, err
+    assert "the corpus changed (files 1 added (b copy.txt)): writing a new index" in err, err
     (folder / "b copy.txt").unlink()
     prepare(cfg, quiet=True)
     err = capsys.readouterr().err
-    assert "the corpus changed (files 1 gone, each the same bytes as a file kept, or empty): writing" in err, err
+    assert "the corpus changed (files 1 gone (b copy.txt)): writing a new index" in err, err
     assert _stamps(data) == before
 
 
