@@ -1544,11 +1544,12 @@ def _report(folder: Path, manifest: dict[str, Any], cfg: Config, done: str) -> N
     )
     seconds, prepared = manifest["seconds"], manifest["prepared_tokens"]
     part = f" for the {prepared:,} tokens of the changed units" if prepared < total_tokens else ""
+    rate = f", {manifest['tokens_per_s']:,.0f} tokens/s" if prepared else ", no unit to tokenize"
     info(
         f"{done}: {t['documents'] + v['documents']:,} documents ({v['documents']:,} held out), "
         f"{t['segments'] + v['segments']:,} sentences, {total_tokens:,} tokens, vocabulary "
         f"{manifest['tokenizer']['vocab_size']:,}, unknown {100 * manifest['unknown_tokens'] / max(total_tokens, 1):.2f}%"
-        f"{pairs}; {seconds:.1f} s{part}, {manifest['tokens_per_s']:,.0f} tokens/s"
+        f"{pairs}; {seconds:.1f} s{part if prepared else ''}{rate}"
     )
 
 

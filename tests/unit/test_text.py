@@ -1489,7 +1489,7 @@ def test_units_a_stopped_prepare_finished_are_reused(tmp_path, units_corpus, cap
     capsys.readouterr()
     prepare(cfg, quiet=True)
     err = capsys.readouterr().err
-    assert f"(units of it {len(finished)} new or changed): writing a new index" in err, err
+    assert f"(files 1 added (e.txt); units of it {len(finished)} new or changed): writing a new index" in err, err
     assert {rel: stamp for rel, stamp in _stamps(data).items() if rel in before} == before
     load_prepared(data)
 
