@@ -520,12 +520,10 @@ def fit(run: Run, last_step: int, stopper: StopOnSignal, quiet: bool) -> dict[st
                 logger.advance()
             # Every process reaches the blocks below at the same steps: their collectives match.
             at_log = step % cfg.logging.log_every == 0 or step == last_step
-            if step <= run.progress.step + 2 and not at_log:
+            if step <= run.progress.step + 2:
                 float(grad_norm)  # the step done on the device: its time is measured (twice)
                 seconds, timed = time.perf_counter() - timed, time.perf_counter()
-                _say_pace(
-                    seconds, step, last_step, log_every=cfg.logging.log_every, first=step == run.progress.step + 1
-                )
+                _say_pace(seconds, step, last_step, cfg=cfg, first=step == run.progress.step + 1)
             saving = checkpointer.due(step, last_step)
             evaluating = bool(run.eval_batches) and (step % tc.eval_every == 0 or step == last_step)
             if at_log or saving or evaluating or rt.device.type == "cpu":
@@ -577,6 +575,7 @@ def fit(run: Run, last_step: int, stopper: StopOnSignal, quiet: bool) -> dict[st
 
 
 PACE_NOTE_S = 60.0  # a first log line further away than this is announced after the first step
+PACE_RUN_S = 86400.0  # and train.max_steps further away than this after the second
 
 
 def _about(seconds: float) -> str:
@@ -587,23 +586,31 @@ def _about(seconds: float) -> str:
     return f"{seconds:.0f} s"
 
 
-def _say_pace(seconds: float, step: int, last_step: int, *, log_every: int, first: bool) -> None:
-    """After a process's first two steps (`seconds` each), where the first figures are more than PACE_NOTE_S
-    away at that pace (trial 25: a large model on a CPU took 9 min a step, and nothing was said before step
-    log_every): the first step's time (start-up and compilation included: no pace to project), then, from the
-    second, when the first figures come and the run ends."""
+def _say_pace(seconds: float, step: int, last_step: int, *, cfg: Config, first: bool) -> None:
+    """After a process's first two steps (`seconds` each): where the first figures are more than PACE_NOTE_S
+    away (trial 25: a large model on a CPU took 9 min a step, and nothing was said before step log_every),
+    the first step's time (start-up and compilation included: no pace to project); then, from the second,
+    when the first figures come and this run ends, and train.max_steps where it is more than PACE_RUN_S
+    away (trial 27 P6: the small preset on a CPU, 29 days, unsaid in a run of 2 steps)."""
+    max_steps, log_every = cfg.train.max_steps, cfg.logging.log_every
     next_log = min(last_step, (step // log_every + 1) * log_every)
-    if (next_log - step) * seconds <= PACE_NOTE_S:
-        return
+    silent = (next_log - step) * seconds > PACE_NOTE_S
     if first:
-        info(f"step {step} took {_about(seconds)} (start-up included); the pace follows after the next")
+        if silent:
+            info(f"step {step} took {_about(seconds)} (start-up included); the pace follows after the next")
         return
-    end = f"step {last_step:,}, the last, in about {_about((last_step - step) * seconds)}"
-    if next_log < last_step:
-        end = f"step {next_log:,} in about {_about((next_log - step) * seconds)}, and {end}"
+    if not (silent or (max_steps - step) * seconds > PACE_RUN_S):
+        return
+    when = []
+    if silent and next_log < last_step:
+        when.append(f"the first figures at step {next_log:,} in about {_about((next_log - step) * seconds)}")
+    if last_step > step:
+        when.append(f"step {last_step:,}, the last of this run, in about {_about((last_step - step) * seconds)}")
+    if max_steps > last_step:
+        when.append(f"train.max_steps, {max_steps:,}, in about {_about((max_steps - step) * seconds)}")
     info(
-        f"step {step} took {_about(seconds)}: at this pace the first figures come at {end}; logging.log_every sets "
-        "how often figures come"
+        f"step {step} took {_about(seconds)}; at this pace: {'; '.join(when)}"
+        + (" (logging.log_every sets how often figures come)" if silent else "")
     )
 
 

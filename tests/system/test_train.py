@@ -1086,10 +1086,19 @@ def test_a_slow_first_step_says_when_the_first_figures_come(tmp_path, cli, monke
         r"step 1 took \d+ s \(start-up included\); the pace follows after the next", said[0]
     ), result.err
     assert re.fullmatch(  # (the pace of step 2 alone: step 1's holds start-up, and compilation with train.compile)
-        r"step 2 took \d+ s: at this pace the first figures come at step 3 in about \d+ s, and step 5, the last, "
-        r"in about \d+ s; logging.log_every sets how often figures come",
+        r"step 2 took \d+ s; at this pace: the first figures at step 3 in about \d+ s; step 5, the last of this run, "
+        r"in about \d+ s \(logging.log_every sets how often figures come\)",
         said[1],
     ), result.err
+    # A run of 2 steps (a slice) of a long one: how long train.max_steps takes (trial 27 P6: 29 days, unsaid)
+    monkeypatch.setattr(trainer, "PACE_NOTE_S", 60.0)
+    monkeypatch.setattr(trainer, "PACE_RUN_S", 0.0)
+    slice_ = cli("pretrain", "--config", write_config(tmp_path / "c", "train.max_steps=1000"), "--stop-at", "2")
+    said = [line for line in slice_.err_lines if " took " in line]
+    assert len(said) == 1 and re.fullmatch(
+        r"step 2 took \d+ s; at this pace: train.max_steps, 1,000, in about [\d.]+ (s|min)", said[0]
+    ), slice_.err
+    monkeypatch.setattr(trainer, "PACE_RUN_S", 86400.0)
     monkeypatch.setattr(trainer, "PACE_NOTE_S", 60.0)  # the micro model's steps take milliseconds
     quick = cli("pretrain", "--config", write_config(tmp_path / "b", "train.max_steps=5", "logging.log_every=3"))
     assert quick.code == 0 and not any(" took " in line for line in quick.err_lines), quick.err
