@@ -347,6 +347,11 @@ def inspect_command(
         report = inspect_path(path)
     except NotPrepared as exc:  # inspect cannot prepare: say the command that does
         again = f"bertcli prepare --config {exc.config or 'CONFIG'}"
+        if exc.gone:  # (trial 27 P1: the prepare advised was refused, the corpus being gone)
+            raise UsageError(
+                f"{exc.folder}: {exc.problem}; its corpus, {exc.gone}, is not there to prepare it from again: put the "
+                f"corpus back, then run `{again}`"
+            ) from None
         raise UsageError(
             f"{exc.folder}: {exc.problem}; run `{again}` (it prepares damaged or older data again; --force always does)"
         ) from None

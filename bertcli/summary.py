@@ -21,6 +21,7 @@ from bertcli.data.examples import ExampleBuilder
 from bertcli.data.prepare import (
     cache_check,
     check_prepared,
+    corpus_gone,
     data_random_next_share,
     fixed_tokenizer,
     load_prepared,
@@ -248,9 +249,15 @@ def _run_training(cfg: Config) -> dict[str, Any]:
     manifest, why_not = read_manifest(Path(cfg.data.prepared_dir))
     damage = check_prepared(Path(cfg.data.prepared_dir), manifest) if manifest is not None else None
     if damage is not None:  # as `inspect DATA` checks it (the next pretrain prepares it again)
+        gone = corpus_gone(manifest)
         training.setdefault("damaged", []).append(
-            f"{cfg.data.prepared_dir}: the prepared data is damaged ({damage}); the next pretrain or prepare "
-            "prepares it again"
+            f"{cfg.data.prepared_dir}: the prepared data is damaged ({damage}); "
+            + (
+                f"its corpus, {gone}, is not there to prepare it from again: put it back, then the next pretrain or "
+                "prepare prepares it again"
+                if gone
+                else "the next pretrain or prepare prepares it again"
+            )
         )
     if manifest is not None:  # next to the run's own tokenizer: they must be the same to resume
         identity = manifest["tokenizer"].get("identity")

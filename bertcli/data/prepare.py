@@ -915,7 +915,12 @@ def _prepare(
 ) -> Path:
     data = cfg.data
     folder = Path(data.prepared_dir)
-    stand_in = not force and stands_in(cfg)  # the corpus is not here: its prepared data stands in, if it can
+    stand_in = stands_in(cfg)  # the corpus is not here: its prepared data stands in, if it can
+    if stand_in and force:  # (trial 27 C1: "corpus not found", though a plain prepare used the data)
+        raise UsageError(
+            f"{data.corpus}: corpus not found, and --force prepares from the corpus; without --force, the data prepared "
+            f"from it in {folder} stands in for it"
+        )
     files = [] if stand_in else corpus_files(corpus_path(cfg))
     guard = _guard(cfg, folder)
     ownership.remove_leftover_folders(folder, layout.PREPARED)
@@ -1074,14 +1079,10 @@ def stands_in(cfg: Config) -> bool:
     """Whether data.corpus is not there (moved, unmounted, not copied to the machine that trains) and
     data.prepared_dir holds data prepared from it, which then stands in for it if it is of this config's
     settings and whole (_stand_in; trial 26 U2: a run could not train on its prepared data alone)."""
-    path = corpus_path(cfg)
-    if cfg.data.corpus == "synthetic" or path.is_symlink():
+    if cfg.data.corpus in ("synthetic", "sample") or corpus_path(cfg).is_symlink():
         return False
-    if path.exists() and not (path.is_dir() and not any(path.iterdir())):  # (an unmounted mount point: empty)
-        return False
-    manifest, _ = read_manifest(Path(cfg.data.prepared_dir))
-    source = manifest["corpus"].get("source") if manifest is not None else None
-    return isinstance(source, str) and os.path.realpath(source) == os.path.realpath(cfg.data.corpus)
+    gone = corpus_gone(read_manifest(Path(cfg.data.prepared_dir))[0])
+    return gone is not None and os.path.realpath(gone) == os.path.realpath(cfg.data.corpus)
 
 
 def _stand_in(cfg: Config, plan: _Plan, old: dict[str, Any]) -> Path:
@@ -1105,8 +1106,13 @@ def _stand_in(cfg: Config, plan: _Plan, old: dict[str, Any]) -> Path:
             "in for it: put the corpus back (or set data.corpus to where it is now)"
         )
     splits = old["splits"]
+    where = (
+        "is an empty folder (not mounted?)"
+        if Path(data.corpus).is_dir()
+        else "is not there (moved, or not on this machine)"
+    )
     log(
-        f"warning: {data.corpus} is not there (moved, or not on this machine): the data prepared from it in {folder} "
+        f"warning: {data.corpus} {where}: the data prepared from it in {folder} "
         f"stands in as it is ({splits['train']['documents'] + splits['valid']['documents']:,} documents, prepared "
         f"{old.get('created', 'earlier')}); whether the corpus changed since cannot be checked"
     )
@@ -2323,9 +2329,20 @@ class NotPrepared(UsageError):
     """Folder `folder` holds no usable prepared data (`problem` says why); preparing again from the run's
     config file `config` (None: no config.yaml beside it) makes it. The CLI words that with its command."""
 
-    def __init__(self, folder: Path, problem: str, config: Path | None) -> None:
+    def __init__(self, folder: Path, problem: str, config: Path | None, gone: str | None = None) -> None:
         super().__init__(f"{folder}: {problem}; prepare it again from {config or 'its config file'}")
         self.folder, self.problem, self.config = folder, problem, config
+        self.gone = gone  # its corpus, where that is not there: no prepare can make it again (trial 27 P1)
+
+
+def corpus_gone(manifest: dict[str, Any] | None) -> str | None:
+    """The corpus prepared data `manifest` was made from, where it is not there now (nor an empty folder's
+    contents: an unmounted mount point): preparing again needs it back. None: it is there, or unknown."""
+    source = manifest.get("corpus", {}).get("source") if isinstance(manifest, dict) else None
+    if not isinstance(source, str) or source in ("sample", "synthetic"):
+        return None
+    path = Path(source)
+    return source if not path.exists() or (path.is_dir() and not any(path.iterdir())) else None
 
 
 def load_prepared(folder: Path, verify: bool = True) -> PreparedData:
@@ -2337,5 +2354,5 @@ def load_prepared(folder: Path, verify: bool = True) -> PreparedData:
     if verify:
         damage = check_prepared(folder, manifest)
         if damage is not None:
-            raise NotPrepared(folder, f"the prepared data is damaged ({damage})", config)
+            raise NotPrepared(folder, f"the prepared data is damaged ({damage})", config, corpus_gone(manifest))
     return PreparedData(folder=folder, manifest=manifest, tokenizer=read_tokenizer_json(folder / layout.TOKENIZER_JSON))

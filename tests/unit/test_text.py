@@ -607,14 +607,25 @@ def test_prepared_data_stands_in_for_a_corpus_that_is_not_there(tmp_path, small_
         "back (or set data.corpus to where it is now)"
     ), other.err
     forced = cli("prepare", "--config", config, "--force")
-    assert forced.code == 2 and f"{corpus}: corpus not found" in forced.err, forced.err
+    assert forced.code == 2 and forced.err_lines[-1] == (
+        f"bertcli: error: {corpus}: corpus not found, and --force prepares from the corpus; without --force, the data "
+        f"prepared from it in {data} stands in for it"
+    ), forced.err
     corpus.mkdir()  # an empty folder where it was, as an unmounted mount point leaves
-    assert cli("pretrain", "--config", config, "--quiet", "--stop-at", "4").code == 0
+    empty = cli("pretrain", "--config", config, "--quiet", "--stop-at", "4")
+    assert empty.code == 0 and f"warning: {corpus} is an empty folder (not mounted?): the data prepared" in empty.err
     corpus.rmdir()
     unit = next((data / "units").iterdir()) / "train" / "tokens.bin"
     unit.write_bytes(unit.read_bytes()[:-2])  # cut
     damaged = cli("prepare", "--config", config)
     assert damaged.code == 2 and f"the data prepared from it in {data} is damaged (" in damaged.err, damaged.err
+    inspected = cli("inspect", data)  # (trial 27 P1: it advised the prepare refused above)
+    assert inspected.code == 2 and inspected.err_lines[-1].endswith(
+        f"its corpus, {corpus}, is not there to prepare it from again: put the corpus back, then run "
+        f"`bertcli prepare --config {config}`"
+    ), inspected.err
+    run = cli("inspect", tmp_path / "run").out
+    assert f"its corpus, {corpus}, is not there to prepare it from again: put it back" in run, run
 
 
 def test_inspect_prepared_data(tmp_path, small_corpus, cli):
