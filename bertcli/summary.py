@@ -21,6 +21,7 @@ from bertcli.data.examples import ExampleBuilder
 from bertcli.data.prepare import (
     cache_check,
     check_prepared,
+    corpus_drift,
     corpus_gone,
     data_random_next_share,
     fixed_tokenizer,
@@ -405,6 +406,7 @@ def data_report(folder: Path, examples: int = 512) -> dict[str, Any]:
         "max_seq_length": cfg.data.max_seq_length,
         "padding_share": padding,
         "pairs_note": note,
+        "corpus_now": corpus_drift(m),
         "example": {
             "nsp_label": int(e.nsp_label) if cfg.data.pairs else None,
             "text": " ".join(shown),
@@ -540,6 +542,7 @@ def _format_data(r: dict[str, Any]) -> str:
     ex = r["example"]
     warning = [r["random_next_warning"]] if r.get("random_next_warning") else []
     warning += [f"note: {r['pairs_note']}"] if r.get("pairs_note") else []
+    warning += [f"note: {r['corpus_now']}"] if r.get("corpus_now") else []
     nsp = (
         "no sentence pair"
         if ex["nsp_label"] is None

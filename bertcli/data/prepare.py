@@ -2335,6 +2335,35 @@ class NotPrepared(UsageError):
         self.gone = gone  # its corpus, where that is not there: no prepare can make it again (trial 27 P1)
 
 
+def corpus_drift(manifest: dict[str, Any]) -> str | None:
+    """How the corpus prepared data `manifest` was made from differs now, by its files' names, sizes and
+    times (nothing is read: inspect's question; prepare compares contents), in words; None: no file
+    differs (trial 27 P3: inspect showed the corpus as prepared, a file added since)."""
+    source = manifest["corpus"].get("source")
+    if not isinstance(source, str) or source in ("sample", "synthetic"):
+        return None
+    if corpus_gone(manifest):
+        return f"the corpus, {source}, is not there now"
+    with console.silent():
+        try:
+            files = corpus_files(Path(source))
+        except (UsageError, OSError):
+            return None
+    then = {e.get("path"): (e.get("bytes"), e.get("mtime_ns")) for e in manifest["corpus"]["files"]}
+    now = {str(f.resolve()): (f.stat().st_size, f.stat().st_mtime_ns) for f in files}
+    counts = (
+        (len(now.keys() - then.keys()), "added"),
+        (len(then.keys() - now.keys()), "gone"),
+        (sum(now[p] != then[p] for p in now.keys() & then.keys()), "written to (by size or time)"),
+    )
+    if not any(n for n, _ in counts):
+        return None
+    return (
+        f"the corpus's files differ from those prepared ({', '.join(f'{n} {w}' for n, w in counts if n)}): the next "
+        "prepare or pretrain brings the data up to date"
+    )
+
+
 def corpus_gone(manifest: dict[str, Any] | None) -> str | None:
     """The corpus prepared data `manifest` was made from, where it is not there now (nor an empty folder's
     contents: an unmounted mount point): preparing again needs it back. None: it is there, or unknown."""

@@ -628,6 +628,28 @@ def test_prepared_data_stands_in_for_a_corpus_that_is_not_there(tmp_path, small_
     assert f"its corpus, {corpus}, is not there to prepare it from again: put it back" in run, run
 
 
+def test_inspect_of_prepared_data_says_when_its_corpus_files_differ_now(tmp_path, small_corpus, cli):
+    """Trial 27 P3: a file added to the corpus since it was prepared went unsaid by inspect."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    shutil.copy(small_corpus, corpus / "a.txt")
+    config = text_run(tmp_path / "run", corpus)
+    assert cli("prepare", "--config", config, "--quiet").code == 0
+    data = tmp_path / "run" / "data"
+    assert "differ from those prepared" not in cli("inspect", data).out
+    (corpus / "b.txt").write_text("A new document. It has two sentences.\n")
+    with open(corpus / "a.txt", "a") as fh:
+        fh.write("\nOne more line.\n")
+    report = json.loads(cli("inspect", data, "--json").out)
+    assert report["corpus_now"] == (
+        "the corpus's files differ from those prepared (1 added, 1 written to (by size or time)): the next prepare or "
+        "pretrain brings the data up to date"
+    )
+    assert f"note: {report['corpus_now']}" in cli("inspect", data).out
+    assert cli("prepare", "--config", config, "--quiet").code == 0
+    assert json.loads(cli("inspect", data, "--json").out)["corpus_now"] is None
+
+
 def test_inspect_prepared_data(tmp_path, small_corpus, cli):
     config = text_run(tmp_path, small_corpus)
     assert cli("prepare", "--config", config, "--quiet").code == 0
