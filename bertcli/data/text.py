@@ -230,8 +230,14 @@ def check_text_name(path: Path) -> None:
     suffix = next((s for s in DATA_FORMATS if name.endswith(s)), None)
     if suffix is None:
         return
+    array = False
+    if suffix == ".json" and path.is_file():  # its first byte tells an array (trial 27 C3: named .jsonl, refused next)
+        with open(path, "rb") as fh:
+            array = fh.read(4096).lstrip().startswith(b"[")
     how = (
-        "if it holds one JSON object per line, name it .jsonl"
+        f"it holds a JSON array: write one record per line (jq -c '.[]' {shlex.quote(str(path))} > NEW.jsonl)"
+        if array
+        else "if it holds one JSON object per line, name it .jsonl"
         if suffix == ".json"
         else 'convert it: one JSON line {"text": ...} per document (a .jsonl file), or plain text (.txt)'
         if suffix in (".csv", ".tsv", ".parquet", ".arrow", ".xlsx", ".xls")
@@ -263,8 +269,12 @@ def corpus_files(path: Path) -> list[Path]:
             "tokenizer, then to tokenize), so save the text to a file first and pass that"
         )
     files, skipped = _walk(path)
-    for why, examples in skipped.items():
-        info(f"{path}: skipped {len(examples):,} {why}, e.g. {examples[0]}")  # (not under --quiet)
+    for (
+        why,
+        examples,
+    ) in skipped.items():  # (not under --quiet) three named: trial 27 C3 found the one that mattered unsaid
+        shown = ", ".join(str(e) for e in examples[:3]) + (", ..." if len(examples) > 3 else "")
+        info(f"{path}: skipped {len(examples):,} {why}: {shown}")
     if not files:
         raise UsageError(f"{path}: no {CORPUS_NAMES} in this folder")
     return files

@@ -1024,11 +1024,11 @@ def test_a_corpus_folder_reads_compressed_files_any_case_and_says_what_it_skips(
         None,
     ]
     assert (
-        f"{root}: skipped 1 file(s) that are not *.txt and *.jsonl files (plain, .gz, .bz2 or .xz), e.g. "
+        f"{root}: skipped 1 file(s) that are not *.txt and *.jsonl files (plain, .gz, .bz2 or .xz): "
         f"{root / 'notes.md'}" in err
     )
     assert (
-        f"skipped 1 folder(s) or file(s) reached a second time through a symbolic link (read once), e.g. "
+        f"skipped 1 folder(s) or file(s) reached a second time through a symbolic link (read once): "
         f"{root / 'sub' / 'loop'}" in err
     )
     (root / "b.txt.bz2").write_bytes(bz2.compress(b"From bzip2.\n")[:20])
@@ -1116,7 +1116,7 @@ def test_a_corpus_folder_skips_hidden_entries_and_copies_are_said(tmp_path, caps
     ]
     assert capsys.readouterr().err.splitlines() == [
         f"{root}: skipped 3 hidden folder(s) and file(s) (names starting with '.': version control, notebook "
-        f"checkpoints, editor copies), e.g. {root / '.ipynb_checkpoints'}"
+        f"checkpoints, editor copies): {root / '.ipynb_checkpoints'}, {root / '.notes.txt'}, {root / 'a' / '.draft.txt'}"
     ]
     _say_copies(_file_entries(files, []))
     assert capsys.readouterr().err.splitlines() == [
@@ -1163,6 +1163,19 @@ def test_a_corpus_file_named_as_a_data_format_is_refused_with_what_to_do(tmp_pat
     assert needle in str(info.value)
     fix = {"rows.csv": 'one JSON line {"text": ...} per document', "docs.jsonl.zst": "decompress it (zstd -d)"}
     assert fix.get(name, "extract its files into a folder") in str(info.value)
+
+
+def test_a_json_array_named_as_the_corpus_is_said_as_one(tmp_path):
+    """Trial 27 C3: a .json array was told 'if it holds one JSON object per line, name it .jsonl', which the
+    next prepare refused: its first byte tells."""
+    from bertcli.data.text import check_text_name
+
+    (tmp_path / "data.json").write_text('  [{"text": "a"}, {"text": "b"}]\n')
+    with pytest.raises(UsageError, match=r"it holds a JSON array: write one record per line \(jq -c '\.\[\]' "):
+        check_text_name(tmp_path / "data.json")
+    (tmp_path / "lines.json").write_text('{"text": "a"}\n')
+    with pytest.raises(UsageError, match="if it holds one JSON object per line, name it .jsonl"):
+        check_text_name(tmp_path / "lines.json")
 
 
 @pytest.mark.parametrize(
