@@ -480,9 +480,26 @@ def settle_best(output_dir: Path, cfg: Config, resumed_from: Path | None, is_mai
     if (
         is_main and best.exists() and not best.is_symlink() and ownership.not_owned(best, layout.CHECKPOINT) is None
     ):  # (refused at start otherwise)
-        atomic.remove_folder(best)
-        console.log(f"removed {best}: {reason}")
+        if loss is None or _step_kept(output_dir, best):  # damaged, or its weights are in a step folder too
+            atomic.remove_folder(best)
+            console.log(f"removed {best}: {reason}")
+        else:  # the only copy of those weights (trial 27 S1: removed): set aside as the later step folders are
+            aside = _rename_aside(best, layout.ABANDONED_PREFIX)
+            console.log(
+                f"{best}: {reason}; no step folder holds its weights, so it is renamed {aside.name}: {_kept_words(aside)}"
+            )
     return None
+
+
+def _step_kept(output_dir: Path, best: Path) -> bool:
+    """Whether a step folder of the run (kept, or set aside as abandoned) is of best's step: the same weights."""
+    try:
+        step = read_trainer_state(best)["step"]
+    except (OSError, KeyError, TypeError, UsageError):
+        return False
+    name = layout.step_dir_name(step)
+    root = layout.checkpoints_dir(output_dir)
+    return any(layout.is_checkpoint(root / n) for n in (name, layout.ABANDONED_PREFIX + name))
 
 
 def read_config(path: Path) -> Config:
@@ -1106,7 +1123,7 @@ def set_aside_note(path: Path) -> str | None:
     """What encode, export and init say of a checkpoint its run set aside (trial 25: an abandoned-* one was
     used as any other, unsaid): None for any other folder."""
     name = Path(path).name
-    if name.startswith(layout.ABANDONED_PREFIX + "step-"):
+    if name.startswith((layout.ABANDONED_PREFIX + "step-", layout.ABANDONED_PREFIX + layout.BEST)):
         why = "of a history left behind when the run resumed from an earlier checkpoint (or another run's)"
     elif name.startswith(layout.DAMAGED_PREFIX + "step-"):
         why = "found damaged when the run resumed (it said why then)"

@@ -847,7 +847,16 @@ def test_best_belongs_to_the_runs_current_model(tmp_path, cli, capsys, eight_ste
     plant_best(eight_steps / "checkpoints" / "step-0000008", root / "best")
     config = write_config(tmp_path, "model.num_hidden_layers=1", "train.max_steps=2", "train.eval_every=0")
     result = cli("pretrain", "--config", config, "--quiet")
-    assert result.code == 0 and f"removed {root / 'best'}: this run starts fresh" in result.err, result.err
+    # (trial 27 S1: removed, though no step folder held its weights: they were lost)
+    assert (
+        result.code == 0
+        and (
+            f"{root / 'best'}: this run starts fresh, so it was of another run; no step folder holds its weights, so it "
+            "is renamed abandoned-best: it keeps "
+        )
+        in result.err
+    ), result.err
+    assert checkpoint.read_config(root / "abandoned-best").model.num_hidden_layers == 2
 
     def layers() -> int:  # of the checkpoint export and encode take from the run folder
         from bertcli.export import find_checkpoint
@@ -1125,3 +1134,28 @@ def test_a_damaged_best_is_named_by_inspect_and_the_intact_checkpoint_by_export(
     assert result.code == 2 and result.err.rstrip().endswith(
         f"(that is the run's best: pass its newest intact checkpoint, {root / 'step-0000004'}, instead)"
     ), result.err
+
+
+def test_a_best_of_a_history_left_behind_is_set_aside_when_no_step_folder_holds_it(tmp_path, cli, eight_steps):
+    """Trial 27 S1: `--resume` to an earlier step removed a best past it whose step folder keep_last had pruned
+    (or that was never saved as one): the only copy of those weights. It is set aside, as the later step
+    folders are; one whose step folder is kept (set aside too) is removed, as before."""
+    import shutil
+
+    run = Path(shutil.copytree(eight_steps, tmp_path / "run"))
+    root = run / "checkpoints"
+    best = root / "best"
+    plant_best(root / "step-0000008", best, 1.0)
+    state = json.loads((best / "trainer_state.json").read_text())
+    (best / "trainer_state.json").write_text(json.dumps({**state, "step": 9}))  # as if step 9 was never saved
+    weights = (best / "model.safetensors").read_bytes()
+    config = write_config(run, "checkpoint.keep_last=3", "train.eval_every=0", "train.max_steps=8")
+    result = cli("pretrain", "--config", config, "--resume", root / "step-0000004", "--stop-at", "5")
+    assert result.code == 0, result.err
+    assert (
+        f"{best}: it is of step 9, past the step resumed from (4): a history left behind; no step folder holds its "
+        "weights, so it is renamed abandoned-best: it keeps "
+    ) in result.err, result.err
+    assert (root / "abandoned-best" / "model.safetensors").read_bytes() == weights
+    report = json.loads(cli("inspect", run, "--json").out)["training"]
+    assert str(root / "abandoned-best") in [c["path"] for c in report["set_aside"]]
