@@ -459,7 +459,10 @@ def settle_best(output_dir: Path, cfg: Config, resumed_from: Path | None, is_mai
     if resumed_from is None:
         reason = "this run starts fresh, so it was of another run"
     elif is_foreign(resumed_from, output_dir):  # (trial 18 P9)
-        reason = f"this run resumes from another run's checkpoint, {resumed_from}, so it was of another history"
+        reason = (  # (trial 27 S1: a backup copy of the run's own was "another run's")
+            f"this run resumes from a checkpoint outside its checkpoints folder (another run's, or a copy), "
+            f"{resumed_from}, so it was of another history"
+        )
     else:
         try:
             check_own_files(best)
@@ -1095,7 +1098,7 @@ def choose_resume(
     for later, step_of in abandoned if is_main else []:
         aside = _rename_aside(later, layout.ABANDONED_PREFIX)
         why = (
-            f"the run resumes from another run's checkpoint, {path}"
+            f"the run resumes from a checkpoint outside its checkpoints folder (another run's, or a copy), {path}"
             if step_of <= step
             else f"past the step resumed from ({step})"
         )

@@ -748,10 +748,11 @@ def test_resuming_another_runs_checkpoint_sets_the_whole_own_history_aside(tmp_p
     assert result.code == 0, result.err
     for step in (2, 4):
         assert any(
-            line.startswith(f"{root / f'step-000000{step}'} is of step {step}, the run resumes from another run's "
-            f"checkpoint, {source}: a history left behind") for line in result.err_lines
+            line.startswith(f"{root / f'step-000000{step}'} is of step {step}, the run resumes from a checkpoint "
+            f"outside its checkpoints folder (another run's, or a copy), {source}: a history left behind")
+            for line in result.err_lines
         ), result.err  # fmt: skip
-    assert f"removed {root / 'best'}: this run resumes from another run's checkpoint" in result.err
+    assert f"removed {root / 'best'}: this run resumes from a checkpoint outside its checkpoints folder" in result.err
     assert sorted(p.name for p in root.iterdir() if p.name.startswith("step-")) == ["step-0000010"]
     assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [10, 10]  # (the train and eval records)
     left = run / "metrics.left-behind.jsonl"  # (trial 23 P2: the records of the history left behind were lost)
