@@ -882,8 +882,9 @@ def data_differences(saved: Config, cfg: Config, then: Any, now: dict[str, Any] 
         )
     if _other_held_out(then, now) and cfg.train.eval_every > 0 and not _changes(saved, cfg, HELD_OUT_SETTINGS):
         lines.append(
-            f"resuming {where} on a corpus whose held-out documents changed since: held-out metrics from now on "
-            "are not comparable with the earlier ones (nor with the loss that kept checkpoints/best)"
+            f"resuming {where} on a corpus whose held-out examples changed since (its held-out documents, or their "
+            "order in the corpus): held-out metrics from now on are not comparable with the earlier ones (nor with the "
+            "loss that kept checkpoints/best)"
         )
     return lines
 

@@ -597,7 +597,7 @@ def _say_pace(seconds: float, step: int, last_step: int, *, cfg: Config, first: 
     silent = (next_log - step) * seconds > PACE_NOTE_S
     if first:
         if silent:
-            info(f"step {step} took {_about(seconds)} (start-up included); the pace follows after the next")
+            info(f"step {step} took {_about(seconds)} (start-up included)")
         return
     if not (silent or (max_steps - step) * seconds > PACE_RUN_S):
         return

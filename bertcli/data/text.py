@@ -676,7 +676,10 @@ def read_sentences(
                     raise _an_array(path, number)
                 text = record.get("text") if isinstance(record, dict) else None
                 if not isinstance(text, str):
-                    raise UsageError(f'{path}: line {number}: no "text" string field in this JSON record')
+                    raise UsageError(  # (trial 27 P9: no fix said)
+                        f'{path}: line {number}: no "text" string field in this JSON record; each record is a document, '
+                        'its text in "text" ({"text": "..."}): fix the record, or remove it'
+                    )
                 _check_surrogates(path, number, line, text)
                 paragraphs = [p.strip() for p in text.splitlines() if p.strip()]
                 for paragraph in paragraphs:

@@ -569,7 +569,7 @@ def test_a_resume_on_a_changed_corpus_says_so_and_replaces_best(tmp_path, small_
         "steps from here on train on other examples than this run would have, so it is no longer the run it was"
     ) in changed.err_lines, changed.err
     assert any(
-        line.startswith("resuming step-0000007 on a corpus whose held-out documents changed since: held-out metrics")
+        line.startswith("resuming step-0000007 on a corpus whose held-out examples changed since (its held-out docum")
         for line in changed.err_lines
     ), changed.err
     best = ckpts / "best"
@@ -1184,6 +1184,9 @@ def test_a_json_array_named_as_the_corpus_is_said_as_one(tmp_path):
         ('{"text": "no end\n', "line 2: not valid JSON: a string is not closed before the end of the line"),
         ('{"text": "a\tb"}\n', "line 2: not valid JSON: a raw control character (U+0009) inside a string at column 12"),
         ('{"text": "x" "y"}\n', "line 2: not valid JSON (Expecting ',' delimiter at column 14); fix the record"),
+        # (trial 27 P9: no fix said)
+        ('{"content": "x"}\n', 'line 2: no "text" string field in this JSON record; each record is a document, its'),
+        ('{"text": null}\n', 'line 2: no "text" string field in this JSON record; each record is a document, its'),
         # a list of records saved whole, on one line or pretty-printed (trial 26 C10: 'no "text" field')
         ('[{"text": "a"}, {"text": "b"}]\n', "line 2: a JSON array, where JSON Lines holds one object per line: "),
         ('[\n  {"text": "a"}\n]\n', "line 2: a JSON array, where JSON Lines holds one object per line: write one "),
