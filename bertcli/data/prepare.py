@@ -107,7 +107,7 @@ from bertcli.data.tokenizer import (
     tokenizer_identity,
     train_wordpiece,
 )
-from bertcli.errors import STOP_SIGNALS, Interrupted, RunError, UsageError
+from bertcli.errors import STOP_SIGNALS, BertcliError, Interrupted, RunError, UsageError
 from bertcli.layout import (
     DOC_OFFSETS,
     INDEX,
@@ -955,6 +955,8 @@ def _prepare(
         given_sha256 = hashlib.sha256(tok.to_str().encode()).hexdigest()
     else:  # the run's checkpoints fix its token ids, if any: never train another vocabulary under them
         fixed = tokenizer_file
+        if fixed is not None:
+            _say_ignored_tokenizer_settings(cfg, fixed)
     plan = _Plan(
         folder=folder,
         files=files,
@@ -1045,6 +1047,25 @@ def _check_room(folder: Path, corpus_bytes: int) -> None:
 def _tokenizer_sha256(tok: Tokenizer) -> str:
     """What the units' keys take of the tokenizer: all of it as used (vocabulary, normaliser, model settings)."""
     return hashlib.sha256(tok.to_str().encode()).hexdigest()
+
+
+def _say_ignored_tokenizer_settings(cfg: Config, file: Path) -> None:
+    """Warn of data.tokenizer settings other than those of the checkpoint whose tokenizer `file` the run keeps
+    (trial 27 C5: `prepare --set data.tokenizer.vocab_size=5000` on a run with checkpoints, unsaid; a resume
+    says it)."""
+    from bertcli.checkpoint import read_config  # (checkpoint reads configs; it imports nothing of prepare)
+
+    try:
+        saved = dataclasses.asdict(read_config(file.parent).data.tokenizer)
+    except (BertcliError, OSError):
+        return
+    now = dataclasses.asdict(cfg.data.tokenizer)
+    changed = [f"data.tokenizer.{k} {saved[k]!r} -> {now[k]!r}" for k in now if k != "path" and now[k] != saved.get(k)]
+    if changed:
+        log(
+            f"warning: {', '.join(changed)}: ignored, as this run keeps the tokenizer of its checkpoints ({file}: its "
+            "token ids are what the model learned); start a run in a new output_dir to change it"
+        )
 
 
 def _tokenizer_settings(data: DataConfig, corpus_chars: int) -> dict[str, Any]:

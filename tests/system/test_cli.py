@@ -634,3 +634,20 @@ def test_resuming_another_runs_checkpoint_of_another_architecture_says_that_firs
         f"bertcli: error: cannot resume from {ckpt}: model.hidden_size=64 in the checkpoint vs 32 in the config"
     ), result.err
     assert "tokenizer" not in result.err_lines[-1]
+
+
+def test_prepare_says_tokenizer_settings_a_trained_run_ignores(tmp_path, cli, trained):
+    """Trial 27 C5: `prepare --set data.tokenizer.vocab_size=5000` on a run with checkpoints, exit 0 and unsaid
+    (its next line repeated the setting); the run keeps its checkpoints' tokenizer, as a resume says."""
+    import shutil
+
+    run = Path(shutil.copytree(trained, tmp_path / "run", ignore=shutil.ignore_patterns("tensorboard")))
+    result = cli("prepare", "--config", run / "config.yaml", "--set", "data.tokenizer.vocab_size=5000")
+    assert result.code == 0, result.err
+    ckpt = run / "checkpoints" / "step-0000004"
+    assert (
+        f"warning: data.tokenizer.vocab_size 1000 -> 5000: ignored, as this run keeps the tokenizer of its checkpoints "
+        f"({ckpt / 'tokenizer.json'}: its token ids are what the model learned)"
+    ) in result.err, result.err
+    same = cli("prepare", "--config", run / "config.yaml")
+    assert same.code == 0 and "ignored, as this run keeps" not in same.err, same.err
