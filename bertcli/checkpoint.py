@@ -818,8 +818,6 @@ def setting_differences(
     step's examples depend on it alone, so 2 processes x 4 resumed as 1 x 8 changes nothing."""
     from bertcli.optim import lr_at
 
-    synthetic = saved.data.corpus == cfg.data.corpus == "synthetic"  # (the synthetic corpus has no tokenizer)
-
     def changed(prefixes: list[str]) -> str:
         return _changes(saved, cfg, prefixes, batches)
 
@@ -848,13 +846,7 @@ def setting_differences(
             f"resuming {where} with other settings ({updates}): the updates of steps {step + 1:,} on "
             f"follow them{lr}; what the first {step:,} steps learned is kept"
         )
-    tokenizer = changed(["data.tokenizer"])
-    if tokenizer and not synthetic:  # (the synthetic corpus has no tokenizer)
-        lines.append(
-            f"resuming {where} with other tokenizer settings ({tokenizer}): ignored, as a run keeps the "
-            "tokenizer of its first checkpoint (its token ids are what the model learned); start a run in a new "
-            "output_dir to change it"
-        )
+    # Other data.tokenizer settings are said where the data is prepared (prepare's _say_ignored_tokenizer_settings).
     return lines
 
 
