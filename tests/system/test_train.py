@@ -895,8 +895,8 @@ def test_resuming_with_other_tokenizer_settings_says_they_are_ignored(tmp_path, 
     overrides = ["data.tokenizer.lowercase=false", "data.tokenizer.vocab_size=3000", "train.max_steps=5"]
     result = cli("pretrain", "--config", run / "config.yaml", *(f"--set={o}" for o in overrides), "--quiet")
     assert result.code == 0, result.err
-    [line] = [line for line in result.err_lines if "tokenizer settings" in line]
-    assert "data.tokenizer.lowercase True -> False" in line and "ignored" in line
+    [line] = [line for line in result.err_lines if "ignored, as this run keeps the tokenizer" in line]  # (prepare's)
+    assert "data.tokenizer.lowercase True -> False" in line and "data.tokenizer.vocab_size 1000 -> 3000" in line
     saved = read_yaml(run / "checkpoints" / "step-0000005" / "config.yaml")["data"]["tokenizer"]
     assert saved == read_yaml(run / "checkpoints" / "step-0000004" / "config.yaml")["data"]["tokenizer"]
 
@@ -930,7 +930,7 @@ def test_resuming_names_a_path_setting_changed_only_when_its_file_is_another(tmp
     (tmp_path / "run").mkdir()
     (tmp_path / "tok.json").write_text("{}")
     (tmp_path / "corpus.txt").write_text("text\n")
-    (tmp_path / "other.json").write_text("{}")
+    (tmp_path / "other.txt").write_text("other text\n")
 
     def config(tokenizer: Path, corpus: Path):
         cfg = micro_config()
@@ -943,9 +943,10 @@ def test_resuming_names_a_path_setting_changed_only_when_its_file_is_another(tmp
     plain = config(tmp_path / "tok.json", tmp_path / "corpus.txt")
     assert checkpoint.setting_differences(spelt, plain, step=4, where="step-0000004") == []
     lines = checkpoint.setting_differences(
-        spelt, config(tmp_path / "other.json", tmp_path / "corpus.txt"), step=4, where="s"
+        spelt, config(tmp_path / "tok.json", tmp_path / "other.txt"), step=4, where="s"
     )
-    assert len(lines) == 1 and "data.tokenizer.path" in lines[0] and "ignored" in lines[0]
+    assert len(lines) == 2 and all("data.corpus" in line for line in lines), lines  # (examples, held-out set)
+    # (another tokenizer file: prepare says it or refuses it, by its contents)
 
 
 def test_a_run_resumed_at_shorter_sequences_keeps_the_longest_it_trained(tmp_path, eight_steps):
