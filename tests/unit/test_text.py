@@ -123,7 +123,10 @@ def test_reading_text_gzip_folders_and_jsonl(tmp_path):
         ("Hello world.\n".encode("utf-16"), "bad.txt: UTF-16 text, and prepare reads UTF-8: convert it (iconv -f "),
         ("Hello world.\n".encode("utf-16-le"), "bad.txt: UTF-16 text, and prepare reads UTF-8"),
         ("Grüße.\n".encode("utf-32"), "bad.txt: UTF-32 text, and prepare reads UTF-8"),
-        (gzip.compress(b"Hello world.\n"), "bad.txt: gzip-compressed, under a name without .gz: add .gz to its name"),
+        (
+            gzip.compress(b"Hello world.\n", mtime=0),
+            "bad.txt: gzip-compressed, under a name without .gz: add .gz to its name",
+        ),
         (b"PK\x03\x04\x00\x00", "bad.txt: zip-compressed, which prepare does not read: decompress it"),
     ],
 )
