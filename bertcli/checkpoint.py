@@ -809,6 +809,12 @@ def _changes(saved: Config, cfg: Config, prefixes: list[str], batches: tuple[int
     return ", ".join(f"{k} {old.get(k)!r} -> {new[k]!r}" for k in keys)
 
 
+def tokenizer_setting_changes(saved: Config, cfg: Config) -> str:
+    """The data.tokenizer settings of `cfg` other than checkpoint config `saved`'s, as "key old -> new, ..."
+    (what a run that keeps its checkpoints' tokenizer ignores: prepare says them)."""
+    return _changes(saved, cfg, ["data.tokenizer"])
+
+
 def setting_differences(
     saved: Config, cfg: Config, *, step: int, where: str, batches: tuple[int | None, int] | None = None
 ) -> list[str]:

@@ -1053,17 +1053,15 @@ def _say_ignored_tokenizer_settings(cfg: Config, file: Path) -> None:
     """Warn of data.tokenizer settings other than those of the checkpoint whose tokenizer `file` the run keeps
     (trial 27 C5: `prepare --set data.tokenizer.vocab_size=5000` on a run with checkpoints, unsaid; a resume
     says it)."""
-    from bertcli.checkpoint import read_config  # (checkpoint reads configs; it imports nothing of prepare)
+    from bertcli.checkpoint import read_config, tokenizer_setting_changes  # (checkpoint imports nothing of prepare)
 
     try:
-        saved = dataclasses.asdict(read_config(file.parent).data.tokenizer)
+        changed = tokenizer_setting_changes(read_config(file.parent), cfg)
     except (BertcliError, OSError):
         return
-    now = dataclasses.asdict(cfg.data.tokenizer)
-    changed = [f"data.tokenizer.{k} {saved[k]!r} -> {now[k]!r}" for k in now if k != "path" and now[k] != saved.get(k)]
     if changed:
         log(
-            f"warning: {', '.join(changed)}: ignored, as this run keeps the tokenizer of its checkpoints ({file}: its "
+            f"warning: {changed}: ignored, as this run keeps the tokenizer of its checkpoints ({file}: its "
             "token ids are what the model learned); start a run in a new output_dir to change it"
         )
 
@@ -2371,7 +2369,7 @@ def corpus_drift(manifest: dict[str, Any]) -> str | None:
         except (UsageError, OSError):
             return None
     then = {e.get("path"): (e.get("bytes"), e.get("mtime_ns")) for e in manifest["corpus"]["files"]}
-    now = {str(f.resolve()): (f.stat().st_size, f.stat().st_mtime_ns) for f in files}
+    now = {str(f.resolve()): (st.st_size, st.st_mtime_ns) for f in files for st in [f.stat()]}
     counts = (
         (len(now.keys() - then.keys()), "added"),
         (len(then.keys() - now.keys()), "gone"),
