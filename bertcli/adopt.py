@@ -10,7 +10,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from bertcli import checkpoint, console, layout
+from bertcli import checkpoint, console, layout, resume
 from bertcli.config import Config, ModelConfig
 from bertcli.config_load import preset_config
 from bertcli.data.tokenizer import casing_clashes, describe, find_tokenizer_file
@@ -71,7 +71,7 @@ def source_note(path: Path) -> str | None:
     """What `init` and `pretrain` say of an init_from that is a run's checkpoints/best (trial 21 P1: the
     refusal of a run folder named it, and a run started later from it took other weights, unsaid)."""
     if not moving_best(path):
-        return checkpoint.set_aside_note(path)
+        return resume.set_aside_note(path)
     pinned = pinned_step(path)
     return f"{path} changes while its run trains, and a run starts from what it holds then" + (
         f"; {pinned} holds the same weights and stays: name it to pin them" if pinned else ""

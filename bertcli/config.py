@@ -797,3 +797,40 @@ def field_types(cls: type) -> dict[str, Any]:
 def to_dict(cfg: Config) -> dict[str, Any]:
     """The config as nested plain dicts (to write as YAML or JSON)."""
     return dataclasses.asdict(cfg)
+
+
+def flat(cfg: Config | dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A config (or its dict) as {"section.key": value}."""
+    tree = to_dict(cfg) if isinstance(cfg, Config) else cfg
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        out.update(flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+    return out
+
+
+def changes_line(changes: list[tuple[str, Any, Any]]) -> str:
+    """Settings that changed, (key, then, now), in words: the one wording of "what changed"."""
+    return ", ".join(f"{key} {then!r} -> {now!r}" for key, then, now in changes)
+
+
+PATH_KEYS = ("output_dir", "data.corpus", "data.prepared_dir", "data.tokenizer.path", "model.init_from")
+
+
+def with_vocab(cfg: Config, vocab_size: int, source: str, pad_id: int | None = None) -> Config:
+    """model.vocab_size from the tokenizer of `source` (when null), or checked against it; and
+    model.pad_token_id checked against the tokenizer's [PAD] id `pad_id` (when known: ModelConfig.pad_problem)."""
+    if cfg.model.vocab_size is not None and cfg.model.vocab_size != vocab_size:
+        if cfg.model.init_from:  # the size is the weights', which "set null" does not change
+            raise UsageError(
+                f"the tokenizer of {source} has {vocab_size:,} tokens but the weights of model.init_from "
+                f"({cfg.model.init_from}) have {cfg.model.vocab_size:,} rows: a tokenizer of another model; drop "
+                "data.tokenizer.path to use the model's own"
+            )
+        raise UsageError(
+            f"model.vocab_size={cfg.model.vocab_size} but the tokenizer of {source} has {vocab_size:,} "
+            "tokens; set model.vocab_size: null to take the size from the tokenizer"
+        )
+    problem = cfg.model.pad_problem(pad_id, source) if pad_id is not None else None
+    if problem:
+        raise UsageError(problem)
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab_size))

@@ -8,18 +8,22 @@ tests/system/test_readme.py check that configs/ and docs/configuration.md equal 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import typing
+from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
+from bertcli import layout, store
 from bertcli.config import Config, field_docs, field_types
+from bertcli.errors import UsageError
 
 
 def yaml_scalar(value: Any) -> str:
     """A value as a YAML scalar that reads back as the same Python value; non-ASCII text as it is
-    (a path "ünï/x" was written "\\xFCn\\xEF/x": trial 18 P4), only what YAML cannot print escaped."""
+    (a path "ünï/x", not "\\xFCn\\xEF/x"), only what YAML cannot print escaped."""
     text = yaml.safe_dump(value, default_flow_style=True, width=10_000, allow_unicode=True)
     return text.removesuffix("\n...\n").strip()
 
@@ -80,3 +84,60 @@ def markdown_reference() -> str:
 
     walk(Config(), "")
     return "\n".join(rows)
+
+
+def preset_header(name: str) -> str:
+    """The comment at the top of the config file `init` writes."""
+    return (
+        f"bertcli run configuration, preset '{name}'. Written by `bertcli init`; edit freely.\n"
+        "Precedence: defaults < this file < `--set section.key=value` on the command line.\n"
+        "Each comment gives the meaning, the type and the default (the value used when a key is left out)."
+    )
+
+
+def check_replaceable(path: Path) -> None:
+    """Refuse (exit 2) to overwrite `path` (a forced init) unless it is a bertcli config: a YAML mapping
+    whose top-level keys are all config sections, or an empty file."""
+    fix = "move it away first, or choose another folder"
+    if path.is_dir():
+        raise UsageError(f"{path} is a folder; bertcli init writes config.yaml as a file: {fix}")
+    try:
+        text = path.read_text(encoding="utf-8")
+        raw = yaml.safe_load(text)
+    except (OSError, ValueError, yaml.YAMLError):
+        raw, text = False, "?"  # unreadable, not text, not YAML: not a config bertcli wrote
+    if raw is None and not text.strip():
+        return  # an empty file: nothing to lose (one of comments alone is notes)
+    sections = {f.name for f in dataclasses.fields(Config)}
+    foreign = sorted(str(k) for k in raw if k not in sections) if isinstance(raw, dict) else None
+    if foreign is None or foreign:
+        why = f"its key {foreign[0]!r} is not a config section" if foreign else "it is not a mapping of config sections"
+        raise UsageError(f"{path} is not a bertcli config ({why}), so bertcli init leaves it untouched: {fix}")
+
+
+def write_run_config(directory: Path, cfg: Config, header: str, *, force: bool) -> Path:
+    """Write DIR/config.yaml: never through a link, never over a file that is not a bertcli config, over
+    one only with `force` and while no command holds the run; the folders it made are removed again if
+    the write fails (a full disk)."""
+    path = directory / layout.RUN_CONFIG
+    if path.is_symlink():  # written through, the link's target (a shared template, any file) would be replaced
+        raise store.linked(path, "remove the link (its target is left alone), then run init again")
+    if path.exists():
+        check_replaceable(path)
+        if not force:
+            raise UsageError(f"{path} already exists; pass --force to overwrite it, or choose another folder")
+        store.check_free(store.run_lock(directory))  # the config of a run that trains now
+    if directory.exists() and not directory.is_dir():
+        raise UsageError(f"{directory} exists and is not a folder")
+    created = [p for p in (directory, *directory.parents) if not p.exists() and not p.is_symlink()]  # deepest first
+    directory.mkdir(parents=True, exist_ok=True)
+    try:  # without --force, never over one another init wrote meanwhile
+        store.write_text(path, to_yaml(cfg, header), exclusive=not force)
+    except FileExistsError:
+        raise UsageError(f"{path} already exists (written while this init ran); pass --force to overwrite it") from None
+    except BaseException:
+        for folder in created:
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only if still empty
+        raise
+    return path

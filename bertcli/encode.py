@@ -9,24 +9,12 @@ window is written early when the input stalls (STALL_SECONDS), so a slow produce
 
 from __future__ import annotations
 
-import codecs
-import collections
-import contextlib
-import io
-import json
-import os
 import queue
 import re
-import shutil
-import stat
-import sys
-import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, TextIO
 
 import numpy as np
 import torch
@@ -34,13 +22,24 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer, normalizers, pre_tokenizers
 from torch.overrides import TorchFunctionMode
 
-from bertcli import atomic, checkpoint, console, hf_import, layout, ownership, runtime
+from bertcli import checkpoint, console, hf_import, layout, runtime, sniff
 from bertcli.config import ModelConfig
 from bertcli.data.tokenizer import read_tokenizer_json
-from bertcli.errors import PipeClosed, RunError, UsageError
+from bertcli.encode_io import (
+    END,
+    LINE_BYTES,
+    Direct,
+    Line,
+    ReadAhead,
+    Writer,
+    check_layer,
+    may_stall,
+    read_lines,
+    stream_full,
+)
+from bertcli.errors import RunError, UsageError
 from bertcli.export import check_model_path, read_checkpoint
 from bertcli.model import BertForPreTraining, padding_mask
-from bertcli.ownership import check_input, foreign_text_kind, refuse_foreign_text
 from bertcli.sbert import NotReproducible, SentenceModel, lowercase_first
 
 POOLINGS = ("cls", "mean", "max", "pooler")
@@ -58,10 +57,9 @@ WINDOW_CHARS = 1 << 20
 CPU_BATCH_BYTES = 8 << 20
 # When no line comes for STALL_SECONDS, or the oldest line read has waited MAX_WAIT_SECONDS, the
 # lines read so far are encoded and written: a slow producer (tail -f, a pipeline) sees its rows.
-# Input that flows fills whole windows. READ_AHEAD: lines read ahead while a window is encoded.
+# Input that flows fills whole windows.
 STALL_SECONDS = 0.15
 MAX_WAIT_SECONDS = 1.0
-READ_AHEAD = 4096
 # A text longer than PREFIX_START characters per token of the length limit is tokenized from a prefix
 # that provably gives the whole text's first tokens (see Prefixes), grown 4-fold while it does not,
 # up to PREFIX_CAP characters per token: beyond that (a line of blanks or of words longer than a
@@ -73,49 +71,6 @@ PREFIX_CAP = 1000
 # the odd token of an odd budget to the longer side, which only whole sides tell. Both sides past it
 # are cut, and only there may that token go to the other side than the whole line's.
 PAIR_WHOLE_CHARS = 100_000
-# A line is kept up to this many bytes (the rest is read, checked and dropped: memory stays bounded);
-# far more than the PREFIX_CAP characters per token a cut can use (512 tokens: about 2 MB of UTF-8).
-LINE_BYTES = 8 << 20
-
-
-class NoSuchLayer(UsageError):
-    """A layer the model does not have: it has 0 (the embeddings) to `last`, or -1 to -(last + 1)."""
-
-    def __init__(self, layer: int, last: int) -> None:
-        super().__init__(
-            f"layer {layer}: this model has layers 0 (embeddings) to {last} (-1 to -{last + 1} from the end)"
-        )
-        self.layer, self.last = layer, last
-
-
-class PoolerNotLast(UsageError):
-    """Pooling 'pooler' of a layer other than the last: the pooler was trained on the last layer's [CLS]."""
-
-    def __init__(self, layer: int, last: int) -> None:
-        super().__init__(f"pooling 'pooler' reads the last layer ({last}), not layer {layer}; pick another pooling")
-        self.layer, self.last = layer, last
-
-
-class NotUtf8(UsageError):
-    """An input line that is not UTF-8 while bad bytes are errors."""
-
-    def __init__(self, source: str, line: int, byte: int) -> None:
-        super().__init__(
-            f"{source}: line {line} is not valid UTF-8 (byte {byte} of the line); fix the input or "
-            "read it with errors='replace'"
-        )
-        self.source, self.line, self.byte = source, line, byte
-
-
-class Unpaired(UsageError):
-    """An input line without a TAB while pairs are strict; `where`: "FILE: line N" (or "input line N")."""
-
-    def __init__(self, where: str) -> None:
-        super().__init__(
-            f"{where}: no TAB between the two sentences of a pair; write A<TAB>B, or encode pairs with "
-            "strict_pairs off to encode such lines alone"
-        )
-        self.where = where
 
 
 class NonFiniteOutput(RunError):
@@ -130,19 +85,6 @@ class NonFiniteOutput(RunError):
         self.source, self.where = source, where
 
 
-class Line(str):
-    """A line of input that knows where it came from (read_lines), for error messages, and whether
-    read_lines kept only its first LINE_BYTES: `lost` when what it dropped was more than blanks,
-    `dropped_tab` when that held a TAB, and whether it holds a CR inside (`inner_cr`: classic Mac OS line
-    ends, read as one line)."""
-
-    source: str
-    number: int
-    lost: bool = False
-    dropped_tab: bool = False
-    inner_cr: bool = False
-
-
 @dataclass(kw_only=True)
 class Encoder:
     model: BertForPreTraining
@@ -153,7 +95,7 @@ class Encoder:
     source: Path | None = None  # the folder or checkpoint the weights came from
     # Positions the model was trained at, where fewer than it has (None: all): a run from scratch's
     # data.max_seq_length, an export's or a folder's tokenizer model_max_length. The positions past it
-    # hold their random initialisation (trial 18 P3), so encode stops there unless asked.
+    # hold their random initialisation, so encode stops there unless asked.
     trained_length: int | None = None
 
     @property
@@ -173,7 +115,7 @@ def load_encoder(
     sentence = hf.sentence if hf else None
     if hf is not None:
         tokenizer, model = hf.tokenizer, _uninitialised(hf.config)
-        fresh, source = tuple(hf_import.init_from(model, hf.folder, uninitialised=True)), hf.folder
+        fresh, source = tuple(hf_import.load_into(model, hf.folder, uninitialised=True)), hf.folder
         trained = hf_import.tokenizer_limit(hf.folder) if sentence is None else None  # (its own settings say)
     else:
         # A checkpoint holds every weight (loaded strictly); a run's, pruned while read, is chosen again.
@@ -221,9 +163,8 @@ def _load_checkpoint(ckpt: Path) -> tuple[BertForPreTraining, Tokenizer]:
     file = ckpt / layout.TOKENIZER_JSON
     if not file.is_file():
         raise UsageError(f"{ckpt}: no tokenizer.json (a synthetic-corpus run has no tokenizer to encode text with)")
-    checkpoint.check_tokenizer_files(ckpt)  # the tokenizer the model was trained with, not an edited one
+    checkpoint.check_readable(ckpt)  # files as written (the tokenizer the model was trained with), weights' shapes
     tokenizer = read_tokenizer_json(file)
-    hf_import.check_weights(ckpt, cfg)  # before anything of the config's size is built
     hf_import.check_tokenizer(tokenizer, cfg, file)
     model = _uninitialised(cfg)
     checkpoint.load_weights(model, ckpt)  # strict: every weight
@@ -268,13 +209,7 @@ def resolve(
     normalisation, and its max_seq_length; else cls, no normalisation and the length the model was
     trained at (Encoder.trained_length), else its limit.
     Choosing a pooling leaves normalisation off unless asked: the folder's applies to its pooling
-    (and per-token vectors are not pooled). Every check of the settings against the model is here:
-    NoSuchLayer, NotReproducible, PoolerNotLast, and a pooler the folder has no weights for."""
-    last = len(enc.model.blocks)
-    try:
-        index = enc.model.bert.layer_index(layer)
-    except IndexError:
-        raise NoSuchLayer(layer, last) from None
+    (and per-token vectors are not pooled). Every check of the settings against the model is here."""
     st = enc.sentence
     from_folder = pooling is None and st is not None and not per_token
     if from_folder:
@@ -283,11 +218,10 @@ def resolve(
             raise NotReproducible(st.folder, problem)
         pooling, normalize = st.pooling, st.normalize if normalize is None else normalize
     pooling = pooling or "cls"
-    if pooling == "pooler" and index != last:
-        raise PoolerNotLast(index, last)
+    index = check_layer(enc.model.config, layer, pooling)
     if pooling == "pooler" and "pooler" in enc.fresh:  # its weights would be random: vectors of nothing learnt
         raise UsageError(
-            f"{enc.source}: has no pooler weights, so pooling 'pooler' would be random; pick cls, mean or max"
+            f"{enc.source}: has no pooler weights, so --pooling pooler would be random; pick cls, mean or max"
         )
     folder_limit = st.max_seq_length if st is not None else enc.trained_length
     limit = min(max_length or folder_limit or enc.max_length, enc.max_length)
@@ -302,68 +236,6 @@ def resolve(
         strict_pairs=strict_pairs,
         batch_size=batch_size,
     )
-
-
-def read_lines(sources: list[str], errors: str) -> Iterator[Line]:
-    """Lines of the files (or stdin for '-'), without their line ends or a file's UTF-8 byte-order
-    mark (Windows editors write one); a line that is not UTF-8 is an error naming it, unless
-    errors='replace'."""
-    for source in sources or ["-"]:
-        stream: BinaryIO = sys.stdin.buffer if source == "-" else _open(source)
-        name = "stdin" if source == "-" else source
-        try:
-            number = 0
-            while raw := stream.readline(LINE_BYTES):
-                number += 1
-                if number == 1 and (kind := foreign_text_kind(raw)):  # (a file's is refused as it opens)
-                    raise refuse_foreign_text(
-                        name, kind, None if source == "-" else source
-                    )  # even with --errors replace
-                lost = tab = False
-                if len(raw) == LINE_BYTES and not raw.endswith(b"\n"):  # longer: the rest is checked, not kept
-                    raw, lost, tab = _drop_rest(raw, stream, errors=errors, source=name, number=number)
-                try:
-                    text = raw.decode("utf-8", errors=errors)
-                except UnicodeDecodeError as exc:
-                    raise NotUtf8(name, number, exc.start) from None
-                line = Line((text.removeprefix("\ufeff") if number == 1 else text).rstrip("\r\n"))
-                del raw, text  # a long line: one copy at a time
-                line.source, line.number, line.lost, line.dropped_tab = name, number, lost, tab
-                line.inner_cr = "\r" in line
-                yield line
-        finally:
-            if stream is not sys.stdin.buffer:
-                stream.close()
-
-
-def _drop_rest(head: bytes, stream: BinaryIO, *, errors: str, source: str, number: int) -> tuple[bytes, bool, bool]:
-    """A line longer than LINE_BYTES: read the rest in blocks of that size, checked (UTF-8) but not
-    kept, so that memory stays bounded whatever the line. Returns the head cut back to whole
-    characters, whether the rest held more than ASCII blanks (tokens may be lost: the line counts as
-    truncated), and whether it held a TAB (with pairs, the second sentence)."""
-    cut = len(head)
-    while cut > len(head) - 3 and head[cut - 1] & 0xC0 == 0x80:  # continuation bytes of a character cut short
-        cut -= 1
-    if head[cut - 1] >= 0xC0:  # its lead byte
-        cut -= 1
-    decoder = codecs.getincrementaldecoder("utf-8")(errors=errors)
-    lost, tab, position, pending = bool(head[cut:].strip()), False, cut, head[cut:]
-    for block in iter(lambda: stream.readline(LINE_BYTES), b""):
-        data, pending = pending + block, b""
-        try:
-            decoder.decode(data, final=block.endswith(b"\n"))
-        except UnicodeDecodeError as exc:
-            raise NotUtf8(source, number, position + exc.start) from None
-        position += len(data)
-        lost, tab = lost or bool(block.strip()), tab or b"\t" in block
-        if block.endswith(b"\n"):
-            break
-    return head[:cut], lost, tab
-
-
-def _open(path: str) -> BinaryIO:
-    check_input(path)
-    return open(path, "rb")  # a file gone since the check: an OSError, one line from the CLI
 
 
 def _one_of(chars: set[str]) -> str:
@@ -633,7 +505,7 @@ def encode(
         counts["lines"] += len(window)
         window.clear()
 
-    reader = _Reader(lines) if input_may_stall else _Direct(lines)
+    reader = ReadAhead(lines) if input_may_stall else Direct(lines)
     try:
         first, chars = 0.0, 0  # when the window's first line came, and the characters read into it
         while True:
@@ -643,7 +515,7 @@ def encode(
             except queue.Empty:
                 flush()
                 continue
-            if line is _END:
+            if line is END:
                 break
             if not window:
                 first, chars = time.monotonic(), 0
@@ -670,7 +542,10 @@ def _pair_up(window: list[str], where: Callable[[int], str], *, strict: bool) ->
             "encode reads; put the two sentences of a pair within that"
         )
     if unpaired and strict:
-        raise Unpaired(where(unpaired[0]))
+        raise UsageError(
+            f"{where(unpaired[0])}: no TAB between the two sentences (--strict-pairs); write A<TAB>B, or drop "
+            "--strict-pairs to encode such lines alone"
+        )
     return inputs
 
 
@@ -705,249 +580,89 @@ def _rows(
     return rows
 
 
-_END = object()  # after the last line
-
-
-def may_stall(sources: list[str]) -> bool:
-    """Whether reading `sources` ('-': stdin) can wait on a producer: a pipe, a terminal, a FIFO."""
-    for source in sources or ["-"]:
-        try:
-            mode = os.fstat(sys.stdin.fileno()).st_mode if source == "-" else os.stat(source).st_mode
-        except (OSError, ValueError):  # no stdin of its own (in-process), or a file gone: ask no more
-            return True
-        if not stat.S_ISREG(mode):
-            return True
-    return False
-
-
-class _Direct:
-    """Lines of regular files, read as encode asks for them: they come as fast as they can be read."""
-
-    def __init__(self, lines: Iterator[str]) -> None:
-        self.lines = iter(lines)
-
-    def get(self, timeout: float | None) -> object:
-        return next(self.lines, _END)
-
-    def close(self) -> None:
-        pass
-
-
-class _Reader:
-    """The input lines, read ahead by a thread of their own, so that encode sees when the input
-    stalls and writes what it has instead of waiting for a window to fill. What reading raises
-    (a line that is not UTF-8, say) is raised again by `get`. The lines pass through a deque
-    (atomic appends and pops): events are set only when the other side may be waiting, so a line
-    costs well under a microsecond (queue.Queue: about 10)."""
-
-    def __init__(self, lines: Iterator[str]) -> None:
-        self.items: collections.deque = collections.deque()
-        self.ready, self.room, self.stopped = threading.Event(), threading.Event(), threading.Event()
-        self.room.set()
-        threading.Thread(target=self._read, args=(lines,), name="bertcli-encode-input", daemon=True).start()
-
-    def _put(self, item: object) -> bool:
-        self.items.append(item)
-        if not self.ready.is_set():
-            self.ready.set()
-        while len(self.items) >= READ_AHEAD:  # far enough ahead: wait for room (a lost wake-up costs 0.1 s)
-            self.room.clear()
-            if len(self.items) >= READ_AHEAD and not self.room.wait(0.1) and self.stopped.is_set():
-                return False
-        return not self.stopped.is_set()
-
-    def _read(self, lines: Iterator[str]) -> None:
-        try:
-            for line in lines:
-                if not self._put(line):
-                    break
-            else:
-                self._put(_END)
-        except BaseException as exc:  # noqa: BLE001  (handed to the encoding thread, which raises it)
-            self._put(exc)
-        finally:
-            close = getattr(lines, "close", None)
-            if close is not None:
-                close()  # a generator's files (read_lines)
-
-    def get(self, timeout: float | None) -> object:
-        """The next line or _END; queue.Empty after `timeout` seconds without one."""
-        while True:
-            try:
-                item = self.items.popleft()
-            except IndexError:
-                self.ready.clear()
-                if not self.items and not self.ready.wait(timeout):  # (an append just before the clear is seen)
-                    raise queue.Empty from None
-                continue
-            if not self.room.is_set():
-                self.room.set()
-            if isinstance(item, BaseException):
-                raise item
-            return item
-
-    def close(self) -> None:
-        """Stop reading ahead (a thread blocked reading stdin ends with the process)."""
-        self.stopped.set()
-        self.room.set()
-
-
-# The temporary names of encode's output files (+ NAME.PID, + NAME.PID.raw for npy's rows): bertcli's own,
-# which the next encode of NAME removes once PID is gone, where they hold rows (_holds_rows).
-TMP_ROWS = f"{atomic.TMP_PREFIX}bertcli-encode."
-_JSONL_ROW = re.compile(rb'^\{"line": \d+, "(vector|tokens)": \[')
-
-
-def _holds_rows(path: Path) -> bool:
-    """Whether temporary file `path` holds what encode writes there, as far as its start tells: nothing
-    yet, npy's float32 rows (.raw: whole float32s) or header, a JSON Lines row, or a TSV row (numbers,
-    after the text with --with-text). A file of another content is not encode's, whatever its name."""
-    size = path.stat().st_size
-    if size == 0:
-        return True
-    if path.name.endswith(".raw"):
-        return size % 4 == 0
-    with open(path, "rb") as fh:
-        head = fh.read(1 << 16)
-    if head.startswith(b"\x93NUMPY") or _JSONL_ROW.match(head):
-        return True
-    fields = head.split(b"\n", 1)[0].split(b"\t")
-    numbers = [f for f in (fields[1:] if len(fields) > 1 else fields) if f]  # (a first field may be --with-text's)
+def run(
+    model: Path,
+    *,
+    hf: hf_import.EncoderFolder | None,
+    inputs: list[str],
+    writer: Callable[[], Writer],
+    output: Path | None,
+    stopper,
+    device: str,
+    dtype: str,
+    errors: str,
+    **flags,
+) -> None:
+    """`bertcli encode`, its checks done (preflight.encode): load the model, resolve the settings (`flags`:
+    those of `resolve`), encode every line into `writer()`, put the output into place and say what
+    stderr should know (truncated lines, unpaired ones, CRs inside lines)."""
+    encoder = load_encoder(model, runtime.parse_device(device, "--device"), dtype, hf=hf)
+    if slow := runtime.slow_autocast(encoder.rt):
+        console.error(f"warning: --dtype {slow}; use --dtype fp32 on this CPU")
+    settings = resolve(encoder, **flags)
+    _say_settings(settings, model=model, max_length=flags.get("max_length"), trained_length=encoder.trained_length)
+    stopper.left = (
+        f"{output} was not written (what was there is intact)"
+        if output is not None and not sniff.is_stream(output)
+        else f"the rows on {output or 'stdout'} so far are those of the first lines only"
+    )
+    out = writer()
     try:
-        return bool(numbers) and all(isinstance(float(f), float) for f in numbers)
-    except ValueError:
-        return False
+        counts = encode(encoder, read_lines(inputs, errors), out, settings, input_may_stall=may_stall(inputs))
+        stopper.left = f"{output or 'the output'} is complete"
+        with stopper.until("held"):  # the output goes into place whole
+            out.close(encoder.model.config.hidden_size)
+    except BaseException as exc:
+        out.abort()
+        if (full := stream_full(exc, output)) is not None:
+            raise full from None
+        raise
+    _say_counts(counts, encoder, settings, model=model, max_length=flags.get("max_length"))
 
 
-class Writer:
-    """Rows out: jsonl or tsv to a text stream, or to an output file; npy to a file or to the stream
-    (binary, at the end: its header needs the row count). A file is written under a temporary name
-    and renamed into place at the end (never half-written), with the mode of the file it replaces; a
-    character device or named pipe (`-o /dev/null`, a FIFO, /dev/stdout) is written in place as the
-    rows come, as the shell's `>` writes it (npy: at the end)."""
-
-    def __init__(self, fmt: str, stream: TextIO | None, output: Path | None, with_text: bool) -> None:
-        self.fmt, self.stream, self.with_text = fmt, stream, with_text
-        self.output, self.rows, self.width = output, 0, None
-        self.raw: io.BufferedWriter | None = None
-        self.in_place = output is not None and ownership.is_stream(output)
-        if fmt == "npy" and with_text:  # the CLI says which flag to change
-            raise ValueError("npy holds numbers only: no text")
-        if fmt == "npy" and output is None:  # (`> FILE.npy`: trial 16 P9) the rows wait in an unnamed file
-            self.raw_path, self.raw = None, tempfile.TemporaryFile()
-        if output is not None:
-            if not self.in_place:  # of an encode killed (SIGKILL) before it put its output in place
-                for left in atomic.clean_leftover_files(output, TMP_ROWS, _holds_rows):
-                    console.log(f"bertcli encode: removed {left}, left by an encode killed before it finished")
-            self.tmp = output.with_name(f"{TMP_ROWS}{output.name}.{os.getpid()}")
-            if fmt == "npy":  # the rows first; the header, which needs their count, is written at close
-                if self.in_place:  # no folder of ours beside a device: the rows wait in an unnamed file
-                    self.raw_path = None
-                    self.raw = tempfile.TemporaryFile()
-                else:
-                    self.raw_path = output.with_name(f"{TMP_ROWS}{output.name}.{os.getpid()}.raw")
-                    self.raw = open(self.raw_path, "w+b")  # read back at close
-            else:
-                self.stream = open(output if self.in_place else self.tmp, "w", encoding="utf-8", newline="\n")
-
-    def write(self, number: int, text: str, row: np.ndarray, tokens: list[str] | None) -> None:
-        self.rows += 1
-        if self.raw is not None:
-            self.width = row.shape[-1]
-            with atomic.writing(self.output or Path("stdout")):
-                self.raw.write(np.ascontiguousarray(row, dtype=np.float32).tobytes())
-            return
-        if self.fmt == "tsv":
-            line = "\t".join(([_tsv_text(text)] if self.with_text else []) + [f"{x:.6g}" for x in row])
-        elif tokens is not None:
-            record = {"line": number, "tokens": tokens, "vectors": [[float(f"{x:.6g}") for x in v] for v in row]}
-            line = json.dumps(record | ({"text": text} if self.with_text else {}), ensure_ascii=False)
-        else:
-            record = {
-                "line": number,
-                **({"text": text} if self.with_text else {}),
-                "vector": [float(f"{x:.6g}") for x in row],
-            }
-            line = json.dumps(record, ensure_ascii=False)
-        try:
-            if self.output is None:
-                self.stream.write(line + "\n")
-            else:
-                with atomic.writing(self.output):  # a full disk named as the output, not its temporary name
-                    self.stream.write(line + "\n")
-        except BrokenPipeError:
-            raise PipeClosed from None
-
-    def flush(self) -> None:
-        if self.output is None:
-            try:
-                self.stream.flush()
-            except BrokenPipeError:
-                raise PipeClosed from None
-
-    def close(self, hidden_size: int) -> None:
-        """Into place: a text file as written; npy as header + rows (an empty input gives shape (0, H))."""
-        if self.output is None:
-            if self.raw is not None:  # npy on the stream: its bytes, as a file of it would hold them
-                try:
-                    self.stream.flush()
-                    self._write_npy(self.stream.buffer, hidden_size)
-                    self.stream.buffer.flush()
-                except BrokenPipeError:
-                    raise PipeClosed from None
-            return
-        try:
-            with atomic.writing(self.output):
-                self._close(hidden_size)
-        except BrokenPipeError:  # a FIFO's reader went away
-            raise PipeClosed from None
-        if self.in_place:
-            return
-        with contextlib.suppress(FileNotFoundError):  # a file replaced keeps its mode (0600 stays private)
-            os.chmod(self.tmp, stat.S_IMODE(os.stat(self.output).st_mode))
-        os.replace(self.tmp, self.output)
-        atomic.fsync_path(self.output.parent)
-
-    def _write_npy(self, fh: BinaryIO, hidden_size: int) -> None:
-        """The .npy header for the rows written, then the rows (streamed: memory stays bounded)."""
-        header = {
-            "descr": np.lib.format.dtype_to_descr(np.dtype("<f4")),
-            "fortran_order": False,
-            "shape": (self.rows, self.width or hidden_size),
-        }
-        self.raw.flush()
-        self.raw.seek(0)
-        np.lib.format.write_array_header_1_0(fh, header)
-        shutil.copyfileobj(self.raw, fh, 1 << 20)
-        self.raw.close()
-
-    def _close(self, hidden_size: int) -> None:
-        if self.raw is None:
-            self.stream.flush()
-            if not self.in_place:
-                os.fsync(self.stream.fileno())
-            self.stream.close()
-            return
-        with open(self.output if self.in_place else self.tmp, "wb") as fh:
-            self._write_npy(fh, hidden_size)
-            fh.flush()
-            if not self.in_place:
-                os.fsync(fh.fileno())
-        if self.raw_path is not None:
-            self.raw_path.unlink(missing_ok=True)
-
-    def abort(self) -> None:
-        """Remove what was written: the output keeps its earlier content, if any."""
-        if self.output is None:
-            return
-        with contextlib.suppress(OSError):  # closing flushes, which fails again on a full disk
-            (self.stream if self.raw is None else self.raw).close()
-        if self.raw is not None and self.raw_path is not None:
-            self.raw_path.unlink(missing_ok=True)
-        if not self.in_place:
-            self.tmp.unlink(missing_ok=True)
+def _say_settings(settings: Settings, *, model: Path, max_length: int | None, trained_length: int | None) -> None:
+    """What encode says of its settings before it starts."""
+    if max_length is not None and max_length > settings.max_length:
+        console.error(
+            f"bertcli encode: --max-length {max_length} is past the model's {settings.max_length} positions; texts are truncated there"
+        )
+    if max_length is not None and trained_length is not None and settings.max_length > trained_length:
+        console.error(
+            f"warning: texts are encoded up to {settings.max_length} tokens (--max-length), past the length the model "
+            f"was trained at, {trained_length}: the positions past it were never trained"
+        )
+    if settings.from_folder:
+        console.error(
+            f"bertcli encode: {model} is a sentence-transformers model: {settings.pooling} pooling, "
+            f"{'normalized' if settings.normalize else 'not normalized'}, up to {settings.max_length} tokens (its own "
+            "settings; --pooling, --normalize/--no-normalize and --max-length choose otherwise)"
+        )
 
 
-def _tsv_text(text: str) -> str:
-    """A text as one TSV cell: backslash, TAB, CR and LF written as \\\\, \\t, \\r and \\n."""
-    return text.replace("\\", "\\\\").replace("\t", "\\t").replace("\r", "\\r").replace("\n", "\\n")
+def _say_counts(
+    counts: dict[str, int], encoder: Encoder, settings: Settings, *, model: Path, max_length: int | None
+) -> None:
+    """What encode says once the rows are written: the checkpoint a run gave, lines truncated, unpaired, with a CR."""
+    from bertcli.export import described
+
+    lines = counts["lines"]
+    if lines and layout.identify(Path(model)).kind is layout.Kind.RUN:
+        how = "a vector per token" if settings.per_token else f"{settings.pooling} pooling"
+        console.error(
+            f"bertcli encode: the vectors of {described(encoder.source)}: {how}{', normalized' if settings.normalize else ''} (--pooling chooses)"
+        )
+    if counts["truncated"]:
+        trained = max_length is None and settings.max_length == encoder.trained_length and not settings.from_folder
+        why = ", the length the model was trained at (--max-length chooses)" if trained else ""
+        console.error(
+            f"bertcli encode: {counts['truncated']:,} of {lines:,} lines were truncated to {settings.max_length} tokens{why}"
+        )
+    if counts["unpaired"]:
+        console.error(
+            f"bertcli encode: {counts['unpaired']:,} of {lines:,} lines had no TAB and were encoded as one sentence each (--strict-pairs makes that an error)"
+        )
+    if counts["inner_cr"]:
+        console.error(
+            f"warning: {counts['inner_cr']:,} of {lines:,} lines hold a carriage return (CR) inside: a line ends at LF, "
+            "so each was encoded as one text; if CR ends your lines, convert them (tr '\\r' '\\n')"
+        )

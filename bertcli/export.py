@@ -5,13 +5,12 @@ weights' names and vocabulary rows are translated by hf_names.to_hf; only safete
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-from bertcli import __version__, atomic, checkpoint, console, hf_names, layout, ownership
+from bertcli import __version__, checkpoint, console, hf_names, layout, resume, store, weights
 from bertcli.data.tokenizer import describe, read_tokenizer_json
 from bertcli.errors import RunError, UsageError
 from bertcli.layout import Kind
@@ -36,7 +35,7 @@ class ExportExists(UsageError):
     """export's OUT_DIR exists and replacing it was not asked for (the CLI words the flag that asks)."""
 
     def __init__(self, out_dir: Path) -> None:
-        super().__init__(f"{out_dir} already exists; replace it (an earlier export only), or choose another folder")
+        super().__init__(f"{out_dir} already exists; pass --force to replace it, or choose another folder")
         self.out_dir = out_dir
 
 
@@ -48,12 +47,17 @@ def find_checkpoint(path: Path) -> Path:
     path = _run_outputs(Path(path))
     found = layout.identify(path)
     if found.kind is Kind.CHECKPOINT:
-        checkpoint.check_own_files(path)
+        checkpoint.check_links(path)
         return path
     if found.kind is Kind.INCOMPLETE_CHECKPOINT:
         raise UsageError(f"{path}: {layout.incomplete(path)}; use another checkpoint of the run")
-    # (a link to another run's checkpoint of the same model was read as this run's, exit 0)
-    checkpoint.check_no_links(path, "remove the link, or name the checkpoint folder to read")
+    # A link to another run's checkpoint would be read as this run's.
+    root = layout.checkpoints_dir(path)
+    for link in [root] + (
+        [c for c in root.iterdir() if c.name == layout.BEST or layout.STEP_DIR.match(c.name)] if root.is_dir() else []
+    ):
+        if link.is_symlink():
+            raise store.linked(link, "remove the link, or name the checkpoint folder to read")
     best = found.best
     best_folder = layout.checkpoints_dir(path) / layout.BEST
     problem = layout.incomplete(best_folder) if best is None and best_folder.is_dir() else None
@@ -61,14 +65,12 @@ def find_checkpoint(path: Path) -> Path:
         console.log(f"{best_folder} is {problem}, so it is passed over")
     chosen = found.checkpoints[-1][1] if found.checkpoints else None
     if best is not None:
-        checkpoint.check_own_files(best)
+        checkpoint.check_links(best)
         try:
             ours = checkpoint.read_config(best)
         except Exception:  # noqa: BLE001  a best whose config does not load is no better
             ours = None
-        differ = chosen is not None and (
-            ours is None or checkpoint.model_differences(ours, checkpoint.read_config(chosen))
-        )
+        differ = chosen is not None and (ours is None or resume.model_differences(ours, checkpoint.read_config(chosen)))
         if not differ:
             chosen = best
         else:
@@ -80,7 +82,7 @@ def find_checkpoint(path: Path) -> Path:
         raise UsageError(
             f"{path}: no checkpoint here; pass a checkpoint folder or a run folder that holds checkpoints/"
         )
-    checkpoint.check_own_files(chosen)
+    checkpoint.check_links(chosen)
     return chosen
 
 
@@ -125,8 +127,8 @@ def check_model_path(path: Path, hf: EncoderFolder | None) -> None:
 
 
 def refuse_a_part_of_a_run(path: Path, wanted: str) -> None:
-    """A run's config.yaml or checkpoints/ given where its run folder is meant (as after `pretrain
-    --config`), or prepared data: say which it is, and what to pass."""
+    """A run's config.yaml or checkpoints/ given where its run folder is meant, or prepared data: say
+    which it is, and what to pass."""
     part = {layout.RUN_CONFIG: "config", layout.CHECKPOINTS: "checkpoints folder"}.get(path.name)
     if part and path.exists() and layout.identify(path.parent).kind is Kind.RUN:
         raise UsageError(f"{path}: a run's {part}, not {wanted}: pass the run folder, {path.parent}")
@@ -138,7 +140,7 @@ def _run_outputs(path: Path) -> Path:
     """Where the run of folder `path` keeps its checkpoints: the output_dir of its config.yaml, as for
     pretrain and inspect (a config naming a scratch disk, say); `path` itself where the config does
     not load or names it. A folder with checkpoints of its own whose config names another is refused:
-    which run is meant cannot be told (the folder's own stale checkpoints were read, exit 0)."""
+    which run is meant cannot be told."""
     from bertcli.resolve import load_run
 
     config = path / layout.RUN_CONFIG
@@ -165,7 +167,7 @@ def read_checkpoint(path: Path, read: Callable[[Path], T]) -> tuple[Path, T]:
     for tries in range(3, 0, -1):
         ckpt = None
         try:
-            ckpt = find_checkpoint(path)  # (choosing reads step folders too: trial 17 C2)
+            ckpt = find_checkpoint(path)  # (choosing reads step folders too)
             return ckpt, read(ckpt)
         except (OSError, UsageError, RunError) as exc:
             found = layout.identify(path)
@@ -178,17 +180,12 @@ def read_checkpoint(path: Path, read: Callable[[Path], T]) -> tuple[Path, T]:
 
 
 def _refuse_damaged_best(best: Path, exc: UsageError, steps: tuple[tuple[int, Path], ...]) -> None:
-    """A run's best that is damaged (`exc` came of it, and check_readable fails on it too: not an
-    export folder that exists, say) is refused with the run's newest step checkpoint named, which
-    the user can pass instead (trial 16 P14: "use another checkpoint", none named)."""
+    """A run's best that is damaged (`exc` came of it, and check_readable fails on it too) is refused
+    with the run's newest intact step checkpoint named, which the user can pass instead."""
     try:
         checkpoint.check_readable(best)
     except UsageError:
-        # The newest step folder whose files are as written (trial 26 P8: the newest, named, was cut as well).
-        intact = next(
-            (p for _, p in reversed(steps) if not (checkpoint.tokenizer_change(p) or checkpoint.file_change(p))),
-            None,
-        )
+        intact = next((p for _, p in reversed(steps) if not checkpoint.change(p)), None)
         if intact is not None:
             newest = "its newest" if intact == steps[-1][1] else "its newest intact"
             raise UsageError(f"{exc} (that is the run's best: pass {newest} checkpoint, {intact}, instead)") from None
@@ -206,31 +203,24 @@ def export_checkpoint(source: Path, out_dir: Path, force: bool = False) -> tuple
 
 def _export(ckpt: Path, out_dir: Path, force: bool) -> Path:
     fix = "choose a new or empty OUT_DIR"
-    ownership.check_apart(out_dir, [ownership.Input("the source checkpoint", ckpt)], fix)
-    ownership.check_output_folder(out_dir, fix)
-    # An empty folder is used as a new one (trial 22 P3: refused without --force, as the docs said it may be used).
-    if out_dir.exists() and not force and not ownership.is_empty_folder(out_dir):
-        ownership.check_replaceable(out_dir, layout.EXPORT, fix)  # (trial 26 C2: a file was told to pass --force)
-        raise ExportExists(out_dir)
+    store.check_apart(out_dir, [store.Input("the source checkpoint", ckpt)], fix)
+    store.check_not_inside_own(out_dir, fix)
 
-    def guard(target: Path) -> None:  # forced, it replaces an earlier export only, never anything else
-        # (again before the swap: another export may have written it meanwhile)
-        if target.exists() and not force and not ownership.is_empty_folder(target):
-            raise ExportExists(out_dir)
-        ownership.check_replaceable(target, layout.EXPORT, fix)
+    def guard(target: Path) -> None:  # (again before the swap: another export may have written it meanwhile)
+        if target.exists() and not store.is_empty_folder(target):
+            store.check_replaceable(target, layout.EXPORT, fix)  # forced, only an earlier export; never a file
+            if not force:
+                raise ExportExists(out_dir)
 
     guard(out_dir)
-    ownership.remove_leftover_folders(out_dir, layout.EXPORT)  # of an export killed while it wrote
-    # Config, tokenizer and weights as recorded, the weights of the config's sizes (an export whose config.json
-    # claims other sizes would load nowhere), the tokenizer the model was trained with, not an edited one.
-    cfg = checkpoint.check_readable(ckpt)
+    store.clean_folder_leftovers(out_dir, layout.EXPORT)  # of an export killed while it wrote
+    cfg = checkpoint.check_readable(ckpt)  # every file as recorded, the weights of the config's sizes
     m = cfg.model
-    weights = checkpoint.read_weights(ckpt)  # finite, and none of the checkpoint's files a symbolic link
-    # The model's keys and shapes from the config's numbers: the weights publish no other tensor. (A model
-    # built on the meta device imported torch._dynamo: 5 s of a 10 s export of a tiny run, trial 17 P1.)
-    shapes = {k: tuple(v.shape) for k, v in weights.items()}
-    checkpoint.check_shapes(shapes, hf_names.weight_shapes(m), ckpt / layout.WEIGHTS)
-    weights = hf_names.to_hf(weights, m)  # Hugging Face's names, the speed padding rows dropped
+    tensors = checkpoint.read_weights(ckpt)
+    weights.check_shapes(
+        {k: tuple(v.shape) for k, v in tensors.items()}, hf_names.weight_shapes(m), ckpt / layout.WEIGHTS
+    )
+    tensors = hf_names.to_hf(tensors, m)  # Hugging Face's names, the speed padding rows dropped
     config = {
         "architectures": ["BertForPreTraining"],
         "model_type": "bert",
@@ -241,36 +231,26 @@ def _export(ckpt: Path, out_dir: Path, force: bool) -> Path:
         "bertcli_version": __version__,
         "bertcli_step": checkpoint.read_trainer_state(ckpt).get("step"),  # which checkpoint of the run this is
     }
-    with atomic.folder(out_dir, guard) as tmp:
-        _write_json(tmp / layout.HF_CONFIG, config)
-        checkpoint.save_safetensors(weights, tmp / layout.WEIGHTS, metadata={"format": "pt"})
+    with store.folder(out_dir, guard) as tmp:
+        store.write_json(tmp / layout.HF_CONFIG, config)
+        store.save_safetensors(tensors, tmp / layout.WEIGHTS)
         for name in layout.TOKENIZER_FILES:
             if not (ckpt / name).is_file():
                 raise UsageError(f"{ckpt}: no {name}; a checkpoint of the synthetic corpus has no tokenizer to export")
-            with atomic.writing(tmp / name):
-                (tmp / name).write_bytes(ownership.read_own(ckpt / name))  # never through a link out of the checkpoint
-        # The casing of the tokenizer itself, not of the config (a loaded tokenizer keeps its own):
-        # transformers applies these keys over tokenizer.json's normalizer.
-        tok = read_tokenizer_json(tmp / layout.TOKENIZER_JSON)
-        casing = describe(tok)
+            with store.writing(tmp / name):
+                (tmp / name).write_bytes(store.read_own(ckpt / name))
+        # The casing of the tokenizer itself (transformers applies these keys over tokenizer.json's normalizer).
+        casing = describe(read_tokenizer_json(tmp / layout.TOKENIZER_JSON))
         lower, strip = casing.get("lowercase", True), casing.get("strip_accents", True)
         tokenizer_config = {
             "tokenizer_class": "BertTokenizer",
             "do_lower_case": lower,
             "strip_accents": None if strip == lower else strip,
             "tokenize_chinese_chars": casing.get("tokenize_chinese_chars", True),
-            # The positions trained (a run from scratch at data.max_seq_length: the rest are random), what
-            # transformers truncates at, and bertcli's encode of this folder as of its run.
+            # The positions trained: what transformers truncates at, and bertcli's encode of this folder.
             "model_max_length": checkpoint.checkpoint_trained_length(ckpt) or m.max_position_embeddings,
             **SPECIAL_TOKENS,
         }
-        _write_json(tmp / layout.TOKENIZER_CONFIG, tokenizer_config)
-        _write_json(tmp / layout.SPECIAL_TOKENS_MAP, SPECIAL_TOKENS)
-        for path in tmp.iterdir():
-            atomic.fsync_path(path)
+        store.write_json(tmp / layout.TOKENIZER_CONFIG, tokenizer_config)
+        store.write_json(tmp / layout.SPECIAL_TOKENS_MAP, SPECIAL_TOKENS)
     return out_dir
-
-
-def _write_json(path: Path, value: Any) -> None:
-    with atomic.writing(path):
-        path.write_text(json.dumps(value, indent=2) + "\n")

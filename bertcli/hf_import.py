@@ -1,29 +1,25 @@
 """Reading Hugging Face BERT folders: their config.json as a ModelConfig checked against the weights'
-sizes (also a checkpoint's, for export and encode), their weights under bertcli's names (hf_names.from_hf),
-and `init_from`, which loads a Hugging Face folder or a bertcli checkpoint into a model. Only
-safetensors weights are read: nothing is ever unpickled.
+sizes, their tokenizer checked against the model, their weights under bertcli's names
+(hf_names.from_hf). Only safetensors weights are read: nothing is ever unpickled.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import safetensors
 from tokenizers import Tokenizer
 
-from bertcli import checkpoint, hf_names, layout
+from bertcli import hf_names, layout, weights
 from bertcli.config import ModelConfig, TokenizerConfig
 from bertcli.config_load import model_config_from_dict
 from bertcli.data.tokenizer import load_tokenizer
 from bertcli.errors import UsageError
-from bertcli.hf_names import HF_FIELDS, TIED_ALIASES
+from bertcli.hf_names import HF_FIELDS
 from bertcli.layout import Kind
-from bertcli.sizes import padded_vocab_size
 
 if TYPE_CHECKING:  # the loaders import torch: configs and shapes are read without it (inspect)
     import torch
@@ -49,7 +45,7 @@ def read_hf_config(folder: Path) -> ModelConfig:
         if raw.get(key, value[0]) != value[0]:
             raise UsageError(f"{file}: {key} {raw[key]!r} is not supported ({value[1]}); bertcli reads BERT encoders")
     cfg = model_config_from_dict(values, str(file))  # strict: types, choices, divisibility
-    check_weights(folder, cfg)  # before anything of its size is built
+    weights.check_file(weights_file(folder), cfg, file, OPTIONAL_PARTS)  # before anything of its size is built
     return cfg
 
 
@@ -88,49 +84,6 @@ def check_tied(folder: Path) -> None:
 # The parts a Hugging Face folder may lack (a bare BertModel, a BertForMaskedLM): initialised fresh.
 PARTS = {"bert.pooler.": "pooler", "cls.predictions.": "MLM head", "cls.seq_relationship.": "NSP head"}
 OPTIONAL_PARTS = tuple(PARTS)
-
-# The sizes of a config against the weights file's tensors: (config fields, a tensor holding them as its shape).
-SIZED = [
-    (("vocab_size", "hidden_size"), "bert.embeddings.word_embeddings.weight"),
-    (("max_position_embeddings", "hidden_size"), "bert.embeddings.position_embeddings.weight"),
-    (("type_vocab_size", "hidden_size"), "bert.embeddings.token_type_embeddings.weight"),
-    (("intermediate_size", "hidden_size"), "bert.encoder.layer.0.intermediate.dense.weight"),
-]
-
-
-def check_weights(folder: Path, cfg: ModelConfig) -> None:
-    """Refuse (exit 2) a config whose sizes are not those of the tensors in `folder`'s
-    model.safetensors (a Hugging Face folder or a checkpoint: vocabulary rows padded or not), read
-    from the file's header alone; safetensors checks the header against the file's length. A model
-    of `cfg` then costs about what the file holds: a config.json claiming absurd sizes (damage, or
-    the config of another model) is one line, not an allocation that fails or runs for minutes."""
-    folder = Path(folder)
-    shapes = stored_shapes(folder)
-    config = folder / (layout.HF_CONFIG if layout.is_hf_folder(folder) else layout.CHECKPOINT_CONFIG)
-    mismatch = "the two do not belong together (one is damaged, or from another model): restore the folder's files"
-    layers = {int(m.group(1)) for key in shapes if (m := re.match(r"bert\.encoder\.layer\.(\d+)\.", key))}
-    if len(layers) != cfg.num_hidden_layers:
-        raise UsageError(
-            f"{config} says num_hidden_layers {cfg.num_hidden_layers:,}, but model.safetensors holds "
-            f"{len(layers):,} layers: {mismatch}"
-        )
-    for fields, key in SIZED:
-        expected = tuple(getattr(cfg, name) for name in fields)
-        if key not in shapes:
-            raise UsageError(f"{folder / layout.WEIGHTS}: the encoder is incomplete (no {key}); restore the file")
-        rows = {expected[0], padded_vocab_size(cfg)} if fields[0] == "vocab_size" else {expected[0]}
-        if len(shapes[key]) != 2 or shapes[key][0] not in rows or shapes[key][1] != expected[1]:
-            said = " and ".join(f"{name} {getattr(cfg, name):,}" for name in fields)
-            raise UsageError(
-                f"{config} says {said}, but model.safetensors holds {key} of shape {tuple(shapes[key])}: {mismatch}"
-            )
-    # Then every tensor, as loading will check it (vocabulary rows as stored, padded or not):
-    # a missing, extra or reshaped tensor is one line here, not after seconds of importing torch.
-    for key in hf_names.VOCAB_ROWS:
-        if key in shapes and shapes[key][0] == cfg.vocab_size:
-            shapes[key] = (padded_vocab_size(cfg), *shapes[key][1:])
-    checkpoint.check_shapes(shapes, hf_names.weight_shapes(cfg), folder / layout.WEIGHTS, OPTIONAL_PARTS)
-
 
 # all-MiniLM-L6-v2's tokenizer.json (BERT's uncased vocabulary): 466 KB for 30,522 tokens, 15 bytes a token;
 # its vocab.txt 232 KB, 8 bytes a token. A tokenizer file past 1 KiB a token belongs to no such model.
@@ -246,65 +199,9 @@ def weights_file(folder: Path) -> Path:
     return file
 
 
-# safetensors' names of the dtypes weights may come in (a model saved in fp64 too); anything else is refused.
-FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
-
-
-def stored_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
-    """The shapes of a Hugging Face folder's weights under bertcli's names (no vocabulary padding,
-    no tied aliases), read from the safetensors header alone: nothing is loaded. Refused (exit 2):
-    a weight stored twice under two names, or stored as other than floating point."""
-    file = weights_file(folder)
-    try:
-        with safetensors.safe_open(file, "numpy") as f:  # the header only; "pt" would import torch
-            slices = {key: f.get_slice(key) for key in f.keys()}
-            header = {key: (tuple(s.get_shape()), s.get_dtype()) for key, s in slices.items()}  # key -> (shape, dtype)
-    except (safetensors.SafetensorError, OSError, ValueError) as exc:
-        raise UsageError(f"{file}: cannot read weights ({exc})") from None
-    try:
-        names = hf_names.our_keys(header)  # bertcli's name -> the file's key
-    except ValueError as exc:
-        raise UsageError(f"{file}: {exc}, and bertcli cannot tell which is the model's: remove the other") from None
-    odd = [key for key in names.values() if header[key][1] not in FLOAT_DTYPES]
-    if odd:  # quantized (its scales elsewhere) or damaged: read as numbers, the weights would be others
-        raise UsageError(
-            f"{file}: {odd[0]} is stored as {header[odd[0]][1]}, not as floating point (fp32, fp16 or bf16); a "
-            "quantized or damaged weight gives other vectors: use the model's floating-point weights"
-        )
-    return {new: header[key][0] for new, key in names.items()}
-
-
-# A float is inf or NaN when its exponent bits are all set: each safetensors format's word and those bits.
-EXPONENT_BITS = {
-    "F16": (np.uint16, 0x7C00),
-    "BF16": (np.uint16, 0x7F80),
-    "F32": (np.uint32, 0x7F80_0000),
-    "F64": (np.uint64, 0x7FF0_0000_0000_0000),
-}
-FINITE_CHUNK = 1 << 22  # words looked at at once: the masks made stay at a few MB whatever the tensor
-
-
 def check_finite_weights(folder: Path) -> None:
-    """Refuse (exit 2) a Hugging Face folder whose weights hold NaN or inf, read from the file as raw
-    words (numpy, no torch: 25 ms for MiniLM's 87 MB): init and pretrain from such a folder, and
-    encode of it, are refused in a fraction of a second, not after torch and, for pretrain, the
-    whole corpus prepared (trial 16 U7: 11 s). Loading checks the tensors again (load_hf_weights)."""
-    file = weights_file(folder)
-    stored_shapes(folder)  # the header checked: its offsets lie in the file, every weight a float
-    with open(file, "rb") as fh:
-        size = int.from_bytes(fh.read(8), "little")
-        header = json.loads(fh.read(size))
-    data = np.memmap(file, dtype=np.uint8, mode="r", offset=8 + size)
-    bad = []
-    for key, entry in header.items():
-        if key == "__metadata__" or entry["dtype"] not in EXPONENT_BITS:  # (not a weight of the model's)
-            continue
-        word, bits = EXPONENT_BITS[entry["dtype"]]
-        start, end = entry["data_offsets"]
-        words = data[start:end].view(word)
-        if any(((words[i : i + FINITE_CHUNK] & bits) == bits).any() for i in range(0, words.size, FINITE_CHUNK)):
-            bad.append(key)
-    checkpoint.refuse_non_finite(bad, file, "restore it, or use another model")
+    """Refuse (exit 2) a Hugging Face folder whose weights hold NaN or inf, before torch loads."""
+    weights.check_finite_file(weights_file(folder), "restore it, or use another model")
 
 
 def load_hf_weights(folder: Path, cfg: ModelConfig) -> tuple[dict[str, torch.Tensor], list[str]]:
@@ -312,36 +209,27 @@ def load_hf_weights(folder: Path, cfg: ModelConfig) -> tuple[dict[str, torch.Ten
     parts (pooler, MLM head, NSP head) it lacks, which the caller initialises fresh. Shapes are
     checked against those of a model of `cfg` (hf_names.weight_shapes: a model built on the meta
     device to ask them imported torch._dynamo, 2-5 s)."""
-    import safetensors.torch
-
     file = weights_file(folder)
-    try:
-        raw = safetensors.torch.load_file(file)
-    except (safetensors.SafetensorError, OSError, ValueError) as exc:
-        raise UsageError(f"{file}: cannot read weights ({exc})") from None
-    checkpoint.check_finite(raw, file, "restore it, or use another model")
-    weights = hf_names.from_hf(raw, cfg)  # bertcli's names, the vocabulary rows padded
-    shapes = {k: tuple(v.shape) for k, v in weights.items()}
-    missing = checkpoint.check_shapes(
+    tensors = hf_names.from_hf(
+        weights.load(file, "restore it, or use another model"), cfg
+    )  # bertcli's names, rows padded
+    shapes = {k: tuple(v.shape) for k, v in tensors.items()}
+    missing = weights.check_shapes(
         shapes, hf_names.weight_shapes(cfg), file, optional=OPTIONAL_PARTS
     )  # the encoder whole
     fresh = sorted({name for prefix, name in PARTS.items() if any(k.startswith(prefix) for k in missing)})
-    return {k: v.float() for k, v in weights.items()}, fresh
+    return {k: v.float() for k, v in tensors.items()}, fresh
 
 
-def init_from(model: BertForPreTraining, path: Path, uninitialised: bool = False) -> list[str]:
-    """Load a Hugging Face folder or a bertcli checkpoint into `model`; return the parts left fresh.
-    `uninitialised`: the model was built without its random initialisation (encode does, to start
-    faster), so the weights the folder lacks are initialised here, as a new model's would be."""
-    path = Path(path)
-    if layout.identify(path).kind is Kind.CHECKPOINT:
-        checkpoint.load_weights(model, path)  # every weight, or an error
-        return []
-    weights, fresh = load_hf_weights(path, model.config)
+def load_into(model: BertForPreTraining, folder: Path, uninitialised: bool = False) -> list[str]:
+    """Load a Hugging Face folder into `model`; return the parts it lacked, left fresh. `uninitialised`:
+    the model was built without its random initialisation (encode, to start faster), so the weights
+    the folder lacks are initialised here, as a new model's would be."""
+    tensors, fresh = load_hf_weights(folder, model.config)
     if uninitialised:
-        missing = set(model.state_dict()) - set(weights) - set(TIED_ALIASES)
-        for name, module in model.named_modules():  # a module owning a missing weight; loading follows
+        missing = set(model.state_dict()) - set(tensors) - set(hf_names.TIED_ALIASES)
+        for name, module in model.named_modules():  # a module owning a missing weight
             if any(f"{name}.{p}" in missing for p, _ in module.named_parameters(recurse=False)):
                 model._init_weights(module)
-    model.load_state_dict(weights, strict=False)  # absent parts keep their fresh initialisation
+    model.load_state_dict(tensors, strict=False)  # absent parts keep their fresh initialisation
     return fresh

@@ -1,5 +1,4 @@
-"""Every folder layout bertcli writes or reads, and `identify`: what a path is. Torch-free, so that
-`prepare`, `ownership` and `runlock` read the layouts without loading torch.
+"""Every name bertcli writes or reads, and `identify`: what a path is. Torch-free.
 
 Run folder (output_dir): `pretrain` writes it, `init` writes its config.yaml
   config.yaml          the run's config (the user's file: never rewritten by pretrain)
@@ -33,7 +32,19 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from bertcli.atomic import TMP_PREFIX
+# A file or folder NAME is written as .tmp-NAME.PID beside it, then renamed into place; a folder being
+# replaced is moved aside as .tmp-old-NAME.PID, one being deleted renamed .tmp-del-NAME.PID. PID is the
+# writer's, so that what a process that is gone left is told from a write under way (store.leftovers).
+TMP_PREFIX = ".tmp-"
+TEMPORARY = re.compile(rf"{re.escape(TMP_PREFIX)}(?:(old|del)-)?(.+)\.(\d{{1,9}})")
+
+
+def tmp_name(final: Path, how: str = "", pid: int | None = None) -> Path:
+    """The temporary name of `final` for process `pid` (this one): how is '', 'old' or 'del'."""
+    import os
+
+    return Path(final).with_name(f"{TMP_PREFIX}{how + '-' if how else ''}{Path(final).name}.{pid or os.getpid()}")
+
 
 CONFIG_YAML = "config.yaml"
 
@@ -104,7 +115,9 @@ class Layout:
     patterns: tuple[re.Pattern[str], ...] = ()
 
     def holds(self, rel: str) -> bool:
-        """Whether relative path `rel` ('/'-separated) is one that bertcli writes in such a folder."""
+        """Whether relative path `rel` ('/'-separated) is one that bertcli writes in such a folder (a part
+        of it under its temporary name too)."""
+        rel = "/".join(m.group(2) if (m := TEMPORARY.fullmatch(part)) else part for part in rel.split("/"))
         return rel in self.paths or any(p.fullmatch(rel) for p in self.patterns)
 
 
@@ -113,7 +126,6 @@ class Layout:
 CHECKPOINT = Layout(
     "a checkpoint", TRAINER_STATE, frozenset((*CHECKPOINT_FILES, *TOKENIZER_FILES)), damaged_proof_counts=True
 )
-_TMP = re.escape(TMP_PREFIX)
 _SPLIT = "|".join(map(re.escape, SPLITS))
 # Everything a prepared folder holds (this format's paths, those of format 3, and the temporary names
 # a stopped `prepare` leaves): `prepare` replaces or removes only what is one of these.
@@ -133,10 +145,8 @@ PREPARED = Layout(
     patterns=tuple(
         re.compile(p)
         for p in (
-            rf"{UNITS}/(?:{_TMP}(?:del-)?)?{KEY}(?:\.\d+)?(?:/{re.escape(UNIT_RECORD)}|/(?:{_SPLIT})"
-            rf"(?:/(?:{'|'.join(map(re.escape, SHARD_FILES))}))?)?",
-            rf"{INDEX}/(?:{_TMP}(?:del-)?)?{KEY}(?:\.\d+)?(?:/(?:{_SPLIT})(?:/(?:{'|'.join(map(re.escape, INDEX_FILES))}))?)?",
-            rf"{_TMP}{re.escape(MANIFEST)}\.\d+",
+            rf"{UNITS}/{KEY}(?:/{re.escape(UNIT_RECORD)}|/(?:{_SPLIT})(?:/(?:{'|'.join(map(re.escape, SHARD_FILES))}))?)?",
+            rf"{INDEX}/{KEY}(?:/(?:{_SPLIT})(?:/(?:{'|'.join(map(re.escape, INDEX_FILES))}))?)?",
         )
     ),
     own_mark=UNITS,

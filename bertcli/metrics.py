@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from tqdm import tqdm
 
-from bertcli import atomic, console, layout
+from bertcli import console, layout, store
 from bertcli.config import ModelConfig
 from bertcli.sizes import flops_per_token
 
@@ -205,7 +205,7 @@ def _keep_left_behind(path: Path, records: list[dict[str, Any]]) -> Path | None:
         return None
     # Each set of records says when it was left out: histories left behind one after another stay apart.
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    atomic.write_text(
+    store.write_text(
         path, "".join(json.dumps(r) + "\n" for r in earlier + [{**r, "left_behind": stamp} for r in records])
     )
     return path
@@ -249,7 +249,7 @@ class MetricsLogger:
                     else f"; not kept ({Path(output_dir) / layout.METRICS_LEFT} is not bertcli's)"
                 )
             )
-        atomic.write_text(self.jsonl_path, "".join(json.dumps(r) + "\n" for r in kept))
+        store.write_text(self.jsonl_path, "".join(json.dumps(r) + "\n" for r in kept))
         self.jsonl = open(self.jsonl_path, "a", encoding="utf-8")
         self.writer = None
         self.tensorboard_dir = Path(output_dir) / layout.TENSORBOARD
@@ -262,7 +262,7 @@ class MetricsLogger:
             self.excepthook = threading.excepthook
             threading.excepthook = self._quiet_writer_thread
             try:
-                with atomic.writing(self.tensorboard_dir):
+                with store.writing(self.tensorboard_dir):
                     self.writer = SummaryWriter(
                         str(self.tensorboard_dir),
                         purge_step=(start_step + 1 if own_history else 1) if start_step else None,
@@ -285,11 +285,11 @@ class MetricsLogger:
     def log(self, step: int, metrics: dict[str, float], split: str = "train") -> None:
         """One record: metrics.jsonl ({"step", "split", ...}), TensorBoard (split/key), the progress line."""
         record = {"step": step, "split": split, **{k: (v if math.isfinite(v) else None) for k, v in metrics.items()}}
-        with atomic.writing(self.jsonl_path):
+        with store.writing(self.jsonl_path):
             self.jsonl.write(json.dumps(record) + "\n")
             self.jsonl.flush()
         if self.writer is not None:
-            with atomic.writing(self.tensorboard_dir):  # a failed write of its thread comes out here
+            with store.writing(self.tensorboard_dir):  # a failed write of its thread comes out here
                 for key, value in metrics.items():
                     self.writer.add_scalar(f"{split}/{key}", value, step)
                 self.writer.flush()
@@ -331,9 +331,9 @@ class MetricsLogger:
             if self.bar is not None:
                 self.bar.close()
             if self.writer is not None:
-                with atomic.writing(self.tensorboard_dir):
+                with store.writing(self.tensorboard_dir):
                     self.writer.close()
-            with atomic.writing(self.jsonl_path):
+            with store.writing(self.jsonl_path):
                 self.jsonl.close()
         except Exception:
             if not leaving_on_error:

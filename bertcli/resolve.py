@@ -18,13 +18,12 @@ from pathlib import Path
 
 import yaml
 
-from bertcli.config import Config
+from bertcli.config import PATH_KEYS, Config
 from bertcli.config_load import load_config, load_yaml
 from bertcli.errors import UsageError
 
 KEYWORD_CORPORA = ("sample", "synthetic")  # data.corpus values that are not paths
 SYNTHETIC_VOCAB = 1024  # init with the synthetic corpus: the generated corpus has no tokenizer to size the model
-PATH_KEYS = ("output_dir", "data.corpus", "data.prepared_dir", "data.tokenizer.path", "model.init_from")
 
 
 def load_run(path: Path, overrides: list[str] | None = None, adopt_init_from: bool = True) -> Config:
@@ -78,7 +77,7 @@ def resolve(cfg: Config, base: Path, adopt_init_from: bool = True) -> Config:
         model = dataclasses.replace(model, init_from=absolute(model.init_from))
     cfg = dataclasses.replace(cfg, output_dir=absolute(cfg.output_dir), data=data, model=model)
     if cfg.model.init_from and adopt_init_from:
-        from bertcli import adopt  # imports torch: only for runs that start from a model
+        from bertcli import adopt
 
         cfg = adopt.adopt_imported(cfg, Path(cfg.model.init_from))
     return cfg
@@ -91,7 +90,7 @@ def check_outputs_apart(cfg: Config) -> None:
     inside what bertcli writes (prepared data, checkpoints/, tensorboard/). A corpus folder inside the
     run folder (next to config.yaml, say) is fine: bertcli writes only its own names there."""
     from bertcli.layout import CHECKPOINTS, RUN_OUTPUTS, TENSORBOARD, Kind, identify
-    from bertcli.ownership import owner, relation, run_file
+    from bertcli.store import owner, relation, run_file
 
     output, prepared = Path(cfg.output_dir), Path(cfg.data.prepared_dir)
     # Not inside what bertcli replaces whole or prunes (a checkpoint, prepared data, an export, a run's
@@ -143,23 +142,3 @@ def check_outputs_apart(cfg: Config) -> None:
                 f"the corpus {corpus} lies inside {target}, which bertcli writes (from {key}); {fix} "
                 "(move the corpus out of it)"
             )
-
-
-def with_vocab(cfg: Config, vocab_size: int, source: str, pad_id: int | None = None) -> Config:
-    """model.vocab_size from the tokenizer of `source` (when null), or checked against it; and
-    model.pad_token_id checked against the tokenizer's [PAD] id `pad_id` (when known: ModelConfig.pad_problem)."""
-    if cfg.model.vocab_size is not None and cfg.model.vocab_size != vocab_size:
-        if cfg.model.init_from:  # the size is the weights' (trial 18 P5: "set null" led to the same line)
-            raise UsageError(
-                f"the tokenizer of {source} has {vocab_size:,} tokens but the weights of model.init_from "
-                f"({cfg.model.init_from}) have {cfg.model.vocab_size:,} rows: a tokenizer of another model; drop "
-                "data.tokenizer.path to use the model's own"
-            )
-        raise UsageError(
-            f"model.vocab_size={cfg.model.vocab_size} but the tokenizer of {source} has {vocab_size:,} "
-            "tokens; set model.vocab_size: null to take the size from the tokenizer"
-        )
-    problem = cfg.model.pad_problem(pad_id, source) if pad_id is not None else None
-    if problem:
-        raise UsageError(problem)
-    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab_size))

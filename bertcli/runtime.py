@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -23,7 +20,9 @@ import torch.distributed as dist
 
 from bertcli import console
 from bertcli.config import DEVICE_NAMES, PrecisionConfig, is_device_name
-from bertcli.errors import STOP_SIGNALS, UsageError
+from bertcli.errors import UsageError
+from bertcli.sizes import Placement
+from bertcli.stopping import exit_on_signal
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}  # fp32: no autocast
 
@@ -71,6 +70,13 @@ class Runtime:
     def grad_scaler(self, cfg: PrecisionConfig) -> torch.amp.GradScaler:
         """Loss scaling for fp16 only (bf16 has fp32's range); a disabled scaler is a no-op."""
         return torch.amp.GradScaler(self.device.type, init_scale=cfg.fp16_init_scale, enabled=self.precision == "fp16")
+
+    def placement(self) -> Placement:
+        """Where training runs, for sizes' memory checks (a GPU asked its memory)."""
+        gpu = None
+        if self.device.type == "cuda":
+            gpu = (torch.cuda.get_device_properties(self.device).total_memory, torch.cuda.get_device_name(self.device))
+        return Placement(half=self.autocast_dtype is not None, world_size=self.world_size, gpu=gpu)
 
     def describe(self) -> str:
         if self.device.type == "cuda":
@@ -128,46 +134,6 @@ def slow_autocast(rt: Runtime) -> str | None:
     )
 
 
-@contextlib.contextmanager
-def _signals_end_the_wait() -> Iterator[None]:
-    """While the main thread waits inside torch for the job's other processes (the rendezvous of
-    init_process_group: forever, if they never come), a stop signal ends the process at once (exit
-    128 + N), nothing being written yet. Python runs its handlers only when the wait returns (trial
-    23 C2: SIGTERM and SIGINT did nothing); the signal's byte on the wakeup fd (written by the C
-    handler at once) is read by a thread instead."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    read_end, write_end = os.pipe()
-    os.set_blocking(write_end, False)
-    previous = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
-    done = threading.Event()
-
-    def watch() -> None:
-        while not done.is_set():
-            byte = os.read(read_end, 1)
-            if done.is_set() or not byte:
-                return
-            if byte[0] in STOP_SIGNALS and signal.getsignal(byte[0]) is not signal.SIG_IGN:
-                name = signal.Signals(byte[0]).name
-                console.error(
-                    f"bertcli: stopped by {name} while waiting for the job's other processes; nothing was written"
-                )
-                os._exit(128 + byte[0])
-
-    thread = threading.Thread(target=watch, daemon=True, name="bertcli-rendezvous-signals")
-    thread.start()
-    try:
-        yield
-    finally:
-        done.set()
-        signal.set_wakeup_fd(previous)
-        os.write(write_end, b"\0")  # the thread's read returns
-        thread.join(timeout=1)
-        os.close(write_end)
-        os.close(read_end)
-
-
 def setup(device: str, precision: PrecisionConfig) -> Runtime:
     """Device and precision; under torchrun (WORLD_SIZE > 1) also the process group: NCCL on
     GPUs (one per local rank), gloo on CPU."""
@@ -181,13 +147,13 @@ def setup(device: str, precision: PrecisionConfig) -> Runtime:
         torch.backends.cuda.matmul.allow_tf32 = precision.allow_tf32
         torch.backends.cudnn.allow_tf32 = precision.allow_tf32
     if world_size > 1 and not dist.is_initialized():
-        if "TORCHELASTIC_RUN_ID" not in os.environ:  # another launcher, or the variables set by mistake (trial 23 C2)
+        if "TORCHELASTIC_RUN_ID" not in os.environ:  # another launcher, or the variables set by mistake
             console.log(
                 f"RANK={rank} and WORLD_SIZE={world_size} are set, not by torchrun: waiting for the job's other "
                 f"processes at {os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}; if they were set by "
                 "mistake, stop this (Ctrl-C) and unset them"
             )
-        with _signals_end_the_wait():
+        with exit_on_signal("while waiting for the job's other processes; nothing was written"):
             dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
     console.speak(rank == 0)  # one process speaks for the job
     return Runtime(device=dev, precision=resolve_precision(precision.mode, dev), rank=rank, world_size=world_size)

@@ -69,8 +69,8 @@ class NotReproducible(UsageError):
 
     def __init__(self, folder: Path, problem: str) -> None:
         super().__init__(
-            f"{folder}: {problem}, so its embeddings cannot be reproduced; choose the pooling (cls, mean "
-            "or max) for vectors of the BERT encoder itself"
+            f"--model {folder}: {problem}, so its embeddings cannot be reproduced; pass --pooling cls, mean or max "
+            "for vectors of the BERT encoder itself"
         )
         self.folder, self.problem = folder, problem
 

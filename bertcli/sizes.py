@@ -11,13 +11,9 @@ import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from bertcli.config import Config, ModelConfig
 from bertcli.errors import RunError, UsageError
-
-if TYPE_CHECKING:
-    from bertcli.runtime import Runtime
 
 BYTES_PER_PARAMETER = 16  # fp32 weights, their gradients and AdamW's two moments: 4 x 4 bytes
 CHECKPOINT_BYTES_PER_PARAMETER = 12  # a checkpoint: fp32 weights and AdamW's two moments, 3 x 4 bytes
@@ -41,16 +37,6 @@ class Placement:
     half: bool  # activations in 2 bytes (autocast), else 4
     world_size: int = 1  # processes in the job
     gpu: tuple[int, str] | None = None  # the training GPU's memory in bytes and its name; None: the CPU
-
-
-def placement(rt: Runtime) -> Placement:
-    """The Placement of a Runtime (a GPU asked its memory)."""
-    gpu = None
-    if rt.device.type == "cuda":
-        import torch  # only with a GPU: the rest of this module is arithmetic
-
-        gpu = (torch.cuda.get_device_properties(rt.device).total_memory, torch.cuda.get_device_name(rt.device))
-    return Placement(half=rt.autocast_dtype is not None, world_size=rt.world_size, gpu=gpu)
 
 
 def cpu_placement(cfg: Config) -> Placement | None:

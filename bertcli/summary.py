@@ -15,20 +15,18 @@ from typing import Any
 
 import numpy as np
 
-from bertcli import checkpoint, hf_import, layout, resolve, sizes
-from bertcli.config import Config, DataConfig, ModelConfig
+from bertcli import checkpoint, hf_import, layout, resolve, resume, sizes, weights
+from bertcli.config import Config, DataConfig, ModelConfig, with_vocab
 from bertcli.data.examples import ExampleBuilder
-from bertcli.data.prepare import (
+from bertcli.data.prepare import fixed_tokenizer, made_from
+from bertcli.data.prepared import (
     cache_check,
-    check_prepared,
     corpus_drift,
     corpus_gone,
-    data_random_next_share,
-    fixed_tokenizer,
     load_prepared,
-    made_from,
-    random_next_warning,
+    random_next,
     read_manifest,
+    verify,
     vocabulary_sample,
 )
 from bertcli.data.tokenizer import (
@@ -99,8 +97,7 @@ def _readable(ckpt: Path, damaged: list[str]) -> tuple[dict[str, Any], Config] |
         damaged.append(text if text.startswith(f"{ckpt / name}: ") else f"{ckpt / name}: {text}")
         return None
     # Files changed since they were written (their SHA-256): what encode, export and resume refuse.
-    change = checkpoint.tokenizer_change(ckpt) or checkpoint.file_change(ckpt)
-    if change:
+    if change := checkpoint.change(ckpt):
         damaged.append(f"{ckpt / change[0]}: {change[1]}")
     return found
 
@@ -130,8 +127,7 @@ def _training(output_dir: Path, cfg: Config, only: Path | None = None, *, with_r
             tokenizer = tokenizer_identity(read_tokenizer_json(source / layout.TOKENIZER_JSON))[:12]
         except UsageError as exc:
             damaged.append(str(exc))
-    # best is checked as the step folders are (trial 26 P8: a cut best was shown as the run's best, and
-    # `encode RUN` then refused it)
+    # best is checked as the step folders are (encode and export of the run read it)
     seen = len(damaged)
     itself = only is not None and Path(only).resolve() == best.resolve()  # (inspect of best: read above once)
     best_read = _readable(best, damaged) if with_run and not itself and layout.is_checkpoint(best) else None
@@ -140,7 +136,7 @@ def _training(output_dir: Path, cfg: Config, only: Path | None = None, *, with_r
         "last_eval_metrics": last_eval if isinstance(last_eval, dict) else {},
         "best_checkpoint": str(best) if with_run and layout.is_checkpoint(best) else None,
         "best_damaged": best_damaged,
-        # Which step best holds, and its held-out MLM loss: what made it best (trial 25: shown without them).
+        # Which step best holds, and its held-out MLM loss: what made it best.
         "best_step": best_state.get("step"),
         "best_mlm_loss": (best_state.get("eval_metrics") or {}).get("mlm_loss"),
         "output_dir": os.path.normpath(output_dir),  # (a config's "../other": the folder it names)
@@ -169,7 +165,7 @@ def inspect_path(path: Path) -> dict[str, Any]:
     """The report for what `path` is (layout.identify): a config file, a run folder, a checkpoint
     folder, prepared data, or a Hugging Face or sentence-transformers folder. A run that trains
     prunes its checkpoints while they are read: a file gone meanwhile makes the report again, up to
-    three times (trial 18 C2: "step-N/trainer_state.json: No such file or directory", exit 1)."""
+    three times."""
     for tries in range(3, 0, -1):
         try:
             return _inspect_path(Path(path))
@@ -196,13 +192,13 @@ def _inspect_path(path: Path) -> dict[str, Any]:
         kind, cfg = "config", resolve.load_run(path, adopt_init_from=False)
     elif found.kind is Kind.CHECKPOINT:
         kind, cfg = "checkpoint", _checkpoint_config(path)
-        note = checkpoint.set_aside_note(path)  # (trial 26 P2: shown with the run's best and steps, as one of them)
+        note = resume.set_aside_note(path)
         apart = note is not None or path.resolve().parent.name != layout.CHECKPOINTS  # out of its run's history
         training = _training(path.parent.parent, cfg, only=path, with_run=not apart)
         if apart:  # none of the run's own is shown
             training |= {"output_dir": None, "checkpoints": None, "set_aside": []}
-        try:  # its sizes are the weights' (damage of the file is reported as the rest is: trial 16 P8)
-            hf_import.check_weights(path, cfg.model)
+        try:  # its sizes are the weights' (damage of the file is reported as the rest is)
+            weights.check_file(path / layout.WEIGHTS, cfg.model, path / layout.CHECKPOINT_CONFIG)
         except UsageError as exc:
             training.setdefault("damaged", []).append(str(exc))
     elif found.kind is Kind.INCOMPLETE_CHECKPOINT:
@@ -248,11 +244,11 @@ def _run_training(cfg: Config) -> dict[str, Any]:
     be the run's to resume) or why that cannot be read."""
     training = _training(Path(cfg.output_dir), cfg)
     manifest, why_not = read_manifest(Path(cfg.data.prepared_dir))
-    damage = check_prepared(Path(cfg.data.prepared_dir), manifest) if manifest is not None else None
-    if damage is not None:  # as `inspect DATA` checks it (the next pretrain prepares it again)
+    damage = verify(Path(cfg.data.prepared_dir), manifest) if manifest is not None else None
+    if damage:  # as `inspect DATA` checks it (the next pretrain prepares it again)
         gone = corpus_gone(manifest)
         training.setdefault("damaged", []).append(
-            f"{cfg.data.prepared_dir}: the prepared data is damaged ({damage}); "
+            f"{cfg.data.prepared_dir}: the prepared data is damaged ({damage[0]}); "
             + (
                 f"its corpus, {gone}, is not there to prepare it from again: put it back, then the next pretrain or "
                 "prepare prepares it again"
@@ -266,9 +262,9 @@ def _run_training(cfg: Config) -> dict[str, Any]:
     elif why_not is not None and why_not.startswith("is damaged"):
         training.setdefault("damaged", []).append(f"{Path(cfg.data.prepared_dir) / layout.MANIFEST}: {why_not}")
     newest = layout.list_checkpoints(Path(cfg.output_dir))[-1:]
-    if newest:  # what pretrain refuses of a config edited after the run trained (trial 18 P7)
+    if newest:  # what pretrain refuses of a config edited after the run trained
         try:
-            checkpoint.check_same_model(newest[0][1], cfg, Path(cfg.output_dir))
+            resume.check_same_model(newest[0][1], cfg)
         except UsageError as exc:
             training["warnings"] = [f"the architecture above is the config's; pretrain would refuse it: {exc}"]
         except Exception:  # noqa: BLE001  a checkpoint whose config does not read: named as damaged above
@@ -296,15 +292,15 @@ def folder_report(path: Path) -> dict[str, Any]:
     sentence = read_sentence_model(path)
     folder = sentence.transformer if sentence else path
     model = hf_import.read_hf_config(folder)
-    # The length encode and transformers use (trial 23 P1: an export trained at 64 was shown at its 512
-    # positions): sentence_bert_config.json's, else the tokenizer's model_max_length, else the positions.
+    # The length encode and transformers use: sentence_bert_config.json's, else the tokenizer's
+    # model_max_length, else the positions.
     limit = (sentence.max_seq_length if sentence else None) or hf_import.tokenizer_limit(folder)
     seq = min(limit or model.max_position_embeddings, model.max_position_embeddings)
     cfg = Config(model=model, data=DataConfig(max_seq_length=seq, max_predictions_per_seq=max(1, round(0.15 * seq))))
     raw = json.loads((folder / layout.HF_CONFIG).read_text(encoding="utf-8"))
     classes = raw.get("architectures") or ["?"]
     counts = dict.fromkeys(PARTS, 0)
-    for name, shape in hf_import.stored_shapes(folder).items():
+    for name, shape in weights.stored_shapes(hf_import.weights_file(folder)).items():
         part = next((p for p, prefix in PARTS.items() if name.startswith(prefix)), None)
         if part is None:
             raise UsageError(f"{folder / layout.WEIGHTS}: {name} is not a BERT weight bertcli knows")
@@ -343,19 +339,19 @@ def _with_vocab(cfg: Config) -> tuple[Config, str | None]:
     size the tokenizer will be trained to (said in a note)."""
     if cfg.model.vocab_size is not None:
         return cfg, None
-    fixed = fixed_tokenizer(cfg)  # data.tokenizer.path, or the run's checkpoints'
+    fixed = fixed_tokenizer(cfg, resume.run_tokenizer(cfg))  # data.tokenizer.path, or the run's checkpoints'
     manifest, _ = read_manifest(Path(cfg.data.prepared_dir))  # damaged: said with the training report
     if fixed is not None:
         size, note = fixed[1].get_vocab_size(with_added_tokens=True), f"from the tokenizer {fixed[0]}"
     elif manifest is not None and made_from(cfg, manifest):
         size, note = manifest["tokenizer"]["vocab_size"], f"from the tokenizer in {cfg.data.prepared_dir}"
-    else:  # (trial 17 P2: the size of data another config had prepared there was shown as this one's)
+    else:  # (not the size of data another config prepared there)
         why = "not prepared yet" if manifest is None else f"{cfg.data.prepared_dir} holds data of other inputs"
         size, note = (
             cfg.data.tokenizer.vocab_size,
             f"data.tokenizer.vocab_size ({why}: the trained size may be smaller)",
         )
-    return resolve.with_vocab(cfg, size, note), note
+    return with_vocab(cfg, size, note), note
 
 
 def data_report(folder: Path, examples: int = 512) -> dict[str, Any]:
@@ -370,7 +366,7 @@ def data_report(folder: Path, examples: int = 512) -> dict[str, Any]:
     train = prepared.corpus("train")
     lengths = np.diff(np.asarray(train.seg_offsets))
     note = None
-    if cfg.data.pairs and train.num_documents < 2:  # no NSP pairs: a run on it sets data.pairs false (trial 26 U1)
+    if cfg.data.pairs and train.num_documents < 2:  # no NSP pairs: a run on it sets data.pairs false
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, pairs=False))
         note = (
             f"one training document makes no NSP pairs: shown as with data.pairs false ({source} says true; "
@@ -386,7 +382,7 @@ def data_report(folder: Path, examples: int = 512) -> dict[str, Any]:
         shown[position] = f"[{shown[position]}→{original}]" if shown[position] != original else f"[={original}]"
     splits = m["splits"]
     tokens = splits["train"]["tokens"] + splits["valid"]["tokens"]
-    share = data_random_next_share(folder, m, cfg.data, cfg.train.seed)
+    share, warning = random_next(folder, m, cfg.data, cfg.train.seed)
     corpus_bytes = sum(f.get("bytes", 0) for f in m["corpus"]["files"])
     return {
         "kind": "prepared data",
@@ -415,7 +411,7 @@ def data_report(folder: Path, examples: int = 512) -> dict[str, Any]:
         "prepare_tokens_per_s": m.get("tokens_per_s"),
         "random_next_share": share,
         "random_next_prob": cfg.data.random_next_prob if cfg.data.pairs else None,
-        "random_next_warning": random_next_warning(share, cfg.data),
+        "random_next_warning": warning,
         "checked": "files regular (no symbolic links), tokenizer.json and vocab.txt hashes, shard sizes, offsets, "
         "the index against the units, token ids below the vocabulary",
         "cache_check": cache_check(corpus_bytes),

@@ -17,7 +17,6 @@ import contextlib
 import dataclasses
 import math
 import signal
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -29,18 +28,18 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from bertcli import __version__, checkpoint, console, hf_import, layout, ownership, parallel, resolve, runtime, sizes
-from bertcli.config import Config, TrainConfig, to_dict
+from bertcli import __version__, checkpoint, console, hf_import, layout, parallel, resume, runtime, sizes, store
+from bertcli.config import Config, TrainConfig, to_dict, with_vocab
 from bertcli.console import info, log
 from bertcli.data import Corpus, Dataset, load_data
 from bertcli.data.examples import IGNORE, Batch, ExampleBuilder, StepBatches
 from bertcli.data.loader import data_workers, loader
 from bertcli.dropout import seed_step
-from bertcli.errors import STOP_SIGNALS, Interrupted, RunError
+from bertcli.errors import Interrupted, RunError
 from bertcli.metrics import LossStats, MetricsLogger, MetricsWindow, peak_tflops
 from bertcli.model import BertForPreTraining, PretrainingOutput
 from bertcli.optim import build_optimizer, fused_adamw, lr_at, step_if_finite
-from bertcli.runlock import RunLock
+from bertcli.stopping import Stopper, ignored_sigint, stopping
 
 
 class Losses(NamedTuple):
@@ -181,76 +180,29 @@ def pretrain(cfg: Config, resume: str = "auto", quiet: bool = False, stop_at: in
     rt = runtime.setup(cfg.train.device, cfg.precision)
     try:
         # Rank 0 locks output_dir for the whole run: a second pretrain (or a prepare) on it refuses to start.
-        lock = RunLock(Path(cfg.output_dir), "pretrain") if rt.is_main else contextlib.nullcontext()
-        with console.quiet(quiet), lock, StopOnSignal() as stopper:
+        lock = store.run_lock(Path(cfg.output_dir)) if rt.is_main else contextlib.nullcontext()
+        with console.quiet(quiet), lock, stopping("nothing half-written was kept (writes are atomic)") as stopper:
             last_step = min(cfg.train.max_steps, stop_at or cfg.train.max_steps)
             try:
-                run = build_run(cfg, rt, resume, quiet, last_step=last_step)
-                result = fit(run, last_step, stopper, quiet)
+                result = fit(build_run(cfg, rt, resume, quiet, last_step=last_step), last_step, stopper, quiet)
             except NothingToDo as done:
                 result = done.result
-            except Interrupted:  # stopped after a step's checkpoint: every process at the same step
-                if not stopper.at_once:
-                    rt.barrier()
-                raise
         # The processes end together: one that tore its connections down while rank 0 still wrote the
-        # last checkpoint aborted ("terminate called without an active exception", SIGABRT), and
-        # torchrun then sent rank 0 SIGTERM mid-save and failed the job (1 run in 8 to 16 here).
+        # last checkpoint aborted, and torchrun then sent rank 0 SIGTERM mid-save.
         rt.barrier()
         return result
     finally:
         rt.close()
 
 
-class StopOnSignal:
-    """SIGINT, SIGTERM and SIGHUP ask the loop to finish the current step, write a checkpoint and
-    stop (exit 130, 143 or 129); a second signal stops at once (the last complete checkpoint stays valid): a
-    Ctrl-C as KeyboardInterrupt, a SIGTERM (a scheduler that waited long enough) with exit 143."""
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self.at_once = False  # a second signal: stopped wherever this process was (no common point to meet)
-        self.previous: dict[int, Any] = {}
-
-    def __enter__(self) -> StopOnSignal:
-        if threading.current_thread() is threading.main_thread():
-            for signum in STOP_SIGNALS:
-                if signal.getsignal(signum) is not signal.SIG_IGN:  # nohup: ignored stays ignored
-                    self.previous[signum] = signal.signal(signum, self._handle)
-            if signal.SIGINT not in self.previous and signal.SIGTERM in self.previous:
-                # A script's background job starts with SIGINT ignored (POSIX): kill -INT did nothing, unsaid (trial 21).
-                info("SIGINT is ignored in this process (as in a background job of a script): stop it with SIGTERM")
-        return self
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.signum is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        if self.signum is not None:
-            self.at_once = True
-            raise Interrupted(
-                f"stopped at once by a second {signal.Signals(signum).name}; nothing half-written was kept (writes "
-                "are atomic): run the same command again to resume from the last checkpoint",
-                signum,
-            )
-        self.signum = signum
-        log(
-            f"{signal.Signals(signum).name}: stopping after this step with a checkpoint (the same signal again "
-            "stops at once)"
-        )
-
-    def __exit__(self, *exc: object) -> None:
-        for signum, handler in self.previous.items():
-            signal.signal(signum, handler)
-
-    def requested(self, rt: runtime.Runtime, at_log: bool) -> bool:
-        """Whether to stop after this step. Alone, a host flag (no sync); under torchrun the
-        processes agree on it at log steps, where they sync anyway."""
-        if not rt.distributed:
-            return self.signum is not None
-        if not at_log:
-            return False
-        flag = torch.tensor([float(self.signum or 0)], device=rt.device)
-        return float(rt.all_reduce_sum(flag)[0]) > 0
+def stop_asked(stopper: Stopper, rt: runtime.Runtime, at_log: bool) -> bool:
+    """Whether to stop after this step: alone, a host flag (no sync); under torchrun the processes agree
+    on it at log steps, where they sync anyway."""
+    if not rt.distributed:
+        return stopper.signum is not None
+    if not at_log:
+        return False
+    return float(rt.all_reduce_sum(torch.tensor([float(stopper.signum or 0)], device=rt.device))[0]) > 0
 
 
 def examples_per_step(cfg: Config, rt: runtime.Runtime) -> int:
@@ -289,58 +241,33 @@ class NothingToDo(Exception):
         self.result = result
 
 
-def build_run(cfg: Config, rt: runtime.Runtime, resume: str, quiet: bool, *, last_step: int) -> Run:
+def build_run(cfg: Config, rt: runtime.Runtime, resume_arg: str, quiet: bool, *, last_step: int) -> Run:
     """Data (prepared by rank 0 when needed), model, optimizer and the checkpoint to resume from;
     NothingToDo when that checkpoint is at or past `last_step`."""
     output_dir = Path(cfg.output_dir)
     for warning in cfg.warnings():
         log(f"warning: {warning}")
     if rt.is_main:
-        checkpoint.check_start(output_dir, cfg.train.max_steps)  # leftovers gone; what it may not replace refused
-    sized, where = cfg.model.vocab_size is not None, sizes.placement(rt)
-    # Before the data (a synthetic corpus is as large as the vocabulary; without a vocabulary yet, a
-    # lower bound: 100,000 layers are refused before the corpus is prepared), and after when unsized.
-    sizes.check_memory(cfg.model, where, cfg.train.parallel)
-    sizes.check_batch(cfg, where)
-    if rt.is_main:  # the process that writes checkpoints (and a lower bound here when unsized)
-        sizes.check_disk(cfg.model, output_dir)
-    resume_from = Path(resume) if resume not in ("auto", "never") else None
+        checkpoint.check_run_folder(output_dir, cfg.train.max_steps)
+        checkpoint.remove_leftovers(layout.checkpoints_dir(output_dir))
+    # Before the data (without a vocabulary yet, a lower bound), and again after when unsized.
+    _check_sizes(cfg, rt)
+    resume_from = Path(resume_arg) if resume_arg not in ("auto", "never") else None
     data, tokenizer = _load_data(cfg, rt, quiet, resume_from)
-    cfg = resolve.with_vocab(cfg, data.vocab_size, cfg.data.corpus, pad_id=data.train.special.pad)  # tokenizer now
-    if not sized:
-        sizes.check_memory(cfg.model, where, cfg.train.parallel)
-        if rt.is_main:
-            sizes.check_disk(cfg.model, output_dir)
-    checkpoints = checkpoint.CheckpointManager(cfg, rt.device, is_main=rt.is_main, tokenizer=tokenizer)
-    resumed_from = checkpoints.choose(resume, last_step)
-    if resumed_from is not None and checkpoint.read_trainer_state(resumed_from)["step"] >= last_step:
-        raise NothingToDo(_nothing_to_do(cfg, rt, resumed_from, last_step))
-    processes = f"{rt.world_size} processes ({cfg.train.parallel})" if rt.distributed else "1 process"
-    if not quiet:  # quiet: errors, warnings and the final summary only
-        log(f"bertcli {__version__}: {rt.describe()}; {processes}; output in {output_dir}")
-        log("resolved config:\n" + yaml.safe_dump(to_dict(cfg), sort_keys=False).rstrip())
-    if slow := runtime.slow_autocast(rt):
-        log(f"warning: precision.mode={slow}; use fp32 (or auto) on this CPU")
+    cfg = _check_sizes(with_vocab(cfg, data.vocab_size, cfg.data.corpus, pad_id=data.train.special.pad), rt)
+    chosen = resume.choose(
+        cfg, resume_arg, is_main=rt.is_main, last_step=last_step, tokenizer=tokenizer.get(layout.TOKENIZER_JSON)
+    )
+    if chosen.path is not None and checkpoint.read_trainer_state(chosen.path)["step"] >= last_step:
+        raise NothingToDo(_nothing_to_do(cfg, rt, chosen.path, last_step))
+    _say_start(cfg, rt, quiet)
     output_dir.mkdir(parents=True, exist_ok=True)
-
     tc = cfg.train
     eval_batches, baseline = _held_out(cfg, data)
     torch.manual_seed(tc.seed)
     model = BertForPreTraining(cfg.model)  # on the CPU; with FSDP only each process's shards reach the device
-    if cfg.model.init_from and resumed_from is None:
-        fresh = hf_import.init_from(model, Path(cfg.model.init_from))
-        source = Path(cfg.model.init_from)
-        if layout.identify(source).kind is layout.Kind.CHECKPOINT:  # its step (a run's best moves: trial 21 P1)
-            from bertcli.adopt import source_note
-            from bertcli.export import described
-
-            source, note = described(source), source_note(source)
-            if note:
-                log(f"note: {note}")
-        if fresh:  # a caveat, said when quiet too
-            log(f"initialised from {source}; not in it, so trained from scratch: {', '.join(fresh)}")
-        else:
-            info(f"initialised from {source}")
+    if cfg.model.init_from and chosen.path is None:
+        _init_from(model, Path(cfg.model.init_from))
     train_model = parallel.parallelize(
         model, rt, parallel=tc.parallel, every_parameter_used=cfg.data.pairs, compile=tc.compile
     )
@@ -355,34 +282,85 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume: str, quiet: bool, *, las
     if why_not:
         log(why_not)
     scaler = rt.grad_scaler(cfg.precision)
-    progress = checkpoints.load(
-        model=model,
-        optimizer=optimizer,
-        scaler=scaler,
-        examples_per_step=examples_per_step(cfg, rt),
-        data_identity=data.identity,
-    )  # as the checkpoint left them, if any
-    run = Run(
-        cfg=cfg,
-        rt=rt,
-        data=data,
-        model=model,
-        train_model=train_model,
-        optimizer=optimizer,
-        scaler=scaler,
-        eval_batches=eval_batches,
-        baseline_acc=baseline,
-        unpad=unpad,
-        checkpoints=checkpoints,
-        progress=progress,
+    checkpoints = checkpoint.CheckpointManager(
+        cfg, is_main=rt.is_main, tokenizer=tokenizer, best=chosen.best, last=chosen.path
     )
-    corpus = data.train
+    progress = checkpoints.restore(chosen.path, rt.device, model=model, optimizer=optimizer, scaler=scaler)
+    if chosen.path is not None:
+        cfg = checkpoints.cfg = _resumed(cfg, rt, chosen.path, progress, data, checkpoints)
     if not quiet:
         log(
-            f"model: {sum(p.numel() for p in model.parameters()):,} parameters; corpus: {corpus.num_documents:,} "
-            f"documents, {corpus.num_tokens:,} tokens"
+            f"model: {sum(p.numel() for p in model.parameters()):,} parameters; corpus: {data.train.num_documents:,} documents, {data.train.num_tokens:,} tokens"
         )
-    return run
+    return Run(
+        cfg, rt, data, model, train_model, optimizer, scaler, eval_batches, baseline, unpad, checkpoints, progress
+    )
+
+
+def _check_sizes(cfg: Config, rt: runtime.Runtime) -> Config:
+    """Refuse a model or batch this machine's memory cannot train, or whose checkpoint its disk cannot hold."""
+    sizes.check_memory(cfg.model, rt.placement(), cfg.train.parallel)
+    sizes.check_batch(cfg, rt.placement())
+    if rt.is_main:  # the process that writes checkpoints
+        sizes.check_disk(cfg.model, Path(cfg.output_dir))
+    return cfg
+
+
+def _say_start(cfg: Config, rt: runtime.Runtime, quiet: bool) -> None:
+    processes = f"{rt.world_size} processes ({cfg.train.parallel})" if rt.distributed else "1 process"
+    if not quiet:  # quiet: errors, warnings and the final summary only
+        log(f"bertcli {__version__}: {rt.describe()}; {processes}; output in {cfg.output_dir}")
+        log("resolved config:\n" + yaml.safe_dump(to_dict(cfg), sort_keys=False).rstrip())
+    if slow := runtime.slow_autocast(rt):
+        log(f"warning: precision.mode={slow}; use fp32 (or auto) on this CPU")
+
+
+def _init_from(model: BertForPreTraining, source: Path) -> None:
+    """A fresh run's weights from model.init_from: a bertcli checkpoint, or a Hugging Face folder."""
+    if layout.identify(source).kind is layout.Kind.CHECKPOINT:
+        from bertcli.adopt import source_note
+        from bertcli.export import described
+
+        checkpoint.load_weights(model, source)
+        if note := source_note(source):
+            log(f"note: {note}")
+        info(f"initialised from {described(source)}")  # its step: a run's best moves
+    elif fresh := hf_import.load_into(model, source):  # a caveat, said when quiet too
+        log(f"initialised from {source}; not in it, so trained from scratch: {', '.join(fresh)}")
+    else:
+        info(f"initialised from {source}")
+
+
+def _resumed(
+    cfg: Config,
+    rt: runtime.Runtime,
+    path: Path,
+    progress: checkpoint.Progress,
+    data: Dataset,
+    checkpoints: checkpoint.CheckpointManager,
+) -> Config:
+    """Say what resuming `path` with cfg's settings on this data changes; return the config with the
+    tokenizer settings of the checkpoint (the tokenizer in use is the run's, whatever data.tokenizer says)."""
+    saved, trainer = checkpoint.read_config(path), checkpoint.read_trainer_state(path)
+    if progress.step < cfg.train.max_steps:
+        recorded = trainer.get("examples_per_step")
+        batches = (recorded if isinstance(recorded, int) else None, examples_per_step(cfg, rt))
+        for line in resume.differences(
+            saved,
+            cfg,
+            step=progress.step,
+            where=path.name,
+            batches=batches,
+            then=trainer.get(checkpoint.PREPARED_DATA),
+            now=data.identity,
+        ):
+            log(line)
+        if checkpoints.best is not None and resume.best_of_other_set(Path(cfg.output_dir), cfg, data.identity):
+            checkpoints.best = None
+            log(
+                f"{layout.checkpoints_dir(Path(cfg.output_dir)) / layout.BEST} is replaced at this run's next evaluation: its held-out loss was on the earlier set"
+            )
+    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, tokenizer=saved.data.tokenizer))
 
 
 def _load_data(
@@ -397,7 +375,7 @@ def _load_data(
     if rt.is_main and text:
         from bertcli.data.prepare import prepared_lock
 
-        lock = prepared_lock(cfg, "pretrain")
+        lock = prepared_lock(cfg)
     else:
         lock = contextlib.nullcontext()
 
@@ -406,20 +384,16 @@ def _load_data(
 
     with lock:
         if rt.is_main:
-            data = load_data(cfg, quiet, resume_from=resume_from, vocab_check=vocab_check)
+            data = load_data(
+                cfg, quiet, run_tokenizer=resume.run_tokenizer(cfg, resume_from, say=True), vocab_check=vocab_check
+            )
         rt.barrier()
         if not rt.is_main:
             data = load_data(cfg, quiet=True)
         # Read once, now: every checkpoint holds these bytes, those of the ids trained on, whatever happens to the
         # prepared folder meanwhile (symbolic links are refused: never followed out of it).
-        tokenizer = {
-            path.name: ownership.read_own(
-                path,
-                "the prepared data",
-                "remove the link, then run the same command again (it prepares the data again)",
-            )
-            for path in data.tokenizer_files
-        }
+        fix = "remove the link, then run the same command again (it prepares the data again)"
+        tokenizer = {path.name: store.read_own(path, fix) for path in data.tokenizer_files}
         if text:
             rt.barrier()  # every process has read the folder: rank 0 may let it go
     return data, tokenizer
@@ -478,11 +452,31 @@ class NonFiniteGuard:
             )
 
 
-def fit(run: Run, last_step: int, stopper: StopOnSignal, quiet: bool) -> dict[str, Any]:
-    """Train from run.progress.step to `last_step`: log, evaluate and save when due; return the last metrics
-    and the final checkpoint."""
+@dataclass
+class Loop:
+    """What the training loop keeps between steps: the metrics window, the guard against NaN, the
+    logger (rank 0), the last figures logged, and when this process started training."""
+
+    window: MetricsWindow
+    guard: NonFiniteGuard
+    logger: MetricsLogger | None
+    metrics: dict[str, float]
+    start: float
+    tokens_seen: int
+    timed: float  # the end of the last step timed for _say_pace (this process's first two)
+
+    def log(self, step: int, rt: runtime.Runtime, lr: float, grad_norm: torch.Tensor) -> dict[str, float]:
+        """The window's figures, logged (a collective: every process reads the window)."""
+        self.metrics = self.window.read(step, rt, lr, grad_norm)
+        if self.logger:
+            self.logger.log(step, self.metrics)
+        return self.metrics
+
+
+def fit(run: Run, last_step: int, stopper: Stopper, quiet: bool) -> dict[str, Any]:
+    """Train from run.progress.step to `last_step`: log, evaluate and save when due; return the last
+    metrics and the final checkpoint. A stop signal finishes the step, saves and stops."""
     cfg, rt, tc, step = run.cfg, run.rt, run.cfg.train, run.progress.step
-    checkpointer = run.checkpoints  # (a run resumed at or past last_step never gets here: NothingToDo)
     window = MetricsWindow(
         rt.device,
         step,
@@ -492,7 +486,7 @@ def fit(run: Run, last_step: int, stopper: StopOnSignal, quiet: bool) -> dict[st
         nsp=cfg.data.pairs,
         peak_tflops=peak_tflops(rt.device, cfg.logging.peak_tflops),
     )
-    guard = NonFiniteGuard(tc.max_nonfinite_steps, rt.device)
+    own_history = not resume.is_foreign(run.checkpoints.last_saved, Path(cfg.output_dir))
     logger = (
         MetricsLogger(
             Path(cfg.output_dir),
@@ -500,78 +494,82 @@ def fit(run: Run, last_step: int, stopper: StopOnSignal, quiet: bool) -> dict[st
             max_steps=tc.max_steps,
             tensorboard=cfg.logging.tensorboard,
             quiet=quiet,
-            own_history=not checkpoint.is_foreign(checkpointer.resumed_from, Path(cfg.output_dir)),
+            own_history=own_history,
         )
         if rt.is_main
         else None
     )
-    metrics: dict[str, float] = {}
-    tokens_seen, run_start = run.progress.tokens_seen, time.perf_counter()
-    timed = run_start  # the end of the last step timed for _say_pace (this process's first two)
+    now = time.perf_counter()
+    loop = Loop(
+        window, NonFiniteGuard(tc.max_nonfinite_steps, rt.device), logger, {}, now, run.progress.tokens_seen, now
+    )
     if rt.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(rt.device)
+    if ignored_sigint():
+        info("SIGINT is ignored in this process (as in a background job of a script): stop it with SIGTERM")
     batches = _train_batches(run, first_step=step, last_step=last_step)
     run.model.train()
     try:
-        while step < last_step:
-            lr, grad_norm = train_step(run, step, batches=batches, window=window, guard=guard)
-            step += 1
-            if logger:
-                logger.advance()
-            # Every process reaches the blocks below at the same steps: their collectives match.
-            at_log = step % cfg.logging.log_every == 0 or step == last_step
-            if step <= run.progress.step + 2:
-                float(grad_norm)  # the step done on the device: its time is measured (twice)
-                seconds, timed = time.perf_counter() - timed, time.perf_counter()
-                _say_pace(seconds, step, last_step, cfg=cfg, first=step == run.progress.step + 1)
-            saving = checkpointer.due(step, last_step)
-            evaluating = bool(run.eval_batches) and (step % tc.eval_every == 0 or step == last_step)
-            if at_log or saving or evaluating or rt.device.type == "cpu":
-                guard.check(step, checkpointer.last_saved)
-            if step == last_step:
-                guard.check_end(step, checkpointer.last_saved)
-            stop_now = stopper.requested(rt, at_log)
-            # A stop logs its window too: the steps since the last log step are in metrics.jsonl (under torchrun a
-            # stop is agreed at log steps only, so every process reads the window: a collective).
-            at_log = at_log or stop_now
-            if at_log:
-                metrics = window.read(step, rt, lr, grad_norm)
-                if logger:
-                    logger.log(step, metrics)
-            if saving or evaluating or stop_now:
-                state = _trainer_state(run, window, metrics, run_start)
-                tokens_seen = state["tokens_seen"]
-                if evaluating:
-                    # Alone, a signal during the evaluation ends it (what was evaluated is dropped) and the
-                    # run stops here; under torchrun every process evaluates every batch (collectives).
-                    asked = (lambda: stopper.signum is not None) if not rt.distributed else (lambda: False)
-                    held_out = _evaluate(run, step, window, logger, stop=asked)
-                    if held_out is not None:
-                        state["eval_metrics"] = held_out
-                    if asked() and not at_log:  # stopped during the evaluation: the step's window is logged too
-                        metrics = state["metrics"] = window.read(step, rt, lr, grad_norm)
-                        if logger:
-                            logger.log(step, metrics)
-                    stop_now = stop_now or asked()
-                checkpointer.save(step, state, periodic=saving or stop_now)
-            if stop_now:
-                name = signal.Signals(stopper.signum or signal.SIGTERM).name
-                raise Interrupted(
-                    f"stopped by {name} at step {step}; checkpoint {checkpointer.last_saved}; "
-                    "run the same command again to resume",
-                    stopper.signum or signal.SIGTERM,
-                )
+        with stopper.until("after_step"):
+            while step < last_step:
+                lr, grad_norm = train_step(run, step, batches=batches, window=loop.window, guard=loop.guard)
+                step += 1
+                if loop.logger:
+                    loop.logger.advance()
+                if step <= run.progress.step + 2:  # the step done on the device: its time is measured (twice)
+                    float(grad_norm)
+                    seconds, loop.timed = time.perf_counter() - loop.timed, time.perf_counter()
+                    _say_pace(seconds, step, last_step, cfg=cfg, first=step == run.progress.step + 1)
+                if after_step(run, loop, step, last_step, stopper, lr, grad_norm):
+                    rt.barrier()  # every process stopped at this step, its checkpoint written
+                    name = signal.Signals(stopper.signum or signal.SIGTERM).name
+                    raise Interrupted(
+                        f"stopped by {name} at step {step}; checkpoint {run.checkpoints.last_saved}; run the same command again to resume",
+                        stopper.signum or signal.SIGTERM,
+                    )
     finally:
         del batches  # stops the worker processes
-        if logger:
-            logger.close()
+        if loop.logger:
+            loop.logger.close()
     return {
         "step": step,
-        "tokens_seen": tokens_seen,
-        "checkpoint": str(checkpointer.last_saved),
-        "metrics": metrics,
+        "tokens_seen": loop.tokens_seen,
+        "checkpoint": str(run.checkpoints.last_saved),
+        "metrics": loop.metrics,
         "is_main": rt.is_main,
     }
+
+
+def after_step(
+    run: Run, loop: Loop, step: int, last_step: int, stopper: Stopper, lr: float, grad_norm: torch.Tensor
+) -> bool:
+    """Log, evaluate and save where due after `step`; whether to stop now (a signal came). Every
+    process reaches the same blocks at the same steps, so that their collectives match."""
+    cfg, rt, tc, checkpoints = run.cfg, run.rt, run.cfg.train, run.checkpoints
+    at_log = step % cfg.logging.log_every == 0 or step == last_step
+    saving = checkpoints.due(step, last_step)
+    evaluating = bool(run.eval_batches) and (step % tc.eval_every == 0 or step == last_step)
+    if at_log or saving or evaluating or rt.device.type == "cpu":
+        loop.guard.check(step, checkpoints.last_saved)
+    if step == last_step:
+        loop.guard.check_end(step, checkpoints.last_saved)
+    stop = stop_asked(stopper, rt, at_log)
+    if at_log or stop:  # a stop logs its window too: the steps since the last log are in metrics.jsonl
+        loop.log(step, rt, lr, grad_norm)
+    if saving or evaluating or stop:
+        state = _trainer_state(run, loop.window, loop.metrics, loop.start)
+        loop.tokens_seen = state["tokens_seen"]
+        if evaluating:
+            # Alone, a signal during the evaluation ends it and the run stops here; under torchrun every
+            # process evaluates every batch (collectives).
+            asked = (lambda: stopper.signum is not None) if not rt.distributed else (lambda: False)
+            if (held_out := _evaluate(run, step, loop.window, loop.logger, stop=asked)) is not None:
+                state["eval_metrics"] = held_out
+            if asked() and not (at_log or stop):  # stopped during the evaluation: the step's window is logged too
+                state["metrics"] = loop.log(step, rt, lr, grad_norm)
+            stop = stop or asked()
+        checkpoints.save(step, state, periodic=saving or stop)
+    return stop
 
 
 PACE_NOTE_S = 60.0  # a first log line further away than this is announced after the first step

@@ -61,7 +61,7 @@ import threading
 import time
 from pathlib import Path
 
-from bertcli.cli import preset_header
+from bertcli.config_write import preset_header
 from bertcli.config_load import preset_config
 from bertcli.config_write import to_yaml
 from bertcli.data.prepare import ENCODE_BATCH, load_prepared, prepare

@@ -19,7 +19,7 @@ MAX_POSITIONAL = 4
 # Functions whose boolean argument has no keyword: os.set_blocking is positional-only, and
 # typer.Option's first parameter (the default) comes before the flag names, so it cannot be named.
 POSITIONAL_ONLY = {"os.set_blocking", "typer.Option"}
-# C functions called through ctypes, which take no keyword arguments (atomic.exchange).
+# C functions called through ctypes, which take no keyword arguments (store.exchange).
 C_FUNCTIONS = {"renameat2"}
 
 

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bertcli import atomic
+from bertcli import store
 from bertcli.cli import preset_header
 from bertcli.config_load import preset_config
 from bertcli.config_write import to_yaml
@@ -162,7 +162,7 @@ def main() -> None:
     folder.mkdir(parents=True)
     start = time.perf_counter()
     config = folder / "config.yaml"
-    atomic.write_text(
+    store.write_text(
         config, to_yaml(preset_config("tiny", ["data.corpus=sample", *args.overrides]), preset_header("tiny"))
     )
     cfg = load_run(config)
@@ -179,7 +179,7 @@ def main() -> None:
     first["splits"] = generate(unit, total, cfg.data.validation_fraction, unigram, dtype, args.seed)
     first["unknown_tokens"] = 0
     record = json.loads((unit / UNIT_RECORD).read_text())
-    atomic.write_text(unit / UNIT_RECORD, json.dumps({**record, "splits": first["splits"], "unknown_tokens": 0}))
+    store.write_text(unit / UNIT_RECORD, json.dumps({**record, "splits": first["splits"], "unknown_tokens": 0}))
     records = {u["key"]: u for u in manifest["units"]}
     units = [argparse.Namespace(key=u["key"]) for u in manifest["units"]]
     prepare_module._write_index(data, units, records, manifest["index"])  # the same units: the same digest
@@ -198,7 +198,7 @@ def main() -> None:
             "note": "synthetic shards; the corpus entry and fingerprint are the bundled sample's (the stand-in)",
         },
     )
-    atomic.write_text(data / MANIFEST, json.dumps(manifest, indent=2) + "\n")
+    store.write_text(data / MANIFEST, json.dumps(manifest, indent=2) + "\n")
     damage = check_prepared(data, manifest)
     if damage:
         sys.exit(f"make_prepared: the generated data does not check: {damage}")

@@ -7,8 +7,8 @@ tests/unit/test_config.py fails when the two drift apart.
 
 from pathlib import Path
 
-from bertcli import atomic
-from bertcli.cli import preset_header
+from bertcli import store
+from bertcli.config_write import preset_header
 from bertcli.config import PRESETS
 from bertcli.config_load import preset_config
 from bertcli.config_write import to_yaml
@@ -17,5 +17,5 @@ if __name__ == "__main__":
     folder = Path(__file__).resolve().parents[1] / "configs"
     folder.mkdir(exist_ok=True)
     for name in PRESETS:
-        atomic.write_text(folder / f"{name}.yaml", to_yaml(preset_config(name), preset_header(name)))
+        store.write_text(folder / f"{name}.yaml", to_yaml(preset_config(name), preset_header(name)))
         print(f"wrote {folder / name}.yaml")

@@ -19,11 +19,12 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import pytest
 import yaml
 
-from bertcli.cli import main, preset_header
+from bertcli.cli import main
+from bertcli.config_write import preset_header
 from bertcli.config import DEBUG, Config, ModelConfig
 from bertcli.config_load import as_overrides, debug_config, preset_config
 from bertcli.config_write import to_yaml
-from bertcli.data.prepare import SAMPLE
+from bertcli.data.scan import SAMPLE
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -32,11 +32,11 @@ class Dataset:
 def load_data(
     cfg: Config,
     quiet: bool = False,
-    resume_from: Path | None = None,
+    run_tokenizer: Path | None = None,
     vocab_check: Callable[[int], None] | None = None,
 ) -> Dataset:
     """The corpus named by data.corpus of resolved config `cfg`: generated, or prepared from text
-    (prepared first if needed; see prepare for `resume_from` and `vocab_check`)."""
+    (prepared first if needed; see prepare for `run_tokenizer` and `vocab_check`)."""
     if cfg.data.corpus == "synthetic":
         assert cfg.model.vocab_size is not None  # validated in config
         corpus = synthetic_corpus(cfg.data.synthetic, cfg.model.vocab_size)
@@ -47,11 +47,11 @@ def load_data(
             corpus.vocab_size,
             [],
         )
-    from bertcli.data.prepare import load_prepared, prepare  # tokenizers is only needed for text
+    from bertcli.data.prepare import prepare  # tokenizers is only needed for text
+    from bertcli.data.prepared import load_prepared
 
-    prepared = load_prepared(
-        prepare(cfg, quiet=quiet, resume_from=resume_from, vocab_check=vocab_check), verify=False
-    )  # prepare checked (or wrote) it just now
+    folder = prepare(cfg, quiet=quiet, run_tokenizer=run_tokenizer, vocab_check=vocab_check)
+    prepared = load_prepared(folder, verified=True)  # prepare checked (or wrote) it just now
     return Dataset(
         train=prepared.corpus("train"),
         valid=prepared.corpus("valid"),

@@ -27,15 +27,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from bertcli import sniff
 from bertcli.console import info
 from bertcli.errors import UsageError
 
-SUFFIXES = (".txt", ".jsonl")  # each plain or compressed: COMPRESSIONS
+SUFFIXES = (".txt", ".jsonl")  # each plain or compressed (sniff.COMPRESSION_SUFFIXES)
 
 
 class _NoStream(io.RawIOBase):
-    """A .gz file of 0 bytes (a failed download): no stream at all, which `gzip -t` calls damaged and Python's
-    gzip reads as empty text (trial 26 C9: taken silently). Reading it raises as a file cut short does."""
+    """A .gz file of 0 bytes (a failed download) holds no gzip stream at all, which `gzip -t` calls damaged
+    and Python's gzip reads as empty text: reading it raises as a file cut short does."""
 
     def readable(self) -> bool:
         return True
@@ -44,14 +45,14 @@ class _NoStream(io.RawIOBase):
         raise EOFError("no gzip stream: the file is empty")
 
 
-COMPRESSIONS = {
-    ".gz": (
-        lambda path, mode: io.BufferedReader(_NoStream()) if os.path.getsize(path) == 0 else gzip.open(path, mode),
-        "gzip",
+# The corpus reader of each compression sniff.KINDS names (a codec), and the command that checks a file of it.
+OPENERS = {
+    "gzip": (
+        lambda path: io.BufferedReader(_NoStream()) if os.path.getsize(path) == 0 else gzip.open(path, "rb"),
         "gzip -t",
     ),
-    ".bz2": (lambda path, mode: _strict_streams(path, bz2.BZ2Decompressor), "bzip2", "bzip2 -t"),
-    ".xz": (lambda path, mode: _strict_streams(path, lzma.LZMADecompressor), "xz", "xz -t"),
+    "bzip2": (lambda path: _strict_streams(path, bz2.BZ2Decompressor), "bzip2 -t"),
+    "xz": (lambda path: _strict_streams(path, lzma.LZMADecompressor), "xz -t"),
 }
 END_OF_DOCUMENT = None
 # Longest line read as it is: longer ones are cut at white space near this length (a piece of
@@ -174,83 +175,12 @@ class LineSample:
         return taken
 
 
-def _name_parts(path: Path) -> tuple[str, str]:
-    """(name without its compression suffix, compression suffix or ''), lower-cased."""
-    name = path.name.lower()
-    compression = next((c for c in COMPRESSIONS if name.endswith(c)), "")
-    return name[: len(name) - len(compression)], compression
-
-
-def is_jsonl(path: Path) -> bool:
-    return _name_parts(path)[0].endswith(".jsonl")
-
-
-def is_compressed(path: Path) -> bool:
-    return bool(_name_parts(path)[1])
+CORPUS_NAMES = "*.txt and *.jsonl files (plain, .gz, .bz2 or .xz)"
 
 
 def is_corpus_file(path: Path) -> bool:
     """A name a corpus folder is read for: *.txt or *.jsonl, plain or compressed, in any case."""
-    return _name_parts(path)[0].endswith(SUFFIXES)
-
-
-CORPUS_NAMES = "*.txt and *.jsonl files (plain, .gz, .bz2 or .xz)"
-
-
-def corpus_root(path: Path) -> Path:
-    """data.corpus `path` (its ~ expanded), refused when it is not there."""
-    path = Path(path).expanduser()
-    if not path.exists():
-        raise UsageError(f"{path}: corpus not found; set data.corpus to a text file, a JSONL file or a folder of them")
-    return path
-
-
-# Names of formats that a file named as the corpus is refused in: read as plain text, its markup (a CSV's
-# header, ids and commas) would be trained on, unsaid (trial 26 P4). Other names are read as plain text.
-DATA_FORMATS = {
-    ".csv": "CSV",
-    ".tsv": "TSV",
-    ".json": "JSON",
-    ".parquet": "Parquet",
-    ".arrow": "Arrow",
-    ".xlsx": "Excel",
-    ".xls": "Excel",
-    ".pdf": "PDF",
-    ".docx": "Word",
-    ".doc": "Word",
-    ".zip": "zip",
-    ".zst": "zstd",
-    ".tar": "tar",
-}
-
-
-def check_text_name(path: Path) -> None:
-    """Refuse (exit 2) a corpus file whose name says it is not plain text or JSON Lines (DATA_FORMATS)."""
-    name = _name_parts(path)[0]
-    suffix = next((s for s in DATA_FORMATS if name.endswith(s)), None)
-    if suffix is None:
-        return
-    array = False
-    if suffix == ".json" and path.is_file():  # its first byte tells an array (trial 27 C3: named .jsonl, refused next)
-        with open(path, "rb") as fh:
-            array = fh.read(4096).lstrip().startswith(b"[")
-    how = (
-        f"it holds a JSON array: write one record per line (jq -c '.[]' {shlex.quote(str(path))} > NEW.jsonl)"
-        if array
-        else "if it holds one JSON object per line, name it .jsonl"
-        if suffix == ".json"
-        else 'convert it: one JSON line {"text": ...} per document (a .jsonl file), or plain text (.txt)'
-        if suffix in (".csv", ".tsv", ".parquet", ".arrow", ".xlsx", ".xls")
-        else "extract its files into a folder and give the folder"
-        if suffix in (".zip", ".tar")
-        else "decompress it (zstd -d), or compress it as .gz, .bz2 or .xz, which prepare reads"
-        if suffix == ".zst"
-        else "extract its text into a .txt file (a blank line ends a document)"
-    )
-    raise UsageError(
-        f"{path}: a {DATA_FORMATS[suffix]} file, and the corpus is plain text (.txt, a blank line ends a document) or "
-        f'JSON Lines (.jsonl, a "text" field per line), read as such whatever the name: {how}'
-    )
+    return sniff.split_name(path)[0].endswith(SUFFIXES)
 
 
 def corpus_files(path: Path) -> list[Path]:
@@ -259,15 +189,9 @@ def corpus_files(path: Path) -> list[Path]:
     In a folder, symbolic links to folders are followed (a corpus is often a folder of links to
     data elsewhere), each folder and file once: a link back up (a loop) or a second way to the same
     folder or file is not read twice. Entries that are not read are said in one line on stderr."""
-    path = corpus_root(path)
-    if path.is_file():
-        check_text_name(path)
+    path = Path(path).expanduser()
+    if sniff.check(path, "prepare") is not sniff.KINDS["folder"]:
         return [path]
-    if not path.is_dir():  # a pipe, a device (/dev/null), a socket
-        raise UsageError(
-            f"{path}: not a regular file nor a folder; the corpus is read more than once (to train the "
-            "tokenizer, then to tokenize), so save the text to a file first and pass that"
-        )
     files, skipped = _walk(path)
     for (
         why,
@@ -277,6 +201,8 @@ def corpus_files(path: Path) -> list[Path]:
         info(f"{path}: skipped {len(examples):,} {why}: {shown}")
     if not files:
         raise UsageError(f"{path}: no {CORPUS_NAMES} in this folder")
+    for file in files:  # what no name says: another encoding, binary data, a CSV named .txt's content aside
+        sniff.check(file, "prepare")
     return files
 
 
@@ -392,15 +318,15 @@ def _strict_streams(path: Path, decompressor: Callable[[], bz2.BZ2Decompressor |
 
 
 def _open(path: Path) -> BinaryIO:
-    compression = _name_parts(path)[1]
-    return COMPRESSIONS[compression][0](path, "rb") if compression else open(path, "rb")  # type: ignore[return-value]
+    codec = sniff.sniff(path).codec
+    return OPENERS[codec][0](path) if codec else open(path, "rb")  # type: ignore[return-value]
 
 
 def lines_end_in_cr(path: Path) -> bool:
     """Whether a text file's lines end in CR alone (classic Mac OS): its first 4 KiB, decompressed,
     hold CRs and no LF. A line ends at LF, so such a file reads as one line. (A damaged compressed
     file says nothing here: reading it names the damage.)"""
-    if is_jsonl(path):
+    if sniff.is_jsonl(path):
         return False
     try:
         with _open(path) as fh:
@@ -451,7 +377,7 @@ def document_cuts(path: Path, every: int) -> list[int]:
     size = path.stat().st_size
     cuts: list[int] = []
     target = every
-    pattern = re.compile(rb"\n") if is_jsonl(path) else _BLANK_LINE
+    pattern = re.compile(rb"\n") if sniff.is_jsonl(path) else _BLANK_LINE
     with open(path, "rb") as fh:
         while target < size:
             found = _boundary(fh, target, pattern)
@@ -495,7 +421,9 @@ def _compressed_error(path: Path, fh: BinaryIO, exc: Exception, where: str = "")
     EOFError, which Click turns into an 'interrupted' exit 130.) A failing disk is re-raised."""
     if isinstance(exc, OSError) and exc.errno is not None:
         raise exc
-    _, tool, check = COMPRESSIONS.get(_name_parts(path)[1], (None, "compressed", "the file's tool"))
+    codec = sniff.sniff(path).codec or "compressed"
+    check = OPENERS[codec][1] if codec in OPENERS else "the file's tool"
+    tool = codec
     at = getattr(fh, "fileobj", None)  # the compressed file under gzip's reader and _strict_streams
     try:
         byte = f"compressed byte {at.tell():,}" if at is not None and not at.closed else ""
@@ -523,7 +451,7 @@ def _raw_lines(path: Path, fh: BinaryIO, limit: int = -1) -> Iterator[bytes]:
             lines += raw.endswith(b"\n")
             yield raw
     except COMPRESSED_ERRORS as exc:
-        if not is_compressed(path):
+        if not sniff.sniff(path).codec:
             raise
         raise _compressed_error(path, fh, exc, f"line {lines + 1:,}") from None
 
@@ -534,7 +462,7 @@ def _lines(part: Part, progress: Callable[[int], None]) -> Iterator[tuple[int, s
     (memory stays bounded whatever the line), a JSON Lines record whole."""
     path = part.path
     offset, number, ends = part.start, part.line, True
-    limit = -1 if is_jsonl(path) else READ_BYTES
+    limit = -1 if sniff.is_jsonl(path) else READ_BYTES
     decoder = codecs.getincrementaldecoder("utf-8")()
 
     def decode(raw: bytes, *, final: bool) -> str:
@@ -542,7 +470,7 @@ def _lines(part: Part, progress: Callable[[int], None]) -> Iterator[tuple[int, s
         try:
             return decoder.decode(raw, final=final)
         except UnicodeDecodeError as exc:
-            raise _foreign_text(path) or UsageError(
+            raise UsageError(
                 f"{path}: byte {offset - held + exc.start} (line {number}): not valid UTF-8; convert the "
                 "file to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
             ) from None
@@ -556,9 +484,8 @@ def _lines(part: Part, progress: Callable[[int], None]) -> Iterator[tuple[int, s
         for raw in _raw_lines(path, reader, limit):
             nul = raw.find(b"\x00")
             if nul >= 0:
-                raise _foreign_text(path) or UsageError(
-                    f"{path}: byte {offset + nul}: a NUL byte; this looks like a binary file, not text "
-                    "(remove it from the corpus)"
+                raise UsageError(
+                    f"{path}: byte {offset + nul}: a NUL byte, which text does not hold: remove the file from the corpus"
                 )
             ends = raw.endswith(b"\n") or limit < 0 or len(raw) < limit  # short of the limit: the file's end
             text = decode(raw, final=ends)
@@ -570,27 +497,6 @@ def _lines(part: Part, progress: Callable[[int], None]) -> Iterator[tuple[int, s
             yield number, decode(b"", final=True), True
 
 
-def _foreign_text(path: Path) -> UsageError | None:
-    """The line for a corpus file that is text in UTF-16 or UTF-32, or compressed under a plain name (by its
-    first bytes, ownership.foreign_text_kind), with the command that makes it UTF-8 text; None for other
-    bytes (trial 26 P3: Windows' "Unicode" text was "a binary file" to remove, while encode named it)."""
-    from bertcli.ownership import COMPRESSED_SUFFIXES, CONVERT, foreign_text_kind
-
-    with _open(path) as fh:
-        kind = foreign_text_kind(fh.read(8))
-    if kind in CONVERT:
-        return UsageError(
-            f"{path}: {kind} text, and prepare reads UTF-8: convert it ({CONVERT[kind]} OLD > NEW) and put the "
-            "new file in its place"
-        )
-    suffix = next((s for s, name in COMPRESSED_SUFFIXES.items() if name == kind), None)
-    if suffix in COMPRESSIONS:  # compressed data under a name without the suffix that says so
-        return UsageError(f"{path}: {kind}-compressed, under a name without {suffix}: add {suffix} to its name")
-    if kind:
-        return UsageError(f"{path}: {kind}-compressed, which prepare does not read: decompress it")
-    return None
-
-
 def read_text(files: list[Path], block: int = 1 << 16) -> Iterator[str]:
     """The corpus text in blocks of about `block` characters (small enough to stay in the cache), for
     a quick pass over its characters (no line decoding or sentence splitting: words never span white
@@ -599,7 +505,7 @@ def read_text(files: list[Path], block: int = 1 << 16) -> Iterator[str]:
     records are skipped: read_sentences is what reports them."""
     for path in files:
         with _open(path) as fh:
-            if not is_jsonl(path):
+            if not sniff.is_jsonl(path):
                 decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
                 line = 1  # the line being read, for the error below
                 try:
@@ -608,7 +514,7 @@ def read_text(files: list[Path], block: int = 1 << 16) -> Iterator[str]:
                         line += text.count("\n")
                         yield text
                 except COMPRESSED_ERRORS as exc:  # this pass comes first: it reports a damaged file
-                    if not is_compressed(path):
+                    if not sniff.sniff(path).codec:
                         raise
                     raise _compressed_error(path, fh, exc, f"line {line:,}") from None
                 yield decoder.decode(b"", final=True) + "\n"
@@ -644,7 +550,7 @@ def read_sentences(
     for item in files:
         part = item if isinstance(item, Part) else Part(Path(item))
         path = part.path
-        jsonl = is_jsonl(path)
+        jsonl = sniff.is_jsonl(path)
         open_document = False
         pending, cut = "", False  # a long line read in parts: its text not yet cut; whether pieces went out
         for number, line, ends in _lines(part, progress):

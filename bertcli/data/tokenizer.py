@@ -23,14 +23,11 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from bertcli import atomic
+from bertcli import store
 from bertcli.config import TokenizerConfig
 from bertcli.data.corpus import SpecialTokens
 from bertcli.errors import UsageError
-from bertcli.layout import TOKENIZER_CONFIG, TOKENIZER_FILES, TOKENIZER_JSON, TRAINER_STATE, VOCAB
-from bertcli.ownership import must_record_hashes, read_own, read_own_json
-
-TOKENIZER_SHA256 = "tokenizer_sha256"  # a checkpoint's trainer_state.json: the SHA-256 of each tokenizer file
+from bertcli.layout import TOKENIZER_CONFIG, TOKENIZER_FILES, TOKENIZER_JSON, VOCAB
 
 SPECIAL = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 CONTINUATION = "##"
@@ -271,7 +268,7 @@ def load_tokenizer(path: Path, cfg: TokenizerConfig) -> Tokenizer:
                 _bert_pipeline(Tokenizer(models.WordPiece.from_file(str(path), unk_token="[UNK]")), casing)
             )
             # As transformers' BertTokenizer (and a tokenizer.json) has them: special tokens written in the text
-            # are those tokens, never lower-cased and split ([MASK] became '[', 'mask', ']': trial 13 S-1).
+            # are those tokens, never lower-cased and split ('[', 'mask', ']').
             tok.add_special_tokens([t for t in SPECIAL if tok.token_to_id(t) is not None])
     except Exception as exc:  # tokenizers raises plain Exceptions with its own message
         raise UsageError(f"{path}: cannot load tokenizer ({str(exc).splitlines()[0]})") from None
@@ -303,8 +300,7 @@ def describe(tok: Tokenizer) -> dict[str, Any]:
 def casing_clashes(tok: Tokenizer, cfg: TokenizerConfig) -> str:
     """The casing settings of `cfg` (lowercase, strip_accents) that loaded tokenizer `tok` does not
     follow, as "key=value (the tokenizer: value)" ('': none, or no BERT normalizer to compare): a
-    loaded tokenizer keeps its own casing, since its vocabulary was made with it (trial 19 P2: a
-    --set data.tokenizer.lowercase=false beside a lowercasing tokenizer was kept without a word)."""
+    loaded tokenizer keeps its own casing, since its vocabulary was made with it."""
     casing = describe(tok)
     return ", ".join(
         f"data.tokenizer.{key}={str(getattr(cfg, key)).lower()} (the tokenizer: {str(casing[key]).lower()})"
@@ -316,9 +312,9 @@ def casing_clashes(tok: Tokenizer, cfg: TokenizerConfig) -> str:
 def save_tokenizer(tok: Tokenizer, folder: Path) -> None:
     """tokenizer.json and vocab.txt (one token per line, in id order) into folder."""
     tokenizer_json, vocab = Path(folder) / TOKENIZER_JSON, Path(folder) / VOCAB
-    with atomic.writing(tokenizer_json):  # a full disk named, whatever tokenizers calls it
+    with store.writing(tokenizer_json):  # a full disk named, whatever tokenizers calls it
         tok.save(str(tokenizer_json))
-    with atomic.writing(vocab):
+    with store.writing(vocab):
         vocab.write_text(vocab_text(tok), encoding="utf-8")
 
 
@@ -353,33 +349,6 @@ def vocab_text(tok: Tokenizer) -> str:
     if [i for _, i in by_id] != list(range(len(by_id))):
         raise UsageError("the tokenizer's ids are not 0..N-1; cannot write vocab.txt")
     return "".join(token + "\n" for token, _ in by_id)
-
-
-def tokenizer_change(path: Path) -> tuple[str, str] | None:
-    """A tokenizer file of checkpoint `path` that is not the one it was saved with, and why (None:
-    they are, or it has none): an edited tokenizer.json would encode text into other ids than the
-    model learnt, silently. trainer_state.json records each file's SHA-256; a checkpoint written
-    before it did must at least hold one vocabulary (vocab.txt that of tokenizer.json)."""
-    state = read_own_json(Path(path) / TRAINER_STATE)
-    recorded = state.get(TOKENIZER_SHA256)
-    files = {name: Path(path) / name for name in TOKENIZER_FILES}
-    if not isinstance(recorded, dict) and must_record_hashes(state):
-        return TRAINER_STATE, f"holds no {TOKENIZER_SHA256} record, which a checkpoint of its format has"
-    if isinstance(recorded, dict):
-        for name, digest in sorted(recorded.items()):
-            if name in files and not files[name].is_file():
-                return name, "missing, though the checkpoint was written with it"
-            if name in files and hashlib.sha256(read_own(files[name])).hexdigest() != digest:
-                return (
-                    name,
-                    f"changed since the checkpoint was written (its SHA-256 is not the one {TRAINER_STATE} records)",
-                )
-        return None
-    if all(file.is_file() for file in files.values()):
-        tok = Tokenizer.from_str(read_own(files[TOKENIZER_JSON]).decode("utf-8"))
-        if read_own(files[VOCAB]) != vocab_text(tok).encode("utf-8"):
-            return VOCAB, "does not match the tokenizer.json beside it (edited after bertcli wrote it?)"
-    return None
 
 
 def tokenizer_identity(tok: Tokenizer) -> str:

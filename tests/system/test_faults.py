@@ -113,7 +113,7 @@ def test_sigterm_while_pretrain_prepares_its_data_stops_at_once_and_keeps_nothin
 
     from conftest import text_run
 
-    from bertcli.data.prepare import SAMPLE
+    from bertcli.data.scan import SAMPLE
 
     corpus = tmp_path / "corpus.txt"  # the 1 MB sample: seconds of preparing, stopped in the first
     corpus.write_bytes(gzip.decompress(SAMPLE.read_bytes()))
@@ -143,7 +143,7 @@ def test_sigterm_while_pretrain_prepares_its_data_stops_at_once_and_keeps_nothin
 
 
 def test_a_stop_right_after_the_temporary_folder_is_made_leaves_nothing(tmp_path, cli, monkeypatch, small_corpus):
-    """A signal raises wherever the main thread is: right after atomic.folder made .tmp-data.PID and
+    """A signal raises wherever the main thread is: right after store.folder made .tmp-data.PID and
     before its `try`, nothing of its own removed it (the test above met that now and then, under load)."""
     from conftest import text_run
 
@@ -369,7 +369,7 @@ def test_a_disk_that_fills_while_best_is_written_leaves_the_step_checkpoint(tmp_
     for name in layout.CHECKPOINT_FILES + layout.TOKENIZER_FILES:
         assert (best / name).exists() == (step_4 / name).exists()
         assert not (best / name).exists() or (best / name).read_bytes() == (step_4 / name).read_bytes()
-    assert checkpoint.damage(best) is None
+    assert checkpoint.verify(best) is None
     # Another run's checkpoint was evaluated on that run's held-out set: never this run's best (trial 17 P5).
     other = write_config(tmp_path / "other", "train.max_steps=4", "checkpoint.save_every=4", "train.eval_every=4")
     for source in (best, step_4):
@@ -593,7 +593,7 @@ def test_a_full_disk_while_saving_a_checkpoint_names_the_file_whatever_writes_it
     import torch
     from conftest import micro_config
 
-    from bertcli import atomic
+    from bertcli import store
     from bertcli.cli import os_error_message
     from bertcli.optim import build_optimizer
 
@@ -733,7 +733,7 @@ def test_a_full_disk_while_writing_data_names_the_file(tmp_path, monkeypatch, cl
     import numpy as np
     from conftest import text_run
 
-    from bertcli import atomic, metrics
+    from bertcli import metrics, store
     from bertcli.cli import os_error_message
     from bertcli.data import prepare
 
@@ -770,8 +770,8 @@ def test_a_full_disk_while_writing_data_names_the_file(tmp_path, monkeypatch, cl
     with pytest.raises(OSError) as info:
         if what == "prepared shards":  # ndarray.tofile said "65540 requested and 28645 written"
             fill_disk(monkeypatch, prepare, room=1000)
-            writer = prepare.ShardWriter(tmp_path / ".tmp-data.123" / "train", np.dtype(np.uint16))
-            writer.add_segment(list(range(prepare.ShardWriter.FLUSH_TOKENS)))
+            writer = units.ShardWriter(tmp_path / ".tmp-data.123" / "train", np.dtype(np.uint16))
+            writer.add_segment(list(range(units.ShardWriter.FLUSH_TOKENS)))
         else:
             fill_disk(monkeypatch, metrics, room=10)
             logger = metrics.MetricsLogger(tmp_path, 0, 10, tensorboard=False, quiet=True)
@@ -941,7 +941,7 @@ def _prepare_process(config, *args: str) -> subprocess.Popen:
     """`bertcli prepare` in a process of its own session, with units of 8 KiB (so that a small corpus
     is dozens of units, and two workers run)."""
     code = (
-        "import sys; from bertcli.data import prepare; prepare.UNIT_BYTES = 8 << 10; "
+        "import sys; from bertcli.data import prepare; from bertcli.data import scan; scan.UNIT_BYTES = 8 << 10; "
         "from bertcli.cli import main; main(sys.argv[1:])"
     )
     return subprocess.Popen(
@@ -1008,10 +1008,11 @@ def test_a_kill_while_updating_leaves_the_previous_data_valid_and_the_next_prepa
     from conftest import text_run
 
     from bertcli.data import prepare as prepare_module
-    from bertcli.data.prepare import load_prepared, prepare
+    from bertcli.data.prepare import prepare
+    from bertcli.data.prepared import load_prepared
     from bertcli.resolve import load_run
 
-    monkeypatch.setattr(prepare_module, "UNIT_BYTES", 8 << 10)
+    monkeypatch.setattr(scan_module, "UNIT_BYTES", 8 << 10)
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     docs = small_corpus.read_text().split("\n\n")

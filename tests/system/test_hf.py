@@ -291,7 +291,8 @@ def test_continued_pretraining_from_an_exported_folder(tmp_path, small_corpus, c
 def test_init_from_a_bare_bert_model_says_which_heads_are_fresh(tmp_path, small_corpus, cli):
     from conftest import text_run
 
-    from bertcli.data.prepare import load_prepared, prepare
+    from bertcli.data.prepare import prepare
+    from bertcli.data.prepared import load_prepared
     from bertcli.resolve import load_run
 
     config = text_run(tmp_path / "tok", small_corpus)

@@ -13,7 +13,7 @@ import pytest
 from conftest import text_run
 
 from bertcli import layout
-from bertcli.ownership import not_owned
+from bertcli.store import not_owned
 
 
 def snapshot(root: Path) -> dict[str, str]:
@@ -380,7 +380,7 @@ def test_encode_output_never_replaces_an_input(run_copy, cli, tmp_path, target):
 def test_removing_a_linked_folder_removes_the_link_only(tmp_path):
     """A folder bertcli removes (a damaged unit, an old checkpoint) that is a symbolic link loses its
     link, never what it points to, and leaves no temporary name behind."""
-    from bertcli import atomic
+    from bertcli import store
 
     target = tmp_path / "elsewhere"
     target.mkdir()
@@ -388,7 +388,7 @@ def test_removing_a_linked_folder_removes_the_link_only(tmp_path):
     (tmp_path / "parent").mkdir()
     link = tmp_path / "parent" / "step-0000004"
     link.symlink_to(target, target_is_directory=True)
-    atomic.remove_folder(link)
+    store.remove_folder(link)
     assert not link.is_symlink() and not list((tmp_path / "parent").iterdir())
     assert (target / "kept.txt").read_text() == "yours"
 
@@ -397,7 +397,7 @@ def test_a_folder_replaced_is_never_missing_to_a_reader(tmp_path, monkeypatch):
     """`best` replaced in two renames (old aside, new in) was missing for a moment: an encode of the
     run then took the newest step instead, or read a step folder pruned under it (exit 1). Where the
     system swaps folders in one step (Linux), every rename and removal sees a whole folder in place."""
-    from bertcli import atomic
+    from bertcli import store
 
     final = tmp_path / "best"
     final.mkdir()
@@ -411,11 +411,11 @@ def test_a_folder_replaced_is_never_missing_to_a_reader(tmp_path, monkeypatch):
 
         return call
 
-    monkeypatch.setattr(atomic.os, "replace", watching(os.replace))
-    monkeypatch.setattr(atomic.shutil, "rmtree", watching(shutil.rmtree))
-    if not atomic.exchange(tmp_path / "best", tmp_path / "best"):
+    monkeypatch.setattr(store.os, "replace", watching(os.replace))
+    monkeypatch.setattr(store.shutil, "rmtree", watching(shutil.rmtree))
+    if not store.exchange(tmp_path / "best", tmp_path / "best"):
         pytest.skip("this system cannot swap two folders in one step")
-    with atomic.folder(final, lambda target: None) as tmp:
+    with store.folder(final, lambda target: None) as tmp:
         (tmp / "model.safetensors").write_text("new")
     assert (final / "model.safetensors").read_text() == "new"
     assert seen and None not in seen, seen

@@ -20,7 +20,7 @@ import torch
 from conftest import refuse_in_fresh_interpreter
 
 from bertcli.config import TokenizerConfig
-from bertcli.data.prepare import SAMPLE
+from bertcli.data.scan import SAMPLE
 from bertcli.data.tokenizer import load_tokenizer
 from bertcli.encode import encode, load_encoder, resolve
 from bertcli.resolve import load_run
@@ -376,7 +376,7 @@ def test_a_tokenizer_of_another_model_with_init_from_is_named_as_such(cli, tmp_p
 
 def test_continued_pretraining_from_the_folder_prepares_whole_sentences_without_pad(cli, tmp_path, small_corpus):
     from bertcli.config_load import load_config, preset_config
-    from bertcli.data.prepare import load_prepared
+    from bertcli.data.prepared import load_prepared
 
     tok = load_tokenizer(MINILM, TokenizerConfig())
     lines = [line for line in small_corpus.read_text().splitlines() if line.strip()]

@@ -387,7 +387,7 @@ def test_a_file_edited_in_place_after_it_was_hashed_is_hashed_anew(tmp_path):
     import hashlib
     import os
 
-    from bertcli.ownership import HASH_CACHE_BYTES, sha256_of
+    from bertcli.store import HASH_CACHE_BYTES, sha256_of
 
     path = tmp_path / "model.safetensors"
     data = bytearray(os.urandom(HASH_CACHE_BYTES + 1))

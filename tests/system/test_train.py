@@ -878,11 +878,11 @@ def test_best_is_of_the_history_resumed(tmp_path, eight_steps):
     root, cfg = tmp_path / "run" / "checkpoints", load_run(tmp_path / "run" / "config.yaml")
 
     plant_best(root / "step-0000008", root / "best")
-    assert checkpoint.settle_best(tmp_path / "run", cfg, root / "step-0000008") == 3.5 and (root / "best").exists()
-    assert checkpoint.settle_best(tmp_path / "run", cfg, root / "step-0000004") is None and not (root / "best").exists()
+    assert resume.settle_best(tmp_path / "run", cfg, root / "step-0000008") == 3.5 and (root / "best").exists()
+    assert resume.settle_best(tmp_path / "run", cfg, root / "step-0000004") is None and not (root / "best").exists()
     plant_best(root / "step-0000008", root / "best")
     other = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, hidden_act="relu"))
-    assert checkpoint.settle_best(tmp_path / "run", other, root / "step-0000008") is None
+    assert resume.settle_best(tmp_path / "run", other, root / "step-0000008") is None
     assert not (root / "best").exists()
 
 
@@ -941,8 +941,8 @@ def test_resuming_names_a_path_setting_changed_only_when_its_file_is_another(tmp
 
     spelt = config(tmp_path / "run" / ".." / "tok.json", tmp_path / "run" / ".." / "corpus.txt")
     plain = config(tmp_path / "tok.json", tmp_path / "corpus.txt")
-    assert checkpoint.setting_differences(spelt, plain, step=4, where="step-0000004") == []
-    lines = checkpoint.setting_differences(
+    assert resume.differences(spelt, plain, step=4, where="step-0000004") == []
+    lines = resume.differences(
         spelt, config(tmp_path / "tok.json", tmp_path / "other.txt"), step=4, where="s"
     )
     assert len(lines) == 2 and all("data.corpus" in line for line in lines), lines  # (examples, held-out set)

@@ -23,7 +23,9 @@ from bertcli.config import TokenizerConfig
 from bertcli.config_load import load_config, preset_config
 from bertcli.data.corpus import is_held_out
 from bertcli.data.examples import IGNORE, ExampleBuilder
-from bertcli.data.prepare import FORMAT_VERSION, SAMPLE, load_prepared, prepare, unit_phase
+from bertcli.data.prepare import prepare
+from bertcli.data.prepared import load_prepared
+from bertcli.data.scan import FORMAT_VERSION, SAMPLE, unit_phase
 from bertcli.data.text import LineSample, read_sentences, read_text, split_sentences
 from bertcli.data.tokenizer import SPECIAL, Casing, _bert_pipeline, inner_characters, scan_characters, train_tokenizer
 from bertcli.errors import UsageError
@@ -870,7 +872,7 @@ def test_a_unit_and_the_index_that_disagree_are_both_written_again(tmp_path, sma
 def test_a_damaged_manifest_is_prepared_again_not_a_dead_end(tmp_path, small_corpus, capsys, damage):
     """The manifest is the proof that bertcli wrote the folder; damaged, the folder's units/ (names only
     bertcli writes) still prove it, so `prepare` prepares it again (it refused, --force or not)."""
-    from bertcli.data.prepare import read_manifest
+    from bertcli.data.prepared import read_manifest
 
     corpus = tmp_path / "docs.txt"
     corpus.write_text("\n\n".join(small_corpus.read_text().split("\n\n")[:4]) + "\n")
@@ -891,7 +893,7 @@ def test_a_damaged_manifest_is_prepared_again_not_a_dead_end(tmp_path, small_cor
 
 
 def test_an_older_format_is_prepared_again_with_a_line(prepared, tmp_path):
-    from bertcli.data.prepare import read_manifest
+    from bertcli.data.prepared import read_manifest
 
     folder = tmp_path / "data"
     shutil.copytree(prepared.folder, folder)
@@ -905,7 +907,8 @@ def test_an_older_format_is_prepared_again_with_a_line(prepared, tmp_path):
 
 def test_a_same_size_edit_with_its_time_restored_is_seen(tmp_path):
     """The cache hashes a small corpus again at every check (not only when size or time changed)."""
-    from bertcli.data.prepare import _file_entries, cache_check
+    from bertcli.data.prepared import cache_check
+    from bertcli.data.scan import file_entries as _file_entries
 
     corpus = tmp_path / "c.txt"
     corpus.write_text("The first document.\n\nThe second one.\n")
@@ -1098,7 +1101,7 @@ def test_a_corpus_folder_skips_hidden_entries_and_copies_are_said(tmp_path, caps
     """Trial 15 P2: a corpus folder's .ipynb_checkpoints/ (notebook copies) was read as text, so its
     documents were trained on twice, unsaid. Hidden folders and files are skipped with the other
     skips' line; files of the same bytes are warned of (their hashes are at hand)."""
-    from bertcli.data.prepare import _file_entries, _say_copies
+    from bertcli.data.scan import file_entries as _file_entries
     from bertcli.data.text import corpus_files
 
     root = tmp_path / "corpus"
@@ -1131,7 +1134,7 @@ def test_a_corpus_folder_skips_hidden_entries_and_copies_are_said(tmp_path, caps
 
 def test_a_file_with_cr_line_ends_is_said(tmp_path, capsys):
     """Classic Mac OS line ends (CR alone): read as one line, its documents merged, unsaid."""
-    from bertcli.data.prepare import _file_entries
+    from bertcli.data.scan import file_entries as _file_entries
 
     lf, cr, crlf, cr_gz = (tmp_path / name for name in ("lf.txt", "cr.txt", "crlf.txt", "cr.txt.gz"))
     text = "One sentence here.\nAnother one.\n\nA second document.\n"
@@ -1272,7 +1275,7 @@ def units_corpus(tmp_path, small_corpus, monkeypatch):
     is cut into parts at document boundaries, so the corpus is a dozen units."""
     from bertcli.data import prepare as prepare_module
 
-    monkeypatch.setattr(prepare_module, "UNIT_BYTES", 8 << 10)
+    monkeypatch.setattr(scan_module, "UNIT_BYTES", 8 << 10)
     docs = small_corpus.read_text().split("\n\n")
     folder = tmp_path / "corpus"
     folder.mkdir()
@@ -1636,7 +1639,7 @@ def test_a_large_file_in_units_gives_the_example_stream_of_one_unit(tmp_path, sm
     cfg = preset_config("tiny", [*TEXT, "data.validation_fraction=0"]).data
     batches = []
     for unit_bytes in (1 << 30, 8 << 10):
-        monkeypatch.setattr(prepare_module, "UNIT_BYTES", unit_bytes)
+        monkeypatch.setattr(scan_module, "UNIT_BYTES", unit_bytes)
         prepared = load_prepared(
             prepare(
                 load_run(text_run(tmp_path / str(unit_bytes), small_corpus, "data.validation_fraction=0")), quiet=True

@@ -1,0 +1,396 @@
+"""Prepared data as `prepare` leaves it, read and checked (`read_manifest`, `verify`) at every use.
+
+  manifest.json   written last, by an atomic rename: what makes the rest valid. Format version,
+                  corpus files (size, mtime, SHA-256; the parts of large ones), the tokenizer (its
+                  settings, its files' SHA-256, what trained it), the units in corpus order with their
+                  counts, the index, totals
+  tokenizer.json, vocab.txt   the WordPiece tokenizer
+  units/KEY/      one unit: unit.json and train/, valid/ with tokens.bin (uint16 where the vocabulary
+                  fits), seg_offsets.bin, doc_offsets.bin (int64: the corpus.Corpus arrays of the unit)
+  index/DIGEST/   train/, valid/: the offsets of the whole corpus (the units in order), so training
+                  reads the units' tokens as one array (corpus.PartTokens), offsets memory-mapped
+A manifest is data, never a source of paths: shards are read at fixed names (keys of 64 hex digits).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from bertcli import console, layout, store
+from bertcli.config import DataConfig
+from bertcli.data.chunks import random_next_share
+from bertcli.data.corpus import Corpus, PartTokens, SpecialTokens
+from bertcli.data.scan import FORMAT_VERSION, HASH_ALWAYS_BYTES, digest
+from bertcli.data.text import corpus_files
+from bertcli.data.tokenizer import continuation_mask, read_tokenizer_json, special_tokens
+from bertcli.errors import UsageError
+from bertcli.layout import (
+    DOC_OFFSETS,
+    INDEX,
+    INDEX_FILES,
+    KEY,
+    MANIFEST,
+    SEG_OFFSETS,
+    SHARD_FILES,
+    SPLITS,
+    TOKENIZER_FILES,
+    TOKENS,
+    UNITS,
+)
+
+COUNTS = ("documents", "segments", "tokens")
+RANDOM_NEXT_MARGIN = 0.1  # warn when the data gives random next sentences this far above random_next_prob
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _splits_ok(splits: Any) -> bool:
+    return (
+        isinstance(splits, dict)
+        and set(splits) == set(SPLITS)
+        and all(isinstance(v, dict) and all(_count(v.get(c)) for c in COUNTS) for v in splits.values())
+    )
+
+
+def unit_ok(unit: Any, in_manifest: bool = True) -> bool:
+    """A unit's record: a key of 64 hex digits and counts; in the manifest, its contents' hash too."""
+    return (
+        isinstance(unit, dict)
+        and isinstance(unit.get("key"), str)
+        and re.fullmatch(KEY, unit["key"]) is not None
+        and _splits_ok(unit.get("splits"))
+        and _count(unit.get("unknown_tokens"))
+        and (
+            not in_manifest or (isinstance(unit.get("content"), str) and re.fullmatch(KEY, unit["content"]) is not None)
+        )
+    )
+
+
+def read_manifest(folder: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """(the manifest of a prepared folder, None), or (None, why it cannot be used: damaged, of another
+    format), or (None, None) when there is none. What decides how the shards are read (dtype, splits,
+    counts) is checked here, the files by `verify`."""
+    path = Path(folder) / MANIFEST
+    if not path.exists() and not path.is_symlink():
+        return None, None
+    try:
+        manifest = store.read_own_json(path, "prepare it again")
+    except (UsageError, OSError) as exc:
+        return None, f"is damaged ({MANIFEST}: {getattr(exc, 'reason', str(exc).split(': ', 1)[-1])})"
+    if (version := manifest.get("format_version")) != FORMAT_VERSION:
+        return None, f"is of format version {version} (this bertcli reads and writes version {FORMAT_VERSION})"
+    splits, tok, units = manifest.get("splits"), manifest.get("tokenizer"), manifest.get("units")
+    files = (manifest.get("corpus") or {}).get("files")
+    ok = (
+        manifest.get("dtype") in ("uint16", "uint32")
+        and isinstance(files, list)
+        and all(isinstance(f, dict) and isinstance(f.get("path"), str) for f in files)
+        and _splits_ok(splits)
+        and isinstance(tok, dict)
+        and _count(tok.get("vocab_size"))
+        and isinstance(tok.get("sha256"), dict)
+        and all(isinstance(tok["sha256"].get(name), str) for name in TOKENIZER_FILES)
+        and isinstance(manifest.get("index"), str)
+        and re.fullmatch(KEY, manifest["index"]) is not None
+        and isinstance(units, list)
+        and all(unit_ok(u) for u in units)
+        and all(sum(u["splits"][s][c] for u in units) == splits[s][c] for s in SPLITS for c in COUNTS)
+    )
+    return (manifest, None) if ok else (None, f"is damaged ({MANIFEST} lacks fields or has values of the wrong type)")
+
+
+def check_tokenizer(folder: Path, manifest: dict[str, Any]) -> str | None:
+    """What is wrong with tokenizer.json and vocab.txt (regular files, as the manifest records them)."""
+    if found := store.digest_change(folder, manifest["tokenizer"]["sha256"], TOKENIZER_FILES):
+        return f"{found[0]}: {found[1]}"
+    lines = (Path(folder) / layout.VOCAB).read_bytes().count(b"\n")  # a token a line, in id order
+    if lines != manifest["tokenizer"]["vocab_size"]:
+        return f"vocab.txt: {lines:,} tokens, where {MANIFEST} says {manifest['tokenizer']['vocab_size']:,}"
+    return None
+
+
+def _files_problem(folder: Path, rel: str, names: tuple[str, ...]) -> str | None:
+    """Whether folder/rel/{train,valid}/NAME are regular files in regular folders (no links)."""
+    for path in (rel, *(f"{rel}/{s}" for s in SPLITS)):
+        if os.path.islink(folder / path) or not (folder / path).is_dir():
+            return f"{path}: {'a symbolic link' if os.path.islink(folder / path) else 'missing or not a folder'}"
+    for path in (f"{rel}/{s}/{n}" for s in SPLITS for n in names):
+        if problem := store.file_problem(folder / path):
+            return f"{path}: {problem}"
+    return None
+
+
+def _rising(offsets: np.ndarray, last: int, block: int = 1 << 20) -> bool:
+    """Whether `offsets` rises from 0 to `last` (read in blocks: no temporary array grows with the corpus)."""
+    if offsets[0] != 0 or offsets[-1] != last:
+        return False
+    return all((np.diff(offsets[lo : lo + block + 1]) > 0).all() for lo in range(0, len(offsets) - 1, block))
+
+
+def check_unit(folder: Path, key: str, record: dict[str, Any], *, dtype_name: str, vocab_size: int) -> str | None:
+    """What is wrong with the shards of unit `key` (naming the file), None where whole: regular files of
+    the sizes its record implies, offsets rising from 0 to its counts, token ids below the vocabulary
+    size (read once: about 15 ms per 100M tokens in the page cache)."""
+    rel, dtype = f"{UNITS}/{key}", np.dtype(dtype_name)
+    if problem := _files_problem(folder, rel, SHARD_FILES):
+        return problem
+    for split, counts in record["splits"].items():
+        base = folder / rel / split
+        sizes = {
+            TOKENS: counts["tokens"] * dtype.itemsize,
+            SEG_OFFSETS: (counts["segments"] + 1) * 8,
+            DOC_OFFSETS: (counts["documents"] + 1) * 8,
+        }
+        for name, size in sizes.items():
+            if (actual := (base / name).stat().st_size) != size:
+                return f"{rel}/{split}/{name} holds {actual:,} bytes where {MANIFEST} implies {size:,}"
+        for name, last in ((SEG_OFFSETS, counts["tokens"]), (DOC_OFFSETS, counts["segments"])):
+            if not _rising(np.memmap(base / name, dtype=np.int64, mode="r"), last):
+                return f"{rel}/{split}/{name} does not rise from 0 to {last:,}: its offsets are damaged"
+        if counts["tokens"] and vocab_size <= np.iinfo(dtype).max:
+            if (top := int(np.memmap(base / TOKENS, dtype=dtype, mode="r").max())) >= vocab_size:
+                return f"{rel}/{split}/tokens.bin holds token id {top:,}, past the vocabulary of {vocab_size:,}"
+    return None
+
+
+def check_index(folder: Path, manifest: dict[str, Any]) -> tuple[str, str | None] | None:
+    """What is wrong with the index (naming the file), and the key of the unit it disagrees with, if one;
+    None where whole: every unit's offsets there, shifted by the units before it, so every boundary
+    training reads is one a unit holds. Where the two copies disagree, either may be the damaged one."""
+    rel = f"{INDEX}/{manifest['index']}"
+    if problem := _files_problem(folder, rel, INDEX_FILES):
+        return problem, None
+    for split, counts in manifest["splits"].items():
+        base, offsets = folder / rel / split, {}
+        for name, length in ((SEG_OFFSETS, counts["segments"] + 1), (DOC_OFFSETS, counts["documents"] + 1)):
+            if (actual := (base / name).stat().st_size) != length * 8:
+                return f"{rel}/{split}/{name} holds {actual:,} bytes where {MANIFEST} implies {length * 8:,}", None
+            offsets[name] = np.memmap(base / name, dtype=np.int64, mode="r")
+        start = dict.fromkeys(COUNTS, 0)  # of the units before this one
+        for unit in manifest["units"]:
+            own, unit_counts = folder / UNITS / unit["key"] / split, unit["splits"][split]
+            problem = _files_problem(folder, f"{UNITS}/{unit['key']}", INDEX_FILES)
+            for name, count in ((SEG_OFFSETS, unit_counts["segments"]), (DOC_OFFSETS, unit_counts["documents"])):
+                if problem is None and (own / name).stat().st_size != (count + 1) * 8:
+                    problem = f"{UNITS}/{unit['key']}/{split}/{name} is not of the size {MANIFEST} implies"
+            if problem is not None:
+                return problem, unit["key"]
+            for name, at, shift in (
+                (SEG_OFFSETS, start["segments"], start["tokens"]),
+                (DOC_OFFSETS, start["documents"], start["segments"]),
+            ):
+                if not _holds_shifted(offsets[name], at, np.memmap(own / name, dtype=np.int64, mode="r"), shift):
+                    return (
+                        f"{rel}/{split}/{name} does not hold the offsets of {UNITS}/{unit['key']}/{split} from its entry {at:,}: one of the two is damaged",
+                        unit["key"],
+                    )
+            start = {c: start[c] + unit_counts[c] for c in COUNTS}
+        if start != {c: counts[c] for c in COUNTS}:
+            return f"{MANIFEST}: the {split} totals are not the sum of its units' counts: the manifest is damaged", None
+    return None
+
+
+def _holds_shifted(index: np.ndarray, at: int, own: np.ndarray, shift: int, block: int = 1 << 20) -> bool:
+    """Whether index[at : at + len(own)] == own + shift, read in blocks."""
+    if at + len(own) > len(index):
+        return False
+    return all(
+        np.array_equal(index[at + lo : at + lo + len(own[lo : lo + block])], own[lo : lo + block] + shift)
+        for lo in range(0, len(own), block)
+    )
+
+
+def verify(folder: Path, manifest: dict[str, Any]) -> list[str]:
+    """What is damaged in prepared data, each as "FILE: REASON"; none where whole: the tokenizer files as
+    hashed, every unit (check_unit), then the index (check_index). Cheap: offsets and token ids are
+    read once, memory-mapped."""
+    if problem := check_tokenizer(folder, manifest):
+        return [problem]
+    vocab_size = manifest["tokenizer"]["vocab_size"]
+    damage = [
+        p
+        for u in {u["key"]: u for u in manifest["units"]}.values()
+        if (p := check_unit(folder, u["key"], u, dtype_name=manifest["dtype"], vocab_size=vocab_size))
+    ]
+    if not damage and (found := check_index(folder, manifest)):
+        damage.append(found[0])
+    return damage
+
+
+# ------------------------------------------------------------------------------------------ using it
+@dataclass
+class PreparedData:
+    """Prepared data, memory-mapped: what training and `inspect` read."""
+
+    folder: Path
+    manifest: dict[str, Any]
+    tokenizer: Tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def special(self) -> SpecialTokens:
+        return special_tokens(self.tokenizer)
+
+    @property
+    def identity(self) -> dict[str, Any]:
+        """What the examples and the held-out set are drawn from, as a checkpoint records it: the index,
+        the units holding held-out documents, in order, and the documents."""
+        units, splits = [u for u in self.manifest["units"] if isinstance(u, dict)], self.manifest["splits"]
+        return {
+            "index": self.manifest["index"],
+            "held_out": digest([u.get("key") for u in units if u.get("splits", {}).get("valid", {}).get("documents")]),
+            "documents": splits["train"]["documents"] + splits["valid"]["documents"],
+        }
+
+    def corpus(self, split: str) -> Corpus | None:
+        """One split: the index's offsets memory-mapped, the units' tokens read as one array (each mapped
+        now, so that a unit a later `prepare` removes stays readable)."""
+        if self.manifest["splits"][split]["documents"] == 0:
+            return None
+        dtype, units = self.manifest["dtype"], self.manifest["units"]
+        pieces = [
+            np.memmap(self.folder / UNITS / u["key"] / split / TOKENS, dtype=dtype, mode="r")
+            for u in units
+            if u["splits"][split]["tokens"]
+        ]
+        base = self.folder / INDEX / self.manifest["index"] / split
+        return Corpus(
+            tokens=pieces[0] if len(pieces) == 1 else PartTokens(pieces),
+            seg_offsets=np.memmap(base / SEG_OFFSETS, dtype=np.int64, mode="r"),
+            doc_offsets=np.memmap(base / DOC_OFFSETS, dtype=np.int64, mode="r"),
+            vocab_size=self.vocab_size,
+            special=self.special,
+            continuation=continuation_mask(self.tokenizer),
+        )
+
+
+class NotPrepared(UsageError):
+    """Folder `folder` holds no usable prepared data (`problem`): one line saying the prepare that makes
+    it from the run's config (`config`), or that its corpus (`gone`) must come back first."""
+
+    def __init__(self, folder: Path, problem: str, config: Path | None, gone: str | None = None) -> None:
+        again = f"bertcli prepare --config {config or 'CONFIG'}"
+        fix = (
+            f"its corpus, {gone}, is not there to prepare it from: put it back, then run `{again}`"
+            if gone
+            else f"run `{again}`"
+        )
+        super().__init__(f"{folder}: {problem}; {fix}")
+
+
+def load_prepared(folder: Path, verified: bool = False) -> PreparedData:
+    """Prepared data, verified unless `verified` (prepare verified it just now)."""
+    manifest, why_not = read_manifest(folder)
+    config = folder.parent / layout.RUN_CONFIG if (folder.parent / layout.RUN_CONFIG).is_file() else None
+    if manifest is None:
+        raise NotPrepared(folder, f"the prepared data {why_not}" if why_not else "no prepared data here", config)
+    if not verified and (damage := verify(folder, manifest)):
+        raise NotPrepared(folder, f"the prepared data is damaged ({damage[0]})", config, corpus_gone(manifest))
+    return PreparedData(folder=folder, manifest=manifest, tokenizer=read_tokenizer_json(folder / layout.TOKENIZER_JSON))
+
+
+def corpus_gone(manifest: dict[str, Any] | None) -> str | None:
+    """The corpus prepared data was made from, where it is not there now (nor an empty folder's contents:
+    an unmounted mount point); None: it is there, or unknown."""
+    source = manifest.get("corpus", {}).get("source") if isinstance(manifest, dict) else None
+    if not isinstance(source, str) or source in ("sample", "synthetic"):
+        return None
+    path = Path(source)
+    return source if not path.exists() or (path.is_dir() and not any(path.iterdir())) else None
+
+
+def corpus_drift(manifest: dict[str, Any]) -> str | None:
+    """How the corpus prepared data was made from differs now, by its files' names, sizes and times
+    (nothing is read: inspect's question; prepare compares contents), in words; None: no file differs."""
+    source = manifest["corpus"].get("source")
+    if not isinstance(source, str) or source in ("sample", "synthetic"):
+        return None
+    if corpus_gone(manifest):
+        return f"the corpus, {source}, is not there now"
+    with console.silent():
+        try:
+            files = corpus_files(Path(source))
+        except (UsageError, OSError):
+            return None
+    then = {e.get("path"): (e.get("bytes"), e.get("mtime_ns")) for e in manifest["corpus"]["files"]}
+    now = {str(f.resolve()): (st.st_size, st.st_mtime_ns) for f in files for st in [f.stat()]}
+    counts = (
+        (len(now.keys() - then.keys()), "added"),
+        (len(then.keys() - now.keys()), "gone"),
+        (sum(now[p] != then[p] for p in now.keys() & then.keys()), "written to"),
+    )
+    if not any(n for n, _ in counts):
+        return None
+    return f"the corpus's files differ from those prepared ({', '.join(f'{n} {w}' for n, w in counts if n)}): the next prepare or pretrain brings the data up to date"
+
+
+def cache_check(corpus_bytes: int) -> str:
+    """What the cache check compares for a corpus of `corpus_bytes`, in words (for `inspect`)."""
+    if corpus_bytes <= HASH_ALWAYS_BYTES:
+        return f"the same SHA-256 for every corpus file (all hashed again at each start: the corpus is at most {HASH_ALWAYS_BYTES >> 30} GiB)"
+    return (
+        f"the same size and modification time for every corpus file, hashed again only where either changed (the corpus "
+        f"is over {HASH_ALWAYS_BYTES >> 30} GiB: an edit that keeps both is not seen; a forced `prepare` prepares again)"
+    )
+
+
+def sample_line(sample: dict[str, Any]) -> str:
+    """What trained the vocabulary (manifest["tokenizer"]["sample"]), in words after "trained on"."""
+    if sample["whole"]:
+        budget = (
+            "data.tokenizer.sample_chars=0"
+            if not sample["sample_chars"]
+            else f"{sample['corpus_chars']:,} characters, within data.tokenizer.sample_chars={sample['sample_chars']:,}"
+        )
+        return f"the whole corpus ({budget})"
+    share = sample["chars"] / max(sample["corpus_chars"], 1)
+    return (
+        f"a sample of {sample['lines']:,} lines, {sample['chars']:,} of the corpus's {sample['corpus_chars']:,} characters "
+        f"({100 * share:.1f}%), chosen by a hash of each line all over the corpus (data.tokenizer.sample_chars="
+        f"{sample['sample_chars']:,}; 0 trains on the whole corpus)"
+    )
+
+
+def vocabulary_sample(manifest: dict[str, Any]) -> str | None:
+    """sample_line of prepared data; None for a given tokenizer, or a malformed record."""
+    sample = manifest["tokenizer"].get("sample")
+    ok = (
+        isinstance(sample, dict)
+        and isinstance(sample.get("whole"), bool)
+        and all(_count(sample.get(k)) for k in ("sample_chars", "corpus_chars", "lines", "chars"))
+    )
+    return sample_line(sample) if ok else None
+
+
+def random_next(folder: Path, manifest: dict[str, Any], data: DataConfig, seed: int) -> tuple[float | None, str | None]:
+    """The share of training pairs with a random next sentence this data gives (None without pairs or
+    training documents; chunks.random_next_share), and a warning where documents are too short for them."""
+    if not data.pairs or manifest["splits"]["train"]["documents"] == 0:
+        return None, None
+    base = folder / INDEX / manifest["index"] / "train"
+    share = random_next_share(
+        np.memmap(base / SEG_OFFSETS, dtype=np.int64, mode="r"),
+        np.memmap(base / DOC_OFFSETS, dtype=np.int64, mode="r"),
+        data,
+        seed,
+    )
+    if share <= data.random_next_prob + RANDOM_NEXT_MARGIN:
+        return share, None
+    return share, (
+        f"warning: {100 * share:.1f}% of the NSP pairs will have a random next sentence, against data.random_next_prob="
+        f"{data.random_next_prob:g}: most documents are too short for pairs, so NSP accuracy will look high without "
+        "learning; put several sentences in each document (a blank line ends a document in text, one JSONL record is "
+        "one document), or set data.pairs: false and train.nsp_weight: 0"
+    )

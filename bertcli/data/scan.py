@@ -1,0 +1,228 @@
+"""The corpus as `prepare` sees it: its files' sizes, times and SHA-256 (large uncompressed files in
+parts cut at document boundaries), and the units of work they make.
+
+A unit is a whole file of at least UNIT_BYTES, a part of a larger uncompressed one (cut at a document
+boundary after each multiple of UNIT_BYTES: text.document_cuts), or a run of smaller files in corpus
+order (closed after a file with a probability of its size / UNIT_BYTES, drawn from its SHA-256).
+Each is a function of the files' bytes, so adding a small file prepares only its own run again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bertcli import sniff, store
+from bertcli.config import Config, DataConfig
+from bertcli.console import log
+from bertcli.data.text import MAX_LINE_CHARS, Part, document_cuts, lines_end_in_cr
+
+FORMAT_VERSION = 5  # of the prepared folder (prepared.py): 5 keeps closing quotes after a sentence's end
+# A unit of work: small enough that 2 workers share a 30 MB corpus evenly, large enough that a 100 GB
+# corpus is 25,000 units (each memory-maps 2 token files in training: vm.max_map_count is 65,530).
+UNIT_BYTES = 4 << 20
+# A corpus of up to this many bytes is hashed again at every check (about 1 s per GB); a larger one
+# only where a file's size or modification time changed.
+HASH_ALWAYS_BYTES = 1 << 30
+SAMPLE = Path(__file__).resolve().parent / "sample" / "python-docs-sample.txt.gz"
+
+
+def corpus_path(cfg: Config) -> Path:
+    """data.corpus as a path: the bundled sample, or the (resolved, absolute) path of the config."""
+    return SAMPLE if cfg.data.corpus == "sample" else Path(cfg.data.corpus)
+
+
+def digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
+
+
+def _hash_parts(path: Path, cuts: list[int]) -> list[dict[str, Any]]:
+    """The parts of a file cut at `cuts`: start, end, first line number and SHA-256, in one read."""
+    bounds, parts, line = [0, *cuts, path.stat().st_size], [], 1
+    with open(path, "rb") as fh:
+        for start, end in zip(bounds, bounds[1:]):
+            sha, left, lines = hashlib.sha256(), end - start, 0
+            while left > 0 and (
+                block := fh.read(min(1 << 20, left))
+            ):  # (a file that shrank: its hash differs next time)
+                sha.update(block)
+                lines += block.count(b"\n")
+                left -= len(block)
+            parts.append({"start": start, "end": end, "line": line, "sha256": sha.hexdigest()})
+            line += lines
+    return parts
+
+
+def file_entries(files: list[Path], previous: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Path, size, mtime and SHA-256 of each file (a large uncompressed one: its parts' hashes). A
+    corpus over HASH_ALWAYS_BYTES keeps the recorded hashes of files whose size and time are the same."""
+    known = {e["path"]: e for e in previous} if sum(f.stat().st_size for f in files) > HASH_ALWAYS_BYTES else {}
+    entries = []
+    for f in files:
+        st, old = f.stat(), known.get(str(f.resolve()))
+        entry: dict[str, Any] = {"path": str(f.resolve()), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+        if (
+            old is not None
+            and (old.get("bytes"), old.get("mtime_ns")) == (st.st_size, st.st_mtime_ns)
+            and entry_digest(old)
+        ):
+            entry.update({k: old[k] for k in ("sha256", "parts") if k in old})
+        else:
+            if lines_end_in_cr(f):
+                log(
+                    f"warning: {f}: its lines end in CR alone (classic Mac OS); a line ends at LF, so it reads as one document: convert it (tr '\\r' '\\n' < OLD > NEW)"
+                )
+            cuts = document_cuts(f, UNIT_BYTES) if st.st_size > UNIT_BYTES and not sniff.sniff(f).codec else []
+            entry.update({"parts": _hash_parts(f, cuts)} if cuts else {"sha256": store.sha256_of(f)})
+        entries.append(entry)
+    _say_copies(entries)
+    return entries
+
+
+def _say_copies(entries: list[dict[str, Any]]) -> None:
+    """Warn of corpus files with the same bytes: their documents would be trained on twice, and could
+    fall on both sides of the held-out split."""
+    first: dict[Any, str] = {}
+    copies = []
+    for entry in entries:
+        if entry["bytes"]:
+            copies += [(entry["path"], first[d])] if (d := entry_digest(entry)) in first else []
+            first.setdefault(d, entry["path"])
+    if copies:
+        log(
+            f"warning: {len(copies):,} corpus file(s) hold the same bytes as another, e.g. {copies[0][0]} and {copies[0][1]}: their documents are trained on twice; remove the copies"
+        )
+
+
+def entry_digest(entry: dict[str, Any]) -> str | None:
+    """A corpus file's contents as recorded: its SHA-256, or its parts' hashes, hashed."""
+    if isinstance(entry.get("parts"), list):
+        return digest([p.get("sha256") for p in entry["parts"] if isinstance(p, dict)])
+    return entry.get("sha256") if isinstance(entry.get("sha256"), str) else None
+
+
+def unchanged_bytes(entries: list[dict[str, Any]], previous: list[dict[str, Any]]) -> int:
+    """Bytes of the corpus that the last prepare read too, by content (files, or parts of files)."""
+
+    def pieces(found: list[dict[str, Any]]) -> list[tuple[Any, int]]:
+        out = []
+        for e in found:
+            if isinstance(parts := e.get("parts"), list):
+                out += [(p.get("sha256"), p.get("end", 0) - p.get("start", 0)) for p in parts if isinstance(p, dict)]
+            else:
+                out.append((e.get("sha256"), e.get("bytes", 0)))
+        return out
+
+    known = {sha for sha, _ in pieces(previous) if isinstance(sha, str)}
+    return sum(size for sha, size in pieces(entries) if sha in known)
+
+
+def file_changes(then: list[dict[str, Any]], now: list[dict[str, Any]], root: Path) -> str:
+    """The corpus files changed between two prepares, in words, two of each kind named (relative to the
+    corpus folder `root`): '1 changed (part05.txt), 1 added (new.txt)'; '' where none is."""
+    old = {e.get("path"): entry_digest(e) for e in then}
+    new = {e.get("path"): entry_digest(e) for e in now}
+    added, gone = [p for p in new if p not in old], [p for p in old if p not in new]
+    short = (lambda p: os.path.relpath(str(p), root)) if root.is_dir() else (lambda p: Path(str(p)).name)
+    renamed = []  # a file gone and one added with its bytes
+    for path in list(added):
+        if (twin := next((g for g in gone if old[g] == new[path]), None)) is not None:
+            renamed.append(f"{short(twin)} -> {short(path)}")
+            added.remove(path)
+            gone.remove(twin)
+    kinds = (
+        ("changed", [short(p) for p in new if p in old and old[p] != new[p]]),
+        ("added", [short(p) for p in added]),
+        ("gone", [short(p) for p in gone]),
+        ("renamed", renamed),
+    )
+    return ", ".join(f"{len(n)} {word} ({', '.join(n[:2])}{', ...' if len(n) > 2 else ''})" for word, n in kinds if n)
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A unit of work: parts of corpus files read in order and prepared into shards of their own."""
+
+    key: str  # SHA-256 of what its shards depend on: its bytes, the tokenizer, the settings
+    content: str  # SHA-256 of its bytes alone (and how they are read): its held-out phase
+    parts: tuple[Part, ...]
+    sizes: tuple[int, ...]  # bytes of each part in its file (compressed ones: the compressed size)
+    pieces: tuple[tuple[int, int, int], ...]  # (file number in the corpus, start, end) of each part
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.sizes)
+
+    def phase(self, stride: int) -> int:
+        return unit_phase(self.content, stride)
+
+
+def unit_phase(content: str, stride: int) -> int:
+    """Where the every-k-th held-out documents of a unit start: a function of its bytes, so that units of
+    fewer documents than k (one document per file is common) are held out in their share too."""
+    return int(content[:15], 16) % stride if stride else 0
+
+
+def _reading(path: Path) -> str:
+    """How a file's bytes are read (its format and compression): part of what its shards depend on."""
+    codec = sniff.sniff(path).codec
+    return ("jsonl" if sniff.is_jsonl(path) else "text") + (f".{codec}" if codec else "")
+
+
+def plan_units(files: list[Path], entries: list[dict[str, Any]], tokenizer_sha256: str, data: DataConfig) -> list[Unit]:
+    """The units of the corpus, in corpus order: a function of the files' contents and formats."""
+    settings = {
+        "format_version": FORMAT_VERSION,
+        "tokenizer": tokenizer_sha256,
+        "split_sentences": data.split_sentences,
+        "validation_fraction": data.validation_fraction,
+        "max_line_chars": MAX_LINE_CHARS,
+    }
+    units: list[Unit] = []
+    group: list[tuple[Part, int, tuple[int, int, int], str]] = []  # (part, size, piece, sha256)
+
+    def close(members: list[tuple[Part, int, tuple[int, int, int], str]]) -> list:
+        if members:
+            content = digest([[_reading(m[0].path), m[3]] for m in members])
+            units.append(
+                Unit(
+                    digest({**settings, "content": content}), content, *(tuple(m[i] for m in members) for i in range(3))
+                )
+            )
+        return []
+
+    for number, (path, entry) in enumerate(zip(files, entries)):
+        if "parts" in entry:  # a large file, cut into parts: a unit each
+            group = close(group)
+            for p in entry["parts"]:
+                close(
+                    [
+                        (
+                            Part(path, p["start"], p["end"], p["line"]),
+                            p["end"] - p["start"],
+                            (number, p["start"], p["end"]),
+                            p["sha256"],
+                        )
+                    ]
+                )
+            continue
+        member = (Part(path), entry["bytes"], (number, 0, entry["bytes"]), entry["sha256"])
+        if entry["bytes"] >= UNIT_BYTES:  # a large compressed file (or one without a boundary to cut at)
+            group = close(group)
+            close([member])
+            continue
+        group.append(member)
+        if (
+            int(entry["sha256"][:16], 16) < (entry["bytes"] << 64) // UNIT_BYTES
+        ):  # closes its run: P = size / UNIT_BYTES
+            group = close(group)
+    close(group)
+    return units
+
+
+def index_digest(units: list[Unit]) -> str:
+    return digest({"format_version": FORMAT_VERSION, "units": [u.key for u in units]})

@@ -1,0 +1,417 @@
+"""The resume decision, in one place: which checkpoint a run resumes from (`choose`), what happens to
+the others (damaged ones and a history left behind are renamed, never deleted), which `best` the run
+keeps, which tokenizer its data must use (`run_tokenizer`), and what resuming with other settings or
+on other data changes (`differences`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from bertcli import checkpoint, console, layout, store
+from bertcli.config import PATH_KEYS, Config, changes_line, flat, to_dict
+from bertcli.errors import BertcliError, RunError, UsageError
+
+# What a change of setting means when a run resumes, by key prefix; the others (paths, devices,
+# precision, parallelism, cadence, logging, the tokenizer's, fixed by the first checkpoint) go unsaid.
+# "global batch": examples a step over all processes, compared instead of its split where recorded.
+EXAMPLE_SETTINGS = ["train.seed", "global batch", "train.batch_size", "train.grad_accum_steps", "data"]
+NOT_EXAMPLES = ("data.tokenizer", "data.prepared_dir")
+HELD_OUT_SETTINGS = ["train.seed", "data", "train.eval_examples"]
+UPDATE_SETTINGS = ["optimizer", "train.max_steps", "train.mlm_weight", "train.nsp_weight", "train.max_grad_norm"]
+
+
+class ResumeRefused(UsageError):
+    def __init__(self, folder: Path, count: int) -> None:
+        super().__init__(
+            f"{folder} already holds {count} checkpoint(s) and --resume never was given; use --resume auto to "
+            "continue, or another output_dir to start fresh"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Resume:
+    """What `choose` decided: the checkpoint to resume from (None: start fresh) and the held-out loss
+    of the `best` the run keeps (None: none)."""
+
+    path: Path | None
+    best: float | None
+
+
+def is_foreign(ckpt: Path | None, output_dir: Path) -> bool:
+    """Whether checkpoint `ckpt` is not a folder of output_dir's checkpoints/ (another run's, or a copy)."""
+    return ckpt is not None and Path(ckpt).resolve().parent != layout.checkpoints_dir(output_dir).resolve()
+
+
+def choose(cfg: Config, resume: str, *, is_main: bool, last_step: int, tokenizer: bytes | None) -> Resume:
+    """The checkpoint to resume from per `resume` (auto: the newest that loads; never; or a path), refused
+    where it is of another model or tokenizer (`tokenizer`: the tokenizer.json the run's data uses), and
+    `best` settled (`settle_best`). A run with nothing to do (resumed at or past `last_step`) sets
+    nothing aside."""
+    output_dir = Path(cfg.output_dir)
+    path = (
+        _choose_auto(output_dir, is_main)
+        if resume == "auto"
+        else None
+        if resume == "never"
+        else _choose_path(Path(resume), output_dir, is_main, last_step)
+    )
+    if resume == "never" and (found := layout.list_checkpoints(output_dir)):
+        raise ResumeRefused(layout.checkpoints_dir(output_dir), len(found))
+    if path is not None:
+        check_same_model(path, cfg)
+        if tokenizer is not None:
+            check_same_tokenizer(path, Path(cfg.data.prepared_dir) / layout.TOKENIZER_JSON, tokenizer)
+    if (
+        path is not None and checkpoint.read_trainer_state(path)["step"] >= last_step
+    ):  # nothing to do: best caught up only
+        loss = _best_loss(layout.checkpoints_dir(output_dir) / layout.BEST)
+    else:
+        loss = settle_best(cfg, path, is_main)
+    return Resume(path, catch_up_best(output_dir, path, loss, is_main))
+
+
+def _best_loss(best: Path) -> float | None:
+    return checkpoint.best_loss(best) if layout.is_checkpoint(best) else None
+
+
+def _choose_auto(output_dir: Path, is_main: bool) -> Path | None:
+    """The newest checkpoint that verifies; newer damaged or incomplete step folders are set aside
+    (pruning keeps the newest: it would delete good ones). `best` is a whole checkpoint too: an intact
+    one newer than the newest good step folder is resumed from."""
+    found = layout.list_checkpoints(output_dir)
+    partial = [
+        (s, p, layout.incomplete(p)) for s, p in layout.list_step_folders(output_dir) if not layout.is_checkpoint(p)
+    ]
+    damaged, chosen = [], None
+    for _, candidate in reversed(found):
+        if not (problems := checkpoint.verify(candidate)):
+            chosen = candidate
+            break
+        damaged.append((candidate, f"{problems[0][0]}: {problems[0][1]}"))
+    good = int(layout.STEP_DIR.match(chosen.name).group(1)) if chosen else -1
+    best = layout.checkpoints_dir(output_dir) / layout.BEST
+    if damaged and layout.is_checkpoint(best) and not best.is_symlink() and not checkpoint.verify(best):
+        step = checkpoint.read_trainer_state(best).get("step")
+        chosen = best if isinstance(step, int) and good < step <= found[-1][0] else chosen
+    if found and chosen is None:
+        root = layout.checkpoints_dir(output_dir)
+        raise RunError(
+            f"{root}: no checkpoint loads (the newest, {damaged[0][0].name}: {damaged[0][1]}); to start fresh, move "
+            f"{root} aside or set output_dir to a new folder"
+        )
+    damaged += [(p, why) for s, p, why in reversed(partial) if s > good]
+    for bad, reason in damaged if is_main else []:
+        aside = _rename_aside(bad, layout.DAMAGED_PREFIX)
+        then = f"resuming from the newest checkpoint that loads, {chosen}" if chosen else "starting fresh"
+        console.log(f"{bad} is damaged ({reason}): renamed {aside.name} ({_kept(aside)}); {then}")
+    if chosen is None and is_main and (aside := layout.set_aside(output_dir)):
+        console.log(
+            f"{layout.checkpoints_dir(output_dir)} holds only checkpoints set aside ({aside[0].name}, ...): this run starts fresh"
+        )
+    return chosen
+
+
+def _choose_path(path: Path, output_dir: Path, is_main: bool, last_step: int) -> Path:
+    """--resume PATH: a whole checkpoint; the run's own checkpoints past its step (all of them, for
+    another run's checkpoint) are another history: renamed, so that `--resume auto` never goes back to
+    them and pruning does not remove the new ones first. Not where nothing will be trained."""
+    check_not_set_aside(path, output_dir)
+    if problem := layout.incomplete(path):
+        raise UsageError(f"--resume {path}: {problem}")
+    checkpoint.check_links(path)
+    if problems := checkpoint.verify(path):
+        raise checkpoint.DamagedState(f"{path} is damaged ({problems[0][0]}: {problems[0][1]})")
+    step, foreign = checkpoint.read_trainer_state(path)["step"], is_foreign(path, output_dir)
+    later = [
+        (p, s)
+        for s, p in layout.list_checkpoints(output_dir)
+        if (foreign or s > step) and p.resolve() != path.resolve()
+    ]
+    for other, at in later if is_main and step < last_step else []:
+        aside = _rename_aside(other, layout.ABANDONED_PREFIX)
+        why = (
+            f"the run resumes from {path}, outside its checkpoints folder"
+            if at <= step
+            else f"past the step resumed from ({step})"
+        )
+        console.log(f"{other} is of step {at}, {why}: a history left behind, renamed {aside.name} ({_kept(aside)})")
+    return path
+
+
+def check_not_set_aside(path: Path, output_dir: Path) -> None:
+    """Refuse resuming, in its own run, a checkpoint the run set aside: its history is not the one the
+    run's step folders and metrics hold, which the resume would splice together."""
+    if Path(path).name.startswith((layout.ABANDONED_PREFIX, layout.DAMAGED_PREFIX)) and not is_foreign(
+        path, output_dir
+    ):
+        raise UsageError(
+            f"--resume {path}: a checkpoint this run set aside, of another history than its step folders: resume it "
+            "in a run of its own (another output_dir)"
+        )
+
+
+def set_aside_note(path: Path) -> str | None:
+    """What encode, export and init say of a checkpoint its run set aside (None: another folder)."""
+    name = Path(path).name
+    if name.startswith(layout.ABANDONED_PREFIX):
+        why = "of a history left behind when the run resumed from an earlier checkpoint (or another run's)"
+    elif name.startswith(layout.DAMAGED_PREFIX):
+        why = "found damaged when the run resumed"
+    else:
+        return None
+    return f"{path} is a checkpoint its run set aside, {why}; the run's own checkpoints are its step-* folders"
+
+
+def _rename_aside(folder: Path, prefix: str) -> Path:
+    aside = folder.with_name(f"{prefix}{folder.name}")
+    if aside.exists():
+        aside = aside.with_name(f"{aside.name}.{time.strftime('%Y%m%d-%H%M%S')}")
+    os.replace(folder, aside)
+    return aside
+
+
+def _kept(aside: Path) -> str:
+    return f"it keeps {layout.folder_bytes(aside) / 2**20:,.1f} MiB until you delete it (bertcli never does)"
+
+
+def settle_best(cfg: Config, resumed: Path | None, is_main: bool) -> float | None:
+    """`best` belongs to the run's current model and history: where the run starts fresh, resumes another
+    run's checkpoint, or `best` is damaged, of another model or past the step resumed from, it goes (by
+    the main process, with a line; renamed where no step folder holds its weights); returns the loss of
+    the `best` kept. Every process decides alike, from the same files."""
+    output_dir = Path(cfg.output_dir)
+    best = layout.checkpoints_dir(output_dir) / layout.BEST
+    if not best.exists() or (resumed is not None and Path(resumed) == best):
+        return _best_loss(best)
+    loss, reason = _best_loss(best), None
+    if resumed is None:
+        reason = "this run starts fresh, so it was of another run"
+    elif is_foreign(resumed, output_dir):
+        reason = f"this run resumes from a checkpoint outside its checkpoints folder, {resumed}, so it was of another history"
+    else:
+        try:
+            checkpoint.check_links(best)
+            step, at = checkpoint.read_trainer_state(best)["step"], checkpoint.read_trainer_state(resumed)["step"]
+            diffs = model_differences(checkpoint.read_config(best), cfg)
+        except (BertcliError, OSError, KeyError, TypeError):
+            loss = None
+        reason = (
+            "it is damaged (its config, trainer state or held-out loss does not load)"
+            if loss is None
+            else f"it is of another model ({diffs[0]})"
+            if diffs
+            else f"it is of step {step}, past the step resumed from ({at}): a history left behind"
+            if step > at
+            else None
+        )
+    if reason is None:
+        return loss
+    if cfg.model.init_from and store.relation(best, Path(cfg.model.init_from)) is not None:
+        return None  # the weights this run starts from: left in place, replaced at the next best
+    if is_main and not best.is_symlink() and store.not_owned(best, layout.CHECKPOINT) is None:
+        if loss is None or _step_kept(output_dir, best):
+            store.remove_folder(best)
+            console.log(f"removed {best}: {reason}")
+        else:  # the only copy of those weights
+            aside = _rename_aside(best, layout.ABANDONED_PREFIX)
+            console.log(
+                f"{best}: {reason}; no step folder holds its weights, so it is renamed {aside.name}: {_kept(aside)}"
+            )
+    return None
+
+
+def _step_kept(output_dir: Path, best: Path) -> bool:
+    """Whether a step folder of the run (kept, or set aside as abandoned) holds best's step."""
+    try:
+        name = layout.step_dir_name(checkpoint.read_trainer_state(best)["step"])
+    except (OSError, KeyError, TypeError, BertcliError):
+        return False
+    root = layout.checkpoints_dir(output_dir)
+    return any(layout.is_checkpoint(root / n) for n in (name, layout.ABANDONED_PREFIX + name))
+
+
+def catch_up_best(output_dir: Path, resumed: Path | None, best: float | None, is_main: bool) -> float | None:
+    """A run stopped after a step checkpoint evaluated best but before `best` was written (a full disk, a
+    kill) left an older `best`: the step resumed from is copied there where its held-out loss beats it.
+    Only a step folder of this run's (another run's was evaluated on another held-out set)."""
+    if resumed is None or is_foreign(resumed, output_dir) or resumed.name == layout.BEST:
+        return best
+    loss = checkpoint.best_loss(resumed)
+    if loss is None or not math.isfinite(loss) or (best is not None and loss >= best):
+        return best
+    if is_main:
+        target = layout.checkpoints_dir(output_dir) / layout.BEST
+        checkpoint.guard(target)
+        with store.folder(target, checkpoint.guard) as tmp:
+            for name in layout.CHECKPOINT_FILES + layout.TOKENIZER_FILES:
+                if (resumed / name).is_file():
+                    with store.writing(tmp / name):  # (a full disk: copyfile's error names its source)
+                        shutil.copyfile(resumed / name, tmp / name)
+        console.log(
+            f"wrote {target}: {resumed.name} was evaluated best (held-out MLM loss {loss:.4g}), and not yet copied there"
+        )
+    return loss
+
+
+def run_tokenizer(cfg: Config, resume_from: Path | None = None, *, say: bool = False) -> Path | None:
+    """The tokenizer.json of the run's newest checkpoint whose files are as written (None before its
+    first): a run's token ids are fixed by its first checkpoint. Before it, that of `resume_from`
+    (another run's checkpoint, whose weights were trained on its token ids). `say`: warn of
+    data.tokenizer settings other than that checkpoint's, which the run ignores."""
+    candidates = [p for _, p in reversed(layout.list_checkpoints(Path(cfg.output_dir)))] + (
+        [Path(resume_from)] if resume_from else []
+    )
+    for path in candidates:
+        if store.own_file(path / layout.TOKENIZER_JSON) and not checkpoint.change(path):
+            changed = setting_changes(checkpoint.read_config(path), cfg, ["data.tokenizer"]) if say else ""
+            if changed:
+                console.log(
+                    f"warning: {changed}: ignored, as this run keeps the tokenizer of its checkpoints ({path}); start a run in a new output_dir to change it"
+                )
+            return path / layout.TOKENIZER_JSON
+    return None
+
+
+def model_differences(a: Config, b: Config) -> list[str]:
+    """Model fields that differ between two configs (init_from says where weights came from, not what the model is)."""
+    da, db = to_dict(a)["model"], to_dict(b)["model"]
+    return [
+        f"model.{k}={da[k]!r} in the checkpoint vs {db[k]!r} in the config"
+        for k in da
+        if da[k] != db[k] and k != "init_from"
+    ]
+
+
+def check_same_model(path: Path, cfg: Config, *, vocab: bool = True) -> None:
+    """Refuse (exit 2) resuming checkpoint `path` as another model than `cfg`'s (model.vocab_size not
+    compared while null in `cfg`, nor without `vocab`: the tokenizer's to say)."""
+    diffs = [
+        d
+        for d in model_differences(checkpoint.read_config(path), cfg)
+        if not ((cfg.model.vocab_size is None or not vocab) and d.startswith("model.vocab_size="))
+    ]
+    if diffs:
+        raise UsageError(
+            f"cannot resume from {path}: {'; '.join(diffs)}; to start fresh, set output_dir to a new folder"
+        )
+
+
+def check_same_tokenizer(ckpt: Path, source: Path, contents: bytes) -> None:
+    """Refuse to resume `ckpt` on data tokenized by another tokenizer than its own (`contents`: the
+    tokenizer.json of file `source`): the weights were trained on the checkpoint's token ids."""
+    from tokenizers import Tokenizer
+
+    from bertcli.data.tokenizer import read_tokenizer_json, tokenizer_identity
+
+    file = ckpt / layout.TOKENIZER_JSON
+    if not file.is_file():
+        return  # a checkpoint of the synthetic corpus
+    if file.is_symlink():
+        raise store.linked(file, checkpoint.FIX)
+    ours, theirs = (
+        tokenizer_identity(read_tokenizer_json(file)),
+        tokenizer_identity(Tokenizer.from_str(contents.decode("utf-8"))),
+    )
+    if ours != theirs:
+        raise UsageError(
+            f"the run's data is tokenized with {source} (tokenizer {theirs[:12]}), but the checkpoint {ckpt} was trained "
+            f"with tokenizer {ours[:12]}: resuming on other token ids would garble the model. Prepare with the "
+            f"checkpoint's own tokenizer (data.tokenizer.path: {file}), or start a new run with another output_dir"
+        )
+
+
+def setting_changes(
+    saved: Config, cfg: Config, prefixes: list[str], batches: tuple[int | None, int] | None = None
+) -> str:
+    """The settings under `prefixes` that differ between `saved` and `cfg`, in words (config.changes_line):
+    the global batch where `batches` (then, now) records it, not its split; a path by the file it names."""
+    old, new = flat(saved), flat(cfg)
+    if batches is not None and batches[0] is not None:
+        for key in ("train.batch_size", "train.grad_accum_steps"):
+            old.pop(key), new.pop(key)
+        old["global batch"], new["global batch"] = batches
+    synthetic = old["data.corpus"] == new["data.corpus"] == "synthetic"  # its settings matter only then
+
+    def same(key: str, a: Any, b: Any) -> bool:
+        if key in PATH_KEYS and isinstance(a, str) and isinstance(b, str) and a and b:
+            return os.path.realpath(a) == os.path.realpath(b)
+        return a == b
+
+    def wanted(key: str) -> bool:
+        under = any(key == p or key.startswith(p + ".") for p in prefixes)
+        excluded = key.startswith(NOT_EXAMPLES) and "data.tokenizer" not in prefixes
+        return under and not excluded and (synthetic or not key.startswith("data.synthetic."))
+
+    return changes_line([(k, old.get(k), new[k]) for k in new if wanted(k) and not same(k, old.get(k), new[k])])
+
+
+def differences(
+    saved: Config,
+    cfg: Config,
+    *,
+    step: int,
+    where: str,
+    batches: tuple[int | None, int] | None,
+    then: Any,
+    now: dict[str, Any] | None,
+) -> list[str]:
+    """What resuming checkpoint `where` (at `step`, saved with `saved`, on prepared data `then`, its
+    record) under `cfg` on data `now` changes, one line per kind: the examples later steps see, the
+    held-out set, the updates. A step's examples depend on the global batch alone, so 2 processes x 4
+    resumed as 1 x 8 changes nothing."""
+    from bertcli.optim import lr_at
+
+    examples, held_out = (
+        setting_changes(saved, cfg, EXAMPLE_SETTINGS, batches),
+        setting_changes(saved, cfg, HELD_OUT_SETTINGS),
+    )
+    updates, evaluated = setting_changes(saved, cfg, UPDATE_SETTINGS), cfg.train.eval_every > 0
+    same_text = (
+        isinstance(then, dict)
+        and now is not None
+        and not setting_changes(saved, cfg, ["data.corpus", "data.split_sentences"])
+    )
+    lines = []
+    if examples or (same_text and then.get("index") != now["index"] and "data.validation_fraction" not in examples):
+        what = (
+            f"other settings ({examples})"
+            if examples
+            else f"a corpus whose files or text changed ({then.get('documents', '?')} documents then, {now['documents']:,} now)"
+        )
+        lines.append(
+            f"resuming {where} with {what}: steps {step + 1:,} on train on other examples than this run would have, so it is no longer the run it was"
+        )
+    if evaluated and (held_out or (same_text and then.get("held_out") != now.get("held_out"))):
+        lines.append(
+            f"resuming {where} with {'other settings (' + held_out + ')' if held_out else 'other held-out documents'}: held-out metrics from now on are not comparable with the earlier ones (nor with the loss that kept checkpoints/best)"
+        )
+    if updates:
+        before, after = (
+            lr_at(step, saved.optimizer, saved.train.max_steps),
+            lr_at(step, cfg.optimizer, cfg.train.max_steps),
+        )
+        lr = f" (learning rate {before:.3g} -> {after:.3g} at step {step + 1:,})" if before != after else ""
+        lines.append(
+            f"resuming {where} with other settings ({updates}): the updates of steps {step + 1:,} on follow them{lr}; what the first {step:,} steps learned is kept"
+        )
+    return lines
+
+
+def best_of_other_set(output_dir: Path, cfg: Config, now: dict[str, Any] | None) -> bool:
+    """Whether `best` was evaluated on another held-out set than the run's now (so its loss is not the bar)."""
+    best = layout.checkpoints_dir(output_dir) / layout.BEST
+    try:
+        then = checkpoint.read_trainer_state(best).get(checkpoint.PREPARED_DATA)
+        other_data = isinstance(then, dict) and now is not None and then.get("held_out") != now.get("held_out")
+        return cfg.train.eval_every > 0 and (
+            bool(setting_changes(checkpoint.read_config(best), cfg, HELD_OUT_SETTINGS)) or other_data
+        )
+    except (BertcliError, OSError):
+        return False

@@ -1,0 +1,209 @@
+"""What an input path is, decided in one place, and what each command does with it: one table.
+
+`sniff(path)` looks at the path (missing, a folder, a pipe or device), its first bytes (a
+compression, another encoding of text, binary data) and its name (a data format such as CSV, read
+as text whatever its bytes); `sniff_head` does the same for the first bytes of a stream (stdin).
+Each row of KINDS says what the kind is and, per command, None where the command reads it, else
+what to do: a new kind of input is a new row. `refusal` words the row's advice as one line.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from bertcli.errors import UsageError
+
+HEAD_BYTES = 8192  # the bytes that decide a kind
+
+
+@dataclass(frozen=True)
+class Kind:
+    what: str  # in words, after the path: "gzip-compressed"
+    prepare: str | None = None  # None: prepare reads it as corpus text; else what to do instead
+    encode: str | None = None  # the same for encode's input
+    magic: tuple[bytes, ...] = ()  # its first bytes
+    suffixes: tuple[str, ...] = ()  # its names (lower case)
+    codec: str | None = None  # a compression that the corpus reader undoes
+    tool: str | None = None  # the command that makes it UTF-8 text, for encode to read through a pipe
+
+
+PIPE = "pipe"  # encode's answer for a kind with a tool: pipe it through the tool
+CONVERT = "convert it to UTF-8 ({tool} {{path}} > NEW) and put the new file in its place"
+TABULAR = 'convert it: one JSON line {{"text": ...}} per document (.jsonl), or plain text (.txt, a blank line ends a document)'
+
+# Checked in this order: the first row whose magic, or for rows without one whose suffix, matches.
+KINDS: dict[str, Kind] = {
+    "gzip": Kind(
+        "gzip-compressed", codec="gzip", magic=(b"\x1f\x8b",), suffixes=(".gz",), encode=PIPE, tool="gzip -dc"
+    ),
+    "bzip2": Kind(
+        "bzip2-compressed", codec="bzip2", magic=(b"BZh",), suffixes=(".bz2",), encode=PIPE, tool="bzip2 -dc"
+    ),
+    "xz": Kind("xz-compressed", codec="xz", magic=(b"\xfd7zXZ\x00",), suffixes=(".xz",), encode=PIPE, tool="xz -dc"),
+    "zstd": Kind(
+        "zstd-compressed",
+        magic=(b"\x28\xb5\x2f\xfd",),
+        suffixes=(".zst",),
+        prepare="decompress it (zstd -d), or compress it as .gz, .bz2 or .xz, which prepare reads",
+        encode=PIPE,
+        tool="zstd -dc",
+    ),
+    "word": Kind(
+        "a Word file",
+        suffixes=(".docx", ".doc"),
+        prepare="extract its text into a .txt file",
+        encode="extract its text first",
+    ),
+    "excel": Kind("an Excel file", suffixes=(".xlsx", ".xls"), prepare=TABULAR, encode="export its text first"),
+    "zip": Kind(
+        "a zip archive",
+        magic=(b"PK\x03\x04",),
+        suffixes=(".zip",),
+        prepare="extract its files into a folder and give the folder",
+        encode=PIPE,
+        tool="unzip -p",
+    ),
+    "tar": Kind(
+        "a tar archive",
+        suffixes=(".tar",),
+        prepare="extract its files into a folder and give the folder",
+        encode="extract it first",
+    ),
+    "pdf": Kind(
+        "a PDF file",
+        magic=(b"%PDF",),
+        suffixes=(".pdf",),
+        prepare="extract its text into a .txt file",
+        encode="extract its text first",
+    ),
+    "parquet": Kind(
+        "a Parquet file", magic=(b"PAR1",), suffixes=(".parquet",), prepare=TABULAR, encode="export its text first"
+    ),
+    "arrow": Kind("an Arrow file", suffixes=(".arrow", ".feather"), prepare=TABULAR, encode="export its text first"),
+    "utf32": Kind(
+        "UTF-32 text",
+        magic=(b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff"),
+        prepare=CONVERT.format(tool="iconv -f UTF-32 -t UTF-8"),
+        encode=PIPE,
+        tool="iconv -f UTF-32 -t UTF-8",
+    ),
+    "utf16": Kind(
+        "UTF-16 text",
+        magic=(b"\xff\xfe", b"\xfe\xff"),
+        prepare=CONVERT.format(tool="iconv -f UTF-16 -t UTF-8"),
+        encode=PIPE,
+        tool="iconv -f UTF-16 -t UTF-8",
+    ),
+    "binary": Kind(
+        "binary data, not text (a NUL byte)", prepare="remove it from the corpus", encode="remove it from the input"
+    ),
+    "csv": Kind("a CSV file", suffixes=(".csv",), prepare=TABULAR),
+    "tsv": Kind("a TSV file", suffixes=(".tsv",), prepare=TABULAR),
+    "json-array": Kind("a JSON array", prepare="write one record per line (jq -c '.[]' {path} > NEW.jsonl)"),
+    "json": Kind("a JSON file", suffixes=(".json",), prepare="if it holds one JSON object per line, name it .jsonl"),
+    "text": Kind("UTF-8 text"),
+    "folder": Kind("a folder", encode="name the text files inside it"),
+    "special": Kind(
+        "not a regular file nor a folder (a pipe or a device)",
+        prepare="the corpus is read more than once, so save the text to a file first and pass that",
+    ),
+    "missing": Kind(
+        "not found", prepare="set data.corpus to a text file, a JSONL file or a folder of them", encode="no such file"
+    ),
+}
+COMPRESSION_SUFFIXES = tuple(s for k in KINDS.values() if k.magic and not k.prepare for s in k.suffixes)
+
+
+def split_name(path: Path) -> tuple[str, str]:
+    """(the name without a compression suffix, that suffix or ''), lower-cased."""
+    name = Path(path).name.lower()
+    compression = next((s for s in COMPRESSION_SUFFIXES if name.endswith(s)), "")
+    return name[: len(name) - len(compression)], compression
+
+
+def is_jsonl(path: Path) -> bool:
+    """JSON Lines, by its name (*.jsonl, plain or compressed): one record a document."""
+    return split_name(path)[0].endswith(".jsonl")
+
+
+def sniff_head(head: bytes, name: str = "") -> Kind:
+    """The kind of bytes that begin with `head` (a file named `name`, or a stream)."""
+    inner, compression = split_name(Path(name)) if name else ("", "")
+    by_name = next((k for k in KINDS.values() if not k.magic and inner.endswith(k.suffixes or ("\0",))), None)
+    by_bytes = next((k for k in KINDS.values() if any(head.startswith(m) for m in k.magic)), None)
+    if by_name is not None and (by_bytes is None or by_bytes.codec or by_bytes is KINDS["zip"]):
+        if by_name is KINDS["json"] and head.lstrip().startswith(b"["):
+            return KINDS["json-array"]
+        return by_name
+    if by_bytes is not None:
+        return by_bytes
+    if compression:  # named compressed, and not: the reader opens it as such and names the damage
+        return next(k for k in KINDS.values() if compression in k.suffixes)
+    odd, even = head[1:6:2], head[0:6:2]  # ASCII as UTF-16 without a mark: every other byte NUL
+    if len(head) >= 6 and ((odd == bytes(3) and all(even)) or (even == bytes(3) and all(odd))):
+        return KINDS["utf16"]
+    return KINDS["binary"] if b"\x00" in head else KINDS["text"]
+
+
+def sniff(path: Path) -> Kind:
+    """The kind of `path` (links followed)."""
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return KINDS["missing"]
+    if stat.S_ISDIR(mode):
+        return KINDS["folder"]
+    if not stat.S_ISREG(mode):
+        return KINDS["special"]
+    with open(path, "rb") as fh:
+        return sniff_head(fh.read(HEAD_BYTES), Path(path).name)
+
+
+def refusal(source: str, kind: Kind, command: str) -> UsageError:
+    """The one line for an input `source` (a path, or 'stdin') of `kind` that `command` does not read."""
+    advice = getattr(kind, command) or ""
+    if advice == PIPE:
+        quoted = shlex.quote(source)
+        advice = (
+            f"pipe it through {kind.tool} first"
+            if source == "stdin"
+            else f"pipe it in ({kind.tool} {quoted} | bertcli encode ... -)"
+        )
+    return UsageError(f"{source}: {kind.what}; {advice.format(path=shlex.quote(source))}")
+
+
+def check(path: Path, command: str) -> Kind:
+    """The kind of `path`, refused (exit 2) where `command` does not read it."""
+    kind = sniff(path)
+    if getattr(kind, command):
+        raise refusal(str(path), kind, command)
+    return kind
+
+
+def is_stream(path: Path) -> bool:
+    """Whether `path` (links followed: /dev/stdout) is a character device or a named pipe: an output
+    written in place as it goes, as the shell's `>` writes it (a rename would replace the device)."""
+    try:
+        mode = os.stat(Path(path).expanduser()).st_mode
+    except OSError:
+        return False
+    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
+
+
+def stdin_kind(wait_s: float = 0.5) -> Kind | None:
+    """The kind of what stdin holds, from its first bytes where they come within `wait_s` (peeked: left
+    for the reader); None for a terminal, a producer slower than that, or no stdin of its own."""
+    import select
+    import sys
+
+    try:
+        stream = sys.stdin.buffer
+        if stream.isatty() or not select.select([stream], [], [], wait_s)[0]:
+            return None
+        return sniff_head(stream.peek(HEAD_BYTES)[:HEAD_BYTES])
+    except (AttributeError, ValueError, OSError):
+        return None

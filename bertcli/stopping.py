@@ -1,0 +1,162 @@
+"""Stopping on a signal, the same way in every command: one `Stopper` while a command runs.
+
+SIGINT (Ctrl-C), SIGTERM (a scheduler) and SIGHUP (a closed terminal) stop a command, except
+where the process was started to ignore one (nohup, a script's background job). By default a
+signal stops at once: `Stop` is raised in the main thread (a BaseException, so that no library's
+`except Exception` swallows it), unwinds every write in progress (each writes under a temporary
+name: store.py), and leaves `stopping()` as `Interrupted`: one line saying what the stop kept
+(`Stopper.left`), exit 128 + N. Two other modes:
+- `after_step`: the training loop finishes its step and saves a checkpoint; a second signal stops at once;
+- `held`: while an output is put into place, a signal waits until it is there.
+The main thread does not run Python handlers while a library holds it (the tokenizer trainer,
+torch's rendezvous): the C handler still writes the signal's number to a wakeup pipe, which
+`poll` reads from whatever thread, and `exit_on_signal` watches from a thread of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from bertcli import console
+from bertcli.errors import Interrupted
+
+SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+class Stop(BaseException):
+    """A stop signal came; raised in the main thread (see the module's docstring)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+class Stopper:
+    """What a stop keeps (`left`, in words), the signal that came (`signum`) and how a signal acts (`mode`)."""
+
+    def __init__(self, left: str) -> None:
+        self.left, self.signum, self.mode = left, None, "now"
+        self.held: list[int] = []
+        self.wakeup: int | None = None  # the read end of the wakeup pipe
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.mode == "held":
+            self.held.append(signum)
+        elif self.mode == "after_step" and self.signum is None:
+            self.signum = signum
+            console.log(
+                f"{signal.Signals(signum).name}: stopping after this step with a checkpoint (the same signal again stops at once)"
+            )
+        else:
+            self.signum = signum
+            raise Stop(signum)
+
+    def poll(self) -> bool:
+        """Whether a stop signal came, looking in the wakeup pipe too (from any thread)."""
+        if self.signum is None and self.wakeup is not None:
+            with contextlib.suppress(OSError):  # nothing there
+                self.signum = next((b for b in os.read(self.wakeup, 64) if b in SIGNALS), None)
+        return self.signum is not None
+
+    def check(self) -> None:
+        """Raise Stop where a stop signal came (the main thread's checkpoints in long work)."""
+        if self.poll() and self.mode == "now":
+            raise Stop(self.signum)
+
+    @contextlib.contextmanager
+    def until(self, mode: str) -> Iterator[None]:
+        """`mode` ("held" or "after_step") inside the block; a signal held comes out at its end."""
+        before, self.mode = self.mode, mode
+        try:
+            yield
+        finally:
+            self.mode = before
+        if self.held:
+            self.signum = self.held[0]
+            raise Stop(self.held[0])
+
+
+_active: Stopper | None = None
+
+
+@contextlib.contextmanager
+def stopping(left: str) -> Iterator[Stopper]:
+    """While inside, the stop signals stop the command (see the module's docstring); a stop leaves as
+    Interrupted saying `stopper.left`. Nested, the outer stopper serves with `left` for the block."""
+    global _active
+    if _active is not None:
+        before, _active.left = _active.left, left
+        try:
+            with _interrupted(_active):
+                yield _active
+        finally:
+            _active.left = before
+        return
+    stopper = Stopper(left)
+    if threading.current_thread() is not threading.main_thread():  # handlers are the main thread's
+        yield stopper
+        return
+    previous = {s: h for s in SIGNALS if (h := signal.getsignal(s)) not in (signal.SIG_IGN, None)}
+    read_end, write_end = os.pipe()
+    for end in (read_end, write_end):
+        os.set_blocking(end, False)
+    previous_fd = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    for signum in previous:
+        signal.signal(signum, stopper._handle)
+    stopper.wakeup, _active = read_end, stopper
+    try:
+        with _interrupted(stopper):
+            yield stopper
+    finally:
+        _active = None
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        signal.set_wakeup_fd(previous_fd)
+        os.close(read_end)
+        os.close(write_end)
+
+
+@contextlib.contextmanager
+def _interrupted(stopper: Stopper) -> Iterator[None]:
+    try:
+        yield
+        stopper.check()  # a stop that something caught on the way
+    except Stop as stop:
+        name = signal.Signals(stop.signum).name
+        raise Interrupted(f"stopped by {name}; {stopper.left}: run the same command again", stop.signum) from None
+
+
+def ignored_sigint() -> bool:
+    """Whether SIGINT is ignored while SIGTERM is not (a script's background job): Ctrl-C does nothing."""
+    return signal.getsignal(signal.SIGINT) is signal.SIG_IGN and signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN
+
+
+@contextlib.contextmanager
+def exit_on_signal(words: str) -> Iterator[None]:
+    """While the main thread waits inside a library (torch's rendezvous), a stop signal ends the process
+    at once (exit 128 + N, saying `words`): nothing is written yet, and Python would run its handler
+    only when the wait returns, perhaps never."""
+    stopper = _active
+    if stopper is None or stopper.wakeup is None:
+        yield
+        return
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.1):
+            if stopper.poll():
+                console.error(f"bertcli: stopped by {signal.Signals(stopper.signum).name} {words}")
+                os._exit(128 + stopper.signum)
+
+    thread = threading.Thread(target=watch, daemon=True, name="bertcli-stop-watch")
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(timeout=1)

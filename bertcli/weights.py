@@ -1,0 +1,176 @@
+"""Weights files (safetensors), checked the same way whoever wrote them (a checkpoint, a Hugging Face
+folder, an export): their shapes against a model's, from the file's header alone; their values
+finite, from the raw words (no torch) or from the tensors. Torch is imported only to load tensors.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import safetensors
+
+from bertcli import hf_names
+from bertcli.config import ModelConfig
+from bertcli.errors import UsageError
+from bertcli.sizes import padded_vocab_size
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+# safetensors' names of the dtypes weights may come in; anything else (quantized, damaged) is refused.
+FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
+# A float is inf or NaN when its exponent bits are all set: each format's word and those bits.
+EXPONENT_BITS = {
+    "F16": (np.uint16, 0x7C00),
+    "BF16": (np.uint16, 0x7F80),
+    "F32": (np.uint32, 0x7F80_0000),
+    "F64": (np.uint64, 0x7FF0_0000_0000_0000),
+}
+FINITE_CHUNK = 1 << 22  # words looked at at once: the masks stay at a few MB whatever the tensor
+# The sizes of a config against the tensors holding them as their shape.
+SIZED = [
+    (("vocab_size", "hidden_size"), "bert.embeddings.word_embeddings.weight"),
+    (("max_position_embeddings", "hidden_size"), "bert.embeddings.position_embeddings.weight"),
+    (("type_vocab_size", "hidden_size"), "bert.embeddings.token_type_embeddings.weight"),
+    (("intermediate_size", "hidden_size"), "bert.encoder.layer.0.intermediate.dense.weight"),
+]
+
+
+def stored_shapes(file: Path) -> dict[str, tuple[int, ...]]:
+    """The shapes of a safetensors file's weights under bertcli's names (hf_names.our_keys: either
+    naming), from its header alone. Refused (exit 2): a header that does not read, a weight stored
+    twice under two names, or stored as other than floating point."""
+    try:
+        with safetensors.safe_open(file, "numpy") as f:  # the header only; "pt" would import torch
+            header = {key: (tuple(f.get_slice(key).get_shape()), f.get_slice(key).get_dtype()) for key in f.keys()}
+    except (safetensors.SafetensorError, OSError, ValueError) as exc:
+        raise UsageError(f"{file}: cannot read weights ({exc})") from None
+    try:
+        names = hf_names.our_keys(header)  # bertcli's name -> the file's key
+    except ValueError as exc:
+        raise UsageError(f"{file}: {exc}, and bertcli cannot tell which is the model's: remove the other") from None
+    odd = [key for key in names.values() if header[key][1] not in FLOAT_DTYPES]
+    if odd:
+        raise UsageError(
+            f"{file}: {odd[0]} is stored as {header[odd[0]][1]}, not as floating point; a quantized or damaged weight "
+            "gives other vectors: use the model's floating-point weights"
+        )
+    return {new: header[key][0] for new, key in names.items()}
+
+
+def check_shapes(
+    found: dict[str, tuple[int, ...]], expected: dict[str, tuple[int, ...]], file: Path, optional: tuple[str, ...] = ()
+) -> list[str]:
+    """Refuse (exit 2, naming `file`) weights of shapes `found` that do not fit a model of shapes
+    `expected`: none it lacks, each of its shape, and every weight of it there but those under the
+    `optional` prefixes, which are returned (the caller initialises them)."""
+    missing = sorted(set(expected) - set(found))
+    needed = [k for k in missing if not k.startswith(optional)] if optional else missing
+    unexpected = sorted(set(found) - set(expected))
+    wrong = sorted(k for k in set(expected) & set(found) if found[k] != expected[k])
+    parts = [f"{len(needed)} missing (e.g. {needed[0]})"] if needed else []
+    parts += [f"{len(unexpected)} unexpected (e.g. {unexpected[0]})"] if unexpected else []
+    if wrong:
+        parts.append(f"{len(wrong)} of another shape (e.g. {wrong[0]}: {found[wrong[0]]} vs {expected[wrong[0]]})")
+    if parts:
+        raise UsageError(f"{file}: weights do not fit this model: {'; '.join(parts)}")
+    return missing
+
+
+def check_file(file: Path, cfg: ModelConfig, config: Path, optional: tuple[str, ...] = ()) -> None:
+    """Refuse (exit 2) a weights file whose tensors are not of the sizes config file `config` says
+    (`cfg`), from the header alone: a config claiming absurd sizes (damage, another model's) is one
+    line, not an allocation that fails or runs for minutes; then every tensor, as loading checks it."""
+    shapes = stored_shapes(file)
+    mismatch = "the two do not belong together (one is damaged, or from another model): restore the folder's files"
+    layers = {int(m.group(1)) for key in shapes if (m := re.match(r"bert\.encoder\.layer\.(\d+)\.", key))}
+    if len(layers) != cfg.num_hidden_layers:
+        raise UsageError(
+            f"{config} says num_hidden_layers {cfg.num_hidden_layers:,}, but {file.name} holds {len(layers):,} layers: {mismatch}"
+        )
+    for fields, key in SIZED:
+        if key not in shapes:
+            raise UsageError(f"{file}: the encoder is incomplete (no {key}); restore the file")
+        expected = tuple(getattr(cfg, name) for name in fields)
+        rows = {expected[0], padded_vocab_size(cfg)} if fields[0] == "vocab_size" else {expected[0]}
+        if len(shapes[key]) != 2 or shapes[key][0] not in rows or shapes[key][1] != expected[1]:
+            said = " and ".join(f"{name} {getattr(cfg, name):,}" for name in fields)
+            raise UsageError(f"{config} says {said}, but {file.name} holds {key} of shape {shapes[key]}: {mismatch}")
+    for key in hf_names.VOCAB_ROWS:  # vocabulary rows as stored, padded or not
+        if key in shapes and shapes[key][0] == cfg.vocab_size:
+            shapes[key] = (padded_vocab_size(cfg), *shapes[key][1:])
+    check_shapes(shapes, hf_names.weight_shapes(cfg), file, optional)
+
+
+def refuse_non_finite(bad: list[str], file: Path, fix: str) -> None:
+    if bad:
+        raise UsageError(
+            f"{file}: {len(bad)} weight tensor(s) hold NaN or inf (e.g. {bad[0]}); the file is damaged: {fix}"
+        )
+
+
+def check_finite_file(file: Path, fix: str) -> None:
+    """Refuse (exit 2) a weights file holding NaN or inf, read as raw words (numpy, no torch: 25 ms for
+    MiniLM's 87 MB), so that such a model is refused before torch loads."""
+    stored_shapes(file)  # the header checked: its offsets lie in the file, every weight a float
+    with open(file, "rb") as fh:
+        size = int.from_bytes(fh.read(8), "little")
+        header = json.loads(fh.read(size))
+    data = np.memmap(file, dtype=np.uint8, mode="r", offset=8 + size)
+    bad = []
+    for key, entry in header.items():
+        if key == "__metadata__" or entry["dtype"] not in EXPONENT_BITS:
+            continue
+        word, bits = EXPONENT_BITS[entry["dtype"]]
+        words = data[entry["data_offsets"][0] : entry["data_offsets"][1]].view(word)
+        if any(((words[i : i + FINITE_CHUNK] & bits) == bits).any() for i in range(0, words.size, FINITE_CHUNK)):
+            bad.append(key)
+    refuse_non_finite(bad, file, fix)
+
+
+def non_finite(tensors: dict[str, torch.Tensor]) -> list[str]:
+    """Names of the floating-point tensors holding NaN or inf (isfinite, which allocates a mask as
+    large as the tensor, runs only where the sum is not finite)."""
+    import torch
+
+    return [
+        name
+        for name, t in tensors.items()
+        if torch.is_floating_point(t) and not torch.isfinite(t.sum()) and not bool(torch.isfinite(t).all())
+    ]
+
+
+def all_finite(tensors: list[torch.Tensor]) -> bool:
+    """Whether every floating-point tensor holds only finite numbers (one host sync per device)."""
+    import torch
+
+    checks: dict[Any, list[torch.Tensor]] = {}
+    for t in tensors:
+        if torch.is_floating_point(t):
+            checks.setdefault(t.device, []).append(torch.isfinite(t).all())
+    return all(bool(torch.stack(per_device).all()) for per_device in checks.values())
+
+
+def load(file: Path, fix: str) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file, refused (exit 2) where it does not read or holds NaN or inf."""
+    import safetensors.torch
+
+    try:
+        tensors = safetensors.torch.load_file(file)
+    except (safetensors.SafetensorError, OSError, ValueError) as exc:
+        raise UsageError(f"{file}: cannot read weights ({exc}); the file is damaged: {fix}") from None
+    refuse_non_finite(non_finite(tensors), file, fix)
+    return tensors
+
+
+def check_fits(
+    weights: dict[str, torch.Tensor], model: nn.Module, file: Path, optional: tuple[str, ...] = ()
+) -> list[str]:
+    """check_shapes of loaded `weights` against `model` (under FSDP a DTensor's shape is the whole's)."""
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items() if k not in hf_names.TIED_ALIASES}
+    return check_shapes({k: tuple(v.shape) for k, v in weights.items()}, expected, file, optional)
