@@ -127,18 +127,20 @@ def init(
     m = cfg.model
     sizes = f"preset {preset.value}"
     if init_from is not None:
-        from bertcli.adopt import source_note
         from bertcli.export import described
 
         sizes = f"from {described(Path(m.init_from))}"  # a checkpoint's step: a run's best moves
-        if note := source_note(Path(m.init_from)):
-            err(f"note: {note}")
     err(
         f"wrote {path} ({sizes}: {m.num_hidden_layers} layers, hidden {m.hidden_size}, "
         f"{m.num_attention_heads} heads, sequences of {cfg.data.max_seq_length})"
     )
     for warning in cfg.warnings():
         err(f"warning: {warning}")
+    if init_from is not None:
+        from bertcli.adopt import source_note
+
+        if note := source_note(Path(m.init_from)):
+            err(f"note: {note}")
     if checkpoints := layout.list_checkpoints(directory):
         err(
             f"note: {directory} holds {len(checkpoints)} checkpoint(s) of a run: pretrain resumes the newest with these settings"

@@ -197,8 +197,9 @@ def _inspect_path(path: Path) -> dict[str, Any]:
         training = _training(path.parent.parent, cfg, only=path, with_run=not apart)
         if apart:  # none of the run's own is shown
             training |= {"output_dir": None, "checkpoints": None, "set_aside": []}
-        try:  # its sizes are the weights' (damage of the file is reported as the rest is)
-            weights.check_file(path / layout.WEIGHTS, cfg.model, path / layout.CHECKPOINT_CONFIG)
+        try:  # its sizes are the weights' (a file already named as damaged is not named twice)
+            if not any(str(path / layout.WEIGHTS) in line for line in training.get("damaged", [])):
+                weights.check_file(path / layout.WEIGHTS, cfg.model, path / layout.CHECKPOINT_CONFIG)
         except UsageError as exc:
             training.setdefault("damaged", []).append(str(exc))
     elif found.kind is Kind.INCOMPLETE_CHECKPOINT:

@@ -287,13 +287,24 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume_arg: str, quiet: bool, *,
     )
     progress = checkpoints.restore(chosen.path, rt.device, model=model, optimizer=optimizer, scaler=scaler)
     if chosen.path is not None:
-        cfg = checkpoints.cfg = _resumed(cfg, rt, chosen.path, progress, data, checkpoints)
+        cfg = checkpoints.cfg = _resumed(cfg, rt, chosen.path, progress=progress, data=data, checkpoints=checkpoints)
     if not quiet:
         log(
             f"model: {sum(p.numel() for p in model.parameters()):,} parameters; corpus: {data.train.num_documents:,} documents, {data.train.num_tokens:,} tokens"
         )
     return Run(
-        cfg, rt, data, model, train_model, optimizer, scaler, eval_batches, baseline, unpad, checkpoints, progress
+        cfg=cfg,
+        rt=rt,
+        data=data,
+        model=model,
+        train_model=train_model,
+        optimizer=optimizer,
+        scaler=scaler,
+        eval_batches=eval_batches,
+        baseline_acc=baseline,
+        unpad=unpad,
+        checkpoints=checkpoints,
+        progress=progress,
     )
 
 
@@ -335,6 +346,7 @@ def _resumed(
     cfg: Config,
     rt: runtime.Runtime,
     path: Path,
+    *,
     progress: checkpoint.Progress,
     data: Dataset,
     checkpoints: checkpoint.CheckpointManager,
@@ -500,9 +512,8 @@ def fit(run: Run, last_step: int, stopper: Stopper, quiet: bool) -> dict[str, An
         else None
     )
     now = time.perf_counter()
-    loop = Loop(
-        window, NonFiniteGuard(tc.max_nonfinite_steps, rt.device), logger, {}, now, run.progress.tokens_seen, now
-    )
+    guard = NonFiniteGuard(tc.max_nonfinite_steps, rt.device)
+    loop = Loop(window, guard, logger, metrics={}, start=now, tokens_seen=run.progress.tokens_seen, timed=now)
     if rt.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(rt.device)
     if ignored_sigint():
@@ -520,7 +531,7 @@ def fit(run: Run, last_step: int, stopper: Stopper, quiet: bool) -> dict[str, An
                     float(grad_norm)
                     seconds, loop.timed = time.perf_counter() - loop.timed, time.perf_counter()
                     _say_pace(seconds, step, last_step, cfg=cfg, first=step == run.progress.step + 1)
-                if after_step(run, loop, step, last_step, stopper, lr, grad_norm):
+                if after_step(run, loop, step, last_step, stopper=stopper, lr=lr, grad_norm=grad_norm):
                     rt.barrier()  # every process stopped at this step, its checkpoint written
                     name = signal.Signals(stopper.signum or signal.SIGTERM).name
                     raise Interrupted(
@@ -541,7 +552,7 @@ def fit(run: Run, last_step: int, stopper: Stopper, quiet: bool) -> dict[str, An
 
 
 def after_step(
-    run: Run, loop: Loop, step: int, last_step: int, stopper: Stopper, lr: float, grad_norm: torch.Tensor
+    run: Run, loop: Loop, step: int, last_step: int, *, stopper: Stopper, lr: float, grad_norm: torch.Tensor
 ) -> bool:
     """Log, evaluate and save where due after `step`; whether to stop now (a signal came). Every
     process reaches the same blocks at the same steps, so that their collectives match."""

@@ -177,7 +177,14 @@ def make_plan(cfg: Config, *, force: bool, run_tokenizer: Path | None) -> Plan:
     files = corpus_files(corpus_path(cfg))
     entries = file_entries(files, old["corpus"]["files"] if old and old.get("unit_bytes") == scan.UNIT_BYTES else [])
     plan = Plan(
-        "fresh", folder, files, entries, source, tok=fixed and fixed[1], tokenizer_file=fixed and fixed[0], old=old
+        "fresh",
+        folder,
+        files,
+        entries=entries,
+        source=source,
+        tok=fixed and fixed[1],
+        tokenizer_file=fixed and fixed[0],
+        old=old,
     )
     if old is None or force:
         if why_not and not force:
@@ -236,12 +243,13 @@ def _stand_in(cfg: Config, old: dict[str, Any], source: str, fixed: tuple[Path, 
     config's settings and tokenizer and is whole; else one line saying why it cannot stand in."""
     data, folder = cfg.data, Path(cfg.data.prepared_dir)
     entries = old["corpus"]["files"]
+    files = [Path(e["path"]) for e in entries]
     plan = Plan(
         "stand_in",
         folder,
-        [Path(e["path"]) for e in entries],
-        entries,
-        source,
+        files,
+        entries=entries,
+        source=source,
         tok=fixed and fixed[1],
         tokenizer_file=fixed and fixed[0],
         old=old,
@@ -458,7 +466,17 @@ def fresh(
             records = prepare_units(
                 plan.units, tmp, tok, settings=settings, workers=workers, progress=bar.update, stop=stopper.check
             )
-        manifest = _manifest(cfg, plan, tok, tmp, records, settings, sample, time.perf_counter() - start, plan.units)
+        manifest = _manifest(
+            cfg,
+            plan,
+            tok,
+            tmp,
+            records=records,
+            settings=settings,
+            sample=sample,
+            seconds=time.perf_counter() - start,
+            prepared=plan.units,
+        )
         check_sizes(manifest, data)
         write_index(tmp, plan.units, records, manifest["index"])
         store.write_json(tmp / MANIFEST, manifest)
@@ -545,7 +563,17 @@ def update(
                 plan.make, folder, tok, settings=settings, workers=workers, progress=bar.update, stop=stopper.check
             )
         _warn_unknown(plan, records)
-        manifest = _manifest(cfg, plan, tok, folder, records, settings, None, time.perf_counter() - start, plan.make)
+        manifest = _manifest(
+            cfg,
+            plan,
+            tok,
+            folder,
+            records=records,
+            settings=settings,
+            sample=None,
+            seconds=time.perf_counter() - start,
+            prepared=plan.make,
+        )
         check_sizes(manifest, data)
         if not plan.index_ok:
             write_index(folder, plan.units, records, manifest["index"])
@@ -617,6 +645,7 @@ def _manifest(
     plan: Plan,
     tok: Tokenizer,
     root: Path,
+    *,
     records: dict[str, dict[str, Any]],
     settings: UnitSettings,
     sample: dict[str, Any] | None,

@@ -96,6 +96,7 @@ def prepare_unit(
     root: Path,
     unit: Unit,
     tok: Tokenizer,
+    *,
     settings: UnitSettings,
     progress: Callable[[int], None],
     stop: Callable[[], None],
@@ -185,7 +186,9 @@ def _stopped() -> None:
 
 def _prepare_in_worker(root: Path, unit: Unit) -> dict[str, Any]:
     try:
-        return prepare_unit(root, unit, _worker["tok"], _worker["settings"], lambda n: None, _stopped)
+        return prepare_unit(
+            root, unit, _worker["tok"], settings=_worker["settings"], progress=lambda n: None, stop=_stopped
+        )
     except BertcliError as exc:  # sent back by pickle: as the plain class, which needs its message alone
         raise (UsageError if isinstance(exc, UsageError) else RunError)(str(exc)) from None
 
@@ -221,7 +224,7 @@ def prepare_units(
     todo = sorted({u.key: u for u in todo}.values(), key=lambda u: -u.bytes)  # a unit twice (two equal files): once
     (root / UNITS).mkdir(parents=True, exist_ok=True)
     if workers <= 1 or len(todo) <= 1:
-        return {u.key: prepare_unit(root, u, tok, settings, progress, stop) for u in todo}
+        return {u.key: prepare_unit(root, u, tok, settings=settings, progress=progress, stop=stop) for u in todo}
     context = multiprocessing.get_context("spawn")
     event = context.Event()
     records: dict[str, dict[str, Any]] = {}

@@ -443,24 +443,17 @@ def test_a_folder_encode_cannot_use_is_refused_before_torch_loads(tmp_path, edit
             "weights do not fit this model: 1 of another shape "
             "(e.g. bert.encoder.layer.3.attention.self.value.bias: (192,) vs (384,))",
         ),
-        (  # trial 16 S1: read as numbers (0.x truncated to 0 by whoever wrote it), other vectors, exit 0
-            "integer",
-            "encoder.layer.3.attention.self.value.bias is stored as I32, not as floating point (fp32, fp16 or "
-            "bf16); a quantized or damaged weight gives other vectors: use the model's floating-point weights",
-        ),
-        (  # trial 15 S1: bertcli took one, transformers the other: other vectors, exit 0
+        ("integer", "encoder.layer.3.attention.self.value.bias is stored as I32"),  # read as numbers: other vectors
+        (  # two tensors for one weight: bertcli would take one, transformers the other
             "duplicate",
-            "holds both bert.encoder.layer.3.attention.self.value.bias and encoder.layer.3.attention.self.value.bias, "
-            "two tensors for the one weight bert.encoder.layer.3.attention.self.value.bias, and bertcli cannot tell "
-            "which is the model's: remove the other",
+            "holds both bert.encoder.layer.3.attention.self.value.bias and encoder.layer.3.attention.self.value.bias",
         ),
     ],
 )
 def test_weights_that_do_not_fit_the_config_are_refused_before_torch_loads(tmp_path, change, needle):
     """A tensor missing, extra, of another shape, stored twice (under a bare BertModel's name and
     BertForPreTraining's) or as integers in model.safetensors is seen in its header, against the shapes the config
-    gives (hf_names.weight_shapes), before torch is imported (trial 14 U4: after torch and the
-    weights loaded, about 6 s and 400 MB)."""
+    gives (hf_names.weight_shapes), before torch is imported (after it and the weights, about 6 s and 400 MB)."""
     from safetensors.numpy import load_file, save_file
 
     folder = tmp_path / "model"
@@ -481,7 +474,8 @@ def test_weights_that_do_not_fit_the_config_are_refused_before_torch_loads(tmp_p
     (tmp_path / "in.txt").write_text("hello world\n")
     out, err = refuse_in_fresh_interpreter("encode", "--model", folder, "in.txt", cwd=tmp_path)
     assert out == ["2", "False"], (out, err)
-    assert err.splitlines() == [f"bertcli: error: {folder / 'model.safetensors'}: {needle}"], err
+    [line] = err.splitlines()
+    assert line.startswith(f"bertcli: error: {folder / 'model.safetensors'}: ") and needle in line, err
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

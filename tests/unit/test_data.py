@@ -371,7 +371,7 @@ def test_a_corpus_of_one_document_is_refused_before_the_tokenizer_is_trained(tmp
         raise AssertionError("the tokenizer was trained on a corpus that is refused anyway")
 
     monkeypatch.setattr(prepare_mod, "train_wordpiece", trained)
-    monkeypatch.setattr(prepare_mod, "_prepare_units", trained)
+    monkeypatch.setattr(prepare_mod, "prepare_units", trained)
     corpus = tmp_path / "one.txt"
     corpus.write_text("".join(f"Line {i} of the only document talks about Python lists.\n" for i in range(20_000)))
     from conftest import text_run
@@ -379,7 +379,9 @@ def test_a_corpus_of_one_document_is_refused_before_the_tokenizer_is_trained(tmp
     config = text_run(tmp_path / "run", corpus)
     start = time.perf_counter()
     result = cli("prepare", "--config", config)
-    assert result.code == 2 and "1 document(s) is too small" in result.err, result.err
+    assert (
+        result.code == 2 and f"data.corpus={str(corpus)!r}" in result.err and "data.validation_fraction" in result.err
+    ), result.err
     assert len(result.err_lines) == 1 and time.perf_counter() - start < 10, result.err
     assert not (tmp_path / "run" / "data").exists()
 
