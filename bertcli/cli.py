@@ -16,7 +16,7 @@ import sys
 import threading
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Optional
 
 import typer
 
@@ -283,135 +283,70 @@ def export(
     err(f"wrote {folder}{origin}; load it with transformers.BertForPreTraining.from_pretrained({str(folder)!r})")
 
 
-class Pooling(str, Enum):
-    cls = "cls"
-    mean = "mean"
-    max = "max"
-    pooler = "pooler"
-
-
-class Format(str, Enum):
-    jsonl = "jsonl"
-    tsv = "tsv"
-    npy = "npy"
-
-
-# encode's flags, declared once here so that the command reads as its steps.
-_Inputs = Annotated[
-    list[str], typer.Argument(metavar="FILE", help="Text files, one text per line ('-' or none: stdin).")
-]
-_Model = Annotated[
-    Path,
-    typer.Option(
+@app.command(short_help="Turn lines of text into vectors, one row per line, streamed.")
+def encode(
+    model: Path = typer.Option(
+        ...,
         "--model",
         "-m",
         metavar="PATH",
-        help="A run folder, a checkpoint folder or a Hugging Face BERT folder (a sentence-transformers folder included).",
+        help="A run folder, a checkpoint folder or a Hugging Face BERT folder (sentence-transformers too).",
     ),
-]
-_PoolingOpt = Annotated[
-    Optional[Pooling],
-    typer.Option(
+    inputs: list[str] = typer.Argument(
+        None, metavar="FILE", help="Text files, one text per line ('-' or none: stdin)."
+    ),
+    pooling: Optional[str] = typer.Option(
+        None,
         "--pooling",
-        help="cls, mean or max (over all non-padding positions), or pooler. Default: a sentence-transformers "
-        "folder's own pooling and normalisation (its embeddings), else cls.",
+        metavar="cls|mean|max|pooler",
+        help="How a line's vectors become one (mean and max over its non-padding positions). Default: a sentence-transformers folder's own, else cls.",
     ),
-]
-_Layer = Annotated[
-    int,
-    typer.Option(
-        "--layer", metavar="N", help="Layer to read: 0 = embeddings, 1..L, negative from the end (-1 = last)."
+    layer: int = typer.Option(
+        -1, "--layer", metavar="N", help="Layer to read: 0 = embeddings, 1..L, negative from the end (-1 = last)."
     ),
-]
-_Normalize = Annotated[
-    Optional[bool],
-    typer.Option(
+    normalize: Optional[bool] = typer.Option(
+        None,
         "--normalize/--no-normalize",
-        help="Scale each vector to unit length. Default: as a sentence-transformers folder says when --pooling is "
-        "not given, else off.",
+        help="Scale each vector to unit length. Default: as a sentence-transformers folder says, else off.",
     ),
-]
-_FormatOpt = Annotated[
-    Optional[Format],
-    typer.Option(
-        "--format", "-f", help="jsonl, tsv or npy. Default: from the --output suffix (.npy, .tsv), else jsonl."
+    fmt: Optional[str] = typer.Option(
+        None, "--format", "-f", metavar="jsonl|tsv|npy", help="Default: from the --output suffix, else jsonl."
     ),
-]
-_Output = Annotated[
-    Optional[Path],
-    typer.Option(
+    output: Optional[Path] = typer.Option(
+        None,
         "--output",
         "-o",
         metavar="FILE",
-        help="Write the rows to this file (atomically) instead of stdout (npy: not a terminal). Replaced if it exists; "
-        "never an input file, nor inside bertcli's own folders.",
+        help="Write the rows to this file, whole or not at all, instead of stdout; never an input, nor inside bertcli's own folders.",
     ),
-]
-_WithText = Annotated[
-    bool,
-    typer.Option(
-        "--with-text",
-        help="Add the text to each row (tsv: as the first column, TAB and backslash escaped as \\t and \\\\).",
+    with_text: bool = typer.Option(
+        False, "--with-text", help="Add the text to each row (tsv: the first column, TAB and backslash escaped)."
     ),
-]
-_Tokens = Annotated[bool, typer.Option("--tokens", help="Per-token vectors (JSONL): tokens and one vector each.")]
-_Pairs = Annotated[
-    bool,
-    typer.Option(
+    tokens: bool = typer.Option(False, "--tokens", help="Per-token vectors (JSONL): tokens and one vector each."),
+    pairs: bool = typer.Option(
+        False,
         "--pairs",
-        help="Lines are A<TAB>B sentence pairs, encoded with segment ids; a line without a TAB is encoded as one "
-        "sentence (counted on stderr).",
+        help="Lines are A<TAB>B sentence pairs, encoded with segment ids; a line without a TAB is one sentence.",
     ),
-]
-_StrictPairs = Annotated[bool, typer.Option("--strict-pairs", help="With --pairs, a line without a TAB is an error.")]
-_BatchSize = Annotated[
-    int,
-    typer.Option(
-        "--batch-size",
-        min=1,
-        metavar="N",
-        help="Texts per forward pass, at most (on a CPU fewer when they are long: 8 MiB of activations at most).",
+    strict_pairs: bool = typer.Option(False, "--strict-pairs", help="With --pairs, a line without a TAB is an error."),
+    batch_size: int = typer.Option(
+        32, "--batch-size", min=1, metavar="N", help="Texts per forward pass, at most (on a CPU fewer when long)."
     ),
-]
-_MaxLength = Annotated[
-    Optional[int],
-    typer.Option(
+    max_length: Optional[int] = typer.Option(
+        None,
         "--max-length",
         min=2,
         metavar="N",
-        help="Truncate longer texts (default: a sentence-transformers folder's max_seq_length, else the model's limit).",
+        help="Truncate longer texts (default: the folder's max_seq_length, else the length the model was trained at).",
     ),
-]
-_Device = Annotated[str, typer.Option("--device", metavar="DEVICE", help="auto, cpu, cuda or cuda:N.")]
-_Dtype = Annotated[str, typer.Option("--dtype", metavar="fp32|bf16|fp16", help="fp32, bf16 or fp16.")]
-_Errors = Annotated[
-    str,
-    typer.Option(
+    device: str = typer.Option("auto", "--device", metavar="DEVICE", help="auto, cpu, cuda or cuda:N."),
+    dtype: str = typer.Option("fp32", "--dtype", metavar="fp32|bf16|fp16", help="fp32, bf16 or fp16."),
+    errors: str = typer.Option(
+        "strict",
         "--errors",
         metavar="strict|replace",
         help="strict: a line that is not UTF-8 is an error; replace: replace bad bytes.",
     ),
-]
-
-
-@app.command(short_help="Turn lines of text into vectors, one row per line, streamed.")
-def encode(
-    model: _Model,
-    inputs: _Inputs = None,
-    pooling: _PoolingOpt = None,
-    layer: _Layer = -1,
-    normalize: _Normalize = None,
-    fmt: _FormatOpt = None,
-    output: _Output = None,
-    with_text: _WithText = False,
-    tokens: _Tokens = False,
-    pairs: _Pairs = False,
-    strict_pairs: _StrictPairs = False,
-    batch_size: _BatchSize = 32,
-    max_length: _MaxLength = None,
-    device: _Device = "auto",
-    dtype: _Dtype = "fp32",
-    errors: _Errors = "strict",
 ) -> None:
     """Turn lines of text into vectors: one row per input line, in input order, streamed."""
     from bertcli import preflight
@@ -421,10 +356,10 @@ def encode(
         model=model,
         inputs=inputs or [],
         output=output,
-        fmt=fmt.value if fmt else None,
+        fmt=fmt,
         with_text=with_text,
         tokens=tokens,
-        pooling=pooling.value if pooling else None,
+        pooling=pooling,
         layer=layer,
         device=device,
         dtype=dtype,
@@ -446,7 +381,7 @@ def encode(
             device=device,
             dtype=dtype,
             errors=errors,
-            pooling=pooling.value if pooling else None,
+            pooling=pooling,
             layer=layer,
             normalize=normalize,
             max_length=max_length,

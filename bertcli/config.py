@@ -35,6 +35,21 @@ def failing(checks: list[tuple[bool, str, str]]) -> list[Problem]:
     return [(path, message) for holds, path, message in checks if not holds]
 
 
+def at_least(path: str, value: float, low: float, why: str = "") -> tuple[bool, str, str]:
+    """The check that `value` (at `path`) is at least `low` ("must not be negative" for 0)."""
+    return value >= low, path, f"{'must not be negative' if low == 0 else f'must be at least {low}'}{why}, got {value}"
+
+
+def positive(path: str, value: float) -> tuple[bool, str, str]:
+    return value > 0, path, f"must be positive, got {value}"
+
+
+def within(path: str, value: float, low: float, high: float, ends: str = "[]") -> tuple[bool, str, str]:
+    """The check that `value` lies between `low` and `high`, each end in or out as `ends` says ("[)": low in)."""
+    holds = (low <= value if ends[0] == "[" else low < value) and (value <= high if ends[1] == "]" else value < high)
+    return holds, path, f"must be in {ends[0]}{low:g}, {high:g}{ends[1]}, got {value}"
+
+
 HiddenAct = Literal["gelu", "gelu_new", "gelu_pytorch_tanh", "relu"]
 Parallel = Literal["ddp", "fsdp"]
 Device = Literal["auto", "cpu", "cuda", "cuda:N"]
@@ -166,61 +181,32 @@ class ModelConfig:
     def problems(self) -> list[Problem]:
         """This section's impossible values."""
         m = self
-        heads_divide = m.hidden_size < 1 or m.num_attention_heads < 1 or m.hidden_size % m.num_attention_heads == 0
+        divides = m.hidden_size < 1 or m.num_attention_heads < 1 or m.hidden_size % m.num_attention_heads == 0
+        pad = (
+            f"must be a token id below vocab_size={m.vocab_size}"
+            if m.vocab_size is not None
+            else "must not be negative"
+        )
         return failing(
             [
+                at_least("model.vocab_size", m.vocab_size or 8, 8, " (5 special tokens and some words)"),
+                (0 <= m.pad_token_id < (m.vocab_size or 2**31), "model.pad_token_id", f"{pad}, got {m.pad_token_id}"),
+                at_least("model.pad_vocab_multiple", m.pad_vocab_multiple, 1),
+                positive("model.hidden_size", m.hidden_size),
+                at_least("model.num_hidden_layers", m.num_hidden_layers, 1),
+                at_least("model.num_attention_heads", m.num_attention_heads, 1),
                 (
-                    m.vocab_size is None or m.vocab_size >= 8,
-                    "model.vocab_size",
-                    f"must be at least 8 (5 special tokens and some words), got {m.vocab_size}",
-                ),
-                (
-                    0 <= m.pad_token_id < (m.vocab_size or 2**31),
-                    "model.pad_token_id",
-                    f"must be a token id below vocab_size={m.vocab_size}, got {m.pad_token_id}"
-                    if m.vocab_size is not None
-                    else f"must not be negative, got {m.pad_token_id}",
-                ),
-                (
-                    m.pad_vocab_multiple >= 1,
-                    "model.pad_vocab_multiple",
-                    f"must be at least 1, got {m.pad_vocab_multiple}",
-                ),
-                (m.hidden_size >= 1, "model.hidden_size", f"must be positive, got {m.hidden_size}"),
-                (m.num_hidden_layers >= 1, "model.num_hidden_layers", f"must be at least 1, got {m.num_hidden_layers}"),
-                (
-                    m.num_attention_heads >= 1,
-                    "model.num_attention_heads",
-                    f"must be at least 1, got {m.num_attention_heads}",
-                ),
-                (
-                    heads_divide,
+                    divides,
                     "model.hidden_size",
                     f"{m.hidden_size} is not divisible by model.num_attention_heads={m.num_attention_heads}",
                 ),
-                (m.intermediate_size >= 1, "model.intermediate_size", f"must be positive, got {m.intermediate_size}"),
-                (
-                    0.0 <= m.hidden_dropout_prob < 1.0,
-                    "model.hidden_dropout_prob",
-                    f"must be in [0, 1), got {m.hidden_dropout_prob}",
-                ),
-                (
-                    0.0 <= m.attention_probs_dropout_prob < 1.0,
-                    "model.attention_probs_dropout_prob",
-                    f"must be in [0, 1), got {m.attention_probs_dropout_prob}",
-                ),
-                (
-                    m.max_position_embeddings >= 1,
-                    "model.max_position_embeddings",
-                    f"must be positive, got {m.max_position_embeddings}",
-                ),
-                (
-                    m.type_vocab_size >= 2,
-                    "model.type_vocab_size",
-                    f"must be at least 2 (segments A and B), got {m.type_vocab_size}",
-                ),
-                (m.initializer_range > 0, "model.initializer_range", f"must be positive, got {m.initializer_range}"),
-                (m.layer_norm_eps > 0, "model.layer_norm_eps", f"must be positive, got {m.layer_norm_eps}"),
+                positive("model.intermediate_size", m.intermediate_size),
+                within("model.hidden_dropout_prob", m.hidden_dropout_prob, 0, 1, "[)"),
+                within("model.attention_probs_dropout_prob", m.attention_probs_dropout_prob, 0, 1, "[)"),
+                positive("model.max_position_embeddings", m.max_position_embeddings),
+                at_least("model.type_vocab_size", m.type_vocab_size, 2, " (segments A and B)"),
+                positive("model.initializer_range", m.initializer_range),
+                positive("model.layer_norm_eps", m.layer_norm_eps),
             ]
         )
 
@@ -260,13 +246,14 @@ class SyntheticConfig:
 
     def problems(self) -> list[Problem]:
         """This section's impossible values."""
-        s = self
+        s, expected = self, self.expected_tokens()
         return failing(
             [
-                (
-                    s.num_documents >= 2,
+                at_least(
                     "data.synthetic.num_documents",
-                    f"must be at least 2 (random next sentences come from another document), got {s.num_documents}",
+                    s.num_documents,
+                    2,
+                    " (random next sentences come from another document)",
                 ),
                 (
                     1 <= s.min_sentences <= s.max_sentences,
@@ -279,18 +266,17 @@ class SyntheticConfig:
                     f"need 1 <= min_sentence_length <= max_sentence_length, got {s.min_sentence_length} and {s.max_sentence_length}",
                 ),
                 (
-                    s.expected_tokens() <= MAX_SYNTHETIC_TOKENS,
+                    expected <= MAX_SYNTHETIC_TOKENS,
                     "data.synthetic",
-                    f"about {s.expected_tokens():,.0f} tokens (num_documents x the mean sentences x the mean length); "
-                    f"the synthetic corpus is for quick checks, of at most {MAX_SYNTHETIC_TOKENS:,}: lower them",
+                    f"about {expected:,.0f} tokens (num_documents x the mean sentences x the mean length); the synthetic corpus is for quick checks, of at most {MAX_SYNTHETIC_TOKENS:,}: lower them",
                 ),
                 (
                     1 <= s.branching <= MAX_BRANCHING,
                     "data.synthetic.branching",
                     f"must be from 1 to {MAX_BRANCHING:,}, got {s.branching}",
                 ),
-                (s.num_topics >= 1, "data.synthetic.num_topics", f"must be at least 1, got {s.num_topics}"),
-                (s.seed >= 0, "data.synthetic.seed", f"must not be negative, got {s.seed}"),
+                at_least("data.synthetic.num_topics", s.num_topics, 1),
+                at_least("data.synthetic.seed", s.seed, 0),
             ]
         )
 
@@ -317,12 +303,8 @@ class TokenizerConfig:
         """This section's impossible values."""
         return failing(
             [
-                (self.vocab_size >= 16, "data.tokenizer.vocab_size", f"must be at least 16, got {self.vocab_size}"),
-                (
-                    self.min_frequency >= 1,
-                    "data.tokenizer.min_frequency",
-                    f"must be at least 1, got {self.min_frequency}",
-                ),
+                at_least("data.tokenizer.vocab_size", self.vocab_size, 16),
+                at_least("data.tokenizer.min_frequency", self.min_frequency, 1),
                 (
                     self.sample_chars >= 0,
                     "data.tokenizer.sample_chars",
@@ -370,61 +352,31 @@ class DataConfig:
     def problems(self) -> list[Problem]:
         """This section's impossible values, its tokenizer's and its synthetic corpus's."""
         d = self
-        return (
-            failing(
-                [
-                    (
-                        d.max_seq_length >= 5,
-                        "data.max_seq_length",
-                        f"must be at least 5 ([CLS] A [SEP] B [SEP]), got {d.max_seq_length}",
-                    ),
-                    (0.0 < d.masked_lm_prob < 1.0, "data.masked_lm_prob", f"must be in (0, 1), got {d.masked_lm_prob}"),
-                    (
-                        1 <= d.max_predictions_per_seq <= max(d.max_seq_length, 1),
-                        "data.max_predictions_per_seq",
-                        f"must be from 1 to data.max_seq_length={d.max_seq_length:,} (a token is predicted at most "
-                        f"once), got {d.max_predictions_per_seq:,}",
-                    ),
-                    (
-                        0.0 <= d.mask_token_prob <= 1.0,
-                        "data.mask_token_prob",
-                        f"must be in [0, 1], got {d.mask_token_prob}",
-                    ),
-                    (
-                        0.0 <= d.random_token_prob <= 1.0,
-                        "data.random_token_prob",
-                        f"must be in [0, 1], got {d.random_token_prob}",
-                    ),
-                    (
-                        0.0 <= d.random_next_prob <= 1.0,
-                        "data.random_next_prob",
-                        f"must be in [0, 1], got {d.random_next_prob}",
-                    ),
-                    (
-                        d.mask_token_prob + d.random_token_prob <= 1.0 + 1e-9,
-                        "data.random_token_prob",
-                        f"data.mask_token_prob + data.random_token_prob must be at most 1, got {d.mask_token_prob + d.random_token_prob}",
-                    ),
-                    (
-                        d.corpus.strip() != "",
-                        "data.corpus",
-                        "is empty; use sample, synthetic, or a path to text or JSONL files",
-                    ),
-                    (
-                        0.0 <= d.validation_fraction <= 0.5,
-                        "data.validation_fraction",
-                        f"must be in [0, 0.5], got {d.validation_fraction}",
-                    ),
-                    (
-                        0.0 <= d.short_seq_prob <= 1.0,
-                        "data.short_seq_prob",
-                        f"must be in [0, 1], got {d.short_seq_prob}",
-                    ),
-                ]
-            )
-            + d.tokenizer.problems()
-            + d.synthetic.problems()
-        )
+        checks = [
+            at_least("data.max_seq_length", d.max_seq_length, 5, " ([CLS] A [SEP] B [SEP])"),
+            within("data.masked_lm_prob", d.masked_lm_prob, 0, 1, "()"),
+            (
+                1 <= d.max_predictions_per_seq <= max(d.max_seq_length, 1),
+                "data.max_predictions_per_seq",
+                f"must be from 1 to data.max_seq_length={d.max_seq_length:,} (a token is predicted at most once), got {d.max_predictions_per_seq:,}",
+            ),
+            within("data.mask_token_prob", d.mask_token_prob, 0, 1),
+            within("data.random_token_prob", d.random_token_prob, 0, 1),
+            within("data.random_next_prob", d.random_next_prob, 0, 1),
+            (
+                d.mask_token_prob + d.random_token_prob <= 1.0 + 1e-9,
+                "data.random_token_prob",
+                f"data.mask_token_prob + data.random_token_prob must be at most 1, got {d.mask_token_prob + d.random_token_prob}",
+            ),
+            (
+                d.corpus.strip() != "",
+                "data.corpus",
+                "is empty; use sample, synthetic, or a path to text or JSONL files",
+            ),
+            within("data.validation_fraction", d.validation_fraction, 0, 0.5),
+            within("data.short_seq_prob", d.short_seq_prob, 0, 1),
+        ]
+        return failing(checks) + d.tokenizer.problems() + d.synthetic.problems()
 
 
 @dataclass
@@ -465,46 +417,38 @@ class TrainConfig:
     def problems(self) -> list[Problem]:
         """This section's impossible values."""
         t = self
+        workers = f"must be null (automatic) or from 0 to {MAX_DATA_WORKERS} (each is a process holding a copy of the example builder; 4 keep a GPU fed), got {t.data_workers}"
         return failing(
             [
-                (t.seed >= 0, "train.seed", f"must not be negative, got {t.seed}"),
-                (t.max_steps >= 1, "train.max_steps", f"must be at least 1, got {t.max_steps}"),
-                (t.eval_every >= 0, "train.eval_every", f"must not be negative (0 = never), got {t.eval_every}"),
+                at_least("train.seed", t.seed, 0),
+                at_least("train.max_steps", t.max_steps, 1),
+                at_least("train.eval_every", t.eval_every, 0, " (0 = never)"),
                 (
                     1 <= t.eval_examples <= MAX_EVAL_EXAMPLES,
                     "train.eval_examples",
-                    f"must be from 1 to {MAX_EVAL_EXAMPLES:,} (every evaluation builds and runs them all; a "
-                    f"held-out loss is steady well before that), got {t.eval_examples:,}",
+                    f"must be from 1 to {MAX_EVAL_EXAMPLES:,} (every evaluation builds and runs them all; a held-out loss is steady well before that), got {t.eval_examples:,}",
                 ),
-                (t.batch_size >= 1, "train.batch_size", f"must be at least 1, got {t.batch_size}"),
-                (t.grad_accum_steps >= 1, "train.grad_accum_steps", f"must be at least 1, got {t.grad_accum_steps}"),
-                (t.mlm_weight >= 0, "train.mlm_weight", f"must not be negative, got {t.mlm_weight}"),
-                (t.nsp_weight >= 0, "train.nsp_weight", f"must not be negative, got {t.nsp_weight}"),
+                at_least("train.batch_size", t.batch_size, 1),
+                at_least("train.grad_accum_steps", t.grad_accum_steps, 1),
+                at_least("train.mlm_weight", t.mlm_weight, 0),
+                at_least("train.nsp_weight", t.nsp_weight, 0),
                 (
                     t.mlm_weight > 0 or t.nsp_weight > 0,
                     "train.mlm_weight",
                     "train.mlm_weight and train.nsp_weight are both 0: nothing to learn",
                 ),
-                (
-                    t.max_nonfinite_steps >= 1,
-                    "train.max_nonfinite_steps",
-                    f"must be at least 1, got {t.max_nonfinite_steps}",
-                ),
-                (
-                    t.max_grad_norm >= 0,
-                    "train.max_grad_norm",
-                    f"must not be negative (0 = no clipping), got {t.max_grad_norm}",
-                ),
-                (
-                    t.data_workers is None or 0 <= t.data_workers <= MAX_DATA_WORKERS,
-                    "train.data_workers",
-                    f"must be null (automatic) or from 0 to {MAX_DATA_WORKERS} (each is a process holding a copy of the "
-                    f"example builder; 4 keep a GPU fed), got {t.data_workers}",
-                ),
+                at_least("train.max_nonfinite_steps", t.max_nonfinite_steps, 1),
+                at_least("train.max_grad_norm", t.max_grad_norm, 0, " (0 = no clipping)"),
+                (t.data_workers is None or 0 <= t.data_workers <= MAX_DATA_WORKERS, "train.data_workers", workers),
                 (is_device_name(t.device), "train.device", f"must be auto, cpu, cuda or cuda:N, got {t.device!r}"),
-                (math.isfinite(t.mlm_weight), "train.mlm_weight", "must be a finite number"),
-                (math.isfinite(t.nsp_weight), "train.nsp_weight", "must be a finite number"),
-                (math.isfinite(t.max_grad_norm), "train.max_grad_norm", "must be a finite number"),
+                *(
+                    (math.isfinite(v), f"train.{k}", "must be a finite number")
+                    for k, v in (
+                        ("mlm_weight", t.mlm_weight),
+                        ("nsp_weight", t.nsp_weight),
+                        ("max_grad_norm", t.max_grad_norm),
+                    )
+                ),
             ]
         )
 
@@ -533,21 +477,17 @@ class OptimizerConfig:
     def problems(self) -> list[Problem]:
         """This section's impossible values."""
         o = self
+        decay = f"times optimizer.lr must be below 1 (each step scales the weights by 1 - lr x weight_decay: 0 or less zeroes or flips them), got {o.weight_decay:g} x {o.lr:g}; the usual value is 0.01"
         return failing(
             [
-                (o.lr > 0, "optimizer.lr", f"must be positive, got {o.lr}"),
-                (o.weight_decay >= 0, "optimizer.weight_decay", f"must not be negative, got {o.weight_decay}"),
-                (
-                    o.lr * o.weight_decay < 1,
-                    "optimizer.weight_decay",
-                    f"times optimizer.lr must be below 1 (each step scales the weights by 1 - lr x weight_decay: "
-                    f"0 or less zeroes or flips them), got {o.weight_decay:g} x {o.lr:g}; the usual value is 0.01",
-                ),
-                (0 <= o.beta1 < 1, "optimizer.beta1", f"must be in [0, 1), got {o.beta1}"),
-                (0 <= o.beta2 < 1, "optimizer.beta2", f"must be in [0, 1), got {o.beta2}"),
-                (o.eps > 0, "optimizer.eps", f"must be positive, got {o.eps}"),
-                (o.warmup_steps >= 0, "optimizer.warmup_steps", f"must not be negative, got {o.warmup_steps}"),
-                (0 <= o.min_lr_ratio <= 1, "optimizer.min_lr_ratio", f"must be in [0, 1], got {o.min_lr_ratio}"),
+                positive("optimizer.lr", o.lr),
+                at_least("optimizer.weight_decay", o.weight_decay, 0),
+                (o.lr * o.weight_decay < 1, "optimizer.weight_decay", decay),
+                within("optimizer.beta1", o.beta1, 0, 1, "[)"),
+                within("optimizer.beta2", o.beta2, 0, 1, "[)"),
+                positive("optimizer.eps", o.eps),
+                at_least("optimizer.warmup_steps", o.warmup_steps, 0),
+                within("optimizer.min_lr_ratio", o.min_lr_ratio, 0, 1),
             ]
         )
 
@@ -565,15 +505,7 @@ class PrecisionConfig:
 
     def problems(self) -> list[Problem]:
         """This section's impossible values."""
-        return failing(
-            [
-                (
-                    self.fp16_init_scale > 0,
-                    "precision.fp16_init_scale",
-                    f"must be positive, got {self.fp16_init_scale}",
-                ),
-            ]
-        )
+        return failing([positive("precision.fp16_init_scale", self.fp16_init_scale)])
 
 
 @dataclass
@@ -588,10 +520,7 @@ class CheckpointConfig:
     def problems(self) -> list[Problem]:
         """This section's impossible values."""
         return failing(
-            [
-                (self.save_every >= 1, "checkpoint.save_every", f"must be at least 1, got {self.save_every}"),
-                (self.keep_last >= 1, "checkpoint.keep_last", f"must be at least 1, got {self.keep_last}"),
-            ]
+            [at_least("checkpoint.save_every", self.save_every, 1), at_least("checkpoint.keep_last", self.keep_last, 1)]
         )
 
 
@@ -610,12 +539,8 @@ class LoggingConfig:
         """This section's impossible values."""
         return failing(
             [
-                (self.log_every >= 1, "logging.log_every", f"must be at least 1, got {self.log_every}"),
-                (
-                    self.peak_tflops >= 0,
-                    "logging.peak_tflops",
-                    f"must not be negative (0 = auto), got {self.peak_tflops}",
-                ),
+                at_least("logging.log_every", self.log_every, 1),
+                at_least("logging.peak_tflops", self.peak_tflops, 0, " (0 = auto)"),
             ]
         )
 

@@ -42,7 +42,6 @@ from bertcli.export import check_model_path, read_checkpoint
 from bertcli.model import BertForPreTraining, padding_mask
 from bertcli.sbert import NotReproducible, SentenceModel, lowercase_first
 
-POOLINGS = ("cls", "mean", "max", "pooler")
 WINDOW_BATCHES = 32
 # A window ends at WINDOW_BATCHES batches or at WINDOW_CHARS characters of text, whichever comes first:
 # memory stays bounded whatever --batch-size asks (a 10 MB input at --batch-size 100000000 was read

@@ -32,6 +32,7 @@ from bertcli.errors import PipeClosed, RunError, UsageError
 # far more than a 512-token text can use.
 LINE_BYTES = 8 << 20
 READ_AHEAD = 4096  # lines read ahead while a window is encoded
+POOLINGS = ("cls", "mean", "max", "pooler")
 
 
 class NotUtf8(UsageError):
@@ -284,6 +285,8 @@ OTHER_FORMATS = (
 
 def output_format(fmt: str | None, output: Path | None, *, with_text: bool, tokens: bool) -> str:
     """--format, or the one the --output suffix names; refused where the other flags cannot have it."""
+    if fmt is not None and fmt not in FORMATS:
+        raise UsageError(f"--format {fmt!r}: expected {', '.join(FORMATS)}")
     suffix = output.suffix.lower() if output is not None else ""
     by_name = next((name for name, rows in FORMATS.items() if rows.suffix == suffix), None)
     if (

@@ -111,6 +111,8 @@ def encode(
         raise UsageError("--strict-pairs checks --pairs input: add --pairs, or drop --strict-pairs")
     if pairs and max_length is not None and max_length < 4:  # [CLS] A [SEP] B [SEP] and a token of text
         raise UsageError(f"--max-length {max_length} with --pairs: a pair takes 3 special tokens; use 4 or more")
+    if pooling not in (None, *encode_io.POOLINGS):
+        raise UsageError(f"--pooling {pooling!r}: expected {', '.join(encode_io.POOLINGS)}")
     if tokens and pooling is not None:
         raise UsageError(f"--tokens gives a vector per token, which no pooling makes: drop --pooling {pooling}")
     fmt = encode_io.output_format(fmt, output, with_text=with_text, tokens=tokens)

@@ -22,7 +22,7 @@ MAX_LINES, MAX_MODULE, MAX_FUNCTION = 11_000, 800, 60
 LAYERS = {
     "foundation": ["__init__", "errors", "console"],
     "files": ["layout", "store", "sniff", "stopping"],
-    "config": ["config", "config_load", "config_write", "resolve", "sizes"],
+    "config": ["config", "config_load", "config_write", "sizes"],
     "model": ["model", "hf_names", "dropout", "optim", "weights"],
     "data": [
         "data.__init__",
@@ -38,6 +38,7 @@ LAYERS = {
         "data.prepare",
     ],
     "runs": [
+        "resolve",
         "sbert",
         "hf_import",
         "checkpoint",

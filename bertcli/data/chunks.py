@@ -69,25 +69,11 @@ def cut_pieces(
         chunk_end = np.searchsorted(offsets, offsets[p] + target, side="left")
         chunk_end = np.minimum(np.maximum(chunk_end, p + 1), stop)
         first, count = p.copy(), chunk_end - p
-        a_count = np.ones(n, dtype=np.int64)
-        random_next = np.ones(n, dtype=bool)
-        step_to = chunk_end
         if cfg.pairs:
-            split, coin = rng.random(n), rng.random(n) < cfg.random_next_prob
-            several = count >= 2
-            a_count[several] = 1 + (split[several] * (count[several] - 1)).astype(np.int64)
-            lone = (
-                ~several
-                & ((p > piece_start[active]) | has_previous[active])
-                & (offsets[chunk_end] - offsets[p] < target)
-            )
-            random_next = coin | (~several & ~lone)
-            paired = lone & ~coin  # A = the sentence before, B = this one
-            first[paired] -= 1
-            count[paired] = 2
-            step_to = np.where(random_next & several, p + a_count, chunk_end)  # put B's segments back
+            after_previous = (p > piece_start[active]) | has_previous[active]
+            a_count, random_next, step_to = _pairs(first, count, chunk_end, after_previous, target, offsets, cfg, rng)
         else:
-            a_count = count
+            a_count, random_next, step_to = count, np.ones(n, dtype=bool), chunk_end
         parts.append(
             (
                 (first + shift[active]).astype(segment),
@@ -110,6 +96,33 @@ def cut_pieces(
             target=empty.astype(small),
         ), empty
     return ChunkIndex(*(np.concatenate(column) for column in zip(*parts))), np.concatenate(pieces)
+
+
+def _pairs(
+    first: np.ndarray,
+    count: np.ndarray,
+    chunk_end: np.ndarray,
+    after_previous: np.ndarray,
+    target: np.ndarray,
+    offsets: np.ndarray,
+    cfg: DataConfig,
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A round's chunks as sentence pairs: (a_count, random_next, where each piece goes on). A chunk of
+    several segments splits at a random point (B random on a coin: its segments go back to the piece);
+    a lone segment that follows one of its document, and is short of its target, is paired with the
+    sentence before it (first and count changed in place) unless the coin says random."""
+    n = len(first)
+    split, coin = rng.random(n), rng.random(n) < cfg.random_next_prob
+    several = count >= 2
+    a_count = np.ones(n, dtype=np.int64)
+    a_count[several] = 1 + (split[several] * (count[several] - 1)).astype(np.int64)
+    lone = ~several & after_previous & (offsets[chunk_end] - offsets[first] < target)
+    random_next = coin | (~several & ~lone)
+    paired = lone & ~coin  # A = the sentence before, B = this one
+    first[paired] -= 1
+    count[paired] = 2
+    return a_count, random_next, np.where(random_next & several, first + a_count, chunk_end)
 
 
 def document_pieces(doc_offsets: np.ndarray, lo: int, hi: int, piece: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
