@@ -43,6 +43,7 @@ if TYPE_CHECKING:  # torch is imported where tensors are handled: inspect reads 
 FORMAT_VERSION = 3
 TOKENIZER_SHA256 = "tokenizer_sha256"  # trainer_state.json: the SHA-256 of each tokenizer file
 FILES_SHA256 = "files_sha256"  # and of HASHED, written before it
+TOKENIZER_FILES_RECORDED = layout.TOKENIZER_JSON  # what shows that a checkpoint records its tokenizer's digests
 HASHED = (layout.WEIGHTS, layout.CHECKPOINT_CONFIG, layout.TRAINING_STATE)
 TRAINED_LENGTH = "trained_length"  # the longest sequences the run has trained on so far
 PREPARED_DATA = "prepared_data"  # what the examples came from (PreparedData.identity)
@@ -55,29 +56,39 @@ def read_trainer_state(path: Path) -> dict[str, Any]:
     return store.read_own_json(Path(path) / layout.TRAINER_STATE)
 
 
-def recorded_digests(path: Path) -> dict[str, str]:
-    """The SHA-256 of each file that checkpoint `path` records; a checkpoint of this format without its
-    records is damaged (an emptied trainer_state.json would let an edited config through)."""
-    state = read_trainer_state(path)
+def recorded_digests(state: dict[str, Any]) -> dict[str, str] | str:
+    """The SHA-256 of each file a checkpoint's trainer state records, or why they are missing: one of
+    this format without its records is damaged (an emptied record would let an edited config through)."""
     version = state.get("format_version")
     old = isinstance(version, int) and not isinstance(version, bool) and version < FORMAT_VERSION
-    records = {}
+    records: dict[str, str] = {}
     for key in (TOKENIZER_SHA256, FILES_SHA256):
-        record = state.get(key)
-        if not isinstance(record, dict) and not old:
-            raise DamagedFile(Path(path) / layout.TRAINER_STATE, ValueError(f"no {key} record"))
-        records |= record if isinstance(record, dict) else {}
-    if not old and not set(HASHED) <= set(records):
-        raise DamagedFile(Path(path) / layout.TRAINER_STATE, ValueError(f"its {FILES_SHA256} record lacks a file"))
-    return records
+        if isinstance(record := state.get(key), dict):
+            records |= record
+        elif not old:
+            return f"no {key} record, which a checkpoint of its format has"
+    return records if old or set(HASHED) <= set(records) else f"its {FILES_SHA256} record lacks a file"
 
 
 def change(path: Path, names: tuple[str, ...] | None = None) -> tuple[str, str] | None:
-    """The first file of checkpoint `path` (of `names`) that is not the one it was written with, and why."""
+    """The first file of checkpoint `path` (of `names`) that is not the one it was written with, and why;
+    None where they are, or where trainer_state.json does not read (its readers name that damage)."""
     try:
-        return store.digest_change(path, recorded_digests(path), names)
-    except DamagedFile as exc:
-        return layout.TRAINER_STATE, exc.reason
+        records = recorded_digests(read_trainer_state(path))
+    except (OSError, UsageError):
+        return None
+    if isinstance(records, str):
+        return layout.TRAINER_STATE, records
+    if TOKENIZER_FILES_RECORDED not in records and all((Path(path) / n).is_file() for n in layout.TOKENIZER_FILES):
+        # A checkpoint from before the tokenizer's digests: its vocab.txt at least is that of its tokenizer.json.
+        from bertcli.data.tokenizer import read_tokenizer_json, vocab_text
+
+        if (
+            store.read_own(Path(path) / layout.VOCAB)
+            != vocab_text(read_tokenizer_json(Path(path) / layout.TOKENIZER_JSON)).encode()
+        ):
+            return layout.VOCAB, "does not match the tokenizer.json beside it (edited since bertcli wrote it?)"
+    return store.digest_change(path, records, names)
 
 
 def check_unchanged(path: Path, names: tuple[str, ...] | None = None) -> None:
@@ -164,11 +175,12 @@ def verify(path: Path) -> list[tuple[str, str]]:
     the weights finite and of the config's keys, and the training state a whole archive of tensors
     (every member matching its CRC, none marked as a folder, which torch's reader leaves unwritten)
     holding that step's optimizer state (its tensors are mapped, not read)."""
-    damage = [
-        (n, "a symbolic link, which bertcli never follows")
-        for n in sorted(layout.CHECKPOINT.paths)
-        if (Path(path) / n).is_symlink()
-    ]
+    links = [n for n in sorted(layout.CHECKPOINT.paths) if (Path(path) / n).is_symlink()]
+    damage = [(n, "a symbolic link, which bertcli never follows") for n in links]
+    try:
+        read_trainer_state(path)
+    except (BertcliError, OSError) as exc:
+        damage.append((layout.TRAINER_STATE, getattr(exc, "reason", str(exc))))
     if damage or (found := change(path)):
         return damage or [found]
     try:

@@ -44,7 +44,7 @@ def positive(path: str, value: float) -> tuple[bool, str, str]:
     return value > 0, path, f"must be positive, got {value}"
 
 
-def within(path: str, value: float, low: float, high: float, ends: str = "[]") -> tuple[bool, str, str]:
+def within(path: str, value: float, low: float, high: float, *, ends: str = "[]") -> tuple[bool, str, str]:
     """The check that `value` lies between `low` and `high`, each end in or out as `ends` says ("[)": low in)."""
     holds = (low <= value if ends[0] == "[" else low < value) and (value <= high if ends[1] == "]" else value < high)
     return holds, path, f"must be in {ends[0]}{low:g}, {high:g}{ends[1]}, got {value}"
@@ -201,8 +201,8 @@ class ModelConfig:
                     f"{m.hidden_size} is not divisible by model.num_attention_heads={m.num_attention_heads}",
                 ),
                 positive("model.intermediate_size", m.intermediate_size),
-                within("model.hidden_dropout_prob", m.hidden_dropout_prob, 0, 1, "[)"),
-                within("model.attention_probs_dropout_prob", m.attention_probs_dropout_prob, 0, 1, "[)"),
+                within("model.hidden_dropout_prob", m.hidden_dropout_prob, 0, 1, ends="[)"),
+                within("model.attention_probs_dropout_prob", m.attention_probs_dropout_prob, 0, 1, ends="[)"),
                 positive("model.max_position_embeddings", m.max_position_embeddings),
                 at_least("model.type_vocab_size", m.type_vocab_size, 2, " (segments A and B)"),
                 positive("model.initializer_range", m.initializer_range),
@@ -354,7 +354,7 @@ class DataConfig:
         d = self
         checks = [
             at_least("data.max_seq_length", d.max_seq_length, 5, " ([CLS] A [SEP] B [SEP])"),
-            within("data.masked_lm_prob", d.masked_lm_prob, 0, 1, "()"),
+            within("data.masked_lm_prob", d.masked_lm_prob, 0, 1, ends="()"),
             (
                 1 <= d.max_predictions_per_seq <= max(d.max_seq_length, 1),
                 "data.max_predictions_per_seq",
@@ -483,8 +483,8 @@ class OptimizerConfig:
                 positive("optimizer.lr", o.lr),
                 at_least("optimizer.weight_decay", o.weight_decay, 0),
                 (o.lr * o.weight_decay < 1, "optimizer.weight_decay", decay),
-                within("optimizer.beta1", o.beta1, 0, 1, "[)"),
-                within("optimizer.beta2", o.beta2, 0, 1, "[)"),
+                within("optimizer.beta1", o.beta1, 0, 1, ends="[)"),
+                within("optimizer.beta2", o.beta2, 0, 1, ends="[)"),
                 positive("optimizer.eps", o.eps),
                 at_least("optimizer.warmup_steps", o.warmup_steps, 0),
                 within("optimizer.min_lr_ratio", o.min_lr_ratio, 0, 1),

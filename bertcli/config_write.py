@@ -126,7 +126,7 @@ def write_run_config(directory: Path, cfg: Config, header: str, *, force: bool) 
         check_replaceable(path)
         if not force:
             raise UsageError(f"{path} already exists; pass --force to overwrite it, or choose another folder")
-        store.check_free(store.run_lock(directory))  # the config of a run that trains now
+        store.check_free(directory)  # the config of a run that trains now
     if directory.exists() and not directory.is_dir():
         raise UsageError(f"{directory} exists and is not a folder")
     created = [p for p in (directory, *directory.parents) if not p.exists() and not p.is_symlink()]  # deepest first

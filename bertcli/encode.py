@@ -40,6 +40,7 @@ from bertcli.encode_io import (
 from bertcli.errors import RunError, UsageError
 from bertcli.export import check_model_path, read_checkpoint
 from bertcli.model import BertForPreTraining, padding_mask
+from bertcli.resume import set_aside_note
 from bertcli.sbert import NotReproducible, SentenceModel, lowercase_first
 
 WINDOW_BATCHES = 32
@@ -599,6 +600,8 @@ def run(
     if slow := runtime.slow_autocast(encoder.rt):
         console.error(f"warning: --dtype {slow}; use --dtype fp32 on this CPU")
     settings = resolve(encoder, **flags)
+    if note := set_aside_note(encoder.source):
+        console.error(f"bertcli encode: note: {note}")
     _say_settings(settings, model=model, max_length=flags.get("max_length"), trained_length=encoder.trained_length)
     stopper.left = (
         f"{output} was not written (what was there is intact)"

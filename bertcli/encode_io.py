@@ -300,7 +300,9 @@ def output_format(fmt: str | None, output: Path | None, *, with_text: bool, toke
         )
     fmt = fmt or by_name or "jsonl"
     if tokens and fmt != "jsonl":
-        raise UsageError(f"--tokens writes JSONL: {'name a .jsonl file' if by_name else 'use --format jsonl'}")
+        raise UsageError(
+            f"--tokens writes JSONL, not {fmt}{f' (--output {output})' if by_name else ''}: name a .jsonl file or use --format jsonl"
+        )
     if FORMATS[fmt].binary and output is None and sys.stdout.isatty():
         raise UsageError(
             f"--format {fmt} is binary, not for a terminal: redirect stdout or pass --output FILE{FORMATS[fmt].suffix}"

@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bertcli import layout
+from bertcli import console, layout
 from bertcli.errors import UsageError
 
 if TYPE_CHECKING:
@@ -118,9 +118,14 @@ def encode(
     fmt = encode_io.output_format(fmt, output, with_text=with_text, tokens=tokens)
     encode_io.check_inputs(inputs)
     if output is not None:
-        output = encode_io.check_output(output, inputs, model)
+        named, output = output, encode_io.check_output(output, inputs, model)
         if not sniff.is_stream(output):
             check_writable(output.parent, output)
+        by_name = next((n for n, rows in encode_io.FORMATS.items() if rows.suffix == named.suffix.lower()), fmt)
+        if fmt != by_name or named.suffix.lower() in encode_io.OTHER_FORMATS:
+            console.error(
+                f"warning: --format {fmt} writes {fmt} into {named}, whose {named.suffix} name says otherwise"
+            )
     if not model.exists():
         raise UsageError(
             f"--model {model}: no such folder; pass a run folder, a checkpoint folder or a Hugging Face BERT folder"
@@ -134,7 +139,7 @@ def encode(
     if hf is not None:
         model_cfg = hf.config
     elif layout.identify(model).kind in (layout.Kind.RUN, layout.Kind.CHECKPOINT):
-        from bertcli import checkpoint, console
+        from bertcli import checkpoint
 
         with console.silent():  # (what it says of the checkpoint chosen, loading says)
             model_cfg = read_checkpoint(model, checkpoint.check_readable)[1].model
@@ -206,7 +211,7 @@ def pretrain(cfg: Config, resume_arg: str, *, device_flag: bool) -> None:
     check_gpu_build(cfg.train.device, "--device" if device_flag else "train.device")
     output_dir, main = Path(cfg.output_dir), os.environ.get("RANK", "0") == "0"  # rank 0 locks and writes
     if main:
-        store.check_free(store.run_lock(output_dir))
+        store.check_free(output_dir)
     if (where := cpu_placement(cfg)) is not None:
         check_memory(cfg.model, where, cfg.train.parallel)
         check_batch(cfg, where)

@@ -60,7 +60,7 @@ class Stopper:
         """Whether a stop signal came, looking in the wakeup pipe too (from any thread)."""
         if self.signum is None and self.wakeup is not None:
             with contextlib.suppress(OSError):  # nothing there
-                self.signum = next((b for b in os.read(self.wakeup, 64) if b in SIGNALS), None)
+                self.signum = next((b for b in os.read(self.wakeup, 64) if b in SIGNALS and b not in self.held), None)
         return self.signum is not None
 
     def check(self) -> None:
@@ -70,15 +70,13 @@ class Stopper:
 
     @contextlib.contextmanager
     def until(self, mode: str) -> Iterator[None]:
-        """`mode` ("held" or "after_step") inside the block; a signal held comes out at its end."""
+        """`mode` ("held" or "after_step") inside the block. A signal held while the output was put in
+        place goes, once the command is done, to the handler that was there before it."""
         before, self.mode = self.mode, mode
         try:
             yield
         finally:
             self.mode = before
-        if self.held:
-            self.signum = self.held[0]
-            raise Stop(self.held[0])
 
 
 _active: Stopper | None = None
@@ -119,6 +117,8 @@ def stopping(left: str) -> Iterator[Stopper]:
         signal.set_wakeup_fd(previous_fd)
         os.close(read_end)
         os.close(write_end)
+        for signum in stopper.held:
+            signal.raise_signal(signum)
 
 
 @contextlib.contextmanager

@@ -494,15 +494,19 @@ class Busy(RunError):
 
 
 @contextlib.contextmanager
-def lock(path: Path, what: str, fix: str) -> Iterator[None]:
+def lock(path: Path, what: str, fix: str, *, peek: bool = False) -> Iterator[None]:
     """Hold the exclusive lock file `path` while the block runs (flock: the kernel lets go when the
     holder dies, so a crashed command never leaves it locked); a lock another command holds is
-    refused at once (Busy: WHAT is in use by another bertcli command; FIX)."""
+    refused at once (Busy: WHAT is in use by another bertcli command; FIX). `peek`: only refuse a
+    lock held now, creating nothing (asked before torch is imported, then taken for real)."""
     import filelock
 
     path = Path(path)
     if path.is_symlink():  # opened through it, the link's target would be the lock
         raise linked(path, "remove the link, then run the same command again")
+    if peek and not path.exists():
+        yield
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         with filelock.FileLock(path, timeout=0):
@@ -511,12 +515,11 @@ def lock(path: Path, what: str, fix: str) -> Iterator[None]:
         raise Busy(f"{what} is in use by another bertcli command; {fix}") from None
 
 
-def run_lock(output_dir: Path) -> contextlib.AbstractContextManager[None]:
+def run_lock(output_dir: Path, *, peek: bool = False) -> contextlib.AbstractContextManager[None]:
     """The lock of a run folder, held by `pretrain` and `prepare` (a prepare under a training run would
     replace the data it reads)."""
-    return lock(
-        Path(output_dir) / layout.LOCK, str(output_dir), "wait for it to finish, or set output_dir to another folder"
-    )
+    fix = "wait for it to finish, or set output_dir to another folder"
+    return lock(Path(output_dir) / layout.LOCK, str(output_dir), fix, peek=peek)
 
 
 def prepared_lock(folder: Path) -> contextlib.AbstractContextManager[None]:
@@ -524,15 +527,11 @@ def prepared_lock(folder: Path) -> contextlib.AbstractContextManager[None]:
     rename: a lock file inside would go with it), resolved, so that two configs naming one folder
     differently share it; held while a command prepares it or reads it at its start."""
     folder = Path(folder).expanduser().resolve()
-    return lock(
-        layout.prepared_lock(folder),
-        f"the prepared data {folder}",
-        "run this again once it has finished, or set data.prepared_dir to another folder",
-    )
+    fix = "run this again once it has finished, or set data.prepared_dir to another folder"
+    return lock(layout.prepared_lock(folder), f"the prepared data {folder}", fix)
 
 
-def check_free(held: contextlib.AbstractContextManager[None]) -> None:
-    """Refuse at once (Busy) a lock another command holds, taking it only for that moment: asked
-    before torch is imported (seconds), then taken for real."""
-    with held:
+def check_free(output_dir: Path) -> None:
+    """Refuse at once (Busy) a run folder another command holds, creating nothing."""
+    with run_lock(output_dir, peek=True):
         pass

@@ -30,10 +30,9 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bertcli import checkpoint, console, layout  # noqa: E402
-from bertcli.cli import preset_header  # noqa: E402
+from bertcli import checkpoint, console, layout, resume  # noqa: E402
 from bertcli.config_load import debug_config  # noqa: E402
-from bertcli.config_write import to_yaml  # noqa: E402
+from bertcli.config_write import preset_header, to_yaml  # noqa: E402
 from bertcli.model import BertForPreTraining  # noqa: E402
 from bertcli.optim import build_optimizer  # noqa: E402
 
@@ -59,12 +58,17 @@ def check_resumable(folder: Path, config: Path) -> int:
         return 0
     step, path = found[-1]
     cfg = checkpoint.read_config(path)
-    checkpoints = checkpoint.CheckpointManager(cfg, torch.device("cpu"), is_main=False, tokenizer={})
     console.speak(False)  # (its "resuming from" lines)
-    checkpoints.choose(str(path))  # as --resume PATH: raises on a missing, truncated, damaged or mismatched file
+    # As --resume PATH: raises on a missing, truncated, damaged or mismatched file.
+    chosen = resume.choose(cfg, str(path), is_main=False, last_step=cfg.train.max_steps, tokenizer=None)
+    checkpoints = checkpoint.CheckpointManager(cfg, is_main=False, tokenizer={}, best=chosen.best, last=chosen.path)
     model = BertForPreTraining(cfg.model)
-    progress = checkpoints.load(
-        model=model, optimizer=build_optimizer(model, cfg.optimizer), scaler=torch.amp.GradScaler("cpu", enabled=False)
+    progress = checkpoints.restore(
+        chosen.path,
+        torch.device("cpu"),
+        model=model,
+        optimizer=build_optimizer(model, cfg.optimizer),
+        scaler=torch.amp.GradScaler("cpu", enabled=False),
     )
     console.speak(True)
     assert progress.step == step

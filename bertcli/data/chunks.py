@@ -71,7 +71,9 @@ def cut_pieces(
         first, count = p.copy(), chunk_end - p
         if cfg.pairs:
             after_previous = (p > piece_start[active]) | has_previous[active]
-            a_count, random_next, step_to = _pairs(first, count, chunk_end, after_previous, target, offsets, cfg, rng)
+            a_count, random_next, step_to = _pairs(
+                first, count, chunk_end, after_previous=after_previous, target=target, offsets=offsets, cfg=cfg, rng=rng
+            )
         else:
             a_count, random_next, step_to = count, np.ones(n, dtype=bool), chunk_end
         parts.append(
@@ -102,6 +104,7 @@ def _pairs(
     first: np.ndarray,
     count: np.ndarray,
     chunk_end: np.ndarray,
+    *,
     after_previous: np.ndarray,
     target: np.ndarray,
     offsets: np.ndarray,

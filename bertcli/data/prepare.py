@@ -196,7 +196,8 @@ def make_plan(cfg: Config, *, force: bool, run_tokenizer: Path | None) -> Plan:
         kept, total = unchanged_bytes(entries, old["corpus"]["files"]), sum(e["bytes"] for e in entries)
         if source != "train" or kept >= KEEP_TOKENIZER_SHARE * total:
             return _update_plan(plan, cfg)
-        plan.why = f"{100 * (1 - kept / max(total, 1)):.0f}% of the corpus is new: a new tokenizer is trained on it"
+        changes = "; ".join(input_changes(old, plan, cfg))
+        plan.why = f"was made from other inputs ({changes}): {100 * (1 - kept / max(total, 1)):.0f}% of the corpus is new, so a new tokenizer is trained on it"
     elif why_new.startswith("is damaged"):
         plan.why, plan.warning = f"{why_new}: preparing it again", True
     else:

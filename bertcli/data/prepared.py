@@ -285,7 +285,7 @@ class NotPrepared(UsageError):
         fix = (
             f"its corpus, {gone}, is not there to prepare it from: put it back, then run `{again}`"
             if gone
-            else f"run `{again}`"
+            else f"run `{again}` (--force prepares everything again)"
         )
         super().__init__(f"{folder}: {problem}; {fix}")
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
+from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -29,6 +30,7 @@ from bertcli.data.text import read_sentences
 from bertcli.data.tokenizer import read_tokenizer_json, special_tokens
 from bertcli.errors import BertcliError, RunError, UsageError
 from bertcli.layout import DOC_OFFSETS, INDEX, SEG_OFFSETS, SHARD_FILES, SPLITS, TOKENS, UNIT_RECORD, UNITS
+from bertcli.stopping import SIGNALS as STOP_SIGNALS
 
 ENCODE_BATCH = 2048  # sentences per tokenizer call: large enough for its thread pool, small for memory
 ENCODE_CHARS = 1 << 20  # and at most about this many characters (an encoding costs ~100 bytes a token)
@@ -173,8 +175,11 @@ _worker: dict[str, Any] = {}  # in a worker process: its tokenizer, settings and
 
 
 def _start_worker(tokenizer_file: str, settings: UnitSettings, stop: Any) -> None:
-    for signum in (signal.SIGINT, signal.SIGHUP):  # they reach the whole process group: the parent stops us
+    # The stop signals, blocked since the worker started (see prepare_units): Ctrl-C and a closed
+    # terminal reach the whole process group, and the parent stops the workers; SIGTERM ends one.
+    for signum in (signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     os.environ.update(TOKENIZERS_PARALLELISM="false", RAYON_NUM_THREADS="1")  # one core each
     _worker.update(tok=read_tokenizer_json(Path(tokenizer_file)), settings=settings, stop=stop)
 
@@ -226,13 +231,24 @@ def prepare_units(
     if workers <= 1 or len(todo) <= 1:
         return {u.key: prepare_unit(root, u, tok, settings=settings, progress=progress, stop=stop) for u in todo}
     context = multiprocessing.get_context("spawn")
-    event = context.Event()
     records: dict[str, dict[str, Any]] = {}
-    initargs = (str(root / layout.TOKENIZER_JSON), settings, event)
-    with ProcessPoolExecutor(
-        min(workers, len(todo)), mp_context=context, initializer=_start_worker, initargs=initargs
-    ) as pool:
-        futures = {pool.submit(_prepare_in_worker, root, unit): unit for unit in todo}
+    # The processes started here (workers, multiprocessing's resource tracker) begin with the stop signals
+    # blocked, as the mask is inherited: none dies of Ctrl-C or a closed terminal while it starts up (a
+    # traceback on the user's terminal, a tracker gone); the workers take them up in _start_worker. The
+    # tracker is started first: starting it unblocks SIGINT and SIGTERM in this thread (it ignores those).
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        resource_tracker.ensure_running()
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        event = context.Event()
+        initargs = (str(root / layout.TOKENIZER_JSON), settings, event)
+        pool = ProcessPoolExecutor(
+            min(workers, len(todo)), mp_context=context, initializer=_start_worker, initargs=initargs
+        )
+        futures = {pool.submit(_prepare_in_worker, root, unit): unit for unit in todo}  # (each submit starts a worker)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    with pool:
         try:
             pending = set(futures)
             while pending:

@@ -299,7 +299,7 @@ def test_a_line_cut_at_the_cap_is_truncated_only_where_it_lost_tokens(trained, m
     cut, cut_counts = run_encode(trained, exact, max_length=16, per_token=True, pairs=True)
     assert cut_counts["truncated"] == 0 and [len(row["tokens"]) for row in cut] == [2, 3, 3, 3, 3, 3, 5]
     # Runs of characters that give no token, then words: the runs are shortened (Prefixes._compact), the
-    # words kept (the second trial's `' ' * 100000 + 'x'` gave [CLS] [SEP], said truncated).
+    # words kept (uncompacted, `' ' * 100000 + 'x'` gives [CLS] [SEP], said truncated).
     quiet = [
         " " * n + "word",
         "\u200b" * n + "the python tutorial",
@@ -308,8 +308,8 @@ def test_a_line_cut_at_the_cap_is_truncated_only_where_it_lost_tokens(trained, m
         "\u0301" * n + "e\u0301 done",
         " \u200b\u3000\x00" * n + "[MASK] a" + " " * n + "b",
         "a" + "\u200b" * n + "b " + "\t" * 3 + "c d\t" + " " * n + "e",
-        # A word far past WordPiece's 100 characters is one [UNK] however long: the third trial's
-        # `'hello ' + 'a' * 70000 + ' world'` lost "world"; a base64 blob before words likewise.
+        # A word far past WordPiece's 100 characters is one [UNK] however long: in
+        # `'hello ' + 'a' * 70000 + ' world'` "world" is kept; after a base64 blob, words likewise.
         "hello " + "a" * n + " world",
         "QUJD" * (n // 4) + "== then some words",
         "x" * n + " " + "x" * n,
@@ -317,8 +317,8 @@ def test_a_line_cut_at_the_cap_is_truncated_only_where_it_lost_tokens(trained, m
         "x" * n + " z\ty",
         "é" * n + " e\u0301" * 3,
         "x\u0301" * n + " [MASK] word",  # one word of n letters, an accent after each (stripped)
-        # Letters that the normaliser decomposes into several (Hangul syllables: three jamo each): a
-        # fourth trial's `'\ud7a3' * 70000 + '. ok'` lost ". ok" and was said truncated.
+        # Letters that the normaliser decomposes into several (Hangul syllables: three jamo each): in
+        # `'\ud7a3' * 70000 + '. ok'`, ". ok" is kept and the line is not truncated.
         "\u2460\u2460" + "\ud7a3" * n + ". \u0e01\u0e32" + "\u00bd" * 700,
         "\ud7a3\uac00" * (n // 2) + " then words",
     ]
@@ -340,8 +340,10 @@ def test_a_line_past_line_bytes_is_read_in_bounded_memory_and_said_truncated(tra
     it: the vector is the whole line's (its first tokens), and the line counts as truncated only when
     the dropped part held more than blanks; a character cut by the limit is not an error."""
     import bertcli.encode as encode_mod
+    from bertcli import encode_io
     from bertcli.encode_io import NotUtf8, read_lines
 
+    monkeypatch.setattr(encode_io, "LINE_BYTES", 4096)
     monkeypatch.setattr(encode_mod, "LINE_BYTES", 4096)
     lines = ["a b c " * 2000, "word " + " " * 20_000, "東京 " * 3000, "short"]
     path = tmp_path / "in.txt"
@@ -353,15 +355,17 @@ def test_a_line_past_line_bytes_is_read_in_bounded_memory_and_said_truncated(tra
     want, _ = run_encode(trained, lines, max_length=16, per_token=True)
     assert got == want and counts["truncated"] == 2
     path.write_bytes(b"x " * 3000 + b"\tsecond half\n")
-    with pytest.raises(UsageError, match="its TAB comes after the first 0 MiB"):
+    with pytest.raises(UsageError) as late_tab:
         run_encode(trained, read_lines([str(path)], "strict"), pairs=True)
+    assert all(fact in str(late_tab.value) for fact in (str(path), "line 1", "TAB")), late_tab.value
     path.write_bytes(b"x" * 5000 + b"\xff" + b"y" * 10 + b"\n")
-    with pytest.raises(NotUtf8, match="line 1 is not valid UTF-8 [(]byte 5000 of the line[)]"):
+    with pytest.raises(NotUtf8) as not_utf8:
         list(read_lines([str(path)], "strict"))
+    assert all(fact in str(not_utf8.value) for fact in (str(path), "line 1", "UTF-8", "byte 5000")), not_utf8.value
 
 
 def test_encoding_a_40_mb_line_takes_bounded_memory(trained, tmp_path):
-    """The second trial's 100 MB line took 919 MB (9 bytes a byte); a line is now kept up to LINE_BYTES (8 MiB)."""
+    """A line is kept up to LINE_BYTES (8 MiB): kept whole, a 100 MB line takes 919 MB (9 bytes a byte)."""
     script = (
         "import resource, subprocess, sys; subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, check=True); "
         "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
@@ -410,7 +414,7 @@ def test_npy_tsv_and_empty_input(trained, tmp_path, cli):
 
 
 def test_npy_goes_to_stdout_where_it_is_no_terminal(trained, tmp_path, cli, monkeypatch):
-    """`encode -f npy > FILE.npy` (trial 16 P9: refused, leaving the shell's empty file) gives the
+    """`encode -f npy > FILE.npy` (refusing it would leave the shell's empty file) gives the
     bytes `--output FILE.npy` writes, through a pipe too; a terminal is refused in one line."""
     (tmp_path / "in.txt").write_text("\n".join(LINES[:5]) + "\n")
     assert cli("encode", "--model", trained, tmp_path / "in.txt", "-f", "npy", "-o", tmp_path / "v.npy").code == 0
@@ -433,10 +437,8 @@ def test_npy_goes_to_stdout_where_it_is_no_terminal(trained, tmp_path, cli, monk
     assert piped.returncode == 0 and piped.stdout == (tmp_path / "v.npy").read_bytes()
     monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
     refused = cli("encode", "--model", trained, tmp_path / "in.txt", "-f", "npy")
-    assert refused.code == 2 and refused.err_lines == [
-        "bertcli: error: --format npy is binary, not for a terminal: redirect stdout (> FILE.npy) or pass --output "
-        "FILE.npy"
-    ]
+    assert refused.code == 2 and refused.out == "" and len(refused.err_lines) == 1, refused.err
+    assert all(fact in refused.err_lines[0] for fact in ("bertcli: error:", "--format npy", "terminal", "--output"))
 
 
 def test_an_output_that_is_a_device_or_a_pipe_is_written_in_place(trained, tmp_path, cli):
@@ -465,7 +467,8 @@ def test_an_output_that_is_a_device_or_a_pipe_is_written_in_place(trained, tmp_p
         fifo.unlink()
     os.mkfifo(fifo)  # read and written: its rows would come back as input, for ever
     refused = cli("encode", "--model", trained, fifo, "-o", fifo)
-    assert refused.code == 2 and "is the pipe encode reads" in refused.err, refused.err
+    assert refused.code == 2 and len(refused.err_lines) == 1 and refused.out == "", refused.err
+    assert all(fact in refused.err for fact in ("--output", str(fifo), "pipe", "reads")), refused.err
     fifo.unlink()
     try:  # a character device of our own (that of /dev/null): never the system's, should this fail
         os.mknod(tmp_path / "null", stat.S_IFCHR | 0o666, os.makedev(1, 3))
@@ -484,28 +487,27 @@ def test_an_output_that_is_a_device_or_a_pipe_is_written_in_place(trained, tmp_p
 
 
 def test_leftovers_of_a_killed_encode_are_removed_at_the_next_start(trained, tmp_path, cli):
-    """A SIGKILL leaves `.tmp-bertcli-encode.OUT.PID` (and `.raw` for npy) beside the output; the next
-    `encode -o OUT` removes those of processes that are gone, holding rows, and says so; nothing else
-    (a live writer's, a link, a file of the name that holds other text: trial 21 S3 lost a user's
-    `.tmp-OUT.PID` notes, unsaid)."""
+    """A SIGKILL leaves `.tmp-OUT.PID` beside the output (npy rows wait in an unnamed file: nothing
+    more); the next `encode -o OUT` removes those of processes that are gone, holding rows, and says
+    so; nothing else (a live writer's, a link, another name, a file of the name that holds other text,
+    such as a user's own `.tmp-OUT.PID` notes)."""
     import os
-
-    from bertcli.encode import TMP_ROWS
 
     dead = subprocess.Popen(["true"])
     dead.wait()
     (tmp_path / "in.txt").write_text("a line\n")
     rows = {"v.jsonl": b'{"line": 1, "vector": [0.25, -1', "v.npy": b"\x93NUMPY\x01\x00v\x00", "v.tsv": b"0.5\t-2e-3\n"}
+    all_kept: list = []
     for name, written in rows.items():
-        gone = [tmp_path / f"{TMP_ROWS}{name}.{dead.pid}", tmp_path / f"{TMP_ROWS}{name}.{dead.pid}.raw"]
+        gone = [layout.tmp_name(tmp_path / name, pid=dead.pid)]
         gone[0].write_bytes(written)
-        gone[1].write_bytes(bytes(8))  # two float32s
         kept = [
-            tmp_path / f"{TMP_ROWS}{name}.{os.getppid()}",  # a live writer's
-            tmp_path / f"{TMP_ROWS}{name}.{dead.pid + 1_000_000}",  # a link
-            tmp_path / f".tmp-{name}.{dead.pid}",  # not bertcli's name
-            tmp_path / f"{TMP_ROWS}{name}.{dead.pid + 2_000_000}",  # bertcli's name, the user's notes
+            layout.tmp_name(tmp_path / name, pid=os.getppid()),  # a live writer's
+            layout.tmp_name(tmp_path / name, pid=dead.pid + 1_000_000),  # a link
+            tmp_path / f".tmp-{name}.{dead.pid}.bak",  # not bertcli's name
+            layout.tmp_name(tmp_path / name, pid=dead.pid + 2_000_000),  # bertcli's name, the user's notes
         ]
+        all_kept += kept
         kept[0].write_bytes(b"")
         kept[1].symlink_to(tmp_path / "in.txt")
         kept[2].write_bytes(written)
@@ -513,9 +515,11 @@ def test_leftovers_of_a_killed_encode_are_removed_at_the_next_start(trained, tmp
         result = cli("encode", "--model", trained, tmp_path / "in.txt", "-o", tmp_path / name)
         assert result.code == 0 and not any(p.exists() for p in gone), result.err
         assert all(p.is_symlink() or p.exists() for p in kept) and kept[3].read_text() == "my own notes\n"
-        assert sorted(line for line in result.err_lines if "removed" in line) == [
-            f"bertcli encode: removed {p}, left by an encode killed before it finished" for p in sorted(gone)
-        ]
+        said = [line for line in result.err_lines if "removed" in line]
+        assert len(said) == len(gone) and all(str(p) in said[0] for p in gone), result.err
+        assert not [p for p in kept if str(p) in result.err], result.err
+        # nothing else left behind: the temporary names there are those kept
+        assert {p.name for p in tmp_path.glob(".tmp-*")} == {p.name for p in all_kept}
 
 
 def test_a_hugging_face_folder_gives_the_same_vectors(trained, tmp_path):
@@ -563,8 +567,8 @@ def test_errors_truncation_and_missing_model(trained, tmp_path, cli):
 
 
 def test_a_run_encodes_up_to_the_length_it_was_trained_at_as_its_export_does(trained, tmp_path, cli):
-    """Trial 18 P3: a run trained at data.max_seq_length encoded long lines through positions it never
-    trained (their random initialisation). Its export says the length (model_max_length, what
+    """A run trained at data.max_seq_length never trained the positions past it (their random
+    initialisation), so long lines stop there. Its export says the length (model_max_length, what
     transformers truncates at), and encode of either stops there; --max-length chooses otherwise."""
     from bertcli.resolve import load_run
 
@@ -579,22 +583,24 @@ def test_a_run_encodes_up_to_the_length_it_was_trained_at_as_its_export_does(tra
     rows = {}
     for model in (trained, folder):
         result = cli("encode", "--model", model, tmp_path / "long.txt", "-f", "tsv")
-        assert result.code == 0 and "1 of 2 lines were truncated to the length limit, " in result.err, result.err
-        assert f"{trained_at} tokens, the length the model was trained at" in result.err
+        truncated = [line for line in result.err_lines if "truncated" in line]
+        assert result.code == 0 and len(truncated) == 1, result.err
+        assert all(fact in truncated[0] for fact in ("1 of 2 lines", f"{trained_at} tokens", "trained")), result.err
         rows[model] = np.loadtxt(result.out.splitlines(), delimiter="\t")
     np.testing.assert_allclose(rows[trained], rows[folder], atol=1e-5)
     exact = cli("encode", "--model", trained, tmp_path / "long.txt", "-f", "tsv", "--max-length", str(trained_at))
     np.testing.assert_allclose(np.loadtxt(exact.out.splitlines(), delimiter="\t"), rows[trained], atol=1e-6)
     longer = cli("encode", "--model", trained, tmp_path / "long.txt", "-f", "tsv", "--max-length", "200")
     assert not np.allclose(np.loadtxt(longer.out.splitlines(), delimiter="\t")[0], rows[trained][0], atol=1e-3)
-    # (trial 26 P9: said without --max-length, unsaid with one past that length)
+    # (said with a --max-length past that length, as the truncation without one says it)
     positions = load_encoder(trained, torch.device("cpu")).max_length
-    warning = f"warning: texts are encoded up to {positions} tokens (--max-length), past the length the model was "
-    assert f"{warning}trained at, {trained_at}: its positions" in longer.err, longer.err
-    assert "past the length" not in exact.err, exact.err
+    warned = [line for line in longer.err_lines if line.startswith("warning:")]
+    assert len(warned) == 1, longer.err
+    assert all(fact in warned[0] for fact in (f"{positions} tokens", "--max-length", f"trained at, {trained_at}"))
+    assert not [line for line in exact.err_lines if line.startswith("warning:")], exact.err
 
     # A run continued from it (its export, or its checkpoint) at that length or less has trained no other
-    # position (trial 19 S2: it counted as trained at all of them); a longer one, or a source gone, counts.
+    # position (not all of them); a longer one, or a source gone, counts.
     import dataclasses
 
     from bertcli import checkpoint
@@ -610,9 +616,9 @@ def test_a_run_encodes_up_to_the_length_it_was_trained_at_as_its_export_does(tra
 
 
 def test_an_output_folder_that_takes_no_file_is_said_first_naming_the_output(trained, tmp_path, cli, monkeypatch):
-    """Trial 16 U6: a read-only --output folder was found after torch and the model loaded (5.6 s,
-    267 MB), and the error named encode's hidden temporary file instead of --output; a read-only
-    output_dir of pretrain after torch (4.9 s). Both are said first, naming what was asked for."""
+    """A read-only --output folder is found before torch and the model load (seconds, hundreds of MB),
+    and the error names --output, not encode's hidden temporary file; a read-only output_dir of pretrain
+    before torch too. Both are said first, naming what was asked for, and nothing is made there."""
     import errno
     import tempfile
 
@@ -631,22 +637,23 @@ def test_an_output_folder_that_takes_no_file_is_said_first_naming_the_output(tra
     monkeypatch.setattr(encode_module, "load_encoder", lambda *a, **k: pytest.fail("the model was loaded first"))
     (tmp_path / "in.txt").write_text("hello world\n")
     result = cli("encode", "--model", trained, tmp_path / "in.txt", "-o", readonly / "v.npy")
-    assert result.code == 1 and result.err_lines == [
-        f"bertcli: error: {readonly / 'v.npy'}: Read-only file system; choose a folder you can write to (--output)"
-    ], result.err
+    assert result.code == 1 and len(result.err_lines) == 1 and result.out == "", result.err
+    said = result.err_lines[0]
+    assert said.startswith(f"bertcli: error: {readonly / 'v.npy'}:") and "Read-only" in said and "--output" in said
+    assert list(readonly.iterdir()) == []
     from bertcli import trainer
 
     monkeypatch.setattr(trainer, "pretrain", lambda *a, **k: pytest.fail("training started first"))
     run = readonly / "run"  # not there yet: its nearest folder is probed
     trained_again = cli("pretrain", "--config", trained / "config.yaml", "--set", f"output_dir={run}", "--quiet")
-    assert trained_again.code == 1 and trained_again.err_lines == [
-        f"bertcli: error: {run}: Read-only file system; choose a folder you can write to (output_dir, "
-        "data.prepared_dir)"
-    ], trained_again.err
+    assert trained_again.code == 1 and len(trained_again.err_lines) == 1, trained_again.err
+    said = trained_again.err_lines[0]
+    assert said.startswith(f"bertcli: error: {run}:") and "Read-only" in said and "output_dir" in said
+    assert list(readonly.iterdir()) == []
 
 
 def test_dtype_bf16_on_a_cpu_without_its_instructions_is_warned(trained, tmp_path, cli, monkeypatch):
-    """Trial 15 P1: encode --dtype bf16 there is about twice as slow as fp32 (emulated): one warning line."""
+    """encode --dtype bf16 there is about twice as slow as fp32 (emulated): one warning line."""
     from bertcli import runtime
 
     for probe in runtime.NATIVE_ON_CPU["bf16"]:
@@ -867,8 +874,8 @@ def test_a_checkpoint_pruned_while_it_is_read_gives_way_to_the_newest(trained, t
 
 
 def test_a_step_pruned_while_the_checkpoint_is_chosen_gives_way_too(trained, tmp_path, monkeypatch):
-    """Choosing reads the newest step's config (is `best` of its model?): pruned right then, it was
-    "step-0000447/config.yaml: No such file or directory", exit 1 (trial 17 C2, 3 calls in 38)."""
+    """Choosing reads the newest step's config (is `best` of its model?): pruned right then, that read
+    fails ("step-0000447/config.yaml: No such file or directory"), and the choice gives way to another."""
     import shutil
 
     from bertcli import export
@@ -915,9 +922,8 @@ def test_a_window_is_bounded_in_characters_whatever_the_batch_size(trained, monk
 
 
 def test_compressed_stdin_is_refused_before_the_model_loads_and_never_read_as_text(trained, tmp_path):
-    """Trial 20: gzip on stdin was "line 1 is not valid UTF-8" after the model loaded (2-4 s, 300
-    MB), and with --errors replace it was encoded as text. Its first bytes are peeked before the model
-    loads; a producer too slow for the peek is refused at its first line, --errors replace or not."""
+    """gzip on stdin is no UTF-8 text to refuse after the model loaded (2-4 s, 300 MB), nor text to
+    encode with --errors replace. Its first bytes are peeked before the model loads; a producer too slow for the peek is refused at its first line, --errors replace or not."""
     import gzip
 
     from conftest import refuse_in_fresh_interpreter
@@ -927,10 +933,7 @@ def test_compressed_stdin_is_refused_before_the_model_loads_and_never_read_as_te
     with open(packed, "rb") as stdin:
         (code, imported), err = refuse_in_fresh_interpreter("encode", "--model", trained, cwd=tmp_path, stdin=stdin)
     assert (code, imported) == ("2", "False"), err
-    assert err.splitlines() == [
-        "bertcli: error: stdin: gzip-compressed, and encode reads UTF-8 text: decompress it, or pipe it through gzip -dc "
-        "first (... | gzip -dc | bertcli encode ...)"
-    ]
+    assert len(err.splitlines()) == 1 and err.startswith("bertcli: error: stdin:") and "gzip" in err, err
     slow = subprocess.Popen(  # its bytes come after the peek gave up waiting
         [
             sys.executable,
@@ -942,22 +945,24 @@ def test_compressed_stdin_is_refused_before_the_model_loads_and_never_read_as_te
     result = run_process("encode", "--model", trained, "--errors", "replace", "-", stdin=slow.stdout)
     slow.wait()
     assert result.returncode == 2 and result.stdout == "", result.stderr
-    assert "stdin: gzip-compressed, and encode reads UTF-8 text" in result.stderr.splitlines()[-1]
-    wide = subprocess.run(  # trial 22 U2: --errors replace encoded UTF-16 as garbage rows, one more than lines
+    said = result.stderr.splitlines()[-1]
+    assert said.startswith("bertcli: error: stdin") and "gzip" in said, result.stderr
+    wide = subprocess.run(  # with --errors replace, UTF-16 would be encoded as garbage rows, one more than lines
         [sys.executable, "-m", "bertcli", "encode", "--model", str(trained), "--errors", "replace"],
         input="a line\nanother\n".encode("utf-16-le"),
         capture_output=True,
         cwd=REPO,
         timeout=120,
     )
-    assert wide.returncode == 2 and wide.stdout == b"" and b"stdin: UTF-16 text" in wide.stderr, wide.stderr
+    assert wide.returncode == 2 and wide.stdout == b"" and wide.stderr.startswith(b"bertcli: error: stdin"), wide.stderr
+    assert b"UTF-16" in wide.stderr and len(wide.stderr.splitlines()) == 1, wide.stderr
     plain = run_process("encode", "--model", trained, "-f", "tsv", input="a line\nanother\n")
     assert plain.returncode == 0 and len(plain.stdout.splitlines()) == 2, plain.stderr
 
 
 def test_an_output_that_is_the_file_on_stdin_is_refused(trained, tmp_path):
-    """Trial 21 S2: `encode --output F < F` replaced the user's text with vectors, exit 0 (F as an
-    argument was refused); a hard link to it as well."""
+    """`encode --output F < F` would replace the user's text with vectors (F as an argument is refused
+    too); a hard link to it as well."""
     import os
 
     text = tmp_path / "in.txt"
@@ -966,10 +971,9 @@ def test_an_output_that_is_the_file_on_stdin_is_refused(trained, tmp_path):
     for output, args in ((text, []), (text, ["-"]), (tmp_path / "linked.txt", [])):
         with open(text, "rb") as stdin:
             result = run_process("encode", "--model", trained, "--output", output, *args, stdin=stdin)
-        assert result.returncode == 2 and result.stderr.splitlines() == [
-            f"bertcli: error: the output {output} is the file on encode's stdin; writing there would destroy it: "
-            "name another file"
-        ]
+        said = result.stderr.splitlines()
+        assert result.returncode == 2 and result.stdout == "" and len(said) == 1, result.stderr
+        assert said[0].startswith("bertcli: error:") and all(f in said[0] for f in ("--output", str(output), "input"))
     assert text.read_text() == "a line\nanother\n"
     with open(text, "rb") as stdin:  # another output: written
         result = run_process("encode", "--model", trained, "--output", tmp_path / "v.npy", stdin=stdin)
@@ -977,32 +981,29 @@ def test_an_output_that_is_the_file_on_stdin_is_refused(trained, tmp_path):
 
 
 def test_a_format_its_output_name_contradicts_is_written_and_said(trained, tmp_path, cli):
-    """Trial 21 P8: --format jsonl --output v.npy wrote JSON Lines under an npy name without a word."""
+    """--format jsonl --output v.npy writes JSON Lines under an npy name, and says so."""
     (tmp_path / "in.txt").write_text("a line\n")
     result = cli("encode", "--model", trained, tmp_path / "in.txt", "--format", "jsonl", "-o", tmp_path / "v.npy")
-    assert result.code == 0 and result.err_lines[0] == (
-        f"warning: --format jsonl writes jsonl into {tmp_path / 'v.npy'}, whose .npy name says otherwise"
-    ), result.err
+    warned = [line for line in result.err_lines if line.startswith("warning:")]
+    assert result.code == 0 and len(warned) == 1, result.err
+    assert all(fact in warned[0] for fact in ("--format jsonl", str(tmp_path / "v.npy"))), result.err
     assert json.loads((tmp_path / "v.npy").read_text())["line"] == 1
     agreeing = cli("encode", "--model", trained, tmp_path / "in.txt", "--format", "tsv", "-o", tmp_path / "v.tsv")
     assert agreeing.code == 0 and "warning" not in agreeing.err
     chosen = cli("encode", "--model", trained, tmp_path / "in.txt", "--format", "tsv", "-o", tmp_path / "v.csv")
-    assert chosen.code == 0 and chosen.err_lines[0] == (
-        f"warning: --format tsv writes tsv into {tmp_path / 'v.csv'}, whose .csv name says otherwise"
-    ), chosen.err
+    warned = [line for line in chosen.err_lines if line.startswith("warning:")]
+    assert chosen.code == 0 and len(warned) == 1, chosen.err
+    assert all(fact in warned[0] for fact in ("--format tsv", str(tmp_path / "v.csv"))), chosen.err
 
 
 def test_lines_with_a_carriage_return_inside_are_encoded_as_one_text_and_said(trained, tmp_path, cli):
-    """Trial 22 P1: a file of classic Mac OS line ends (CR alone) gave one row for its three texts,
-    unsaid (prepare warns of such a file); CRLF line ends are line ends."""
+    """A file of classic Mac OS line ends (CR alone) gives one row for its three texts, and says so
+    (prepare warns of such a file too); CRLF line ends are line ends."""
     (tmp_path / "cr.txt").write_bytes(b"one\rtwo\rthree\r\nfour\n")
     result = cli("encode", "--model", trained, tmp_path / "cr.txt", "-f", "tsv")
     assert result.code == 0 and len(result.out.splitlines()) == 2, result.err
-    assert result.err_lines[-1] == (
-        "warning: 1 of 2 lines hold a carriage return (CR) inside, as classic Mac OS text ends its lines: a line ends "
-        "at LF, so each was encoded as one text; if CR ends your lines, convert them first (tr '\\r' '\\n' < FILE | "
-        "bertcli encode ...)"
-    ), result.err
+    warned = [line for line in result.err_lines if line.startswith("warning:")]
+    assert len(warned) == 1 and all(fact in warned[0] for fact in ("1 of 2 lines", "(CR)")), result.err
     (tmp_path / "crlf.txt").write_bytes(b"one\r\ntwo\r\n")
     plain = cli("encode", "--model", trained, tmp_path / "crlf.txt", "-f", "tsv")
     assert plain.code == 0 and len(plain.out.splitlines()) == 2 and "carriage return" not in plain.err

@@ -23,9 +23,9 @@ from bertcli.config import TokenizerConfig
 from bertcli.config_load import load_config, preset_config
 from bertcli.data.corpus import is_held_out
 from bertcli.data.examples import IGNORE, ExampleBuilder
-from bertcli.data.prepare import prepare
+from bertcli.data.prepare import make_plan, prepare
 from bertcli.data.prepared import load_prepared
-from bertcli.data.scan import FORMAT_VERSION, SAMPLE, unit_phase
+from bertcli.data.scan import FORMAT_VERSION, SAMPLE, unchanged_bytes, unit_phase
 from bertcli.data.text import LineSample, read_sentences, read_text, split_sentences
 from bertcli.data.tokenizer import SPECIAL, Casing, _bert_pipeline, inner_characters, scan_characters, train_tokenizer
 from bertcli.errors import UsageError
@@ -117,26 +117,45 @@ def test_reading_text_gzip_folders_and_jsonl(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "content, needle",
+    "content, facts",
     [
-        (b"good line\nbad \xff byte\n", "bad.txt: byte 14 (line 2): not valid UTF-8"),
-        (b"text\x00with nul\n", "bad.txt: byte 4: a NUL byte; this looks like a binary file"),
-        # (trial 26 P3: UTF-16 text was "a binary file" to remove)
-        ("Hello world.\n".encode("utf-16"), "bad.txt: UTF-16 text, and prepare reads UTF-8: convert it (iconv -f "),
-        ("Hello world.\n".encode("utf-16-le"), "bad.txt: UTF-16 text, and prepare reads UTF-8"),
-        ("Grüße.\n".encode("utf-32"), "bad.txt: UTF-32 text, and prepare reads UTF-8"),
-        (
-            gzip.compress(b"Hello world.\n", mtime=0),
-            "bad.txt: gzip-compressed, under a name without .gz: add .gz to its name",
-        ),
-        (b"PK\x03\x04\x00\x00", "bad.txt: zip-compressed, which prepare does not read: decompress it"),
+        (b"good line\nbad \xff byte\n", ("byte 14", "line 2", "UTF-8")),
+        (b"text\x00with nul\n", ("NUL",)),
+        # UTF-16 text is text in another encoding, not binary data to remove: named so, with the converter
+        ("Hello world.\n".encode("utf-16"), ("UTF-16", "iconv -f UTF-16")),
+        ("Hello world.\n".encode("utf-16-le"), ("UTF-16", "iconv -f UTF-16")),  # no byte-order mark
+        ("Grüße.\n".encode("utf-32"), ("UTF-32", "iconv -f UTF-32")),
+        (b"PK\x03\x04\x00\x00", ("zip",)),
     ],
+    ids=["invalid-utf8", "nul", "utf16", "utf16-no-bom", "utf32", "zip"],
 )
-def test_bad_bytes_name_file_and_offset(tmp_path, content, needle):
-    (tmp_path / "bad.txt").write_bytes(content)
+def test_bad_bytes_name_file_and_offset(tmp_path, content, facts):
+    """The corpus as prepare reads it (its files checked, then read): refused with the file named and
+    what is wrong with its bytes."""
+    from bertcli.data.text import corpus_files
+
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(content)
     with pytest.raises(UsageError) as info:
-        list(read_sentences([tmp_path / "bad.txt"]))
-    assert needle in str(info.value)
+        list(read_sentences(corpus_files(bad)))
+    message = str(info.value)
+    assert message.startswith(f"{bad}: ") and "\n" not in message, message
+    assert all(fact in message for fact in facts), message
+    if content.startswith(b"text\x00"):  # the reader itself names the offset of a NUL byte
+        with pytest.raises(UsageError, match=re.escape(f"{bad}: byte 4: a NUL byte")):
+            list(read_sentences([bad]))
+
+
+def test_a_gzip_file_under_a_plain_name_is_read_by_its_content(tmp_path):
+    from bertcli.data.text import corpus_files
+
+    (tmp_path / "plain.txt").write_bytes(gzip.compress(b"Hello world.\n\nA second document.\n", mtime=0))
+    assert list(read_sentences(corpus_files(tmp_path / "plain.txt"))) == [
+        "Hello world.",
+        None,
+        "A second document.",
+        None,
+    ]
 
 
 # ------------------------------------------------------------------ prepare
@@ -192,7 +211,7 @@ def test_prepare_is_cached_and_redone_when_the_corpus_changes(tmp_path, small_co
 @pytest.mark.parametrize(
     "make, needle",
     [
-        (lambda d: d / "missing.txt", "corpus not found"),
+        (lambda d: d / "missing.txt", ("missing.txt: not found", "data.corpus")),
         (lambda d: (d / "empty.txt").write_text("\n\n  \n") and d / "empty.txt", "the corpus is empty"),
         (
             lambda d: (d / "latin1.txt").write_bytes("caf\xe9 au lait\n".encode("latin-1")) and d / "latin1.txt",
@@ -210,7 +229,9 @@ def test_bad_corpora_exit_2_with_one_line_and_no_output(tmp_path, cli, make, nee
     config = text_run(tmp_path / "run", corpus)
     result = cli("prepare", "--config", config, "--quiet")
     assert result.code == 2, result.err
-    assert len(result.err_lines) == 1 and needle in result.err and "Traceback" not in result.err
+    needles = needle if isinstance(needle, tuple) else (needle,)
+    assert len(result.err_lines) == 1 and all(n in result.err for n in needles), result.err
+    assert result.err.startswith("bertcli: error: ") and "Traceback" not in result.err
     assert not (tmp_path / "run" / "data").exists(), "no partial prepared data left behind"
     assert not list((tmp_path / "run").glob(".tmp-*"))
 
@@ -398,8 +419,8 @@ def test_a_sampled_vocabulary_is_recorded_shown_and_keeps_every_character(tmp_pa
 
 
 def test_a_sampled_vocabulary_far_below_the_size_asked_is_said(tmp_path, cli):
-    """Trial 21 P6: a corpus mostly one repeated line: equal lines are all in the sample or all out,
-    so it overshot sample_chars 6.8x and the vocabulary came out at 1,316 tokens of 8,000, unsaid."""
+    """A corpus mostly one repeated line: equal lines are all in the sample or all out, so the sample
+    overshoots sample_chars many times and the vocabulary comes out far below the size asked: said."""
     head, tail = _two_halves()
     corpus = tmp_path / "corpus"
     corpus.mkdir()
@@ -418,13 +439,15 @@ def test_a_sampled_vocabulary_far_below_the_size_asked_is_said(tmp_path, cli):
     size = load_prepared(tmp_path / "run" / "data").tokenizer.get_vocab_size(with_added_tokens=True)
     assert result.code == 0 and size < 1000, result.err
     over = load_prepared(tmp_path / "run" / "data").manifest["tokenizer"]["sample"]["chars"] / budget
-    assert [line for line in result.err_lines if "tokens of the" in line] == [
-        f"warning: the vocabulary has {size:,} tokens of the 2,000 asked (data.tokenizer.vocab_size): the sample it "
-        f"was trained on is {over:.2g}x data.tokenizer.sample_chars, as lines repeated many times are all in it or all "
-        "out; deduplicate the corpus, or raise data.tokenizer.sample_chars (0: the whole corpus)"
-    ]
+
+    def sample_warnings(err_lines: list[str]) -> list[str]:
+        return [line for line in err_lines if line.startswith("warning:") and "data.tokenizer.sample_chars" in line]
+
+    warning = sample_warnings(result.err_lines)
+    assert len(warning) == 1, result.err  # the size made, the size asked, and by how much the sample overshot
+    assert all(fact in warning[0] for fact in (f"{size:,} tokens", "2,000", f"{over:.2g}x")), warning
     whole = cli("prepare", "--config", config, "--quiet", "--set", "data.tokenizer.sample_chars=0")
-    assert whole.code == 0 and "tokens of the" not in whole.err, "a whole corpus gives what it has: not said"
+    assert whole.code == 0 and not sample_warnings(whole.err_lines), "a whole corpus gives what it has: not said"
 
 
 def test_a_changed_sample_budget_prepares_again_where_it_can_matter(tmp_path, small_corpus, cli):
@@ -555,38 +578,40 @@ def test_exact_resume_on_real_text(tmp_path, small_corpus):
 
 
 def test_a_resume_on_a_changed_corpus_says_so_and_replaces_best(tmp_path, small_corpus, cli):
-    """Trial 26 P5: a corpus file added (or edited, or removed) between two slices of a run: the resume said
-    nothing, and best was then kept or replaced by comparing losses on two held-out sets."""
+    """A corpus file added (or edited, or removed) between two slices of a run changes the examples the
+    later steps see and the held-out set: the resume says both, and best is replaced at the next
+    evaluation rather than kept or replaced by comparing losses on two held-out sets."""
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     shutil.copy(small_corpus, corpus / "a.txt")
     config = text_run(tmp_path / "run", corpus)
     assert cli("pretrain", "--config", config, "--quiet", "--stop-at", "6").code == 0
-    same = cli("pretrain", "--config", config, "--stop-at", "7")  # the same corpus: nothing to say
-    assert same.code == 0 and not any("changed since" in line for line in same.err_lines), same.err
     ckpts = tmp_path / "run" / "checkpoints"
+    best = ckpts / "best"
+
+    def resume_notes(result, where: str) -> list[str]:  # the lines of what resuming checkpoint `where` changes
+        return [line for line in result.err_lines if line.startswith(f"resuming {where} ")]
+
+    same = cli("pretrain", "--config", config, "--stop-at", "7")  # the same corpus: nothing to say
+    assert same.code == 0 and resume_notes(same, "step-0000006") == [], same.err
+    assert not any(line.startswith(f"{best} ") for line in same.err_lines), same.err
     then = json.loads((ckpts / "step-0000007" / "trainer_state.json").read_text())["prepared_data"]["documents"]
     (corpus / "a.txt").write_text((corpus / "a.txt").read_text() + "\n\nA new document. It has two sentences.\n")
     changed = cli("pretrain", "--config", config, "--stop-at", "8")
     assert changed.code == 0, changed.err
-    assert (
-        f"resuming step-0000007 on a corpus whose files or text changed since ({then} documents then, {then + 1} now): the "
-        "steps from here on train on other examples than this run would have, so it is no longer the run it was"
-    ) in changed.err_lines, changed.err
-    assert any(
-        line.startswith("resuming step-0000007 on a corpus whose held-out examples changed since (its held-out docum")
-        for line in changed.err_lines
-    ), changed.err
-    best = ckpts / "best"
-    assert f"{best} is replaced at this run's next evaluation: its held-out loss was on the earlier set" in changed.err
+    notes = resume_notes(changed, "step-0000007")
+    assert len(notes) == 2, changed.err  # the examples of the steps from here on; the held-out set
+    assert re.search(rf"\b{then}\b.*\b{then + 1}\b", notes[0]), notes  # the documents then and now
+    assert "held-out" in notes[1], notes
+    assert [line for line in changed.err_lines if line.startswith(f"{best} ")], changed.err  # best is replaced
     state = json.loads((ckpts / "step-0000008" / "trainer_state.json").read_text())
     assert state["prepared_data"]["documents"] == then + 1
 
 
 def test_prepared_data_stands_in_for_a_corpus_that_is_not_there(tmp_path, small_corpus, cli):
-    """Trial 26 U2: prepared on one machine, trained on another (or the corpus unmounted): pretrain refused
-    ("corpus not found") though the run's prepared data was whole. It stands in, said, where it is of the
-    run's settings and whole; else one line says why not."""
+    """Data prepared on one machine and trained on another (or the corpus unmounted): where the run's
+    prepared data is whole and of the run's settings it stands in for the corpus, said; else one line
+    says why not, and nothing on disk changes."""
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     shutil.copy(small_corpus, corpus / "a.txt")
@@ -594,63 +619,63 @@ def test_prepared_data_stands_in_for_a_corpus_that_is_not_there(tmp_path, small_
     assert cli("pretrain", "--config", config, "--quiet", "--stop-at", "2").code == 0
     corpus.rename(tmp_path / "elsewhere")
     data = tmp_path / "run" / "data"
+    assert make_plan(load_run(config), force=False, run_tokenizer=None).action == "stand_in"
     resumed = cli("pretrain", "--config", config, "--quiet", "--stop-at", "3")
     assert resumed.code == 0, resumed.err
-    assert any(
-        line.startswith(
-            f"warning: {corpus} is not there (moved, or not on this machine): the data prepared from it in "
-            f"{data} stands in as it is ("
-        )
-        and line.endswith("whether the corpus changed since cannot be checked")
-        for line in resumed.err_lines
-    ), resumed.err
+    warnings = [line for line in resumed.err_lines if line.startswith(f"warning: {corpus} ")]
+    assert len(warnings) == 1 and str(data) in warnings[0], resumed.err
     assert [s for s, _ in layout.list_checkpoints(tmp_path / "run")] == [2, 3]
-    other = cli("pretrain", "--config", config, "--stop-at", "4", "--set", "data.validation_fraction=0.2")
-    assert other.code == 2 and other.err_lines[-1] == (
-        f"bertcli: error: {corpus}: corpus not found, and the data prepared from it in {data} was prepared with "
-        "other settings (data.validation_fraction 0.1 then, 0.2 now), so it cannot stand in for it: put the corpus "
-        "back (or set data.corpus to where it is now)"
-    ), other.err
-    forced = cli("prepare", "--config", config, "--force")
-    assert forced.code == 2 and forced.err_lines[-1] == (
-        f"bertcli: error: {corpus}: corpus not found, and --force prepares from the corpus; without --force, the data "
-        f"prepared from it in {data} stands in for it"
-    ), forced.err
+    prepared = prepared_files(data)
+
+    def refused(result) -> str:
+        """The one error line of a refusal (exit 2), no traceback."""
+        assert result.code == 2 and "Traceback" not in result.err, result.err
+        errors = [line for line in result.err_lines if line.startswith("bertcli: error: ")]
+        assert len(errors) == 1, result.err
+        return errors[0]
+
+    other = refused(cli("pretrain", "--config", config, "--stop-at", "4", "--set", "data.validation_fraction=0.2"))
+    assert all(fact in other for fact in (f"{corpus}:", str(data), "data.validation_fraction", "0.1", "0.2")), other
+    forced = refused(cli("prepare", "--config", config, "--force"))
+    assert all(fact in forced for fact in (f"{corpus}:", str(data), "--force")), forced
+    assert prepared_files(data) == prepared, "the refusals change nothing"
+    assert [s for s, _ in layout.list_checkpoints(tmp_path / "run")] == [2, 3]
     corpus.mkdir()  # an empty folder where it was, as an unmounted mount point leaves
     empty = cli("pretrain", "--config", config, "--quiet", "--stop-at", "4")
-    assert empty.code == 0 and f"warning: {corpus} is an empty folder (not mounted?): the data prepared" in empty.err
+    assert empty.code == 0, empty.err
+    warnings = [line for line in empty.err_lines if line.startswith(f"warning: {corpus} ")]
+    assert len(warnings) == 1 and str(data) in warnings[0], empty.err
+    assert [s for s, _ in layout.list_checkpoints(tmp_path / "run")][-1] == 4
     corpus.rmdir()
     unit = next((data / "units").iterdir()) / "train" / "tokens.bin"
     unit.write_bytes(unit.read_bytes()[:-2])  # cut
-    damaged = cli("prepare", "--config", config)
-    assert damaged.code == 2 and f"the data prepared from it in {data} is damaged (" in damaged.err, damaged.err
-    inspected = cli("inspect", data)  # (trial 27 P1: it advised the prepare refused above)
-    assert inspected.code == 2 and inspected.err_lines[-1].endswith(
-        f"its corpus, {corpus}, is not there to prepare it from again: put the corpus back, then run "
-        f"`bertcli prepare --config {config}`"
-    ), inspected.err
-    run = cli("inspect", tmp_path / "run").out
-    assert f"its corpus, {corpus}, is not there to prepare it from again: put it back" in run, run
+    cut = unit.read_bytes()
+    damaged = refused(cli("prepare", "--config", config))
+    assert all(fact in damaged for fact in (f"{corpus}:", str(data), "train/tokens.bin")), damaged
+    assert unit.read_bytes() == cut, "nothing prepared: there is no corpus to prepare from"
+    # inspect names the corpus to put back before the prepare it advises (which would be refused as above)
+    inspected = refused(cli("inspect", data))
+    assert all(fact in inspected for fact in (str(data), str(corpus), f"bertcli prepare --config {config}")), inspected
+    report = json.loads(cli("inspect", tmp_path / "run", "--json").out)["training"]
+    assert len(report["damaged"]) == 1 and str(corpus) in report["damaged"][0], report
 
 
 def test_inspect_of_prepared_data_says_when_its_corpus_files_differ_now(tmp_path, small_corpus, cli):
-    """Trial 27 P3: a file added to the corpus since it was prepared went unsaid by inspect."""
+    """A file added to the corpus, or written to, since it was prepared is said by inspect."""
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     shutil.copy(small_corpus, corpus / "a.txt")
     config = text_run(tmp_path / "run", corpus)
     assert cli("prepare", "--config", config, "--quiet").code == 0
     data = tmp_path / "run" / "data"
-    assert "differ from those prepared" not in cli("inspect", data).out
+    assert json.loads(cli("inspect", data, "--json").out)["corpus_now"] is None
     (corpus / "b.txt").write_text("A new document. It has two sentences.\n")
     with open(corpus / "a.txt", "a") as fh:
         fh.write("\nOne more line.\n")
     report = json.loads(cli("inspect", data, "--json").out)
-    assert report["corpus_now"] == (
-        "the corpus's files differ from those prepared (1 added, 1 written to (by size or time)): the next prepare or "
-        "pretrain brings the data up to date"
-    )
-    assert f"note: {report['corpus_now']}" in cli("inspect", data).out
+    now = report["corpus_now"]
+    assert isinstance(now, str) and "1 added" in now and "1 written" in now and "gone" not in now, now
+    assert now in cli("inspect", data).out
     assert cli("prepare", "--config", config, "--quiet").code == 0
     assert json.loads(cli("inspect", data, "--json").out)["corpus_now"] is None
 
@@ -688,7 +713,8 @@ def test_init_with_corpus_and_missing_corpus(tmp_path, small_corpus, cli):
     result = cli("init", tmp_path / "run", "--corpus", small_corpus)
     assert result.code == 0 and f"corpus: {small_corpus}" in (tmp_path / "run" / "config.yaml").read_text()
     missing = cli("init", tmp_path / "other", "--corpus", tmp_path / "nothing")
-    assert missing.code == 2 and "corpus not found" in missing.err and not (tmp_path / "other").exists()
+    assert missing.code == 2 and len(missing.err_lines) == 1, missing.err
+    assert f"{tmp_path / 'nothing'}: not found" in missing.err and not (tmp_path / "other").exists()
 
 
 # ------------------------------------------------------------------ damaged prepared data (issue 18)
@@ -741,89 +767,107 @@ def _link_outside(path: Path) -> None:
     path.symlink_to(secret)
 
 
-DAMAGE = [  # (id, damage(folder), what the one line must say)
+DAMAGE = [  # (id, damage(folder), the facts the one line must hold: {unit} and {index} are their folders' names)
     (
         "truncated-tokens",
         lambda d: _cut(_unit(d) / "train" / "tokens.bin", 100_000),
-        "train/tokens.bin holds 100,000 bytes",
+        ("units/{unit}/train/tokens.bin", "100,000"),
     ),
-    ("emptied-tokens", lambda d: _cut(_unit(d) / "train" / "tokens.bin", 0), "train/tokens.bin holds 0 bytes"),
-    (
+    ("emptied-tokens", lambda d: _cut(_unit(d) / "train" / "tokens.bin", 0), ("units/{unit}/train/tokens.bin", "0 ")),
+    (  # the 6 held-out documents' 7 offsets are 56 bytes: offsets are int64 in any folder, whatever the token dtype
         "emptied-doc-offsets",
         lambda d: _cut(_unit(d) / "valid" / "doc_offsets.bin", 0),
-        ("valid/doc_offsets.bin holds 0 bytes where manifest.json implies", "(int64)"),
-    ),  # offsets: int64 in any folder
+        ("units/{unit}/valid/doc_offsets.bin", "0 ", "manifest.json", "56"),
+    ),
     (
         "emptied-index",
         lambda d: _cut(_index(d) / "valid" / "doc_offsets.bin", 0),
-        ("index/", "valid/doc_offsets.bin holds 0 bytes where manifest.json implies", "(int64)"),
+        ("index/{index}/valid/doc_offsets.bin", "0 ", "manifest.json", "56"),
     ),
     (
         "id-out-of-range",
         lambda d: _set_id(_unit(d) / "valid" / "tokens.bin", 5, 60_000),
-        "valid/tokens.bin holds token id 60,000, past the vocabulary",
+        ("units/{unit}/valid/tokens.bin", "60,000"),
     ),
-    ("manifest-dtype", lambda d: _edit_json(d / "manifest.json", dtype="uint32"), "where manifest.json implies"),
+    ("manifest-dtype", lambda d: _edit_json(d / "manifest.json", dtype="uint32"), ("tokens.bin", "manifest.json")),
     (
         "flipped-doc-offsets",
         lambda d: _swap_offsets(_unit(d) / "train" / "doc_offsets.bin"),
-        ("units/", "train/doc_offsets.bin does not rise from 0"),
+        ("units/{unit}/train/doc_offsets.bin",),
     ),
-    (
+    (  # the index and the unit disagree: both named, as either may be the damaged one
         "flipped-seg-offsets",
         lambda d: _swap_offsets(_index(d) / "valid" / "seg_offsets.bin"),
-        ("index/", "valid/seg_offsets.bin does not hold the offsets of units/", "one of the two is damaged"),
+        ("index/{index}/valid/seg_offsets.bin", "units/{unit}/valid"),
     ),
     (
         "moved-index-boundaries",  # still rising: only the units' own offsets tell
         lambda d: _move_boundaries(_index(d) / "train" / "seg_offsets.bin"),
-        ("index/", "train/seg_offsets.bin does not hold the offsets of units/", "from its entry 0"),
+        ("index/{index}/train/seg_offsets.bin", "units/{unit}/train"),
     ),
     (
         "moved-unit-boundaries",  # still rising from 0 to its counts: only the index tells
         lambda d: _move_boundaries(_unit(d) / "train" / "seg_offsets.bin"),
-        ("index/", "train/seg_offsets.bin does not hold the offsets of units/", "one of the two is damaged"),
+        ("index/{index}/train/seg_offsets.bin", "units/{unit}/train"),
     ),
     (
         "moved-index-documents",
         lambda d: _move_boundaries(_index(d) / "train" / "doc_offsets.bin"),
-        ("index/", "train/doc_offsets.bin does not hold the offsets of units/"),
+        ("index/{index}/train/doc_offsets.bin", "units/{unit}/train"),
     ),
     (
         "edited-vocab",
         lambda d: (d / "vocab.txt").write_text((d / "vocab.txt").read_text().replace("[MASK]", "[MSK]")),
-        "vocab.txt was changed after prepare",
+        ("vocab.txt",),
     ),
     (
         "edited-tokenizer",
         lambda d: _edit_json(d / "tokenizer.json", truncation=None, version="9"),
-        "tokenizer.json was changed after prepare",
+        ("tokenizer.json",),
     ),
-    ("symlinked-vocab", lambda d: _link_outside(d / "vocab.txt"), "vocab.txt is a symbolic link"),
+    ("symlinked-vocab", lambda d: _link_outside(d / "vocab.txt"), ("vocab.txt", "symbolic link")),
     (
         "symlinked-shard",
         lambda d: _link_outside(_unit(d) / "train" / "seg_offsets.bin"),
-        "train/seg_offsets.bin is a symbolic link",
+        ("units/{unit}/train/seg_offsets.bin", "symbolic link"),
     ),
-    ("missing-shard", lambda d: (_index(d) / "valid" / "doc_offsets.bin").unlink(), "valid/doc_offsets.bin is missing"),
-    ("missing-unit", lambda d: shutil.rmtree(_unit(d)), "units/"),
+    (
+        "missing-shard",
+        lambda d: (_index(d) / "valid" / "doc_offsets.bin").unlink(),
+        ("index/{index}/valid/doc_offsets.bin", "missing"),
+    ),
+    ("missing-unit", lambda d: shutil.rmtree(_unit(d)), ("units/{unit}", "missing")),
 ]
+
+
+def _listing(folder: Path) -> dict[str, tuple[bool, bytes]]:
+    """Every entry under `folder` by relative path: whether it is a link, and a file's bytes."""
+    return {
+        p.relative_to(folder).as_posix(): (p.is_symlink(), p.read_bytes() if p.is_file() else b"")
+        for p in sorted(folder.rglob("*"))
+    }
 
 
 @pytest.mark.parametrize("case", DAMAGE, ids=[c[0] for c in DAMAGE])
 def test_damaged_prepared_data_is_named_in_one_line(case, prepared, tmp_path, cli):
     """Every load checks the files against the manifest: `inspect` (which cannot prepare again) refuses
-    with one line naming the file and the fix, never a numpy error or a silent wrong figure."""
-    name, damage, needle = case
+    with one line naming the file and the fix, never a numpy error or a silent wrong figure, and
+    changes nothing."""
+    name, damage, facts = case
     folder = tmp_path / "data"
     shutil.copytree(prepared.folder, folder)
+    keys = {"unit": _unit(folder).name, "index": _index(folder).name}
     damage(folder)
+    before = _listing(folder)
     result = cli("inspect", folder)
     assert result.code == 2 and len(result.err_lines) == 1, result.err
-    needles = needle if isinstance(needle, tuple) else (needle,)
-    assert all(n in result.err for n in needles) and "bertcli prepare --config" in result.err, result.err
-    assert "--force" in result.err, result.err
     assert "Traceback" not in result.err and result.out == ""
+    line = result.err_lines[0]
+    assert line.startswith(f"bertcli: error: {folder}: "), line
+    assert all(fact.format(**keys) in line for fact in facts), (facts, line)
+    assert "bertcli prepare --config" in line, line
+    assert _listing(folder) == before, "inspect changes nothing"
+    assert "--force" in line, line
 
 
 def test_damaged_prepared_data_is_prepared_again_with_a_line(tmp_path, small_corpus, capsys):
@@ -836,11 +880,12 @@ def test_damaged_prepared_data_is_prepared_again_with_a_line(tmp_path, small_cor
     good = (_unit(folder) / "train" / "tokens.bin").read_bytes()
     _cut(_unit(folder) / "train" / "tokens.bin", 1000)
     _link_outside(folder / "vocab.txt")
+    plan = make_plan(cfg, force=False, run_tokenizer=None)
+    assert (plan.action, plan.warning) == ("fresh", True) and "vocab.txt" in plan.why, plan  # damage: said
     capsys.readouterr()
     prepare(cfg, quiet=True)
     err = capsys.readouterr().err
-    assert f"prepared data in {folder} is damaged (vocab.txt is a symbolic link" in err and "preparing it again" in err
-    assert "up to date" not in err
+    assert len([line for line in err.splitlines() if str(folder) in line and "vocab.txt" in line]) == 1, err
     assert (_unit(folder) / "train" / "tokens.bin").read_bytes() == good
     assert not (folder / "vocab.txt").is_symlink() and "SECRET" not in (folder / "vocab.txt").read_text()
     assert (tmp_path / "run" / "secret.txt").read_text() == "SECRET\n"
@@ -922,7 +967,7 @@ def test_a_same_size_edit_with_its_time_restored_is_seen(tmp_path):
 
 
 def test_leftovers_of_a_killed_prepare_are_removed_at_the_next_start(tmp_path):
-    from bertcli import layout, ownership
+    from bertcli import store
 
     dead = 2**22 + 12345  # above the default pid_max: no such process
     (tmp_path / f".tmp-data.{dead}" / "train").mkdir(parents=True)
@@ -932,7 +977,7 @@ def test_leftovers_of_a_killed_prepare_are_removed_at_the_next_start(tmp_path):
     (tmp_path / f".tmp-data.{dead + 1}" / "notes.md").write_text("mine")  # not bertcli's: left alone
     (tmp_path / f".tmp-old-data.{dead}").mkdir()  # moved aside, its replacement never arrived: put back
     (tmp_path / f".tmp-old-data.{dead}" / "manifest.json").write_text("{}")
-    ownership.remove_leftover_folders(tmp_path / "data", layout.PREPARED)
+    store.clean_folder_leftovers(tmp_path / "data", layout.PREPARED)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         ["data", f".tmp-data.{os.getppid()}", f".tmp-data.{dead + 1}"]
     )
@@ -1098,9 +1143,9 @@ def test_a_corpus_folder_skips_the_vocabularies_and_metrics_of_models_and_runs_i
 
 
 def test_a_corpus_folder_skips_hidden_entries_and_copies_are_said(tmp_path, capsys):
-    """Trial 15 P2: a corpus folder's .ipynb_checkpoints/ (notebook copies) was read as text, so its
-    documents were trained on twice, unsaid. Hidden folders and files are skipped with the other
-    skips' line; files of the same bytes are warned of (their hashes are at hand)."""
+    """A corpus folder's .ipynb_checkpoints/ holds notebook copies of its files: read as text, their
+    documents would be trained on twice. Hidden folders and files are skipped with the other skips'
+    line; files of the same bytes are warned of (their hashes are at hand)."""
     from bertcli.data.scan import file_entries as _file_entries
     from bertcli.data.text import corpus_files
 
@@ -1109,7 +1154,7 @@ def test_a_corpus_folder_skips_hidden_entries_and_copies_are_said(tmp_path, caps
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text("The same document.\n")
     (root / "a" / "two.txt").write_text("Another document.\n")
-    for empty in ("a/empty.txt", "b/empty.txt"):  # the same (no) bytes, no documents: no copies (trial 16 P12)
+    for empty in ("a/empty.txt", "b/empty.txt"):  # the same (no) bytes, but no documents: no copies
         (root / empty).write_text("")
     capsys.readouterr()
     files = corpus_files(root)
@@ -1120,16 +1165,14 @@ def test_a_corpus_folder_skips_hidden_entries_and_copies_are_said(tmp_path, caps
         "b/copy.txt",
         "b/empty.txt",
     ]
-    assert capsys.readouterr().err.splitlines() == [
-        f"{root}: skipped 3 hidden folder(s) and file(s) (names starting with '.': version control, notebook "
-        f"checkpoints, editor copies): {root / '.ipynb_checkpoints'}, {root / '.notes.txt'}, {root / 'a' / '.draft.txt'}"
-    ]
-    _say_copies(_file_entries(files, []))
-    assert capsys.readouterr().err.splitlines() == [
-        f"warning: 1 corpus file(s) hold the same bytes as another, e.g. {root / 'b' / 'copy.txt'} and "
-        f"{root / 'a' / 'one.txt'}: their documents are trained on twice and can be held out and trained on at "
-        "once; remove the copies"
-    ]
+    skipped = capsys.readouterr().err.splitlines()
+    assert len(skipped) == 1 and skipped[0].startswith(f"{root}: skipped 3 "), skipped
+    hidden = [root / ".ipynb_checkpoints", root / ".notes.txt", root / "a" / ".draft.txt"]
+    assert skipped[0].endswith(": " + ", ".join(map(str, hidden))), skipped
+    _file_entries(files, [])
+    warning = capsys.readouterr().err.splitlines()
+    assert len(warning) == 1 and warning[0].startswith("warning: 1 "), warning  # one file is a copy
+    assert f"{root / 'b' / 'copy.txt'} and {root / 'a' / 'one.txt'}" in warning[0], warning  # it, and what it copies
 
 
 def test_a_file_with_cr_line_ends_is_said(tmp_path, capsys):
@@ -1149,39 +1192,44 @@ def test_a_file_with_cr_line_ends_is_said(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(
-    "name, needle",
+    "name, content, facts",
     [
-        ("rows.csv", "a CSV file, and the corpus is plain text"),
-        ("docs.jsonl.zst", "a zstd file, and the corpus is plain text"),
-        ("books.zip", "a zip file, and the corpus is plain text"),
-        ("notes.TXT", None),  # any other name is read as text
-        ("corpus", None),
+        ("rows.csv", b"id,text\n1,A document.\n", ("CSV", 'one JSON line {"text": ...} per document')),
+        ("docs.jsonl.zst", b"\x28\xb5\x2f\xfd" + bytes(20), ("zstd", "zstd -d")),  # a zstd frame's magic
+        ("books.zip", b"PK\x03\x04" + bytes(26), ("zip", "extract its files into a folder")),  # a zip's first entry
+        ("notes.TXT", b"A document.\n", None),  # text under any other name is read as text
+        ("corpus", b"A document.\n", None),
     ],
 )
-def test_a_corpus_file_named_as_a_data_format_is_refused_with_what_to_do(tmp_path, name, needle):
-    from bertcli.data.text import check_text_name
+def test_a_corpus_file_named_as_a_data_format_is_refused_with_what_to_do(tmp_path, name, content, facts):
+    from bertcli.data.text import corpus_files
 
-    if needle is None:
-        check_text_name(tmp_path / name)
+    path = tmp_path / name
+    path.write_bytes(content)
+    if facts is None:
+        assert corpus_files(path) == [path]
         return
     with pytest.raises(UsageError) as info:
-        check_text_name(tmp_path / name)
-    assert needle in str(info.value)
-    fix = {"rows.csv": 'one JSON line {"text": ...} per document', "docs.jsonl.zst": "decompress it (zstd -d)"}
-    assert fix.get(name, "extract its files into a folder") in str(info.value)
+        corpus_files(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: ") and all(fact in message for fact in facts), message
 
 
 def test_a_json_array_named_as_the_corpus_is_said_as_one(tmp_path):
-    """Trial 27 C3: a .json array was told 'if it holds one JSON object per line, name it .jsonl', which the
-    next prepare refused: its first byte tells."""
-    from bertcli.data.text import check_text_name
+    """A .json file that holds an array is told to write one record per line (its first byte tells),
+    not to rename it .jsonl, which the next prepare would refuse."""
+    from bertcli.data.text import corpus_files
 
     (tmp_path / "data.json").write_text('  [{"text": "a"}, {"text": "b"}]\n')
-    with pytest.raises(UsageError, match=r"it holds a JSON array: write one record per line \(jq -c '\.\[\]' "):
-        check_text_name(tmp_path / "data.json")
+    with pytest.raises(UsageError) as info:
+        corpus_files(tmp_path / "data.json")
+    array = str(info.value)
+    assert array.startswith(f"{tmp_path / 'data.json'}: ") and "JSON array" in array and "jq -c" in array, array
     (tmp_path / "lines.json").write_text('{"text": "a"}\n')
-    with pytest.raises(UsageError, match="if it holds one JSON object per line, name it .jsonl"):
-        check_text_name(tmp_path / "lines.json")
+    with pytest.raises(UsageError) as info:
+        corpus_files(tmp_path / "lines.json")
+    lines = str(info.value)
+    assert lines.startswith(f"{tmp_path / 'lines.json'}: ") and ".jsonl" in lines and "jq" not in lines, lines
 
 
 @pytest.mark.parametrize(
@@ -1218,13 +1266,12 @@ def test_a_vocabulary_grown_past_its_size_by_the_corpus_characters_is_said(tmp_p
     cfg = load_run(text_run(tmp_path / "run", tmp_path / "cjk.txt", "data.tokenizer.vocab_size=1000"))
     prepare(cfg, quiet=True)
     size = load_prepared(tmp_path / "run" / "data").vocab_size
-    warning = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: the vocabulary")]
-    assert size > 2000 and warning == [
-        f"warning: the vocabulary has {size:,} tokens, {size / 1000:.1f}x data.tokenizer.vocab_size=1,000: every "
-        f"character of the corpus is a token ({size - 5:,}), and each that continues a word a ## piece (0), so the "
-        "embeddings grow with the corpus's scripts; raise vocab_size for its words, or give a tokenizer "
-        "(data.tokenizer.path)"
-    ], warning
+    err = capsys.readouterr().err
+    warning = [line for line in err.splitlines() if line.startswith("warning:") and f"{size:,}" in line]
+    assert size > 2000 and len(warning) == 1, err
+    # the size made and asked; the corpus's characters, each a token (all but the 5 special tokens); the fix
+    facts = (f"{size / 1000:.1f}x", "data.tokenizer.vocab_size", "1,000", f"({size - 5:,})", "data.tokenizer.path")
+    assert all(fact in warning[0] for fact in facts), warning
 
 
 def test_a_lone_surrogate_in_a_jsonl_record_is_refused_naming_the_line(tmp_path):
@@ -1269,11 +1316,16 @@ def _units_of(folder: Path, file_number: int) -> set[str]:
     return {u["key"] for u in manifest["units"] if any(p[0] == file_number for p in u["pieces"])}
 
 
+def _said(err: str, data: Path) -> str:
+    """What prepare said it found in prepared folder `data` and does: its first line naming the folder."""
+    return next(line for line in err.splitlines() if str(data) in line)
+
+
 @pytest.fixture
 def units_corpus(tmp_path, small_corpus, monkeypatch):
     """A folder of three text files of 15 documents each (about 30 KB), with units of 8 KiB: each file
     is cut into parts at document boundaries, so the corpus is a dozen units."""
-    from bertcli.data import prepare as prepare_module
+    from bertcli.data import scan as scan_module
 
     monkeypatch.setattr(scan_module, "UNIT_BYTES", 8 << 10)
     docs = small_corpus.read_text().split("\n\n")
@@ -1285,9 +1337,9 @@ def units_corpus(tmp_path, small_corpus, monkeypatch):
 
 
 def test_text_in_characters_the_kept_tokenizer_lacks_is_warned(tmp_path, units_corpus, capsys):
-    """Trial 26 P7: a file of Chinese added to a prepared English corpus was tokenized to [UNK] nearly whole,
-    and said only as the corpus's unknown share (1.55%). Where an update's units are far more [UNK] than the
-    rest, a warning names the worst file; an update in the corpus's own characters says nothing."""
+    """A file of Chinese added to a prepared English corpus is tokenized to [UNK] nearly whole by the kept
+    tokenizer, which the corpus's unknown share hides. Where an update's units are far more [UNK] than the
+    rest, a warning names the worst file and the fix; an update in the corpus's own characters says nothing."""
     folder, docs = units_corpus
     cfg = load_run(_run(tmp_path / "run", folder))
     prepare(cfg, quiet=True)
@@ -1302,12 +1354,8 @@ def test_text_in_characters_the_kept_tokenizer_lacks_is_warned(tmp_path, units_c
     prepare(cfg, quiet=True)
     err = capsys.readouterr().err
     warning = [line for line in err.splitlines() if "[UNK]" in line]
-    assert len(warning) == 1 and re.fullmatch(
-        rf"warning: [\d.]+% of the tokens prepared now are \[UNK\] \(0\.\d\d% of the others\), the most in "
-        rf"{re.escape(str(folder / 'zh.txt'))} \(\d+%\): the tokenizer kept lacks their characters; prepare --force "
-        r"trains a new tokenizer on the whole corpus",
-        warning[0],
-    ), err
+    assert len(warning) == 1 and warning[0].startswith("warning: "), err
+    assert f"{folder / 'zh.txt'} (" in warning[0] and "--force" in warning[0], warning  # the worst file; the fix
     prepare(load_run(_run(tmp_path / "run", folder, "data.validation_fraction=0.2")), quiet=True)  # every unit again
     assert "[UNK]" not in capsys.readouterr().err, "none kept to compare with: no warning"
 
@@ -1354,14 +1402,16 @@ def test_adding_a_file_prepares_only_its_units_and_equals_a_fresh_prepare(tmp_pa
     data = prepare(cfg, quiet=True)
     before, tokenizer = _stamps(data), (data / "tokenizer.json").read_bytes()
     (folder / "b2.txt").write_text("\n\n".join(docs[45:55]) + "\n")  # file number 2 of a, b, b2, c
+    plan = make_plan(cfg, force=False, run_tokenizer=None)
+    assert (plan.action, plan.source) == ("update", "kept"), plan  # with the tokenizer it has
     capsys.readouterr()
     prepare(cfg, quiet=True)
-    err = capsys.readouterr().err
+    said = _said(capsys.readouterr().err, data)
     added = _units_of(data, 2)
     total = len(json.loads((data / "manifest.json").read_text())["units"])
-    assert len(added) >= 2 and f"preparing {len(added)} of {total} units" in err
-    assert f"keeping the other {total - len(added)}" in err  # (nothing said of others where none are kept)
-    assert "with the tokenizer trained on the corpus as it was (a forced prepare trains a new one)" in err
+    assert len(added) >= 2 and {u.key for u in plan.make} == added, (added, plan.make)
+    # the units prepared, of how many, and those kept
+    assert f"{len(added)} of {total}" in said and re.search(rf"\b{total - len(added)}\b", said), said
     after = _stamps(data)
     assert {rel: stamp for rel, stamp in after.items() if rel.split("/")[1] not in added} == before, "rewritten"
     assert (data / "tokenizer.json").read_bytes() == tokenizer
@@ -1370,7 +1420,7 @@ def test_adding_a_file_prepares_only_its_units_and_equals_a_fresh_prepare(tmp_pa
         "files": 3,
         "bytes": sum(f.stat().st_size for f in folder.iterdir() if f.name != "b2.txt"),
     }
-    # The rate is of the tokens prepared (trial 26 P1: of the whole corpus, in the time of the units added)
+    # The rate is of the tokens prepared (the units added), not of the whole corpus
     new_tokens = sum(sum(s["tokens"] for s in u["splits"].values()) for u in manifest["units"] if u["key"] in added)
     assert manifest["prepared_tokens"] == new_tokens < manifest["splits"]["train"]["tokens"]
     assert manifest["tokens_per_s"] == pytest.approx(new_tokens / manifest["seconds"])
@@ -1401,10 +1451,13 @@ def test_removing_a_file_and_changing_one_part_of_another(tmp_path, units_corpus
     before = _stamps(data)
     (folder / "a.txt").write_bytes(bytes(text))
     (folder / "c.txt").unlink()
+    plan = make_plan(cfg, force=False, run_tokenizer=None)
+    assert plan.action == "update" and len(plan.make) == 1, plan.make  # the changed part's unit alone
+    assert {u["key"] for u in manifest["units"]} - {u.key for u in plan.units} == gone | changed
     capsys.readouterr()
     prepare(cfg, quiet=True)
-    err = capsys.readouterr().err
-    assert f"units of it 1 new or changed, {len(gone) + 1} gone" in err and "preparing 1 of" in err, err
+    said = _said(capsys.readouterr().err, data)
+    assert "a.txt" in said and "c.txt" in said, said  # the files changed and gone
     after = _stamps(data)
     assert not any((data / "units" / key).exists() for key in gone | changed)
     kept = {rel: stamp for rel, stamp in before.items() if rel.split("/")[1] not in gone | changed}
@@ -1416,30 +1469,31 @@ def test_removing_a_file_and_changing_one_part_of_another(tmp_path, units_corpus
 
 
 def test_a_changed_setting_of_every_unit_is_named_not_called_a_corpus_change(tmp_path, units_corpus, capsys):
-    """Trial 21 P7: data.validation_fraction changed: "the corpus changed (units of it 1 new or changed,
-    1 gone)", and the user went looking for a changed file."""
+    """data.validation_fraction changed (in every unit's key) prepares every unit again: the line names
+    the setting and no corpus file, so that nobody goes looking for a changed file."""
+    from bertcli.data.scan import file_changes
+
     folder, _ = units_corpus
     config = _run(tmp_path / "run", folder)
-    prepare(load_run(config), quiet=True)
+    data = prepare(load_run(config), quiet=True)
+    names = [f.name for f in sorted(folder.iterdir())]
+    changed = load_run(config, ["data.validation_fraction=0.2"])
+    plan = make_plan(changed, force=False, run_tokenizer=None)
+    assert plan.action == "update" and len(plan.make) == len({u.key for u in plan.units}), plan
+    assert file_changes(plan.old["corpus"]["files"], plan.entries, folder) == "", "no corpus file changed"
     capsys.readouterr()
-    prepare(load_run(config, ["data.validation_fraction=0.2"]), quiet=True)
-    err = capsys.readouterr().err
-    assert "the settings of every unit changed (data.validation_fraction 0.25 then, 0.2 now): preparing" in err, err
-    assert "the corpus changed" not in err
+    prepare(changed, quiet=True)
+    said = _said(capsys.readouterr().err, data)
+    assert all(fact in said for fact in ("data.validation_fraction", "0.25", "0.2")), said
+    assert not any(name in said for name in names), said
     (folder / "a.txt").write_text((folder / "a.txt").read_text() + "\n\nA new document here.\n")
-    prepare(load_run(config), quiet=True)  # the setting back, and a file changed: the corpus is said
-    err = capsys.readouterr().err
-    assert "the corpus changed (files 1 changed (a.txt); units of it" in err, err  # (trial 27 P2: none named)
-    assert "the settings of every unit" in err, "(the setting went back too)"
+    prepare(load_run(config), quiet=True)  # the setting back, and a file changed: both said, the file named
+    said = _said(capsys.readouterr().err, data)
+    assert "a.txt" in said and "data.validation_fraction" in said, said
     (folder / "a.txt").write_text((folder / "a.txt").read_text() + "\n\nOne more document.\n")
-    prepare(load_run(config, ["data.validation_fraction=0.2"]), quiet=True)  # both: both said (trial 26 C8)
-    err = capsys.readouterr().err
-    assert re.search(
-        r"the corpus changed \(files 1 changed \(a.txt\); units of it [^)]*\); and the settings of every unit "
-        r"\(data.validation_fraction 0.25 "
-        r"then, 0.2 now\): preparing",
-        err,
-    ), err
+    prepare(changed, quiet=True)  # both: both said
+    said = _said(capsys.readouterr().err, data)
+    assert all(fact in said for fact in ("a.txt", "data.validation_fraction", "0.25", "0.2")), said
 
 
 def test_renaming_files_writes_only_a_new_index(tmp_path, units_corpus, capsys):
@@ -1448,21 +1502,26 @@ def test_renaming_files_writes_only_a_new_index(tmp_path, units_corpus, capsys):
     data = prepare(cfg, quiet=True)
     before = _stamps(data)
     (folder / "a.txt").rename(folder / "d.txt")  # now last: the same units in another order
-    capsys.readouterr()
-    prepare(cfg, quiet=True)
-    err = capsys.readouterr().err
-    assert "the corpus changed (files 1 renamed (a.txt -> d.txt)): writing a new index" in err, err
+
+    def only_a_new_index() -> str:
+        plan = make_plan(cfg, force=False, run_tokenizer=None)
+        assert (plan.action, plan.make, plan.index_ok) == ("update", [], False), plan
+        capsys.readouterr()
+        prepare(cfg, quiet=True)
+        return _said(capsys.readouterr().err, data)
+
+    said = only_a_new_index()
+    assert "a.txt" in said and "d.txt" in said, said  # the file renamed, and its new name
     assert _stamps(data) == before
     assert load_prepared(data).manifest["units"][-1]["pieces"][0][0] == 2, "d.txt's units come last in the index"
-    # A copy of a file added, then removed: no unit to prepare, and said as such (trial 26 P5: "renamed?")
+    # A copy of a file added, then removed: no unit to prepare, and said as the copy alone (not as a
+    # rename of the file it copies)
     shutil.copy(folder / "b.txt", folder / "b copy.txt")
-    prepare(cfg, quiet=True)
-    err = capsys.readouterr().err
-    assert "the corpus changed (files 1 added (b copy.txt)): writing a new index" in err, err
+    said = only_a_new_index()
+    assert "b copy.txt" in said and "b.txt" not in said, said
     (folder / "b copy.txt").unlink()
-    prepare(cfg, quiet=True)
-    err = capsys.readouterr().err
-    assert "the corpus changed (files 1 gone (b copy.txt)): writing a new index" in err, err
+    said = only_a_new_index()
+    assert "b copy.txt" in said and "b.txt" not in said, said
     assert _stamps(data) == before
 
 
@@ -1477,11 +1536,12 @@ def test_a_damaged_unit_is_prepared_again_alone(tmp_path, units_corpus, capsys, 
     good = (unit / "train" / name).read_bytes()
     _cut(unit / "train" / name, 10)
     before = {rel: stamp for rel, stamp in _stamps(data).items() if not rel.startswith(f"units/{unit.name}")}
+    plan = make_plan(cfg, force=False, run_tokenizer=None)
+    assert (plan.action, [u.key for u in plan.make], plan.warning) == ("update", [unit.name], True), plan
     capsys.readouterr()
     prepare(cfg, quiet=True)
-    err = capsys.readouterr().err
-    assert f"prepared data in {data} is damaged (units/{unit.name}/train/{name} holds 10 bytes" in err, err
-    assert "preparing 1 of" in err
+    said = _said(capsys.readouterr().err, data)
+    assert f"units/{unit.name}/train/{name}" in said and re.search(r"\b10\b", said), said  # the file, its size
     assert (unit / "train" / name).read_bytes() == good
     assert {rel: stamp for rel, stamp in _stamps(data).items() if rel in before} == before
 
@@ -1493,12 +1553,14 @@ def test_a_corpus_mostly_new_gets_a_new_tokenizer(tmp_path, units_corpus, capsys
     (folder / "b.txt").unlink()
     (folder / "c.txt").unlink()
     (folder / "e.txt").write_text("\n\n".join(docs[30:60]) + "\n")
+    plan = make_plan(cfg, force=False, run_tokenizer=None)
+    assert (plan.action, plan.source, plan.tok) == ("fresh", "train", None), plan  # a tokenizer to train
+    new = 1 - unchanged_bytes(plan.entries, plan.old["corpus"]["files"]) / sum(e["bytes"] for e in plan.entries)
+    assert new > 0.5
     capsys.readouterr()
     prepare(cfg, quiet=True)
-    err = capsys.readouterr().err
-    assert f"prepared data in {data}: " in err and "% of the corpus is new: a new tokenizer is trained on it" in err, (
-        err
-    )
+    said = _said(capsys.readouterr().err, data)
+    assert f"{100 * new:.0f}%" in said and "tokenizer" in said, said  # the share that is new: the reason
     assert json.loads((data / "manifest.json").read_text())["tokenizer"]["trained_on"]["files"] == 2
 
 
@@ -1541,10 +1603,12 @@ def test_units_a_stopped_prepare_finished_are_reused(tmp_path, units_corpus, cap
     for key in finished:  # as a prepare killed after renaming them leaves them
         shutil.copytree(elsewhere / "units" / key, data / "units" / key)
     before = _stamps(data)
+    plan = make_plan(cfg, force=False, run_tokenizer=None)
+    assert (plan.action, plan.make) == ("update", []) and finished <= set(plan.records), plan  # none to prepare
     capsys.readouterr()
     prepare(cfg, quiet=True)
-    err = capsys.readouterr().err
-    assert f"(files 1 added (e.txt); units of it {len(finished)} new or changed): writing a new index" in err, err
+    said = _said(capsys.readouterr().err, data)
+    assert "e.txt" in said, said  # the file added
     assert {rel: stamp for rel, stamp in _stamps(data).items() if rel in before} == before
     load_prepared(data)
 
@@ -1562,14 +1626,9 @@ def test_an_error_in_a_worker_is_the_same_one_line(tmp_path, units_corpus):
         messages.append(str(info.value))
         assert not (tmp_path / f"w{workers}" / "data").exists() and not list((tmp_path / f"w{workers}").glob(".tmp-*"))
     line = head.count(b"\n") + 1
-    assert (
-        messages[0]
-        == messages[1]
-        == (
-            f"{folder / 'b.txt'}: byte 20003 (line {line}): not valid UTF-8; convert the "
-            "file to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
-        )
-    )
+    assert messages[0] == messages[1], messages
+    assert messages[0].startswith(f"{folder / 'b.txt'}: ") and "\n" not in messages[0], messages
+    assert all(fact in messages[0] for fact in ("byte 20003", f"line {line}", "UTF-8")), messages
 
 
 def _parts(path: Path, every: int) -> list:
@@ -1634,7 +1693,7 @@ def test_a_large_file_in_units_gives_the_example_stream_of_one_unit(tmp_path, sm
     """With nothing held out, a file prepared in many units and in one write the same index and tokens:
     training reads the same examples. (With documents held out, each unit holds out its own every k-th
     document, so the two splits differ.)"""
-    from bertcli.data import prepare as prepare_module
+    from bertcli.data import scan as scan_module
 
     cfg = preset_config("tiny", [*TEXT, "data.validation_fraction=0"]).data
     batches = []
