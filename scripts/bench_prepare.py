@@ -61,9 +61,8 @@ import threading
 import time
 from pathlib import Path
 
-from bertcli.config_write import preset_header
 from bertcli.config_load import preset_config
-from bertcli.config_write import to_yaml
+from bertcli.config_write import preset_header, to_yaml
 from bertcli.data.prepare import ENCODE_BATCH, load_prepared, prepare
 from bertcli.data.text import read_sentences, read_text
 from bertcli.resolve import resolve

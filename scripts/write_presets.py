@@ -8,10 +8,9 @@ tests/unit/test_config.py fails when the two drift apart.
 from pathlib import Path
 
 from bertcli import store
-from bertcli.config_write import preset_header
 from bertcli.config import PRESETS
 from bertcli.config_load import preset_config
-from bertcli.config_write import to_yaml
+from bertcli.config_write import preset_header, to_yaml
 
 if __name__ == "__main__":
     folder = Path(__file__).resolve().parents[1] / "configs"

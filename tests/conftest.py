@@ -20,10 +20,9 @@ import pytest
 import yaml
 
 from bertcli.cli import main
-from bertcli.config_write import preset_header
 from bertcli.config import DEBUG, Config, ModelConfig
 from bertcli.config_load import as_overrides, debug_config, preset_config
-from bertcli.config_write import to_yaml
+from bertcli.config_write import preset_header, to_yaml
 from bertcli.data.scan import SAMPLE
 
 REPO = Path(__file__).resolve().parents[1]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import pytest
 from conftest import REPO, refuse_in_fresh_interpreter, write_config
