@@ -63,8 +63,10 @@ from pathlib import Path
 
 from bertcli.config_load import preset_config
 from bertcli.config_write import preset_header, to_yaml
-from bertcli.data.prepare import ENCODE_BATCH, load_prepared, prepare
+from bertcli.data.prepare import prepare
+from bertcli.data.prepared import load_prepared
 from bertcli.data.text import read_sentences, read_text
+from bertcli.data.units import ENCODE_BATCH
 from bertcli.resolve import resolve
 
 REPO = Path(__file__).resolve().parents[1]

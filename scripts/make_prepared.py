@@ -15,7 +15,7 @@ DIR/data/, prepared data in exactly the format `bertcli prepare` writes, so that
      tokens, that unit's counts (unit.json, the manifest) and the totals with theirs, and the index
      (index/DIGEST, the same digest: the same units) is written again from the units, as `prepare`
      writes it; the manifest records `generated_by` (this script and its arguments).
-     check_prepared accepts the result (the script runs it at the end).
+     data.prepared.verify accepts the result (the script runs it at the end).
 The generated corpus: documents of 1-200 sentences (log-normal, median 15), sentences of 5-60
 tokens (log-normal, median 20), token ids drawn from the unigram distribution of the sample's own
 tokens (every id in the vocabulary's range); every k-th document held out, as `prepare` does
@@ -40,21 +40,12 @@ from pathlib import Path
 import numpy as np
 
 from bertcli import store
-from bertcli.cli import preset_header
 from bertcli.config_load import preset_config
-from bertcli.config_write import to_yaml
-from bertcli.data import prepare as prepare_module
-from bertcli.data.prepare import (
-    MANIFEST,
-    SHARD_FILES,
-    SPLITS,
-    UNIT_RECORD,
-    UNITS,
-    check_prepared,
-    load_prepared,
-    prepare,
-    read_manifest,
-)
+from bertcli.config_write import preset_header, to_yaml
+from bertcli.data.prepare import prepare
+from bertcli.data.prepared import load_prepared, read_manifest, verify
+from bertcli.data.units import write_index
+from bertcli.layout import MANIFEST, SHARD_FILES, SPLITS, UNIT_RECORD, UNITS
 from bertcli.resolve import load_run
 
 BLOCK_DOCUMENTS = 1 << 14  # documents generated at once (~9M tokens: ~80 MB of temporaries)
@@ -182,7 +173,7 @@ def main() -> None:
     store.write_text(unit / UNIT_RECORD, json.dumps({**record, "splits": first["splits"], "unknown_tokens": 0}))
     records = {u["key"]: u for u in manifest["units"]}
     units = [argparse.Namespace(key=u["key"]) for u in manifest["units"]]
-    prepare_module._write_index(data, units, records, manifest["index"])  # the same units: the same digest
+    write_index(data, units, records, manifest["index"])  # the same units: the same digest
     splits = {
         split: {c: sum(u["splits"][split][c] for u in manifest["units"]) for c in ("documents", "segments", "tokens")}
         for split in SPLITS
@@ -199,9 +190,8 @@ def main() -> None:
         },
     )
     store.write_text(data / MANIFEST, json.dumps(manifest, indent=2) + "\n")
-    damage = check_prepared(data, manifest)
-    if damage:
-        sys.exit(f"make_prepared: the generated data does not check: {damage}")
+    if damage := verify(data, manifest):
+        sys.exit(f"make_prepared: the generated data does not check: {damage[0]}")
     t, v = splits["train"], splits["valid"]
     print(
         f"{folder}: {t['tokens'] + v['tokens']:,} tokens, {t['documents'] + v['documents']:,} documents "
