@@ -1,8 +1,7 @@
-"""The `bertcli` command line: parse, call one function, map errors to exit codes.
-
-Data goes to stdout; logs, progress and errors go to stderr. Exit codes: 0 success,
-2 usage/config/input errors, 1 run-time errors, 130 interrupted. An error is one line
-(`bertcli: error: ...`), with a traceback only under `--debug` (accepted anywhere).
+"""The `bertcli` command line: parse flags, run the command (its checks before torch loads are in
+preflight.py), and turn every error into one line and its exit code: 0 success, 2 usage, config or
+input errors, 1 run-time errors, 128 + N stopped by signal N. Data goes to stdout, the rest to stderr;
+a traceback only under `--debug` (accepted anywhere on the line).
 """
 
 from __future__ import annotations
@@ -27,7 +26,6 @@ except ImportError:  # older Typer uses the click package
 
 from bertcli import __version__, console
 from bertcli.console import error as err
-from bertcli.console import log
 from bertcli.errors import BertcliError, Interrupted, PipeClosed, RunError, UsageError
 
 app = typer.Typer(
@@ -39,13 +37,10 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,  # Click's plain help: wrapped, never cut with "…" at 80 columns, flags without <bool>
 )
-
-
-class Preset(str, Enum):
-    tiny = "tiny"
-    small = "small"
-    base = "base"
-    large = "large"
+Preset = Enum("Preset", {name: name for name in ("tiny", "small", "base", "large")}, type=str)
+SET = typer.Option([], "--set", metavar="KEY=VALUE", help="Override a config value, e.g. --set train.max_steps=200.")
+CONFIG = typer.Option(..., "--config", "-c", metavar="FILE", help="The run's config.yaml (see `bertcli init`).")
+QUIET = typer.Option(False, "--quiet", "-q", help="No progress output; errors, warnings and the summary only.")
 
 
 def out(text: str) -> None:
@@ -54,23 +49,20 @@ def out(text: str) -> None:
         print(text, flush=True)
     except BrokenPipeError:
         raise PipeClosed from None
-    except OSError as exc:  # a full disk or device under stdout: named as such (trial 18 P10)
+    except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
             raise RunError(f"stdout: disk full ({exc.strerror}); what it holds of this output is incomplete") from None
         raise
 
 
 def command_line(*args: str | Path) -> str:
-    """A bertcli command to copy and paste: paths relative to the current folder when inside it,
-    every argument quoted for the shell where it needs to be (spaces, quotes)."""
+    """A bertcli command to copy and paste: paths relative to the current folder when inside it, quoted."""
 
     def shown(arg: str | Path) -> str:
-        if isinstance(arg, Path):
-            try:
-                return str(arg.resolve().relative_to(Path.cwd().resolve())) if arg.is_absolute() else str(arg)
-            except ValueError:
-                return str(arg)
-        return arg
+        if isinstance(arg, Path) and arg.is_absolute():
+            with contextlib.suppress(ValueError):
+                return str(arg.resolve().relative_to(Path.cwd().resolve()))
+        return str(arg)
 
     return shlex.join(["bertcli", *map(shown, args)])
 
@@ -83,92 +75,59 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def root(
-    version: bool = typer.Option(
-        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
-    ),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks on errors (accepted anywhere on the line)."),
 ) -> None:
     """Pretrain BERT encoders and put them to use: init -> (prepare) -> pretrain -> inspect."""
-
-
-SET = "KEY=VALUE"  # the metavar of --set
-SET_HELP = "Override a config value, e.g. --set train.max_steps=200 (repeatable; values are YAML scalars)."
 
 
 @app.command(short_help="Write DIR/config.yaml from a preset, every field commented.")
 def init(
     directory: Path = typer.Argument(..., metavar="DIR", help="Folder to create; config.yaml is written inside it."),
     preset: Preset = typer.Option(
-        Preset.tiny, "--preset", "-p", help="tiny (d2l textbook sizes), small, base (BERT-base) or large (BERT-large)."
+        Preset("tiny"), "--preset", "-p", help="tiny (the d2l textbook's sizes), small, base, large."
     ),
     corpus: Optional[str] = typer.Option(
-        None,
-        "--corpus",
-        metavar="PATH",
-        help="Text/JSONL file or folder to train on, or sample (the bundled text, the default) or synthetic (a generated corpus for quick checks); ./sample for a file of that name.",
+        None, "--corpus", metavar="PATH", help="Text/JSONL file or folder, or sample (the default) or synthetic."
     ),
     init_from: Optional[Path] = typer.Option(
-        None,
-        "--init-from",
-        metavar="FOLDER",
-        help="Continue from a Hugging Face BERT folder or a bertcli checkpoint: its sizes, weights and tokenizer, and a learning rate for continuing (5e-5).",
+        None, "--init-from", metavar="FOLDER", help="Continue from a Hugging Face BERT folder or a bertcli checkpoint."
     ),
-    force: bool = typer.Option(
-        False, "--force", help="Overwrite an existing bertcli config.yaml (nothing else in the folder is touched)."
-    ),
-    overrides: list[str] = typer.Option([], "--set", metavar=SET, help=SET_HELP),
+    force: bool = typer.Option(False, "--force", help="Overwrite a bertcli config.yaml (nothing else is touched)."),
+    overrides: list[str] = SET,
 ) -> None:
     """Scaffold a run: write DIR/config.yaml from a preset, every field commented."""
     from bertcli import layout, preflight
     from bertcli.config_write import write_run_config
 
     cfg, header = preflight.init(directory, preset.value, corpus=corpus, init_from=init_from, overrides=overrides)
-    path = write_run_config(directory, cfg, header, force=force)
-    m = cfg.model
-    sizes = f"preset {preset.value}"
-    if init_from is not None:
-        from bertcli.export import described
-
-        sizes = f"from {described(Path(m.init_from))}"  # a checkpoint's step: a run's best moves
-    err(
-        f"wrote {path} ({sizes}: {m.num_hidden_layers} layers, hidden {m.hidden_size}, "
-        f"{m.num_attention_heads} heads, sequences of {cfg.data.max_seq_length})"
-    )
-    for warning in cfg.warnings():
-        err(f"warning: {warning}")
+    path, m = write_run_config(directory, cfg, header, force=force), cfg.model
     if init_from is not None:
         from bertcli.adopt import source_note
+        from bertcli.export import described
 
-        if note := source_note(Path(m.init_from)):
-            err(f"note: {note}")
+        origin, note = f"from {described(Path(m.init_from))}", source_note(Path(m.init_from))
+    else:
+        origin, note = f"preset {preset.value}", None
+    shape = f"{m.num_hidden_layers} layers, hidden {m.hidden_size}, {m.num_attention_heads} heads"
+    err(f"wrote {path} ({origin}: {shape}, sequences of {cfg.data.max_seq_length})")
+    for line in [f"warning: {w}" for w in cfg.warnings()] + ([f"note: {note}"] if note else []):
+        err(line)
     if checkpoints := layout.list_checkpoints(directory):
-        err(
-            f"note: {directory} holds {len(checkpoints)} checkpoint(s) of a run: pretrain resumes the newest with these settings"
-        )
+        err(f"note: {directory} holds {len(checkpoints)} checkpoint(s) of a run: pretrain resumes the newest")
     err(f"next: {command_line('pretrain', '--config', path)}")
 
 
 @app.command(short_help="Train the tokenizer and write token shards for the corpus.")
 def prepare(
-    config: Path = typer.Option(..., "--config", "-c", metavar="FILE", help="The run's config.yaml."),
-    overrides: list[str] = typer.Option([], "--set", metavar=SET, help=SET_HELP),
-    force: bool = typer.Option(
-        False,
-        "--force",
-        help="Prepare everything again, training a new tokenizer (unless the run's checkpoints fix it).",
-    ),
-    workers: int = typer.Option(
-        0,
-        "--workers",
-        "-w",
-        metavar="N",
-        min=0,
-        help="Processes that prepare the corpus, one core each; 0 (default): the cores available.",
-    ),
+    config: Path = CONFIG,
+    overrides: list[str] = SET,
+    force: bool = typer.Option(False, "--force", help="Prepare everything again, with a new tokenizer."),
+    workers: int = typer.Option(0, "--workers", "-w", metavar="N", min=0, help="Processes (0: the cores available)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
 ) -> None:
-    """Train the tokenizer and write token shards for the config's corpus (pretrain does this when needed).
-    Only what changed in the corpus since the last prepare is prepared again."""
+    """Train the tokenizer and write token shards for the config's corpus (pretrain does this when
+    needed); only what changed in the corpus since the last prepare is prepared again."""
     from bertcli import store
     from bertcli.data.prepare import prepare as run
     from bertcli.data.prepare import prepared_lock
@@ -179,8 +138,7 @@ def prepare(
     check_outputs_apart(cfg)
     if cfg.data.corpus == "synthetic":
         raise UsageError("data.corpus is synthetic: there is nothing to prepare")
-    # Never under the run's pretrain, which trains on the data, nor while another run prepares or reads the same
-    # prepared folder (runs with other output_dirs may share it).
+    # Never under the run's pretrain, nor while another run prepares or reads the same prepared folder.
     with store.run_lock(Path(cfg.output_dir)), prepared_lock(cfg):
         folder = run(cfg, quiet=quiet, force=force, workers=workers or None, run_tokenizer=run_tokenizer(cfg, say=True))
     again = [a for o in overrides for a in ("--set", o)]  # the same data: the same overrides
@@ -189,26 +147,13 @@ def prepare(
 
 @app.command(short_help="Pretrain BERT (MLM + NSP), resuming from the newest checkpoint.")
 def pretrain(
-    config: Path = typer.Option(
-        ..., "--config", "-c", metavar="FILE", help="The run's config.yaml (see `bertcli init`)."
-    ),
-    overrides: list[str] = typer.Option([], "--set", metavar=SET, help=SET_HELP),
-    resume: str = typer.Option(
-        "auto",
-        "--resume",
-        metavar="auto|never|PATH",
-        help="auto (newest checkpoint in output_dir, if any), never, or a checkpoint folder.",
-    ),
-    device: Optional[str] = typer.Option(
-        None, "--device", metavar="DEVICE", help="auto, cpu, cuda or cuda:N (overrides train.device)."
-    ),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output; errors and the final summary only."),
+    config: Path = CONFIG,
+    overrides: list[str] = SET,
+    resume: str = typer.Option("auto", "--resume", metavar="auto|never|PATH", help="Or a checkpoint folder."),
+    device: Optional[str] = typer.Option(None, "--device", metavar="DEVICE", help="auto, cpu, cuda or cuda:N."),
+    quiet: bool = QUIET,
     stop_at: Optional[int] = typer.Option(
-        None,
-        "--stop-at",
-        min=1,
-        metavar="N",
-        help="Stop after this step with a checkpoint (the schedule still follows train.max_steps); rerun to continue.",
+        None, "--stop-at", min=1, metavar="N", help="Stop after this step with a checkpoint; rerun to continue."
     ),
 ) -> None:
     """Pretrain BERT (MLM + NSP) as the config says, resuming from the newest checkpoint."""
@@ -229,24 +174,23 @@ def pretrain(
         result = run(cfg, resume=resume, quiet=quiet, stop_at=stop_at)
     if not result["is_main"]:
         return  # under torchrun, rank 0 reports for everyone
-    metrics = result["metrics"]
-    shown = ", ".join(f"{k} {metrics[k]:.4g}" for k in ("mlm_loss", "mlm_acc", "nsp_acc") if k in metrics)
-    err(f"done: step {result['step']:,}, {result['tokens_seen']:,} tokens seen{'; ' + shown if shown else ''}")
-    err(f"checkpoint: {result['checkpoint']}")
+    metrics, ckpt = result["metrics"], Path(result["checkpoint"])
+    shown = "".join(f", {k} {metrics[k]:.4g}" for k in ("mlm_loss", "mlm_acc", "nsp_acc") if k in metrics)
+    err(f"done: step {result['step']:,}, {result['tokens_seen']:,} tokens seen{shown}")
+    err(f"checkpoint: {ckpt}")
     # Nothing to do from another run's checkpoint left this run as it was: that checkpoint is what to look at.
-    foreign = is_foreign(Path(result["checkpoint"]), Path(cfg.output_dir))
-    err(f"next: {command_line('inspect', Path(result['checkpoint']) if foreign else Path(cfg.output_dir))}")
+    err(f"next: {command_line('inspect', ckpt if is_foreign(ckpt, Path(cfg.output_dir)) else Path(cfg.output_dir))}")
 
 
 @app.command("inspect", short_help="Explain a config, a run, a checkpoint, prepared data or a model.")
 def inspect_command(
     path: Path = typer.Argument(
-        ..., metavar="PATH", help="A config file, a run folder, a checkpoint folder or a prepared-data folder."
+        ..., metavar="PATH", help="A config file, a run, checkpoint, prepared-data or model folder."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
 ) -> None:
-    """Explain a config, a run, a checkpoint or prepared data: sizes, parameters, FLOPs, progress, corpus statistics."""
-    if path.is_file():  # a config: checked before summary loads torch (3-4 s), so that a bad one is refused at once
+    """Explain a config, a run, a checkpoint, prepared data or a model: sizes, parameters, FLOPs, progress, data."""
+    if path.is_file():  # a config: checked before summary loads torch, so that a bad one is refused at once
         from bertcli.resolve import load_run
 
         load_run(path, adopt_init_from=False)
@@ -259,16 +203,10 @@ def inspect_command(
 @app.command(short_help="Write a checkpoint as a Hugging Face folder (BertForPreTraining).")
 def export(
     source: Path = typer.Argument(
-        ...,
-        metavar="CHECKPOINT_OR_RUN",
-        help="A checkpoint folder, or a run folder (its best checkpoint, else the newest).",
+        ..., metavar="CHECKPOINT_OR_RUN", help="A checkpoint, or a run (its best, else newest)."
     ),
-    out_dir: Path = typer.Argument(
-        ..., metavar="OUT_DIR", help="Folder to write: config.json, model.safetensors and the tokenizer files."
-    ),
-    force: bool = typer.Option(
-        False, "--force", help="Replace OUT_DIR if it holds an earlier export (an empty one is used as it is)."
-    ),
+    out_dir: Path = typer.Argument(..., metavar="OUT_DIR", help="Folder to write: config.json, weights, tokenizer."),
+    force: bool = typer.Option(False, "--force", help="Replace OUT_DIR if it holds an earlier export."),
 ) -> None:
     """Write a checkpoint as a Hugging Face folder (BertForPreTraining, loads with no custom code)."""
     from bertcli.export import described, export_checkpoint
@@ -277,119 +215,72 @@ def export(
 
     with stopping(f"{out_dir} was not written (what was there is intact)"):
         ckpt, folder = export_checkpoint(source, out_dir, force=force)
-    origin = f" from {described(ckpt)}" if ckpt != source else ""  # a run folder: the checkpoint it chose
     if note := set_aside_note(ckpt):
         err(f"note: {note}")
+    origin = f" from {described(ckpt)}" if ckpt != source else ""  # a run folder: the checkpoint it chose
     err(f"wrote {folder}{origin}; load it with transformers.BertForPreTraining.from_pretrained({str(folder)!r})")
+
+
+# encode's flags: declared here so that the command reads as its steps.
+MODEL = typer.Option(..., "--model", "-m", metavar="PATH", help="A run, checkpoint or Hugging Face BERT folder.")
+INPUTS = typer.Argument(None, metavar="FILE", help="Text files, one text per line ('-' or none: stdin).")
+POOLING = typer.Option(
+    None, "--pooling", metavar="cls|mean|max|pooler", help="Default: a sentence-transformers folder's own, else cls."
+)
+LAYER = typer.Option(-1, "--layer", metavar="N", help="0 = embeddings, 1..L, negative from the end (-1 = last).")
+NORMALIZE = typer.Option(None, "--normalize/--no-normalize", help="Unit-length vectors (default: the folder's).")
+FORMAT = typer.Option(None, "--format", "-f", metavar="jsonl|tsv|npy", help="Default: the --output suffix's.")
+OUTPUT = typer.Option(None, "--output", "-o", metavar="FILE", help="Write the rows there, whole or not at all.")
+WITH_TEXT = typer.Option(False, "--with-text", help="Add the text to each row (tsv: escaped, first).")
+TOKENS = typer.Option(False, "--tokens", help="Per-token vectors (JSONL): tokens and one vector each.")
+PAIRS = typer.Option(False, "--pairs", help="Lines are A<TAB>B sentence pairs (segment ids 0 and 1).")
+STRICT_PAIRS = typer.Option(False, "--strict-pairs", help="With --pairs, a line without a TAB is an error.")
+BATCH = typer.Option(32, "--batch-size", min=1, metavar="N", help="Texts per forward pass, at most.")
+MAX_LENGTH = typer.Option(None, "--max-length", min=2, metavar="N", help="Truncate longer texts (tokens).")
+DEVICE = typer.Option("auto", "--device", metavar="DEVICE", help="auto, cpu, cuda or cuda:N.")
+DTYPE = typer.Option("fp32", "--dtype", metavar="fp32|bf16|fp16", help="fp32, bf16 or fp16.")
+ERRORS = typer.Option(
+    "strict", "--errors", metavar="strict|replace", help="A line that is not UTF-8: error or replace."
+)
 
 
 @app.command(short_help="Turn lines of text into vectors, one row per line, streamed.")
 def encode(
-    model: Path = typer.Option(
-        ...,
-        "--model",
-        "-m",
-        metavar="PATH",
-        help="A run folder, a checkpoint folder or a Hugging Face BERT folder (sentence-transformers too).",
-    ),
-    inputs: list[str] = typer.Argument(
-        None, metavar="FILE", help="Text files, one text per line ('-' or none: stdin)."
-    ),
-    pooling: Optional[str] = typer.Option(
-        None,
-        "--pooling",
-        metavar="cls|mean|max|pooler",
-        help="How a line's vectors become one (mean and max over its non-padding positions). Default: a sentence-transformers folder's own, else cls.",
-    ),
-    layer: int = typer.Option(
-        -1, "--layer", metavar="N", help="Layer to read: 0 = embeddings, 1..L, negative from the end (-1 = last)."
-    ),
-    normalize: Optional[bool] = typer.Option(
-        None,
-        "--normalize/--no-normalize",
-        help="Scale each vector to unit length. Default: as a sentence-transformers folder says, else off.",
-    ),
-    fmt: Optional[str] = typer.Option(
-        None, "--format", "-f", metavar="jsonl|tsv|npy", help="Default: from the --output suffix, else jsonl."
-    ),
-    output: Optional[Path] = typer.Option(
-        None,
-        "--output",
-        "-o",
-        metavar="FILE",
-        help="Write the rows to this file, whole or not at all, instead of stdout; never an input, nor inside bertcli's own folders.",
-    ),
-    with_text: bool = typer.Option(
-        False, "--with-text", help="Add the text to each row (tsv: the first column, TAB and backslash escaped)."
-    ),
-    tokens: bool = typer.Option(False, "--tokens", help="Per-token vectors (JSONL): tokens and one vector each."),
-    pairs: bool = typer.Option(
-        False,
-        "--pairs",
-        help="Lines are A<TAB>B sentence pairs, encoded with segment ids; a line without a TAB is one sentence.",
-    ),
-    strict_pairs: bool = typer.Option(False, "--strict-pairs", help="With --pairs, a line without a TAB is an error."),
-    batch_size: int = typer.Option(
-        32, "--batch-size", min=1, metavar="N", help="Texts per forward pass, at most (on a CPU fewer when long)."
-    ),
-    max_length: Optional[int] = typer.Option(
-        None,
-        "--max-length",
-        min=2,
-        metavar="N",
-        help="Truncate longer texts (default: the folder's max_seq_length, else the length the model was trained at).",
-    ),
-    device: str = typer.Option("auto", "--device", metavar="DEVICE", help="auto, cpu, cuda or cuda:N."),
-    dtype: str = typer.Option("fp32", "--dtype", metavar="fp32|bf16|fp16", help="fp32, bf16 or fp16."),
-    errors: str = typer.Option(
-        "strict",
-        "--errors",
-        metavar="strict|replace",
-        help="strict: a line that is not UTF-8 is an error; replace: replace bad bytes.",
-    ),
+    model: Path = MODEL,
+    inputs: list[str] = INPUTS,
+    pooling: Optional[str] = POOLING,
+    layer: int = LAYER,
+    normalize: Optional[bool] = NORMALIZE,
+    fmt: Optional[str] = FORMAT,
+    output: Optional[Path] = OUTPUT,
+    with_text: bool = WITH_TEXT,
+    tokens: bool = TOKENS,
+    pairs: bool = PAIRS,
+    strict_pairs: bool = STRICT_PAIRS,
+    batch_size: int = BATCH,
+    max_length: Optional[int] = MAX_LENGTH,
+    device: str = DEVICE,
+    dtype: str = DTYPE,
+    errors: str = ERRORS,
 ) -> None:
     """Turn lines of text into vectors: one row per input line, in input order, streamed."""
     from bertcli import preflight
     from bertcli.stopping import stopping
 
-    fmt_name, output, hf = preflight.encode(
-        model=model,
-        inputs=inputs or [],
-        output=output,
-        fmt=fmt,
-        with_text=with_text,
-        tokens=tokens,
-        pooling=pooling,
-        layer=layer,
-        device=device,
-        dtype=dtype,
-        errors=errors,
-        pairs=pairs,
-        strict_pairs=strict_pairs,
-        max_length=max_length,
-    )
+    inputs = inputs or []
+    flags = {"pooling": pooling, "layer": layer, "pairs": pairs, "strict_pairs": strict_pairs, "max_length": max_length}
+    fmt, output, hf = preflight.encode(
+        model=model, inputs=inputs, output=output, fmt=fmt, with_text=with_text, tokens=tokens, device=device,
+        dtype=dtype, errors=errors, **flags,
+    )  # fmt: skip
     with stopping("nothing was written") as stopper:  # (torch's import and the model's load take seconds)
         from bertcli import encode as enc_mod
 
         enc_mod.run(
-            model,
-            hf=hf,
-            inputs=inputs or [],
-            writer=lambda: enc_mod.Writer(fmt_name, sys.stdout, output, with_text),
-            output=output,
-            stopper=stopper,
-            device=device,
-            dtype=dtype,
-            errors=errors,
-            pooling=pooling,
-            layer=layer,
-            normalize=normalize,
-            max_length=max_length,
-            per_token=tokens,
-            pairs=pairs,
-            strict_pairs=strict_pairs,
-            batch_size=batch_size,
-        )
+            model, hf=hf, inputs=inputs, writer=lambda: enc_mod.Writer(fmt, sys.stdout, output, with_text),
+            output=output, stopper=stopper, device=device, dtype=dtype, errors=errors, normalize=normalize,
+            per_token=tokens, batch_size=batch_size, **flags,
+        )  # fmt: skip
 
 
 # Per command: what a failed write leaves intact, and the setting that writes elsewhere.
@@ -403,91 +294,73 @@ WRITES = {
 
 
 def os_error_message(exc: OSError, command: str = "") -> str:
-    """One line for a failed read or write, worded for `command`; every write is atomic, so what was
+    """One line for a failed read or write, worded for `command`: every write is atomic, so what was
     there before is intact. A write fails inside a temporary name: the final one is named."""
     from bertcli.layout import TEMPORARY
 
     parts = str(exc.filename).split("/")
     where = "/".join(m.group(2) if (m := TEMPORARY.fullmatch(p)) else p for p in parts) + ": " if exc.filename else ""
     intact, setting = WRITES.get(command, ("what was there is intact", "another folder"))
+    kept = f"nothing half-written was kept and {intact}"
     if exc.errno == errno.EFBIG:
-        return (
-            f"{where}file too large ({exc.strerror}: past ulimit -f or the file system's largest); nothing "
-            f"half-written was kept and {intact}: raise the limit, or write elsewhere ({setting})"
-        )
+        return f"{where}file too large ({exc.strerror}: ulimit -f or the file system's largest); {kept}: raise the limit, or write elsewhere ({setting})"
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return (
-            f"{where}disk full ({exc.strerror}); nothing half-written was kept and {intact}: free space, or write to "
-            f"another disk ({setting}), then run the same command"
-        )
+        return f"{where}disk full ({exc.strerror}); {kept}: free space, or write to another disk ({setting}), then run the same command"
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return f"{where}{exc.strerror}; choose a folder you can write to ({setting})"
     return f"{where}{exc.strerror or exc}"
+
+
+def error_lines(exc: BaseException, command: str, debug: bool) -> tuple[list[str], int]:
+    """The lines to print for what ended the command, and its exit code (re-raised under --debug)."""
+    if isinstance(exc, click.exceptions.NoArgsIsHelpError):
+        return [exc.ctx.get_help() if exc.ctx else "usage: bertcli COMMAND --help"], 2
+    if isinstance(exc, click.exceptions.UsageError):
+        return [
+            f"bertcli: error: {exc.format_message()}" + (f" (see '{exc.ctx.command_path} --help')" if exc.ctx else "")
+        ], 2
+    if isinstance(exc, click.exceptions.ClickException):
+        return [f"bertcli: error: {exc.format_message()}"], exc.exit_code
+    if isinstance(exc, (typer.Abort, KeyboardInterrupt)):
+        if isinstance(exc.__cause__, EOFError):  # Click turns an EOFError into Abort: a failure, not a Ctrl-C
+            exc = exc.__cause__
+        else:
+            return [
+                "bertcli: interrupted; nothing half-written was kept (writes are atomic): run the same command again"
+            ], 130
+    if debug and not isinstance(exc, PipeClosed):
+        raise exc
+    if isinstance(exc, BertcliError):  # one line each, whatever a path holds
+        prefix = "bertcli: " if isinstance(exc, Interrupted) else "bertcli: error: "
+        return [prefix + p.replace("\r", "\\r").replace("\n", "\\n") for p in exc.problems], exc.exit_code
+    if isinstance(exc, OSError):  # the disk, not the program: full, read-only, forbidden, missing
+        return [f"bertcli: error: {os_error_message(exc, command)}"], 1
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    return [f"bertcli: error: {type(exc).__name__}: {first} (run again with --debug for the traceback)"], 1
 
 
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args or bool(os.environ.get("BERTCLI_DEBUG"))
     args = [a for a in args if a != "--debug"]
-    command = typer.main.get_command(app)
     try:
-        code = command.main(args, prog_name="bertcli", standalone_mode=False)
+        code = typer.main.get_command(app).main(args, prog_name="bertcli", standalone_mode=False)
         if code == 130:  # Typer turns a KeyboardInterrupt (a second Ctrl-C) into exit code 130, silently
             raise KeyboardInterrupt
-    except click.exceptions.NoArgsIsHelpError as exc:
-        err(exc.ctx.get_help() if exc.ctx else "usage: bertcli COMMAND --help")
-        code = 2
-    except click.exceptions.UsageError as exc:
-        hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx else ""
-        err(f"bertcli: error: {exc.format_message()}{hint}")
-        code = 2
-    except click.exceptions.ClickException as exc:
-        err(f"bertcli: error: {exc.format_message()}")
-        code = exc.exit_code
-    except (typer.Abort, KeyboardInterrupt) as exc:
-        if isinstance(exc.__cause__, EOFError):  # Click turns an EOFError into Abort: a failure, not a Ctrl-C
-            if debug:
-                raise exc.__cause__ from None
-            err(f"bertcli: error: EOFError: {exc.__cause__} (run again with --debug for the traceback)")
-            code = 1
-        else:
-            err(
-                "bertcli: interrupted; nothing half-written was kept (writes are atomic): run the same command "
-                "again to continue"
-            )
-            code = 130
-    except BertcliError as exc:
-        if debug:
-            raise
-        interrupted = isinstance(exc, Interrupted)
-        for problem in exc.problems:  # a stop is the job's: under torchrun rank 0 says it, errors any process
-            line = problem.replace("\r", "\\r").replace("\n", "\\n")  # one line, whatever a path holds
-            (log if interrupted else err)(f"{'bertcli: ' if interrupted else 'bertcli: error: '}{line}")
-        code = exc.exit_code
-    except PipeClosed:
-        # The reader of our stdout went away: not an error. Point stdout at /dev/null so the
-        # interpreter's final flush does not complain.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+    except PipeClosed:  # the reader of stdout went away: not an error (stdout to /dev/null for the final flush)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         code = 0
-    except OSError as exc:  # the disk, not the program: full, read-only, forbidden, missing
-        if debug:
+    except BaseException as exc:  # noqa: BLE001  every failure is one line and an exit code
+        if isinstance(exc, SystemExit):
             raise
-        err(f"bertcli: error: {os_error_message(exc, next((a for a in args if not a.startswith('-')), ''))}")
-        code = 1
-    except Exception as exc:  # noqa: BLE001  a bug or an unexpected failure: still one line
-        if debug:
-            raise
-        err(
-            f"bertcli: error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} "
-            "(run again with --debug for the traceback)"
-        )
-        code = 1
+        lines, code = error_lines(exc, next((a for a in args if not a.startswith("-")), ""), debug)
+        # A stop is the job's: under torchrun rank 0 says it; an error is said by any process.
+        for line in lines:
+            (console.log if isinstance(exc, Interrupted) else err)(line)
     code = code if isinstance(code, int) else 0
     if argv is None and any(t.name == "bertcli-encode-input" and t.is_alive() for t in threading.enumerate()):
-        # encode stopped while its input thread is blocked reading stdin (a signal, a refusal): that
-        # thread holds stdin's lock, and the interpreter's shutdown would abort on it ("could not
-        # acquire lock for <stdin> at interpreter shutdown"). Everything is written: end the process.
+        # encode's input thread is blocked reading stdin and holds its lock, on which the interpreter's
+        # shutdown would abort: everything is written, so the process ends here.
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(OSError, ValueError):
                 stream.flush()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,20 +14,6 @@ from bertcli.errors import UsageError
 
 if TYPE_CHECKING:
     from bertcli.config import Config
-
-
-def check_writable(folder: Path, named: Path) -> None:
-    """A folder that takes no file (read-only, forbidden) is an OSError naming `named`, now rather than
-    at the first write: a probe file is made and removed there, or in its nearest existing parent."""
-    folder = Path(folder).expanduser().absolute()
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    try:
-        fd, probe = tempfile.mkstemp(prefix=layout.TMP_PREFIX, dir=folder)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as exc:
-        raise OSError(exc.errno, exc.strerror, str(named)) from None
 
 
 def check_device(device: str, flag: str) -> None:
@@ -78,6 +63,43 @@ def init(
     return cfg, header
 
 
+def _encode_flags(
+    *,
+    dtype: str,
+    errors: str,
+    pairs: bool,
+    strict_pairs: bool,
+    max_length: int | None,
+    pooling: str | None,
+    tokens: bool,
+) -> None:
+    """Refuse values of encode's flags that Typer does not check itself, or that contradict each other."""
+    from bertcli import encode_io
+    from bertcli.config import PRECISIONS
+
+    refused = [
+        (dtype not in PRECISIONS, f"--dtype {dtype!r}: expected fp32, bf16 or fp16"),
+        (errors not in ("strict", "replace"), f"--errors {errors!r}: expected strict or replace"),
+        (strict_pairs and not pairs, "--strict-pairs checks --pairs input: add --pairs, or drop --strict-pairs"),
+        # [CLS] A [SEP] B [SEP] and a token of text
+        (
+            pairs and (max_length or 4) < 4,
+            f"--max-length {max_length} with --pairs: a pair takes 3 special tokens; use 4 or more",
+        ),
+        (
+            pooling not in (None, *encode_io.POOLINGS),
+            f"--pooling {pooling!r}: expected {', '.join(encode_io.POOLINGS)}",
+        ),
+        (
+            tokens and pooling is not None,
+            f"--tokens gives a vector per token, which no pooling makes: drop --pooling {pooling}",
+        ),
+    ]
+    for bad, line in refused:
+        if bad:
+            raise UsageError(line)
+
+
 def encode(
     *,
     model: Path,
@@ -97,54 +119,37 @@ def encode(
 ) -> tuple[str, Path | None, Any]:
     """encode's flags, inputs, output and model, checked; returns the format, the output path (resolved)
     and the Hugging Face folder read (None: a bertcli checkpoint or run)."""
-    from bertcli import encode_io, hf_import, sniff
-    from bertcli.config import PRECISIONS
+    from bertcli import encode_io, hf_import
     from bertcli.export import check_model_path, read_checkpoint
     from bertcli.sbert import NotReproducible, refuse_a_module
 
     check_device(device, "--device")
-    if dtype not in PRECISIONS:
-        raise UsageError(f"--dtype {dtype!r}: expected {', '.join(PRECISIONS[:-1])} or {PRECISIONS[-1]}")
-    if errors not in ("strict", "replace"):
-        raise UsageError(f"--errors {errors!r}: expected strict or replace")
-    if strict_pairs and not pairs:
-        raise UsageError("--strict-pairs checks --pairs input: add --pairs, or drop --strict-pairs")
-    if pairs and max_length is not None and max_length < 4:  # [CLS] A [SEP] B [SEP] and a token of text
-        raise UsageError(f"--max-length {max_length} with --pairs: a pair takes 3 special tokens; use 4 or more")
-    if pooling not in (None, *encode_io.POOLINGS):
-        raise UsageError(f"--pooling {pooling!r}: expected {', '.join(encode_io.POOLINGS)}")
-    if tokens and pooling is not None:
-        raise UsageError(f"--tokens gives a vector per token, which no pooling makes: drop --pooling {pooling}")
+    _encode_flags(
+        dtype=dtype,
+        errors=errors,
+        pairs=pairs,
+        strict_pairs=strict_pairs,
+        max_length=max_length,
+        pooling=pooling,
+        tokens=tokens,
+    )
     fmt = encode_io.output_format(fmt, output, with_text=with_text, tokens=tokens)
     encode_io.check_inputs(inputs)
-    if output is not None:
-        named, output = output, encode_io.check_output(output, inputs, model)
-        if not sniff.is_stream(output):
-            check_writable(output.parent, output)
-        by_name = next((n for n, rows in encode_io.FORMATS.items() if rows.suffix == named.suffix.lower()), fmt)
-        if fmt != by_name or named.suffix.lower() in encode_io.OTHER_FORMATS:
-            console.error(
-                f"warning: --format {fmt} writes {fmt} into {named}, whose {named.suffix} name says otherwise"
-            )
+    output = encode_io.check_output(output, inputs, model, fmt) if output is not None else None
     if not model.exists():
-        raise UsageError(
-            f"--model {model}: no such folder; pass a run folder, a checkpoint folder or a Hugging Face BERT folder"
-        )
+        raise UsageError(f"--model {model}: no such folder; pass a run, a checkpoint or a Hugging Face BERT folder")
     refuse_a_module(model, "encode --model")
     hf = hf_import.read_encoder_folder(model)
     check_model_path(model, hf)
     st = hf.sentence if hf is not None else None
     if st is not None and pooling is None and not tokens and (problem := st.problem()):
         raise NotReproducible(st.folder, problem)
-    if hf is not None:
-        model_cfg = hf.config
-    elif layout.identify(model).kind in (layout.Kind.RUN, layout.Kind.CHECKPOINT):
+    model_cfg = hf.config if hf is not None else None
+    if hf is None and layout.identify(model).kind in (layout.Kind.RUN, layout.Kind.CHECKPOINT):
         from bertcli import checkpoint
 
         with console.silent():  # (what it says of the checkpoint chosen, loading says)
             model_cfg = read_checkpoint(model, checkpoint.check_readable)[1].model
-    else:
-        model_cfg = None
     if model_cfg is not None:
         encode_io.check_layer(model_cfg, layer, pooling)
     return fmt, output, hf
@@ -188,14 +193,12 @@ def launch_env() -> None:
 def pretrain(cfg: Config, resume_arg: str, *, device_flag: bool) -> None:
     """What pretrain refuses from files alone: outputs that overlap the corpus; a CUDA device with a CPU
     build of torch; a run another command holds; a model or batch too large for this machine's memory
-    where it trains on its CPU, or a checkpoint for its disk; a --resume PATH that is no whole
-    checkpoint, one its run set aside, or damaged; --resume never over checkpoints; a checkpoint to
-    resume of another model or tokenizer; a model.init_from with NaN weights; an output folder that
-    takes no file, or holds what is in the run's way; a corpus that is not there or too small; a
-    vocabulary size the tokenizer will not have."""
+    where it trains on its CPU, or a checkpoint for its disk; what resume.check_before refuses; a
+    model.init_from with NaN weights; an output folder that takes no file or holds what is in the run's
+    way; a corpus that is not there or too small; a vocabulary size the tokenizer will not have."""
     from bertcli import checkpoint, resume, store
     from bertcli.config import check_gpu_build
-    from bertcli.data.prepare import check_before_training, fixed_tokenizer
+    from bertcli.data.prepare import check_before_training
     from bertcli.resolve import check_outputs_apart
     from bertcli.sizes import (
         BYTES_PER_PARAMETER,
@@ -215,55 +218,16 @@ def pretrain(cfg: Config, resume_arg: str, *, device_flag: bool) -> None:
     if (where := cpu_placement(cfg)) is not None:
         check_memory(cfg.model, where, cfg.train.parallel)
         check_batch(cfg, where)
-    found, path = layout.list_checkpoints(output_dir), None
-    if resume_arg == "never" and found:
-        raise resume.ResumeRefused(layout.checkpoints_dir(output_dir), len(found))
-    if resume_arg not in ("auto", "never"):
-        path = Path(resume_arg)
-        if problem := resume_problem(path):
-            raise UsageError(f"--resume {resume_arg}: {problem}")
-        resume.check_not_set_aside(path, output_dir)
-        if change := checkpoint.change(path):
-            raise checkpoint.DamagedState(f"{path} is damaged ({change[0]}: {change[1]})")
-    elif resume_arg == "auto" and found:
-        path = found[-1][1]
-    run_tokenizer = resume.run_tokenizer(cfg, path)
-    if path is not None and not checkpoint.change(path):  # (a damaged newest one: the trainer sets it aside)
-        resume.check_same_model(path, cfg, vocab=False)  # another architecture first: no tokenizer fixes it
-        used = fixed_tokenizer(cfg, run_tokenizer)
-        if used is not None and used[0] != path / layout.TOKENIZER_JSON:
-            resume.check_same_tokenizer(path, used[0], used[1].to_str().encode())
-        resume.check_same_model(path, cfg)
-    start_from = Path(cfg.model.init_from) if cfg.model.init_from and path is None and not found else None
-    if start_from is not None and layout.identify(start_from).kind is not layout.Kind.CHECKPOINT:
+    run_tokenizer = resume.check_before(cfg, resume_arg)
+    fresh = resume_arg in ("auto", "never") and not layout.list_checkpoints(output_dir)  # starts from init_from
+    if cfg.model.init_from and fresh and layout.identify(Path(cfg.model.init_from)).kind is not layout.Kind.CHECKPOINT:
         from bertcli.hf_import import check_finite_weights
 
-        check_finite_weights(start_from)
-    check_writable(output_dir, output_dir)
+        check_finite_weights(Path(cfg.model.init_from))
+    store.check_writable(output_dir, output_dir)
     if main:
         checkpoint.check_run_folder(output_dir, cfg.train.max_steps)
         if BYTES_PER_PARAMETER * parameter_count(cfg.model) <= machine_memory():  # (too large: refused as such)
             check_disk(cfg.model, output_dir)
     if cfg.data.corpus != "synthetic":
         check_before_training(cfg, run_tokenizer)
-
-
-def resume_problem(path: Path) -> str | None:
-    """Why --resume PATH names no checkpoint to resume from, and what to pass where a run or a model
-    folder was given; None: a complete checkpoint."""
-    from bertcli import layout
-
-    problem = layout.incomplete(path)
-    if problem is None:
-        return None
-    found = layout.identify(path)
-    if path.name == layout.CHECKPOINTS and layout.identify(path.parent).kind is layout.Kind.RUN:
-        found = layout.identify(path.parent)  # a run's checkpoints/ (tab-completed): its run's answer
-    if found.kind is layout.Kind.RUN and found.checkpoints:
-        return f"a run folder, not a checkpoint: name one of its checkpoints ({found.checkpoints[-1][1]}, its newest)"
-    if found.kind in (layout.Kind.HF, layout.Kind.SENTENCE):
-        return (
-            f"{found.kind.value}, not a checkpoint (a checkpoint holds the optimizer's state too): to start from its "
-            "weights, set model.init_from to it, or write the run's config with bertcli init --init-from"
-        )
-    return problem

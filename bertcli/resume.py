@@ -415,3 +415,47 @@ def best_of_other_set(output_dir: Path, cfg: Config, now: dict[str, Any] | None)
         )
     except (BertcliError, OSError):
         return False
+
+
+def check_before(cfg: Config, resume: str) -> Path | None:
+    """What resuming per `resume` refuses from files alone (pretrain asks before torch loads; `choose`
+    acts on it): --resume never over checkpoints, a --resume PATH that is no whole checkpoint, one its run
+    set aside or a damaged one, a checkpoint of another model or tokenizer. Returns the tokenizer.json the
+    run's checkpoints fix (run_tokenizer)."""
+    from bertcli.data.prepare import fixed_tokenizer
+
+    output_dir = Path(cfg.output_dir)
+    found, path = layout.list_checkpoints(output_dir), None
+    if resume == "never" and found:
+        raise ResumeRefused(layout.checkpoints_dir(output_dir), len(found))
+    if resume not in ("auto", "never"):
+        path = Path(resume)
+        if problem := resume_problem(path):
+            raise UsageError(f"--resume {resume}: {problem}")
+        check_not_set_aside(path, output_dir)
+        if change := checkpoint.change(path):
+            raise checkpoint.DamagedState(f"{path} is damaged ({change[0]}: {change[1]})")
+    elif resume == "auto" and found:
+        path = found[-1][1]
+    tokenizer = run_tokenizer(cfg, path)
+    if path is not None and not checkpoint.change(path):  # (a damaged newest one: `choose` sets it aside)
+        check_same_model(path, cfg, vocab=False)  # another architecture first: no tokenizer fixes it
+        used = fixed_tokenizer(cfg, tokenizer)
+        if used is not None and used[0] != path / layout.TOKENIZER_JSON:
+            check_same_tokenizer(path, used[0], used[1].to_str().encode())
+        check_same_model(path, cfg)
+    return tokenizer
+
+
+def resume_problem(path: Path) -> str | None:
+    """Why --resume PATH names no checkpoint, and what to pass where a run or a model folder was given."""
+    if (problem := layout.incomplete(path)) is None:
+        return None
+    found = layout.identify(path)
+    if path.name == layout.CHECKPOINTS and layout.identify(path.parent).kind is layout.Kind.RUN:
+        found = layout.identify(path.parent)  # a run's checkpoints/ (tab-completed): its run's answer
+    if found.kind is layout.Kind.RUN and found.checkpoints:
+        return f"a run folder, not a checkpoint: name one of its checkpoints ({found.checkpoints[-1][1]}, its newest)"
+    if found.kind in (layout.Kind.HF, layout.Kind.SENTENCE):
+        return f"{found.kind.value}, not a checkpoint (it holds no optimizer state): to start from its weights, set model.init_from to it"
+    return problem

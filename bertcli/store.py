@@ -24,6 +24,7 @@ import json
 import os
 import shutil
 import stat
+import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,6 +74,20 @@ def fsync_path(path: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def check_writable(folder: Path, named: Path) -> None:
+    """A folder that takes no file (read-only, forbidden) is an OSError naming `named`, now rather than
+    at the first write: a probe file is made and removed there, or in its nearest existing parent."""
+    folder = Path(folder).expanduser().absolute()
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        fd, probe = tempfile.mkstemp(prefix=layout.TMP_PREFIX, dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, str(named)) from None
 
 
 def write_bytes(path: Path, data: bytes, *, exclusive: bool = False) -> None:
