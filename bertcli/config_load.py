@@ -15,7 +15,6 @@ import os
 import re
 import stat
 import typing
-from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
@@ -381,9 +380,7 @@ def _build(
         sub = f"{path}.{key}" if path else str(key)
         if key not in names:
             section = f"section '{path}'" if path else "the top level"
-            elsewhere = _belongs_in(str(key), value)
-            hint = f"; it belongs in '{elsewhere}'" if elsewhere else _closest(str(key), names)
-            errors.append(f"{where(sub)}: unknown key in {section}{hint}")
+            errors.append(f"{where(sub)}: unknown key in {section}{_closest(str(key), names)}")
             continue
         tp = field_types(cls)[key]
         if tp == Device:  # an open set (cuda:N): a string here, its form in TrainConfig.problems()
@@ -392,15 +389,6 @@ def _build(
             kwargs[key] = _build(tp, value, sub, errors=errors, origin=origin, failed=failed)
             continue
         converted, problem = _check_value(value, tp)
-        if problem and str in (tp, *typing.get_args(tp)) and isinstance(value, (int, float, bool)):
-            # YAML reads 2024, 1e3 and yes as numbers and booleans: a file or folder of that name needs quotes.
-            quoted = (
-                f"--set '{sub}=\"{yaml_scalar(value)}\"'"
-                if origin.get(sub) == "--set"
-                else f'{key}: "{yaml_scalar(value)}"'
-            )
-            kind = "a boolean" if isinstance(value, bool) else "a number"
-            problem += f"; YAML reads {yaml_scalar(value)} as {kind}: quote it ({quoted})"
         if problem:
             errors.append(f"{where(sub)}: {problem}")
             failed.add(sub)
@@ -470,42 +458,6 @@ def _as_float(value: Any) -> float | None:
         except ValueError:
             return None
     return None
-
-
-# ---------------------------------------------------------------------------------------------
-# Hints for unknown keys
-
-
-@cache
-def _all_paths(cls: type, prefix: str = "") -> tuple[str, ...]:
-    """Every leaf key path of dataclass cls, e.g. ('output_dir', 'model.vocab_size', ...)."""
-    paths: list[str] = []
-    for f in dataclasses.fields(cls):
-        tp = field_types(cls)[f.name]
-        path = f"{prefix}{f.name}"
-        paths += _all_paths(tp, path + ".") if dataclasses.is_dataclass(tp) else [path]
-    return tuple(paths)
-
-
-@cache
-def _all_sections(cls: type = None, prefix: str = "") -> tuple[str, ...]:
-    """Every section path of dataclass cls (default Config), e.g. ('model', 'data', 'data.tokenizer', ...)."""
-    cls = cls or Config
-    paths: list[str] = []
-    for f in dataclasses.fields(cls):
-        tp = field_types(cls)[f.name]
-        if dataclasses.is_dataclass(tp):
-            paths += [f"{prefix}{f.name}", *_all_sections(tp, f"{prefix}{f.name}.")]
-    return tuple(paths)
-
-
-def _belongs_in(key: str, value: Any) -> str | None:
-    """Where an unknown key belongs, when its name is a key or a section elsewhere: a mapping
-    (`--set model.tokenizer.path=x`) is looked up among sections, a value among keys first."""
-    keys = [p for p in _all_paths(Config) if p.rsplit(".", 1)[-1] == key]
-    sections = [p for p in _all_sections() if p.rsplit(".", 1)[-1] == key]
-    found = sections + keys if isinstance(value, dict) else keys + sections
-    return found[0] if found else None
 
 
 def _closest(name: str, options: list[str]) -> str:

@@ -244,7 +244,7 @@ CASES = [
         "key-in-wrong-section",
         lambda d, b: ["pretrain", "-c", _write(d, "c.yaml", "train:\n  lr: 0.1\n")],
         2,
-        ("train.lr", "'optimizer.lr'"),
+        ("train.lr", "unknown key"),
     ),
     (
         "wrong-type-int",

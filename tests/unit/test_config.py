@@ -79,7 +79,7 @@ def test_unknown_keys_name_section_and_closest_key(tmp_path):
         "model.hidden_sze" in p and "section 'model'" in p and "did you mean 'hidden_size'" in p for p in problems
     )
     assert any("trian" in p and "did you mean 'train'" in p for p in problems)
-    assert any("train.lr" in p and "optimizer.lr" in p for p in problems)
+    assert any("train.lr: unknown key in section 'train'" in p for p in problems)
     assert all(p.startswith(str(path)) for p in problems)
 
 
@@ -169,40 +169,32 @@ def test_numbers_read_as_yaml_1_2_reads_them(tmp_path):
     assert "train.seed: expected an integer, got '0b11' (str)" in str(info.value)
 
 
-def test_a_string_that_yaml_reads_as_a_number_gets_a_quoting_hint(tmp_path):
+def test_a_string_that_yaml_reads_as_a_number_is_refused_naming_the_key(tmp_path):
     with pytest.raises(UsageError) as info:
         preset_config("tiny", ["data.corpus=2024", "data.tokenizer.path=yes"])
-    assert sorted(info.value.problems) == [
-        "--set: data.corpus: expected a string, got 2024 (int); YAML reads 2024 as a number: quote it "
-        "(--set 'data.corpus=\"2024\"')",
-        "--set: data.tokenizer.path: expected a string, got True (bool); YAML reads true as a boolean: quote it "
-        "(--set 'data.tokenizer.path=\"true\"')",
-    ]
-    assert preset_config("tiny", ['data.corpus="2024"']).data.corpus == "2024"  # the hint, taken, works
+    assert len(info.value.problems) == 2, info.value.problems
+    assert any(p.startswith("--set: data.corpus: ") and "2024" in p for p in info.value.problems)
+    assert any(p.startswith("--set: data.tokenizer.path: ") and "True" in p for p in info.value.problems)
+    assert preset_config("tiny", ['data.corpus="2024"']).data.corpus == "2024"  # quoted, it is a string
     path = tmp_path / "config.yaml"
     path.write_text("data:\n  corpus: 2024\n")
-    with pytest.raises(UsageError, match='quote it \\(corpus: "2024"\\)'):
+    with pytest.raises(UsageError, match=f"{path}: data.corpus: "):
         load_config(path)
 
 
 @pytest.mark.parametrize(
-    "item, where",
+    "item, key",
     [
-        (
-            "model.tokenizer.path=x",
-            "--set: model.tokenizer: unknown key in section 'model'; it belongs in 'data.tokenizer'",
-        ),
-        (
-            "train.synthetic.seed=3",
-            "--set: train.synthetic: unknown key in section 'train'; it belongs in 'data.synthetic'",
-        ),
-        ("model.lr=0.1", "--set: model.lr: unknown key in section 'model'; it belongs in 'optimizer.lr'"),
+        ("model.tokenizer.path=x", "model.tokenizer"),
+        ("train.synthetic.seed=3", "train.synthetic"),
+        ("model.lr=0.1", "model.lr"),
     ],
 )
-def test_a_key_or_section_in_the_wrong_section_names_where_it_belongs(item, where):
+def test_a_key_or_section_in_the_wrong_section_is_refused_naming_it(item, key):
     with pytest.raises(UsageError) as info:
         preset_config("tiny", [item])
-    assert info.value.problems == [where]
+    [problem] = info.value.problems
+    assert problem.startswith(f"--set: {key}: unknown key"), problem
 
 
 def test_malformed_yaml_names_line(tmp_path):
