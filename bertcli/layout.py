@@ -4,7 +4,7 @@ Run folder (output_dir): `pretrain` writes it, `init` writes its config.yaml
   config.yaml          the run's config (the user's file: never rewritten by pretrain)
   metrics.jsonl        one JSON record per log and evaluation step (metrics.py)
   tensorboard/         TensorBoard event files (logging.tensorboard)
-  .lock                held by pretrain and prepare (runlock.py)
+  .lock                held by pretrain and prepare (store.run_lock)
   checkpoints/         step-NNNNNNN/ (the newest checkpoint.keep_last), best/ (the lowest held-out MLM
                        loss), damaged-step-NNNNNNN/ (set aside when resuming), abandoned-step-NNNNNNN/
                        (past a step resumed from by path: the history left), .tmp-* (being written)
@@ -34,7 +34,7 @@ from pathlib import Path
 
 # A file or folder NAME is written as .tmp-NAME.PID beside it, then renamed into place; a folder being
 # replaced is moved aside as .tmp-old-NAME.PID, one being deleted renamed .tmp-del-NAME.PID. PID is the
-# writer's, so that what a process that is gone left is told from a write under way (store.leftovers).
+# writer's, so that what a process that is gone left is told from a write under way (store.clean_leftovers).
 TMP_PREFIX = ".tmp-"
 TEMPORARY = re.compile(rf"{re.escape(TMP_PREFIX)}(?:(old|del)-)?(.+)\.(\d{{1,9}})")
 
@@ -158,7 +158,7 @@ EXPORT = Layout(
 
 def prepared_lock(folder: Path) -> Path:
     """The lock file of prepared folder `folder`, PARENT/.NAME.lock: beside it, since the folder is
-    replaced whole, by a rename, and a lock file inside it would go with it (runlock.PreparedLock)."""
+    replaced whole, by a rename, and a lock file inside it would go with it (store.prepared_lock)."""
     return Path(folder).parent / f".{Path(folder).name}{LOCK}"
 
 

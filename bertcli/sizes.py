@@ -7,7 +7,6 @@ absurd size is refused in microseconds). Torch is imported only to ask a GPU its
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,9 +29,8 @@ def machine_memory() -> int:
 
 @dataclass(frozen=True)
 class Placement:
-    """What the memory checks read of where a run trains, torch-free: `pretrain` asks them before
-    torch is imported (3-4 s, 250 MB) where the run is sure to train on this machine's CPU (trial 21
-    U1), and the trainer again with its Runtime (placement)."""
+    """Where a run trains, as the memory checks read it: before torch loads where the run is sure to
+    train on this machine's CPU (cpu_placement), and in the trainer (Runtime.placement)."""
 
     half: bool  # activations in 2 bytes (autocast), else 4
     world_size: int = 1  # processes in the job
@@ -58,12 +56,9 @@ def padded_vocab_size(cfg: ModelConfig) -> int:
 
 
 def parameter_counts(model: ModelConfig) -> dict[str, int]:
-    """The parameters of BertForPreTraining(model) per part, named as Hugging Face's weights are
-    grouped (bert.embeddings, bert.encoder, bert.pooler, cls.predictions, cls.seq_relationship),
-    the tied decoder weight once, in embeddings; from the config's numbers alone (a million layers
-    are counted at once), checked against built models by the tests. With vocab_size null (the
-    tokenizer not trained yet) the vocabulary counts as its padding multiple: a lower bound, enough
-    to refuse sizes that fail whatever the vocabulary."""
+    """The parameters of BertForPreTraining(model) per part (bert.embeddings, bert.encoder, bert.pooler,
+    cls.predictions, cls.seq_relationship), the tied decoder weight once; from the config's numbers
+    alone. With vocab_size null the vocabulary counts as its padding multiple: a lower bound."""
     h, i = model.hidden_size, model.intermediate_size
     vocab = padded_vocab_size(model) if model.vocab_size is not None else model.pad_vocab_multiple
     layer = (
@@ -97,51 +92,31 @@ def flops_per_token(cfg: ModelConfig, seq_len: float, pred_share: float) -> floa
 
 
 def check_memory(model: ModelConfig, where: Placement, parallel: str) -> None:
-    """Refuse sizes whose training state cannot fit, before anything is built: parameters x 16 bytes
-    on the training device (divided over the processes under FSDP), against the GPU's memory, and
-    the fp32 model each process first builds on the CPU, against the machine's RAM (times the
-    processes on this machine). Activations come on top, so passing is no promise; failing is sure.
-    The count is closed-form (parameter_count), so an absurd size is refused in microseconds; with
-    vocab_size null it is a lower bound, and the check runs again once the tokenizer is known."""
+    """Refuse sizes whose training state cannot fit: parameters x 16 bytes on the training device
+    (divided over the processes under FSDP) against the GPU's memory, and the fp32 model each process
+    first builds on the CPU against the machine's RAM. Activations come on top: passing is no promise,
+    failing is sure. With vocab_size null a lower bound: checked again once the tokenizer is known."""
     n = parameter_count(model)
     shards = where.world_size if where.world_size > 1 and parallel == "fsdp" else 1
     on_device = BYTES_PER_PARAMETER * n // shards
     # This job's processes on this machine (pretrain refuses the variable where there is no job).
     local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))) if where.world_size > 1 else 1
-    h, hidden = model.hidden_size, f"model.hidden_size={model.hidden_size:,}"
-    layers = n - parameter_count(dataclasses.replace(model, num_hidden_layers=0))
-    parts = {  # the terms that can dominate, each named by the values that make it
-        f"model.vocab_size={model.vocab_size or 0:,} x {hidden}": (padded_vocab_size(model) if model.vocab_size else 0)
-        * h,
-        f"model.max_position_embeddings={model.max_position_embeddings:,} x {hidden}": model.max_position_embeddings
-        * h,
-        f"model.type_vocab_size={model.type_vocab_size:,} x {hidden}": model.type_vocab_size * h,
-        f"model.num_hidden_layers={model.num_hidden_layers:,} x {layers // model.num_hidden_layers:,} per layer (from "
-        f"{hidden} and model.intermediate_size={model.intermediate_size:,})": layers,
-    }
-    named, biggest = max(parts.items(), key=lambda kv: kv[1])
-    culprit = (
-        f"{named} alone makes {biggest:,} of them"
-        if biggest > n // 2
-        else "model.hidden_size, model.intermediate_size and model.num_hidden_layers decide most of them"
-    )
+    shared = f", shared by this job's {local} processes on it (LOCAL_WORLD_SIZE)," if local > 1 else ""
     checks = [
         (
             4 * n * local if where.gpu else max(4 * n, on_device) * local,
             machine_memory(),
-            "this machine's memory"
-            + (f", shared by this job's {local} processes on it (LOCAL_WORLD_SIZE)," if local > 1 else ""),
+            f"this machine's memory{shared}",
         )
     ]
     if where.gpu:
-        total, name = where.gpu
-        checks.insert(0, (on_device, total, f"the GPU's memory ({name})"))
-    for need, have, where in checks:
+        checks.insert(0, (on_device, where.gpu[0], f"the GPU's memory ({where.gpu[1]})"))
+    for need, have, memory in checks:
         if have and need > have:
             raise UsageError(
-                f"the model is too large to train here: {n:,} parameters need {need / 2**30:,.1f} GiB "
-                f"for fp32 weights, gradients and AdamW state ({BYTES_PER_PARAMETER} bytes each, before "
-                f"activations) but {where} is {have / 2**30:,.1f} GiB; {culprit}: choose smaller sizes"
+                f"the model is too large to train here: {n:,} parameters need {need / 2**30:,.1f} GiB for fp32 weights, "
+                f"gradients and AdamW state ({BYTES_PER_PARAMETER} bytes each, before activations) but {memory} is "
+                f"{have / 2**30:,.1f} GiB: lower model.hidden_size, model.num_hidden_layers or model.vocab_size"
             )
 
 
@@ -158,11 +133,9 @@ def free_bytes(folder: Path) -> int | None:
 
 
 def check_disk(model: ModelConfig, output_dir: Path) -> None:
-    """Refuse (exit 1) a run whose output disk has no room for one checkpoint (its fp32 weights and
-    AdamW's two moments, CHECKPOINT_BYTES_PER_PARAMETER a parameter; the tokenizer on top): every
-    step before the first save would be trained for nothing (trial 17 U3: the run failed at its first
-    save, after save_every steps). With vocab_size null the size is a lower bound; `pretrain` asks
-    before the data, and again once the tokenizer is known."""
+    """Refuse (exit 1) a run whose output disk has no room for one checkpoint (fp32 weights and AdamW's
+    two moments): every step before the first save would be trained for nothing. With vocab_size null
+    the size is a lower bound; `pretrain` asks before the data, and again once the tokenizer is known."""
     free, need = free_bytes(Path(output_dir)), CHECKPOINT_BYTES_PER_PARAMETER * parameter_count(model)
     if free is not None and free < need:
         raise RunError(
