@@ -76,27 +76,14 @@ def cut_pieces(
             )
         else:
             a_count, random_next, step_to = count, np.ones(n, dtype=bool), chunk_end
-        parts.append(
-            (
-                (first + shift[active]).astype(segment),
-                count.astype(small),
-                a_count.astype(small),
-                random_next,
-                target.astype(small),
-            )
-        )
+        columns = (first + shift[active], count, a_count, random_next, target)
+        parts.append(tuple(c.astype(t) for c, t in zip(columns, (segment, small, small, bool, small))))
         pieces.append(active)
         pos[active] = step_to
         active = active[step_to < stop]
-    if not parts:
-        empty = np.zeros(0, dtype=np.int64)
-        return ChunkIndex(
-            first=empty.astype(segment),
-            count=empty.astype(small),
-            a_count=empty.astype(small),
-            random_next=empty.astype(bool),
-            target=empty.astype(small),
-        ), empty
+    if not parts:  # no pieces: one empty round gives the columns their types
+        parts.append(tuple(np.zeros(0, dtype=t) for t in (segment, small, small, bool, small)))
+        pieces.append(np.zeros(0, dtype=np.int64))
     return ChunkIndex(*(np.concatenate(column) for column in zip(*parts))), np.concatenate(pieces)
 
 
