@@ -1,20 +1,16 @@
-"""`bertcli prepare`: raw text -> tokenizer -> token-id shards that training memory-maps, in four steps:
+"""`bertcli prepare`: raw text -> tokenizer -> token-id shards that training memory-maps.
 
-    scan      the corpus's files and their hashes (scan.file_entries), its units (scan.plan_units)
-    read      what is prepared (prepared.read_manifest), its tokenizer and units checked
-    plan      `make_plan`: reuse it, update it (units to keep, units to make), prepare it afresh, or let
-              it stand in for a corpus that is not there; with the tokenizer kept, given, the run's
-              own or trained, and why: a `Plan`, said by `say` (one function renders every change)
-    execute   `fresh` (everything into a temporary folder renamed over the old one) or `update` (new
-              units renamed in one by one, then a new index, then the manifest: the commit point)
+    scan      the corpus's files, their hashes and units (scan.py)
+    read      what is prepared, its tokenizer and units checked (prepared.py)
+    plan      `make_plan`: reuse it, update it (units to keep, units to make), prepare it afresh, or let it
+              stand in for a corpus that is not there; with the tokenizer given, the run's, kept or to
+              train, and why: a `Plan`, which `say` renders
+    execute   `fresh` (everything into a temporary folder renamed over the old one) or `update` (new units
+              renamed in one by one, then a new index, then the manifest: the commit point)
 
-The tokenizer is trained once. A changed corpus keeps it while unchanged files hold at least half of
-the corpus's bytes (a new vocabulary would change every unit's ids); a forced prepare trains a new
-one; a run keeps the tokenizer of its checkpoints whatever happens (resume.run_tokenizer). The corpus
-is read three times: its characters (which fix the vocabulary's ids), training (on a sample of its
-lines past data.tokenizer.sample_chars: memory stays bounded), tokenizing (units.py). Held-out
-documents are every k-th of each unit (k = 1/validation_fraction) from a phase its bytes give. A stop
-signal leaves the previous manifest valid with all it names; the next prepare reuses finished units.
+A changed corpus keeps its tokenizer while unchanged files hold KEEP_TOKENIZER_SHARE of its bytes (a new
+vocabulary changes every unit's ids); --force trains a new one; a run keeps its checkpoints' tokenizer. A
+stop leaves the previous manifest valid with all it names; the next prepare reuses the finished units.
 """
 
 from __future__ import annotations
@@ -22,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import operator
 import os
 import re
 import sys
@@ -40,16 +37,7 @@ from bertcli.console import info, log
 from bertcli.data import prepared as prep
 from bertcli.data import scan
 from bertcli.data.corpus import held_out_stride, is_held_out
-from bertcli.data.scan import (
-    Unit,
-    corpus_path,
-    file_changes,
-    file_entries,
-    index_digest,
-    plan_units,
-    unchanged_bytes,
-    unit_phase,
-)
+from bertcli.data.scan import Unit, corpus_path, file_changes, file_entries, index_digest, plan_units, unchanged_bytes
 from bertcli.data.text import LineSample, corpus_files, read_sentences, read_text
 from bertcli.data.tokenizer import (
     SPECIAL,
@@ -70,13 +58,8 @@ from bertcli.layout import INDEX, KEY, MANIFEST, SPLITS, UNIT_RECORD, UNITS
 from bertcli.sizes import free_bytes
 from bertcli.stopping import Stopper, stopping
 
-KEEP_TOKENIZER_SHARE = 0.5  # a changed corpus keeps its tokenizer while unchanged files hold this share of its bytes
+KEEP_TOKENIZER_SHARE = 0.5  # a changed corpus keeps its tokenizer while unchanged files hold this share of it
 PREPARED_SHARE = 0.2  # bytes of prepared data per byte of corpus file, at least (English text: 0.5 to 0.6)
-UNKNOWN_SHARE = 0.01  # [UNK] in the units an update prepares beyond this share, and 5x the rest's, is warned of
-SMALL_VOCAB_SHARE, SAMPLE_MISS = (
-    0.5,
-    2.0,
-)  # a vocabulary under this share of the size asked, from a sample this far off its budget
 
 
 def default_workers() -> int:
@@ -95,10 +78,8 @@ class Plan:
     folder: Path
     files: list[Path]
     entries: list[dict[str, Any]]
-    source: (
-        str  # where the tokenizer comes from: "given" (data.tokenizer.path), "run" (its checkpoints), "kept" or "train"
-    )
-    tok: Tokenizer | None = None  # the tokenizer to use (None: to be trained)
+    source: str  # of the tokenizer: "given" (data.tokenizer.path), "run" (its checkpoints), "kept" or "train"
+    tok: Tokenizer | None = None  # None: to be trained
     tokenizer_file: Path | None = None  # the given or the run's tokenizer file
     old: dict[str, Any] | None = None  # the manifest found
     why: str | None = None  # why the folder is not reused as it is
@@ -109,6 +90,17 @@ class Plan:
     index_ok: bool = True
 
 
+@dataclass
+class Run:
+    """How a prepare runs: its progress bars, processes, stop signals, and the check of the vocabulary's
+    size before tokenizing (pretrain refuses a model its disk has no room for)."""
+
+    quiet: bool
+    workers: int
+    stopper: Stopper
+    vocab_check: Callable[[int], None] | None = None
+
+
 def prepare(
     cfg: Config,
     quiet: bool = False,
@@ -117,28 +109,24 @@ def prepare(
     run_tokenizer: Path | None = None,
     vocab_check: Callable[[int], None] | None = None,
 ) -> Path:
-    """Prepare the corpus of resolved config `cfg` on `workers` processes (default: the cores available),
-    keeping what is prepared, whole and unchanged; return the prepared folder. `run_tokenizer`: the
-    tokenizer.json the run's checkpoints fix (resume.run_tokenizer). `vocab_check`: called with the
-    vocabulary's size before the corpus is tokenized (pretrain refuses a model its disk has no room for)."""
+    """Prepare cfg's corpus on `workers` processes (default: the cores available), keeping what is
+    prepared, whole and unchanged; return the prepared folder. `run_tokenizer`: the tokenizer.json the
+    run's checkpoints fix."""
     workers = workers or default_workers()
     with stopping("nothing was kept (the temporary data was removed)") as stopper, one_core(workers):
         plan = make_plan(cfg, force=force, run_tokenizer=run_tokenizer)
         say(plan, cfg)
-        if plan.action == "reuse":
-            _reused(plan, cfg)
-        elif plan.action == "fresh":
-            fresh(plan, cfg, quiet=quiet, workers=workers, stopper=stopper, vocab_check=vocab_check)
-        elif plan.action == "update":
-            update(plan, cfg, quiet=quiet, workers=workers, stopper=stopper, vocab_check=vocab_check)
+        run = Run(quiet, workers, stopper, vocab_check)
+        act = {"reuse": _reused, "fresh": fresh, "update": update}.get(plan.action)  # a stand-in is used as it is
+        if act is not None:
+            act(plan, cfg, run)
         return plan.folder
 
 
 # ------------------------------------------------------------------------------------------ the plan
 def fixed_tokenizer(cfg: Config, run_tokenizer: Path | None = None) -> tuple[Path, Tokenizer] | None:
-    """The tokenizer file the run's data is tokenized with, and the tokenizer as used, where something
-    fixes it: data.tokenizer.path (with the config's casing), else the run's checkpoints'; None: prepare
-    trains one (or keeps the prepared folder's)."""
+    """(file, tokenizer as used) where something fixes it: data.tokenizer.path (with the config's
+    casing), else the run's checkpoints'; None: prepare trains one (or keeps the prepared folder's)."""
     if cfg.data.tokenizer.path:
         file = find_tokenizer_file(Path(cfg.data.tokenizer.path))
         return file, load_tokenizer(file, cfg.data.tokenizer)
@@ -156,36 +144,25 @@ def make_plan(cfg: Config, *, force: bool, run_tokenizer: Path | None) -> Plan:
     stand_in = stands_in(cfg)
     if stand_in and force:
         raise UsageError(
-            f"{data.corpus}: corpus not found, and --force prepares from the corpus; without --force, the data prepared from it in {folder} stands in for it"
+            f"{data.corpus}: corpus not found, and --force prepares from it; without it, {folder} stands in"
         )
     guard = prepared_guard(cfg, folder)
     clean_leftovers(folder)
     old, why_not = prep.read_manifest(folder)
-    fixed = fixed_tokenizer(cfg, run_tokenizer)
-    source = "given" if data.tokenizer.path else "run" if fixed else "train"
+    file, tok = fixed_tokenizer(cfg, run_tokenizer) or (None, None)
+    source = "given" if data.tokenizer.path else "run" if tok is not None else "train"
     if source == "given":
-        check_ids(fixed[1], fixed[0])  # its vocab.txt is written into the data and every checkpoint
-        if clashes := casing_clashes(fixed[1], data.tokenizer):
-            log(
-                f"warning: {clashes}: ignored, as the tokenizer of data.tokenizer.path ({fixed[0]}) keeps its own casing; set them as it has them"
-            )
-    pad = fixed[1].token_to_id("[PAD]") if fixed else SPECIAL.index("[PAD]")  # the model's padding row: [PAD]
-    if problem := cfg.model.pad_problem(pad, str(fixed[0] if fixed else data.corpus)):
+        check_ids(tok, file)  # its vocab.txt is written into the data and every checkpoint
+        if clashes := casing_clashes(tok, data.tokenizer):
+            log(f"warning: {clashes}: ignored, as the tokenizer of data.tokenizer.path ({file}) keeps its casing")
+    pad = tok.token_to_id("[PAD]") if tok is not None else SPECIAL.index("[PAD]")  # the model's padding row
+    if problem := cfg.model.pad_problem(pad, str(file or data.corpus)):
         raise UsageError(problem)
     if stand_in and old is not None:
-        return _stand_in(cfg, old, source, fixed)
+        return _stand_in(cfg, old, source, file, tok)
     files = corpus_files(corpus_path(cfg))
     entries = file_entries(files, old["corpus"]["files"] if old and old.get("unit_bytes") == scan.UNIT_BYTES else [])
-    plan = Plan(
-        "fresh",
-        folder,
-        files,
-        entries=entries,
-        source=source,
-        tok=fixed and fixed[1],
-        tokenizer_file=fixed and fixed[0],
-        old=old,
-    )
+    plan = Plan("fresh", folder, files, entries, source, tok, file, old)
     if old is None or force:
         if why_not and not force:
             guard(folder)  # a folder bertcli did not write is refused, not said to be prepared again
@@ -196,18 +173,20 @@ def make_plan(cfg: Config, *, force: bool, run_tokenizer: Path | None) -> Plan:
         kept, total = unchanged_bytes(entries, old["corpus"]["files"]), sum(e["bytes"] for e in entries)
         if source != "train" or kept >= KEEP_TOKENIZER_SHARE * total:
             return _update_plan(plan, cfg)
-        changes = "; ".join(input_changes(old, plan, cfg))
-        plan.why = f"was made from other inputs ({changes}): {100 * (1 - kept / max(total, 1)):.0f}% of the corpus is new, so a new tokenizer is trained on it"
+        new = 100 * (1 - kept / max(total, 1))
+        plan.why = f"was made from other inputs ({input_changes(old, plan, cfg)}): {new:.0f}% of the corpus is new, so a new tokenizer is trained on it"
     elif why_new.startswith("is damaged"):
         plan.why, plan.warning = f"{why_new}: preparing it again", True
     else:
-        plan.why = f"was made from other inputs than this config's ({'; '.join(input_changes(old, plan, cfg))}): preparing it again"
+        plan.why = (
+            f"was made from other inputs than this config's ({input_changes(old, plan, cfg)}): preparing it again"
+        )
     return plan
 
 
 def _update_plan(plan: Plan, cfg: Config) -> Plan:
-    """The units of the kept tokenizer, which of them are whole (kept) and which to prepare; whether the
-    index is whole. A unit the index disagrees with is prepared again, then the index."""
+    """The units of the kept tokenizer: which are whole (kept), which to prepare, and whether the index
+    is whole. A unit the index disagrees with is prepared again, then the index."""
     folder, old = plan.folder, plan.old
     plan.action, plan.tok = "update", read_tokenizer_json(folder / layout.TOKENIZER_JSON)
     plan.source = plan.source if plan.source != "train" else "kept"
@@ -216,11 +195,7 @@ def _update_plan(plan: Plan, cfg: Config) -> Plan:
     vocab_size, dtype = plan.tok.get_vocab_size(with_added_tokens=True), _dtype(plan.tok)
     for unit in {u.key: u for u in plan.units}.values():  # a unit twice (two equal files): prepared once
         record = records.get(unit.key) or _stray_record(folder, unit.key)
-        problem = (
-            "missing"
-            if record is None
-            else prep.check_unit(folder, unit.key, record, dtype_name=dtype, vocab_size=vocab_size)
-        )
+        problem = "missing" if record is None else prep.check_unit(folder, unit.key, record, dtype, vocab_size)
         if problem is None:
             plan.records[unit.key] = record
         else:
@@ -239,30 +214,19 @@ def _update_plan(plan: Plan, cfg: Config) -> Plan:
     return plan
 
 
-def _stand_in(cfg: Config, old: dict[str, Any], source: str, fixed: tuple[Path, Tokenizer] | None) -> Plan:
-    """The prepared folder as it is, for a corpus that is not there: where it was prepared with this
-    config's settings and tokenizer and is whole; else one line saying why it cannot stand in."""
-    data, folder = cfg.data, Path(cfg.data.prepared_dir)
-    entries = old["corpus"]["files"]
-    files = [Path(e["path"]) for e in entries]
-    plan = Plan(
-        "stand_in",
-        folder,
-        files,
-        entries=entries,
-        source=source,
-        tok=fixed and fixed[1],
-        tokenizer_file=fixed and fixed[0],
-        old=old,
-    )
+def _stand_in(cfg: Config, old: dict[str, Any], source: str, file: Path | None, tok: Tokenizer | None) -> Plan:
+    """The prepared folder as it is, for a corpus that is not there, where it was prepared with this
+    config's settings and tokenizer and is whole; else refused, saying why."""
+    data, folder, entries = cfg.data, Path(cfg.data.prepared_dir), old["corpus"]["files"]
+    plan = Plan("stand_in", folder, [Path(e["path"]) for e in entries], entries, source, tok, file, old)
     why = tokenizer_changed(old, plan, data)
     if why is None and (changed := unit_setting_changes(old, data)):
         why = f"was prepared with other settings ({changed})"
     if why is None and old.get("unit_bytes") != scan.UNIT_BYTES:
         why = "was prepared by another version of bertcli (in units of another size)"
     if why is None:
-        tok = read_tokenizer_json(folder / layout.TOKENIZER_JSON)
-        if index_digest(plan_units(plan.files, entries, tokenizer_sha256(tok), data)) != old["index"]:
+        sha = tokenizer_sha256(read_tokenizer_json(folder / layout.TOKENIZER_JSON))
+        if index_digest(plan_units(plan.files, entries, sha, data)) != old["index"]:
             why = "does not hold the corpus's units as recorded"
     if why is None and (damage := prep.verify(folder, old)):
         why = f"is damaged ({damage[0]})"
@@ -274,8 +238,8 @@ def _stand_in(cfg: Config, old: dict[str, Any], source: str, fixed: tuple[Path, 
 
 
 def stands_in(cfg: Config) -> bool:
-    """Whether data.corpus is not there (moved, unmounted, not copied to the machine that trains) while
-    data.prepared_dir holds data prepared from it, which may then stand in for it."""
+    """Whether data.corpus is not there (moved, unmounted, not on this machine) while data.prepared_dir
+    holds data prepared from it, which may then stand in for it."""
     if cfg.data.corpus in ("synthetic", "sample") or corpus_path(cfg).is_symlink():
         return False
     gone = prep.corpus_gone(prep.read_manifest(Path(cfg.data.prepared_dir))[0])
@@ -319,7 +283,7 @@ def made_from(cfg: Config, manifest: dict[str, Any]) -> bool:
     settings, at a glance: nothing is hashed (inspect's question; prepare checks contents)."""
     if not _trained_as_configured(manifest["tokenizer"], cfg.data):
         return False
-    with console.silent():  # (what it says of the corpus, preparing says)
+    with console.silent():  # what it says of the corpus, preparing says
         try:
             paths = {str(f.resolve()) for f in corpus_files(corpus_path(cfg))}
         except UsageError:
@@ -333,104 +297,72 @@ def unit_setting_changes(old: dict[str, Any], data: DataConfig) -> str:
     return changes_line([(f"data.{k}", old.get(k), getattr(data, k)) for k in keys if old.get(k) != getattr(data, k)])
 
 
-def input_changes(old: dict[str, Any], plan: Plan, cfg: Config) -> list[str]:
+def input_changes(old: dict[str, Any], plan: Plan, cfg: Config) -> str:
     """What differs between the inputs `old` records and this config's, in words."""
-    data, recorded = cfg.data, old["tokenizer"]
+    data, t, recorded = cfg.data, cfg.data.tokenizer, old["tokenizer"]
     changes = []
     if old["corpus"].get("source") != data.corpus:
-        changes.append(
-            f"corpus {old['corpus'].get('source')} -> {data.corpus}: another config shares data.prepared_dir, or data.corpus changed"
-        )
+        changes.append(f"corpus {old['corpus'].get('source')} -> {data.corpus}")
     elif files := file_changes(old["corpus"]["files"], plan.entries, corpus_path(cfg)):
         changes.append(f"corpus files {files}")
-    now = str(plan.tokenizer_file) if plan.source == "given" else "trained"
-    then = str(recorded.get("source"))
-    own = (
-        then != "trained" and layout.checkpoints_dir(Path(cfg.output_dir)) in Path(then).parents
-    )  # the run's checkpoint's
+    now, then = str(plan.tokenizer_file) if plan.source == "given" else "trained", str(recorded.get("source"))
+    own = then != "trained" and layout.checkpoints_dir(Path(cfg.output_dir)) in Path(then).parents  # the run's
     settings = [("data.tokenizer.source", then, now)] if then != now and not own else []
-    t = data.tokenizer
     settings += [
         ("data.tokenizer.vocab_size", recorded.get("requested_vocab_size"), t.vocab_size),
         ("data.tokenizer.min_frequency", recorded.get("min_frequency"), t.min_frequency),
-        ("data.split_sentences", old.get("split_sentences"), data.split_sentences),
-        ("data.validation_fraction", old.get("validation_fraction"), data.validation_fraction),
+        *((f"data.{k}", old.get(k), getattr(data, k)) for k in ("split_sentences", "validation_fraction")),
     ]
     if now == "trained":  # a given tokenizer's casing is its own
-        settings += [
-            ("data.tokenizer.lowercase", recorded.get("lowercase"), t.lowercase),
-            ("data.tokenizer.strip_accents", recorded.get("strip_accents"), t.strip_accents),
-        ]
+        settings += [(f"data.tokenizer.{k}", recorded.get(k), getattr(t, k)) for k in ("lowercase", "strip_accents")]
     changes += [line] if (line := changes_line([s for s in settings if s[1] != s[2]])) else []
-    return changes or ["the corpus or tokenizer settings differ"]
+    return "; ".join(changes) or "the corpus or tokenizer settings differ"
+
+
+_WITH_TOKENIZER = {
+    "given": "the tokenizer of data.tokenizer.path",
+    "run": "the run's own tokenizer (its checkpoints were trained on its token ids)",
+    "kept": "the tokenizer trained on the corpus as it was (a forced prepare trains a new one)",
+}
 
 
 def say(plan: Plan, cfg: Config) -> None:
     """The one rendering of a plan: why the folder is not reused as it is, what is done, with which tokenizer."""
-    with_tok = {
-        "given": "the tokenizer of data.tokenizer.path",
-        "run": "the run's own tokenizer (its checkpoints were trained on its token ids)",
-        "kept": "the tokenizer trained on the corpus as it was (a forced prepare trains a new one)",
-    }.get(plan.source)
-    folder, say_it = plan.folder, log if plan.warning else info
-    if plan.action == "fresh":
+    folder, say_it, old = plan.folder, log if plan.warning else info, plan.old
+    if plan.action == "reuse":
+        info(f"prepared data in {folder} is up to date (corpus and settings unchanged, files intact): reusing it")
+    elif plan.action == "stand_in":
+        where = "is an empty folder (not mounted?)" if Path(cfg.data.corpus).is_dir() else "is not there"
+        documents = sum(old["splits"][s]["documents"] for s in SPLITS)
+        log(
+            f"warning: {cfg.data.corpus} {where}: the data prepared from it in {folder} stands in as it is ({documents:,} documents, prepared {old.get('created', 'earlier')}); whether the corpus changed since cannot be checked"
+        )
+    elif plan.action == "fresh":
         if plan.why:
             say_it(f"prepared data in {folder} {plan.why}")
         if plan.source == "run":
-            info(f"preparing {cfg.data.corpus} with {with_tok}, {plan.tokenizer_file}")
-        shared = layout.identify(folder.parent)
-        if (
-            plan.old
-            and plan.why
-            and shared.kind is layout.Kind.RUN
-            and shared.checkpoints
-            and folder.parent.resolve() != Path(cfg.output_dir).resolve()
-        ):
-            log(
-                f"warning: {folder} is the prepared data of the run in {folder.parent}: each prepare of one redoes the whole corpus while they share it; give this run a data.prepared_dir of its own"
-            )
-    elif plan.action == "update":
-        old_keys, new_keys = {u["key"] for u in plan.old["units"]}, {u.key for u in plan.units}
-        counts = [
-            f"{n} {w}"
-            for n, w in ((len(new_keys - old_keys), "new or changed"), (len(old_keys - new_keys), "gone"))
-            if n
-        ]
-        files, settings = (
-            file_changes(plan.old["corpus"]["files"], plan.entries, corpus_path(cfg)),
-            unit_setting_changes(plan.old, cfg.data),
-        )
-        same_text = {u.content for u in plan.units} == {u.get("content") for u in plan.old["units"]}
-        why = (
-            f" {plan.why}"
-            if plan.why
-            else f": the settings of every unit changed ({settings})"
-            if settings and same_text
-            else f": the corpus changed ({'files ' + files + '; ' if files else ''}units of it {', '.join(counts)})"
-            + (f"; and the settings of every unit ({settings})" if settings else "")
-            if counts
-            else f": the corpus changed (files {files or 'in another order'})"
-        )
-        kept = len(new_keys) - len(plan.make)
-        work = (
-            f"preparing {len(plan.make)} of {len(new_keys)} units ({sum(u.bytes for u in plan.make) / 1e6:,.1f} MB) with {with_tok}"
-            + (f", keeping the other {kept}" if kept else "")
-            if plan.make
-            else "writing a new index"
-        )
-        say_it(f"prepared data in {folder}{why}: {work}")
-    elif plan.action == "reuse":
-        info(f"prepared data in {folder} is up to date (corpus and settings unchanged, files intact): reusing it")
+            info(f"preparing {cfg.data.corpus} with {_WITH_TOKENIZER['run']}, {plan.tokenizer_file}")
     else:
-        where = (
-            "is an empty folder (not mounted?)"
-            if Path(cfg.data.corpus).is_dir()
-            else "is not there (moved, or not on this machine)"
-        )
-        documents = sum(plan.old["splits"][s]["documents"] for s in SPLITS)
-        log(
-            f"warning: {cfg.data.corpus} {where}: the data prepared from it in {folder} stands in as it is ({documents:,} documents, prepared {plan.old.get('created', 'earlier')}); whether the corpus changed since cannot be checked"
-        )
+        why = f" {plan.why}" if plan.why else f": {_update_why(plan, cfg)}"
+        kept, megabytes = len({u.key for u in plan.units}) - len(plan.make), sum(u.bytes for u in plan.make) / 1e6
+        work = f"preparing {len(plan.make)} of {len(plan.make) + kept} units ({megabytes:,.1f} MB) with {_WITH_TOKENIZER[plan.source]}"
+        work = (work + (f", keeping the other {kept}" if kept else "")) if plan.make else "writing a new index"
+        say_it(f"prepared data in {folder}{why}: {work}")
+
+
+def _update_why(plan: Plan, cfg: Config) -> str:
+    """What changed, for an update: the corpus's files and units, or the settings of every unit."""
+    old_keys, new_keys = {u["key"] for u in plan.old["units"]}, {u.key for u in plan.units}
+    units = ((len(new_keys - old_keys), "new or changed"), (len(old_keys - new_keys), "gone"))
+    counts = ", ".join(f"{n} {word}" for n, word in units if n)
+    files = file_changes(plan.old["corpus"]["files"], plan.entries, corpus_path(cfg))
+    settings = unit_setting_changes(plan.old, cfg.data)
+    if settings and {u.content for u in plan.units} == {u.get("content") for u in plan.old["units"]}:
+        return f"the settings of every unit changed ({settings})"
+    if not counts:
+        return f"the corpus changed (files {files or 'in another order'})"
+    also = f"; and the settings of every unit ({settings})" if settings else ""
+    return f"the corpus changed ({f'files {files}; ' if files else ''}units of it {counts}){also}"
 
 
 # ------------------------------------------------------------------------------------------ execution
@@ -446,9 +378,7 @@ def _progress(total: int | None, desc: str, quiet: bool) -> Any:
     )
 
 
-def fresh(
-    plan: Plan, cfg: Config, *, quiet: bool, workers: int, stopper: Stopper, vocab_check: Callable[[int], None] | None
-) -> None:
+def fresh(plan: Plan, cfg: Config, run: Run) -> None:
     """Everything prepared into a temporary folder that then replaces the prepared folder whole."""
     data, start = cfg.data, time.perf_counter()
     check_enough_documents(plan_units(plan.files, plan.entries, "", data), data)  # before the tokenizer is trained
@@ -456,45 +386,65 @@ def fresh(
     with store.folder(plan.folder, prepared_guard(cfg, plan.folder)) as tmp:
         sample = None
         if plan.tok is None:
-            plan.tok, sample = train_tokenizer(plan, data, quiet=quiet, stopper=stopper)
+            plan.tok, sample = train_tokenizer(plan, data, run)
         save_tokenizer(plan.tok, tmp)
         tok = read_tokenizer_json(tmp / layout.TOKENIZER_JSON)  # as every later prepare reads it (the units' keys)
-        if vocab_check is not None:
-            vocab_check(tok.get_vocab_size(with_added_tokens=True))
+        if run.vocab_check is not None:
+            run.vocab_check(tok.get_vocab_size(with_added_tokens=True))
         plan.units = plan_units(plan.files, plan.entries, tokenizer_sha256(tok), data)
-        settings = UnitSettings(data.split_sentences, data.validation_fraction, _dtype(tok), os.getpid())
-        with _progress(sum(u.bytes for u in plan.units), "tokenizing", quiet) as bar:
-            records = prepare_units(
-                plan.units, tmp, tok, settings=settings, workers=workers, progress=bar.update, stop=stopper.check
-            )
-        manifest = _manifest(
-            cfg,
-            plan,
-            tok,
-            tmp,
-            records=records,
-            settings=settings,
-            sample=sample,
-            seconds=time.perf_counter() - start,
-            prepared=plan.units,
-        )
-        check_sizes(manifest, data)
-        write_index(tmp, plan.units, records, manifest["index"])
+        manifest = _tokenize(plan, cfg, tok, tmp, run, sample, start)
         store.write_json(tmp / MANIFEST, manifest)
-        stopper.check()
-    stopper.left = f"the prepared data in {plan.folder} is complete"  # in place: a stop from here on keeps it
+        run.stopper.check()
+    run.stopper.left = f"the prepared data in {plan.folder} is complete"  # in place: a stop from here on keeps it
     _report(plan.folder, manifest, cfg, f"prepared {plan.folder}")
 
 
-def train_tokenizer(plan: Plan, data: DataConfig, *, quiet: bool, stopper: Stopper) -> tuple[Tokenizer, dict[str, Any]]:
+def update(plan: Plan, cfg: Config, run: Run) -> None:
+    """The prepared folder brought up to date in place: its tokenizer and whole units kept, the others
+    prepared and renamed in, then a new index, then the manifest (the commit point)."""
+    folder, start, stopper = plan.folder, time.perf_counter(), run.stopper
+    if run.vocab_check is not None:
+        run.vocab_check(plan.tok.get_vocab_size(with_added_tokens=True))
+    stopper.left = f"the prepared data in {folder} is as it was (units finished are kept for the next prepare)"
+    _check_room(folder, sum(u.bytes for u in plan.make))
+    try:
+        manifest = _tokenize(plan, cfg, plan.tok, folder, run, None, start)
+        store.write_text(folder / MANIFEST, json.dumps(manifest, indent=2) + "\n")  # the commit point
+        stopper.left = f"the prepared data in {folder} is complete"
+    finally:
+        clean_leftovers(folder, mine=True)
+    _remove_unused(folder, manifest)
+    _report(folder, manifest, cfg, f"updated {folder}")
+
+
+def _tokenize(plan: Plan, cfg: Config, tok: Tokenizer, root: Path, run: Run, sample: dict | None, start: float) -> dict:
+    """Prepare the units to make (fresh: all) into `root`, the others being plan.records; check the
+    sizes; write the index where it changed; return the manifest to write."""
+    data, todo = cfg.data, plan.make if plan.action == "update" else plan.units
+    settings = UnitSettings(data.split_sentences, data.validation_fraction, _dtype(tok), os.getpid())
+    with _progress(sum(u.bytes for u in todo), "tokenizing", run.quiet) as bar:
+        made = prepare_units(
+            todo, root, tok, settings=settings, workers=run.workers, progress=bar.update, stop=run.stopper.check
+        )
+    records = plan.records | made
+    tokenizer = plan.old["tokenizer"] if plan.action == "update" else _tokenizer_record(cfg, plan, tok, root, sample)
+    manifest = _manifest(cfg, plan, records, tokenizer, settings.dtype, time.perf_counter() - start, todo)
+    check_sizes(manifest, data)
+    if plan.action == "fresh" or not plan.index_ok:
+        write_index(root, plan.units, records, manifest["index"])
+    run.stopper.check()
+    return manifest
+
+
+def train_tokenizer(plan: Plan, data: DataConfig, run: Run) -> tuple[Tokenizer, dict[str, Any]]:
     """A WordPiece vocabulary trained on the corpus, or on a sample of its lines past sample_chars; and
-    what it was trained on. The trainer holds the main thread while its threads read the corpus: a
-    stop signal is seen through the wakeup pipe (stopper.poll), the reading ends, and what was
-    trained on part of the corpus is never used."""
+    what it was trained on. The trainer holds the main thread while its threads read the corpus: a stop
+    signal is seen through the wakeup pipe (stopper.poll), and what was trained on part of it is dropped."""
     chars = scan_characters(read_text(plan.files), data.tokenizer)
     lines = LineSample(data.tokenizer.sample_chars or chars.count, chars.count)
-    compressed = any(sniff.sniff(f).codec for f in plan.files)
-    with _progress(None if compressed else sum(e["bytes"] for e in plan.entries), "training tokenizer", quiet) as bar:
+    stopper, size = run.stopper, sum(e["bytes"] for e in plan.entries)
+    size = None if any(sniff.sniff(f).codec for f in plan.files) else size  # compressed: bytes read are not these
+    with _progress(size, "training tokenizer", run.quiet) as bar:
         calls = 0
 
         def progress(n: int) -> None:  # most lines of a sample yield no sentence: look for a stop per 1,024 lines
@@ -507,31 +457,14 @@ def train_tokenizer(plan: Plan, data: DataConfig, *, quiet: bool, stopper: Stopp
         read = read_sentences(plan.files, split=data.split_sentences, progress=progress, keep=lines)
         tok = train_wordpiece(_until_stopped((s for s in read if s is not None), stopper), data.tokenizer, chars)
     stopper.check()
-    sample = {
-        "sample_chars": data.tokenizer.sample_chars,
-        "corpus_chars": chars.count,
-        "whole": lines.whole,
-        "lines": lines.lines,
-        "chars": lines.chars,
-    }
+    sample = {"sample_chars": data.tokenizer.sample_chars, "corpus_chars": chars.count, "whole": lines.whole}
+    sample |= {"lines": lines.lines, "chars": lines.chars}
     size, asked = tok.get_vocab_size(with_added_tokens=True), data.tokenizer.vocab_size
     if not lines.whole:
         info(f"the vocabulary was trained on {prep.sample_line(sample)}")
     if size > 1.25 * asked:  # every character has its pieces, whatever the size asked
         log(
-            f"warning: the vocabulary has {size:,} tokens, {size / asked:.1f}x data.tokenizer.vocab_size={asked:,}: every "
-            f"character of the corpus is a token ({len(chars.every):,}), and each that continues a word a ## piece "
-            f"({len(chars.inner):,}); raise vocab_size for its words, or give a tokenizer (data.tokenizer.path)"
-        )
-    elif (
-        not lines.whole
-        and size < SMALL_VOCAB_SHARE * asked
-        and not 1 / SAMPLE_MISS <= (over := lines.chars / max(sample["sample_chars"], 1)) <= SAMPLE_MISS
-    ):
-        log(
-            f"warning: the vocabulary has {size:,} tokens of the {asked:,} asked: the sample it was trained on is "
-            f"{over:.2g}x data.tokenizer.sample_chars, as lines repeated many times are all in it or all out; "
-            "deduplicate the corpus, or raise data.tokenizer.sample_chars"
+            f"warning: the vocabulary has {size:,} tokens, {size / asked:.1f}x data.tokenizer.vocab_size={asked:,}: each of the corpus's characters is one ({len(chars.every):,}); raise vocab_size, or give a tokenizer (data.tokenizer.path)"
         )
     return tok, sample
 
@@ -546,90 +479,17 @@ def _until_stopped(items: Iterator[str], stopper: Stopper) -> Iterator[str]:
         yield item
 
 
-def update(
-    plan: Plan, cfg: Config, *, quiet: bool, workers: int, stopper: Stopper, vocab_check: Callable[[int], None] | None
-) -> None:
-    """The prepared folder brought up to date in place: its tokenizer kept, its whole units kept, the
-    others prepared and renamed in, then a new index, then the manifest (the commit point)."""
-    data, folder, start, tok = cfg.data, plan.folder, time.perf_counter(), plan.tok
-    if vocab_check is not None:
-        vocab_check(tok.get_vocab_size(with_added_tokens=True))
-    settings = UnitSettings(data.split_sentences, data.validation_fraction, _dtype(tok), os.getpid())
-    stopper.left = f"the prepared data in {folder} is as it was (units finished are kept for the next prepare)"
-    _check_room(folder, sum(u.bytes for u in plan.make))
-    records = dict(plan.records)
-    try:
-        with _progress(sum(u.bytes for u in plan.make), "tokenizing", quiet) as bar:
-            records |= prepare_units(
-                plan.make, folder, tok, settings=settings, workers=workers, progress=bar.update, stop=stopper.check
-            )
-        _warn_unknown(plan, records)
-        manifest = _manifest(
-            cfg,
-            plan,
-            tok,
-            folder,
-            records=records,
-            settings=settings,
-            sample=None,
-            seconds=time.perf_counter() - start,
-            prepared=plan.make,
-        )
-        check_sizes(manifest, data)
-        if not plan.index_ok:
-            write_index(folder, plan.units, records, manifest["index"])
-        stopper.check()
-        store.write_text(folder / MANIFEST, json.dumps(manifest, indent=2) + "\n")  # the commit point
-        stopper.left = f"the prepared data in {folder} is complete"
-    finally:
-        clean_leftovers(folder, mine=True)
-    _remove_unused(folder, manifest)
-    _report(folder, manifest, cfg, f"updated {folder}")
-
-
-def _reused(plan: Plan, cfg: Config) -> None:
+def _reused(plan: Plan, cfg: Config, run: Run) -> None:
     """Nothing to prepare: the files as they are now recorded where their names or times changed."""
-    old, entries = plan.old, plan.entries
-    if [(e["path"], e["mtime_ns"]) for e in entries] != [
-        (e["path"], e["mtime_ns"]) for e in old["corpus"]["files"]
-    ] or old["corpus"]["source"] != cfg.data.corpus:
-        store.write_text(
-            plan.folder / MANIFEST,
-            json.dumps({**old, "corpus": {"source": cfg.data.corpus, "files": entries}}, indent=2) + "\n",
-        )
+    old, stamps = plan.old, operator.itemgetter("path", "mtime_ns")
+    if [*map(stamps, plan.entries)] != [*map(stamps, old["corpus"]["files"])] or old["corpus"][
+        "source"
+    ] != cfg.data.corpus:
+        manifest = {**old, "corpus": {"source": cfg.data.corpus, "files": plan.entries}}
+        store.write_text(plan.folder / MANIFEST, json.dumps(manifest, indent=2) + "\n")
     _remove_unused(plan.folder, old)  # units a stopped prepare finished for another corpus
     if warning := prep.random_next(plan.folder, old, cfg.data, cfg.train.seed)[1]:
         log(warning)
-
-
-def _warn_unknown(plan: Plan, records: dict[str, dict[str, Any]]) -> None:
-    """Warn where the units an update prepared are far more [UNK] than the units kept (or than the data
-    before, where none was kept): text in characters the kept tokenizer lacks."""
-
-    def unknown(group: list[Unit]) -> tuple[float, int]:
-        tokens = sum(records[u.key]["splits"][s]["tokens"] for u in group for s in SPLITS)
-        return sum(records[u.key]["unknown_tokens"] for u in group) / max(tokens, 1), tokens
-
-    new, _ = unknown(plan.make)
-    rest, rest_tokens = unknown([u for u in {u.key: u for u in plan.units}.values() if u not in plan.make])
-    than = "of the others"
-    if not rest_tokens:
-        splits = plan.old["splits"]
-        rest, than = (
-            plan.old.get("unknown_tokens", 0) / max(splits["train"]["tokens"] + splits["valid"]["tokens"], 1),
-            "before this update",
-        )
-    if new <= UNKNOWN_SHARE or new <= 5 * rest:
-        return
-    worst = max(plan.make, key=lambda u: unknown([u])[0])
-    files = sorted({str(part.path) for part in worst.parts})
-    remedy = {
-        "given": "give a tokenizer that has them (data.tokenizer.path)",
-        "run": "the run's checkpoints fix its tokenizer: a vocabulary with them needs a new run",
-    }.get(plan.source, "prepare --force trains a new tokenizer on the whole corpus")
-    log(
-        f"warning: {100 * new:.1f}% of the tokens prepared now are [UNK] ({100 * rest:.2f}% {than}), the most in {files[0]} ({100 * unknown([worst])[0]:.0f}%): the tokenizer kept lacks their characters; {remedy}"
-    )
 
 
 def _stray_record(folder: Path, key: str) -> dict[str, Any] | None:
@@ -641,53 +501,32 @@ def _stray_record(folder: Path, key: str) -> dict[str, Any] | None:
     return record if prep.unit_ok(record, in_manifest=False) and record["key"] == key else None
 
 
-def _manifest(
-    cfg: Config,
-    plan: Plan,
-    tok: Tokenizer,
-    root: Path,
-    *,
-    records: dict[str, dict[str, Any]],
-    settings: UnitSettings,
-    sample: dict[str, Any] | None,
-    seconds: float,
-    prepared: list[Unit],
-) -> dict[str, Any]:
-    """The manifest of prepared data in `root` (deterministic but for the times). `prepared`: the units
-    tokenized this time."""
+def _tokenizer_record(cfg: Config, plan: Plan, tok: Tokenizer, root: Path, sample: dict | None) -> dict[str, Any]:
+    """The manifest's record of a new folder's tokenizer: its source, files' hashes, settings, casing as used."""
+    t, casing = cfg.data.tokenizer, describe(tok)
+    record = {
+        "source": str(plan.tokenizer_file) if plan.tokenizer_file else "trained",
+        "vocab_size": tok.get_vocab_size(with_added_tokens=True),
+        "identity": tokenizer_identity(tok),
+        "sha256": {name: store.sha256_of(root / name) for name in layout.TOKENIZER_FILES},
+        "requested_vocab_size": t.vocab_size,
+        "lowercase": casing.get("lowercase", t.lowercase),
+        "strip_accents": casing.get("strip_accents", t.strip_accents),
+        "min_frequency": t.min_frequency,
+        "sample": sample,
+        "given_sha256": tokenizer_sha256(plan.tok) if plan.source == "given" else None,  # as loaded, not as saved
+    }
+    if sample is not None:  # trained: on what, with which settings
+        record["trained_on"] = {"files": len(plan.entries), "bytes": sum(e["bytes"] for e in plan.entries)}
+        record["settings"] = tokenizer_settings(cfg.data, sample["corpus_chars"])
+    return record
+
+
+def _manifest(cfg: Config, plan: Plan, records: dict, tokenizer: dict, dtype: str, seconds: float, todo: list) -> dict:
+    """The manifest of prepared data (deterministic but for the times); `todo`: the units tokenized this time."""
     data, units = cfg.data, plan.units
     splits = {s: {c: sum(records[u.key]["splits"][s][c] for u in units) for c in prep.COUNTS} for s in SPLITS}
-    prepared_tokens = sum(records[u.key]["splits"][s]["tokens"] for u in prepared for s in SPLITS)
-    if plan.action == "update":
-        tokenizer = plan.old["tokenizer"]
-    else:
-        casing = describe(tok)
-        tokenizer = {
-            "source": str(plan.tokenizer_file) if plan.tokenizer_file else "trained",
-            "vocab_size": tok.get_vocab_size(with_added_tokens=True),
-            "identity": tokenizer_identity(tok),
-            "sha256": {name: store.sha256_of(root / name) for name in layout.TOKENIZER_FILES},
-            "requested_vocab_size": data.tokenizer.vocab_size,
-            "lowercase": casing.get("lowercase", data.tokenizer.lowercase),  # as used, not as configured
-            "strip_accents": casing.get("strip_accents", data.tokenizer.strip_accents),
-            "min_frequency": data.tokenizer.min_frequency,
-            "sample": sample,
-            "given_sha256": tokenizer_sha256(plan.tok) if plan.source == "given" else None,  # as loaded, not as saved
-        }
-        if sample is not None:  # trained: on what, with which settings
-            tokenizer["trained_on"] = {"files": len(plan.entries), "bytes": sum(e["bytes"] for e in plan.entries)}
-            tokenizer["settings"] = tokenizer_settings(data, sample["corpus_chars"])
-    units_record = [
-        {
-            "key": u.key,
-            "content": u.content,
-            "bytes": u.bytes,
-            "pieces": [list(p) for p in u.pieces],
-            "splits": records[u.key]["splits"],
-            "unknown_tokens": records[u.key]["unknown_tokens"],
-        }
-        for u in units
-    ]
+    prepared_tokens = sum(records[u.key]["splits"][s]["tokens"] for u in todo for s in SPLITS)
     return {
         "format_version": prep.FORMAT_VERSION,
         "bertcli_version": __version__,
@@ -697,11 +536,15 @@ def _manifest(
         "split_sentences": data.split_sentences,
         "validation_fraction": data.validation_fraction,
         "unit_bytes": scan.UNIT_BYTES,
-        "dtype": settings.dtype,
+        "dtype": dtype,
         "splits": splits,
         "unknown_tokens": sum(records[u.key]["unknown_tokens"] for u in units),
         "index": index_digest(units),
-        "units": units_record,
+        "units": [
+            {"key": u.key, "content": u.content, "bytes": u.bytes, "pieces": [list(p) for p in u.pieces]}
+            | {k: records[u.key][k] for k in ("splits", "unknown_tokens")}
+            for u in units
+        ],
         "seconds": seconds,
         "prepared_tokens": prepared_tokens,
         "tokens_per_s": prepared_tokens / max(seconds, 1e-9),
@@ -710,22 +553,14 @@ def _manifest(
 
 def _report(folder: Path, manifest: dict[str, Any], cfg: Config, done: str) -> None:
     t, v = manifest["splits"]["train"], manifest["splits"]["valid"]
-    total = t["tokens"] + v["tokens"]
+    total, prepared = t["tokens"] + v["tokens"], manifest["prepared_tokens"]
     share, warning = prep.random_next(folder, manifest, cfg.data, cfg.train.seed)
     if warning:
         log(warning)
-    pairs = (
-        f"; random next sentences {100 * share:.1f}% of pairs (data.random_next_prob {100 * cfg.data.random_next_prob:.0f}%)"
-        if share is not None
-        else ""
-    )
-    prepared = manifest["prepared_tokens"]
-    rate = (
-        (f" for the {prepared:,} tokens of the changed units" if prepared < total else "")
-        + f", {manifest['tokens_per_s']:,.0f} tokens/s"
-        if prepared
-        else ", no unit to tokenize"
-    )
+    pairs = "" if share is None else f"; random next sentences {100 * share:.1f}% of pairs"
+    pairs += f" (data.random_next_prob {100 * cfg.data.random_next_prob:.0f}%)" if pairs else ""
+    rate = f" for the {prepared:,} tokens of the changed units" if prepared < total else ""
+    rate = f"{rate}, {manifest['tokens_per_s']:,.0f} tokens/s" if prepared else ", no unit to tokenize"
     info(
         f"{done}: {t['documents'] + v['documents']:,} documents ({v['documents']:,} held out), {t['segments'] + v['segments']:,} "
         f"sentences, {total:,} tokens, vocabulary {manifest['tokenizer']['vocab_size']:,}, unknown "
@@ -738,11 +573,8 @@ def _remove_unused(folder: Path, manifest: dict[str, Any]) -> None:
     keep = {u["key"] for u in manifest["units"]} | {manifest["index"]}
     for sub in (UNITS, INDEX):
         for child in (folder / sub).iterdir() if (folder / sub).is_dir() else ():
-            if (
-                re.fullmatch(KEY, child.name)
-                and child.name not in keep
-                and store.holds_only(child, layout.PREPARED, f"{sub}/{child.name}/")
-            ):
+            own = store.holds_only(child, layout.PREPARED, f"{sub}/{child.name}/")
+            if re.fullmatch(KEY, child.name) and child.name not in keep and own:
                 store.remove_folder(child)
 
 
@@ -753,9 +585,8 @@ def clean_leftovers(folder: Path, mine: bool = False) -> None:
     if not folder.is_dir() or folder.is_symlink():
         return
     for sub in (UNITS, INDEX):
-        store.clean_leftovers(
-            folder / sub, lambda c, name, sub=sub: store.holds_only(c, layout.PREPARED, f"{sub}/{name}/"), mine=mine
-        )
+        own = lambda c, name, sub=sub: store.holds_only(c, layout.PREPARED, f"{sub}/{name}/")  # noqa: E731
+        store.clean_leftovers(folder / sub, own, mine=mine)
     store.clean_leftovers(folder, lambda c, name: name == MANIFEST and store.own_file(c), mine=mine)
 
 
@@ -778,11 +609,11 @@ def prepared_guard(cfg: Config, folder: Path) -> Callable[[Path], None]:
         store.Input("the corpus", corpus_path(cfg)),
         store.Input("the run folder (output_dir)", Path(cfg.output_dir), inside_ok=True),
     ]
-    for label, value in (
-        ("the tokenizer (data.tokenizer.path)", cfg.data.tokenizer.path),
-        ("the model (model.init_from)", cfg.model.init_from),
-    ):
-        inputs += [store.Input(label, Path(value))] if value else []
+    more = {
+        "the tokenizer (data.tokenizer.path)": cfg.data.tokenizer.path,
+        "the model (model.init_from)": cfg.model.init_from,
+    }
+    inputs += [store.Input(label, Path(value)) for label, value in more.items() if value]
     store.check_apart(folder, inputs, fix)
     return lambda target: store.check_replaceable(target, layout.PREPARED, fix)
 
@@ -797,38 +628,34 @@ def prepared_lock(cfg: Config) -> AbstractContextManager[Any]:
 
 def _held_out_count(units: list[dict[str, Any]], stride: int) -> int:
     """Documents held out with every `stride`-th document of each unit."""
-    return sum(
-        (sum(u["splits"][s]["documents"] for s in SPLITS) + unit_phase(u["content"], stride)) // stride for u in units
-    )
+    documents = [sum(u["splits"][s]["documents"] for s in SPLITS) for u in units]
+    return sum((n + scan.unit_phase(u["content"], stride)) // stride for n, u in zip(documents, units))
 
 
 def check_sizes(manifest: dict[str, Any], data: DataConfig) -> None:
-    """Enough documents for examples in each split: 2 with sentence pairs (a random next sentence comes
-    from another document), 1 without. Every fix suggested is one that works."""
+    """Refuse too few documents for examples in a split: 2 with sentence pairs (a random next sentence
+    comes from another document), 1 without. Every fix named is one that works."""
     train, valid = manifest["splits"]["train"]["documents"], manifest["splits"]["valid"]["documents"]
-    total, need = train + valid, 2 if data.pairs else 1
+    total, need, where = train + valid, 2 if data.pairs else 1, f"data.corpus={data.corpus!r}"
     if total == 0:
-        raise UsageError(f"data.corpus={data.corpus!r}: the corpus is empty (no text after reading and tokenizing)")
+        raise UsageError(f"{where}: the corpus is empty (no text after reading and tokenizing)")
     why = " (random next sentences come from another document)" if data.pairs else ""
     if data.validation_fraction > 0 and valid < need:
         strides = range(held_out_stride(data.validation_fraction) - 1, 1, -1)
         stride = next((k for k in strides if need <= _held_out_count(manifest["units"], k) <= total - need), None)
         fixes = [f"raise data.validation_fraction to {1 / stride:.4g}"] if stride else []
-        fixes += (
-            ["set data.validation_fraction: 0 (no held-out evaluation)"]
-            if total >= need
-            else ["set data.validation_fraction: 0, data.pairs: false and train.nsp_weight: 0"]
-            if data.pairs
-            else []
-        )
+        if total >= need:
+            fixes.append("set data.validation_fraction: 0 (no held-out evaluation)")
+        elif data.pairs:
+            fixes.append("set data.validation_fraction: 0, data.pairs: false and train.nsp_weight: 0")
+        fixes.append("add documents (blank lines separate them)")
         raise UsageError(
-            f"data.corpus={data.corpus!r}: {total} document(s) is too small for the held-out split: validation_fraction="
-            f"{data.validation_fraction} holds out {valid}, and held-out examples need at least {need}{why}; "
-            f"{', or '.join([*fixes, 'add documents (blank lines separate them)'])}"
+            f"{where}: {total} document(s) is too small for the held-out split: validation_fraction={data.validation_fraction} "
+            f"holds out {valid}, and held-out examples need at least {need}{why}; {', or '.join(fixes)}"
         )
     if train < need:
         raise UsageError(
-            f"data.corpus={data.corpus!r}: {train} training document(s); at least 2 are needed{why}: separate documents with blank lines, or set data.pairs: false and train.nsp_weight: 0 (no NSP)"
+            f"{where}: {train} training document(s); at least {need} are needed{why}: separate documents with blank lines, or set data.pairs: false and train.nsp_weight: 0 (no NSP)"
         )
 
 
@@ -842,11 +669,8 @@ def check_enough_documents(units: list[Unit], data: DataConfig) -> None:
         counts = {"train": {"documents": 0}, "valid": {"documents": 0}}
         for item in read_sentences(list(unit.parts), split=False):
             if item is None:
-                split = (
-                    "valid"
-                    if is_held_out(sum(c["documents"] for c in counts.values()), fraction, unit.phase(stride))
-                    else "train"
-                )
+                read = counts["train"]["documents"] + counts["valid"]["documents"]
+                split = "valid" if is_held_out(read, fraction, unit.phase(stride)) else "train"
                 counts[split]["documents"] += 1
                 total[split] += 1
                 if total["train"] >= need and (fraction == 0 or total["valid"] >= need):

@@ -31,19 +31,7 @@ from bertcli.data.scan import FORMAT_VERSION, HASH_ALWAYS_BYTES, digest
 from bertcli.data.text import corpus_files
 from bertcli.data.tokenizer import continuation_mask, read_tokenizer_json, special_tokens
 from bertcli.errors import UsageError
-from bertcli.layout import (
-    DOC_OFFSETS,
-    INDEX,
-    INDEX_FILES,
-    KEY,
-    MANIFEST,
-    SEG_OFFSETS,
-    SHARD_FILES,
-    SPLITS,
-    TOKENIZER_FILES,
-    TOKENS,
-    UNITS,
-)
+from bertcli.layout import DOC_OFFSETS, INDEX, KEY, MANIFEST, SEG_OFFSETS, SPLITS, TOKENIZER_FILES, TOKENS, UNITS
 
 COUNTS = ("documents", "segments", "tokens")
 RANDOM_NEXT_MARGIN = 0.1  # warn when the data gives random next sentences this far above random_next_prob
@@ -51,6 +39,14 @@ RANDOM_NEXT_MARGIN = 0.1  # warn when the data gives random next sentences this 
 
 def _count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _int64(path: Path) -> np.ndarray:
+    return np.memmap(path, dtype=np.int64, mode="r")
+
+
+def _key(value: Any) -> bool:
+    return isinstance(value, str) and re.fullmatch(KEY, value) is not None
 
 
 def _splits_ok(splits: Any) -> bool:
@@ -65,13 +61,10 @@ def unit_ok(unit: Any, in_manifest: bool = True) -> bool:
     """A unit's record: a key of 64 hex digits and counts; in the manifest, its contents' hash too."""
     return (
         isinstance(unit, dict)
-        and isinstance(unit.get("key"), str)
-        and re.fullmatch(KEY, unit["key"]) is not None
+        and _key(unit.get("key"))
         and _splits_ok(unit.get("splits"))
         and _count(unit.get("unknown_tokens"))
-        and (
-            not in_manifest or (isinstance(unit.get("content"), str) and re.fullmatch(KEY, unit["content"]) is not None)
-        )
+        and (not in_manifest or _key(unit.get("content")))
     )
 
 
@@ -99,8 +92,7 @@ def read_manifest(folder: Path) -> tuple[dict[str, Any] | None, str | None]:
         and _count(tok.get("vocab_size"))
         and isinstance(tok.get("sha256"), dict)
         and all(isinstance(tok["sha256"].get(name), str) for name in TOKENIZER_FILES)
-        and isinstance(manifest.get("index"), str)
-        and re.fullmatch(KEY, manifest["index"]) is not None
+        and _key(manifest.get("index"))
         and isinstance(units, list)
         and all(unit_ok(u) for u in units)
         and all(sum(u["splits"][s][c] for u in units) == splits[s][c] for s in SPLITS for c in COUNTS)
@@ -136,12 +128,11 @@ def _rising(offsets: np.ndarray, last: int, block: int = 1 << 20) -> bool:
     return all((np.diff(offsets[lo : lo + block + 1]) > 0).all() for lo in range(0, len(offsets) - 1, block))
 
 
-def check_unit(folder: Path, key: str, record: dict[str, Any], *, dtype_name: str, vocab_size: int) -> str | None:
-    """What is wrong with the shards of unit `key` (naming the file), None where whole: regular files of
-    the sizes its record implies, offsets rising from 0 to its counts, token ids below the vocabulary
-    size (read once: about 15 ms per 100M tokens in the page cache)."""
+def check_unit(folder: Path, key: str, record: dict[str, Any], dtype_name: str, vocab_size: int) -> str | None:
+    """What is wrong with the shards of unit `key` (naming the file), None where whole: regular files of the
+    sizes its record implies, offsets rising to its counts, token ids below the vocabulary size."""
     rel, dtype = f"{UNITS}/{key}", np.dtype(dtype_name)
-    if problem := _files_problem(folder, rel, SHARD_FILES):
+    if problem := _files_problem(folder, rel, layout.SHARD_FILES):
         return problem
     for split, counts in record["splits"].items():
         base = folder / rel / split
@@ -154,7 +145,7 @@ def check_unit(folder: Path, key: str, record: dict[str, Any], *, dtype_name: st
             if (actual := (base / name).stat().st_size) != size:
                 return f"{rel}/{split}/{name} holds {actual:,} bytes where {MANIFEST} implies {size:,}"
         for name, last in ((SEG_OFFSETS, counts["tokens"]), (DOC_OFFSETS, counts["segments"])):
-            if not _rising(np.memmap(base / name, dtype=np.int64, mode="r"), last):
+            if not _rising(_int64(base / name), last):
                 return f"{rel}/{split}/{name} does not rise from 0 to {last:,}: its offsets are damaged"
         if counts["tokens"] and vocab_size <= np.iinfo(dtype).max:
             if (top := int(np.memmap(base / TOKENS, dtype=dtype, mode="r").max())) >= vocab_size:
@@ -163,22 +154,21 @@ def check_unit(folder: Path, key: str, record: dict[str, Any], *, dtype_name: st
 
 
 def check_index(folder: Path, manifest: dict[str, Any]) -> tuple[str, str | None] | None:
-    """What is wrong with the index (naming the file), and the key of the unit it disagrees with, if one;
-    None where whole: every unit's offsets there, shifted by the units before it, so every boundary
-    training reads is one a unit holds. Where the two copies disagree, either may be the damaged one."""
+    """What is wrong with the index (naming the file) and the key of the unit it disagrees with (either may
+    be the damaged one); None where it holds every unit's offsets, shifted by the units before it."""
     rel = f"{INDEX}/{manifest['index']}"
-    if problem := _files_problem(folder, rel, INDEX_FILES):
+    if problem := _files_problem(folder, rel, layout.INDEX_FILES):
         return problem, None
     for split, counts in manifest["splits"].items():
         base, offsets = folder / rel / split, {}
         for name, length in ((SEG_OFFSETS, counts["segments"] + 1), (DOC_OFFSETS, counts["documents"] + 1)):
             if (actual := (base / name).stat().st_size) != length * 8:
                 return f"{rel}/{split}/{name} holds {actual:,} bytes where {MANIFEST} implies {length * 8:,}", None
-            offsets[name] = np.memmap(base / name, dtype=np.int64, mode="r")
+            offsets[name] = _int64(base / name)
         start = dict.fromkeys(COUNTS, 0)  # of the units before this one
         for unit in manifest["units"]:
             own, unit_counts = folder / UNITS / unit["key"] / split, unit["splits"][split]
-            problem = _files_problem(folder, f"{UNITS}/{unit['key']}", INDEX_FILES)
+            problem = _files_problem(folder, f"{UNITS}/{unit['key']}", layout.INDEX_FILES)
             for name, count in ((SEG_OFFSETS, unit_counts["segments"]), (DOC_OFFSETS, unit_counts["documents"])):
                 if problem is None and (own / name).stat().st_size != (count + 1) * 8:
                     problem = f"{UNITS}/{unit['key']}/{split}/{name} is not of the size {MANIFEST} implies"
@@ -188,14 +178,12 @@ def check_index(folder: Path, manifest: dict[str, Any]) -> tuple[str, str | None
                 (SEG_OFFSETS, start["segments"], start["tokens"]),
                 (DOC_OFFSETS, start["documents"], start["segments"]),
             ):
-                if not _holds_shifted(offsets[name], at, np.memmap(own / name, dtype=np.int64, mode="r"), shift):
+                if not _holds_shifted(offsets[name], at, _int64(own / name), shift):
                     return (
                         f"{rel}/{split}/{name} does not hold the offsets of {UNITS}/{unit['key']}/{split} from its entry {at:,}: one of the two is damaged",
                         unit["key"],
                     )
-            start = {c: start[c] + unit_counts[c] for c in COUNTS}
-        if start != {c: counts[c] for c in COUNTS}:
-            return f"{MANIFEST}: the {split} totals are not the sum of its units' counts: the manifest is damaged", None
+            start = {c: start[c] + unit_counts[c] for c in COUNTS}  # (read_manifest checked the totals)
     return None
 
 
@@ -210,16 +198,13 @@ def _holds_shifted(index: np.ndarray, at: int, own: np.ndarray, shift: int, bloc
 
 
 def verify(folder: Path, manifest: dict[str, Any]) -> list[str]:
-    """What is damaged in prepared data, each as "FILE: REASON"; none where whole: the tokenizer files as
-    hashed, every unit (check_unit), then the index (check_index). Cheap: offsets and token ids are
-    read once, memory-mapped."""
+    """What is damaged in prepared data, each as "FILE: REASON" (none where whole): the tokenizer files,
+    every unit (check_unit), then the index (check_index), each file read once, memory-mapped."""
     if problem := check_tokenizer(folder, manifest):
         return [problem]
-    vocab_size = manifest["tokenizer"]["vocab_size"]
+    dtype, vocab_size, units = manifest["dtype"], manifest["tokenizer"]["vocab_size"], manifest["units"]
     damage = [
-        p
-        for u in {u["key"]: u for u in manifest["units"]}.values()
-        if (p := check_unit(folder, u["key"], u, dtype_name=manifest["dtype"], vocab_size=vocab_size))
+        p for u in {u["key"]: u for u in units}.values() if (p := check_unit(folder, u["key"], u, dtype, vocab_size))
     ]
     if not damage and (found := check_index(folder, manifest)):
         damage.append(found[0])
@@ -268,8 +253,8 @@ class PreparedData:
         base = self.folder / INDEX / self.manifest["index"] / split
         return Corpus(
             tokens=pieces[0] if len(pieces) == 1 else PartTokens(pieces),
-            seg_offsets=np.memmap(base / SEG_OFFSETS, dtype=np.int64, mode="r"),
-            doc_offsets=np.memmap(base / DOC_OFFSETS, dtype=np.int64, mode="r"),
+            seg_offsets=_int64(base / SEG_OFFSETS),
+            doc_offsets=_int64(base / DOC_OFFSETS),
             vocab_size=self.vocab_size,
             special=self.special,
             continuation=continuation_mask(self.tokenizer),
@@ -277,8 +262,8 @@ class PreparedData:
 
 
 class NotPrepared(UsageError):
-    """Folder `folder` holds no usable prepared data (`problem`): one line saying the prepare that makes
-    it from the run's config (`config`), or that its corpus (`gone`) must come back first."""
+    """No usable prepared data in `folder` (`problem`): the prepare that makes it from the run's `config`,
+    or that its corpus (`gone`) must come back first."""
 
     def __init__(self, folder: Path, problem: str, config: Path | None, gone: str | None = None) -> None:
         again = f"bertcli prepare --config {config or 'CONFIG'}"
@@ -302,8 +287,7 @@ def load_prepared(folder: Path, verified: bool = False) -> PreparedData:
 
 
 def corpus_gone(manifest: dict[str, Any] | None) -> str | None:
-    """The corpus prepared data was made from, where it is not there now (nor an empty folder's contents:
-    an unmounted mount point); None: it is there, or unknown."""
+    """The corpus prepared data was made from, where it is not there now (or an empty folder: not mounted)."""
     source = manifest.get("corpus", {}).get("source") if isinstance(manifest, dict) else None
     if not isinstance(source, str) or source in ("sample", "synthetic"):
         return None
@@ -312,8 +296,8 @@ def corpus_gone(manifest: dict[str, Any] | None) -> str | None:
 
 
 def corpus_drift(manifest: dict[str, Any]) -> str | None:
-    """How the corpus prepared data was made from differs now, by its files' names, sizes and times
-    (nothing is read: inspect's question; prepare compares contents), in words; None: no file differs."""
+    """How the corpus's files differ now from those prepared, by name, size and time (inspect's question;
+    prepare compares contents), in words; None: none differs."""
     source = manifest["corpus"].get("source")
     if not isinstance(source, str) or source in ("sample", "synthetic"):
         return None
@@ -331,35 +315,31 @@ def corpus_drift(manifest: dict[str, Any]) -> str | None:
         (len(then.keys() - now.keys()), "gone"),
         (sum(now[p] != then[p] for p in now.keys() & then.keys()), "written to"),
     )
-    if not any(n for n, _ in counts):
-        return None
-    return f"the corpus's files differ from those prepared ({', '.join(f'{n} {w}' for n, w in counts if n)}): the next prepare or pretrain brings the data up to date"
+    changed = ", ".join(f"{n} {w}" for n, w in counts if n)
+    return (
+        f"the corpus's files differ from those prepared ({changed}): the next prepare updates it" if changed else None
+    )
 
 
 def cache_check(corpus_bytes: int) -> str:
     """What the cache check compares for a corpus of `corpus_bytes`, in words (for `inspect`)."""
+    gib = HASH_ALWAYS_BYTES >> 30
     if corpus_bytes <= HASH_ALWAYS_BYTES:
-        return f"the same SHA-256 for every corpus file (all hashed again at each start: the corpus is at most {HASH_ALWAYS_BYTES >> 30} GiB)"
-    return (
-        f"the same size and modification time for every corpus file, hashed again only where either changed (the corpus "
-        f"is over {HASH_ALWAYS_BYTES >> 30} GiB: an edit that keeps both is not seen; a forced `prepare` prepares again)"
-    )
+        return (
+            f"the same SHA-256 for every corpus file (all hashed again at each start: the corpus is at most {gib} GiB)"
+        )
+    return f"the same size and modification time for every corpus file (over {gib} GiB: an edit keeping both is missed)"
 
 
 def sample_line(sample: dict[str, Any]) -> str:
     """What trained the vocabulary (manifest["tokenizer"]["sample"]), in words after "trained on"."""
+    budget = f"data.tokenizer.sample_chars={sample['sample_chars']:,}"
     if sample["whole"]:
-        budget = (
-            "data.tokenizer.sample_chars=0"
-            if not sample["sample_chars"]
-            else f"{sample['corpus_chars']:,} characters, within data.tokenizer.sample_chars={sample['sample_chars']:,}"
-        )
-        return f"the whole corpus ({budget})"
-    share = sample["chars"] / max(sample["corpus_chars"], 1)
+        return f"the whole corpus ({sample['corpus_chars']:,} characters, {budget})"
+    share = 100 * sample["chars"] / max(sample["corpus_chars"], 1)
     return (
         f"a sample of {sample['lines']:,} lines, {sample['chars']:,} of the corpus's {sample['corpus_chars']:,} characters "
-        f"({100 * share:.1f}%), chosen by a hash of each line all over the corpus (data.tokenizer.sample_chars="
-        f"{sample['sample_chars']:,}; 0 trains on the whole corpus)"
+        f"({share:.1f}%), chosen by a hash of each line ({budget}; 0 trains on the whole corpus)"
     )
 
 
@@ -380,17 +360,11 @@ def random_next(folder: Path, manifest: dict[str, Any], data: DataConfig, seed: 
     if not data.pairs or manifest["splits"]["train"]["documents"] == 0:
         return None, None
     base = folder / INDEX / manifest["index"] / "train"
-    share = random_next_share(
-        np.memmap(base / SEG_OFFSETS, dtype=np.int64, mode="r"),
-        np.memmap(base / DOC_OFFSETS, dtype=np.int64, mode="r"),
-        data,
-        seed,
-    )
+    share = random_next_share(_int64(base / SEG_OFFSETS), _int64(base / DOC_OFFSETS), data, seed)
     if share <= data.random_next_prob + RANDOM_NEXT_MARGIN:
         return share, None
     return share, (
-        f"warning: {100 * share:.1f}% of the NSP pairs will have a random next sentence, against data.random_next_prob="
-        f"{data.random_next_prob:g}: most documents are too short for pairs, so NSP accuracy will look high without "
-        "learning; put several sentences in each document (a blank line ends a document in text, one JSONL record is "
-        "one document), or set data.pairs: false and train.nsp_weight: 0"
+        f"warning: {100 * share:.1f}% of the NSP pairs will have a random next sentence (data.random_next_prob="
+        f"{data.random_next_prob:g}): most documents are too short for pairs, so NSP accuracy will look high without "
+        "learning; put several sentences in each document, or set data.pairs: false and train.nsp_weight: 0"
     )

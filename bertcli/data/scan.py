@@ -46,9 +46,7 @@ def _hash_parts(path: Path, cuts: list[int]) -> list[dict[str, Any]]:
     with open(path, "rb") as fh:
         for start, end in zip(bounds, bounds[1:]):
             sha, left, lines = hashlib.sha256(), end - start, 0
-            while left > 0 and (
-                block := fh.read(min(1 << 20, left))
-            ):  # (a file that shrank: its hash differs next time)
+            while left > 0 and (block := fh.read(min(1 << 20, left))):  # (a file that shrank: hashed anew next time)
                 sha.update(block)
                 lines += block.count(b"\n")
                 left -= len(block)
@@ -65,17 +63,12 @@ def file_entries(files: list[Path], previous: list[dict[str, Any]]) -> list[dict
     for f in files:
         st, old = f.stat(), known.get(str(f.resolve()))
         entry: dict[str, Any] = {"path": str(f.resolve()), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
-        if (
-            old is not None
-            and (old.get("bytes"), old.get("mtime_ns")) == (st.st_size, st.st_mtime_ns)
-            and entry_digest(old)
-        ):
+        same = old is not None and (old.get("bytes"), old.get("mtime_ns")) == (st.st_size, st.st_mtime_ns)
+        if same and entry_digest(old):
             entry.update({k: old[k] for k in ("sha256", "parts") if k in old})
         else:
-            if lines_end_in_cr(f):
-                log(
-                    f"warning: {f}: its lines end in CR alone (classic Mac OS); a line ends at LF, so it reads as one document: convert it (tr '\\r' '\\n' < OLD > NEW)"
-                )
+            if lines_end_in_cr(f):  # a line ends at LF: the file would read as one document
+                log(f"warning: {f}: its lines end in CR alone, so it reads as one document: tr '\\r' '\\n' < OLD > NEW")
             cuts = document_cuts(f, UNIT_BYTES) if st.st_size > UNIT_BYTES and not sniff.sniff(f).codec else []
             entry.update({"parts": _hash_parts(f, cuts)} if cuts else {"sha256": store.sha256_of(f)})
         entries.append(entry)
@@ -87,15 +80,13 @@ def _say_copies(entries: list[dict[str, Any]]) -> None:
     """Warn of corpus files with the same bytes: their documents would be trained on twice, and could
     fall on both sides of the held-out split."""
     first: dict[Any, str] = {}
-    copies = []
+    copies: list[tuple[str, str]] = []
     for entry in entries:
         if entry["bytes"]:
             copies += [(entry["path"], first[d])] if (d := entry_digest(entry)) in first else []
             first.setdefault(d, entry["path"])
     if copies:
-        log(
-            f"warning: {len(copies):,} corpus file(s) hold the same bytes as another, e.g. {copies[0][0]} and {copies[0][1]}: their documents are trained on twice; remove the copies"
-        )
+        log(f"warning: {len(copies):,} corpus file(s) are copies, e.g. {copies[0][0]} and {copies[0][1]}: remove them")
 
 
 def entry_digest(entry: dict[str, Any]) -> str | None:
@@ -188,27 +179,16 @@ def plan_units(files: list[Path], entries: list[dict[str, Any]], tokenizer_sha25
     def close(members: list[tuple[Part, int, tuple[int, int, int], str]]) -> list:
         if members:
             content = digest([[_reading(m[0].path), m[3]] for m in members])
-            units.append(
-                Unit(
-                    digest({**settings, "content": content}), content, *(tuple(m[i] for m in members) for i in range(3))
-                )
-            )
+            parts, sizes, pieces = (tuple(m[i] for m in members) for i in range(3))
+            units.append(Unit(digest({**settings, "content": content}), content, parts, sizes, pieces))
         return []
 
     for number, (path, entry) in enumerate(zip(files, entries)):
         if "parts" in entry:  # a large file, cut into parts: a unit each
             group = close(group)
             for p in entry["parts"]:
-                close(
-                    [
-                        (
-                            Part(path, p["start"], p["end"], p["line"]),
-                            p["end"] - p["start"],
-                            (number, p["start"], p["end"]),
-                            p["sha256"],
-                        )
-                    ]
-                )
+                piece = (number, p["start"], p["end"])
+                close([(Part(path, p["start"], p["end"], p["line"]), p["end"] - p["start"], piece, p["sha256"])])
             continue
         member = (Part(path), entry["bytes"], (number, 0, entry["bytes"]), entry["sha256"])
         if entry["bytes"] >= UNIT_BYTES:  # a large compressed file (or one without a boundary to cut at)
@@ -216,9 +196,8 @@ def plan_units(files: list[Path], entries: list[dict[str, Any]], tokenizer_sha25
             close([member])
             continue
         group.append(member)
-        if (
-            int(entry["sha256"][:16], 16) < (entry["bytes"] << 64) // UNIT_BYTES
-        ):  # closes its run: P = size / UNIT_BYTES
+        closes = int(entry["sha256"][:16], 16) < (entry["bytes"] << 64) // UNIT_BYTES  # with P = size / UNIT_BYTES
+        if closes:  # its run
             group = close(group)
     close(group)
     return units

@@ -1,12 +1,10 @@
-"""Reading raw corpora, streamed: plain text (*.txt) and JSON Lines (*.jsonl) with a "text" field,
-each plain or compressed (.gz, .bz2, .xz), and folders of them (recursive); suffixes in any case.
+"""Reading raw corpora, streamed: plain text (*.txt) and JSON Lines (*.jsonl) with a "text" field, each
+plain or compressed (.gz, .bz2, .xz), and folders of them (recursive); suffixes in any case.
 
-The text format is Google BERT's create_pretraining_data.py input: documents separated by blank
-lines, one sentence or paragraph per line; lines are cut into sentences by a small built-in
-splitter. A JSON Lines record is one document. Reading yields sentences and `None` at each
-document end, so no document, file or corpus is ever held whole in memory. A line longer than
-MAX_LINE_CHARS is cut into pieces (at white space near that length) before it is split into
-sentences, so that one huge line costs what an ordinary corpus of its size costs.
+Text is Google BERT's create_pretraining_data.py input: documents separated by blank lines, a sentence or
+paragraph per line, cut into sentences by a small rule-based splitter. A JSON Lines record is a document.
+Reading yields sentences and None at each document end, so nothing is held whole in memory; a line
+longer than MAX_LINE_CHARS is cut into pieces (at white space near that length) first.
 """
 
 from __future__ import annotations
@@ -32,39 +30,16 @@ from bertcli.console import info
 from bertcli.errors import UsageError
 
 SUFFIXES = (".txt", ".jsonl")  # each plain or compressed (sniff.COMPRESSION_SUFFIXES)
-
-
-class _NoStream(io.RawIOBase):
-    """A .gz file of 0 bytes (a failed download) holds no gzip stream at all, which `gzip -t` calls damaged
-    and Python's gzip reads as empty text: reading it raises as a file cut short does."""
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
-        raise EOFError("no gzip stream: the file is empty")
-
-
-# The corpus reader of each compression sniff.KINDS names (a codec), and the command that checks a file of it.
-OPENERS = {
-    "gzip": (
-        lambda path: io.BufferedReader(_NoStream()) if os.path.getsize(path) == 0 else gzip.open(path, "rb"),
-        "gzip -t",
-    ),
-    "bzip2": (lambda path: _strict_streams(path, bz2.BZ2Decompressor), "bzip2 -t"),
-    "xz": (lambda path: _strict_streams(path, lzma.LZMADecompressor), "xz -t"),
-}
+CORPUS_NAMES = "*.txt and *.jsonl files (plain, .gz, .bz2 or .xz)"
 END_OF_DOCUMENT = None
-# Longest line read as it is: longer ones are cut at white space near this length (a piece of
-# 10,000 characters is about 2,000 tokens, four times the longest example BERT trains on; only
-# what no example could hold whole is cut).
+# Longest line read as it is: 10,000 characters are about 2,000 tokens, four times the longest example
+# BERT trains on, so only what no example could hold whole is cut.
 MAX_LINE_CHARS = 10_000
 CUT_WINDOW = 1_000  # a cut looks this far back from MAX_LINE_CHARS for white space
-
-# A sentence ends at . ! or ? (plus closing quotes/brackets, which stay with it), before white space
-# and a capital, a digit or an opening quote: the "gap" between two sentences is that white space
-# alone (trial 19 S1: the closing quotes and brackets were dropped, 131 characters of python-docs).
-# Abbreviations that usually precede a capital are not ends.
+READ_BYTES = 1 << 16  # a text line is read in parts of at most this many bytes (a JSON Lines record whole)
+# A sentence ends at . ! or ? (closing quotes and brackets stay with it) before white space and a capital,
+# a digit or an opening quote; the "gap" between two sentences is that white space alone. Abbreviations
+# that usually precede a capital are not ends.
 _BOUNDARY = re.compile(r"""(?<=[.!?])["'\u201d\u2019)\]]*(?P<gap>\s+)(?=["'\u201c\u2018(\[]?[A-Z0-9])""")
 _ABBREVIATIONS = {
     "mr",
@@ -84,20 +59,37 @@ _ABBREVIATIONS = {
     "jr",
     "sr",
 }
+_SPACE = re.compile(r"\s+")
+
+
+class _NoStream(io.RawIOBase):
+    """A .gz file of 0 bytes (a failed download) holds no gzip stream, which `gzip -t` calls damaged and
+    Python's gzip reads as empty: reading it raises as a file cut short does."""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        raise EOFError("no gzip stream: the file is empty")
+
+
+# The corpus reader of each compression sniff.KINDS names (a codec); `CODEC -t` checks a file of it.
+OPENERS = {
+    "gzip": lambda path: io.BufferedReader(_NoStream()) if os.path.getsize(path) == 0 else gzip.open(path, "rb"),
+    "bzip2": lambda path: _strict_streams(path, bz2.BZ2Decompressor),
+    "xz": lambda path: _strict_streams(path, lzma.LZMADecompressor),
+}
 
 
 def split_sentences(line: str) -> list[str]:
     """Cut a line (often a paragraph) into sentences. Simple and rule-based: no downloads."""
     if len(line) < 40 or not _BOUNDARY.search(line):
         return [line]
-    sentences: list[str] = []
-    start = 0
+    sentences, start = [], 0
     for match in _BOUNDARY.finditer(line):
         before = line[start : match.start()].rstrip("\"')]\u201d\u2019")
         last_word = before.rsplit(None, 1)[-1].rstrip(".!?") if before.strip() else ""
-        if last_word.lower() in _ABBREVIATIONS or (
-            len(last_word) == 1 and last_word.isupper()
-        ):  # "Dr. Who", "J. Smith"
+        if last_word.lower() in _ABBREVIATIONS or (len(last_word) == 1 and last_word.isupper()):  # "J. Smith"
             continue
         sentences.append(line[start : match.start("gap")].strip())
         start = match.end()
@@ -105,14 +97,9 @@ def split_sentences(line: str) -> list[str]:
     return [s for s in sentences if s]
 
 
-_SPACE = re.compile(r"\s+")
-
-
 def _cut_point(text: str, start: int, limit: int) -> tuple[int, int]:
-    """Where to end the piece of `text` that starts at `start` (the text runs past start + limit):
-    (end of the piece, start of the rest). At the last sentence end (see _BOUNDARY) in the piece's
-    last CUT_WINDOW characters, else at the last white space there, else at start + limit (a run
-    without spaces)."""
+    """(end of the piece of `text` from `start`, start of the rest), for text past start + limit: the last
+    sentence end in the piece's last CUT_WINDOW characters, else the last white space there, else the limit."""
     lo, hi = start + max(limit - CUT_WINDOW, 1), start + limit
     for pattern in (_BOUNDARY, _SPACE):
         match = None
@@ -124,9 +111,7 @@ def _cut_point(text: str, start: int, limit: int) -> tuple[int, int]:
 
 
 def cut_long_line(line: str, limit: int = MAX_LINE_CHARS) -> Iterator[str]:
-    """`line` in pieces of at most `limit` characters (see _cut_point). A line within the limit
-    comes back whole, so ordinary text is read as it always was; the work per piece is bounded,
-    whatever the length of the line."""
+    """`line` in pieces of at most `limit` characters (see _cut_point); the work per piece is bounded."""
     start = 0
     while len(line) - start > limit:
         cut, rest = _cut_point(line, start, limit)
@@ -136,8 +121,7 @@ def cut_long_line(line: str, limit: int = MAX_LINE_CHARS) -> Iterator[str]:
 
 
 def _sentences(line: str, split: bool, keep: Callable[[str], bool] | None = None) -> Iterator[str]:
-    """The sentences of one (stripped, non-empty) line: over-long lines in pieces first; with `keep`,
-    only those of the pieces it keeps (a piece left out costs no sentence splitting)."""
+    """The sentences of a stripped line, an over-long one in pieces; with `keep`, of the pieces it keeps."""
     for piece in cut_long_line(line, MAX_LINE_CHARS) if len(line) > MAX_LINE_CHARS else (line,):
         piece = piece.strip()
         if piece and (keep is None or keep(piece)):
@@ -145,14 +129,11 @@ def _sentences(line: str, split: bool, keep: Callable[[str], bool] | None = None
 
 
 class LineSample:
-    """A deterministic sample of a corpus's lines, about `rate` of its text: a line (a stripped line of
-    a text file or a paragraph of a JSON Lines record, each piece of an over-long one; see
-    _sentences) is in when the first 8 bytes of the BLAKE2b hash of its UTF-8 bytes, read as an
-    integer, fall below rate * 2^64. The choice depends on the line alone, never on where it is
-    read or what was read before, so the sample is spread over the whole corpus and the same in
-    any process and for any split of the corpus into parts read apart. Equal lines are all in or
-    all out. `rate` is budget / total as exact integers (no rounding that could differ between
-    machines); the calls count what was taken."""
+    """A deterministic sample of about budget/total of a corpus's text, by lines (a stripped line of text,
+    a paragraph of a JSON Lines record, each piece of an over-long one): a line is in when the first 8
+    bytes of its BLAKE2b hash, as an integer, fall below budget/total * 2^64 (exact integers). It depends
+    on the line alone, so the sample is spread over the corpus and the same in any process and for any
+    cut of the corpus into parts; equal lines are all in or all out. The calls count what was taken."""
 
     def __init__(self, budget: int, total: int) -> None:
         self.threshold = (budget << 64) // max(total, 1)  # >= 2^64: every line (rate 1)
@@ -175,33 +156,25 @@ class LineSample:
         return taken
 
 
-CORPUS_NAMES = "*.txt and *.jsonl files (plain, .gz, .bz2 or .xz)"
-
-
 def is_corpus_file(path: Path) -> bool:
     """A name a corpus folder is read for: *.txt or *.jsonl, plain or compressed, in any case."""
     return sniff.split_name(path)[0].endswith(SUFFIXES)
 
 
 def corpus_files(path: Path) -> list[Path]:
-    """The files of a corpus path: the file itself, or every corpus file under a folder, sorted.
-
-    In a folder, symbolic links to folders are followed (a corpus is often a folder of links to
-    data elsewhere), each folder and file once: a link back up (a loop) or a second way to the same
-    folder or file is not read twice. Entries that are not read are said in one line on stderr."""
+    """The files of a corpus path: the file itself, or every corpus file under a folder, sorted. Links
+    to folders are followed, each folder and file taken once (a loop is not followed); what is not
+    read is said, a line for each reason, three named (not under --quiet)."""
     path = Path(path).expanduser()
     if sniff.check(path, "prepare") is not sniff.KINDS["folder"]:
         return [path]
     files, skipped = _walk(path)
-    for (
-        why,
-        examples,
-    ) in skipped.items():  # (not under --quiet) three named: trial 27 C3 found the one that mattered unsaid
+    for why, examples in skipped.items():
         shown = ", ".join(str(e) for e in examples[:3]) + (", ..." if len(examples) > 3 else "")
         info(f"{path}: skipped {len(examples):,} {why}: {shown}")
     if not files:
         raise UsageError(f"{path}: no {CORPUS_NAMES} in this folder")
-    for file in files:  # what no name says: another encoding, binary data, a CSV named .txt's content aside
+    for file in files:  # what no name says: another encoding, binary data, a CSV named .txt
         sniff.check(file, "prepare")
     return files
 
@@ -224,36 +197,31 @@ def _walk(root: Path) -> tuple[list[Path], dict[str, list[Path]]]:
     def skip(reason: str, entry: Path) -> None:
         skipped.setdefault(reasons[reason], []).append(entry)
 
+    def new(entry: Path) -> bool:  # not reached before (through another link); else skipped
+        st = entry.stat()
+        if (st.st_dev, st.st_ino) in seen:
+            skip("again", entry)
+            return False
+        seen.add((st.st_dev, st.st_ino))
+        return True
+
     seen.add((root.stat().st_dev, root.stat().st_ino))
     for folder, dirs, names in os.walk(root, followlinks=True, onerror=lambda e: skip("unreadable", Path(e.filename))):
         kept = []
         for name in sorted(dirs):
-            st = os.stat(os.path.join(folder, name))
             if name.startswith("."):  # .git, .ipynb_checkpoints: copies and tools' files, not the corpus
                 skip("hidden", Path(folder, name))
-            elif (st.st_dev, st.st_ino) in seen:
-                skip("again", Path(folder, name))
-            else:
-                seen.add((st.st_dev, st.st_ino))
+            elif new(Path(folder, name)):
                 kept.append(name)
         dirs[:] = kept
         for name in sorted(names):
             entry = Path(folder, name)
-            if name.startswith("."):
-                skip("hidden", entry)
-            elif not entry.is_file():
-                skip("special", entry)
-            elif not is_corpus_file(entry):
-                skip("name", entry)
-            elif _not_text(entry):
-                skip("model", entry)
-            else:
-                st = entry.stat()
-                if (st.st_dev, st.st_ino) in seen:
-                    skip("again", entry)
-                else:
-                    seen.add((st.st_dev, st.st_ino))
-                    files.append(entry)
+            reason = "hidden" if name.startswith(".") else "special" if not entry.is_file() else None
+            reason = reason or ("name" if not is_corpus_file(entry) else "model" if _not_text(entry) else None)
+            if reason:
+                skip(reason, entry)
+            elif new(entry):
+                files.append(entry)
     return sorted(files), skipped
 
 
@@ -272,10 +240,9 @@ def _not_text(entry: Path) -> bool:
 
 
 class _Streams(io.RawIOBase):
-    """The decompressed bytes of a file of one or more bz2 or xz streams, one after another (as
-    pbzip2 and pixz write them). Unlike bz2.open and lzma.open, bytes after a stream that do not
-    start another one are an error, not the file's quiet end: a damaged second stream would
-    otherwise cut the corpus in two, unsaid. (xz's stream padding, zero bytes, is skipped.)"""
+    """The decompressed bytes of a file of bz2 or xz streams one after another (as pbzip2 and pixz write).
+    Unlike bz2.open and lzma.open, bytes after a stream that start no other are an error, not a quiet end
+    of the file that would cut the corpus short. (xz's stream padding, zero bytes, is skipped.)"""
 
     def __init__(self, path: Path, decompressor: Callable[[], bz2.BZ2Decompressor | lzma.LZMADecompressor]) -> None:
         self.fileobj = open(path, "rb")  # noqa: SIM115 (closed with this reader); also named for error positions
@@ -319,13 +286,12 @@ def _strict_streams(path: Path, decompressor: Callable[[], bz2.BZ2Decompressor |
 
 def _open(path: Path) -> BinaryIO:
     codec = sniff.sniff(path).codec
-    return OPENERS[codec][0](path) if codec else open(path, "rb")  # type: ignore[return-value]
+    return OPENERS[codec](path) if codec else open(path, "rb")  # type: ignore[return-value]
 
 
 def lines_end_in_cr(path: Path) -> bool:
-    """Whether a text file's lines end in CR alone (classic Mac OS): its first 4 KiB, decompressed,
-    hold CRs and no LF. A line ends at LF, so such a file reads as one line. (A damaged compressed
-    file says nothing here: reading it names the damage.)"""
+    """Whether a text file's lines end in CR alone (classic Mac OS): its first 4 KiB hold CRs and no LF.
+    (A damaged compressed file says nothing here: reading it names the damage.)"""
     if sniff.is_jsonl(path):
         return False
     try:
@@ -338,9 +304,8 @@ def lines_end_in_cr(path: Path) -> bool:
 
 @dataclass(frozen=True)
 class Part:
-    """Bytes [start, end) of a corpus file, read on their own (end None: to the file's end); `line` is
-    the number of the part's first line in the file (for error messages). A part starts and ends at
-    a document boundary (see document_cuts), so its documents are those the whole file gives there."""
+    """Bytes [start, end) of a corpus file (end None: to its end) from line number `line`, cut at document
+    boundaries (document_cuts), so its documents are those the whole file gives there."""
 
     path: Path
     start: int = 0
@@ -369,11 +334,9 @@ _CUT_SCAN = 1 << 16  # bytes read at a time while looking for a boundary
 
 
 def document_cuts(path: Path, every: int) -> list[int]:
-    """Where an uncompressed corpus file is cut into parts of about `every` bytes: for each multiple m
-    of `every` inside the file, the end of the first document boundary whose line starts at or after m
-    (in text, the end of a blank line; in JSON Lines, the end of a line). A function of the file's
-    bytes alone, so the same file always gives the same parts; an insertion moves only the cuts near
-    it (a cut stays where the text around it is unchanged). Each byte is read at most once."""
+    """Where an uncompressed corpus file is cut into parts of about `every` bytes: for each multiple m of
+    `every`, the end of the first document boundary (a blank line; in JSON Lines, a line end) whose line
+    starts at or after m. A function of the file's bytes, so an edit moves only the cuts near it."""
     size = path.stat().st_size
     cuts: list[int] = []
     target = every
@@ -416,14 +379,12 @@ COMPRESSED_ERRORS = (EOFError, OSError, zlib.error, lzma.LZMAError)
 
 
 def _compressed_error(path: Path, fh: BinaryIO, exc: Exception, where: str = "") -> UsageError:
-    """A damaged compressed file (cut short, corrupt, or not of the format its name says) as one
-    line naming the file and the compressed byte reached. (Left alone, a truncated one raises
-    EOFError, which Click turns into an 'interrupted' exit 130.) A failing disk is re-raised."""
+    """A damaged compressed file (cut short, corrupt, not of its format) as one line naming the file and
+    the byte reached (EOFError left alone reads as an interrupt). A failing disk is raised as it is."""
     if isinstance(exc, OSError) and exc.errno is not None:
         raise exc
-    codec = sniff.sniff(path).codec or "compressed"
-    check = OPENERS[codec][1] if codec in OPENERS else "the file's tool"
-    tool = codec
+    tool = sniff.sniff(path).codec or "compressed"
+    check = f"{tool} -t" if tool in OPENERS else "the file's tool"
     at = getattr(fh, "fileobj", None)  # the compressed file under gzip's reader and _strict_streams
     try:
         byte = f"compressed byte {at.tell():,}" if at is not None and not at.closed else ""
@@ -437,9 +398,6 @@ def _compressed_error(path: Path, fh: BinaryIO, exc: Exception, where: str = "")
         f"{path}: {place + ': ' if place else ''}the {tool} file is {what}; download or compress it "
         f"again ({check} checks it)"
     )
-
-
-READ_BYTES = 1 << 16  # a text line is read in parts of at most this many bytes (a JSON Lines record whole)
 
 
 def _raw_lines(path: Path, fh: BinaryIO, limit: int = -1) -> Iterator[bytes]:
@@ -457,9 +415,8 @@ def _raw_lines(path: Path, fh: BinaryIO, limit: int = -1) -> Iterator[bytes]:
 
 
 def _lines(part: Part, progress: Callable[[int], None]) -> Iterator[tuple[int, str, bool]]:
-    """(line number, decoded text, whether it ends the line) of a file or a part of one, strictly
-    UTF-8; errors name the file and byte offset. A text line longer than READ_BYTES comes in parts
-    (memory stays bounded whatever the line), a JSON Lines record whole."""
+    """(line number, text, whether it ends the line) of a file or a part of one, strictly UTF-8 (errors
+    name the byte). A text line longer than READ_BYTES comes in parts, a JSON Lines record whole."""
     path = part.path
     offset, number, ends = part.start, part.line, True
     limit = -1 if sniff.is_jsonl(path) else READ_BYTES
@@ -498,11 +455,9 @@ def _lines(part: Part, progress: Callable[[int], None]) -> Iterator[tuple[int, s
 
 
 def read_text(files: list[Path], block: int = 1 << 16) -> Iterator[str]:
-    """The corpus text in blocks of about `block` characters (small enough to stay in the cache), for
-    a quick pass over its characters (no line decoding or sentence splitting: words never span white
-    space). A block continues the previous one; a file ends with a line break. JSON Lines give their
-    "text" fields, cut into lines as read_sentences cuts them. Bad bytes become U+FFFD and bad
-    records are skipped: read_sentences is what reports them."""
+    """The corpus text in blocks of about `block` characters, for a quick pass over its characters; a
+    file ends with a line break, JSON Lines give their "text" fields. Bad bytes become U+FFFD and bad
+    records are skipped: read_sentences reports them."""
     for path in files:
         with _open(path) as fh:
             if not sniff.is_jsonl(path):
@@ -544,82 +499,83 @@ def read_sentences(
     progress: Callable[[int], None] = lambda n: None,
     keep: Callable[[str], bool] | None = None,
 ) -> Iterator[str | None]:
-    """Sentences of every document of the files (or parts of files, see Part), with END_OF_DOCUMENT
-    (None) after each document; with `keep` (a LineSample), only the sentences of the lines it keeps
-    (document ends all the same)."""
+    """Sentences of every document of the files (or Parts), END_OF_DOCUMENT (None) after each; with `keep`
+    (a LineSample), only those of the lines it keeps (document ends all the same)."""
     for item in files:
         part = item if isinstance(item, Part) else Part(Path(item))
-        path = part.path
-        jsonl = sniff.is_jsonl(path)
-        open_document = False
-        pending, cut = "", False  # a long line read in parts: its text not yet cut; whether pieces went out
-        for number, line, ends in _lines(part, progress):
-            if jsonl:
-                if not line.strip():
-                    continue
-                line = line.removeprefix(
-                    "\ufeff"
-                )  # a byte-order mark, as Windows editors write before the first record
-                try:
-                    # (the hook costs a call per object: only where "text" is written twice, as a key or a value)
-                    record = (
-                        json.loads(line, object_pairs_hook=_one_text) if line.count('"text"') > 1 else json.loads(line)
-                    )
-                except json.JSONDecodeError as exc:
-                    if line.lstrip().startswith("["):  # a pretty-printed array: its first line, "["
-                        raise _an_array(path, number) from None
-                    raise UsageError(f"{path}: line {number}: {_json_problem(line, exc)}") from None
-                except _TextTwice:
-                    raise UsageError(
-                        f'{path}: line {number}: the record has two "text" fields, where JSON readers keep the last '
-                        "silently; keep one (join the texts if both belong to the document)"
-                    ) from None
-                except RecursionError:
-                    raise UsageError(
-                        f"{path}: line {number}: nested too deeply to read; a record is an object with a text field"
-                    ) from None
-                if isinstance(record, list):
-                    raise _an_array(path, number)
-                text = record.get("text") if isinstance(record, dict) else None
-                if not isinstance(text, str):
-                    raise UsageError(  # (trial 27 P9: no fix said)
-                        f'{path}: line {number}: no "text" string field in this JSON record; each record is a document, '
-                        'its text in "text" ({"text": "..."}): fix the record, or remove it'
-                    )
-                _check_surrogates(path, number, line, text)
-                paragraphs = [p.strip() for p in text.splitlines() if p.strip()]
-                for paragraph in paragraphs:
-                    yield from _sentences(paragraph, split, keep)
-                if paragraphs:
-                    yield END_OF_DOCUMENT
+        read = _jsonl_sentences if sniff.is_jsonl(part.path) else _text_sentences
+        yield from read(part, split, progress, keep)
+
+
+def _jsonl_sentences(part: Part, split: bool, progress: Callable, keep: Callable | None) -> Iterator[str | None]:
+    for number, line, _ in _lines(part, progress):
+        if line.strip():
+            paragraphs = [p.strip() for p in _record_text(part.path, number, line).splitlines() if p.strip()]
+            for paragraph in paragraphs:
+                yield from _sentences(paragraph, split, keep)
+            if paragraphs:
+                yield END_OF_DOCUMENT
+
+
+def _text_sentences(part: Part, split: bool, progress: Callable, keep: Callable | None) -> Iterator[str | None]:
+    """A blank line ends a document, and so does the file's end. A line longer than READ_BYTES comes in
+    parts, cut into pieces as it comes."""
+    open_document = False
+    pending, cut = "", False  # a long line read in parts: its text not yet cut; whether pieces went out
+    for _, line, ends in _lines(part, progress):
+        if not ends or pending:
+            pending = pending + line if pending else line.lstrip()
+            while len(pending) > MAX_LINE_CHARS:
+                end, rest = _cut_point(pending, 0, MAX_LINE_CHARS)
+                piece = pending[:end].strip()
+                yield from _sentences(piece, split, keep)
+                if piece:  # a piece left out of a sample (keep) still belongs to the document
+                    open_document = cut = True
+                pending = pending[rest:]
+            if not ends:
                 continue
-            if not ends or pending:  # a line longer than READ_BYTES: cut it as it comes
-                pending = pending + line if pending else line.lstrip()
-                while len(pending) > MAX_LINE_CHARS:
-                    end, rest = _cut_point(pending, 0, MAX_LINE_CHARS)
-                    piece = pending[:end].strip()
-                    yield from _sentences(piece, split, keep)
-                    if piece:  # a piece left out of a sample (keep) still belongs to the document
-                        open_document = cut = True
-                    pending = pending[rest:]
-                if not ends:
-                    continue
-                line, pending = pending, ""
-            line, was_cut, cut = line.strip(), cut, False
-            if not line:
-                if open_document and not was_cut:  # a blank line ends a document; the blank end of a long one does not
-                    yield END_OF_DOCUMENT
-                    open_document = False
-                continue
-            yield from _sentences(line, split, keep)
-            open_document = True
-        if open_document:  # a file's end also ends its last document
-            yield END_OF_DOCUMENT
+            line, pending = pending, ""
+        line, was_cut, cut = line.strip(), cut, False
+        if not line:
+            if open_document and not was_cut:  # a blank line ends a document; the blank end of a long one does not
+                yield END_OF_DOCUMENT
+                open_document = False
+            continue
+        yield from _sentences(line, split, keep)
+        open_document = True
+    if open_document:
+        yield END_OF_DOCUMENT
+
+
+def _record_text(path: Path, number: int, line: str) -> str:
+    """The "text" of JSON Lines record `line` (line `number` of `path`), or a refusal naming the line."""
+    line = line.removeprefix("\ufeff")  # a byte-order mark, as Windows editors write before the first record
+    try:  # (the hook costs a call per object: only where "text" is written twice, as a key or a value)
+        record = json.loads(line, object_pairs_hook=_one_text) if line.count('"text"') > 1 else json.loads(line)
+    except json.JSONDecodeError as exc:
+        if line.lstrip().startswith("["):  # a pretty-printed array: its first line, "["
+            raise _an_array(path, number) from None
+        raise UsageError(
+            f"{path}: line {number}: not valid JSON ({exc.msg.removesuffix(' at')} at column {exc.colno}); "
+            'write one JSON object per line, such as {"text": "..."}'
+        ) from None
+    except _TextTwice:
+        raise UsageError(f'{path}: line {number}: two "text" fields (JSON readers keep the last); keep one') from None
+    except RecursionError:
+        raise UsageError(
+            f"{path}: line {number}: nested too deeply to read; a record is an object with a text field"
+        ) from None
+    if isinstance(record, list):
+        raise _an_array(path, number)
+    text = record.get("text") if isinstance(record, dict) else None
+    if not isinstance(text, str):
+        raise UsageError(f'{path}: line {number}: no "text" string field; each record is a document: {{"text": "..."}}')
+    _check_surrogates(path, number, line, text)
+    return text
 
 
 def _an_array(path: Path, number: int) -> UsageError:
-    """A JSON array where JSON Lines has one object per line (trial 26 C10: 'no "text" field', or 'not valid
-    JSON', for a list of records saved whole)."""
+    """A JSON array (a list of records saved whole) where JSON Lines holds one object per line."""
     return UsageError(
         f"{path}: line {number}: a JSON array, where JSON Lines holds one object per line: write one record per "
         f"line (jq -c '.[]' {shlex.quote(str(path))} > NEW.jsonl)"
@@ -631,8 +587,7 @@ class _TextTwice(ValueError):
 
 
 def _one_text(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """json.loads' object_pairs_hook: the object as a dict, refusing a second "text" key (json keeps
-    the last one silently, so a document's first text would be dropped)."""
+    """json.loads' object_pairs_hook refusing a second "text" key (json keeps the last one silently)."""
     if sum(key == "text" for key, _ in pairs) > 1:
         raise _TextTwice
     return dict(pairs)
@@ -650,26 +605,3 @@ def _check_surrogates(path: Path, number: int, line: str | bytes, text: str) -> 
             f"{path}: line {number:,}: the text holds a lone surrogate (\\u{ord(found.group()):04x}), which is no "
             "Unicode character; remove it, or escape the character it should be as a pair (\\ud83d\\ude00)"
         )
-
-
-def _json_problem(line: str, exc: json.JSONDecodeError) -> str:
-    """What is wrong with a JSON Lines record and how to fix it, in words (json's own message names
-    a position it leaves out: "Invalid control character at")."""
-    text = line.rstrip("\r\n")
-    column = exc.colno
-    if exc.msg.startswith("Invalid control character"):
-        if exc.pos >= len(text):
-            return (
-                "not valid JSON: a string is not closed before the end of the line; a record is one line, so "
-                "close the string, and write line breaks inside text as \\n"
-            )
-        return (
-            f"not valid JSON: a raw control character (U+{ord(line[exc.pos]):04X}) inside a string at column "
-            f"{column}; write it escaped (\\t, \\n or \\u{ord(line[exc.pos]):04x})"
-        )
-    if exc.msg.startswith("Unterminated string"):
-        return "not valid JSON: a string is not closed before the end of the line; close it (a record is one line)"
-    return (
-        f"not valid JSON ({exc.msg.removesuffix(' at')} at column {column}); fix the record: one JSON object "
-        'per line, such as {"text": "..."}'
-    )

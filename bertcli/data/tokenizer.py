@@ -1,13 +1,10 @@
-"""The WordPiece tokenizer (Hugging Face `tokenizers`): train one on a corpus, or load an existing
-tokenizer.json or BERT vocab.txt; save both files next to the prepared data and in checkpoints.
+"""The WordPiece tokenizer (Hugging Face `tokenizers`): train one on a corpus, or load a tokenizer.json or
+BERT vocab.txt; save both files next to the prepared data and in checkpoints.
 
-bertcli's own vocabularies put the special tokens first: [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3,
-[MASK]=4, then the continuation characters ("##a", "##b", ...) in code-point order. A loaded
-vocabulary keeps its own ids (bert-base-uncased has [PAD]=0, [UNK]=100, ...).
-
-Every tokenizer bertcli loads goes through `unpadded`: bertcli pads batches and truncates
-examples itself, and a published tokenizer.json often pads and truncates on its own (to a fixed
-128, say), which would put [PAD] into prepared shards, cut sentences, and pad every encoded line.
+bertcli's own vocabularies put the special tokens first ([PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4),
+then the continuation pieces ("##a", ...) in code-point order; a loaded one keeps its own ids. Every
+tokenizer loaded goes through `unpadded`: bertcli pads and truncates itself, and a published
+tokenizer.json that pads or truncates on its own would put [PAD] into the shards and cut sentences.
 """
 
 from __future__ import annotations
@@ -44,18 +41,15 @@ class Casing:
 
 
 def casing_of(folder: Path) -> Casing | None:
-    """The casing of the tokenizer_config.json in `folder`, read as transformers' BertTokenizer
-    reads it (missing keys take BertTokenizer's defaults); None without one, or when it names a
-    tokenizer class that is not BERT's."""
+    """The casing of the tokenizer_config.json in `folder`, read as transformers' BertTokenizer reads it;
+    None without one, or for a tokenizer class that is not BERT's."""
     file = Path(folder) / TOKENIZER_CONFIG
     if not file.is_file():
         return None
     try:
         raw = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
-        raise UsageError(
-            f"{file}: cannot read ({exc}); fix the file or remove it to use data.tokenizer's casing"
-        ) from None
+        raise UsageError(f"{file}: cannot read ({exc}); fix the file, or remove it") from None
     if not isinstance(raw, dict):
         raise UsageError(f"{file}: expected a JSON object")
     if not str(raw.get("tokenizer_class") or "BertTokenizer").removesuffix("Fast").endswith("BertTokenizer"):
@@ -68,14 +62,15 @@ def casing_of(folder: Path) -> Casing | None:
     return Casing(**values)
 
 
+def _normalizer(casing: Casing, clean_text: bool = True) -> normalizers.BertNormalizer:
+    """BERT's normalizer: clean text, split CJK characters, lowercase, strip accents."""
+    chinese, accents, lower = casing.tokenize_chinese_chars, casing.strip_accents, casing.do_lower_case
+    return normalizers.BertNormalizer(clean_text, handle_chinese_chars=chinese, strip_accents=accents, lowercase=lower)
+
+
 def _bert_pipeline(tok: Tokenizer, casing: Casing) -> Tokenizer:
-    """BERT's normalizer (clean text, split CJK characters, lowercase, strip accents) and pre-tokenizer."""
-    tok.normalizer = normalizers.BertNormalizer(
-        clean_text=True,
-        handle_chinese_chars=casing.tokenize_chinese_chars,
-        strip_accents=casing.strip_accents,
-        lowercase=casing.do_lower_case,
-    )
+    """BERT's normalizer and pre-tokenizer."""
+    tok.normalizer = _normalizer(casing)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece(prefix=CONTINUATION)
     return tok
@@ -107,29 +102,17 @@ class Characters:
 
     inner: list[str]  # the characters that continue a word: the c of every "##c" the trainer makes, in code-point order
     every: list[str]  # every character of every word (punctuation too) once normalised, in code-point order
-    # Characters read but line breaks, which read_text adds between files and JSON Lines records as it
-    # cuts them into blocks: the size of the corpus, the same however it is cut (a vocabulary sample's rate).
-    count: int
-
-
-def inner_characters(texts: Iterable[str], cfg: TokenizerConfig) -> list[str]:
-    """The characters that occur inside a word (anywhere but first) of `texts`: scan_characters' `inner`."""
-    return scan_characters(texts, cfg).inner
+    count: int  # characters read but line breaks (which read_text adds): the same however the corpus is cut
 
 
 def scan_characters(texts: Iterable[str], cfg: TokenizerConfig) -> Characters:
-    """The characters of `texts` once normalised and pre-tokenised as the tokenizer does: those that
-    occur inside a word (anywhere but first), in code-point order: the c of every "##c" the trainer
-    makes; every character of a word; and how many characters were read (line breaks aside).
-
-    `texts` is the corpus in blocks (each continues the previous one). BERT's normaliser works
-    character by character, so each distinct character is normalised once, into a table indexed
-    by code point: removed or not, whether its normal form starts and ends with a word character
-    (the pre-tokenizer itself decides what is one). A character continues a word when its normal
-    form starts with a word character and that of the previous kept character ends with one. Each
-    block is an array of code points; only the positions of characters not yet settled (seen
-    continuing a word, or unable to) are looked at, so after the first block a pass is a table
-    lookup and a comparison per character.
+    """The characters of `texts` (the corpus in blocks, each continuing the previous one) once normalised
+    and pre-tokenised as the tokenizer does: those inside a word (anywhere but first), every character
+    of a word, and how many were read. BERT's normaliser works a character at a time, so each distinct
+    one is normalised once, into a table by code point: removed or not, whether its normal form starts
+    and ends with a word character. A character continues a word when its normal form starts with a
+    word character and the previous kept character's ends with one; after the first block, only the
+    characters not yet settled are looked at, so a pass is a table lookup and a comparison per character.
     """
     tok = _new_tokenizer(cfg)
     normalizer, pre_tokenizer = tok.normalizer, tok.pre_tokenizer
@@ -179,25 +162,15 @@ def scan_characters(texts: Iterable[str], cfg: TokenizerConfig) -> Characters:
     return Characters(inner=sorted(inner), every=sorted(every), count=count)
 
 
-def train_tokenizer(sentences: Iterable[str], cfg: TokenizerConfig, texts: Iterable[str]) -> Tokenizer:
-    """A WordPiece vocabulary trained on `sentences`; `texts` is the same corpus in blocks (read first)."""
-    return train_wordpiece(sentences, cfg, scan_characters(texts, cfg))
-
-
 def train_wordpiece(sentences: Iterable[str], cfg: TokenizerConfig, chars: Characters) -> Tokenizer:
-    """A WordPiece vocabulary trained on `sentences`, the corpus or a sample of it; `chars` is
-    scan_characters of the whole corpus. Every character of the corpus gets its piece, a sample
-    or not: "c" for every character of a word (the trainer's initial alphabet; on the whole
-    corpus the trainer finds the same ones itself, so nothing changes), "##c" for every one that
-    continues a word (below). No word of the corpus is then [UNK] for a character that only
-    lines outside the sample hold.
+    """A WordPiece vocabulary trained on `sentences` (the corpus or a sample of it); `chars` is
+    scan_characters of the whole corpus, so every character of it gets its pieces, sample or not: "c"
+    for each of a word (the trainer's initial alphabet) and "##c" for each that continues one.
 
-    Deterministic in any process: tokenizers 0.23 gives each "##c" piece its id lazily while
-    iterating a hash map, so ids, and through tie-breaking the merges, change from process to
-    process (huggingface/tokenizers#1794). Registering every "##c" of the corpus (chars.inner)
-    up front, as trainer special tokens after the real ones, fixes their ids first; they are then
-    turned back into ordinary vocabulary pieces, so a literal "##a" in text is no special token.
-    The trainer puts its alphabet in code-point order itself.
+    Deterministic in any process: tokenizers 0.23 gives each "##c" its id while iterating a hash map
+    (huggingface/tokenizers#1794), so the "##c" pieces are registered up front as trainer special tokens
+    after the real ones, fixing their ids, then turned back into ordinary pieces (a literal "##a" in text
+    is no special token).
     """
     continuations = [CONTINUATION + ch for ch in chars.inner]
     tok = _new_tokenizer(cfg)
@@ -221,9 +194,7 @@ def find_tokenizer_file(path: Path) -> Path:
     if path.is_dir():
         path = next((path / n for n in TOKENIZER_FILES if (path / n).is_file()), path)
     if not path.is_file():
-        raise UsageError(
-            f"{path}: no tokenizer here; data.tokenizer.path takes a tokenizer.json, a vocab.txt or a folder with one"
-        )
+        raise UsageError(f"{path}: no tokenizer here; data.tokenizer.path takes a tokenizer.json or vocab.txt")
     return path
 
 
@@ -239,36 +210,25 @@ def read_tokenizer_json(path: Path) -> Tokenizer:
     try:
         return unpadded(Tokenizer.from_file(str(path)))
     except Exception as exc:  # tokenizers raises plain Exceptions with its own message
-        raise UsageError(
-            f"{path}: cannot load tokenizer ({str(exc).splitlines()[0] if str(exc) else exc!r}); the file "
-            "is damaged: restore it, or use another checkpoint or prepared folder"
-        ) from None
+        raise UsageError(f"{path}: damaged ({str(exc).splitlines()[0] if str(exc) else exc!r}); restore it") from None
 
 
 def load_tokenizer(path: Path, cfg: TokenizerConfig) -> Tokenizer:
-    """A tokenizer.json or a vocab.txt (with BERT's pipeline), padding and truncation off. As in
-    transformers, a tokenizer_config.json beside it decides the casing (lowercase, accents, CJK
-    characters), even over a tokenizer.json's own normalizer; a vocab.txt without one takes cfg's."""
+    """A tokenizer.json or a vocab.txt (with BERT's pipeline), padding and truncation off. As in transformers,
+    a tokenizer_config.json beside it decides the casing; a vocab.txt without one takes cfg's."""
     path = find_tokenizer_file(path)
     casing = casing_of(path.parent)
     try:
         if path.suffix == ".json":
             tok = Tokenizer.from_file(str(path))
-            norm = tok.normalizer
-            if casing is not None and isinstance(norm, normalizers.BertNormalizer):
-                tok.normalizer = normalizers.BertNormalizer(
-                    clean_text=norm.clean_text,
-                    handle_chinese_chars=casing.tokenize_chinese_chars,
-                    strip_accents=casing.strip_accents,
-                    lowercase=casing.do_lower_case,
-                )
+            if casing is not None and isinstance(tok.normalizer, normalizers.BertNormalizer):
+                tok.normalizer = _normalizer(casing, tok.normalizer.clean_text)
         else:
             casing = casing or Casing(do_lower_case=cfg.lowercase, strip_accents=cfg.strip_accents)
             tok = _add_post_processor(
                 _bert_pipeline(Tokenizer(models.WordPiece.from_file(str(path), unk_token="[UNK]")), casing)
             )
-            # As transformers' BertTokenizer (and a tokenizer.json) has them: special tokens written in the text
-            # are those tokens, never lower-cased and split ('[', 'mask', ']').
+            # as in BertTokenizer: "[MASK]" in the text is that token, never lower-cased and split
             tok.add_special_tokens([t for t in SPECIAL if tok.token_to_id(t) is not None])
     except Exception as exc:  # tokenizers raises plain Exceptions with its own message
         raise UsageError(f"{path}: cannot load tokenizer ({str(exc).splitlines()[0]})") from None
@@ -276,10 +236,7 @@ def load_tokenizer(path: Path, cfg: TokenizerConfig) -> Tokenizer:
     if missing:
         raise UsageError(f"{path}: the vocabulary lacks {', '.join(missing)}; BERT needs all of {', '.join(SPECIAL)}")
     if tok.get_vocab_size(with_added_tokens=True) <= len(SPECIAL):
-        raise UsageError(
-            f"{path}: the vocabulary holds only the special tokens {', '.join(SPECIAL)}; every word, and MLM's "
-            "random replacements, need ordinary ones: use a vocabulary with words in it"
-        )
+        raise UsageError(f"{path}: the vocabulary holds only the special tokens; use a vocabulary with words in it")
     return unpadded(tok)
 
 
@@ -298,9 +255,8 @@ def describe(tok: Tokenizer) -> dict[str, Any]:
 
 
 def casing_clashes(tok: Tokenizer, cfg: TokenizerConfig) -> str:
-    """The casing settings of `cfg` (lowercase, strip_accents) that loaded tokenizer `tok` does not
-    follow, as "key=value (the tokenizer: value)" ('': none, or no BERT normalizer to compare): a
-    loaded tokenizer keeps its own casing, since its vocabulary was made with it."""
+    """The casing settings of `cfg` that loaded tokenizer `tok` does not follow (its vocabulary was made
+    with its own), as "key=value (the tokenizer: value)"; '' where none."""
     casing = describe(tok)
     return ", ".join(
         f"data.tokenizer.{key}={str(getattr(cfg, key)).lower()} (the tokenizer: {str(casing[key]).lower()})"
@@ -319,9 +275,8 @@ def save_tokenizer(tok: Tokenizer, folder: Path) -> None:
 
 
 def check_ids(tok: Tokenizer, path: Path) -> None:
-    """Refuse (exit 2) tokenizer file `path` unless its ids are 0..N-1, which bertcli's vocab.txt (a
-    token a line, in id order) needs. In a vocab.txt that is a token given twice: its first line's id
-    is lost (the tokenizers library keeps the last), naming both lines."""
+    """Refuse (exit 2) tokenizer file `path` unless its ids are 0..N-1, as bertcli's vocab.txt (a token a
+    line) needs; in a vocab.txt, that is a token given twice (naming both lines)."""
     ids = sorted(tok.get_vocab(with_added_tokens=True).values())
     if ids == list(range(len(ids))):
         return
@@ -331,16 +286,10 @@ def check_ids(tok: Tokenizer, path: Path) -> None:
             for number, line in enumerate(fh, 1):
                 token = line.rstrip()
                 if token in seen:
-                    raise UsageError(
-                        f"{path}: token {token!r} is on lines {seen[token]:,} and {number:,}, where a vocab.txt holds "
-                        "each token once (its id is its line number): remove the repeated line"
-                    )
+                    raise UsageError(f"{path}: token {token!r} is on lines {seen[token]:,} and {number:,}: remove one")
                 seen[token] = number
     missing = next(i for i, id_ in enumerate([*ids, -1]) if i != id_)
-    raise UsageError(
-        f"{path}: the token ids are not 0..N-1 (id {missing:,} is missing), where bertcli writes vocab.txt a token a "
-        "line in id order: use a tokenizer whose ids are 0..N-1"
-    )
+    raise UsageError(f"{path}: the token ids are not 0..N-1 (id {missing:,} is missing); use one whose ids are")
 
 
 def vocab_text(tok: Tokenizer) -> str:
@@ -352,9 +301,8 @@ def vocab_text(tok: Tokenizer) -> str:
 
 
 def tokenizer_identity(tok: Tokenizer) -> str:
-    """What fixes the token ids of text: the vocabulary in id order, the normaliser and the
-    pre-tokenizer, hashed (sha256 hex). Padding, truncation and file layout do not count, so a
-    tokenizer saved again (into a checkpoint, say) keeps its identity."""
+    """What fixes the token ids of text, hashed: the vocabulary in id order, the normaliser and the
+    pre-tokenizer (not padding, truncation or file layout: a tokenizer saved again keeps it)."""
     spec = json.loads(tok.to_str())
     vocab = sorted(tok.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
     key = {

@@ -1,7 +1,7 @@
-"""Preparing units of work into shards (`prepare_unit`), on every core (`prepare_units`: a standard
-library process pool, spawned: the workers import bertcli's data modules, not torch), and the index
-of the whole corpus that training memory-maps (`write_index`). Every folder is written under its
-temporary name and renamed into place whole, so a stop at any moment leaves only whole units.
+"""Units of work prepared into shards (`prepare_unit`) on every core (`prepare_units`: a process pool,
+spawned, whose workers import bertcli's data modules, not torch), and the index of the whole corpus that
+training memory-maps (`write_index`). Every folder is written under a temporary name and renamed into
+place whole, so a stop at any moment leaves only whole units.
 """
 
 from __future__ import annotations
@@ -94,6 +94,23 @@ class ShardWriter:
         return {"documents": self.num_documents, "segments": self.num_segments, "tokens": self.num_tokens}
 
 
+@contextlib.contextmanager
+def _new_folder(final: Path, root: Path, pid: int | None = None) -> Iterator[Path]:
+    """A temporary folder to fill, renamed to `final` (in prepared folder `root`) whole at the end, removed
+    on an error or a stop."""
+    tmp = layout.tmp_name(final, pid=pid)
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        yield tmp
+        for path in (*tmp.rglob("*"), tmp):
+            store.fsync_path(path)
+        replace_folder(tmp, final, root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 def prepare_unit(
     root: Path,
     unit: Unit,
@@ -103,58 +120,53 @@ def prepare_unit(
     progress: Callable[[int], None],
     stop: Callable[[], None],
 ) -> dict[str, Any]:
-    """Tokenize one unit into root/units/KEY (written under its temporary name, renamed when whole);
-    return its record (counts per split, unknown tokens). Documents are held out by their number in
-    the unit, from its phase. `stop()` raises where the command is asked to stop."""
-    final = root / UNITS / unit.key
-    tmp = layout.tmp_name(final, pid=settings.owner)
-    try:
-        shutil.rmtree(tmp, ignore_errors=True)
+    """Tokenize one unit into root/units/KEY; return its record (counts per split, unknown tokens).
+    `stop()` raises where the command is asked to stop."""
+    with _new_folder(root / UNITS / unit.key, root, settings.owner) as tmp:
         writers = {split: ShardWriter(tmp / split, np.dtype(settings.dtype)) for split in SPLITS}
-        unk, fraction = special_tokens(tok).unk, settings.validation_fraction
-        phase = unit.phase(held_out_stride(fraction))
-        counts = {"documents": 0, "unknown": 0}
-        encode = getattr(tok, "encode_batch_fast", tok.encode_batch)  # no offsets: faster where available
-
-        def flush(items: list[str | None]) -> None:
-            stop()
-            encodings = iter(encode([s for s in items if s is not None], add_special_tokens=False))
-            for item in items:  # None ends a document; a document may span batches: the writers keep it open
-                writer = writers["valid" if is_held_out(counts["documents"], fraction, phase) else "train"]
-                if item is None:
-                    counts["documents"] += writer.open_segments > 0
-                    writer.end_document()
-                elif ids := next(encodings).ids:
-                    counts["unknown"] += ids.count(unk)
-                    writer.add_segment(ids)
-
-        batch: list[str | None] = []
-        pending = chars = 0
-        for part, size in zip(unit.parts, unit.sizes):
-            compressed = sniff.sniff(part.path).codec is not None  # progress in the file's bytes: at its end
-            for item in read_sentences([part], settings.split_sentences, (lambda n: None) if compressed else progress):
-                batch.append(item)
-                pending, chars = pending + (item is not None), chars + len(item or "")
-                if pending >= ENCODE_BATCH or chars >= ENCODE_CHARS:
-                    flush(batch)
-                    batch, pending, chars = [], 0, 0
-            if compressed:
-                progress(size)
-        flush(batch)
-        record = {
-            "bertcli_version": __version__,
-            "key": unit.key,
-            "splits": {split: w.close() for split, w in writers.items()},
-            "unknown_tokens": counts["unknown"],
-        }
+        unknown = _encode(unit, tok, writers, settings, progress, stop)
+        splits = {split: w.close() for split, w in writers.items()}
+        record = {"bertcli_version": __version__, "key": unit.key, "splits": splits, "unknown_tokens": unknown}
         store.write_json(tmp / UNIT_RECORD, record)
-        for path in (*tmp.rglob("*"), tmp):
-            store.fsync_path(path)
-        replace_folder(tmp, final, root)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return record
+
+
+def _encode(
+    unit: Unit, tok: Tokenizer, writers: dict, settings: UnitSettings, progress: Callable, stop: Callable
+) -> int:
+    """Encode the sentences of `unit` in batches into `writers`, each document into the split its number
+    in the unit gives (from the unit's phase); return the count of [UNK] tokens."""
+    unk, fraction = special_tokens(tok).unk, settings.validation_fraction
+    phase = unit.phase(held_out_stride(fraction))
+    counts = {"documents": 0, "unknown": 0}
+    encode = getattr(tok, "encode_batch_fast", tok.encode_batch)  # no offsets: faster where available
+
+    def flush(items: list[str | None]) -> None:
+        stop()
+        encodings = iter(encode([s for s in items if s is not None], add_special_tokens=False))
+        for item in items:  # None ends a document; a document may span batches: the writers keep it open
+            writer = writers["valid" if is_held_out(counts["documents"], fraction, phase) else "train"]
+            if item is None:
+                counts["documents"] += writer.open_segments > 0
+                writer.end_document()
+            elif ids := next(encodings).ids:
+                counts["unknown"] += ids.count(unk)
+                writer.add_segment(ids)
+
+    batch: list[str | None] = []
+    pending = chars = 0
+    for part, size in zip(unit.parts, unit.sizes):
+        compressed = sniff.sniff(part.path).codec is not None  # progress in the file's bytes: at its end
+        for item in read_sentences([part], settings.split_sentences, (lambda n: None) if compressed else progress):
+            batch.append(item)
+            pending, chars = pending + (item is not None), chars + len(item or "")
+            if pending >= ENCODE_BATCH or chars >= ENCODE_CHARS:
+                flush(batch)
+                batch, pending, chars = [], 0, 0
+        if compressed:
+            progress(size)
+    flush(batch)
+    return counts["unknown"]
 
 
 def replace_folder(tmp: Path, final: Path, root: Path) -> None:
@@ -274,14 +286,11 @@ def prepare_units(
 def write_index(root: Path, units: list[Unit], records: dict[str, dict[str, Any]], digest: str) -> None:
     """index/DIGEST: each split's segment and document offsets of the whole corpus, each unit's own
     shifted by the tokens and segments of the units before it, written in blocks (bounded memory)."""
-    final = root / INDEX / digest
-    tmp = layout.tmp_name(final)
-    try:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with _new_folder(root / INDEX / digest, root) as tmp:
         for split in SPLITS:
-            (tmp / split).mkdir(parents=True)
-            shift = {SEG_OFFSETS: 0, DOC_OFFSETS: 0}  # tokens, then segments, of the units before
-            for name in (SEG_OFFSETS, DOC_OFFSETS):
+            (tmp / split).mkdir()
+            for name, before in ((SEG_OFFSETS, "tokens"), (DOC_OFFSETS, "segments")):
+                shift = 0  # the tokens (or segments) of the units before
                 with store.writing(tmp / split / name), open(tmp / split / name, "wb") as out:
                     out.write(np.zeros(1, dtype=np.int64).data)
                     for unit in units:
@@ -289,11 +298,5 @@ def write_index(root: Path, units: list[Unit], records: dict[str, dict[str, Any]
                         if counts["documents"]:
                             offsets = np.memmap(root / UNITS / unit.key / split / name, dtype=np.int64, mode="r")
                             for lo in range(1, len(offsets), 1 << 20):
-                                out.write((offsets[lo : lo + (1 << 20)] + shift[name]).data)
-                            shift[name] += counts["tokens" if name == SEG_OFFSETS else "segments"]
-        for path in (*tmp.rglob("*"), tmp):
-            store.fsync_path(path)
-        replace_folder(tmp, final, root)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+                                out.write((offsets[lo : lo + (1 << 20)] + shift).data)
+                            shift += counts[before]
