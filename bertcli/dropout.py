@@ -1,17 +1,11 @@
-"""Dropout with a cheaper mask on CPUs, the attention that applies it to the attention weights, and
-the per-step seeding of torch's generator that makes every step's dropout reproducible.
+"""Dropout with a cheaper mask on CPUs, the attention that applies it to the attention weights, and the
+per-step seeding that makes every step's dropout reproducible.
 
-torch's CPU dropout draws its mask with `bernoulli_` into a float tensor: on this project's CPUs
-(AMD, where torch leaves MKL's generator off) that is a double from two 32-bit Mersenne-Twister
-draws per element, serially, then a division and a product. Here each element takes 32 random
-bits, half of one 64-bit draw, compared with an integer threshold into a bool mask. At BERT-base
-sizes, 2 threads: hidden states (8, 128, 768) 12.1/11.6 ms -> 4.6/3.6 ms, attention weights
-(8, 12, 128, 128) 23.1/21.5 -> 17.2/20.3 ms (two runs; docs/benchmarks.md, "Training step against transformers"). P(drop) is p rounded to 2^-32 (torch's float
-`rand` has 2^-24). The bits come from torch's default generator, so the mask stays a function of
-the step's seed (`seed_step`): a different stream from torch's dropout, as deterministic.
-
-On GPUs torch's own fused kernels (counter-based Philox, dropout inside SDPA's attention) are
-faster than anything composed of tensor ops, so there both functions are torch's.
+torch's CPU dropout draws a double per element from two Mersenne-Twister draws, serially (on AMD CPUs, where
+MKL's generator is off). Here each element takes 32 bits of one 64-bit draw, compared with an integer threshold
+into a bool mask: about 3x faster on BERT-base hidden states (docs/benchmarks.md). The bits come from torch's
+default generator, so the mask is a function of the step's seed (`seed_step`). On GPUs torch's fused kernels
+are faster than anything composed of tensor ops, so there both functions are torch's.
 """
 
 from __future__ import annotations
@@ -51,12 +45,9 @@ class Dropout(nn.Dropout):
 def attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None, *, dropout_p: float
 ) -> torch.Tensor:
-    """Scaled dot-product attention with dropout on the weights: (B, nh, T, hd) x3 -> (B, nh, T, hd);
-    `keep` (B, 1, 1, T) bool: keys that may be attended (None: all).
-
-    On CPUs with dropout this is SDPA's own math path written out, with `dropout` instead of
-    bernoulli_ and without its guard for rows with no key to attend (a row always has its [CLS]);
-    elsewhere (no dropout: SDPA's fused CPU kernel; GPUs) it is SDPA."""
+    """Scaled dot-product attention with dropout on the weights: (B, nh, T, hd) x3 -> (B, nh, T, hd); `keep`
+    (B, 1, 1, T) bool: keys that may be attended (None: all). On CPUs with dropout, SDPA's math path written
+    out with `dropout` (a row always has its [CLS] to attend); elsewhere SDPA."""
     if dropout_p == 0 or q.device.type != "cpu":
         return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=dropout_p)
     scores = torch.matmul(q * (1 / math.sqrt(q.shape[-1])), k.transpose(-2, -1))  # (B, nh, T, T)

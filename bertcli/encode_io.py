@@ -1,9 +1,7 @@
-"""encode's torch-free half: lines in (files or stdin, checked before the model loads), rows out,
-and the check of the settings against the model's sizes.
-
-A row format is one class in FORMATS (a new format: one class, one row); `Writer` puts its rows
-where they go: stdout, a file (under its temporary name, renamed into place at the end: never
-half-written), or a character device or named pipe, written in place as the shell's `>` does.
+"""encode's torch-free half: lines in (files or stdin, checked before the model loads), rows out, and the check
+of --layer against the model. A row format is one class in FORMATS; `Writer` puts its rows on stdout, in a file
+(under its temporary name, renamed into place at the end: never half-written), or in a character device or named
+pipe, written in place as the shell's `>` does.
 """
 
 from __future__ import annotations
@@ -43,9 +41,8 @@ class NotUtf8(UsageError):
 
 
 class Line(str):
-    """An input line that knows where it came from (for messages), and whether read_lines kept only
-    its first LINE_BYTES (`lost`: more than blanks dropped; `dropped_tab`: a TAB among them) and
-    whether it holds a CR inside (classic Mac OS line ends: read as one line)."""
+    """An input line that knows where it came from, whether read_lines kept only its first LINE_BYTES (`lost`:
+    more than blanks dropped; `dropped_tab`: a TAB among them), and whether it holds a CR inside."""
 
     source: str
     number: int
@@ -150,10 +147,9 @@ class Direct:
 
 
 class ReadAhead:
-    """The input lines read ahead by a thread of their own, so that encode sees when the input stalls
-    and writes what it has. What reading raises is raised again by `get`. Lines pass through a deque
-    (atomic appends and pops), events set only when the other side may wait: well under a
-    microsecond a line (queue.Queue: about 10)."""
+    """The input lines read ahead by a thread of their own, so that encode sees when the input stalls and
+    writes what it has; what reading raises, `get` raises. A deque (atomic appends and pops) and events set only
+    when the other side may wait: well under a microsecond a line (queue.Queue: about 10)."""
 
     def __init__(self, lines: Iterator[str]) -> None:
         self.items: collections.deque = collections.deque()
@@ -267,20 +263,7 @@ class NpyRows:
 
 FORMATS = {"jsonl": JsonlRows, "tsv": TsvRows, "npy": NpyRows}
 # Output names that promise a data format encode does not write (its readers would fail on the rows).
-OTHER_FORMATS = (
-    ".npz",
-    ".csv",
-    ".json",
-    ".pt",
-    ".pth",
-    ".pkl",
-    ".pickle",
-    ".h5",
-    ".hdf5",
-    ".parquet",
-    ".arrow",
-    ".safetensors",
-)
+OTHER_FORMATS = tuple(".npz .csv .json .pt .pth .pkl .pickle .h5 .hdf5 .parquet .arrow .safetensors".split())
 
 
 def output_format(fmt: str | None, output: Path | None, *, with_text: bool, tokens: bool) -> str:
@@ -311,10 +294,18 @@ def output_format(fmt: str | None, output: Path | None, *, with_text: bool, toke
     return fmt
 
 
-def check_output(output: Path, inputs: list[str], model: Path) -> Path:
-    """The path to write encode's rows to: the file named, resolved (a link is written through), never
-    a folder, an input, a file of the model, nor a file inside a folder bertcli replaces whole; a
-    character device or named pipe is returned as given, to be written in place."""
+def check_output(output: Path, inputs: list[str], model: Path, fmt: str) -> Path:
+    """The path to write encode's rows to: the file named, resolved (a link is written through), in a folder
+    that takes files, never a folder, an input, a file of the model, nor a file inside a folder bertcli
+    replaces whole; a character device or named pipe is returned as given, to be written in place. A
+    --format its name contradicts is said."""
+    resolved, suffix = _output_path(output, inputs, model), Path(output).suffix.lower()
+    if fmt != next((n for n, rows in FORMATS.items() if rows.suffix == suffix), fmt) or suffix in OTHER_FORMATS:
+        console.error(f"warning: --format {fmt} writes {fmt} into {output}, whose {suffix} name says otherwise")
+    return resolved
+
+
+def _output_path(output: Path, inputs: list[str], model: Path) -> Path:
     files = [Path(i) for i in inputs if i != "-"]
     reads_stdin = not inputs or "-" in inputs
     if sniff.is_stream(output):
@@ -346,6 +337,7 @@ def check_output(output: Path, inputs: list[str], model: Path) -> Path:
             f"--output {output}: a file of the model {model}; writing there would destroy it: name another file"
         )
     store.check_not_inside_own(resolved, f"name a file outside it, e.g. {Path.cwd() / resolved.name}")
+    store.check_writable(resolved.parent, resolved)
     return resolved
 
 
@@ -377,15 +369,12 @@ class Writer:
                 output.parent, lambda p, name: name == output.name and p.is_file() and holds_rows(p)
             ):
                 console.log(f"bertcli encode: removed {left}, left by an encode killed before it finished")
+        binary, path = self.rows.binary, self.tmp or output
         self.target: IO = (
-            stream
-            if output is None
-            else open(
-                self.tmp or output, "wb" if self.rows.binary else "w", encoding=None if self.rows.binary else "utf-8"
-            )
+            stream if path is None else open(path, "wb" if binary else "w", encoding=None if binary else "utf-8")
         )
         folder = self.tmp.parent if self.tmp is not None else None
-        self.raw = tempfile.TemporaryFile(dir=folder) if self.rows.binary else None  # unnamed: nothing left behind
+        self.raw = tempfile.TemporaryFile(dir=folder) if binary else None  # unnamed: nothing left behind
 
     def write(self, number: int, text: str, row: np.ndarray, tokens: list[str] | None) -> None:
         self.count += 1
@@ -443,16 +432,12 @@ class Writer:
 def stream_full(exc: BaseException, output: Path | None) -> RunError | None:
     """A full disk under rows written as they go (stdout, a device or pipe): what was written stays
     there, unlike a file of --output; None: another error."""
-    if (
-        not isinstance(exc, OSError)
-        or store.full_errno(exc) is None
-        or (output is not None and not sniff.is_stream(output))
-    ):
+    if not isinstance(exc, OSError) or store.full_errno(exc) is None:
         return None
-    fix = (
-        "free space"
-        if output is not None
-        else "free space, or write with --output FILE, which keeps nothing half-written"
+    if output is not None and not sniff.is_stream(output):
+        return None
+    fix = "free space" + (
+        "" if output is not None else ", or write with --output FILE, which keeps nothing half-written"
     )
     return RunError(
         f"{output or 'stdout'}: disk full ({exc.strerror}); the rows written there so far are incomplete: {fix}"

@@ -1,7 +1,6 @@
-"""Training metrics: what a batch's loss reports (`LossStats`), the running sums between two log
-steps (`MetricsWindow`, which owns tokens/s and MFU, against `peak_tflops`), and where they go (`MetricsLogger`:
-output_dir/metrics.jsonl, one JSON object per log step, TensorBoard, and a progress line on
-stderr: a tqdm bar on a terminal, one plain line per log step otherwise).
+"""Training metrics: what a batch's loss reports (`LossStats`), the running sums between two log steps
+(`MetricsWindow`: tokens/s, and MFU against `peak_tflops`), and where they go (`MetricsLogger`: metrics.jsonl, one
+JSON object per log step, TensorBoard, and a tqdm bar on a terminal, else a line per log step on stderr).
 """
 
 from __future__ import annotations
@@ -194,25 +193,46 @@ def _short(value: float) -> str:
 
 
 def _keep_left_behind(path: Path, records: list[dict[str, Any]]) -> Path | None:
-    """Append `records`, which a resume leaves out of metrics.jsonl (a history left behind: its
-    checkpoints are set aside, not deleted), to `path`, written whole (trial 23 P2: they were dropped,
-    and the curve of the checkpoints kept was lost). None where `path` is not a file of bertcli's
-    records (a link, a folder, a user's file): it is left alone and the records go."""
+    """Append `records`, which a resume leaves out of metrics.jsonl (a history left behind: its checkpoints are
+    set aside, not deleted), to `path`, written whole. None where `path` is not a file of bertcli's records (a
+    link, a folder, a user's file): it is left alone and the records go."""
     if path.is_symlink() or (path.exists() and not path.is_file()):
         return None
     earlier, bad = read_metrics_checked(path) if path.exists() else ([], None)
     if bad:
         return None
-    # Each set of records says when it was left out: histories left behind one after another stay apart.
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")  # when they were left out: histories left behind stay apart
     store.write_text(
         path, "".join(json.dumps(r) + "\n" for r in earlier + [{**r, "left_behind": stamp} for r in records])
     )
     return path
 
 
+def _rewrite_history(path: Path, until: int) -> None:
+    """metrics.jsonl without its records past step `until` (steps a resume redoes; -1: all, a history this run
+    does not continue), said; those records are kept in metrics.left-behind.jsonl."""
+    records, damaged = read_metrics_checked(path)
+    if damaged:
+        console.log(f"{damaged}; left out of the file from now on")
+    kept = [r for r in records if r["step"] <= until]
+    if dropped := [r for r in records if r["step"] > until]:
+        steps = sorted({r["step"] for r in dropped})
+        span = f" {steps[0]:,}" if len(steps) == 1 else f"s {steps[0]:,}-{steps[-1]:,}"
+        why = f"past step {until:,}, where this run resumes" if until > 0 else "of a history this run does not continue"
+        left = path.with_name(layout.METRICS_LEFT)
+        where = _keep_left_behind(left, dropped)
+        kept_in = f"kept in {where}" if where else f"not kept ({left} is not bertcli's)"
+        console.log(f"{path}: {len(dropped):,} record(s) of step{span} left out: {why}; {kept_in}")
+    store.write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
+
+
+SHOWN = ("loss", "mlm_loss", "mlm_acc", "nsp_acc", "perplexity", "tokens_per_s")  # in the progress line
+LABELS = {"mlm_loss": "mlm", "perplexity": "ppl", "tokens_per_s": "tok/s"}
+
+
 class MetricsLogger:
-    """Where the metrics of rank 0 go: metrics.jsonl, TensorBoard, the progress bar or line."""
+    """Where the metrics of rank 0 go: metrics.jsonl, TensorBoard, the progress bar or line. `own_history`
+    False: the run resumed another run's checkpoint, so none of metrics.jsonl's records are its."""
 
     def __init__(
         self,
@@ -224,58 +244,33 @@ class MetricsLogger:
         own_history: bool = True,
     ) -> None:
         self.jsonl_path = Path(output_dir) / layout.METRICS
-        # After a resume, drop what a crashed run logged past the checkpoint: those steps are redone; all of
-        # it where the run took another run's checkpoint (`own_history` False: trial 18 P9).
-        records, damaged = read_metrics_checked(self.jsonl_path)
-        if damaged:
-            console.log(f"{damaged}; left out of the file from now on")
-        kept = [r for r in records if r["step"] <= start_step and own_history]
-        if len(kept) < len(records):  # said, never silent (trial 20 S1: a fresh run emptied an old run's file)
-            dropped = [r for r in records if r["step"] > start_step or not own_history]
-            steps = sorted({r["step"] for r in dropped})
-            where = _keep_left_behind(Path(output_dir) / layout.METRICS_LEFT, dropped)
-            console.log(
-                f"{self.jsonl_path}: {len(dropped):,} record(s) of step"
-                + (f" {steps[0]:,}" if len(steps) == 1 else f"s {steps[0]:,}-{steps[-1]:,}")
-                + " left out: "
-                + (
-                    f"past step {start_step:,}, where this run resumes"
-                    if own_history and start_step
-                    else "of a history this run does not continue"
-                )
-                + (
-                    f"; kept in {where}"
-                    if where
-                    else f"; not kept ({Path(output_dir) / layout.METRICS_LEFT} is not bertcli's)"
-                )
-            )
-        store.write_text(self.jsonl_path, "".join(json.dumps(r) + "\n" for r in kept))
+        _rewrite_history(self.jsonl_path, start_step if own_history else -1)
         self.jsonl = open(self.jsonl_path, "a", encoding="utf-8")
         self.writer = None
         self.tensorboard_dir = Path(output_dir) / layout.TENSORBOARD
         self.event_files: list[Path] = []  # what this writer made: removed if the run fails before it logs
         self.made_tensorboard_dir, self.scalars_written = not self.tensorboard_dir.exists(), False
         if tensorboard:
-            before = set(self.tensorboard_dir.iterdir()) if self.tensorboard_dir.is_dir() else set()
-            from torch.utils.tensorboard import SummaryWriter  # imports tensorboard: only when used
-
-            self.excepthook = threading.excepthook
-            threading.excepthook = self._quiet_writer_thread
-            try:
-                with store.writing(self.tensorboard_dir):
-                    self.writer = SummaryWriter(
-                        str(self.tensorboard_dir),
-                        purge_step=(start_step + 1 if own_history else 1) if start_step else None,
-                    )
-                self.event_files = sorted(set(self.tensorboard_dir.iterdir()) - before)
-            except BaseException:
-                threading.excepthook = self.excepthook
-                self.jsonl.close()
-                raise
+            self._open_tensorboard((start_step + 1 if own_history else 1) if start_step else None)
         self.quiet, self.max_steps = quiet, max_steps
         self.bar = None
         if not quiet and sys.stderr.isatty():
             self.bar = tqdm(total=max_steps, initial=start_step, unit="step", file=sys.stderr, dynamic_ncols=True)
+
+    def _open_tensorboard(self, purge_step: int | None) -> None:
+        before = set(self.tensorboard_dir.iterdir()) if self.tensorboard_dir.is_dir() else set()
+        from torch.utils.tensorboard import SummaryWriter  # imports tensorboard: only when used
+
+        self.excepthook = threading.excepthook
+        threading.excepthook = self._quiet_writer_thread
+        try:
+            with store.writing(self.tensorboard_dir):
+                self.writer = SummaryWriter(str(self.tensorboard_dir), purge_step=purge_step)
+            self.event_files = sorted(set(self.tensorboard_dir.iterdir()) - before)
+        except BaseException:
+            threading.excepthook = self.excepthook
+            self.jsonl.close()
+            raise
 
     def advance(self) -> None:
         """One optimizer step done (no device sync)."""
@@ -294,30 +289,19 @@ class MetricsLogger:
                     self.writer.add_scalar(f"{split}/{key}", value, step)
                 self.writer.flush()
             self.scalars_written = True
-        shown = {
-            "loss": "loss",
-            "mlm_loss": "mlm",
-            "mlm_acc": "mlm_acc",
-            "nsp_acc": "nsp_acc",
-            "perplexity": "ppl",
-            "tokens_per_s": "tok/s",
-        }
         summary = {
-            label: (_short(metrics[k]) if k == "tokens_per_s" else f"{metrics[k]:.4g}")
-            for k, label in shown.items()
+            LABELS.get(k, k): _short(metrics[k]) if k == "tokens_per_s" else f"{metrics[k]:.4g}"
+            for k in SHOWN
             if k in metrics
         }
-        if self.bar is not None:
-            if split == "train":
-                self.bar.set_postfix(summary, refresh=True)
-            else:
-                self.bar.write(
-                    f"{split} at step {step}: " + ", ".join(f"{k} {v}" for k, v in summary.items()), file=sys.stderr
-                )
+        fields = ", ".join(f"{k} {v}" for k, v in summary.items())
+        if self.bar is not None and split == "train":
+            self.bar.set_postfix(summary, refresh=True)
+        elif self.bar is not None:
+            self.bar.write(f"{split} at step {step}: {fields}", file=sys.stderr)
         elif not self.quiet:
-            fields = " | ".join(f"{k} {v}" for k, v in summary.items())
             prefix = "step" if split == "train" else f"{split} at step"
-            console.log(f"{prefix} {step}/{self.max_steps} | {fields}")
+            console.log(f"{prefix} {step}/{self.max_steps} | " + " | ".join(f"{k} {v}" for k, v in summary.items()))
 
     def _quiet_writer_thread(self, args: Any) -> None:
         """TensorBoard writes in a thread of its own; the error of a failed write (a full disk) reaches
@@ -346,8 +330,8 @@ class MetricsLogger:
                     self._remove_event_files()
 
     def _remove_event_files(self) -> None:
-        """A run that failed before its first log step leaves no event file of its own (only a header:
-        each failed attempt added one, trial 25), nor a tensorboard/ folder it made and left empty."""
+        """A run that failed before its first log step leaves no event file of its own (a header only), nor a
+        tensorboard/ folder it made and left empty."""
         with contextlib.suppress(OSError):
             for path in self.event_files:
                 path.unlink()

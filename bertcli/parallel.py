@@ -20,25 +20,20 @@ COMPILE_BACKEND = "inductor"  # tests use "aot_eager": the same graph capture wi
 def parallelize(
     model: BertForPreTraining, rt: Runtime, *, parallel: str, every_parameter_used: bool, compile: bool = False
 ) -> nn.Module:
-    """Put `model` on the device and return what the training step calls: the model itself in
-    one process; under torchrun a DistributedDataParallel wrapper (`ddp`: a whole model on each
-    process, gradients all-reduced), or the model sharded in place by FSDP2 (`fsdp`: each
-    encoder layer, then the rest, keeps 1/world of its parameters, gradients and optimizer state
-    on each process; a layer is gathered for its forward and backward only). Build the
-    optimizer after this: FSDP2 turns parameters into DTensor shards.
+    """Put `model` on the device and return what the training step calls: the model itself in one process;
+    under torchrun a DDP wrapper (`ddp`: a whole model per process), or the model sharded in place by FSDP2
+    (`fsdp`: each encoder layer, then the rest, keeps 1/world of its parameters, gradients and optimizer state
+    per process). Build the optimizer after this: FSDP2 turns parameters into DTensor shards.
 
-    `compile` compiles each encoder layer in place (as torchtitan does, before sharding): the
-    layers are alike, so one compiled graph serves them all, and the hooks of DDP and FSDP stay
-    outside the graphs. A new sequence length recompiles once, then shapes are dynamic.
-    """
+    `compile` compiles each encoder layer in place, before sharding (as torchtitan does): the layers are alike,
+    so one graph serves them all, and the hooks of DDP and FSDP stay outside it."""
     if compile:
         for block in model.blocks:
             block.compile(backend=COMPILE_BACKEND)
     if rt.distributed and parallel == "fsdp":
         from torch.distributed.fsdp import fully_shard  # a second to import: only when used
 
-        # The MLM logits are a view (the vocabulary padding sliced off); FSDP2 warns that an
-        # in-place op on a view would skip its hook. Nothing writes to them in place.
+        # The MLM logits are a view (the vocabulary padding sliced off), which nothing writes to in place.
         warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
         for block in model.blocks:  # shards go to this process's device
             fully_shard(block)

@@ -1,12 +1,9 @@
 """Where this process runs: its device, its precision and its place in the job (rank, world size).
 
-The model and the data code never look at devices or dtypes; the trainer and encode ask this
-module (device names are parsed by `parse_device`, precisions mapped to dtypes by `AUTOCAST_DTYPES`,
-`Runtime.autocast` is the one mixed-precision context, and `unpadded` says whether the encoder runs
-on the real tokens only, a kernel choice of the device and precision). The other decisions a run
-makes about the machine live by their job: `sizes.py` (does the training state fit), `parallel.py`
-(compile, DDP or FSDP, gradient sync), `data/loader.py` (example-building workers), `optim.fused_adamw`,
-`metrics.peak_tflops` and `dropout.seed_step`.
+The model and the data code never look at devices or dtypes: the trainer and encode ask this module (device
+names by `parse_device`, precisions by `AUTOCAST_DTYPES`, `Runtime.autocast` the one mixed-precision context,
+`unpadded` the kernel choice). The other decisions about the machine live by their job: sizes.py, parallel.py,
+data/loader.py, optim.fused_adamw, metrics.peak_tflops and dropout.seed_step.
 """
 
 from __future__ import annotations
@@ -72,24 +69,24 @@ class Runtime:
         return torch.amp.GradScaler(self.device.type, init_scale=cfg.fp16_init_scale, enabled=self.precision == "fp16")
 
     def placement(self) -> Placement:
-        """Where training runs, for sizes' memory checks (a GPU asked its memory)."""
-        gpu = None
-        if self.device.type == "cuda":
-            gpu = (torch.cuda.get_device_properties(self.device).total_memory, torch.cuda.get_device_name(self.device))
+        """Where training runs, for sizes' memory checks."""
+        cuda = self.device.type == "cuda"
+        gpu = (torch.cuda.get_device_properties(self.device).total_memory, self.device_name()) if cuda else None
         return Placement(half=self.autocast_dtype is not None, world_size=self.world_size, gpu=gpu)
 
+    def device_name(self) -> str:
+        return torch.cuda.get_device_name(self.device)
+
     def describe(self) -> str:
-        if self.device.type == "cuda":
-            where = f"cuda ({torch.cuda.get_device_name(self.device)})"
-        else:
-            where = f"cpu ({torch.get_num_threads()} threads)"
+        where = (
+            f"cuda ({self.device_name()})" if self.device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
+        )
         return f"device {where}, precision {self.precision}, torch {torch.__version__}"
 
 
 def parse_device(name: str, what: str = "device") -> torch.device:
-    """The torch.device for a device name (auto, cpu, cuda or cuda:N); auto is CUDA when a GPU
-    is visible. UsageError for another name or a GPU that is not there, naming the value as
-    `what` (the CLI passes its flag, the trainer train.device)."""
+    """The torch.device for a device name (auto, cpu, cuda or cuda:N; auto is CUDA when a GPU is visible);
+    UsageError naming `what` (the flag or config key) for another name or a GPU that is not there."""
     if not is_device_name(name):
         raise UsageError(f"{what} {name!r}: expected {DEVICE_NAMES}")
     if name == "auto":
@@ -120,10 +117,9 @@ NATIVE_ON_CPU = {"bf16": ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
 
 
 def slow_autocast(rt: Runtime) -> str | None:
-    """A warning when half-precision autocast runs on a CPU without the instructions for it: torch then
-    converts to and from fp32 around every operation, so it is far slower than fp32 (measured on this
-    project's AVX2 EPYC, tiny preset, a training step at batch 64: fp32 1.0-1.7 s, bf16 11.5 s, fp16
-    11.4 s). None where it runs natively, on GPUs, and in fp32."""
+    """A warning for half-precision autocast on a CPU without its instructions: torch converts to and from fp32
+    around every operation, about 10x slower than fp32 (a tiny-preset step on an AVX2 EPYC: 1-1.7 s against
+    11.5 s). None where it runs natively, on GPUs, and in fp32."""
     if rt.device.type != "cpu" or rt.autocast_dtype is None:
         return None
     if any(getattr(torch.cpu, probe, lambda: True)() for probe in NATIVE_ON_CPU[rt.precision]):
@@ -148,10 +144,10 @@ def setup(device: str, precision: PrecisionConfig) -> Runtime:
         torch.backends.cudnn.allow_tf32 = precision.allow_tf32
     if world_size > 1 and not dist.is_initialized():
         if "TORCHELASTIC_RUN_ID" not in os.environ:  # another launcher, or the variables set by mistake
+            where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
             console.log(
                 f"RANK={rank} and WORLD_SIZE={world_size} are set, not by torchrun: waiting for the job's other "
-                f"processes at {os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}; if they were set by "
-                "mistake, stop this (Ctrl-C) and unset them"
+                f"processes at {where}; if they were set by mistake, stop this (Ctrl-C) and unset them"
             )
         with exit_on_signal("while waiting for the job's other processes; nothing was written"):
             dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
@@ -159,35 +155,28 @@ def setup(device: str, precision: PrecisionConfig) -> Runtime:
     return Runtime(device=dev, precision=resolve_precision(precision.mode, dev), rank=rank, world_size=world_size)
 
 
-# Token slots per micro-batch (batch_size x max_seq_length) from which unpadding pays on a GPU.
-# Measured on an H100 at BERT-base (bench_pretrain on real lengths, unpadded; pretrain 60 steps):
-# +6% at 256 x 128 and 32 x 512 (the padding share saved), -10% at 64 x 128, where the step is bound
-# by kernel launches and the packing's few extra kernels cost more than the padding.
+# Token slots per micro-batch (batch_size x max_seq_length) from which unpadding pays on a GPU (an H100 at
+# BERT-base: +6% at 256 x 128 and 32 x 512; -10% at 64 x 128, where the packing's extra kernel launches cost more).
 UNPAD_MIN_TOKENS = 16_384
 
 
 def unpadded(
     setting: bool | None, *, device: torch.device, precision: str, attention_dropout: float, micro_batch_tokens: int
 ) -> tuple[bool, str | None]:
-    """Whether the encoder runs on the real tokens only (train.unpad), and why not when asked for.
-    Its attention (FlashAttention's variable-length kernel on GPUs, a padded reference on CPUs)
-    has no attention dropout, so it applies only without; null (automatic) takes it on GPUs for
-    micro-batches large enough for it to pay (on CPUs it computes the same, no faster)."""
+    """Whether the encoder runs on the real tokens only (train.unpad), and why not when asked for. Its
+    attention has no dropout, so it applies only without; null (automatic) takes it on GPUs in half precision
+    for micro-batches large enough for it to pay (on CPUs it computes the same, no faster)."""
     if setting is False:
         return False, None
     if setting is None:
         from bertcli.model import varlen_attention_available  # FlashAttention's kernel: half precision, recent torch
 
-        return (
-            device.type == "cuda"
-            and attention_dropout == 0
-            and micro_batch_tokens >= UNPAD_MIN_TOKENS
-            and precision in ("bf16", "fp16")
-            and varlen_attention_available()
-        ), None
+        half = precision in ("bf16", "fp16")
+        big = micro_batch_tokens >= UNPAD_MIN_TOKENS
+        return device.type == "cuda" and attention_dropout == 0 and big and half and varlen_attention_available(), None
     if attention_dropout > 0:
         return False, (
-            f"train.unpad is true but model.attention_probs_dropout_prob is {attention_dropout}, and the "
-            "unpadded attention has no dropout: training padded (set it to 0 to train unpadded)"
+            f"train.unpad is true but model.attention_probs_dropout_prob is {attention_dropout}, and the unpadded "
+            "attention has no dropout: training padded (set it to 0 to train unpadded)"
         )
     return True, None

@@ -2,13 +2,12 @@
 
     pretrain(cfg)         runtime, output lock and signals around the two below
       build_run(...)      data, model, optimizer, resume: a `Run`, built once (or NothingToDo)
-      fit(run, ...)       the loop: per step train_step, then log / evaluate / save when due
+      fit(run, ...)       the loop: per step train_step, then after_step logs / evaluates / saves when due
         train_step(...)   the micro-batches' forward and backward, clip, a guarded optimizer step
 
-`cfg` arrives resolved (resolve.py). A step's examples and dropout are a pure function of (seed,
-step), so resuming is exact. A step whose gradients are not finite is skipped (`NonFiniteGuard`);
-the running sums live on the device (`metrics.MetricsWindow`) and the `checkpoint.CheckpointManager`
-resumes, decides when to save and saves: the only host-device syncs are at log, evaluation and save steps.
+`cfg` arrives resolved (resolve.py). A step's examples and dropout are a pure function of (seed, step), so resuming
+is exact. A step whose gradients are not finite is skipped (`NonFiniteGuard`). The running sums live on the device
+(`metrics.MetricsWindow`): the host syncs only at log, evaluation and save steps.
 """
 
 from __future__ import annotations
@@ -56,24 +55,17 @@ def pretraining_loss(
     step_counts: torch.Tensor | None = None,
     world_size: int = 1,
 ) -> Losses:
-    """mlm_weight * MLM cross-entropy (mean over real predictions) + nsp_weight * NSP cross-entropy.
-
-    Padded prediction slots carry the label IGNORE, so they add nothing to the loss or to its
-    denominator (the textbook's weighting bug cannot happen). Computed in fp32. Without
-    sentence pairs (`nsp=False`) the NSP terms are zero. Without `step_counts` both terms are
-    means over this batch. In training, `step_counts` is (2,): the real predictions and NSP rows of
-    the whole optimizer step (every micro-batch, every process); each term is then this batch's
-    sum over that count (times world_size, since DDP and FSDP average gradients over processes),
-    so the gradients summed over the step's micro-batches and processes are exactly those of one
-    batch holding them all: accumulation and processes change nothing but float rounding.
-    The stats are this batch's own means whatever the normalisation (what is logged).
-    """
+    """mlm_weight * MLM cross-entropy + nsp_weight * NSP cross-entropy in fp32 (NSP zero without `nsp`); padded
+    prediction slots (label IGNORE) add nothing. Without `step_counts` each term is this batch's mean. In training
+    `step_counts` (2,) holds the real predictions and NSP rows of the whole step (every micro-batch and process):
+    each term is this batch's sum over that count, times world_size (DDP and FSDP average gradients), so
+    accumulation and processes change nothing but rounding. The stats are this batch's own means (logged)."""
     V = out.mlm_logits.shape[-1]
     mlm_logits = out.mlm_logits.float().reshape(-1, V)  # (B*P, V)
     labels = batch.mlm_labels.reshape(-1)  # (B*P,)
     real = labels != IGNORE
     mlm_sum = F.cross_entropy(mlm_logits, labels, ignore_index=IGNORE, reduction="sum")
-    mlm = mlm_sum / real.sum().clamp(min=1)  # this batch's mean (what is logged)
+    mlm = mlm_sum / real.sum().clamp(min=1)
     nsp_logits = out.nsp_logits.float()
     nsp_rows = batch.nsp_labels != IGNORE
     nsp_sum = (
@@ -132,26 +124,20 @@ def evaluate(
             return None
         batch = host.to(rt.device)
         with rt.autocast():
-            out = model(
-                batch.input_ids,
-                batch.token_type_ids,
-                batch.valid_lens if host.has_padding() else None,
-                batch.pred_positions,
-            )
+            lens = batch.valid_lens if host.has_padding() else None
+            out = model(batch.input_ids, batch.token_type_ids, lens, batch.pred_positions)
         s = pretraining_loss(out, batch, mlm_weight=tc.mlm_weight, nsp_weight=tc.nsp_weight, nsp=nsp).stats
         sums += torch.stack(
             [s.mlm_loss * s.mlm_count, s.mlm_correct, s.mlm_count, s.nsp_loss * s.nsp_count, s.nsp_correct]
         )
         rows += len(batch.nsp_labels)
     model.train()
-    if rt.distributed:  # every process evaluated the same batches: averaging makes their figures, and so the
-        rt.all_reduce_sum(sums).div_(rt.world_size)  # best-checkpoint decision (a collective with FSDP), identical
+    if rt.distributed:  # the same batches everywhere: averaged, every process takes the same best-checkpoint decision
+        rt.all_reduce_sum(sums).div_(rt.world_size)
     mlm_loss_sum, mlm_correct, mlm_count, nsp_loss_sum, nsp_correct = sums.tolist()
     metrics = {
         "mlm_loss": mlm_loss_sum / mlm_count,
         "mlm_acc": mlm_correct / mlm_count,
-        # e^loss; past e^700 a float overflows (a diverged run: capped there, not at e^50 as it was, which
-        # gave every diverged evaluation the same figure: trial 18 P8).
         "perplexity": math.exp(min(mlm_loss_sum / mlm_count, PERPLEXITY_CAP)),
     }
     if nsp:
@@ -165,9 +151,8 @@ def most_frequent_token_accuracy(train: Corpus, batches: list[Batch]) -> float:
     counts = np.zeros(train.vocab_size, dtype=np.int64)
     end = min(train.num_tokens, 50_000_000)  # plenty to find the top token
     for lo in range(0, end, 1 << 20):  # in blocks: never an int64 copy of the 50M tokens (400 MB)
-        counts += np.bincount(np.asarray(train.tokens[lo : min(lo + (1 << 20), end)]), minlength=train.vocab_size)[
-            : train.vocab_size
-        ]
+        block = np.asarray(train.tokens[lo : min(lo + (1 << 20), end)])
+        counts += np.bincount(block, minlength=train.vocab_size)[: train.vocab_size]
     counts[[train.special.pad, train.special.unk, train.special.cls, train.special.sep, train.special.mask]] = 0
     top = int(counts.argmax())
     labels = torch.cat([b.mlm_labels[b.mlm_labels != IGNORE] for b in batches])
@@ -187,8 +172,8 @@ def pretrain(cfg: Config, resume: str = "auto", quiet: bool = False, stop_at: in
                 result = fit(build_run(cfg, rt, resume, quiet, last_step=last_step), last_step, stopper, quiet)
             except NothingToDo as done:
                 result = done.result
-        # The processes end together: one that tore its connections down while rank 0 still wrote the
-        # last checkpoint aborted, and torchrun then sent rank 0 SIGTERM mid-save.
+        # The processes end together: one that tore its connections down while rank 0 still wrote the last
+        # checkpoint would make torchrun send rank 0 SIGTERM mid-save.
         rt.barrier()
         return result
     finally:
@@ -221,9 +206,9 @@ class Run:
     train_model: torch.nn.Module  # what the step calls: the model, wrapped (DDP, FSDP) or compiled
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
+    unpad: bool  # the encoder runs on the real tokens only (runtime.unpadded)
     eval_batches: list[Batch]  # the fixed held-out set (empty: no evaluation)
     baseline_acc: float  # held-out MLM accuracy of always predicting the most frequent token
-    unpad: bool  # the encoder runs on the real tokens only (runtime.unpadded)
     checkpoints: checkpoint.CheckpointManager  # resumed from (resumed_from), saves the parts of the training state
     progress: checkpoint.Progress  # step, tokens seen and training time before this process started
 
@@ -233,8 +218,8 @@ class Run:
 
 
 class NothingToDo(Exception):
-    """The checkpoint resumed from is at or past the step to stop at: `result` is pretrain's, said
-    before the model and optimizer are built (trial 15 U1: 6.5 s, most of it importing what they need)."""
+    """The checkpoint resumed from is at or past the step to stop at: `result` is pretrain's, known
+    before the model and optimizer are built (most of the time they take is importing what they need)."""
 
     def __init__(self, result: dict[str, Any]) -> None:
         super().__init__("nothing to do")
@@ -250,8 +235,7 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume_arg: str, quiet: bool, *,
     if rt.is_main:
         checkpoint.check_run_folder(output_dir, cfg.train.max_steps)
         checkpoint.remove_leftovers(layout.checkpoints_dir(output_dir))
-    # Before the data (without a vocabulary yet, a lower bound), and again after when unsized.
-    _check_sizes(cfg, rt)
+    _check_sizes(cfg, rt)  # before the data, without a vocabulary yet: a lower bound
     resume_from = Path(resume_arg) if resume_arg not in ("auto", "never") else None
     data, tokenizer = _load_data(cfg, rt, quiet, resume_from)
     cfg = _check_sizes(with_vocab(cfg, data.vocab_size, cfg.data.corpus, pad_id=data.train.special.pad), rt)
@@ -262,50 +246,43 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume_arg: str, quiet: bool, *,
         raise NothingToDo(_nothing_to_do(cfg, rt, chosen.path, last_step))
     _say_start(cfg, rt, quiet)
     output_dir.mkdir(parents=True, exist_ok=True)
-    tc = cfg.train
     eval_batches, baseline = _held_out(cfg, data)
-    torch.manual_seed(tc.seed)
-    model = BertForPreTraining(cfg.model)  # on the CPU; with FSDP only each process's shards reach the device
-    if cfg.model.init_from and chosen.path is None:
-        _init_from(model, Path(cfg.model.init_from))
-    train_model = parallel.parallelize(
-        model, rt, parallel=tc.parallel, every_parameter_used=cfg.data.pairs, compile=tc.compile
-    )
-    optimizer = build_optimizer(model, cfg.optimizer, fused=fused_adamw(rt.device))
-    unpad, why_not = runtime.unpadded(
-        tc.unpad,
-        device=rt.device,
-        precision=rt.precision,
-        attention_dropout=cfg.model.attention_probs_dropout_prob,
-        micro_batch_tokens=tc.batch_size * cfg.data.max_seq_length,
-    )
-    if why_not:
-        log(why_not)
-    scaler = rt.grad_scaler(cfg.precision)
+    model, train_model, optimizer, scaler, unpad = _build_model(cfg, rt, fresh=chosen.path is None)
     checkpoints = checkpoint.CheckpointManager(
         cfg, is_main=rt.is_main, tokenizer=tokenizer, best=chosen.best, last=chosen.path
     )
     progress = checkpoints.restore(chosen.path, rt.device, model=model, optimizer=optimizer, scaler=scaler)
     if chosen.path is not None:
-        cfg = checkpoints.cfg = _resumed(cfg, rt, chosen.path, progress=progress, data=data, checkpoints=checkpoints)
+        cfg = checkpoints.cfg = _resumed(cfg, rt, chosen.path, progress.step, data, checkpoints)
     if not quiet:
-        log(
-            f"model: {sum(p.numel() for p in model.parameters()):,} parameters; corpus: {data.train.num_documents:,} documents, {data.train.num_tokens:,} tokens"
-        )
+        params, corpus = sum(p.numel() for p in model.parameters()), data.train
+        log(f"model: {params:,} parameters; corpus: {corpus.num_documents:,} documents, {corpus.num_tokens:,} tokens")
     return Run(
-        cfg=cfg,
-        rt=rt,
-        data=data,
-        model=model,
-        train_model=train_model,
-        optimizer=optimizer,
-        scaler=scaler,
-        eval_batches=eval_batches,
-        baseline_acc=baseline,
-        unpad=unpad,
-        checkpoints=checkpoints,
-        progress=progress,
+        cfg, rt, data, model, train_model, optimizer, scaler, unpad, eval_batches, baseline, checkpoints, progress
     )
+
+
+def _build_model(
+    cfg: Config, rt: runtime.Runtime, *, fresh: bool
+) -> tuple[BertForPreTraining, torch.nn.Module, torch.optim.Optimizer, torch.amp.GradScaler, bool]:
+    """The model (from model.init_from on a `fresh` run), what the step calls, the optimizer, the loss
+    scaler, and whether the encoder runs unpadded."""
+    tc = cfg.train
+    torch.manual_seed(tc.seed)
+    model = BertForPreTraining(cfg.model)  # on the CPU; with FSDP only each process's shards reach the device
+    if cfg.model.init_from and fresh:
+        _init_from(model, Path(cfg.model.init_from))
+    train_model = parallel.parallelize(
+        model, rt, parallel=tc.parallel, every_parameter_used=cfg.data.pairs, compile=tc.compile
+    )
+    optimizer = build_optimizer(model, cfg.optimizer, fused=fused_adamw(rt.device))
+    dropout, tokens = cfg.model.attention_probs_dropout_prob, tc.batch_size * cfg.data.max_seq_length
+    unpad, why_not = runtime.unpadded(
+        tc.unpad, device=rt.device, precision=rt.precision, attention_dropout=dropout, micro_batch_tokens=tokens
+    )
+    if why_not:
+        log(why_not)
+    return model, train_model, optimizer, rt.grad_scaler(cfg.precision), unpad
 
 
 def _check_sizes(cfg: Config, rt: runtime.Runtime) -> Config:
@@ -343,46 +320,31 @@ def _init_from(model: BertForPreTraining, source: Path) -> None:
 
 
 def _resumed(
-    cfg: Config,
-    rt: runtime.Runtime,
-    path: Path,
-    *,
-    progress: checkpoint.Progress,
-    data: Dataset,
-    checkpoints: checkpoint.CheckpointManager,
+    cfg: Config, rt: runtime.Runtime, path: Path, step: int, data: Dataset, checkpoints: checkpoint.CheckpointManager
 ) -> Config:
     """Say what resuming `path` with cfg's settings on this data changes; return the config with the
     tokenizer settings of the checkpoint (the tokenizer in use is the run's, whatever data.tokenizer says)."""
     saved, trainer = checkpoint.read_config(path), checkpoint.read_trainer_state(path)
-    if progress.step < cfg.train.max_steps:
+    if step < cfg.train.max_steps:
         recorded = trainer.get("examples_per_step")
         batches = (recorded if isinstance(recorded, int) else None, examples_per_step(cfg, rt))
-        for line in resume.differences(
-            saved,
-            cfg,
-            step=progress.step,
-            where=path.name,
-            batches=batches,
-            then=trainer.get(checkpoint.PREPARED_DATA),
-            now=data.identity,
-        ):
+        then, now = trainer.get(checkpoint.PREPARED_DATA), data.identity
+        for line in resume.differences(saved, cfg, step=step, where=path.name, batches=batches, then=then, now=now):
             log(line)
         if checkpoints.best is not None and resume.best_of_other_set(Path(cfg.output_dir), cfg, data.identity):
             checkpoints.best = None
-            log(
-                f"{layout.checkpoints_dir(Path(cfg.output_dir)) / layout.BEST} is replaced at this run's next evaluation: its held-out loss was on the earlier set"
-            )
+            best = layout.checkpoints_dir(Path(cfg.output_dir)) / layout.BEST
+            log(f"{best} is replaced at this run's next evaluation: its held-out loss was on the earlier set")
     return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, tokenizer=saved.data.tokenizer))
 
 
 def _load_data(
     cfg: Config, rt: runtime.Runtime, quiet: bool, resume_from: Path | None = None
 ) -> tuple[Dataset, dict[str, bytes]]:
-    """The run's data and its tokenizer's files (name -> bytes): rank 0 prepares text corpora first when
-    needed (cached), the others then read it. Rank 0 holds the prepared folder's lock until every
-    process has read it: another run sharing the folder cannot replace it meanwhile. From then on
-    training reads its memory maps (a replaced folder's files live on while mapped) and these bytes.
-    `resume_from`: the checkpoint named by --resume PATH, whose tokenizer a run with none yet takes."""
+    """The run's data and its tokenizer's files (name -> bytes): rank 0 prepares a text corpus when needed, then
+    the others read it, under the prepared folder's lock until every process has read it (then training reads
+    its memory maps, which outlive a replaced folder, and these bytes). `resume_from`: --resume PATH, whose
+    tokenizer a run with none yet takes."""
     text = cfg.data.corpus != "synthetic"
     if rt.is_main and text:
         from bertcli.data.prepare import prepared_lock
@@ -396,14 +358,13 @@ def _load_data(
 
     with lock:
         if rt.is_main:
-            data = load_data(
-                cfg, quiet, run_tokenizer=resume.run_tokenizer(cfg, resume_from, say=True), vocab_check=vocab_check
-            )
+            run_tokenizer = resume.run_tokenizer(cfg, resume_from, say=True)
+            data = load_data(cfg, quiet, run_tokenizer=run_tokenizer, vocab_check=vocab_check)
         rt.barrier()
         if not rt.is_main:
             data = load_data(cfg, quiet=True)
         # Read once, now: every checkpoint holds these bytes, those of the ids trained on, whatever happens to the
-        # prepared folder meanwhile (symbolic links are refused: never followed out of it).
+        # prepared folder meanwhile (a symbolic link is refused: never followed out of it).
         fix = "remove the link, then run the same command again (it prepares the data again)"
         tokenizer = {path.name: store.read_own(path, fix) for path in data.tokenizer_files}
         if text:
@@ -427,8 +388,8 @@ def _held_out(cfg: Config, data: Dataset) -> tuple[list[Batch], float]:
 
 class NonFiniteGuard:
     """Counts the steps skipped in a row for NaN or inf gradients, on the device, and stops the run
-    when there are train.max_nonfinite_steps of them. The count is read where the host syncs
-    anyway (and every step on a CPU, where reading costs nothing)."""
+    at train.max_nonfinite_steps of them. The count is read where the host syncs anyway (and every
+    step on a CPU, where reading costs nothing)."""
 
     def __init__(self, limit: int, device: torch.device) -> None:
         self.limit = limit
@@ -440,27 +401,24 @@ class NonFiniteGuard:
         self.loss_finite = loss_finite
 
     def check_end(self, step: int, last_checkpoint: Path | None) -> None:
-        """At the last step: a run that ends skipping steps because the model's own loss is NaN or inf
-        (weights so large that the forward pass overflows: optimizer.lr=1e8) has no usable model, though
-        fewer than train.max_nonfinite_steps were skipped. Gradients alone overflowing (fp16's loss
-        scaler finds its scale that way) leave the weights as they were: not an error."""
+        """At the last step: steps skipped because the model's own loss is NaN or inf (its forward pass
+        overflows) leave no usable model, however few. Gradients alone overflowing (fp16's loss scaler
+        finds its scale that way) leave the weights as they were: not an error."""
         run = int(self.in_a_row)
         if run and not bool(self.loss_finite):
             raise RunError(
-                f"step {step}: the model's loss is NaN or inf, so the last {run} steps (steps {step - run + 1}-"
-                f"{step}) were skipped and its weights are unusable; no final checkpoint was written (the last "
-                f"is {last_checkpoint or 'none yet'}); lower optimizer.lr or raise optimizer.warmup_steps, and "
-                "train again"
+                f"step {step}: the model's loss is NaN or inf, so the last {run} steps (steps {step - run + 1}-{step})"
+                f" were skipped and its weights are unusable; no final checkpoint was written (the last is "
+                f"{last_checkpoint or 'none yet'}); lower optimizer.lr or raise optimizer.warmup_steps"
             )
 
     def check(self, step: int, last_checkpoint: Path | None) -> None:
         run = int(self.in_a_row)
         if run >= self.limit:
             raise RunError(
-                f"step {step}: the loss or gradients were NaN or inf for {run} steps in a row (steps "
-                f"{step - run + 1}-{step}, skipped), so training stopped; the last checkpoint is "
-                f"{last_checkpoint or 'none yet'}; lower optimizer.lr or raise optimizer.warmup_steps (with fp16, try "
-                "bf16), or raise train.max_nonfinite_steps to skip more"
+                f"step {step}: the loss or gradients were NaN or inf for {run} steps in a row, so training stopped; "
+                f"the last checkpoint is {last_checkpoint or 'none yet'}; lower optimizer.lr or raise "
+                "optimizer.warmup_steps (with fp16, try bf16), or raise train.max_nonfinite_steps"
             )
 
 
@@ -475,7 +433,6 @@ class Loop:
     metrics: dict[str, float]
     start: float
     tokens_seen: int
-    timed: float  # the end of the last step timed for _say_pace (this process's first two)
 
     def log(self, step: int, rt: runtime.Runtime, lr: float, grad_norm: torch.Tensor) -> dict[str, float]:
         """The window's figures, logged (a collective: every process reads the window)."""
@@ -485,37 +442,28 @@ class Loop:
         return self.metrics
 
 
+def _start_loop(run: Run, quiet: bool) -> Loop:
+    """The loop's state at run.progress.step: an empty window, no step skipped, the logger on rank 0."""
+    cfg, rt, tc, step = run.cfg, run.rt, run.cfg.train, run.progress.step
+    peak = peak_tflops(rt.device, cfg.logging.peak_tflops)
+    window = MetricsWindow(rt.device, step, tc.grad_accum_steps, tc.batch_size, cfg.model, cfg.data.pairs, peak)
+    logger = None
+    if rt.is_main:
+        own_history = not resume.is_foreign(run.checkpoints.last_saved, Path(cfg.output_dir))
+        logger = MetricsLogger(
+            Path(cfg.output_dir), step, tc.max_steps, cfg.logging.tensorboard, quiet, own_history=own_history
+        )
+    if rt.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(rt.device)
+    guard = NonFiniteGuard(tc.max_nonfinite_steps, rt.device)
+    return Loop(window, guard, logger, {}, start=time.perf_counter(), tokens_seen=run.progress.tokens_seen)
+
+
 def fit(run: Run, last_step: int, stopper: Stopper, quiet: bool) -> dict[str, Any]:
     """Train from run.progress.step to `last_step`: log, evaluate and save when due; return the last
     metrics and the final checkpoint. A stop signal finishes the step, saves and stops."""
-    cfg, rt, tc, step = run.cfg, run.rt, run.cfg.train, run.progress.step
-    window = MetricsWindow(
-        rt.device,
-        step,
-        micro_batches_per_step=tc.grad_accum_steps,
-        batch_size=tc.batch_size,
-        model=cfg.model,
-        nsp=cfg.data.pairs,
-        peak_tflops=peak_tflops(rt.device, cfg.logging.peak_tflops),
-    )
-    own_history = not resume.is_foreign(run.checkpoints.last_saved, Path(cfg.output_dir))
-    logger = (
-        MetricsLogger(
-            Path(cfg.output_dir),
-            step,
-            max_steps=tc.max_steps,
-            tensorboard=cfg.logging.tensorboard,
-            quiet=quiet,
-            own_history=own_history,
-        )
-        if rt.is_main
-        else None
-    )
-    now = time.perf_counter()
-    guard = NonFiniteGuard(tc.max_nonfinite_steps, rt.device)
-    loop = Loop(window, guard, logger, metrics={}, start=now, tokens_seen=run.progress.tokens_seen, timed=now)
-    if rt.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(rt.device)
+    step = run.progress.step
+    loop = _start_loop(run, quiet)
     if ignored_sigint():
         info("SIGINT is ignored in this process (as in a background job of a script): stop it with SIGTERM")
     batches = _train_batches(run, first_step=step, last_step=last_step)
@@ -527,26 +475,28 @@ def fit(run: Run, last_step: int, stopper: Stopper, quiet: bool) -> dict[str, An
                 step += 1
                 if loop.logger:
                     loop.logger.advance()
-                if step <= run.progress.step + 2:  # the step done on the device: its time is measured (twice)
-                    float(grad_norm)
-                    seconds, loop.timed = time.perf_counter() - loop.timed, time.perf_counter()
-                    _say_pace(seconds, step, last_step, cfg=cfg, first=step == run.progress.step + 1)
                 if after_step(run, loop, step, last_step, stopper=stopper, lr=lr, grad_norm=grad_norm):
-                    rt.barrier()  # every process stopped at this step, its checkpoint written
-                    name = signal.Signals(stopper.signum or signal.SIGTERM).name
+                    run.rt.barrier()  # every process stopped at this step, its checkpoint written
+                    signum = stopper.signum or signal.SIGTERM
                     raise Interrupted(
-                        f"stopped by {name} at step {step}; checkpoint {run.checkpoints.last_saved}; run the same command again to resume",
-                        stopper.signum or signal.SIGTERM,
+                        f"stopped by {signal.Signals(signum).name} at step {step}; checkpoint "
+                        f"{run.checkpoints.last_saved}; run the same command again to resume",
+                        signum,
                     )
     finally:
         del batches  # stops the worker processes
         if loop.logger:
             loop.logger.close()
+    return _result(step, loop.tokens_seen, run.checkpoints.last_saved, loop.metrics, run.rt)
+
+
+def _result(step: int, tokens_seen: int, ckpt: Path | None, metrics: dict, rt: runtime.Runtime) -> dict[str, Any]:
+    """What pretrain returns."""
     return {
         "step": step,
-        "tokens_seen": loop.tokens_seen,
-        "checkpoint": str(run.checkpoints.last_saved),
-        "metrics": loop.metrics,
+        "tokens_seen": tokens_seen,
+        "checkpoint": str(ckpt),
+        "metrics": metrics,
         "is_main": rt.is_main,
     }
 
@@ -583,59 +533,13 @@ def after_step(
     return stop
 
 
-PACE_NOTE_S = 60.0  # a first log line further away than this is announced after the first step
-PACE_RUN_S = 86400.0  # and train.max_steps further away than this after the second
-
-
-def _about(seconds: float) -> str:
-    """A duration in words, to two figures: '40 s', '7.5 min', '2.3 h', '3.1 days'."""
-    for unit, size in (("days", 86400), ("h", 3600), ("min", 60)):
-        if seconds >= 2 * size:
-            return f"{seconds / size:.2g} {unit}" if seconds / size < 10 else f"{seconds / size:,.0f} {unit}"
-    return f"{seconds:.0f} s"
-
-
-def _say_pace(seconds: float, step: int, last_step: int, *, cfg: Config, first: bool) -> None:
-    """After a process's first two steps (`seconds` each): where the first figures are more than PACE_NOTE_S
-    away (trial 25: a large model on a CPU took 9 min a step, and nothing was said before step log_every),
-    the first step's time (start-up and compilation included: no pace to project); then, from the second,
-    when the first figures come and this run ends, and train.max_steps where it is more than PACE_RUN_S
-    away (trial 27 P6: the small preset on a CPU, 29 days, unsaid in a run of 2 steps)."""
-    max_steps, log_every = cfg.train.max_steps, cfg.logging.log_every
-    next_log = min(last_step, (step // log_every + 1) * log_every)
-    silent = (next_log - step) * seconds > PACE_NOTE_S
-    if first:
-        if silent:
-            info(f"step {step} took {_about(seconds)} (start-up included)")
-        return
-    if not (silent or (max_steps - step) * seconds > PACE_RUN_S):
-        return
-    when = []
-    if silent and next_log < last_step:
-        when.append(f"the first figures at step {next_log:,} in about {_about((next_log - step) * seconds)}")
-    if last_step > step:
-        when.append(f"step {last_step:,}, the last of this run, in about {_about((last_step - step) * seconds)}")
-    if max_steps > last_step:
-        when.append(f"train.max_steps, {max_steps:,}, in about {_about((max_steps - step) * seconds)}")
-    info(
-        f"step {step} took {_about(seconds)}; at this pace: {'; '.join(when)}"
-        + (" (logging.log_every sets how often figures come)" if silent else "")
-    )
-
-
 def _nothing_to_do(cfg: Config, rt: runtime.Runtime, resumed_from: Path, last_step: int) -> dict[str, Any]:
     """pretrain's result for a run resumed at or past `last_step`: the checkpoint's own, and a line saying so."""
     state, tc = checkpoint.read_trainer_state(resumed_from), cfg.train
     step = state["step"]
     limit = f"the stop step asked for, {last_step}" if last_step < tc.max_steps else f"train.max_steps={tc.max_steps}"
     log(f"nothing to do: {resumed_from} is already at step {step}, at or past {limit}; raise it to train further")
-    return {
-        "step": step,
-        "tokens_seen": state.get("tokens_seen", 0),
-        "checkpoint": str(resumed_from),
-        "metrics": state.get("metrics") or {},
-        "is_main": rt.is_main,
-    }
+    return _result(step, state.get("tokens_seen", 0), resumed_from, state.get("metrics") or {}, rt)
 
 
 def _train_batches(run: Run, *, first_step: int, last_step: int) -> Iterator[Batch]:
@@ -673,29 +577,19 @@ def train_step(
         padded = batch.has_padding()  # the host copy again
         step_batches.append(batch.to(rt.device, non_blocking=rt.device.type == "cuda"))
         key_lens.append(step_batches[-1].valid_lens if padded else None)  # None: no attention mask at all
-    # The losses are means over the whole step (all micro-batches, all processes): count its
-    # predictions and NSP rows before the first backward (on the device, async under torchrun).
+    # The losses are means over the whole step (all micro-batches, all processes): its predictions and
+    # NSP rows are counted before the first backward (on the device, async under torchrun).
     denominators = rt.all_reduce_sum(step_counts(step_batches))
     step_sums = torch.zeros(len(LossStats._fields), device=rt.device)
     for micro, batch in enumerate(step_batches):
         with parallel.gradient_sync(run.train_model, micro == tc.grad_accum_steps - 1):  # reduced on the last only
             with rt.autocast():
+                packed = batch.packed if run.unpad else None
                 out = run.train_model(
-                    batch.input_ids,
-                    batch.token_type_ids,
-                    key_lens[micro],
-                    batch.pred_positions,
-                    packed=batch.packed if run.unpad else None,
+                    batch.input_ids, batch.token_type_ids, key_lens[micro], batch.pred_positions, packed=packed
                 )
-            losses = pretraining_loss(
-                out,
-                batch,
-                mlm_weight=tc.mlm_weight,
-                nsp_weight=tc.nsp_weight,
-                nsp=cfg.data.pairs,
-                step_counts=denominators,
-                world_size=rt.world_size,
-            )
+            weights = {"mlm_weight": tc.mlm_weight, "nsp_weight": tc.nsp_weight, "nsp": cfg.data.pairs}
+            losses = pretraining_loss(out, batch, **weights, step_counts=denominators, world_size=rt.world_size)
             run.scaler.scale(losses.total).backward()
         step_sums += torch.stack(losses.stats)
     run.scaler.unscale_(run.optimizer)  # no-op unless fp16
@@ -711,21 +605,19 @@ def train_step(
 
 def _trainer_state(run: Run, window: MetricsWindow, metrics: dict[str, float], run_start: float) -> dict[str, Any]:
     """What a checkpoint's trainer_state.json records (tokens summed over processes: a collective)."""
-    cfg = run.cfg
+    cfg, progress = run.cfg, run.progress
     seen = run.rt.all_reduce_sum(torch.tensor([window.tokens_since_start], dtype=torch.float64, device=run.rt.device))
+    # The longest sequences trained on over the run's history (a resume may shorten them); a fresh run's
+    # source model (model.init_from) counts too, a resumed one's is in the record.
+    if progress.trained_length:
+        length = max(progress.trained_length, cfg.data.max_seq_length)
+    else:
+        length = checkpoint.trained_length(cfg) or cfg.model.max_position_embeddings
     return {
-        "tokens_seen": run.progress.tokens_seen + int(seen[0]),
-        "train_time_s": run.progress.train_time_s + time.perf_counter() - run_start,
-        # The global batch: a resume on another number of processes compares it, not the split.
-        "examples_per_step": run.examples_per_step,
-        # The longest sequences trained on over the run's history (a resume may shorten them); a
-        # fresh run's source model (model.init_from) counts too, a resumed one's is in the record.
-        checkpoint.TRAINED_LENGTH: max(
-            run.progress.trained_length,
-            cfg.data.max_seq_length
-            if run.progress.trained_length
-            else checkpoint.trained_length(cfg) or cfg.model.max_position_embeddings,
-        ),
+        "tokens_seen": progress.tokens_seen + int(seen[0]),
+        "train_time_s": progress.train_time_s + time.perf_counter() - run_start,
+        "examples_per_step": run.examples_per_step,  # the global batch: what a resume on other processes compares
+        checkpoint.TRAINED_LENGTH: length,
         "metrics": metrics,
         **({checkpoint.PREPARED_DATA: run.data.identity} if run.data.identity is not None else {}),
     }

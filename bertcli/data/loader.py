@@ -15,9 +15,8 @@ from bertcli.errors import STOP_SIGNALS
 
 
 def data_workers(device: torch.device, configured: int | None) -> int:
-    """Example-building processes: on a GPU four keep the step fed (a BERT-base batch of 256 takes
-    about 40 ms to build on one core, longer than an H100 step); on a CPU they would take cores
-    from training, so examples are built in the training process."""
+    """Example-building processes: on a GPU four keep the step fed (a BERT-base batch of 256 takes 40 ms on a
+    core, longer than an H100 step); on a CPU they would take training's cores."""
     if configured is not None:
         return configured
     return 4 if device.type == "cuda" else 0
@@ -40,8 +39,7 @@ def loader(dataset: torch.utils.data.Dataset, *, workers: int, pin_memory: bool)
 
 
 def _ignore_stop_signals(worker_id: int) -> None:
-    """Ctrl-C, a scheduler's SIGTERM and a closed terminal's SIGHUP reach the whole process group:
-    the workers leave the graceful stop to the training process (which still needs batches to
-    finish its step) and end when it shuts the loader down, or when it dies."""
+    """Stop signals reach the whole process group: the workers leave the graceful stop to the training process
+    (which needs batches to finish its step) and end when it shuts the loader down, or dies."""
     for signum in STOP_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
