@@ -1,7 +1,6 @@
 """A run that starts from a model (model.init_from): its architecture adopted into the run's config
-(`adopt_imported`, at resolve time), and what `bertcli init` from a model (its init_from) sets for continued
-pretraining (`continued_pretraining`): the imported architecture, weights and tokenizer, and
-optimizer values for continuing.
+at resolve time (`adopt_imported`), and what `bertcli init --init-from` sets for continued
+pretraining (`continued_pretraining`).
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ from bertcli import checkpoint, console, layout, resume
 from bertcli.config import Config, ModelConfig
 from bertcli.config_load import preset_config
 from bertcli.data.tokenizer import casing_clashes, describe, find_tokenizer_file
-from bertcli.errors import BertcliError, UsageError
+from bertcli.errors import UsageError
 from bertcli.hf_import import check_finite_weights, check_tied, load_model_tokenizer, read_hf_config
 from bertcli.hf_names import HF_FIELDS
 from bertcli.layout import Kind
@@ -38,12 +37,10 @@ def imported_config(path: Path) -> ModelConfig:
         config = read_hf_config(path)
         check_tied(path)
         return config
-    if found.kind is Kind.RUN and found.checkpoints:  # a run's best can change under a run started from it
-        best = pinned_step(found.best) if found.best else None
-        choose = f"{best}, its best now" if best else f"{found.checkpoints[-1][1]}, its newest"
+    if found.kind is Kind.RUN and found.checkpoints:
         raise UsageError(
-            f"model.init_from={str(path)!r}: a run folder, whose best checkpoint changes while it trains; "
-            f"name one of its step checkpoints ({choose}, say)"
+            f"model.init_from={str(path)!r}: a run folder, whose best and newest change while it trains; name one of "
+            f"its checkpoints ({found.checkpoints[-1][1]}, say)"
         )
     raise UsageError(
         f"model.init_from={str(path)!r}: not a Hugging Face BERT folder (config.json + model.safetensors) "
@@ -51,39 +48,16 @@ def imported_config(path: Path) -> ModelConfig:
     )
 
 
-def moving_best(path: Path) -> bool:
-    """Whether checkpoint `path` is a run's checkpoints/best, which the run replaces as it trains."""
-    path = Path(path)
-    return path.name == layout.BEST and layout.identify(path.parent.parent).kind is Kind.RUN
-
-
-def pinned_step(best: Path) -> Path | None:
-    """The step checkpoint of a run holding what its checkpoints/best `best` holds now (same step), if kept."""
-    try:
-        step = checkpoint.read_trainer_state(best).get("step")
-    except (BertcliError, OSError):
-        return None
-    same = [p for s, p in layout.list_checkpoints(Path(best).parent.parent) if s == step]
-    return same[0] if same else None
-
-
 def source_note(path: Path) -> str | None:
-    """What `init` and `pretrain` say of an init_from that is a run's checkpoints/best (trial 21 P1: the
-    refusal of a run folder named it, and a run started later from it took other weights, unsaid)."""
-    if not moving_best(path):
-        return resume.set_aside_note(path)
-    pinned = pinned_step(path)
-    return f"{path} changes while its run trains, and a run starts from what it holds then" + (
-        f"; {pinned} holds the same weights and stays: name it to pin them" if pinned else ""
-    )
+    """What `init` and `pretrain` say of an init_from checkpoint: that its run set it aside, if it did."""
+    return resume.set_aside_note(path)
 
 
 def adopt_imported(cfg: Config, path: Path) -> Config:
     """cfg with the model section of the init_from source; a YAML value that contradicts it is an error.
-
-    The source matters only to start: a run that has checkpoints resumes from them. So when it is
-    gone (phase 1's keep_last pruned the step a phase 2 came from, say), the run's newest checkpoint
-    stands in for it: its architecture, and its tokenizer where the source was the tokenizer."""
+    The source matters only to start: where it is gone and the run has checkpoints (it resumes from
+    them), the newest stands in for it: its architecture, and its tokenizer where the source was the
+    tokenizer."""
     try:
         imported = imported_config(path)
     except UsageError:
@@ -91,26 +65,22 @@ def adopt_imported(cfg: Config, path: Path) -> Config:
         if own is None:
             raise  # starting fresh: the source is needed
         ckpt, model = own
-        data = cfg.data
-        tokenizer = data.tokenizer.path
+        tokenizer = cfg.data.tokenizer.path
         stand_in = (not tokenizer or Path(tokenizer) == path or path in Path(tokenizer).parents) and (
             ckpt / layout.TOKENIZER_JSON
         ).is_file()
-        if stand_in:
-            data = dataclasses.replace(
-                data, tokenizer=dataclasses.replace(data.tokenizer, path=str(ckpt / layout.TOKENIZER_JSON))
-            )
         console.info(
-            f"model.init_from {path} is gone (or unreadable), but this run resumes from its own checkpoints and "
-            f"does not need it: the architecture{' and the tokenizer' if stand_in else ''} come from {ckpt}"
+            f"model.init_from {path} is gone (or unreadable); this run resumes from its own checkpoints: the "
+            f"architecture{' and the tokenizer' if stand_in else ''} come from {ckpt}"
         )
-        return _adopt(dataclasses.replace(cfg, data=data), model, ckpt)
+        return _adopt(_with_tokenizer(cfg, ckpt / layout.TOKENIZER_JSON) if stand_in else cfg, model, ckpt)
     cfg = _adopt(cfg, imported, path)
-    if not cfg.data.tokenizer.path:  # the imported model's own tokenizer
-        cfg = dataclasses.replace(
-            cfg, data=dataclasses.replace(cfg.data, tokenizer=dataclasses.replace(cfg.data.tokenizer, path=str(path)))
-        )
-    return cfg
+    return cfg if cfg.data.tokenizer.path else _with_tokenizer(cfg, path)  # the imported model's own tokenizer
+
+
+def _with_tokenizer(cfg: Config, path: Path) -> Config:
+    tokenizer = dataclasses.replace(cfg.data.tokenizer, path=str(path))
+    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, tokenizer=tokenizer))
 
 
 def _adopt(cfg: Config, imported: ModelConfig, path: Path) -> Config:
@@ -132,7 +102,7 @@ def _adopt(cfg: Config, imported: ModelConfig, path: Path) -> Config:
 
 
 def _newest_own_checkpoint(output_dir: Path) -> tuple[Path, ModelConfig] | None:
-    """The run's newest checkpoint whose config reads, with its architecture (None: no checkpoint)."""
+    """The run's newest checkpoint whose config reads, with its architecture (None: none)."""
     for _, path in reversed(layout.list_checkpoints(output_dir)):
         try:
             return path, checkpoint.read_config(path).model
@@ -142,10 +112,9 @@ def _newest_own_checkpoint(output_dir: Path) -> tuple[Path, ModelConfig] | None:
 
 
 def continued_pretraining(source: Path, preset: str, overrides: list[str]) -> tuple[dict[str, Any], str]:
-    """What `bertcli init` from SOURCE (init_from) sets before the user's overrides (which win), as
-    config_load.preset_config's `values`: the imported architecture and weights, its tokenizer as
-    data.tokenizer.path (with its casing), and optimizer values for continuing; and a note for the
-    config's header saying so."""
+    """What `bertcli init --init-from SOURCE` sets before the user's overrides (which win), as
+    config_load.preset_config's `values`: the imported architecture and weights, its tokenizer (with
+    its casing), and optimizer values for continuing; and the config header's note saying so."""
     refuse_a_module(source, "init --init-from")
     sentence = read_sentence_model(source) if layout.identify(source).kind is Kind.SENTENCE else None
     source = sentence.transformer if sentence else Path(source)  # a sentence-transformers folder's BERT
@@ -169,7 +138,7 @@ def continued_pretraining(source: Path, preset: str, overrides: list[str]) -> tu
     cfg = preset_config(preset, overrides, values=values)
     if tokenizer is not None and cfg.data.tokenizer.path == str(source):
         clashes = casing_clashes(loaded, cfg.data.tokenizer)
-        if clashes:  # (trial 19 P2: written into the config, and ignored by the loaded tokenizer)
+        if clashes:  # (written into the config, they would be ignored by the loaded tokenizer)
             raise UsageError(
                 f"{clashes}: the tokenizer of {source} keeps its own casing, as the model's embeddings were "
                 "trained on its ids: drop those settings"

@@ -1,6 +1,6 @@
-"""Export: a bertcli checkpoint (named directly, or a run folder's best, else newest) written as a
-Hugging Face folder that `transformers` loads as `BertForPreTraining` with no custom code. The
-weights' names and vocabulary rows are translated by hf_names.to_hf; only safetensors are written.
+"""Export: a bertcli checkpoint (named, or a run folder's best, else newest) written as a Hugging Face
+folder that transformers loads as BertForPreTraining with no custom code (names by hf_names.to_hf,
+safetensors only); and how encode and export find the checkpoint a path names.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from bertcli import __version__, checkpoint, console, hf_names, layout, resume, store, weights
+from bertcli import __version__, checkpoint, hf_names, layout, resume, store
 from bertcli.data.tokenizer import describe, read_tokenizer_json
 from bertcli.errors import RunError, UsageError
 from bertcli.layout import Kind
@@ -21,73 +21,51 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-# An export is layout.EXPORT; its config.json carries bertcli_version, the proof that bertcli wrote it.
-SPECIAL_TOKENS = {
-    "unk_token": "[UNK]",
-    "sep_token": "[SEP]",
-    "pad_token": "[PAD]",
-    "cls_token": "[CLS]",
-    "mask_token": "[MASK]",
-}
+SPECIAL_TOKENS = {f"{name}_token": f"[{name.upper()}]" for name in ("unk", "sep", "pad", "cls", "mask")}
+A_MODEL = "a model is a run folder, a checkpoint folder or a Hugging Face BERT folder"
 
 
-class ExportExists(UsageError):
-    """export's OUT_DIR exists and replacing it was not asked for (the CLI words the flag that asks)."""
-
-    def __init__(self, out_dir: Path) -> None:
-        super().__init__(f"{out_dir} already exists; pass --force to replace it, or choose another folder")
-        self.out_dir = out_dir
+def _refuse_incomplete(path: Path) -> None:
+    raise UsageError(f"{path}: {layout.incomplete(path)}; use another checkpoint of the run")
 
 
 def find_checkpoint(path: Path) -> Path:
-    """A checkpoint folder, or a run folder's best checkpoint (else its newest); refused if one of
-    its files is a symbolic link. A `best` of another model than the newest checkpoint's (left by an
-    earlier run) is passed over, with a line."""
+    """A checkpoint folder, or a run folder's best checkpoint (else its newest), none of its files a
+    symbolic link. A best of another model than the newest checkpoint's (left by an earlier run), or
+    incomplete, is passed over: the callers name the checkpoint they read."""
     refuse_a_part_of_a_run(Path(path), "a checkpoint")
     path = _run_outputs(Path(path))
     found = layout.identify(path)
-    if found.kind is Kind.CHECKPOINT:
-        checkpoint.check_links(path)
-        return path
     if found.kind is Kind.INCOMPLETE_CHECKPOINT:
-        raise UsageError(f"{path}: {layout.incomplete(path)}; use another checkpoint of the run")
-    # A link to another run's checkpoint would be read as this run's.
-    root = layout.checkpoints_dir(path)
-    for link in [root] + (
-        [c for c in root.iterdir() if c.name == layout.BEST or layout.STEP_DIR.match(c.name)] if root.is_dir() else []
-    ):
-        if link.is_symlink():
-            raise store.linked(link, "remove the link, or name the checkpoint folder to read")
-    best = found.best
-    best_folder = layout.checkpoints_dir(path) / layout.BEST
-    problem = layout.incomplete(best_folder) if best is None and best_folder.is_dir() else None
-    if problem:  # a copy cut short, a file deleted
-        console.log(f"{best_folder} is {problem}, so it is passed over")
-    chosen = found.checkpoints[-1][1] if found.checkpoints else None
-    if best is not None:
-        checkpoint.check_links(best)
-        try:
-            ours = checkpoint.read_config(best)
-        except Exception:  # noqa: BLE001  a best whose config does not load is no better
-            ours = None
-        differ = chosen is not None and (ours is None or resume.model_differences(ours, checkpoint.read_config(chosen)))
-        if not differ:
-            chosen = best
-        else:
-            console.log(
-                f"{best} is not of the run's model (that of its newest checkpoint), so it is passed over: "
-                f"using {chosen}"
-            )
-    if chosen is None:
-        raise UsageError(
-            f"{path}: no checkpoint here; pass a checkpoint folder or a run folder that holds checkpoints/"
-        )
-    checkpoint.check_links(chosen)
-    return chosen
+        _refuse_incomplete(path)
+    if found.kind is not Kind.CHECKPOINT:
+        root = layout.checkpoints_dir(path)  # a link to another run's checkpoint would be read as this run's
+        children = list(root.iterdir()) if root.is_dir() else []
+        for link in [root] + [c for c in children if c.name == layout.BEST or layout.STEP_DIR.match(c.name)]:
+            if link.is_symlink():
+                raise store.linked(link, "remove the link, or name the checkpoint folder to read")
+        newest = found.checkpoints[-1][1] if found.checkpoints else None
+        if found.best is not None and (newest is None or _same_model(found.best, newest)):
+            newest = found.best
+        if newest is None:
+            raise UsageError(f"{path}: no checkpoint here; pass a checkpoint folder or a run folder with checkpoints/")
+        path = newest
+    checkpoint.check_links(path)
+    return path
+
+
+def _same_model(best: Path, newest: Path) -> bool:
+    """Whether a run's best is of the model of its newest checkpoint (a best whose config does not read is not)."""
+    checkpoint.check_links(best)
+    try:
+        ours = checkpoint.read_config(best)
+    except Exception:  # noqa: BLE001  damaged in any way
+        return False
+    return not resume.model_differences(ours, checkpoint.read_config(newest))
 
 
 def described(ckpt: Path) -> str:
-    """`ckpt` with its step and, where it was evaluated, its held-out MLM loss (as trainer_state.json records them)."""
+    """`ckpt` with its step and, where it was evaluated, its held-out MLM loss."""
     try:
         state = checkpoint.read_trainer_state(ckpt)
     except (UsageError, RunError, OSError):  # damage: reading the checkpoint says so
@@ -98,18 +76,10 @@ def described(ckpt: Path) -> str:
 
 
 def check_model_path(path: Path, hf: EncoderFolder | None) -> None:
-    """Refuse (exit 2) a model path that is none, from the files alone (torch-free: `encode` runs it
-    before importing torch): a model is a run folder (find_checkpoint then chooses), a checkpoint
-    folder, or the Hugging Face folder `hf` (hf_import.read_encoder_folder; None: not one)."""
+    """Refuse (exit 2) a model path that is none, from the files alone (encode asks before importing
+    torch): a run folder, a checkpoint folder or the Hugging Face folder `hf` (None: not one)."""
     found = layout.identify(path)
-    if found.kind is Kind.MISSING:
-        raise UsageError(
-            f"{path}: no such folder; a model is a run folder, a checkpoint folder or a Hugging Face BERT folder"
-        )
-    if hf is not None or found.kind in (
-        Kind.CHECKPOINT,
-        Kind.RUN,
-    ):  # (a run with no checkpoint: find_checkpoint says so)
+    if hf is not None or found.kind in (Kind.CHECKPOINT, Kind.RUN):  # (a run with no checkpoint: find_checkpoint)
         return
     if found.kind is Kind.SENTENCE:
         st = read_sentence_model(path)
@@ -118,12 +88,10 @@ def check_model_path(path: Path, hf: EncoderFolder | None) -> None:
             "model; restore the folder's files"
         )
     if found.kind is Kind.INCOMPLETE_CHECKPOINT:
-        raise UsageError(f"{path}: {layout.incomplete(path)}; use another checkpoint of the run")
+        _refuse_incomplete(path)
     refuse_a_part_of_a_run(path, "a model")
-    raise UsageError(
-        f"{path}: not a model; a model is a run folder, a checkpoint folder or a Hugging Face BERT folder "
-        "(config.json, model.safetensors, and tokenizer.json or vocab.txt)"
-    )
+    what = "no such folder" if found.kind is Kind.MISSING else "not a model"
+    raise UsageError(f"{path}: {what}; {A_MODEL} (config.json, model.safetensors, and tokenizer.json or vocab.txt)")
 
 
 def refuse_a_part_of_a_run(path: Path, wanted: str) -> None:
@@ -137,10 +105,9 @@ def refuse_a_part_of_a_run(path: Path, wanted: str) -> None:
 
 
 def _run_outputs(path: Path) -> Path:
-    """Where the run of folder `path` keeps its checkpoints: the output_dir of its config.yaml, as for
-    pretrain and inspect (a config naming a scratch disk, say); `path` itself where the config does
-    not load or names it. A folder with checkpoints of its own whose config names another is refused:
-    which run is meant cannot be told."""
+    """Where the run of folder `path` keeps its checkpoints: its config.yaml's output_dir, as for
+    pretrain and inspect; `path` itself where the config does not load or names it. A folder with
+    checkpoints of its own whose config names another is refused: which run is meant is unclear."""
     from bertcli.resolve import load_run
 
     config = path / layout.RUN_CONFIG
@@ -154,41 +121,25 @@ def _run_outputs(path: Path) -> Path:
         return path
     if layout.checkpoints_dir(path).exists():
         raise UsageError(
-            f"{path} holds checkpoints/, but its {layout.RUN_CONFIG} keeps the run's in {outputs}; name the checkpoint "
-            "folder to read"
+            f"{path} holds checkpoints/, but its {layout.RUN_CONFIG} keeps the run's in {outputs}; name the "
+            "checkpoint folder to read"
         )
     return outputs
 
 
 def read_checkpoint(path: Path, read: Callable[[Path], T]) -> tuple[Path, T]:
-    """(the checkpoint `path` names (find_checkpoint), read(it)). When `path` is a run folder that is
-    training, the step chosen may be pruned while it is read (an error: a file gone, its hash or its
-    weights not read): the run's checkpoint is chosen again, up to three times."""
+    """(the checkpoint `path` names (find_checkpoint), read(it)). A run that trains may prune the step
+    chosen while it is read: the run's checkpoint is chosen again, up to three times."""
     for tries in range(3, 0, -1):
         ckpt = None
         try:
             ckpt = find_checkpoint(path)  # (choosing reads step folders too)
             return ckpt, read(ckpt)
         except (OSError, UsageError, RunError) as exc:
-            found = layout.identify(path)
-            if found.kind is Kind.RUN and ckpt is not None and ckpt.name == layout.BEST and type(exc) is UsageError:
-                _refuse_damaged_best(ckpt, exc, found.checkpoints)
             gone = isinstance(exc, FileNotFoundError) if ckpt is None else not ckpt.exists()
-            if found.kind is not Kind.RUN or not gone or tries == 1:
+            if layout.identify(path).kind is not Kind.RUN or not gone or tries == 1:
                 raise
     raise AssertionError("unreachable")  # (the last try returns or raises)
-
-
-def _refuse_damaged_best(best: Path, exc: UsageError, steps: tuple[tuple[int, Path], ...]) -> None:
-    """A run's best that is damaged (`exc` came of it, and check_readable fails on it too) is refused
-    with the run's newest intact step checkpoint named, which the user can pass instead."""
-    try:
-        checkpoint.check_readable(best)
-    except UsageError:
-        intact = next((p for _, p in reversed(steps) if not checkpoint.change(p)), None)
-        if intact is not None:
-            newest = "its newest" if intact == steps[-1][1] else "its newest intact"
-            raise UsageError(f"{exc} (that is the run's best: pass {newest} checkpoint, {intact}, instead)") from None
 
 
 def export(source: Path, out_dir: Path, force: bool = False) -> Path:
@@ -210,17 +161,12 @@ def _export(ckpt: Path, out_dir: Path, force: bool) -> Path:
         if target.exists() and not store.is_empty_folder(target):
             store.check_replaceable(target, layout.EXPORT, fix)  # forced, only an earlier export; never a file
             if not force:
-                raise ExportExists(out_dir)
+                raise UsageError(f"{out_dir} already exists; pass --force to replace it, or choose another folder")
 
     guard(out_dir)
     store.clean_folder_leftovers(out_dir, layout.EXPORT)  # of an export killed while it wrote
-    cfg = checkpoint.check_readable(ckpt)  # every file as recorded, the weights of the config's sizes
-    m = cfg.model
-    tensors = checkpoint.read_weights(ckpt)
-    weights.check_shapes(
-        {k: tuple(v.shape) for k, v in tensors.items()}, hf_names.weight_shapes(m), ckpt / layout.WEIGHTS
-    )
-    tensors = hf_names.to_hf(tensors, m)  # Hugging Face's names, the speed padding rows dropped
+    m = checkpoint.check_readable(ckpt).model  # every file as recorded, every weight of the config's shape
+    tensors = checkpoint.read_weights(ckpt)  # (the bytes checked: their digest again)
     config = {
         "architectures": ["BertForPreTraining"],
         "model_type": "bert",
@@ -228,18 +174,18 @@ def _export(ckpt: Path, out_dir: Path, force: bool) -> Path:
         "tie_word_embeddings": True,
         "torch_dtype": "float32",
         "position_embedding_type": "absolute",
-        "bertcli_version": __version__,
+        "bertcli_version": __version__,  # what marks the folder as bertcli's (layout.EXPORT)
         "bertcli_step": checkpoint.read_trainer_state(ckpt).get("step"),  # which checkpoint of the run this is
     }
     with store.folder(out_dir, guard) as tmp:
         store.write_json(tmp / layout.HF_CONFIG, config)
-        store.save_safetensors(tensors, tmp / layout.WEIGHTS)
+        store.save_safetensors(hf_names.to_hf(tensors, m), tmp / layout.WEIGHTS)  # vocabulary padding dropped
         for name in layout.TOKENIZER_FILES:
             if not (ckpt / name).is_file():
                 raise UsageError(f"{ckpt}: no {name}; a checkpoint of the synthetic corpus has no tokenizer to export")
             with store.writing(tmp / name):
                 (tmp / name).write_bytes(store.read_own(ckpt / name))
-        # The casing of the tokenizer itself (transformers applies these keys over tokenizer.json's normalizer).
+        # The tokenizer's own casing: transformers applies these keys over tokenizer.json's normalizer.
         casing = describe(read_tokenizer_json(tmp / layout.TOKENIZER_JSON))
         lower, strip = casing.get("lowercase", True), casing.get("strip_accents", True)
         tokenizer_config = {

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import safetensors
 from tokenizers import Tokenizer
@@ -16,16 +16,16 @@ from tokenizers import Tokenizer
 from bertcli import hf_names, layout, weights
 from bertcli.config import ModelConfig, TokenizerConfig
 from bertcli.config_load import model_config_from_dict
-from bertcli.data.tokenizer import load_tokenizer
+from bertcli.data.tokenizer import find_tokenizer_file, load_tokenizer
 from bertcli.errors import UsageError
 from bertcli.hf_names import HF_FIELDS
 from bertcli.layout import Kind
+from bertcli.sbert import SentenceModel, read_sentence_model
 
 if TYPE_CHECKING:  # the loaders import torch: configs and shapes are read without it (inspect)
     import torch
 
     from bertcli.model import BertForPreTraining
-    from bertcli.sbert import SentenceModel
 
 
 def read_hf_config(folder: Path) -> ModelConfig:
@@ -37,13 +37,10 @@ def read_hf_config(folder: Path) -> ModelConfig:
         raise UsageError(f"{file}: cannot read ({exc})") from None
     if raw.get("model_type", "bert") != "bert":
         raise UsageError(f"{file}: model_type is {raw.get('model_type')!r}; bertcli reads BERT models only")
-    values: dict[str, Any] = {}
-    for name in HF_FIELDS:
-        if name in raw and raw[name] is not None:
-            values[name] = raw[name]
-    for key, value in UNSUPPORTED.items():  # settings that change what the encoder computes
-        if raw.get(key, value[0]) != value[0]:
-            raise UsageError(f"{file}: {key} {raw[key]!r} is not supported ({value[1]}); bertcli reads BERT encoders")
+    for key, (ours, what) in UNSUPPORTED.items():  # settings that change what the encoder computes
+        if raw.get(key, ours) != ours:
+            raise UsageError(f"{file}: {key} {raw[key]!r} is not supported ({what}); bertcli reads BERT encoders")
+    values = {name: raw[name] for name in HF_FIELDS if raw.get(name) is not None}
     cfg = model_config_from_dict(values, str(file))  # strict: types, choices, divisibility
     weights.check_file(weights_file(folder), cfg, file, OPTIONAL_PARTS)  # before anything of its size is built
     return cfg
@@ -61,17 +58,11 @@ DECODER = "cls.predictions.decoder.weight"
 
 
 def check_tied(folder: Path) -> None:
-    """Refuse (exit 2) to continue pretraining from a folder whose MLM decoder is its own, not the
-    word embeddings: bertcli's model ties the two, so that decoder would be dropped unsaid (encode
-    needs no decoder and reads such folders)."""
+    """Refuse (exit 2) to continue pretraining from a folder whose MLM decoder is its own, not the word
+    embeddings: bertcli ties the two, so it would be dropped unsaid (encode needs no decoder). The
+    caller has read config.json (read_hf_config)."""
     file = Path(folder) / layout.HF_CONFIG
-    if not layout.is_hf_folder(folder):
-        return
-    try:
-        tied = json.loads(file.read_text(encoding="utf-8")).get("tie_word_embeddings", True)
-    except (OSError, ValueError, RecursionError):
-        return  # read_hf_config says what is wrong with it
-    if tied is False:
+    if json.loads(file.read_text(encoding="utf-8")).get("tie_word_embeddings", True) is False:
         with safetensors.safe_open(weights_file(folder), "numpy") as f:
             if DECODER in f.keys():
                 raise UsageError(
@@ -92,27 +83,23 @@ TOKENIZER_BYTES_PER_TOKEN = 1024
 
 def load_model_tokenizer(file: Path, cfg: ModelConfig) -> Tokenizer:
     """The tokenizer.json or vocab.txt `file` of a model folder, checked against the model
-    (check_tokenizer). What cannot belong to the model is refused before it is read: a file past
-    TOKENIZER_BYTES_PER_TOKEN bytes a token of the model (plus a MiB), and a vocab.txt (a token a
-    line, its id the line number) of more lines than the model's vocab_size, counted streamed (the
-    tokenizer built from 20 million lines took 7.7 GB and 108 s to reach the same refusal)."""
-    size, bound = Path(file).stat().st_size, TOKENIZER_BYTES_PER_TOKEN * cfg.vocab_size + (1 << 20)
+    (check_tokenizer). What cannot belong to the model is refused before it is built (in bounded
+    memory): a file past TOKENIZER_BYTES_PER_TOKEN bytes a token of the model (plus a MiB), and a
+    vocab.txt (a token a line) of more lines than the model's vocab_size, counted streamed."""
+    size, bound, n = Path(file).stat().st_size, TOKENIZER_BYTES_PER_TOKEN * cfg.vocab_size + (1 << 20), cfg.vocab_size
+    fix = "the tokenizer belongs to another model: restore the model's own tokenizer files"
     if size > bound:
         raise UsageError(
-            f"{file}: {size / 2**20:,.1f} MiB, more than a tokenizer of the model's vocab_size {cfg.vocab_size:,} "
-            f"needs ({bound / 2**20:,.1f} MiB at most); the tokenizer belongs to another model: restore the "
-            "model's own tokenizer files"
+            f"{file}: {size / 2**20:,.1f} MiB, more than {bound / 2**20:,.1f} MiB for vocab_size {n:,}; {fix}"
         )
     if Path(file).suffix != ".json":
         lines = 0
         with open(file, "rb") as fh:
             for block in iter(lambda: fh.read(1 << 20), b""):
                 lines += block.count(b"\n")
-                if lines > cfg.vocab_size:
+                if lines > n:
                     raise UsageError(
-                        f"{file}: more than {cfg.vocab_size:,} lines (tokens), but the model has vocab_size "
-                        f"{cfg.vocab_size:,}; the tokenizer belongs to another model: restore the model's own "
-                        "tokenizer files"
+                        f"{file}: more than {n:,} lines (tokens), but the model has vocab_size {n:,}; {fix}"
                     )
     tok = load_tokenizer(file, TokenizerConfig())  # a vocab.txt follows its tokenizer_config.json
     check_tokenizer(tok, cfg, file)
@@ -121,10 +108,9 @@ def load_model_tokenizer(file: Path, cfg: ModelConfig) -> Tokenizer:
 
 @dataclass(frozen=True)
 class EncoderFolder:
-    """A Hugging Face BERT folder given to `encode`, or a sentence-transformers folder around one,
-    read and checked without torch (so that a folder encode cannot use is refused before torch
-    loads, 3-4 s and 250 MB): the sentence-transformers settings, the BERT folder, its config and
-    its tokenizer. The weights are read by encode.load_encoder."""
+    """A Hugging Face BERT folder given to `encode` (or a sentence-transformers folder around one),
+    read and checked without torch so that what encode cannot use is refused before torch loads.
+    The weights are read by encode.load_encoder."""
 
     sentence: SentenceModel | None
     folder: Path
@@ -135,9 +121,6 @@ class EncoderFolder:
 def read_encoder_folder(path: Path) -> EncoderFolder | None:
     """`path` as an EncoderFolder, or None where it is no Hugging Face folder (a run, a checkpoint,
     nothing: encode.load_encoder says which)."""
-    from bertcli.data.tokenizer import find_tokenizer_file
-    from bertcli.sbert import read_sentence_model
-
     found = layout.identify(path)
     sentence = read_sentence_model(path) if found.kind is Kind.SENTENCE else None
     folder = sentence.transformer if sentence else path
@@ -163,9 +146,8 @@ def tokenizer_limit(folder: Path) -> int | None:
 
 
 def check_tokenizer(tok: Tokenizer, cfg: ModelConfig, file: Path) -> None:
-    """Refuse (exit 2) a tokenizer with ids past the model's vocab_size: they would index padding
-    rows or nothing (an IndexError mid-run): a token added without the embeddings resized, or the
-    tokenizer of another model."""
+    """Refuse (exit 2) a tokenizer with ids past the model's vocab_size: they would index padding rows
+    or nothing (an IndexError mid-run)."""
     top = max(tok.get_vocab(with_added_tokens=True).values(), default=-1)
     if top >= cfg.vocab_size:
         raise UsageError(
@@ -181,20 +163,17 @@ def weights_file(folder: Path) -> Path:
     file = folder / layout.WEIGHTS
     if not file.is_file():
         if (folder / layout.HF_PICKLE).is_file():  # the tensors as they are (no heads added), read without pickle code
-            pickle_path = str(folder / layout.HF_PICKLE)
             convert = (
-                f"import torch, safetensors.torch as st; w = torch.load({pickle_path!r}, weights_only=True); "
-                f"st.save_file({{k: v.contiguous().clone() for k, v in w.items()}}, "
+                f"import torch, safetensors.torch as st; w = torch.load({str(folder / layout.HF_PICKLE)!r}, "
+                f"weights_only=True); st.save_file({{k: v.contiguous().clone() for k, v in w.items()}}, "
                 f"{str(file)!r}, metadata={{'format': 'pt'}})"
             )
             raise UsageError(
-                f"{folder}: only pytorch_model.bin here, and bertcli reads model.safetensors only (a .bin "
-                f"file is a pickle, which can run code when loaded); convert it once, where you trust the "
-                f'file: python3 -c "{convert}"'
+                f"{folder}: only pytorch_model.bin here, and bertcli reads safetensors only (a pickle can run code "
+                f'when loaded); convert it once, where you trust the file: python3 -c "{convert}"'
             )
         raise UsageError(
-            f"{folder}: no model.safetensors; a Hugging Face folder holds its weights in it (save "
-            "them with save_pretrained(folder, safe_serialization=True))"
+            f"{folder}: no model.safetensors; save the weights with save_pretrained(folder, safe_serialization=True)"
         )
     return file
 
@@ -205,18 +184,13 @@ def check_finite_weights(folder: Path) -> None:
 
 
 def load_hf_weights(folder: Path, cfg: ModelConfig) -> tuple[dict[str, torch.Tensor], list[str]]:
-    """Weights of a Hugging Face BERT folder under bertcli's names, vocabulary rows padded; and the
-    parts (pooler, MLM head, NSP head) it lacks, which the caller initialises fresh. Shapes are
-    checked against those of a model of `cfg` (hf_names.weight_shapes: a model built on the meta
-    device to ask them imported torch._dynamo, 2-5 s)."""
+    """Weights of a Hugging Face BERT folder under bertcli's names, vocabulary rows padded, checked
+    against the shapes of a model of `cfg`; and the parts (pooler, MLM head, NSP head) it lacks,
+    which the caller initialises fresh."""
     file = weights_file(folder)
-    tensors = hf_names.from_hf(
-        weights.load(file, "restore it, or use another model"), cfg
-    )  # bertcli's names, rows padded
+    tensors = hf_names.from_hf(weights.load(file, "restore it, or use another model"), cfg)
     shapes = {k: tuple(v.shape) for k, v in tensors.items()}
-    missing = weights.check_shapes(
-        shapes, hf_names.weight_shapes(cfg), file, optional=OPTIONAL_PARTS
-    )  # the encoder whole
+    missing = weights.check_shapes(shapes, hf_names.weight_shapes(cfg), file, optional=OPTIONAL_PARTS)
     fresh = sorted({name for prefix, name in PARTS.items() if any(k.startswith(prefix) for k in missing)})
     return {k: v.float() for k, v in tensors.items()}, fresh
 

@@ -1,11 +1,7 @@
-"""Hugging Face names, in one declarative map (as torchtitan's state_dict_adapter.py): the
-Hugging Face key of each bertcli weight, the tied aliases no file stores, the tensors that carry
-bertcli's padded vocabulary rows, the legacy names accepted on import, and the config.json
-fields. `to_hf` (export) and `from_hf` (import) are the only translations between the two.
-
-bertcli's modules carry `BertForPreTraining`'s names, so each key maps to itself; what differs is
-bookkeeping: the vocabulary rows are padded to a multiple of model.pad_vocab_multiple for speed
-(to_hf drops the padding, from_hf adds it back), and no file stores the tied aliases.
+"""Hugging Face names: bertcli's modules carry BertForPreTraining's, so a weight's key is the same in
+both. What differs is bookkeeping: bertcli pads the vocabulary rows to a multiple of
+model.pad_vocab_multiple for speed (to_hf, export, drops the padding; from_hf, import, adds it
+back), no file stores the tied aliases, and import accepts legacy names.
 """
 
 from __future__ import annotations
@@ -24,39 +20,23 @@ if TYPE_CHECKING:  # only from_hf makes tensors: the names are read without torc
 # config.json's fields: BertConfig's, which ModelConfig's carry but its two of bertcli's own.
 HF_FIELDS = [f.name for f in dataclasses.fields(ModelConfig) if f.name not in ("pad_vocab_multiple", "init_from")]
 
-# Every weight of bertcli's BertForPreTraining ("{}": a layer number). The rule: its Hugging Face
-# key is the same name; a module renamed in model.py gets its Hugging Face name in TO_HF.
-KEYS = (
-    "bert.embeddings.word_embeddings.weight",
-    "bert.embeddings.position_embeddings.weight",
-    "bert.embeddings.token_type_embeddings.weight",
-    "bert.embeddings.LayerNorm.weight",
-    "bert.embeddings.LayerNorm.bias",
-    *(
-        f"bert.encoder.layer.{{}}.{part}.{kind}"
-        for part in (
-            "attention.self.query",
-            "attention.self.key",
-            "attention.self.value",
-            "attention.output.dense",
-            "attention.output.LayerNorm",
-            "intermediate.dense",
-            "output.dense",
-            "output.LayerNorm",
-        )
-        for kind in ("weight", "bias")
-    ),
-    "bert.pooler.dense.weight",
-    "bert.pooler.dense.bias",
-    "cls.predictions.bias",
-    "cls.predictions.transform.dense.weight",
-    "cls.predictions.transform.dense.bias",
-    "cls.predictions.transform.LayerNorm.weight",
-    "cls.predictions.transform.LayerNorm.bias",
-    "cls.seq_relationship.weight",
-    "cls.seq_relationship.bias",
+# Every weight of bertcli's BertForPreTraining ("{}": a layer number), under its Hugging Face key: the
+# embedding tables, the MLM head's output bias, and the weight and bias of every other module.
+ATTENTION = ("self.query", "self.key", "self.value", "output.dense", "output.LayerNorm")
+LAYER_MODULES = (*(f"attention.{m}" for m in ATTENTION), "intermediate.dense", "output.dense", "output.LayerNorm")
+MODULES = (
+    "bert.embeddings.LayerNorm",
+    *(f"bert.encoder.layer.{{}}.{m}" for m in LAYER_MODULES),
+    "bert.pooler.dense",
+    "cls.predictions.transform.dense",
+    "cls.predictions.transform.LayerNorm",
+    "cls.seq_relationship",
 )
-TO_HF = {key: key for key in KEYS}
+KEYS = (
+    *(f"bert.embeddings.{table}_embeddings.weight" for table in ("word", "position", "token_type")),
+    "cls.predictions.bias",
+    *(f"{module}.{kind}" for module in MODULES for kind in ("weight", "bias")),
+)
 
 
 def weight_keys(cfg: ModelConfig) -> set[str]:
@@ -65,9 +45,8 @@ def weight_keys(cfg: ModelConfig) -> set[str]:
 
 
 def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """The shape of every weight of a model of `cfg` (weight_keys), vocabulary rows padded
-    (padded_vocab_size), from the config's numbers alone: what a weights file is checked against
-    before anything of its size is built."""
+    """The shape of every weight of a model of `cfg` (weight_keys), vocabulary rows padded, from the
+    config's numbers alone: what a weights file is checked against before anything is built."""
     h, i, V = cfg.hidden_size, cfg.intermediate_size, padded_vocab_size(cfg)
     by_suffix = (  # the first suffix a key ends with gives its shape
         ("word_embeddings.weight", (V, h)),
@@ -86,8 +65,6 @@ def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     )
     return {key: next(shape for suffix, shape in by_suffix if key.endswith(suffix)) for key in weight_keys(cfg)}
 
-
-FROM_HF = {hf: ours for ours, hf in TO_HF.items()}
 
 # In state_dict() but in no weights file (bertcli's or Hugging Face's): aliases of other parameters
 # (tied weights), which follow their targets when loaded.
@@ -108,61 +85,46 @@ DROPPED_SUFFIXES = ("position_ids",)
 _LAYER = re.compile(r"(?<=\.layer\.)\d+(?=\.)")  # the layer number of an encoder key
 
 
-def _mapped(key: str, names: dict[str, str]) -> str | None:
-    """`key` through `names` (TO_HF or FROM_HF), its layer number kept; None if `names` lacks it."""
-    template = _LAYER.sub("{}", key, count=1)
-    if template not in names:
-        return None
-    number = _LAYER.search(key)
-    return names[template].format(number.group(0)) if number else names[template]
-
-
 def hf_key(key: str) -> str:
-    """The Hugging Face key of bertcli weight `key`; a ValueError for a key the map does not know."""
-    name = _mapped(key, TO_HF)
-    if name is None:
+    """The Hugging Face key of bertcli weight `key` (the same); a ValueError for a key not in KEYS."""
+    if _LAYER.sub("{}", key, count=1) not in KEYS:
         raise ValueError(f"{key}: not a weight of bertcli's BertForPreTraining, so it has no Hugging Face name")
-    return name
+    return key
 
 
 def our_key(key: str) -> str | None:
     """bertcli's name for Hugging Face (or original TF-converted) key `key`; None for what no model
-    loads (a buffer, a tied alias). A key the map does not know keeps its name: checkpoint.check_fits,
-    the one check of weights against a model, then names it with the model's other misfits."""
+    loads (a buffer, a tied alias). A key not in KEYS keeps its name: weights.check_fits, the one check
+    of weights against a model, names it with the model's other misfits."""
     for old, new in LEGACY.items():
         key = key.replace(old, new)
     if key.endswith(DROPPED_SUFFIXES) or key in TIED_ALIASES:
         return None
-    if key.startswith(BARE_PREFIXES):
-        key = "bert." + key
-    return _mapped(key, FROM_HF) or key
+    return "bert." + key if key.startswith(BARE_PREFIXES) else key
 
 
 def our_keys(keys: Iterable[str]) -> dict[str, str]:
     """bertcli's name -> the file's key, for the keys of a weights file (our_key; those no model loads
     left out). Two keys of one weight (`X` and `bert.X`, `LayerNorm.gamma` and `LayerNorm.weight`)
-    are a ValueError: which one a loader takes is a guess (transformers takes `bert.X`, a dict
-    built in file order the last), and the two give other vectors when they differ."""
+    are a ValueError: which one a loader takes is a guess (transformers takes `bert.X`)."""
     names: dict[str, str] = {}
     for key in keys:
-        new = our_key(key)
-        if new is None:
-            continue
-        if new in names:
+        if (new := our_key(key)) in names:
             raise ValueError(f"holds both {names[new]} and {key}, two tensors for the one weight {new}")
-        names[new] = key
+        if new is not None:
+            names[new] = key
     return names
 
 
 def to_hf(state_dict: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """bertcli weights (a state_dict, or a checkpoint's: with or without the tied aliases) under Hugging
     Face's names, the vocabulary padding rows dropped; a ValueError for a weight the map does not know."""
-    out = {}
-    for key, value in state_dict.items():
-        if key in TIED_ALIASES:
-            continue  # their targets carry them
-        out[hf_key(key)] = value[: cfg.vocab_size].contiguous() if key in VOCAB_ROWS else value
-    return out
+    rows = cfg.vocab_size
+    return {
+        hf_key(k): v[:rows].contiguous() if k in VOCAB_ROWS else v
+        for k, v in state_dict.items()
+        if k not in TIED_ALIASES  # their targets carry them
+    }
 
 
 def from_hf(state_dict: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:

@@ -1,16 +1,10 @@
-"""sentence-transformers folders: how such a folder says its embeddings are made.
+"""sentence-transformers folders: how such a folder says its embeddings are made, which `bertcli
+encode` follows by default so that its vectors are that model's embeddings.
 
-A sentence-transformers model folder is a Hugging Face BERT folder plus `modules.json`, the
-modules run in order: a Transformer (the BERT itself, at its `path`; "" = this folder), a Pooling
-module (`1_Pooling/config.json`: cls, mean, max, ...) and optionally Normalize (unit length).
-`sentence_bert_config.json`, beside the Transformer, gives max_seq_length (tokens per text) and
-do_lower_case (a Lowercase normalizer put first in the tokenizer, as sentence-transformers 6 does:
-special tokens written in the text, such as [MASK], are matched before normalizers and stay special;
-versions before lower-cased the text itself). sentence-transformers 6 writes no
-max_seq_length there: the limit is the tokenizer's model_max_length (`tokenizer_config.json`),
-which every version also falls back on when max_seq_length is absent, capped at the model's
-positions (encode.resolve caps); see _max_seq_length for the order. `bertcli encode` follows these
-by default so that its vectors are that model's embeddings; see `read_sentence_model`.
+The folder's `modules.json` lists the modules run in order: a Transformer (the BERT folder at its
+`path`; "" = this folder), a Pooling module (`1_Pooling/config.json`: cls, mean, max, ...) and
+optionally Normalize (unit length). `sentence_bert_config.json`, beside the Transformer, gives the
+tokens per text (see _max_seq_length) and do_lower_case (see lowercase_first).
 """
 
 from __future__ import annotations
@@ -23,8 +17,7 @@ from typing import Any
 from bertcli.errors import UsageError
 from bertcli.layout import MODULE_CONFIG, SENTENCE_MODULES, SENTENCE_PROMPTS, SENTENCE_SETTINGS, TOKENIZER_CONFIG
 
-# Pooling modes bertcli computes, under the names sentence-transformers gives them.
-SUPPORTED = ("cls", "mean", "max")
+SUPPORTED = ("cls", "mean", "max")  # the pooling modes bertcli computes, as sentence-transformers names them
 # The older config format: one boolean per mode (all false means mean, as sentence-transformers reads it).
 LEGACY_MODES = {
     "pooling_mode_cls_token": "cls",
@@ -55,10 +48,7 @@ class SentenceModel:
             return f"its modules.json also runs {', '.join(self.unsupported)}, which bertcli does not"
         if self.default_prompt:
             name, text = self.default_prompt
-            return (
-                f"its {SENTENCE_PROMPTS} prepends the prompt {name!r} ({text!r}) to every text by default, "
-                "which bertcli does not"
-            )
+            return f"its {SENTENCE_PROMPTS} prepends the prompt {name!r} ({text!r}) to every text; bertcli does not"
         if self.pooling not in SUPPORTED:
             return f"its pooling is {self.pooling}, which bertcli does not compute"
         return None
@@ -82,6 +72,12 @@ def _read_json(file: Path) -> Any:
         raise UsageError(f"{file}: cannot read ({exc}); is this a sentence-transformers folder?") from None
 
 
+def _read_object(file: Path) -> dict[str, Any]:
+    """A JSON file's object; {} where the file is not there or holds another value."""
+    raw = _read_json(file) if file.is_file() else {}
+    return raw if isinstance(raw, dict) else {}
+
+
 def _kind(module: dict[str, Any]) -> str:
     """'sentence_transformers.models.Pooling' (or a newer module path) -> 'Pooling'."""
     return str(module.get("type", "")).rsplit(".", 1)[-1]
@@ -98,41 +94,30 @@ def _pooling_mode(file: Path) -> str:
     return "+".join(str(m) for m in modes)  # several modes: their vectors concatenated
 
 
-def _max_seq_length(settings: dict[str, Any], settings_file: Path, transformer: Path) -> int | None:
+def _max_seq_length(settings: dict[str, Any], transformer: Path) -> int | None:
     """Tokens per text as sentence-transformers 6 takes them: a model_max_length passed to the
     tokenizer in sentence_bert_config.json (tokenizer_args, which replaces processor_kwargs), else its
     max_seq_length, else tokenizer_config.json's model_max_length; None: none is set (the model's own
     limit). Versions before 6 put max_seq_length first; no folder either one saves has both."""
     key = "tokenizer_args" if "tokenizer_args" in settings else "processor_kwargs"
-    kwargs = settings.get(key)
+    kwargs = settings.get(key) if isinstance(settings.get(key), dict) else {}
+    settings_file, tokenizer_config = transformer / SENTENCE_SETTINGS, transformer / TOKENIZER_CONFIG
     sources = [
-        (
-            settings_file,
-            f"{key}.model_max_length",
-            kwargs.get("model_max_length") if isinstance(kwargs, dict) else None,
-        ),
+        (settings_file, f"{key}.model_max_length", kwargs.get("model_max_length")),
         (settings_file, "max_seq_length", settings.get("max_seq_length")),
+        (tokenizer_config, "model_max_length", _read_object(tokenizer_config).get("model_max_length")),
     ]
-    tokenizer_config = transformer / TOKENIZER_CONFIG
-    if tokenizer_config.is_file():
-        raw = _read_json(tokenizer_config)
-        sources.append(
-            (tokenizer_config, "model_max_length", raw.get("model_max_length") if isinstance(raw, dict) else None)
-        )
-    for file, key, length in sources:
-        if length is None:
-            continue
-        if not isinstance(length, int) or isinstance(length, bool) or length < 2:
-            raise UsageError(f"{file}: {key} is {length!r}; expected a whole number of at least 2")
-        return length  # transformers writes 10^30 for "no limit": the model's positions cap it
+    for file, name, length in sources:
+        if length is not None:  # (transformers writes 10^30 for "no limit": the model's positions cap it)
+            if not isinstance(length, int) or isinstance(length, bool) or length < 2:
+                raise UsageError(f"{file}: {name} is {length!r}; expected a whole number of at least 2")
+            return length
     return None
 
 
 def refuse_a_module(path: Path, command: str) -> None:
-    """A module folder of a sentence-transformers model other than its BERT (1_Pooling: its
-    config.json is the pooling's, not a model's) is answered with the model folder and the `command`
-    to pass it to (trial 15 P4, inspect; trial 21 P5: encode said to copy tokenizer files into it,
-    init read the pooling's config.json as an architecture)."""
+    """Refuse (exit 2) a module folder of a sentence-transformers model other than its BERT (1_Pooling:
+    its config.json is the pooling's, not a model's), naming the model folder to give `command`."""
     from bertcli.layout import Kind, identify
 
     parent = Path(path).resolve().parent
@@ -146,22 +131,6 @@ def refuse_a_module(path: Path, command: str) -> None:
         raise UsageError(
             f"{path}: a module of the sentence-transformers model {parent}, not a model: {command} {parent}"
         )
-
-
-def continued_sentence_model(init_from: str) -> SentenceModel | None:
-    """The sentence-transformers model whose BERT folder is `init_from` (a run's model.init_from:
-    `init --init-from` takes an ST folder's Transformer module), where it is still there and reads."""
-    if not init_from:
-        return None
-    source = Path(init_from)
-    for folder in (source, source.parent):
-        try:
-            st = read_sentence_model(folder)
-        except (UsageError, OSError, ValueError):
-            continue
-        if st is not None and st.transformer.resolve() == source.resolve():
-            return st
-    return None
 
 
 def read_sentence_model(folder: Path) -> SentenceModel | None:
@@ -188,20 +157,15 @@ def read_sentence_model(folder: Path) -> SentenceModel | None:
             normalize = True  # no settings: the module may have no folder at all
         else:  # (a Normalize before the Pooling: sentence-transformers 6 leaves that vector unit-less, 5 fails)
             unsupported.append(f"{kind} before Pooling" if kind == "Normalize" and pooling is None else kind)
-    prompts_file = folder / SENTENCE_PROMPTS
-    prompts = _read_json(prompts_file) if prompts_file.is_file() else {}
-    prompts = prompts if isinstance(prompts, dict) else {}
+    prompts, raw = _read_object(folder / SENTENCE_PROMPTS), _read_object(transformer / SENTENCE_SETTINGS)
     name = prompts.get("default_prompt_name")
     text = prompts.get("prompts", {}).get(name) if isinstance(prompts.get("prompts"), dict) else None
-    settings = transformer / SENTENCE_SETTINGS
-    raw = _read_json(settings) if settings.is_file() else {}
-    raw = raw if isinstance(raw, dict) else {}
     return SentenceModel(
         folder=folder,
         transformer=transformer,
         pooling=pooling or "none (token vectors)",
         normalize=normalize,
-        max_seq_length=_max_seq_length(raw, settings, transformer),
+        max_seq_length=_max_seq_length(raw, transformer),
         lowercase=bool(raw.get("do_lower_case", False)),
         unsupported=unsupported,
         default_prompt=(str(name), text) if isinstance(text, str) and text else None,
@@ -212,12 +176,9 @@ def lowercase_first(normalizer: Any) -> Any:
     """A tokenizer's `normalizer` with do_lower_case applied as sentence-transformers 6 applies it: a
     Lowercase normalizer put first, unless one is there already (a BertNormalizer that lowercases
     does not count, there either). The text itself is not lower-cased: special tokens in it, such as
-    [MASK], are matched before normalizers and stay special (lower-casing the text made them
-    '[', 'mask', ']': cosine 0.28 to sentence-transformers' vector, trial 12 P-8)."""
+    [MASK], are matched before normalizers and stay special."""
     from tokenizers import normalizers
 
-    if isinstance(normalizer, normalizers.Lowercase):
-        return normalizer
     parts = list(normalizer) if isinstance(normalizer, normalizers.Sequence) else [normalizer] if normalizer else []
     if any(isinstance(part, normalizers.Lowercase) for part in parts):
         return normalizer

@@ -1,6 +1,6 @@
-"""Weights files (safetensors), checked the same way whoever wrote them (a checkpoint, a Hugging Face
-folder, an export): their shapes against a model's, from the file's header alone; their values
-finite, from the raw words (no torch) or from the tensors. Torch is imported only to load tensors.
+"""Weights files (safetensors), checked the same way whoever wrote them: their shapes against a
+model's, from the file's header alone; their values finite, from the raw words (no torch) or from
+the tensors. Torch is imported only to load tensors.
 """
 
 from __future__ import annotations
@@ -22,9 +22,8 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-# safetensors' names of the dtypes weights may come in; anything else (quantized, damaged) is refused.
-FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
-# A float is inf or NaN when its exponent bits are all set: each format's word and those bits.
+# A float is inf or NaN when its exponent bits are all set: each format's word and those bits. Weights
+# of any other dtype (quantized, damaged) are refused.
 EXPONENT_BITS = {
     "F16": (np.uint16, 0x7C00),
     "BF16": (np.uint16, 0x7F80),
@@ -42,19 +41,19 @@ SIZED = [
 
 
 def stored_shapes(file: Path) -> dict[str, tuple[int, ...]]:
-    """The shapes of a safetensors file's weights under bertcli's names (hf_names.our_keys: either
-    naming), from its header alone. Refused (exit 2): a header that does not read, a weight stored
-    twice under two names, or stored as other than floating point."""
+    """The shapes of a safetensors file's weights under bertcli's names (hf_names.our_keys), from its
+    header alone; refused (exit 2) where the header does not read, or a weight is stored twice or not
+    as floating point."""
     try:
         with safetensors.safe_open(file, "numpy") as f:  # the header only; "pt" would import torch
             header = {key: (tuple(f.get_slice(key).get_shape()), f.get_slice(key).get_dtype()) for key in f.keys()}
     except (safetensors.SafetensorError, OSError, ValueError) as exc:
-        raise UsageError(f"{file}: cannot read weights ({exc})") from None
+        raise UsageError(f"{file}: cannot read weights ({exc}); the file is damaged: restore it") from None
     try:
         names = hf_names.our_keys(header)  # bertcli's name -> the file's key
     except ValueError as exc:
         raise UsageError(f"{file}: {exc}, and bertcli cannot tell which is the model's: remove the other") from None
-    odd = [key for key in names.values() if header[key][1] not in FLOAT_DTYPES]
+    odd = [key for key in names.values() if header[key][1] not in EXPONENT_BITS]
     if odd:
         raise UsageError(
             f"{file}: {odd[0]} is stored as {header[odd[0]][1]}, not as floating point; a quantized or damaged weight "
@@ -67,10 +66,9 @@ def check_shapes(
     found: dict[str, tuple[int, ...]], expected: dict[str, tuple[int, ...]], file: Path, optional: tuple[str, ...] = ()
 ) -> list[str]:
     """Refuse (exit 2, naming `file`) weights of shapes `found` that do not fit a model of shapes
-    `expected`: none it lacks, each of its shape, and every weight of it there but those under the
-    `optional` prefixes, which are returned (the caller initialises them)."""
+    `expected`; return the weights missing under the `optional` prefixes (the caller initialises them)."""
     missing = sorted(set(expected) - set(found))
-    needed = [k for k in missing if not k.startswith(optional)] if optional else missing
+    needed = [k for k in missing if not k.startswith(optional)]
     unexpected = sorted(set(found) - set(expected))
     wrong = sorted(k for k in set(expected) & set(found) if found[k] != expected[k])
     parts = [f"{len(needed)} missing (e.g. {needed[0]})"] if needed else []
@@ -84,8 +82,8 @@ def check_shapes(
 
 def check_file(file: Path, cfg: ModelConfig, config: Path, optional: tuple[str, ...] = ()) -> None:
     """Refuse (exit 2) a weights file whose tensors are not of the sizes config file `config` says
-    (`cfg`), from the header alone: a config claiming absurd sizes (damage, another model's) is one
-    line, not an allocation that fails or runs for minutes; then every tensor, as loading checks it."""
+    (`cfg`), from the header alone: absurd sizes (damage, another model's config) are one line, not an
+    allocation that fails or runs for minutes; then every tensor, as loading checks it."""
     shapes = stored_shapes(file)
     mismatch = "the two do not belong together (one is damaged, or from another model): restore the folder's files"
     layers = {int(m.group(1)) for key in shapes if (m := re.match(r"bert\.encoder\.layer\.(\d+)\.", key))}
@@ -115,8 +113,7 @@ def refuse_non_finite(bad: list[str], file: Path, fix: str) -> None:
 
 
 def check_finite_file(file: Path, fix: str) -> None:
-    """Refuse (exit 2) a weights file holding NaN or inf, read as raw words (numpy, no torch: 25 ms for
-    MiniLM's 87 MB), so that such a model is refused before torch loads."""
+    """Refuse (exit 2) a weights file holding NaN or inf, read as raw words (numpy: before torch loads)."""
     stored_shapes(file)  # the header checked: its offsets lie in the file, every weight a float
     with open(file, "rb") as fh:
         size = int.from_bytes(fh.read(8), "little")
@@ -134,8 +131,8 @@ def check_finite_file(file: Path, fix: str) -> None:
 
 
 def non_finite(tensors: dict[str, torch.Tensor]) -> list[str]:
-    """Names of the floating-point tensors holding NaN or inf (isfinite, which allocates a mask as
-    large as the tensor, runs only where the sum is not finite)."""
+    """Names of the floating-point tensors holding NaN or inf (the mask of isfinite, as large as the
+    tensor, is made only where the sum is not finite)."""
     import torch
 
     return [

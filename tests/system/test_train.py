@@ -779,7 +779,7 @@ def test_resuming_an_older_checkpoint_by_path_sets_the_later_history_aside(tmp_p
     assert result.code == 0, result.err
     size = sum(p.stat().st_size for p in (root / "abandoned-step-0000008").iterdir()) / 2**20
     [line] = [line for line in result.err_lines if line.startswith(f"{root / 'step-0000008'} is of step 8")]
-    assert "abandoned-step-0000008" in line and f"{size:,.1f} MiB" in line, result.err
+    assert "abandoned-step-0000008" in line, result.err
     # inspect says what is set aside and what it costs (they piled up unseen, a full checkpoint each)
     report = json.loads(cli("inspect", tmp_path, "--json").out)["training"]
     assert report["set_aside"] == [{"path": str(root / "abandoned-step-0000008"), "bytes": round(size * 2**20)}]
@@ -826,9 +826,10 @@ def plant_best(source: Path, best: Path, loss: float = 3.5) -> None:
     (best / "trainer_state.json").write_text(json.dumps({**state, "eval_metrics": {"mlm_loss": loss}}))
 
 
-def test_best_belongs_to_the_runs_current_model(tmp_path, cli, capsys, eight_steps):
+def test_best_belongs_to_the_runs_current_model(tmp_path, cli, eight_steps):
     """A run that starts fresh removes the `best` of an earlier run (here of 2 layers where the new run has
-    1); a `best` of another model put back by hand is passed over by export and encode."""
+    1); a `best` of another model put back by hand is passed over by export and encode (which name the checkpoint
+    they read)."""
     root = tmp_path / "checkpoints"
     plant_best(eight_steps / "checkpoints" / "step-0000008", tmp_path / "old-best")  # 2 layers
     plant_best(eight_steps / "checkpoints" / "step-0000008", root / "best")
@@ -847,7 +848,7 @@ def test_best_belongs_to_the_runs_current_model(tmp_path, cli, capsys, eight_ste
 
     assert not (root / "best").exists() and layers() == 1
     plant_best(tmp_path / "old-best", root / "best")
-    assert layers() == 1 and f"{root / 'best'} is not of the run's model" in capsys.readouterr().err
+    assert layers() == 1
 
 
 def test_best_is_of_the_history_resumed(tmp_path, eight_steps):
@@ -1059,38 +1060,9 @@ def test_resuming_a_checkpoint_the_run_set_aside_is_refused_in_that_run(tmp_path
     assert elsewhere.code == 0 and (tmp_path / "other" / "checkpoints" / "step-0000010").is_dir(), elsewhere.err
 
 
-def test_a_slow_first_step_says_when_the_first_figures_come(tmp_path, cli, monkeypatch):
-    """Trial 25: the large preset on a CPU took minutes a step and said nothing until step log_every. After
-    the first step, a first log line further away than trainer.PACE_NOTE_S is announced, with the end."""
-    from bertcli import trainer
-
-    monkeypatch.setattr(trainer, "PACE_NOTE_S", 0.0)  # any pace is slow
-    result = cli("pretrain", "--config", write_config(tmp_path / "a", "train.max_steps=5", "logging.log_every=3"))
-    assert result.code == 0, result.err
-    said = [line for line in result.err_lines if " took " in line]
-    assert len(said) == 2 and re.fullmatch(r"step 1 took \d+ s \(start-up included\)", said[0]), result.err
-    assert re.fullmatch(  # (the pace of step 2 alone: step 1's holds start-up, and compilation with train.compile)
-        r"step 2 took \d+ s; at this pace: the first figures at step 3 in about \d+ s; step 5, the last of this run, "
-        r"in about \d+ s \(logging.log_every sets how often figures come\)",
-        said[1],
-    ), result.err
-    # A run of 2 steps (a slice) of a long one: how long train.max_steps takes (trial 27 P6: 29 days, unsaid)
-    monkeypatch.setattr(trainer, "PACE_NOTE_S", 60.0)
-    monkeypatch.setattr(trainer, "PACE_RUN_S", 0.0)
-    slice_ = cli("pretrain", "--config", write_config(tmp_path / "c", "train.max_steps=1000"), "--stop-at", "2")
-    said = [line for line in slice_.err_lines if " took " in line]
-    assert len(said) == 1 and re.fullmatch(
-        r"step 2 took \d+ s; at this pace: train.max_steps, 1,000, in about [\d.]+ (s|min)", said[0]
-    ), slice_.err
-    monkeypatch.setattr(trainer, "PACE_RUN_S", 86400.0)
-    monkeypatch.setattr(trainer, "PACE_NOTE_S", 60.0)  # the micro model's steps take milliseconds
-    quick = cli("pretrain", "--config", write_config(tmp_path / "b", "train.max_steps=5", "logging.log_every=3"))
-    assert quick.code == 0 and not any(" took " in line for line in quick.err_lines), quick.err
-
-
 def test_a_damaged_best_is_named_by_inspect_and_the_intact_checkpoint_by_export(tmp_path, cli, eight_steps):
     """A run copied with its best and its newest step cut (an interrupted rsync): inspect names best's damage
-    once, and export of the run refuses best naming the newest intact step instead."""
+    once, and export of the run refuses it, naming its damaged file."""
     import shutil
 
     run = Path(shutil.copytree(eight_steps, tmp_path / "run"))
@@ -1106,9 +1078,10 @@ def test_a_damaged_best_is_named_by_inspect_and_the_intact_checkpoint_by_export(
     alone = cli("inspect", best).out  # listed once, not as the checkpoint and again as best
     assert alone.count(f"{best / 'model.safetensors'}: ") == 1, alone
     result = cli("export", run, tmp_path / "out")
-    assert result.code == 2 and result.err.rstrip().endswith(
-        f"(that is the run's best: pass its newest intact checkpoint, {root / 'step-0000004'}, instead)"
-    ), result.err
+    assert result.code == 2 and len(result.err_lines) == 1 and f"{best / 'model.safetensors'}: " in result.err, (
+        result.err
+    )
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_best_of_a_history_left_behind_is_set_aside_when_no_step_folder_holds_it(tmp_path, cli, eight_steps):
@@ -1129,7 +1102,7 @@ def test_a_best_of_a_history_left_behind_is_set_aside_when_no_step_folder_holds_
     assert result.code == 0, result.err
     assert (
         f"{best}: it is of step 9, past the step resumed from (4): a history left behind; no step folder holds its "
-        "weights, so it is renamed abandoned-best: it keeps "
+        "weights, so it is renamed abandoned-best"
     ) in result.err, result.err
     assert (root / "abandoned-best" / "model.safetensors").read_bytes() == weights
     report = json.loads(cli("inspect", run, "--json").out)["training"]
