@@ -595,9 +595,10 @@ def test_inspect_says_where_its_last_figures_are_from_and_sums_what_it_shows(tmp
     assert "last logged" not in cli("inspect", tmp_path / "again").out  # the run's own step: nothing to add
 
 
-def test_preparing_another_runs_data_for_other_settings_is_warned(tmp_path, cli, trained, small_corpus):
+def test_preparing_another_runs_data_for_other_settings_says_what_differs(tmp_path, cli, trained, small_corpus):
     """A second run pointed at a trained run's data/ with another vocabulary size prepares it again for
-    itself, and the first run's next pretrain prepares it all again for its own: said."""
+    itself, naming the folder and the setting that differs; the first run's next prepare makes it its own
+    again."""
     import shutil
 
     from conftest import text_run
@@ -606,16 +607,16 @@ def test_preparing_another_runs_data_for_other_settings_is_warned(tmp_path, cli,
     other = text_run(
         tmp_path / "other", small_corpus, f"data.prepared_dir={run / 'data'}", "data.tokenizer.vocab_size=900"
     )
+
+    def vocab() -> int:
+        return json.loads((run / "data" / "manifest.json").read_text())["tokenizer"]["vocab_size"]
+
     result = cli("prepare", "--config", other, "--quiet")
-    assert result.code == 0, result.err
-
-    def warned(lines: list[str]) -> list[str]:  # the warnings that name the data and the run it is of
-        return [line for line in lines if line.startswith("warning:") and f"{run / 'data'} " in line]
-
-    said = warned(result.err_lines)
-    assert len(said) == 1 and said[0].count(str(run)) >= 2, result.err
-    again = cli("prepare", "--config", run / "config.yaml", "--quiet")  # the run's own: no warning
-    assert again.code == 0 and not warned(again.err_lines), again.err
+    said = [line for line in result.err_lines if str(run / "data") in line and "preparing it again" in line]
+    assert result.code == 0 and len(said) == 1 and "data.tokenizer.vocab_size 1000 -> 900" in said[0], result.err
+    assert vocab() == 900
+    again = cli("prepare", "--config", run / "config.yaml", "--quiet")
+    assert again.code == 0 and "data.tokenizer.vocab_size 900 -> 1000" in again.err and vocab() == 1000, again.err
 
 
 def test_resuming_another_runs_checkpoint_of_another_architecture_says_that_first(tmp_path, cli, trained, small_corpus):
