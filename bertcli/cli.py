@@ -84,9 +84,7 @@ def root(
 @app.command(short_help="Write DIR/config.yaml from a preset, every field commented.")
 def init(
     directory: Path = typer.Argument(..., metavar="DIR", help="Folder to create; config.yaml is written inside it."),
-    preset: Preset = typer.Option(
-        Preset("tiny"), "--preset", "-p", help="tiny (the d2l textbook's sizes), small, base, large."
-    ),
+    preset: Preset = typer.Option(Preset("tiny"), "--preset", "-p", help="tiny (d2l's sizes), small, base, large."),
     corpus: Optional[str] = typer.Option(
         None, "--corpus", metavar="PATH", help="Text/JSONL file or folder, or sample (the default) or synthetic."
     ),
@@ -184,9 +182,7 @@ def pretrain(
 
 @app.command("inspect", short_help="Explain a config, a run, a checkpoint, prepared data or a model.")
 def inspect_command(
-    path: Path = typer.Argument(
-        ..., metavar="PATH", help="A config file, a run, checkpoint, prepared-data or model folder."
-    ),
+    path: Path = typer.Argument(..., metavar="PATH", help="A config file, or a run, checkpoint, data or model folder."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
 ) -> None:
     """Explain a config, a run, a checkpoint, prepared data or a model: sizes, parameters, FLOPs, progress, data."""
@@ -202,9 +198,7 @@ def inspect_command(
 
 @app.command(short_help="Write a checkpoint as a Hugging Face folder (BertForPreTraining).")
 def export(
-    source: Path = typer.Argument(
-        ..., metavar="CHECKPOINT_OR_RUN", help="A checkpoint, or a run (its best, else newest)."
-    ),
+    source: Path = typer.Argument(..., metavar="CHECKPOINT_OR_RUN", help="A checkpoint, or a run (best, else newest)."),
     out_dir: Path = typer.Argument(..., metavar="OUT_DIR", help="Folder to write: config.json, weights, tokenizer."),
     force: bool = typer.Option(False, "--force", help="Replace OUT_DIR if it holds an earlier export."),
 ) -> None:
@@ -224,9 +218,7 @@ def export(
 # encode's flags: declared here so that the command reads as its steps.
 MODEL = typer.Option(..., "--model", "-m", metavar="PATH", help="A run, checkpoint or Hugging Face BERT folder.")
 INPUTS = typer.Argument(None, metavar="FILE", help="Text files, one text per line ('-' or none: stdin).")
-POOLING = typer.Option(
-    None, "--pooling", metavar="cls|mean|max|pooler", help="Default: a sentence-transformers folder's own, else cls."
-)
+POOLING = typer.Option(None, "--pooling", metavar="cls|mean|max|pooler", help="Default: the folder's own, else cls.")
 LAYER = typer.Option(-1, "--layer", metavar="N", help="0 = embeddings, 1..L, negative from the end (-1 = last).")
 NORMALIZE = typer.Option(None, "--normalize/--no-normalize", help="Unit-length vectors (default: the folder's).")
 FORMAT = typer.Option(None, "--format", "-f", metavar="jsonl|tsv|npy", help="Default: the --output suffix's.")
@@ -239,9 +231,7 @@ BATCH = typer.Option(32, "--batch-size", min=1, metavar="N", help="Texts per for
 MAX_LENGTH = typer.Option(None, "--max-length", min=2, metavar="N", help="Truncate longer texts (tokens).")
 DEVICE = typer.Option("auto", "--device", metavar="DEVICE", help="auto, cpu, cuda or cuda:N.")
 DTYPE = typer.Option("fp32", "--dtype", metavar="fp32|bf16|fp16", help="fp32, bf16 or fp16.")
-ERRORS = typer.Option(
-    "strict", "--errors", metavar="strict|replace", help="A line that is not UTF-8: error or replace."
-)
+ERRORS = typer.Option("strict", "--errors", metavar="strict|replace", help="A line not UTF-8: error or replace.")
 
 
 @app.command(short_help="Turn lines of text into vectors, one row per line, streamed.")
@@ -311,23 +301,22 @@ def os_error_message(exc: OSError, command: str = "") -> str:
     return f"{where}{exc.strerror or exc}"
 
 
+INTERRUPTED = "bertcli: interrupted; nothing half-written was kept (writes are atomic): run the same command again"
+
+
 def error_lines(exc: BaseException, command: str, debug: bool) -> tuple[list[str], int]:
     """The lines to print for what ended the command, and its exit code (re-raised under --debug)."""
     if isinstance(exc, click.exceptions.NoArgsIsHelpError):
         return [exc.ctx.get_help() if exc.ctx else "usage: bertcli COMMAND --help"], 2
     if isinstance(exc, click.exceptions.UsageError):
-        return [
-            f"bertcli: error: {exc.format_message()}" + (f" (see '{exc.ctx.command_path} --help')" if exc.ctx else "")
-        ], 2
+        see = f" (see '{exc.ctx.command_path} --help')" if exc.ctx else ""
+        return [f"bertcli: error: {exc.format_message()}{see}"], 2
     if isinstance(exc, click.exceptions.ClickException):
         return [f"bertcli: error: {exc.format_message()}"], exc.exit_code
     if isinstance(exc, (typer.Abort, KeyboardInterrupt)):
-        if isinstance(exc.__cause__, EOFError):  # Click turns an EOFError into Abort: a failure, not a Ctrl-C
-            exc = exc.__cause__
-        else:
-            return [
-                "bertcli: interrupted; nothing half-written was kept (writes are atomic): run the same command again"
-            ], 130
+        if not isinstance(exc.__cause__, EOFError):  # Click turns an EOFError into Abort: a failure, not a Ctrl-C
+            return [INTERRUPTED], 130
+        exc = exc.__cause__
     if debug and not isinstance(exc, PipeClosed):
         raise exc
     if isinstance(exc, BertcliError):  # one line each, whatever a path holds

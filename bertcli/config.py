@@ -1,11 +1,8 @@
-"""The run configuration's schema: typed nested dataclasses, what each value may be, and the presets.
+"""The run configuration's schema: typed nested dataclasses, their impossible values, and the presets.
 
-Every field carries a docstring (the string literal under it); `bertcli init` writes those
-as one-line YAML comments, and `field_docs()` is how the rest of the code reads them.
-Each section's `problems()`, under its fields, lists its impossible values; `Config.problems()`
-adds the checks that read two sections (a sequence longer than the position embeddings, say).
-Reading a config (YAML, command-line overrides, strict checks) is `bertcli.config_load`; writing one is
-`bertcli.config_write`.
+Each field's docstring (the string under it) is its YAML comment in `bertcli init`'s file (`field_docs()`).
+Each section's `problems()` checks its own values; `Config.problems()` adds those that read two sections.
+Loading is `bertcli.config_load`, writing `bertcli.config_write`.
 """
 
 from __future__ import annotations
@@ -13,7 +10,6 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
-import math
 import re
 import typing
 from dataclasses import dataclass, field
@@ -23,11 +19,9 @@ from typing import Any, Literal, Optional
 
 from bertcli.errors import UsageError
 
+# An impossible value: (its full path, what is wrong), e.g. ("train.max_steps", "must be at least 1, got 0").
+# Types are right by then (the loader checks them first).
 Problem = tuple[str, str]
-"""An impossible value: (its path from the top of the config, what is wrong), e.g.
-("train.max_steps", "must be at least 1, got 0"). Each section's `problems()` checks its own
-values (their types are right by then: the loader checks those first) and spells paths out in
-full, so that a message can name the other values it reads."""
 
 
 def failing(checks: list[tuple[bool, str, str]]) -> list[Problem]:
@@ -38,6 +32,11 @@ def failing(checks: list[tuple[bool, str, str]]) -> list[Problem]:
 def at_least(path: str, value: float, low: float, why: str = "") -> tuple[bool, str, str]:
     """The check that `value` (at `path`) is at least `low` ("must not be negative" for 0)."""
     return value >= low, path, f"{'must not be negative' if low == 0 else f'must be at least {low}'}{why}, got {value}"
+
+
+def from_to(path: str, value: int, low: int, high: int, *, why: str = "") -> tuple[bool, str, str]:
+    """The check that the integer `value` is from `low` to `high`, both in."""
+    return low <= value <= high, path, f"must be from {low:,} to {high:,}{why}, got {value:,}"
 
 
 def positive(path: str, value: float) -> tuple[bool, str, str]:
@@ -52,11 +51,7 @@ def within(path: str, value: float, low: float, high: float, *, ends: str = "[]"
 
 HiddenAct = Literal["gelu", "gelu_new", "gelu_pytorch_tanh", "relu"]
 Parallel = Literal["ddp", "fsdp"]
-Device = Literal["auto", "cpu", "cuda", "cuda:N"]
-"""Where to run; "cuda:N" stands for cuda:0, cuda:1, ..., which a Literal cannot list: the loader
-checks only that a device is a string, and `TrainConfig.problems()` checks its form."""
-
-
+Device = Literal["auto", "cpu", "cuda", "cuda:N"]  # "cuda:N": any index; the loader takes a string, problems() its form
 DEVICE_NAMES = "auto, cpu, cuda or cuda:N"  # in words, for messages
 PRECISIONS = ("fp32", "bf16", "fp16")  # resolved precisions; precision.mode adds auto
 
@@ -68,12 +63,12 @@ def is_device_name(name: str) -> bool:
 
 @cache
 def torch_build() -> tuple[str, str] | None:
-    """("cpu" or "gpu", the version) of the installed PyTorch, read from its torch/version.py without
-    importing torch (3-4 s, 250 MB): a CPU build has neither CUDA nor ROCm. None: not read as expected."""
+    """("cpu" or "gpu", the version) of the installed PyTorch, read from torch/version.py without importing
+    torch (3-4 s, 250 MB): a CPU build has neither CUDA nor ROCm. None: not read as expected."""
     import importlib.util
 
     try:
-        spec = importlib.util.find_spec("torch")  # (finds the package without importing it)
+        spec = importlib.util.find_spec("torch")
         text = Path(spec.origin).with_name("version.py").read_text() if spec and spec.origin else ""
         values = {
             target.id: node.value.value
@@ -91,9 +86,8 @@ def torch_build() -> tuple[str, str] | None:
 
 
 def check_gpu_build(name: str, what: str) -> None:
-    """Refuse (UsageError) a CUDA device name where the installed PyTorch is a CPU build (torch_build),
-    before torch is imported: the refusal runtime's parse_device gives after the import took 4-5 s.
-    A CUDA or ROCm build, or one not read as expected, passes: parse_device then asks the driver."""
+    """Refuse a CUDA device name where the installed PyTorch is a CPU build, before torch is imported;
+    any other build passes (runtime's parse_device then asks the driver)."""
     build = torch_build() if name.startswith("cuda") else None
     if build is not None and build[0] == "cpu":
         raise UsageError(
@@ -106,8 +100,7 @@ NAME_MAX, PATH_MAX = 255, 4096  # bytes of one file name, and of a whole path (L
 
 
 def path_problem(value: str) -> str | None:
-    """Why `value` can name no file on this system (None: it can): a NUL character, a file name past
-    NAME_MAX bytes or a path past PATH_MAX (the system would refuse it at the first use, after work)."""
+    """Why `value` can name no file here (None: it can), said before the system refuses it after work."""
     encoded = value.encode("utf-8", "surrogateescape")
     longest = max((len(part) for part in encoded.split(b"/")), default=0)
     if "\0" in value:
@@ -168,9 +161,8 @@ class ModelConfig:
         return index
 
     def pad_problem(self, pad_id: int, source: str) -> str | None:
-        """Why pad_token_id does not fit the tokenizer of `source`, whose [PAD] is `pad_id` (None: it
-        does). The padding row of the embeddings gets no gradient, so another token there would never
-        learn (a [MASK] that every prediction reads, an [UNK], frozen at zero)."""
+        """Why pad_token_id is not the [PAD] id `pad_id` of `source`'s tokenizer (None: it is): the padding
+        row gets no gradient, so another token there would never learn."""
         if self.pad_token_id == pad_id:
             return None
         return (
@@ -179,14 +171,10 @@ class ModelConfig:
         )
 
     def problems(self) -> list[Problem]:
-        """This section's impossible values."""
         m = self
         divides = m.hidden_size < 1 or m.num_attention_heads < 1 or m.hidden_size % m.num_attention_heads == 0
-        pad = (
-            f"must be a token id below vocab_size={m.vocab_size}"
-            if m.vocab_size is not None
-            else "must not be negative"
-        )
+        pad = f"must be a token id below vocab_size={m.vocab_size}" if m.vocab_size else "must not be negative"
+        heads = f"{m.hidden_size} is not divisible by model.num_attention_heads={m.num_attention_heads}"
         return failing(
             [
                 at_least("model.vocab_size", m.vocab_size or 8, 8, " (5 special tokens and some words)"),
@@ -195,11 +183,7 @@ class ModelConfig:
                 positive("model.hidden_size", m.hidden_size),
                 at_least("model.num_hidden_layers", m.num_hidden_layers, 1),
                 at_least("model.num_attention_heads", m.num_attention_heads, 1),
-                (
-                    divides,
-                    "model.hidden_size",
-                    f"{m.hidden_size} is not divisible by model.num_attention_heads={m.num_attention_heads}",
-                ),
+                (divides, "model.hidden_size", heads),
                 positive("model.intermediate_size", m.intermediate_size),
                 within("model.hidden_dropout_prob", m.hidden_dropout_prob, 0, 1, ends="[)"),
                 within("model.attention_probs_dropout_prob", m.attention_probs_dropout_prob, 0, 1, ends="[)"),
@@ -211,9 +195,8 @@ class ModelConfig:
         )
 
 
-# The generated corpus's bound, on its expected size, 100x the default's: its chain is walked token by token
-# in Python (20M tokens: about 6 s and 440 MB). On the expected size, so that a stored run's config of any
-# plausible size still loads.
+# The generated corpus's bound on its expected size (100x the default's): its chain is walked token by token
+# in Python (20M tokens: about 6 s and 440 MB).
 MAX_SYNTHETIC_TOKENS = 20_000_000
 MAX_BRANCHING = 1024  # successors per token: a table of vocab_size x branching ids
 
@@ -245,38 +228,19 @@ class SyntheticConfig:
         return self.num_documents * sentences * (self.min_sentence_length + self.max_sentence_length) / 2
 
     def problems(self) -> list[Problem]:
-        """This section's impossible values."""
-        s, expected = self, self.expected_tokens()
+        s, p, expected = self, "data.synthetic", self.expected_tokens()
+        size = f"about {expected:,.0f} tokens (num_documents x the mean sentences x the mean length); the synthetic corpus is for quick checks, of at most {MAX_SYNTHETIC_TOKENS:,}: lower them"
+        lengths = f"need 1 <= min_sentence_length <= max_sentence_length, got {s.min_sentence_length} and {s.max_sentence_length}"
+        sentences = f"need 1 <= min_sentences <= max_sentences, got {s.min_sentences} and {s.max_sentences}"
         return failing(
             [
-                at_least(
-                    "data.synthetic.num_documents",
-                    s.num_documents,
-                    2,
-                    " (random next sentences come from another document)",
-                ),
-                (
-                    1 <= s.min_sentences <= s.max_sentences,
-                    "data.synthetic.min_sentences",
-                    f"need 1 <= min_sentences <= max_sentences, got {s.min_sentences} and {s.max_sentences}",
-                ),
-                (
-                    1 <= s.min_sentence_length <= s.max_sentence_length,
-                    "data.synthetic.min_sentence_length",
-                    f"need 1 <= min_sentence_length <= max_sentence_length, got {s.min_sentence_length} and {s.max_sentence_length}",
-                ),
-                (
-                    expected <= MAX_SYNTHETIC_TOKENS,
-                    "data.synthetic",
-                    f"about {expected:,.0f} tokens (num_documents x the mean sentences x the mean length); the synthetic corpus is for quick checks, of at most {MAX_SYNTHETIC_TOKENS:,}: lower them",
-                ),
-                (
-                    1 <= s.branching <= MAX_BRANCHING,
-                    "data.synthetic.branching",
-                    f"must be from 1 to {MAX_BRANCHING:,}, got {s.branching}",
-                ),
-                at_least("data.synthetic.num_topics", s.num_topics, 1),
-                at_least("data.synthetic.seed", s.seed, 0),
+                at_least(f"{p}.num_documents", s.num_documents, 2, " (random next sentences need another document)"),
+                (1 <= s.min_sentences <= s.max_sentences, f"{p}.min_sentences", sentences),
+                (1 <= s.min_sentence_length <= s.max_sentence_length, f"{p}.min_sentence_length", lengths),
+                (expected <= MAX_SYNTHETIC_TOKENS, p, size),
+                from_to(f"{p}.branching", s.branching, 1, MAX_BRANCHING),
+                at_least(f"{p}.num_topics", s.num_topics, 1),
+                at_least(f"{p}.seed", s.seed, 0),
             ]
         )
 
@@ -286,8 +250,7 @@ class TokenizerConfig:
     """The WordPiece tokenizer: trained on the corpus by `prepare`, or an existing one."""
 
     path: str = ""
-    """An existing tokenizer.json or BERT vocab.txt to use; empty = train one on the corpus (with
-    model.init_from: that model's own, whose embeddings need its ids)."""
+    """An existing tokenizer.json or BERT vocab.txt to use; empty = train one on the corpus (with model.init_from: that model's own, whose embeddings need its ids)."""
     vocab_size: int = 30522
     """Size of the vocabulary to train (the result can be smaller on a small corpus)."""
     min_frequency: int = 2
@@ -300,16 +263,12 @@ class TokenizerConfig:
     """Characters of text that train the vocabulary: a larger corpus trains it on a sample of its lines from all over it (chosen by a hash of each line: the same in every run), so memory stays bounded (the trainer takes about 6 MB per million characters); 0 = the whole corpus."""
 
     def problems(self) -> list[Problem]:
-        """This section's impossible values."""
+        sample = f"must be 0 (the whole corpus) or a number of characters, got {self.sample_chars}"
         return failing(
             [
                 at_least("data.tokenizer.vocab_size", self.vocab_size, 16),
                 at_least("data.tokenizer.min_frequency", self.min_frequency, 1),
-                (
-                    self.sample_chars >= 0,
-                    "data.tokenizer.sample_chars",
-                    f"must be 0 (the whole corpus) or a number of characters, got {self.sample_chars}",
-                ),
+                (self.sample_chars >= 0, "data.tokenizer.sample_chars", sample),
             ]
         )
 
@@ -351,28 +310,19 @@ class DataConfig:
 
     def problems(self) -> list[Problem]:
         """This section's impossible values, its tokenizer's and its synthetic corpus's."""
-        d = self
+        d, replaced = self, self.mask_token_prob + self.random_token_prob
+        once = " (data.max_seq_length: a token is predicted at most once)"
+        too_many = f"data.mask_token_prob + data.random_token_prob must be at most 1, got {replaced}"
+        empty = "is empty; use sample, synthetic, or a path to text or JSONL files"
         checks = [
             at_least("data.max_seq_length", d.max_seq_length, 5, " ([CLS] A [SEP] B [SEP])"),
             within("data.masked_lm_prob", d.masked_lm_prob, 0, 1, ends="()"),
-            (
-                1 <= d.max_predictions_per_seq <= max(d.max_seq_length, 1),
-                "data.max_predictions_per_seq",
-                f"must be from 1 to data.max_seq_length={d.max_seq_length:,} (a token is predicted at most once), got {d.max_predictions_per_seq:,}",
-            ),
+            from_to("data.max_predictions_per_seq", d.max_predictions_per_seq, 1, max(d.max_seq_length, 1), why=once),
             within("data.mask_token_prob", d.mask_token_prob, 0, 1),
             within("data.random_token_prob", d.random_token_prob, 0, 1),
             within("data.random_next_prob", d.random_next_prob, 0, 1),
-            (
-                d.mask_token_prob + d.random_token_prob <= 1.0 + 1e-9,
-                "data.random_token_prob",
-                f"data.mask_token_prob + data.random_token_prob must be at most 1, got {d.mask_token_prob + d.random_token_prob}",
-            ),
-            (
-                d.corpus.strip() != "",
-                "data.corpus",
-                "is empty; use sample, synthetic, or a path to text or JSONL files",
-            ),
+            (replaced <= 1.0 + 1e-9, "data.random_token_prob", too_many),
+            (d.corpus.strip() != "", "data.corpus", empty),
             within("data.validation_fraction", d.validation_fraction, 0, 0.5),
             within("data.short_seq_prob", d.short_seq_prob, 0, 1),
         ]
@@ -415,40 +365,25 @@ class TrainConfig:
     """Size of the fixed held-out example set (the same examples and masks every time)."""
 
     def problems(self) -> list[Problem]:
-        """This section's impossible values."""
-        t = self
-        workers = f"must be null (automatic) or from 0 to {MAX_DATA_WORKERS} (each is a process holding a copy of the example builder; 4 keep a GPU fed), got {t.data_workers}"
+        t, workers = self, 0 if self.data_workers is None else self.data_workers
+        processes = " or null (each is a process holding a copy of the example builder; 4 keep a GPU fed)"
+        both = "train.mlm_weight and train.nsp_weight are both 0: nothing to learn"
+        evaluated = " (each evaluation builds and runs them all)"
         return failing(
             [
                 at_least("train.seed", t.seed, 0),
                 at_least("train.max_steps", t.max_steps, 1),
                 at_least("train.eval_every", t.eval_every, 0, " (0 = never)"),
-                (
-                    1 <= t.eval_examples <= MAX_EVAL_EXAMPLES,
-                    "train.eval_examples",
-                    f"must be from 1 to {MAX_EVAL_EXAMPLES:,} (every evaluation builds and runs them all; a held-out loss is steady well before that), got {t.eval_examples:,}",
-                ),
+                from_to("train.eval_examples", t.eval_examples, 1, MAX_EVAL_EXAMPLES, why=evaluated),
                 at_least("train.batch_size", t.batch_size, 1),
                 at_least("train.grad_accum_steps", t.grad_accum_steps, 1),
                 at_least("train.mlm_weight", t.mlm_weight, 0),
                 at_least("train.nsp_weight", t.nsp_weight, 0),
-                (
-                    t.mlm_weight > 0 or t.nsp_weight > 0,
-                    "train.mlm_weight",
-                    "train.mlm_weight and train.nsp_weight are both 0: nothing to learn",
-                ),
+                (t.mlm_weight > 0 or t.nsp_weight > 0, "train.mlm_weight", both),
                 at_least("train.max_nonfinite_steps", t.max_nonfinite_steps, 1),
                 at_least("train.max_grad_norm", t.max_grad_norm, 0, " (0 = no clipping)"),
-                (t.data_workers is None or 0 <= t.data_workers <= MAX_DATA_WORKERS, "train.data_workers", workers),
+                from_to("train.data_workers", workers, 0, MAX_DATA_WORKERS, why=processes),
                 (is_device_name(t.device), "train.device", f"must be auto, cpu, cuda or cuda:N, got {t.device!r}"),
-                *(
-                    (math.isfinite(v), f"train.{k}", "must be a finite number")
-                    for k, v in (
-                        ("mlm_weight", t.mlm_weight),
-                        ("nsp_weight", t.nsp_weight),
-                        ("max_grad_norm", t.max_grad_norm),
-                    )
-                ),
             ]
         )
 
@@ -475,7 +410,6 @@ class OptimizerConfig:
     """Floor of the decay, as a share of lr (reached at max_steps, one step past the last update)."""
 
     def problems(self) -> list[Problem]:
-        """This section's impossible values."""
         o = self
         decay = f"times optimizer.lr must be below 1 (each step scales the weights by 1 - lr x weight_decay: 0 or less zeroes or flips them), got {o.weight_decay:g} x {o.lr:g}; the usual value is 0.01"
         return failing(
@@ -504,7 +438,6 @@ class PrecisionConfig:
     """Initial loss scale of the fp16 gradient scaler."""
 
     def problems(self) -> list[Problem]:
-        """This section's impossible values."""
         return failing([positive("precision.fp16_init_scale", self.fp16_init_scale)])
 
 
@@ -518,7 +451,6 @@ class CheckpointConfig:
     """Keep only the newest N checkpoints."""
 
     def problems(self) -> list[Problem]:
-        """This section's impossible values."""
         return failing(
             [at_least("checkpoint.save_every", self.save_every, 1), at_least("checkpoint.keep_last", self.keep_last, 1)]
         )
@@ -536,12 +468,9 @@ class LoggingConfig:
     """Device peak (dense bf16 TFLOP/s) for MFU; 0 = known GPUs' datasheet value, none on CPU."""
 
     def problems(self) -> list[Problem]:
-        """This section's impossible values."""
+        log_every, peak = self.log_every, self.peak_tflops
         return failing(
-            [
-                at_least("logging.log_every", self.log_every, 1),
-                at_least("logging.peak_tflops", self.peak_tflops, 0, " (0 = auto)"),
-            ]
+            [at_least("logging.log_every", log_every, 1), at_least("logging.peak_tflops", peak, 0, " (0 = auto)")]
         )
 
 
@@ -570,66 +499,32 @@ class Config:
         """Every impossible value: each section's, then the checks that read two sections."""
         m, d, t = self.model, self.data, self.train
         sections = (m, d, t, self.optimizer, self.precision, self.checkpoint, self.logging)
-        return [problem for section in sections for problem in section.problems()] + failing(
-            [
-                (
-                    d.max_seq_length <= m.max_position_embeddings,
-                    "data.max_seq_length",
-                    f"{d.max_seq_length} is above model.max_position_embeddings={m.max_position_embeddings}",
-                ),
-                (
-                    d.corpus != "synthetic" or m.vocab_size is not None,
-                    "model.vocab_size",
-                    "the synthetic corpus has no tokenizer: set model.vocab_size (e.g. 1024)",
-                ),
-                (
-                    d.pairs or t.nsp_weight == 0,
-                    "data.pairs",
-                    "is false (single spans, no sentence pairs) but train.nsp_weight is not 0: NSP needs pairs",
-                ),
-            ]
-            + [
-                (problem is None, name, problem or "")
-                for name, value in (
-                    ("output_dir", self.output_dir),
-                    ("data.corpus", d.corpus),
-                    ("data.prepared_dir", d.prepared_dir),
-                    ("data.tokenizer.path", d.tokenizer.path),
-                    ("model.init_from", m.init_from),
-                )
-                for problem in [path_problem(value)]
-            ]
-        )
+        positions = f"{d.max_seq_length} is above model.max_position_embeddings={m.max_position_embeddings}"
+        pairs = "is false (single spans, no sentence pairs) but train.nsp_weight is not 0: NSP needs pairs"
+        synthetic = "the synthetic corpus has no tokenizer: set model.vocab_size (e.g. 1024)"
+        checks = [
+            (d.max_seq_length <= m.max_position_embeddings, "data.max_seq_length", positions),
+            (d.corpus != "synthetic" or m.vocab_size is not None, "model.vocab_size", synthetic),
+            (d.pairs or t.nsp_weight == 0, "data.pairs", pairs),
+        ]
+        own, paths = [problem for section in sections for problem in section.problems()], flat(self)
+        return own + failing(checks) + [(key, why) for key in PATH_KEYS if (why := path_problem(paths[key]))]
 
     def warnings(self) -> list[str]:
-        """Values that are possible but likely not meant, one line each (`pretrain` and `init` print them).
-        Not errors: a run may mean to raise train.max_steps later and resume, and the schedule of its
-        steps so far does not change when it does."""
+        """Values that are possible but likely not meant, one line each (`pretrain` and `init` print them);
+        not errors: a run may raise train.max_steps later and resume."""
         o, t = self.optimizer, self.train
-        said = []
-        if o.warmup_steps > t.max_steps:
-            share = t.max_steps / o.warmup_steps
-            said.append(
-                f"optimizer.warmup_steps={o.warmup_steps:,} is past train.max_steps={t.max_steps:,}: the learning "
-                f"rate rises to {share:.0%} of optimizer.lr ({o.lr:g} x {share:.3g} = {o.lr * share:.3g}) at the "
-                f"last step and never decays; lower warmup_steps (say {max(1, t.max_steps // 10):,}) unless you "
-                "mean to raise max_steps and resume"
-            )
-        if o.eps > EPS_WARN:  # AdamW's step is lr x m / (sqrt(v) + eps): about lr x g / eps once eps dwarfs |g|
-            said.append(
-                f"optimizer.eps={o.eps:g} is far above the size of BERT's gradients (AdamW divides each update "
-                f"by sqrt(v) + eps), so the weights barely move; the usual values are 1e-8 to 1e-6"
-            )
-        if o.weight_decay > WEIGHT_DECAY_WARN and o.lr * o.weight_decay < 1:
-            said.append(
-                f"optimizer.weight_decay={o.weight_decay:g} pulls the weights toward 0 by {o.lr * o.weight_decay:.3g} "
-                "of themselves at every step at the peak rate, more than they learn; the usual values are 0 to 0.1"
-            )
-        return said
+        if o.warmup_steps <= t.max_steps:
+            return []
+        share = t.max_steps / o.warmup_steps
+        return [
+            f"optimizer.warmup_steps={o.warmup_steps:,} is past train.max_steps={t.max_steps:,}: the learning "
+            f"rate rises to {share:.0%} of optimizer.lr ({o.lr:g} x {share:.3g} = {o.lr * share:.3g}) at the "
+            f"last step and never decays; lower warmup_steps (say {max(1, t.max_steps // 10):,}) unless you "
+            "mean to raise max_steps and resume"
+        ]
 
 
-EPS_WARN = 1e-3  # AdamW epsilon past which updates shrink by the ratio of gradient size to eps
-WEIGHT_DECAY_WARN = 1.0  # decoupled weight decay past which the weights shrink faster than they learn
 MAX_DATA_WORKERS = 64
 MAX_EVAL_EXAMPLES = 100_000  # at 1e5 one evaluation of the tiny preset took 212-289 s on 2 cores
 
@@ -666,10 +561,8 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-# The debug flavour (torchtitan's debugmodel, litgpt's tiny Config): the tiny preset cut down to a
-# model whose training step takes milliseconds on a CPU, on the synthetic corpus, checkpointing
-# every 4 steps. The tests and scripts/fault_inject.py build their runs from it
-# (config_load.debug_config); it is no preset a user picks.
+# The debug flavour (torchtitan's debugmodel): the tiny preset cut to a model whose step takes milliseconds
+# on a CPU, on the synthetic corpus; the tests build their runs from it (config_load.debug_config).
 DEBUG: dict[str, dict[str, Any]] = {
     "model": {
         "vocab_size": 128,
@@ -691,26 +584,16 @@ DEBUG: dict[str, dict[str, Any]] = {
     "checkpoint": {"save_every": 4, "keep_last": 2},
 }
 
-# ---------------------------------------------------------------------------------------------
-# Field docs and types
-
 
 @cache
 def field_docs(cls: type) -> dict[str, str]:
     """The docstring under each field of dataclass `cls` (attribute docstrings, read from source)."""
-    tree = ast.parse(inspect.getsource(cls))
-    body = tree.body[0].body  # type: ignore[attr-defined]
-    docs: dict[str, str] = {}
-    for stmt, nxt in zip(body, body[1:]):
-        if (
-            isinstance(stmt, ast.AnnAssign)
-            and isinstance(stmt.target, ast.Name)
-            and isinstance(nxt, ast.Expr)
-            and isinstance(nxt.value, ast.Constant)
-            and isinstance(nxt.value.value, str)
-        ):
-            docs[stmt.target.id] = " ".join(nxt.value.value.split())
-    return docs
+    body = ast.parse(inspect.getsource(cls)).body[0].body  # type: ignore[attr-defined]
+    return {
+        stmt.target.id: " ".join(str(nxt.value.value).split())
+        for stmt, nxt in zip(body, body[1:])
+        if isinstance(stmt, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
+    }
 
 
 @cache
@@ -742,8 +625,8 @@ PATH_KEYS = ("output_dir", "data.corpus", "data.prepared_dir", "data.tokenizer.p
 
 
 def with_vocab(cfg: Config, vocab_size: int, source: str, pad_id: int | None = None) -> Config:
-    """model.vocab_size from the tokenizer of `source` (when null), or checked against it; and
-    model.pad_token_id checked against the tokenizer's [PAD] id `pad_id` (when known: ModelConfig.pad_problem)."""
+    """`cfg` with model.vocab_size from the tokenizer of `source` (when null), or checked against it, and
+    model.pad_token_id checked against its [PAD] id `pad_id` (when known)."""
     if cfg.model.vocab_size is not None and cfg.model.vocab_size != vocab_size:
         if cfg.model.init_from:  # the size is the weights', which "set null" does not change
             raise UsageError(
@@ -755,7 +638,6 @@ def with_vocab(cfg: Config, vocab_size: int, source: str, pad_id: int | None = N
             f"model.vocab_size={cfg.model.vocab_size} but the tokenizer of {source} has {vocab_size:,} "
             "tokens; set model.vocab_size: null to take the size from the tokenizer"
         )
-    problem = cfg.model.pad_problem(pad_id, source) if pad_id is not None else None
-    if problem:
+    if pad_id is not None and (problem := cfg.model.pad_problem(pad_id, source)):
         raise UsageError(problem)
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab_size))

@@ -1,15 +1,14 @@
-"""Loading a run configuration: strict YAML, `--set` overrides, presets, merged and checked into a `Config`.
+"""Loading a run configuration: defaults < YAML file < `--set section.key=value` overrides, into a `Config`.
 
-Precedence: dataclass defaults < YAML file < `--set section.key=value` overrides.
-Loading is strict: a key given twice, unknown keys (with where they belong or the closest name),
-wrong types and impossible values (each section's `problems()`, in `bertcli.config`) are all
-collected and reported together, one line each, as a `UsageError` (exit 2).
+Strict: a key given twice, unknown keys (with the closest name), wrong types and impossible values
+(`problems()`, in `bertcli.config`) are reported together, one line each, as a `UsageError` (exit 2).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import os
 import re
@@ -20,17 +19,15 @@ from typing import Any, Literal
 
 import yaml
 
-from bertcli.config import DEBUG, PRESETS, Config, Device, ModelConfig, field_types
+from bertcli.config import DEBUG, PRESETS, Config, Device, ModelConfig, field_types, flat
 from bertcli.config_write import yaml_scalar
 from bertcli.errors import UsageError
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
     """defaults < YAML file < --set overrides, strictly checked."""
-    path = Path(path)
-    raw = read_yaml(path)
     extra, origin = parse_overrides(overrides or [])
-    return build_config(_merge(raw, extra), {"": str(path), **origin})
+    return build_config(_merge(read_yaml(Path(path)), extra), {"": str(path), **origin})
 
 
 def config_from_dict(raw: dict[str, Any], source: str) -> Config:
@@ -40,15 +37,11 @@ def config_from_dict(raw: dict[str, Any], source: str) -> Config:
 
 def preset_config(name: str, overrides: list[str] | None = None, *, values: dict[str, Any] | None = None) -> Config:
     """defaults < preset `name` < `values` < --set overrides, strictly checked. `values` ({"model.hidden_size":
-    256, ...}, typed: nothing parsed) are what a command sets for the user (init --init-from's), and are
-    named as the user's own --set in messages."""
+    256}, typed) are what a command sets for the user (init --init-from's): named as --set in messages."""
     chosen: dict[str, Any] = {}
     for key, value in (values or {}).items():
         *sections, last = key.split(".")
-        node = chosen
-        for part in sections:
-            node = node.setdefault(part, {})
-        node[last] = value
+        functools.reduce(lambda node, part: node.setdefault(part, {}), sections, chosen)[last] = value
     extra, origin = parse_overrides(overrides or [])
     labels = {"": f"preset {name}", **dict.fromkeys(values or {}, "--set"), **origin}
     return build_config(_merge(_merge(preset_dict(name), chosen), extra), labels)
@@ -62,13 +55,7 @@ def debug_config(overrides: list[str] | None = None) -> Config:
 
 def as_overrides(nested: dict[str, Any], prefix: str = "") -> list[str]:
     """A nested dict as `--set` strings (["model.hidden_size=32", ...]): parse_overrides' inverse."""
-    out: list[str] = []
-    for key, value in nested.items():
-        if isinstance(value, dict):
-            out += as_overrides(value, f"{prefix}{key}.")
-        else:
-            out.append(f"{prefix}{key}={yaml_scalar(value)}")
-    return out
+    return [f"{key}={yaml_scalar(value)}" for key, value in flat(nested, prefix).items()]
 
 
 def preset_dict(name: str) -> dict[str, Any]:
@@ -79,12 +66,10 @@ def preset_dict(name: str) -> dict[str, Any]:
 
 
 def model_config_from_dict(raw: dict[str, Any], source: str) -> ModelConfig:
-    """A ModelConfig alone (an imported config.json's, say), with the same strict checks. With no
-    tokenizer beside it to take the size from, it must give vocab_size."""
+    """A ModelConfig alone (an imported config.json's, say), strictly checked; with no tokenizer beside it
+    to take the size from, it must give vocab_size."""
     if raw.get("vocab_size") is None:
-        raise UsageError(
-            f"{source}: model.vocab_size: missing; an architecture on its own must give its vocabulary size"
-        )
+        raise UsageError(f"{source}: model.vocab_size: missing; an architecture alone must give its vocabulary size")
     return _build_checked(ModelConfig, raw, "model", {"": source})
 
 
@@ -94,68 +79,45 @@ def read_yaml(path: Path) -> dict[str, Any]:
         mode = os.stat(path).st_mode
     except OSError:
         mode = 0  # the open below says why
-    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):  # <(...) or a FIFO: no folder for its relative paths
-        raise UsageError(
-            f"{path}: a pipe, not a file; a config's relative paths are relative to its folder, so save it to a "
-            "file and pass that"
-        )
+    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):  # <(...): no folder for its relative paths
+        raise UsageError(f"{path}: a pipe, not a file: save it to a file (relative paths need its folder)")
     try:
-        with open(
-            path, "rb"
-        ) as fh:  # at most MAX_CONFIG_BYTES + 1: --config /dev/zero, or a 10 GB file, is refused at once
+        with open(path, "rb") as fh:  # --config /dev/zero, or a 10 GB file, is refused at once
             data = fh.read(MAX_CONFIG_BYTES + 1)
         if len(data) > MAX_CONFIG_BYTES:
-            raise UsageError(
-                f"{path}: more than {MAX_CONFIG_BYTES // 1024} KiB, so not a run config (one is a few KiB); "
-                "is this the right file?"
-            )
-        text = data.decode("utf-8")
-    except FileNotFoundError:
-        raise UsageError(f"{path}: config file not found; create one with `bertcli init DIR`") from None
-    except IsADirectoryError:
-        raise UsageError(f"{path}: is a folder; pass the config file inside it (e.g. {path / 'config.yaml'})") from None
-    except UnicodeDecodeError as exc:
-        raise UsageError(f"{path}: not UTF-8 text (byte {exc.start}); is this a config file?") from None
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot read: {exc.strerror}") from None
-    try:
-        raw = load_yaml(text)
-    except TooManyAliases as exc:
-        raise UsageError(f"{path}: {exc}") from None
-    except ValueError as exc:  # an integer of thousands of digits, say: Python refuses to read it
-        raise UsageError(f"{path}: malformed YAML: {str(exc).splitlines()[0]}") from None
-    except RecursionError:
-        raise UsageError(
-            f"{path}: values nested too deeply to read; a run config is two or three levels deep"
-        ) from None
-    except DuplicateKey as exc:
-        raise UsageError(
-            f"{path}: line {exc.line}: key {str(exc.key)!r} is given twice (first at line {exc.first_line}); "
-            "keep one of them (YAML would silently use the last)"
-        ) from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise UsageError(f"{path}: malformed YAML{at}: {problem}") from None
+            raise UsageError(f"{path}: over {MAX_CONFIG_BYTES // 1024} KiB, so not a run config (one is a few KiB)")
+        raw = load_yaml(data.decode("utf-8"))
+    except (OSError, ValueError, RecursionError, yaml.YAMLError) as exc:
+        raise UsageError(f"{path}: {_unreadable(exc, path)}") from None
     if raw is None or raw == {}:  # (`--config /dev/null` trained BERT-base's defaults into /dev)
-        raise UsageError(
-            f"{path}: no settings in it (empty, or only comments); a run config names its corpus at least: "
-            "write one with `bertcli init DIR`"
-        )
+        raise UsageError(f"{path}: no settings in it (empty, or only comments); write one with `bertcli init DIR`")
     if not isinstance(raw, dict):
-        raise UsageError(
-            f"{path}: expected a mapping of sections (model:, data:, train: ...), got {type(raw).__name__}"
-        )
+        raise UsageError(f"{path}: expected a mapping of sections (model:, train: ...), got {type(raw).__name__}")
     return raw
 
 
-# A whole config is about 90 values; aliases (`<<: *defaults`) may repeat some sections, never make
-# it thousands of times larger (nine nested aliases of ten make a billion: the "billion laughs").
-# The file itself is read up to MAX_CONFIG_BYTES, and composed up to MAX_YAML_NODES values: PyYAML
-# composes a list of a million values in about 20 s.
-MAX_YAML_NODES = 10_000
-MAX_CONFIG_BYTES = 256 * 1024
+def _unreadable(exc: BaseException, path: Path) -> str:
+    """Why the config file at `path` could not be read, `exc` being what reading it raised."""
+    if isinstance(exc, DuplicateKey):
+        return f"line {exc.line}: key {str(exc.key)!r} is given twice (first at line {exc.first_line}); keep one of them (YAML would silently use the last)"
+    if isinstance(exc, yaml.YAMLError) and not isinstance(exc, TooManyAliases):
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        return f"malformed YAML{at}: {getattr(exc, 'problem', None) or str(exc).splitlines()[0]}"
+    said = {  # the first type `exc` is an instance of
+        FileNotFoundError: "config file not found; create one with `bertcli init DIR`",
+        IsADirectoryError: f"is a folder; pass the config file inside it (e.g. {path / 'config.yaml'})",
+        OSError: f"cannot read: {getattr(exc, 'strerror', '')}",
+        UnicodeDecodeError: f"not UTF-8 text (byte {getattr(exc, 'start', '?')}); is this a config file?",
+        ValueError: f"malformed YAML: {(str(exc).splitlines() or [''])[0]}",  # an integer of thousands of digits
+        RecursionError: "values nested too deeply to read; a run config is two or three levels deep",
+    }
+    return next((line for kind, line in said.items() if isinstance(exc, kind)), str(exc))  # TooManyAliases: its own
+
+
+# A whole config is about 90 values; aliases (`<<: *defaults`) may repeat some sections, never make it
+# thousands of times larger (the "billion laughs"). PyYAML composes a list of a million values in about 20 s.
+MAX_YAML_NODES, MAX_CONFIG_BYTES = 10_000, 256 * 1024
 
 
 class TooManyAliases(yaml.YAMLError):
@@ -164,49 +126,33 @@ class TooManyAliases(yaml.YAMLError):
 
 def load_yaml(text: str) -> Any:
     """A YAML document with StrictLoader, refused (TooManyAliases) before it is built when its aliases
-    would expand it past MAX_YAML_NODES values, or refer to themselves: counted on the composed node
-    graph, each shared node once, so a billion laughs is refused in microseconds."""
+    would expand it past MAX_YAML_NODES values, or refer to themselves."""
     loader = StrictLoader(text)
     try:
         node = loader.get_single_node()
-        if node is None:
-            return None
-        sizes: dict[int, int] = {}
-        open_: set[int] = set()
-
-        def size(n: yaml.Node) -> int:  # values in `n` with every alias expanded (memoised: linear time)
-            if id(n) in sizes:
-                return sizes[id(n)]
-            if id(n) in open_:
-                raise TooManyAliases(
-                    f"an alias refers to itself (line {n.start_mark.line + 1}); a config has "
-                    "no use for recursive values"
-                )
-            open_.add(id(n))
-            children = (
-                n.value
-                if isinstance(n, yaml.SequenceNode)
-                else [c for pair in n.value for c in pair]
-                if isinstance(n, yaml.MappingNode)
-                else []
-            )
-            total = 1
-            for child in children:
-                total += size(child)
-                if total > MAX_YAML_NODES:
-                    break
-            open_.discard(id(n))
-            sizes[id(n)] = total
-            return total
-
-        if size(node) > MAX_YAML_NODES:
+        if node is not None and _expanded(node, {}, set()) > MAX_YAML_NODES:
             raise TooManyAliases(
                 f"its aliases (*name) expand it to more than {MAX_YAML_NODES:,} values; a run config "
                 "holds about 90: write the values out, or alias whole sections only"
             )
-        return loader.construct_document(node)
+        return None if node is None else loader.construct_document(node)
     finally:
         loader.dispose()
+
+
+def _expanded(node: yaml.Node, sizes: dict[int, int], open_: set[int]) -> int:
+    """Values in `node` with every alias expanded, at most MAX_YAML_NODES + 1: each shared node is counted
+    once (`sizes`), so a billion laughs is refused in microseconds. `open_`: the nodes being counted."""
+    if id(node) in open_:
+        raise TooManyAliases(f"an alias refers to itself (line {node.start_mark.line + 1}); a config needs none")
+    if id(node) not in sizes:
+        open_.add(id(node))
+        children = node.value if isinstance(node, yaml.SequenceNode) else []
+        if isinstance(node, yaml.MappingNode):
+            children = [child for pair in node.value for child in pair]
+        sizes[id(node)] = min(1 + sum(_expanded(child, sizes, open_) for child in children), MAX_YAML_NODES + 1)
+        open_.discard(id(node))
+    return sizes[id(node)]
 
 
 class DuplicateKey(yaml.YAMLError):
@@ -275,10 +221,6 @@ StrictLoader.add_implicit_resolver(
 StrictLoader.add_constructor("tag:yaml.org,2002:int", StrictLoader.construct_yaml_int)
 
 
-# ---------------------------------------------------------------------------------------------
-# --set overrides
-
-
 def parse_overrides(overrides: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
     """Turn `["model.hidden_size=256", ...]` into a nested dict, and each path's origin label."""
     nested: dict[str, Any] = {}
@@ -292,8 +234,9 @@ def parse_overrides(overrides: list[str]) -> tuple[dict[str, Any], dict[str, str
             value = load_yaml(text) if text.strip() else ""
         except TooManyAliases as exc:
             raise UsageError(f"--set {_shown(item)}: the value is refused: {exc}") from None
-        except (yaml.YAMLError, RecursionError) as exc:
-            problem = getattr(exc, "problem", None) or "nested too deeply"
+        except (yaml.YAMLError, ValueError, RecursionError) as exc:  # ValueError: an integer of 5,000 digits
+            deep = isinstance(exc, RecursionError)
+            problem = "nested too deeply" if deep else getattr(exc, "problem", None) or str(exc).splitlines()[0]
             raise UsageError(f"--set {_shown(item)}: the value is not a YAML scalar ({problem})") from None
         node = nested
         parts = key.split(".")
@@ -313,15 +256,8 @@ def parse_overrides(overrides: list[str]) -> tuple[dict[str, Any], dict[str, str
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
-        else:
-            out[key] = value
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
     return out
-
-
-# ---------------------------------------------------------------------------------------------
-# Building a Config from nested dicts, checking every value
 
 
 def build_config(raw: dict[str, Any], origin: dict[str, str]) -> Config:
@@ -340,9 +276,8 @@ def _build_checked(cls: type, raw: dict[str, Any], path: str, origin: dict[str, 
     errors: list[str] = []
     failed: set[str] = set()
     built = _build(cls, raw, path, errors=errors, origin=origin, failed=failed)
-    # Value checks run on what could be built, so that an unknown key and an impossible value are
-    # reported together; a check that involves a value of the wrong type (which kept its default)
-    # would only mislead, so it is left out.
+    # Value checks run on what could be built, reported with the other problems; one that reads a value
+    # of the wrong type (which kept its default) would mislead: left out.
     errors += [
         f"{_origin_of(p, origin)}: {p}: {msg}"
         for p, msg in built.problems()
@@ -358,18 +293,14 @@ def _involves(path: str, message: str, bad: str) -> bool:
     return path == bad or path.startswith(bad + ".") or re.search(rf"(?<![\w.]){re.escape(bad)}\b", message) is not None
 
 
-def _build(
-    cls: type, raw: Any, path: str, *, errors: list[str], origin: dict[str, str], failed: set[str] | None = None
-) -> Any:
+def _build(cls: type, raw: Any, path: str, *, errors: list[str], origin: dict[str, str], failed: set[str]) -> Any:
     """Build dataclass `cls` from nested dict `raw`, appending every problem to `errors` and the
     path of every value (or section) of the wrong type to `failed`: those keep their defaults."""
 
     def where(p: str) -> str:
         return f"{_origin_of(p, origin)}: {p}"
 
-    failed = set() if failed is None else failed
-    if raw is None:
-        raw = {}
+    raw = {} if raw is None else raw
     if not isinstance(raw, dict):
         errors.append(f"{where(path or '(top level)')}: expected a mapping of keys, got {_shown(raw)}")
         failed.add(path)
@@ -448,16 +379,15 @@ def _shown(value: Any, limit: int = 60) -> str:
 
 
 def _as_float(value: Any) -> float | None:
-    if isinstance(value, bool):
+    """`value` as a float (an integer of 400 digits: inf); None where it is no number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         return None
-    if isinstance(value, (int, float)):
+    try:
         return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return None
-    return None
+    except OverflowError:
+        return math.inf
+    except ValueError:
+        return None
 
 
 def _closest(name: str, options: list[str]) -> str:

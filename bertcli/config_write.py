@@ -1,9 +1,5 @@
-"""Writing a run configuration: the commented YAML that `bertcli init` writes, and the table of
-docs/configuration.md.
-
-Both come from the schema in `bertcli.config`: every field with its docstring, its type and its
-default, so the files people read cannot drift from the code (tests/unit/test_config.py and
-tests/system/test_readme.py check that configs/ and docs/configuration.md equal what these functions write).
+"""Writing a run configuration: the commented YAML of `bertcli init` and the table of docs/configuration.md,
+both from the schema's fields, docstrings, types and defaults (the tests check configs/ and the docs equal them).
 """
 
 from __future__ import annotations
@@ -39,28 +35,20 @@ def type_name(tp: Any) -> str:
 
 def to_yaml(cfg: Config, header: str = "", comments: bool = True) -> str:
     """The config as YAML: every field, each with a one-line comment (meaning, type, default)."""
-    lines = [f"# {line}" if line else "#" for line in header.splitlines()]
-    if lines:
-        lines.append("")
+    lines = [f"# {line}" if line else "#" for line in header.splitlines()] + ([""] if header else [])
 
     def emit(obj: Any, indent: int) -> None:
         cls = type(obj)
         docs, defaults = field_docs(cls), cls()
         for f in dataclasses.fields(cls):
-            value = getattr(obj, f.name)
-            pad = "  " * indent
-            if dataclasses.is_dataclass(value):
-                if comments:
-                    lines.append(f"{pad}# {docs.get(f.name, '')}")
-                lines.append(f"{pad}{f.name}:")
-                emit(value, indent + 1)
-                if indent == 0:
-                    lines.append("")
-                continue
-            if comments:
+            value, pad, section = getattr(obj, f.name), "  " * indent, dataclasses.is_dataclass(getattr(obj, f.name))
+            if comments:  # a value's comment gives its type and default too
                 tp = type_name(field_types(cls)[f.name])
-                lines.append(f"{pad}# {docs.get(f.name, '')} ({tp}, default {yaml_scalar(getattr(defaults, f.name))})")
-            lines.append(f"{pad}{f.name}: {yaml_scalar(value)}")
+                typed = "" if section else f" ({tp}, default {yaml_scalar(getattr(defaults, f.name))})"
+                lines.append(f"{pad}# {docs.get(f.name, '')}{typed}")
+            lines.append(f"{pad}{f.name}:" + ("" if section else f" {yaml_scalar(value)}"))
+            if section:
+                emit(value, indent + 1)
             if indent == 0:
                 lines.append("")
 
@@ -102,8 +90,7 @@ def check_replaceable(path: Path) -> None:
     if path.is_dir():
         raise UsageError(f"{path} is a folder; bertcli init writes config.yaml as a file: {fix}")
     try:
-        text = path.read_text(encoding="utf-8")
-        raw = yaml.safe_load(text)
+        raw = yaml.safe_load(text := path.read_text(encoding="utf-8"))
     except (OSError, ValueError, yaml.YAMLError):
         raw, text = False, "?"  # unreadable, not text, not YAML: not a config bertcli wrote
     if raw is None and not text.strip():

@@ -1,14 +1,10 @@
-"""BERT for pretraining: an encoder plus the masked-LM and next-sentence heads, in one model.
+"""BERT for pretraining: d2l's BERTEncoder + MaskLM + NextSentencePred, built as the original BERT was
+(LayerNorm after the embeddings, post-LN blocks, biases everywhere, GELU, an MLM head of dense -> act ->
+LayerNorm -> decoder tied to the word embeddings, run only at the predicted positions). Modules carry
+Hugging Face's names, so `state_dict()` keys equal `BertForPreTraining`'s, tied aliases included.
 
-The design is d2l's (BERTEncoder + MaskLM + NextSentencePred; the MLM head gathers the
-predicted positions first, so it only runs where there is something to predict), built the
-way the original BERT was (LayerNorm after the embeddings, post-LN blocks, biases everywhere,
-GELU, an MLM head of dense -> act -> LayerNorm -> decoder tied to the word embeddings).
-Modules carry Hugging Face's names, so `state_dict()` keys equal `BertForPreTraining`'s,
-including the two tied aliases `cls.predictions.decoder.weight` and `cls.predictions.decoder.bias`.
-
-Architecture only: no device, dtype or rank decisions live here.
-Shapes: B batch, T sequence length, H hidden size, P prediction slots per example, V vocabulary.
+Architecture only: no device, dtype or rank decisions live here. Shapes: B batch, T sequence length,
+H hidden size, nh heads of hd, N real tokens of a packed batch, P prediction slots per example, V vocabulary.
 """
 
 from __future__ import annotations
@@ -27,37 +23,31 @@ from bertcli.dropout import Dropout, attention
 from bertcli.sizes import padded_vocab_size
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "gelu": F.gelu,  # exact (erf) GELU, as in Google BERT and HF "gelu"
+    "gelu": F.gelu,  # exact (erf) GELU, as in Google BERT
     "gelu_new": partial(F.gelu, approximate="tanh"),
     "gelu_pytorch_tanh": partial(F.gelu, approximate="tanh"),
-    "relu": F.relu,  # the d2l textbook's choice
+    "relu": F.relu,  # the d2l textbook's
 }
 
 
 class LayerNorm(nn.LayerNorm):
-    """nn.LayerNorm (the same parameters and state_dict) whose output is bf16 under bf16 autocast.
-
-    Autocast runs layer_norm in fp32 and returns fp32, so the residual stream would be fp32: each
-    matrix product then casts its input to bf16 again (3 times for Q, K and V), and every residual
-    add, dropout and norm, forward and backward, moves twice the bytes (13% of a BERT-base step
-    on an H100 was such copies and casts). Here a bf16 input is normalised by the bf16 kernel,
-    which still computes its statistics in fp32, and an fp32 input (the embeddings' sum) is
-    normalised in fp32 and rounded once: the stream stays bf16 from the embeddings on. fp16
-    autocast keeps fp32 norms: fp16's range is what an fp32 residual guards against."""
+    """nn.LayerNorm (the same parameters) whose output is bf16 under bf16 autocast, so the residual stream
+    stays bf16: autocast's fp32 output made every product cast it again and every add, dropout and norm move
+    twice the bytes. Statistics are fp32 either way; fp16 autocast keeps fp32 norms for fp16's range."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         device = x.device.type
         if not torch.is_autocast_enabled(device) or torch.get_autocast_dtype(device) != torch.bfloat16:
             return super().forward(x)
         with torch.autocast(device, enabled=False):
-            if x.dtype != torch.bfloat16:
+            if x.dtype != torch.bfloat16:  # the embeddings' fp32 sum: normalised in fp32, rounded once
                 return super().forward(x).to(torch.bfloat16)
             bf16 = lambda t: t.to(torch.bfloat16)  # noqa: E731  (H,): negligible casts
             return F.layer_norm(x, self.normalized_shape, weight=bf16(self.weight), bias=bf16(self.bias), eps=self.eps)
 
 
 class BertEmbeddings(nn.Module):
-    """Sum of token, segment and learned position embeddings, then LayerNorm and dropout."""
+    """Token + segment + learned position embeddings, then LayerNorm and dropout."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -70,19 +60,19 @@ class BertEmbeddings(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, positions: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """(B, T) ids -> (B, T, H); or, packed, (N,) ids with their (N,) positions -> (N, H)."""
+        """(B, T) ids -> (B, T, H); packed, (N,) ids and their (N,) positions -> (N, H)."""
         x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
         if positions is None:
-            x = x + self.position_embeddings.weight[: input_ids.shape[1]]  # positions 0..T-1, broadcast over B
+            x = x + self.position_embeddings.weight[: input_ids.shape[1]]  # (T, H), broadcast over B
         else:
             x = x + self.position_embeddings(positions)
         return self.dropout(self.LayerNorm(x))
 
 
 class Packing(NamedTuple):
-    """Where the real tokens of a padded (B, T) batch sit once packed into one (N, H) tensor, N =
-    valid_lens.sum(): the unpadded encoder computes nothing for padding. Made on the host from the
-    batch's host copy (`packing()`), so that no step waits for the device to count tokens."""
+    """Where the real tokens of a padded (B, T) batch sit once packed into (N, ...), N = valid_lens.sum():
+    the unpadded encoder computes nothing for padding. Made on the host (`packing()`), so that no step
+    waits for the device to count tokens."""
 
     indices: torch.Tensor  # (N,) int64: flat position b*T + t of each real token, row by row
     cu_seqlens: torch.Tensor  # (B+1,) int32: row b is packed[cu_seqlens[b]:cu_seqlens[b+1]]
@@ -90,18 +80,14 @@ class Packing(NamedTuple):
     valid_lens: torch.Tensor  # (B,) int64
     width: int  # T, the padded width the batch came in
 
+    def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> Packing:
+        return self._replace(indices=fn(self.indices), cu_seqlens=fn(self.cu_seqlens), valid_lens=fn(self.valid_lens))
+
     def to(self, device: torch.device, non_blocking: bool = False) -> Packing:
-        move = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
-        return self._replace(
-            indices=move(self.indices), cu_seqlens=move(self.cu_seqlens), valid_lens=move(self.valid_lens)
-        )
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
 
     def pin_memory(self) -> Packing:
-        return self._replace(
-            indices=self.indices.pin_memory(),
-            cu_seqlens=self.cu_seqlens.pin_memory(),
-            valid_lens=self.valid_lens.pin_memory(),
-        )
+        return self._map(torch.Tensor.pin_memory)
 
     def pack(self, padded: torch.Tensor) -> torch.Tensor:
         """(B, T, ...) -> (N, ...)"""
@@ -129,6 +115,12 @@ def packing(valid_lens: torch.Tensor, width: int) -> Packing:
     )
 
 
+def padding_mask(valid_lens: torch.Tensor, T: int) -> torch.Tensor:
+    """Key-padding mask for SDPA, True where a key may be attended: (B,) -> (B, 1, 1, T)."""
+    keep = torch.arange(T, device=valid_lens.device)[None, :] < valid_lens[:, None]  # (B, T)
+    return keep[:, None, None, :]
+
+
 @cache
 def _varlen_attn() -> Callable | None:
     """PyTorch's variable-length FlashAttention (CUDA only), None where this torch lacks it."""
@@ -144,11 +136,9 @@ def varlen_attention_available() -> bool:
 
 
 def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pk: Packing) -> torch.Tensor:
-    """Attention of each packed row over its own tokens: (N, nh, hd) x3 -> (N, nh, hd).
-
-    On CUDA in half precision this is FlashAttention's variable-length kernel (no attention
-    dropout: the unpadded path is used only without it). Elsewhere a reference with the same
-    result: scatter back to (B, T), SDPA with the key-padding mask, gather the real rows."""
+    """Attention of each packed row over its own tokens: (N, nh, hd) x3 -> (N, nh, hd). On CUDA in half
+    precision FlashAttention's variable-length kernel (no dropout: the unpadded path is used without it);
+    elsewhere a reference with the same result: SDPA over the unpacked (B, T) with the key-padding mask."""
     varlen = _varlen_attn()
     if varlen is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
         return varlen(q, k, v, cu_seq_q=pk.cu_seqlens, cu_seq_k=pk.cu_seqlens, max_q=pk.max_seqlen, max_k=pk.max_seqlen)
@@ -158,8 +148,9 @@ def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pk: Pack
 
 
 class BertSelfAttention(nn.Module):
-    """Multi-head self-attention through scaled_dot_product_attention (flash/efficient kernels;
-    on CPUs in training with dropout, its math path with a cheaper mask: dropout.attention)."""
+    """Multi-head self-attention through SDPA (on CPUs in training with dropout: dropout.attention)."""
+
+    fused_qkv = True  # False: three products, one per projection (the reference the fused one is tested against)
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -170,12 +161,9 @@ class BertSelfAttention(nn.Module):
         self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.dropout_p = cfg.attention_probs_dropout_prob
 
-    fused_qkv = True  # False: three products, one per projection (the reference the fused one is tested against)
-
     def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(..., H) -> q, k, v, each (..., nh, hd). Fused: one (..., 3H) product over the three
-        weights concatenated (x read once, one wider GEMM instead of three launches); the
-        parameters stay three Linears, Hugging Face's query, key and value."""
+        """(..., H) -> q, k, v, each (..., nh, hd). Fused: one (..., 3H) product over the three weights
+        concatenated (x read once); the parameters stay Hugging Face's three Linears."""
         heads = (self.num_heads, self.head_dim)
         if not self.fused_qkv:
             return tuple(proj(x).unflatten(-1, heads) for proj in (self.query, self.key, self.value))
@@ -189,18 +177,18 @@ class BertSelfAttention(nn.Module):
                 raise ValueError(
                     "the unpadded path has no attention dropout: use it with attention_probs_dropout_prob 0"
                 )
-            return packed_attention(*self.qkv(x), attn_mask).flatten(1)  # (N, nh, hd) x3 -> (N, H)
+            return packed_attention(*self.qkv(x), attn_mask).flatten(1)  # (N, H)
         q, k, v = (t.transpose(1, 2) for t in self.qkv(x))  # (B, nh, T, hd)
         out = attention(q, k, v, attn_mask, dropout_p=self.dropout_p if self.training else 0.0)
         return out.transpose(1, 2).flatten(2)  # (B, T, H)
 
 
-class BertSelfOutput(nn.Module):
-    """Output projection of attention, dropout, residual, then LayerNorm (post-LN)."""
+class BertOutput(nn.Module):
+    """Back to H, dropout, the residual, then LayerNorm (post-LN): the end of attention and of the FFN."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, in_features: int) -> None:
         super().__init__()
-        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.dense = nn.Linear(in_features, cfg.hidden_size)
         self.LayerNorm = LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.dropout = Dropout(cfg.hidden_dropout_prob)
 
@@ -212,14 +200,14 @@ class BertAttention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.self = BertSelfAttention(cfg)
-        self.output = BertSelfOutput(cfg)
+        self.output = BertOutput(cfg, cfg.hidden_size)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | Packing | None) -> torch.Tensor:
         return self.output(self.self(x, attn_mask), x)
 
 
 class BertIntermediate(nn.Module):
-    """First half of the feed-forward block: H -> intermediate_size, then the activation."""
+    """The feed-forward block's first half: H -> intermediate_size, then the activation."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -230,19 +218,6 @@ class BertIntermediate(nn.Module):
         return self.act(self.dense(x))
 
 
-class BertOutput(nn.Module):
-    """Second half of the feed-forward block: back to H, dropout, residual, LayerNorm."""
-
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.dense = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
-        self.LayerNorm = LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        self.dropout = Dropout(cfg.hidden_dropout_prob)
-
-    def forward(self, hidden: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.dropout(self.dense(hidden)) + residual)
-
-
 class BertLayer(nn.Module):
     """One post-LN transformer encoder block."""
 
@@ -250,7 +225,7 @@ class BertLayer(nn.Module):
         super().__init__()
         self.attention = BertAttention(cfg)
         self.intermediate = BertIntermediate(cfg)
-        self.output = BertOutput(cfg)
+        self.output = BertOutput(cfg, cfg.intermediate_size)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | Packing | None) -> torch.Tensor:
         x = self.attention(x, attn_mask)
@@ -262,17 +237,15 @@ class BertEncoder(nn.Module):
         super().__init__()
         self.layer = nn.ModuleList(BertLayer(cfg) for _ in range(cfg.num_hidden_layers))
 
-    def forward(
-        self, x: torch.Tensor, attn_mask: torch.Tensor | Packing | None, num_layers: int | None = None
-    ) -> torch.Tensor:
-        """The first `num_layers` blocks (None: all of them) over x."""
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | Packing | None, num_layers: int) -> torch.Tensor:
+        """The first `num_layers` blocks over x."""
         for layer in islice(self.layer, num_layers):  # islice: no new ModuleList per call
             x = layer(x, attn_mask)
         return x
 
 
 class BertPooler(nn.Module):
-    """The tanh hidden layer over the [CLS] representation (input of the NSP classifier)."""
+    """The tanh layer over [CLS] that feeds the NSP classifier."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -282,18 +255,9 @@ class BertPooler(nn.Module):
         return torch.tanh(self.dense(encoded[:, 0]))  # (B, H)
 
 
-def padding_mask(valid_lens: torch.Tensor, T: int) -> torch.Tensor:
-    """Key-padding mask for SDPA: True where a key may be attended. (B,) -> (B, 1, 1, T)."""
-    keep = torch.arange(T, device=valid_lens.device)[None, :] < valid_lens[:, None]  # (B, T)
-    return keep[:, None, None, :]
-
-
 class BertModel(nn.Module):
-    """d2l's BERTEncoder: embeddings, the encoder stack and the pooler.
-
-    Inputs are named as in Hugging Face (input_ids, token_type_ids) plus valid_lens, the (B,) count
-    of real tokens per row (None: no padding); `hidden_states` is the one path through the encoder,
-    used by pretraining (via forward) and by encode alike."""
+    """d2l's BERTEncoder: embeddings, the encoder stack and the pooler. valid_lens is the (B,) count of real
+    tokens per row (None: no padding)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -304,12 +268,8 @@ class BertModel(nn.Module):
 
     @property
     def blocks(self) -> nn.ModuleList:
-        """The L encoder blocks in order: the units that are compiled and sharded one by one."""
+        """The L encoder blocks in order: the units compiled and sharded one by one."""
         return self.encoder.layer
-
-    def layer_index(self, layer: int) -> int:
-        """ModelConfig.layer_index of this model's blocks."""
-        return self.config.layer_index(layer)
 
     def hidden_states(
         self,
@@ -320,16 +280,15 @@ class BertModel(nn.Module):
         layer: int = -1,
         packed: Packing | None = None,
     ) -> torch.Tensor:
-        """Hidden states after `layer` (see layer_index; -1 = the last): (B, T) ids -> (B, T, H).
-        With `packed` (the batch's Packing) the encoder runs on the N real tokens alone and they
-        come back packed, (N, H)."""
+        """Hidden states after `layer` (ModelConfig.layer_index; -1 = the last): (B, T) ids -> (B, T, H);
+        with the batch's Packing, the encoder runs on the real tokens alone: -> (N, H)."""
         if packed is not None:
             x = self.embeddings(packed.pack(input_ids), packed.pack(token_type_ids), packed.indices % packed.width)
             mask: torch.Tensor | Packing | None = packed
         else:
             x = self.embeddings(input_ids, token_type_ids)
             mask = None if valid_lens is None else padding_mask(valid_lens, input_ids.shape[1])
-        return self.encoder(x, mask, self.layer_index(layer))
+        return self.encoder(x, mask, self.config.layer_index(layer))
 
     def forward(
         self,
@@ -339,8 +298,7 @@ class BertModel(nn.Module):
         *,
         packed: Packing | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(B, T) ids -> the last layer (B, T, H) and the pooled [CLS] (B, H); packed, the last
-        layer is (N, H) (see hidden_states)."""
+        """(B, T) ids -> the last layer (B, T, H) (packed: (N, H)) and the pooled [CLS] (B, H)."""
         encoded = self.hidden_states(input_ids, token_type_ids, valid_lens, packed=packed)
         if packed is not None:
             first = encoded.index_select(0, packed.cu_seqlens[:-1].long())  # (B, H): each row's [CLS]
@@ -381,7 +339,7 @@ class BertPreTrainingHeads(nn.Module):
 
 
 class PretrainingOutput(NamedTuple):
-    encoded: torch.Tensor  # (B, T, H) last layer ((N, H), the real tokens, when run packed)
+    encoded: torch.Tensor  # (B, T, H) last layer; packed: (N, H)
     mlm_logits: torch.Tensor  # (B, P, V) at pred_positions, or (B, T, V) when none are given; V unpadded
     nsp_logits: torch.Tensor  # (B, 2); class 0 = "B follows A"
 
@@ -398,26 +356,19 @@ class BertForPreTraining(nn.Module):
         self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
 
     def _init_weights(self, module: nn.Module) -> None:
-        """BERT's initialisation: normal(0, initializer_range) weights, zero biases, unit LayerNorm."""
-        std = self.config.initializer_range
-        if isinstance(module, nn.Linear):
-            nn.init.normal_(module.weight, mean=0.0, std=std)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, mean=0.0, std=std)
-            if module.padding_idx is not None:
-                with torch.no_grad():
-                    module.weight[module.padding_idx].zero_()
-        elif isinstance(module, nn.LayerNorm):
+        """BERT's initialisation: normal(0, initializer_range) weights, zero biases and padding row, unit LayerNorm."""
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
+        if isinstance(module, nn.LayerNorm):
             nn.init.ones_(module.weight)
+        if isinstance(module, (nn.Linear, nn.LayerNorm, BertLMPredictionHead)) and module.bias is not None:
             nn.init.zeros_(module.bias)
-        elif isinstance(module, BertLMPredictionHead):
-            nn.init.zeros_(module.bias)
+        if isinstance(module, nn.Embedding) and module.padding_idx is not None:
+            with torch.no_grad():
+                module.weight[module.padding_idx].zero_()
 
     @property
     def blocks(self) -> nn.ModuleList:
-        """The encoder's blocks (see BertModel.blocks)."""
         return self.bert.blocks
 
     def forward(
@@ -430,17 +381,13 @@ class BertForPreTraining(nn.Module):
         packed: Packing | None = None,
     ) -> PretrainingOutput:
         encoded, pooled = self.bert(input_ids, token_type_ids, valid_lens, packed=packed)
-        if pred_positions is not None:
-            # Gather the P predicted positions first so the MLM head (and its V-wide decoder)
-            # only runs there; P is fixed per batch, so shapes stay static.
-            if packed is not None:  # row b's position t is packed row cu_seqlens[b] + t
-                rows = packed.cu_seqlens[:-1, None].long() + pred_positions  # (B, P)
-                to_predict = encoded.index_select(0, rows.flatten()).view(*rows.shape, -1)  # (B, P, H)
-            else:
-                index = pred_positions[..., None].expand(-1, -1, encoded.shape[-1])  # (B, P, H)
-                to_predict = encoded.gather(1, index)
+        # The MLM head (and its V-wide decoder) runs only at the P gathered positions (static shapes).
+        if pred_positions is None:
+            to_predict = encoded if packed is None else packed.unpack(encoded)  # (B, T, H)
+        elif packed is not None:  # row b's position t is packed row cu_seqlens[b] + t
+            rows = packed.cu_seqlens[:-1, None].long() + pred_positions  # (B, P)
+            to_predict = encoded.index_select(0, rows.flatten()).view(*rows.shape, -1)  # (B, P, H)
         else:
-            to_predict = encoded if packed is None else packed.unpack(encoded)
-        mlm_logits = self.cls.predictions(to_predict)[..., : self.config.vocab_size]  # drop padding rows (a view)
-        nsp_logits = self.cls.seq_relationship(pooled)
-        return PretrainingOutput(encoded, mlm_logits, nsp_logits)
+            to_predict = encoded.gather(1, pred_positions[..., None].expand(-1, -1, encoded.shape[-1]))  # (B, P, H)
+        mlm_logits = self.cls.predictions(to_predict)[..., : self.config.vocab_size]  # (B, P, V): no padding rows
+        return PretrainingOutput(encoded, mlm_logits, self.cls.seq_relationship(pooled))

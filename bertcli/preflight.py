@@ -1,6 +1,5 @@
-"""What each command refuses before torch is imported (3-4 s, 250 MB): one function per command,
-listing its checks once, so that a refusal takes a fraction of a second. Each check is defined by
-the module that owns what it checks; the command's own code does not check it again."""
+"""What each command refuses before torch is imported (3-4 s, 250 MB), one function per command; each
+check is defined by the module that owns what it checks, and the command's own code does not repeat it."""
 
 from __future__ import annotations
 
@@ -40,11 +39,8 @@ def init(
     header = preset_header(preset)
     overrides = from_here(overrides)  # paths typed here are relative to here, not to DIR
     if corpus in KEYWORD_CORPORA:  # the generated corpus has no tokenizer to size the model (--set wins)
-        overrides = (
-            [f"data.corpus={corpus}"]
-            + ([f"model.vocab_size={SYNTHETIC_VOCAB}"] if corpus == "synthetic" else [])
-            + overrides
-        )
+        vocab = [f"model.vocab_size={SYNTHETIC_VOCAB}"] if corpus == "synthetic" else []
+        overrides = [f"data.corpus={corpus}", *vocab, *overrides]
     elif corpus is not None:
         overrides = [f"data.corpus={json.dumps(str(Path(corpus).expanduser().resolve()))}"] + overrides
     continued: dict[str, Any] = {}  # what --init-from sets, below the overrides
@@ -54,50 +50,14 @@ def init(
         continued, note = continued_pretraining(init_from.expanduser().resolve(), preset, overrides)
         header = header + "\n" + note
     cfg = preset_config(preset, overrides, values=continued)
-    resolved = resolve(cfg, directory.expanduser().absolute(), adopt_init_from=False)
+    base = directory.expanduser().absolute()
+    resolved = resolve(cfg, base, adopt_init_from=False)
     if resolved.data.corpus not in KEYWORD_CORPORA:
         corpus_files(Path(resolved.data.corpus))
     check_outputs_apart(resolved)
     # with init_from, the vocabulary is its weights', whatever model.vocab_size says
-    check_vocab_size(resolve(cfg, directory.expanduser().absolute()) if cfg.model.init_from else resolved)
+    check_vocab_size(resolve(cfg, base) if cfg.model.init_from else resolved)
     return cfg, header
-
-
-def _encode_flags(
-    *,
-    dtype: str,
-    errors: str,
-    pairs: bool,
-    strict_pairs: bool,
-    max_length: int | None,
-    pooling: str | None,
-    tokens: bool,
-) -> None:
-    """Refuse values of encode's flags that Typer does not check itself, or that contradict each other."""
-    from bertcli import encode_io
-    from bertcli.config import PRECISIONS
-
-    refused = [
-        (dtype not in PRECISIONS, f"--dtype {dtype!r}: expected fp32, bf16 or fp16"),
-        (errors not in ("strict", "replace"), f"--errors {errors!r}: expected strict or replace"),
-        (strict_pairs and not pairs, "--strict-pairs checks --pairs input: add --pairs, or drop --strict-pairs"),
-        # [CLS] A [SEP] B [SEP] and a token of text
-        (
-            pairs and (max_length or 4) < 4,
-            f"--max-length {max_length} with --pairs: a pair takes 3 special tokens; use 4 or more",
-        ),
-        (
-            pooling not in (None, *encode_io.POOLINGS),
-            f"--pooling {pooling!r}: expected {', '.join(encode_io.POOLINGS)}",
-        ),
-        (
-            tokens and pooling is not None,
-            f"--tokens gives a vector per token, which no pooling makes: drop --pooling {pooling}",
-        ),
-    ]
-    for bad, line in refused:
-        if bad:
-            raise UsageError(line)
 
 
 def encode(
@@ -119,23 +79,35 @@ def encode(
 ) -> tuple[str, Path | None, Any]:
     """encode's flags, inputs, output and model, checked; returns the format, the output path (resolved)
     and the Hugging Face folder read (None: a bertcli checkpoint or run)."""
+    from bertcli import encode_io
+    from bertcli.config import PRECISIONS
+
+    check_device(device, "--device")
+    pooled = f"--tokens gives a vector per token, which no pooling makes: drop --pooling {pooling}"
+    short = f"--max-length {max_length} with --pairs: a pair takes 3 special tokens; use 4 or more"
+    poolings = f"--pooling {pooling!r}: expected {', '.join(encode_io.POOLINGS)}"
+    refused = [  # what Typer does not check itself, or flags that contradict each other
+        (dtype not in PRECISIONS, f"--dtype {dtype!r}: expected fp32, bf16 or fp16"),
+        (errors not in ("strict", "replace"), f"--errors {errors!r}: expected strict or replace"),
+        (strict_pairs and not pairs, "--strict-pairs checks --pairs input: add --pairs, or drop --strict-pairs"),
+        (pairs and (max_length or 4) < 4, short),  # [CLS] A [SEP] B [SEP] and a token of text
+        (pooling not in (None, *encode_io.POOLINGS), poolings),
+        (tokens and pooling is not None, pooled),
+    ]
+    if line := next((line for bad, line in refused if bad), None):
+        raise UsageError(line)
+    fmt = encode_io.output_format(fmt, output, with_text=with_text, tokens=tokens)
+    encode_io.check_inputs(inputs)
+    output = encode_io.check_output(output, inputs, model, fmt) if output is not None else None
+    return fmt, output, _encode_model(model, layer=layer, pooling=pooling, tokens=tokens)
+
+
+def _encode_model(model: Path, *, layer: int, pooling: str | None, tokens: bool) -> Any:
+    """The Hugging Face folder `model` is (None: a bertcli checkpoint or run), its layer checked."""
     from bertcli import encode_io, hf_import
     from bertcli.export import check_model_path, read_checkpoint
     from bertcli.sbert import NotReproducible, refuse_a_module
 
-    check_device(device, "--device")
-    _encode_flags(
-        dtype=dtype,
-        errors=errors,
-        pairs=pairs,
-        strict_pairs=strict_pairs,
-        max_length=max_length,
-        pooling=pooling,
-        tokens=tokens,
-    )
-    fmt = encode_io.output_format(fmt, output, with_text=with_text, tokens=tokens)
-    encode_io.check_inputs(inputs)
-    output = encode_io.check_output(output, inputs, model, fmt) if output is not None else None
     if not model.exists():
         raise UsageError(f"--model {model}: no such folder; pass a run, a checkpoint or a Hugging Face BERT folder")
     refuse_a_module(model, "encode --model")
@@ -152,19 +124,17 @@ def encode(
             model_cfg = read_checkpoint(model, checkpoint.check_readable)[1].model
     if model_cfg is not None:
         encode_io.check_layer(model_cfg, layer, pooling)
-    return fmt, output, hf
+    return hf
 
 
 def launch_env() -> None:
-    """Refuse torchrun's variables where they cannot make a job: a number that is none, a rank past the
-    world size, or WORLD_SIZE > 1 without where to meet; left in a shell by mistake, they gave a
-    library's error after torch's import, or a rank other than 0 that trained and wrote nothing."""
+    """Refuse torchrun's variables where they cannot make a job (a number that is none, a rank past the world
+    size, WORLD_SIZE > 1 without where to meet): left in a shell by mistake, a rank other than 0 trains and
+    writes nothing."""
     values = {name: os.environ.get(name) for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
     for name, value in values.items():
         if value is not None and not re.fullmatch(r"\s*[0-9]+\s*", value):  # (not str.isdigit: '²' is a digit)
-            raise UsageError(
-                f"{name}={value!r} in the environment: a process count or index, as torchrun sets it; unset it"
-            )
+            raise UsageError(f"{name}={value!r} in the environment is no process count or index; unset it")
     world = int(values["WORLD_SIZE"] or 1)
     if values["WORLD_SIZE"] is not None and world < 1:
         raise UsageError("WORLD_SIZE=0 in the environment: a job has at least one process; unset it")
@@ -191,33 +161,22 @@ def launch_env() -> None:
 
 
 def pretrain(cfg: Config, resume_arg: str, *, device_flag: bool) -> None:
-    """What pretrain refuses from files alone: outputs that overlap the corpus; a CUDA device with a CPU
-    build of torch; a run another command holds; a model or batch too large for this machine's memory
-    where it trains on its CPU, or a checkpoint for its disk; what resume.check_before refuses; a
-    model.init_from with NaN weights; an output folder that takes no file or holds what is in the run's
-    way; a corpus that is not there or too small; a vocabulary size the tokenizer will not have."""
-    from bertcli import checkpoint, resume, store
+    """What pretrain refuses from files alone: overlapping outputs, a CUDA device with a CPU torch, a run in
+    use, sizes too large for this machine (on its CPU) or a checkpoint for its disk, what resume.check_before
+    refuses, NaN init_from weights, an output folder in the way, a corpus or vocabulary size that will fail."""
+    from bertcli import checkpoint, resume, sizes, store
     from bertcli.config import check_gpu_build
     from bertcli.data.prepare import check_before_training
     from bertcli.resolve import check_outputs_apart
-    from bertcli.sizes import (
-        BYTES_PER_PARAMETER,
-        check_batch,
-        check_disk,
-        check_memory,
-        cpu_placement,
-        machine_memory,
-        parameter_count,
-    )
 
     check_outputs_apart(cfg)
     check_gpu_build(cfg.train.device, "--device" if device_flag else "train.device")
     output_dir, main = Path(cfg.output_dir), os.environ.get("RANK", "0") == "0"  # rank 0 locks and writes
     if main:
         store.check_free(output_dir)
-    if (where := cpu_placement(cfg)) is not None:
-        check_memory(cfg.model, where, cfg.train.parallel)
-        check_batch(cfg, where)
+    if (where := sizes.cpu_placement(cfg)) is not None:
+        sizes.check_memory(cfg.model, where, cfg.train.parallel)
+        sizes.check_batch(cfg, where)
     run_tokenizer = resume.check_before(cfg, resume_arg)
     fresh = resume_arg in ("auto", "never") and not layout.list_checkpoints(output_dir)  # starts from init_from
     if cfg.model.init_from and fresh and layout.identify(Path(cfg.model.init_from)).kind is not layout.Kind.CHECKPOINT:
@@ -227,7 +186,8 @@ def pretrain(cfg: Config, resume_arg: str, *, device_flag: bool) -> None:
     store.check_writable(output_dir, output_dir)
     if main:
         checkpoint.check_run_folder(output_dir, cfg.train.max_steps)
-        if BYTES_PER_PARAMETER * parameter_count(cfg.model) <= machine_memory():  # (too large: refused as such)
-            check_disk(cfg.model, output_dir)
+        # (a model too large for this machine's memory is refused as such, where it trains)
+        if sizes.BYTES_PER_PARAMETER * sizes.parameter_count(cfg.model) <= sizes.machine_memory():
+            sizes.check_disk(cfg.model, output_dir)
     if cfg.data.corpus != "synthetic":
         check_before_training(cfg, run_tokenizer)

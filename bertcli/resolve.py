@@ -1,13 +1,8 @@
-"""Resolving a run: (YAML, command-line overrides, the config file's folder) -> the config every command works from.
+"""Resolving a run: (YAML, overrides, the config file's folder) -> the config every command works from.
 
-This is the one place where a run's config is finished. Afterwards nothing downstream (data,
-trainer, summary, encode) needs to know where the config file was:
-- every path is absolute (relative paths in a config are relative to the config file's folder,
-  or to the current folder for a config that has no file);
-- with `model.init_from`, the model section is the imported model's architecture and, unless
-  the config names one, its tokenizer is the data's tokenizer;
-- `with_vocab` fills in `model.vocab_size` from the tokenizer once it exists (after `prepare`,
-  which may train it), or checks the configured size against it.
+Afterwards nothing downstream needs to know where the config file was: every path is absolute (a config's
+relative paths are relative to its folder; --set's to the current folder), and with `model.init_from` the
+model section is the imported model's architecture. (`config.with_vocab` fills in model.vocab_size later.)
 """
 
 from __future__ import annotations
@@ -33,9 +28,8 @@ def load_run(path: Path, overrides: list[str] | None = None, adopt_init_from: bo
 
 
 def from_here(overrides: list[str]) -> list[str]:
-    """Overrides (section.key=value) with relative paths made absolute from the current folder, where the user
-    typed them (a path in the YAML file is relative to the file's folder). Values that are not
-    paths (sample, synthetic, empty, not a string) are left for the loader to check."""
+    """Overrides (section.key=value) with relative paths made absolute from the current folder, where the
+    user typed them; values that are not paths are left for the loader to check."""
     out = []
     for item in overrides:
         key, sep, text = item.partition("=")
@@ -44,11 +38,8 @@ def from_here(overrides: list[str]) -> list[str]:
                 value = load_yaml(text)
             except (yaml.YAMLError, ValueError, RecursionError):  # TooManyAliases too
                 value = None  # the loader says what is wrong with it
-            if (
-                isinstance(value, str)
-                and value.strip()
-                and not (key.strip() == "data.corpus" and value in KEYWORD_CORPORA)
-            ):
+            keyword = key.strip() == "data.corpus" and value in KEYWORD_CORPORA
+            if isinstance(value, str) and value.strip() and not keyword:
                 path = Path(value).expanduser()
                 item = f"{key}={json.dumps(str(path if path.is_absolute() else Path.cwd() / path))}"
         out.append(item)
@@ -64,17 +55,11 @@ def resolve(cfg: Config, base: Path, adopt_init_from: bool = True) -> Config:
         path = Path(value).expanduser()
         return str(path if path.is_absolute() else base.resolve() / path)
 
-    data = cfg.data
-    if data.corpus not in KEYWORD_CORPORA and data.corpus.strip():
-        data = dataclasses.replace(data, corpus=absolute(data.corpus))
-    data = dataclasses.replace(data, prepared_dir=absolute(data.prepared_dir))
-    if data.tokenizer.path:
-        data = dataclasses.replace(
-            data, tokenizer=dataclasses.replace(data.tokenizer, path=absolute(data.tokenizer.path))
-        )
-    model = cfg.model
-    if model.init_from:
-        model = dataclasses.replace(model, init_from=absolute(model.init_from))
+    d, m = cfg.data, cfg.model
+    corpus = d.corpus if d.corpus in KEYWORD_CORPORA or not d.corpus.strip() else absolute(d.corpus)
+    tokenizer = dataclasses.replace(d.tokenizer, path=d.tokenizer.path and absolute(d.tokenizer.path))
+    data = dataclasses.replace(d, corpus=corpus, prepared_dir=absolute(d.prepared_dir), tokenizer=tokenizer)
+    model = dataclasses.replace(m, init_from=m.init_from and absolute(m.init_from))
     cfg = dataclasses.replace(cfg, output_dir=absolute(cfg.output_dir), data=data, model=model)
     if cfg.model.init_from and adopt_init_from:
         from bertcli import adopt
@@ -84,36 +69,28 @@ def resolve(cfg: Config, base: Path, adopt_init_from: bool = True) -> Config:
 
 
 def check_outputs_apart(cfg: Config) -> None:
-    """Refuse (exit 2), before any work, a run whose outputs overlap its corpus folder: output_dir or
-    data.prepared_dir at or inside it (the run's metrics.jsonl, tokenizer files and checkpoints would be
-    read as text by the next prepare, and the corpus would change under its own cache), or a corpus
-    inside what bertcli writes (prepared data, checkpoints/, tensorboard/). A corpus folder inside the
-    run folder (next to config.yaml, say) is fine: bertcli writes only its own names there."""
+    """Refuse (exit 2), before any work, a run whose outputs overlap its corpus: output_dir or
+    data.prepared_dir at or inside it (the next prepare would read the run's files as text), or a corpus
+    inside what bertcli writes. A corpus folder beside config.yaml is fine: bertcli writes its own names."""
     from bertcli.layout import CHECKPOINTS, RUN_OUTPUTS, TENSORBOARD, Kind, identify
     from bertcli.store import owner, relation, run_file
 
-    output, prepared = Path(cfg.output_dir), Path(cfg.data.prepared_dir)
-    # Not inside what bertcli replaces whole or prunes (a checkpoint, prepared data, an export, a run's
-    # checkpoints/ or tensorboard/): the run's files there made that folder "foreign" to its owner.
+    output, prepared, own = Path(cfg.output_dir), Path(cfg.data.prepared_dir), "set output_dir to a folder of its own"
+    # Not inside what bertcli replaces whole or prunes: the run's files there would make it "foreign".
     resolved = output.expanduser().resolve()
-    owned, run = owner(resolved), run_file(resolved)
-    if owned is not None or run is not None:
-        what = (
-            (f"is {owned[1]}" if owned[0] == resolved else f"lies inside {owned[0]}, {owned[1]}")
-            + " of bertcli's (replaced or pruned whole, and refused once it holds a file bertcli did not write there)"
-            if owned is not None
-            else f"is {run[1]} of the run folder {run[0]}"
-        )
-        raise UsageError(f"output_dir {output} {what}: set output_dir to a folder of its own")
-    # A model folder (the run's checkpoints/ there: inspect and encode of it read the model, not the
-    # run), or the root of the file system.
+    if (owned := owner(resolved)) is not None:
+        where = f"is {owned[1]}" if owned[0] == resolved else f"lies inside {owned[0]}, {owned[1]}"
+        what = f"{where} of bertcli's (replaced or pruned whole, and refused once it holds a file bertcli did not write there)"
+        raise UsageError(f"output_dir {output} {what}: {own}")
+    if (run := run_file(resolved)) is not None:
+        raise UsageError(f"output_dir {output} is {run[1]} of the run folder {run[0]}: {own}")
     if resolved == Path(resolved.anchor):
-        raise UsageError(f"output_dir {output} is the root of the file system: set output_dir to a folder of its own")
-    kind = identify(resolved).kind
+        raise UsageError(f"output_dir {output} is the root of the file system: {own}")
+    kind = identify(resolved).kind  # a model folder: inspect and encode of it would read the model, not the run
     if kind in (Kind.HF, Kind.SENTENCE):
         raise UsageError(
             f"output_dir {output} is {kind.value}: the run's checkpoints there would be mixed up with that model "
-            "(inspect and encode of the folder read the model); set output_dir to a folder of its own"
+            f"(inspect and encode of the folder read the model); {own}"
         )
     for inside in (output / CHECKPOINTS, output / TENSORBOARD):  # folders pretrain replaces, prunes, writes whole
         how = relation(prepared, inside)
@@ -126,17 +103,14 @@ def check_outputs_apart(cfg: Config) -> None:
         return
     corpus = Path(cfg.data.corpus)
     fix = "keep the corpus and the run's outputs in separate folders"
-    for key, target in (("output_dir", output), ("data.prepared_dir", Path(cfg.data.prepared_dir))):
+    for key, target in (("output_dir", output), ("data.prepared_dir", prepared)):
         how = relation(target, corpus)
         if how in ("is", "is inside"):
             raise UsageError(
                 f"{key} {target} {how} the corpus {corpus}: the run would write its files into the corpus, "
                 f"and the next prepare would read them as text; {fix} (set {key} elsewhere)"
             )
-    written = [("data.prepared_dir", Path(cfg.data.prepared_dir))] + [
-        ("output_dir", output / name) for name in RUN_OUTPUTS
-    ]
-    for key, target in written:
+    for key, target in [("data.prepared_dir", prepared)] + [("output_dir", output / name) for name in RUN_OUTPUTS]:
         if relation(corpus, target) in ("is", "is inside"):
             raise UsageError(
                 f"the corpus {corpus} lies inside {target}, which bertcli writes (from {key}); {fix} "

@@ -1003,7 +1003,7 @@ CASES = [
         "data-workers-thousands",
         lambda d, b: ["pretrain", "-c", write_config(d), "--set", "train.data_workers=5000"],
         2,
-        ("--set", "train.data_workers", "64", "5000"),
+        ("--set", "train.data_workers", "64", "5,000"),
     ),
     (
         "weight-decay-past-one-over-lr",

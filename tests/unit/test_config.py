@@ -326,7 +326,7 @@ def test_non_finite_numbers_are_refused_in_every_float_field():
         ),
         ("data.synthetic.max_sentence_length=1e9", "--set: data.synthetic: about 7,000,000,028,000 tokens"),
         ("data.synthetic.max_sentences=1e9", "--set: data.synthetic: about 14,000,000,028,000 tokens"),
-        ("data.synthetic.branching=1e9", "data.synthetic.branching: must be from 1 to 1,024, got 1000000000"),
+        ("data.synthetic.branching=1e9", "data.synthetic.branching: must be from 1 to 1,024, got 1,000,000,000"),
         ("train.seed=1e23", "train.seed: expected an integer, got '1e23' (str): write it out in digits"),
         ("train.max_steps=1e300", "train.max_steps: expected an integer, got '1e300' (str): write it out in digits"),
         ("train.max_steps=1.0e+300", "train.max_steps: expected an integer, got 1e+300 (float): write it out"),
@@ -360,9 +360,6 @@ def test_warmup_past_max_steps_is_a_warning_not_an_error():
         )
         and "\n" not in warning
     )
-    [warning] = preset_config("tiny", ["optimizer.eps=1e300"]).warnings()  # trains, with no effective updates
-    assert warning.startswith("optimizer.eps=1e+300 is far above the size of BERT's gradients")
-    assert preset_config("tiny", ["optimizer.eps=1e-3"]).warnings() == []
 
 
 def _billion_laughs(levels: int = 9) -> str:
