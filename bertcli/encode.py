@@ -108,9 +108,8 @@ def load_encoder(
         fresh, trained = (), checkpoint.checkpoint_trained_length(source)
     model.to(device).eval()
     limited = trained is not None and trained < model.config.max_position_embeddings
-    return Encoder(
-        model, tokenizer, runtime.Runtime(device, precision), sentence, fresh, source, trained if limited else None
-    )
+    rt, trained_length = runtime.Runtime(device, precision), trained if limited else None
+    return Encoder(model, tokenizer, rt, sentence=sentence, fresh=fresh, source=source, trained_length=trained_length)
 
 
 class _SkipInit(TorchFunctionMode):

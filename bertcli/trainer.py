@@ -253,12 +253,23 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume_arg: str, quiet: bool, *,
     )
     progress = checkpoints.restore(chosen.path, rt.device, model=model, optimizer=optimizer, scaler=scaler)
     if chosen.path is not None:
-        cfg = checkpoints.cfg = _resumed(cfg, rt, chosen.path, progress.step, data, checkpoints)
+        cfg = checkpoints.cfg = _resumed(cfg, rt, chosen.path, step=progress.step, data=data, checkpoints=checkpoints)
     if not quiet:
         params, corpus = sum(p.numel() for p in model.parameters()), data.train
         log(f"model: {params:,} parameters; corpus: {corpus.num_documents:,} documents, {corpus.num_tokens:,} tokens")
     return Run(
-        cfg, rt, data, model, train_model, optimizer, scaler, unpad, eval_batches, baseline, checkpoints, progress
+        cfg=cfg,
+        rt=rt,
+        data=data,
+        model=model,
+        train_model=train_model,
+        optimizer=optimizer,
+        scaler=scaler,
+        unpad=unpad,
+        eval_batches=eval_batches,
+        baseline_acc=baseline,
+        checkpoints=checkpoints,
+        progress=progress,
     )
 
 
@@ -446,12 +457,25 @@ def _start_loop(run: Run, quiet: bool) -> Loop:
     """The loop's state at run.progress.step: an empty window, no step skipped, the logger on rank 0."""
     cfg, rt, tc, step = run.cfg, run.rt, run.cfg.train, run.progress.step
     peak = peak_tflops(rt.device, cfg.logging.peak_tflops)
-    window = MetricsWindow(rt.device, step, tc.grad_accum_steps, tc.batch_size, cfg.model, cfg.data.pairs, peak)
+    window = MetricsWindow(
+        rt.device,
+        step,
+        tc.grad_accum_steps,
+        batch_size=tc.batch_size,
+        model=cfg.model,
+        nsp=cfg.data.pairs,
+        peak_tflops=peak,
+    )
     logger = None
     if rt.is_main:
         own_history = not resume.is_foreign(run.checkpoints.last_saved, Path(cfg.output_dir))
         logger = MetricsLogger(
-            Path(cfg.output_dir), step, tc.max_steps, cfg.logging.tensorboard, quiet, own_history=own_history
+            Path(cfg.output_dir),
+            step,
+            tc.max_steps,
+            tensorboard=cfg.logging.tensorboard,
+            quiet=quiet,
+            own_history=own_history,
         )
     if rt.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(rt.device)
@@ -487,7 +511,7 @@ def fit(run: Run, last_step: int, stopper: Stopper, quiet: bool) -> dict[str, An
         del batches  # stops the worker processes
         if loop.logger:
             loop.logger.close()
-    return _result(step, loop.tokens_seen, run.checkpoints.last_saved, loop.metrics, run.rt)
+    return _result(step, loop.tokens_seen, ckpt=run.checkpoints.last_saved, metrics=loop.metrics, rt=run.rt)
 
 
 def _result(step: int, tokens_seen: int, ckpt: Path | None, metrics: dict, rt: runtime.Runtime) -> dict[str, Any]:
@@ -539,7 +563,7 @@ def _nothing_to_do(cfg: Config, rt: runtime.Runtime, resumed_from: Path, last_st
     step = state["step"]
     limit = f"the stop step asked for, {last_step}" if last_step < tc.max_steps else f"train.max_steps={tc.max_steps}"
     log(f"nothing to do: {resumed_from} is already at step {step}, at or past {limit}; raise it to train further")
-    return _result(step, state.get("tokens_seen", 0), resumed_from, state.get("metrics") or {}, rt)
+    return _result(step, state.get("tokens_seen", 0), ckpt=resumed_from, metrics=state.get("metrics") or {}, rt=rt)
 
 
 def _train_batches(run: Run, *, first_step: int, last_step: int) -> Iterator[Batch]:

@@ -159,10 +159,10 @@ def make_plan(cfg: Config, *, force: bool, run_tokenizer: Path | None) -> Plan:
     if problem := cfg.model.pad_problem(pad, str(file or data.corpus)):
         raise UsageError(problem)
     if stand_in and old is not None:
-        return _stand_in(cfg, old, source, file, tok)
+        return _stand_in(cfg, old=old, source=source, file=file, tok=tok)
     files = corpus_files(corpus_path(cfg))
     entries = file_entries(files, old["corpus"]["files"] if old and old.get("unit_bytes") == scan.UNIT_BYTES else [])
-    plan = Plan("fresh", folder, files, entries, source, tok, file, old)
+    plan = Plan("fresh", folder, files, entries, source=source, tok=tok, tokenizer_file=file, old=old)
     if old is None or force:
         if why_not and not force:
             guard(folder)  # a folder bertcli did not write is refused, not said to be prepared again
@@ -195,7 +195,11 @@ def _update_plan(plan: Plan, cfg: Config) -> Plan:
     vocab_size, dtype = plan.tok.get_vocab_size(with_added_tokens=True), _dtype(plan.tok)
     for unit in {u.key: u for u in plan.units}.values():  # a unit twice (two equal files): prepared once
         record = records.get(unit.key) or _stray_record(folder, unit.key)
-        problem = "missing" if record is None else prep.check_unit(folder, unit.key, record, dtype, vocab_size)
+        problem = (
+            "missing"
+            if record is None
+            else prep.check_unit(folder, unit.key, record, dtype_name=dtype, vocab_size=vocab_size)
+        )
         if problem is None:
             plan.records[unit.key] = record
         else:
@@ -218,7 +222,8 @@ def _stand_in(cfg: Config, old: dict[str, Any], source: str, file: Path | None, 
     """The prepared folder as it is, for a corpus that is not there, where it was prepared with this
     config's settings and tokenizer and is whole; else refused, saying why."""
     data, folder, entries = cfg.data, Path(cfg.data.prepared_dir), old["corpus"]["files"]
-    plan = Plan("stand_in", folder, [Path(e["path"]) for e in entries], entries, source, tok, file, old)
+    files = [Path(e["path"]) for e in entries]
+    plan = Plan("stand_in", folder, files, entries, source=source, tok=tok, tokenizer_file=file, old=old)
     why = tokenizer_changed(old, plan, data)
     if why is None and (changed := unit_setting_changes(old, data)):
         why = f"was prepared with other settings ({changed})"
@@ -392,7 +397,7 @@ def fresh(plan: Plan, cfg: Config, run: Run) -> None:
         if run.vocab_check is not None:
             run.vocab_check(tok.get_vocab_size(with_added_tokens=True))
         plan.units = plan_units(plan.files, plan.entries, tokenizer_sha256(tok), data)
-        manifest = _tokenize(plan, cfg, tok, tmp, run, sample, start)
+        manifest = _tokenize(plan, cfg, tok=tok, root=tmp, run=run, sample=sample, start=start)
         store.write_json(tmp / MANIFEST, manifest)
         run.stopper.check()
     run.stopper.left = f"the prepared data in {plan.folder} is complete"  # in place: a stop from here on keeps it
@@ -408,7 +413,7 @@ def update(plan: Plan, cfg: Config, run: Run) -> None:
     stopper.left = f"the prepared data in {folder} is as it was (units finished are kept for the next prepare)"
     _check_room(folder, sum(u.bytes for u in plan.make))
     try:
-        manifest = _tokenize(plan, cfg, plan.tok, folder, run, None, start)
+        manifest = _tokenize(plan, cfg, tok=plan.tok, root=folder, run=run, sample=None, start=start)
         store.write_text(folder / MANIFEST, json.dumps(manifest, indent=2) + "\n")  # the commit point
         stopper.left = f"the prepared data in {folder} is complete"
     finally:
@@ -427,8 +432,15 @@ def _tokenize(plan: Plan, cfg: Config, tok: Tokenizer, root: Path, run: Run, sam
             todo, root, tok, settings=settings, workers=run.workers, progress=bar.update, stop=run.stopper.check
         )
     records = plan.records | made
-    tokenizer = plan.old["tokenizer"] if plan.action == "update" else _tokenizer_record(cfg, plan, tok, root, sample)
-    manifest = _manifest(cfg, plan, records, tokenizer, settings.dtype, time.perf_counter() - start, todo)
+    tokenizer = (
+        plan.old["tokenizer"]
+        if plan.action == "update"
+        else _tokenizer_record(cfg, plan, tok=tok, root=root, sample=sample)
+    )
+    seconds = time.perf_counter() - start
+    manifest = _manifest(
+        cfg, plan, records=records, tokenizer=tokenizer, dtype=settings.dtype, seconds=seconds, todo=todo
+    )
     check_sizes(manifest, data)
     if plan.action == "fresh" or not plan.index_ok:
         write_index(root, plan.units, records, manifest["index"])

@@ -204,7 +204,9 @@ def verify(folder: Path, manifest: dict[str, Any]) -> list[str]:
         return [problem]
     dtype, vocab_size, units = manifest["dtype"], manifest["tokenizer"]["vocab_size"], manifest["units"]
     damage = [
-        p for u in {u["key"]: u for u in units}.values() if (p := check_unit(folder, u["key"], u, dtype, vocab_size))
+        p
+        for u in {u["key"]: u for u in units}.values()
+        if (p := check_unit(folder, u["key"], u, dtype_name=dtype, vocab_size=vocab_size))
     ]
     if not damage and (found := check_index(folder, manifest)):
         damage.append(found[0])

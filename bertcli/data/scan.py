@@ -180,7 +180,8 @@ def plan_units(files: list[Path], entries: list[dict[str, Any]], tokenizer_sha25
         if members:
             content = digest([[_reading(m[0].path), m[3]] for m in members])
             parts, sizes, pieces = (tuple(m[i] for m in members) for i in range(3))
-            units.append(Unit(digest({**settings, "content": content}), content, parts, sizes, pieces))
+            key = digest({**settings, "content": content})
+            units.append(Unit(key, content, parts=parts, sizes=sizes, pieces=pieces))
         return []
 
     for number, (path, entry) in enumerate(zip(files, entries)):

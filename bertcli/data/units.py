@@ -124,7 +124,7 @@ def prepare_unit(
     `stop()` raises where the command is asked to stop."""
     with _new_folder(root / UNITS / unit.key, root, settings.owner) as tmp:
         writers = {split: ShardWriter(tmp / split, np.dtype(settings.dtype)) for split in SPLITS}
-        unknown = _encode(unit, tok, writers, settings, progress, stop)
+        unknown = _encode(unit, tok, writers=writers, settings=settings, progress=progress, stop=stop)
         splits = {split: w.close() for split, w in writers.items()}
         record = {"bertcli_version": __version__, "key": unit.key, "splits": splits, "unknown_tokens": unknown}
         store.write_json(tmp / UNIT_RECORD, record)
