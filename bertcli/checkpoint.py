@@ -1,16 +1,11 @@
-"""Checkpoints: a folder `output_dir/checkpoints/step-NNNNNNN/` (layout.py names its files) holding
+"""Checkpoints: `output_dir/checkpoints/step-NNNNNNN/`, written whole (store.folder), holding
   model.safetensors    part "model": the weights under Hugging Face BertForPreTraining names
-  training_state.pt    every other part by name ("optimizer" keyed by parameter name, "scaler") and
-                       the step; loads with torch.load(weights_only=True)
+  training_state.pt    every other part by name ("optimizer" keyed by parameter name, "scaler"), the step
   trainer_state.json   step, tokens seen, training time, metrics, and the SHA-256 of every other file
-  config.yaml          the resolved run config
-  tokenizer.json, vocab.txt   the tokenizer the run trains with
-It is written into a temporary folder renamed into place (store.folder), so a folder named step-* is
-always whole. `verify` is the one check of a checkpoint's files (links, records, weights, training
-state); `check_readable` its torch-free part. As in torchtitan, the `CheckpointManager` saves and
-restores named parts (objects with state_dict and load_state_dict). Weights and optimizer state are
-saved whole (gathered from FSDP shards), so a checkpoint resumes on any number of processes.
-The RNG needs no state: every step reseeds from (seed, step), and a batch is a function of them.
+  config.yaml, tokenizer.json, vocab.txt   the resolved run config and the run's tokenizer
+`verify` is the one check of a checkpoint's files, `check_readable` its torch-free part. As
+torchtitan's, the `CheckpointManager` saves and restores named parts whole (gathered from FSDP
+shards), so a checkpoint resumes on any number of processes; a batch is a function of (seed, step).
 """
 
 from __future__ import annotations
@@ -43,7 +38,6 @@ if TYPE_CHECKING:  # torch is imported where tensors are handled: inspect reads 
 FORMAT_VERSION = 3
 TOKENIZER_SHA256 = "tokenizer_sha256"  # trainer_state.json: the SHA-256 of each tokenizer file
 FILES_SHA256 = "files_sha256"  # and of HASHED, written before it
-TOKENIZER_FILES_RECORDED = layout.TOKENIZER_JSON  # what shows that a checkpoint records its tokenizer's digests
 HASHED = (layout.WEIGHTS, layout.CHECKPOINT_CONFIG, layout.TRAINING_STATE)
 TRAINED_LENGTH = "trained_length"  # the longest sequences the run has trained on so far
 PREPARED_DATA = "prepared_data"  # what the examples came from (PreparedData.identity)
@@ -71,23 +65,21 @@ def recorded_digests(state: dict[str, Any]) -> dict[str, str] | str:
 
 
 def change(path: Path, names: tuple[str, ...] | None = None) -> tuple[str, str] | None:
-    """The first file of checkpoint `path` (of `names`) that is not the one it was written with, and why;
-    None where they are, or where trainer_state.json does not read (its readers name that damage)."""
+    """The first file of checkpoint `path` (of `names`) not as written, and why; None where none is, or
+    where trainer_state.json does not read (its readers say so)."""
     try:
         records = recorded_digests(read_trainer_state(path))
     except (OSError, UsageError):
         return None
     if isinstance(records, str):
         return layout.TRAINER_STATE, records
-    if TOKENIZER_FILES_RECORDED not in records and all((Path(path) / n).is_file() for n in layout.TOKENIZER_FILES):
+    if layout.TOKENIZER_JSON not in records and all((Path(path) / n).is_file() for n in layout.TOKENIZER_FILES):
         # A checkpoint from before the tokenizer's digests: its vocab.txt at least is that of its tokenizer.json.
         from bertcli.data.tokenizer import read_tokenizer_json, vocab_text
 
-        if (
-            store.read_own(Path(path) / layout.VOCAB)
-            != vocab_text(read_tokenizer_json(Path(path) / layout.TOKENIZER_JSON)).encode()
-        ):
-            return layout.VOCAB, "does not match the tokenizer.json beside it (edited since bertcli wrote it?)"
+        vocab = vocab_text(read_tokenizer_json(Path(path) / layout.TOKENIZER_JSON)).encode()
+        if store.read_own(Path(path) / layout.VOCAB) != vocab:
+            return layout.VOCAB, "does not match the tokenizer.json beside it"
     return store.digest_change(path, records, names)
 
 
@@ -97,11 +89,14 @@ def check_unchanged(path: Path, names: tuple[str, ...] | None = None) -> None:
         raise UsageError(f"{Path(path) / found[0]}: {found[1]}; restore it, or {FIX}")
 
 
+def _links(path: Path) -> list[str]:
+    return [name for name in sorted(layout.CHECKPOINT.paths) if (Path(path) / name).is_symlink()]
+
+
 def check_links(path: Path) -> None:
     """Refuse (exit 2) a checkpoint one of whose files is a symbolic link (never followed)."""
-    for name in sorted(layout.CHECKPOINT.paths):
-        if (Path(path) / name).is_symlink():
-            raise store.linked(Path(path) / name, FIX)
+    if links := _links(path):
+        raise store.linked(Path(path) / links[0], FIX)
 
 
 def read_config(path: Path) -> Config:
@@ -140,28 +135,28 @@ class DamagedState(RunError):
 
 
 def read_training_state(path: Path, device: Any) -> dict[str, Any]:
-    """A checkpoint's training_state.pt on `device`: tensors and plain containers only (weights_only)."""
+    """A checkpoint's training_state.pt on `device` (its caller, restore, refused links: read_weights)."""
+    file = Path(path) / layout.TRAINING_STATE
+    try:
+        return _torch_load(file, map_location=device)
+    except pickle.UnpicklingError:  # objects other than tensors: unpickling them could run code
+        raise DamagedState(f"{file}: holds objects other than tensors and plain values") from None
+    except Exception as exc:  # noqa: BLE001  truncated or otherwise damaged
+        raise DamagedState(f"{file}: damaged ({type(exc).__name__})") from None
+
+
+def _torch_load(file: Path, **options: Any) -> Any:
+    """torch.load of tensors and plain containers only (weights_only), its warnings silenced."""
     import torch
 
-    file = Path(path) / layout.TRAINING_STATE
-    if file.is_symlink():
-        raise store.linked(file, FIX)
-    try:
-        with warnings.catch_warnings():  # torch warns about odd pickle protocols: the error below says it all
-            warnings.simplefilter("ignore")
-            return torch.load(file, map_location=device, weights_only=True)
-    except pickle.UnpicklingError:
-        raise DamagedState(
-            f"{file}: holds objects other than tensors and plain values, so it was refused unread (unpickling it could run code)"
-        ) from None
-    except Exception as exc:  # noqa: BLE001  truncated or otherwise damaged
-        raise DamagedState(f"{file}: cannot load training state ({type(exc).__name__}); the file is damaged") from None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.load(file, weights_only=True, **options)
 
 
 def check_readable(path: Path) -> Config:
-    """The config of checkpoint `path`, after every check that needs no torch: no file a link, every
-    file as recorded, the weights' shapes those of the config. encode and export ask before they
-    import torch; loading hashes nothing twice (store.sha256_of keeps large files' digests)."""
+    """The config of checkpoint `path`, after every check that needs no torch (encode and export ask
+    first): no file a link, every file as recorded, the weights' shapes those of the config."""
     check_links(path)
     cfg = read_config(path)
     check_unchanged(path)
@@ -170,13 +165,10 @@ def check_readable(path: Path) -> Config:
 
 
 def verify(path: Path) -> list[tuple[str, str]]:
-    """What is damaged in complete checkpoint folder `path`, as (file, reason), none where it resumes:
-    no file a link, config and trainer state read, the step its name says, every file as recorded,
-    the weights finite and of the config's keys, and the training state a whole archive of tensors
-    (every member matching its CRC, none marked as a folder, which torch's reader leaves unwritten)
-    holding that step's optimizer state (its tensors are mapped, not read)."""
-    links = [n for n in sorted(layout.CHECKPOINT.paths) if (Path(path) / n).is_symlink()]
-    damage = [(n, "a symbolic link, which bertcli never follows") for n in links]
+    """What is damaged in complete checkpoint `path`, as (file, reason); none where it resumes. The
+    training state must be a whole archive (every member's CRC; no member marked a folder, which
+    torch's reader leaves unwritten) of that step's optimizer state (mapped, not read)."""
+    damage = [(n, "a symbolic link, which bertcli never follows") for n in _links(path)]
     try:
         read_trainer_state(path)
     except (BertcliError, OSError) as exc:
@@ -190,19 +182,12 @@ def verify(path: Path) -> list[tuple[str, str]]:
     step = read_trainer_state(path).get("step")
     named = layout.STEP_DIR.match(Path(path).name)
     if not isinstance(step, int) or (named and int(named.group(1)) != step):
-        return [
-            (
-                layout.TRAINER_STATE,
-                f"step {step!r}, where the folder's name says {named.group(1) if named else 'a step'}",
-            )
-        ]
+        return [(layout.TRAINER_STATE, f"step {step!r}, not the step its folder's name says")]
     return _verify_tensors(path, cfg, step)
 
 
 def _verify_tensors(path: Path, cfg: Config, step: int) -> list[tuple[str, str]]:
     import zipfile
-
-    import torch
 
     try:
         tensors = weights.load(Path(path) / layout.WEIGHTS, FIX)
@@ -217,24 +202,20 @@ def _verify_tensors(path: Path, cfg: Config, step: int) -> list[tuple[str, str]]
             folders = [i.filename for i in archive.infolist() if i.is_dir() or i.external_attr & 0x10]
         if bad or folders:
             return damage + [(layout.TRAINING_STATE, f"{bad or folders[0]} is corrupt")]
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+        state = _torch_load(file, map_location="cpu", mmap=True)
     except (zipfile.BadZipFile, pickle.UnpicklingError, OSError, RuntimeError, ValueError, EOFError) as exc:
         return damage + [(layout.TRAINING_STATE, f"not a whole archive of tensors ({type(exc).__name__})")]
     optimizer = state.get("optimizer") if isinstance(state, dict) else None
     if not isinstance(optimizer, dict) or not isinstance(optimizer.get("state"), dict) or state.get("step") != step:
         return damage + [(layout.TRAINING_STATE, f"no optimizer state of step {step}")]
-    unknown = sorted(k for k in optimizer["state"] if isinstance(k, str) and k not in tensors)
-    return damage + (
-        [(layout.TRAINING_STATE, f"optimizer state of a parameter the weights lack ({unknown[0]})")] if unknown else []
-    )
+    if unknown := [k for k in optimizer["state"] if isinstance(k, str) and k not in tensors]:
+        damage.append((layout.TRAINING_STATE, f"optimizer state of a parameter the weights lack ({min(unknown)})"))
+    return damage
 
 
 def trained_length(cfg: Config, _depth: int = 0) -> int | None:
-    """The positions a run of `cfg` trains, where fewer than its model has (None: all of them): its
-    data.max_seq_length, or more where it started from a model trained longer (a checkpoint's own
-    record, a Hugging Face folder's model_max_length). A source that is gone counts as trained at all."""
+    """The positions a run of `cfg` trains, where fewer than its model has (None: all): data.max_seq_length,
+    or more where its init_from was trained longer; a source that is gone counts as trained at all."""
     length = cfg.data.max_seq_length
     if cfg.model.init_from:
         from bertcli.hf_import import tokenizer_limit
@@ -252,8 +233,7 @@ def trained_length(cfg: Config, _depth: int = 0) -> int | None:
 
 
 def checkpoint_trained_length(path: Path, _depth: int = 0) -> int | None:
-    """The positions checkpoint `path`'s model was trained at, where fewer than it has: the longest
-    over its run's history as recorded, else what its config says."""
+    """The positions checkpoint `path`'s model was trained at, where fewer than it has (recorded, or by config)."""
     cfg, recorded = read_config(path), read_trainer_state(path).get(TRAINED_LENGTH)
     if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded > 0:
         return recorded if recorded < cfg.model.max_position_embeddings else None
@@ -263,8 +243,7 @@ def checkpoint_trained_length(path: Path, _depth: int = 0) -> int | None:
 # ------------------------------------------------------------------------------------------ writing
 @dataclass(frozen=True)
 class Snapshot:
-    """One checkpoint's contents: its step, the parts' states by name, what trainer_state.json records,
-    the resolved config and the tokenizer files (name: bytes, as the run read them when it started)."""
+    """One checkpoint's contents; `tokenizer`: name: bytes, as the run read them when it started."""
 
     step: int
     states: dict[str, Any]
@@ -274,13 +253,6 @@ class Snapshot:
 
 
 MODEL = "model"  # the part written as model.safetensors; every other part goes into training_state.pt
-
-
-def _write_config(tmp: Path, snap: Snapshot) -> None:
-    with store.writing(tmp / layout.CHECKPOINT_CONFIG):
-        (tmp / layout.CHECKPOINT_CONFIG).write_text(
-            to_yaml(snap.cfg, f"Resolved config of the run, saved at step {snap.step}.")
-        )
 
 
 def _write_trainer_state(tmp: Path, snap: Snapshot) -> None:
@@ -301,7 +273,9 @@ def _write_trainer_state(tmp: Path, snap: Snapshot) -> None:
 # How each file is written from a Snapshot, in this order (trainer_state.json last: it hashes the others).
 WRITERS: dict[str, Callable[[Path, Snapshot], None]] = {
     layout.WEIGHTS: lambda tmp, snap: store.save_safetensors(snap.states[MODEL], tmp / layout.WEIGHTS),
-    layout.CHECKPOINT_CONFIG: _write_config,
+    layout.CHECKPOINT_CONFIG: lambda tmp, snap: store.write_inside(
+        tmp / layout.CHECKPOINT_CONFIG, to_yaml(snap.cfg, f"Resolved config of the run, saved at step {snap.step}.")
+    ),
     layout.TRAINING_STATE: lambda tmp, snap: store.save_torch(
         {**{k: v for k, v in snap.states.items() if k != MODEL}, "step": snap.step}, tmp / layout.TRAINING_STATE
     ),
@@ -318,19 +292,17 @@ def _tensors(state: Any) -> list[torch.Tensor]:
 
 
 def write(output_dir: Path, snap: Snapshot, name: str | None = None) -> Path:
-    """Write `snap` as checkpoints/step-NNNNNNN (or checkpoints/NAME), with the run's tokenizer files;
-    refused (RunError) where a part holds NaN or inf: resuming from it could only fail again."""
+    """Write `snap` as checkpoints/step-NNNNNNN (or NAME); never one holding NaN or inf (RunError)."""
     final = layout.checkpoints_dir(output_dir) / (name or layout.step_dir_name(snap.step))
     if not weights.all_finite(_tensors(snap.states)):
         raise RunError(
-            f"step {snap.step}: the weights or optimizer state hold NaN or inf, so no checkpoint was written; the "
-            "earlier checkpoints are intact: lower optimizer.lr and resume from one of them"
+            f"step {snap.step}: the weights or optimizer state hold NaN or inf, so no checkpoint was written: lower "
+            "optimizer.lr and resume"
         )
     guard(final)  # here as well: store.folder sees the path resolved, through any link
     with store.folder(final, guard) as tmp:
         for file, data in snap.tokenizer.items():
-            with store.writing(tmp / file):
-                (tmp / file).write_bytes(data)
+            store.write_inside(tmp / file, data)
         for writer in WRITERS.values():
             writer(tmp, snap)
     return final
@@ -345,8 +317,7 @@ def prune(output_dir: Path, keep_last: int) -> None:
 
 # ------------------------------------------------------------------------------------------ the run folder
 def guard(target: Path) -> None:
-    """Refuse (exit 2) to replace checkpoint folder `target` unless bertcli wrote it and nobody added to
-    it; a symbolic link there is refused, not followed (through one, a save replaced another checkpoint)."""
+    """Refuse (exit 2) to replace checkpoint folder `target` unless bertcli wrote it all; never through a link."""
     fix = f"move it out of {Path(target).parent}, or set output_dir to a new folder"
     if Path(target).is_symlink():
         raise store.linked(target, fix)
@@ -354,16 +325,14 @@ def guard(target: Path) -> None:
 
 
 def check_run_folder(output_dir: Path, max_steps: int) -> None:
-    """Refuse (exit 2) what in output_dir is in the way of a run's outputs and not bertcli's: a file
-    named checkpoints or tensorboard, a link where its checkpoints, best, a step folder or its metrics
-    files are, a metrics file that holds no record of a run where the run starts fresh, and a folder
-    in checkpoints/ it could replace or delete (best, a whole step folder, one of a step it may save).
-    Torch-free: asked before torch is imported, and where the run starts."""
+    """Refuse (exit 2) what in output_dir is not bertcli's and in the way of a run's outputs: a file or
+    link where they go, metrics files of no run where it starts fresh, a folder in checkpoints/ it could
+    replace or delete (best, a whole step folder, one of a step it may save). Torch-free."""
     from bertcli.metrics import read_metrics_checked
 
     fix = "move it away, or set output_dir to another folder"
     root = layout.checkpoints_dir(output_dir)
-    for name in (layout.CHECKPOINTS, layout.TENSORBOARD, layout.METRICS, layout.METRICS_LEFT):
+    for name in layout.RUN_OUTPUTS:
         path = Path(output_dir) / name
         if path.is_symlink():
             raise store.linked(path, fix)
@@ -386,13 +355,11 @@ def check_run_folder(output_dir: Path, max_steps: int) -> None:
 
 
 def remove_leftovers(root: Path) -> None:
-    """Remove what a killed writer of checkpoints left in `root` (checkpoints/): temporary folders of a
-    process that is gone holding nothing but checkpoint files; a folder moved aside is put back."""
+    """store.clean_leftovers for `root` (checkpoints/): temporary folders of checkpoint files only."""
 
     def ours(child: Path, name: str) -> bool:
-        return (name == layout.BEST or layout.STEP_DIR.match(name) is not None) and store.holds_only(
-            child, layout.CHECKPOINT
-        )
+        named = name == layout.BEST or layout.STEP_DIR.match(name) is not None
+        return named and store.holds_only(child, layout.CHECKPOINT)
 
     store.clean_leftovers(root, ours)
 
@@ -404,29 +371,28 @@ class Stateful(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
-def _full(**options: bool) -> Any:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions  # seconds to import: only when used
+def _dcp() -> Any:
+    from torch.distributed.checkpoint import state_dict  # seconds to import: only when used
 
-    return StateDictOptions(full_state_dict=True, **options)
+    return state_dict
+
+
+def _full(**options: bool) -> Any:
+    return _dcp().StateDictOptions(full_state_dict=True, **options)
 
 
 class ModelPart:
-    """The model's weights as a part: whole and on the CPU (gathered from FSDP shards: every process
-    calls state_dict, rank 0 gets them), without the tied aliases; loaded back whole into the model."""
+    """The model's weights but the tied aliases, gathered whole on the CPU (every process calls; rank 0 gets)."""
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict
-
-        tensors = get_model_state_dict(self.model, options=_full(cpu_offload=True))
+        tensors = _dcp().get_model_state_dict(self.model, options=_full(cpu_offload=True))
         return {k: v.detach().contiguous() for k, v in tensors.items() if k not in TIED_ALIASES}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        from torch.distributed.checkpoint.state_dict import set_model_state_dict
-
-        set_model_state_dict(self.model, dict(state), options=_full(strict=False))  # the tied aliases follow
+        _dcp().set_model_state_dict(self.model, dict(state), options=_full(strict=False))  # the tied aliases follow
 
 
 class OptimizerPart:
@@ -436,14 +402,10 @@ class OptimizerPart:
         self.model, self.optimizer = model, optimizer
 
     def state_dict(self) -> dict[str, Any]:
-        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
-        return get_optimizer_state_dict(self.model, self.optimizer, options=_full(cpu_offload=True))
+        return _dcp().get_optimizer_state_dict(self.model, self.optimizer, options=_full(cpu_offload=True))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
-
-        set_optimizer_state_dict(self.model, self.optimizer, state, options=_full())
+        _dcp().set_optimizer_state_dict(self.model, self.optimizer, state, options=_full())
 
 
 @dataclass(frozen=True)
@@ -457,11 +419,10 @@ class Progress:
 
 
 class CheckpointManager:
-    """The run's checkpoints, as torchtitan's: the named parts of the training state restored from a
-    checkpoint (`restore`) and saved (`save`): step-NNNNNNN every checkpoint.save_every steps, at the
-    run's last step and when asked to stop (pruned to keep_last), and `best` whenever the held-out MLM
-    loss is the lowest so far. Every process calls each method at the same points (FSDP gathers
-    collectively); only the main process writes."""
+    """The run's checkpoints, as torchtitan's: the named parts of the training state, restored (`restore`)
+    and saved (`save`: step-NNNNNNN every save_every steps, at the last step and on a stop, pruned to
+    keep_last; `best` at each lowest held-out MLM loss). Every process calls each method at the same
+    points (FSDP gathers collectively); only the main process writes."""
 
     def __init__(
         self, cfg: Config, *, is_main: bool, tokenizer: dict[str, bytes], best: float | None, last: Path | None
@@ -469,8 +430,7 @@ class CheckpointManager:
         self.cfg, self.is_main, self.tokenizer = cfg, is_main, tokenizer
         self.output_dir = Path(cfg.output_dir)
         self.parts: dict[str, Stateful] = {}
-        self.best = best  # the held-out MLM loss of checkpoints/best
-        self.last_saved = last  # the newest complete checkpoint of the run
+        self.best, self.last_saved = best, last  # checkpoints/best's held-out MLM loss; the newest checkpoint
 
     def restore(
         self, path: Path | None, device: Any, *, model: nn.Module, optimizer: Any, scaler: Any, **more: Stateful
@@ -489,13 +449,11 @@ class CheckpointManager:
                 continue
             if not isinstance(state, dict) or name not in state:
                 raise DamagedState(f"{file}: no {name} state in it")
-            if state[name]:  # (a scaler that is off has none)
-                try:
+            try:
+                if state[name]:  # (a scaler that is off has none)
                     part.load_state_dict(state[name])
-                except (KeyError, TypeError, ValueError, RuntimeError) as exc:
-                    raise DamagedState(
-                        f"{file}: the {name} state does not fit this model ({type(exc).__name__})"
-                    ) from None
+            except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+                raise DamagedState(f"{file}: the {name} state does not fit this model ({type(exc).__name__})") from None
         trainer = read_trainer_state(path)
         console.info(f"resuming from {path} (step {int(state['step'])})")
         return Progress(
@@ -509,9 +467,8 @@ class CheckpointManager:
         return step % self.cfg.checkpoint.save_every == 0 or step == last_step
 
     def save(self, step: int, trainer_state: dict[str, Any], periodic: bool) -> None:
-        """Save step `step` (`periodic`: a step checkpoint is due) and `best` where `trainer_state` holds a
-        held-out loss below the best so far (never a NaN). The step checkpoint first: a disk that fills
-        while `best` is written still leaves the run resumable from this step."""
+        """Save step `step` where `periodic`, then `best` where `trainer_state` holds a held-out loss below
+        the best so far (the step first: a disk that fills while `best` is written leaves it resumable)."""
         loss = trainer_state.get("eval_metrics", {}).get("mlm_loss")
         new_best = loss is not None and math.isfinite(loss) and (self.best is None or loss < self.best)
         if not (periodic or new_best):

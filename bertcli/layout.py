@@ -6,23 +6,14 @@ Run folder (output_dir): `pretrain` writes it, `init` writes its config.yaml
   tensorboard/         TensorBoard event files (logging.tensorboard)
   .lock                held by pretrain and prepare (store.run_lock)
   checkpoints/         step-NNNNNNN/ (the newest checkpoint.keep_last), best/ (the lowest held-out MLM
-                       loss), damaged-step-NNNNNNN/ (set aside when resuming), abandoned-step-NNNNNNN/
-                       (past a step resumed from by path: the history left), .tmp-* (being written)
+                       loss), damaged-step-NNNNNNN/ and abandoned-step-NNNNNNN/ (set aside by a resume)
   data/                the prepared data, by default (data.prepared_dir), with its lock .data.lock beside it
-Checkpoint folder (checkpoint.py: a folder named step-* is always complete)
-  model.safetensors, config.yaml, training_state.pt, trainer_state.json (CHECKPOINT_FILES), and the
-  run's tokenizer.json and vocab.txt (none for the synthetic corpus)
-Prepared data (data/prepare.py)
-  manifest.json, tokenizer.json, vocab.txt, units/KEY/ (unit.json, and train/ and valid/ each with
-  tokens.bin, seg_offsets.bin, doc_offsets.bin: the corpus.Corpus arrays of one unit), index/DIGEST/
-  (train/ and valid/ with the whole corpus's seg_offsets.bin and doc_offsets.bin)
+Checkpoint folder (checkpoint.py): CHECKPOINT_FILES and the run's TOKENIZER_FILES (none when synthetic)
+Prepared data (data/prepare.py): manifest.json, TOKENIZER_FILES, units/KEY/ (unit.json, and train/ and
+  valid/ each with SHARD_FILES: the corpus.Corpus arrays of one unit), index/DIGEST/ (train/ and valid/
+  with the whole corpus's INDEX_FILES)
 Export (export.export): a Hugging Face folder whose config.json carries bertcli_version
-  config.json, model.safetensors, tokenizer.json, vocab.txt, tokenizer_config.json, special_tokens_map.json
-Read, never written:
-  a Hugging Face BERT folder: config.json, model.safetensors (a pytorch_model.bin is refused: a pickle),
-  tokenizer.json or vocab.txt, tokenizer_config.json (casing)
-  a sentence-transformers folder (sbert.py): modules.json, the BERT folder it names, a Pooling
-  module's config.json, sentence_bert_config.json
+Read, never written: a Hugging Face BERT folder, a sentence-transformers folder (sbert.py)
 """
 
 from __future__ import annotations
@@ -98,25 +89,19 @@ MODULE_CONFIG = HF_CONFIG  # a sentence-transformers module's settings, in its o
 
 @dataclass(frozen=True)
 class Layout:
-    """A kind of folder bertcli writes whole (see ownership.py: what it may replace)."""
+    """A kind of folder bertcli writes whole (store.not_owned: what it may replace)."""
 
     noun: str  # what such a folder is, for messages: "prepared data", "a checkpoint"
     proof: str  # the file whose "bertcli_version" key shows that bertcli wrote the folder
     paths: frozenset[str]  # every path (relative, '/'-separated, folders included) bertcli writes in it
-    # A proof file present but unreadable (emptied or cut by a failing disk) still proves the folder
-    # bertcli's, when its name is bertcli's alone (trainer_state.json), never for a name that other
-    # tools write too (an export's config.json).
+    # A proof file present but unreadable (cut by a failing disk) still proves the folder bertcli's where
+    # its name is bertcli's alone (trainer_state.json), not one other tools write (config.json)...
     damaged_proof_counts: bool = False
-    # A folder here, not empty, whose entries (all of this layout, with bertcli's own names: units/KEY)
-    # prove the folder bertcli's when the proof file is damaged, for a proof name others write too.
-    own_mark: str | None = None
-    # Paths of variable names bertcli writes there too (prepared data's units/KEY/...), as regular
-    # expressions that match a whole relative path.
-    patterns: tuple[re.Pattern[str], ...] = ()
+    own_mark: str | None = None  # ... or where this folder holds entries of bertcli's own names (units/KEY)
+    patterns: tuple[re.Pattern[str], ...] = ()  # whole relative paths of variable names (units/KEY/...)
 
     def holds(self, rel: str) -> bool:
-        """Whether relative path `rel` ('/'-separated) is one that bertcli writes in such a folder (a part
-        of it under its temporary name too)."""
+        """Whether bertcli writes relative path `rel` ('/'-separated; parts under temporary names too) there."""
         rel = "/".join(m.group(2) if (m := TEMPORARY.fullmatch(part)) else part for part in rel.split("/"))
         return rel in self.paths or any(p.fullmatch(rel) for p in self.patterns)
 
@@ -126,28 +111,16 @@ class Layout:
 CHECKPOINT = Layout(
     "a checkpoint", TRAINER_STATE, frozenset((*CHECKPOINT_FILES, *TOKENIZER_FILES)), damaged_proof_counts=True
 )
-_SPLIT = "|".join(map(re.escape, SPLITS))
-# Everything a prepared folder holds (this format's paths, those of format 3, and the temporary names
-# a stopped `prepare` leaves): `prepare` replaces or removes only what is one of these.
+_SPLIT, _SHARD, _INDEX = ("|".join(map(re.escape, names)) for names in (SPLITS, SHARD_FILES, INDEX_FILES))
+# Everything a prepared folder holds (this format's paths, format 3's, temporary names): `prepare`
+# replaces or removes only what is one of these.
 PREPARED = Layout(
     "prepared data",
     MANIFEST,
-    frozenset(
-        (
-            MANIFEST,
-            *TOKENIZER_FILES,
-            UNITS,
-            INDEX,
-            *SPLITS,
-            *(f"{split}/{name}" for split in SPLITS for name in SHARD_FILES),
-        )
-    ),
-    patterns=tuple(
-        re.compile(p)
-        for p in (
-            rf"{UNITS}/{KEY}(?:/{re.escape(UNIT_RECORD)}|/(?:{_SPLIT})(?:/(?:{'|'.join(map(re.escape, SHARD_FILES))}))?)?",
-            rf"{INDEX}/{KEY}(?:/(?:{_SPLIT})(?:/(?:{'|'.join(map(re.escape, INDEX_FILES))}))?)?",
-        )
+    frozenset((MANIFEST, *TOKENIZER_FILES, UNITS, INDEX, *SPLITS, *(f"{s}/{n}" for s in SPLITS for n in SHARD_FILES))),
+    patterns=(
+        re.compile(rf"{UNITS}/{KEY}(?:/{re.escape(UNIT_RECORD)}|/(?:{_SPLIT})(?:/(?:{_SHARD}))?)?"),
+        re.compile(rf"{INDEX}/{KEY}(?:/(?:{_SPLIT})(?:/(?:{_INDEX}))?)?"),
     ),
     own_mark=UNITS,
 )
@@ -157,8 +130,7 @@ EXPORT = Layout(
 
 
 def prepared_lock(folder: Path) -> Path:
-    """The lock file of prepared folder `folder`, PARENT/.NAME.lock: beside it, since the folder is
-    replaced whole, by a rename, and a lock file inside it would go with it (store.prepared_lock)."""
+    """PARENT/.NAME.lock: beside prepared folder `folder`, which a rename replaces whole (a lock inside too)."""
     return Path(folder).parent / f".{Path(folder).name}{LOCK}"
 
 
@@ -177,14 +149,8 @@ def is_checkpoint(path: Path) -> bool:
 def list_step_folders(output_dir: Path) -> list[tuple[int, Path]]:
     """The step-NNNNNNN folders of run folder `output_dir`, complete or not, oldest first."""
     root = checkpoints_dir(output_dir)
-    if not root.is_dir():
-        return []
-    found = []
-    for child in root.iterdir():
-        match = STEP_DIR.match(child.name)
-        if match and child.is_dir():
-            found.append((int(match.group(1)), child))
-    return sorted(found)
+    children = root.iterdir() if root.is_dir() else ()
+    return sorted((int(m.group(1)), c) for c in children if (m := STEP_DIR.match(c.name)) and c.is_dir())
 
 
 def list_checkpoints(output_dir: Path) -> list[tuple[int, Path]]:
@@ -193,12 +159,10 @@ def list_checkpoints(output_dir: Path) -> list[tuple[int, Path]]:
 
 
 def set_aside(output_dir: Path) -> list[Path]:
-    """The checkpoint folders a run set aside (damaged-step-N, abandoned-step-N), oldest name first:
-    kept for the user, counted by neither resuming nor pruning."""
+    """The checkpoint folders a run set aside (damaged-*, abandoned-*): the user's, kept by resuming and pruning."""
     root = checkpoints_dir(output_dir)
-    if not root.is_dir():
-        return []
-    return sorted(p for p in root.iterdir() if p.name.startswith((DAMAGED_PREFIX, ABANDONED_PREFIX)) and p.is_dir())
+    children = root.iterdir() if root.is_dir() else ()
+    return sorted(p for p in children if p.name.startswith((DAMAGED_PREFIX, ABANDONED_PREFIX)) and p.is_dir())
 
 
 def folder_bytes(folder: Path) -> int:
@@ -208,12 +172,10 @@ def folder_bytes(folder: Path) -> int:
 
 def incomplete(path: Path) -> str | None:
     """Why `path` is no checkpoint folder to resume from (None: it is a complete one)."""
+    missing = [name for name in CHECKPOINT_FILES if not (Path(path) / name).is_file()]
     if not Path(path).exists():
         return "no such checkpoint folder"
-    if not is_checkpoint(path):
-        missing = [name for name in CHECKPOINT_FILES if not (Path(path) / name).is_file()]
-        return f"not a complete checkpoint (missing {', '.join(missing)})"
-    return None
+    return f"not a complete checkpoint (missing {', '.join(missing)})" if missing else None
 
 
 def is_hf_folder(path: Path) -> bool:
@@ -247,11 +209,8 @@ class Found:
 
 
 def identify(path: Path) -> Found:
-    """What `path` is, first match wins: missing, a file, prepared data (manifest.json), a checkpoint
-    (every CHECKPOINT_FILES), a sentence-transformers folder (modules.json), a Hugging Face folder
-    (config.json), a checkpoint lacking files (one of them but config.yaml, which a run has too), a
-    run folder (config.yaml, checkpoints/, metrics.jsonl or .lock), or another folder. Only names
-    are looked at: what the files hold is checked by whoever reads them."""
+    """What `path` is, by names alone (whoever reads the files checks them), the first match in the order
+    below; a checkpoint lacking files has one of them but config.yaml, which a run has too."""
     path = Path(path)
     if not path.exists():
         return Found(Kind.MISSING, path)
@@ -275,11 +234,5 @@ def identify(path: Path) -> Found:
     if config is None and not started:
         return Found(Kind.OTHER, path)
     best = checkpoints_dir(path) / BEST
-    return Found(
-        Kind.RUN,
-        path,
-        config=config,
-        started=started,
-        checkpoints=tuple(list_checkpoints(path)),
-        best=best if is_checkpoint(best) else None,
-    )
+    best = best if is_checkpoint(best) else None
+    return Found(Kind.RUN, path, config=config, started=started, checkpoints=tuple(list_checkpoints(path)), best=best)

@@ -1,8 +1,6 @@
-"""The resume decision, in one place: which checkpoint a run resumes from (`choose`), what happens to
-the others (damaged ones and a history left behind are renamed, never deleted), which `best` the run
-keeps, which tokenizer its data must use (`run_tokenizer`), and what resuming with other settings or
-on other data changes (`differences`).
-"""
+"""The resume decision: the checkpoint a run resumes from (`choose`; damaged ones and a history left
+behind are renamed, never deleted), the `best` it keeps, the tokenizer its data must use
+(`run_tokenizer`), and what resuming with other settings or data changes (`differences`)."""
 
 from __future__ import annotations
 
@@ -27,18 +25,23 @@ HELD_OUT_SETTINGS = ["train.seed", "data", "train.eval_examples"]
 UPDATE_SETTINGS = ["optimizer", "train.max_steps", "train.mlm_weight", "train.nsp_weight", "train.max_grad_norm"]
 
 
+# Why a run set a checkpoint aside, by the prefix of its new name.
+SET_ASIDE = {
+    layout.ABANDONED_PREFIX: "of a history left behind when the run resumed from an earlier checkpoint (or another run's)",
+    layout.DAMAGED_PREFIX: "found damaged when the run resumed",
+}
+
+
 class ResumeRefused(UsageError):
     def __init__(self, folder: Path, count: int) -> None:
         super().__init__(
-            f"{folder} already holds {count} checkpoint(s) and --resume never was given; use --resume auto to "
-            "continue, or another output_dir to start fresh"
+            f"{folder} holds {count} checkpoint(s) and --resume never was given: use --resume auto, or another output_dir"
         )
 
 
 @dataclasses.dataclass(frozen=True)
 class Resume:
-    """What `choose` decided: the checkpoint to resume from (None: start fresh) and the held-out loss
-    of the `best` the run keeps (None: none)."""
+    """The checkpoint to resume from (None: start fresh) and the held-out loss of the `best` kept."""
 
     path: Path | None
     best: float | None
@@ -50,30 +53,21 @@ def is_foreign(ckpt: Path | None, output_dir: Path) -> bool:
 
 
 def choose(cfg: Config, resume: str, *, is_main: bool, last_step: int, tokenizer: bytes | None) -> Resume:
-    """The checkpoint to resume from per `resume` (auto: the newest that loads; never; or a path), refused
-    where it is of another model or tokenizer (`tokenizer`: the tokenizer.json the run's data uses), and
-    `best` settled (`settle_best`). A run with nothing to do (resumed at or past `last_step`) sets
-    nothing aside."""
-    output_dir = Path(cfg.output_dir)
-    path = (
-        _choose_auto(output_dir, is_main)
-        if resume == "auto"
-        else None
-        if resume == "never"
-        else _choose_path(Path(resume), output_dir, is_main, last_step)
-    )
+    """The checkpoint to resume from per `resume` (auto, never or a path), refused where of another model
+    or tokenizer (`tokenizer`: the run data's tokenizer.json), and `best` settled (settle_best)."""
+    output_dir, path, done = Path(cfg.output_dir), None, False
     if resume == "never" and (found := layout.list_checkpoints(output_dir)):
         raise ResumeRefused(layout.checkpoints_dir(output_dir), len(found))
+    if resume == "auto":
+        path = _choose_auto(output_dir, is_main)
+    elif resume != "never":
+        path = _choose_path(Path(resume), output_dir, is_main, last_step)
     if path is not None:
         check_same_model(path, cfg)
         if tokenizer is not None:
             check_same_tokenizer(path, Path(cfg.data.prepared_dir) / layout.TOKENIZER_JSON, tokenizer)
-    if (
-        path is not None and checkpoint.read_trainer_state(path)["step"] >= last_step
-    ):  # nothing to do: best caught up only
-        loss = _best_loss(layout.checkpoints_dir(output_dir) / layout.BEST)
-    else:
-        loss = settle_best(cfg, path, is_main)
+        done = checkpoint.read_trainer_state(path)["step"] >= last_step  # nothing to do: best caught up only
+    loss = _best_loss(layout.checkpoints_dir(output_dir) / layout.BEST) if done else settle_best(cfg, path, is_main)
     return Resume(path, catch_up_best(output_dir, path, loss, is_main))
 
 
@@ -82,46 +76,38 @@ def _best_loss(best: Path) -> float | None:
 
 
 def _choose_auto(output_dir: Path, is_main: bool) -> Path | None:
-    """The newest checkpoint that verifies; newer damaged or incomplete step folders are set aside
-    (pruning keeps the newest: it would delete good ones). `best` is a whole checkpoint too: an intact
-    one newer than the newest good step folder is resumed from."""
+    """The newest checkpoint that verifies (`best` where it is newer), newer damaged or incomplete step
+    folders set aside (pruning keeps the newest: it would delete good ones)."""
     found = layout.list_checkpoints(output_dir)
-    partial = [
-        (s, p, layout.incomplete(p)) for s, p in layout.list_step_folders(output_dir) if not layout.is_checkpoint(p)
-    ]
-    damaged, chosen = [], None
-    for _, candidate in reversed(found):
+    damaged, chosen, good = [], None, -1
+    for step, candidate in reversed(found):
         if not (problems := checkpoint.verify(candidate)):
-            chosen = candidate
+            chosen, good = candidate, step
             break
         damaged.append((candidate, f"{problems[0][0]}: {problems[0][1]}"))
-    good = int(layout.STEP_DIR.match(chosen.name).group(1)) if chosen else -1
     best = layout.checkpoints_dir(output_dir) / layout.BEST
     if damaged and layout.is_checkpoint(best) and not best.is_symlink() and not checkpoint.verify(best):
         step = checkpoint.read_trainer_state(best).get("step")
         chosen = best if isinstance(step, int) and good < step <= found[-1][0] else chosen
     if found and chosen is None:
         root = layout.checkpoints_dir(output_dir)
+        newest, why = damaged[0]
         raise RunError(
-            f"{root}: no checkpoint loads (the newest, {damaged[0][0].name}: {damaged[0][1]}); to start fresh, move "
-            f"{root} aside or set output_dir to a new folder"
+            f"{root}: no checkpoint loads ({newest.name}: {why}); move it aside or set output_dir to a new folder"
         )
-    damaged += [(p, why) for s, p, why in reversed(partial) if s > good]
+    partial = [(s, p) for s, p in layout.list_step_folders(output_dir) if s > good and not layout.is_checkpoint(p)]
+    damaged += [(p, layout.incomplete(p)) for _, p in reversed(partial)]
     for bad, reason in damaged if is_main else []:
         aside = _rename_aside(bad, layout.DAMAGED_PREFIX)
         then = f"resuming from the newest checkpoint that loads, {chosen}" if chosen else "starting fresh"
-        console.log(f"{bad} is damaged ({reason}): renamed {aside.name} ({_kept(aside)}); {then}")
-    if chosen is None and is_main and (aside := layout.set_aside(output_dir)):
-        console.log(
-            f"{layout.checkpoints_dir(output_dir)} holds only checkpoints set aside ({aside[0].name}, ...): this run starts fresh"
-        )
+        console.log(f"{bad} is damaged ({reason}): renamed {aside.name}; {then}")
     return chosen
 
 
 def _choose_path(path: Path, output_dir: Path, is_main: bool, last_step: int) -> Path:
-    """--resume PATH: a whole checkpoint; the run's own checkpoints past its step (all of them, for
-    another run's checkpoint) are another history: renamed, so that `--resume auto` never goes back to
-    them and pruning does not remove the new ones first. Not where nothing will be trained."""
+    """--resume PATH, a whole checkpoint. The run's own checkpoints past its step (all, for another run's
+    checkpoint) are another history, renamed where there is training to do, so that `--resume auto`
+    never goes back to them and pruning does not remove the new ones first."""
     check_not_set_aside(path, output_dir)
     if problem := layout.incomplete(path):
         raise UsageError(f"--resume {path}: {problem}")
@@ -129,44 +115,29 @@ def _choose_path(path: Path, output_dir: Path, is_main: bool, last_step: int) ->
     if problems := checkpoint.verify(path):
         raise checkpoint.DamagedState(f"{path} is damaged ({problems[0][0]}: {problems[0][1]})")
     step, foreign = checkpoint.read_trainer_state(path)["step"], is_foreign(path, output_dir)
-    later = [
-        (p, s)
-        for s, p in layout.list_checkpoints(output_dir)
-        if (foreign or s > step) and p.resolve() != path.resolve()
-    ]
+    here = path.resolve()
+    later = [(p, s) for s, p in layout.list_checkpoints(output_dir) if (foreign or s > step) and p.resolve() != here]
     for other, at in later if is_main and step < last_step else []:
         aside = _rename_aside(other, layout.ABANDONED_PREFIX)
-        why = (
-            f"the run resumes from {path}, outside its checkpoints folder"
-            if at <= step
-            else f"past the step resumed from ({step})"
-        )
-        console.log(f"{other} is of step {at}, {why}: a history left behind, renamed {aside.name} ({_kept(aside)})")
+        why = f"past the step resumed from ({step})"
+        if at <= step:
+            why = f"the run resumes from {path}, outside its checkpoints folder"
+        console.log(f"{other} is of step {at}, {why}: a history left behind, renamed {aside.name}")
     return path
 
 
 def check_not_set_aside(path: Path, output_dir: Path) -> None:
-    """Refuse resuming, in its own run, a checkpoint the run set aside: its history is not the one the
-    run's step folders and metrics hold, which the resume would splice together."""
-    if Path(path).name.startswith((layout.ABANDONED_PREFIX, layout.DAMAGED_PREFIX)) and not is_foreign(
-        path, output_dir
-    ):
+    """Refuse resuming a checkpoint its own run set aside: the run's history would splice two."""
+    if Path(path).name.startswith(tuple(SET_ASIDE)) and not is_foreign(path, output_dir):
         raise UsageError(
-            f"--resume {path}: a checkpoint this run set aside, of another history than its step folders: resume it "
-            "in a run of its own (another output_dir)"
+            f"--resume {path}: a checkpoint this run set aside, of another history: use another output_dir"
         )
 
 
 def set_aside_note(path: Path) -> str | None:
     """What encode, export and init say of a checkpoint its run set aside (None: another folder)."""
-    name = Path(path).name
-    if name.startswith(layout.ABANDONED_PREFIX):
-        why = "of a history left behind when the run resumed from an earlier checkpoint (or another run's)"
-    elif name.startswith(layout.DAMAGED_PREFIX):
-        why = "found damaged when the run resumed"
-    else:
-        return None
-    return f"{path} is a checkpoint its run set aside, {why}; the run's own checkpoints are its step-* folders"
+    why = next((why for prefix, why in SET_ASIDE.items() if Path(path).name.startswith(prefix)), None)
+    return why and f"{path} is a checkpoint its run set aside, {why}; the run's own checkpoints are its step-* folders"
 
 
 def _rename_aside(folder: Path, prefix: str) -> Path:
@@ -177,15 +148,11 @@ def _rename_aside(folder: Path, prefix: str) -> Path:
     return aside
 
 
-def _kept(aside: Path) -> str:
-    return f"it keeps {layout.folder_bytes(aside) / 2**20:,.1f} MiB until you delete it (bertcli never does)"
-
-
 def settle_best(cfg: Config, resumed: Path | None, is_main: bool) -> float | None:
-    """`best` belongs to the run's current model and history: where the run starts fresh, resumes another
-    run's checkpoint, or `best` is damaged, of another model or past the step resumed from, it goes (by
-    the main process, with a line; renamed where no step folder holds its weights); returns the loss of
-    the `best` kept. Every process decides alike, from the same files."""
+    """The loss of the `best` kept: `best` belongs to the run's model and history, so where the run
+    starts fresh or from another run's checkpoint, or `best` is damaged, of another model or past the
+    step resumed from, the main process removes it (renames it where no step folder holds its
+    weights). Every process decides alike, from the same files."""
     output_dir = Path(cfg.output_dir)
     best = layout.checkpoints_dir(output_dir) / layout.BEST
     if not best.exists() or (resumed is not None and Path(resumed) == best):
@@ -202,15 +169,12 @@ def settle_best(cfg: Config, resumed: Path | None, is_main: bool) -> float | Non
             diffs = model_differences(checkpoint.read_config(best), cfg)
         except (BertcliError, OSError, KeyError, TypeError):
             loss = None
-        reason = (
-            "it is damaged (its config, trainer state or held-out loss does not load)"
-            if loss is None
-            else f"it is of another model ({diffs[0]})"
-            if diffs
-            else f"it is of step {step}, past the step resumed from ({at}): a history left behind"
-            if step > at
-            else None
-        )
+        if loss is None:
+            reason = "it is damaged (its config, trainer state or held-out loss does not load)"
+        elif diffs:
+            reason = f"it is of another model ({diffs[0]})"
+        elif step > at:
+            reason = f"it is of step {step}, past the step resumed from ({at}): a history left behind"
     if reason is None:
         return loss
     if cfg.model.init_from and store.relation(best, Path(cfg.model.init_from)) is not None:
@@ -221,9 +185,7 @@ def settle_best(cfg: Config, resumed: Path | None, is_main: bool) -> float | Non
             console.log(f"removed {best}: {reason}")
         else:  # the only copy of those weights
             aside = _rename_aside(best, layout.ABANDONED_PREFIX)
-            console.log(
-                f"{best}: {reason}; no step folder holds its weights, so it is renamed {aside.name}: {_kept(aside)}"
-            )
+            console.log(f"{best}: {reason}; no step folder holds its weights, so it is renamed {aside.name}")
     return None
 
 
@@ -238,9 +200,8 @@ def _step_kept(output_dir: Path, best: Path) -> bool:
 
 
 def catch_up_best(output_dir: Path, resumed: Path | None, best: float | None, is_main: bool) -> float | None:
-    """A run stopped after a step checkpoint evaluated best but before `best` was written (a full disk, a
-    kill) left an older `best`: the step resumed from is copied there where its held-out loss beats it.
-    Only a step folder of this run's (another run's was evaluated on another held-out set)."""
+    """Copy the step resumed from (a step folder of this run's) to `best` where its held-out loss beats
+    `best`'s: a run stopped between the two writes (a full disk, a kill) left an older `best`."""
     if resumed is None or is_foreign(resumed, output_dir) or resumed.name == layout.BEST:
         return best
     loss = checkpoint.best_loss(resumed)
@@ -254,27 +215,19 @@ def catch_up_best(output_dir: Path, resumed: Path | None, best: float | None, is
                 if (resumed / name).is_file():
                     with store.writing(tmp / name):  # (a full disk: copyfile's error names its source)
                         shutil.copyfile(resumed / name, tmp / name)
-        console.log(
-            f"wrote {target}: {resumed.name} was evaluated best (held-out MLM loss {loss:.4g}), and not yet copied there"
-        )
+        console.log(f"wrote {target}: {resumed.name} was evaluated best (held-out MLM loss {loss:.4g})")
     return loss
 
 
 def run_tokenizer(cfg: Config, resume_from: Path | None = None, *, say: bool = False) -> Path | None:
-    """The tokenizer.json of the run's newest checkpoint whose files are as written (None before its
-    first): a run's token ids are fixed by its first checkpoint. Before it, that of `resume_from`
-    (another run's checkpoint, whose weights were trained on its token ids). `say`: warn of
-    data.tokenizer settings other than that checkpoint's, which the run ignores."""
-    candidates = [p for _, p in reversed(layout.list_checkpoints(Path(cfg.output_dir)))] + (
-        [Path(resume_from)] if resume_from else []
-    )
-    for path in candidates:
+    """The tokenizer.json of the run's newest intact checkpoint (its token ids are the run's), else of
+    `resume_from`, else None. `say`: warn of other data.tokenizer settings, which the run ignores."""
+    candidates = [p for _, p in reversed(layout.list_checkpoints(Path(cfg.output_dir)))]
+    for path in candidates + ([Path(resume_from)] if resume_from else []):
         if store.own_file(path / layout.TOKENIZER_JSON) and not checkpoint.change(path):
             changed = setting_changes(checkpoint.read_config(path), cfg, ["data.tokenizer"]) if say else ""
             if changed:
-                console.log(
-                    f"warning: {changed}: ignored, as this run keeps the tokenizer of its checkpoints ({path}); start a run in a new output_dir to change it"
-                )
+                console.log(f"warning: {changed}: ignored, as this run keeps the tokenizer of its checkpoints ({path})")
             return path / layout.TOKENIZER_JSON
     return None
 
@@ -282,30 +235,21 @@ def run_tokenizer(cfg: Config, resume_from: Path | None = None, *, say: bool = F
 def model_differences(a: Config, b: Config) -> list[str]:
     """Model fields that differ between two configs (init_from says where weights came from, not what the model is)."""
     da, db = to_dict(a)["model"], to_dict(b)["model"]
-    return [
-        f"model.{k}={da[k]!r} in the checkpoint vs {db[k]!r} in the config"
-        for k in da
-        if da[k] != db[k] and k != "init_from"
-    ]
+    keys = [k for k in da if da[k] != db[k] and k != "init_from"]
+    return [f"model.{k}={da[k]!r} in the checkpoint vs {db[k]!r} in the config" for k in keys]
 
 
 def check_same_model(path: Path, cfg: Config, *, vocab: bool = True) -> None:
-    """Refuse (exit 2) resuming checkpoint `path` as another model than `cfg`'s (model.vocab_size not
-    compared while null in `cfg`, nor without `vocab`: the tokenizer's to say)."""
-    diffs = [
-        d
-        for d in model_differences(checkpoint.read_config(path), cfg)
-        if not ((cfg.model.vocab_size is None or not vocab) and d.startswith("model.vocab_size="))
-    ]
+    """Refuse (exit 2) resuming `path` as another model (vocab_size compared where `vocab` and set in `cfg`)."""
+    diffs = model_differences(checkpoint.read_config(path), cfg)
+    if cfg.model.vocab_size is None or not vocab:
+        diffs = [d for d in diffs if not d.startswith("model.vocab_size=")]
     if diffs:
-        raise UsageError(
-            f"cannot resume from {path}: {'; '.join(diffs)}; to start fresh, set output_dir to a new folder"
-        )
+        raise UsageError(f"cannot resume from {path}: {'; '.join(diffs)}; start fresh in a new folder (output_dir)")
 
 
 def check_same_tokenizer(ckpt: Path, source: Path, contents: bytes) -> None:
-    """Refuse to resume `ckpt` on data tokenized by another tokenizer than its own (`contents`: the
-    tokenizer.json of file `source`): the weights were trained on the checkpoint's token ids."""
+    """Refuse to resume `ckpt` on data of another tokenizer (`contents`, of file `source`): other token ids."""
     from tokenizers import Tokenizer
 
     from bertcli.data.tokenizer import read_tokenizer_json, tokenizer_identity
@@ -315,15 +259,11 @@ def check_same_tokenizer(ckpt: Path, source: Path, contents: bytes) -> None:
         return  # a checkpoint of the synthetic corpus
     if file.is_symlink():
         raise store.linked(file, checkpoint.FIX)
-    ours, theirs = (
-        tokenizer_identity(read_tokenizer_json(file)),
-        tokenizer_identity(Tokenizer.from_str(contents.decode("utf-8"))),
-    )
-    if ours != theirs:
+    ours = tokenizer_identity(read_tokenizer_json(file))
+    if ours != tokenizer_identity(Tokenizer.from_str(contents.decode("utf-8"))):
         raise UsageError(
-            f"the run's data is tokenized with {source} (tokenizer {theirs[:12]}), but the checkpoint {ckpt} was trained "
-            f"with tokenizer {ours[:12]}: resuming on other token ids would garble the model. Prepare with the "
-            f"checkpoint's own tokenizer (data.tokenizer.path: {file}), or start a new run with another output_dir"
+            f"{source}: another tokenizer than the one {ckpt} was trained with ({ours[:12]}): resuming would garble "
+            f"the model; set data.tokenizer.path: {file}, or start a new run with another output_dir"
         )
 
 
@@ -364,42 +304,28 @@ def differences(
 ) -> list[str]:
     """What resuming checkpoint `where` (at `step`, saved with `saved`, on prepared data `then`, its
     record) under `cfg` on data `now` changes, one line per kind: the examples later steps see, the
-    held-out set, the updates. A step's examples depend on the global batch alone, so 2 processes x 4
-    resumed as 1 x 8 changes nothing."""
+    held-out set, the updates. A step's examples depend on the global batch alone (2 processes x 4 = 1 x 8)."""
     from bertcli.optim import lr_at
 
-    examples, held_out = (
-        setting_changes(saved, cfg, EXAMPLE_SETTINGS, batches),
-        setting_changes(saved, cfg, HELD_OUT_SETTINGS),
-    )
-    updates, evaluated = setting_changes(saved, cfg, UPDATE_SETTINGS), cfg.train.eval_every > 0
-    same_text = (
-        isinstance(then, dict)
-        and now is not None
-        and not setting_changes(saved, cfg, ["data.corpus", "data.split_sentences"])
-    )
+    examples = setting_changes(saved, cfg, EXAMPLE_SETTINGS, batches)
+    held_out = setting_changes(saved, cfg, HELD_OUT_SETTINGS)
+    updates = setting_changes(saved, cfg, UPDATE_SETTINGS)
+    text = ["data.corpus", "data.split_sentences"]
+    same_text = isinstance(then, dict) and now is not None and not setting_changes(saved, cfg, text)
     lines = []
     if examples or (same_text and then.get("index") != now["index"] and "data.validation_fraction" not in examples):
-        what = (
-            f"other settings ({examples})"
-            if examples
-            else f"a corpus whose files or text changed ({then.get('documents', '?')} documents then, {now['documents']:,} now)"
-        )
-        lines.append(
-            f"resuming {where} with {what}: steps {step + 1:,} on train on other examples than this run would have, so it is no longer the run it was"
-        )
-    if evaluated and (held_out or (same_text and then.get("held_out") != now.get("held_out"))):
-        lines.append(
-            f"resuming {where} with {'other settings (' + held_out + ')' if held_out else 'other held-out documents'}: held-out metrics from now on are not comparable with the earlier ones (nor with the loss that kept checkpoints/best)"
-        )
+        what = f"other settings ({examples})" if examples else "a corpus whose text changed"
+        if not examples:
+            what += f" ({then.get('documents', '?')} documents then, {now['documents']:,} now)"
+        lines.append(f"resuming {where} with {what}: steps {step + 1:,} on train on other examples")
+    if cfg.train.eval_every > 0 and (held_out or (same_text and then.get("held_out") != now.get("held_out"))):
+        what = f"other settings ({held_out})" if held_out else "other held-out documents"
+        lines.append(f"resuming {where} with {what}: held-out metrics from now on are not comparable with earlier ones")
     if updates:
-        before, after = (
-            lr_at(step, saved.optimizer, saved.train.max_steps),
-            lr_at(step, cfg.optimizer, cfg.train.max_steps),
-        )
+        before, after = (lr_at(step, c.optimizer, c.train.max_steps) for c in (saved, cfg))
         lr = f" (learning rate {before:.3g} -> {after:.3g} at step {step + 1:,})" if before != after else ""
         lines.append(
-            f"resuming {where} with other settings ({updates}): the updates of steps {step + 1:,} on follow them{lr}; what the first {step:,} steps learned is kept"
+            f"resuming {where} with other settings ({updates}): the updates of steps {step + 1:,} on follow them{lr}"
         )
     return lines
 
@@ -410,18 +336,14 @@ def best_of_other_set(output_dir: Path, cfg: Config, now: dict[str, Any] | None)
     try:
         then = checkpoint.read_trainer_state(best).get(checkpoint.PREPARED_DATA)
         other_data = isinstance(then, dict) and now is not None and then.get("held_out") != now.get("held_out")
-        return cfg.train.eval_every > 0 and (
-            bool(setting_changes(checkpoint.read_config(best), cfg, HELD_OUT_SETTINGS)) or other_data
-        )
+        other_settings = bool(setting_changes(checkpoint.read_config(best), cfg, HELD_OUT_SETTINGS))
+        return cfg.train.eval_every > 0 and (other_settings or other_data)
     except (BertcliError, OSError):
         return False
 
 
 def check_before(cfg: Config, resume: str) -> Path | None:
-    """What resuming per `resume` refuses from files alone (pretrain asks before torch loads; `choose`
-    acts on it): --resume never over checkpoints, a --resume PATH that is no whole checkpoint, one its run
-    set aside or a damaged one, a checkpoint of another model or tokenizer. Returns the tokenizer.json the
-    run's checkpoints fix (run_tokenizer)."""
+    """Refuse from files alone, before torch loads, what `choose` would; the run's fixed tokenizer.json."""
     from bertcli.data.prepare import fixed_tokenizer
 
     output_dir = Path(cfg.output_dir)
@@ -457,5 +379,5 @@ def resume_problem(path: Path) -> str | None:
     if found.kind is layout.Kind.RUN and found.checkpoints:
         return f"a run folder, not a checkpoint: name one of its checkpoints ({found.checkpoints[-1][1]}, its newest)"
     if found.kind in (layout.Kind.HF, layout.Kind.SENTENCE):
-        return f"{found.kind.value}, not a checkpoint (it holds no optimizer state): to start from its weights, set model.init_from to it"
+        return f"{found.kind.value}, not a checkpoint: to start from its weights, set model.init_from to it"
     return problem

@@ -1,10 +1,7 @@
-"""What an input path is, decided in one place, and what each command does with it: one table.
-
-`sniff(path)` looks at the path (missing, a folder, a pipe or device), its first bytes (a
-compression, another encoding of text, binary data) and its name (a data format such as CSV, read
-as text whatever its bytes); `sniff_head` does the same for the first bytes of a stream (stdin).
-Each row of KINDS says what the kind is and, per command, None where the command reads it, else
-what to do: a new kind of input is a new row. `refusal` words the row's advice as one line.
+"""What an input is, decided in one place: `sniff(path)` by the path (missing, a folder, a pipe), its
+first bytes (a compression, another encoding, binary data) and its name (a data format such as CSV);
+`sniff_head` by a stream's first bytes. Each row of KINDS says what the kind is and, per command,
+None where the command reads it, else what to do instead (`refusal` words it as one line).
 """
 
 from __future__ import annotations
@@ -34,73 +31,37 @@ class Kind:
 PIPE = "pipe"  # encode's answer for a kind with a tool: pipe it through the tool
 CONVERT = "convert it to UTF-8 ({tool} {{path}} > NEW) and put the new file in its place"
 TABULAR = 'convert it: one JSON line {{"text": ...}} per document (.jsonl), or plain text (.txt, a blank line ends a document)'
+EXTRACT, UNPACK = "extract its text into a .txt file", "extract its files into a folder and give the folder"
+EXPORT = "export its text first"
 
+
+def _piped(what: str, tool: str, magic: tuple[bytes, ...], suffixes: tuple[str, ...] = (), **more: str) -> Kind:
+    """A kind encode reads piped through `tool`."""
+    return Kind(what, encode=PIPE, tool=tool, magic=magic, suffixes=suffixes, **more)
+
+
+def _utf(bits: int, magic: tuple[bytes, ...]) -> Kind:
+    tool = f"iconv -f UTF-{bits} -t UTF-8"
+    return _piped(f"UTF-{bits} text", tool, magic, prepare=CONVERT.format(tool=tool))
+
+
+ZSTD = "decompress it (zstd -d), or compress it as .gz, .bz2 or .xz, which prepare reads"
 # Checked in this order: the first row whose magic, or for rows without one whose suffix, matches.
 KINDS: dict[str, Kind] = {
-    "gzip": Kind(
-        "gzip-compressed", codec="gzip", magic=(b"\x1f\x8b",), suffixes=(".gz",), encode=PIPE, tool="gzip -dc"
-    ),
-    "bzip2": Kind(
-        "bzip2-compressed", codec="bzip2", magic=(b"BZh",), suffixes=(".bz2",), encode=PIPE, tool="bzip2 -dc"
-    ),
-    "xz": Kind("xz-compressed", codec="xz", magic=(b"\xfd7zXZ\x00",), suffixes=(".xz",), encode=PIPE, tool="xz -dc"),
-    "zstd": Kind(
-        "zstd-compressed",
-        magic=(b"\x28\xb5\x2f\xfd",),
-        suffixes=(".zst",),
-        prepare="decompress it (zstd -d), or compress it as .gz, .bz2 or .xz, which prepare reads",
-        encode=PIPE,
-        tool="zstd -dc",
-    ),
-    "word": Kind(
-        "a Word file",
-        suffixes=(".docx", ".doc"),
-        prepare="extract its text into a .txt file",
-        encode="extract its text first",
-    ),
-    "excel": Kind("an Excel file", suffixes=(".xlsx", ".xls"), prepare=TABULAR, encode="export its text first"),
-    "zip": Kind(
-        "a zip archive",
-        magic=(b"PK\x03\x04",),
-        suffixes=(".zip",),
-        prepare="extract its files into a folder and give the folder",
-        encode=PIPE,
-        tool="unzip -p",
-    ),
-    "tar": Kind(
-        "a tar archive",
-        suffixes=(".tar",),
-        prepare="extract its files into a folder and give the folder",
-        encode="extract it first",
-    ),
-    "pdf": Kind(
-        "a PDF file",
-        magic=(b"%PDF",),
-        suffixes=(".pdf",),
-        prepare="extract its text into a .txt file",
-        encode="extract its text first",
-    ),
-    "parquet": Kind(
-        "a Parquet file", magic=(b"PAR1",), suffixes=(".parquet",), prepare=TABULAR, encode="export its text first"
-    ),
-    "arrow": Kind("an Arrow file", suffixes=(".arrow", ".feather"), prepare=TABULAR, encode="export its text first"),
-    "utf32": Kind(
-        "UTF-32 text",
-        magic=(b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff"),
-        prepare=CONVERT.format(tool="iconv -f UTF-32 -t UTF-8"),
-        encode=PIPE,
-        tool="iconv -f UTF-32 -t UTF-8",
-    ),
-    "utf16": Kind(
-        "UTF-16 text",
-        magic=(b"\xff\xfe", b"\xfe\xff"),
-        prepare=CONVERT.format(tool="iconv -f UTF-16 -t UTF-8"),
-        encode=PIPE,
-        tool="iconv -f UTF-16 -t UTF-8",
-    ),
-    "binary": Kind(
-        "binary data, not text (a NUL byte)", prepare="remove it from the corpus", encode="remove it from the input"
-    ),
+    "gzip": _piped("gzip-compressed", "gzip -dc", (b"\x1f\x8b",), (".gz",), codec="gzip"),
+    "bzip2": _piped("bzip2-compressed", "bzip2 -dc", (b"BZh",), (".bz2",), codec="bzip2"),
+    "xz": _piped("xz-compressed", "xz -dc", (b"\xfd7zXZ\x00",), (".xz",), codec="xz"),
+    "zstd": _piped("zstd-compressed", "zstd -dc", (b"\x28\xb5\x2f\xfd",), (".zst",), prepare=ZSTD),
+    "word": Kind("a Word file", suffixes=(".docx", ".doc"), prepare=EXTRACT, encode="extract its text first"),
+    "excel": Kind("an Excel file", suffixes=(".xlsx", ".xls"), prepare=TABULAR, encode=EXPORT),
+    "zip": _piped("a zip archive", "unzip -p", (b"PK\x03\x04",), (".zip",), prepare=UNPACK),
+    "tar": Kind("a tar archive", suffixes=(".tar",), prepare=UNPACK, encode="extract it first"),
+    "pdf": Kind("a PDF file", magic=(b"%PDF",), suffixes=(".pdf",), prepare=EXTRACT, encode="extract its text first"),
+    "parquet": Kind("a Parquet file", magic=(b"PAR1",), suffixes=(".parquet",), prepare=TABULAR, encode=EXPORT),
+    "arrow": Kind("an Arrow file", suffixes=(".arrow", ".feather"), prepare=TABULAR, encode=EXPORT),
+    "utf32": _utf(32, (b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff")),
+    "utf16": _utf(16, (b"\xff\xfe", b"\xfe\xff")),
+    "binary": Kind("binary data (a NUL byte)", prepare="remove it from the corpus", encode="remove it from the input"),
     "csv": Kind("a CSV file", suffixes=(".csv",), prepare=TABULAR),
     "tsv": Kind("a TSV file", suffixes=(".tsv",), prepare=TABULAR),
     "json-array": Kind("a JSON array", prepare="write one record per line (jq -c '.[]' {path} > NEW.jsonl)"),
@@ -166,13 +127,10 @@ def sniff(path: Path) -> Kind:
 def refusal(source: str, kind: Kind, command: str) -> UsageError:
     """The one line for an input `source` (a path, or 'stdin') of `kind` that `command` does not read."""
     advice = getattr(kind, command) or ""
-    if advice == PIPE:
-        quoted = shlex.quote(source)
-        advice = (
-            f"pipe it through {kind.tool} first"
-            if source == "stdin"
-            else f"pipe it in ({kind.tool} {quoted} | bertcli encode ... -)"
-        )
+    if advice == PIPE and source == "stdin":
+        advice = f"pipe it through {kind.tool} first"
+    elif advice == PIPE:  # {path}: quoted below
+        advice = f"pipe it in ({kind.tool} {{path}} | bertcli encode ... -)"
     return UsageError(f"{source}: {kind.what}; {advice.format(path=shlex.quote(source))}")
 
 

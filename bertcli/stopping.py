@@ -1,16 +1,12 @@
 """Stopping on a signal, the same way in every command: one `Stopper` while a command runs.
 
-SIGINT (Ctrl-C), SIGTERM (a scheduler) and SIGHUP (a closed terminal) stop a command, except
-where the process was started to ignore one (nohup, a script's background job). By default a
-signal stops at once: `Stop` is raised in the main thread (a BaseException, so that no library's
-`except Exception` swallows it), unwinds every write in progress (each writes under a temporary
-name: store.py), and leaves `stopping()` as `Interrupted`: one line saying what the stop kept
-(`Stopper.left`), exit 128 + N. Two other modes:
-- `after_step`: the training loop finishes its step and saves a checkpoint; a second signal stops at once;
+SIGINT, SIGTERM and SIGHUP (unless ignored from the start: nohup) raise `Stop` in the main thread (a
+BaseException: no `except Exception` swallows it), which unwinds every write (each under a temporary
+name) and leaves `stopping()` as `Interrupted`: one line saying what the stop kept, exit 128 + N. Modes:
+- `after_step`: the training loop saves a checkpoint after its step; a second signal stops at once;
 - `held`: while an output is put into place, a signal waits until it is there.
-The main thread does not run Python handlers while a library holds it (the tokenizer trainer,
-torch's rendezvous): the C handler still writes the signal's number to a wakeup pipe, which
-`poll` reads from whatever thread, and `exit_on_signal` watches from a thread of its own.
+While a library holds the main thread (the tokenizer trainer, torch's rendezvous) no Python handler
+runs, but the C handler writes the signal to a wakeup pipe, which `poll` reads from any thread.
 """
 
 from __future__ import annotations
@@ -40,8 +36,7 @@ class Stopper:
     """What a stop keeps (`left`, in words), the signal that came (`signum`) and how a signal acts (`mode`)."""
 
     def __init__(self, left: str) -> None:
-        self.left, self.signum, self.mode = left, None, "now"
-        self.held: list[int] = []
+        self.left, self.signum, self.mode, self.held = left, None, "now", []
         self.wakeup: int | None = None  # the read end of the wakeup pipe
 
     def _handle(self, signum: int, frame: Any) -> None:
@@ -49,9 +44,7 @@ class Stopper:
             self.held.append(signum)
         elif self.mode == "after_step" and self.signum is None:
             self.signum = signum
-            console.log(
-                f"{signal.Signals(signum).name}: stopping after this step with a checkpoint (the same signal again stops at once)"
-            )
+            console.log(f"{signal.Signals(signum).name}: stopping after this step (a second signal: at once)")
         else:
             self.signum = signum
             raise Stop(signum)
@@ -70,8 +63,7 @@ class Stopper:
 
     @contextlib.contextmanager
     def until(self, mode: str) -> Iterator[None]:
-        """`mode` ("held" or "after_step") inside the block. A signal held while the output was put in
-        place goes, once the command is done, to the handler that was there before it."""
+        """`mode` ("held" or "after_step") inside the block; a held signal goes on once the command is done."""
         before, self.mode = self.mode, mode
         try:
             yield
@@ -84,8 +76,7 @@ _active: Stopper | None = None
 
 @contextlib.contextmanager
 def stopping(left: str) -> Iterator[Stopper]:
-    """While inside, the stop signals stop the command (see the module's docstring); a stop leaves as
-    Interrupted saying `stopper.left`. Nested, the outer stopper serves with `left` for the block."""
+    """While inside, a stop signal stops the command as Interrupted saying `left` (nested: the outer stopper)."""
     global _active
     if _active is not None:
         before, _active.left = _active.left, left
@@ -139,8 +130,7 @@ def ignored_sigint() -> bool:
 @contextlib.contextmanager
 def exit_on_signal(words: str) -> Iterator[None]:
     """While the main thread waits inside a library (torch's rendezvous), a stop signal ends the process
-    at once (exit 128 + N, saying `words`): nothing is written yet, and Python would run its handler
-    only when the wait returns, perhaps never."""
+    at once (exit 128 + N, saying `words`): nothing is written yet, and the wait may never return."""
     stopper = _active
     if stopper is None or stopper.wakeup is None:
         yield

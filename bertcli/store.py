@@ -1,18 +1,11 @@
-"""bertcli's own files and folders on disk: how they are written, read, checked and replaced.
-
-One function or one table per promise, used by every folder kind (a run folder, a checkpoint,
-prepared data, an export, encode's output):
-- Nothing half-written: everything is written under its temporary name (layout.tmp_name), flushed
-  and renamed into place (`write_bytes`, `folder`); `remove_folder` renames before it deletes.
-  `clean_leftovers` is the one cleaner of what a killed writer left.
-- A full disk is named by the file being written, whichever library hit it (`writing`).
-- Links: a file of a folder bertcli wrote is read only when it is a regular file itself
-  (`file_problem`, `read_own`): a symbolic link there would lead out of the folder, so it is refused.
-- Digests: `sha256_of`, and `digest_change`, the one comparison of recorded digests with files.
-- What may be replaced: only a folder bertcli can prove it wrote (`not_owned`), never an input
-  (`check_apart`), never a folder inside one it replaces whole (`owner`, `run_file`).
-- One command at a time on a folder: `lock`.
-Torch-free (torch is imported inside `save_torch` only).
+"""bertcli's own files and folders on disk, one function per promise for every folder kind (torch-free):
+- Nothing half-written: written under a temporary name (layout.tmp_name), flushed and renamed into
+  place (`write_bytes`, `folder`); `remove_folder` renames first; `clean_leftovers` removes what a
+  killed writer left. A full disk is named by the file being written (`writing`).
+- Links: a file of bertcli's folders is read only when it is a regular file itself (`read_own`).
+- Digests: `sha256_of`; `digest_change` is the one comparison of recorded digests with files.
+- Replaced: only a folder bertcli proves it wrote (`not_owned`), never an input (`check_apart`), nor
+  a folder inside one it replaces whole (`owner`, `run_file`). One command at a time: `lock`.
 """
 
 from __future__ import annotations
@@ -115,10 +108,17 @@ def write_text(path: Path, text: str, *, exclusive: bool = False) -> None:
     write_bytes(path, text.encode("utf-8"), exclusive=exclusive)
 
 
-def write_json(path: Path, value: Any) -> None:
-    """A JSON file inside a folder being written (folder()): the folder's rename makes it appear."""
+def write_inside(path: Path, data: str | bytes) -> None:
+    """A file inside a folder being written (folder()): the folder's rename makes it appear."""
     with writing(path):
-        path.write_text(json.dumps(value, indent=2) + "\n")
+        if isinstance(data, str):
+            Path(path).write_text(data, encoding="utf-8")
+        else:
+            Path(path).write_bytes(data)
+
+
+def write_json(path: Path, value: Any) -> None:
+    write_inside(path, json.dumps(value, indent=2) + "\n")
 
 
 def umask() -> int:
@@ -133,9 +133,8 @@ def umask() -> int:
 
 
 def save_safetensors(tensors: dict[str, Any], path: Path) -> None:
-    """safetensors' file (one metadata key: a second made the bytes of the same weights differ from save
-    to save, its map being written in a random order), with the mode every other file gets (0666 less
-    the umask): safetensors writes through a file of its own created 0600."""
+    """safetensors' file with one metadata key (the map of several is written in a random order: the
+    bytes would differ from save to save), and mode 0666 less the umask (safetensors creates it 0600)."""
     import safetensors.torch
 
     with writing(path):
@@ -150,7 +149,7 @@ def save_torch(obj: Any, path: Path) -> None:
 
     class File:
         def __init__(self, fh: Any) -> None:
-            self.fh, self.error = fh, None
+            self.fh, self.error, self.flush = fh, None, fh.flush
 
         def write(self, data: Any) -> int:
             try:
@@ -158,9 +157,6 @@ def save_torch(obj: Any, path: Path) -> None:
             except OSError as exc:
                 self.error = exc
                 raise
-
-        def flush(self) -> None:
-            self.fh.flush()
 
     with writing(path), open(path, "wb") as fh:
         out = File(fh)
@@ -175,9 +171,8 @@ def save_torch(obj: Any, path: Path) -> None:
 @contextlib.contextmanager
 def folder(final: Path, guard: Callable[[Path], None]) -> Iterator[Path]:
     """Yield a temporary folder to fill; on success it replaces `final` in one rename. `guard(final)`
-    raises when what is at `final` is not the caller's to replace; it runs before anything is
-    written and again just before the swap, so a folder filled meanwhile is not lost either. A
-    symbolic link at `final` is followed: the folder it points to is replaced, the link kept."""
+    raises where `final` is not the caller's to replace, before anything is written and again before
+    the swap (a folder filled meanwhile). A link at `final` is followed: its target is replaced."""
     final = Path(final).expanduser().resolve()
     guard(final)
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -224,8 +219,7 @@ def exchange(a: Path, b: Path) -> bool:
 
 
 def remove_folder(path: Path) -> None:
-    """Delete a folder so that it never looks whole while half-deleted: renamed first. A symbolic
-    link is removed itself, its target left alone."""
+    """Delete a folder, renamed first so that it never looks whole half-deleted (a link: itself only)."""
     if path.is_symlink():
         path.unlink()
         return
@@ -235,22 +229,20 @@ def remove_folder(path: Path) -> None:
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether process `pid` exists on this machine (another user's counts too)."""
-    if pid == os.getpid():
-        return True
+    """Whether process `pid` exists on this machine (another user's too: EPERM)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except OSError:
-        return True
+        pass
     return True
 
 
 def clean_leftovers(parent: Path, ours: Callable[[Path, str], bool], *, mine: bool = False) -> list[Path]:
-    """Remove the temporary names in `parent` that a writer which is gone left (`mine`: this process's
-    own, after a stop), where `ours(path, NAME)` finds in them what bertcli writes as NAME; a folder
-    moved aside whose replacement never came is put back. Never a link. Returns what was removed."""
+    """Remove the temporary names in `parent` of writers that are gone (`mine`: this process's, after a
+    stop) where `ours(path, NAME)` finds what bertcli writes as NAME; put back a folder moved aside whose
+    replacement never came. Never a link. Returns what was removed."""
     removed: list[Path] = []
     if not parent.is_dir() or parent.is_symlink():
         return removed
@@ -273,8 +265,7 @@ def clean_leftovers(parent: Path, ours: Callable[[Path, str], bool], *, mine: bo
 
 
 def holds_only(folder: Path, kind: Layout, prefix: str = "") -> bool:
-    """Whether folder `folder` (at `prefix` inside a folder of `kind`) holds nothing but what bertcli
-    writes in such a folder."""
+    """Whether `folder` (at `prefix` inside a folder of `kind`) holds only what bertcli writes there."""
     return folder.is_dir() and not folder.is_symlink() and first_foreign(folder, kind, prefix) is None
 
 
@@ -318,8 +309,7 @@ def read_own(path: Path, fix: str = "use another checkpoint") -> bytes:
 
 
 def read_own_json(path: Path, fix: str = "use another checkpoint") -> dict[str, Any]:
-    """The JSON object of a file of a folder bertcli wrote (read_own); one that does not parse, or
-    holds no object, is DamagedFile naming it."""
+    """The JSON object of a file of bertcli's (read_own); DamagedFile where it holds none."""
     try:
         value = json.loads(read_own(path, fix).decode("utf-8"))
     except (ValueError, RecursionError) as exc:
@@ -354,9 +344,8 @@ def sha256_of(path: Path) -> str:
 def digest_change(
     folder: Path, recorded: dict[str, Any], names: tuple[str, ...] | None = None
 ) -> tuple[str, str] | None:
-    """The first file of `folder` (of `names`; default: every name `recorded` holds) that is not the one
-    whose SHA-256 `recorded` holds, and why; None: they all are. The one comparison of a record
-    with the files it describes (checkpoints, prepared data)."""
+    """The first file of `folder` (of `names`, default all) whose SHA-256 is not the one `recorded`
+    holds, and why; None: they all are. The one such comparison (checkpoints, prepared data)."""
     for name in names if names is not None else sorted(recorded):
         if name not in recorded:
             continue
@@ -364,10 +353,7 @@ def digest_change(
         if problem is not None:
             return name, problem
         if sha256_of(Path(folder) / name) != recorded[name]:
-            return (
-                name,
-                "changed since bertcli wrote it (its SHA-256 is not the one recorded: cut short, a flipped bit, or an edit)",
-            )
+            return name, "changed since bertcli wrote it (its SHA-256 is not the one recorded)"
     return None
 
 
@@ -421,9 +407,8 @@ def not_owned(target: Path, kind: Layout) -> str | None:
         return f"holds {foreign}, which is not a file bertcli writes in {kind.noun}"
     # A proof file cut by a failing disk still proves a folder whose proof name is bertcli's alone, or
     # whose entries carry bertcli's own names (units/KEY).
-    marked = (
-        kind.own_mark is not None and not is_empty_folder(target / kind.own_mark) and (target / kind.own_mark).is_dir()
-    )
+    mark = target / kind.own_mark if kind.own_mark else None
+    marked = mark is not None and mark.is_dir() and any(mark.iterdir())
     damaged_proof = (kind.damaged_proof_counts or marked) and (target / kind.proof).is_file()
     if not _is_proof(target / kind.proof) and not damaged_proof:
         return f"is not {kind.noun} written by bertcli (no {kind.proof} of bertcli's)"
@@ -511,9 +496,8 @@ class Busy(RunError):
 @contextlib.contextmanager
 def lock(path: Path, what: str, fix: str, *, peek: bool = False) -> Iterator[None]:
     """Hold the exclusive lock file `path` while the block runs (flock: the kernel lets go when the
-    holder dies, so a crashed command never leaves it locked); a lock another command holds is
-    refused at once (Busy: WHAT is in use by another bertcli command; FIX). `peek`: only refuse a
-    lock held now, creating nothing (asked before torch is imported, then taken for real)."""
+    holder dies); one another command holds is refused at once (Busy). `peek`: only refuse a lock
+    held now, creating nothing (asked before torch is imported, then taken for real)."""
     import filelock
 
     path = Path(path)
@@ -531,16 +515,14 @@ def lock(path: Path, what: str, fix: str, *, peek: bool = False) -> Iterator[Non
 
 
 def run_lock(output_dir: Path, *, peek: bool = False) -> contextlib.AbstractContextManager[None]:
-    """The lock of a run folder, held by `pretrain` and `prepare` (a prepare under a training run would
-    replace the data it reads)."""
+    """The lock of a run folder, held by pretrain and prepare (which would replace the data a run reads)."""
     fix = "wait for it to finish, or set output_dir to another folder"
     return lock(Path(output_dir) / layout.LOCK, str(output_dir), fix, peek=peek)
 
 
 def prepared_lock(folder: Path) -> contextlib.AbstractContextManager[None]:
-    """The lock of a prepared folder, PARENT/.NAME.lock beside it (the folder is replaced whole by a
-    rename: a lock file inside would go with it), resolved, so that two configs naming one folder
-    differently share it; held while a command prepares it or reads it at its start."""
+    """The lock of a prepared folder (layout.prepared_lock), of its resolved path so that two configs
+    naming it differently share it; held while a command prepares it or reads it at its start."""
     folder = Path(folder).expanduser().resolve()
     fix = "run this again once it has finished, or set data.prepared_dir to another folder"
     return lock(layout.prepared_lock(folder), f"the prepared data {folder}", fix)

@@ -1,10 +1,7 @@
-"""One epoch's cut of a corpus into chunks (Google BERT's create_instances_from_document,
-vectorised), from the segment and document offsets alone: numpy only, no torch, so that `prepare`
-and `inspect` can say what share of the NSP pairs the data gives a random next sentence.
-ExampleBuilder (examples.py) builds its examples on these chunks.
-
-A large corpus is cut a window at a time (see Windows): the memory and time that reaching an
-example takes are bounded by the window's size, not the corpus's.
+"""An epoch's cut of a corpus into chunks (Google BERT's create_instances_from_document, vectorised)
+from the segment and document offsets alone, with numpy only (prepare and inspect use it without
+torch); ExampleBuilder (examples.py) builds its examples on them. A large corpus is cut a window at a
+time (Windows), so reaching an example takes the memory and time of a window, not of the corpus.
 """
 
 from __future__ import annotations
@@ -15,7 +12,7 @@ import numpy as np
 
 from bertcli.config import DataConfig
 
-PIECE = 4096  # segments: longer documents are cut in pieces of this many (see ExampleBuilder.PIECE)
+PIECE = 4096  # segments: longer documents are cut in pieces of this many, bounding the rounds of cut_pieces
 BLOCK_SEGMENTS = 512  # segments: blocks (whole pieces, about this many segments) are what an epoch shuffles
 WINDOW_BLOCKS = 512  # blocks cut and shuffled together: a window of about 262,144 segments
 CALIBRATION_BLOCKS = 256  # blocks cut once to estimate every block's chunk count (Windows.slots)
@@ -48,19 +45,20 @@ def cut_pieces(
     rng: np.random.Generator,
     num_segments: int,
 ) -> tuple[ChunkIndex, np.ndarray]:
-    """The chunks of pieces, in rounds (round r cuts the r-th chunk of every piece not yet finished),
-    unshuffled, and (C,) the piece of each. `offsets` are token offsets of the segments in the
-    pieces' own numbering: piece i is segments start[i]..end[i]-1 of it (P,), segment start[i]-1
-    belongs to the same document when has_previous[i] (a piece that does not start its document),
-    and segment s of piece i is segment s + shift[i] of the corpus (`first` is in the corpus's
-    numbering, of `num_segments` segments). See ExampleBuilder.build_epoch for the rules."""
+    """The chunks of pieces, unshuffled, and (C,) the piece of each. In the numbering of `offsets` (token
+    offsets), piece i is segments start[i]..end[i]-1, segment start[i]-1 is of its document where
+    has_previous[i], and segment s is s + shift[i] of the corpus (of `num_segments`, as `first` is).
+
+    Round r cuts the r-th chunk of every piece not yet finished: segments until the chunk reaches its
+    target (max_tokens, or with short_seq_prob a random 2..max_tokens) or the piece's end; with pairs,
+    see _pairs. So each sentence is in an A or a true B once per epoch."""
     pos = start.astype(np.int64)  # (P,) where each piece's next chunk starts
     piece_end, piece_start = end.astype(np.int64), start.astype(np.int64)
     active = np.arange(len(pos))
-    parts: list[tuple[np.ndarray, ...]] = []  # per round, in compact types: ~11 bytes a chunk
-    pieces: list[np.ndarray] = []
     small = np.uint16 if max_tokens < 1 << 16 else np.int32  # chunk sizes and targets
-    segment = np.int32 if num_segments + 1 < 1 << 31 else np.int64
+    types = (np.int32 if num_segments + 1 < 1 << 31 else np.int64, small, small, bool, small)
+    # Per round, in compact types (~11 bytes a chunk); an empty first round types the columns of no pieces.
+    parts, pieces = [tuple(np.zeros(0, dtype=t) for t in types)], [np.zeros(0, dtype=np.int64)]
     while len(active):
         p, stop, n = pos[active], piece_end[active], len(active)
         target = np.full(n, max_tokens, dtype=np.int64)
@@ -77,13 +75,10 @@ def cut_pieces(
         else:
             a_count, random_next, step_to = count, np.ones(n, dtype=bool), chunk_end
         columns = (first + shift[active], count, a_count, random_next, target)
-        parts.append(tuple(c.astype(t) for c, t in zip(columns, (segment, small, small, bool, small))))
+        parts.append(tuple(c.astype(t) for c, t in zip(columns, types)))
         pieces.append(active)
         pos[active] = step_to
         active = active[step_to < stop]
-    if not parts:  # no pieces: one empty round gives the columns their types
-        parts.append(tuple(np.zeros(0, dtype=t) for t in (segment, small, small, bool, small)))
-        pieces.append(np.zeros(0, dtype=np.int64))
     return ChunkIndex(*(np.concatenate(column) for column in zip(*parts))), np.concatenate(pieces)
 
 
@@ -99,9 +94,9 @@ def _pairs(
     rng: np.random.Generator,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A round's chunks as sentence pairs: (a_count, random_next, where each piece goes on). A chunk of
-    several segments splits at a random point (B random on a coin: its segments go back to the piece);
-    a lone segment that follows one of its document, and is short of its target, is paired with the
-    sentence before it (first and count changed in place) unless the coin says random."""
+    several segments splits at a uniform point, B random with random_next_prob (its segments then go
+    back to the piece, as Google puts them back); a lone segment after one of its document, short of
+    its target, is paired with the one before it (first, count changed in place) unless B is random."""
     n = len(first)
     split, coin = rng.random(n), rng.random(n) < cfg.random_next_prob
     several = count >= 2
@@ -131,29 +126,15 @@ def document_pieces(doc_offsets: np.ndarray, lo: int, hi: int, piece: int) -> tu
 
 
 def cut_epoch(
-    offsets: np.ndarray,
-    doc_offsets: np.ndarray,
-    *,
-    max_tokens: int,
-    cfg: DataConfig,
-    rng: np.random.Generator,
-    piece: int = PIECE,
+    offsets: np.ndarray, doc_offsets: np.ndarray, *, max_tokens: int, cfg: DataConfig, rng: np.random.Generator
 ) -> ChunkIndex:
-    """The chunks of one epoch of a whole corpus in one cut (see ExampleBuilder.build_epoch), drawn
-    from `rng` and shuffled: `offsets` (S+1,) token offsets of the segments, `doc_offsets` (D+1,)
-    first segment of each document. Memory grows with the corpus: training cuts windows (Windows)."""
-    start, end, has_previous = document_pieces(doc_offsets, 0, int(doc_offsets[-1]), piece)
-    index, _ = cut_pieces(
-        offsets,
-        start,
-        end,
-        has_previous=has_previous,
-        shift=np.zeros(len(start), dtype=np.int64),
-        max_tokens=max_tokens,
-        cfg=cfg,
-        rng=rng,
-        num_segments=len(offsets) - 1,
-    )
+    """The chunks of one epoch of a whole corpus, drawn from `rng` and shuffled, as one window (memory
+    grows with the corpus: training cuts windows). `offsets`, `doc_offsets`: a Corpus's."""
+    whole = Windows(offsets, doc_offsets, max_tokens=max_tokens, cfg=cfg, window_blocks=len(offsets))
+    return _shuffled(whole.cut(np.arange(whole.num_blocks), rng)[0], rng)
+
+
+def _shuffled(index: ChunkIndex, rng: np.random.Generator) -> ChunkIndex:
     order = rng.permutation(len(index.first))
     return ChunkIndex(*(column[order] for column in index))
 
@@ -161,22 +142,13 @@ def cut_epoch(
 class Windows:
     """An epoch of a corpus cut in windows, in memory and time bounded by a window's size.
 
-    The corpus is divided into blocks: runs of whole pieces of about BLOCK_SEGMENTS segments (a
-    block may start inside a long document, at one of its piece boundaries). Each epoch puts the
-    blocks in a random order (seeded by (seed, stream, epoch)) and takes them WINDOW_BLOCKS at a
-    time: a window is cut (cut_pieces, its blocks in corpus order) and its chunks shuffled with a
-    generator seeded by (seed, stream, epoch, window), as cut_epoch does a whole corpus. So an
-    example's neighbours in the stream come from blocks all over the corpus, and reaching one needs
-    its window alone. A corpus of one window (up to about 262,144 segments) is cut exactly as
-    cut_epoch cuts it, with the seed (seed, stream, epoch).
-
-    Where each window's chunks go in the stream is fixed before it is cut: window w of an epoch
-    has `slots` positions, the sum of the estimated chunk counts of its blocks (`slots` below), so
-    the epoch's length and where a position falls are known without cutting the corpus. A window
-    that yields fewer chunks than its slots wraps around (repeats its first, shuffled, chunks);
-    one that yields more leaves its last out: a share of about the estimate's error (measured by
-    scripts/bench_bigdata.py, its windows option). With one window the length is epoch 0's exact count, as
-    before: a later epoch with fewer chunks wraps, one with more leaves its last out.
+    Blocks are runs of whole pieces of about BLOCK_SEGMENTS segments. An epoch orders the blocks at
+    random (seed (seed, stream, epoch)) and takes them WINDOW_BLOCKS at a time: a window is cut (its
+    blocks in corpus order) and shuffled (seed (seed, stream, epoch, window)), so an example's
+    neighbours come from all over the corpus and reaching one needs its window alone. Window w has the
+    sum of its blocks' estimated chunk counts (`slots`) as positions, known without cutting: a window
+    that yields fewer chunks repeats its first, one that yields more leaves its last out (the estimate's
+    error: scripts/bench_bigdata.py). One window (a small corpus) is cut as cut_epoch cuts it.
     """
 
     def __init__(
@@ -190,13 +162,8 @@ class Windows:
         block_segments: int = BLOCK_SEGMENTS,
         window_blocks: int = WINDOW_BLOCKS,
     ) -> None:
-        self.offsets, self.doc_offsets, self.max_tokens, self.cfg, self.piece = (
-            offsets,
-            doc_offsets,
-            max_tokens,
-            cfg,
-            piece,
-        )
+        self.offsets, self.doc_offsets = offsets, doc_offsets
+        self.max_tokens, self.cfg, self.piece = max_tokens, cfg, piece
         self.num_segments = len(offsets) - 1
         # Blocks: cut at the piece boundary at or after each multiple of block_segments. (B+1,) segments.
         targets = np.arange(block_segments, self.num_segments, block_segments, dtype=np.int64)
@@ -210,9 +177,7 @@ class Windows:
         self.slots = self._estimate() if self.num_windows > 1 else None  # (B,) int64
 
     def order(self, seed: int, stream: int, epoch: int) -> np.ndarray:
-        """(B,) the blocks of the epoch in window order (identity with one window)."""
-        if self.num_windows == 1:
-            return np.arange(self.num_blocks)
+        """(B,) the blocks of the epoch in window order (asked with several windows only)."""
         return np.random.default_rng([seed, stream, epoch, 0, ORDER_KEY]).permutation(self.num_blocks)
 
     def window_bounds(self) -> np.ndarray:
@@ -221,13 +186,11 @@ class Windows:
 
     def window_slots(self, order: np.ndarray) -> np.ndarray:
         """(W+1,) where each window's positions start in an epoch of this block order (several windows)."""
-        assert self.slots is not None
         return np.concatenate([[0], np.cumsum(np.add.reduceat(self.slots[order], self.window_bounds()[:-1]))])
 
     def cut(self, blocks: np.ndarray, rng: np.random.Generator) -> tuple[ChunkIndex, np.ndarray]:
-        """The chunks of `blocks` (ascending), unshuffled, and the block of each (an index into
-        `blocks`). Only these blocks' offsets are read: the pieces are renumbered in a local
-        array of their segments."""
+        """The chunks of `blocks` (ascending), unshuffled, and the block of each (an index into `blocks`),
+        reading only these blocks' offsets (renumbered in a local array of their segments)."""
         lo, hi = self.block_start[blocks], self.block_start[blocks + 1]
         if len(blocks) == self.num_blocks:  # the whole corpus: its own numbering
             local_offsets, base = self.offsets, lo
@@ -257,24 +220,17 @@ class Windows:
     def window(self, seed: int, stream: int, epoch: int, w: int) -> ChunkIndex:
         """Window w of the epoch: its chunks, shuffled."""
         if self.num_windows == 1:
-            rng = np.random.default_rng([seed, stream, epoch])
-            blocks = np.arange(self.num_blocks)
+            rng, blocks = np.random.default_rng([seed, stream, epoch]), np.arange(self.num_blocks)
         else:
             rng = np.random.default_rng([seed, stream, epoch, w, WINDOW_KEY])
             bounds = self.window_bounds()
             blocks = np.sort(self.order(seed, stream, epoch)[bounds[w] : bounds[w + 1]])
-        index, _ = self.cut(blocks, rng)
-        order = rng.permutation(len(index.first))
-        return ChunkIndex(*(column[order] for column in index))
+        return _shuffled(self.cut(blocks, rng)[0], rng)
 
     def _estimate(self) -> np.ndarray:
-        """(B,) each block's chunk count, estimated: a least-squares fit of the counts of up to
-        CALIBRATION_BLOCKS blocks spread over the corpus (one cut with a fixed seed) on their
-        documents, segments and tokens, which every block has at the cost of a lookup; kept between
-        its pieces (each gives a chunk) and its segments (each chunk takes a new one). Computed
-        exactly and without BLAS (exact_fit, elementwise products), so that every process on any
-        machine places the windows alike: the stream, and so resuming, must not depend on the
-        floating-point library."""
+        """(B,) each block's chunk count, estimated from its documents, segments and tokens by a fit on up
+        to CALIBRATION_BLOCKS blocks cut with a fixed seed. Exact and BLAS-free (exact_fit, elementwise
+        products): every process on any machine must place the windows alike."""
         lo, hi = self.block_start[:-1], self.block_start[1:]
         starts = np.searchsorted(self.doc_offsets, lo, side="left")
         documents = np.searchsorted(self.doc_offsets, hi, side="left") - starts  # documents starting in each
@@ -294,9 +250,9 @@ class Windows:
 
 
 def exact_fit(features: np.ndarray, counts: np.ndarray) -> list[float]:
-    """The least-squares coefficients of `counts` (n,) on integer `features` (n, k), in exact rational
-    arithmetic (then rounded to the nearest float): the same on every machine. A ridge of 1e-12 of
-    the features' scale keeps it defined when they are collinear (blocks all alike)."""
+    """The least-squares coefficients of `counts` (n,) on integer `features` (n, k), in exact rationals
+    rounded to floats (the same on every machine); a ridge of 1e-12 of their scale keeps collinear
+    features (blocks all alike) defined."""
     from fractions import Fraction
 
     rows, y = features.tolist(), counts.tolist()
@@ -321,20 +277,17 @@ def exact_fit(features: np.ndarray, counts: np.ndarray) -> list[float]:
 def _runs(lo: np.ndarray, hi: np.ndarray) -> list[tuple[int, int]]:
     """Blocks lo[i]..hi[i] (ascending) as runs of adjacent ones: one document_pieces call per run."""
     breaks = np.flatnonzero(lo[1:] != hi[:-1]) + 1
-    return list(
-        zip(lo[np.concatenate([[0], breaks])].tolist(), hi[np.concatenate([breaks - 1, [len(hi) - 1]])].tolist())
-    )
+    firsts, lasts = np.concatenate([[0], breaks]), np.concatenate([breaks - 1, [len(hi) - 1]])
+    return list(zip(lo[firsts].tolist(), hi[lasts].tolist()))
 
 
 SHARE_SEGMENTS = 1 << 18  # random_next_share cuts at most about this many segments (~0.05 s)
 
 
 def random_next_share(seg_offsets: np.ndarray, doc_offsets: np.ndarray, cfg: DataConfig, seed: int) -> float:
-    """The share of the NSP pairs of a first epoch whose B is a random next sentence, as training
-    draws them (train.seed `seed`): random_next_prob of the chunks of two or more sentences, and
-    nearly every chunk of one (a one-sentence document, or a sentence that fills the example alone).
-    Exact for corpora of up to SHARE_SEGMENTS sentences; above, measured on every k-th document
-    (reading those documents' offsets only)."""
+    """The share of a first epoch's NSP pairs (train.seed `seed`) whose B is random: random_next_prob of
+    the chunks of several sentences, nearly all of one. Exact up to SHARE_SEGMENTS sentences; above,
+    measured on every k-th document (reading only their offsets)."""
     seg, doc = seg_offsets, doc_offsets
     stride = -(-(len(seg) - 1) // SHARE_SEGMENTS)
     if stride > 1:  # every stride-th document, its segments' lengths kept

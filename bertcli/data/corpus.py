@@ -1,21 +1,17 @@
-"""The corpus abstraction: documents made of segments (sentences) of token ids.
-
-A corpus is three flat arrays, the layout prepared shards use on disk too:
+"""A corpus: documents of segments (sentences) of token ids, as three flat arrays (in memory, or
+memory-mapped prepared shards, which use the same layout on disk):
   tokens       (N,)    token ids of every segment, back to back
   seg_offsets  (S+1,)  segment s is tokens[seg_offsets[s]:seg_offsets[s+1]]
   doc_offsets  (D+1,)  document d is segments doc_offsets[d]..doc_offsets[d+1]-1
-so a corpus can live in memory (synthetic) or in memory-mapped files without changing
-the example builder.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from bertcli.config import SyntheticConfig
-from bertcli.errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -38,9 +34,8 @@ class SpecialTokens:
         return tuple(sorted({self.pad, self.unk, self.cls, self.sep, self.mask}))
 
     def random_regular(self, rng: np.random.Generator, vocab_size: int, size: int) -> np.ndarray:
-        """`size` ids drawn uniformly from every id in [0, vocab_size) that is not special, wherever
-        the special ones are (a loaded vocabulary may put [MASK] last). With the specials first
-        (bertcli's own vocabularies) this is exactly rng.integers(5, vocab_size, size)."""
+        """`size` ids drawn uniformly from the non-special ids in [0, vocab_size), wherever the specials
+        are (a loaded vocabulary may put [MASK] last); with them first, rng.integers(5, vocab_size, size)."""
         ids = rng.integers(0, vocab_size - len(self.ids), size=size)
         for special in self.ids:  # ascending: each one moves the draws at or above it up by one
             ids += ids >= special
@@ -48,45 +43,28 @@ class SpecialTokens:
 
 
 class PartTokens:
-    """The token ids of several shards (memory-mapped arrays, one per part of a prepared corpus) read
-    as one array, in order, without copying them into one: what Corpus.tokens is for a corpus
-    prepared in several parts. Slicing is all the example builder needs; a slice inside one part (a
-    segment or a document never spans two) is a view of its array, one across parts a copy."""
+    """The token ids of several shards (one per part of a prepared corpus) sliced as one array without
+    joining them: a slice inside one part (a segment or a document never spans two) is a view, one
+    across parts a copy. Takes slices of step 1 only (tokens[a:b]), all the example builder asks."""
 
     def __init__(self, pieces: list[np.ndarray]) -> None:
         self.pieces = pieces
         self.starts = np.concatenate([[0], np.cumsum([len(p) for p in pieces])]).astype(np.int64)  # (P+1,)
+        self.bounds = self.starts.tolist()
         self.dtype = pieces[0].dtype if pieces else np.dtype(np.uint16)
 
     def __len__(self) -> int:
         return int(self.starts[-1])
 
-    @property
-    def shape(self) -> tuple[int]:
-        return (len(self),)
-
     def __getitem__(self, index: slice) -> np.ndarray:
-        if not isinstance(index, slice):
-            raise TypeError("PartTokens takes slices only (tokens[a:b])")
-        lo, hi, step = index.indices(len(self))
-        if step != 1:
-            raise TypeError("PartTokens takes slices of step 1 only")
+        lo, hi, _ = index.indices(len(self))
         if hi <= lo:
             return np.zeros(0, dtype=self.dtype)
         first = int(np.searchsorted(self.starts, lo, side="right")) - 1
         last = int(np.searchsorted(self.starts, hi, side="left")) - 1
-        if first == last:  # the usual case: one part
-            base = int(self.starts[first])
-            return self.pieces[first][lo - base : hi - base]
-        return np.concatenate(
-            [
-                self.pieces[p][
-                    max(lo, int(self.starts[p])) - int(self.starts[p]) : min(hi, int(self.starts[p + 1]))
-                    - int(self.starts[p])
-                ]
-                for p in range(first, last + 1)
-            ]
-        )
+        at = self.bounds
+        parts = [self.pieces[p][max(lo, at[p]) - at[p] : min(hi, at[p + 1]) - at[p]] for p in range(first, last + 1)]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 @dataclass
@@ -124,14 +102,9 @@ def select_documents(corpus: Corpus, docs: np.ndarray) -> Corpus:
     seg_ids = np.concatenate(segs) if segs else np.zeros(0, dtype=np.int64)
     lengths = np.diff(corpus.seg_offsets)[seg_ids]
     tokens = np.concatenate([corpus.segment(s) for s in seg_ids]) if len(seg_ids) else corpus.tokens[:0]
-    return Corpus(
-        tokens=tokens,
-        seg_offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
-        doc_offsets=np.concatenate([[0], np.cumsum([len(x) for x in segs])]).astype(np.int64),
-        vocab_size=corpus.vocab_size,
-        special=corpus.special,
-        continuation=corpus.continuation,
-    )
+    seg_offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    doc_offsets = np.concatenate([[0], np.cumsum([len(x) for x in segs])]).astype(np.int64)
+    return replace(corpus, tokens=tokens, seg_offsets=seg_offsets, doc_offsets=doc_offsets)
 
 
 def held_out_stride(fraction: float) -> int:
@@ -140,9 +113,8 @@ def held_out_stride(fraction: float) -> int:
 
 
 def is_held_out(document: int, fraction: float, phase: int = 0) -> bool:
-    """Whether document number `document` is held out: every k-th one, k = round(1/fraction), the
-    first of them at k - 1 - phase % k. (Prepared data counts documents per part of the corpus, each
-    part with a phase of its own, taken from its contents: see prepare.py.)"""
+    """Whether document `document` is held out: every k-th, k = round(1/fraction), the first at
+    k - 1 - phase % k (prepared data counts documents per part, each with its own phase: prepare.py)."""
     stride = held_out_stride(fraction)
     return bool(stride) and (document + phase) % stride == stride - 1
 
@@ -153,39 +125,30 @@ def held_out(num_documents: int, fraction: float) -> np.ndarray:
 
 
 def synthetic_corpus(cfg: SyntheticConfig, vocab_size: int, special: SpecialTokens = SpecialTokens()) -> Corpus:
-    """Documents from a seeded random Markov chain, with structure a small BERT can learn.
-
-    The regular vocabulary is cut into `num_topics` bands; each document stays in one band
-    (so a random next sentence from another document is usually detectable: NSP is learnable),
-    and each token has `branching` possible successors with falling probabilities (so masked
-    tokens are predictable from their neighbours: MLM is learnable). The chain runs on across
-    sentence boundaries inside a document, so B really continues A.
-    """
+    """Documents from a seeded Markov chain a small BERT can learn: each document keeps to one of
+    `num_topics` bands of the vocabulary (NSP is learnable), each token has `branching` successors of
+    falling probability (MLM is learnable), and the chain runs on across a document's sentences (B
+    continues A). config checks model.vocab_size >= 8: there are regular tokens."""
     rng = np.random.default_rng(cfg.seed)
     low = special.first_regular_id
     regular = vocab_size - low
-    if regular < 2:
-        raise UsageError(f"model.vocab_size={vocab_size} leaves no room for regular tokens after the special ones")
     num_topics = max(1, min(cfg.num_topics, regular // max(2, cfg.branching)))
     band = regular // num_topics
     # successors[t] = `branching` token ids drawn from t's own band.
-    ids = np.arange(vocab_size)
-    topic_of = np.clip((ids - low) // band, 0, num_topics - 1)
+    topic_of = np.clip((np.arange(vocab_size) - low) // band, 0, num_topics - 1)
     successors = low + topic_of[:, None] * band + rng.integers(0, band, size=(vocab_size, cfg.branching))
     weights = 1.0 / np.arange(1, cfg.branching + 1)
     weights /= weights.sum()
-
     sentences_per_doc = rng.integers(cfg.min_sentences, cfg.max_sentences + 1, size=cfg.num_documents)
     lengths = rng.integers(cfg.min_sentence_length, cfg.max_sentence_length + 1, size=int(sentences_per_doc.sum()))
+    seg_offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    doc_offsets = np.concatenate([[0], np.cumsum(sentences_per_doc)]).astype(np.int64)
     tokens = np.empty(int(lengths.sum()), dtype=np.int64)
     picks = rng.choice(cfg.branching, size=len(tokens), p=weights)
-    doc_starts = np.concatenate([[0], np.cumsum(lengths)])[np.concatenate([[0], np.cumsum(sentences_per_doc)])[:-1]]
-    first = (
-        low + rng.integers(0, num_topics, size=cfg.num_documents) * band + rng.integers(0, band, size=cfg.num_documents)
-    )
-    starts = set(doc_starts.tolist())
-    doc = 0
-    current = 0
+    topics = rng.integers(0, num_topics, size=cfg.num_documents)
+    first = low + topics * band + rng.integers(0, band, size=cfg.num_documents)
+    starts = set(seg_offsets[doc_offsets[:-1]].tolist())
+    doc = current = 0
     for i in range(len(tokens)):  # ~200k steps for the defaults: well under a second
         if i in starts:
             current = int(first[doc])
@@ -193,12 +156,5 @@ def synthetic_corpus(cfg: SyntheticConfig, vocab_size: int, special: SpecialToke
         else:
             current = int(successors[current, picks[i]])
         tokens[i] = current
-
     dtype = np.uint16 if vocab_size <= np.iinfo(np.uint16).max + 1 else np.uint32
-    return Corpus(
-        tokens=tokens.astype(dtype),
-        seg_offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
-        doc_offsets=np.concatenate([[0], np.cumsum(sentences_per_doc)]).astype(np.int64),
-        vocab_size=vocab_size,
-        special=special,
-    )
+    return Corpus(tokens.astype(dtype), seg_offsets, doc_offsets, vocab_size=vocab_size, special=special)
