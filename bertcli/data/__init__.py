@@ -11,8 +11,7 @@ from bertcli.config import Config
 from bertcli.data.corpus import Corpus, SpecialTokens, held_out, select_documents, synthetic_corpus
 from bertcli.layout import TOKENIZER_FILES
 
-# Example building (data/examples.py) needs torch; this package does not import it, so that
-# `bertcli prepare` runs without loading torch.
+# Example building (data/examples.py) needs torch: not imported here, so that `bertcli prepare` runs without it.
 __all__ = ["Corpus", "Dataset", "SpecialTokens", "load_data"]
 
 
@@ -24,9 +23,7 @@ class Dataset:
     valid: Corpus | None
     vocab_size: int
     tokenizer_files: list[Path]  # copied into every checkpoint (none for the synthetic corpus)
-    # What the examples come from, as checkpoints record it (PreparedData.identity); None for the synthetic
-    # corpus, which its settings say.
-    identity: dict[str, Any] | None = None
+    identity: dict[str, Any] | None = None  # PreparedData.identity; None for the synthetic corpus
 
 
 def load_data(
@@ -35,18 +32,13 @@ def load_data(
     run_tokenizer: Path | None = None,
     vocab_check: Callable[[int], None] | None = None,
 ) -> Dataset:
-    """The corpus named by data.corpus of resolved config `cfg`: generated, or prepared from text
-    (prepared first if needed; see prepare for `run_tokenizer` and `vocab_check`)."""
+    """The corpus of data.corpus: generated, or prepared from text (see prepare for the keyword arguments)."""
     if cfg.data.corpus == "synthetic":
         assert cfg.model.vocab_size is not None  # validated in config
         corpus = synthetic_corpus(cfg.data.synthetic, cfg.model.vocab_size)
-        valid = held_out(corpus.num_documents, cfg.data.validation_fraction)
-        return Dataset(
-            select_documents(corpus, (~valid).nonzero()[0]),
-            select_documents(corpus, valid.nonzero()[0]) if valid.any() else None,
-            corpus.vocab_size,
-            [],
-        )
+        held = held_out(corpus.num_documents, cfg.data.validation_fraction)
+        valid = select_documents(corpus, held.nonzero()[0]) if held.any() else None
+        return Dataset(select_documents(corpus, (~held).nonzero()[0]), valid, corpus.vocab_size, tokenizer_files=[])
     from bertcli.data.prepare import prepare  # tokenizers is only needed for text
     from bertcli.data.prepared import load_prepared
 

@@ -1,22 +1,13 @@
-"""`bertcli prepare`: raw text -> tokenizer -> token-id shards that training memory-maps.
-
-    scan      the corpus's files, their hashes and units (scan.py)
-    read      what is prepared, its tokenizer and units checked (prepared.py)
-    plan      `make_plan`: reuse it, update it (units to keep, units to make), prepare it afresh, or let it
-              stand in for a corpus that is not there; with the tokenizer given, the run's, kept or to
-              train, and why: a `Plan`, which `say` renders
-    execute   `fresh` (everything into a temporary folder renamed over the old one) or `update` (new units
-              renamed in one by one, then a new index, then the manifest: the commit point)
-
-A changed corpus keeps its tokenizer while unchanged files hold KEEP_TOKENIZER_SHARE of its bytes (a new
-vocabulary changes every unit's ids); --force trains a new one; a run keeps its checkpoints' tokenizer. A
-stop leaves the previous manifest valid with all it names; the next prepare reuses the finished units.
+"""`bertcli prepare`: raw text -> tokenizer -> token-id shards that training memory-maps. `make_plan` decides
+to reuse, update (keep whole units, make the others), prepare afresh, or let the data stand in for a corpus
+that is gone. `update` renames new units in, then a new index, then the manifest (the commit point).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
 import operator
 import os
@@ -32,7 +23,7 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from bertcli import __version__, console, layout, sniff, store
-from bertcli.config import Config, DataConfig, changes_line
+from bertcli.config import Config, DataConfig, changes_line, with_vocab
 from bertcli.console import info, log
 from bertcli.data import prepared as prep
 from bertcli.data import scan
@@ -92,13 +83,12 @@ class Plan:
 
 @dataclass
 class Run:
-    """How a prepare runs: its progress bars, processes, stop signals, and the check of the vocabulary's
-    size before tokenizing (pretrain refuses a model its disk has no room for)."""
+    """How a prepare runs; `vocab_check` refuses the vocabulary's size before tokenizing (pretrain's)."""
 
     quiet: bool
     workers: int
     stopper: Stopper
-    vocab_check: Callable[[int], None] | None = None
+    vocab_check: Callable[[int], None]
 
 
 def prepare(
@@ -109,14 +99,12 @@ def prepare(
     run_tokenizer: Path | None = None,
     vocab_check: Callable[[int], None] | None = None,
 ) -> Path:
-    """Prepare cfg's corpus on `workers` processes (default: the cores available), keeping what is
-    prepared, whole and unchanged; return the prepared folder. `run_tokenizer`: the tokenizer.json the
-    run's checkpoints fix."""
+    """Prepare cfg's corpus on `workers` processes, keeping what is whole and unchanged; return the folder."""
     workers = workers or default_workers()
     with stopping("nothing was kept (the temporary data was removed)") as stopper, one_core(workers):
         plan = make_plan(cfg, force=force, run_tokenizer=run_tokenizer)
         say(plan, cfg)
-        run = Run(quiet, workers, stopper, vocab_check)
+        run = Run(quiet, workers, stopper, vocab_check or (lambda size: None))
         act = {"reuse": _reused, "fresh": fresh, "update": update}.get(plan.action)  # a stand-in is used as it is
         if act is not None:
             act(plan, cfg, run)
@@ -125,8 +113,7 @@ def prepare(
 
 # ------------------------------------------------------------------------------------------ the plan
 def fixed_tokenizer(cfg: Config, run_tokenizer: Path | None = None) -> tuple[Path, Tokenizer] | None:
-    """(file, tokenizer as used) where something fixes it: data.tokenizer.path (with the config's
-    casing), else the run's checkpoints'; None: prepare trains one (or keeps the prepared folder's)."""
+    """(file, tokenizer) of data.tokenizer.path, else of the run's checkpoints; None: one is trained or kept."""
     if cfg.data.tokenizer.path:
         file = find_tokenizer_file(Path(cfg.data.tokenizer.path))
         return file, load_tokenizer(file, cfg.data.tokenizer)
@@ -143,9 +130,7 @@ def make_plan(cfg: Config, *, force: bool, run_tokenizer: Path | None) -> Plan:
     data, folder = cfg.data, Path(cfg.data.prepared_dir)
     stand_in = stands_in(cfg)
     if stand_in and force:
-        raise UsageError(
-            f"{data.corpus}: corpus not found, and --force prepares from it; without it, {folder} stands in"
-        )
+        raise UsageError(f"{data.corpus}: corpus not found; --force needs it ({folder} stands in without it)")
     guard = prepared_guard(cfg, folder)
     clean_leftovers(folder)
     old, why_not = prep.read_manifest(folder)
@@ -173,33 +158,26 @@ def make_plan(cfg: Config, *, force: bool, run_tokenizer: Path | None) -> Plan:
         kept, total = unchanged_bytes(entries, old["corpus"]["files"]), sum(e["bytes"] for e in entries)
         if source != "train" or kept >= KEEP_TOKENIZER_SHARE * total:
             return _update_plan(plan, cfg)
-        new = 100 * (1 - kept / max(total, 1))
-        plan.why = f"was made from other inputs ({input_changes(old, plan, cfg)}): {new:.0f}% of the corpus is new, so a new tokenizer is trained on it"
+        new = f"{100 * (1 - kept / max(total, 1)):.0f}% new"
+        plan.why = f"was made from other inputs ({input_changes(old, plan, cfg)}): {new}, training a new tokenizer"
     elif why_new.startswith("is damaged"):
         plan.why, plan.warning = f"{why_new}: preparing it again", True
     else:
-        plan.why = (
-            f"was made from other inputs than this config's ({input_changes(old, plan, cfg)}): preparing it again"
-        )
+        plan.why = f"was made from other inputs ({input_changes(old, plan, cfg)}): preparing it again"
     return plan
 
 
 def _update_plan(plan: Plan, cfg: Config) -> Plan:
-    """The units of the kept tokenizer: which are whole (kept), which to prepare, and whether the index
-    is whole. A unit the index disagrees with is prepared again, then the index."""
+    """Which units of the kept tokenizer are whole and which to prepare (a unit the index disagrees with too)."""
     folder, old = plan.folder, plan.old
     plan.action, plan.tok = "update", read_tokenizer_json(folder / layout.TOKENIZER_JSON)
     plan.source = plan.source if plan.source != "train" else "kept"
     plan.units = plan_units(plan.files, plan.entries, tokenizer_sha256(plan.tok), cfg.data)
     records, damaged = {u["key"]: u for u in old["units"]}, []
-    vocab_size, dtype = plan.tok.get_vocab_size(with_added_tokens=True), _dtype(plan.tok)
+    vocab, dtype = plan.tok.get_vocab_size(with_added_tokens=True), _dtype(plan.tok)
     for unit in {u.key: u for u in plan.units}.values():  # a unit twice (two equal files): prepared once
         record = records.get(unit.key) or _stray_record(folder, unit.key)
-        problem = (
-            "missing"
-            if record is None
-            else prep.check_unit(folder, unit.key, record, dtype_name=dtype, vocab_size=vocab_size)
-        )
+        problem = prep.check_unit(folder, unit.key, record, dtype_name=dtype, vocab_size=vocab) if record else "missing"
         if problem is None:
             plan.records[unit.key] = record
         else:
@@ -219,8 +197,7 @@ def _update_plan(plan: Plan, cfg: Config) -> Plan:
 
 
 def _stand_in(cfg: Config, old: dict[str, Any], source: str, file: Path | None, tok: Tokenizer | None) -> Plan:
-    """The prepared folder as it is, for a corpus that is not there, where it was prepared with this
-    config's settings and tokenizer and is whole; else refused, saying why."""
+    """The prepared folder standing in for a corpus that is gone; refused unless whole and of cfg's settings."""
     data, folder, entries = cfg.data, Path(cfg.data.prepared_dir), old["corpus"]["files"]
     files = [Path(e["path"]) for e in entries]
     plan = Plan("stand_in", folder, files, entries, source=source, tok=tok, tokenizer_file=file, old=old)
@@ -236,15 +213,12 @@ def _stand_in(cfg: Config, old: dict[str, Any], source: str, file: Path | None, 
     if why is None and (damage := prep.verify(folder, old)):
         why = f"is damaged ({damage[0]})"
     if why is not None:
-        raise UsageError(
-            f"{data.corpus}: corpus not found, and the data prepared from it in {folder} {why}, so it cannot stand in for it: put the corpus back (or set data.corpus to where it is now)"
-        )
+        raise UsageError(f"{data.corpus}: corpus not found and {folder} {why}; put it back (or set data.corpus)")
     return plan
 
 
 def stands_in(cfg: Config) -> bool:
-    """Whether data.corpus is not there (moved, unmounted, not on this machine) while data.prepared_dir
-    holds data prepared from it, which may then stand in for it."""
+    """Whether data.corpus is gone (moved, unmounted) while data.prepared_dir holds data prepared from it."""
     if cfg.data.corpus in ("synthetic", "sample") or corpus_path(cfg).is_symlink():
         return False
     gone = prep.corpus_gone(prep.read_manifest(Path(cfg.data.prepared_dir))[0])
@@ -252,8 +226,7 @@ def stands_in(cfg: Config) -> bool:
 
 
 def tokenizer_settings(data: DataConfig, corpus_chars: int) -> dict[str, Any]:
-    """The data.tokenizer settings a tokenizer trained on `corpus_chars` characters depends on: all but
-    its path, the sample's budget only where below the corpus (one that covers it trains on all of it)."""
+    """The data.tokenizer settings a trained tokenizer depends on (sample_chars only below `corpus_chars`)."""
     settings = {k: v for k, v in dataclasses.asdict(data.tokenizer).items() if k != "path"}
     if not 0 < settings.get("sample_chars", 0) < corpus_chars:
         settings["sample_chars"] = None
@@ -263,11 +236,8 @@ def tokenizer_settings(data: DataConfig, corpus_chars: int) -> dict[str, Any]:
 def _trained_as_configured(recorded: dict[str, Any], data: DataConfig) -> bool:
     sample = recorded.get("sample")
     chars = sample.get("corpus_chars") if isinstance(sample, dict) else None
-    return (
-        recorded.get("source") == "trained"
-        and isinstance(chars, int)
-        and recorded.get("settings") == tokenizer_settings(data, chars)
-    )
+    trained = recorded.get("source") == "trained" and isinstance(chars, int)
+    return trained and recorded.get("settings") == tokenizer_settings(data, chars)
 
 
 def tokenizer_changed(old: dict[str, Any], plan: Plan, data: DataConfig) -> str | None:
@@ -284,8 +254,7 @@ def tokenizer_changed(old: dict[str, Any], plan: Plan, data: DataConfig) -> str 
 
 
 def made_from(cfg: Config, manifest: dict[str, Any]) -> bool:
-    """Whether prepared data holds a tokenizer trained from cfg's corpus files (by path) and tokenizer
-    settings, at a glance: nothing is hashed (inspect's question; prepare checks contents)."""
+    """Whether prepared data holds a tokenizer trained from cfg's corpus files (by path) and tokenizer settings."""
     if not _trained_as_configured(manifest["tokenizer"], cfg.data):
         return False
     with console.silent():  # what it says of the corpus, preparing says
@@ -326,8 +295,8 @@ def input_changes(old: dict[str, Any], plan: Plan, cfg: Config) -> str:
 
 _WITH_TOKENIZER = {
     "given": "the tokenizer of data.tokenizer.path",
-    "run": "the run's own tokenizer (its checkpoints were trained on its token ids)",
-    "kept": "the tokenizer trained on the corpus as it was (a forced prepare trains a new one)",
+    "run": "the run's own tokenizer",
+    "kept": "the tokenizer trained on the corpus as it was (--force trains a new one)",
 }
 
 
@@ -338,10 +307,8 @@ def say(plan: Plan, cfg: Config) -> None:
         info(f"prepared data in {folder} is up to date (corpus and settings unchanged, files intact): reusing it")
     elif plan.action == "stand_in":
         where = "is an empty folder (not mounted?)" if Path(cfg.data.corpus).is_dir() else "is not there"
-        documents = sum(old["splits"][s]["documents"] for s in SPLITS)
-        log(
-            f"warning: {cfg.data.corpus} {where}: the data prepared from it in {folder} stands in as it is ({documents:,} documents, prepared {old.get('created', 'earlier')}); whether the corpus changed since cannot be checked"
-        )
+        created = old.get("created", "earlier")
+        log(f"warning: {cfg.data.corpus} {where}: {folder}, prepared {created}, stands in unchecked")
     elif plan.action == "fresh":
         if plan.why:
             say_it(f"prepared data in {folder} {plan.why}")
@@ -389,15 +356,13 @@ def fresh(plan: Plan, cfg: Config, run: Run) -> None:
     check_enough_documents(plan_units(plan.files, plan.entries, "", data), data)  # before the tokenizer is trained
     _check_room(plan.folder, sum(e["bytes"] for e in plan.entries))
     with store.folder(plan.folder, prepared_guard(cfg, plan.folder)) as tmp:
-        sample = None
-        if plan.tok is None:
-            plan.tok, sample = train_tokenizer(plan, data, run)
+        plan.tok, sample = (plan.tok, None) if plan.tok is not None else train_tokenizer(plan, data, run)
         save_tokenizer(plan.tok, tmp)
         tok = read_tokenizer_json(tmp / layout.TOKENIZER_JSON)  # as every later prepare reads it (the units' keys)
-        if run.vocab_check is not None:
-            run.vocab_check(tok.get_vocab_size(with_added_tokens=True))
+        run.vocab_check(tok.get_vocab_size(with_added_tokens=True))
         plan.units = plan_units(plan.files, plan.entries, tokenizer_sha256(tok), data)
-        manifest = _tokenize(plan, cfg, tok=tok, root=tmp, run=run, sample=sample, start=start)
+        record = _tokenizer_record(cfg, plan, tok=tok, root=tmp, sample=sample)
+        manifest = _tokenize(plan, cfg, tok=tok, root=tmp, run=run, tokenizer=record, start=start)
         store.write_json(tmp / MANIFEST, manifest)
         run.stopper.check()
     run.stopper.left = f"the prepared data in {plan.folder} is complete"  # in place: a stop from here on keeps it
@@ -405,15 +370,13 @@ def fresh(plan: Plan, cfg: Config, run: Run) -> None:
 
 
 def update(plan: Plan, cfg: Config, run: Run) -> None:
-    """The prepared folder brought up to date in place: its tokenizer and whole units kept, the others
-    prepared and renamed in, then a new index, then the manifest (the commit point)."""
-    folder, start, stopper = plan.folder, time.perf_counter(), run.stopper
-    if run.vocab_check is not None:
-        run.vocab_check(plan.tok.get_vocab_size(with_added_tokens=True))
+    """The prepared folder brought up to date in place, its tokenizer and whole units kept."""
+    folder, start, stopper, record = plan.folder, time.perf_counter(), run.stopper, plan.old["tokenizer"]
+    run.vocab_check(plan.tok.get_vocab_size(with_added_tokens=True))
     stopper.left = f"the prepared data in {folder} is as it was (units finished are kept for the next prepare)"
     _check_room(folder, sum(u.bytes for u in plan.make))
     try:
-        manifest = _tokenize(plan, cfg, tok=plan.tok, root=folder, run=run, sample=None, start=start)
+        manifest = _tokenize(plan, cfg, tok=plan.tok, root=folder, run=run, tokenizer=record, start=start)
         store.write_text(folder / MANIFEST, json.dumps(manifest, indent=2) + "\n")  # the commit point
         stopper.left = f"the prepared data in {folder} is complete"
     finally:
@@ -422,9 +385,8 @@ def update(plan: Plan, cfg: Config, run: Run) -> None:
     _report(folder, manifest, cfg, f"updated {folder}")
 
 
-def _tokenize(plan: Plan, cfg: Config, tok: Tokenizer, root: Path, run: Run, sample: dict | None, start: float) -> dict:
-    """Prepare the units to make (fresh: all) into `root`, the others being plan.records; check the
-    sizes; write the index where it changed; return the manifest to write."""
+def _tokenize(plan: Plan, cfg: Config, tok: Tokenizer, root: Path, run: Run, tokenizer: dict, start: float) -> dict:
+    """Prepare the units to make into `root`, check the sizes, write the index; return the manifest to write."""
     data, todo = cfg.data, plan.make if plan.action == "update" else plan.units
     settings = UnitSettings(data.split_sentences, data.validation_fraction, _dtype(tok), os.getpid())
     with _progress(sum(u.bytes for u in todo), "tokenizing", run.quiet) as bar:
@@ -432,15 +394,7 @@ def _tokenize(plan: Plan, cfg: Config, tok: Tokenizer, root: Path, run: Run, sam
             todo, root, tok, settings=settings, workers=run.workers, progress=bar.update, stop=run.stopper.check
         )
     records = plan.records | made
-    tokenizer = (
-        plan.old["tokenizer"]
-        if plan.action == "update"
-        else _tokenizer_record(cfg, plan, tok=tok, root=root, sample=sample)
-    )
-    seconds = time.perf_counter() - start
-    manifest = _manifest(
-        cfg, plan, records=records, tokenizer=tokenizer, dtype=settings.dtype, seconds=seconds, todo=todo
-    )
+    manifest = _manifest(cfg, plan, records=records, tokenizer=tokenizer, dtype=settings.dtype, start=start, todo=todo)
     check_sizes(manifest, data)
     if plan.action == "fresh" or not plan.index_ok:
         write_index(root, plan.units, records, manifest["index"])
@@ -449,21 +403,18 @@ def _tokenize(plan: Plan, cfg: Config, tok: Tokenizer, root: Path, run: Run, sam
 
 
 def train_tokenizer(plan: Plan, data: DataConfig, run: Run) -> tuple[Tokenizer, dict[str, Any]]:
-    """A WordPiece vocabulary trained on the corpus, or on a sample of its lines past sample_chars; and
-    what it was trained on. The trainer holds the main thread while its threads read the corpus: a stop
-    signal is seen through the wakeup pipe (stopper.poll), and what was trained on part of it is dropped."""
+    """A WordPiece vocabulary trained on the corpus (or a sample of its lines past sample_chars), and what it
+    was trained on. The trainer holds the main thread: a stop is seen through the wakeup pipe (stopper.poll)."""
     chars = scan_characters(read_text(plan.files), data.tokenizer)
     lines = LineSample(data.tokenizer.sample_chars or chars.count, chars.count)
     stopper, size = run.stopper, sum(e["bytes"] for e in plan.entries)
     size = None if any(sniff.sniff(f).codec for f in plan.files) else size  # compressed: bytes read are not these
     with _progress(size, "training tokenizer", run.quiet) as bar:
-        calls = 0
+        calls = itertools.count(1)
 
         def progress(n: int) -> None:  # most lines of a sample yield no sentence: look for a stop per 1,024 lines
-            nonlocal calls
             bar.update(n)
-            calls += 1
-            if calls % 1024 == 0:
+            if next(calls) % 1024 == 0:
                 stopper.poll()
 
         read = read_sentences(plan.files, split=data.split_sentences, progress=progress, keep=lines)
@@ -475,9 +426,8 @@ def train_tokenizer(plan: Plan, data: DataConfig, run: Run) -> tuple[Tokenizer, 
     if not lines.whole:
         info(f"the vocabulary was trained on {prep.sample_line(sample)}")
     if size > 1.25 * asked:  # every character has its pieces, whatever the size asked
-        log(
-            f"warning: the vocabulary has {size:,} tokens, {size / asked:.1f}x data.tokenizer.vocab_size={asked:,}: each of the corpus's characters is one ({len(chars.every):,}); raise vocab_size, or give a tokenizer (data.tokenizer.path)"
-        )
+        why = f"a token per corpus character ({len(chars.every):,}); give a tokenizer (data.tokenizer.path)"
+        log(f"warning: {size:,} tokens, {size / asked:.1f}x data.tokenizer.vocab_size={asked:,}: {why}")
     return tok, sample
 
 
@@ -494,9 +444,8 @@ def _until_stopped(items: Iterator[str], stopper: Stopper) -> Iterator[str]:
 def _reused(plan: Plan, cfg: Config, run: Run) -> None:
     """Nothing to prepare: the files as they are now recorded where their names or times changed."""
     old, stamps = plan.old, operator.itemgetter("path", "mtime_ns")
-    if [*map(stamps, plan.entries)] != [*map(stamps, old["corpus"]["files"])] or old["corpus"][
-        "source"
-    ] != cfg.data.corpus:
+    moved = [*map(stamps, plan.entries)] != [*map(stamps, old["corpus"]["files"])]
+    if moved or old["corpus"]["source"] != cfg.data.corpus:
         manifest = {**old, "corpus": {"source": cfg.data.corpus, "files": plan.entries}}
         store.write_text(plan.folder / MANIFEST, json.dumps(manifest, indent=2) + "\n")
     _remove_unused(plan.folder, old)  # units a stopped prepare finished for another corpus
@@ -514,7 +463,7 @@ def _stray_record(folder: Path, key: str) -> dict[str, Any] | None:
 
 
 def _tokenizer_record(cfg: Config, plan: Plan, tok: Tokenizer, root: Path, sample: dict | None) -> dict[str, Any]:
-    """The manifest's record of a new folder's tokenizer: its source, files' hashes, settings, casing as used."""
+    """The manifest's record of a new folder's tokenizer."""
     t, casing = cfg.data.tokenizer, describe(tok)
     record = {
         "source": str(plan.tokenizer_file) if plan.tokenizer_file else "trained",
@@ -534,9 +483,9 @@ def _tokenizer_record(cfg: Config, plan: Plan, tok: Tokenizer, root: Path, sampl
     return record
 
 
-def _manifest(cfg: Config, plan: Plan, records: dict, tokenizer: dict, dtype: str, seconds: float, todo: list) -> dict:
+def _manifest(cfg: Config, plan: Plan, records: dict, tokenizer: dict, dtype: str, start: float, todo: list) -> dict:
     """The manifest of prepared data (deterministic but for the times); `todo`: the units tokenized this time."""
-    data, units = cfg.data, plan.units
+    data, units, seconds = cfg.data, plan.units, time.perf_counter() - start
     splits = {s: {c: sum(records[u.key]["splits"][s][c] for u in units) for c in prep.COUNTS} for s in SPLITS}
     prepared_tokens = sum(records[u.key]["splits"][s]["tokens"] for u in todo for s in SPLITS)
     return {
@@ -591,8 +540,7 @@ def _remove_unused(folder: Path, manifest: dict[str, Any]) -> None:
 
 
 def clean_leftovers(folder: Path, mine: bool = False) -> None:
-    """Remove what a killed or stopped prepare left: its temporary prepared folder beside `folder`, and
-    the temporary units, indexes and manifest inside it (a process that is gone; `mine`: this one's)."""
+    """Remove the temporary folders and manifest a killed prepare left (`mine`: this process's)."""
     store.clean_folder_leftovers(folder, layout.PREPARED, mine=mine)
     if not folder.is_dir() or folder.is_symlink():
         return
@@ -606,16 +554,14 @@ def _check_room(folder: Path, corpus_bytes: int) -> None:
     """Refuse (exit 1) to prepare `corpus_bytes` of corpus where the disk has no room for PREPARED_SHARE of it."""
     free, need = free_bytes(folder), PREPARED_SHARE * corpus_bytes
     if free is not None and free < need:
-        raise RunError(
-            f"{folder}: its disk has {free / 2**20:,.1f} MiB free, and preparing {corpus_bytes / 2**20:,.1f} MiB of corpus "
-            f"takes at least {need / 2**20:,.1f} MiB: free space, or set data.prepared_dir to another disk"
-        )
+        mib = f"{free / 2**20:,.1f} MiB free; {corpus_bytes / 2**20:,.1f} MiB of corpus takes at least {need / 2**20:,.1f} MiB"
+        raise RunError(f"{folder}: its disk has {mib}: free space, or set data.prepared_dir to another disk")
 
 
 # ------------------------------------------------------------------------------------------ checks
 def prepared_guard(cfg: Config, folder: Path) -> Callable[[Path], None]:
-    """Refuse a prepared_dir that is, contains or lies inside an input; return the check store.folder
-    runs before writing and before the swap: only prepared data bertcli wrote (or an empty folder) is replaced."""
+    """Refuse a prepared_dir that is, contains or lies inside an input; return the check that only prepared
+    data bertcli wrote (or an empty folder) is replaced, which store.folder runs before writing and the swap."""
     fix = "set data.prepared_dir to a new or empty folder (the default is data, next to the config)"
     inputs = [
         store.Input("the corpus", corpus_path(cfg)),
@@ -631,8 +577,7 @@ def prepared_guard(cfg: Config, folder: Path) -> Callable[[Path], None]:
 
 
 def prepared_lock(cfg: Config) -> AbstractContextManager[Any]:
-    """The lock of cfg's prepared folder, where a prepare may replace it; what is refused anyway is
-    refused first (an input, a folder bertcli did not write, which no prepare replaces)."""
+    """The lock of cfg's prepared folder where a prepare may replace it; a folder no prepare replaces is refused."""
     folder = Path(cfg.data.prepared_dir).expanduser().resolve()
     prepared_guard(cfg, folder)
     return nullcontext() if store.not_owned(folder, layout.PREPARED) is not None else store.prepared_lock(folder)
@@ -645,8 +590,7 @@ def _held_out_count(units: list[dict[str, Any]], stride: int) -> int:
 
 
 def check_sizes(manifest: dict[str, Any], data: DataConfig) -> None:
-    """Refuse too few documents for examples in a split: 2 with sentence pairs (a random next sentence
-    comes from another document), 1 without. Every fix named is one that works."""
+    """Refuse a split of too few documents: 2 with sentence pairs, else 1. Every fix named is one that works."""
     train, valid = manifest["splits"]["train"]["documents"], manifest["splits"]["valid"]["documents"]
     total, need, where = train + valid, 2 if data.pairs else 1, f"data.corpus={data.corpus!r}"
     if total == 0:
@@ -666,36 +610,29 @@ def check_sizes(manifest: dict[str, Any], data: DataConfig) -> None:
             f"holds out {valid}, and held-out examples need at least {need}{why}; {', or '.join(fixes)}"
         )
     if train < need:
-        raise UsageError(
-            f"{where}: {train} training document(s); at least {need} are needed{why}: separate documents with blank lines, or set data.pairs: false and train.nsp_weight: 0 (no NSP)"
-        )
+        fix = "separate documents with blank lines, or set data.pairs: false and train.nsp_weight: 0 (no NSP)"
+        raise UsageError(f"{where}: {train} training document(s); at least {need} are needed{why}: {fix}")
 
 
 def check_enough_documents(units: list[Unit], data: DataConfig) -> None:
-    """check_sizes before any tokenizer work, from the documents read (no sentence splitting) only until
-    there are enough: a corpus that has them costs a few documents, one that has not one reading. The
-    counts are upper bounds (tokenizing can only empty a document): the shards are checked again."""
+    """check_sizes before any tokenizer work, reading only until there are enough documents (upper bounds)."""
     need, fraction, stride = 2 if data.pairs else 1, data.validation_fraction, held_out_stride(data.validation_fraction)
     counted, total = [], {"train": 0, "valid": 0}
     for unit in units:
-        counts = {"train": {"documents": 0}, "valid": {"documents": 0}}
+        counts = {"train": 0, "valid": 0}
         for item in read_sentences(list(unit.parts), split=False):
             if item is None:
-                read = counts["train"]["documents"] + counts["valid"]["documents"]
-                split = "valid" if is_held_out(read, fraction, unit.phase(stride)) else "train"
-                counts[split]["documents"] += 1
+                split = "valid" if is_held_out(sum(counts.values()), fraction, unit.phase(stride)) else "train"
+                counts[split] += 1
                 total[split] += 1
                 if total["train"] >= need and (fraction == 0 or total["valid"] >= need):
                     return
-        counted.append({"content": unit.content, "splits": counts})
+        counted.append({"content": unit.content, "splits": {s: {"documents": n} for s, n in counts.items()}})
     check_sizes({"splits": {s: {"documents": total[s]} for s in SPLITS}, "units": counted}, data)
 
 
 def check_vocab_size(cfg: Config, run_tokenizer: Path | None = None) -> None:
-    """Refuse (exit 2) a model.vocab_size the run's tokenizer will not have: a fixed one's size, or more
-    than data.tokenizer.vocab_size where a tokenizer is to be trained into a new prepared folder."""
-    from bertcli.config import with_vocab
-
+    """Refuse a model.vocab_size the run's tokenizer (fixed, or to be trained) will not have."""
     size, data = cfg.model.vocab_size, cfg.data
     if size is None or data.corpus == "synthetic":
         return
@@ -708,9 +645,7 @@ def check_vocab_size(cfg: Config, run_tokenizer: Path | None = None) -> None:
 
 
 def check_before_training(cfg: Config, run_tokenizer: Path | None = None) -> None:
-    """What `pretrain` would refuse once its data is prepared, where the files show it at once: a
-    model.vocab_size the tokenizer will not have; a prepared_dir to be prepared that bertcli did not
-    write; a corpus under scan.UNIT_BYTES of too few documents (a larger one is refused where prepared)."""
+    """Refuse now what preparing would refuse later, where the files show it at once."""
     check_vocab_size(cfg, run_tokenizer)
     if stands_in(cfg):  # the corpus is not here: its prepared data is checked where it is used
         return

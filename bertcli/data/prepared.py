@@ -1,16 +1,9 @@
 """Prepared data as `prepare` leaves it, read and checked (`read_manifest`, `verify`) at every use.
 
-  manifest.json   written last, by an atomic rename: what makes the rest valid. Format version,
-                  corpus files (size, mtime, SHA-256; the parts of large ones), the tokenizer (its
-                  settings, its files' SHA-256, what trained it), the units in corpus order with their
-                  counts, the index, totals
-  tokenizer.json, vocab.txt   the WordPiece tokenizer
-  units/KEY/      one unit: unit.json and train/, valid/ with tokens.bin (uint16 where the vocabulary
-                  fits), seg_offsets.bin, doc_offsets.bin (int64: the corpus.Corpus arrays of the unit)
-  index/DIGEST/   train/, valid/: the offsets of the whole corpus (the units in order), so training
-                  reads the units' tokens as one array (corpus.PartTokens), offsets memory-mapped
-A manifest is data, never a source of paths: shards are read at fixed names (keys of 64 hex digits).
-"""
+  manifest.json   written last (the commit point): corpus files, tokenizer, units in corpus order, totals
+  units/KEY/      unit.json, and train/, valid/ with tokens.bin, seg_offsets.bin, doc_offsets.bin (int64)
+  index/DIGEST/   train/, valid/: the offsets of the whole corpus (the units in order)
+A manifest is data, never a source of paths: shards are read at fixed names (keys of 64 hex digits)."""
 
 from __future__ import annotations
 
@@ -69,9 +62,8 @@ def unit_ok(unit: Any, in_manifest: bool = True) -> bool:
 
 
 def read_manifest(folder: Path) -> tuple[dict[str, Any] | None, str | None]:
-    """(the manifest of a prepared folder, None), or (None, why it cannot be used: damaged, of another
-    format), or (None, None) when there is none. What decides how the shards are read (dtype, splits,
-    counts) is checked here, the files by `verify`."""
+    """(manifest, None), (None, why it cannot be used), or (None, None) where there is none. What decides
+    how the shards are read (dtype, splits, counts) is checked here, the files by `verify`."""
     path = Path(folder) / MANIFEST
     if not path.exists() and not path.is_symlink():
         return None, None
@@ -129,8 +121,7 @@ def _rising(offsets: np.ndarray, last: int, block: int = 1 << 20) -> bool:
 
 
 def check_unit(folder: Path, key: str, record: dict[str, Any], dtype_name: str, vocab_size: int) -> str | None:
-    """What is wrong with the shards of unit `key` (naming the file), None where whole: regular files of the
-    sizes its record implies, offsets rising to its counts, token ids below the vocabulary size."""
+    """What is wrong with the shards of unit `key` (naming the file), None where whole."""
     rel, dtype = f"{UNITS}/{key}", np.dtype(dtype_name)
     if problem := _files_problem(folder, rel, layout.SHARD_FILES):
         return problem
@@ -179,10 +170,8 @@ def check_index(folder: Path, manifest: dict[str, Any]) -> tuple[str, str | None
                 (DOC_OFFSETS, start["documents"], start["segments"]),
             ):
                 if not _holds_shifted(offsets[name], at, _int64(own / name), shift):
-                    return (
-                        f"{rel}/{split}/{name} does not hold the offsets of {UNITS}/{unit['key']}/{split} from its entry {at:,}: one of the two is damaged",
-                        unit["key"],
-                    )
+                    what = f"{rel}/{split}/{name} does not hold the offsets of {UNITS}/{unit['key']}/{split}"
+                    return f"{what} from its entry {at:,}: one of the two is damaged", unit["key"]
             start = {c: start[c] + unit_counts[c] for c in COUNTS}  # (read_manifest checked the totals)
     return None
 
@@ -198,8 +187,7 @@ def _holds_shifted(index: np.ndarray, at: int, own: np.ndarray, shift: int, bloc
 
 
 def verify(folder: Path, manifest: dict[str, Any]) -> list[str]:
-    """What is damaged in prepared data, each as "FILE: REASON" (none where whole): the tokenizer files,
-    every unit (check_unit), then the index (check_index), each file read once, memory-mapped."""
+    """What is damaged in prepared data, each as "FILE: REASON": tokenizer files, units, then the index."""
     if problem := check_tokenizer(folder, manifest):
         return [problem]
     dtype, vocab_size, units = manifest["dtype"], manifest["tokenizer"]["vocab_size"], manifest["units"]
@@ -232,18 +220,17 @@ class PreparedData:
 
     @property
     def identity(self) -> dict[str, Any]:
-        """What the examples and the held-out set are drawn from, as a checkpoint records it: the index,
-        the units holding held-out documents, in order, and the documents."""
-        units, splits = [u for u in self.manifest["units"] if isinstance(u, dict)], self.manifest["splits"]
+        """What the examples and the held-out set are drawn from, as a checkpoint records it."""
+        m = self.manifest  # read_manifest checked its units and splits
+        held_out = digest([u["key"] for u in m["units"] if u["splits"]["valid"]["documents"]])
         return {
-            "index": self.manifest["index"],
-            "held_out": digest([u.get("key") for u in units if u.get("splits", {}).get("valid", {}).get("documents")]),
-            "documents": splits["train"]["documents"] + splits["valid"]["documents"],
+            "index": m["index"],
+            "held_out": held_out,
+            "documents": sum(m["splits"][s]["documents"] for s in SPLITS),
         }
 
     def corpus(self, split: str) -> Corpus | None:
-        """One split: the index's offsets memory-mapped, the units' tokens read as one array (each mapped
-        now, so that a unit a later `prepare` removes stays readable)."""
+        """One split, memory-mapped (each unit now, so that one a later `prepare` removes stays readable)."""
         if self.manifest["splits"][split]["documents"] == 0:
             return None
         dtype, units = self.manifest["dtype"], self.manifest["units"]
@@ -264,17 +251,11 @@ class PreparedData:
 
 
 class NotPrepared(UsageError):
-    """No usable prepared data in `folder` (`problem`): the prepare that makes it from the run's `config`,
-    or that its corpus (`gone`) must come back first."""
+    """No usable prepared data in `folder`: the prepare to run, after its corpus (`gone`) comes back."""
 
     def __init__(self, folder: Path, problem: str, config: Path | None, gone: str | None = None) -> None:
-        again = f"bertcli prepare --config {config or 'CONFIG'}"
-        fix = (
-            f"its corpus, {gone}, is not there to prepare it from: put it back, then run `{again}`"
-            if gone
-            else f"run `{again}` (--force prepares everything again)"
-        )
-        super().__init__(f"{folder}: {problem}; {fix}")
+        again = f"run `bertcli prepare --config {config or 'CONFIG'}` (--force prepares everything again)"
+        super().__init__(f"{folder}: {problem}; " + (f"put its corpus, {gone}, back, then {again}" if gone else again))
 
 
 def load_prepared(folder: Path, verified: bool = False) -> PreparedData:
@@ -298,8 +279,7 @@ def corpus_gone(manifest: dict[str, Any] | None) -> str | None:
 
 
 def corpus_drift(manifest: dict[str, Any]) -> str | None:
-    """How the corpus's files differ now from those prepared, by name, size and time (inspect's question;
-    prepare compares contents), in words; None: none differs."""
+    """How the corpus's files differ now from those prepared, by name, size and time; None: none differs."""
     source = manifest["corpus"].get("source")
     if not isinstance(source, str) or source in ("sample", "synthetic"):
         return None
@@ -317,19 +297,16 @@ def corpus_drift(manifest: dict[str, Any]) -> str | None:
         (len(then.keys() - now.keys()), "gone"),
         (sum(now[p] != then[p] for p in now.keys() & then.keys()), "written to"),
     )
-    changed = ", ".join(f"{n} {w}" for n, w in counts if n)
-    return (
-        f"the corpus's files differ from those prepared ({changed}): the next prepare updates it" if changed else None
-    )
+    if changed := ", ".join(f"{n} {w}" for n, w in counts if n):
+        return f"the corpus's files differ from those prepared ({changed}): the next prepare updates it"
+    return None
 
 
 def cache_check(corpus_bytes: int) -> str:
     """What the cache check compares for a corpus of `corpus_bytes`, in words (for `inspect`)."""
     gib = HASH_ALWAYS_BYTES >> 30
     if corpus_bytes <= HASH_ALWAYS_BYTES:
-        return (
-            f"the same SHA-256 for every corpus file (all hashed again at each start: the corpus is at most {gib} GiB)"
-        )
+        return f"the same SHA-256 for every corpus file (all hashed again at each start: at most {gib} GiB)"
     return f"the same size and modification time for every corpus file (over {gib} GiB: an edit keeping both is missed)"
 
 
@@ -339,34 +316,25 @@ def sample_line(sample: dict[str, Any]) -> str:
     if sample["whole"]:
         return f"the whole corpus ({sample['corpus_chars']:,} characters, {budget})"
     share = 100 * sample["chars"] / max(sample["corpus_chars"], 1)
-    return (
-        f"a sample of {sample['lines']:,} lines, {sample['chars']:,} of the corpus's {sample['corpus_chars']:,} characters "
-        f"({share:.1f}%), chosen by a hash of each line ({budget}; 0 trains on the whole corpus)"
-    )
+    chars = f"{sample['chars']:,} of the corpus's {sample['corpus_chars']:,} characters ({share:.1f}%)"
+    return f"a sample of {sample['lines']:,} lines, {chars}, chosen by a hash of each line ({budget}; 0: all)"
 
 
 def vocabulary_sample(manifest: dict[str, Any]) -> str | None:
     """sample_line of prepared data; None for a given tokenizer, or a malformed record."""
     sample = manifest["tokenizer"].get("sample")
-    ok = (
-        isinstance(sample, dict)
-        and isinstance(sample.get("whole"), bool)
-        and all(_count(sample.get(k)) for k in ("sample_chars", "corpus_chars", "lines", "chars"))
-    )
+    keys = ("sample_chars", "corpus_chars", "lines", "chars")
+    ok = isinstance(sample, dict) and isinstance(sample.get("whole"), bool) and all(_count(sample.get(k)) for k in keys)
     return sample_line(sample) if ok else None
 
 
 def random_next(folder: Path, manifest: dict[str, Any], data: DataConfig, seed: int) -> tuple[float | None, str | None]:
-    """The share of training pairs with a random next sentence this data gives (None without pairs or
-    training documents; chunks.random_next_share), and a warning where documents are too short for them."""
+    """The share of training pairs with a random next sentence (None without pairs), and a warning if high."""
     if not data.pairs or manifest["splits"]["train"]["documents"] == 0:
         return None, None
     base = folder / INDEX / manifest["index"] / "train"
     share = random_next_share(_int64(base / SEG_OFFSETS), _int64(base / DOC_OFFSETS), data, seed)
     if share <= data.random_next_prob + RANDOM_NEXT_MARGIN:
         return share, None
-    return share, (
-        f"warning: {100 * share:.1f}% of the NSP pairs will have a random next sentence (data.random_next_prob="
-        f"{data.random_next_prob:g}): most documents are too short for pairs, so NSP accuracy will look high without "
-        "learning; put several sentences in each document, or set data.pairs: false and train.nsp_weight: 0"
-    )
+    warning = f"warning: {100 * share:.1f}% of the NSP pairs will have a random next sentence (short documents)"
+    return share, f"{warning}: put several sentences in each document, or set data.pairs: false and train.nsp_weight: 0"

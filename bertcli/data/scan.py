@@ -1,11 +1,8 @@
-"""The corpus as `prepare` sees it: its files' sizes, times and SHA-256 (large uncompressed files in
-parts cut at document boundaries), and the units of work they make.
+"""The corpus as `prepare` sees it: its files' sizes, times and SHA-256, and the units of work they make.
 
-A unit is a whole file of at least UNIT_BYTES, a part of a larger uncompressed one (cut at a document
-boundary after each multiple of UNIT_BYTES: text.document_cuts), or a run of smaller files in corpus
-order (closed after a file with a probability of its size / UNIT_BYTES, drawn from its SHA-256).
-Each is a function of the files' bytes, so adding a small file prepares only its own run again.
-"""
+A unit is a whole file of at least UNIT_BYTES, a part of a larger uncompressed one (text.document_cuts),
+or a run of smaller files in corpus order, closed after a file with a probability of its size / UNIT_BYTES
+drawn from its SHA-256: a function of the bytes, so adding a small file prepares only its own run again."""
 
 from __future__ import annotations
 
@@ -21,13 +18,11 @@ from bertcli.config import Config, DataConfig
 from bertcli.console import log
 from bertcli.data.text import MAX_LINE_CHARS, Part, document_cuts, lines_end_in_cr
 
-FORMAT_VERSION = 5  # of the prepared folder (prepared.py): 5 keeps closing quotes after a sentence's end
+FORMAT_VERSION = 5  # of the prepared folder (prepared.py)
 # A unit of work: small enough that 2 workers share a 30 MB corpus evenly, large enough that a 100 GB
 # corpus is 25,000 units (each memory-maps 2 token files in training: vm.max_map_count is 65,530).
 UNIT_BYTES = 4 << 20
-# A corpus of up to this many bytes is hashed again at every check (about 1 s per GB); a larger one
-# only where a file's size or modification time changed.
-HASH_ALWAYS_BYTES = 1 << 30
+HASH_ALWAYS_BYTES = 1 << 30  # a corpus this large is hashed at every check (1 s a GB); a larger one where changed
 SAMPLE = Path(__file__).resolve().parent / "sample" / "python-docs-sample.txt.gz"
 
 
@@ -56,8 +51,7 @@ def _hash_parts(path: Path, cuts: list[int]) -> list[dict[str, Any]]:
 
 
 def file_entries(files: list[Path], previous: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Path, size, mtime and SHA-256 of each file (a large uncompressed one: its parts' hashes). A
-    corpus over HASH_ALWAYS_BYTES keeps the recorded hashes of files whose size and time are the same."""
+    """Path, size, mtime and SHA-256 of each file; a corpus over HASH_ALWAYS_BYTES keeps unchanged files' hashes."""
     known = {e["path"]: e for e in previous} if sum(f.stat().st_size for f in files) > HASH_ALWAYS_BYTES else {}
     entries = []
     for f in files:
@@ -77,8 +71,7 @@ def file_entries(files: list[Path], previous: list[dict[str, Any]]) -> list[dict
 
 
 def _say_copies(entries: list[dict[str, Any]]) -> None:
-    """Warn of corpus files with the same bytes: their documents would be trained on twice, and could
-    fall on both sides of the held-out split."""
+    """Warn of corpus files with the same bytes: trained on twice, and maybe on both sides of the held-out split."""
     first: dict[Any, str] = {}
     copies: list[tuple[str, str]] = []
     for entry in entries:
@@ -113,8 +106,7 @@ def unchanged_bytes(entries: list[dict[str, Any]], previous: list[dict[str, Any]
 
 
 def file_changes(then: list[dict[str, Any]], now: list[dict[str, Any]], root: Path) -> str:
-    """The corpus files changed between two prepares, in words, two of each kind named (relative to the
-    corpus folder `root`): '1 changed (part05.txt), 1 added (new.txt)'; '' where none is."""
+    """The corpus files changed between two prepares, in words, relative to `root`; '' where none is."""
     old = {e.get("path"): entry_digest(e) for e in then}
     new = {e.get("path"): entry_digest(e) for e in now}
     added, gone = [p for p in new if p not in old], [p for p in old if p not in new]
@@ -153,8 +145,7 @@ class Unit:
 
 
 def unit_phase(content: str, stride: int) -> int:
-    """Where the every-k-th held-out documents of a unit start: a function of its bytes, so that units of
-    fewer documents than k (one document per file is common) are held out in their share too."""
+    """Where a unit's every-k-th held-out documents start: from its bytes, so that small units are held out too."""
     return int(content[:15], 16) % stride if stride else 0
 
 
@@ -166,13 +157,8 @@ def _reading(path: Path) -> str:
 
 def plan_units(files: list[Path], entries: list[dict[str, Any]], tokenizer_sha256: str, data: DataConfig) -> list[Unit]:
     """The units of the corpus, in corpus order: a function of the files' contents and formats."""
-    settings = {
-        "format_version": FORMAT_VERSION,
-        "tokenizer": tokenizer_sha256,
-        "split_sentences": data.split_sentences,
-        "validation_fraction": data.validation_fraction,
-        "max_line_chars": MAX_LINE_CHARS,
-    }
+    settings = {"format_version": FORMAT_VERSION, "tokenizer": tokenizer_sha256, "max_line_chars": MAX_LINE_CHARS}
+    settings |= {"split_sentences": data.split_sentences, "validation_fraction": data.validation_fraction}
     units: list[Unit] = []
     group: list[tuple[Part, int, tuple[int, int, int], str]] = []  # (part, size, piece, sha256)
 
@@ -197,8 +183,7 @@ def plan_units(files: list[Path], entries: list[dict[str, Any]], tokenizer_sha25
             close([member])
             continue
         group.append(member)
-        closes = int(entry["sha256"][:16], 16) < (entry["bytes"] << 64) // UNIT_BYTES  # with P = size / UNIT_BYTES
-        if closes:  # its run
+        if int(entry["sha256"][:16], 16) < (entry["bytes"] << 64) // UNIT_BYTES:  # closes with P = size / UNIT_BYTES
             group = close(group)
     close(group)
     return units

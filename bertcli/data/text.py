@@ -1,11 +1,6 @@
-"""Reading raw corpora, streamed: plain text (*.txt) and JSON Lines (*.jsonl) with a "text" field, each
-plain or compressed (.gz, .bz2, .xz), and folders of them (recursive); suffixes in any case.
-
-Text is Google BERT's create_pretraining_data.py input: documents separated by blank lines, a sentence or
-paragraph per line, cut into sentences by a small rule-based splitter. A JSON Lines record is a document.
-Reading yields sentences and None at each document end, so nothing is held whole in memory; a line
-longer than MAX_LINE_CHARS is cut into pieces (at white space near that length) first.
-"""
+"""Reading raw corpora, streamed: text (*.txt: documents separated by blank lines, BERT's input) and JSON
+Lines (*.jsonl: a "text" field per document), plain or compressed, and folders of them. Reading yields
+sentences and None at each document end."""
 
 from __future__ import annotations
 
@@ -18,7 +13,6 @@ import json
 import lzma
 import os
 import re
-import shlex
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -32,39 +26,18 @@ from bertcli.errors import UsageError
 SUFFIXES = (".txt", ".jsonl")  # each plain or compressed (sniff.COMPRESSION_SUFFIXES)
 CORPUS_NAMES = "*.txt and *.jsonl files (plain, .gz, .bz2 or .xz)"
 END_OF_DOCUMENT = None
-# Longest line read as it is: 10,000 characters are about 2,000 tokens, four times the longest example
-# BERT trains on, so only what no example could hold whole is cut.
-MAX_LINE_CHARS = 10_000
+MAX_LINE_CHARS = 10_000  # about 2,000 tokens, four times BERT's longest example: only what none could hold is cut
 CUT_WINDOW = 1_000  # a cut looks this far back from MAX_LINE_CHARS for white space
 READ_BYTES = 1 << 16  # a text line is read in parts of at most this many bytes (a JSON Lines record whole)
-# A sentence ends at . ! or ? (closing quotes and brackets stay with it) before white space and a capital,
-# a digit or an opening quote; the "gap" between two sentences is that white space alone. Abbreviations
-# that usually precede a capital are not ends.
+# A sentence ends at . ! or ? (closing quotes and brackets stay with it) before white space (the "gap") and a
+# capital, a digit or an opening quote; abbreviations that usually precede a capital are not ends.
 _BOUNDARY = re.compile(r"""(?<=[.!?])["'\u201d\u2019)\]]*(?P<gap>\s+)(?=["'\u201c\u2018(\[]?[A-Z0-9])""")
-_ABBREVIATIONS = {
-    "mr",
-    "mrs",
-    "ms",
-    "dr",
-    "prof",
-    "st",
-    "vs",
-    "etc",
-    "e.g",
-    "i.e",
-    "fig",
-    "no",
-    "vol",
-    "cf",
-    "jr",
-    "sr",
-}
+_ABBREVIATIONS = set("mr mrs ms dr prof st vs etc e.g i.e fig no vol cf jr sr".split())
 _SPACE = re.compile(r"\s+")
 
 
 class _NoStream(io.RawIOBase):
-    """A .gz file of 0 bytes (a failed download) holds no gzip stream, which `gzip -t` calls damaged and
-    Python's gzip reads as empty: reading it raises as a file cut short does."""
+    """A .gz file of 0 bytes holds no gzip stream (`gzip -t` calls it damaged; Python's gzip reads it as empty)."""
 
     def readable(self) -> bool:
         return True
@@ -98,8 +71,7 @@ def split_sentences(line: str) -> list[str]:
 
 
 def _cut_point(text: str, start: int, limit: int) -> tuple[int, int]:
-    """(end of the piece of `text` from `start`, start of the rest), for text past start + limit: the last
-    sentence end in the piece's last CUT_WINDOW characters, else the last white space there, else the limit."""
+    """(end of the piece from `start`, start of the rest): the last sentence end, else white space, near the limit."""
     lo, hi = start + max(limit - CUT_WINDOW, 1), start + limit
     for pattern in (_BOUNDARY, _SPACE):
         match = None
@@ -129,11 +101,8 @@ def _sentences(line: str, split: bool, keep: Callable[[str], bool] | None = None
 
 
 class LineSample:
-    """A deterministic sample of about budget/total of a corpus's text, by lines (a stripped line of text,
-    a paragraph of a JSON Lines record, each piece of an over-long one): a line is in when the first 8
-    bytes of its BLAKE2b hash, as an integer, fall below budget/total * 2^64 (exact integers). It depends
-    on the line alone, so the sample is spread over the corpus and the same in any process and for any
-    cut of the corpus into parts; equal lines are all in or all out. The calls count what was taken."""
+    """A sample of about budget/total of a corpus's lines, by a hash of each line alone: the same in any
+    process and for any cut of the corpus into parts. The calls count what was taken."""
 
     def __init__(self, budget: int, total: int) -> None:
         self.threshold = (budget << 64) // max(total, 1)  # >= 2^64: every line (rate 1)
@@ -162,9 +131,7 @@ def is_corpus_file(path: Path) -> bool:
 
 
 def corpus_files(path: Path) -> list[Path]:
-    """The files of a corpus path: the file itself, or every corpus file under a folder, sorted. Links
-    to folders are followed, each folder and file taken once (a loop is not followed); what is not
-    read is said, a line for each reason, three named (not under --quiet)."""
+    """The files of a corpus path: the file, or every corpus file under a folder, sorted; skips are said."""
     path = Path(path).expanduser()
     if sniff.check(path, "prepare") is not sniff.KINDS["folder"]:
         return [path]
@@ -190,8 +157,7 @@ def _walk(root: Path) -> tuple[list[Path], dict[str, list[Path]]]:
         "again": "folder(s) or file(s) reached a second time through a symbolic link (read once)",
         "unreadable": "folder(s) that could not be read (permissions)",
         "model": "file(s) of a model, tokenizer, prepared data or run (a vocabulary list, training metrics), not text",
-        "hidden": "hidden folder(s) and file(s) (names starting with '.': version control, notebook checkpoints, "
-        "editor copies)",
+        "hidden": "hidden folder(s) and file(s) (names starting with '.')",
     }
 
     def skip(reason: str, entry: Path) -> None:
@@ -225,8 +191,7 @@ def _walk(root: Path) -> tuple[list[Path], dict[str, list[Path]]]:
     return sorted(files), skipped
 
 
-# Files a model, tokenizer, prepared data or run folder holds under corpus names, and what in their folder
-# shows it is one (a corpus folder that holds a model: its vocab.txt was trained on as 30,522 "sentences").
+# Files a model, tokenizer, prepared data or run folder holds under corpus names, and what beside them shows it.
 NOT_TEXT = {
     "vocab.txt": ("config.json", "tokenizer.json", "model.safetensors", "trainer_state.json", "manifest.json"),
     "merges.txt": ("config.json", "tokenizer.json", "vocab.json"),
@@ -240,9 +205,8 @@ def _not_text(entry: Path) -> bool:
 
 
 class _Streams(io.RawIOBase):
-    """The decompressed bytes of a file of bz2 or xz streams one after another (as pbzip2 and pixz write).
-    Unlike bz2.open and lzma.open, bytes after a stream that start no other are an error, not a quiet end
-    of the file that would cut the corpus short. (xz's stream padding, zero bytes, is skipped.)"""
+    """The decompressed bytes of a file of bz2 or xz streams (as pbzip2 and pixz write). Unlike bz2.open and
+    lzma.open, bytes after a stream that start no other are an error, not a quiet end of the corpus."""
 
     def __init__(self, path: Path, decompressor: Callable[[], bz2.BZ2Decompressor | lzma.LZMADecompressor]) -> None:
         self.fileobj = open(path, "rb")  # noqa: SIM115 (closed with this reader); also named for error positions
@@ -290,8 +254,7 @@ def _open(path: Path) -> BinaryIO:
 
 
 def lines_end_in_cr(path: Path) -> bool:
-    """Whether a text file's lines end in CR alone (classic Mac OS): its first 4 KiB hold CRs and no LF.
-    (A damaged compressed file says nothing here: reading it names the damage.)"""
+    """Whether a text file's lines end in CR alone: its first 4 KiB hold CRs and no LF (a damaged file: no)."""
     if sniff.is_jsonl(path):
         return False
     try:
@@ -304,8 +267,7 @@ def lines_end_in_cr(path: Path) -> bool:
 
 @dataclass(frozen=True)
 class Part:
-    """Bytes [start, end) of a corpus file (end None: to its end) from line number `line`, cut at document
-    boundaries (document_cuts), so its documents are those the whole file gives there."""
+    """Bytes [start, end) of a corpus file (end None: its end) from line `line`, cut at document boundaries."""
 
     path: Path
     start: int = 0
@@ -326,9 +288,8 @@ class _Bounded:
         return raw
 
 
-# A blank line (a document boundary in text): a line of at most 1,024 ASCII white-space bytes (a
-# bound, so that finding one needs bounded memory; a longer blank line still ends a document when
-# read, it is only never a cut).
+# A blank line (a document boundary in text) of at most 1,024 white-space bytes: the bound keeps finding one in
+# bounded memory (a longer blank line still ends a document; it is only never a cut).
 _BLANK_LINE = re.compile(rb"\n[ \t\r\f\v]{0,1024}\n")
 _CUT_SCAN = 1 << 16  # bytes read at a time while looking for a boundary
 
@@ -355,8 +316,7 @@ def document_cuts(path: Path, every: int) -> list[int]:
 
 
 def _boundary(fh: BinaryIO, target: int, pattern: re.Pattern[bytes]) -> tuple[int, int] | None:
-    """(line start, end) of the first match of `pattern` (a line break, then for a blank line its
-    white space and line break) whose line starts at or after `target`; None at the file's end."""
+    """(line start, end) of the first match of `pattern` whose line starts at or after `target`; None at the end."""
     fh.seek(target - 1)
     base, buf = target - 1, b""
     while True:
@@ -379,9 +339,8 @@ COMPRESSED_ERRORS = (EOFError, OSError, zlib.error, lzma.LZMAError)
 
 
 def _compressed_error(path: Path, fh: BinaryIO, exc: Exception, where: str = "") -> UsageError:
-    """A damaged compressed file (cut short, corrupt, not of its format) as one line naming the file and
-    the byte reached (EOFError left alone reads as an interrupt). A failing disk is raised as it is."""
-    if isinstance(exc, OSError) and exc.errno is not None:
+    """A damaged compressed file as one line naming the byte reached; a failing disk is raised as it is."""
+    if (isinstance(exc, OSError) and exc.errno is not None) or not sniff.sniff(path).codec:
         raise exc
     tool = sniff.sniff(path).codec or "compressed"
     check = f"{tool} -t" if tool in OPENERS else "the file's tool"
@@ -391,32 +350,26 @@ def _compressed_error(path: Path, fh: BinaryIO, exc: Exception, where: str = "")
     except (OSError, ValueError, AttributeError):
         byte = ""
     place = ", ".join(p for p in (where, byte) if p)
+    head = f"{path}: {place}" if place else str(path)
     what = "cut short" if isinstance(exc, EOFError) else f"damaged or not {tool} ({exc})"
     if isinstance(exc, EOFError) and os.path.getsize(path) == 0:
-        what = "empty (0 bytes, no stream at all: a download that failed?)"
-    return UsageError(
-        f"{path}: {place + ': ' if place else ''}the {tool} file is {what}; download or compress it "
-        f"again ({check} checks it)"
-    )
+        what = "empty (0 bytes: a failed download?)"
+    return UsageError(f"{head}: the {tool} file is {what}; download or compress it again ({check} checks it)")
 
 
 def _raw_lines(path: Path, fh: BinaryIO, limit: int = -1) -> Iterator[bytes]:
-    """The lines of an open file, each longer than `limit` bytes (when > 0) in parts of `limit`
-    bytes; a damaged compressed file is a UsageError naming the line reached."""
+    """The lines of an open file, in parts of at most `limit` bytes (when > 0); damage names the line reached."""
     lines = 0
     try:
         while raw := fh.readline(limit):
             lines += raw.endswith(b"\n")
             yield raw
     except COMPRESSED_ERRORS as exc:
-        if not sniff.sniff(path).codec:
-            raise
         raise _compressed_error(path, fh, exc, f"line {lines + 1:,}") from None
 
 
 def _lines(part: Part, progress: Callable[[int], None]) -> Iterator[tuple[int, str, bool]]:
-    """(line number, text, whether it ends the line) of a file or a part of one, strictly UTF-8 (errors
-    name the byte). A text line longer than READ_BYTES comes in parts, a JSON Lines record whole."""
+    """(line number, text, whether it ends the line), strictly UTF-8; a text line past READ_BYTES comes in parts."""
     path = part.path
     offset, number, ends = part.start, part.line, True
     limit = -1 if sniff.is_jsonl(path) else READ_BYTES
@@ -427,9 +380,9 @@ def _lines(part: Part, progress: Callable[[int], None]) -> Iterator[tuple[int, s
         try:
             return decoder.decode(raw, final=final)
         except UnicodeDecodeError as exc:
+            byte = offset - held + exc.start
             raise UsageError(
-                f"{path}: byte {offset - held + exc.start} (line {number}): not valid UTF-8; convert the "
-                "file to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+                f"{path}: byte {byte} (line {number}): not valid UTF-8; convert it (iconv -f latin1 -t utf-8)"
             ) from None
 
     with _open(path) as fh:
@@ -441,9 +394,7 @@ def _lines(part: Part, progress: Callable[[int], None]) -> Iterator[tuple[int, s
         for raw in _raw_lines(path, reader, limit):
             nul = raw.find(b"\x00")
             if nul >= 0:
-                raise UsageError(
-                    f"{path}: byte {offset + nul}: a NUL byte, which text does not hold: remove the file from the corpus"
-                )
+                raise UsageError(f"{path}: byte {offset + nul}: a NUL byte (not text); remove the file from the corpus")
             ends = raw.endswith(b"\n") or limit < 0 or len(raw) < limit  # short of the limit: the file's end
             text = decode(raw, final=ends)
             offset += len(raw)
@@ -455,9 +406,8 @@ def _lines(part: Part, progress: Callable[[int], None]) -> Iterator[tuple[int, s
 
 
 def read_text(files: list[Path], block: int = 1 << 16) -> Iterator[str]:
-    """The corpus text in blocks of about `block` characters, for a quick pass over its characters; a
-    file ends with a line break, JSON Lines give their "text" fields. Bad bytes become U+FFFD and bad
-    records are skipped: read_sentences reports them."""
+    """The corpus text in blocks of about `block` characters (JSON Lines: their "text"), for a quick pass;
+    bad bytes become U+FFFD and bad records are skipped: read_sentences reports them."""
     for path in files:
         with _open(path) as fh:
             if not sniff.is_jsonl(path):
@@ -469,8 +419,6 @@ def read_text(files: list[Path], block: int = 1 << 16) -> Iterator[str]:
                         line += text.count("\n")
                         yield text
                 except COMPRESSED_ERRORS as exc:  # this pass comes first: it reports a damaged file
-                    if not sniff.sniff(path).codec:
-                        raise
                     raise _compressed_error(path, fh, exc, f"line {line:,}") from None
                 yield decoder.decode(b"", final=True) + "\n"
                 continue
@@ -499,8 +447,7 @@ def read_sentences(
     progress: Callable[[int], None] = lambda n: None,
     keep: Callable[[str], bool] | None = None,
 ) -> Iterator[str | None]:
-    """Sentences of every document of the files (or Parts), END_OF_DOCUMENT (None) after each; with `keep`
-    (a LineSample), only those of the lines it keeps (document ends all the same)."""
+    """Sentences of every document of the files (or Parts), END_OF_DOCUMENT after each; `keep`: a LineSample."""
     for item in files:
         part = item if isinstance(item, Part) else Part(Path(item))
         read = _jsonl_sentences if sniff.is_jsonl(part.path) else _text_sentences
@@ -518,8 +465,7 @@ def _jsonl_sentences(part: Part, split: bool, progress: Callable, keep: Callable
 
 
 def _text_sentences(part: Part, split: bool, progress: Callable, keep: Callable | None) -> Iterator[str | None]:
-    """A blank line ends a document, and so does the file's end. A line longer than READ_BYTES comes in
-    parts, cut into pieces as it comes."""
+    """A blank line ends a document, and so does the file's end; a long line is cut into pieces as it comes."""
     open_document = False
     pending, cut = "", False  # a long line read in parts: its text not yet cut; whether pieces went out
     for _, line, ends in _lines(part, progress):
@@ -562,9 +508,7 @@ def _record_text(path: Path, number: int, line: str) -> str:
     except _TextTwice:
         raise UsageError(f'{path}: line {number}: two "text" fields (JSON readers keep the last); keep one') from None
     except RecursionError:
-        raise UsageError(
-            f"{path}: line {number}: nested too deeply to read; a record is an object with a text field"
-        ) from None
+        raise UsageError(f'{path}: line {number}: nested too deeply to read; write {{"text": "..."}}') from None
     if isinstance(record, list):
         raise _an_array(path, number)
     text = record.get("text") if isinstance(record, dict) else None
@@ -576,10 +520,7 @@ def _record_text(path: Path, number: int, line: str) -> str:
 
 def _an_array(path: Path, number: int) -> UsageError:
     """A JSON array (a list of records saved whole) where JSON Lines holds one object per line."""
-    return UsageError(
-        f"{path}: line {number}: a JSON array, where JSON Lines holds one object per line: write one record per "
-        f"line (jq -c '.[]' {shlex.quote(str(path))} > NEW.jsonl)"
-    )
+    return UsageError(f"{path}: line {number}: a JSON array; write one object per line (jq -c '.[]' FILE > NEW.jsonl)")
 
 
 class _TextTwice(ValueError):

@@ -1,10 +1,7 @@
 """The WordPiece tokenizer (Hugging Face `tokenizers`): train one on a corpus, or load a tokenizer.json or
-BERT vocab.txt; save both files next to the prepared data and in checkpoints.
-
-bertcli's own vocabularies put the special tokens first ([PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4),
-then the continuation pieces ("##a", ...) in code-point order; a loaded one keeps its own ids. Every
-tokenizer loaded goes through `unpadded`: bertcli pads and truncates itself, and a published
-tokenizer.json that pads or truncates on its own would put [PAD] into the shards and cut sentences.
+BERT vocab.txt. A trained vocabulary puts the special tokens first ([PAD]=0 ... [MASK]=4), then the "##c"
+pieces in code-point order. Every tokenizer loaded goes through `unpadded`: one that padded or truncated on
+its own would put [PAD] into the shards and cut sentences.
 """
 
 from __future__ import annotations
@@ -32,8 +29,7 @@ CONTINUATION = "##"
 
 @dataclass(frozen=True, kw_only=True)
 class Casing:
-    """The normalisation settings of BERT's tokenizer, named as in tokenizer_config.json; the defaults
-    are transformers' BertTokenizer's."""
+    """BERT's normalisation settings, named as in tokenizer_config.json, with BertTokenizer's defaults."""
 
     do_lower_case: bool = True
     strip_accents: bool | None = None  # None: follow do_lower_case (as BertTokenizer does)
@@ -41,8 +37,7 @@ class Casing:
 
 
 def casing_of(folder: Path) -> Casing | None:
-    """The casing of the tokenizer_config.json in `folder`, read as transformers' BertTokenizer reads it;
-    None without one, or for a tokenizer class that is not BERT's."""
+    """The casing of the tokenizer_config.json in `folder`, as BertTokenizer reads it; None without one."""
     file = Path(folder) / TOKENIZER_CONFIG
     if not file.is_file():
         return None
@@ -106,14 +101,9 @@ class Characters:
 
 
 def scan_characters(texts: Iterable[str], cfg: TokenizerConfig) -> Characters:
-    """The characters of `texts` (the corpus in blocks, each continuing the previous one) once normalised
-    and pre-tokenised as the tokenizer does: those inside a word (anywhere but first), every character
-    of a word, and how many were read. BERT's normaliser works a character at a time, so each distinct
-    one is normalised once, into a table by code point: removed or not, whether its normal form starts
-    and ends with a word character. A character continues a word when its normal form starts with a
-    word character and the previous kept character's ends with one; after the first block, only the
-    characters not yet settled are looked at, so a pass is a table lookup and a comparison per character.
-    """
+    """The characters of `texts` (the corpus in blocks) once normalised and pre-tokenised. Each distinct one is
+    normalised once, into a table by code point; a character continues a word when its normal form starts
+    with a word character and the previous kept character's ends with one."""
     tok = _new_tokenizer(cfg)
     normalizer, pre_tokenizer = tok.normalizer, tok.pre_tokenizer
 
@@ -163,15 +153,9 @@ def scan_characters(texts: Iterable[str], cfg: TokenizerConfig) -> Characters:
 
 
 def train_wordpiece(sentences: Iterable[str], cfg: TokenizerConfig, chars: Characters) -> Tokenizer:
-    """A WordPiece vocabulary trained on `sentences` (the corpus or a sample of it); `chars` is
-    scan_characters of the whole corpus, so every character of it gets its pieces, sample or not: "c"
-    for each of a word (the trainer's initial alphabet) and "##c" for each that continues one.
-
-    Deterministic in any process: tokenizers 0.23 gives each "##c" its id while iterating a hash map
-    (huggingface/tokenizers#1794), so the "##c" pieces are registered up front as trainer special tokens
-    after the real ones, fixing their ids, then turned back into ordinary pieces (a literal "##a" in text
-    is no special token).
-    """
+    """A WordPiece vocabulary trained on `sentences`; every character of the corpus (`chars`) gets its pieces.
+    tokenizers gives "##c" ids in hash-map order (huggingface/tokenizers#1794): registered as special tokens
+    after the real ones, their ids are fixed, then they are turned back into ordinary pieces."""
     continuations = [CONTINUATION + ch for ch in chars.inner]
     tok = _new_tokenizer(cfg)
     trainer = trainers.WordPieceTrainer(
@@ -214,8 +198,8 @@ def read_tokenizer_json(path: Path) -> Tokenizer:
 
 
 def load_tokenizer(path: Path, cfg: TokenizerConfig) -> Tokenizer:
-    """A tokenizer.json or a vocab.txt (with BERT's pipeline), padding and truncation off. As in transformers,
-    a tokenizer_config.json beside it decides the casing; a vocab.txt without one takes cfg's."""
+    """A tokenizer.json or a vocab.txt (with BERT's pipeline), unpadded; a tokenizer_config.json beside it
+    decides the casing, as in transformers (a vocab.txt without one takes cfg's)."""
     path = find_tokenizer_file(path)
     casing = casing_of(path.parent)
     try:
@@ -243,20 +227,15 @@ def load_tokenizer(path: Path, cfg: TokenizerConfig) -> Tokenizer:
 def describe(tok: Tokenizer) -> dict[str, Any]:
     """What `inspect` shows of a tokenizer: its size and, for BERT's normalizer, its casing."""
     info: dict[str, Any] = {"vocab_size": tok.get_vocab_size(with_added_tokens=True)}
-    norm = tok.normalizer
-    if isinstance(norm, normalizers.BertNormalizer):
+    if isinstance(norm := tok.normalizer, normalizers.BertNormalizer):
         lower = bool(norm.lowercase)
-        info |= {
-            "lowercase": lower,
-            "strip_accents": lower if norm.strip_accents is None else bool(norm.strip_accents),
-            "tokenize_chinese_chars": bool(norm.handle_chinese_chars),
-        }
+        strip = lower if norm.strip_accents is None else bool(norm.strip_accents)
+        info |= {"lowercase": lower, "strip_accents": strip, "tokenize_chinese_chars": bool(norm.handle_chinese_chars)}
     return info
 
 
 def casing_clashes(tok: Tokenizer, cfg: TokenizerConfig) -> str:
-    """The casing settings of `cfg` that loaded tokenizer `tok` does not follow (its vocabulary was made
-    with its own), as "key=value (the tokenizer: value)"; '' where none."""
+    """The casing settings of `cfg` that loaded tokenizer `tok` does not follow; '' where none."""
     casing = describe(tok)
     return ", ".join(
         f"data.tokenizer.{key}={str(getattr(cfg, key)).lower()} (the tokenizer: {str(casing[key]).lower()})"
@@ -275,8 +254,7 @@ def save_tokenizer(tok: Tokenizer, folder: Path) -> None:
 
 
 def check_ids(tok: Tokenizer, path: Path) -> None:
-    """Refuse (exit 2) tokenizer file `path` unless its ids are 0..N-1, as bertcli's vocab.txt (a token a
-    line) needs; in a vocab.txt, that is a token given twice (naming both lines)."""
+    """Refuse tokenizer file `path` unless its ids are 0..N-1 (as vocab.txt needs), naming a token given twice."""
     ids = sorted(tok.get_vocab(with_added_tokens=True).values())
     if ids == list(range(len(ids))):
         return
@@ -301,15 +279,10 @@ def vocab_text(tok: Tokenizer) -> str:
 
 
 def tokenizer_identity(tok: Tokenizer) -> str:
-    """What fixes the token ids of text, hashed: the vocabulary in id order, the normaliser and the
-    pre-tokenizer (not padding, truncation or file layout: a tokenizer saved again keeps it)."""
+    """What fixes the token ids of text, hashed: the vocabulary in id order, the normaliser, the pre-tokenizer."""
     spec = json.loads(tok.to_str())
-    vocab = sorted(tok.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
-    key = {
-        "vocab": [t for t, _ in vocab],
-        "normalizer": spec.get("normalizer"),
-        "pre_tokenizer": spec.get("pre_tokenizer"),
-    }
+    vocab = [t for t, _ in sorted(tok.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])]
+    key = {"vocab": vocab, "normalizer": spec.get("normalizer"), "pre_tokenizer": spec.get("pre_tokenizer")}
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
 

@@ -1,8 +1,5 @@
-"""Units of work prepared into shards (`prepare_unit`) on every core (`prepare_units`: a process pool,
-spawned, whose workers import bertcli's data modules, not torch), and the index of the whole corpus that
-training memory-maps (`write_index`). Every folder is written under a temporary name and renamed into
-place whole, so a stop at any moment leaves only whole units.
-"""
+"""Units of work prepared into shards on every core, and the index of the whole corpus (`write_index`). Every
+folder is written under a temporary name and renamed into place whole: a stop leaves only whole units."""
 
 from __future__ import annotations
 
@@ -96,8 +93,7 @@ class ShardWriter:
 
 @contextlib.contextmanager
 def _new_folder(final: Path, root: Path, pid: int | None = None) -> Iterator[Path]:
-    """A temporary folder to fill, renamed to `final` (in prepared folder `root`) whole at the end, removed
-    on an error or a stop."""
+    """A temporary folder renamed to `final` in prepared folder `root` at the end, removed on an error or a stop."""
     tmp = layout.tmp_name(final, pid=pid)
     try:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -120,8 +116,7 @@ def prepare_unit(
     progress: Callable[[int], None],
     stop: Callable[[], None],
 ) -> dict[str, Any]:
-    """Tokenize one unit into root/units/KEY; return its record (counts per split, unknown tokens).
-    `stop()` raises where the command is asked to stop."""
+    """Tokenize one unit into root/units/KEY; return its record. `stop()` raises where asked to stop."""
     with _new_folder(root / UNITS / unit.key, root, settings.owner) as tmp:
         writers = {split: ShardWriter(tmp / split, np.dtype(settings.dtype)) for split in SPLITS}
         unknown = _encode(unit, tok, writers=writers, settings=settings, progress=progress, stop=stop)
@@ -134,8 +129,7 @@ def prepare_unit(
 def _encode(
     unit: Unit, tok: Tokenizer, writers: dict, settings: UnitSettings, progress: Callable, stop: Callable
 ) -> int:
-    """Encode the sentences of `unit` in batches into `writers`, each document into the split its number
-    in the unit gives (from the unit's phase); return the count of [UNK] tokens."""
+    """Encode `unit` in batches into `writers`, each document into its split; return the count of [UNK] tokens."""
     unk, fraction = special_tokens(tok).unk, settings.validation_fraction
     phase = unit.phase(held_out_stride(fraction))
     counts = {"documents": 0, "unknown": 0}
@@ -170,13 +164,10 @@ def _encode(
 
 
 def replace_folder(tmp: Path, final: Path, root: Path) -> None:
-    """Rename the whole folder `tmp` to `final` inside prepared folder `root`, removing a damaged copy
-    there first (bertcli's own only: a folder holding anything else is refused)."""
+    """Rename folder `tmp` to `final` inside `root`, removing a damaged copy of bertcli's there first."""
     if final.exists() or final.is_symlink():
         if not store.holds_only(final, layout.PREPARED, final.relative_to(root).as_posix() + "/"):
-            raise UsageError(
-                f"{final} holds files that bertcli did not write, so it was left untouched: move it out of the prepared folder, then run the same command"
-            )
+            raise UsageError(f"{final} holds files bertcli did not write: move it out, then run the same command")
         store.remove_folder(final)
     os.replace(tmp, final)
     store.fsync_path(final.parent)
@@ -187,8 +178,7 @@ _worker: dict[str, Any] = {}  # in a worker process: its tokenizer, settings and
 
 
 def _start_worker(tokenizer_file: str, settings: UnitSettings, stop: Any) -> None:
-    # The stop signals, blocked since the worker started (see prepare_units): Ctrl-C and a closed
-    # terminal reach the whole process group, and the parent stops the workers; SIGTERM ends one.
+    # Ctrl-C and a closed terminal reach the whole process group: the parent stops the workers; SIGTERM ends one.
     for signum in (signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
@@ -219,10 +209,10 @@ def one_core(workers: int) -> Iterator[None]:
     try:
         yield
     finally:
-        if workers <= 1:
-            os.environ.pop("TOKENIZERS_PARALLELISM") if before is None else os.environ.update(
-                TOKENIZERS_PARALLELISM=before
-            )
+        if workers <= 1 and before is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM")
+        elif workers <= 1:
+            os.environ["TOKENIZERS_PARALLELISM"] = before
 
 
 def prepare_units(
@@ -235,28 +225,24 @@ def prepare_units(
     progress: Callable[[int], None],
     stop: Callable[[], None],
 ) -> dict[str, dict[str, Any]]:
-    """Prepare `todo` into root/units/ on `workers` processes, largest first (in this one where one
-    worker or one unit is enough); return each unit's record by key. A worker's error is raised here;
-    a stop (`stop()` raises) sets the workers' stop event, and they end within a batch."""
+    """Prepare `todo` into root/units/ on `workers` spawned processes, largest first; return each unit's
+    record by key. A stop (`stop()` raises) sets the workers' stop event: they end within a batch."""
     todo = sorted({u.key: u for u in todo}.values(), key=lambda u: -u.bytes)  # a unit twice (two equal files): once
     (root / UNITS).mkdir(parents=True, exist_ok=True)
     if workers <= 1 or len(todo) <= 1:
         return {u.key: prepare_unit(root, u, tok, settings=settings, progress=progress, stop=stop) for u in todo}
     context = multiprocessing.get_context("spawn")
     records: dict[str, dict[str, Any]] = {}
-    # The processes started here (workers, multiprocessing's resource tracker) begin with the stop signals
-    # blocked, as the mask is inherited: none dies of Ctrl-C or a closed terminal while it starts up (a
-    # traceback on the user's terminal, a tracker gone); the workers take them up in _start_worker. The
-    # tracker is started first: starting it unblocks SIGINT and SIGTERM in this thread (it ignores those).
+    # The processes started here inherit the stop signals blocked, so none dies of Ctrl-C while it starts up;
+    # the workers take them up in _start_worker. The resource tracker is started first: starting it
+    # unblocks SIGINT and SIGTERM in this thread.
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         resource_tracker.ensure_running()
         signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-        event = context.Event()
+        event, size = context.Event(), min(workers, len(todo))
         initargs = (str(root / layout.TOKENIZER_JSON), settings, event)
-        pool = ProcessPoolExecutor(
-            min(workers, len(todo)), mp_context=context, initializer=_start_worker, initargs=initargs
-        )
+        pool = ProcessPoolExecutor(size, mp_context=context, initializer=_start_worker, initargs=initargs)
         futures = {pool.submit(_prepare_in_worker, root, unit): unit for unit in todo}  # (each submit starts a worker)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
@@ -272,10 +258,7 @@ def prepare_units(
         except BrokenProcessPool:
             time.sleep(0.2)  # a stop signal to the whole group ends the workers too: say that instead
             stop()
-            raise RunError(
-                "a worker process preparing the corpus ended without finishing (killed for memory?); run `bertcli "
-                "prepare` again, with fewer --workers if it happens again"
-            ) from None
+            raise RunError("a prepare worker died (out of memory?); run again with fewer --workers") from None
         finally:
             event.set()
             pool.shutdown(cancel_futures=True)
@@ -284,8 +267,7 @@ def prepare_units(
 
 # ------------------------------------------------------------------------------------------ the index
 def write_index(root: Path, units: list[Unit], records: dict[str, dict[str, Any]], digest: str) -> None:
-    """index/DIGEST: each split's segment and document offsets of the whole corpus, each unit's own
-    shifted by the tokens and segments of the units before it, written in blocks (bounded memory)."""
+    """index/DIGEST: each split's offsets of the whole corpus, each unit's own shifted, written in blocks."""
     with _new_folder(root / INDEX / digest, root) as tmp:
         for split in SPLITS:
             (tmp / split).mkdir()

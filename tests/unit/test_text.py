@@ -1210,8 +1210,8 @@ def test_a_json_array_named_as_the_corpus_is_said_as_one(tmp_path):
         ('{"content": "x"}\n', 'line 2: no "text" string field'),
         ('{"text": null}\n', 'line 2: no "text" string field'),
         # a list of records saved whole, on one line or pretty-printed
-        ('[{"text": "a"}, {"text": "b"}]\n', "line 2: a JSON array, where JSON Lines holds one object per line: "),
-        ('[\n  {"text": "a"}\n]\n', "line 2: a JSON array, where JSON Lines holds one object per line: write one "),
+        ('[{"text": "a"}, {"text": "b"}]\n', "line 2: a JSON array; write one object per line (jq -c"),
+        ('[\n  {"text": "a"}\n]\n', "line 2: a JSON array; write one object per line (jq -c"),
     ],
 )
 def test_a_bad_jsonl_record_says_the_line_and_what_to_fix(tmp_path, record, needle):
