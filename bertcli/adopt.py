@@ -1,15 +1,14 @@
-"""A run that starts from a model (model.init_from): its architecture adopted into the run's config
-at resolve time (`adopt_imported`), and what `bertcli init --init-from` sets for continued
-pretraining (`continued_pretraining`).
-"""
+"""A run that starts from a model (model.init_from): its architecture adopted into the run's config, and what
+`bertcli init --init-from` sets for continued pretraining."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from pathlib import Path
 from typing import Any
 
-from bertcli import checkpoint, console, layout, resume
+from bertcli import checkpoint, console, layout
 from bertcli.config import Config, ModelConfig
 from bertcli.config_load import preset_config
 from bertcli.data.tokenizer import casing_clashes, describe, find_tokenizer_file
@@ -19,9 +18,8 @@ from bertcli.hf_names import HF_FIELDS
 from bertcli.layout import Kind
 from bertcli.sbert import read_sentence_model, refuse_a_module
 
-# Continued pretraining: the peak learning rate of BERT fine-tuning and of Hugging Face's run_mlm, well below
-# what a preset uses from scratch (2e-3 for tiny, 1e-4 for base): a high rate would first undo what the
-# model learned. Warm-up: 5% of the steps, at most the preset's.
+# Continued pretraining: the peak learning rate of BERT fine-tuning and of run_mlm, well below a preset's from
+# scratch (a high rate first undoes what the model learned). Warm-up: 5% of the steps, at most the preset's.
 CONTINUED_LR = 5e-5
 CONTINUED_WARMUP_SHARE = 0.05
 
@@ -39,40 +37,26 @@ def imported_config(path: Path) -> ModelConfig:
         return config
     if found.kind is Kind.RUN and found.checkpoints:
         raise UsageError(
-            f"model.init_from={str(path)!r}: a run folder, whose best and newest change while it trains; name one of "
-            f"its checkpoints ({found.checkpoints[-1][1]}, say)"
+            f"model.init_from={str(path)!r}: a run folder; name a checkpoint, e.g. {found.checkpoints[-1][1]}"
         )
-    raise UsageError(
-        f"model.init_from={str(path)!r}: not a Hugging Face BERT folder (config.json + model.safetensors) "
-        "nor a bertcli checkpoint folder"
-    )
-
-
-def source_note(path: Path) -> str | None:
-    """What `init` and `pretrain` say of an init_from checkpoint: that its run set it aside, if it did."""
-    return resume.set_aside_note(path)
+    raise UsageError(f"model.init_from={str(path)!r}: not a Hugging Face BERT folder nor a bertcli checkpoint folder")
 
 
 def adopt_imported(cfg: Config, path: Path) -> Config:
-    """cfg with the model section of the init_from source; a YAML value that contradicts it is an error.
-    The source matters only to start: where it is gone and the run has checkpoints (it resumes from
-    them), the newest stands in for it: its architecture, and its tokenizer where the source was the
-    tokenizer."""
+    """cfg with the model section of the init_from source. Where the source is gone and the run has checkpoints
+    (it resumes from them), the newest stands in: its architecture, and its tokenizer where the source's was used."""
     try:
         imported = imported_config(path)
     except UsageError:
-        own = _newest_own_checkpoint(Path(cfg.output_dir))
+        own = newest_config(Path(cfg.output_dir))
         if own is None:
             raise  # starting fresh: the source is needed
-        ckpt, model = own
+        ckpt, model = own[0], own[1].model
         tokenizer = cfg.data.tokenizer.path
-        stand_in = (not tokenizer or Path(tokenizer) == path or path in Path(tokenizer).parents) and (
-            ckpt / layout.TOKENIZER_JSON
-        ).is_file()
-        console.info(
-            f"model.init_from {path} is gone (or unreadable); this run resumes from its own checkpoints: the "
-            f"architecture{' and the tokenizer' if stand_in else ''} come from {ckpt}"
-        )
+        sources_own = not tokenizer or Path(tokenizer) == path or path in Path(tokenizer).parents
+        stand_in = sources_own and (ckpt / layout.TOKENIZER_JSON).is_file()
+        what = "architecture and the tokenizer" if stand_in else "architecture"
+        console.info(f"model.init_from {path} is gone (or unreadable); the {what} come from {ckpt}, the run's own")
         return _adopt(_with_tokenizer(cfg, ckpt / layout.TOKENIZER_JSON) if stand_in else cfg, model, ckpt)
     cfg = _adopt(cfg, imported, path)
     return cfg if cfg.data.tokenizer.path else _with_tokenizer(cfg, path)  # the imported model's own tokenizer
@@ -91,30 +75,24 @@ def _adopt(cfg: Config, imported: ModelConfig, path: Path) -> Config:
         if getattr(cfg.model, k) is not None and getattr(cfg.model, k) != getattr(imported, k)
     ]
     if clashes:
-        raise UsageError(
-            f"{'; '.join(clashes)}: the architecture comes from model.init_from; remove those keys or "
-            f"write a matching config with `bertcli init` from {path}"
-        )
+        raise UsageError(f"{'; '.join(clashes)}: the architecture comes from model.init_from; remove those keys")
     model = dataclasses.replace(
         imported, pad_vocab_multiple=cfg.model.pad_vocab_multiple, init_from=cfg.model.init_from
     )
     return dataclasses.replace(cfg, model=model)
 
 
-def _newest_own_checkpoint(output_dir: Path) -> tuple[Path, ModelConfig] | None:
-    """The run's newest checkpoint whose config reads, with its architecture (None: none)."""
+def newest_config(output_dir: Path) -> tuple[Path, Config] | None:
+    """The run's newest checkpoint whose config reads, with that config (None: none)."""
     for _, path in reversed(layout.list_checkpoints(output_dir)):
-        try:
-            return path, checkpoint.read_config(path).model
-        except Exception:  # noqa: BLE001  a damaged one: resuming sets it aside too
-            continue
+        with contextlib.suppress(Exception):  # a damaged one: resuming sets it aside too
+            return path, checkpoint.read_config(path)
     return None
 
 
 def continued_pretraining(source: Path, preset: str, overrides: list[str]) -> tuple[dict[str, Any], str]:
-    """What `bertcli init --init-from SOURCE` sets before the user's overrides (which win), as
-    config_load.preset_config's `values`: the imported architecture and weights, its tokenizer (with
-    its casing), and optimizer values for continuing; and the config header's note saying so."""
+    """What `bertcli init --init-from SOURCE` sets under the user's overrides (preset_config's `values`): the
+    architecture, weights, tokenizer and optimizer values for continuing; and the config header's note."""
     refuse_a_module(source, "init --init-from")
     sentence = read_sentence_model(source) if layout.identify(source).kind is Kind.SENTENCE else None
     source = sentence.transformer if sentence else Path(source)  # a sentence-transformers folder's BERT
@@ -139,10 +117,7 @@ def continued_pretraining(source: Path, preset: str, overrides: list[str]) -> tu
     if tokenizer is not None and cfg.data.tokenizer.path == str(source):
         clashes = casing_clashes(loaded, cfg.data.tokenizer)
         if clashes:  # (written into the config, they would be ignored by the loaded tokenizer)
-            raise UsageError(
-                f"{clashes}: the tokenizer of {source} keeps its own casing, as the model's embeddings were "
-                "trained on its ids: drop those settings"
-            )
+            raise UsageError(f"{clashes}: the tokenizer of {source} keeps its own casing; drop those settings")
     o = cfg.optimizer
     note = (
         f"\nContinued pretraining from {source}: its architecture (model), weights (model.init_from)"

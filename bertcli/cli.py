@@ -1,8 +1,5 @@
-"""The `bertcli` command line: parse flags, run the command (its checks before torch loads are in
-preflight.py), and turn every error into one line and its exit code: 0 success, 2 usage, config or
-input errors, 1 run-time errors, 128 + N stopped by signal N. Data goes to stdout, the rest to stderr;
-a traceback only under `--debug` (accepted anywhere on the line).
-"""
+"""The `bertcli` command line: parse flags, run the command (checks before torch loads: preflight.py), and turn
+every error into one line on stderr and its exit code: 2 usage, config or input, 1 run-time, 128 + N signal N."""
 
 from __future__ import annotations
 
@@ -95,24 +92,22 @@ def init(
     overrides: list[str] = SET,
 ) -> None:
     """Scaffold a run: write DIR/config.yaml from a preset, every field commented."""
-    from bertcli import layout, preflight
+    from bertcli import preflight
     from bertcli.config_write import write_run_config
 
     cfg, header = preflight.init(directory, preset.value, corpus=corpus, init_from=init_from, overrides=overrides)
     path, m = write_run_config(directory, cfg, header, force=force), cfg.model
     if init_from is not None:
-        from bertcli.adopt import source_note
         from bertcli.export import described
+        from bertcli.resume import set_aside_note
 
-        origin, note = f"from {described(Path(m.init_from))}", source_note(Path(m.init_from))
+        origin, note = f"from {described(Path(m.init_from))}", set_aside_note(Path(m.init_from))
     else:
         origin, note = f"preset {preset.value}", None
     shape = f"{m.num_hidden_layers} layers, hidden {m.hidden_size}, {m.num_attention_heads} heads"
     err(f"wrote {path} ({origin}: {shape}, sequences of {cfg.data.max_seq_length})")
     for line in [f"warning: {w}" for w in cfg.warnings()] + ([f"note: {note}"] if note else []):
         err(line)
-    if checkpoints := layout.list_checkpoints(directory):
-        err(f"note: {directory} holds {len(checkpoints)} checkpoint(s) of a run: pretrain resumes the newest")
     err(f"next: {command_line('pretrain', '--config', path)}")
 
 
@@ -124,8 +119,7 @@ def prepare(
     workers: int = typer.Option(0, "--workers", "-w", metavar="N", min=0, help="Processes (0: the cores available)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
 ) -> None:
-    """Train the tokenizer and write token shards for the config's corpus (pretrain does this when
-    needed); only what changed in the corpus since the last prepare is prepared again."""
+    """Train the tokenizer and write token shards for the config's corpus (pretrain does this when needed)."""
     from bertcli import store
     from bertcli.data.prepare import prepare as run
     from bertcli.data.prepare import prepared_lock
@@ -215,7 +209,6 @@ def export(
     err(f"wrote {folder}{origin}; load it with transformers.BertForPreTraining.from_pretrained({str(folder)!r})")
 
 
-# encode's flags: declared here so that the command reads as its steps.
 MODEL = typer.Option(..., "--model", "-m", metavar="PATH", help="A run, checkpoint or Hugging Face BERT folder.")
 INPUTS = typer.Argument(None, metavar="FILE", help="Text files, one text per line ('-' or none: stdin).")
 POOLING = typer.Option(None, "--pooling", metavar="cls|mean|max|pooler", help="Default: the folder's own, else cls.")
@@ -284,8 +277,8 @@ WRITES = {
 
 
 def os_error_message(exc: OSError, command: str = "") -> str:
-    """One line for a failed read or write, worded for `command`: every write is atomic, so what was
-    there before is intact. A write fails inside a temporary name: the final one is named."""
+    """One line for a failed read or write of `command` (writes are atomic: what was there is intact), naming
+    the final path where the write failed on its temporary name."""
     from bertcli.layout import TEMPORARY
 
     parts = str(exc.filename).split("/")
@@ -348,8 +341,7 @@ def main(argv: list[str] | None = None) -> None:
             (console.log if isinstance(exc, Interrupted) else err)(line)
     code = code if isinstance(code, int) else 0
     if argv is None and any(t.name == "bertcli-encode-input" and t.is_alive() for t in threading.enumerate()):
-        # encode's input thread is blocked reading stdin and holds its lock, on which the interpreter's
-        # shutdown would abort: everything is written, so the process ends here.
+        # encode's input thread, blocked reading stdin, holds a lock that shutdown would abort on.
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(OSError, ValueError):
                 stream.flush()

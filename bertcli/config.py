@@ -1,9 +1,5 @@
-"""The run configuration's schema: typed nested dataclasses, their impossible values, and the presets.
-
-Each field's docstring (the string under it) is its YAML comment in `bertcli init`'s file (`field_docs()`).
-Each section's `problems()` checks its own values; `Config.problems()` adds those that read two sections.
-Loading is `bertcli.config_load`, writing `bertcli.config_write`.
-"""
+"""The run configuration's schema: typed nested dataclasses, their impossible values (`problems()`), and the
+presets. Each field's docstring is its YAML comment (`field_docs()`); loading is config_load, writing config_write."""
 
 from __future__ import annotations
 
@@ -19,9 +15,7 @@ from typing import Any, Literal, Optional
 
 from bertcli.errors import UsageError
 
-# An impossible value: (its full path, what is wrong), e.g. ("train.max_steps", "must be at least 1, got 0").
-# Types are right by then (the loader checks them first).
-Problem = tuple[str, str]
+Problem = tuple[str, str]  # ("train.max_steps", "must be at least 1, got 0"); types are checked before
 
 
 def failing(checks: list[tuple[bool, str, str]]) -> list[Problem]:
@@ -30,12 +24,10 @@ def failing(checks: list[tuple[bool, str, str]]) -> list[Problem]:
 
 
 def at_least(path: str, value: float, low: float, why: str = "") -> tuple[bool, str, str]:
-    """The check that `value` (at `path`) is at least `low` ("must not be negative" for 0)."""
     return value >= low, path, f"{'must not be negative' if low == 0 else f'must be at least {low}'}{why}, got {value}"
 
 
 def from_to(path: str, value: int, low: int, high: int, *, why: str = "") -> tuple[bool, str, str]:
-    """The check that the integer `value` is from `low` to `high`, both in."""
     return low <= value <= high, path, f"must be from {low:,} to {high:,}{why}, got {value:,}"
 
 
@@ -63,8 +55,7 @@ def is_device_name(name: str) -> bool:
 
 @cache
 def torch_build() -> tuple[str, str] | None:
-    """("cpu" or "gpu", the version) of the installed PyTorch, read from torch/version.py without importing
-    torch (3-4 s, 250 MB): a CPU build has neither CUDA nor ROCm. None: not read as expected."""
+    """("cpu" or "gpu", version) of the installed PyTorch from torch/version.py, without importing it; else None."""
     import importlib.util
 
     try:
@@ -86,14 +77,11 @@ def torch_build() -> tuple[str, str] | None:
 
 
 def check_gpu_build(name: str, what: str) -> None:
-    """Refuse a CUDA device name where the installed PyTorch is a CPU build, before torch is imported;
-    any other build passes (runtime's parse_device then asks the driver)."""
+    """Refuse a CUDA device name with a CPU build of PyTorch, before torch is imported."""
     build = torch_build() if name.startswith("cuda") else None
     if build is not None and build[0] == "cpu":
-        raise UsageError(
-            f"{what} {name!r}: the installed PyTorch ({build[1]}) is a CPU build, without CUDA; use {what} cpu "
-            "(or auto), or install a CUDA build of torch"
-        )
+        fix = f"use {what} cpu, or install a CUDA build of torch"
+        raise UsageError(f"{what} {name!r}: the installed PyTorch ({build[1]}) is a CPU build, without CUDA; {fix}")
 
 
 NAME_MAX, PATH_MAX = 255, 4096  # bytes of one file name, and of a whole path (Linux; macOS allows fewer)
@@ -106,10 +94,8 @@ def path_problem(value: str) -> str | None:
     if "\0" in value:
         return "holds a NUL character, which no path can"
     if longest > NAME_MAX or len(encoded) > PATH_MAX:
-        return (
-            f"is no usable path: {len(encoded):,} bytes, with a name of {longest:,} (a file name is at most "
-            f"{NAME_MAX} bytes, a path at most {PATH_MAX:,})"
-        )
+        sizes = f"{len(encoded):,} bytes, a name of {longest:,} (at most {NAME_MAX}, {PATH_MAX:,} in all)"
+        return f"is no usable path: {sizes}"
     return None
 
 
@@ -149,26 +135,19 @@ class ModelConfig:
     """Token id of [PAD]."""
 
     def layer_index(self, layer: int) -> int:
-        """`layer` as a count of blocks run: 0 is the embeddings' output, L the last block's;
-        negative counts from the end (-1 = L, -(L+1) = 0). IndexError outside that range."""
+        """`layer` as a count of blocks run: 0 the embeddings' output, L the last block's, -1 = L, -(L+1) = 0."""
         L = self.num_hidden_layers
         index = layer if layer >= 0 else L + 1 + layer
         if not 0 <= index <= L:
-            raise IndexError(
-                f"layer {layer} out of range: the model has {L} layers "
-                f"(0 = the embeddings to {L}, or -1 to -{L + 1} from the end)"
-            )
+            raise IndexError(f"layer {layer} out of range: the model has {L} layers (0 to {L}, or -1 to -{L + 1})")
         return index
 
     def pad_problem(self, pad_id: int, source: str) -> str | None:
-        """Why pad_token_id is not the [PAD] id `pad_id` of `source`'s tokenizer (None: it is): the padding
-        row gets no gradient, so another token there would never learn."""
+        """Why pad_token_id is not `source`'s [PAD] id `pad_id` (None: it is): the padding row never learns."""
         if self.pad_token_id == pad_id:
             return None
-        return (
-            f"model.pad_token_id={self.pad_token_id} but [PAD] is token {pad_id} of the tokenizer of {source}; set "
-            f"model.pad_token_id: {pad_id} (the padding row never learns: another token there would not either)"
-        )
+        pad = f"[PAD] is token {pad_id} of the tokenizer of {source}"
+        return f"model.pad_token_id={self.pad_token_id} but {pad}; set model.pad_token_id: {pad_id}"
 
     def problems(self) -> list[Problem]:
         m = self
@@ -195,9 +174,7 @@ class ModelConfig:
         )
 
 
-# The generated corpus's bound on its expected size (100x the default's): its chain is walked token by token
-# in Python (20M tokens: about 6 s and 440 MB).
-MAX_SYNTHETIC_TOKENS = 20_000_000
+MAX_SYNTHETIC_TOKENS = 20_000_000  # 100x the default's; generated token by token in Python (about 6 s, 440 MB)
 MAX_BRANCHING = 1024  # successors per token: a table of vocab_size x branching ids
 
 
@@ -309,7 +286,6 @@ class DataConfig:
     """Settings of the synthetic corpus (used when corpus is synthetic)."""
 
     def problems(self) -> list[Problem]:
-        """This section's impossible values, its tokenizer's and its synthetic corpus's."""
         d, replaced = self, self.mask_token_prob + self.random_token_prob
         once = " (data.max_seq_length: a token is predicted at most once)"
         too_many = f"data.mask_token_prob + data.random_token_prob must be at most 1, got {replaced}"
@@ -331,8 +307,6 @@ class DataConfig:
 
 @dataclass
 class TrainConfig:
-    """The training loop."""
-
     seed: int = 42
     """Seed of initialisation, data order, masks and dropout."""
     max_steps: int = 1_000_000
@@ -390,8 +364,6 @@ class TrainConfig:
 
 @dataclass
 class OptimizerConfig:
-    """AdamW and its learning-rate schedule."""
-
     lr: float = 1e-4
     """Peak learning rate, reached at the end of warm-up."""
     weight_decay: float = 0.01
@@ -428,8 +400,6 @@ class OptimizerConfig:
 
 @dataclass
 class PrecisionConfig:
-    """Numeric precision of the training step."""
-
     mode: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     """auto = bf16 on GPUs that support it, fp16 + loss scaling on older GPUs, fp32 on CPU (a CPU without bf16 or fp16 instructions emulates them, about 10x slower than fp32: pretrain warns)."""
     allow_tf32: bool = True
@@ -443,8 +413,6 @@ class PrecisionConfig:
 
 @dataclass
 class CheckpointConfig:
-    """When checkpoints are written and how many are kept."""
-
     save_every: int = 1000
     """Write a checkpoint every N steps (and always at the end)."""
     keep_last: int = 3
@@ -476,8 +444,6 @@ class LoggingConfig:
 
 @dataclass
 class Config:
-    """A whole run."""
-
     output_dir: str = "."
     """Folder for checkpoints, TensorBoard logs and metrics.jsonl, relative to the config file."""
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -511,28 +477,21 @@ class Config:
         return own + failing(checks) + [(key, why) for key in PATH_KEYS if (why := path_problem(paths[key]))]
 
     def warnings(self) -> list[str]:
-        """Values that are possible but likely not meant, one line each (`pretrain` and `init` print them);
-        not errors: a run may raise train.max_steps later and resume."""
+        """Values possible but likely not meant, a line each (not errors: a run may raise max_steps and resume)."""
         o, t = self.optimizer, self.train
         if o.warmup_steps <= t.max_steps:
             return []
-        share = t.max_steps / o.warmup_steps
-        return [
-            f"optimizer.warmup_steps={o.warmup_steps:,} is past train.max_steps={t.max_steps:,}: the learning "
-            f"rate rises to {share:.0%} of optimizer.lr ({o.lr:g} x {share:.3g} = {o.lr * share:.3g}) at the "
-            f"last step and never decays; lower warmup_steps (say {max(1, t.max_steps // 10):,}) unless you "
-            "mean to raise max_steps and resume"
-        ]
+        past = f"optimizer.warmup_steps={o.warmup_steps:,} is past train.max_steps={t.max_steps:,}"
+        rises = f"the learning rate rises to {t.max_steps / o.warmup_steps:.0%} of optimizer.lr and never decays"
+        return [f"{past}: {rises}; lower warmup_steps unless you mean to raise max_steps and resume"]
 
 
 MAX_DATA_WORKERS = 64
 MAX_EVAL_EXAMPLES = 100_000  # at 1e5 one evaluation of the tiny preset took 212-289 s on 2 cores
 
 
-# Presets: overrides on top of the defaults. Only what differs from the defaults is listed.
 PRESETS: dict[str, dict[str, Any]] = {
-    # The d2l textbook's BERT: 2 layers, hidden 128, 2 heads, FFN 256, sequences of 64; sized to
-    # train on the bundled sample in a few minutes on a laptop CPU.
+    # What each differs from the defaults in. tiny: the d2l textbook's, a few minutes on a laptop CPU.
     "tiny": {
         "model": {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 256},
         "data": {
@@ -551,9 +510,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "optimizer": {"lr": 5e-4, "warmup_steps": 2_000},
     },
     # BERT-base and BERT-large at sequence 128 with the global batch of the paper (256).
-    "base": {
-        "train": {"batch_size": 64, "grad_accum_steps": 4},
-    },
+    "base": {"train": {"batch_size": 64, "grad_accum_steps": 4}},
     "large": {
         "model": {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "intermediate_size": 4096},
         "train": {"batch_size": 32, "grad_accum_steps": 8},
@@ -561,8 +518,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-# The debug flavour (torchtitan's debugmodel): the tiny preset cut to a model whose step takes milliseconds
-# on a CPU, on the synthetic corpus; the tests build their runs from it (config_load.debug_config).
+# The tests' debug flavour (torchtitan's debugmodel, config_load.debug_config): tiny, milliseconds a step.
 DEBUG: dict[str, dict[str, Any]] = {
     "model": {
         "vocab_size": 128,
@@ -598,12 +554,10 @@ def field_docs(cls: type) -> dict[str, str]:
 
 @cache
 def field_types(cls: type) -> dict[str, Any]:
-    """The type of each field of dataclass `cls` (the annotations, resolved)."""
     return typing.get_type_hints(cls)
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:
-    """The config as nested plain dicts (to write as YAML or JSON)."""
     return dataclasses.asdict(cfg)
 
 
@@ -625,8 +579,7 @@ PATH_KEYS = ("output_dir", "data.corpus", "data.prepared_dir", "data.tokenizer.p
 
 
 def with_vocab(cfg: Config, vocab_size: int, source: str, pad_id: int | None = None) -> Config:
-    """`cfg` with model.vocab_size from the tokenizer of `source` (when null), or checked against it, and
-    model.pad_token_id checked against its [PAD] id `pad_id` (when known)."""
+    """`cfg` with model.vocab_size from `source`'s tokenizer (or checked against it), pad_token_id checked."""
     if cfg.model.vocab_size is not None and cfg.model.vocab_size != vocab_size:
         if cfg.model.init_from:  # the size is the weights', which "set null" does not change
             raise UsageError(

@@ -1,8 +1,5 @@
-"""Loading a run configuration: defaults < YAML file < `--set section.key=value` overrides, into a `Config`.
-
-Strict: a key given twice, unknown keys (with the closest name), wrong types and impossible values
-(`problems()`, in `bertcli.config`) are reported together, one line each, as a `UsageError` (exit 2).
-"""
+"""Loading a run configuration: defaults < YAML file < `--set section.key=value`, into a `Config`. Strict: keys
+given twice, unknown keys, wrong types and impossible values are reported together, a line each (exit 2)."""
 
 from __future__ import annotations
 
@@ -66,15 +63,14 @@ def preset_dict(name: str) -> dict[str, Any]:
 
 
 def model_config_from_dict(raw: dict[str, Any], source: str) -> ModelConfig:
-    """A ModelConfig alone (an imported config.json's, say), strictly checked; with no tokenizer beside it
-    to take the size from, it must give vocab_size."""
+    """A ModelConfig alone (an imported config.json's), strictly checked; it must give vocab_size."""
     if raw.get("vocab_size") is None:
         raise UsageError(f"{source}: model.vocab_size: missing; an architecture alone must give its vocabulary size")
     return _build_checked(ModelConfig, raw, "model", {"": source})
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
-    """Read a YAML mapping, turning every way it can fail into one UsageError line."""
+    """A YAML mapping; every way reading it fails is one UsageError line."""
     try:
         mode = os.stat(path).st_mode
     except OSError:
@@ -115,8 +111,7 @@ def _unreadable(exc: BaseException, path: Path) -> str:
     return next((line for kind, line in said.items() if isinstance(exc, kind)), str(exc))  # TooManyAliases: its own
 
 
-# A whole config is about 90 values; aliases (`<<: *defaults`) may repeat some sections, never make it
-# thousands of times larger (the "billion laughs"). PyYAML composes a list of a million values in about 20 s.
+# A config is about 90 values: aliases may repeat sections, never make it thousands of times larger.
 MAX_YAML_NODES, MAX_CONFIG_BYTES = 10_000, 256 * 1024
 
 
@@ -125,8 +120,7 @@ class TooManyAliases(yaml.YAMLError):
 
 
 def load_yaml(text: str) -> Any:
-    """A YAML document with StrictLoader, refused (TooManyAliases) before it is built when its aliases
-    would expand it past MAX_YAML_NODES values, or refer to themselves."""
+    """A YAML document with StrictLoader; TooManyAliases, before it is built, if aliases expand it too far or loop."""
     loader = StrictLoader(text)
     try:
         node = loader.get_single_node()
@@ -141,8 +135,7 @@ def load_yaml(text: str) -> Any:
 
 
 def _expanded(node: yaml.Node, sizes: dict[int, int], open_: set[int]) -> int:
-    """Values in `node` with every alias expanded, at most MAX_YAML_NODES + 1: each shared node is counted
-    once (`sizes`), so a billion laughs is refused in microseconds. `open_`: the nodes being counted."""
+    """Values in `node`, aliases expanded, at most MAX_YAML_NODES + 1; each shared node counted once (`sizes`)."""
     if id(node) in open_:
         raise TooManyAliases(f"an alias refers to itself (line {node.start_mark.line + 1}); a config needs none")
     if id(node) not in sizes:
@@ -162,8 +155,7 @@ class DuplicateKey(yaml.YAMLError):
 
 
 class StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a key given twice in one mapping (plain YAML keeps the last one
-    silently, so a second `model:` section would hide the first)."""
+    """SafeLoader that refuses a key given twice in a mapping (SafeLoader silently keeps the last)."""
 
     composed = 0  # nodes composed so far
 
@@ -191,15 +183,13 @@ class StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
     def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
-        """An integer as YAML 1.2 reads it (and as a person does): `010` is 10, `0x1F` and `0o17` hex
-        and octal. PyYAML's YAML 1.1 made `010` 8 and `1:30` 90, silently."""
+        """An integer as YAML 1.2 reads it: `010` is 10 (YAML 1.1: 8), `0x1F` and `0o17` hex and octal."""
         text = str(self.construct_scalar(node)).replace("_", "")
         sign, digits = (-1, text[1:]) if text[:1] == "-" else (1, text.lstrip("+"))
         return sign * (int(digits, 0) if digits[:2].lower() in ("0x", "0o") else int(digits, 10))
 
 
-# YAML 1.2 core schema numbers: no sexagesimal (`1:30` stays text, refused where a number is due)
-# and no binary; leading zeros are decimal. Floats keep PyYAML's other forms.
+# YAML 1.2 core schema numbers: no sexagesimal (`1:30` stays text) or binary; leading zeros are decimal.
 StrictLoader.yaml_implicit_resolvers = {
     first: [(tag, rx) for tag, rx in resolvers if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
@@ -222,7 +212,7 @@ StrictLoader.add_constructor("tag:yaml.org,2002:int", StrictLoader.construct_yam
 
 
 def parse_overrides(overrides: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
-    """Turn `["model.hidden_size=256", ...]` into a nested dict, and each path's origin label."""
+    """`["model.hidden_size=256", ...]` as a nested dict, and each path's origin label."""
     nested: dict[str, Any] = {}
     origin: dict[str, str] = {}
     for item in overrides:
@@ -241,7 +231,6 @@ def parse_overrides(overrides: list[str]) -> tuple[dict[str, Any], dict[str, str
         node = nested
         parts = key.split(".")
         if len(parts) == 1 and dataclasses.is_dataclass(field_types(Config).get(key)):
-            # (merged over the preset, a whole section replaced it: `train=null` gave every global default)
             raise UsageError(f"--set {_shown(item)}: {key} is a section: set its keys one at a time ({key}.KEY=VALUE)")
         for part in parts[:-1]:
             child = node.setdefault(part, {})
@@ -266,7 +255,7 @@ def build_config(raw: dict[str, Any], origin: dict[str, str]) -> Config:
 
 
 def _origin_of(p: str, origin: dict[str, str]) -> str:
-    """Where the value at `p` came from: the file, or --set (for p or a key under it: a section's check)."""
+    """Where the value at `p` (or, for a section's check, a key under it) came from: the file, or --set."""
     under = [label for key, label in origin.items() if key.startswith(p + ".")] if p else []
     return origin.get(p) or (under[0] if under else origin.get("", "config"))
 
@@ -276,8 +265,7 @@ def _build_checked(cls: type, raw: dict[str, Any], path: str, origin: dict[str, 
     errors: list[str] = []
     failed: set[str] = set()
     built = _build(cls, raw, path, errors=errors, origin=origin, failed=failed)
-    # Value checks run on what could be built, reported with the other problems; one that reads a value
-    # of the wrong type (which kept its default) would mislead: left out.
+    # A value check that reads a value of the wrong type (left at its default) would mislead: left out.
     errors += [
         f"{_origin_of(p, origin)}: {p}: {msg}"
         for p, msg in built.problems()
@@ -294,8 +282,8 @@ def _involves(path: str, message: str, bad: str) -> bool:
 
 
 def _build(cls: type, raw: Any, path: str, *, errors: list[str], origin: dict[str, str], failed: set[str]) -> Any:
-    """Build dataclass `cls` from nested dict `raw`, appending every problem to `errors` and the
-    path of every value (or section) of the wrong type to `failed`: those keep their defaults."""
+    """Dataclass `cls` from nested dict `raw`; every problem goes to `errors`, and the path of every value
+    (or section) of the wrong type to `failed`: those keep their defaults."""
 
     def where(p: str) -> str:
         return f"{_origin_of(p, origin)}: {p}"
@@ -373,7 +361,6 @@ MAX_INT = 2**63 - 1  # the largest integer numpy and torch take (int64)
 
 
 def _shown(value: Any, limit: int = 60) -> str:
-    """repr(value), cut to `limit` characters: a message stays one readable line whatever was given."""
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + f"... ({len(text):,} characters)"
 

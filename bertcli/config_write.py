@@ -1,6 +1,4 @@
-"""Writing a run configuration: the commented YAML of `bertcli init` and the table of docs/configuration.md,
-both from the schema's fields, docstrings, types and defaults (the tests check configs/ and the docs equal them).
-"""
+"""Writing a run configuration: init's commented YAML and docs/configuration.md's table, both from the schema."""
 
 from __future__ import annotations
 
@@ -18,8 +16,7 @@ from bertcli.errors import UsageError
 
 
 def yaml_scalar(value: Any) -> str:
-    """A value as a YAML scalar that reads back as the same Python value; non-ASCII text as it is
-    (a path "ünï/x", not "\\xFCn\\xEF/x"), only what YAML cannot print escaped."""
+    """A value as a YAML scalar that reads back as the same value (non-ASCII text as it is, not escaped)."""
     text = yaml.safe_dump(value, default_flow_style=True, width=10_000, allow_unicode=True)
     return text.removesuffix("\n...\n").strip()
 
@@ -84,8 +81,7 @@ def preset_header(name: str) -> str:
 
 
 def check_replaceable(path: Path) -> None:
-    """Refuse (exit 2) to overwrite `path` (a forced init) unless it is a bertcli config: a YAML mapping
-    whose top-level keys are all config sections, or an empty file."""
+    """Refuse (exit 2) to overwrite `path` unless it is empty or a YAML mapping of config sections."""
     fix = "move it away first, or choose another folder"
     if path.is_dir():
         raise UsageError(f"{path} is a folder; bertcli init writes config.yaml as a file: {fix}")
@@ -103,9 +99,8 @@ def check_replaceable(path: Path) -> None:
 
 
 def write_run_config(directory: Path, cfg: Config, header: str, *, force: bool) -> Path:
-    """Write DIR/config.yaml: never through a link, never over a file that is not a bertcli config, over
-    one only with `force` and while no command holds the run; the folders it made are removed again if
-    the write fails (a full disk)."""
+    """Write DIR/config.yaml: never through a link or over a file not a bertcli config, over one only with `force`
+    and while no command holds the run; a failed write removes the folders it made."""
     path = directory / layout.RUN_CONFIG
     if path.is_symlink():  # written through, the link's target (a shared template, any file) would be replaced
         raise store.linked(path, "remove the link (its target is left alone), then run init again")

@@ -1,10 +1,5 @@
-"""Every message for the user goes through here: one line at a time to stderr (stdout is for data).
-
-Under torchrun every process runs the same code; only rank 0 speaks (`runtime.setup` says which
-process this is), so a message appears once. Errors are shown from whichever process hits them.
-A quiet `pretrain` keeps errors, warnings and the final summary: what only tells how the work goes
-(`info`: resuming, data up to date, prepared) is left out.
-"""
+"""Every message for the user goes through here, a line at a time to stderr (stdout is for data). Under torchrun
+only rank 0 speaks (`log`); errors come from any process; a quiet pretrain leaves out `info` lines."""
 
 from __future__ import annotations
 
@@ -20,8 +15,7 @@ MAX_LINE = 2_000  # characters of a message; a value echoed whole (a 10 MB path)
 
 
 def _shortened(message: str) -> str:
-    """`message` with its middle left out when longer than MAX_LINE: the start says what and where,
-    the end how to fix it."""
+    """`message` with its middle left out past MAX_LINE (the start says what and where, the end the fix)."""
     if len(message) <= MAX_LINE:
         return message
     if "\n" in message:  # (help text): line by line
@@ -48,8 +42,7 @@ def error(message: str) -> None:
 
 
 def info(message: str) -> None:
-    """A line that tells how the work goes (rank 0 only), left out when quiet; a warning, or
-    anything the user must know, goes through `log`."""
+    """A line that tells how the work goes (rank 0 only), left out when quiet; warnings go through `log`."""
     if not _quiet:
         log(message)
 
@@ -67,8 +60,7 @@ def quiet(enabled: bool) -> Iterator[None]:
 
 @contextlib.contextmanager
 def silent() -> Iterator[None]:
-    """While inside: `log` and `info` print nothing (a check run ahead of the work, which says its
-    lines again when it repeats it); errors still reach the user, raised."""
+    """While inside: `log` and `info` print nothing (a check run ahead of the work); errors are raised."""
     global _speaks
     before, _speaks = _speaks, False
     try:

@@ -1,11 +1,8 @@
-"""Dropout with a cheaper mask on CPUs, the attention that applies it to the attention weights, and the
-per-step seeding that makes every step's dropout reproducible.
+"""Dropout with a cheaper mask on CPUs, attention that applies it, and per-step seeding (reproducible dropout).
 
-torch's CPU dropout draws a double per element from two Mersenne-Twister draws, serially (on AMD CPUs, where
-MKL's generator is off). Here each element takes 32 bits of one 64-bit draw, compared with an integer threshold
-into a bool mask: about 3x faster on BERT-base hidden states (docs/benchmarks.md). The bits come from torch's
-default generator, so the mask is a function of the step's seed (`seed_step`). On GPUs torch's fused kernels
-are faster than anything composed of tensor ops, so there both functions are torch's.
+torch's CPU dropout draws a double per element, serially; here each element takes 32 bits of one 64-bit draw of
+torch's generator (so a function of `seed_step`'s seed), compared with a threshold: about 3x faster on BERT-base.
+On GPUs torch's fused kernels are faster, so there both functions are torch's.
 """
 
 from __future__ import annotations
@@ -45,9 +42,8 @@ class Dropout(nn.Dropout):
 def attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None, *, dropout_p: float
 ) -> torch.Tensor:
-    """Scaled dot-product attention with dropout on the weights: (B, nh, T, hd) x3 -> (B, nh, T, hd); `keep`
-    (B, 1, 1, T) bool: keys that may be attended (None: all). On CPUs with dropout, SDPA's math path written
-    out with `dropout` (a row always has its [CLS] to attend); elsewhere SDPA."""
+    """SDPA with dropout on the weights: (B, nh, T, hd) x3 -> (B, nh, T, hd); `keep` (B, 1, 1, T): keys that may
+    be attended (None: all). On CPUs with dropout, SDPA's math path written out with `dropout`."""
     if dropout_p == 0 or q.device.type != "cpu":
         return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=dropout_p)
     scores = torch.matmul(q * (1 / math.sqrt(q.shape[-1])), k.transpose(-2, -1))  # (B, nh, T, T)
@@ -57,6 +53,5 @@ def attention(
 
 
 def seed_step(seed: int, step: int, rank: int = 0) -> None:
-    """Seed torch (dropout) for one step from (seed, step, rank): the step's randomness is then a
-    pure function of them, so resuming restores it without saved generator states."""
+    """Seed torch (dropout) from (seed, step, rank): resuming restores it without saved generator states."""
     torch.manual_seed(int(np.random.SeedSequence([seed, step, rank]).generate_state(1, dtype=np.uint64)[0] >> 1))

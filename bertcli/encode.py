@@ -1,10 +1,5 @@
-"""`bertcli encode`: lines of text in, one vector per line out, streamed.
-
-Lines are read a window at a time (WINDOW_BATCHES batches or WINDOW_CHARS characters), tokenized together,
-sorted by length inside the window so that each batch carries little padding, run through the encoder under
-torch.inference_mode, and written in input order before the next window is read: memory is bounded whatever
-the input's length. A window is written early when the input stalls, so a slow producer sees its rows.
-"""
+"""`bertcli encode`: lines of text in, one vector per line out, streamed a window at a time (bounded memory):
+each window is tokenized, sorted by length into batches with little padding, encoded and written in input order."""
 
 from __future__ import annotations
 
@@ -38,7 +33,7 @@ from bertcli.encode_io import (
     stream_full,
 )
 from bertcli.errors import RunError, UsageError
-from bertcli.export import check_model_path, read_checkpoint
+from bertcli.export import check_model_path, described, read_checkpoint
 from bertcli.model import BertForPreTraining, padding_mask
 from bertcli.resume import set_aside_note
 from bertcli.sbert import NotReproducible, SentenceModel, lowercase_first
@@ -46,30 +41,26 @@ from bertcli.sbert import NotReproducible, SentenceModel, lowercase_first
 WINDOW_BATCHES = 32
 WINDOW_CHARS = 1 << 20  # a window's bound in characters too: memory stays bounded whatever --batch-size asks
 # On a CPU a batch's widest activation (token slots x intermediate_size x itemsize) stays under this: long texts
-# come fewer per batch. The matrix products run as fast from about 640 rows up, and smaller activations stay in
-# cache and below glibc's mmap threshold (MiniLM, 1,000 paragraphs: 12.0 s against 14.0 s at 64 texts a batch).
+# come fewer per batch, and the activations stay in cache (the matrix products are as fast from ~640 rows up).
 CPU_BATCH_BYTES = 8 << 20
 # The lines read so far are encoded and written when none comes for STALL_SECONDS or the oldest has waited
 # MAX_WAIT_SECONDS (a slow producer: tail -f); input that flows fills whole windows.
 STALL_SECONDS = 0.15
 MAX_WAIT_SECONDS = 1.0
-# A text longer than PREFIX_START characters per token of the limit is tokenized from a prefix that provably
-# gives its first tokens (Prefixes), grown 4-fold while it does not, up to PREFIX_CAP characters per token.
+# A text past PREFIX_START characters per token of the limit is tokenized from a prefix (Prefixes), grown 4-fold
+# up to PREFIX_CAP characters per token.
 PREFIX_START = 8
 PREFIX_CAP = 1000
-# A side of a pair is tokenized whole up to this many characters: truncation gives the odd token of an odd
-# budget to the longer side, which only whole sides tell.
+# A side of a pair is tokenized whole up to this many characters: truncation needs to know the longer side.
 PAIR_WHOLE_CHARS = 100_000
 
 
 class NonFiniteOutput(RunError):
-    """The model gives NaN or inf for an input (an overflowing forward pass): no row of it is written."""
+    """The model gives NaN or inf for an input: no row of it is written."""
 
     def __init__(self, source: Path | None, where: str, precision: str) -> None:
         fix = "encode in fp32 or bf16" if precision == "fp16" else "use another checkpoint or model"
-        super().__init__(
-            f"{source or 'the model'}: its output is NaN or inf for {where}, so its vectors would be meaningless; {fix}"
-        )
+        super().__init__(f"{source or 'the model'}: its output is NaN or inf for {where}; {fix}")
         self.source, self.where = source, where
 
 
@@ -81,9 +72,7 @@ class Encoder:
     sentence: SentenceModel | None = None  # a sentence-transformers folder's own settings
     fresh: tuple[str, ...] = ()  # parts a Hugging Face folder lacked, initialised at random: "pooler", ...
     source: Path | None = None  # the folder or checkpoint the weights came from
-    # Positions the model was trained at, where fewer than it has (None: all): the positions past it hold their
-    # random initialisation, so encode stops there unless asked.
-    trained_length: int | None = None
+    trained_length: int | None = None  # positions trained, where fewer than it has: encode stops there by default
 
     @property
     def max_length(self) -> int:
@@ -93,8 +82,8 @@ class Encoder:
 def load_encoder(
     path: Path, device: torch.device, precision: str = "fp32", hf: hf_import.EncoderFolder | None = None
 ) -> Encoder:
-    """A run folder (best checkpoint, else newest), a checkpoint folder, or a Hugging Face BERT folder (with a
-    sentence-transformers folder's settings), on `device` in `precision`. `hf`: the folder already read."""
+    """A run folder (best checkpoint, else newest), a checkpoint folder or a Hugging Face (sentence-transformers)
+    folder, on `device` in `precision`. `hf`: the folder already read."""
     path = Path(path)
     hf = hf or hf_import.read_encoder_folder(path)
     check_model_path(path, hf)
@@ -113,8 +102,7 @@ def load_encoder(
 
 
 class _SkipInit(TorchFunctionMode):
-    """Skips parameters' random initialisation while a model is built: every weight is loaded next, and drawing
-    them costs 0.5 s at MiniLM size (the meta device would import torch._dynamo: 2 s)."""
+    """Skips parameters' random initialisation while a model is built: every weight is loaded next."""
 
     SKIPPED = {getattr(torch.nn.init, f) for f in ("normal_", "uniform_", "kaiming_uniform_", "zeros_", "ones_")}
     SKIPPED |= {getattr(torch.Tensor, f) for f in ("normal_", "uniform_", "zero_", "fill_")}
@@ -130,7 +118,7 @@ def _load_checkpoint(ckpt: Path) -> tuple[BertForPreTraining, Tokenizer]:
     cfg = checkpoint.read_config(ckpt).model
     file = ckpt / layout.TOKENIZER_JSON
     if not file.is_file():
-        raise UsageError(f"{ckpt}: no tokenizer.json (a synthetic-corpus run has no tokenizer to encode text with)")
+        raise UsageError(f"{ckpt}: no tokenizer.json (a synthetic-corpus run); encode a run trained on text")
     checkpoint.check_readable(ckpt)  # files as written (the tokenizer the model was trained with), weights' shapes
     tokenizer = read_tokenizer_json(file)
     hf_import.check_tokenizer(tokenizer, cfg, file)
@@ -140,7 +128,7 @@ def _load_checkpoint(ckpt: Path) -> tuple[BertForPreTraining, Tokenizer]:
 
 
 def _uninitialised(cfg: ModelConfig) -> BertForPreTraining:
-    """A model whose weights are all about to be loaded: built without drawing them (see _SkipInit)."""
+    """A model whose weights are all about to be loaded, built without drawing them."""
     with _SkipInit():
         return BertForPreTraining(cfg)
 
@@ -160,9 +148,8 @@ class Settings:
 
 
 def resolve(enc: Encoder, **flags) -> Settings:
-    """The Settings of `flags` resolved: explicit values win. Otherwise a sentence-transformers folder's pooling,
-    normalisation and max_seq_length; else cls, no normalisation and the length the model was trained at, else
-    its limit. A pooling chosen leaves normalisation off unless asked (the folder's is for its own pooling)."""
+    """The Settings of `flags` resolved: explicit values, else a sentence-transformers folder's own, else cls,
+    unnormalised, at the length trained. A pooling asked leaves normalisation off (the folder's is for its own)."""
     asked, st = Settings(**flags), enc.sentence
     pooling, normalize = asked.pooling, asked.normalize
     if pooling is None and st is not None and not asked.per_token:
@@ -172,9 +159,7 @@ def resolve(enc: Encoder, **flags) -> Settings:
     pooling = pooling or "cls"
     layer = check_layer(enc.model.config, asked.layer, pooling)
     if pooling == "pooler" and "pooler" in enc.fresh:  # its weights would be random: vectors of nothing learnt
-        raise UsageError(
-            f"{enc.source}: has no pooler weights, so --pooling pooler would be random; pick cls, mean or max"
-        )
+        raise UsageError(f"{enc.source}: has no pooler weights for --pooling pooler; pick cls, mean or max")
     folder_limit = st.max_seq_length if st is not None else enc.trained_length
     limit = min(asked.max_length or folder_limit or enc.max_length, enc.max_length)
     return dataclasses.replace(asked, pooling=pooling, normalize=bool(normalize), max_length=limit, layer=layer)
@@ -197,16 +182,11 @@ def _shortened(breaks: set[str]) -> Callable[[re.Match[str]], str]:
 
 
 class Prefixes:
-    """Texts far past the length limit, cut before tokenizing: tokenizing a whole line costs time and memory in
-    its length (an 18.8 MB line: 19 s and 3.1 GB for one 256-token vector).
-
-    A prefix gives the whole text's first tokens, and so its truncated encoding, when more than the limit's
-    tokens of it come from words it holds whole. BERT's normaliser and pre-tokenizer decide word boundaries
-    character by character, so every word of a prefix but its last is one of the whole text's; an added token
-    ([MASK]) could start within its own length of the end, so words reaching into those last characters do not
-    count either. Tokenizers of other kinds are never cut. A pair's sides are cut alone, only past
-    PAIR_WHOLE_CHARS; where one is cut and the other whole, the cut one keeps more tokens than the other has, so
-    that truncation (longest first) still sees which is longer."""
+    """Texts far past the length limit, cut before tokenizing (tokenizing a whole line costs time and memory in
+    its length). A prefix gives the whole text's truncated encoding when more than the limit's tokens of it come
+    from words it holds whole: BERT's normaliser and pre-tokenizer split words character by character, so every
+    word of a prefix but its last (and any an added token could reach into) is one of the text's. Tokenizers of
+    other kinds are never cut; a pair's cut side keeps more tokens than a whole other side has."""
 
     def __init__(self, tok: Tokenizer, max_length: int) -> None:
         added = list(tok.get_added_tokens_decoder().values())
@@ -265,12 +245,9 @@ class Prefixes:
         return text, False
 
     def _compact(self, text: str) -> str:
-        """`text` shortened where its length buys no token, tokenizing as `text` does, so that a prefix reaches
-        the words after: each run of characters that give no token (white space, what the normaliser removes)
-        becomes one character of the same effect (one that breaks words where the run holds one), and each run
-        of plain word characters past WordPiece's max_input_chars_per_word (one [UNK] however long) keeps one
-        more than that. Each character is classed by the tokenizer itself, between two letters. Not where an
-        added token holds such characters: matched on the raw text, it could change."""
+        """`text` tokenizing as it does, shortened where length buys no token: a run of characters giving no token
+        becomes one of the same effect, a word past max_input_chars_per_word (one [UNK]) keeps one more than that.
+        Characters are classed by the tokenizer itself, between two letters; those of added tokens are kept."""
         breaks, removed, plain = set(), set(), set()
         for c in set(text):
             words = self._words(f"a{c}b")
@@ -293,10 +270,8 @@ class Prefixes:
         return text
 
     def loses(self, text: str, prefix: str) -> bool:
-        """Whether `prefix`, tokenized in place of `text` (cut at the cap, unproven), can lose tokens of it. It
-        cannot when the rest is white space, nor when the rest is more of the prefix's last word (only its
-        characters, then white space) and that word is one [UNK] for being longer than max_input_chars_per_word:
-        longer still, it stays one [UNK] (unless an added token is made of its characters)."""
+        """Whether `prefix`, tokenized in place of `text`, can lose tokens of it: not where the rest is white
+        space, or more characters of a last word that is one [UNK] for its length (it stays one)."""
         rest = text[len(prefix) :]
         if rest.isspace():
             return False
@@ -338,8 +313,7 @@ class Prefixes:
 
 
 def _pool(hidden: torch.Tensor, valid_lens: torch.Tensor, pooling: str, model: BertForPreTraining) -> torch.Tensor:
-    """(B, T, H) -> (B, H). mean and max run over every non-padding position, [CLS] and [SEP]
-    included (the convention of sentence-embedding libraries)."""
+    """(B, T, H) -> (B, H). mean and max include [CLS] and [SEP], as sentence-transformers does."""
     if pooling == "cls":
         return hidden[:, 0]
     if pooling == "pooler":
@@ -353,8 +327,8 @@ def _pool(hidden: torch.Tensor, valid_lens: torch.Tensor, pooling: str, model: B
 def _forward(
     enc: Encoder, ids: list[list[int]], types: list[list[int]], layer: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Hidden states of `layer` (0 = embeddings, L = last) for a batch of token-id lists, padded: (B, T, H) in
-    fp32 and the (B,) valid lengths (called under torch.inference_mode)."""
+    """Hidden states of `layer` (0 = embeddings) for a batch of token-id lists, padded: (B, T, H) in fp32 and
+    the (B,) valid lengths."""
     B, T = len(ids), max(len(x) for x in ids)
     input_ids = torch.zeros((B, T), dtype=torch.long)
     token_type_ids = torch.zeros((B, T), dtype=torch.long)
@@ -369,8 +343,8 @@ def _forward(
 
 
 def _batches(order: list[int], lengths: list[int], rows: int, max_tokens: int | None) -> Iterator[list[int]]:
-    """The texts of `order` (indices, by ascending length) cut into batches of at most `rows` texts
-    and, with max_tokens, at most that many token slots (texts x the longest): at least one text."""
+    """The texts of `order` (by ascending length) in batches of at most `rows` texts and `max_tokens` token
+    slots (texts x the longest), at least one text each."""
     batch: list[int] = []
     for i in order:
         if batch and (len(batch) == rows or (max_tokens is not None and (len(batch) + 1) * lengths[i] > max_tokens)):
@@ -443,26 +417,18 @@ class _Window:
         window.clear()
 
     def _pairs(self) -> list:
-        """The window's lines as pairs (A, B) split at their first TAB; a line without one stays a string (one
-        sentence), or is an error with --strict-pairs, or when its TAB was past what read_lines kept."""
+        """The lines as pairs (A, B) split at their first TAB; a line without one stays one sentence."""
         inputs = [tuple(text.split("\t", 1)) if "\t" in text else text for text in self.lines]
         unpaired = [i for i, x in enumerate(inputs) if isinstance(x, str)]
         if late := [i for i in unpaired if isinstance(self.lines[i], Line) and self.lines[i].dropped_tab]:
-            raise UsageError(
-                f"{self.where(late[0])}: its TAB comes after the first {LINE_BYTES >> 20} MiB, the most of a line "
-                "encode reads; put the two sentences of a pair within that"
-            )
+            raise UsageError(f"{self.where(late[0])}: TAB past the first {LINE_BYTES >> 20} MiB; shorten sentence A")
         if unpaired and self.settings.strict_pairs:
-            raise UsageError(
-                f"{self.where(unpaired[0])}: no TAB between the two sentences (--strict-pairs); write A<TAB>B, or "
-                "drop --strict-pairs to encode such lines alone"
-            )
+            raise UsageError(f"{self.where(unpaired[0])}: no TAB (--strict-pairs); write A<TAB>B")
         self.counts["unpaired"] += len(unpaired)
         return inputs
 
     def _rows(self, encodings: list) -> list[np.ndarray]:
-        """The row of each encoding, in order: its pooled vector, or its (T, H) per-token vectors, from forward
-        passes over batches of similar length. A non-finite vector is an error (NonFiniteOutput)."""
+        """The row of each encoding, in order: its pooled vector or its (T, H) per-token vectors."""
         enc, settings = self.enc, self.settings
         lengths = [len(e.ids) for e in encodings]
         order = sorted(range(len(encodings)), key=lengths.__getitem__)
@@ -490,9 +456,8 @@ class _Window:
 def encode(
     enc: Encoder, lines: Iterator[str], out: Writer, settings: Settings, *, input_may_stall: bool = True
 ) -> dict[str, int]:
-    """Encode every line as `settings` say (see `resolve`) and hand the rows to `out` in input order; return
-    the counts (see _Window). `input_may_stall` (may_stall; False for regular files): lines are read by a thread
-    of their own, and those read are written when no more come for STALL_SECONDS."""
+    """Encode every line and hand the rows to `out` in input order; return the counts (see _Window). Input that
+    may stall is read by a thread of its own, and the lines read are written when no more come for a while."""
     window = _Window(enc, out, settings)
     reader = ReadAhead(lines) if input_may_stall else Direct(lines)
     try:
@@ -526,8 +491,7 @@ def run(
     errors: str,
     **flags,
 ) -> None:
-    """`bertcli encode`, its checks done (preflight.encode): load the model, resolve the settings (`flags`: those
-    of `resolve`), encode every line into `writer()`, put the output into place and say what stderr should know."""
+    """`bertcli encode`, its checks done (preflight.encode): load, resolve `flags`, encode into `writer()`."""
     encoder = load_encoder(model, runtime.parse_device(device, "--device"), dtype, hf=hf)
     if slow := runtime.slow_autocast(encoder.rt):
         console.error(f"warning: --dtype {slow}; use --dtype fp32 on this CPU")
@@ -536,16 +500,10 @@ def run(
         console.error(f"bertcli encode: note: {note}")
     trained, asked = encoder.trained_length, flags.get("max_length")
     if asked is not None and trained is not None and settings.max_length > trained:
-        console.error(
-            f"warning: texts are encoded up to {settings.max_length} tokens (--max-length), past the length the "
-            f"model was trained at, {trained}: the positions past it were never trained"
-        )
-    in_place = output is None or sniff.is_stream(output)
-    stopper.left = (
-        f"the rows on {output or 'stdout'} so far are those of the first lines only"
-        if in_place
-        else f"{output} was not written (what was there is intact)"
-    )
+        console.error(f"warning: {settings.max_length} tokens (--max-length) is past the length trained at, {trained}")
+    stopper.left = f"{output} was not written (what was there is intact)"
+    if output is None or sniff.is_stream(output):  # written in place
+        stopper.left = f"the rows on {output or 'stdout'} so far are those of the first lines only"
     out = writer()
     try:
         counts = encode(encoder, read_lines(inputs, errors), out, settings, input_may_stall=may_stall(inputs))
@@ -558,8 +516,6 @@ def run(
             raise full from None
         raise
     if counts["lines"] and layout.identify(Path(model)).kind is layout.Kind.RUN:  # which of the run's checkpoints
-        from bertcli.export import described
-
         how = "a vector per token" if settings.per_token else f"{settings.pooling} pooling"
         how += ", normalized" if settings.normalize else ""
         console.error(f"bertcli encode: the vectors of {described(encoder.source)}: {how} (--pooling chooses)")
@@ -567,14 +523,12 @@ def run(
     why = ", the length the model was trained at (--max-length chooses)" if trained_at else ""
     for key, said in COUNTED.items():  # the rows a reader may take for what they are not
         if counts[key]:
-            text = said.format(n=counts[key], lines=counts["lines"], max_length=settings.max_length, why=why)
-            console.error(text)
+            console.error(said.format(n=counts[key], lines=counts["lines"], max_length=settings.max_length, why=why))
 
 
 COUNTED = {
     "truncated": "bertcli encode: {n:,} of {lines:,} lines were truncated to {max_length} tokens{why}",
-    "unpaired": "bertcli encode: {n:,} of {lines:,} lines had no TAB and were encoded as one sentence each "
-    "(--strict-pairs makes that an error)",
-    "inner_cr": "warning: {n:,} of {lines:,} lines hold a carriage return (CR) inside, each encoded as one text; "
-    "if CR ends your lines, convert them (tr '\\r' '\\n')",
+    "unpaired": "bertcli encode: {n:,} of {lines:,} lines had no TAB, each encoded as one sentence (--strict-pairs)",
+    "inner_cr": "warning: {n:,} of {lines:,} lines hold a carriage return (CR) inside; "
+    "if CR ends your lines, run tr '\\r' '\\n'",
 }

@@ -1,8 +1,5 @@
-"""encode's torch-free half: lines in (files or stdin, checked before the model loads), rows out, and the check
-of --layer against the model. A row format is one class in FORMATS; `Writer` puts its rows on stdout, in a file
-(under its temporary name, renamed into place at the end: never half-written), or in a character device or named
-pipe, written in place as the shell's `>` does.
-"""
+"""encode's torch-free half: lines in (checked before the model loads), rows out (a format per class in FORMATS;
+a file is written under its temporary name and renamed at the end), and the check of --layer against the model."""
 
 from __future__ import annotations
 
@@ -26,8 +23,7 @@ import numpy as np
 from bertcli import console, layout, sniff, store
 from bertcli.errors import PipeClosed, RunError, UsageError
 
-# A line is kept up to this many bytes (the rest is read, checked and dropped: memory stays bounded);
-# far more than a 512-token text can use.
+# A line is kept up to this many bytes, far more than a 512-token text uses (the rest is read, checked, dropped).
 LINE_BYTES = 8 << 20
 READ_AHEAD = 4096  # lines read ahead while a window is encoded
 POOLINGS = ("cls", "mean", "max", "pooler")
@@ -35,14 +31,12 @@ POOLINGS = ("cls", "mean", "max", "pooler")
 
 class NotUtf8(UsageError):
     def __init__(self, source: str, line: int, byte: int) -> None:
-        super().__init__(
-            f"{source}: line {line} is not valid UTF-8 (byte {byte} of the line); fix the input or pass --errors replace"
-        )
+        super().__init__(f"{source}: line {line} is not valid UTF-8 (byte {byte}); fix it or pass --errors replace")
 
 
 class Line(str):
-    """An input line that knows where it came from, whether read_lines kept only its first LINE_BYTES (`lost`:
-    more than blanks dropped; `dropped_tab`: a TAB among them), and whether it holds a CR inside."""
+    """An input line that knows where it came from, what of it past LINE_BYTES was dropped (`lost`: more than
+    blanks; `dropped_tab`: a TAB), and whether it holds a CR inside."""
 
     source: str
     number: int
@@ -55,8 +49,7 @@ class Line(str):
 
 
 def check_inputs(inputs: list[str]) -> None:
-    """Refuse, before the model loads, input files that are none or not UTF-8 text (sniff.KINDS), and
-    stdin where its first bytes come at once and are not."""
+    """Refuse, before the model loads, inputs that are not text (sniff.KINDS); stdin where its first bytes are in."""
     for source in inputs:
         if source != "-":
             sniff.check(Path(source), "encode")
@@ -65,8 +58,8 @@ def check_inputs(inputs: list[str]) -> None:
 
 
 def read_lines(sources: list[str], errors: str) -> Iterator[Line]:
-    """Lines of the files (or stdin for '-'), without their line ends or a file's byte-order mark; a
-    line that is not UTF-8 is an error naming it, unless errors='replace'."""
+    """Lines of the files (or stdin for '-'), without line ends or byte-order mark; not UTF-8 is refused unless
+    errors='replace'."""
     for source in sources or ["-"]:
         name = "stdin" if source == "-" else source
         if source != "-":
@@ -96,8 +89,8 @@ def read_lines(sources: list[str], errors: str) -> Iterator[Line]:
 
 
 def _drop_rest(head: bytes, stream: BinaryIO, *, errors: str, source: str, number: int) -> tuple[bytes, bool, bool]:
-    """A line longer than LINE_BYTES: the rest read in blocks, checked (UTF-8), not kept. Returns the
-    head cut back to whole characters, whether the rest held more than blanks, and whether a TAB."""
+    """A line past LINE_BYTES: the rest read in blocks and checked, not kept. Returns the head cut back to whole
+    characters, whether the rest held more than blanks, and whether a TAB."""
     cut = len(head)
     while cut > len(head) - 3 and head[cut - 1] & 0xC0 == 0x80:  # continuation bytes of a character cut short
         cut -= 1
@@ -147,9 +140,8 @@ class Direct:
 
 
 class ReadAhead:
-    """The input lines read ahead by a thread of their own, so that encode sees when the input stalls and
-    writes what it has; what reading raises, `get` raises. A deque (atomic appends and pops) and events set only
-    when the other side may wait: well under a microsecond a line (queue.Queue: about 10)."""
+    """The input lines read ahead by a thread of their own, so that encode sees when the input stalls; what
+    reading raises, `get` raises. A deque and events set only when the other side may wait (queue.Queue: 10x slower)."""
 
     def __init__(self, lines: Iterator[str]) -> None:
         self.items: collections.deque = collections.deque()
@@ -203,8 +195,7 @@ class ReadAhead:
 
 
 def check_layer(model: Any, layer: int, pooling: str | None) -> int:
-    """The index of --layer in `model` (a ModelConfig: 0 is the embeddings), refused where it has no
-    such layer, or where pooling 'pooler' reads another layer than the last (the one it was trained on)."""
+    """The index of --layer in ModelConfig `model` (0: the embeddings); the pooler reads only the last layer."""
     try:
         index = model.layer_index(layer)
     except IndexError:
@@ -213,9 +204,7 @@ def check_layer(model: Any, layer: int, pooling: str | None) -> int:
             f"--layer {layer}: this model has layers 0 (embeddings) to {last} (-1 to -{last + 1} from the end)"
         ) from None
     if pooling == "pooler" and index != model.num_hidden_layers:
-        raise UsageError(
-            "--pooling pooler reads the last layer (its weights were trained on it); drop --layer or pick another pooling"
-        )
+        raise UsageError("--pooling pooler reads the last layer; drop --layer or pick another pooling")
     return index
 
 
@@ -262,7 +251,7 @@ class NpyRows:
 
 
 FORMATS = {"jsonl": JsonlRows, "tsv": TsvRows, "npy": NpyRows}
-# Output names that promise a data format encode does not write (its readers would fail on the rows).
+# Output names of data formats encode does not write.
 OTHER_FORMATS = tuple(".npz .csv .json .pt .pth .pkl .pickle .h5 .hdf5 .parquet .arrow .safetensors".split())
 
 
@@ -272,36 +261,24 @@ def output_format(fmt: str | None, output: Path | None, *, with_text: bool, toke
         raise UsageError(f"--format {fmt!r}: expected {', '.join(FORMATS)}")
     suffix = output.suffix.lower() if output is not None else ""
     by_name = next((name for name, rows in FORMATS.items() if rows.suffix == suffix), None)
-    if (
-        output is not None
-        and not sniff.is_stream(output)
-        and (suffix in sniff.COMPRESSION_SUFFIXES or (fmt is None and suffix in OTHER_FORMATS))
-    ):
-        raise UsageError(
-            f"--output {output}: a {suffix} name, and encode writes {', '.join(FORMATS)} rows: name a .jsonl, .tsv or "
-            ".npy file, or pipe stdout into what writes that format"
-        )
+    foreign = suffix in sniff.COMPRESSION_SUFFIXES or (fmt is None and suffix in OTHER_FORMATS)
+    if foreign and output is not None and not sniff.is_stream(output):
+        raise UsageError(f"--output {output}: encode writes no {suffix}; name a .jsonl, .tsv or .npy file")
     fmt = fmt or by_name or "jsonl"
     if tokens and fmt != "jsonl":
-        raise UsageError(
-            f"--tokens writes JSONL, not {fmt}{f' (--output {output})' if by_name else ''}: name a .jsonl file or use --format jsonl"
-        )
+        raise UsageError(f"--tokens writes JSONL, not {fmt}: name a .jsonl file or use --format jsonl")
     if FORMATS[fmt].binary and output is None and sys.stdout.isatty():
-        raise UsageError(
-            f"--format {fmt} is binary, not for a terminal: redirect stdout or pass --output FILE{FORMATS[fmt].suffix}"
-        )
+        raise UsageError(f"--format {fmt} is binary, not for a terminal: pass --output FILE{FORMATS[fmt].suffix}")
     FORMATS[fmt](with_text)  # its own refusals
     return fmt
 
 
 def check_output(output: Path, inputs: list[str], model: Path, fmt: str) -> Path:
-    """The path to write encode's rows to: the file named, resolved (a link is written through), in a folder
-    that takes files, never a folder, an input, a file of the model, nor a file inside a folder bertcli
-    replaces whole; a character device or named pipe is returned as given, to be written in place. A
-    --format its name contradicts is said."""
+    """The path to write encode's rows to (resolved; a character device or named pipe as given, written in place):
+    never a folder, an input, a file of the model or one in a folder bertcli replaces whole."""
     resolved, suffix = _output_path(output, inputs, model), Path(output).suffix.lower()
     if fmt != next((n for n, rows in FORMATS.items() if rows.suffix == suffix), fmt) or suffix in OTHER_FORMATS:
-        console.error(f"warning: --format {fmt} writes {fmt} into {output}, whose {suffix} name says otherwise")
+        console.error(f"warning: --format {fmt} writes {fmt} into {output}, despite its name")
     return resolved
 
 
@@ -312,38 +289,29 @@ def _output_path(output: Path, inputs: list[str], model: Path) -> Path:
         written = os.stat(Path(output).expanduser())
         sources = [os.stat(p) for p in files if sniff.is_stream(p)] + ([os.fstat(0)] if reads_stdin else [])
         if stat.S_ISFIFO(written.st_mode) and any(os.path.samestat(s, written) for s in sources):
-            raise UsageError(
-                f"--output {output}: the pipe encode reads; its rows would come back as input: name another"
-            )
+            raise UsageError(f"--output {output}: the pipe encode reads; name another")
         return Path(output)
     resolved = Path(output).expanduser().resolve()
     kind = sniff.sniff(resolved)
     if kind is sniff.KINDS["folder"] or kind is sniff.KINDS["special"]:
         raise UsageError(f"--output {output}: {kind.what}; name a file, e.g. {Path(output) / 'vectors.npy'}")
     if not resolved.parent.is_dir():
-        raise UsageError(
-            f"--output {output}: its folder {Path(output).parent} does not exist; create it, or name a file in one"
-        )
+        raise UsageError(f"--output {output}: its folder {Path(output).parent} does not exist; create it")
     with contextlib.suppress(OSError):
         stdin = [os.fstat(0)] if reads_stdin and stat.S_ISREG(os.fstat(0).st_mode) else []
         sources = [os.stat(p) for p in files if p.exists()] + stdin
         if resolved.exists() and any(os.path.samestat(s, os.stat(resolved)) for s in sources):
-            raise UsageError(
-                f"--output {output}: an input of encode; writing there would destroy it: name another file"
-            )
+            raise UsageError(f"--output {output}: an input of encode; name another file")
     model_files = Path(model) / layout.CHECKPOINTS if (Path(model) / layout.CHECKPOINTS).is_dir() else Path(model)
     if resolved.exists() and store.relation(resolved, model_files) == "is inside":
-        raise UsageError(
-            f"--output {output}: a file of the model {model}; writing there would destroy it: name another file"
-        )
+        raise UsageError(f"--output {output}: a file of the model {model}; name another file")
     store.check_not_inside_own(resolved, f"name a file outside it, e.g. {Path.cwd() / resolved.name}")
     store.check_writable(resolved.parent, resolved)
     return resolved
 
 
 def holds_rows(path: Path) -> bool:
-    """Whether temporary file `path` holds what encode writes, as far as its start tells (nothing yet,
-    an npy header, a JSON Lines row, a TSV row): a file of another content is not encode's."""
+    """Whether temporary file `path` starts as encode's rows do (empty, npy, JSON Lines, TSV): else not encode's."""
     with open(path, "rb") as fh:
         head = fh.read(1 << 16)
     first = head.split(b"\n", 1)[0]
@@ -356,9 +324,8 @@ def holds_rows(path: Path) -> bool:
 
 
 class Writer:
-    """Rows of format `fmt` (FORMATS) to `stream` (stdout) or to the file `output` (written under its
-    temporary name, renamed into place by `close`, with the mode of the file it replaces), or in place
-    where `output` is a character device or named pipe. npy rows wait in an unnamed file until `close`."""
+    """Rows of format `fmt` to `stream` (stdout), to file `output` (under its temporary name until `close`), or in
+    place to a character device or named pipe. npy rows wait in an unnamed file until `close`."""
 
     def __init__(self, fmt: str, stream: TextIO | None, output: Path | None, with_text: bool) -> None:
         self.rows, self.output, self.width = FORMATS[fmt](with_text), output, None
@@ -430,15 +397,10 @@ class Writer:
 
 
 def stream_full(exc: BaseException, output: Path | None) -> RunError | None:
-    """A full disk under rows written as they go (stdout, a device or pipe): what was written stays
-    there, unlike a file of --output; None: another error."""
+    """The refusal of a full disk under rows written in place (stdout, a device, a pipe); None: another error."""
     if not isinstance(exc, OSError) or store.full_errno(exc) is None:
         return None
     if output is not None and not sniff.is_stream(output):
         return None
-    fix = "free space" + (
-        "" if output is not None else ", or write with --output FILE, which keeps nothing half-written"
-    )
-    return RunError(
-        f"{output or 'stdout'}: disk full ({exc.strerror}); the rows written there so far are incomplete: {fix}"
-    )
+    fix = "free space" if output is not None else "free space, or pass --output FILE"
+    return RunError(f"{output or 'stdout'}: disk full ({exc.strerror}); the rows there are incomplete: {fix}")

@@ -1,9 +1,5 @@
-"""The two kinds of failure a user can see, and the exit codes they map to.
-
-Everything the user can fix (a flag, a config value, an input file) is a `UsageError`
-(exit 2); everything that goes wrong while doing the work is a `RunError` (exit 1).
-The CLI prints `str(error)` as one line on stderr, with no traceback unless debugging was asked for.
-"""
+"""The failures a user sees, a line each: a `UsageError` (exit 2) the user fixes (a flag, a config value, an
+input file), a `RunError` (exit 1) went wrong during the work, `Interrupted` (128 + N) was stopped by signal N."""
 
 from __future__ import annotations
 
@@ -27,8 +23,7 @@ class UsageError(BertcliError):
 
 
 class DamagedFile(UsageError):
-    """A file of a folder bertcli wrote that no longer parses (cut short, say): `file` and `reason`
-    say which and how."""
+    """A file bertcli wrote that no longer parses (cut short, say): `file` and `reason` say which and how."""
 
     def __init__(self, file: object, exc: BaseException, fix: str = "use another checkpoint") -> None:
         self.file, self.reason = file, str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -38,16 +33,12 @@ class DamagedFile(UsageError):
 class RunError(BertcliError):
     """Something failed while working (exit 1)."""
 
-    exit_code = 1
-
 
 class PipeClosed(Exception):
-    """The reader of stdout went away (`| head`): the command ends quietly with exit 0.
-    Not an OSError, so that Typer (which turns EPIPE into exit 1) lets it through to main()."""
+    """The reader of stdout went away (`| head`): exit 0, quietly. Not an OSError, which Typer makes exit 1."""
 
 
-# The signals that stop a command cleanly (Interrupted, exit 128 + N): Ctrl-C, a scheduler's SIGTERM,
-# and the SIGHUP of a closed terminal or ssh session (not where the process was started to ignore it: nohup).
+# The signals that stop a command cleanly: Ctrl-C, a scheduler's SIGTERM, a closed terminal's SIGHUP.
 STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 
 

@@ -1,7 +1,5 @@
-"""Export: a bertcli checkpoint (named, or a run folder's best, else newest) written as a Hugging Face
-folder that transformers loads as BertForPreTraining with no custom code (names by hf_names.to_hf,
-safetensors only); and how encode and export find the checkpoint a path names.
-"""
+"""Export: a bertcli checkpoint written as a Hugging Face folder that transformers loads as BertForPreTraining
+(safetensors only); and how encode and export find the checkpoint a path names."""
 
 from __future__ import annotations
 
@@ -30,9 +28,8 @@ def _refuse_incomplete(path: Path) -> None:
 
 
 def find_checkpoint(path: Path) -> Path:
-    """A checkpoint folder, or a run folder's best checkpoint (else its newest), none of its files a
-    symbolic link. A best of another model than the newest checkpoint's (left by an earlier run), or
-    incomplete, is passed over: the callers name the checkpoint they read."""
+    """A checkpoint folder, or a run folder's best checkpoint (else its newest), none of its files a link. A best
+    of another model than the newest's (left by an earlier run) is passed over: the callers name what they read."""
     refuse_a_part_of_a_run(Path(path), "a checkpoint")
     path = _run_outputs(Path(path))
     found = layout.identify(path)
@@ -76,8 +73,7 @@ def described(ckpt: Path) -> str:
 
 
 def check_model_path(path: Path, hf: EncoderFolder | None) -> None:
-    """Refuse (exit 2) a model path that is none, from the files alone (encode asks before importing
-    torch): a run folder, a checkpoint folder or the Hugging Face folder `hf` (None: not one)."""
+    """Refuse a model path that is no run, checkpoint or Hugging Face folder (`hf`), before torch is imported."""
     found = layout.identify(path)
     if hf is not None or found.kind in (Kind.CHECKPOINT, Kind.RUN):  # (a run with no checkpoint: find_checkpoint)
         return
@@ -95,8 +91,7 @@ def check_model_path(path: Path, hf: EncoderFolder | None) -> None:
 
 
 def refuse_a_part_of_a_run(path: Path, wanted: str) -> None:
-    """A run's config.yaml or checkpoints/ given where its run folder is meant, or prepared data: say
-    which it is, and what to pass."""
+    """Refuse a run's config.yaml or checkpoints/ given for its run folder, or prepared data, saying what to pass."""
     part = {layout.RUN_CONFIG: "config", layout.CHECKPOINTS: "checkpoints folder"}.get(path.name)
     if part and path.exists() and layout.identify(path.parent).kind is Kind.RUN:
         raise UsageError(f"{path}: a run's {part}, not {wanted}: pass the run folder, {path.parent}")
@@ -105,8 +100,7 @@ def refuse_a_part_of_a_run(path: Path, wanted: str) -> None:
 
 
 def _run_outputs(path: Path) -> Path:
-    """Where the run of folder `path` keeps its checkpoints: its config.yaml's output_dir, as for
-    pretrain and inspect; `path` itself where the config does not load or names it. A folder with
+    """Where the run of folder `path` keeps its checkpoints: its config's output_dir, else `path`. A folder with
     checkpoints of its own whose config names another is refused: which run is meant is unclear."""
     from bertcli.resolve import load_run
 
@@ -128,8 +122,7 @@ def _run_outputs(path: Path) -> Path:
 
 
 def read_checkpoint(path: Path, read: Callable[[Path], T]) -> tuple[Path, T]:
-    """(the checkpoint `path` names (find_checkpoint), read(it)). A run that trains may prune the step
-    chosen while it is read: the run's checkpoint is chosen again, up to three times."""
+    """(the checkpoint `path` names, read(it)), chosen again (three tries) where a run that trains pruned it."""
     for tries in range(3, 0, -1):
         ckpt = None
         try:
@@ -148,7 +141,7 @@ def export(source: Path, out_dir: Path, force: bool = False) -> Path:
 
 
 def export_checkpoint(source: Path, out_dir: Path, force: bool = False) -> tuple[Path, Path]:
-    """export(), returning the checkpoint written out (a run folder's chosen one) with the folder."""
+    """export(), returning the checkpoint written out with the folder."""
     return read_checkpoint(source, lambda ckpt: _export(ckpt, Path(out_dir), force))
 
 

@@ -1,7 +1,5 @@
-"""Reading Hugging Face BERT folders: their config.json as a ModelConfig checked against the weights'
-sizes, their tokenizer checked against the model, their weights under bertcli's names
-(hf_names.from_hf). Only safetensors weights are read: nothing is ever unpickled.
-"""
+"""Reading Hugging Face BERT folders: config.json checked against the weights' sizes, the tokenizer against the
+model, the weights under bertcli's names. Only safetensors are read: nothing is ever unpickled."""
 
 from __future__ import annotations
 
@@ -20,7 +18,7 @@ from bertcli.data.tokenizer import find_tokenizer_file, load_tokenizer
 from bertcli.errors import UsageError
 from bertcli.hf_names import HF_FIELDS
 from bertcli.layout import Kind
-from bertcli.sbert import SentenceModel, read_sentence_model
+from bertcli.sbert import SentenceModel, read_json, read_sentence_model
 
 if TYPE_CHECKING:  # the loaders import torch: configs and shapes are read without it (inspect)
     import torch
@@ -31,10 +29,7 @@ if TYPE_CHECKING:  # the loaders import torch: configs and shapes are read witho
 def read_hf_config(folder: Path) -> ModelConfig:
     """The ModelConfig of a Hugging Face BERT folder's config.json."""
     file = Path(folder) / layout.HF_CONFIG
-    try:
-        raw = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
-        raise UsageError(f"{file}: cannot read ({exc})") from None
+    raw = read_json(file)
     if raw.get("model_type", "bert") != "bert":
         raise UsageError(f"{file}: model_type is {raw.get('model_type')!r}; bertcli reads BERT models only")
     for key, (ours, what) in UNSUPPORTED.items():  # settings that change what the encoder computes
@@ -58,17 +53,14 @@ DECODER = "cls.predictions.decoder.weight"
 
 
 def check_tied(folder: Path) -> None:
-    """Refuse (exit 2) to continue pretraining from a folder whose MLM decoder is its own, not the word
-    embeddings: bertcli ties the two, so it would be dropped unsaid (encode needs no decoder). The
-    caller has read config.json (read_hf_config)."""
+    """Refuse to continue pretraining from a folder whose MLM decoder is its own: bertcli ties it to the word
+    embeddings, so it would be dropped unsaid. config.json was read (read_hf_config)."""
     file = Path(folder) / layout.HF_CONFIG
-    if json.loads(file.read_text(encoding="utf-8")).get("tie_word_embeddings", True) is False:
+    if read_json(file).get("tie_word_embeddings", True) is False:
         with safetensors.safe_open(weights_file(folder), "numpy") as f:
             if DECODER in f.keys():
                 raise UsageError(
-                    f"{file}: tie_word_embeddings is false and model.safetensors holds an MLM decoder of its own "
-                    f"({DECODER}); bertcli ties the decoder to the word embeddings, so continuing from this "
-                    "model would drop it: continue from a model with a tied decoder"
+                    f"{file}: tie_word_embeddings is false, and bertcli ties {DECODER}; continue from a tied model"
                 )
 
 
@@ -76,31 +68,24 @@ def check_tied(folder: Path) -> None:
 PARTS = {"bert.pooler.": "pooler", "cls.predictions.": "MLM head", "cls.seq_relationship.": "NSP head"}
 OPTIONAL_PARTS = tuple(PARTS)
 
-# all-MiniLM-L6-v2's tokenizer.json (BERT's uncased vocabulary): 466 KB for 30,522 tokens, 15 bytes a token;
-# its vocab.txt 232 KB, 8 bytes a token. A tokenizer file past 1 KiB a token belongs to no such model.
+# BERT's uncased tokenizer.json takes 15 bytes a token, its vocab.txt 8: one past 1 KiB a token is another model's.
 TOKENIZER_BYTES_PER_TOKEN = 1024
 
 
 def load_model_tokenizer(file: Path, cfg: ModelConfig) -> Tokenizer:
-    """The tokenizer.json or vocab.txt `file` of a model folder, checked against the model
-    (check_tokenizer). What cannot belong to the model is refused before it is built (in bounded
-    memory): a file past TOKENIZER_BYTES_PER_TOKEN bytes a token of the model (plus a MiB), and a
-    vocab.txt (a token a line) of more lines than the model's vocab_size, counted streamed."""
+    """The tokenizer.json or vocab.txt `file` of a model folder, checked against the model; one too large for its
+    vocab_size (bytes, or vocab.txt lines counted streamed) is refused before it is built, in bounded memory."""
     size, bound, n = Path(file).stat().st_size, TOKENIZER_BYTES_PER_TOKEN * cfg.vocab_size + (1 << 20), cfg.vocab_size
-    fix = "the tokenizer belongs to another model: restore the model's own tokenizer files"
+    fix = "another model's? restore the model's own tokenizer"
     if size > bound:
-        raise UsageError(
-            f"{file}: {size / 2**20:,.1f} MiB, more than {bound / 2**20:,.1f} MiB for vocab_size {n:,}; {fix}"
-        )
+        raise UsageError(f"{file}: {size / 2**20:,.1f} MiB, too large for vocab_size {n:,}; {fix}")
     if Path(file).suffix != ".json":
         lines = 0
         with open(file, "rb") as fh:
             for block in iter(lambda: fh.read(1 << 20), b""):
                 lines += block.count(b"\n")
                 if lines > n:
-                    raise UsageError(
-                        f"{file}: more than {n:,} lines (tokens), but the model has vocab_size {n:,}; {fix}"
-                    )
+                    raise UsageError(f"{file}: more than {n:,} lines, but vocab_size {n:,}; {fix}")
     tok = load_tokenizer(file, TokenizerConfig())  # a vocab.txt follows its tokenizer_config.json
     check_tokenizer(tok, cfg, file)
     return tok
@@ -108,9 +93,7 @@ def load_model_tokenizer(file: Path, cfg: ModelConfig) -> Tokenizer:
 
 @dataclass(frozen=True)
 class EncoderFolder:
-    """A Hugging Face BERT folder given to `encode` (or a sentence-transformers folder around one),
-    read and checked without torch so that what encode cannot use is refused before torch loads.
-    The weights are read by encode.load_encoder."""
+    """A Hugging Face (or sentence-transformers) folder given to `encode`, checked before torch loads."""
 
     sentence: SentenceModel | None
     folder: Path
@@ -119,8 +102,7 @@ class EncoderFolder:
 
 
 def read_encoder_folder(path: Path) -> EncoderFolder | None:
-    """`path` as an EncoderFolder, or None where it is no Hugging Face folder (a run, a checkpoint,
-    nothing: encode.load_encoder says which)."""
+    """`path` as an EncoderFolder, or None where it is no Hugging Face folder."""
     found = layout.identify(path)
     sentence = read_sentence_model(path) if found.kind is Kind.SENTENCE else None
     folder = sentence.transformer if sentence else path
@@ -134,8 +116,7 @@ def read_encoder_folder(path: Path) -> EncoderFolder | None:
 
 
 def tokenizer_limit(folder: Path) -> int | None:
-    """tokenizer_config.json's model_max_length: what transformers truncates at (None: not set, or not
-    a whole number of at least 2; transformers writes 10^30 for "none": the model's positions cap it)."""
+    """tokenizer_config.json's model_max_length, what transformers truncates at; None: not a whole number >= 2."""
     file = Path(folder) / layout.TOKENIZER_CONFIG
     try:
         raw = json.loads(file.read_text(encoding="utf-8")) if file.is_file() else {}
@@ -146,47 +127,32 @@ def tokenizer_limit(folder: Path) -> int | None:
 
 
 def check_tokenizer(tok: Tokenizer, cfg: ModelConfig, file: Path) -> None:
-    """Refuse (exit 2) a tokenizer with ids past the model's vocab_size: they would index padding rows
-    or nothing (an IndexError mid-run)."""
-    top = max(tok.get_vocab(with_added_tokens=True).values(), default=-1)
-    if top >= cfg.vocab_size:
+    """Refuse a tokenizer with ids past the model's vocab_size: they would index padding rows or nothing."""
+    top, size = max(tok.get_vocab(with_added_tokens=True).values(), default=-1), cfg.vocab_size
+    if top >= size:
         raise UsageError(
-            f"{file}: its highest token id is {top:,}, but the model's vocab_size {cfg.vocab_size:,} has ids 0 to "
-            f"{cfg.vocab_size - 1:,} (a token added without resizing the model's embeddings, or another model's "
-            "tokenizer): restore the model's own tokenizer files, or resize the embeddings and save the model again"
+            f"{file}: token id {top:,} past vocab_size {size:,} (ids 0 to {size - 1:,}); restore the model's tokenizer"
         )
 
 
 def weights_file(folder: Path) -> Path:
-    """The model.safetensors of a Hugging Face folder; a folder with only a pickle is refused, with why."""
+    """The model.safetensors of a Hugging Face folder."""
     folder = Path(folder)
     file = folder / layout.WEIGHTS
     if not file.is_file():
-        if (folder / layout.HF_PICKLE).is_file():  # the tensors as they are (no heads added), read without pickle code
-            convert = (
-                f"import torch, safetensors.torch as st; w = torch.load({str(folder / layout.HF_PICKLE)!r}, "
-                f"weights_only=True); st.save_file({{k: v.contiguous().clone() for k, v in w.items()}}, "
-                f"{str(file)!r}, metadata={{'format': 'pt'}})"
-            )
-            raise UsageError(
-                f"{folder}: only pytorch_model.bin here, and bertcli reads safetensors only (a pickle can run code "
-                f'when loaded); convert it once, where you trust the file: python3 -c "{convert}"'
-            )
-        raise UsageError(
-            f"{folder}: no model.safetensors; save the weights with save_pretrained(folder, safe_serialization=True)"
-        )
+        pickle = " (not pytorch_model.bin: safetensors only)" if (folder / layout.HF_PICKLE).is_file() else ""
+        raise UsageError(f"{folder}: no model.safetensors{pickle}; save it with save_pretrained(folder)")
     return file
 
 
 def check_finite_weights(folder: Path) -> None:
-    """Refuse (exit 2) a Hugging Face folder whose weights hold NaN or inf, before torch loads."""
+    """Refuse a Hugging Face folder whose weights hold NaN or inf, before torch loads."""
     weights.check_finite_file(weights_file(folder), "restore it, or use another model")
 
 
 def load_hf_weights(folder: Path, cfg: ModelConfig) -> tuple[dict[str, torch.Tensor], list[str]]:
-    """Weights of a Hugging Face BERT folder under bertcli's names, vocabulary rows padded, checked
-    against the shapes of a model of `cfg`; and the parts (pooler, MLM head, NSP head) it lacks,
-    which the caller initialises fresh."""
+    """Weights of a Hugging Face folder under bertcli's names, checked against a model of `cfg`; and the parts
+    (pooler, MLM head, NSP head) it lacks, which the caller initialises fresh."""
     file = weights_file(folder)
     tensors = hf_names.from_hf(weights.load(file, "restore it, or use another model"), cfg)
     shapes = {k: tuple(v.shape) for k, v in tensors.items()}
@@ -196,9 +162,8 @@ def load_hf_weights(folder: Path, cfg: ModelConfig) -> tuple[dict[str, torch.Ten
 
 
 def load_into(model: BertForPreTraining, folder: Path, uninitialised: bool = False) -> list[str]:
-    """Load a Hugging Face folder into `model`; return the parts it lacked, left fresh. `uninitialised`:
-    the model was built without its random initialisation (encode, to start faster), so the weights
-    the folder lacks are initialised here, as a new model's would be."""
+    """Load a Hugging Face folder into `model`; return the parts it lacked, left fresh (initialised here where the
+    model was built `uninitialised`)."""
     tensors, fresh = load_hf_weights(folder, model.config)
     if uninitialised:
         missing = set(model.state_dict()) - set(tensors) - set(hf_names.TIED_ALIASES)

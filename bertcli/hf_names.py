@@ -1,8 +1,5 @@
-"""Hugging Face names: bertcli's modules carry BertForPreTraining's, so a weight's key is the same in
-both. What differs is bookkeeping: bertcli pads the vocabulary rows to a multiple of
-model.pad_vocab_multiple for speed (to_hf, export, drops the padding; from_hf, import, adds it
-back), no file stores the tied aliases, and import accepts legacy names.
-"""
+"""Hugging Face names: a weight's key is the same in both. bertcli pads the vocabulary rows (to_hf drops the padding,
+from_hf adds it back), no file stores the tied aliases, and import accepts legacy names."""
 
 from __future__ import annotations
 
@@ -20,8 +17,7 @@ if TYPE_CHECKING:  # only from_hf makes tensors: the names are read without torc
 # config.json's fields: BertConfig's, which ModelConfig's carry but its two of bertcli's own.
 HF_FIELDS = [f.name for f in dataclasses.fields(ModelConfig) if f.name not in ("pad_vocab_multiple", "init_from")]
 
-# Every weight of bertcli's BertForPreTraining ("{}": a layer number), under its Hugging Face key: the
-# embedding tables, the MLM head's output bias, and the weight and bias of every other module.
+# Every weight of bertcli's BertForPreTraining ("{}": a layer number), under its Hugging Face key.
 ATTENTION = ("self.query", "self.key", "self.value", "output.dense", "output.LayerNorm")
 LAYER_MODULES = (*(f"attention.{m}" for m in ATTENTION), "intermediate.dense", "output.dense", "output.LayerNorm")
 MODULES = (
@@ -45,8 +41,7 @@ def weight_keys(cfg: ModelConfig) -> set[str]:
 
 
 def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """The shape of every weight of a model of `cfg` (weight_keys), vocabulary rows padded, from the
-    config's numbers alone: what a weights file is checked against before anything is built."""
+    """The shape of every weight of a model of `cfg`, vocabulary rows padded, from the config's numbers alone."""
     h, i, V = cfg.hidden_size, cfg.intermediate_size, padded_vocab_size(cfg)
     by_suffix = (  # the first suffix a key ends with gives its shape
         ("word_embeddings.weight", (V, h)),
@@ -66,8 +61,7 @@ def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return {key: next(shape for suffix, shape in by_suffix if key.endswith(suffix)) for key in weight_keys(cfg)}
 
 
-# In state_dict() but in no weights file (bertcli's or Hugging Face's): aliases of other parameters
-# (tied weights), which follow their targets when loaded.
+# In state_dict() but in no weights file: aliases of tied parameters, which follow their targets when loaded.
 TIED_ALIASES = {
     "cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
     "cls.predictions.decoder.bias": "cls.predictions.bias",
@@ -93,9 +87,8 @@ def hf_key(key: str) -> str:
 
 
 def our_key(key: str) -> str | None:
-    """bertcli's name for Hugging Face (or original TF-converted) key `key`; None for what no model
-    loads (a buffer, a tied alias). A key not in KEYS keeps its name: weights.check_fits, the one check
-    of weights against a model, names it with the model's other misfits."""
+    """bertcli's name for Hugging Face (or TF-converted) key `key`; None for a buffer or a tied alias. A key not in
+    KEYS keeps its name, for the shape check to name it."""
     for old, new in LEGACY.items():
         key = key.replace(old, new)
     if key.endswith(DROPPED_SUFFIXES) or key in TIED_ALIASES:
@@ -104,9 +97,8 @@ def our_key(key: str) -> str | None:
 
 
 def our_keys(keys: Iterable[str]) -> dict[str, str]:
-    """bertcli's name -> the file's key, for the keys of a weights file (our_key; those no model loads
-    left out). Two keys of one weight (`X` and `bert.X`, `LayerNorm.gamma` and `LayerNorm.weight`)
-    are a ValueError: which one a loader takes is a guess (transformers takes `bert.X`)."""
+    """bertcli's name -> the file's key, for the keys of a weights file. Two keys of one weight (`X` and `bert.X`)
+    are a ValueError: which one a loader takes is a guess."""
     names: dict[str, str] = {}
     for key in keys:
         if (new := our_key(key)) in names:
@@ -117,8 +109,7 @@ def our_keys(keys: Iterable[str]) -> dict[str, str]:
 
 
 def to_hf(state_dict: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """bertcli weights (a state_dict, or a checkpoint's: with or without the tied aliases) under Hugging
-    Face's names, the vocabulary padding rows dropped; a ValueError for a weight the map does not know."""
+    """bertcli weights under Hugging Face's names, the vocabulary padding rows and tied aliases dropped."""
     rows = cfg.vocab_size
     return {
         hf_key(k): v[:rows].contiguous() if k in VOCAB_ROWS else v
@@ -128,8 +119,8 @@ def to_hf(state_dict: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, to
 
 
 def from_hf(state_dict: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """Hugging Face weights under bertcli's names (our_key), the vocabulary rows padded with zeros to
-    padded_vocab_size(cfg). A tensor of another number of rows is left as it is, for check_fits to refuse."""
+    """Hugging Face weights under bertcli's names, the vocabulary rows padded with zeros (a tensor of another
+    number of rows is left for the shape check to refuse)."""
     import torch
 
     weights = {new: state_dict[key] for new, key in our_keys(state_dict).items()}

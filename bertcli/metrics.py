@@ -1,7 +1,5 @@
-"""Training metrics: what a batch's loss reports (`LossStats`), the running sums between two log steps
-(`MetricsWindow`: tokens/s, and MFU against `peak_tflops`), and where they go (`MetricsLogger`: metrics.jsonl, one
-JSON object per log step, TensorBoard, and a tqdm bar on a terminal, else a line per log step on stderr).
-"""
+"""Training metrics: a batch's `LossStats`, the sums between two log steps (`MetricsWindow`: tokens/s, MFU), and
+where they go (`MetricsLogger`: metrics.jsonl, TensorBoard, a tqdm bar on a terminal, else a line on stderr)."""
 
 from __future__ import annotations
 
@@ -17,7 +15,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from tqdm import tqdm
 
 from bertcli import console, layout, store
-from bertcli.config import ModelConfig
+from bertcli.config import Config
 from bertcli.sizes import flops_per_token
 
 if TYPE_CHECKING:  # imported where tensors are made: inspect reads metrics.jsonl without torch
@@ -63,24 +61,13 @@ def peak_tflops(device: torch.device, override: float) -> float | None:
 
 
 class MetricsWindow:
-    """The running figures between two log steps. Sums stay on the device (no host sync) until
-    `read`, the one sync point, which averages them over the window's applied steps, adds
-    tokens/s, model TFLOP/s and MFU, and starts the next window."""
+    """Figures between two log steps, summed on the device until `read` (the one sync point) averages them."""
 
-    def __init__(
-        self,
-        device: torch.device,
-        step: int,
-        micro_batches_per_step: int,
-        batch_size: int,
-        model: ModelConfig,
-        nsp: bool,
-        peak_tflops: float | None,
-    ) -> None:
+    def __init__(self, device: torch.device, step: int, cfg: Config, *, peak_tflops: float | None) -> None:
         import torch
 
-        self.device, self.micro_per_step, self.batch_size = device, micro_batches_per_step, batch_size
-        self.model, self.nsp, self.peak = model, nsp, peak_tflops
+        self.device, self.micro_per_step, self.batch_size = device, cfg.train.grad_accum_steps, cfg.train.batch_size
+        self.model, self.nsp, self.peak = cfg.model, cfg.data.pairs, peak_tflops
         self.sums = torch.zeros(len(LossStats._fields), device=device)  # LossStats summed over micro-batches
         self.skipped = torch.zeros((), device=device)  # steps skipped (non-finite) in this window
         self.tokens = 0  # this process's non-padding tokens in this window
@@ -121,10 +108,8 @@ class MetricsWindow:
         tokens_per_s = tokens / max(elapsed, 1e-9)
         metrics.update(lr=lr, grad_norm=float(grad_norm), skipped_steps=skipped, tokens_per_s=tokens_per_s)
         if skipped:
-            console.log(
-                f"step {step}: skipped {skipped} step(s) of the last {step - self.start_step}: "
-                "loss or gradients NaN or inf"
-            )
+            said = f"skipped {skipped} step(s) of the last {step - self.start_step}: loss or gradients NaN or inf"
+            console.log(f"step {step}: {said}")
         # Model FLOPs at the measured mean sequence length and share of tokens predicted.
         flops = flops_per_token(self.model, tokens / (micro_batches * self.batch_size), s.mlm_count / max(tokens, 1.0))
         metrics["model_tflops"] = tokens_per_s * flops / 1e12
@@ -147,10 +132,8 @@ MAX_RECORD_BYTES = 1 << 16  # a metrics record is a few hundred bytes: a longer 
 
 
 def read_metrics_checked(path: Path) -> tuple[list[dict[str, Any]], str | None]:
-    """Records of a metrics.jsonl, JSON objects with an integer step; and, in words, the lines that
-    are not (None: none, or only a torn last line of a record's size, which a crash mid-write leaves:
-    skipped silently). Read a line at a time, each up to MAX_RECORD_BYTES: a damaged line of any
-    length costs no more memory than a record."""
+    """Records of a metrics.jsonl (JSON objects with an integer step) and, in words, the lines that are not (None:
+    none, or only a torn last line, as a crash mid-write leaves). Each line is read up to MAX_RECORD_BYTES."""
     records: list[dict[str, Any]] = []
     if not Path(path).is_file():
         return records, None
@@ -184,18 +167,8 @@ def read_metrics_checked(path: Path) -> tuple[list[dict[str, Any]], str | None]:
     )
 
 
-def _short(value: float) -> str:
-    if value >= 1e6:
-        return f"{value / 1e6:.2f}M"
-    if value >= 1e3:
-        return f"{value / 1e3:.1f}k"
-    return f"{value:.3g}"
-
-
 def _keep_left_behind(path: Path, records: list[dict[str, Any]]) -> Path | None:
-    """Append `records`, which a resume leaves out of metrics.jsonl (a history left behind: its checkpoints are
-    set aside, not deleted), to `path`, written whole. None where `path` is not a file of bertcli's records (a
-    link, a folder, a user's file): it is left alone and the records go."""
+    """Append `records` to `path`, written whole; None, leaving it alone, where it is no file of bertcli's."""
     if path.is_symlink() or (path.exists() and not path.is_file()):
         return None
     earlier, bad = read_metrics_checked(path) if path.exists() else ([], None)
@@ -209,8 +182,7 @@ def _keep_left_behind(path: Path, records: list[dict[str, Any]]) -> Path | None:
 
 
 def _rewrite_history(path: Path, until: int) -> None:
-    """metrics.jsonl without its records past step `until` (steps a resume redoes; -1: all, a history this run
-    does not continue), said; those records are kept in metrics.left-behind.jsonl."""
+    """Drop metrics.jsonl's records past `until` (-1: all), said, keeping them in metrics.left-behind.jsonl."""
     records, damaged = read_metrics_checked(path)
     if damaged:
         console.log(f"{damaged}; left out of the file from now on")
@@ -231,8 +203,8 @@ LABELS = {"mlm_loss": "mlm", "perplexity": "ppl", "tokens_per_s": "tok/s"}
 
 
 class MetricsLogger:
-    """Where the metrics of rank 0 go: metrics.jsonl, TensorBoard, the progress bar or line. `own_history`
-    False: the run resumed another run's checkpoint, so none of metrics.jsonl's records are its."""
+    """Where rank 0's metrics go: metrics.jsonl, TensorBoard, the progress bar or line. `own_history` False:
+    the run resumed another run's checkpoint, so none of metrics.jsonl's records are its."""
 
     def __init__(
         self,
@@ -289,11 +261,8 @@ class MetricsLogger:
                     self.writer.add_scalar(f"{split}/{key}", value, step)
                 self.writer.flush()
             self.scalars_written = True
-        summary = {
-            LABELS.get(k, k): _short(metrics[k]) if k == "tokens_per_s" else f"{metrics[k]:.4g}"
-            for k in SHOWN
-            if k in metrics
-        }
+        shown = {k: metrics[k] for k in SHOWN if k in metrics}
+        summary = {LABELS.get(k, k): f"{v:,.0f}" if k == "tokens_per_s" else f"{v:.4g}" for k, v in shown.items()}
         fields = ", ".join(f"{k} {v}" for k, v in summary.items())
         if self.bar is not None and split == "train":
             self.bar.set_postfix(summary, refresh=True)
@@ -304,8 +273,7 @@ class MetricsLogger:
             console.log(f"{prefix} {step}/{self.max_steps} | " + " | ".join(f"{k} {v}" for k, v in summary.items()))
 
     def _quiet_writer_thread(self, args: Any) -> None:
-        """TensorBoard writes in a thread of its own; the error of a failed write (a full disk) reaches
-        the training thread at the next flush, which reports it in one line: the thread keeps quiet."""
+        """TensorBoard's thread keeps quiet on a failed write (a full disk): the next flush reports it."""
         if type(args.thread).__name__ != "_AsyncWriterThread":
             self.excepthook(args)
 
@@ -330,8 +298,7 @@ class MetricsLogger:
                     self._remove_event_files()
 
     def _remove_event_files(self) -> None:
-        """A run that failed before its first log step leaves no event file of its own (a header only), nor a
-        tensorboard/ folder it made and left empty."""
+        """A run that failed before its first log leaves no event file (a header only), nor a tensorboard/ it made."""
         with contextlib.suppress(OSError):
             for path in self.event_files:
                 path.unlink()

@@ -1,7 +1,5 @@
-"""BERT for pretraining: d2l's BERTEncoder + MaskLM + NextSentencePred, built as the original BERT was
-(LayerNorm after the embeddings, post-LN blocks, biases everywhere, GELU, an MLM head of dense -> act ->
-LayerNorm -> decoder tied to the word embeddings, run only at the predicted positions). Modules carry
-Hugging Face's names, so `state_dict()` keys equal `BertForPreTraining`'s, tied aliases included.
+"""BERT for pretraining: d2l's BERTEncoder + MaskLM + NextSentencePred, built as the original BERT (post-LN, an MLM
+head tied to the word embeddings, run only at the predicted positions), with Hugging Face's `state_dict()` keys.
 
 Architecture only: no device, dtype or rank decisions live here. Shapes: B batch, T sequence length,
 H hidden size, nh heads of hd, N real tokens of a packed batch, P prediction slots per example, V vocabulary.
@@ -31,9 +29,8 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 
 
 class LayerNorm(nn.LayerNorm):
-    """nn.LayerNorm (the same parameters) whose output is bf16 under bf16 autocast, so the residual stream
-    stays bf16: autocast's fp32 output made every product cast it again and every add, dropout and norm move
-    twice the bytes. Statistics are fp32 either way; fp16 autocast keeps fp32 norms for fp16's range."""
+    """nn.LayerNorm whose output is bf16 under bf16 autocast, so the residual stream stays bf16 (half the bytes,
+    no casts); statistics are fp32 either way, and fp16 autocast keeps fp32 norms for fp16's range."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         device = x.device.type
@@ -70,9 +67,8 @@ class BertEmbeddings(nn.Module):
 
 
 class Packing(NamedTuple):
-    """Where the real tokens of a padded (B, T) batch sit once packed into (N, ...), N = valid_lens.sum():
-    the unpadded encoder computes nothing for padding. Made on the host (`packing()`), so that no step
-    waits for the device to count tokens."""
+    """Where the real tokens of a padded (B, T) batch sit once packed into (N, ...), N = valid_lens.sum(); made
+    on the host (`packing()`), so that no step waits for the device to count tokens."""
 
     indices: torch.Tensor  # (N,) int64: flat position b*T + t of each real token, row by row
     cu_seqlens: torch.Tensor  # (B+1,) int32: row b is packed[cu_seqlens[b]:cu_seqlens[b+1]]
@@ -122,8 +118,8 @@ def padding_mask(valid_lens: torch.Tensor, T: int) -> torch.Tensor:
 
 
 @cache
-def _varlen_attn() -> Callable | None:
-    """PyTorch's variable-length FlashAttention (CUDA only), None where this torch lacks it."""
+def varlen_attn() -> Callable | None:
+    """PyTorch's variable-length FlashAttention (CUDA, half precision), None where this torch lacks it."""
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
@@ -131,15 +127,10 @@ def _varlen_attn() -> Callable | None:
     return varlen_attn
 
 
-def varlen_attention_available() -> bool:
-    return _varlen_attn() is not None
-
-
 def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pk: Packing) -> torch.Tensor:
-    """Attention of each packed row over its own tokens: (N, nh, hd) x3 -> (N, nh, hd). On CUDA in half
-    precision FlashAttention's variable-length kernel (no dropout: the unpadded path is used without it);
-    elsewhere a reference with the same result: SDPA over the unpacked (B, T) with the key-padding mask."""
-    varlen = _varlen_attn()
+    """Attention of each packed row over its own tokens: (N, nh, hd) x3 -> (N, nh, hd), no dropout. On CUDA in
+    half precision FlashAttention's varlen kernel; elsewhere SDPA over the unpacked (B, T), masked."""
+    varlen = varlen_attn()
     if varlen is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
         return varlen(q, k, v, cu_seq_q=pk.cu_seqlens, cu_seq_k=pk.cu_seqlens, max_q=pk.max_seqlen, max_k=pk.max_seqlen)
     heads = lambda t: pk.unpack(t).transpose(1, 2)  # noqa: E731  (B, nh, T, hd)
@@ -174,9 +165,7 @@ class BertSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | Packing | None) -> torch.Tensor:
         if isinstance(attn_mask, Packing):  # x: (N, H), the real tokens only
             if self.training and self.dropout_p > 0:
-                raise ValueError(
-                    "the unpadded path has no attention dropout: use it with attention_probs_dropout_prob 0"
-                )
+                raise ValueError("the unpadded path has no attention dropout: needs attention_probs_dropout_prob 0")
             return packed_attention(*self.qkv(x), attn_mask).flatten(1)  # (N, H)
         q, k, v = (t.transpose(1, 2) for t in self.qkv(x))  # (B, nh, T, hd)
         out = attention(q, k, v, attn_mask, dropout_p=self.dropout_p if self.training else 0.0)
@@ -238,7 +227,6 @@ class BertEncoder(nn.Module):
         self.layer = nn.ModuleList(BertLayer(cfg) for _ in range(cfg.num_hidden_layers))
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | Packing | None, num_layers: int) -> torch.Tensor:
-        """The first `num_layers` blocks over x."""
         for layer in islice(self.layer, num_layers):  # islice: no new ModuleList per call
             x = layer(x, attn_mask)
         return x
@@ -256,8 +244,7 @@ class BertPooler(nn.Module):
 
 
 class BertModel(nn.Module):
-    """d2l's BERTEncoder: embeddings, the encoder stack and the pooler. valid_lens is the (B,) count of real
-    tokens per row (None: no padding)."""
+    """d2l's BERTEncoder: embeddings, the encoder stack and the pooler."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -280,8 +267,8 @@ class BertModel(nn.Module):
         layer: int = -1,
         packed: Packing | None = None,
     ) -> torch.Tensor:
-        """Hidden states after `layer` (ModelConfig.layer_index; -1 = the last): (B, T) ids -> (B, T, H);
-        with the batch's Packing, the encoder runs on the real tokens alone: -> (N, H)."""
+        """Hidden states after `layer` (ModelConfig.layer_index): (B, T) ids and (B,) valid_lens (None: no
+        padding) -> (B, T, H); with the batch's Packing, on the real tokens alone: -> (N, H)."""
         if packed is not None:
             x = self.embeddings(packed.pack(input_ids), packed.pack(token_type_ids), packed.indices % packed.width)
             mask: torch.Tensor | Packing | None = packed

@@ -1,7 +1,4 @@
-"""AdamW parameter groups, the learning-rate schedule, and the step that skips non-finite gradients.
-
-The schedule is a pure function of the step, so resuming needs no scheduler state.
-"""
+"""AdamW's parameter groups, the learning-rate schedule (a function of the step: no state) and a guarded step."""
 
 from __future__ import annotations
 
@@ -24,8 +21,7 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 
 def fused_adamw(device: torch.device) -> bool:
-    """Whether AdamW runs as torch's fused kernel: on GPUs, and on CPUs, where at BERT-base size it is 6.4x the
-    per-parameter loop (which allocates temporaries as large as each parameter)."""
+    """Whether AdamW runs as torch's fused kernel: on GPUs, and on CPUs (6.4x the loop at BERT-base size)."""
     return device.type in ("cuda", "cpu")
 
 
@@ -37,12 +33,8 @@ def build_optimizer(model: nn.Module, cfg: OptimizerConfig, fused: bool = False)
 
 
 def lr_at(step: int, cfg: OptimizerConfig, max_steps: int) -> float:
-    """Learning rate of optimizer step `step` (0-based, the update that makes step `step + 1`).
-
-    Warm-up: lr * (step + 1) / warmup_steps, so the first update already learns (Hugging Face's step /
-    warmup_steps spends it at lr 0). Decay: Hugging Face's, with progress from 0 after warm-up towards 1 at
-    max_steps, one past the last update, so the last update still learns.
-    """
+    """Learning rate of update `step` (0-based): warm-up lr * (step + 1) / warmup_steps (the first update learns),
+    then Hugging Face's decay, reaching its floor at max_steps, one past the last update (which still learns)."""
     warmup = cfg.warmup_steps
     if step < warmup:
         return cfg.lr * (step + 1) / warmup
@@ -57,9 +49,8 @@ def lr_at(step: int, cfg: OptimizerConfig, max_steps: int) -> float:
 
 
 def step_if_finite(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, finite: torch.Tensor) -> None:
-    """Apply the optimizer step unless the gradients are not finite (`finite`, a () bool tensor): a skipped
-    step changes neither the weights nor Adam's moments and step count. With fp16 the grad scaler decides; a
-    fused optimizer skips in its kernel (its `found_inf` input), so the host never waits for the check."""
+    """Step unless the gradients are not finite (`finite`, () bool): a skipped step changes no weight, moment or
+    step count. fp16: the scaler decides; fused: the kernel skips (`found_inf`), so the host never waits."""
     if scaler.is_enabled():
         scaler.step(optimizer)
     elif optimizer.defaults.get("fused"):

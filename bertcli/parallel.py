@@ -1,6 +1,4 @@
-"""How the model runs over the job's processes: compiled layers, DDP or FSDP2, and when gradients
-are reduced. One process (`Runtime.distributed` false) gets the model itself, on its device.
-"""
+"""How the model runs over the job's processes: compiled layers, DDP or FSDP2, and when gradients are reduced."""
 
 from __future__ import annotations
 
@@ -20,13 +18,8 @@ COMPILE_BACKEND = "inductor"  # tests use "aot_eager": the same graph capture wi
 def parallelize(
     model: BertForPreTraining, rt: Runtime, *, parallel: str, every_parameter_used: bool, compile: bool = False
 ) -> nn.Module:
-    """Put `model` on the device and return what the training step calls: the model itself in one process;
-    under torchrun a DDP wrapper (`ddp`: a whole model per process), or the model sharded in place by FSDP2
-    (`fsdp`: each encoder layer, then the rest, keeps 1/world of its parameters, gradients and optimizer state
-    per process). Build the optimizer after this: FSDP2 turns parameters into DTensor shards.
-
-    `compile` compiles each encoder layer in place, before sharding (as torchtitan does): the layers are alike,
-    so one graph serves them all, and the hooks of DDP and FSDP stay outside it."""
+    """Put `model` on the device; return what the step calls: itself, a DDP wrapper, or itself sharded by FSDP2
+    (build the optimizer after). `compile`: each layer, before sharding (as torchtitan: one graph serves all)."""
     if compile:
         for block in model.blocks:
             block.compile(backend=COMPILE_BACKEND)
@@ -51,8 +44,7 @@ def parallelize(
 
 
 def gradient_sync(train_model: nn.Module, enabled: bool) -> contextlib.AbstractContextManager:
-    """Turn the gradient all-reduce (DDP) or reduce-scatter (FSDP) off for accumulation
-    micro-batches; gradients are then reduced once, on the step's last micro-batch."""
+    """Turn the gradient reduction (DDP, FSDP) off for all but a step's last micro-batch (`enabled`)."""
     if hasattr(train_model, "set_requires_gradient_sync"):  # an FSDPModule
         train_model.set_requires_gradient_sync(enabled)
         return contextlib.nullcontext()

@@ -26,8 +26,8 @@ def check_device(device: str, flag: str) -> None:
 def init(
     directory: Path, preset: str, *, corpus: str | None, init_from: Path | None, overrides: list[str]
 ) -> tuple[Config, str]:
-    """The config `init` writes (a preset, the corpus, what --init-from sets for continued pretraining,
-    then the overrides) and its header, checked as pretrain will check it (paths in it: from DIR)."""
+    """The config `init` writes (preset < corpus < --init-from's settings < overrides) and its header, checked
+    as pretrain will check it (paths in it: from DIR)."""
     import json
 
     from bertcli.config_load import preset_config
@@ -61,24 +61,11 @@ def init(
 
 
 def encode(
-    *,
-    model: Path,
-    inputs: list[str],
-    output: Path | None,
-    fmt: str | None,
-    with_text: bool,
-    tokens: bool,
-    pooling: str | None,
-    layer: int,
-    device: str,
-    dtype: str,
-    errors: str,
-    pairs: bool,
-    strict_pairs: bool,
+    *, model: Path, inputs: list[str], output: Path | None, fmt: str | None, with_text: bool, tokens: bool,
+    pooling: str | None, layer: int, device: str, dtype: str, errors: str, pairs: bool, strict_pairs: bool,
     max_length: int | None,
-) -> tuple[str, Path | None, Any]:
-    """encode's flags, inputs, output and model, checked; returns the format, the output path (resolved)
-    and the Hugging Face folder read (None: a bertcli checkpoint or run)."""
+) -> tuple[str, Path | None, Any]:  # fmt: skip
+    """encode's flags, inputs, output and model, checked: (format, output path, Hugging Face folder or None)."""
     from bertcli import encode_io
     from bertcli.config import PRECISIONS
 
@@ -128,9 +115,7 @@ def _encode_model(model: Path, *, layer: int, pooling: str | None, tokens: bool)
 
 
 def launch_env() -> None:
-    """Refuse torchrun's variables where they cannot make a job (a number that is none, a rank past the world
-    size, WORLD_SIZE > 1 without where to meet): left in a shell by mistake, a rank other than 0 trains and
-    writes nothing."""
+    """Refuse torchrun's variables where they make no job (left in a shell, a rank other than 0 writes nothing)."""
     values = {name: os.environ.get(name) for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
     for name, value in values.items():
         if value is not None and not re.fullmatch(r"\s*[0-9]+\s*", value):  # (not str.isdigit: '²' is a digit)
@@ -143,10 +128,7 @@ def launch_env() -> None:
         if (local := values["LOCAL_WORLD_SIZE"]) and int(local) != 1:
             stray.append(f"LOCAL_WORLD_SIZE={local.strip()}")
         if stray:
-            raise UsageError(
-                f"{' and '.join(stray)} in the environment, with no WORLD_SIZE above 1: torchrun's variables without "
-                "a job; unset them, or run under torchrun"
-            )
+            raise UsageError(f"{' and '.join(stray)} in the environment, with no WORLD_SIZE above 1: unset them")
         return
     port = os.environ.get("MASTER_PORT")
     if port and not (re.fullmatch(r"\s*[0-9]+\s*", port) and 0 < int(port) < 65536):
@@ -154,16 +136,12 @@ def launch_env() -> None:
     missing = [name for name in ("RANK", "MASTER_ADDR", "MASTER_PORT") if not os.environ.get(name, "").strip()]
     if missing or int(values["RANK"] or 0) >= world:
         what = f"{' and '.join(missing)} not set" if missing else f"RANK={values['RANK']} is past it"
-        raise UsageError(
-            f"WORLD_SIZE={world} is set in the environment (a distributed job's), but {what}: run under torchrun "
-            "(torchrun --nproc-per-node N --no-python bertcli pretrain ...), or unset WORLD_SIZE and RANK"
-        )
+        fix = "run under torchrun, or unset WORLD_SIZE and RANK"
+        raise UsageError(f"WORLD_SIZE={world} is set in the environment, but {what}: {fix}")
 
 
 def pretrain(cfg: Config, resume_arg: str, *, device_flag: bool) -> None:
-    """What pretrain refuses from files alone: overlapping outputs, a CUDA device with a CPU torch, a run in
-    use, sizes too large for this machine (on its CPU) or a checkpoint for its disk, what resume.check_before
-    refuses, NaN init_from weights, an output folder in the way, a corpus or vocabulary size that will fail."""
+    """What pretrain refuses from files alone, before torch loads (each check is its owner's)."""
     from bertcli import checkpoint, resume, sizes, store
     from bertcli.config import check_gpu_build
     from bertcli.data.prepare import check_before_training

@@ -1,9 +1,5 @@
-"""Resolving a run: (YAML, overrides, the config file's folder) -> the config every command works from.
-
-Afterwards nothing downstream needs to know where the config file was: every path is absolute (a config's
-relative paths are relative to its folder; --set's to the current folder), and with `model.init_from` the
-model section is the imported model's architecture. (`config.with_vocab` fills in model.vocab_size later.)
-"""
+"""Resolving a run: (YAML, overrides, the config file's folder) -> the config every command works from: every path
+absolute (a config's relative to its folder, --set's to the current one), model.init_from's architecture adopted."""
 
 from __future__ import annotations
 
@@ -22,14 +18,12 @@ SYNTHETIC_VOCAB = 1024  # init with the synthetic corpus: the generated corpus h
 
 
 def load_run(path: Path, overrides: list[str] | None = None, adopt_init_from: bool = True) -> Config:
-    """The resolved config of the config file at `path` with overrides (command-line paths:
-    relative to the current folder, see `from_here`)."""
+    """The resolved config of the config file at `path` with overrides (their paths: from the current folder)."""
     return resolve(load_config(path, from_here(overrides or [])), Path(path).resolve().parent, adopt_init_from)
 
 
 def from_here(overrides: list[str]) -> list[str]:
-    """Overrides (section.key=value) with relative paths made absolute from the current folder, where the
-    user typed them; values that are not paths are left for the loader to check."""
+    """Overrides with relative paths made absolute from the current folder (the loader checks the rest)."""
     out = []
     for item in overrides:
         key, sep, text = item.partition("=")
@@ -47,9 +41,8 @@ def from_here(overrides: list[str]) -> list[str]:
 
 
 def resolve(cfg: Config, base: Path, adopt_init_from: bool = True) -> Config:
-    """`cfg` with absolute paths (relative ones taken from `base`) and the architecture of its
-    init_from (`adopt_init_from=False`: the config as written, for `inspect`, which must explain a
-    run whose source model has since moved)."""
+    """`cfg` with paths absolute from `base` and its init_from's architecture (`adopt_init_from=False`: as
+    written, for `inspect` of a run whose source model has since moved)."""
 
     def absolute(value: str) -> str:
         path = Path(value).expanduser()
@@ -69,50 +62,32 @@ def resolve(cfg: Config, base: Path, adopt_init_from: bool = True) -> Config:
 
 
 def check_outputs_apart(cfg: Config) -> None:
-    """Refuse (exit 2), before any work, a run whose outputs overlap its corpus: output_dir or
-    data.prepared_dir at or inside it (the next prepare would read the run's files as text), or a corpus
-    inside what bertcli writes. A corpus folder beside config.yaml is fine: bertcli writes its own names."""
+    """Refuse (exit 2), before any work, outputs that overlap the corpus (the next prepare would read them as
+    text), or output_dir where bertcli's own folders, a model folder or / are."""
     from bertcli.layout import CHECKPOINTS, RUN_OUTPUTS, TENSORBOARD, Kind, identify
     from bertcli.store import owner, relation, run_file
 
     output, prepared, own = Path(cfg.output_dir), Path(cfg.data.prepared_dir), "set output_dir to a folder of its own"
-    # Not inside what bertcli replaces whole or prunes: the run's files there would make it "foreign".
     resolved = output.expanduser().resolve()
-    if (owned := owner(resolved)) is not None:
+    if (owned := owner(resolved)) is not None:  # replaced or pruned whole
         where = f"is {owned[1]}" if owned[0] == resolved else f"lies inside {owned[0]}, {owned[1]}"
-        what = f"{where} of bertcli's (replaced or pruned whole, and refused once it holds a file bertcli did not write there)"
-        raise UsageError(f"output_dir {output} {what}: {own}")
+        raise UsageError(f"output_dir {output} {where} of bertcli's: {own}")
     if (run := run_file(resolved)) is not None:
         raise UsageError(f"output_dir {output} is {run[1]} of the run folder {run[0]}: {own}")
     if resolved == Path(resolved.anchor):
         raise UsageError(f"output_dir {output} is the root of the file system: {own}")
     kind = identify(resolved).kind  # a model folder: inspect and encode of it would read the model, not the run
     if kind in (Kind.HF, Kind.SENTENCE):
-        raise UsageError(
-            f"output_dir {output} is {kind.value}: the run's checkpoints there would be mixed up with that model "
-            f"(inspect and encode of the folder read the model); {own}"
-        )
+        raise UsageError(f"output_dir {output} is {kind.value}: the run's checkpoints there would be mixed up; {own}")
     for inside in (output / CHECKPOINTS, output / TENSORBOARD):  # folders pretrain replaces, prunes, writes whole
-        how = relation(prepared, inside)
-        if how in ("is", "is inside"):
-            raise UsageError(
-                f"data.prepared_dir {prepared} {how} {inside}, which pretrain writes (checkpoints are replaced and "
-                "pruned whole): set data.prepared_dir elsewhere (by default it is data/ in the run folder)"
-            )
+        if (how := relation(prepared, inside)) in ("is", "is inside"):
+            raise UsageError(f"data.prepared_dir {prepared} {how} {inside}, which pretrain writes: set it elsewhere")
     if cfg.data.corpus in KEYWORD_CORPORA:
         return
     corpus = Path(cfg.data.corpus)
-    fix = "keep the corpus and the run's outputs in separate folders"
     for key, target in (("output_dir", output), ("data.prepared_dir", prepared)):
-        how = relation(target, corpus)
-        if how in ("is", "is inside"):
-            raise UsageError(
-                f"{key} {target} {how} the corpus {corpus}: the run would write its files into the corpus, "
-                f"and the next prepare would read them as text; {fix} (set {key} elsewhere)"
-            )
+        if (how := relation(target, corpus)) in ("is", "is inside"):
+            raise UsageError(f"{key} {target} {how} the corpus {corpus}, which prepare reads: set {key} elsewhere")
     for key, target in [("data.prepared_dir", prepared)] + [("output_dir", output / name) for name in RUN_OUTPUTS]:
         if relation(corpus, target) in ("is", "is inside"):
-            raise UsageError(
-                f"the corpus {corpus} lies inside {target}, which bertcli writes (from {key}); {fix} "
-                "(move the corpus out of it)"
-            )
+            raise UsageError(f"the corpus {corpus} lies inside {target}, which bertcli writes ({key}): move it out")

@@ -1,10 +1,5 @@
-"""Where this process runs: its device, its precision and its place in the job (rank, world size).
-
-The model and the data code never look at devices or dtypes: the trainer and encode ask this module (device
-names by `parse_device`, precisions by `AUTOCAST_DTYPES`, `Runtime.autocast` the one mixed-precision context,
-`unpadded` the kernel choice). The other decisions about the machine live by their job: sizes.py, parallel.py,
-data/loader.py, optim.fused_adamw, metrics.peak_tflops and dropout.seed_step.
-"""
+"""Where this process runs: its device, its precision and its place in the job (rank, world size). The model and
+data code never look at devices or dtypes: the trainer and encode ask this module."""
 
 from __future__ import annotations
 
@@ -16,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from bertcli import console
-from bertcli.config import DEVICE_NAMES, PrecisionConfig, is_device_name
+from bertcli.config import PrecisionConfig
 from bertcli.errors import UsageError
 from bertcli.sizes import Placement
 from bertcli.stopping import exit_on_signal
@@ -69,7 +64,6 @@ class Runtime:
         return torch.amp.GradScaler(self.device.type, init_scale=cfg.fp16_init_scale, enabled=self.precision == "fp16")
 
     def placement(self) -> Placement:
-        """Where training runs, for sizes' memory checks."""
         cuda = self.device.type == "cuda"
         gpu = (torch.cuda.get_device_properties(self.device).total_memory, self.device_name()) if cuda else None
         return Placement(half=self.autocast_dtype is not None, world_size=self.world_size, gpu=gpu)
@@ -78,17 +72,13 @@ class Runtime:
         return torch.cuda.get_device_name(self.device)
 
     def describe(self) -> str:
-        where = (
-            f"cuda ({self.device_name()})" if self.device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
-        )
+        threads = f"cpu ({torch.get_num_threads()} threads)"
+        where = f"cuda ({self.device_name()})" if self.device.type == "cuda" else threads
         return f"device {where}, precision {self.precision}, torch {torch.__version__}"
 
 
 def parse_device(name: str, what: str = "device") -> torch.device:
-    """The torch.device for a device name (auto, cpu, cuda or cuda:N; auto is CUDA when a GPU is visible);
-    UsageError naming `what` (the flag or config key) for another name or a GPU that is not there."""
-    if not is_device_name(name):
-        raise UsageError(f"{what} {name!r}: expected {DEVICE_NAMES}")
+    """The torch.device of a device name (its form checked by its owner); UsageError for a GPU not there."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda"):
@@ -117,22 +107,17 @@ NATIVE_ON_CPU = {"bf16": ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
 
 
 def slow_autocast(rt: Runtime) -> str | None:
-    """A warning for half-precision autocast on a CPU without its instructions: torch converts to and from fp32
-    around every operation, about 10x slower than fp32 (a tiny-preset step on an AVX2 EPYC: 1-1.7 s against
-    11.5 s). None where it runs natively, on GPUs, and in fp32."""
+    """A warning for half precision on a CPU without its instructions (emulated, ~10x slower); else None."""
     if rt.device.type != "cpu" or rt.autocast_dtype is None:
         return None
     if any(getattr(torch.cpu, probe, lambda: True)() for probe in NATIVE_ON_CPU[rt.precision]):
         return None
-    return (
-        f"{rt.precision} on a CPU without {rt.precision} instructions ({torch.backends.cpu.get_cpu_capability()}): "
-        "torch emulates it, several times slower than fp32 here"
-    )
+    without = f"a CPU without {rt.precision} instructions ({torch.backends.cpu.get_cpu_capability()})"
+    return f"{rt.precision} on {without}: torch emulates it, several times slower than fp32 here"
 
 
 def setup(device: str, precision: PrecisionConfig) -> Runtime:
-    """Device and precision; under torchrun (WORLD_SIZE > 1) also the process group: NCCL on
-    GPUs (one per local rank), gloo on CPU."""
+    """Device and precision; under torchrun also the process group (NCCL on GPUs, one per local rank; gloo on CPU)."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     dev = parse_device(device, "train.device")
@@ -145,38 +130,32 @@ def setup(device: str, precision: PrecisionConfig) -> Runtime:
     if world_size > 1 and not dist.is_initialized():
         if "TORCHELASTIC_RUN_ID" not in os.environ:  # another launcher, or the variables set by mistake
             where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
-            console.log(
-                f"RANK={rank} and WORLD_SIZE={world_size} are set, not by torchrun: waiting for the job's other "
-                f"processes at {where}; if they were set by mistake, stop this (Ctrl-C) and unset them"
-            )
+            waiting = f"waiting for the job's other processes at {where}; if set by mistake, Ctrl-C and unset them"
+            console.log(f"RANK={rank} and WORLD_SIZE={world_size} are set, not by torchrun: {waiting}")
         with exit_on_signal("while waiting for the job's other processes; nothing was written"):
             dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
     console.speak(rank == 0)  # one process speaks for the job
     return Runtime(device=dev, precision=resolve_precision(precision.mode, dev), rank=rank, world_size=world_size)
 
 
-# Token slots per micro-batch (batch_size x max_seq_length) from which unpadding pays on a GPU (an H100 at
-# BERT-base: +6% at 256 x 128 and 32 x 512; -10% at 64 x 128, where the packing's extra kernel launches cost more).
+# Token slots per micro-batch from which unpadding pays (H100, BERT-base: +6% at 256 x 128, -10% at 64 x 128).
 UNPAD_MIN_TOKENS = 16_384
 
 
 def unpadded(
     setting: bool | None, *, device: torch.device, precision: str, attention_dropout: float, micro_batch_tokens: int
 ) -> tuple[bool, str | None]:
-    """Whether the encoder runs on the real tokens only (train.unpad), and why not when asked for. Its
-    attention has no dropout, so it applies only without; null (automatic) takes it on GPUs in half precision
-    for micro-batches large enough for it to pay (on CPUs it computes the same, no faster)."""
+    """Whether the encoder runs on the real tokens only (train.unpad), and why not when asked for: its attention
+    has no dropout. null: on GPUs in half precision, for micro-batches large enough for it to pay."""
     if setting is False:
         return False, None
     if setting is None:
-        from bertcli.model import varlen_attention_available  # FlashAttention's kernel: half precision, recent torch
+        from bertcli.model import varlen_attn
 
         half = precision in ("bf16", "fp16")
         big = micro_batch_tokens >= UNPAD_MIN_TOKENS
-        return device.type == "cuda" and attention_dropout == 0 and big and half and varlen_attention_available(), None
+        return device.type == "cuda" and attention_dropout == 0 and big and half and varlen_attn() is not None, None
     if attention_dropout > 0:
-        return False, (
-            f"train.unpad is true but model.attention_probs_dropout_prob is {attention_dropout}, and the unpadded "
-            "attention has no dropout: training padded (set it to 0 to train unpadded)"
-        )
+        why = f"model.attention_probs_dropout_prob is {attention_dropout} (unpadded attention has none)"
+        return False, f"train.unpad is true but {why}: training padded"
     return True, None

@@ -1,11 +1,5 @@
-"""sentence-transformers folders: how such a folder says its embeddings are made, which `bertcli
-encode` follows by default so that its vectors are that model's embeddings.
-
-The folder's `modules.json` lists the modules run in order: a Transformer (the BERT folder at its
-`path`; "" = this folder), a Pooling module (`1_Pooling/config.json`: cls, mean, max, ...) and
-optionally Normalize (unit length). `sentence_bert_config.json`, beside the Transformer, gives the
-tokens per text (see _max_seq_length) and do_lower_case (see lowercase_first).
-"""
+"""sentence-transformers folders: how such a folder makes its embeddings, which `bertcli encode` follows by default.
+Its modules.json lists the modules run: a Transformer (the BERT folder at its `path`), a Pooling, maybe Normalize."""
 
 from __future__ import annotations
 
@@ -59,22 +53,25 @@ class NotReproducible(UsageError):
 
     def __init__(self, folder: Path, problem: str) -> None:
         super().__init__(
-            f"--model {folder}: {problem}, so its embeddings cannot be reproduced; pass --pooling cls, mean or max "
-            "for vectors of the BERT encoder itself"
+            f"--model {folder}: {problem}, so its embeddings cannot be reproduced; pass --pooling cls, mean or max"
         )
         self.folder, self.problem = folder, problem
 
 
-def _read_json(file: Path) -> Any:
+def read_json(file: Path, kind: type = dict) -> Any:
+    """A JSON file's value, refused where it does not read or is no `kind` (a dict: an object)."""
     try:
-        return json.loads(file.read_text(encoding="utf-8"))
+        raw = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
-        raise UsageError(f"{file}: cannot read ({exc}); is this a sentence-transformers folder?") from None
+        raise UsageError(f"{file}: cannot read ({exc}); restore the file") from None
+    if not isinstance(raw, kind):
+        raise UsageError(f"{file}: expected a JSON {'object' if kind is dict else kind.__name__}")
+    return raw
 
 
 def _read_object(file: Path) -> dict[str, Any]:
     """A JSON file's object; {} where the file is not there or holds another value."""
-    raw = _read_json(file) if file.is_file() else {}
+    raw = read_json(file, object) if file.is_file() else {}
     return raw if isinstance(raw, dict) else {}
 
 
@@ -84,9 +81,7 @@ def _kind(module: dict[str, Any]) -> str:
 
 
 def _pooling_mode(file: Path) -> str:
-    raw = _read_json(file)
-    if not isinstance(raw, dict):
-        raise UsageError(f"{file}: expected a JSON object")
+    raw = read_json(file)
     mode = raw.get("pooling_mode")
     if mode is None:
         mode = [name for key, name in LEGACY_MODES.items() if raw.get(key)] or ["mean"]
@@ -95,10 +90,8 @@ def _pooling_mode(file: Path) -> str:
 
 
 def _max_seq_length(settings: dict[str, Any], transformer: Path) -> int | None:
-    """Tokens per text as sentence-transformers 6 takes them: a model_max_length passed to the
-    tokenizer in sentence_bert_config.json (tokenizer_args, which replaces processor_kwargs), else its
-    max_seq_length, else tokenizer_config.json's model_max_length; None: none is set (the model's own
-    limit). Versions before 6 put max_seq_length first; no folder either one saves has both."""
+    """Tokens per text as sentence-transformers 6 takes them: sentence_bert_config.json's tokenizer_args (or
+    processor_kwargs) model_max_length, its max_seq_length, tokenizer_config.json's model_max_length; or None."""
     key = "tokenizer_args" if "tokenizer_args" in settings else "processor_kwargs"
     kwargs = settings.get(key) if isinstance(settings.get(key), dict) else {}
     settings_file, tokenizer_config = transformer / SENTENCE_SETTINGS, transformer / TOKENIZER_CONFIG
@@ -139,15 +132,12 @@ def read_sentence_model(folder: Path) -> SentenceModel | None:
     file = folder / SENTENCE_MODULES
     if not file.is_file():
         return None
-    modules = _read_json(file)
-    if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
+    modules = read_json(file, list)
+    if not all(isinstance(m, dict) for m in modules):
         raise UsageError(f"{file}: expected a list of modules")
     kinds = [_kind(m) for m in modules]
     if not kinds or kinds[0] != "Transformer":
-        raise UsageError(
-            f"{file}: the first module is {kinds[0] if kinds else 'missing'}, not a Transformer; "
-            "bertcli reads sentence-transformers folders of a BERT model"
-        )
+        raise UsageError(f"{file}: the first module is {kinds[0] if kinds else 'missing'}, not a BERT Transformer")
     transformer = folder / str(modules[0].get("path", ""))
     pooling, normalize, unsupported = None, False, []
     for module, kind in zip(modules[1:], kinds[1:]):
@@ -173,10 +163,8 @@ def read_sentence_model(folder: Path) -> SentenceModel | None:
 
 
 def lowercase_first(normalizer: Any) -> Any:
-    """A tokenizer's `normalizer` with do_lower_case applied as sentence-transformers 6 applies it: a
-    Lowercase normalizer put first, unless one is there already (a BertNormalizer that lowercases
-    does not count, there either). The text itself is not lower-cased: special tokens in it, such as
-    [MASK], are matched before normalizers and stay special."""
+    """`normalizer` with do_lower_case as sentence-transformers 6 applies it: a Lowercase first, unless one is there
+    (a BertNormalizer's does not count). Lower-casing the text itself would unmake special tokens such as [MASK]."""
     from tokenizers import normalizers
 
     parts = list(normalizer) if isinstance(normalizer, normalizers.Sequence) else [normalizer] if normalizer else []

@@ -1,7 +1,5 @@
-"""A model's sizes from its config's numbers alone (closed forms, before anything is built, without torch):
-vocabulary rows, parameters per part, training FLOPs per token, and whether its training state fits this
-machine's memory and one checkpoint the run's disk.
-"""
+"""A model's sizes from its config alone (closed forms, without torch): vocabulary rows, parameters, training
+FLOPs per token, and whether its training state fits this machine's memory and a checkpoint the run's disk."""
 
 from __future__ import annotations
 
@@ -35,24 +33,21 @@ class Placement:
 
 
 def cpu_placement(cfg: Config) -> Placement | None:
-    """The Placement of a run of `cfg` sure to train on this machine's CPU (train.device cpu, or auto with a
-    CPU build of torch); None where torch must tell."""
+    """The Placement of a run of `cfg` sure to train on this CPU (device cpu, or auto with a CPU torch), else None."""
     if cfg.train.device != "cpu" and not (cfg.train.device == "auto" and (torch_build() or ("",))[0] == "cpu"):
         return None
     return Placement(half=cfg.precision.mode in ("bf16", "fp16"), world_size=int(os.environ.get("WORLD_SIZE", "1")))
 
 
 def padded_vocab_size(cfg: ModelConfig) -> int:
-    """Rows of the embedding and decoder matrices: vocab_size rounded up to pad_vocab_multiple (matrix units
-    like multiples of 64); padding rows are never looked up and never targets."""
+    """Rows of the embedding and decoder matrices: vocab_size rounded up to pad_vocab_multiple (never targets)."""
     if cfg.vocab_size is None:
         raise ValueError("model.vocab_size is not resolved yet (it comes from the tokenizer)")
     return -(-cfg.vocab_size // cfg.pad_vocab_multiple) * cfg.pad_vocab_multiple
 
 
 def parameter_counts(model: ModelConfig) -> dict[str, int]:
-    """The parameters of BertForPreTraining(model) per part, the tied decoder weight once. With vocab_size
-    null the vocabulary counts as its padding multiple: a lower bound."""
+    """Parameters of BertForPreTraining(model) per part, the tied decoder once (vocab_size null: a lower bound)."""
     h, i = model.hidden_size, model.intermediate_size
     vocab = padded_vocab_size(model) if model.vocab_size is not None else model.pad_vocab_multiple
     layer = (4 * h * h + 4 * h) + (2 * h * i + i + h) + 2 * 2 * h  # Q, K, V and output; feed-forward; 2 LayerNorms
@@ -66,22 +61,19 @@ def parameter_counts(model: ModelConfig) -> dict[str, int]:
 
 
 def parameter_count(model: ModelConfig) -> int:
-    """All the parameters of BertForPreTraining(model) (parameter_counts, summed)."""
     return sum(parameter_counts(model).values())
 
 
 def flops_per_token(cfg: ModelConfig, seq_len: float, pred_share: float) -> float:
-    """Training FLOPs per token (forward + backward = 3x forward, 2 per multiply-add), matrix products only:
-    per layer 4H^2 (Q, K, V, output) + 2*H*I (feed-forward) weights, the attention scores and values 2*H*s,
-    and the MLM head (H^2 + V*H) at the share of tokens predicted."""
+    """Training FLOPs per token of the matrix products (3x forward, 2 per multiply-add): per layer the weights'
+    4H^2 + 2HI and attention's 2Hs, and the MLM head (H^2 + VH) at the share of tokens predicted."""
     H, L, I, V = cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size, padded_vocab_size(cfg)
     return 6 * L * (4 * H * H + 2 * H * I) + 12 * L * H * seq_len + 6 * pred_share * (H * H + V * H)
 
 
 def check_memory(model: ModelConfig, where: Placement, parallel: str) -> None:
-    """Refuse sizes whose training state cannot fit: parameters x 16 bytes on the training device (divided
-    over the processes under FSDP) against its memory, and the fp32 model each process first builds on the
-    CPU against the machine's. Activations come on top: failing is sure, passing no promise."""
+    """Refuse a model whose training state (16 bytes a parameter, sharded under FSDP) cannot fit the device, or
+    whose fp32 copies (one per process on this machine) its memory; activations come on top."""
     n = parameter_count(model)
     shards = where.world_size if where.world_size > 1 and parallel == "fsdp" else 1
     on_device = BYTES_PER_PARAMETER * n // shards
@@ -92,11 +84,9 @@ def check_memory(model: ModelConfig, where: Placement, parallel: str) -> None:
     checks = [(on_device, where.gpu[0], f"the GPU's memory ({where.gpu[1]})")] if where.gpu else []
     for need, have, memory in [*checks, (host, machine_memory(), f"this machine's memory{shared}")]:
         if have and need > have:
-            raise UsageError(
-                f"the model is too large to train here: {n:,} parameters need {need / 2**30:,.1f} GiB for fp32 weights, "
-                f"gradients and AdamW state ({BYTES_PER_PARAMETER} bytes each, before activations) but {memory} is "
-                f"{have / 2**30:,.1f} GiB: lower model.hidden_size, model.num_hidden_layers or model.vocab_size"
-            )
+            gib = f"{n:,} parameters need {need / 2**30:,.1f} GiB but {memory} is {have / 2**30:,.1f} GiB"
+            fix = "lower model.hidden_size, model.num_hidden_layers or model.vocab_size"
+            raise UsageError(f"the model is too large to train here: {gib}: {fix}")
 
 
 def free_bytes(folder: Path) -> int | None:
@@ -111,22 +101,18 @@ def free_bytes(folder: Path) -> int | None:
 
 
 def check_disk(model: ModelConfig, output_dir: Path) -> None:
-    """Refuse (exit 1) a run whose output disk has no room for one checkpoint: every step before the first
-    save would be trained for nothing."""
+    """Refuse (exit 1) a run whose output disk has no room for one checkpoint (its steps would be lost)."""
     free, need = free_bytes(Path(output_dir)), CHECKPOINT_BYTES_PER_PARAMETER * parameter_count(model)
     if free is not None and free < need:
         raise RunError(
             f"{output_dir}: its disk has {free / 2**20:,.1f} MiB free, and one checkpoint of this model takes about "
-            f"{need / 2**20:,.1f} MiB (fp32 weights and AdamW's state): free space, or set output_dir to another disk"
+            f"{need / 2**20:,.1f} MiB: free space, or set output_dir to another disk"
         )
 
 
 def check_batch(cfg: Config, where: Placement) -> None:
-    """Refuse batch sizes whose tensors cannot fit, before any is built (train.batch_size=1e9 would grow to
-    the machine's memory and be killed): lower bounds, each against the memory that holds it. Activations
-    kept for the backward pass, per token and layer: at least Q, K, V and the output (4 x hidden_size) and the
-    feed-forward's inner values; a step's micro-batches (moved to the device together) and the held-out
-    examples (built once and kept): BYTES_PER_TOKEN a token."""
+    """Refuse batch sizes whose tensors cannot fit, before any is built (else the process grows until killed):
+    lower bounds of activations (Q, K, V, output, FFN) and of a step's and the held-out set's token ids."""
     m, t, tokens = cfg.model, cfg.train, cfg.data.max_seq_length
     device = (where.gpu[0], "the GPU's memory") if where.gpu else (machine_memory(), "this machine's memory")
     host = (machine_memory(), "this machine's memory")

@@ -1,8 +1,5 @@
-"""`bertcli inspect`: what a config, a run, a checkpoint, prepared data or a Hugging Face (or
-sentence-transformers) folder holds, as a report dict printed as tables or as one JSON object.
-Torch-free: parameter counts and FLOPs come from the config's numbers (sizes.py), shapes from
-safetensors headers.
-"""
+"""`bertcli inspect`: what a config, run, checkpoint, prepared data or Hugging Face folder holds, as a report dict
+printed as tables or JSON. Torch-free: counts come from the config's numbers, shapes from safetensors headers."""
 
 from __future__ import annotations
 
@@ -16,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from bertcli import checkpoint, hf_import, layout, resolve, resume, sizes, weights
+from bertcli.adopt import newest_config
 from bertcli.config import Config, DataConfig, ModelConfig, with_vocab
 from bertcli.data import prepared as prep
 from bertcli.data.examples import ExampleBuilder
@@ -45,22 +43,18 @@ READS = (
 
 
 def parameter_counts(cfg: ModelConfig) -> dict[str, int]:
-    """Parameters per part and in total, as Hugging Face counts them (no vocabulary padding, the
-    tied decoder once, in embeddings), plus `total_with_padding`: what bertcli trains."""
+    """Parameters per part and in total as Hugging Face counts them (no vocabulary padding, the tied decoder once),
+    and `total_with_padding`: what bertcli trains."""
     counts = sizes.parameter_counts(dataclasses.replace(cfg, pad_vocab_multiple=1))
     return counts | {"total": sum(counts.values()), "total_with_padding": sizes.parameter_count(cfg)}
 
 
 def architecture(cfg: Config) -> dict[str, Any]:
     m = cfg.model
-    sizes_ = {k: getattr(m, k) for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")}
+    first = {k: getattr(m, k) for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")}
+    head = {"head_size": m.hidden_size // m.num_attention_heads}
     rest = {k: getattr(m, k) for k in ("intermediate_size", "hidden_act", "max_position_embeddings")}
-    return (
-        sizes_
-        | {"head_size": m.hidden_size // m.num_attention_heads}
-        | rest
-        | {"max_seq_length": cfg.data.max_seq_length}
-    )
+    return first | head | rest | {"max_seq_length": cfg.data.max_seq_length}
 
 
 def flops(cfg: Config) -> dict[str, Any]:
@@ -79,8 +73,8 @@ def _first_line(exc: Exception) -> str:
 
 
 def _readable(ckpt: Path, damaged: list[str]) -> tuple[dict[str, Any], Config] | None:
-    """A checkpoint's trainer state and config, or None with what is wrong added to `damaged`; a file
-    changed since it was written (its SHA-256, which encode, export and resume refuse) is added too."""
+    """A checkpoint's trainer state and config, or None; what is wrong (a file changed since written too) is
+    added to `damaged`."""
     name = layout.TRAINER_STATE
     try:
         state = checkpoint.read_trainer_state(ckpt)
@@ -98,9 +92,8 @@ def _readable(ckpt: Path, damaged: list[str]) -> tuple[dict[str, Any], Config] |
 
 
 def _training(output_dir: Path, cfg: Config, only: Path | None = None, *, with_run: bool = True) -> dict[str, Any]:
-    """The training report of the run in `output_dir`, or of its checkpoint `only`; without `with_run`
-    (a checkpoint out of its run's history), nothing of the run's is read or shown. Files that do not
-    read are listed under "damaged" and the rest is shown."""
+    """The training report of the run in `output_dir`, or of its checkpoint `only` (without `with_run`: nothing
+    of the run's). Files that do not read are listed under "damaged" and the rest is shown."""
     ckpts = layout.list_checkpoints(output_dir) if with_run else []
     aside = layout.set_aside(output_dir) if with_run else []
     records, bad_records = read_metrics_checked(output_dir / layout.METRICS) if with_run else ([], None)
@@ -153,8 +146,7 @@ def _training(output_dir: Path, cfg: Config, only: Path | None = None, *, with_r
 
 
 def inspect_path(path: Path) -> dict[str, Any]:
-    """The report for what `path` is (layout.identify). A run that trains prunes its checkpoints
-    while they are read: a file gone meanwhile makes the report again, up to three times."""
+    """The report for what `path` is; made again (three tries) where a run that trains pruned a file read."""
     for tries in range(3, 0, -1):
         try:
             return _inspect_path(Path(path))
@@ -195,14 +187,9 @@ def _model_source(path: Path, found: layout.Found) -> tuple[str, Config, dict[st
         cfg = resolve.load_run(found.config, adopt_init_from=False)
         return "run", cfg, _run_training(cfg), None
     if found.kind is Kind.RUN and found.checkpoints:  # no config.yaml: the newest checkpoint's that reads
-        cfg = None
-        for _, ckpt in reversed(found.checkpoints):
-            with contextlib.suppress(Exception):
-                cfg = checkpoint.read_config(ckpt)
-                break
-        if cfg is None:
+        if (newest := newest_config(path)) is None:
             raise UsageError(f"{path}: no checkpoint here has a config.yaml that reads; pass its config file instead")
-        return "run", cfg, _training(path, cfg), None
+        return "run", newest[1], _training(path, newest[1]), None
     refuse_a_part_of_a_run(path, "a checkpoint")  # a run's checkpoints/: its run folder
     raise UsageError(
         f"{path}: no such file or folder; pass {READS}" if found.kind is Kind.MISSING else f"{path}: not {READS}"
@@ -210,17 +197,13 @@ def _model_source(path: Path, found: layout.Found) -> tuple[str, Config, dict[st
 
 
 def _checkpoint_source(path: Path) -> tuple[str, Config, dict[str, Any], str | None]:
-    """A checkpoint folder's config, training report (its run's other checkpoints where it is one of
-    them) and note (set aside by its run); its weights checked against the config's sizes."""
+    """A checkpoint folder's config, training report and note (set aside by its run); its weights checked."""
     try:
         cfg = checkpoint.read_config(path)
     except UsageError:
         raise
     except Exception as exc:  # noqa: BLE001  YAML or worse
-        raise UsageError(
-            f"{path / layout.CHECKPOINT_CONFIG}: damaged ({_first_line(exc)}); inspect the run folder or another "
-            "checkpoint"
-        ) from None
+        raise UsageError(f"{path / layout.CHECKPOINT_CONFIG}: damaged ({_first_line(exc)}); inspect another") from None
     note = resume.set_aside_note(path)
     apart = note is not None or path.resolve().parent.name != layout.CHECKPOINTS  # out of its run's history
     training = _training(path.parent.parent, cfg, only=path, with_run=not apart)
@@ -233,8 +216,7 @@ def _checkpoint_source(path: Path) -> tuple[str, Config, dict[str, Any], str | N
 
 
 def _run_training(cfg: Config) -> dict[str, Any]:
-    """The training report of a run by its config, with the tokenizer of its prepared data (it must
-    be the run's to resume) or why that cannot be read."""
+    """The training report of a run by its config, with the tokenizer of its prepared data (the run's, to resume)."""
     training = _training(Path(cfg.output_dir), cfg)
     prepared = Path(cfg.data.prepared_dir)
     manifest, why_not = prep.read_manifest(prepared)
@@ -242,8 +224,7 @@ def _run_training(cfg: Config) -> dict[str, Any]:
         gone = prep.corpus_gone(manifest)
         fix = f"put its corpus, {gone}, back; then " if gone else ""
         training.setdefault("damaged", []).append(
-            f"{cfg.data.prepared_dir}: the prepared data is damaged ({damage[0]}); {fix}the next pretrain or "
-            "prepare prepares it again"
+            f"{cfg.data.prepared_dir}: the prepared data is damaged ({damage[0]}); {fix}the next pretrain redoes it"
         )
     if manifest is not None:  # next to the run's own tokenizer: they must be the same to resume
         identity = manifest["tokenizer"].get("identity")
@@ -262,9 +243,7 @@ def _run_training(cfg: Config) -> dict[str, Any]:
 
 
 def folder_report(path: Path) -> dict[str, Any]:
-    """A Hugging Face BERT folder (or a sentence-transformers folder around one): its architecture,
-    the parameters its weights file holds, its tokenizer and, for sentence-transformers, how its
-    embeddings are made."""
+    """A Hugging Face (or sentence-transformers) folder: architecture, weights, tokenizer, how embeddings are made."""
     sentence = read_sentence_model(path)
     folder = sentence.transformer if sentence else path
     model = hf_import.read_hf_config(folder)
@@ -299,8 +278,7 @@ def folder_report(path: Path) -> dict[str, Any]:
 
 
 def _with_vocab(cfg: Config) -> tuple[Config, str | None]:
-    """A resolved config whose vocab_size is null gets the prepared tokenizer's size, or else the
-    size the tokenizer will be trained to (said in a note)."""
+    """`cfg` with a null vocab_size set: the tokenizer's size, else the size it will be trained to; and a note."""
     if cfg.model.vocab_size is not None:
         return cfg, None
     fixed = fixed_tokenizer(cfg, resume.run_tokenizer(cfg))  # data.tokenizer.path, or the run's checkpoints'
@@ -327,10 +305,7 @@ def data_report(folder: Path, examples: int = 512) -> dict[str, Any]:
     note = None
     if cfg.data.pairs and train.num_documents < 2:  # no NSP pairs: a run on it sets data.pairs false
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, pairs=False))
-        note = (
-            f"one training document makes no NSP pairs: shown as with data.pairs false ({source} says true; "
-            "training on this data needs data.pairs: false and train.nsp_weight: 0)"
-        )
+        note = f"one training document makes no NSP pairs: shown as with data.pairs false ({source} says true)"
     example, padding = _example(prepared, train, cfg, examples)
     lengths = np.diff(np.asarray(train.seg_offsets))
     files, splits = m["corpus"]["files"], m["splits"]
@@ -366,8 +341,7 @@ def data_report(folder: Path, examples: int = 512) -> dict[str, Any]:
 
 
 def _example(prepared: Any, train: Any, cfg: Config, n: int) -> tuple[dict[str, Any], float]:
-    """The first of `n` examples a run of `cfg` builds (on a stream of their own), decoded with its
-    masked positions marked; and the share of padding of the `n` at max_seq_length."""
+    """The first of `n` examples a run of `cfg` builds, decoded with its masks marked; and the `n`'s padding share."""
     builder = ExampleBuilder(train, cfg.data, n)
     rows = [builder.example(cfg.train.seed, 0, i, stream=2) for i in range(n)]
     e, token = rows[0], prepared.tokenizer.id_to_token
@@ -396,8 +370,7 @@ def _num(value: Any) -> str:
     return f"{value:,}" if isinstance(value, int) else str(value)
 
 
-# The rows of prepared data's report: a label, its line (from the report's fields and its splits'),
-# and the fields without which the row is left out.
+# The rows of prepared data's report: a label, its line, and the fields without which the row is left out.
 DATA_ROWS = (
     ("corpus", "{corpus} ({files} file(s), {corpus_bytes:,} bytes, prepared in {units:,} unit(s))"),
     ("documents", "{train[documents]:,} train + {valid[documents]:,} held out"),
@@ -410,8 +383,7 @@ DATA_ROWS = (
     ("padding", "{padding_share:.1%} of a batch at max_seq_length {max_seq_length}"),
     (
         "random next",
-        "{random_next_share:.1%} of NSP pairs (data.random_next_prob {random_next_prob:.0%}; first epoch at "
-        "max_seq_length {max_seq_length})",
+        "{random_next_share:.1%} of NSP pairs (data.random_next_prob {random_next_prob:.0%})",
         "random_next_share",
     ),
     ("checked at use", "{checked}"),

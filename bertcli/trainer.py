@@ -55,11 +55,10 @@ def pretraining_loss(
     step_counts: torch.Tensor | None = None,
     world_size: int = 1,
 ) -> Losses:
-    """mlm_weight * MLM cross-entropy + nsp_weight * NSP cross-entropy in fp32 (NSP zero without `nsp`); padded
-    prediction slots (label IGNORE) add nothing. Without `step_counts` each term is this batch's mean. In training
-    `step_counts` (2,) holds the real predictions and NSP rows of the whole step (every micro-batch and process):
-    each term is this batch's sum over that count, times world_size (DDP and FSDP average gradients), so
-    accumulation and processes change nothing but rounding. The stats are this batch's own means (logged)."""
+    """mlm_weight * MLM + nsp_weight * NSP cross-entropy, fp32 (NSP 0 without `nsp`); IGNORE labels add nothing.
+    Each term is this batch's mean, or with `step_counts` (2,), the step's predictions and NSP rows over every
+    micro-batch and process, its sum / count x world_size (DDP and FSDP average gradients): accumulation and
+    processes change only rounding. The stats are this batch's own means."""
     V = out.mlm_logits.shape[-1]
     mlm_logits = out.mlm_logits.float().reshape(-1, V)  # (B*P, V)
     labels = batch.mlm_labels.reshape(-1)  # (B*P,)
@@ -113,8 +112,7 @@ def evaluate(
     nsp: bool,
     stop: Callable[[], bool] = lambda: False,
 ) -> dict[str, float] | None:
-    """MLM and NSP loss and accuracy on the fixed held-out batches (weighted by predictions); None
-    when `stop()` says so between two batches (a signal: the run saves and stops)."""
+    """MLM and NSP loss and accuracy on the held-out batches; None if `stop()` says so between two batches."""
     model.eval()
     sums = torch.zeros(5, device=rt.device)  # mlm loss*count, mlm correct, mlm count, nsp loss*rows, nsp correct
     rows = 0
@@ -146,8 +144,7 @@ def evaluate(
 
 
 def most_frequent_token_accuracy(train: Corpus, batches: list[Batch]) -> float:
-    """MLM accuracy on `batches` of always predicting the most frequent regular token of the
-    training corpus: the bar a model must clear to have learned anything beyond unigrams."""
+    """MLM accuracy on `batches` of always predicting the training corpus's most frequent regular token."""
     counts = np.zeros(train.vocab_size, dtype=np.int64)
     end = min(train.num_tokens, 50_000_000)  # plenty to find the top token
     for lo in range(0, end, 1 << 20):  # in blocks: never an int64 copy of the 50M tokens (400 MB)
@@ -160,8 +157,7 @@ def most_frequent_token_accuracy(train: Corpus, batches: list[Batch]) -> float:
 
 
 def pretrain(cfg: Config, resume: str = "auto", quiet: bool = False, stop_at: int | None = None) -> dict[str, Any]:
-    """Train per resolved config `cfg` (until step `stop_at` if given: the schedule still follows
-    max_steps); return the last logged metrics plus where the final checkpoint is."""
+    """Train per resolved `cfg` until `stop_at` (the schedule follows max_steps); the last metrics and checkpoint."""
     rt = runtime.setup(cfg.train.device, cfg.precision)
     try:
         # Rank 0 locks output_dir for the whole run: a second pretrain (or a prepare) on it refuses to start.
@@ -172,8 +168,7 @@ def pretrain(cfg: Config, resume: str = "auto", quiet: bool = False, stop_at: in
                 result = fit(build_run(cfg, rt, resume, quiet, last_step=last_step), last_step, stopper, quiet)
             except NothingToDo as done:
                 result = done.result
-        # The processes end together: one that tore its connections down while rank 0 still wrote the last
-        # checkpoint would make torchrun send rank 0 SIGTERM mid-save.
+        # Together: a process that ended while rank 0 still saved would make torchrun SIGTERM rank 0 mid-save.
         rt.barrier()
         return result
     finally:
@@ -181,8 +176,7 @@ def pretrain(cfg: Config, resume: str = "auto", quiet: bool = False, stop_at: in
 
 
 def stop_asked(stopper: Stopper, rt: runtime.Runtime, at_log: bool) -> bool:
-    """Whether to stop after this step: alone, a host flag (no sync); under torchrun the processes agree
-    on it at log steps, where they sync anyway."""
+    """Whether to stop after this step: a host flag alone; under torchrun agreed at log steps (they sync anyway)."""
     if not rt.distributed:
         return stopper.signum is not None
     if not at_log:
@@ -212,14 +206,9 @@ class Run:
     checkpoints: checkpoint.CheckpointManager  # resumed from (resumed_from), saves the parts of the training state
     progress: checkpoint.Progress  # step, tokens seen and training time before this process started
 
-    @property
-    def examples_per_step(self) -> int:
-        return examples_per_step(self.cfg, self.rt)
-
 
 class NothingToDo(Exception):
-    """The checkpoint resumed from is at or past the step to stop at: `result` is pretrain's, known
-    before the model and optimizer are built (most of the time they take is importing what they need)."""
+    """The checkpoint resumed from is at or past the stop step: `result` is pretrain's, known before any model."""
 
     def __init__(self, result: dict[str, Any]) -> None:
         super().__init__("nothing to do")
@@ -227,8 +216,7 @@ class NothingToDo(Exception):
 
 
 def build_run(cfg: Config, rt: runtime.Runtime, resume_arg: str, quiet: bool, *, last_step: int) -> Run:
-    """Data (prepared by rank 0 when needed), model, optimizer and the checkpoint to resume from;
-    NothingToDo when that checkpoint is at or past `last_step`."""
+    """Data (prepared by rank 0 if needed), model, optimizer, resumed state; NothingToDo at or past `last_step`."""
     output_dir = Path(cfg.output_dir)
     for warning in cfg.warnings():
         log(f"warning: {warning}")
@@ -276,8 +264,7 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume_arg: str, quiet: bool, *,
 def _build_model(
     cfg: Config, rt: runtime.Runtime, *, fresh: bool
 ) -> tuple[BertForPreTraining, torch.nn.Module, torch.optim.Optimizer, torch.amp.GradScaler, bool]:
-    """The model (from model.init_from on a `fresh` run), what the step calls, the optimizer, the loss
-    scaler, and whether the encoder runs unpadded."""
+    """The model (model.init_from's weights if `fresh`), what the step calls, optimizer, scaler, and unpad."""
     tc = cfg.train
     torch.manual_seed(tc.seed)
     model = BertForPreTraining(cfg.model)  # on the CPU; with FSDP only each process's shards reach the device
@@ -317,11 +304,10 @@ def _say_start(cfg: Config, rt: runtime.Runtime, quiet: bool) -> None:
 def _init_from(model: BertForPreTraining, source: Path) -> None:
     """A fresh run's weights from model.init_from: a bertcli checkpoint, or a Hugging Face folder."""
     if layout.identify(source).kind is layout.Kind.CHECKPOINT:
-        from bertcli.adopt import source_note
         from bertcli.export import described
 
         checkpoint.load_weights(model, source)
-        if note := source_note(source):
+        if note := resume.set_aside_note(source):
             log(f"note: {note}")
         info(f"initialised from {described(source)}")  # its step: a run's best moves
     elif fresh := hf_import.load_into(model, source):  # a caveat, said when quiet too
@@ -333,8 +319,7 @@ def _init_from(model: BertForPreTraining, source: Path) -> None:
 def _resumed(
     cfg: Config, rt: runtime.Runtime, path: Path, step: int, data: Dataset, checkpoints: checkpoint.CheckpointManager
 ) -> Config:
-    """Say what resuming `path` with cfg's settings on this data changes; return the config with the
-    tokenizer settings of the checkpoint (the tokenizer in use is the run's, whatever data.tokenizer says)."""
+    """Say what resuming `path` changes; return cfg with the checkpoint's tokenizer settings (those in use)."""
     saved, trainer = checkpoint.read_config(path), checkpoint.read_trainer_state(path)
     if step < cfg.train.max_steps:
         recorded = trainer.get("examples_per_step")
@@ -352,10 +337,8 @@ def _resumed(
 def _load_data(
     cfg: Config, rt: runtime.Runtime, quiet: bool, resume_from: Path | None = None
 ) -> tuple[Dataset, dict[str, bytes]]:
-    """The run's data and its tokenizer's files (name -> bytes): rank 0 prepares a text corpus when needed, then
-    the others read it, under the prepared folder's lock until every process has read it (then training reads
-    its memory maps, which outlive a replaced folder, and these bytes). `resume_from`: --resume PATH, whose
-    tokenizer a run with none yet takes."""
+    """The data and its tokenizer's files (name -> bytes): rank 0 prepares a text corpus if needed, the others
+    then read it, under the prepared folder's lock until all have (memory maps outlive a replaced folder)."""
     text = cfg.data.corpus != "synthetic"
     if rt.is_main and text:
         from bertcli.data.prepare import prepared_lock
@@ -374,9 +357,8 @@ def _load_data(
         rt.barrier()
         if not rt.is_main:
             data = load_data(cfg, quiet=True)
-        # Read once, now: every checkpoint holds these bytes, those of the ids trained on, whatever happens to the
-        # prepared folder meanwhile (a symbolic link is refused: never followed out of it).
-        fix = "remove the link, then run the same command again (it prepares the data again)"
+        # Read once: every checkpoint holds the bytes of the ids trained on, whatever happens to the folder.
+        fix = "remove the link, then run the same command again"
         tokenizer = {path.name: store.read_own(path, fix) for path in data.tokenizer_files}
         if text:
             rt.barrier()  # every process has read the folder: rank 0 may let it go
@@ -384,8 +366,7 @@ def _load_data(
 
 
 def _held_out(cfg: Config, data: Dataset) -> tuple[list[Batch], float]:
-    """The fixed held-out batches (the same examples and masks at every evaluation) and the
-    most-frequent-token accuracy on them; none without a held-out split or evaluation."""
+    """The fixed held-out batches and the most-frequent-token accuracy on them ([] without evaluation)."""
     tc = cfg.train
     if data.valid is None or tc.eval_every == 0:
         return [], math.nan
@@ -398,9 +379,8 @@ def _held_out(cfg: Config, data: Dataset) -> tuple[list[Batch], float]:
 
 
 class NonFiniteGuard:
-    """Counts the steps skipped in a row for NaN or inf gradients, on the device, and stops the run
-    at train.max_nonfinite_steps of them. The count is read where the host syncs anyway (and every
-    step on a CPU, where reading costs nothing)."""
+    """Counts the steps skipped in a row for NaN or inf gradients, on the device; stops the run at
+    train.max_nonfinite_steps. Read where the host syncs anyway (every step on a CPU: free there)."""
 
     def __init__(self, limit: int, device: torch.device) -> None:
         self.limit = limit
@@ -411,32 +391,26 @@ class NonFiniteGuard:
         self.in_a_row = torch.where(finite, 0.0, self.in_a_row + 1)
         self.loss_finite = loss_finite
 
-    def check_end(self, step: int, last_checkpoint: Path | None) -> None:
-        """At the last step: steps skipped because the model's own loss is NaN or inf (its forward pass
-        overflows) leave no usable model, however few. Gradients alone overflowing (fp16's loss scaler
-        finds its scale that way) leave the weights as they were: not an error."""
-        run = int(self.in_a_row)
-        if run and not bool(self.loss_finite):
-            raise RunError(
-                f"step {step}: the model's loss is NaN or inf, so the last {run} steps (steps {step - run + 1}-{step})"
-                f" were skipped and its weights are unusable; no final checkpoint was written (the last is "
-                f"{last_checkpoint or 'none yet'}); lower optimizer.lr or raise optimizer.warmup_steps"
-            )
-
-    def check(self, step: int, last_checkpoint: Path | None) -> None:
-        run = int(self.in_a_row)
+    def check(self, step: int, last_checkpoint: Path | None, *, last: bool) -> None:
+        """Stop at `limit` skipped steps in a row; at the `last` step, at any whose loss is NaN or inf (no usable
+        model; gradients alone overflowing, as fp16's scaler makes them, leave the weights as they were)."""
+        run, saved = int(self.in_a_row), last_checkpoint or "none yet"
         if run >= self.limit:
+            fix = "lower optimizer.lr or raise train.max_nonfinite_steps"
             raise RunError(
-                f"step {step}: the loss or gradients were NaN or inf for {run} steps in a row, so training stopped; "
-                f"the last checkpoint is {last_checkpoint or 'none yet'}; lower optimizer.lr or raise "
-                "optimizer.warmup_steps (with fp16, try bf16), or raise train.max_nonfinite_steps"
+                f"step {step}: loss or gradients NaN or inf {run} steps in a row; last checkpoint {saved}; {fix}"
+            )
+        if last and run and not bool(self.loss_finite):
+            steps = f"the last {run} steps (steps {step - run + 1}-{step})"
+            fix = "lower optimizer.lr or raise optimizer.warmup_steps"
+            raise RunError(
+                f"step {step}: the model's loss is NaN or inf, so {steps} were skipped; last checkpoint {saved}; {fix}"
             )
 
 
 @dataclass
 class Loop:
-    """What the training loop keeps between steps: the metrics window, the guard against NaN, the
-    logger (rank 0), the last figures logged, and when this process started training."""
+    """What the loop keeps between steps (the logger: rank 0 only)."""
 
     window: MetricsWindow
     guard: NonFiniteGuard
@@ -455,41 +429,26 @@ class Loop:
 
 def _start_loop(run: Run, quiet: bool) -> Loop:
     """The loop's state at run.progress.step: an empty window, no step skipped, the logger on rank 0."""
-    cfg, rt, tc, step = run.cfg, run.rt, run.cfg.train, run.progress.step
-    peak = peak_tflops(rt.device, cfg.logging.peak_tflops)
-    window = MetricsWindow(
-        rt.device,
-        step,
-        tc.grad_accum_steps,
-        batch_size=tc.batch_size,
-        model=cfg.model,
-        nsp=cfg.data.pairs,
-        peak_tflops=peak,
-    )
+    cfg, rt, step = run.cfg, run.rt, run.progress.step
+    window = MetricsWindow(rt.device, step, cfg, peak_tflops=peak_tflops(rt.device, cfg.logging.peak_tflops))
     logger = None
     if rt.is_main:
-        own_history = not resume.is_foreign(run.checkpoints.last_saved, Path(cfg.output_dir))
-        logger = MetricsLogger(
-            Path(cfg.output_dir),
-            step,
-            tc.max_steps,
-            tensorboard=cfg.logging.tensorboard,
-            quiet=quiet,
-            own_history=own_history,
-        )
+        output_dir = Path(cfg.output_dir)
+        own, tb = not resume.is_foreign(run.checkpoints.last_saved, output_dir), cfg.logging.tensorboard
+        logger = MetricsLogger(output_dir, step, cfg.train.max_steps, tensorboard=tb, quiet=quiet, own_history=own)
     if rt.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(rt.device)
-    guard = NonFiniteGuard(tc.max_nonfinite_steps, rt.device)
+    guard = NonFiniteGuard(cfg.train.max_nonfinite_steps, rt.device)
     return Loop(window, guard, logger, {}, start=time.perf_counter(), tokens_seen=run.progress.tokens_seen)
 
 
 def fit(run: Run, last_step: int, stopper: Stopper, quiet: bool) -> dict[str, Any]:
-    """Train from run.progress.step to `last_step`: log, evaluate and save when due; return the last
+    """Train from run.progress.step to `last_step`, logging, evaluating and saving when due; return the last
     metrics and the final checkpoint. A stop signal finishes the step, saves and stops."""
     step = run.progress.step
     loop = _start_loop(run, quiet)
     if ignored_sigint():
-        info("SIGINT is ignored in this process (as in a background job of a script): stop it with SIGTERM")
+        info("SIGINT is ignored in this process: stop it with SIGTERM")
     batches = _train_batches(run, first_step=step, last_step=last_step)
     run.model.train()
     try:
@@ -515,14 +474,7 @@ def fit(run: Run, last_step: int, stopper: Stopper, quiet: bool) -> dict[str, An
 
 
 def _result(step: int, tokens_seen: int, ckpt: Path | None, metrics: dict, rt: runtime.Runtime) -> dict[str, Any]:
-    """What pretrain returns."""
-    return {
-        "step": step,
-        "tokens_seen": tokens_seen,
-        "checkpoint": str(ckpt),
-        "metrics": metrics,
-        "is_main": rt.is_main,
-    }
+    return dict(step=step, tokens_seen=tokens_seen, checkpoint=str(ckpt), metrics=metrics, is_main=rt.is_main)
 
 
 def after_step(
@@ -534,10 +486,8 @@ def after_step(
     at_log = step % cfg.logging.log_every == 0 or step == last_step
     saving = checkpoints.due(step, last_step)
     evaluating = bool(run.eval_batches) and (step % tc.eval_every == 0 or step == last_step)
-    if at_log or saving or evaluating or rt.device.type == "cpu":
-        loop.guard.check(step, checkpoints.last_saved)
-    if step == last_step:
-        loop.guard.check_end(step, checkpoints.last_saved)
+    if at_log or saving or evaluating or rt.device.type == "cpu":  # at_log: the last step too
+        loop.guard.check(step, checkpoints.last_saved, last=step == last_step)
     stop = stop_asked(stopper, rt, at_log)
     if at_log or stop:  # a stop logs its window too: the steps since the last log are in metrics.jsonl
         loop.log(step, rt, lr, grad_norm)
@@ -545,8 +495,7 @@ def after_step(
         state = _trainer_state(run, loop.window, loop.metrics, loop.start)
         loop.tokens_seen = state["tokens_seen"]
         if evaluating:
-            # Alone, a signal during the evaluation ends it and the run stops here; under torchrun every
-            # process evaluates every batch (collectives).
+            # Alone, a signal ends the evaluation; under torchrun every process evaluates every batch (collectives).
             asked = (lambda: stopper.signum is not None) if not rt.distributed else (lambda: False)
             if (held_out := _evaluate(run, step, loop.window, loop.logger, stop=asked)) is not None:
                 state["eval_metrics"] = held_out
@@ -558,7 +507,7 @@ def after_step(
 
 
 def _nothing_to_do(cfg: Config, rt: runtime.Runtime, resumed_from: Path, last_step: int) -> dict[str, Any]:
-    """pretrain's result for a run resumed at or past `last_step`: the checkpoint's own, and a line saying so."""
+    """pretrain's result for a run resumed at or past `last_step`: the checkpoint's own, said."""
     state, tc = checkpoint.read_trainer_state(resumed_from), cfg.train
     step = state["step"]
     limit = f"the stop step asked for, {last_step}" if last_step < tc.max_steps else f"train.max_steps={tc.max_steps}"
@@ -567,11 +516,10 @@ def _nothing_to_do(cfg: Config, rt: runtime.Runtime, resumed_from: Path, last_st
 
 
 def _train_batches(run: Run, *, first_step: int, last_step: int) -> Iterator[Batch]:
-    """This process's micro-batches of steps first_step+1 .. last_step, in order, built by the data
-    workers (pinned on GPUs). A batch is a function of (seed, step, rank): resuming is exact."""
+    """This process's micro-batches of steps first_step+1 .. last_step: a function of (seed, step, rank)."""
     cfg, rt, tc = run.cfg, run.rt, run.cfg.train
     micro_batches = StepBatches(
-        ExampleBuilder(run.data.train, cfg.data, run.examples_per_step),
+        ExampleBuilder(run.data.train, cfg.data, examples_per_step(cfg, rt)),
         seed=tc.seed,
         first_step=first_step,
         last_step=last_step,
@@ -587,8 +535,7 @@ def _train_batches(run: Run, *, first_step: int, last_step: int) -> Iterator[Bat
 def train_step(
     run: Run, step: int, batches: Iterator[Batch], window: MetricsWindow, guard: NonFiniteGuard
 ) -> tuple[float, torch.Tensor]:
-    """Optimizer step `step`: forward and backward over its micro-batches, clip, and step unless
-    the gradients are not finite. Returns the learning rate and the gradient norm (on the device)."""
+    """Optimizer step `step` over its micro-batches, skipped if gradients are not finite; (lr, grad norm)."""
     cfg, rt, tc = run.cfg, run.rt, run.cfg.train
     seed_step(tc.seed, step, rt.rank)  # dropout of this step: a function of (seed, step, rank)
     lr = lr_at(step, cfg.optimizer, tc.max_steps)
@@ -601,8 +548,7 @@ def train_step(
         padded = batch.has_padding()  # the host copy again
         step_batches.append(batch.to(rt.device, non_blocking=rt.device.type == "cuda"))
         key_lens.append(step_batches[-1].valid_lens if padded else None)  # None: no attention mask at all
-    # The losses are means over the whole step (all micro-batches, all processes): its predictions and
-    # NSP rows are counted before the first backward (on the device, async under torchrun).
+    # The losses are means over the whole step (micro-batches and processes): count before the first backward.
     denominators = rt.all_reduce_sum(step_counts(step_batches))
     step_sums = torch.zeros(len(LossStats._fields), device=rt.device)
     for micro, batch in enumerate(step_batches):
@@ -631,8 +577,7 @@ def _trainer_state(run: Run, window: MetricsWindow, metrics: dict[str, float], r
     """What a checkpoint's trainer_state.json records (tokens summed over processes: a collective)."""
     cfg, progress = run.cfg, run.progress
     seen = run.rt.all_reduce_sum(torch.tensor([window.tokens_since_start], dtype=torch.float64, device=run.rt.device))
-    # The longest sequences trained on over the run's history (a resume may shorten them); a fresh run's
-    # source model (model.init_from) counts too, a resumed one's is in the record.
+    # The longest sequences of the run's history, model.init_from's included (a resume may shorten them).
     if progress.trained_length:
         length = max(progress.trained_length, cfg.data.max_seq_length)
     else:
@@ -640,7 +585,7 @@ def _trainer_state(run: Run, window: MetricsWindow, metrics: dict[str, float], r
     return {
         "tokens_seen": progress.tokens_seen + int(seen[0]),
         "train_time_s": progress.train_time_s + time.perf_counter() - run_start,
-        "examples_per_step": run.examples_per_step,  # the global batch: what a resume on other processes compares
+        "examples_per_step": examples_per_step(cfg, run.rt),  # what a resume on other processes compares
         checkpoint.TRAINED_LENGTH: length,
         "metrics": metrics,
         **({checkpoint.PREPARED_DATA: run.data.identity} if run.data.identity is not None else {}),

@@ -1,7 +1,5 @@
-"""Weights files (safetensors), checked the same way whoever wrote them: their shapes against a
-model's, from the file's header alone; their values finite, from the raw words (no torch) or from
-the tensors. Torch is imported only to load tensors.
-"""
+"""Weights files (safetensors), checked the same way whoever wrote them: shapes from the header alone, values
+finite from the raw words (no torch) or from the tensors."""
 
 from __future__ import annotations
 
@@ -22,8 +20,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-# A float is inf or NaN when its exponent bits are all set: each format's word and those bits. Weights
-# of any other dtype (quantized, damaged) are refused.
+# A float is inf or NaN when its exponent bits are all set: each format's word and those bits.
 EXPONENT_BITS = {
     "F16": (np.uint16, 0x7C00),
     "BF16": (np.uint16, 0x7F80),
@@ -41,9 +38,8 @@ SIZED = [
 
 
 def stored_shapes(file: Path) -> dict[str, tuple[int, ...]]:
-    """The shapes of a safetensors file's weights under bertcli's names (hf_names.our_keys), from its
-    header alone; refused (exit 2) where the header does not read, or a weight is stored twice or not
-    as floating point."""
+    """The shapes of a safetensors file's weights under bertcli's names, from its header alone; refused where it
+    does not read, or a weight is stored twice or not as floating point (quantized or damaged)."""
     try:
         with safetensors.safe_open(file, "numpy") as f:  # the header only; "pt" would import torch
             header = {key: (tuple(f.get_slice(key).get_shape()), f.get_slice(key).get_dtype()) for key in f.keys()}
@@ -55,18 +51,15 @@ def stored_shapes(file: Path) -> dict[str, tuple[int, ...]]:
         raise UsageError(f"{file}: {exc}, and bertcli cannot tell which is the model's: remove the other") from None
     odd = [key for key in names.values() if header[key][1] not in EXPONENT_BITS]
     if odd:
-        raise UsageError(
-            f"{file}: {odd[0]} is stored as {header[odd[0]][1]}, not as floating point; a quantized or damaged weight "
-            "gives other vectors: use the model's floating-point weights"
-        )
+        raise UsageError(f"{file}: {odd[0]} is stored as {header[odd[0]][1]}; use the model's floating-point weights")
     return {new: header[key][0] for new, key in names.items()}
 
 
 def check_shapes(
     found: dict[str, tuple[int, ...]], expected: dict[str, tuple[int, ...]], file: Path, optional: tuple[str, ...] = ()
 ) -> list[str]:
-    """Refuse (exit 2, naming `file`) weights of shapes `found` that do not fit a model of shapes
-    `expected`; return the weights missing under the `optional` prefixes (the caller initialises them)."""
+    """Refuse weights of shapes `found` that do not fit shapes `expected`; return those missing under the
+    `optional` prefixes (the caller initialises them)."""
     missing = sorted(set(expected) - set(found))
     needed = [k for k in missing if not k.startswith(optional)]
     unexpected = sorted(set(found) - set(expected))
@@ -81,16 +74,14 @@ def check_shapes(
 
 
 def check_file(file: Path, cfg: ModelConfig, config: Path, optional: tuple[str, ...] = ()) -> None:
-    """Refuse (exit 2) a weights file whose tensors are not of the sizes config file `config` says
-    (`cfg`), from the header alone: absurd sizes (damage, another model's config) are one line, not an
-    allocation that fails or runs for minutes; then every tensor, as loading checks it."""
+    """Refuse a weights file whose tensors are not of the sizes config file `config` says (`cfg`), from the header
+    alone: absurd sizes are refused before anything of that size is allocated."""
     shapes = stored_shapes(file)
-    mismatch = "the two do not belong together (one is damaged, or from another model): restore the folder's files"
+    mismatch = "they do not belong together: restore the folder's files"
     layers = {int(m.group(1)) for key in shapes if (m := re.match(r"bert\.encoder\.layer\.(\d+)\.", key))}
     if len(layers) != cfg.num_hidden_layers:
-        raise UsageError(
-            f"{config} says num_hidden_layers {cfg.num_hidden_layers:,}, but {file.name} holds {len(layers):,} layers: {mismatch}"
-        )
+        said = f"{config} says num_hidden_layers {cfg.num_hidden_layers:,}"
+        raise UsageError(f"{said}, but {file.name} holds {len(layers):,} layers: {mismatch}")
     for fields, key in SIZED:
         if key not in shapes:
             raise UsageError(f"{file}: the encoder is incomplete (no {key}); restore the file")
@@ -113,7 +104,7 @@ def refuse_non_finite(bad: list[str], file: Path, fix: str) -> None:
 
 
 def check_finite_file(file: Path, fix: str) -> None:
-    """Refuse (exit 2) a weights file holding NaN or inf, read as raw words (numpy: before torch loads)."""
+    """Refuse a weights file holding NaN or inf, read as raw words (numpy: before torch loads)."""
     stored_shapes(file)  # the header checked: its offsets lie in the file, every weight a float
     with open(file, "rb") as fh:
         size = int.from_bytes(fh.read(8), "little")
@@ -131,8 +122,7 @@ def check_finite_file(file: Path, fix: str) -> None:
 
 
 def non_finite(tensors: dict[str, torch.Tensor]) -> list[str]:
-    """Names of the floating-point tensors holding NaN or inf (the mask of isfinite, as large as the
-    tensor, is made only where the sum is not finite)."""
+    """Names of the floating-point tensors holding NaN or inf (the sum first: no mask of a finite tensor)."""
     import torch
 
     return [
@@ -154,7 +144,7 @@ def all_finite(tensors: list[torch.Tensor]) -> bool:
 
 
 def load(file: Path, fix: str) -> dict[str, torch.Tensor]:
-    """The tensors of a safetensors file, refused (exit 2) where it does not read or holds NaN or inf."""
+    """The tensors of a safetensors file, refused where it does not read or holds NaN or inf."""
     import safetensors.torch
 
     try:

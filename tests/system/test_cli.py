@@ -523,7 +523,7 @@ def test_a_model_too_large_is_refused_from_its_numbers_at_once(cli, tmp_path):
     assert time.perf_counter() - start < 1.0
     assert result.code == 2 and len(result.err_lines) == 1
     assert (
-        "85,440,008,642 parameters need 1,273.2 GiB for fp32 weights, gradients and AdamW state" in result.err
+        "85,440,008,642 parameters need 1,273.2 GiB" in result.err
         and "model.num_hidden_layers" in result.err
     ), result.err
     unsized = write_config(

@@ -522,5 +522,5 @@ def test_a_pooling_bertcli_does_not_compute_is_refused_before_torch_loads(tmp_pa
     assert out == ["2", "False"], (out, err)
     assert err.splitlines() == [
         f"bertcli: error: --model {folder}: its pooling is mean_sqrt_len_tokens, which bertcli does not compute, so "
-        "its embeddings cannot be reproduced; pass --pooling cls, mean or max for vectors of the BERT encoder itself"
+        "its embeddings cannot be reproduced; pass --pooling cls, mean or max"
     ], err
