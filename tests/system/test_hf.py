@@ -66,7 +66,7 @@ def test_export_loads_in_transformers_with_equal_logits_and_tokens(trained, tmp_
 
 def test_export_leaves_torch_dynamo_unimported(trained, tmp_path):
     """The weights' shapes come from the config's numbers: a model built on the meta device to ask
-    them imported torch._dynamo, 5 s of a 10 s export of a tiny run (trial 17 P1). A fresh process:
+    them imports torch._dynamo, 5 s of a 10 s export of a tiny run. A fresh process:
     this one may have it."""
     import subprocess
     import sys
@@ -81,8 +81,8 @@ def test_export_leaves_torch_dynamo_unimported(trained, tmp_path):
 
 
 def test_export_refuses_an_existing_folder_and_uses_an_empty_one(trained, tmp_path, cli):
-    """An empty folder is used as a new one (trial 22 P3: refused without --force, where the docs say an
-    empty folder may be used); one holding an export is replaced with --force only."""
+    """An empty folder is used as a new one, without --force, as the docs say; one holding an export
+    is replaced with --force only."""
     (tmp_path / "hf").mkdir()
     assert cli("export", trained, tmp_path / "hf").code == 0
     assert (tmp_path / "hf" / "model.safetensors").is_file()
@@ -93,8 +93,8 @@ def test_export_refuses_an_existing_folder_and_uses_an_empty_one(trained, tmp_pa
 
 
 def test_export_and_encode_of_a_run_say_which_checkpoint_and_the_export_records_its_step(trained, tmp_path, cli):
-    """Trial 15 P3: a run folder's best (or newest) checkpoint was read unsaid, and the export kept no
-    trace of which step it was (its best at the time, pruned since, matched none of the run's)."""
+    """Given a run folder, export and encode say which checkpoint they read (its best, or newest), and
+    the export records its step (the best at the time may be pruned since, and match none of the run's)."""
     found = layout.identify(trained)
     chosen = found.best or found.checkpoints[-1][1]
     state = checkpoint.read_trainer_state(chosen)
@@ -112,7 +112,7 @@ def test_export_and_encode_of_a_run_say_which_checkpoint_and_the_export_records_
     (tmp_path / "in.txt").write_text("hello world\n")
     encoded = cli("encode", "--model", trained, tmp_path / "in.txt")
     assert encoded.code == 0 and encoded.err_lines == [
-        f"bertcli encode: the vectors of {said}: cls pooling (--pooling chooses)"  # (trial 16 P1: unsaid)
+        f"bertcli encode: the vectors of {said}: cls pooling (--pooling chooses)"
     ], encoded.err
     named = cli("encode", "--model", chosen, tmp_path / "in.txt")  # a checkpoint named: nothing chosen, nothing said
     assert named.code == 0 and named.err_lines == [], named.err
@@ -453,8 +453,8 @@ def test_starting_from_a_runs_best_names_its_step(tmp_path, small_corpus, cli):
 
 
 def test_a_tokenizer_with_an_id_past_the_vocabulary_is_refused_with_both_figures_meant(trained, tmp_path, cli):
-    """Trial 21 P3: a token added at id vocab_size read "token ids go up to 30,522 but the model has
-    vocab_size 30,522", two equal numbers for a refusal."""
+    """A token added at id vocab_size is past the ids 0 to vocab_size - 1: the refusal gives both, not
+    two equal numbers ("token ids go up to 30,522 but the model has vocab_size 30,522")."""
     folder = export(trained, tmp_path / "hf")
     size = json.loads((folder / "config.json").read_text())["vocab_size"]
     tokenizer = json.loads((folder / "tokenizer.json").read_text())
@@ -479,8 +479,8 @@ def test_a_tokenizer_with_an_id_past_the_vocabulary_is_refused_with_both_figures
 
 
 def test_inspect_of_an_export_shows_the_length_its_run_trained_at(trained, tmp_path, cli):
-    """Trial 23 P1: inspect of an export trained at data.max_seq_length showed its positions (512), where
-    its tokenizer_config.json, encode and transformers take the trained length."""
+    """inspect of an export trained at data.max_seq_length shows that length, not its positions (512),
+    as its tokenizer_config.json, encode and transformers take the trained length."""
     from bertcli.resolve import load_run
 
     trained_at = load_run(trained / "config.yaml").data.max_seq_length

@@ -113,7 +113,7 @@ def test_pooling_cls_is_the_bert_model_cls_vector(minilm, sample_lines):
 def test_pairs_with_an_empty_side_are_tokenized_as_transformers_tokenizes_pairs(minilm):
     """`A<TAB>` is the pair (A, ""): [CLS] A [SEP] [SEP], as the tokenizers library and transformers'
     call on lists of pairs give it. (Its call on one pair, tokenizer(a, ""), drops an empty second
-    side: trial 12 P-4 took that for the reference; the documented choice is the batch call's.)"""
+    side, so it is no reference; the documented choice is the batch call's.)"""
     lines = ["hello world\tgoodbye now", "hello world\t", "\thello world", "\t", "One.\tTwo, three."]
     out = Rows()
     out.write = lambda number, text, row, tokens: out.rows.append(tokens)  # type: ignore[method-assign]
@@ -128,7 +128,7 @@ def test_pairs_with_an_empty_side_are_tokenized_as_transformers_tokenizes_pairs(
 def test_do_lower_case_is_applied_as_sentence_transformers_applies_it(cli, tmp_path, sentence_transformer):
     """sentence_bert_config.json's do_lower_case: sentence-transformers 6 puts a Lowercase normalizer
     first in the tokenizer, so special tokens written in the text ([MASK], [CLS]) stay special;
-    bertcli lower-cased the text itself, and they became '[', 'mask', ']' (cosine 0.28, trial 12 P-8)."""
+    lower-casing the text itself makes them '[', 'mask', ']' (cosine 0.28)."""
     folder = tmp_path / "model"
     shutil.copytree(MINILM, folder, ignore=shutil.ignore_patterns("model.safetensors", "*.onnx", "onnx", "openvino"))
     (folder / "model.safetensors").symlink_to(MINILM / "model.safetensors")
@@ -243,7 +243,7 @@ def test_flags_win_and_unreproducible_folders_are_refused(minilm, cli, tmp_path,
     assert refused.code == 2 and "Dense" in refused.err and "--pooling" in refused.err and len(refused.err_lines) == 1
     with_dense = dataclasses.replace(minilm, sentence=read_sentence_model(folder))
     np.testing.assert_array_equal(vectors(with_dense, sample_lines[:4], pooling="mean"), plain_mean)
-    # trial 17 S1: a Normalize before the Pooling normalises no sentence vector in sentence-transformers 6
+    # a Normalize before the Pooling normalises no sentence vector in sentence-transformers 6
     shutil.rmtree(folder)
     folder = st_variant(tmp_path, {"pooling_mode_mean_tokens": True}, ["Transformer", "Normalize", "Pooling"])
     refused = cli("encode", "--model", folder, tmp_path / "in.txt")
@@ -275,7 +275,8 @@ TEXTS = [
     "東京タワー and 北京大学 Résumé",
     "CamelCase PyTorch ÀÉÎÕÜ àéîõü ñ ç",
     "crème brûlée — Ça va?",
-    "Special tokens in text: [MASK] [CLS]x [SEP] [PAD] [UNK] [mask]",  # (vocab.txt: lower-cased, split: trial 13 S-1)
+    # special tokens in the text stay whole from a vocab.txt alone too, not lower-cased and split
+    "Special tokens in text: [MASK] [CLS]x [SEP] [PAD] [UNK] [mask]",
 ]
 
 
@@ -357,8 +358,8 @@ def test_inspect_reports_a_published_folder_and_an_export(cli, tmp_path, trained
 
 
 def test_a_tokenizer_of_another_model_with_init_from_is_named_as_such(cli, tmp_path, small_corpus):
-    """Trial 18 P5: the line said "set model.vocab_size: null", which init then wrote, and pretrain gave
-    the same line again: the size is the weights' rows, and the tokenizer another model's."""
+    """The size is the weights' rows, and the tokenizer another model's: "set model.vocab_size: null"
+    (which init then writes) would have pretrain give the same line again."""
     vocab = tmp_path / "vocab.txt"
     vocab.write_text("".join(t + "\n" for t in ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefghij"]))
     for extra in ([], ["--set", "model.vocab_size=null"]):
@@ -414,12 +415,12 @@ def test_continued_pretraining_from_the_folder_prepares_whole_sentences_without_
         ({"hidden_act": "silu"}, (), "hidden_act"),
         ({}, ("--layer", "99"), "--layer 99: this model has layers 0 (embeddings) to 6 (-1 to -7 from the end)"),
         ({}, ("--layer", "-8"), "--layer -8: this model has layers 0 (embeddings) to 6"),
-        ({}, ("--layer", "2", "--pooling", "pooler"), "--pooling pooler reads the last layer"),  # (trial 19 U1)
+        ({}, ("--layer", "2", "--pooling", "pooler"), "--pooling pooler reads the last layer"),
     ],
 )
 def test_a_folder_encode_cannot_use_is_refused_before_torch_loads(tmp_path, edit, args, needle):
-    """What the folder's config.json says is checked torch-free, as inspect checks it (trial 12 U-2: a
-    bad config.json or --layer was refused after torch and the weights loaded, 3.7-5.2 s, 250-485 MB)."""
+    """What the folder's config.json says is checked torch-free, as inspect checks it (refusing a bad
+    config.json or --layer after torch and the weights load costs 3.7-5.2 s and 250-485 MB)."""
     folder = tmp_path / "model"
     shutil.copytree(MINILM, folder, ignore=shutil.ignore_patterns("model.safetensors", "*.onnx", "onnx", "openvino"))
     (folder / "model.safetensors").symlink_to(MINILM / "model.safetensors")
@@ -478,8 +479,8 @@ def test_weights_that_do_not_fit_the_config_are_refused_before_torch_loads(tmp_p
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_weights_holding_nan_are_refused_before_torch_loads_by_init_pretrain_and_encode(tmp_path, dtype):
-    """A NaN weight in a model folder is seen in the file's raw words, before torch (trial 16 U7:
-    init --init-from accepted it, and pretrain refused it after preparing the corpus, 11 s)."""
+    """A NaN weight in a model folder is seen in the file's raw words, before torch: init --init-from
+    refuses it, and pretrain refuses it before preparing the corpus (11 s), not after."""
     import safetensors.torch
 
     folder = tmp_path / "model"
@@ -510,7 +511,7 @@ def test_weights_holding_nan_are_refused_before_torch_loads_by_init_pretrain_and
 
 def test_a_pooling_bertcli_does_not_compute_is_refused_before_torch_loads(tmp_path):
     """The folder's own pooling is in 1_Pooling/config.json: refused from it, not after torch and the
-    weights loaded (trial 14 U1: 6-9 s and 485 MB)."""
+    weights loaded (6-9 s and 485 MB)."""
     folder = tmp_path / "model"
     shutil.copytree(MINILM, folder, ignore=shutil.ignore_patterns("model.safetensors", "*.onnx", "onnx", "openvino"))
     (folder / "model.safetensors").symlink_to(MINILM / "model.safetensors")

@@ -136,7 +136,7 @@ def test_valid_presets_have_no_problems():
         ("=3", "expected section.key=value"),
         ("train..seed=1", "expected section.key=value"),
         ("train.seed=[1, 2", "not a YAML scalar"),
-        # a whole section merged over the preset replaced it (trial 12 P-3: train=null gave every global default)
+        # a whole section set at once would replace the preset's (train=null gives every global default)
         ("train=null", "train is a section: set its keys one at a time (train.KEY=VALUE)"),
         ("model={}", "model is a section"),
     ],
@@ -216,7 +216,7 @@ def test_malformed_yaml_names_line(tmp_path):
             "model:\n  hidden_size: 64\n  num_hidden_layers: 2\n  hidden_size: 32\n",
             "line 4: key 'hidden_size' is given twice (first at line 2)",
         ),
-        (  # a flow mapping: both keys on one line (trial 12 C-1: the last one won, exit 0)
+        (  # a flow mapping: both keys on one line (YAML keeps the last one, silently)
             "model: {hidden_size: 128, num_attention_heads: 2, hidden_size: 256}\n",
             "line 1: key 'hidden_size' is given twice (first at line 1)",
         ),
@@ -441,7 +441,7 @@ def test_set_paths_are_relative_to_the_current_folder_yaml_paths_to_the_file(tmp
         ("encode", "--model", "none", "--device", "tpu"),
         ("encode", "--model", "none", "missing.txt"),
         ("encode", "--model", "none"),
-        # what pretrain refuses from files alone (trial 12 U-1: 4.2-4.8 s, 250 MB each)
+        # what pretrain refuses from files alone (after torch, each refusal costs 4.2-4.8 s and 250 MB)
         ("pretrain", "--config", "good/config.yaml", "--resume", "nowhere"),
         ("pretrain", "--config", "good/config.yaml", "--resume", "."),
         ("pretrain", "--config", "ran/config.yaml", "--resume", "never"),
@@ -496,7 +496,7 @@ def test_a_file_of_the_users_where_a_run_writes_is_refused_before_torch_loads(tm
 def test_what_the_data_would_refuse_is_refused_before_torch_loads(tmp_path):
     """A corpus too small for the held-out split, and a given tokenizer of another size than
     model.vocab_size, are seen in the files (prepare.check_before_training): refused before torch is
-    imported, not after it and the data preparation (trial 14 U3: 5.5-6.1 s and 250 MB)."""
+    imported, not after it and the data preparation (5.5-6.1 s and 250 MB)."""
     (tmp_path / "tiny.txt").write_text("One sentence here. And another one.\n\nA second document. More words.\n")
     write_config(tmp_path / "small", f"data.corpus={tmp_path / 'tiny.txt'}", "model.vocab_size=null")
     out, err = refuse_in_fresh_interpreter("pretrain", "--config", "small/config.yaml", cwd=tmp_path)
@@ -509,9 +509,9 @@ def test_what_the_data_would_refuse_is_refused_before_torch_loads(tmp_path):
             "data.validation_fraction: 0 (no held-out evaluation), or add documents"
         )
         in err
-    ), err  # (trial 16 P5: "2 documents ... at least 2 are needed" read as a contradiction)
+    ), err  # (it says why: "2 documents ... at least 2 are needed" reads as a contradiction)
 
-    (tmp_path / "mine").mkdir()  # trial 16 U4: a prepared_dir of the user's, refused after torch (5.5 s)
+    (tmp_path / "mine").mkdir()  # a prepared_dir of the user's: refused before torch, not after it (5.5 s)
     (tmp_path / "mine" / "notes.md").write_text("my notes\n")
     write_config(tmp_path / "user", f"data.corpus={tmp_path / 'tiny.txt'}", f"data.prepared_dir={tmp_path / 'mine'}")
     out, err = refuse_in_fresh_interpreter("pretrain", "--config", "user/config.yaml", cwd=tmp_path)
@@ -537,7 +537,7 @@ def test_what_the_data_would_refuse_is_refused_before_torch_loads(tmp_path):
         "set model.vocab_size: null to take the size from the tokenizer"
     ], err
 
-    # trial 16 U5: a tokenizer to be trained has at most data.tokenizer.vocab_size tokens (12 s, after the data)
+    # a tokenizer to be trained has at most data.tokenizer.vocab_size tokens: refused before the data is prepared (12 s)
     larger = ("--set", "data.tokenizer.vocab_size=500", "--set", "model.vocab_size=600")
     line = (
         "bertcli: error: model.vocab_size=600 but the tokenizer to be trained has at most data.tokenizer.vocab_size="
@@ -552,8 +552,8 @@ def test_what_the_data_would_refuse_is_refused_before_torch_loads(tmp_path):
 
 @pytest.mark.parametrize("given", ["run/config.yaml", "run/checkpoints", "run", "notes.txt", "data"])
 def test_a_model_path_that_is_no_model_is_refused_before_torch_loads(tmp_path, given):
-    """Trial 15 U2: encode --model given a run's config, a text file or a prepared-data folder was
-    refused after torch loaded (6.8-9 s, 249 MB); a run's config is answered with its run folder.
+    """encode --model given a run's config, a text file or a prepared-data folder is refused before
+    torch loads (after it: 6.8-9 s, 249 MB); a run's config is answered with its run folder.
     (A run folder with no checkpoint is a model path: refused later, by find_checkpoint.)"""
     write_config(tmp_path / "run")
     (tmp_path / "run" / "checkpoints").mkdir()
@@ -565,7 +565,7 @@ def test_a_model_path_that_is_no_model_is_refused_before_torch_loads(tmp_path, g
         assert out[0] == "2" and "no checkpoint" in err, (out, err)
         return
     assert out == ["2", "False"], (out, err)
-    expected = {  # (trial 16 P2: the near misses named what to pass)
+    expected = {  # (each near miss names what to pass)
         "run/config.yaml": "run/config.yaml: a run's config, not a model: pass the run folder, run",
         "run/checkpoints": "run/checkpoints: a run's checkpoints folder, not a model: pass the run folder, run",
         "data": "data: prepared data, not a model: pass the run folder that trained on it",

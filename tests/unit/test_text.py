@@ -55,7 +55,7 @@ def test_sentence_splitter():
         "Yes.",
     ]
     assert split_sentences("short line") == ["short line"]
-    # Closing quotes and brackets stay with their sentence (trial 19 S1: they were dropped).
+    # Closing quotes and brackets stay with their sentence, not dropped.
     quoted = (
         'The man at the door said "hello there." Then he left. It ended here (see above.) Next one. '
         "\u201cYes, certainly!\u201d And so on [as noted.] Done."
@@ -73,7 +73,8 @@ def test_sentence_splitter():
 
 def test_splitting_and_cutting_lose_no_character_of_real_text():
     """Sentence splitting and the cutting of over-long lines only cut: every character but the white
-    space at a cut is kept, on the bundled real text (python-docs lost 131 characters: trial 19 S1)."""
+    space at a cut is kept, on the bundled real text (dropping closing quotes and brackets loses 131
+    characters of python-docs)."""
     from bertcli.data.text import cut_long_line
 
     text = gzip.decompress(SAMPLE.read_bytes()).decode()
@@ -522,7 +523,7 @@ def test_evaluation_best_checkpoint_and_self_contained_checkpoints(tmp_path, sma
     for ckpt in (best, tmp_path / "checkpoints" / "step-0000012"):
         assert (ckpt / "tokenizer.json").is_file() and (ckpt / "vocab.txt").is_file()
     assert [s for s, _ in layout.list_checkpoints(tmp_path)] == [8, 12], "best is not a step checkpoint"
-    # inspect says which step best holds and its loss (trial 25: the path alone)
+    # inspect says which step best holds and its loss, not the path alone
     best_step = json.loads((best / "trainer_state.json").read_text())["step"]
     report = json.loads(cli("inspect", tmp_path, "--json").out)["training"]
     assert (report["best_step"], report["best_mlm_loss"]) == (best_step, best_loss)
@@ -663,8 +664,8 @@ def test_inspect_prepared_data(tmp_path, small_corpus, cli):
 
 
 def test_inspect_prepared_data_of_one_document(tmp_path, small_corpus, cli):
-    """Trial 26 U1: one document (one book), prepared with --set data.pairs=false as the error says, and then
-    `inspect DATA` (which prepare suggests) refused it: the run's config file says pairs true."""
+    """One document (one book), prepared with --set data.pairs=false as the error says, is shown by
+    `inspect DATA` (which prepare suggests), though the run's config file says pairs true."""
     book = tmp_path / "book.txt"
     book.write_text("\n".join(line for line in small_corpus.read_text().splitlines() if line.strip()) + "\n")
     config = text_run(tmp_path / "run", book, "data.validation_fraction=0")
@@ -863,8 +864,8 @@ def test_damaged_prepared_data_is_prepared_again_with_a_line(tmp_path, small_cor
 @pytest.mark.parametrize("damaged", ["unit", "index"])
 def test_a_unit_and_the_index_that_disagree_are_both_written_again(tmp_path, small_corpus, capsys, damaged):
     """A unit's offsets moved (still rising from 0 to its counts) disagree with the index, their second
-    copy. Which one is damaged cannot be told: the index was written again from the damaged unit, and
-    from then on the data was "intact", its sentence and document boundaries moved (trial 12 S-2)."""
+    copy. Which one is damaged cannot be told: the index written again from the damaged unit would
+    make the data "intact" from then on, its sentence and document boundaries moved."""
     corpus = tmp_path / "docs.txt"
     corpus.write_text("\n\n".join(small_corpus.read_text().split("\n\n")[:4]) + "\n")
     cfg = load_run(text_run(tmp_path / "run", corpus, "data.tokenizer.vocab_size=200", "data.validation_fraction=0"))
