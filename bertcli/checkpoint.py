@@ -1,11 +1,7 @@
-"""Checkpoints: `output_dir/checkpoints/step-NNNNNNN/`, written whole (store.folder), holding
-  model.safetensors    part "model": the weights under Hugging Face BertForPreTraining names
-  training_state.pt    every other part by name ("optimizer" keyed by parameter name, "scaler"), the step
-  trainer_state.json   step, tokens seen, training time, metrics, and the SHA-256 of every other file
-  config.yaml, tokenizer.json, vocab.txt   the resolved run config and the run's tokenizer
-`verify` is the one check of a checkpoint's files, `check_readable` its torch-free part. As
-torchtitan's, the `CheckpointManager` saves and restores named parts whole (gathered from FSDP
-shards), so a checkpoint resumes on any number of processes; a batch is a function of (seed, step).
+"""Checkpoints, `output_dir/checkpoints/step-NNNNNNN/`, written whole (store.folder, WRITERS): model.safetensors
+(part "model", Hugging Face names), training_state.pt (every other part by name), trainer_state.json (progress and
+the SHA-256 of every other file), the config and tokenizer. Parts are saved whole (gathered from FSDP shards), so a
+checkpoint resumes on any number of processes.
 """
 
 from __future__ import annotations
@@ -16,6 +12,7 @@ import math
 import pickle  # only for its exception type: nothing is unpickled here
 import time
 import warnings
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,8 +48,7 @@ def read_trainer_state(path: Path) -> dict[str, Any]:
 
 
 def recorded_digests(state: dict[str, Any]) -> dict[str, str] | str:
-    """The SHA-256 of each file a checkpoint's trainer state records, or why they are missing: one of
-    this format without its records is damaged (an emptied record would let an edited config through)."""
+    """The SHA-256 of each file the trainer state records, or why a record its format has is missing (damage)."""
     version = state.get("format_version")
     old = isinstance(version, int) and not isinstance(version, bool) and version < FORMAT_VERSION
     records: dict[str, str] = {}
@@ -65,8 +61,7 @@ def recorded_digests(state: dict[str, Any]) -> dict[str, str] | str:
 
 
 def change(path: Path, names: tuple[str, ...] | None = None) -> tuple[str, str] | None:
-    """The first file of checkpoint `path` (of `names`) not as written, and why; None where none is, or
-    where trainer_state.json does not read (its readers say so)."""
+    """The first file of checkpoint `path` (of `names`) not as written, and why (None: none, or no readable record)."""
     try:
         records = recorded_digests(read_trainer_state(path))
     except (OSError, UsageError):
@@ -100,8 +95,7 @@ def check_links(path: Path) -> None:
 
 
 def read_config(path: Path) -> Config:
-    """The resolved config of a checkpoint, refused after any edit (it holds the architecture the
-    weights run in: an edited hidden_act gives other vectors from the same weights)."""
+    """The checkpoint's resolved config, refused after any edit (it is the architecture the weights run in)."""
     file = Path(path) / layout.CHECKPOINT_CONFIG
     check_unchanged(path, (layout.CHECKPOINT_CONFIG,))
     try:
@@ -155,8 +149,7 @@ def _torch_load(file: Path, **options: Any) -> Any:
 
 
 def check_readable(path: Path) -> Config:
-    """The config of checkpoint `path`, after every check that needs no torch (encode and export ask
-    first): no file a link, every file as recorded, the weights' shapes those of the config."""
+    """The config of checkpoint `path`, after every check that needs no torch: links, digests, weight shapes."""
     check_links(path)
     cfg = read_config(path)
     check_unchanged(path)
@@ -165,12 +158,11 @@ def check_readable(path: Path) -> Config:
 
 
 def verify(path: Path) -> list[tuple[str, str]]:
-    """What is damaged in complete checkpoint `path`, as (file, reason); none where it resumes. The
-    training state must be a whole archive (every member's CRC; no member marked a folder, which
-    torch's reader leaves unwritten) of that step's optimizer state (mapped, not read)."""
+    """What is damaged in complete checkpoint `path`, as (file, reason); none where it resumes. The training
+    state must be a whole archive (no member marked a folder: torch's reader leaves those unwritten)."""
     damage = [(n, "a symbolic link, which bertcli never follows") for n in _links(path)]
     try:
-        read_trainer_state(path)
+        step = read_trainer_state(path).get("step")
     except (BertcliError, OSError) as exc:
         damage.append((layout.TRAINER_STATE, getattr(exc, "reason", str(exc))))
     if damage or (found := change(path)):
@@ -179,7 +171,6 @@ def verify(path: Path) -> list[tuple[str, str]]:
         cfg = read_config(path)
     except (BertcliError, OSError) as exc:
         return [(layout.CHECKPOINT_CONFIG, getattr(exc, "reason", str(exc)))]
-    step = read_trainer_state(path).get("step")
     named = layout.STEP_DIR.match(Path(path).name)
     if not isinstance(step, int) or (named and int(named.group(1)) != step):
         return [(layout.TRAINER_STATE, f"step {step!r}, not the step its folder's name says")]
@@ -187,8 +178,6 @@ def verify(path: Path) -> list[tuple[str, str]]:
 
 
 def _verify_tensors(path: Path, cfg: Config, step: int) -> list[tuple[str, str]]:
-    import zipfile
-
     try:
         tensors = weights.load(Path(path) / layout.WEIGHTS, FIX)
     except UsageError as exc:
@@ -295,10 +284,7 @@ def write(output_dir: Path, snap: Snapshot, name: str | None = None) -> Path:
     """Write `snap` as checkpoints/step-NNNNNNN (or NAME); never one holding NaN or inf (RunError)."""
     final = layout.checkpoints_dir(output_dir) / (name or layout.step_dir_name(snap.step))
     if not weights.all_finite(_tensors(snap.states)):
-        raise RunError(
-            f"step {snap.step}: the weights or optimizer state hold NaN or inf, so no checkpoint was written: lower "
-            "optimizer.lr and resume"
-        )
+        raise RunError(f"step {snap.step}: the weights or optimizer state hold NaN or inf: lower optimizer.lr")
     guard(final)  # here as well: store.folder sees the path resolved, through any link
     with store.folder(final, guard) as tmp:
         for file, data in snap.tokenizer.items():
@@ -325,9 +311,7 @@ def guard(target: Path) -> None:
 
 
 def check_run_folder(output_dir: Path, max_steps: int) -> None:
-    """Refuse (exit 2) what in output_dir is not bertcli's and in the way of a run's outputs: a file or
-    link where they go, metrics files of no run where it starts fresh, a folder in checkpoints/ it could
-    replace or delete (best, a whole step folder, one of a step it may save). Torch-free."""
+    """Refuse (exit 2) what in output_dir is not bertcli's and in the way of the run's outputs (torch-free)."""
     from bertcli.metrics import read_metrics_checked
 
     fix = "move it away, or set output_dir to another folder"
@@ -419,10 +403,7 @@ class Progress:
 
 
 class CheckpointManager:
-    """The run's checkpoints, as torchtitan's: the named parts of the training state, restored (`restore`)
-    and saved (`save`: step-NNNNNNN every save_every steps, at the last step and on a stop, pruned to
-    keep_last; `best` at each lowest held-out MLM loss). Every process calls each method at the same
-    points (FSDP gathers collectively); only the main process writes."""
+    """Named parts saved and restored whole, as torchtitan's: every process calls (FSDP gathers), the main writes."""
 
     def __init__(
         self, cfg: Config, *, is_main: bool, tokenizer: dict[str, bytes], best: float | None, last: Path | None
@@ -435,8 +416,7 @@ class CheckpointManager:
     def restore(
         self, path: Path | None, device: Any, *, model: nn.Module, optimizer: Any, scaler: Any, **more: Stateful
     ) -> Progress:
-        """Take the parts every checkpoint saves from now on (the model, after parallelize; the optimizer;
-        the scaler; `more`, into training_state.pt by name) and restore them from `path` (None: fresh)."""
+        """Take the parts every checkpoint saves (`more`: into training_state.pt by name), restored from `path`."""
         self.parts = {MODEL: ModelPart(model), "optimizer": OptimizerPart(model, optimizer), "scaler": scaler, **more}
         if path is None:
             return Progress()

@@ -1,39 +1,23 @@
-"""Every name bertcli writes or reads, and `identify`: what a path is. Torch-free.
-
-Run folder (output_dir): `pretrain` writes it, `init` writes its config.yaml
-  config.yaml          the run's config (the user's file: never rewritten by pretrain)
-  metrics.jsonl        one JSON record per log and evaluation step (metrics.py)
-  tensorboard/         TensorBoard event files (logging.tensorboard)
-  .lock                held by pretrain and prepare (store.run_lock)
-  checkpoints/         step-NNNNNNN/ (the newest checkpoint.keep_last), best/ (the lowest held-out MLM
-                       loss), damaged-step-NNNNNNN/ and abandoned-step-NNNNNNN/ (set aside by a resume)
-  data/                the prepared data, by default (data.prepared_dir), with its lock .data.lock beside it
-Checkpoint folder (checkpoint.py): CHECKPOINT_FILES and the run's TOKENIZER_FILES (none when synthetic)
-Prepared data (data/prepare.py): manifest.json, TOKENIZER_FILES, units/KEY/ (unit.json, and train/ and
-  valid/ each with SHARD_FILES: the corpus.Corpus arrays of one unit), index/DIGEST/ (train/ and valid/
-  with the whole corpus's INDEX_FILES)
-Export (export.export): a Hugging Face folder whose config.json carries bertcli_version
-Read, never written: a Hugging Face BERT folder, a sentence-transformers folder (sbert.py)
-"""
+"""Every name bertcli writes or reads, and `identify`: what a path is. Torch-free. A run folder (output_dir) holds
+config.yaml (the user's: pretrain never rewrites it), metrics.jsonl, tensorboard/, .lock, checkpoints/ (step-N/,
+best/, and the damaged-* and abandoned-* a resume set aside) and by default data/ (the prepared data)."""
 
 from __future__ import annotations
 
 import enum
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
-# A file or folder NAME is written as .tmp-NAME.PID beside it, then renamed into place; a folder being
-# replaced is moved aside as .tmp-old-NAME.PID, one being deleted renamed .tmp-del-NAME.PID. PID is the
-# writer's, so that what a process that is gone left is told from a write under way (store.clean_leftovers).
+# NAME is written as .tmp-NAME.PID, then renamed into place; a folder replaced is moved aside as .tmp-old-NAME.PID,
+# one deleted renamed .tmp-del-NAME.PID. PID tells a gone writer's leftovers from a write under way.
 TMP_PREFIX = ".tmp-"
 TEMPORARY = re.compile(rf"{re.escape(TMP_PREFIX)}(?:(old|del)-)?(.+)\.(\d{{1,9}})")
 
 
 def tmp_name(final: Path, how: str = "", pid: int | None = None) -> Path:
     """The temporary name of `final` for process `pid` (this one): how is '', 'old' or 'del'."""
-    import os
-
     return Path(final).with_name(f"{TMP_PREFIX}{how + '-' if how else ''}{Path(final).name}.{pid or os.getpid()}")
 
 
@@ -94,10 +78,8 @@ class Layout:
     noun: str  # what such a folder is, for messages: "prepared data", "a checkpoint"
     proof: str  # the file whose "bertcli_version" key shows that bertcli wrote the folder
     paths: frozenset[str]  # every path (relative, '/'-separated, folders included) bertcli writes in it
-    # A proof file present but unreadable (cut by a failing disk) still proves the folder bertcli's where
-    # its name is bertcli's alone (trainer_state.json), not one other tools write (config.json)...
-    damaged_proof_counts: bool = False
-    own_mark: str | None = None  # ... or where this folder holds entries of bertcli's own names (units/KEY)
+    damaged_proof_counts: bool = False  # a proof file cut by a failing disk counts (its name is bertcli's alone)
+    own_mark: str | None = None  # ... as it does where this folder holds entries of bertcli's own names (units/KEY)
     patterns: tuple[re.Pattern[str], ...] = ()  # whole relative paths of variable names (units/KEY/...)
 
     def holds(self, rel: str) -> bool:
@@ -106,14 +88,12 @@ class Layout:
         return rel in self.paths or any(p.fullmatch(rel) for p in self.patterns)
 
 
-# Every name a checkpoint folder may hold: CHECKPOINT_FILES, the tokenizer's, and any other file that
-# checkpoint.WRITERS writes (a name here that is not in CHECKPOINT_FILES: old checkpoints without it still load).
+# Every name a checkpoint folder may hold (one not in CHECKPOINT_FILES: old checkpoints without it still load).
 CHECKPOINT = Layout(
     "a checkpoint", TRAINER_STATE, frozenset((*CHECKPOINT_FILES, *TOKENIZER_FILES)), damaged_proof_counts=True
 )
 _SPLIT, _SHARD, _INDEX = ("|".join(map(re.escape, names)) for names in (SPLITS, SHARD_FILES, INDEX_FILES))
-# Everything a prepared folder holds (this format's paths, format 3's, temporary names): `prepare`
-# replaces or removes only what is one of these.
+# Every path a prepared folder holds (this format's and format 3's): `prepare` replaces or removes only these.
 PREPARED = Layout(
     "prepared data",
     MANIFEST,

@@ -16,14 +16,13 @@ from bertcli import checkpoint, console, layout, store
 from bertcli.config import PATH_KEYS, Config, changes_line, flat, to_dict
 from bertcli.errors import BertcliError, RunError, UsageError
 
-# What a change of setting means when a run resumes, by key prefix; the others (paths, devices,
-# precision, parallelism, cadence, logging, the tokenizer's, fixed by the first checkpoint) go unsaid.
+# What a change of setting means when a run resumes, by key prefix; others (paths, devices, precision...) go unsaid.
 # "global batch": examples a step over all processes, compared instead of its split where recorded.
 EXAMPLE_SETTINGS = ["train.seed", "global batch", "train.batch_size", "train.grad_accum_steps", "data"]
 NOT_EXAMPLES = ("data.tokenizer", "data.prepared_dir")
 HELD_OUT_SETTINGS = ["train.seed", "data", "train.eval_examples"]
 UPDATE_SETTINGS = ["optimizer", "train.max_steps", "train.mlm_weight", "train.nsp_weight", "train.max_grad_norm"]
-
+Batches = tuple[int | None, int] | None  # a step's examples over all processes (then, now), where recorded
 
 # Why a run set a checkpoint aside, by the prefix of its new name.
 SET_ASIDE = {
@@ -34,9 +33,7 @@ SET_ASIDE = {
 
 class ResumeRefused(UsageError):
     def __init__(self, folder: Path, count: int) -> None:
-        super().__init__(
-            f"{folder} holds {count} checkpoint(s) and --resume never was given: use --resume auto, or another output_dir"
-        )
+        super().__init__(f"{folder} has {count} checkpoint(s) (--resume never): use --resume auto or a new output_dir")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,8 +50,7 @@ def is_foreign(ckpt: Path | None, output_dir: Path) -> bool:
 
 
 def choose(cfg: Config, resume: str, *, is_main: bool, last_step: int, tokenizer: bytes | None) -> Resume:
-    """The checkpoint to resume from per `resume` (auto, never or a path), refused where of another model
-    or tokenizer (`tokenizer`: the run data's tokenizer.json), and `best` settled (settle_best)."""
+    """The checkpoint to resume from per `resume` (auto, never, a path), refused where of another model or tokenizer."""
     output_dir, path, done = Path(cfg.output_dir), None, False
     if resume == "never" and (found := layout.list_checkpoints(output_dir)):
         raise ResumeRefused(layout.checkpoints_dir(output_dir), len(found))
@@ -78,23 +74,20 @@ def _best_loss(best: Path) -> float | None:
 def _choose_auto(output_dir: Path, is_main: bool) -> Path | None:
     """The newest checkpoint that verifies (`best` where it is newer), newer damaged or incomplete step
     folders set aside (pruning keeps the newest: it would delete good ones)."""
-    found = layout.list_checkpoints(output_dir)
+    found, root = layout.list_checkpoints(output_dir), layout.checkpoints_dir(output_dir)
     damaged, chosen, good = [], None, -1
     for step, candidate in reversed(found):
         if not (problems := checkpoint.verify(candidate)):
             chosen, good = candidate, step
             break
         damaged.append((candidate, f"{problems[0][0]}: {problems[0][1]}"))
-    best = layout.checkpoints_dir(output_dir) / layout.BEST
+    best = root / layout.BEST
     if damaged and layout.is_checkpoint(best) and not best.is_symlink() and not checkpoint.verify(best):
         step = checkpoint.read_trainer_state(best).get("step")
         chosen = best if isinstance(step, int) and good < step <= found[-1][0] else chosen
     if found and chosen is None:
-        root = layout.checkpoints_dir(output_dir)
         newest, why = damaged[0]
-        raise RunError(
-            f"{root}: no checkpoint loads ({newest.name}: {why}); move it aside or set output_dir to a new folder"
-        )
+        raise RunError(f"{root}: no checkpoint loads ({newest.name}: {why}); set output_dir to a new folder")
     partial = [(s, p) for s, p in layout.list_step_folders(output_dir) if s > good and not layout.is_checkpoint(p)]
     damaged += [(p, layout.incomplete(p)) for _, p in reversed(partial)]
     for bad, reason in damaged if is_main else []:
@@ -105,9 +98,8 @@ def _choose_auto(output_dir: Path, is_main: bool) -> Path | None:
 
 
 def _choose_path(path: Path, output_dir: Path, is_main: bool, last_step: int) -> Path:
-    """--resume PATH, a whole checkpoint. The run's own checkpoints past its step (all, for another run's
-    checkpoint) are another history, renamed where there is training to do, so that `--resume auto`
-    never goes back to them and pruning does not remove the new ones first."""
+    """--resume PATH, a whole checkpoint. The run's checkpoints past its step (all, for another run's) are another
+    history, renamed where there is training to do: `--resume auto` never goes back to them."""
     check_not_set_aside(path, output_dir)
     if problem := layout.incomplete(path):
         raise UsageError(f"--resume {path}: {problem}")
@@ -129,9 +121,7 @@ def _choose_path(path: Path, output_dir: Path, is_main: bool, last_step: int) ->
 def check_not_set_aside(path: Path, output_dir: Path) -> None:
     """Refuse resuming a checkpoint its own run set aside: the run's history would splice two."""
     if Path(path).name.startswith(tuple(SET_ASIDE)) and not is_foreign(path, output_dir):
-        raise UsageError(
-            f"--resume {path}: a checkpoint this run set aside, of another history: use another output_dir"
-        )
+        raise UsageError(f"--resume {path}: a checkpoint this run set aside, of another history: use a new output_dir")
 
 
 def set_aside_note(path: Path) -> str | None:
@@ -149,10 +139,8 @@ def _rename_aside(folder: Path, prefix: str) -> Path:
 
 
 def settle_best(cfg: Config, resumed: Path | None, is_main: bool) -> float | None:
-    """The loss of the `best` kept: `best` belongs to the run's model and history, so where the run
-    starts fresh or from another run's checkpoint, or `best` is damaged, of another model or past the
-    step resumed from, the main process removes it (renames it where no step folder holds its
-    weights). Every process decides alike, from the same files."""
+    """The loss of the `best` kept (None: none). A `best` not of the run's model and history is removed, or
+    renamed where no step folder holds its weights. Every process decides alike, from the same files."""
     output_dir = Path(cfg.output_dir)
     best = layout.checkpoints_dir(output_dir) / layout.BEST
     if not best.exists() or (resumed is not None and Path(resumed) == best):
@@ -220,13 +208,11 @@ def catch_up_best(output_dir: Path, resumed: Path | None, best: float | None, is
 
 
 def run_tokenizer(cfg: Config, resume_from: Path | None = None, *, say: bool = False) -> Path | None:
-    """The tokenizer.json of the run's newest intact checkpoint (its token ids are the run's), else of
-    `resume_from`, else None. `say`: warn of other data.tokenizer settings, which the run ignores."""
+    """The tokenizer.json of the run's newest intact checkpoint (the run's token ids), else of `resume_from`."""
     candidates = [p for _, p in reversed(layout.list_checkpoints(Path(cfg.output_dir)))]
     for path in candidates + ([Path(resume_from)] if resume_from else []):
         if store.own_file(path / layout.TOKENIZER_JSON) and not checkpoint.change(path):
-            changed = setting_changes(checkpoint.read_config(path), cfg, ["data.tokenizer"]) if say else ""
-            if changed:
+            if say and (changed := setting_changes(checkpoint.read_config(path), cfg, ["data.tokenizer"])):
                 console.log(f"warning: {changed}: ignored, as this run keeps the tokenizer of its checkpoints ({path})")
             return path / layout.TOKENIZER_JSON
     return None
@@ -262,16 +248,12 @@ def check_same_tokenizer(ckpt: Path, source: Path, contents: bytes) -> None:
     ours = tokenizer_identity(read_tokenizer_json(file))
     if ours != tokenizer_identity(Tokenizer.from_str(contents.decode("utf-8"))):
         raise UsageError(
-            f"{source}: another tokenizer than the one {ckpt} was trained with ({ours[:12]}): resuming would garble "
-            f"the model; set data.tokenizer.path: {file}, or start a new run with another output_dir"
+            f"{source}: not the tokenizer {ckpt} was trained with: set data.tokenizer.path: {file}, or a new output_dir"
         )
 
 
-def setting_changes(
-    saved: Config, cfg: Config, prefixes: list[str], batches: tuple[int | None, int] | None = None
-) -> str:
-    """The settings under `prefixes` that differ between `saved` and `cfg`, in words (config.changes_line):
-    the global batch where `batches` (then, now) records it, not its split; a path by the file it names."""
+def setting_changes(saved: Config, cfg: Config, prefixes: list[str], batches: Batches = None) -> str:
+    """Settings under `prefixes` that differ between `saved` and `cfg`, in words (the global batch, not its split)."""
     old, new = flat(saved), flat(cfg)
     if batches is not None and batches[0] is not None:
         for key in ("train.batch_size", "train.grad_accum_steps"):
@@ -293,18 +275,10 @@ def setting_changes(
 
 
 def differences(
-    saved: Config,
-    cfg: Config,
-    *,
-    step: int,
-    where: str,
-    batches: tuple[int | None, int] | None,
-    then: Any,
-    now: dict[str, Any] | None,
+    saved: Config, cfg: Config, *, step: int, where: str, batches: Batches, then: Any, now: dict[str, Any] | None
 ) -> list[str]:
-    """What resuming checkpoint `where` (at `step`, saved with `saved`, on prepared data `then`, its
-    record) under `cfg` on data `now` changes, one line per kind: the examples later steps see, the
-    held-out set, the updates. A step's examples depend on the global batch alone (2 processes x 4 = 1 x 8)."""
+    """What resuming checkpoint `where` (at `step`, saved with `saved` on prepared data `then`) under `cfg` on data
+    `now` changes, one line per kind: the examples later steps see, the held-out set, the updates."""
     from bertcli.optim import lr_at
 
     examples = setting_changes(saved, cfg, EXAMPLE_SETTINGS, batches)
@@ -324,9 +298,7 @@ def differences(
     if updates:
         before, after = (lr_at(step, c.optimizer, c.train.max_steps) for c in (saved, cfg))
         lr = f" (learning rate {before:.3g} -> {after:.3g} at step {step + 1:,})" if before != after else ""
-        lines.append(
-            f"resuming {where} with other settings ({updates}): the updates of steps {step + 1:,} on follow them{lr}"
-        )
+        lines.append(f"resuming {where} with other settings ({updates}): steps {step + 1:,} on follow them{lr}")
     return lines
 
 

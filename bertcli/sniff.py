@@ -1,14 +1,14 @@
-"""What an input is, decided in one place: `sniff(path)` by the path (missing, a folder, a pipe), its
-first bytes (a compression, another encoding, binary data) and its name (a data format such as CSV);
-`sniff_head` by a stream's first bytes. Each row of KINDS says what the kind is and, per command,
-None where the command reads it, else what to do instead (`refusal` words it as one line).
+"""What an input is, decided in one place: `sniff(path)` by the path, its first bytes and its name; `sniff_head`
+by a stream's first bytes. Each row of KINDS says, per command, None where it reads the kind, else what to do.
 """
 
 from __future__ import annotations
 
 import os
+import select
 import shlex
 import stat
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,13 +68,8 @@ KINDS: dict[str, Kind] = {
     "json": Kind("a JSON file", suffixes=(".json",), prepare="if it holds one JSON object per line, name it .jsonl"),
     "text": Kind("UTF-8 text"),
     "folder": Kind("a folder", encode="name the text files inside it"),
-    "special": Kind(
-        "not a regular file nor a folder (a pipe or a device)",
-        prepare="the corpus is read more than once, so save the text to a file first and pass that",
-    ),
-    "missing": Kind(
-        "not found", prepare="set data.corpus to a text file, a JSONL file or a folder of them", encode="no such file"
-    ),
+    "special": Kind("not a regular file (a pipe or a device)", prepare="save it to a file: it is read more than once"),
+    "missing": Kind("not found", prepare="set data.corpus to a text or JSONL file or a folder", encode="no such file"),
 }
 COMPRESSION_SUFFIXES = tuple(s for k in KINDS.values() if k.magic and not k.prepare for s in k.suffixes)
 
@@ -143,8 +138,7 @@ def check(path: Path, command: str) -> Kind:
 
 
 def is_stream(path: Path) -> bool:
-    """Whether `path` (links followed: /dev/stdout) is a character device or a named pipe: an output
-    written in place as it goes, as the shell's `>` writes it (a rename would replace the device)."""
+    """Whether `path` (links followed) is a character device or a pipe: written in place, as a rename replaces it."""
     try:
         mode = os.stat(Path(path).expanduser()).st_mode
     except OSError:
@@ -153,11 +147,7 @@ def is_stream(path: Path) -> bool:
 
 
 def stdin_kind(wait_s: float = 0.5) -> Kind | None:
-    """The kind of what stdin holds, from its first bytes where they come within `wait_s` (peeked: left
-    for the reader); None for a terminal, a producer slower than that, or no stdin of its own."""
-    import select
-    import sys
-
+    """The kind of stdin by its first bytes, peeked, where they come within `wait_s` (None: a terminal, or none)."""
     try:
         stream = sys.stdin.buffer
         if stream.isatty() or not select.select([stream], [], [], wait_s)[0]:

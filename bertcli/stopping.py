@@ -1,12 +1,9 @@
 """Stopping on a signal, the same way in every command: one `Stopper` while a command runs.
 
-SIGINT, SIGTERM and SIGHUP (unless ignored from the start: nohup) raise `Stop` in the main thread (a
-BaseException: no `except Exception` swallows it), which unwinds every write (each under a temporary
-name) and leaves `stopping()` as `Interrupted`: one line saying what the stop kept, exit 128 + N. Modes:
-- `after_step`: the training loop saves a checkpoint after its step; a second signal stops at once;
-- `held`: while an output is put into place, a signal waits until it is there.
-While a library holds the main thread (the tokenizer trainer, torch's rendezvous) no Python handler
-runs, but the C handler writes the signal to a wakeup pipe, which `poll` reads from any thread.
+SIGINT, SIGTERM and SIGHUP (unless ignored from the start: nohup) raise `Stop` in the main thread (a BaseException:
+no `except Exception` swallows it), which unwinds every write and leaves `stopping()` as `Interrupted`, exit 128 + N.
+Modes: `after_step` saves a checkpoint after the step (a second signal stops at once); `held` waits until an output
+is in place. While a library holds the main thread, the C handler writes the signal to a wakeup pipe `poll` reads.
 """
 
 from __future__ import annotations

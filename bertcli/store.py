@@ -1,11 +1,6 @@
-"""bertcli's own files and folders on disk, one function per promise for every folder kind (torch-free):
-- Nothing half-written: written under a temporary name (layout.tmp_name), flushed and renamed into
-  place (`write_bytes`, `folder`); `remove_folder` renames first; `clean_leftovers` removes what a
-  killed writer left. A full disk is named by the file being written (`writing`).
-- Links: a file of bertcli's folders is read only when it is a regular file itself (`read_own`).
-- Digests: `sha256_of`; `digest_change` is the one comparison of recorded digests with files.
-- Replaced: only a folder bertcli proves it wrote (`not_owned`), never an input (`check_apart`), nor
-  a folder inside one it replaces whole (`owner`, `run_file`). One command at a time: `lock`.
+"""bertcli's own files and folders on disk, one owner per promise (torch-free): atomic writes (`write_bytes`,
+`folder`, `clean_leftovers`), no link followed (`read_own`), digests (`digest_change`), ownership (`not_owned`,
+`check_apart`, `owner`) and locks (`lock`).
 """
 
 from __future__ import annotations
@@ -48,8 +43,7 @@ def full_errno(exc: BaseException) -> int | None:
 
 @contextlib.contextmanager
 def writing(path: Path) -> Iterator[None]:
-    """A full disk while the block writes `path` is raised as an OSError naming `path` (a file's write()
-    names no file, shutil.copyfile names its source, a temporary name is not the user's)."""
+    """A full disk while the block writes `path` is raised as an OSError naming `path` (write() names no file)."""
     try:
         yield
     except Exception as exc:
@@ -70,8 +64,7 @@ def fsync_path(path: Path) -> None:
 
 
 def check_writable(folder: Path, named: Path) -> None:
-    """A folder that takes no file (read-only, forbidden) is an OSError naming `named`, now rather than
-    at the first write: a probe file is made and removed there, or in its nearest existing parent."""
+    """An OSError naming `named` where `folder` (or its nearest existing parent) takes no file: a probe is made."""
     folder = Path(folder).expanduser().absolute()
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
@@ -84,8 +77,7 @@ def check_writable(folder: Path, named: Path) -> None:
 
 
 def write_bytes(path: Path, data: bytes, *, exclusive: bool = False) -> None:
-    """`data` into `path` through its temporary name; `exclusive`: never over a file that is there by
-    then (FileExistsError), by a hard link, which fails where a rename would replace."""
+    """`data` into `path` through its temporary name; `exclusive`: never over a file there (FileExistsError)."""
     path = Path(path)
     tmp = tmp_name(path)
     try:
@@ -111,10 +103,7 @@ def write_text(path: Path, text: str, *, exclusive: bool = False) -> None:
 def write_inside(path: Path, data: str | bytes) -> None:
     """A file inside a folder being written (folder()): the folder's rename makes it appear."""
     with writing(path):
-        if isinstance(data, str):
-            Path(path).write_text(data, encoding="utf-8")
-        else:
-            Path(path).write_bytes(data)
+        Path(path).write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
 
 
 def write_json(path: Path, value: Any) -> None:
@@ -133,8 +122,7 @@ def umask() -> int:
 
 
 def save_safetensors(tensors: dict[str, Any], path: Path) -> None:
-    """safetensors' file with one metadata key (the map of several is written in a random order: the
-    bytes would differ from save to save), and mode 0666 less the umask (safetensors creates it 0600)."""
+    """safetensors' file with one metadata key (several come in random order), mode 0666 less the umask (not 0600)."""
     import safetensors.torch
 
     with writing(path):
@@ -143,8 +131,7 @@ def save_safetensors(tensors: dict[str, Any], path: Path) -> None:
 
 
 def save_torch(obj: Any, path: Path) -> None:
-    """torch.save(obj) into `path` through a file object that keeps the OSError of a failed write (torch
-    says only "unexpected pos N vs M"); the bytes are those torch.save(obj, path) writes."""
+    """torch.save(obj, path), raising the OSError of a failed write (torch says only "unexpected pos N vs M")."""
     import torch
 
     class File:
@@ -170,9 +157,8 @@ def save_torch(obj: Any, path: Path) -> None:
 
 @contextlib.contextmanager
 def folder(final: Path, guard: Callable[[Path], None]) -> Iterator[Path]:
-    """Yield a temporary folder to fill; on success it replaces `final` in one rename. `guard(final)`
-    raises where `final` is not the caller's to replace, before anything is written and again before
-    the swap (a folder filled meanwhile). A link at `final` is followed: its target is replaced."""
+    """Yield a temporary folder to fill; on success it replaces `final` in one rename. `guard(final)` refuses
+    a `final` not the caller's, before the first write and again before the swap (filled meanwhile)."""
     final = Path(final).expanduser().resolve()
     guard(final)
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -200,8 +186,7 @@ def folder(final: Path, guard: Callable[[Path], None]) -> Iterator[Path]:
 
 
 def exchange(a: Path, b: Path) -> bool:
-    """Swap folders `a` and `b` in one step (Linux renameat2 RENAME_EXCHANGE), so that a reader of
-    either path finds a whole folder; False where the system or the file system cannot."""
+    """Swap folders `a` and `b` in one step (renameat2 RENAME_EXCHANGE); False where the system cannot."""
     import ctypes
 
     try:
@@ -232,17 +217,14 @@ def pid_alive(pid: int) -> bool:
     """Whether process `pid` exists on this machine (another user's too: EPERM)."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        pass
+    except OSError as exc:
+        return not isinstance(exc, ProcessLookupError)
     return True
 
 
 def clean_leftovers(parent: Path, ours: Callable[[Path, str], bool], *, mine: bool = False) -> list[Path]:
-    """Remove the temporary names in `parent` of writers that are gone (`mine`: this process's, after a
-    stop) where `ours(path, NAME)` finds what bertcli writes as NAME; put back a folder moved aside whose
-    replacement never came. Never a link. Returns what was removed."""
+    """Remove, and return, the temporary names in `parent` of gone writers (`mine`: this process's) that
+    `ours(path, NAME)` accepts; a folder moved aside whose replacement never came is put back."""
     removed: list[Path] = []
     if not parent.is_dir() or parent.is_symlink():
         return removed
@@ -319,8 +301,7 @@ def read_own_json(path: Path, fix: str = "use another checkpoint") -> dict[str, 
     return value
 
 
-# SHA-256 of large files already hashed by this process, by (device, inode, size, mtime, ctime): a
-# checkpoint's weights are checked before torch is imported, then where they are loaded. Any write,
+# SHA-256 of large files already hashed by this process, by (device, inode, size, mtime, ctime): any write,
 # or a time set back, changes the ctime, so an edit is always hashed anew.
 _HASHED: dict[tuple[int, ...], str] = {}
 HASH_CACHE_BYTES = 16 << 20  # smaller files cost little to hash again
@@ -344,13 +325,11 @@ def sha256_of(path: Path) -> str:
 def digest_change(
     folder: Path, recorded: dict[str, Any], names: tuple[str, ...] | None = None
 ) -> tuple[str, str] | None:
-    """The first file of `folder` (of `names`, default all) whose SHA-256 is not the one `recorded`
-    holds, and why; None: they all are. The one such comparison (checkpoints, prepared data)."""
+    """The first file of `folder` (of `names`, default all) whose SHA-256 is not the one `recorded`, and why."""
     for name in names if names is not None else sorted(recorded):
         if name not in recorded:
             continue
-        problem = file_problem(Path(folder) / name)
-        if problem is not None:
+        if problem := file_problem(Path(folder) / name):
             return name, problem
         if sha256_of(Path(folder) / name) != recorded[name]:
             return name, "changed since bertcli wrote it (its SHA-256 is not the one recorded)"
@@ -376,8 +355,7 @@ def _is_proof(file: Path) -> bool:
 
 
 def first_foreign(folder: Path, kind: Layout, prefix: str = "") -> str | None:
-    """The first entry under `folder` (relative path) that a folder of `kind` does not hold; stops
-    early, so a large folder of the user's is not walked whole. Links are not followed."""
+    """The first entry under `folder` (relative path) that a folder of `kind` does not hold; links not followed."""
     with os.scandir(folder) as entries:
         for entry in sorted(entries, key=lambda e: e.name):
             rel = prefix + entry.name
@@ -393,8 +371,7 @@ def is_empty_folder(path: Path) -> bool:
 
 
 def not_owned(target: Path, kind: Layout) -> str | None:
-    """Why bertcli may not replace `target` with a new folder of `kind` (None: it may: nothing there, an
-    empty folder, or a folder of that kind that bertcli wrote (its proof file) and nobody added to)."""
+    """Why bertcli may not replace `target` with a folder of `kind` (None: nothing there, empty, or its own)."""
     target = Path(target)
     if not target.exists():
         return "is a symbolic link to a missing path" if target.is_symlink() else None
@@ -402,11 +379,9 @@ def not_owned(target: Path, kind: Layout) -> str | None:
         return "is a file, not a folder"
     if is_empty_folder(target):
         return None
-    foreign = first_foreign(target, kind)
-    if foreign is not None:
+    if (foreign := first_foreign(target, kind)) is not None:
         return f"holds {foreign}, which is not a file bertcli writes in {kind.noun}"
-    # A proof file cut by a failing disk still proves a folder whose proof name is bertcli's alone, or
-    # whose entries carry bertcli's own names (units/KEY).
+    # A proof file cut by a failing disk still counts where Layout says so.
     mark = target / kind.own_mark if kind.own_mark else None
     marked = mark is not None and mark.is_dir() and any(mark.iterdir())
     damaged_proof = (kind.damaged_proof_counts or marked) and (target / kind.proof).is_file()
@@ -417,8 +392,7 @@ def not_owned(target: Path, kind: Layout) -> str | None:
 
 def check_replaceable(target: Path, kind: Layout, fix: str) -> None:
     """Refuse (exit 2) to replace `target` unless bertcli wrote it (not_owned)."""
-    reason = not_owned(target, kind)
-    if reason is not None:
+    if (reason := not_owned(target, kind)) is not None:
         raise UsageError(f"{target} {reason}, so bertcli left it untouched (it replaces only what it wrote): {fix}")
 
 
@@ -440,8 +414,7 @@ def check_apart(target: Path, inputs: list[Input], fix: str) -> None:
 
 
 def owner(folder: Path) -> tuple[Path, str] | None:
-    """The nearest folder at or above `folder` that bertcli writes whole or prunes (a checkpoint,
-    prepared data, an export, a run's checkpoints/) and what it is; None: no such folder."""
+    """The nearest folder at or above `folder` that bertcli writes whole or prunes, and what it is."""
 
     def proves(at: Path, kind: Layout) -> bool:
         return _is_proof(at / kind.proof) or (kind.damaged_proof_counts and (at / kind.proof).is_file())
@@ -456,9 +429,7 @@ def owner(folder: Path) -> tuple[Path, str] | None:
 
 
 def run_file(path: Path) -> tuple[Path, str] | None:
-    """(the run folder, what `path` is of it) when `path` is a run folder's own file (layout.RUN_FILES),
-    the lock of its prepared data, or inside its tensorboard/; None otherwise. A run folder here is one
-    a run has started in (a folder with only a config.yaml is the user's to write in)."""
+    """(the run folder, what `path` is of it) where `path` is a started run's own file or inside its folders."""
 
     def is_run(folder: Path) -> bool:
         found = layout.identify(folder)
@@ -476,15 +447,12 @@ def run_file(path: Path) -> tuple[Path, str] | None:
 
 
 def check_not_inside_own(target: Path, fix: str) -> None:
-    """Refuse (exit 2) an output the user names (encode's file, export's folder) that lies inside a
-    folder bertcli replaces whole or prunes, or is a run folder's own file: bertcli would count it as
-    damage or as a file it did not write."""
+    """Refuse (exit 2) an output the user names inside a folder bertcli replaces whole or prunes, or a run
+    folder's own file: bertcli would count it as damage or as a file it did not write."""
     resolved = Path(target).expanduser().resolve()
-    run = run_file(resolved)
-    if run is not None:
+    if (run := run_file(resolved)) is not None:
         raise UsageError(f"{target} is {run[1]} of the run folder {run[0]}, which bertcli reads and writes: {fix}")
-    owned = owner(resolved.parent)
-    if owned is not None:
+    if (owned := owner(resolved.parent)) is not None:
         raise UsageError(f"{target} is inside {owned[0]}, {owned[1]} of bertcli's (replaced whole): {fix}")
 
 
@@ -495,9 +463,7 @@ class Busy(RunError):
 
 @contextlib.contextmanager
 def lock(path: Path, what: str, fix: str, *, peek: bool = False) -> Iterator[None]:
-    """Hold the exclusive lock file `path` while the block runs (flock: the kernel lets go when the
-    holder dies); one another command holds is refused at once (Busy). `peek`: only refuse a lock
-    held now, creating nothing (asked before torch is imported, then taken for real)."""
+    """Hold lock file `path` (flock: freed when its holder dies), refusing one held (Busy); `peek`: only check."""
     import filelock
 
     path = Path(path)
@@ -521,8 +487,7 @@ def run_lock(output_dir: Path, *, peek: bool = False) -> contextlib.AbstractCont
 
 
 def prepared_lock(folder: Path) -> contextlib.AbstractContextManager[None]:
-    """The lock of a prepared folder (layout.prepared_lock), of its resolved path so that two configs
-    naming it differently share it; held while a command prepares it or reads it at its start."""
+    """The lock of a prepared folder, by its resolved path: two configs naming it differently share it."""
     folder = Path(folder).expanduser().resolve()
     fix = "run this again once it has finished, or set data.prepared_dir to another folder"
     return lock(layout.prepared_lock(folder), f"the prepared data {folder}", fix)

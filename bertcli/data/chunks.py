@@ -1,7 +1,6 @@
-"""An epoch's cut of a corpus into chunks (Google BERT's create_instances_from_document, vectorised)
-from the segment and document offsets alone, with numpy only (prepare and inspect use it without
-torch); ExampleBuilder (examples.py) builds its examples on them. A large corpus is cut a window at a
-time (Windows), so reaching an example takes the memory and time of a window, not of the corpus.
+"""An epoch's cut of a corpus into chunks (Google BERT's create_instances_from_document, vectorised) from the
+segment and document offsets alone, numpy only. A large corpus is cut a window at a time (Windows), so reaching
+an example takes the memory and time of a window, not of the corpus.
 """
 
 from __future__ import annotations
@@ -22,9 +21,8 @@ WINDOW_KEY, ORDER_KEY, CALIBRATION_KEY = 1, 2, 3
 
 
 class ChunkIndex(NamedTuple):
-    """Chunks, in a window's (shuffled) order. Chunk j is segments first[j] to first[j] + count[j] - 1
-    of one document; with pairs, A is its first a_count[j] segments and B the rest, or
-    (random_next[j]) a span from another document of about target[j] - len(A) tokens."""
+    """Chunks, in a window's (shuffled) order. Chunk j is segments first[j]..first[j] + count[j] - 1 of one document;
+    A is its first a_count[j], B the rest, or (random_next[j]) about target[j] - len(A) tokens of another."""
 
     first: np.ndarray  # (C,) int32 or int64
     count: np.ndarray  # (C,) uint16 or int32, >= 1
@@ -45,13 +43,9 @@ def cut_pieces(
     rng: np.random.Generator,
     num_segments: int,
 ) -> tuple[ChunkIndex, np.ndarray]:
-    """The chunks of pieces, unshuffled, and (C,) the piece of each. In the numbering of `offsets` (token
-    offsets), piece i is segments start[i]..end[i]-1, segment start[i]-1 is of its document where
-    has_previous[i], and segment s is s + shift[i] of the corpus (of `num_segments`, as `first` is).
-
-    Round r cuts the r-th chunk of every piece not yet finished: segments until the chunk reaches its
-    target (max_tokens, or with short_seq_prob a random 2..max_tokens) or the piece's end; with pairs,
-    see _pairs. So each sentence is in an A or a true B once per epoch."""
+    """The chunks of pieces, unshuffled, and (C,) the piece of each. Piece i is segments start[i]..end[i]-1 of
+    `offsets` (s + shift[i] of the corpus), after a segment of its document where has_previous[i]. Round r cuts
+    the r-th chunk of every unfinished piece: segments up to its target (max_tokens, or with short_seq_prob less)."""
     pos = start.astype(np.int64)  # (P,) where each piece's next chunk starts
     piece_end, piece_start = end.astype(np.int64), start.astype(np.int64)
     active = np.arange(len(pos))
@@ -93,10 +87,9 @@ def _pairs(
     cfg: DataConfig,
     rng: np.random.Generator,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A round's chunks as sentence pairs: (a_count, random_next, where each piece goes on). A chunk of
-    several segments splits at a uniform point, B random with random_next_prob (its segments then go
-    back to the piece, as Google puts them back); a lone segment after one of its document, short of
-    its target, is paired with the one before it (first, count changed in place) unless B is random."""
+    """A round's chunks as sentence pairs: (a_count, random_next, where each piece goes on). A chunk of several
+    segments splits at a uniform point, B random with random_next_prob (its segments go back to the piece); a lone
+    segment after one of its document, short of its target, is paired with the one before unless B is random."""
     n = len(first)
     split, coin = rng.random(n), rng.random(n) < cfg.random_next_prob
     several = count >= 2
@@ -111,8 +104,7 @@ def _pairs(
 
 
 def document_pieces(doc_offsets: np.ndarray, lo: int, hi: int, piece: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(start, end, has_previous) of the pieces of segments lo..hi-1 (both at piece boundaries):
-    documents, longer ones cut every `piece` segments from their start."""
+    """(start, end, has_previous) of the pieces of segments lo..hi-1: documents, cut every `piece` segments."""
     first_doc = int(np.searchsorted(doc_offsets, lo, side="right")) - 1
     last_doc = int(np.searchsorted(doc_offsets, hi, side="left"))  # documents first_doc..last_doc-1 overlap
     doc_start = np.asarray(doc_offsets[first_doc:last_doc], dtype=np.int64)
@@ -128,8 +120,7 @@ def document_pieces(doc_offsets: np.ndarray, lo: int, hi: int, piece: int) -> tu
 def cut_epoch(
     offsets: np.ndarray, doc_offsets: np.ndarray, *, max_tokens: int, cfg: DataConfig, rng: np.random.Generator
 ) -> ChunkIndex:
-    """The chunks of one epoch of a whole corpus, drawn from `rng` and shuffled, as one window (memory
-    grows with the corpus: training cuts windows). `offsets`, `doc_offsets`: a Corpus's."""
+    """The chunks of one epoch of a whole corpus, shuffled, as one window (memory grows with the corpus)."""
     whole = Windows(offsets, doc_offsets, max_tokens=max_tokens, cfg=cfg, window_blocks=len(offsets))
     return _shuffled(whole.cut(np.arange(whole.num_blocks), rng)[0], rng)
 
@@ -140,16 +131,10 @@ def _shuffled(index: ChunkIndex, rng: np.random.Generator) -> ChunkIndex:
 
 
 class Windows:
-    """An epoch of a corpus cut in windows, in memory and time bounded by a window's size.
-
-    Blocks are runs of whole pieces of about BLOCK_SEGMENTS segments. An epoch orders the blocks at
-    random (seed (seed, stream, epoch)) and takes them WINDOW_BLOCKS at a time: a window is cut (its
-    blocks in corpus order) and shuffled (seed (seed, stream, epoch, window)), so an example's
-    neighbours come from all over the corpus and reaching one needs its window alone. Window w has the
-    sum of its blocks' estimated chunk counts (`slots`) as positions, known without cutting: a window
-    that yields fewer chunks repeats its first, one that yields more leaves its last out (the estimate's
-    error: scripts/bench_bigdata.py). One window (a small corpus) is cut as cut_epoch cuts it.
-    """
+    """An epoch of a corpus cut in windows, in memory and time bounded by a window's size. Blocks (whole pieces, about
+    BLOCK_SEGMENTS segments) are ordered at random per epoch and taken WINDOW_BLOCKS at a time; a window is cut and
+    shuffled alone. Window w has the sum of its blocks' estimated chunk counts (`slots`) as positions, known without
+    cutting: one short of chunks repeats its first, one over leaves its last out (one window: cut as cut_epoch)."""
 
     def __init__(
         self,
@@ -189,8 +174,7 @@ class Windows:
         return np.concatenate([[0], np.cumsum(np.add.reduceat(self.slots[order], self.window_bounds()[:-1]))])
 
     def cut(self, blocks: np.ndarray, rng: np.random.Generator) -> tuple[ChunkIndex, np.ndarray]:
-        """The chunks of `blocks` (ascending), unshuffled, and the block of each (an index into `blocks`),
-        reading only these blocks' offsets (renumbered in a local array of their segments)."""
+        """The chunks of `blocks` (ascending), unshuffled, and the block of each, reading only these blocks' offsets."""
         lo, hi = self.block_start[blocks], self.block_start[blocks + 1]
         if len(blocks) == self.num_blocks:  # the whole corpus: its own numbering
             local_offsets, base = self.offsets, lo
@@ -228,9 +212,8 @@ class Windows:
         return _shuffled(self.cut(blocks, rng)[0], rng)
 
     def _estimate(self) -> np.ndarray:
-        """(B,) each block's chunk count, estimated from its documents, segments and tokens by a fit on up
-        to CALIBRATION_BLOCKS blocks cut with a fixed seed. Exact and BLAS-free (exact_fit, elementwise
-        products): every process on any machine must place the windows alike."""
+        """(B,) each block's chunk count, estimated by a fit on up to CALIBRATION_BLOCKS blocks cut with a fixed
+        seed; exact and BLAS-free (exact_fit): every process on any machine must place the windows alike."""
         lo, hi = self.block_start[:-1], self.block_start[1:]
         starts = np.searchsorted(self.doc_offsets, lo, side="left")
         documents = np.searchsorted(self.doc_offsets, hi, side="left") - starts  # documents starting in each
@@ -250,16 +233,14 @@ class Windows:
 
 
 def exact_fit(features: np.ndarray, counts: np.ndarray) -> list[float]:
-    """The least-squares coefficients of `counts` (n,) on integer `features` (n, k), in exact rationals
-    rounded to floats (the same on every machine); a ridge of 1e-12 of their scale keeps collinear
-    features (blocks all alike) defined."""
+    """The least-squares coefficients of `counts` (n,) on integer `features` (n, k), exact: alike on every machine."""
     from fractions import Fraction
 
     rows, y = features.tolist(), counts.tolist()
     k = len(rows[0])
     a = [[Fraction(sum(r[i] * r[j] for r in rows)) for j in range(k)] for i in range(k)]  # X'X, exact integers
     b = [Fraction(sum(r[i] * t for r, t in zip(rows, y))) for i in range(k)]  # X'y
-    ridge = (sum(a[i][i] for i in range(k)) + 1) / 10**12
+    ridge = (sum(a[i][i] for i in range(k)) + 1) / 10**12  # keeps collinear features (blocks all alike) defined
     for i in range(k):
         a[i][i] += ridge
     for c in range(k):  # Gaussian elimination: X'X + ridge is symmetric positive definite, no pivoting needed
@@ -285,9 +266,8 @@ SHARE_SEGMENTS = 1 << 18  # random_next_share cuts at most about this many segme
 
 
 def random_next_share(seg_offsets: np.ndarray, doc_offsets: np.ndarray, cfg: DataConfig, seed: int) -> float:
-    """The share of a first epoch's NSP pairs (train.seed `seed`) whose B is random: random_next_prob of
-    the chunks of several sentences, nearly all of one. Exact up to SHARE_SEGMENTS sentences; above,
-    measured on every k-th document (reading only their offsets)."""
+    """The share of a first epoch's NSP pairs (train.seed `seed`) whose B is random: exact up to SHARE_SEGMENTS
+    sentences, above measured on every k-th document (reading only their offsets)."""
     seg, doc = seg_offsets, doc_offsets
     stride = -(-(len(seg) - 1) // SHARE_SEGMENTS)
     if stride > 1:  # every stride-th document, its segments' lengths kept

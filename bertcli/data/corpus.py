@@ -43,9 +43,8 @@ class SpecialTokens:
 
 
 class PartTokens:
-    """The token ids of several shards (one per part of a prepared corpus) sliced as one array without
-    joining them: a slice inside one part (a segment or a document never spans two) is a view, one
-    across parts a copy. Takes slices of step 1 only (tokens[a:b]), all the example builder asks."""
+    """The token ids of a prepared corpus's parts sliced (tokens[a:b] only) as one array without joining them: a
+    slice inside one part is a view (a segment never spans two), one across parts a copy."""
 
     def __init__(self, pieces: list[np.ndarray]) -> None:
         self.pieces = pieces
@@ -125,16 +124,14 @@ def held_out(num_documents: int, fraction: float) -> np.ndarray:
 
 
 def synthetic_corpus(cfg: SyntheticConfig, vocab_size: int, special: SpecialTokens = SpecialTokens()) -> Corpus:
-    """Documents from a seeded Markov chain a small BERT can learn: each document keeps to one of
-    `num_topics` bands of the vocabulary (NSP is learnable), each token has `branching` successors of
-    falling probability (MLM is learnable), and the chain runs on across a document's sentences (B
-    continues A). config checks model.vocab_size >= 8: there are regular tokens."""
+    """Documents from a seeded Markov chain a small BERT can learn: each keeps to one band of the vocabulary (NSP),
+    each token has `branching` successors of falling probability (MLM). config checks model.vocab_size >= 8."""
     rng = np.random.default_rng(cfg.seed)
     low = special.first_regular_id
     regular = vocab_size - low
     num_topics = max(1, min(cfg.num_topics, regular // max(2, cfg.branching)))
     band = regular // num_topics
-    # successors[t] = `branching` token ids drawn from t's own band.
+    # successors[t]: `branching` token ids drawn from t's own band.
     topic_of = np.clip((np.arange(vocab_size) - low) // band, 0, num_topics - 1)
     successors = low + topic_of[:, None] * band + rng.integers(0, band, size=(vocab_size, cfg.branching))
     weights = 1.0 / np.arange(1, cfg.branching + 1)

@@ -1,9 +1,7 @@
-"""BERT examples, made on the fly: sentence pairs for NSP and dynamic masking for MLM. As Google BERT's
-create_instances_from_document, each epoch cuts every document into chunks from its start (a new cut
-per epoch), shuffled a window at a time (chunks.Windows). Example i of step k is example g = k *
-examples_per_step + i of the stream, position g % L of epoch g // L, with its own generator seeded by
-(seed, stream, k, i): a batch is a pure function of (seed, step), so resuming skips nothing and any
-split of a step over micro-batches or ranks sees the examples of one large batch.
+"""BERT examples, made on the fly from an epoch's chunks (chunks.Windows): sentence pairs for NSP, dynamic masking
+for MLM. Example i of step k is example g = k * examples_per_step + i of the stream, position g % L of epoch g // L,
+with its own generator seeded by (seed, stream, k, i): a batch is a pure function of (seed, step), so resuming
+skips nothing and any split of a step over micro-batches or ranks sees the examples of one large batch.
 """
 
 from __future__ import annotations
@@ -68,9 +66,7 @@ class ExampleBuilder:
     def __init__(self, corpus: Corpus, cfg: DataConfig, examples_per_step: int) -> None:
         self.corpus, self.cfg, self.examples_per_step = corpus, cfg, examples_per_step
         if corpus.num_documents < 2 and cfg.pairs:
-            raise UsageError(
-                "NSP pairs need at least 2 documents: add documents, or set data.pairs: false and train.nsp_weight: 0"
-            )
+            raise UsageError("NSP needs at least 2 documents: add some, or set data.pairs: false, train.nsp_weight: 0")
         # Plain ndarray views of the (memory-mapped) arrays, not copies: np.memmap slows every small read.
         self.offsets = np.asarray(corpus.seg_offsets)  # (S+1,) token offset of each segment
         self.doc_offsets = np.asarray(corpus.doc_offsets)  # (D+1,) first segment of each document
@@ -109,9 +105,8 @@ class ExampleBuilder:
         return _cached(self._slots, self.CACHED_EPOCHS, (seed, stream, epoch), make)
 
     def _locate(self, seed: int, stream: int, g: int) -> tuple[ChunkIndex, int]:
-        """(the window, the chunk in it) of example g of the stream. Every epoch has L positions, and a
-        window the same ones in every epoch (chunks.Windows), so g maps to one without cutting what
-        comes before; a window with fewer chunks than positions wraps around."""
+        """(the window, the chunk in it) of example g of the stream. A window has the same positions in every epoch
+        (chunks.Windows), so g maps to one without cutting what comes before; one short of chunks wraps around."""
         if self.windows.num_windows == 1:  # L: epoch 0's chunk count
             length = _cached(self._epoch_length, 16, (seed, stream), lambda *key: len(self._window(*key, 0, 0).first))
             (epoch, position), w, start = divmod(g, length), 0, 0
@@ -128,9 +123,8 @@ class ExampleBuilder:
         return _chunk_at(*self._locate(seed, stream, g))
 
     def _random_start(self, index: ChunkIndex, *, doc: int, rng: np.random.Generator) -> tuple[int, int]:
-        """(first segment, document) of a random B: the start of a random chunk of window `index` in another
-        document, so documents are drawn by length as A's are; rarely (a document holds most of the
-        window), a uniform start in a uniformly drawn other document."""
+        """(first segment, document) of a random B: a random chunk's start in window `index`, in another document
+        (drawn by length, as A's are); rarely, a uniform start in a uniformly drawn other document."""
         for _ in range(10):
             first = int(index.first[int(rng.integers(len(index.first)))])
             other = self._document(first)
@@ -140,8 +134,7 @@ class ExampleBuilder:
         return int(rng.integers(self.doc_offsets[other], self.doc_offsets[other + 1])), other
 
     def example(self, seed: int, step: int, i: int, stream: int = TRAIN) -> Example:
-        """Example i of step `step`: its chunk from its window of the epoch, the rest (random B's document
-        and start, trimming, masking) from a generator seeded by (seed, stream, step, i)."""
+        """Example i of step `step`: its chunk, then B, trimming and masking drawn from seed (seed, stream, step, i)."""
         c, cfg, sp = self.corpus, self.cfg, self.corpus.special
         index, j = self._locate(seed, stream, step * self.examples_per_step + i)
         first, end, a_end, random_next, target = _chunk_at(index, j)
@@ -196,9 +189,8 @@ def _cached(cache: dict, limit: int, key: tuple, make: Callable) -> Any:
 
 @dataclass
 class StepBatches:
-    """A map-style dataset for torch's DataLoader: item i is this process's rows (m*W + rank)*B onwards
-    of micro-batch m = i % A of step first_step + i // A (any W sees the examples of one process), a
-    pure function of (seed, step, rank) that workers can build ahead."""
+    """torch's map-style dataset: item i is this process's rows (m*W + rank)*B onwards of micro-batch m = i % A of
+    step first_step + i // A, a pure function of (seed, step, rank) that workers build ahead."""
 
     builder: ExampleBuilder
     _: KW_ONLY
@@ -238,8 +230,7 @@ def truncate_pair(
 
 
 def _words(candidates: np.ndarray, tokens: np.ndarray, continuation: np.ndarray) -> list[np.ndarray]:
-    """Candidate positions grouped into words: a "##" piece joins the word of the position before
-    it (never across a special token, which is not a candidate)."""
+    """Candidate positions grouped into words: a "##" piece joins the word of the position just before it."""
     joins = continuation[tokens[candidates]] & np.concatenate([[False], np.diff(candidates) == 1])
     return np.split(candidates, np.flatnonzero(~joins)[1:])
 
@@ -247,9 +238,8 @@ def _words(candidates: np.ndarray, tokens: np.ndarray, continuation: np.ndarray)
 def mask_tokens(
     tokens: np.ndarray, special: np.ndarray, *, cfg: DataConfig, corpus: Corpus, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Choose masked_lm_prob of the non-special tokens (at most max_predictions_per_seq), whole words
-    together with whole_word_mask; replace each chosen token by [MASK] (mask_token_prob), a random
-    regular token (random_token_prob) or keep it. Returns (masked tokens, positions, labels)."""
+    """(masked tokens, positions, labels): masked_lm_prob of the non-special tokens (whole words with whole_word_mask,
+    at most max_predictions_per_seq), each made [MASK], a random regular token or kept."""
     candidates = np.flatnonzero(~special)
     n = min(cfg.max_predictions_per_seq, max(1, int(round(len(candidates) * cfg.masked_lm_prob))), len(candidates))
     if cfg.whole_word_mask and corpus.continuation is not None:
@@ -274,8 +264,7 @@ def mask_tokens(
 
 
 def collate(examples: list[Example], max_predictions: int, pad_id: int, max_length: int) -> Batch:
-    """Examples padded to the longest, rounded up to a multiple of 8 (few shapes, aligned for the matrix
-    units) but never past max_length (a longer row would have no position embedding)."""
+    """Examples padded to the longest, rounded up to 8 (few shapes), never past max_length (no position embedding)."""
     import torch
 
     from bertcli.model import packing
