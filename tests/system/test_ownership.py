@@ -212,9 +212,9 @@ def test_an_incomplete_best_is_passed_over_and_the_checkpoint_read_named(run_cop
     )
 
 
-def test_init_force_of_a_run_in_use_is_refused_and_of_a_trained_one_is_said(run_copy, cli):
-    """init --force replaced the config of a run that was training, and of one with checkpoints, unsaid;
-    the pretrain it suggested then resumed them on the preset's corpus and schedule."""
+def test_init_force_of_a_run_in_use_is_refused_and_of_a_trained_one_keeps_its_checkpoints(run_copy, cli):
+    """init --force is refused on a run that is training; on a trained one it replaces config.yaml alone
+    (the next pretrain names the settings that differ from its checkpoints' when it resumes)."""
     from bertcli import store
 
     before = snapshot(run_copy)
@@ -223,10 +223,12 @@ def test_init_force_of_a_run_in_use_is_refused_and_of_a_trained_one_is_said(run_
     assert result.code == 1 and len(result.err_lines) == 1, result.err
     assert result.err_lines[0].startswith(f"bertcli: error: {run_copy} ") and "in use" in result.err, result.err
     assert snapshot(run_copy) == before
+    config = (run_copy / "config.yaml").read_bytes()
     result = cli("init", run_copy, "--force")
-    assert result.code == 0, result.err
-    notes = [line for line in result.err_lines if line.startswith("note:")]
-    assert len(notes) == 1 and str(run_copy) in notes[0] and "1 checkpoint" in notes[0], result.err
+    assert result.code == 0 and (run_copy / "config.yaml").read_bytes() != config, result.err
+    assert {k: v for k, v in snapshot(run_copy).items() if k != "config.yaml"} == {
+        k: v for k, v in before.items() if k != "config.yaml"
+    }
 
 
 def test_an_old_checkpoint_the_user_added_to_is_never_pruned(run_copy, cli):
