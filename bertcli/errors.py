@@ -3,8 +3,6 @@ input file), a `RunError` (exit 1) went wrong during the work, `Interrupted` (12
 
 from __future__ import annotations
 
-import signal
-
 
 class BertcliError(Exception):
     """Base class: a message meant for the user, one line per problem."""
@@ -36,10 +34,6 @@ class RunError(BertcliError):
 
 class PipeClosed(Exception):
     """The reader of stdout went away (`| head`): exit 0, quietly. Not an OSError, which Typer makes exit 1."""
-
-
-# The signals that stop a command cleanly: Ctrl-C, a scheduler's SIGTERM, a closed terminal's SIGHUP.
-STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 
 
 class Interrupted(BertcliError):

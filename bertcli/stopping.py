@@ -18,6 +18,7 @@ from typing import Any
 from bertcli import console
 from bertcli.errors import Interrupted
 
+# The signals that stop a command cleanly: Ctrl-C, a scheduler's SIGTERM, a closed terminal's SIGHUP.
 SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 
 
@@ -147,3 +148,26 @@ def exit_on_signal(words: str) -> Iterator[None]:
     finally:
         done.set()
         thread.join(timeout=1)
+
+
+def worker_ignores(signums: tuple[int, ...] = SIGNALS) -> None:
+    """In a worker process: stop signals sent to the whole process group (Ctrl-C, a closed terminal) are the
+    parent's to act on, and it stops its workers; the worker takes signals up again (held_while_starting)."""
+    for signum in signums:
+        signal.signal(signum, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
+
+
+@contextlib.contextmanager
+def held_while_starting() -> Iterator[None]:
+    """Processes started in the block inherit the stop signals blocked, so none dies of Ctrl-C half started. The
+    resource tracker is started first: starting it unblocks them in this thread."""
+    from multiprocessing import resource_tracker
+
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+    try:
+        resource_tracker.ensure_running()
+        signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)

@@ -5,11 +5,10 @@
 from __future__ import annotations
 
 import multiprocessing
-import signal
 
 import torch
 
-from bertcli.errors import STOP_SIGNALS
+from bertcli.stopping import worker_ignores
 
 
 def data_workers(device: torch.device, configured: int | None) -> int:
@@ -29,11 +28,9 @@ def loader(dataset: torch.utils.data.Dataset, *, workers: int, pin_memory: bool)
         pin_memory=pin_memory,
         prefetch_factor=4 if workers else None,
         multiprocessing_context=fork,
-        worker_init_fn=_ignore_stop_signals,
+        worker_init_fn=_worker_init,
     )
 
 
-def _ignore_stop_signals(worker_id: int) -> None:
-    """Stop signals reach the whole process group: the workers leave the graceful stop to the training process."""
-    for signum in STOP_SIGNALS:
-        signal.signal(signum, signal.SIG_IGN)
+def _worker_init(worker_id: int) -> None:
+    worker_ignores()  # the training process stops gracefully, its workers with it

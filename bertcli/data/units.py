@@ -13,7 +13,6 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -27,7 +26,7 @@ from bertcli.data.text import read_sentences
 from bertcli.data.tokenizer import read_tokenizer_json, special_tokens
 from bertcli.errors import BertcliError, RunError, UsageError
 from bertcli.layout import DOC_OFFSETS, INDEX, SEG_OFFSETS, SHARD_FILES, SPLITS, TOKENS, UNIT_RECORD, UNITS
-from bertcli.stopping import SIGNALS as STOP_SIGNALS
+from bertcli.stopping import held_while_starting, worker_ignores
 
 ENCODE_BATCH = 2048  # sentences per tokenizer call: large enough for its thread pool, small for memory
 ENCODE_CHARS = 1 << 20  # and at most about this many characters (an encoding costs ~100 bytes a token)
@@ -178,10 +177,7 @@ _worker: dict[str, Any] = {}  # in a worker process: its tokenizer, settings and
 
 
 def _start_worker(tokenizer_file: str, settings: UnitSettings, stop: Any) -> None:
-    # Ctrl-C and a closed terminal reach the whole process group: the parent stops the workers; SIGTERM ends one.
-    for signum in (signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    worker_ignores((signal.SIGINT, signal.SIGHUP))  # SIGTERM, sent to one worker, ends it
     os.environ.update(TOKENIZERS_PARALLELISM="false", RAYON_NUM_THREADS="1")  # one core each
     _worker.update(tok=read_tokenizer_json(Path(tokenizer_file)), settings=settings, stop=stop)
 
@@ -233,19 +229,11 @@ def prepare_units(
         return {u.key: prepare_unit(root, u, tok, settings=settings, progress=progress, stop=stop) for u in todo}
     context = multiprocessing.get_context("spawn")
     records: dict[str, dict[str, Any]] = {}
-    # The processes started here inherit the stop signals blocked, so none dies of Ctrl-C while it starts up;
-    # the workers take them up in _start_worker. The resource tracker is started first: starting it
-    # unblocks SIGINT and SIGTERM in this thread.
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-    try:
-        resource_tracker.ensure_running()
-        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    with held_while_starting():
         event, size = context.Event(), min(workers, len(todo))
         initargs = (str(root / layout.TOKENIZER_JSON), settings, event)
         pool = ProcessPoolExecutor(size, mp_context=context, initializer=_start_worker, initargs=initargs)
         futures = {pool.submit(_prepare_in_worker, root, unit): unit for unit in todo}  # (each submit starts a worker)
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     with pool:
         try:
             pending = set(futures)
