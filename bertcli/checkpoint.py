@@ -160,7 +160,7 @@ def check_readable(path: Path) -> Config:
 def verify(path: Path) -> list[tuple[str, str]]:
     """What is damaged in complete checkpoint `path`, as (file, reason); none where it resumes. The training
     state must be a whole archive (no member marked a folder: torch's reader leaves those unwritten)."""
-    damage = [(n, "a symbolic link, which bertcli never follows") for n in _links(path)]
+    damage = [(n, store.file_problem(Path(path) / n)) for n in _links(path)]
     try:
         step = read_trainer_state(path).get("step")
     except (BertcliError, OSError) as exc:

@@ -169,7 +169,7 @@ def read_metrics_checked(path: Path) -> tuple[list[dict[str, Any]], str | None]:
 
 def _keep_left_behind(path: Path, records: list[dict[str, Any]]) -> Path | None:
     """Append `records` to `path`, written whole; None, leaving it alone, where it is no file of bertcli's."""
-    if path.is_symlink() or (path.exists() and not path.is_file()):
+    if store.file_problem(path) not in (None, "missing"):  # a link, a folder: not ours
         return None
     earlier, bad = read_metrics_checked(path) if path.exists() else ([], None)
     if bad:
