@@ -60,7 +60,7 @@ def test_run_writes_metrics_tensorboard_and_checkpoints(tmp_path):
     ckpt = tmp_path / "checkpoints" / "step-0000012"
     stored = weights(ckpt)
     with safetensors.safe_open(ckpt / "model.safetensors", "pt") as f:  # one key: the bytes of the same weights
-        assert f.metadata() == {"format": "pt"}  # are the same (safetensors orders a map at random: trial 19 P1)
+        assert f.metadata() == {"format": "pt"}  # are the same (safetensors orders a map at random)
     model = BertForPreTraining(micro_config().model)
     assert set(stored) == set(model.state_dict()) - set(TIED_ALIASES)  # Hugging Face names, no tied copies
     state = torch.load(ckpt / "training_state.pt", weights_only=True)  # nothing but tensors and containers
@@ -153,8 +153,8 @@ def test_sizes_that_cannot_fit_are_refused_with_the_figure(monkeypatch):
 
 
 def test_sizes_that_cannot_fit_on_this_cpu_are_refused_before_torch_loads(tmp_path):
-    """Trial 21 U1: a batch or a model too large for this machine's memory was refused after torch's
-    import (3.6 s, 250 MB); on the CPU the figures need none."""
+    """A batch or a model too large for this machine's memory is refused before torch's import
+    (3.6 s, 250 MB): on the CPU the figures need none."""
     from conftest import refuse_in_fresh_interpreter
 
     config = write_config(tmp_path)
@@ -170,8 +170,8 @@ def test_sizes_that_cannot_fit_on_this_cpu_are_refused_before_torch_loads(tmp_pa
 
 
 def test_a_users_folder_among_the_checkpoints_is_refused_before_torch_loads(tmp_path, eight_steps):
-    """Trial 22 U1: a user's step-N folder, or a note inside best, was refused from the files alone,
-    but after torch's import (3.4-4.4 s, 252 MB)."""
+    """A user's step-N folder, or a note inside best, is refused from the files alone, so before
+    torch's import (3.4-4.4 s, 252 MB)."""
     import shutil
 
     from conftest import refuse_in_fresh_interpreter
@@ -295,8 +295,8 @@ def test_resume_auto_falls_back_past_a_damaged_newest_checkpoint(tmp_path, cli, 
 
 def test_an_intact_best_of_the_damaged_newest_step_is_resumed_from(tmp_path, cli, eight_steps):
     """`best` is a whole checkpoint: when it copies the newest step and that step folder is damaged,
-    the run resumes from it (trial 17 P3: it was removed as "past the step resumed from", and the
-    steps since the older step folder were trained again)."""
+    the run resumes from it: it is not removed as "past the step resumed from", and the steps since
+    the older step folder are not trained again."""
     import shutil
 
     shutil.copytree(eight_steps, tmp_path, dirs_exist_ok=True)
@@ -313,7 +313,8 @@ def test_an_intact_best_of_the_damaged_newest_step_is_resumed_from(tmp_path, cli
 
 
 def test_held_out_perplexity_is_e_to_the_loss_of_a_diverged_model_too(tmp_path, monkeypatch):
-    """Trial 18 P8: perplexity was capped at e^50, so every evaluation of a diverged run read 5.185e+21."""
+    """Held-out perplexity is e^loss past e^50 too: a cap there would read 5.185e+21 at every evaluation
+    of a diverged run."""
     from bertcli import trainer
 
     real = trainer.pretraining_loss
@@ -379,8 +380,8 @@ def test_incomplete_and_temporary_checkpoint_folders_are_never_picked(tmp_path):
 
 
 def test_temporary_names_in_checkpoints_that_bertcli_did_not_write_are_left_alone(tmp_path, cli, eight_steps):
-    """Trial 21 S4: pretrain deleted every .tmp-* in checkpoints/ whatever it held (a user's thesis.txt),
-    and renamed .tmp-old-X.N to X, without a word. Only a gone writer's folders of checkpoint files go."""
+    """A .tmp-* in checkpoints/ may be a user's (holding a thesis.txt): pretrain neither deletes it nor
+    renames a .tmp-old-X.N to X. Only a gone writer's folders of checkpoint files go."""
     import os
     import shutil
 
@@ -432,7 +433,7 @@ def test_mixed_precision_on_cpu(tmp_path, mode):
 
 @pytest.mark.parametrize("native", [False, True])
 def test_half_precision_on_a_cpu_without_its_instructions_is_warned(tmp_path, monkeypatch, capsys, native):
-    """Trial 15 P1: bf16 or fp16 autocast on a CPU without the instructions for it runs about 10x slower
+    """bf16 or fp16 autocast on a CPU without the instructions for it runs about 10x slower
     than fp32 (torch emulates it): pretrain says so once, with what to use instead; not where it is native."""
     for probe in runtime.NATIVE_ON_CPU["bf16"]:  # this machine's CPU, whatever it is, seen as with or without
         monkeypatch.setattr(torch.cpu, probe, lambda: native)
@@ -886,8 +887,8 @@ def test_resuming_with_other_tokenizer_settings_says_they_are_ignored(tmp_path, 
 
 def test_a_new_run_resuming_another_runs_checkpoint_prepares_with_its_tokenizer(tmp_path, cli, trained, small_corpus):
     """`--resume PATH` into a run with no checkpoint (and no data.tokenizer.path): its data is prepared
-    with the checkpoint's tokenizer, whose ids the weights were trained on (trial 12 P-2: a new
-    vocabulary was trained on the other corpus and the whole corpus prepared, then resuming refused)."""
+    with the checkpoint's tokenizer, whose ids the weights were trained on (a new vocabulary trained on
+    the other corpus would have the resume refused only after the whole corpus was prepared)."""
     from conftest import text_run
 
     from bertcli.data.tokenizer import read_tokenizer_json, tokenizer_identity
@@ -1005,8 +1006,8 @@ def test_a_resume_with_nothing_to_do_changes_none_of_the_runs_checkpoints(tmp_pa
 
 
 def test_best_of_an_earlier_held_out_set_is_replaced_at_the_next_evaluation(tmp_path, cli):
-    """Trial 23 P5: after a resume that changed the held-out set (said: not comparable with the loss that
-    kept best), best was replaced or kept by comparing exactly those losses."""
+    """After a resume that changes the held-out set, best's held-out loss is not comparable with the new
+    set's, so best is replaced at the next evaluation, not kept or replaced by comparing those losses."""
     config = write_config(tmp_path, "train.eval_every=4", "checkpoint.keep_last=3", "train.max_steps=12")
     assert cli("pretrain", "--config", config, "--quiet", "--stop-at", "8").code == 0
     best = tmp_path / "checkpoints" / "best"
@@ -1019,7 +1020,7 @@ def test_best_of_an_earlier_held_out_set_is_replaced_at_the_next_evaluation(tmp_
     ), result.err
     assert checkpoint.read_trainer_state(best)["step"] == 12, "the first evaluation on the new set"
     # Stopped after the change but before an evaluation: the next resume still knows best is of the earlier
-    # set (trial 24 S4: it was compared again, and kept).
+    # set, and replaces it rather than comparing its loss again.
     assert cli("pretrain", "--config", config, "--quiet", "--set", "train.max_steps=16", "--stop-at", "13").code == 0
     changed = cli("pretrain", "--config", config, "--set", "train.max_steps=16", "--set", "train.eval_examples=8")
     assert checkpoint.read_trainer_state(best)["step"] == 16 and any(
@@ -1040,8 +1041,9 @@ def test_best_of_an_earlier_held_out_set_is_replaced_at_the_next_evaluation(tmp_
 
 
 def test_resuming_a_checkpoint_the_run_set_aside_is_refused_in_that_run(tmp_path, cli, eight_steps):
-    """Trial 24 S3: `--resume RUN/checkpoints/abandoned-step-8` in RUN spliced histories: a step-5 of
-    another branch below it stayed a step folder of the run, its metrics records in metrics.jsonl."""
+    """`--resume RUN/checkpoints/abandoned-step-8` in RUN would splice histories (a step-5 of another
+    branch below it would stay a step folder of the run, its metrics records in metrics.jsonl), so it is
+    refused there; from another run it resumes."""
     import shutil
 
     from conftest import refuse_in_fresh_interpreter
@@ -1084,9 +1086,9 @@ def test_a_damaged_best_is_named_by_inspect_and_the_intact_checkpoint_by_export(
 
 
 def test_a_best_of_a_history_left_behind_is_set_aside_when_no_step_folder_holds_it(tmp_path, cli, eight_steps):
-    """Trial 27 S1: `--resume` to an earlier step removed a best past it whose step folder keep_last had pruned
-    (or that was never saved as one): the only copy of those weights. It is set aside, as the later step
-    folders are; one whose step folder is kept (set aside too) is removed, as before."""
+    """A best past the step `--resume` goes back to, whose step folder keep_last pruned (or that was never
+    saved as one), is the only copy of those weights: it is set aside, as the later step folders are, not
+    removed; one whose step folder is kept (set aside too) is removed."""
     import shutil
 
     run = Path(shutil.copytree(eight_steps, tmp_path / "run"))
