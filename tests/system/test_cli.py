@@ -522,10 +522,9 @@ def test_a_model_too_large_is_refused_from_its_numbers_at_once(cli, tmp_path):
     result = cli("pretrain", "--config", config)
     assert time.perf_counter() - start < 1.0
     assert result.code == 2 and len(result.err_lines) == 1
-    assert (
-        "85,440,008,642 parameters need 1,273.2 GiB" in result.err
-        and "model.num_hidden_layers" in result.err
-    ), result.err
+    assert "85,440,008,642 parameters need 1,273.2 GiB" in result.err and "model.num_hidden_layers" in result.err, (
+        result.err
+    )
     unsized = write_config(
         tmp_path / "text", "data.corpus=sample", "model.vocab_size=null", "model.num_hidden_layers=10000000"
     )
