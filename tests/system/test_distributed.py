@@ -87,7 +87,7 @@ def test_two_processes_equal_one_process_with_the_global_batch(tmp_path, one):
 
 
 def test_killed_two_process_run_resumes(tmp_path):
-    overrides = ["train.batch_size=4", "train.max_steps=60", "checkpoint.save_every=10", "logging.log_every=10"]
+    overrides = ["train.batch_size=4", "train.max_steps=30", "checkpoint.save_every=5", "logging.log_every=5"]
     config = write_config(tmp_path / "killed", *overrides)
     command = [
         sys.executable,
@@ -107,7 +107,7 @@ def test_killed_two_process_run_resumes(tmp_path):
         command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
     deadline = time.time() + 120
-    while not (tmp_path / "killed" / "checkpoints" / "step-0000020").exists():
+    while not (tmp_path / "killed" / "checkpoints" / "step-0000010").exists():
         assert proc.poll() is None and time.time() < deadline
         time.sleep(0.01)
     # Kill every process of the run, as a lost machine would: the launcher's group and the
@@ -120,13 +120,13 @@ def test_killed_two_process_run_resumes(tmp_path):
         except OSError:
             pass
     proc.wait()
-    assert layout.list_checkpoints(tmp_path / "killed")[-1][0] < 60
+    assert layout.list_checkpoints(tmp_path / "killed")[-1][0] < 30
     rerun = subprocess.run(
         [c for c in command if c != "--quiet"], cwd=REPO, capture_output=True, text=True, timeout=300
     )
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     assert "resuming from" in rerun.stderr and rerun.stderr.count("resuming from") == 1
-    assert layout.list_checkpoints(tmp_path / "killed")[-1][0] == 60
+    assert layout.list_checkpoints(tmp_path / "killed")[-1][0] == 30
 
 
 def test_fsdp_equals_one_process_and_its_checkpoint_resumes_in_one_process(tmp_path, one, cli):

@@ -526,12 +526,12 @@ def test_training_learns(tmp_path):
 def test_sigkill_then_rerun_continues_from_the_last_checkpoint(tmp_path, cli):
     """Kill -9 a real `bertcli pretrain` mid-run; the same command (in this process: a process start
     saved) then finishes the run, and the result is bitwise what an uninterrupted run gives."""
-    overrides = ["train.max_steps=60", "checkpoint.save_every=10", "logging.log_every=10"]
+    overrides = ["train.max_steps=32", "checkpoint.save_every=4", "logging.log_every=4"]
     config = write_config(tmp_path / "killed", *overrides)
     command = [sys.executable, "-m", "bertcli", "pretrain", "--config", str(config), "--quiet"]
     proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
-    while not (tmp_path / "killed" / "checkpoints" / "step-0000020").exists():
+    while not (tmp_path / "killed" / "checkpoints" / "step-0000008").exists():
         assert proc.poll() is None, proc.stderr.read()
         assert time.time() < deadline
         time.sleep(0.005)
@@ -539,13 +539,13 @@ def test_sigkill_then_rerun_continues_from_the_last_checkpoint(tmp_path, cli):
     proc.wait()
     proc.stderr.close()
     survivors = [s for s, _ in layout.list_checkpoints(tmp_path / "killed")]
-    assert survivors and survivors[-1] < 60, "killed before the end"
+    assert survivors and survivors[-1] < 32, "killed before the end"
     rerun = cli("pretrain", "--config", config)  # not --quiet
     assert rerun.code == 0, rerun.err
     assert f"resuming from {tmp_path / 'killed' / 'checkpoints'}" in rerun.err
     train(tmp_path / "clean", *overrides)
     assert_bitwise_equal(
-        weights(tmp_path / "killed/checkpoints/step-0000060"), weights(tmp_path / "clean/checkpoints/step-0000060")
+        weights(tmp_path / "killed/checkpoints/step-0000032"), weights(tmp_path / "clean/checkpoints/step-0000032")
     )
 
 
