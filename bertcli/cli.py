@@ -211,7 +211,7 @@ def export(
 
 MODEL = typer.Option(..., "--model", "-m", metavar="PATH", help="A run, checkpoint or Hugging Face BERT folder.")
 INPUTS = typer.Argument(None, metavar="FILE", help="Text files, one text per line ('-' or none: stdin).")
-POOLING = typer.Option(None, "--pooling", metavar="cls|mean|max|pooler", help="Default: the folder's own, else cls.")
+POOLING = typer.Option(None, "--pooling", metavar="cls|mean|max|pooler", help="Default: the folder's own, else mean.")
 LAYER = typer.Option(-1, "--layer", metavar="N", help="0 = embeddings, 1..L, negative from the end (-1 = last).")
 NORMALIZE = typer.Option(None, "--normalize/--no-normalize", help="Unit-length vectors (default: the folder's).")
 FORMAT = typer.Option(None, "--format", "-f", metavar="jsonl|tsv|npy", help="Default: the --output suffix's.")
@@ -264,6 +264,39 @@ def encode(
             output=output, stopper=stopper, device=device, dtype=dtype, errors=errors, normalize=normalize,
             per_token=tokens, batch_size=batch_size, **flags,
         )  # fmt: skip
+
+
+@app.command("eval", short_help="Score a model: masked-LM figures on text, a linear probe on labeled texts.")
+def eval_command(
+    model: Path = typer.Argument(..., metavar="MODEL", help="A run, checkpoint or Hugging Face BERT folder."),
+    text: list[str] = typer.Argument(
+        None, metavar="TEXT", help="Text or JSONL files or folders, read as prepare reads."
+    ),
+    probe: Optional[Path] = typer.Option(
+        None, "--probe", metavar="TRAIN", help="Labeled texts for a linear probe: JSONL (text, label) or TSV."
+    ),
+    probe_test: Optional[Path] = typer.Option(
+        None, "--probe-test", metavar="TEST", help="Score the probe on these (default: a seeded fifth of TRAIN)."
+    ),
+    seed: int = typer.Option(0, "--seed", min=0, metavar="N", help="Draws the masks, the probe's fold and split."),
+    batch_size: int = BATCH,
+    device: str = DEVICE,
+) -> None:
+    """Score a model: masked-LM loss, accuracy and perplexity on TEXT (fixed masks), a linear probe on labeled texts.
+    One JSON object on stdout; the figures in words on stderr."""
+    from bertcli import preflight
+    from bertcli.stopping import stopping
+
+    hf, files, train, test = preflight.evaluate(
+        model=model, text=text or [], probe=probe, probe_test=probe_test, device=device
+    )
+    with stopping("nothing was written"):  # (torch's import and the model's load take seconds)
+        from bertcli.evaluation import run, summary
+
+        result = run(model, hf=hf, files=files, train=train, test=test, seed=seed, device=device, batch_size=batch_size)
+    for line in summary(result):
+        err(line)
+    out(json.dumps(result))
 
 
 # Per command: what a failed write leaves intact, and the setting that writes elsewhere.

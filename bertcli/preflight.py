@@ -114,6 +114,31 @@ def _encode_model(model: Path, *, layer: int, pooling: str | None, tokens: bool)
     return hf
 
 
+def evaluate(
+    *, model: Path, text: list[str], probe: Path | None, probe_test: Path | None, device: str
+) -> tuple[Any, list[Path], Any, Any]:
+    """eval's flags, model and inputs, checked: (Hugging Face folder or None, the text files, TRAIN and TEST read)."""
+    from bertcli.data.text import corpus_files
+    from bertcli.labeled import read_labeled
+
+    check_device(device, "--device")
+    if not text and probe is None:
+        raise UsageError(
+            "nothing to score: give TEXT files (masked-LM figures), --probe TRAIN (a linear probe), or both"
+        )
+    if probe_test is not None and probe is None:
+        raise UsageError("--probe-test scores a probe: add --probe TRAIN, or drop --probe-test")
+    if not model.exists():
+        raise UsageError(f"{model}: no such folder; MODEL is a run, a checkpoint or a Hugging Face BERT folder")
+    hf = _encode_model(model, layer=-1, pooling=None, tokens=False)
+    if missing := next((t for t in text if not Path(t).expanduser().exists()), None):
+        raise UsageError(f"{missing}: no such file or folder; TEXT is a text or JSONL file, or a folder of them")
+    files = [file for t in text for file in corpus_files(Path(t))]
+    train = read_labeled(probe, flag="--probe") if probe is not None else None
+    test = read_labeled(probe_test, flag="--probe-test") if probe_test is not None else None
+    return hf, files, train, test
+
+
 def launch_env() -> None:
     """Refuse torchrun's variables where they make no job (left in a shell, a rank other than 0 writes nothing)."""
     values = {name: os.environ.get(name) for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
@@ -142,7 +167,7 @@ def launch_env() -> None:
 
 def pretrain(cfg: Config, resume_arg: str, *, device_flag: bool) -> None:
     """What pretrain refuses from files alone, before torch loads (each check is its owner's)."""
-    from bertcli import checkpoint, resume, sizes, store
+    from bertcli import checkpoint, labeled, resume, sizes, store
     from bertcli.config import check_gpu_build
     from bertcli.data.prepare import check_before_training
     from bertcli.resolve import check_outputs_apart
@@ -169,3 +194,6 @@ def pretrain(cfg: Config, resume_arg: str, *, device_flag: bool) -> None:
             sizes.check_disk(cfg.model, output_dir)
     if cfg.data.corpus != "synthetic":
         check_before_training(cfg, run_tokenizer)
+    for key, path in (("eval.probe", cfg.eval.probe), ("eval.probe_test", cfg.eval.probe_test)):
+        if path:
+            labeled.read_labeled(Path(path), flag=key)

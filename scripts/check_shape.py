@@ -51,6 +51,9 @@ LAYERS = {
         "encode",
         "encode_io",
         "trainer",
+        "labeled",
+        "probe",
+        "evaluation",
     ],
     "commands": ["summary", "preflight", "cli", "__main__"],
 }

@@ -1,0 +1,92 @@
+"""Labeled texts for the probe, read before torch loads: JSON Lines ({"text": ..., "label": ...} per line) or TSV
+(text<TAB>label), as the sniffer calls the path; and the seeded split of a set into two."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from bertcli import sniff
+from bertcli.errors import UsageError
+
+FORMATS = 'JSONL ({"text": ..., "label": ...} a line) or TSV (text<TAB>label a line)'
+MIN_ROWS = 10  # the fold that picks the L2 strength, and a split of TRAIN, hold a fifth: two rows or more
+
+
+@dataclass(frozen=True)
+class Labeled:
+    texts: list[str]
+    labels: list[str]  # a JSON integer label as its digits: 1 and "1" are one class
+    path: Path | None = None
+
+    def take(self, rows: np.ndarray) -> Labeled:
+        """The rows `rows`, in that order."""
+        return Labeled([self.texts[i] for i in rows], [self.labels[i] for i in rows], self.path)
+
+
+def read_labeled(path: Path, *, flag: str) -> Labeled:
+    """The rows of `path` (blank lines skipped); a file the probe cannot read is refused naming `flag`'s path and line."""
+    path = Path(path).expanduser()
+    kind, jsonl = sniff.sniff(path), sniff.is_jsonl(path)
+    if kind not in (sniff.KINDS["text"], sniff.KINDS["tsv"]):
+        raise UsageError(f"{flag} {path}: {kind.what}; give {FORMATS}")
+    texts, labels = [], []
+    with open(path, "rb") as fh:
+        for number, raw in enumerate(fh, 1):
+            try:
+                line = raw.decode("utf-8").removeprefix("\ufeff").rstrip("\r\n")
+            except UnicodeDecodeError as exc:
+                raise UsageError(
+                    f"{path}: line {number}: not UTF-8 (byte {exc.start}); convert it (iconv -t utf-8)"
+                ) from None
+            if not line.strip():
+                continue
+            text, label = _jsonl_row(line) if jsonl else _tsv_row(line)
+            if not label:
+                raise UsageError(f"{path}: line {number}: {text}; give {FORMATS}")
+            texts.append(text)
+            labels.append(label)
+    return check_labeled(Labeled(texts, labels, path), flag=flag, train=flag == "--probe")
+
+
+def _jsonl_row(line: str) -> tuple[str, str]:
+    """(text, label) of a JSON Lines record, or (what is wrong, '')."""
+    try:
+        record = json.loads(line)
+    except (ValueError, RecursionError):
+        return "not valid JSON", ""
+    text = record.get("text") if isinstance(record, dict) else None
+    label = record.get("label") if isinstance(record, dict) else None
+    if not isinstance(text, str):
+        return 'no "text" string', ""
+    if isinstance(label, bool) or not isinstance(label, (str, int)) or label == "":
+        return 'no "label" (a string or an integer)', ""
+    return text, str(label)
+
+
+def _tsv_row(line: str) -> tuple[str, str]:
+    """(text, label) of text<TAB>label (the label after the last TAB), or (what is wrong, '')."""
+    text, tab, label = line.rpartition("\t")
+    return (text, label.strip()) if tab and label.strip() else ("no label after a TAB", "")
+
+
+def check_labeled(data: Labeled, *, flag: str, train: bool) -> Labeled:
+    """`data` refused where a probe cannot learn from it (TRAIN: two classes, MIN_ROWS rows) or score it (a row)."""
+    where, rows, classes = f"{flag} {data.path}", len(data.labels), len(set(data.labels))
+    if not rows:
+        raise UsageError(f"{where}: no labeled rows; give {FORMATS}")
+    if train and classes < 2:
+        raise UsageError(f"{where}: one class, {data.labels[0]!r}, in every row; a probe needs two or more")
+    if train and rows < MIN_ROWS:
+        raise UsageError(f"{where}: {rows} rows; a probe needs {MIN_ROWS} or more")
+    return data
+
+
+def split(data: Labeled, seed: int, fraction: float = 0.2) -> tuple[Labeled, Labeled]:
+    """(the rest, a seeded `fraction` of the rows): the same rows for the same data and seed."""
+    order = np.random.default_rng([seed, len(data.labels)]).permutation(len(data.labels))
+    held = max(1, round(len(order) * fraction))
+    return data.take(order[held:]), data.take(order[:held])
