@@ -36,7 +36,7 @@ from bertcli.errors import RunError, UsageError
 from bertcli.export import check_model_path, described, read_checkpoint
 from bertcli.model import BertForPreTraining, padding_mask
 from bertcli.resume import set_aside_note
-from bertcli.sbert import NotReproducible, SentenceModel, lowercase_first
+from bertcli.sbert import DEFAULT_POOLING, NotReproducible, SentenceModel, lowercase_first
 
 WINDOW_BATCHES = 32
 WINDOW_CHARS = 1 << 20  # a window's bound in characters too: memory stays bounded whatever --batch-size asks
@@ -148,15 +148,16 @@ class Settings:
 
 
 def resolve(enc: Encoder, **flags) -> Settings:
-    """The Settings of `flags` resolved: explicit values, else a sentence-transformers folder's own, else cls,
-    unnormalised, at the length trained. A pooling asked leaves normalisation off (the folder's is for its own)."""
+    """The Settings of `flags` resolved: explicit values, else a sentence-transformers folder's own, else mean
+    (DEFAULT_POOLING), unnormalised, at the length trained. A pooling asked leaves normalisation off (the folder's
+    is for its own). The one place the default pooling is decided: eval's probe pools by it too."""
     asked, st = Settings(**flags), enc.sentence
     pooling, normalize = asked.pooling, asked.normalize
     if pooling is None and st is not None and not asked.per_token:
         if problem := st.problem():
             raise NotReproducible(st.folder, problem)
         pooling, normalize = st.pooling, st.normalize if normalize is None else normalize
-    pooling = pooling or "cls"
+    pooling = pooling or DEFAULT_POOLING
     layer = check_layer(enc.model.config, asked.layer, pooling)
     if pooling == "pooler" and "pooler" in enc.fresh:  # its weights would be random: vectors of nothing learnt
         raise UsageError(f"{enc.source}: has no pooler weights for --pooling pooler; pick cls, mean or max")

@@ -1,5 +1,6 @@
-"""sentence-transformers folders: how such a folder makes its embeddings, which `bertcli encode` follows by default.
-Its modules.json lists the modules run: a Transformer (the BERT folder at its `path`), a Pooling, maybe Normalize."""
+"""sentence-transformers folders: how such a folder makes its embeddings, which `bertcli encode` follows by default,
+and the files that make an export one. Its modules.json lists the modules run: a Transformer (the BERT folder at its
+`path`), a Pooling, maybe Normalize."""
 
 from __future__ import annotations
 
@@ -9,9 +10,19 @@ from pathlib import Path
 from typing import Any
 
 from bertcli.errors import UsageError
-from bertcli.layout import MODULE_CONFIG, SENTENCE_MODULES, SENTENCE_PROMPTS, SENTENCE_SETTINGS, TOKENIZER_CONFIG
+from bertcli.layout import (
+    MODULE_CONFIG,
+    POOLING_MODULE,
+    SENTENCE_MODULES,
+    SENTENCE_PROMPTS,
+    SENTENCE_SETTINGS,
+    TOKENIZER_CONFIG,
+)
 
 SUPPORTED = ("cls", "mean", "max")  # the pooling modes bertcli computes, as sentence-transformers names them
+# The pooling of a model that has none of its own (encode.resolve), and the one an export's 1_Pooling names:
+# sentence-transformers pools a plain transformer by the mean.
+DEFAULT_POOLING = "mean"
 # The older config format: one boolean per mode (all false means mean, as sentence-transformers reads it).
 LEGACY_MODES = {
     "pooling_mode_cls_token": "cls",
@@ -160,6 +171,22 @@ def read_sentence_model(folder: Path) -> SentenceModel | None:
         unsupported=unsupported,
         default_prompt=(str(name), text) if isinstance(text, str) and text else None,
     )
+
+
+def sentence_files(hidden_size: int, max_seq_length: int) -> dict[str, Any]:
+    """The files (relative path: JSON value) that make a BERT folder a sentence-transformers one pooling by
+    DEFAULT_POOLING, unnormalised, in the published layout (all-MiniLM-L6-v2's: every version reads it)."""
+    module = "sentence_transformers.models."
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": f"{module}Transformer"},
+        {"idx": 1, "name": "1", "path": POOLING_MODULE, "type": f"{module}Pooling"},
+    ]
+    modes = {key: mode == DEFAULT_POOLING for key, mode in list(LEGACY_MODES.items())[:4]}  # (the first four)
+    return {
+        SENTENCE_MODULES: modules,
+        SENTENCE_SETTINGS: {"max_seq_length": max_seq_length, "do_lower_case": False},  # (the tokenizer's casing)
+        f"{POOLING_MODULE}/{MODULE_CONFIG}": {"word_embedding_dimension": hidden_size, **modes},
+    }
 
 
 def lowercase_first(normalizer: Any) -> Any:
