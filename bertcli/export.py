@@ -1,5 +1,6 @@
 """Export: a bertcli checkpoint written as a Hugging Face folder that transformers loads as BertForPreTraining
-(safetensors only); and how encode and export find the checkpoint a path names."""
+(safetensors only) and sentence-transformers as a model pooling as `encode` does; and how encode and export find
+the checkpoint a path names."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from bertcli import __version__, checkpoint, hf_names, layout, resume, store
 from bertcli.data.tokenizer import describe, read_tokenizer_json
 from bertcli.errors import RunError, UsageError
 from bertcli.layout import Kind
-from bertcli.sbert import read_sentence_model
+from bertcli.sbert import read_sentence_model, sentence_files
 
 if TYPE_CHECKING:
     from bertcli.hf_import import EncoderFolder
@@ -160,6 +161,8 @@ def _export(ckpt: Path, out_dir: Path, force: bool) -> Path:
     store.clean_folder_leftovers(out_dir, layout.EXPORT)  # of an export killed while it wrote
     m = checkpoint.check_readable(ckpt).model  # every file as recorded, every weight of the config's shape
     tensors = checkpoint.read_weights(ckpt)  # (the bytes checked: their digest again)
+    # The positions trained: what transformers and sentence-transformers truncate at, and bertcli's encode of it.
+    trained = checkpoint.checkpoint_trained_length(ckpt) or m.max_position_embeddings
     config = {
         "architectures": ["BertForPreTraining"],
         "model_type": "bert",
@@ -186,10 +189,12 @@ def _export(ckpt: Path, out_dir: Path, force: bool) -> Path:
             "do_lower_case": lower,
             "strip_accents": None if strip == lower else strip,
             "tokenize_chinese_chars": casing.get("tokenize_chinese_chars", True),
-            # The positions trained: what transformers truncates at, and bertcli's encode of this folder.
-            "model_max_length": checkpoint.checkpoint_trained_length(ckpt) or m.max_position_embeddings,
+            "model_max_length": trained,
             **SPECIAL_TOKENS,
         }
         store.write_json(tmp / layout.TOKENIZER_CONFIG, tokenizer_config)
         store.write_json(tmp / layout.SPECIAL_TOKENS_MAP, SPECIAL_TOKENS)
+        (tmp / layout.POOLING_MODULE).mkdir()
+        for name, value in sentence_files(m.hidden_size, trained).items():  # pooled as encode pools
+            store.write_json(tmp / name, value)
     return out_dir

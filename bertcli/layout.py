@@ -69,6 +69,7 @@ SENTENCE_MODULES = "modules.json"  # sentence-transformers: the modules, run in 
 SENTENCE_SETTINGS = "sentence_bert_config.json"
 SENTENCE_PROMPTS = "config_sentence_transformers.json"  # its prompts, and the one encode() prepends by default
 MODULE_CONFIG = HF_CONFIG  # a sentence-transformers module's settings, in its own folder
+POOLING_MODULE = "1_Pooling"  # the folder of an export's Pooling module
 
 
 @dataclass(frozen=True)
@@ -104,8 +105,12 @@ PREPARED = Layout(
     ),
     own_mark=UNITS,
 )
+# A Hugging Face folder that is a sentence-transformers one too (its Transformer at the top, its Pooling below).
+_EXPORT_FILES = (HF_CONFIG, WEIGHTS, *TOKENIZER_FILES, TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP, SENTENCE_MODULES)
 EXPORT = Layout(
-    "an export", HF_CONFIG, frozenset((HF_CONFIG, WEIGHTS, *TOKENIZER_FILES, TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP))
+    "an export",
+    HF_CONFIG,
+    frozenset((*_EXPORT_FILES, SENTENCE_SETTINGS, POOLING_MODULE, f"{POOLING_MODULE}/{MODULE_CONFIG}")),
 )
 
 

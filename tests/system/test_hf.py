@@ -92,6 +92,28 @@ def test_export_refuses_an_existing_folder_and_uses_an_empty_one(trained, tmp_pa
     assert (tmp_path / "hf" / "model.safetensors").is_file()
 
 
+def test_an_exports_sentence_transformers_files_are_its_own_and_replaced_as_such(trained, tmp_path, cli):
+    """modules.json, sentence_bert_config.json and 1_Pooling/config.json are written with the rest (one rename);
+    a re-export replaces them, and a file of the user's in 1_Pooling keeps the whole export as it is."""
+    out = export(trained, tmp_path / "hf")
+    modules = json.loads((out / "modules.json").read_text())
+    assert [(m["path"], m["type"].rsplit(".", 1)[-1]) for m in modules] == [
+        ("", "Transformer"),
+        ("1_Pooling", "Pooling"),
+    ]
+    assert json.loads((out / "1_Pooling" / "config.json").read_text())["pooling_mode_mean_tokens"] is True
+    trained_at = json.loads((out / "tokenizer_config.json").read_text())["model_max_length"]
+    assert json.loads((out / "sentence_bert_config.json").read_text())["max_seq_length"] == trained_at
+    (out / "1_Pooling" / "config.json").write_text("{}")  # bertcli's name: replaced
+    assert cli("export", trained, out, "--force").code == 0
+    assert json.loads((out / "1_Pooling" / "config.json").read_text())["pooling_mode_mean_tokens"] is True
+    (out / "1_Pooling" / "notes.txt").write_text("mine\n")
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    refused = cli("export", trained, out, "--force")
+    assert refused.code == 2 and "1_Pooling/notes.txt" in refused.err and len(refused.err_lines) == 1, refused.err
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
 def test_export_and_encode_of_a_run_say_which_checkpoint_and_the_export_records_its_step(trained, tmp_path, cli):
     """Given a run folder, export and encode say which checkpoint they read (its best, or newest), and
     the export records its step (the best at the time may be pruned since, and match none of the run's)."""
@@ -112,7 +134,7 @@ def test_export_and_encode_of_a_run_say_which_checkpoint_and_the_export_records_
     (tmp_path / "in.txt").write_text("hello world\n")
     encoded = cli("encode", "--model", trained, tmp_path / "in.txt")
     assert encoded.code == 0 and encoded.err_lines == [
-        f"bertcli encode: the vectors of {said}: cls pooling (--pooling chooses)"
+        f"bertcli encode: the vectors of {said}: mean pooling (--pooling chooses)"
     ], encoded.err
     named = cli("encode", "--model", chosen, tmp_path / "in.txt")  # a checkpoint named: nothing chosen, nothing said
     assert named.code == 0 and named.err_lines == [], named.err

@@ -352,9 +352,31 @@ def test_inspect_reports_a_published_folder_and_an_export(cli, tmp_path, trained
 
     out = export(trained, tmp_path / "hf")
     report = json.loads(cli("inspect", out, "--json").out)
-    assert report["kind"] == "Hugging Face folder" and report["absent_parts"] == []
+    assert report["kind"] == "sentence-transformers folder" and report["absent_parts"] == []
+    assert report["sentence_transformers"]["pooling"] == "mean" and not report["sentence_transformers"]["normalize"]
     assert report["parameters"]["total"] == transformers.BertForPreTraining.from_pretrained(out).num_parameters()
     assert report["tokenizer"]["vocab_size"] == len(transformers.AutoTokenizer.from_pretrained(out))
+
+
+def test_encode_pools_by_the_mean_and_an_export_pools_so_in_sentence_transformers(
+    trained, tmp_path, sentence_transformer
+):
+    """encode of a bertcli model pools by the mean, unnormalised, by default (as sentence-transformers pools a
+    plain transformer); its export says so (modules.json, 1_Pooling), so sentence-transformers and encode of the
+    export give the checkpoint's vectors, lines past the length trained at included."""
+    from bertcli.export import export_checkpoint
+
+    ckpt, folder = export_checkpoint(trained, tmp_path / "hf")
+    lines = [line for line in gzip.decompress(SAMPLE.read_bytes()).decode().splitlines() if line.strip()][:30]
+    lines += ["word " * 300, ""]  # past the length trained at; an empty line ([CLS] [SEP])
+    ours = load_encoder(ckpt, torch.device("cpu"))
+    default = vectors(ours, lines)
+    np.testing.assert_array_equal(default, vectors(ours, lines, pooling="mean"))
+    assert not np.allclose(default, vectors(ours, lines, pooling="cls"), atol=1e-3), "the mean, not [CLS]"
+    theirs = sentence_transformer(folder).encode(lines)
+    assert cosines(default, theirs).min() >= 0.9999
+    np.testing.assert_allclose(theirs, default, rtol=1e-4, atol=1e-5)  # unnormalised on both sides
+    np.testing.assert_allclose(vectors(load_encoder(folder, torch.device("cpu")), lines), default, atol=1e-5)
 
 
 def test_a_tokenizer_of_another_model_with_init_from_is_named_as_such(cli, tmp_path, small_corpus):
