@@ -447,10 +447,10 @@ class CheckpointManager:
         return step % self.cfg.checkpoint.save_every == 0 or step == last_step
 
     def save(self, step: int, trainer_state: dict[str, Any], periodic: bool) -> None:
-        """Save step `step` where `periodic`, then `best` where `trainer_state` holds a held-out loss below
+        """Save step `step` where `periodic`, then `best` where `trainer_state` holds an evaluation that beats
         the best so far (the step first: a disk that fills while `best` is written leaves it resumable)."""
-        loss = trainer_state.get("eval_metrics", {}).get("mlm_loss")
-        new_best = loss is not None and math.isfinite(loss) and (self.best is None or loss < self.best)
+        loss = best_score(trainer_state.get("eval_metrics"), self.cfg.checkpoint.best_metric)
+        new_best = loss is not None and (self.best is None or loss < self.best)
         if not (periodic or new_best):
             return
         states = {name: part.state_dict() for name, part in self.parts.items()}  # every process: FSDP gathers
@@ -464,10 +464,21 @@ class CheckpointManager:
                 write(self.output_dir, snap, name=layout.BEST)
 
 
-def best_loss(path: Path) -> float | None:
-    """The held-out MLM loss checkpoint `path` was evaluated at, where its record says one."""
+# checkpoint.best_metric -> the sign that makes a lower score the better one (accuracies are negated)
+BEST_SIGN = {"mlm_loss": 1.0, "mlm_acc": -1.0, "probe_accuracy": -1.0, "probe_macro_f1": -1.0}
+
+
+def best_score(metrics: Any, metric: str) -> float | None:
+    """The score of evaluation `metrics` by `metric`, lower the better; None where they hold no finite value."""
+    value = metrics.get(metric) if isinstance(metrics, dict) else None
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        return None
+    return BEST_SIGN[metric] * value
+
+
+def best_loss(path: Path, metric: str) -> float | None:
+    """The score (best_score) of the evaluation checkpoint `path` records, where it records one."""
     try:
-        loss = read_trainer_state(path).get("eval_metrics", {}).get("mlm_loss")
+        return best_score(read_trainer_state(path).get("eval_metrics"), metric)
     except (OSError, AttributeError, BertcliError):
         return None
-    return loss if isinstance(loss, (int, float)) and not isinstance(loss, bool) else None

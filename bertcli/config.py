@@ -417,11 +417,26 @@ class CheckpointConfig:
     """Write a checkpoint every N steps (and always at the end)."""
     keep_last: int = 3
     """Keep only the newest N checkpoints."""
+    best_metric: Literal["mlm_loss", "mlm_acc", "probe_accuracy", "probe_macro_f1"] = "mlm_loss"
+    """The evaluation metric that chooses checkpoints/best: the held-out MLM loss (lowest) or accuracy, or the probe's (eval.probe) accuracy or macro-F1 (highest)."""
 
     def problems(self) -> list[Problem]:
         return failing(
             [at_least("checkpoint.save_every", self.save_every, 1), at_least("checkpoint.keep_last", self.keep_last, 1)]
         )
+
+
+@dataclass
+class EvalConfig:
+    """A downstream probe at each evaluation (train.eval_every), as `bertcli eval --probe` runs it."""
+
+    probe: str = ""
+    """Labeled data for a linear probe on the model's pooled vectors (JSONL {"text", "label"} or TSV text<TAB>label), relative to the config file; empty = no probe."""
+    probe_test: str = ""
+    """Labeled data the probe is scored on; empty = a fixed fifth of eval.probe."""
+
+    def problems(self) -> list[Problem]:
+        return failing([(bool(self.probe) or not self.probe_test, "eval.probe_test", "is set but eval.probe is not")])
 
 
 @dataclass
@@ -460,18 +475,24 @@ class Config:
     """Checkpointing."""
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     """Logging."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """The downstream probe."""
 
     def problems(self) -> list[Problem]:
         """Every impossible value: each section's, then the checks that read two sections."""
-        m, d, t = self.model, self.data, self.train
-        sections = (m, d, t, self.optimizer, self.precision, self.checkpoint, self.logging)
+        m, d, t, e = self.model, self.data, self.train, self.eval
+        sections = (m, d, t, self.optimizer, self.precision, self.checkpoint, self.logging, e)
         positions = f"{d.max_seq_length} is above model.max_position_embeddings={m.max_position_embeddings}"
         pairs = "is false (single spans, no sentence pairs) but train.nsp_weight is not 0: NSP needs pairs"
         synthetic = "the synthetic corpus has no tokenizer: set model.vocab_size (e.g. 1024)"
+        probe = f"is {self.checkpoint.best_metric} but eval.probe is not set"
         checks = [
             (d.max_seq_length <= m.max_position_embeddings, "data.max_seq_length", positions),
             (d.corpus != "synthetic" or m.vocab_size is not None, "model.vocab_size", synthetic),
             (d.pairs or t.nsp_weight == 0, "data.pairs", pairs),
+            (bool(e.probe) or not self.checkpoint.best_metric.startswith("probe"), "checkpoint.best_metric", probe),
+            (not e.probe or d.corpus != "synthetic", "eval.probe", "needs a text corpus (a tokenizer)"),
+            (not e.probe or t.parallel != "fsdp", "eval.probe", "runs under train.parallel ddp, not fsdp"),
         ]
         own, paths = [problem for section in sections for problem in section.problems()], flat(self)
         return own + failing(checks) + [(key, why) for key in PATH_KEYS if (why := path_problem(paths[key]))]
@@ -575,7 +596,9 @@ def changes_line(changes: list[tuple[str, Any, Any]]) -> str:
     return ", ".join(f"{key} {then!r} -> {now!r}" for key, then, now in changes)
 
 
-PATH_KEYS = ("output_dir", "data.corpus", "data.prepared_dir", "data.tokenizer.path", "model.init_from")
+PATH_KEYS = tuple(
+    "output_dir data.corpus data.prepared_dir data.tokenizer.path model.init_from eval.probe eval.probe_test".split()
+)
 
 
 def with_vocab(cfg: Config, vocab_size: int, source: str, pad_id: int | None = None) -> Config:

@@ -49,7 +49,9 @@ def read_labeled(path: Path, *, flag: str) -> Labeled:
                 raise UsageError(f"{path}: line {number}: {text}; give {FORMATS}")
             texts.append(text)
             labels.append(label)
-    return check_labeled(Labeled(texts, labels, path), flag=flag, train=flag == "--probe")
+    return check_labeled(
+        Labeled(texts, labels, path), flag=flag, train=not flag.endswith("test")
+    )  # --probe, eval.probe
 
 
 def _jsonl_row(line: str) -> tuple[str, str]:

@@ -53,7 +53,11 @@ def resolve(cfg: Config, base: Path, adopt_init_from: bool = True) -> Config:
     tokenizer = dataclasses.replace(d.tokenizer, path=d.tokenizer.path and absolute(d.tokenizer.path))
     data = dataclasses.replace(d, corpus=corpus, prepared_dir=absolute(d.prepared_dir), tokenizer=tokenizer)
     model = dataclasses.replace(m, init_from=m.init_from and absolute(m.init_from))
-    cfg = dataclasses.replace(cfg, output_dir=absolute(cfg.output_dir), data=data, model=model)
+    e = cfg.eval
+    probe = dataclasses.replace(
+        e, probe=e.probe and absolute(e.probe), probe_test=e.probe_test and absolute(e.probe_test)
+    )
+    cfg = dataclasses.replace(cfg, output_dir=absolute(cfg.output_dir), data=data, model=model, eval=probe)
     if cfg.model.init_from and adopt_init_from:
         from bertcli import adopt
 

@@ -5,7 +5,6 @@ behind are renamed, never deleted), the `best` it keeps, the tokenizer its data 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import shutil
 import time
@@ -63,12 +62,13 @@ def choose(cfg: Config, resume: str, *, is_main: bool, last_step: int, tokenizer
         if tokenizer is not None:
             check_same_tokenizer(path, Path(cfg.data.prepared_dir) / layout.TOKENIZER_JSON, tokenizer)
         done = checkpoint.read_trainer_state(path)["step"] >= last_step  # nothing to do: best caught up only
-    loss = _best_loss(layout.checkpoints_dir(output_dir) / layout.BEST) if done else settle_best(cfg, path, is_main)
-    return Resume(path, catch_up_best(output_dir, path, loss, is_main))
+    best = layout.checkpoints_dir(output_dir) / layout.BEST
+    loss = _best_loss(best, cfg) if done else settle_best(cfg, path, is_main)
+    return Resume(path, catch_up_best(output_dir, path, loss, is_main, metric=cfg.checkpoint.best_metric))
 
 
-def _best_loss(best: Path) -> float | None:
-    return checkpoint.best_loss(best) if layout.is_checkpoint(best) else None
+def _best_loss(best: Path, cfg: Config) -> float | None:
+    return checkpoint.best_loss(best, cfg.checkpoint.best_metric) if layout.is_checkpoint(best) else None
 
 
 def _choose_auto(output_dir: Path, is_main: bool) -> Path | None:
@@ -144,8 +144,8 @@ def settle_best(cfg: Config, resumed: Path | None, is_main: bool) -> float | Non
     output_dir = Path(cfg.output_dir)
     best = layout.checkpoints_dir(output_dir) / layout.BEST
     if not best.exists() or (resumed is not None and Path(resumed) == best):
-        return _best_loss(best)
-    loss, reason = _best_loss(best), None
+        return _best_loss(best, cfg)
+    loss, reason = _best_loss(best, cfg), None
     if resumed is None:
         reason = "this run starts fresh, so it was of another run"
     elif is_foreign(resumed, output_dir):
@@ -156,9 +156,9 @@ def settle_best(cfg: Config, resumed: Path | None, is_main: bool) -> float | Non
             step, at = checkpoint.read_trainer_state(best)["step"], checkpoint.read_trainer_state(resumed)["step"]
             diffs = model_differences(checkpoint.read_config(best), cfg)
         except (BertcliError, OSError, KeyError, TypeError):
-            loss = None
-        if loss is None:
-            reason = "it is damaged (its config, trainer state or held-out loss does not load)"
+            loss, diffs = None, None
+        if diffs is None:
+            reason = "it is damaged (its config or trainer state does not load)"
         elif diffs:
             reason = f"it is of another model ({diffs[0]})"
         elif step > at:
@@ -187,13 +187,15 @@ def _step_kept(output_dir: Path, best: Path) -> bool:
     return any(layout.is_checkpoint(root / n) for n in (name, layout.ABANDONED_PREFIX + name))
 
 
-def catch_up_best(output_dir: Path, resumed: Path | None, best: float | None, is_main: bool) -> float | None:
-    """Copy the step resumed from (a step folder of this run's) to `best` where its held-out loss beats
-    `best`'s: a run stopped between the two writes (a full disk, a kill) left an older `best`."""
+def catch_up_best(
+    output_dir: Path, resumed: Path | None, best: float | None, is_main: bool, *, metric: str
+) -> float | None:
+    """Copy the step resumed from (a step folder of this run's) to `best` where its evaluation beats
+    `best`'s by `metric`: a run stopped between the two writes (a full disk, a kill) left an older `best`."""
     if resumed is None or is_foreign(resumed, output_dir) or resumed.name == layout.BEST:
         return best
-    loss = checkpoint.best_loss(resumed)
-    if loss is None or not math.isfinite(loss) or (best is not None and loss >= best):
+    loss = checkpoint.best_loss(resumed, metric)
+    if loss is None or (best is not None and loss >= best):
         return best
     if is_main:
         target = layout.checkpoints_dir(output_dir) / layout.BEST
@@ -203,7 +205,7 @@ def catch_up_best(output_dir: Path, resumed: Path | None, best: float | None, is
                 if (resumed / name).is_file():
                     with store.writing(tmp / name):  # (a full disk: copyfile's error names its source)
                         shutil.copyfile(resumed / name, tmp / name)
-        console.log(f"wrote {target}: {resumed.name} was evaluated best (held-out MLM loss {loss:.4g})")
+        console.log(f"wrote {target}: {resumed.name} was evaluated best ({metric} {abs(loss):.4g})")
     return loss
 
 

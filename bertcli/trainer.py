@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import signal
 import time
@@ -26,6 +27,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 import yaml
+from tokenizers import Tokenizer
 
 from bertcli import __version__, checkpoint, console, hf_import, layout, parallel, resume, runtime, sizes, store
 from bertcli.config import Config, TrainConfig, to_dict, with_vocab
@@ -34,10 +36,13 @@ from bertcli.data import Corpus, Dataset, load_data
 from bertcli.data.examples import IGNORE, Batch, ExampleBuilder, StepBatches
 from bertcli.data.loader import data_workers, loader
 from bertcli.dropout import seed_step
+from bertcli.encode import Encoder
 from bertcli.errors import Interrupted, RunError
+from bertcli.labeled import read_labeled
 from bertcli.metrics import LossStats, MetricsLogger, MetricsWindow, peak_tflops
 from bertcli.model import BertForPreTraining, PretrainingOutput
 from bertcli.optim import build_optimizer, fused_adamw, lr_at, step_if_finite
+from bertcli.probe import probe
 from bertcli.stopping import Stopper, ignored_sigint, stopping
 
 
@@ -203,6 +208,7 @@ class Run:
     unpad: bool  # the encoder runs on the real tokens only (runtime.unpadded)
     eval_batches: list[Batch]  # the fixed held-out set (empty: no evaluation)
     baseline_acc: float  # held-out MLM accuracy of always predicting the most frequent token
+    probe: Callable[[], dict[str, Any]] | None  # eval.probe's figures of the model as it is now (None: no probe)
     checkpoints: checkpoint.CheckpointManager  # resumed from (resumed_from), saves the parts of the training state
     progress: checkpoint.Progress  # step, tokens seen and training time before this process started
 
@@ -236,6 +242,7 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume_arg: str, quiet: bool, *,
     output_dir.mkdir(parents=True, exist_ok=True)
     eval_batches, baseline = _held_out(cfg, data)
     model, train_model, optimizer, scaler, unpad = _build_model(cfg, rt, fresh=chosen.path is None)
+    probing = _probe(cfg, model, tokenizer)
     checkpoints = checkpoint.CheckpointManager(
         cfg, is_main=rt.is_main, tokenizer=tokenizer, best=chosen.best, last=chosen.path
     )
@@ -256,6 +263,7 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume_arg: str, quiet: bool, *,
         unpad=unpad,
         eval_batches=eval_batches,
         baseline_acc=baseline,
+        probe=probing,
         checkpoints=checkpoints,
         progress=progress,
     )
@@ -363,6 +371,22 @@ def _load_data(
         if text:
             rt.barrier()  # every process has read the folder: rank 0 may let it go
     return data, tokenizer
+
+
+PROBE_FIGURES = ("accuracy", "macro_f1", "majority")  # the probe's figures logged at each evaluation
+
+
+def _probe(cfg: Config, model: BertForPreTraining, tokenizer: dict[str, bytes]) -> Callable[[], dict] | None:
+    """eval.probe as a function of `model`'s weights now: its labeled data read once, vectors in fp32 at the
+    length trained (positions past it are untrained)."""
+    if not cfg.eval.probe or cfg.train.eval_every == 0:
+        return None
+    train = read_labeled(Path(cfg.eval.probe), flag="eval.probe")
+    test = read_labeled(Path(cfg.eval.probe_test), flag="eval.probe_test") if cfg.eval.probe_test else None
+    words = Tokenizer.from_str(tokenizer[layout.TOKENIZER_JSON].decode("utf-8"))
+    device = next(model.parameters()).device
+    enc = Encoder(model, words, runtime.Runtime(device, "fp32"), trained_length=cfg.data.max_seq_length)
+    return functools.partial(probe, enc, tokenizer=None, train=train, test=test, seed=cfg.train.seed)
 
 
 def _held_out(cfg: Config, data: Dataset) -> tuple[list[Batch], float]:
@@ -598,10 +622,13 @@ def _evaluate(
     """Held-out metrics at `step`, logged; their time is kept out of tokens/s. None: `stop` said to stop."""
     start = time.perf_counter()
     held_out = evaluate(run.model, run.eval_batches, rt=run.rt, tc=run.cfg.train, nsp=run.cfg.data.pairs, stop=stop)
-    window.exclude(time.perf_counter() - start)
     if held_out is None:
+        window.exclude(time.perf_counter() - start)
         return None
     metrics = {**held_out, "mlm_acc_baseline": run.baseline_acc}
+    if run.probe is not None:
+        metrics.update({f"probe_{key}": value for key, value in run.probe().items() if key in PROBE_FIGURES})
+    window.exclude(time.perf_counter() - start)
     if logger:
         logger.log(step, metrics, split="eval")
     return metrics

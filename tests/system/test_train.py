@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import safetensors.torch
 import torch
-from conftest import REPO, micro_config, read_yaml, without_file_hashes, write_config
+from conftest import REPO, micro_config, read_yaml, text_run, without_file_hashes, write_config
 
 from bertcli import checkpoint, layout, resume, runtime
 from bertcli.config_load import load_config
@@ -1108,3 +1108,34 @@ def test_a_best_of_a_history_left_behind_is_set_aside_when_no_step_folder_holds_
     assert (root / "abandoned-best" / "model.safetensors").read_bytes() == weights
     report = json.loads(cli("inspect", run, "--json").out)["training"]
     assert str(root / "abandoned-best") in [c["path"] for c in report["set_aside"]]
+
+
+def test_the_probe_runs_at_each_evaluation_is_logged_and_chooses_best(tmp_path, small_corpus):
+    """eval.probe's figures at each evaluation in metrics.jsonl and TensorBoard, the same for the same seed;
+    checkpoint.best_metric probe_accuracy keeps the evaluation with the highest probe accuracy as `best`."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    words = {"code": "function class module return import", "prose": "river mountain garden evening song"}
+    rows = [
+        {"text": f"{w} {i}", "label": label} for label, ws in words.items() for i in range(12) for w in ws.split()[:3]
+    ]
+    (tmp_path / "labels.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    figures = []
+    for name in ("a", "b"):
+        sets = ["train.max_steps=4", "train.eval_every=2", "data.prepared_dir=../data", "eval.probe=../labels.jsonl"]
+        sets.append("checkpoint.best_metric=probe_accuracy")
+        pretrain(load_run(text_run(tmp_path / name, small_corpus, *sets)), quiet=True)
+        evals = [r for r in map(json.loads, (tmp_path / name / "metrics.jsonl").open()) if r["split"] == "eval"]
+        assert [r["step"] for r in evals] == [2, 4]
+        figures.append([(r["probe_accuracy"], r["probe_macro_f1"], r["probe_majority"]) for r in evals])
+    assert figures[0] == figures[1]  # the same seed: the same probe figures
+    assert all(a > m for a, _, m in figures[0]), figures  # words of two kinds: above the majority class
+    events = EventAccumulator(str(tmp_path / "a" / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("eval/probe_accuracy")] == [2, 4]
+    best = json.loads((tmp_path / "a" / "checkpoints" / "best" / "trainer_state.json").read_text())
+    assert best["eval_metrics"]["probe_accuracy"] == max(a for a, _, _ in figures[0])
+    score = checkpoint.best_score  # lower is better: a loss as it is, an accuracy negated; NaN is no score
+    assert score({"probe_accuracy": 0.9}, "probe_accuracy") < score({"probe_accuracy": 0.8}, "probe_accuracy")
+    assert score({"mlm_loss": 2.0}, "mlm_loss") < score({"mlm_loss": 3.0}, "mlm_loss")
+    assert score({"mlm_loss": math.nan}, "mlm_loss") is None and score({}, "probe_macro_f1") is None
