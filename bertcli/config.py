@@ -46,6 +46,7 @@ Parallel = Literal["ddp", "fsdp"]
 Device = Literal["auto", "cpu", "cuda", "cuda:N"]  # "cuda:N": any index; the loader takes a string, problems() its form
 DEVICE_NAMES = "auto, cpu, cuda or cuda:N"  # in words, for messages
 PRECISIONS = ("fp32", "bf16", "fp16")  # resolved precisions; precision.mode adds auto
+CORPUS_GLOBS = ("*.txt", "*.jsonl")  # data.include's default: the names read as corpus text
 
 
 def is_device_name(name: str) -> bool:
@@ -262,14 +263,20 @@ class DataConfig:
     """The WordPiece tokenizer."""
     split_sentences: bool = True
     """Split lines into sentences (lines may be whole paragraphs)."""
+    document: Literal["blank_line", "file"] = "blank_line"
+    """What a document is in a text file: blank_line (a blank line ends one) or file (the whole file; an uncompressed file over 4 MiB: each part of about 4 MiB, cut at a blank line). A JSONL record is always one document."""
+    include: list[str] = field(default_factory=lambda: list(CORPUS_GLOBS))
+    """Globs of the files read in a corpus folder, matched without regard to case against each file's path in the folder and its name, with or without .gz, .bz2 or .xz; a file not named *.txt or *.jsonl is read where it holds UTF-8 text (README, NEWS.gz: ['*'] takes every such file), else skipped."""
+    exclude: list[str] = field(default_factory=list)
+    """Globs of the files left out of a corpus folder, matched as data.include's."""
     validation_fraction: float = 0.02
     """Share of documents held out for evaluation (whole documents; 0 = none)."""
     max_seq_length: int = 128
     """Tokens per example, [CLS] and [SEP]s included."""
     pairs: bool = True
-    """Build [CLS] A [SEP] B [SEP] pairs for NSP; false = one span per example (needs train.nsp_weight 0)."""
+    """Build [CLS] A [SEP] B [SEP] pairs for NSP; false = one span per example, documents packed into full rows with a [SEP] after each (RoBERTa's FULL-SENTENCES; needs train.nsp_weight 0)."""
     short_seq_prob: float = 0.1
-    """Probability of a shorter target length for an example (Google BERT's short_seq_prob)."""
+    """Probability of a shorter target length for a sentence pair (Google BERT's short_seq_prob); rows without pairs are packed full."""
     random_next_prob: float = 0.5
     """Probability that sentence B comes from another document (NSP label 1)."""
     masked_lm_prob: float = 0.15

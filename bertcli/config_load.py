@@ -125,10 +125,7 @@ def load_yaml(text: str) -> Any:
     try:
         node = loader.get_single_node()
         if node is not None and _expanded(node, {}, set()) > MAX_YAML_NODES:
-            raise TooManyAliases(
-                f"its aliases (*name) expand it to more than {MAX_YAML_NODES:,} values; a run config "
-                "holds about 90: write the values out, or alias whole sections only"
-            )
+            raise TooManyAliases(f"its aliases (*name) expand it past {MAX_YAML_NODES:,} values; write the values out")
         return None if node is None else loader.construct_document(node)
     finally:
         loader.dispose()
@@ -163,9 +160,7 @@ class StrictLoader(yaml.SafeLoader):
         self.composed += 1
         if self.composed > MAX_YAML_NODES:
             mark = self.peek_event().start_mark
-            raise TooManyAliases(
-                f"more than {MAX_YAML_NODES:,} values (past line {mark.line + 1}); a run config holds about 90"
-            )
+            raise TooManyAliases(f"more than {MAX_YAML_NODES:,} values (past line {mark.line + 1}); a config holds ~90")
         return super().compose_node(parent, index)
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
@@ -266,11 +261,8 @@ def _build_checked(cls: type, raw: dict[str, Any], path: str, origin: dict[str, 
     failed: set[str] = set()
     built = _build(cls, raw, path, errors=errors, origin=origin, failed=failed)
     # A value check that reads a value of the wrong type (left at its default) would mislead: left out.
-    errors += [
-        f"{_origin_of(p, origin)}: {p}: {msg}"
-        for p, msg in built.problems()
-        if not any(_involves(p, msg, bad) for bad in failed)
-    ]
+    problems = [(p, msg) for p, msg in built.problems() if not any(_involves(p, msg, bad) for bad in failed)]
+    errors += [f"{_origin_of(p, origin)}: {p}: {msg}" for p, msg in problems]
     if errors:
         raise UsageError(*errors)
     return built
@@ -354,6 +346,9 @@ def _check_value(value: Any, tp: Any) -> tuple[Any, str | None]:
         return number, None
     if tp is str:
         return (value, None) if isinstance(value, str) else (None, f"expected a string, got {got}")
+    if tp == list[str]:
+        strings = isinstance(value, list) and all(isinstance(v, str) for v in value)
+        return (list(value), None) if strings else (None, f"expected a list of strings (['*.txt']), got {got}")
     raise TypeError(f"unsupported config type {tp!r}")
 
 

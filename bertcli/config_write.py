@@ -27,6 +27,8 @@ def type_name(tp: Any) -> str:
         return " or ".join("null" if a is type(None) else type_name(a) for a in typing.get_args(tp))
     if typing.get_origin(tp) is Literal:
         return "|".join(str(a) for a in typing.get_args(tp))
+    if tp == list[str]:
+        return "list of str"
     return {int: "int", float: "float", str: "str", bool: "bool"}.get(tp, getattr(tp, "__name__", str(tp)))
 
 

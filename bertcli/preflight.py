@@ -33,7 +33,7 @@ def init(
     from bertcli.config_load import preset_config
     from bertcli.config_write import preset_header
     from bertcli.data.prepare import check_vocab_size
-    from bertcli.data.text import corpus_files
+    from bertcli.data.scan import corpus_files
     from bertcli.resolve import KEYWORD_CORPORA, SYNTHETIC_VOCAB, check_outputs_apart, from_here, resolve
 
     header = preset_header(preset)
@@ -53,7 +53,7 @@ def init(
     base = directory.expanduser().absolute()
     resolved = resolve(cfg, base, adopt_init_from=False)
     if resolved.data.corpus not in KEYWORD_CORPORA:
-        corpus_files(Path(resolved.data.corpus))
+        corpus_files(Path(resolved.data.corpus), resolved.data.include, resolved.data.exclude)
     check_outputs_apart(resolved)
     # with init_from, the vocabulary is its weights', whatever model.vocab_size says
     check_vocab_size(resolve(cfg, base) if cfg.model.init_from else resolved)
@@ -118,7 +118,7 @@ def evaluate(
     *, model: Path, text: list[str], probe: Path | None, probe_test: Path | None, device: str
 ) -> tuple[Any, list[Path], Any, Any]:
     """eval's flags, model and inputs, checked: (Hugging Face folder or None, the text files, TRAIN and TEST read)."""
-    from bertcli.data.text import corpus_files
+    from bertcli.data.scan import corpus_files
     from bertcli.labeled import read_labeled
 
     check_device(device, "--device")

@@ -4,11 +4,16 @@ by a stream's first bytes. Each row of KINDS says, per command, None where it re
 
 from __future__ import annotations
 
+import bz2
+import codecs
+import gzip
+import lzma
 import os
 import select
 import shlex
 import stat
 import sys
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,6 +122,24 @@ def sniff(path: Path) -> Kind:
         return KINDS["special"]
     with open(path, "rb") as fh:
         return sniff_head(fh.read(HEAD_BYTES), Path(path).name)
+
+
+PEEK = {"gzip": gzip.open, "bzip2": bz2.open, "xz": lzma.open}  # a compression's first bytes, undone
+
+
+def holds_text(path: Path) -> bool:
+    """Whether a file that no corpus name announces is read as text: its kind (a compressed file's: by its first
+    bytes undone) is UTF-8 text, and those bytes decode as UTF-8. Any other kind is left as KINDS says of it."""
+    kind = sniff(path)
+    if kind is not KINDS["text"] and not kind.codec:
+        return False
+    try:
+        with PEEK[kind.codec](path) if kind.codec else open(path, "rb") as fh:
+            head = fh.read(HEAD_BYTES)
+        codecs.getincrementaldecoder("utf-8")().decode(head)  # (a character cut at HEAD_BYTES: not final)
+    except (OSError, EOFError, ValueError, lzma.LZMAError, zlib.error):  # damaged, or not UTF-8 (UnicodeDecodeError)
+        return False
+    return sniff_head(head, split_name(path)[0]) is KINDS["text"]
 
 
 def refusal(source: str, kind: Kind, command: str) -> UsageError:

@@ -16,7 +16,7 @@ from bertcli import checkpoint, hf_import, layout, resolve, resume, sizes, weigh
 from bertcli.adopt import newest_config
 from bertcli.config import Config, DataConfig, ModelConfig, with_vocab
 from bertcli.data import prepared as prep
-from bertcli.data.examples import ExampleBuilder
+from bertcli.data.examples import ExampleBuilder, padded_width
 from bertcli.data.prepare import fixed_tokenizer, made_from
 from bertcli.data.tokenizer import describe, find_tokenizer_file, read_tokenizer_json, tokenizer_identity
 from bertcli.errors import UsageError
@@ -95,6 +95,7 @@ def _training(output_dir: Path, cfg: Config, only: Path | None = None, *, with_r
     """The training report of the run in `output_dir`, or of its checkpoint `only` (without `with_run`: nothing
     of the run's). Files that do not read are listed under "damaged" and the rest is shown."""
     ckpts = layout.list_checkpoints(output_dir) if with_run else []
+    running = resume.read_settings(output_dir)[1] if with_run and not only else None  # what the run trains with
     aside = layout.set_aside(output_dir) if with_run else []
     records, bad_records = read_metrics_checked(output_dir / layout.METRICS) if with_run else ([], None)
     damaged = [bad_records] if bad_records else []
@@ -133,7 +134,7 @@ def _training(output_dir: Path, cfg: Config, only: Path | None = None, *, with_r
         "step": (state.get("step") if source else None)
         if only
         else max([state.get("step", 0)] + [r["step"] for r in records[-1:]]),
-        "max_steps": saved.train.max_steps if saved else cfg.train.max_steps,  # the saved one knows overrides
+        "max_steps": (running or saved or cfg).train.max_steps,  # the run's own (its --set) where it says
         "tokens_seen": state.get("tokens_seen", 0) if source or not only else None,
         "train_time_s": state.get("train_time_s") if isinstance(state.get("train_time_s"), (int, float)) else None,
         "last_metrics": latest("train", "metrics"),
@@ -183,8 +184,8 @@ def _model_source(path: Path, found: layout.Found) -> tuple[str, Config, dict[st
         return _checkpoint_source(path)
     if found.kind is Kind.INCOMPLETE_CHECKPOINT:
         raise UsageError(f"{path}: {layout.incomplete(path)}; inspect the run folder, or another checkpoint")
-    if found.kind is Kind.RUN and found.config is not None:
-        cfg = resolve.load_run(found.config, adopt_init_from=False)
+    if found.kind is Kind.RUN and found.config is not None:  # with the --set values the run keeps
+        cfg = resume.run_config(found.config, [], adopt=False)[0]
         return "run", cfg, _run_training(cfg), None
     if found.kind is Kind.RUN and found.checkpoints:  # no config.yaml: the newest checkpoint's that reads
         if (newest := newest_config(path)) is None:
@@ -341,10 +342,16 @@ def data_report(folder: Path, examples: int = 512) -> dict[str, Any]:
 
 
 def _example(prepared: Any, train: Any, cfg: Config, n: int) -> tuple[dict[str, Any], float]:
-    """The first of `n` examples a run of `cfg` builds, decoded with its masks marked; and the `n`'s padding share."""
-    builder = ExampleBuilder(train, cfg.data, n)
-    rows = [builder.example(cfg.train.seed, 0, i, stream=2) for i in range(n)]
-    e, token = rows[0], prepared.tokenizer.id_to_token
+    """An example a run of `cfg` builds, decoded with its masks marked; and the share of padding in the token slots of
+    its first micro-batches of at least `n` examples in all, each padded as collate pads it."""
+    t = cfg.train
+    builder = ExampleBuilder(train, cfg.data, t.batch_size * t.grad_accum_steps)
+    e, token = builder.example(t.seed, 0, 0, stream=2), prepared.tokenizer.id_to_token
+    lengths = [
+        [len(builder.example(t.seed, *divmod(g, builder.examples_per_step)).tokens) for g in range(m, m + t.batch_size)]
+        for m in range(0, max(n, t.batch_size), t.batch_size)
+    ]  # (micro-batches, batch_size): the rows of steps 0, 1, ... in order
+    slots = sum(padded_width(max(rows), cfg.data.max_seq_length) * len(rows) for rows in lengths)
     shown = [token(int(t)) for t in e.tokens]
     for position, label in zip(e.pred_positions, e.pred_labels):
         original = token(int(label))
@@ -354,7 +361,7 @@ def _example(prepared: Any, train: Any, cfg: Config, n: int) -> tuple[dict[str, 
         "text": " ".join(shown),
         "legend": "[shown→original] masked or replaced, [=original] chosen but kept",
     }
-    return example, 1.0 - float(np.mean([len(r.tokens) for r in rows])) / cfg.data.max_seq_length
+    return example, 1.0 - sum(map(sum, lengths)) / slots
 
 
 def _table(rows: list[tuple[str, Any]]) -> list[str]:
@@ -380,7 +387,7 @@ DATA_ROWS = (
     ("vocabulary from", "{vocabulary_sample}", "vocabulary_sample"),
     ("unknown tokens", "{unknown_rate:.3%}"),
     ("sentence length", "mean {segment_length_mean:.1f}, 95th percentile {segment_length_p95:.0f} tokens"),
-    ("padding", "{padding_share:.1%} of a batch at max_seq_length {max_seq_length}"),
+    ("padding", "{padding_share:.1%} of the token slots of the first steps' batches (max_seq_length {max_seq_length})"),
     (
         "random next",
         "{random_next_share:.1%} of NSP pairs (data.random_next_prob {random_next_prob:.0%})",

@@ -45,7 +45,8 @@ def cut_pieces(
 ) -> tuple[ChunkIndex, np.ndarray]:
     """The chunks of pieces, unshuffled, and (C,) the piece of each. Piece i is segments start[i]..end[i]-1 of
     `offsets` (s + shift[i] of the corpus), after a segment of its document where has_previous[i]. Round r cuts
-    the r-th chunk of every unfinished piece: segments up to its target (max_tokens, or with short_seq_prob less)."""
+    the r-th chunk of every unfinished piece: segments up to its target (max_tokens, or with pairs and
+    short_seq_prob less)."""
     pos = start.astype(np.int64)  # (P,) where each piece's next chunk starts
     piece_end, piece_start = end.astype(np.int64), start.astype(np.int64)
     active = np.arange(len(pos))
@@ -56,7 +57,7 @@ def cut_pieces(
     while len(active):
         p, stop, n = pos[active], piece_end[active], len(active)
         target = np.full(n, max_tokens, dtype=np.int64)
-        short = rng.random(n) < cfg.short_seq_prob
+        short = rng.random(n) < (cfg.short_seq_prob if cfg.pairs else 0.0)
         target[short] = rng.integers(2, max_tokens + 1, size=int(short.sum()))
         chunk_end = np.searchsorted(offsets, offsets[p] + target, side="left")
         chunk_end = np.minimum(np.maximum(chunk_end, p + 1), stop)
@@ -64,7 +65,7 @@ def cut_pieces(
         if cfg.pairs:
             after_previous = (p > piece_start[active]) | has_previous[active]
             a_count, random_next, step_to = _pairs(
-                first, count, chunk_end, after_previous=after_previous, target=target, offsets=offsets, cfg=cfg, rng=rng
+                first, count, chunk_end, after_previous=after_previous, cfg=cfg, rng=rng
             )
         else:
             a_count, random_next, step_to = count, np.ones(n, dtype=bool), chunk_end
@@ -82,20 +83,19 @@ def _pairs(
     chunk_end: np.ndarray,
     *,
     after_previous: np.ndarray,
-    target: np.ndarray,
-    offsets: np.ndarray,
     cfg: DataConfig,
     rng: np.random.Generator,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A round's chunks as sentence pairs: (a_count, random_next, where each piece goes on). A chunk of several
     segments splits at a uniform point, B random with random_next_prob (its segments go back to the piece); a lone
-    segment after one of its document, short of its target, is paired with the one before unless B is random."""
+    segment after one of its document (the piece's last, or one that reaches its target alone) is paired with the
+    one before unless B is random: only a document's first segment alone has a random B for want of a real one."""
     n = len(first)
     split, coin = rng.random(n), rng.random(n) < cfg.random_next_prob
     several = count >= 2
     a_count = np.ones(n, dtype=np.int64)
     a_count[several] = 1 + (split[several] * (count[several] - 1)).astype(np.int64)
-    lone = ~several & after_previous & (offsets[chunk_end] - offsets[first] < target)
+    lone = ~several & after_previous
     random_next = coin | (~several & ~lone)
     paired = lone & ~coin  # A = the sentence before, B = this one
     first[paired] -= 1
@@ -146,8 +146,9 @@ class Windows:
         piece: int = PIECE,
         block_segments: int = BLOCK_SEGMENTS,
         window_blocks: int = WINDOW_BLOCKS,
+        seps: np.ndarray | None = None,
     ) -> None:
-        self.offsets, self.doc_offsets = offsets, doc_offsets
+        self.offsets, self.doc_offsets, self.seps = offsets, doc_offsets, seps  # seps: (D+1,) of packed rows
         self.max_tokens, self.cfg, self.piece = max_tokens, cfg, piece
         self.num_segments = len(offsets) - 1
         # Blocks: cut at the piece boundary at or after each multiple of block_segments. (B+1,) segments.
@@ -176,13 +177,16 @@ class Windows:
     def cut(self, blocks: np.ndarray, rng: np.random.Generator) -> tuple[ChunkIndex, np.ndarray]:
         """The chunks of `blocks` (ascending), unshuffled, and the block of each, reading only these blocks' offsets."""
         lo, hi = self.block_start[blocks], self.block_start[blocks + 1]
-        if len(blocks) == self.num_blocks:  # the whole corpus: its own numbering
+        if len(blocks) == self.num_blocks and self.seps is None:  # the whole corpus: its own numbering
             local_offsets, base = self.offsets, lo
         else:  # (n+1,) token offsets of the blocks' segments, back to back
             sizes = hi - lo
             base = np.cumsum(sizes) - sizes  # where each block starts in the local numbering
             segment = np.repeat(lo - base, sizes) + np.arange(int(sizes.sum()))  # (n,) their corpus numbers
             lengths = np.asarray(self.offsets[segment + 1]) - np.asarray(self.offsets[segment])
+            if self.seps is not None:  # a packed row's [SEP] after each document's last segment takes a slot
+                at = np.minimum(np.searchsorted(self.seps, segment + 1), len(self.seps) - 1)
+                lengths = lengths + (np.asarray(self.seps[at]) == segment + 1)
             local_offsets = np.concatenate([[0], np.cumsum(lengths)])
         parts = [document_pieces(self.doc_offsets, int(a), int(b), self.piece) for a, b in _runs(lo, hi)]
         start, end, has_previous = (np.concatenate(column) for column in zip(*parts))

@@ -1,5 +1,5 @@
-"""BERT examples, made on the fly from an epoch's chunks (chunks.Windows): sentence pairs for NSP, dynamic masking
-for MLM. Example i of step k is example g = k * examples_per_step + i of the stream, position g % L of epoch g // L,
+"""BERT examples, made on the fly from an epoch's chunks (chunks.Windows): sentence pairs for NSP (without pairs, rows
+packed across documents), dynamic masking for MLM. Example i of step k is example g = k * examples_per_step + i of the stream, position g % L of epoch g // L,
 with its own generator seeded by (seed, stream, k, i): a batch is a pure function of (seed, step), so resuming
 skips nothing and any split of a step over micro-batches or ranks sees the examples of one large batch.
 """
@@ -32,7 +32,7 @@ class Example:
     pred_positions: np.ndarray  # (n,) positions chosen for MLM, ascending
     pred_labels: np.ndarray  # (n,) original tokens at those positions
     nsp_label: int  # 0 = B follows A, 1 = B is random, IGNORE without pairs
-    documents: tuple[int, int] = (-1, -1)  # documents A and B came from (for tests and inspection)
+    documents: tuple[int, int] = (-1, -1)  # documents A and B came from (a packed row: its first and last)
 
 
 @dataclass
@@ -72,8 +72,13 @@ class ExampleBuilder:
         self.doc_offsets = np.asarray(corpus.doc_offsets)  # (D+1,) first segment of each document
         self.max_tokens = cfg.max_seq_length - (3 if cfg.pairs else 2)
         # The blocks and their estimated counts, O(S / BLOCK_SEGMENTS), made once (the example workers share them).
+        # Without pairs a row is packed across documents (RoBERTa's FULL-SENTENCES): the cut sees spans of PIECE
+        # segments, and a [SEP] ends each document inside a row.
+        segments = len(self.offsets) - 1
+        spans = self.doc_offsets if cfg.pairs else np.append(np.arange(0, segments, self.PIECE), segments)
         sizes = {"piece": self.PIECE, "block_segments": self.BLOCK_SEGMENTS, "window_blocks": self.WINDOW_BLOCKS}
-        self.windows = Windows(self.offsets, self.doc_offsets, max_tokens=self.max_tokens, cfg=cfg, **sizes)
+        seps = None if cfg.pairs else self.doc_offsets
+        self.windows = Windows(self.offsets, spans, max_tokens=self.max_tokens, cfg=cfg, seps=seps, **sizes)
         self._windows: dict[tuple[int, int, int, int], ChunkIndex] = {}  # the latest cut, oldest first
         self._slots: dict[tuple[int, int, int], np.ndarray] = {}  # (W+1,) window starts of recent epochs
         self._epoch_length: dict[tuple[int, int], int] = {}  # (one window)
@@ -90,6 +95,15 @@ class ExampleBuilder:
 
     def _tokens(self, first: int, end: int) -> np.ndarray:
         return np.asarray(self.corpus.tokens[self.offsets[first] : self.offsets[end]], dtype=np.int64)
+
+    def _packed(self, first: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+        """(tokens, the positions of their [SEP]s) of segments first..end-1 packed in a row: a [SEP] after each
+        document that ends before `end`, at most max_tokens in all."""
+        doc_ends = self.doc_offsets[self._document(first) + 1 : self._document(end - 1) + 1]  # (k,) segments
+        at = np.asarray(self.offsets[doc_ends] - self.offsets[first], dtype=np.int64)  # (k,) in the tokens
+        tokens = np.insert(self._tokens(first, end), at, self.corpus.special.sep)[: self.max_tokens]
+        ends = at + np.arange(len(at))  # where each [SEP] landed
+        return tokens, ends[ends < len(tokens)]
 
     def build_epoch(self, seed: int, stream: int, epoch: int) -> ChunkIndex:
         """Every window of the epoch, in order (for tests and inspection; training holds CACHED_WINDOWS)."""
@@ -140,8 +154,9 @@ class ExampleBuilder:
         first, end, a_end, random_next, target = _chunk_at(index, j)
         rng = np.random.default_rng([seed, stream, step, i])
         doc = self._document(first)
+        ends = np.zeros(0, dtype=np.int64)  # the [SEP]s that end documents inside a packed row (positions in A)
         if not cfg.pairs:
-            a, b, nsp_label, b_doc = self._tokens(first, end)[: self.max_tokens], [], IGNORE, doc
+            (a, ends), b, nsp_label, b_doc = self._packed(first, end), [], IGNORE, self._document(end - 1)
         else:
             a = self._tokens(first, a_end)
             if random_next:
@@ -156,6 +171,7 @@ class ExampleBuilder:
         segments[len(a) + 2 :] = 1
         special = np.zeros(len(tokens), dtype=bool)
         special[[0, len(a) + 1, len(tokens) - 1]] = True
+        special[1 + ends] = True
         masked, positions, labels = mask_tokens(tokens, special, cfg=cfg, corpus=c, rng=rng)
         return Example(
             tokens=masked,
@@ -263,6 +279,11 @@ def mask_tokens(
     return masked, positions, labels
 
 
+def padded_width(longest: int, max_length: int) -> int:
+    """The width of a batch whose longest row has `longest` tokens: rounded up to 8, never past max_length."""
+    return min(-(-longest // 8) * 8, max(longest, max_length))
+
+
 def collate(examples: list[Example], max_predictions: int, pad_id: int, max_length: int) -> Batch:
     """Examples padded to the longest, rounded up to 8 (few shapes), never past max_length (no position embedding)."""
     import torch
@@ -275,8 +296,7 @@ def collate(examples: list[Example], max_predictions: int, pad_id: int, max_leng
             out[row, : len(getattr(e, field))] = getattr(e, field)
         return torch.from_numpy(out)
 
-    T = max(len(e.tokens) for e in examples)
-    T = min(-(-T // 8) * 8, max(T, max_length))
+    T = padded_width(max(len(e.tokens) for e in examples), max_length)
     valid_lens = torch.tensor([len(e.tokens) for e in examples], dtype=torch.int64)
     return Batch(
         input_ids=padded("tokens", T, pad_id),

@@ -28,8 +28,17 @@ from bertcli.console import info, log
 from bertcli.data import prepared as prep
 from bertcli.data import scan
 from bertcli.data.corpus import held_out_stride, is_held_out
-from bertcli.data.scan import Unit, corpus_path, file_changes, file_entries, index_digest, plan_units, unchanged_bytes
-from bertcli.data.text import LineSample, corpus_files, read_sentences, read_text
+from bertcli.data.scan import (
+    Unit,
+    corpus_files,
+    corpus_path,
+    file_changes,
+    file_entries,
+    index_digest,
+    plan_units,
+    unchanged_bytes,
+)
+from bertcli.data.text import LineSample, read_sentences, read_text
 from bertcli.data.tokenizer import (
     SPECIAL,
     casing_clashes,
@@ -145,7 +154,7 @@ def make_plan(cfg: Config, *, force: bool, run_tokenizer: Path | None) -> Plan:
         raise UsageError(problem)
     if stand_in and old is not None:
         return _stand_in(cfg, old=old, source=source, file=file, tok=tok)
-    files = corpus_files(corpus_path(cfg))
+    files = corpus_files(corpus_path(cfg), data.include, data.exclude)
     entries = file_entries(files, old["corpus"]["files"] if old and old.get("unit_bytes") == scan.UNIT_BYTES else [])
     plan = Plan("fresh", folder, files, entries, source=source, tok=tok, tokenizer_file=file, old=old)
     if old is None or force:
@@ -259,16 +268,24 @@ def made_from(cfg: Config, manifest: dict[str, Any]) -> bool:
         return False
     with console.silent():  # what it says of the corpus, preparing says
         try:
-            paths = {str(f.resolve()) for f in corpus_files(corpus_path(cfg))}
+            paths = {str(f.resolve()) for f in corpus_files(corpus_path(cfg), cfg.data.include, cfg.data.exclude)}
         except UsageError:
             return False
     return paths == {e.get("path") for e in manifest["corpus"]["files"]}
 
 
+UNIT_SETTINGS = ("split_sentences", "validation_fraction", "document")  # in every unit's key (scan.plan_units)
+
+
+def recorded_setting(old: dict[str, Any], key: str) -> Any:
+    """A unit setting as the manifest `old` records it (one without data.document: blank lines ended documents)."""
+    return old.get(key, "blank_line" if key == "document" else None)
+
+
 def unit_setting_changes(old: dict[str, Any], data: DataConfig) -> str:
     """The settings in every unit's key that differ from those `old` was prepared with."""
-    keys = ("split_sentences", "validation_fraction")
-    return changes_line([(f"data.{k}", old.get(k), getattr(data, k)) for k in keys if old.get(k) != getattr(data, k)])
+    changed = [(f"data.{k}", recorded_setting(old, k), getattr(data, k)) for k in UNIT_SETTINGS]
+    return changes_line([c for c in changed if c[1] != c[2]])
 
 
 def input_changes(old: dict[str, Any], plan: Plan, cfg: Config) -> str:
@@ -285,7 +302,7 @@ def input_changes(old: dict[str, Any], plan: Plan, cfg: Config) -> str:
     settings += [
         ("data.tokenizer.vocab_size", recorded.get("requested_vocab_size"), t.vocab_size),
         ("data.tokenizer.min_frequency", recorded.get("min_frequency"), t.min_frequency),
-        *((f"data.{k}", old.get(k), getattr(data, k)) for k in ("split_sentences", "validation_fraction")),
+        *((f"data.{k}", recorded_setting(old, k), getattr(data, k)) for k in UNIT_SETTINGS),
     ]
     if now == "trained":  # a given tokenizer's casing is its own
         settings += [(f"data.tokenizer.{k}", recorded.get(k), getattr(t, k)) for k in ("lowercase", "strip_accents")]
@@ -388,7 +405,9 @@ def update(plan: Plan, cfg: Config, run: Run) -> None:
 def _tokenize(plan: Plan, cfg: Config, tok: Tokenizer, root: Path, run: Run, tokenizer: dict, start: float) -> dict:
     """Prepare the units to make into `root`, check the sizes, write the index; return the manifest to write."""
     data, todo = cfg.data, plan.make if plan.action == "update" else plan.units
-    settings = UnitSettings(data.split_sentences, data.validation_fraction, _dtype(tok), os.getpid())
+    settings = UnitSettings(
+        data.split_sentences, data.validation_fraction, _dtype(tok), os.getpid(), document=data.document
+    )
     with _progress(sum(u.bytes for u in todo), "tokenizing", run.quiet) as bar:
         made = prepare_units(
             todo, root, tok, settings=settings, workers=run.workers, progress=bar.update, stop=run.stopper.check
@@ -496,6 +515,9 @@ def _manifest(cfg: Config, plan: Plan, records: dict, tokenizer: dict, dtype: st
         "tokenizer": tokenizer,
         "split_sentences": data.split_sentences,
         "validation_fraction": data.validation_fraction,
+        "document": data.document,
+        "include": data.include,
+        "exclude": data.exclude,
         "unit_bytes": scan.UNIT_BYTES,
         "dtype": dtype,
         "splits": splits,
@@ -620,7 +642,7 @@ def check_enough_documents(units: list[Unit], data: DataConfig) -> None:
     counted, total = [], {"train": 0, "valid": 0}
     for unit in units:
         counts = {"train": 0, "valid": 0}
-        for item in read_sentences(list(unit.parts), split=False):
+        for item in read_sentences(list(unit.parts), split=False, document=data.document):
             if item is None:
                 split = "valid" if is_held_out(sum(counts.values()), fraction, unit.phase(stride)) else "train"
                 counts[split] += 1
@@ -653,7 +675,7 @@ def check_before_training(cfg: Config, run_tokenizer: Path | None = None) -> Non
     if folder.is_dir() and prep.read_manifest(folder)[0] is None:
         prepared_guard(cfg, folder)(folder)
     with console.silent():  # what it says of the corpus, preparing says
-        files = corpus_files(corpus_path(cfg))
+        files = corpus_files(corpus_path(cfg), cfg.data.include, cfg.data.exclude)
         sizes = [f.stat().st_size for f in files]
         if sum(sizes) < scan.UNIT_BYTES:  # one unit's worth: no file is cut into parts
             entries = [{"bytes": size, "sha256": store.sha256_of(f)} for f, size in zip(files, sizes)]

@@ -17,11 +17,10 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from bertcli import console, layout, store
-from bertcli.config import DataConfig
+from bertcli.config import CORPUS_GLOBS, DataConfig
 from bertcli.data.chunks import random_next_share
 from bertcli.data.corpus import Corpus, PartTokens, SpecialTokens
-from bertcli.data.scan import FORMAT_VERSION, HASH_ALWAYS_BYTES, digest
-from bertcli.data.text import corpus_files
+from bertcli.data.scan import FORMAT_VERSION, HASH_ALWAYS_BYTES, corpus_files, digest
 from bertcli.data.tokenizer import continuation_mask, read_tokenizer_json, special_tokens
 from bertcli.errors import UsageError
 from bertcli.layout import DOC_OFFSETS, INDEX, KEY, MANIFEST, SEG_OFFSETS, SPLITS, TOKENIZER_FILES, TOKENS, UNITS
@@ -287,7 +286,7 @@ def corpus_drift(manifest: dict[str, Any]) -> str | None:
         return f"the corpus, {source}, is not there now"
     with console.silent():
         try:
-            files = corpus_files(Path(source))
+            files = corpus_files(Path(source), manifest.get("include", CORPUS_GLOBS), manifest.get("exclude", []))
         except (UsageError, OSError):
             return None
     then = {e.get("path"): (e.get("bytes"), e.get("mtime_ns")) for e in manifest["corpus"]["files"]}

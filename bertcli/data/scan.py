@@ -1,4 +1,5 @@
-"""The corpus as `prepare` sees it: its files' sizes, times and SHA-256, and the units of work they make.
+"""The corpus as `prepare` sees it: its files (data.include, data.exclude), their sizes, times and SHA-256, and
+the units of work they make.
 
 A unit is a whole file of at least UNIT_BYTES, a part of a larger uncompressed one (text.document_cuts),
 or a run of smaller files in corpus order, closed after a file with a probability of its size / UNIT_BYTES
@@ -6,17 +7,20 @@ drawn from its SHA-256: a function of the bytes, so adding a small file prepares
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bertcli import sniff, store
-from bertcli.config import Config, DataConfig
-from bertcli.console import log
+from bertcli.config import CORPUS_GLOBS, Config, DataConfig
+from bertcli.console import info, log
 from bertcli.data.text import MAX_LINE_CHARS, Part, document_cuts, lines_end_in_cr
+from bertcli.errors import UsageError
 
 FORMAT_VERSION = 5  # of the prepared folder (prepared.py)
 # A unit of work: small enough that 2 workers share a 30 MB corpus evenly, large enough that a 100 GB
@@ -25,10 +29,119 @@ UNIT_BYTES = 4 << 20
 HASH_ALWAYS_BYTES = 1 << 30  # a corpus this large is hashed at every check (1 s a GB); a larger one where changed
 SAMPLE = Path(__file__).resolve().parent / "sample" / "python-docs-sample.txt.gz"
 
+SUFFIXES = (".txt", ".jsonl")  # the corpus names: read as text or JSON Lines, plain or compressed, in any case
+CORPUS_NAMES = "*.txt and *.jsonl files (plain, .gz, .bz2 or .xz)"
+
 
 def corpus_path(cfg: Config) -> Path:
     """data.corpus as a path: the bundled sample, or the (resolved, absolute) path of the config."""
     return SAMPLE if cfg.data.corpus == "sample" else Path(cfg.data.corpus)
+
+
+def is_corpus_file(path: Path) -> bool:
+    """A corpus name: *.txt or *.jsonl, plain or compressed, in any case."""
+    return sniff.split_name(path)[0].endswith(SUFFIXES)
+
+
+def selected(relative: str, globs: Sequence[str]) -> bool:
+    """Whether a glob matches a file's path in the corpus folder or its name, with or without a compression
+    suffix, without regard to case (as corpus names are read in any case)."""
+    names = {relative.lower(), relative.lower().rsplit("/", 1)[-1]}
+    names |= {name[: len(name) - len(sniff.split_name(Path(name))[1])] for name in names}
+    return any(fnmatch.fnmatchcase(name, glob.lower()) for name in names for glob in globs)
+
+
+def corpus_files(path: Path, include: Sequence[str] = CORPUS_GLOBS, exclude: Sequence[str] = ()) -> list[Path]:
+    """The files of a corpus path: the file, or the files of a folder that `include` selects and `exclude` does
+    not, sorted; a selected file not named *.txt or *.jsonl is taken where it holds UTF-8 text; skips are said."""
+    path = Path(path).expanduser()
+    if sniff.check(path, "prepare") is not sniff.KINDS["folder"]:
+        return [path]
+    files, skipped = _walk(path, include=include, exclude=exclude)
+    default = list(include) == list(CORPUS_GLOBS)
+    named = CORPUS_NAMES if default else f"files that data.include {list(include)} names"
+    words = SKIPPED | {
+        "name": f"file(s) that are not {named}",
+        "excluded": f"file(s) data.exclude {list(exclude)} names",
+    }
+    hint = "; data.include: ['*'] reads every file of UTF-8 text" if default else ""
+    for why, examples in skipped.items():
+        shown = ", ".join(str(e) for e in examples[:3]) + (", ..." if len(examples) > 3 else "")
+        info(f"{path}: skipped {len(examples):,} {words[why]}: {shown}{hint if why == 'name' else ''}")
+    if not files:
+        raise UsageError(f"{path}: no {named} in this folder{hint}")
+    for file in files:  # what no name says: another encoding, binary data, a CSV named .txt
+        sniff.check(file, "prepare")
+    return files
+
+
+SKIPPED = {  # why a folder's entry is not read, by its code in _walk
+    "content": "file(s) that are not plain UTF-8 text (binary data, another encoding, a format such as CSV)",
+    "special": "entries that are not regular files (broken links, pipes, devices)",
+    "again": "folder(s) or file(s) reached a second time through a symbolic link (read once)",
+    "unreadable": "folder(s) that could not be read (permissions)",
+    "model": "file(s) of a model, tokenizer, prepared data or run (a vocabulary list, training metrics), not text",
+    "hidden": "hidden folder(s) and file(s) (names starting with '.')",
+}
+
+
+def _walk(root: Path, *, include: Sequence[str], exclude: Sequence[str]) -> tuple[list[Path], dict[str, list[Path]]]:
+    """(corpus files under `root`, sorted; what was skipped, by its code (SKIPPED, "name", "excluded"), in walking
+    order)."""
+    seen: set[tuple[int, int]] = set()  # (device, inode) of every folder and file taken
+    files: list[Path] = []
+    skipped: dict[str, list[Path]] = {}
+
+    def skip(reason: str, entry: Path) -> None:
+        skipped.setdefault(reason, []).append(entry)
+
+    def new(entry: Path) -> bool:  # not reached before (through another link); else skipped
+        st = entry.stat()
+        if (st.st_dev, st.st_ino) in seen:
+            skip("again", entry)
+            return False
+        seen.add((st.st_dev, st.st_ino))
+        return True
+
+    def reason(entry: Path) -> str | None:
+        relative = entry.relative_to(root).as_posix()
+        if entry.name.startswith(".") or not entry.is_file():
+            return "hidden" if entry.name.startswith(".") else "special"
+        if not selected(relative, include) or selected(relative, exclude):
+            return "name" if not selected(relative, include) else "excluded"
+        if not is_corpus_file(entry):
+            return None if sniff.holds_text(entry) else "content"
+        return "model" if _not_text(entry) else None
+
+    seen.add((root.stat().st_dev, root.stat().st_ino))
+    for folder, dirs, names in os.walk(root, followlinks=True, onerror=lambda e: skip("unreadable", Path(e.filename))):
+        kept = []
+        for name in sorted(dirs):
+            if name.startswith("."):  # .git, .ipynb_checkpoints: copies and tools' files, not the corpus
+                skip("hidden", Path(folder, name))
+            elif new(Path(folder, name)):
+                kept.append(name)
+        dirs[:] = kept
+        for name in sorted(names):
+            entry = Path(folder, name)
+            if why := reason(entry):
+                skip(why, entry)
+            elif new(entry):
+                files.append(entry)
+    return sorted(files), skipped
+
+
+# Files a model, tokenizer, prepared data or run folder holds under corpus names, and what beside them shows it.
+NOT_TEXT = {
+    "vocab.txt": ("config.json", "tokenizer.json", "model.safetensors", "trainer_state.json", "manifest.json"),
+    "merges.txt": ("config.json", "tokenizer.json", "vocab.json"),
+    "metrics.jsonl": ("config.yaml", "checkpoints"),
+}
+
+
+def _not_text(entry: Path) -> bool:
+    """Whether corpus-named file `entry` is a model's or a run's own file (see NOT_TEXT)."""
+    return any((entry.parent / mark).exists() for mark in NOT_TEXT.get(entry.name, ()))
 
 
 def digest(value: Any) -> str:
@@ -159,6 +272,7 @@ def plan_units(files: list[Path], entries: list[dict[str, Any]], tokenizer_sha25
     """The units of the corpus, in corpus order: a function of the files' contents and formats."""
     settings = {"format_version": FORMAT_VERSION, "tokenizer": tokenizer_sha256, "max_line_chars": MAX_LINE_CHARS}
     settings |= {"split_sentences": data.split_sentences, "validation_fraction": data.validation_fraction}
+    settings |= {"document": data.document} if data.document != "blank_line" else {}  # blank_line: no key of its own
     units: list[Unit] = []
     group: list[tuple[Part, int, tuple[int, int, int], str]] = []  # (part, size, piece, sha256)
 

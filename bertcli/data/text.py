@@ -1,5 +1,5 @@
-"""Reading raw corpora, streamed: text (*.txt: documents separated by blank lines, BERT's input) and JSON
-Lines (*.jsonl: a "text" field per document), plain or compressed, and folders of them. Reading yields
+"""Reading raw corpora, streamed: text (*.txt: documents separated by blank lines, BERT's input, or a document a
+file: data.document) and JSON Lines (*.jsonl: a "text" field per document), plain or compressed. Reading yields
 sentences and None at each document end."""
 
 from __future__ import annotations
@@ -20,11 +20,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from bertcli import sniff
-from bertcli.console import info
 from bertcli.errors import UsageError
 
-SUFFIXES = (".txt", ".jsonl")  # each plain or compressed (sniff.COMPRESSION_SUFFIXES)
-CORPUS_NAMES = "*.txt and *.jsonl files (plain, .gz, .bz2 or .xz)"
 END_OF_DOCUMENT = None
 MAX_LINE_CHARS = 10_000  # about 2,000 tokens, four times BERT's longest example: only what none could hold is cut
 CUT_WINDOW = 1_000  # a cut looks this far back from MAX_LINE_CHARS for white space
@@ -123,85 +120,6 @@ class LineSample:
             self.lines += 1
             self.chars += len(line)
         return taken
-
-
-def is_corpus_file(path: Path) -> bool:
-    """A name a corpus folder is read for: *.txt or *.jsonl, plain or compressed, in any case."""
-    return sniff.split_name(path)[0].endswith(SUFFIXES)
-
-
-def corpus_files(path: Path) -> list[Path]:
-    """The files of a corpus path: the file, or every corpus file under a folder, sorted; skips are said."""
-    path = Path(path).expanduser()
-    if sniff.check(path, "prepare") is not sniff.KINDS["folder"]:
-        return [path]
-    files, skipped = _walk(path)
-    for why, examples in skipped.items():
-        shown = ", ".join(str(e) for e in examples[:3]) + (", ..." if len(examples) > 3 else "")
-        info(f"{path}: skipped {len(examples):,} {why}: {shown}")
-    if not files:
-        raise UsageError(f"{path}: no {CORPUS_NAMES} in this folder")
-    for file in files:  # what no name says: another encoding, binary data, a CSV named .txt
-        sniff.check(file, "prepare")
-    return files
-
-
-def _walk(root: Path) -> tuple[list[Path], dict[str, list[Path]]]:
-    """(corpus files under `root`, sorted; what was skipped, by reason, in walking order)."""
-    seen: set[tuple[int, int]] = set()  # (device, inode) of every folder and file taken
-    files: list[Path] = []
-    skipped: dict[str, list[Path]] = {}
-    reasons = {
-        "name": f"file(s) that are not {CORPUS_NAMES}",
-        "special": "entries that are not regular files (broken links, pipes, devices)",
-        "again": "folder(s) or file(s) reached a second time through a symbolic link (read once)",
-        "unreadable": "folder(s) that could not be read (permissions)",
-        "model": "file(s) of a model, tokenizer, prepared data or run (a vocabulary list, training metrics), not text",
-        "hidden": "hidden folder(s) and file(s) (names starting with '.')",
-    }
-
-    def skip(reason: str, entry: Path) -> None:
-        skipped.setdefault(reasons[reason], []).append(entry)
-
-    def new(entry: Path) -> bool:  # not reached before (through another link); else skipped
-        st = entry.stat()
-        if (st.st_dev, st.st_ino) in seen:
-            skip("again", entry)
-            return False
-        seen.add((st.st_dev, st.st_ino))
-        return True
-
-    seen.add((root.stat().st_dev, root.stat().st_ino))
-    for folder, dirs, names in os.walk(root, followlinks=True, onerror=lambda e: skip("unreadable", Path(e.filename))):
-        kept = []
-        for name in sorted(dirs):
-            if name.startswith("."):  # .git, .ipynb_checkpoints: copies and tools' files, not the corpus
-                skip("hidden", Path(folder, name))
-            elif new(Path(folder, name)):
-                kept.append(name)
-        dirs[:] = kept
-        for name in sorted(names):
-            entry = Path(folder, name)
-            reason = "hidden" if name.startswith(".") else "special" if not entry.is_file() else None
-            reason = reason or ("name" if not is_corpus_file(entry) else "model" if _not_text(entry) else None)
-            if reason:
-                skip(reason, entry)
-            elif new(entry):
-                files.append(entry)
-    return sorted(files), skipped
-
-
-# Files a model, tokenizer, prepared data or run folder holds under corpus names, and what beside them shows it.
-NOT_TEXT = {
-    "vocab.txt": ("config.json", "tokenizer.json", "model.safetensors", "trainer_state.json", "manifest.json"),
-    "merges.txt": ("config.json", "tokenizer.json", "vocab.json"),
-    "metrics.jsonl": ("config.yaml", "checkpoints"),
-}
-
-
-def _not_text(entry: Path) -> bool:
-    """Whether corpus-named file `entry` is a model's or a run's own file (see NOT_TEXT)."""
-    return any((entry.parent / mark).exists() for mark in NOT_TEXT.get(entry.name, ()))
 
 
 class _Streams(io.RawIOBase):
@@ -446,12 +364,17 @@ def read_sentences(
     split: bool = True,
     progress: Callable[[int], None] = lambda n: None,
     keep: Callable[[str], bool] | None = None,
+    *,
+    document: str = "blank_line",
 ) -> Iterator[str | None]:
-    """Sentences of every document of the files (or Parts), END_OF_DOCUMENT after each; `keep`: a LineSample."""
+    """Sentences of every document of the files (or Parts), END_OF_DOCUMENT after each; `keep`: a LineSample.
+    `document` (data.document): what ends a text file's document, a blank line or the file's (part's) end."""
     for item in files:
         part = item if isinstance(item, Part) else Part(Path(item))
-        read = _jsonl_sentences if sniff.is_jsonl(part.path) else _text_sentences
-        yield from read(part, split, progress, keep)
+        if sniff.is_jsonl(part.path):
+            yield from _jsonl_sentences(part, split, progress, keep)
+        else:
+            yield from _text_sentences(part, split, progress, keep, blank_ends=document == "blank_line")
 
 
 def _jsonl_sentences(part: Part, split: bool, progress: Callable, keep: Callable | None) -> Iterator[str | None]:
@@ -464,8 +387,11 @@ def _jsonl_sentences(part: Part, split: bool, progress: Callable, keep: Callable
                 yield END_OF_DOCUMENT
 
 
-def _text_sentences(part: Part, split: bool, progress: Callable, keep: Callable | None) -> Iterator[str | None]:
-    """A blank line ends a document, and so does the file's end; a long line is cut into pieces as it comes."""
+def _text_sentences(
+    part: Part, split: bool, progress: Callable, keep: Callable | None, *, blank_ends: bool
+) -> Iterator[str | None]:
+    """A blank line ends a document (where `blank_ends`), and so does the file's end; a long line is cut into
+    pieces as it comes."""
     open_document = False
     pending, cut = "", False  # a long line read in parts: its text not yet cut; whether pieces went out
     for _, line, ends in _lines(part, progress):
@@ -483,7 +409,7 @@ def _text_sentences(part: Part, split: bool, progress: Callable, keep: Callable 
             line, pending = pending, ""
         line, was_cut, cut = line.strip(), cut, False
         if not line:
-            if open_document and not was_cut:  # a blank line ends a document; the blank end of a long one does not
+            if open_document and not was_cut and blank_ends:  # (the blank end of a long line ends none)
                 yield END_OF_DOCUMENT
                 open_document = False
             continue

@@ -40,6 +40,7 @@ class UnitSettings:
     validation_fraction: float
     dtype: str  # of the token ids: uint16 where the vocabulary fits, else uint32
     owner: int  # the pid of the `prepare` whose temporary names the units are written under
+    document: str = "blank_line"  # data.document: what ends a document in a text file
 
 
 class ShardWriter:
@@ -150,7 +151,9 @@ def _encode(
     pending = chars = 0
     for part, size in zip(unit.parts, unit.sizes):
         compressed = sniff.sniff(part.path).codec is not None  # progress in the file's bytes: at its end
-        for item in read_sentences([part], settings.split_sentences, (lambda n: None) if compressed else progress):
+        for item in read_sentences(
+            [part], settings.split_sentences, (lambda n: None) if compressed else progress, document=settings.document
+        ):
             batch.append(item)
             pending, chars = pending + (item is not None), chars + len(item or "")
             if pending >= ENCODE_BATCH or chars >= ENCODE_CHARS:

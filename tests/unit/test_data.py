@@ -110,9 +110,13 @@ def test_an_epoch_cuts_every_document_from_its_start_and_shows_each_sentence_onc
         assert 1 <= a_count <= count and (random_next or a_count < count)
         shown[first : first + (a_count if random_next else count)] += 1
     assert shown.min() == 1
-    # Seen twice: only the sentence before a piece's last one, when that one was left alone
-    # (paired with it as A rather than given a forced random B).
-    assert set(np.flatnonzero(shown == 2)) <= {s - 1 for s in piece_last} and shown.max() == 2
+    # Seen twice: only the sentence before one left alone (a piece's last, or one that reaches its target
+    # alone), paired with it as A rather than given a forced random B.
+    lengths, lone = np.diff(corpus.seg_offsets), {s - 1 for s in piece_last}
+    for first, count, a_count, random_next, target in zip(*index):
+        if count == 2 and a_count == 1 and not random_next and lengths[first + 1] >= target:
+            lone.add(int(first))
+    assert set(np.flatnonzero(shown == 2)) <= lone and shown.max() == 2
     assert set(starts.tolist()) <= set(index.first.tolist()), "every document starts a chunk"
     again, later = builder.build_epoch(0, ExampleBuilder.TRAIN, 0), builder.build_epoch(0, ExampleBuilder.TRAIN, 1)
     assert all(np.array_equal(x, y) for x, y in zip(index, again)), "an epoch is a function of (seed, epoch)"
@@ -445,3 +449,32 @@ def test_a_batch_has_padding_when_a_row_is_shorter_than_its_width():
     assert not batch(16, 16).has_padding()
     assert batch(12, 12).has_padding() and batch(12, 12).input_ids.shape[1] == 16
     assert batch(16, 9).has_padding()
+
+
+def test_rows_without_pairs_are_packed_across_documents_with_a_sep_after_each():
+    """RoBERTa's FULL-SENTENCES: short documents (about 30 tokens here) fill rows of 64, a [SEP] ending each
+    document inside a row (never a masked position), so under 5% of the token slots are padding; the batch at
+    step k is the same from a fresh builder."""
+    corpus = one_token_per_document_corpus(num_docs=300)  # every token of document d is 10 + d
+    cfg = DataConfig(pairs=False, max_seq_length=64, max_predictions_per_seq=10)
+    builder = ExampleBuilder(corpus, cfg, 16)
+    batches = [builder.batch(7, step, range(16)) for step in range(4)]
+    padding = 1 - sum(int(b.valid_lens.sum()) for b in batches) / sum(b.input_ids.numel() for b in batches)
+    assert padding < 0.05, padding
+    assert_same_batch(ExampleBuilder(corpus, cfg, 16).batch(7, 3, range(16)), batches[3])
+    crossing = 0
+    for i in range(16):
+        e = builder.example(7, 2, i)
+        original = e.tokens.copy()
+        original[e.pred_positions] = e.pred_labels
+        assert original[0] == SP.cls and original[-1] == SP.sep and not np.isin(e.pred_labels, [SP.sep]).any()
+        docs = [set(piece.tolist()) for piece in np.split(original[1:-1], np.flatnonzero(original[1:-1] == SP.sep))]
+        docs = [d - {SP.sep} for d in docs]
+        assert all(len(d) == 1 for d in docs), docs  # each span between [SEP]s is one document's
+        numbers = [d.pop() - 10 for d in docs]
+        assert numbers == list(range(numbers[0], numbers[0] + len(numbers))) and e.documents == (
+            numbers[0],
+            numbers[-1],
+        )
+        crossing += len(numbers) > 1
+    assert crossing >= 12, "rows run on across document ends"
