@@ -705,6 +705,12 @@ CASES = [
         2,
         ("{d}/metrics.jsonl", "symbolic link"),
     ),
+    (  # a file of the user's where the run records its settings is neither read as the run's nor replaced
+        "pretrain-settings-not-bertcli-s",
+        lambda d, b: ["pretrain", "-c", write_config(d), _write(d, "resolved-config.yaml", "my notes\n") and "--quiet"],
+        2,
+        ("{d}/resolved-config.yaml", "not the file of settings bertcli writes"),
+    ),
     (  # through the link, the records a resume leaves out would be dropped, unsaid
         "pretrain-metrics-left-behind-a-link",
         lambda d, b: [
@@ -1130,6 +1136,29 @@ CASES = [
         lambda d, b: ["pretrain", "-c", write_config(d), "--resume", _emptied(_copy_ckpt(b, d), "training_state.pt")],
         1,
         ("{d}/ckpt", "damaged", "training_state.pt:"),
+    ),
+    (
+        "eval-probe-one-class",
+        lambda d, b: [
+            "eval",
+            b["text"],
+            "--probe",
+            _write(d, "p.tsv", "".join(f"text {i}\tsame\n" for i in range(12))),
+        ],
+        2,
+        ("{d}/p.tsv", "one class"),
+    ),
+    (
+        "eval-probe-bad-jsonl-line",
+        lambda d, b: ["eval", b["text"], "--probe", _write(d, "p.jsonl", '{"text": "a", "label": "x"}\n{"text": 3}\n')],
+        2,
+        ("{d}/p.jsonl", "line 2"),
+    ),
+    (
+        "eval-text-utf16",
+        lambda d, b: ["eval", b["text"], _write(d, "t.txt", "a line\n".encode("utf-16"))],
+        2,
+        ("{d}/t.txt", "UTF-16"),
     ),
 ]
 
