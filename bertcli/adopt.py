@@ -36,9 +36,7 @@ def imported_config(path: Path) -> ModelConfig:
         check_tied(path)
         return config
     if found.kind is Kind.RUN and found.checkpoints:
-        raise UsageError(
-            f"model.init_from={str(path)!r}: a run folder; name a checkpoint, e.g. {found.checkpoints[-1][1]}"
-        )
+        raise UsageError(f"model.init_from {path}: a run folder; name a checkpoint, e.g. {found.checkpoints[-1][1]}")
     raise UsageError(f"model.init_from={str(path)!r}: not a Hugging Face BERT folder nor a bertcli checkpoint folder")
 
 
@@ -76,10 +74,8 @@ def _adopt(cfg: Config, imported: ModelConfig, path: Path) -> Config:
     ]
     if clashes:
         raise UsageError(f"{'; '.join(clashes)}: the architecture comes from model.init_from; remove those keys")
-    model = dataclasses.replace(
-        imported, pad_vocab_multiple=cfg.model.pad_vocab_multiple, init_from=cfg.model.init_from
-    )
-    return dataclasses.replace(cfg, model=model)
+    own = {"pad_vocab_multiple": cfg.model.pad_vocab_multiple, "init_from": cfg.model.init_from}  # bertcli's alone
+    return dataclasses.replace(cfg, model=dataclasses.replace(imported, **own))
 
 
 def newest_config(output_dir: Path) -> tuple[Path, Config] | None:

@@ -1,8 +1,6 @@
 """Checkpoints, `output_dir/checkpoints/step-NNNNNNN/`, written whole (store.folder, WRITERS): model.safetensors
-(part "model", Hugging Face names), training_state.pt (every other part by name), trainer_state.json (progress and
-the SHA-256 of every other file), the config and tokenizer. Parts are saved whole (gathered from FSDP shards), so a
-checkpoint resumes on any number of processes.
-"""
+(part "model"), training_state.pt (the other parts by name), trainer_state.json (progress, the other files' SHA-256),
+config and tokenizer. Parts are saved whole (gathered from FSDP shards): it resumes on any number of processes."""
 
 from __future__ import annotations
 
@@ -16,7 +14,7 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -349,12 +347,6 @@ def remove_leftovers(root: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------ the manager
-class Stateful(Protocol):
-    def state_dict(self) -> dict[str, Any]: ...
-
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
-
-
 def _dcp() -> Any:
     from torch.distributed.checkpoint import state_dict  # seconds to import: only when used
 
@@ -408,13 +400,12 @@ class CheckpointManager:
     def __init__(
         self, cfg: Config, *, is_main: bool, tokenizer: dict[str, bytes], best: float | None, last: Path | None
     ) -> None:
-        self.cfg, self.is_main, self.tokenizer = cfg, is_main, tokenizer
-        self.output_dir = Path(cfg.output_dir)
-        self.parts: dict[str, Stateful] = {}
-        self.best, self.last_saved = best, last  # checkpoints/best's held-out MLM loss; the newest checkpoint
+        self.cfg, self.is_main, self.tokenizer, self.output_dir = cfg, is_main, tokenizer, Path(cfg.output_dir)
+        self.parts: dict[str, Any] = {}  # name: what has state_dict() and load_state_dict()
+        self.best, self.last_saved = best, last  # checkpoints/best's score (best_score); the newest checkpoint
 
     def restore(
-        self, path: Path | None, device: Any, *, model: nn.Module, optimizer: Any, scaler: Any, **more: Stateful
+        self, path: Path | None, device: Any, *, model: nn.Module, optimizer: Any, scaler: Any, **more: Any
     ) -> Progress:
         """Take the parts every checkpoint saves (`more`: into training_state.pt by name), restored from `path`."""
         self.parts = {MODEL: ModelPart(model), "optimizer": OptimizerPart(model, optimizer), "scaler": scaler, **more}

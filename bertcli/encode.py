@@ -17,21 +17,10 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer, normalizers, pre_tokenizers
 from torch.overrides import TorchFunctionMode
 
-from bertcli import checkpoint, console, hf_import, layout, runtime, sniff
+from bertcli import checkpoint, console, encode_io, hf_import, layout, runtime, sniff
 from bertcli.config import ModelConfig
 from bertcli.data.tokenizer import read_tokenizer_json
-from bertcli.encode_io import (
-    END,
-    LINE_BYTES,
-    Direct,
-    Line,
-    ReadAhead,
-    Writer,
-    check_layer,
-    may_stall,
-    read_lines,
-    stream_full,
-)
+from bertcli.encode_io import Direct, Line, ReadAhead, Writer, check_layer, may_stall, read_lines, stream_full
 from bertcli.errors import RunError, UsageError
 from bertcli.export import check_model_path, described, read_checkpoint
 from bertcli.model import BertForPreTraining, padding_mask
@@ -43,16 +32,11 @@ WINDOW_CHARS = 1 << 20  # a window's bound in characters too: memory stays bound
 # On a CPU a batch's widest activation (token slots x intermediate_size x itemsize) stays under this: long texts
 # come fewer per batch, and the activations stay in cache (the matrix products are as fast from ~640 rows up).
 CPU_BATCH_BYTES = 8 << 20
-# The lines read so far are encoded and written when none comes for STALL_SECONDS or the oldest has waited
-# MAX_WAIT_SECONDS (a slow producer: tail -f); input that flows fills whole windows.
-STALL_SECONDS = 0.15
-MAX_WAIT_SECONDS = 1.0
-# A text past PREFIX_START characters per token of the limit is tokenized from a prefix (Prefixes), grown 4-fold
-# up to PREFIX_CAP characters per token.
-PREFIX_START = 8
-PREFIX_CAP = 1000
-# A side of a pair is tokenized whole up to this many characters: truncation needs to know the longer side.
-PAIR_WHOLE_CHARS = 100_000
+# A slow producer's (tail -f) lines are written when none comes for STALL_SECONDS or the oldest waited MAX_WAIT_SECONDS.
+STALL_SECONDS, MAX_WAIT_SECONDS = 0.15, 1.0
+# A text past PREFIX_START characters per token of the limit is tokenized from a prefix, grown up to PREFIX_CAP.
+PREFIX_START, PREFIX_CAP = 8, 1000
+PAIR_WHOLE_CHARS = 100_000  # a pair's side tokenized whole up to this: truncation needs to know the longer side
 
 
 class NonFiniteOutput(RunError):
@@ -61,7 +45,6 @@ class NonFiniteOutput(RunError):
     def __init__(self, source: Path | None, where: str, precision: str) -> None:
         fix = "encode in fp32 or bf16" if precision == "fp16" else "use another checkpoint or model"
         super().__init__(f"{source or 'the model'}: its output is NaN or inf for {where}; {fix}")
-        self.source, self.where = source, where
 
 
 @dataclass
@@ -82,8 +65,7 @@ class Encoder:
 def load_encoder(
     path: Path, device: torch.device, precision: str = "fp32", hf: hf_import.EncoderFolder | None = None
 ) -> Encoder:
-    """A run folder (best checkpoint, else newest), a checkpoint folder or a Hugging Face (sentence-transformers)
-    folder, on `device` in `precision`. `hf`: the folder already read."""
+    """A run (best checkpoint, else newest), checkpoint or Hugging Face folder (`hf`: read already) on `device`."""
     path = Path(path)
     hf = hf or hf_import.read_encoder_folder(path)
     check_model_path(path, hf)
@@ -148,9 +130,8 @@ class Settings:
 
 
 def resolve(enc: Encoder, **flags) -> Settings:
-    """The Settings of `flags` resolved: explicit values, else a sentence-transformers folder's own, else mean
-    (DEFAULT_POOLING), unnormalised, at the length trained. A pooling asked leaves normalisation off (the folder's
-    is for its own). The one place the default pooling is decided: eval's probe pools by it too."""
+    """`flags` resolved: as given, else a sentence-transformers folder's own, else DEFAULT_POOLING unnormalised at the
+    length trained (eval's probe too). A pooling asked leaves normalisation off: the folder's is for its own."""
     asked, st = Settings(**flags), enc.sentence
     pooling, normalize = asked.pooling, asked.normalize
     if pooling is None and st is not None and not asked.per_token:
@@ -183,11 +164,10 @@ def _shortened(breaks: set[str]) -> Callable[[re.Match[str]], str]:
 
 
 class Prefixes:
-    """Texts far past the length limit, cut before tokenizing (tokenizing a whole line costs time and memory in
-    its length). A prefix gives the whole text's truncated encoding when more than the limit's tokens of it come
-    from words it holds whole: BERT's normaliser and pre-tokenizer split words character by character, so every
-    word of a prefix but its last (and any an added token could reach into) is one of the text's. Tokenizers of
-    other kinds are never cut; a pair's cut side keeps more tokens than a whole other side has."""
+    """Texts far past the length limit, cut before tokenizing (whose cost grows with the length). A prefix gives the
+    text's truncated encoding when more than the limit's tokens come from words it holds whole: under BERT's
+    normaliser and pre-tokenizer every word of a prefix but its last (and any an added token reaches) is the text's.
+    Other tokenizers are never cut; a pair's cut side keeps more tokens than the whole other side has."""
 
     def __init__(self, tok: Tokenizer, max_length: int) -> None:
         added = list(tok.get_added_tokens_decoder().values())
@@ -246,9 +226,8 @@ class Prefixes:
         return text, False
 
     def _compact(self, text: str) -> str:
-        """`text` tokenizing as it does, shortened where length buys no token: a run of characters giving no token
-        becomes one of the same effect, a word past max_input_chars_per_word (one [UNK]) keeps one more than that.
-        Characters are classed by the tokenizer itself, between two letters; those of added tokens are kept."""
+        """`text` shortened where length buys no token: a run of characters giving none becomes one of like effect,
+        a word past max_input_chars_per_word (one [UNK]) keeps one more. Characters are classed by the tokenizer."""
         breaks, removed, plain = set(), set(), set()
         for c in set(text):
             words = self._words(f"a{c}b")
@@ -325,27 +304,23 @@ def _pool(hidden: torch.Tensor, valid_lens: torch.Tensor, pooling: str, model: B
     return hidden.masked_fill(~keep, float("-inf")).amax(1)
 
 
-def _forward(
-    enc: Encoder, ids: list[list[int]], types: list[list[int]], layer: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Hidden states of `layer` (0 = embeddings) for a batch of token-id lists, padded: (B, T, H) in fp32 and
-    the (B,) valid lengths."""
-    B, T = len(ids), max(len(x) for x in ids)
+def _forward(enc: Encoder, batch: list, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Hidden states of `layer` (0: embeddings) of encodings, padded: (B, T, H) in fp32, (B,) valid lengths."""
+    B, T = len(batch), max(len(e) for e in batch)
     input_ids = torch.zeros((B, T), dtype=torch.long)
     token_type_ids = torch.zeros((B, T), dtype=torch.long)
-    for row, (x, t) in enumerate(zip(ids, types)):
-        input_ids[row, : len(x)] = torch.tensor(x)
-        token_type_ids[row, : len(t)] = torch.tensor(t)
+    for row, e in enumerate(batch):
+        input_ids[row, : len(e)] = torch.tensor(e.ids)
+        token_type_ids[row, : len(e)] = torch.tensor(e.type_ids)
     device = enc.rt.device
-    valid_lens = torch.tensor([len(x) for x in ids], device=device)
+    valid_lens = torch.tensor([len(e) for e in batch], device=device)
     with enc.rt.autocast():
         hidden = enc.model.bert.hidden_states(input_ids.to(device), token_type_ids.to(device), valid_lens, layer=layer)
     return hidden.float(), valid_lens  # bf16 under bf16 autocast: pooled and written in fp32
 
 
 def _batches(order: list[int], lengths: list[int], rows: int, max_tokens: int | None) -> Iterator[list[int]]:
-    """The texts of `order` (by ascending length) in batches of at most `rows` texts and `max_tokens` token
-    slots (texts x the longest), at least one text each."""
+    """`order` (ascending length) in batches of at most `rows` texts and `max_tokens` slots, one text at least."""
     batch: list[int] = []
     for i in order:
         if batch and (len(batch) == rows or (max_tokens is not None and (len(batch) + 1) * lengths[i] > max_tokens)):
@@ -357,8 +332,7 @@ def _batches(order: list[int], lengths: list[int], rows: int, max_tokens: int | 
 
 
 class _Window:
-    """The lines read and not yet written, and the counts of those written: "lines", "truncated",
-    "unpaired" (with pairs, lines without a TAB), "inner_cr" (lines holding a CR)."""
+    """The lines read and not yet written, and the counts (COUNTED) of those written."""
 
     def __init__(self, enc: Encoder, out: Writer, settings: Settings) -> None:
         self.enc, self.out, self.settings = enc, out, settings
@@ -405,11 +379,8 @@ class _Window:
         counts["inner_cr"] += sum(1 for line in window if isinstance(line, Line) and line.inner_cr)
         cuts = [self.prefixes.cut(x) for x in inputs]  # a text far past the limit: only a prefix is tokenized
         encodings = self.tokenizer.encode_batch([x for x, _ in cuts], add_special_tokens=True)
-        counts["truncated"] += sum(
-            1
-            for line, e, (_, unproven) in zip(window, encodings, cuts)
-            if e.overflowing or unproven or (isinstance(line, Line) and line.lost)
-        )
+        for line, e, (_, unproven) in zip(window, encodings, cuts):
+            counts["truncated"] += bool(e.overflowing or unproven or (isinstance(line, Line) and line.lost))
         for i, row in enumerate(self._rows(encodings)):
             tokens = encodings[i].tokens if self.settings.per_token else None
             self.out.write(counts["lines"] + i + 1, window[i], row, tokens)
@@ -422,7 +393,7 @@ class _Window:
         inputs = [tuple(text.split("\t", 1)) if "\t" in text else text for text in self.lines]
         unpaired = [i for i, x in enumerate(inputs) if isinstance(x, str)]
         if late := [i for i in unpaired if isinstance(self.lines[i], Line) and self.lines[i].dropped_tab]:
-            raise UsageError(f"{self.where(late[0])}: TAB past the first {LINE_BYTES >> 20} MiB; shorten sentence A")
+            raise UsageError(f"{self.where(late[0])}: TAB past {encode_io.LINE_BYTES >> 20} MiB; shorten sentence A")
         if unpaired and self.settings.strict_pairs:
             raise UsageError(f"{self.where(unpaired[0])}: no TAB (--strict-pairs); write A<TAB>B")
         self.counts["unpaired"] += len(unpaired)
@@ -435,8 +406,7 @@ class _Window:
         order = sorted(range(len(encodings)), key=lengths.__getitem__)
         rows: list = [None] * len(encodings)
         for chunk in _batches(order, lengths, settings.batch_size, self.max_tokens):
-            ids, types = [encodings[i].ids for i in chunk], [encodings[i].type_ids for i in chunk]
-            hidden, valid = _forward(enc, ids, types, settings.layer)
+            hidden, valid = _forward(enc, [encodings[i] for i in chunk], settings.layer)
             if settings.per_token:
                 for j, i in enumerate(chunk):
                     vectors = hidden[j, : int(valid[j])]
@@ -457,8 +427,7 @@ class _Window:
 def encode(
     enc: Encoder, lines: Iterator[str], out: Writer, settings: Settings, *, input_may_stall: bool = True
 ) -> dict[str, int]:
-    """Encode every line and hand the rows to `out` in input order; return the counts (see _Window). Input that
-    may stall is read by a thread of its own, and the lines read are written when no more come for a while."""
+    """Hand `out` the rows of `lines` in order; the counts. Input that may stall is read by a thread of its own."""
     window = _Window(enc, out, settings)
     reader = ReadAhead(lines) if input_may_stall else Direct(lines)
     try:
@@ -468,7 +437,7 @@ def encode(
             except queue.Empty:
                 window.flush()
                 continue
-            if line is END:
+            if line is encode_io.END:
                 break
             if window.add(line):
                 window.flush()

@@ -35,8 +35,7 @@ class NotUtf8(UsageError):
 
 
 class Line(str):
-    """An input line that knows where it came from, what of it past LINE_BYTES was dropped (`lost`: more than
-    blanks; `dropped_tab`: a TAB), and whether it holds a CR inside."""
+    """An input line, its source and number; past LINE_BYTES `lost` more than blanks, `dropped_tab` a TAB."""
 
     source: str
     number: int
@@ -62,8 +61,6 @@ def read_lines(sources: list[str], errors: str) -> Iterator[Line]:
     errors='replace'."""
     for source in sources or ["-"]:
         name = "stdin" if source == "-" else source
-        if source != "-":
-            sniff.check(Path(source), "encode")
         stream: BinaryIO = sys.stdin.buffer if source == "-" else open(source, "rb")  # noqa: SIM115
         try:
             number = 0
@@ -89,8 +86,7 @@ def read_lines(sources: list[str], errors: str) -> Iterator[Line]:
 
 
 def _drop_rest(head: bytes, stream: BinaryIO, *, errors: str, source: str, number: int) -> tuple[bytes, bool, bool]:
-    """A line past LINE_BYTES: the rest read in blocks and checked, not kept. Returns the head cut back to whole
-    characters, whether the rest held more than blanks, and whether a TAB."""
+    """(the head cut to whole characters, whether the rest held more than blanks, a TAB): the rest read, checked."""
     cut = len(head)
     while cut > len(head) - 3 and head[cut - 1] & 0xC0 == 0x80:  # continuation bytes of a character cut short
         cut -= 1
@@ -199,10 +195,8 @@ def check_layer(model: Any, layer: int, pooling: str | None) -> int:
     try:
         index = model.layer_index(layer)
     except IndexError:
-        last = model.num_hidden_layers
-        raise UsageError(
-            f"--layer {layer}: this model has layers 0 (embeddings) to {last} (-1 to -{last + 1} from the end)"
-        ) from None
+        n = model.num_hidden_layers
+        raise UsageError(f"--layer {layer}: this model has layers 0 (embeddings) to {n} (-1 to -{n + 1})") from None
     if pooling == "pooler" and index != model.num_hidden_layers:
         raise UsageError("--pooling pooler reads the last layer; drop --layer or pick another pooling")
     return index
@@ -337,9 +331,7 @@ class Writer:
             ):
                 console.log(f"bertcli encode: removed {left}, left by an encode killed before it finished")
         binary, path = self.rows.binary, self.tmp or output
-        self.target: IO = (
-            stream if path is None else open(path, "wb" if binary else "w", encoding=None if binary else "utf-8")
-        )
+        self.target: IO = stream if path is None else open(path, "wb") if binary else open(path, "w", encoding="utf-8")
         folder = self.tmp.parent if self.tmp is not None else None
         self.raw = tempfile.TemporaryFile(dir=folder) if binary else None  # unnamed: nothing left behind
 

@@ -1,7 +1,6 @@
-"""`bertcli eval`: a model's masked-LM figures on text and its linear probe (probe.py) on labeled texts, one JSON
-object. The text is read as `prepare` reads a corpus, each document's tokens cut into rows of the model's length
-([CLS] ... [SEP]), masked by pretraining's rule (data/examples.py) from (seed, row) alone, so models with one
-tokenizer are scored on the same positions; the held-out evaluation (trainer.evaluate) scores them."""
+"""`bertcli eval`: a model's masked-LM figures on text and its linear probe (probe.py), one JSON object. Each
+document's tokens are cut into rows of the model's length, masked by pretraining's rule from (seed, row) alone (models
+of one tokenizer are scored on the same positions) and scored by the held-out evaluation (trainer.evaluate)."""
 
 from __future__ import annotations
 
@@ -84,7 +83,6 @@ def masked_lm(enc: Encoder, files: list[Path], *, seed: int, batch_size: int = 3
     was_training = enc.model.training
     figures = evaluate(enc.model, itertools.chain([first], batches), enc.rt, TrainConfig(), nsp=False)
     enc.model.train(was_training)
-    assert figures is not None  # (nothing asks it to stop)
     return {"loss": figures["mlm_loss"], "accuracy": figures["mlm_acc"], "perplexity": figures["perplexity"], **counts}
 
 

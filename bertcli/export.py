@@ -1,6 +1,5 @@
-"""Export: a bertcli checkpoint written as a Hugging Face folder that transformers loads as BertForPreTraining
-(safetensors only) and sentence-transformers as a model pooling as `encode` does; and how encode and export find
-the checkpoint a path names."""
+"""Export: a checkpoint as a Hugging Face folder (transformers' BertForPreTraining, safetensors; sentence-transformers
+pooling as `encode` does); and how encode and export find the checkpoint a path names."""
 
 from __future__ import annotations
 
@@ -80,10 +79,7 @@ def check_model_path(path: Path, hf: EncoderFolder | None) -> None:
         return
     if found.kind is Kind.SENTENCE:
         st = read_sentence_model(path)
-        raise UsageError(
-            f"{st.transformer if st else path}: no config.json, where {path / layout.SENTENCE_MODULES} puts the BERT "
-            "model; restore the folder's files"
-        )
+        raise UsageError(f"{st.transformer if st else path}: no config.json of its BERT; restore the folder's files")
     if found.kind is Kind.INCOMPLETE_CHECKPOINT:
         _refuse_incomplete(path)
     refuse_a_part_of_a_run(path, "a model")
@@ -101,8 +97,7 @@ def refuse_a_part_of_a_run(path: Path, wanted: str) -> None:
 
 
 def _run_outputs(path: Path) -> Path:
-    """Where the run of folder `path` keeps its checkpoints: its config's output_dir, else `path`. A folder with
-    checkpoints of its own whose config names another is refused: which run is meant is unclear."""
+    """Where the run of folder `path` keeps its checkpoints: its output_dir, else `path` (refused where both hold some)."""
     from bertcli.resolve import load_run
 
     config = path / layout.RUN_CONFIG
@@ -115,10 +110,7 @@ def _run_outputs(path: Path) -> Path:
     if outputs.resolve() == path.resolve():
         return path
     if layout.checkpoints_dir(path).exists():
-        raise UsageError(
-            f"{path} holds checkpoints/, but its {layout.RUN_CONFIG} keeps the run's in {outputs}; name the "
-            "checkpoint folder to read"
-        )
+        raise UsageError(f"{path}: checkpoints/ here and in its output_dir {outputs}; name the checkpoint to read")
     return outputs
 
 

@@ -53,15 +53,12 @@ DECODER = "cls.predictions.decoder.weight"
 
 
 def check_tied(folder: Path) -> None:
-    """Refuse to continue pretraining from a folder whose MLM decoder is its own: bertcli ties it to the word
-    embeddings, so it would be dropped unsaid. config.json was read (read_hf_config)."""
+    """Refuse to continue from a folder with an MLM decoder of its own: bertcli's, tied, would drop it unsaid."""
     file = Path(folder) / layout.HF_CONFIG
     if read_json(file).get("tie_word_embeddings", True) is False:
         with safetensors.safe_open(weights_file(folder), "numpy") as f:
             if DECODER in f.keys():
-                raise UsageError(
-                    f"{file}: tie_word_embeddings is false, and bertcli ties {DECODER}; continue from a tied model"
-                )
+                raise UsageError(f"{file}: tie_word_embeddings is false: bertcli ties {DECODER}; use a tied model")
 
 
 # The parts a Hugging Face folder may lack (a bare BertModel, a BertForMaskedLM): initialised fresh.
@@ -130,9 +127,7 @@ def check_tokenizer(tok: Tokenizer, cfg: ModelConfig, file: Path) -> None:
     """Refuse a tokenizer with ids past the model's vocab_size: they would index padding rows or nothing."""
     top, size = max(tok.get_vocab(with_added_tokens=True).values(), default=-1), cfg.vocab_size
     if top >= size:
-        raise UsageError(
-            f"{file}: token id {top:,} past vocab_size {size:,} (ids 0 to {size - 1:,}); restore the model's tokenizer"
-        )
+        raise UsageError(f"{file}: token id {top:,} past vocab_size {size:,}; restore the model's tokenizer")
 
 
 def weights_file(folder: Path) -> Path:

@@ -4,7 +4,6 @@ from_hf adds it back), no file stores the tied aliases, and import accepts legac
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -76,15 +75,6 @@ LEGACY = {"LayerNorm.gamma": "LayerNorm.weight", "LayerNorm.beta": "LayerNorm.bi
 BARE_PREFIXES = ("embeddings.", "encoder.", "pooler.")
 DROPPED_SUFFIXES = ("position_ids",)
 
-_LAYER = re.compile(r"(?<=\.layer\.)\d+(?=\.)")  # the layer number of an encoder key
-
-
-def hf_key(key: str) -> str:
-    """The Hugging Face key of bertcli weight `key` (the same); a ValueError for a key not in KEYS."""
-    if _LAYER.sub("{}", key, count=1) not in KEYS:
-        raise ValueError(f"{key}: not a weight of bertcli's BertForPreTraining, so it has no Hugging Face name")
-    return key
-
 
 def our_key(key: str) -> str | None:
     """bertcli's name for Hugging Face (or TF-converted) key `key`; None for a buffer or a tied alias. A key not in
@@ -109,13 +99,10 @@ def our_keys(keys: Iterable[str]) -> dict[str, str]:
 
 
 def to_hf(state_dict: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """bertcli weights under Hugging Face's names, the vocabulary padding rows and tied aliases dropped."""
-    rows = cfg.vocab_size
-    return {
-        hf_key(k): v[:rows].contiguous() if k in VOCAB_ROWS else v
-        for k, v in state_dict.items()
-        if k not in TIED_ALIASES  # their targets carry them
-    }
+    """bertcli weights (their keys checked: weights.check_file) under Hugging Face's names, the vocabulary padding
+    rows and tied aliases (their targets carry them) dropped."""
+    kept = {k: v for k, v in state_dict.items() if k not in TIED_ALIASES}
+    return {k: v[: cfg.vocab_size].contiguous() if k in VOCAB_ROWS else v for k, v in kept.items()}
 
 
 def from_hf(state_dict: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:

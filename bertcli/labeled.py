@@ -28,7 +28,7 @@ class Labeled:
 
 
 def read_labeled(path: Path, *, flag: str) -> Labeled:
-    """The rows of `path` (blank lines skipped); a file the probe cannot read is refused naming `flag`'s path and line."""
+    """The rows of `path`, blank lines skipped; refused (`flag`, the path and line) where the probe cannot read it."""
     path = Path(path).expanduser()
     kind, jsonl = sniff.sniff(path), sniff.is_jsonl(path)
     if kind not in (sniff.KINDS["text"], sniff.KINDS["tsv"]):
@@ -39,9 +39,7 @@ def read_labeled(path: Path, *, flag: str) -> Labeled:
             try:
                 line = raw.decode("utf-8").removeprefix("\ufeff").rstrip("\r\n")
             except UnicodeDecodeError as exc:
-                raise UsageError(
-                    f"{path}: line {number}: not UTF-8 (byte {exc.start}); convert it (iconv -t utf-8)"
-                ) from None
+                raise UsageError(f"{path}: line {number}: not UTF-8 (byte {exc.start}); convert it to UTF-8") from None
             if not line.strip():
                 continue
             text, label = _jsonl_row(line) if jsonl else _tsv_row(line)
@@ -49,9 +47,7 @@ def read_labeled(path: Path, *, flag: str) -> Labeled:
                 raise UsageError(f"{path}: line {number}: {text}; give {FORMATS}")
             texts.append(text)
             labels.append(label)
-    return check_labeled(
-        Labeled(texts, labels, path), flag=flag, train=not flag.endswith("test")
-    )  # --probe, eval.probe
+    return check_labeled(Labeled(texts, labels, path), flag=flag, train=not flag.endswith("test"))
 
 
 def _jsonl_row(line: str) -> tuple[str, str]:

@@ -21,14 +21,11 @@ L2_GRID = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)  # weight of the squared weights' sum (n
 ITERATIONS, MEMORY = 100, 10  # L-BFGS steps per fit, at most; the steps it remembers
 
 
-class _Rows:
+class _Rows(list):
     """encode's rows kept in order (the two methods of encode_io.Writer that encode calls)."""
 
-    def __init__(self) -> None:
-        self.rows: list[np.ndarray] = []
-
     def write(self, number: int, text: str, row: np.ndarray, tokens: list[str] | None) -> None:
-        self.rows.append(row)
+        self.append(row)
 
     def flush(self) -> None:
         pass
@@ -43,7 +40,7 @@ def vectors(enc: Encoder, texts: list[str], batch_size: int = 32) -> tuple[np.nd
         encode(enc, iter(texts), out, settings, input_may_stall=False)
     finally:
         enc.model.train(was_training)
-    return np.stack(out.rows).astype(np.float64), settings.pooling
+    return np.stack(out).astype(np.float64), settings.pooling
 
 
 def fit(x: torch.Tensor, y: torch.Tensor, classes: int, l2: float) -> torch.Tensor:
@@ -123,7 +120,9 @@ def probe(
     `train` and scored on `test` (None: a seeded fifth of `train`). The model is left in the mode it was in."""
     if test is None:
         train, test = split(train, seed)
-    enc = model if isinstance(model, Encoder) else _encoder(model, tokenizer)
+    enc = model
+    if not isinstance(enc, Encoder):  # the trainer's model, on its device
+        enc = Encoder(model, tokenizer, runtime.Runtime(next(model.parameters()).device, "fp32"))
     x, pooling = vectors(enc, train.texts, batch_size)
     x_test, _ = vectors(enc, test.texts, batch_size)
     mean, std = x.mean(0), x.std(0)
@@ -155,9 +154,3 @@ def _pick_l2(x: torch.Tensor, y: torch.Tensor, classes: int, seed: int) -> float
     fold, rest = order[:held], order[held:]
     right = [int((predict(fit(x[rest], y[rest], classes, l2), x[fold]) == y[fold]).sum()) for l2 in L2_GRID]
     return max(zip(right, L2_GRID))[1]
-
-
-def _encoder(model: BertForPreTraining, tokenizer: Tokenizer) -> Encoder:
-    """An Encoder of an in-memory model (the trainer's) and its tokenizer, in fp32 on the model's device."""
-    device = next(model.parameters()).device
-    return Encoder(model, tokenizer, runtime.Runtime(device, "fp32"))

@@ -1,6 +1,5 @@
-"""sentence-transformers folders: how such a folder makes its embeddings, which `bertcli encode` follows by default,
-and the files that make an export one. Its modules.json lists the modules run: a Transformer (the BERT folder at its
-`path`), a Pooling, maybe Normalize."""
+"""sentence-transformers folders: how one makes its embeddings (modules.json: a Transformer, the BERT folder at its
+`path`; a Pooling; maybe Normalize), which `bertcli encode` follows, and the files that make an export one."""
 
 from __future__ import annotations
 
@@ -9,15 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bertcli import layout
 from bertcli.errors import UsageError
-from bertcli.layout import (
-    MODULE_CONFIG,
-    POOLING_MODULE,
-    SENTENCE_MODULES,
-    SENTENCE_PROMPTS,
-    SENTENCE_SETTINGS,
-    TOKENIZER_CONFIG,
-)
+from bertcli.layout import MODULE_CONFIG, POOLING_MODULE, SENTENCE_MODULES, SENTENCE_PROMPTS, SENTENCE_SETTINGS
 
 SUPPORTED = ("cls", "mean", "max")  # the pooling modes bertcli computes, as sentence-transformers names them
 # The pooling of a model that has none of its own (encode.resolve), and the one an export's 1_Pooling names:
@@ -63,10 +56,7 @@ class NotReproducible(UsageError):
     """A sentence-transformers folder whose own pooling or modules bertcli cannot run."""
 
     def __init__(self, folder: Path, problem: str) -> None:
-        super().__init__(
-            f"--model {folder}: {problem}, so its embeddings cannot be reproduced; pass --pooling cls, mean or max"
-        )
-        self.folder, self.problem = folder, problem
+        super().__init__(f"--model {folder}: {problem}; pass --pooling cls, mean or max")
 
 
 def read_json(file: Path, kind: type = dict) -> Any:
@@ -105,7 +95,7 @@ def _max_seq_length(settings: dict[str, Any], transformer: Path) -> int | None:
     processor_kwargs) model_max_length, its max_seq_length, tokenizer_config.json's model_max_length; or None."""
     key = "tokenizer_args" if "tokenizer_args" in settings else "processor_kwargs"
     kwargs = settings.get(key) if isinstance(settings.get(key), dict) else {}
-    settings_file, tokenizer_config = transformer / SENTENCE_SETTINGS, transformer / TOKENIZER_CONFIG
+    settings_file, tokenizer_config = transformer / SENTENCE_SETTINGS, transformer / layout.TOKENIZER_CONFIG
     sources = [
         (settings_file, f"{key}.model_max_length", kwargs.get("model_max_length")),
         (settings_file, "max_seq_length", settings.get("max_seq_length")),
@@ -120,12 +110,9 @@ def _max_seq_length(settings: dict[str, Any], transformer: Path) -> int | None:
 
 
 def refuse_a_module(path: Path, command: str) -> None:
-    """Refuse (exit 2) a module folder of a sentence-transformers model other than its BERT (1_Pooling:
-    its config.json is the pooling's, not a model's), naming the model folder to give `command`."""
-    from bertcli.layout import Kind, identify
-
+    """Refuse a sentence-transformers model's module folder but its BERT, naming the model to give `command`."""
     parent = Path(path).resolve().parent
-    if identify(parent).kind is not Kind.SENTENCE:
+    if layout.identify(parent).kind is not layout.Kind.SENTENCE:
         return
     try:
         model = read_sentence_model(parent)

@@ -129,6 +129,5 @@ def check_batch(cfg: Config, where: Placement) -> None:
     ]
     for need, (have, memory), what, fix in needs:
         if have and need > have:
-            raise UsageError(
-                f"{what.format(need=f'{need / 2**30:,.1f} GiB')}, but {memory} is {have / 2**30:,.1f} GiB: {fix}"
-            )
+            said = what.format(need=f"{need / 2**30:,.1f} GiB")
+            raise UsageError(f"{said}, but {memory} is {have / 2**30:,.1f} GiB: {fix}")

@@ -98,9 +98,7 @@ def check_file(file: Path, cfg: ModelConfig, config: Path, optional: tuple[str, 
 
 def refuse_non_finite(bad: list[str], file: Path, fix: str) -> None:
     if bad:
-        raise UsageError(
-            f"{file}: {len(bad)} weight tensor(s) hold NaN or inf (e.g. {bad[0]}); the file is damaged: {fix}"
-        )
+        raise UsageError(f"{file}: {len(bad)} weight tensor(s) hold NaN or inf (e.g. {bad[0]}); {fix}")
 
 
 def check_finite_file(file: Path, fix: str) -> None:
@@ -125,11 +123,8 @@ def non_finite(tensors: dict[str, torch.Tensor]) -> list[str]:
     """Names of the floating-point tensors holding NaN or inf (the sum first: no mask of a finite tensor)."""
     import torch
 
-    return [
-        name
-        for name, t in tensors.items()
-        if torch.is_floating_point(t) and not torch.isfinite(t.sum()) and not bool(torch.isfinite(t).all())
-    ]
+    floats = {name: t for name, t in tensors.items() if torch.is_floating_point(t)}
+    return [name for name, t in floats.items() if not torch.isfinite(t.sum()) and not bool(torch.isfinite(t).all())]
 
 
 def all_finite(tensors: list[torch.Tensor]) -> bool:
@@ -155,9 +150,7 @@ def load(file: Path, fix: str) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def check_fits(
-    weights: dict[str, torch.Tensor], model: nn.Module, file: Path, optional: tuple[str, ...] = ()
-) -> list[str]:
+def check_fits(weights: dict[str, torch.Tensor], model: nn.Module, file: Path) -> None:
     """check_shapes of loaded `weights` against `model` (under FSDP a DTensor's shape is the whole's)."""
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items() if k not in hf_names.TIED_ALIASES}
-    return check_shapes({k: tuple(v.shape) for k, v in weights.items()}, expected, file, optional)
+    check_shapes({k: tuple(v.shape) for k, v in weights.items()}, expected, file)

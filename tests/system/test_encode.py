@@ -339,12 +339,10 @@ def test_a_line_past_line_bytes_is_read_in_bounded_memory_and_said_truncated(tra
     """read_lines keeps the first LINE_BYTES of a line (here 4,096) and checks the rest without keeping
     it: the vector is the whole line's (its first tokens), and the line counts as truncated only when
     the dropped part held more than blanks; a character cut by the limit is not an error."""
-    import bertcli.encode as encode_mod
     from bertcli import encode_io
     from bertcli.encode_io import NotUtf8, read_lines
 
     monkeypatch.setattr(encode_io, "LINE_BYTES", 4096)
-    monkeypatch.setattr(encode_mod, "LINE_BYTES", 4096)
     lines = ["a b c " * 2000, "word " + " " * 20_000, "東京 " * 3000, "short"]
     path = tmp_path / "in.txt"
     path.write_text("\n".join(lines) + "\n")

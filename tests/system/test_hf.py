@@ -494,10 +494,8 @@ def test_a_tokenizer_with_an_id_past_the_vocabulary_is_refused_with_both_figures
     (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
     (tmp_path / "in.txt").write_text("hello\n")
     result = cli("encode", "--model", folder, tmp_path / "in.txt")
-    assert result.code == 2 and result.err_lines == [
-        f"bertcli: error: {folder / 'tokenizer.json'}: token id {size:,} past vocab_size {size:,} (ids 0 to "
-        f"{size - 1:,}); restore the model's tokenizer"
-    ]
+    assert result.code == 2 and len(result.err_lines) == 1, result.err
+    assert f"{folder / 'tokenizer.json'}: token id {size:,} past vocab_size {size:,}" in result.err, result.err
 
 
 def test_inspect_of_an_export_shows_the_length_its_run_trained_at(trained, tmp_path, cli):

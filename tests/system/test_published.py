@@ -435,7 +435,7 @@ def test_continued_pretraining_from_the_folder_prepares_whole_sentences_without_
     [
         ({"num_attention_heads": 7}, (), "num_attention_heads"),
         ({"hidden_act": "silu"}, (), "hidden_act"),
-        ({}, ("--layer", "99"), "--layer 99: this model has layers 0 (embeddings) to 6 (-1 to -7 from the end)"),
+        ({}, ("--layer", "99"), "--layer 99: this model has layers 0 (embeddings) to 6 (-1 to -7)"),
         ({}, ("--layer", "-8"), "--layer -8: this model has layers 0 (embeddings) to 6"),
         ({}, ("--layer", "2", "--pooling", "pooler"), "--pooling pooler reads the last layer"),
     ],
@@ -518,8 +518,8 @@ def test_weights_holding_nan_are_refused_before_torch_loads_by_init_pretrain_and
     safetensors.torch.save_file(weights, folder / "model.safetensors")
     (tmp_path / "in.txt").write_text("hello world\n")
     line = (
-        f"bertcli: error: {folder / 'model.safetensors'}: 1 weight tensor(s) hold NaN or inf (e.g. {key}); the file "
-        "is damaged: restore it, or use another model"
+        f"bertcli: error: {folder / 'model.safetensors'}: 1 weight tensor(s) hold NaN or inf (e.g. {key}); restore "
+        "it, or use another model"
     )
     for args in (
         ("init", "again", "--init-from", folder, "--corpus", corpus),
@@ -543,7 +543,5 @@ def test_a_pooling_bertcli_does_not_compute_is_refused_before_torch_loads(tmp_pa
     (tmp_path / "in.txt").write_text("hello world\n")
     out, err = refuse_in_fresh_interpreter("encode", "--model", folder, "in.txt", cwd=tmp_path)
     assert out == ["2", "False"], (out, err)
-    assert err.splitlines() == [
-        f"bertcli: error: --model {folder}: its pooling is mean_sqrt_len_tokens, which bertcli does not compute, so "
-        "its embeddings cannot be reproduced; pass --pooling cls, mean or max"
-    ], err
+    (line,) = err.splitlines()
+    assert all(fact in line for fact in (f"--model {folder}:", "mean_sqrt_len_tokens", "--pooling cls")), err

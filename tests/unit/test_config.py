@@ -380,10 +380,8 @@ def test_a_yaml_alias_bomb_is_refused_at_once(tmp_path):
     with pytest.raises(UsageError) as info:
         load_config(path)
     assert time.perf_counter() - start < 1.0
-    assert info.value.problems == [
-        f"{path}: its aliases (*name) expand it to more than 10,000 values; a run config "
-        "holds about 90: write the values out, or alias whole sections only"
-    ]
+    (problem,) = info.value.problems
+    assert problem.startswith(f"{path}: its aliases (*name)") and "10,000 values" in problem, problem
     flow = (
         "["
         + ", ".join(f"&{chr(97 + i)} [" + ", ".join([f"*{chr(96 + i)}" if i else "1"] * 10) + "]" for i in range(9))

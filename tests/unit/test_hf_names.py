@@ -4,13 +4,15 @@ model's weights, a weight the map does not know is refused, and the legacy names
 from __future__ import annotations
 
 import dataclasses
+import re
+from pathlib import Path
 
 import pytest
 import safetensors.torch
 import torch
 from conftest import SMALL_MODEL
 
-from bertcli import hf_names
+from bertcli import hf_names, weights
 from bertcli.errors import UsageError
 from bertcli.hf_import import load_hf_weights
 from bertcli.model import BertForPreTraining
@@ -47,9 +49,11 @@ def test_to_hf_then_from_hf_gives_the_weights_back(multiple):
     "key", ["secret.payload", "bert.encoder.layer.0.attention.self.qkv.weight", "bert.encoder.layer.0.query.weight"]
 )
 def test_a_weight_the_map_does_not_know_is_refused(key):
+    """export's check of a checkpoint's weights file (weights.check_file) refuses it before to_hf names it."""
     ours, cfg = tiny_weights(64)
-    with pytest.raises(ValueError, match="no Hugging Face name"):
-        hf_names.to_hf({**ours, key: torch.zeros(2)}, cfg)
+    shapes = {k: tuple(v.shape) for k, v in ours.items() if k not in hf_names.TIED_ALIASES} | {key: (2,)}
+    with pytest.raises(UsageError, match=rf"model.safetensors: .*1 unexpected \(e.g. {re.escape(key)}\)"):
+        weights.check_shapes(shapes, hf_names.weight_shapes(cfg), Path("model.safetensors"))
 
 
 def test_legacy_names_are_read_as_ours():
