@@ -4,6 +4,7 @@ every error into one line on stderr and its exit code: 2 usage, config or input,
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import json
 import os
@@ -147,23 +148,28 @@ def pretrain(
     stop_at: Optional[int] = typer.Option(
         None, "--stop-at", min=1, metavar="N", help="Stop after this step with a checkpoint; rerun to continue."
     ),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Print the whole resolved config at the start too."),
 ) -> None:
-    """Pretrain BERT (MLM + NSP) as the config says, resuming from the newest checkpoint."""
+    """Pretrain BERT (MLM + NSP) as the config says, resuming from the newest checkpoint (with the run's --set values
+    until they are given again)."""
     from bertcli import preflight
-    from bertcli.resolve import load_run
-    from bertcli.resume import is_foreign
+    from bertcli.resume import is_foreign, run_config
     from bertcli.stopping import stopping
 
     preflight.launch_env()
     if device is not None:
         preflight.check_device(device, "--device")
     with console.quiet(quiet):  # (resolving may say where a gone init_from's architecture comes from)
-        cfg = load_run(config, overrides + ([f"train.device={device}"] if device else []))
+        cfg, kept_and_given = run_config(config, overrides, resume)
+    if device is not None:  # this machine's, not the run's: never recorded
+        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, device=device))
     with stopping("nothing half-written was kept (writes are atomic)"):
         preflight.pretrain(cfg, resume, device_flag=device is not None)
+        from bertcli.trainer import Start
         from bertcli.trainer import pretrain as run
 
-        result = run(cfg, resume=resume, quiet=quiet, stop_at=stop_at)
+        start = Start(quiet=quiet, verbose=verbose, overrides=kept_and_given)
+        result = run(cfg, resume=resume, quiet=quiet, stop_at=stop_at, start=start)
     if not result["is_main"]:
         return  # under torchrun, rank 0 reports for everyone
     metrics, ckpt = result["metrics"], Path(result["checkpoint"])

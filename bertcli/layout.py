@@ -1,6 +1,7 @@
 """Every name bertcli writes or reads, and `identify`: what a path is. Torch-free. A run folder (output_dir) holds
-config.yaml (the user's: pretrain never rewrites it), metrics.jsonl, tensorboard/, .lock, checkpoints/ (step-N/,
-best/, and the damaged-* and abandoned-* a resume set aside) and by default data/ (the prepared data)."""
+config.yaml (the user's: pretrain never rewrites it), resolved-config.yaml (the settings the run trains with),
+metrics.jsonl, tensorboard/, .lock, checkpoints/ (step-N/, best/, and the damaged-* and abandoned-* a resume set
+aside) and by default data/ (the prepared data)."""
 
 from __future__ import annotations
 
@@ -25,14 +26,16 @@ CONFIG_YAML = "config.yaml"
 
 # ---------------------------------------------------------------------------------------- run folder
 RUN_CONFIG = CONFIG_YAML
+RUN_SETTINGS = "resolved-config.yaml"  # the config the run trains with, --set included, written at each start
 METRICS = "metrics.jsonl"
 METRICS_LEFT = "metrics.left-behind.jsonl"  # the records a resume drops from METRICS: a history left behind
 TENSORBOARD = "tensorboard"
 LOCK = ".lock"
 CHECKPOINTS = "checkpoints"
-RUN_FILES = (RUN_CONFIG, METRICS, METRICS_LEFT, LOCK)  # the run folder's own files, next to its folders
+RUN_FILES = (RUN_CONFIG, RUN_SETTINGS, METRICS, METRICS_LEFT, LOCK)  # the run folder's own files, next to its folders
 RUN_FOLDERS = (TENSORBOARD,)
-RUN_OUTPUTS = (CHECKPOINTS, TENSORBOARD, METRICS, METRICS_LEFT)  # what pretrain writes there (the lock aside)
+# What pretrain writes there (the lock aside).
+RUN_OUTPUTS = (CHECKPOINTS, TENSORBOARD, METRICS, METRICS_LEFT, RUN_SETTINGS)
 
 # ---------------------------------------------------------------------------------------- checkpoint
 WEIGHTS = "model.safetensors"  # also a Hugging Face folder's

@@ -25,9 +25,9 @@ if TYPE_CHECKING:  # imported where tensors are made: inspect reads metrics.json
 class LossStats(NamedTuple):
     """What one batch's loss reports: 0-d tensors on the device (floats once summed and read)."""
 
-    loss: Any  # mlm_weight * mlm_loss + nsp_weight * nsp_loss, this batch's means
-    mlm_loss: Any  # mean over the batch's real predictions
-    nsp_loss: Any  # mean over the batch's NSP rows (0 without sentence pairs)
+    loss: Any  # mlm_weight * mlm_loss + nsp_weight * nsp_loss
+    mlm_loss: Any  # mean over the batch's real predictions (in training: its share of the step's mean)
+    nsp_loss: Any  # mean over the batch's NSP rows (0 without sentence pairs; in training: its share)
     mlm_correct: Any  # predictions right
     mlm_count: Any  # real predictions
     nsp_correct: Any  # NSP rows right
@@ -68,7 +68,7 @@ class MetricsWindow:
 
         self.device, self.micro_per_step, self.batch_size = device, cfg.train.grad_accum_steps, cfg.train.batch_size
         self.model, self.nsp, self.peak = cfg.model, cfg.data.pairs, peak_tflops
-        self.sums = torch.zeros(len(LossStats._fields), device=device)  # LossStats summed over micro-batches
+        self.sums = torch.zeros(len(LossStats._fields), device=device)  # LossStats summed over steps
         self.skipped = torch.zeros((), device=device)  # steps skipped (non-finite) in this window
         self.tokens = 0  # this process's non-padding tokens in this window
         self.tokens_since_start = 0  # and since this process started (saved, summed over processes)
@@ -97,7 +97,7 @@ class MetricsWindow:
         micro_batches = (step - self.start_step) * self.micro_per_step * rt.world_size
         s = LossStats(*self.sums.tolist())  # the sync point
         skipped = int(self.skipped)
-        applied = (micro_batches - skipped * self.micro_per_step * rt.world_size) or math.nan  # NaN: all skipped
+        applied = (step - self.start_step - skipped) or math.nan  # steps whose losses are summed (NaN: all skipped)
         metrics = {
             "loss": s.loss / applied,
             "mlm_loss": s.mlm_loss / applied,
@@ -198,13 +198,14 @@ def _rewrite_history(path: Path, until: int) -> None:
     store.write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
 
 
-SHOWN = ("loss", "mlm_loss", "mlm_acc", "nsp_acc", "perplexity", "tokens_per_s")  # in the progress line
+SHOWN = ("loss", "mlm_loss", "mlm_acc", "nsp_acc", "perplexity", "lr", "tokens_per_s")  # in the progress line
 LABELS = {"mlm_loss": "mlm", "perplexity": "ppl", "tokens_per_s": "tok/s"}
 
 
 class MetricsLogger:
-    """Where rank 0's metrics go: metrics.jsonl, TensorBoard, the progress bar or line. `own_history` False:
-    the run resumed another run's checkpoint, so none of metrics.jsonl's records are its."""
+    """Where rank 0's metrics go: metrics.jsonl, TensorBoard, a line on stderr (on a terminal above a progress bar,
+    both kept). `own_history` False: the run resumed another run's checkpoint, so none of metrics.jsonl's records
+    are its. `end`: the step this process trains to (the time left is estimated to it)."""
 
     def __init__(
         self,
@@ -214,6 +215,7 @@ class MetricsLogger:
         tensorboard: bool,
         quiet: bool,
         own_history: bool = True,
+        end: int | None = None,
     ) -> None:
         self.jsonl_path = Path(output_dir) / layout.METRICS
         _rewrite_history(self.jsonl_path, start_step if own_history else -1)
@@ -224,7 +226,8 @@ class MetricsLogger:
         self.made_tensorboard_dir, self.scalars_written = not self.tensorboard_dir.exists(), False
         if tensorboard:
             self._open_tensorboard((start_step + 1 if own_history else 1) if start_step else None)
-        self.quiet, self.max_steps = quiet, max_steps
+        self.quiet, self.max_steps, self.end = quiet, max_steps, end or max_steps
+        self.start_step, self.start = start_step, time.perf_counter()
         self.bar = None
         if not quiet and sys.stderr.isatty():
             self.bar = tqdm(total=max_steps, initial=start_step, unit="step", file=sys.stderr, dynamic_ncols=True)
@@ -261,16 +264,18 @@ class MetricsLogger:
                     self.writer.add_scalar(f"{split}/{key}", value, step)
                 self.writer.flush()
             self.scalars_written = True
-        shown = {k: metrics[k] for k in SHOWN if k in metrics}
-        summary = {LABELS.get(k, k): f"{v:,.0f}" if k == "tokens_per_s" else f"{v:.4g}" for k, v in shown.items()}
-        fields = ", ".join(f"{k} {v}" for k, v in summary.items())
-        if self.bar is not None and split == "train":
-            self.bar.set_postfix(summary, refresh=True)
-        elif self.bar is not None:
-            self.bar.write(f"{split} at step {step}: {fields}", file=sys.stderr)
+        fields = [
+            f"{LABELS.get(k, k)} {metrics[k]:{',.0f' if k == 'tokens_per_s' else '.4g'}}" for k in SHOWN if k in metrics
+        ]
+        if split == "train":  # the time so far, and left at this pace (evaluations included)
+            elapsed = time.perf_counter() - self.start
+            left = elapsed / max(step - self.start_step, 1) * max(self.end - step, 0)
+            fields.append(f"{tqdm.format_interval(elapsed)} elapsed, ~{tqdm.format_interval(left)} left")
+        line = f"{'step' if split == 'train' else split + ' at step'} {step}/{self.max_steps} | " + " | ".join(fields)
+        if self.bar is not None:
+            self.bar.write(line, file=sys.stderr)
         elif not self.quiet:
-            prefix = "step" if split == "train" else f"{split} at step"
-            console.log(f"{prefix} {step}/{self.max_steps} | " + " | ".join(f"{k} {v}" for k, v in summary.items()))
+            console.log(line)
 
     def _quiet_writer_thread(self, args: Any) -> None:
         """TensorBoard's thread keeps quiet on a failed write (a full disk): the next flush reports it."""

@@ -1,18 +1,23 @@
 """The resume decision: the checkpoint a run resumes from (`choose`; damaged ones and a history left
 behind are renamed, never deleted), the `best` it keeps, the tokenizer its data must use
-(`run_tokenizer`), and what resuming with other settings or data changes (`differences`)."""
+(`run_tokenizer`), the settings it keeps (`run_config`: its --set values, recorded in the run folder), and what
+resuming with other settings or data changes (`differences`)."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from bertcli import checkpoint, console, layout, store
+import yaml
+
+from bertcli import __version__, checkpoint, console, layout, store
 from bertcli.config import PATH_KEYS, Config, changes_line, flat, to_dict
+from bertcli.config_load import MAX_CONFIG_BYTES, config_from_dict, load_yaml
 from bertcli.errors import BertcliError, RunError, UsageError
 
 # What a change of setting means when a run resumes, by key prefix; others (paths, devices, precision...) go unsaid.
@@ -274,6 +279,74 @@ def setting_changes(saved: Config, cfg: Config, prefixes: list[str], batches: Ba
         return under and not excluded and (synthetic or not key.startswith("data.synthetic."))
 
     return changes_line([(k, old.get(k), new[k]) for k in new if wanted(k) and not same(k, old.get(k), new[k])])
+
+
+class Overrides(NamedTuple):
+    """The --set values a run trains with: `kept`, recorded by the run and not given again, then `given` now."""
+
+    kept: list[str]
+    given: list[str]
+
+
+SETTINGS_HEADER = "# The settings this run trains with"  # the first line of layout.RUN_SETTINGS, as bertcli writes it
+SET_LINE = "# --set: "  # then the --set values it keeps, as JSON
+
+
+def write_settings(cfg: Config, overrides: Overrides) -> Path:
+    """Record the config `cfg` of the run (resolved, whole) in its folder, with the --set values among it."""
+    path = Path(cfg.output_dir) / layout.RUN_SETTINGS
+    header = (
+        f"{SETTINGS_HEADER} (bertcli {__version__}): defaults < {layout.RUN_CONFIG} < --set, resolved.\n"
+        "# A plain `bertcli pretrain` of this run keeps the --set values below until they are given again.\n"
+        f"{SET_LINE}{json.dumps(overrides.kept + overrides.given)}\n"
+    )
+    store.write_text(path, header + yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    return path
+
+
+def read_settings(output_dir: Path) -> tuple[list[str], Config | None]:
+    """The --set values recorded by the run in `output_dir` and the config it trains with (None where it does not
+    load); ([], None) where it has recorded none. A file of that name that bertcli did not write is refused."""
+    path, fix = Path(output_dir) / layout.RUN_SETTINGS, "move it away, or set output_dir to another folder"
+    if (problem := store.file_problem(path)) == "missing":
+        return [], None
+    if problem or path.stat().st_size > MAX_CONFIG_BYTES:
+        raise UsageError(f"{path}: {problem or 'too large'}, not the file of settings bertcli writes there; {fix}")
+    text = store.read_own(path, fix).decode("utf-8", errors="replace")
+    lines = text.splitlines()
+    try:
+        recorded = json.loads(next(line[len(SET_LINE) :] for line in lines[:4] if line.startswith(SET_LINE)))
+        if not text.startswith(SETTINGS_HEADER) or not all(isinstance(item, str) for item in recorded):
+            raise ValueError
+    except (StopIteration, ValueError, TypeError):
+        raise UsageError(f"{path}: not the file of settings bertcli writes there; {fix}") from None
+    try:
+        return recorded, config_from_dict(load_yaml(text), str(path))
+    except (UsageError, ValueError, RecursionError, yaml.YAMLError):
+        return recorded, None
+
+
+def kept_overrides(cfg: Config, given: list[str], resume_arg: str) -> list[str]:
+    """The --set values recorded by the run in cfg.output_dir that `given` does not give again: a resumed run keeps
+    them ([] where it starts fresh: no checkpoint of its own, --resume never or another run's checkpoint)."""
+    output_dir = Path(cfg.output_dir)
+    recorded = read_settings(output_dir)[0]  # (read at every start: a file not bertcli's is refused before any work)
+    foreign = resume_arg not in ("auto", "never") and is_foreign(Path(resume_arg), output_dir)
+    if resume_arg == "never" or foreign or not layout.list_checkpoints(output_dir):
+        return []
+    again = {item.partition("=")[0].strip() for item in given}
+    return [item for item in recorded if item.partition("=")[0].strip() not in again]
+
+
+def run_config(
+    config: Path, given: list[str], resume_arg: str = "auto", *, adopt: bool = True
+) -> tuple[Config, Overrides]:
+    """The config a run trains with: its config file, the --set values it keeps (kept_overrides), then `given`."""
+    from bertcli.resolve import from_here, load_run
+
+    given = from_here(given)  # (recorded so: paths absolute)
+    kept = kept_overrides(load_run(config, given, adopt_init_from=False), given, resume_arg)
+    return load_run(config, kept + given, adopt_init_from=adopt), Overrides(kept, given)
 
 
 def differences(

@@ -63,7 +63,8 @@ def pretraining_loss(
     """mlm_weight * MLM + nsp_weight * NSP cross-entropy, fp32 (NSP 0 without `nsp`); IGNORE labels add nothing.
     Each term is this batch's mean, or with `step_counts` (2,), the step's predictions and NSP rows over every
     micro-batch and process, its sum / count x world_size (DDP and FSDP average gradients): accumulation and
-    processes change only rounding. The stats are this batch's own means."""
+    processes change only rounding. The stats' losses are this batch's own means, or with `step_counts` its share
+    of the step's: summed over the step's micro-batches and processes, the loss the step optimises."""
     V = out.mlm_logits.shape[-1]
     mlm_logits = out.mlm_logits.float().reshape(-1, V)  # (B*P, V)
     labels = batch.mlm_labels.reshape(-1)  # (B*P,)
@@ -79,15 +80,16 @@ def pretraining_loss(
     )
     nsp_loss = nsp_sum / nsp_rows.sum().clamp(min=1)
     if step_counts is None:
-        total = mlm_weight * mlm + nsp_weight * nsp_loss
+        total, shown = mlm_weight * mlm + nsp_weight * nsp_loss, (mlm, nsp_loss)
     else:
         counts = step_counts.clamp(min=1)
         total = mlm_weight * (mlm_sum * world_size / counts[0]) + nsp_weight * (nsp_sum * world_size / counts[1])
+        shown = (mlm_sum / counts[0], nsp_sum / counts[1])
     with torch.no_grad():  # counted on the device: no host copy
         stats = LossStats(
-            loss=mlm_weight * mlm.detach() + nsp_weight * nsp_loss.detach(),
-            mlm_loss=mlm.detach(),
-            nsp_loss=nsp_loss.detach(),
+            loss=mlm_weight * shown[0].detach() + nsp_weight * shown[1].detach(),
+            mlm_loss=shown[0].detach(),
+            nsp_loss=shown[1].detach(),
             mlm_correct=((mlm_logits.argmax(-1) == labels) & real).sum().float(),
             mlm_count=real.sum().float(),
             nsp_correct=((nsp_logits.argmax(-1) == batch.nsp_labels) & nsp_rows).sum().float(),
@@ -161,7 +163,9 @@ def most_frequent_token_accuracy(train: Corpus, batches: list[Batch]) -> float:
     return float((labels == top).float().mean())
 
 
-def pretrain(cfg: Config, resume: str = "auto", quiet: bool = False, stop_at: int | None = None) -> dict[str, Any]:
+def pretrain(
+    cfg: Config, resume: str = "auto", quiet: bool = False, stop_at: int | None = None, *, start: Start | None = None
+) -> dict[str, Any]:
     """Train per resolved `cfg` until `stop_at` (the schedule follows max_steps); the last metrics and checkpoint."""
     rt = runtime.setup(cfg.train.device, cfg.precision)
     try:
@@ -170,7 +174,8 @@ def pretrain(cfg: Config, resume: str = "auto", quiet: bool = False, stop_at: in
         with console.quiet(quiet), lock, stopping("nothing half-written was kept (writes are atomic)") as stopper:
             last_step = min(cfg.train.max_steps, stop_at or cfg.train.max_steps)
             try:
-                result = fit(build_run(cfg, rt, resume, quiet, last_step=last_step), last_step, stopper, quiet)
+                run = build_run(cfg, rt, resume, start or Start(quiet=quiet), last_step=last_step)
+                result = fit(run, last_step, stopper, quiet)
             except NothingToDo as done:
                 result = done.result
         # Together: a process that ended while rank 0 still saved would make torchrun SIGTERM rank 0 mid-save.
@@ -221,11 +226,23 @@ class NothingToDo(Exception):
         self.result = result
 
 
-def build_run(cfg: Config, rt: runtime.Runtime, resume_arg: str, quiet: bool, *, last_step: int) -> Run:
+@dataclass(frozen=True)
+class Start:
+    """What pretrain says as it starts (`quiet`: warnings only; `verbose`: the whole config too), and the --set
+    values of the config it trains with, recorded in the run folder (resume.write_settings)."""
+
+    quiet: bool = False
+    verbose: bool = False
+    overrides: resume.Overrides = resume.Overrides([], [])
+
+
+def build_run(cfg: Config, rt: runtime.Runtime, resume_arg: str, start: Start, *, last_step: int) -> Run:
     """Data (prepared by rank 0 if needed), model, optimizer, resumed state; NothingToDo at or past `last_step`."""
-    output_dir = Path(cfg.output_dir)
+    output_dir, quiet = Path(cfg.output_dir), start.quiet
     for warning in cfg.warnings():
         log(f"warning: {warning}")
+    if kept := start.overrides.kept:  # (said when quiet too: the config file says otherwise)
+        log(f"continuing with this run's own --set values: {' '.join(kept)}; give --set KEY=VALUE again to change one")
     if rt.is_main:
         checkpoint.check_run_folder(output_dir, cfg.train.max_steps)
         checkpoint.remove_leftovers(layout.checkpoints_dir(output_dir))
@@ -238,7 +255,6 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume_arg: str, quiet: bool, *,
     )
     if chosen.path is not None and checkpoint.read_trainer_state(chosen.path)["step"] >= last_step:
         raise NothingToDo(_nothing_to_do(cfg, rt, chosen.path, last_step))
-    _say_start(cfg, rt, quiet)
     output_dir.mkdir(parents=True, exist_ok=True)
     eval_batches, baseline = _held_out(cfg, data)
     model, train_model, optimizer, scaler, unpad = _build_model(cfg, rt, fresh=chosen.path is None)
@@ -249,9 +265,9 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume_arg: str, quiet: bool, *,
     progress = checkpoints.restore(chosen.path, rt.device, model=model, optimizer=optimizer, scaler=scaler)
     if chosen.path is not None:
         cfg = checkpoints.cfg = _resumed(cfg, rt, chosen.path, step=progress.step, data=data, checkpoints=checkpoints)
-    if not quiet:
-        params, corpus = sum(p.numel() for p in model.parameters()), data.train
-        log(f"model: {params:,} parameters; corpus: {corpus.num_documents:,} documents, {corpus.num_tokens:,} tokens")
+    if rt.is_main:  # the settings it trains with: what a plain pretrain of the run continues, and inspect shows
+        resume.write_settings(cfg, start.overrides)
+    _say_start(cfg, rt, data, start, last_step=last_step)
     return Run(
         cfg=cfg,
         rt=rt,
@@ -300,13 +316,32 @@ def _check_sizes(cfg: Config, rt: runtime.Runtime) -> Config:
     return cfg
 
 
-def _say_start(cfg: Config, rt: runtime.Runtime, quiet: bool) -> None:
-    processes = f"{rt.world_size} processes ({cfg.train.parallel})" if rt.distributed else "1 process"
-    if not quiet:  # quiet: errors, warnings and the final summary only
-        log(f"bertcli {__version__}: {rt.describe()}; {processes}; output in {cfg.output_dir}")
-        log("resolved config:\n" + yaml.safe_dump(to_dict(cfg), sort_keys=False).rstrip())
+def _say_start(cfg: Config, rt: runtime.Runtime, data: Dataset, start: Start, *, last_step: int) -> None:
+    """What the run is, in a few lines (quiet: errors, warnings and the final summary only)."""
     if slow := runtime.slow_autocast(rt):
         log(f"warning: precision.mode={slow}; use fp32 (or auto) on this CPU")
+    if start.quiet:
+        return
+    tc, m, opt, train, valid = cfg.train, cfg.model, cfg.optimizer, data.train, data.valid
+    processes = f"{rt.world_size} processes ({tc.parallel})" if rt.distributed else "1 process"
+    shape = f"{m.num_hidden_layers} layers, hidden {m.hidden_size}, {m.num_attention_heads} heads"
+    held_out = f"{valid.num_documents:,} documents held out" if valid is not None else "none held out"
+    split = f"train.batch_size {tc.batch_size} x grad_accum_steps {tc.grad_accum_steps} x {processes}"
+    until = f", stopping at {last_step:,}" if last_step < tc.max_steps else ""
+    every = f"evaluation every {tc.eval_every:,}" if tc.eval_every and valid is not None else "no evaluation"
+    lines = [
+        f"bertcli {__version__}: {rt.describe()}; {processes}",
+        f"model: {shape}, vocabulary {m.vocab_size:,}: {sizes.parameter_count(m):,} parameters",
+        f"data: {cfg.data.corpus}: {train.num_documents:,} documents, {train.num_tokens:,} tokens; {held_out}",
+        f"batch: {examples_per_step(cfg, rt):,} sequences a step, up to {cfg.data.max_seq_length} tokens each ({split})",
+        f"steps: {tc.max_steps:,}{until}; learning rate {opt.lr:g}, {opt.warmup_steps:,} warmup, {opt.schedule}; "
+        f"{every}, a checkpoint every {cfg.checkpoint.save_every:,}",
+        f"output: {cfg.output_dir}; the whole config: {Path(cfg.output_dir) / layout.RUN_SETTINGS}",
+    ]
+    if start.verbose:
+        lines.append("resolved config:\n" + yaml.safe_dump(to_dict(cfg), sort_keys=False).rstrip())
+    for line in lines:
+        log(line)
 
 
 def _init_from(model: BertForPreTraining, source: Path) -> None:
@@ -451,7 +486,7 @@ class Loop:
         return self.metrics
 
 
-def _start_loop(run: Run, quiet: bool) -> Loop:
+def _start_loop(run: Run, quiet: bool, last_step: int) -> Loop:
     """The loop's state at run.progress.step: an empty window, no step skipped, the logger on rank 0."""
     cfg, rt, step = run.cfg, run.rt, run.progress.step
     window = MetricsWindow(rt.device, step, cfg, peak_tflops=peak_tflops(rt.device, cfg.logging.peak_tflops))
@@ -459,7 +494,8 @@ def _start_loop(run: Run, quiet: bool) -> Loop:
     if rt.is_main:
         output_dir = Path(cfg.output_dir)
         own, tb = not resume.is_foreign(run.checkpoints.last_saved, output_dir), cfg.logging.tensorboard
-        logger = MetricsLogger(output_dir, step, cfg.train.max_steps, tensorboard=tb, quiet=quiet, own_history=own)
+        max_steps = cfg.train.max_steps
+        logger = MetricsLogger(output_dir, step, max_steps, tensorboard=tb, quiet=quiet, own_history=own, end=last_step)
     if rt.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(rt.device)
     guard = NonFiniteGuard(cfg.train.max_nonfinite_steps, rt.device)
@@ -470,7 +506,7 @@ def fit(run: Run, last_step: int, stopper: Stopper, quiet: bool) -> dict[str, An
     """Train from run.progress.step to `last_step`, logging, evaluating and saving when due; return the last
     metrics and the final checkpoint. A stop signal finishes the step, saves and stops."""
     step = run.progress.step
-    loop = _start_loop(run, quiet)
+    loop = _start_loop(run, quiet, last_step)
     if ignored_sigint():
         info("SIGINT is ignored in this process: stop it with SIGTERM")
     batches = _train_batches(run, first_step=step, last_step=last_step)

@@ -25,23 +25,21 @@ pytestmark = [
 NO_DROPOUT = ["model.hidden_dropout_prob=0", "model.attention_probs_dropout_prob=0"]
 
 
-def torchrun(config, *args, nproc=2, quiet=True, **kwargs):
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        str(nproc),
-        "-m",
-        "bertcli",
-        "pretrain",
-        "--config",
-        str(config),
-        *(["--quiet"] if quiet else []),
-        *args,
-    ]
-    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=180, **kwargs)
+@pytest.fixture(scope="module")
+def beside_a_clone(tmp_path_factory):
+    """A folder holding a clone, named bertcli (here a link to it): `python -m bertcli` there imports that folder
+    as a namespace package ahead of the installed bertcli, unless bertcli/__main__.py sees to it."""
+    folder = tmp_path_factory.mktemp("home")
+    (folder / "bertcli").symlink_to(REPO, target_is_directory=True)
+    return folder
+
+
+def torchrun(config, *args, cwd, nproc=2, quiet=True):
+    """The README's command, run from `cwd`: torchrun starts the console script (--no-python bertcli)."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
+    command += ["--no-python", "bertcli", "pretrain", "--config", str(config), *(["--quiet"] if quiet else []), *args]
+    env = {**os.environ, "PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])}
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=180, env=env)
 
 
 def weights(folder, step):
@@ -64,9 +62,9 @@ def one(tmp_path_factory):
     return folder
 
 
-def test_two_processes_equal_one_process_with_the_global_batch(tmp_path, one):
+def test_two_processes_equal_one_process_with_the_global_batch(tmp_path, one, beside_a_clone):
     two = write_config(tmp_path / "two", *GLOBAL, "train.batch_size=4")
-    result = torchrun(two)
+    result = torchrun(two, cwd=beside_a_clone)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stderr.count("done: step 8") == 1, "only rank 0 reports"
     assert "Warning" not in result.stderr
@@ -80,13 +78,15 @@ def test_two_processes_equal_one_process_with_the_global_batch(tmp_path, one):
         assert not torch.equal(start[key], a[key]), f"training did not move {key}"
     state = lambda f: checkpoint.read_trainer_state(f / "checkpoints" / "step-0000008")  # noqa: E731
     assert state(one)["tokens_seen"] == state(tmp_path / "two")["tokens_seen"]
-    # metrics are averaged over the processes: the logged losses agree with the single process
+    # the logged losses are those the steps optimised (over the step's tokens, all processes): the single process's
     one_m = state(one)["metrics"]
     two_m = state(tmp_path / "two")["metrics"]
-    assert abs(one_m["nsp_loss"] - two_m["nsp_loss"]) < 1e-4 and abs(one_m["mlm_acc"] - two_m["mlm_acc"]) < 1e-6
+    for key in ("loss", "mlm_loss", "nsp_loss"):
+        assert abs(one_m[key] - two_m[key]) < 1e-5, (key, one_m[key], two_m[key])
+    assert abs(one_m["mlm_acc"] - two_m["mlm_acc"]) < 1e-6
 
 
-def test_killed_two_process_run_resumes(tmp_path):
+def test_killed_two_process_run_resumes(tmp_path, beside_a_clone):
     overrides = ["train.batch_size=4", "train.max_steps=30", "checkpoint.save_every=5", "logging.log_every=5"]
     config = write_config(tmp_path / "killed", *overrides)
     command = [
@@ -103,8 +103,8 @@ def test_killed_two_process_run_resumes(tmp_path):
         str(config),
         "--quiet",
     ]
-    proc = subprocess.Popen(
-        command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    proc = subprocess.Popen(  # -m bertcli beside a clone: the package's own __main__ runs the installed bertcli
+        command, cwd=beside_a_clone, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
     deadline = time.time() + 120
     while not (tmp_path / "killed" / "checkpoints" / "step-0000010").exists():
@@ -122,19 +122,19 @@ def test_killed_two_process_run_resumes(tmp_path):
     proc.wait()
     assert layout.list_checkpoints(tmp_path / "killed")[-1][0] < 30
     rerun = subprocess.run(
-        [c for c in command if c != "--quiet"], cwd=REPO, capture_output=True, text=True, timeout=300
+        [c for c in command if c != "--quiet"], cwd=beside_a_clone, capture_output=True, text=True, timeout=300
     )
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     assert "resuming from" in rerun.stderr and rerun.stderr.count("resuming from") == 1
     assert layout.list_checkpoints(tmp_path / "killed")[-1][0] == 30
 
 
-def test_fsdp_equals_one_process_and_its_checkpoint_resumes_in_one_process(tmp_path, one, cli):
+def test_fsdp_equals_one_process_and_its_checkpoint_resumes_in_one_process(tmp_path, one, cli, beside_a_clone):
     """FSDP2 (2 processes, accumulation without gradient sync on the first micro-batch) trains
     like one process with the global batch; its checkpoints hold the gathered weights and
     optimizer state, so one process (here, this one) resumes them."""
     mixed = write_config(tmp_path / "mixed", *GLOBAL, "train.batch_size=4", "train.parallel=fsdp")
-    first = torchrun(mixed, "--stop-at", "4", quiet=False)  # 2 processes x 4 examples
+    first = torchrun(mixed, "--stop-at", "4", cwd=beside_a_clone, quiet=False)  # 2 processes x 4 examples
     assert first.returncode == 0, first.stderr[-2000:]
     assert "2 processes (fsdp)" in first.stderr and first.stderr.count("done: step 4") == 1
     assert "Warning" not in first.stderr

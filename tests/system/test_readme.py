@@ -117,7 +117,8 @@ def spans(text: str) -> list[str]:
 
 def bertcli_words(line: str) -> list[list[str]]:
     """The arguments of each bertcli command on a shell line: `bertcli ...`, `python -m bertcli ...`
-    or `torchrun ... -m bertcli ...`, up to a pipe, `&&`, `;` or a redirection (whose file is skipped)."""
+    or `torchrun ... -m bertcli ...` (or `--no-python bertcli`), up to a pipe, `&&`, `;` or a redirection (whose file
+    is skipped)."""
     lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
     lexer.whitespace_split = True
     lexer.commenters = "#"
@@ -132,7 +133,9 @@ def bertcli_words(line: str) -> list[list[str]]:
             words, skip = None, token in {"<", ">", ">>"}
         elif words is not None:
             words.append(token)
-        elif token == "bertcli" and (i == 0 or tokens[i - 1] == "-m" or set(tokens[i - 1]) <= set("|&;(")):
+        elif token == "bertcli" and (
+            i == 0 or tokens[i - 1] in ("-m", "--no-python") or set(tokens[i - 1]) <= set("|&;(")
+        ):
             words = []
     if words is not None:
         commands.append(words)
@@ -189,7 +192,11 @@ def test_commands_are_found():
     pattern that found nothing would pass every check)."""
     lines = [where for where, _, whole in command_lines() if where.startswith("README") and whole]
     assert len(lines) >= 8, lines
-    for example in ("-m bertcli pretrain", "| bertcli encode", "bertcli pretrain --config runs/demo/config.yaml"):
+    for example in (
+        "--no-python bertcli pretrain",
+        "| bertcli encode",
+        "bertcli pretrain --config runs/demo/config.yaml",
+    ):
         assert any(example in where for where in lines), f"the README example with {example!r} was not seen"
 
 

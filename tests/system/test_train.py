@@ -704,6 +704,38 @@ def test_resuming_with_other_settings_says_what_changes(tmp_path, cli, eight_ste
     assert "optimizer.lr 0.002 -> 0.001" in said[2] and f"learning rate {lr}" in said[2]
 
 
+def test_a_runs_set_values_stay_with_it_and_its_start_and_step_lines_say_what_a_person_needs(
+    tmp_path, cli, eight_steps, monkeypatch
+):
+    """--set train.max_steps=10 is recorded in the run folder: a plain pretrain keeps it (said), inspect shows it
+    during and after the run, a new --set changes it. The start is at most 12 lines; every step line, stderr not a
+    terminal, has the learning rate, the time so far and an estimate of the end."""
+    import shutil
+
+    from bertcli import summary, trainer
+
+    shutil.copytree(eight_steps, tmp_path, dirs_exist_ok=True)
+    config = write_config(tmp_path, "checkpoint.keep_last=3", "train.eval_every=0", "logging.log_every=1")
+    first = cli("pretrain", "--config", config, "--set", "train.max_steps=10")  # the YAML says 12
+    assert first.code == 0 and layout.list_checkpoints(tmp_path)[-1][0] == 10, first.err
+    steps = [i for i, line in enumerate(first.err_lines) if line.startswith("step ")]
+    assert steps and steps[0] <= 12, first.err
+    for i in steps:
+        assert re.search(r"^step \d+/10 \|.* lr [\d.e-]+ .*elapsed, ~[\d:]+ left$", first.err_lines[i]), first.err
+    assert "train.max_steps=10" in (tmp_path / layout.RUN_SETTINGS).read_text()
+    plain = cli("pretrain", "--config", config, "--quiet")
+    assert plain.code == 0 and "nothing to do" in plain.err, plain.err
+    assert "train.max_steps=10" in plain.err_lines[0] and layout.list_checkpoints(tmp_path)[-1][0] == 10
+    assert json.loads(cli("inspect", tmp_path, "--json").out)["training"]["max_steps"] == 10
+    during, real = [], trainer.train_step
+    monkeypatch.setattr(
+        trainer, "train_step", lambda *a, **k: during.append(summary.inspect_path(tmp_path)) or real(*a, **k)
+    )
+    more = cli("pretrain", "--config", config, "--set", "train.max_steps=11", "--verbose")
+    assert more.code == 0 and "resolved config:" in more.err and layout.list_checkpoints(tmp_path)[-1][0] == 11
+    assert [r["training"]["max_steps"] for r in during] == [11]
+
+
 def test_resume_skips_damaged_metrics_records_and_says_so_once(tmp_path, cli, eight_steps):
     import shutil
 
@@ -1029,7 +1061,7 @@ def test_best_of_an_earlier_held_out_set_is_replaced_at_the_next_evaluation(tmp_
     sets = ["--set", "train.max_steps=24", "--set", "train.eval_examples=4"]
     no_eval = cli("pretrain", "--config", config, "--quiet", *sets, "--set", "train.eval_every=0", "--stop-at", "17")
     assert no_eval.code == 0, no_eval.err  # the set changed, and no evaluation since: best is still of the set before
-    resumed = cli("pretrain", "--config", config, *sets, "--stop-at", "20")
+    resumed = cli("pretrain", "--config", config, *sets, "--set", "train.eval_every=4", "--stop-at", "20")  # (kept)
     assert resumed.code == 0 and any(
         "is replaced at this run's next evaluation" in line for line in resumed.err_lines
     ), resumed.err
