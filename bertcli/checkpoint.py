@@ -126,17 +126,6 @@ class DamagedState(RunError):
         super().__init__(f"{reason}: resume from another checkpoint (--resume PATH) or start in a new output_dir")
 
 
-def read_training_state(path: Path, device: Any) -> dict[str, Any]:
-    """A checkpoint's training_state.pt on `device` (its caller, restore, refused links: read_weights)."""
-    file = Path(path) / layout.TRAINING_STATE
-    try:
-        return _torch_load(file, map_location=device)
-    except pickle.UnpicklingError:  # objects other than tensors: unpickling them could run code
-        raise DamagedState(f"{file}: holds objects other than tensors and plain values") from None
-    except Exception as exc:  # noqa: BLE001  truncated or otherwise damaged
-        raise DamagedState(f"{file}: damaged ({type(exc).__name__})") from None
-
-
 def _torch_load(file: Path, **options: Any) -> Any:
     """torch.load of tensors and plain containers only (weights_only), its warnings silenced."""
     import torch
@@ -243,18 +232,12 @@ MODEL = "model"  # the part written as model.safetensors; every other part goes 
 
 
 def _write_trainer_state(tmp: Path, snap: Snapshot) -> None:
-    store.write_json(
-        tmp / layout.TRAINER_STATE,
-        {
-            "format_version": FORMAT_VERSION,
-            "bertcli_version": __version__,
-            "step": snap.step,
-            "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            TOKENIZER_SHA256: {name: hashlib.sha256(data).hexdigest() for name, data in snap.tokenizer.items()},
-            FILES_SHA256: {name: store.sha256_of(tmp / name) for name in HASHED},
-            **snap.trainer_state,
-        },
-    )
+    tokenizer = {name: hashlib.sha256(data).hexdigest() for name, data in snap.tokenizer.items()}
+    files = {name: store.sha256_of(tmp / name) for name in HASHED}
+    head = {"format_version": FORMAT_VERSION, "bertcli_version": __version__, "step": snap.step}
+    head["saved_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    record = {**head, TOKENIZER_SHA256: tokenizer, FILES_SHA256: files, **snap.trainer_state}
+    store.write_json(tmp / layout.TRAINER_STATE, record)
 
 
 # How each file is written from a Snapshot, in this order (trainer_state.json last: it hashes the others).
@@ -290,13 +273,6 @@ def write(output_dir: Path, snap: Snapshot, name: str | None = None) -> Path:
         for writer in WRITERS.values():
             writer(tmp, snap)
     return final
-
-
-def prune(output_dir: Path, keep_last: int) -> None:
-    """Delete every step checkpoint but the newest `keep_last`; one a user added a file to stays."""
-    for _, old in layout.list_checkpoints(output_dir)[:-keep_last]:
-        if store.not_owned(old, layout.CHECKPOINT) is None:
-            store.remove_folder(old)
 
 
 # ------------------------------------------------------------------------------------------ the run folder
@@ -414,7 +390,13 @@ class CheckpointManager:
         tensors = read_weights(path)
         weights.check_fits(tensors, model, path / layout.WEIGHTS)
         self.parts[MODEL].load_state_dict(tensors)
-        state, file = read_training_state(path, device), path / layout.TRAINING_STATE
+        file = path / layout.TRAINING_STATE  # (its links refused: read_weights)
+        try:
+            state = _torch_load(file, map_location=device)
+        except pickle.UnpicklingError:  # objects other than tensors: unpickling them could run code
+            raise DamagedState(f"{file}: holds objects other than tensors and plain values") from None
+        except Exception as exc:  # noqa: BLE001  truncated or otherwise damaged
+            raise DamagedState(f"{file}: damaged ({type(exc).__name__})") from None
         for name, part in self.parts.items():
             if name == MODEL:
                 continue
@@ -428,11 +410,9 @@ class CheckpointManager:
         trainer = read_trainer_state(path)
         console.info(f"resuming from {path} (step {int(state['step'])})")
         return Progress(
-            step=int(state["step"]),
-            tokens_seen=int(trainer.get("tokens_seen", 0)),
-            train_time_s=float(trainer.get("train_time_s", 0.0)),
+            int(state["step"]), int(trainer.get("tokens_seen", 0)), float(trainer.get("train_time_s", 0.0)),
             trained_length=checkpoint_trained_length(path) or self.cfg.model.max_position_embeddings,
-        )
+        )  # fmt: skip
 
     def due(self, step: int, last_step: int) -> bool:
         return step % self.cfg.checkpoint.save_every == 0 or step == last_step
@@ -448,7 +428,9 @@ class CheckpointManager:
         snap = Snapshot(step=step, states=states, trainer_state=trainer_state, cfg=self.cfg, tokenizer=self.tokenizer)
         if periodic and self.is_main:
             self.last_saved = write(self.output_dir, snap)
-            prune(self.output_dir, self.cfg.checkpoint.keep_last)
+            for _, old in layout.list_checkpoints(self.output_dir)[: -self.cfg.checkpoint.keep_last]:
+                if store.not_owned(old, layout.CHECKPOINT) is None:  # one a user added a file to stays
+                    store.remove_folder(old)
         if new_best:
             self.best = loss
             if self.is_main:

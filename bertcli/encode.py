@@ -148,7 +148,6 @@ def resolve(enc: Encoder, **flags) -> Settings:
 
 
 def _one_of(chars: set[str]) -> str:
-    """A regular-expression class of `chars`."""
     return "[" + "".join(re.escape(c) for c in sorted(chars)) + "]"
 
 
@@ -365,13 +364,11 @@ class _Window:
         return max(min(STALL_SECONDS, self.first + MAX_WAIT_SECONDS - time.monotonic()), 0.0)
 
     def where(self, i: int) -> str:
-        """Line i of the window, for a message."""
         line = self.lines[i]
         return line.where() if isinstance(line, Line) else f"input line {self.counts['lines'] + i + 1}"
 
     @torch.inference_mode()
     def flush(self) -> None:
-        """Encode the window's lines and write their rows, in order."""
         window, counts = self.lines, self.counts
         if not window:
             return
@@ -449,18 +446,9 @@ def encode(
 
 
 def run(
-    model: Path,
-    *,
-    hf: hf_import.EncoderFolder | None,
-    inputs: list[str],
-    writer: Callable[[], Writer],
-    output: Path | None,
-    stopper,
-    device: str,
-    dtype: str,
-    errors: str,
-    **flags,
-) -> None:
+    model: Path, *, hf: hf_import.EncoderFolder | None, inputs: list[str], writer: Callable[[], Writer],
+    output: Path | None, stopper, device: str, dtype: str, errors: str, **flags,
+) -> None:  # fmt: skip
     """`bertcli encode`, its checks done (preflight.encode): load, resolve `flags`, encode into `writer()`."""
     encoder = load_encoder(model, runtime.parse_device(device, "--device"), dtype, hf=hf)
     if slow := runtime.slow_autocast(encoder.rt):

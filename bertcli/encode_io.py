@@ -57,8 +57,7 @@ def check_inputs(inputs: list[str]) -> None:
 
 
 def read_lines(sources: list[str], errors: str) -> Iterator[Line]:
-    """Lines of the files (or stdin for '-'), without line ends or byte-order mark; not UTF-8 is refused unless
-    errors='replace'."""
+    """Lines of the files ('-': stdin), no line end or byte-order mark; not UTF-8 refused unless errors='replace'."""
     for source in sources or ["-"]:
         name = "stdin" if source == "-" else source
         stream: BinaryIO = sys.stdin.buffer if source == "-" else open(source, "rb")  # noqa: SIM115
@@ -267,16 +266,9 @@ def output_format(fmt: str | None, output: Path | None, *, with_text: bool, toke
     return fmt
 
 
-def check_output(output: Path, inputs: list[str], model: Path, fmt: str) -> Path:
+def check_output(output: Path, inputs: list[str], model: Path) -> Path:
     """The path to write encode's rows to (resolved; a character device or named pipe as given, written in place):
     never a folder, an input, a file of the model or one in a folder bertcli replaces whole."""
-    resolved, suffix = _output_path(output, inputs, model), Path(output).suffix.lower()
-    if fmt != next((n for n, rows in FORMATS.items() if rows.suffix == suffix), fmt) or suffix in OTHER_FORMATS:
-        console.error(f"warning: --format {fmt} writes {fmt} into {output}, despite its name")
-    return resolved
-
-
-def _output_path(output: Path, inputs: list[str], model: Path) -> Path:
     files = [Path(i) for i in inputs if i != "-"]
     reads_stdin = not inputs or "-" in inputs
     if sniff.is_stream(output):

@@ -87,16 +87,9 @@ def masked_lm(enc: Encoder, files: list[Path], *, seed: int, batch_size: int = 3
 
 
 def run(
-    model: Path,
-    *,
-    hf: hf_import.EncoderFolder | None,
-    files: list[Path],
-    train: Labeled | None,
-    test: Labeled | None,
-    seed: int,
-    device: str,
-    batch_size: int,
-) -> dict[str, Any]:
+    model: Path, *, hf: hf_import.EncoderFolder | None, files: list[Path], train: Labeled | None,
+    test: Labeled | None, seed: int, device: str, batch_size: int,
+) -> dict[str, Any]:  # fmt: skip
     """`bertcli eval`, its checks done (preflight.evaluate): the figures asked of `model`, null where not asked."""
     enc = load_encoder(model, runtime.parse_device(device, "--device"), hf=hf)
     result: dict[str, Any] = {"model": str(enc.source), "seed": seed, "mlm": None, "probe": None}

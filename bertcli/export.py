@@ -97,7 +97,7 @@ def refuse_a_part_of_a_run(path: Path, wanted: str) -> None:
 
 
 def _run_outputs(path: Path) -> Path:
-    """Where the run of folder `path` keeps its checkpoints: its output_dir, else `path` (refused where both hold some)."""
+    """Where the run at `path` keeps its checkpoints: its output_dir, else `path`; refused where both hold some."""
     from bertcli.resolve import load_run
 
     config = path / layout.RUN_CONFIG
@@ -156,34 +156,27 @@ def _export(ckpt: Path, out_dir: Path, force: bool) -> Path:
     # The positions trained: what transformers and sentence-transformers truncate at, and bertcli's encode of it.
     trained = checkpoint.checkpoint_trained_length(ckpt) or m.max_position_embeddings
     config = {
-        "architectures": ["BertForPreTraining"],
-        "model_type": "bert",
-        **{k: getattr(m, k) for k in hf_names.HF_FIELDS},
-        "tie_word_embeddings": True,
-        "torch_dtype": "float32",
-        "position_embedding_type": "absolute",
+        "architectures": ["BertForPreTraining"], "model_type": "bert", **{k: getattr(m, k) for k in hf_names.HF_FIELDS},
+        "tie_word_embeddings": True, "torch_dtype": "float32", "position_embedding_type": "absolute",
         "bertcli_version": __version__,  # what marks the folder as bertcli's (layout.EXPORT)
         "bertcli_step": checkpoint.read_trainer_state(ckpt).get("step"),  # which checkpoint of the run this is
-    }
+    }  # fmt: skip
     with store.folder(out_dir, guard) as tmp:
         store.write_json(tmp / layout.HF_CONFIG, config)
         store.save_safetensors(hf_names.to_hf(tensors, m), tmp / layout.WEIGHTS)  # vocabulary padding dropped
         for name in layout.TOKENIZER_FILES:
             if not (ckpt / name).is_file():
                 raise UsageError(f"{ckpt}: no {name}; a checkpoint of the synthetic corpus has no tokenizer to export")
-            with store.writing(tmp / name):
-                (tmp / name).write_bytes(store.read_own(ckpt / name))
+            store.write_inside(tmp / name, store.read_own(ckpt / name))
         # The tokenizer's own casing: transformers applies these keys over tokenizer.json's normalizer.
         casing = describe(read_tokenizer_json(tmp / layout.TOKENIZER_JSON))
         lower, strip = casing.get("lowercase", True), casing.get("strip_accents", True)
+        strip = None if strip == lower else strip
         tokenizer_config = {
-            "tokenizer_class": "BertTokenizer",
-            "do_lower_case": lower,
-            "strip_accents": None if strip == lower else strip,
-            "tokenize_chinese_chars": casing.get("tokenize_chinese_chars", True),
-            "model_max_length": trained,
+            "tokenizer_class": "BertTokenizer", "do_lower_case": lower, "strip_accents": strip,
+            "tokenize_chinese_chars": casing.get("tokenize_chinese_chars", True), "model_max_length": trained,
             **SPECIAL_TOKENS,
-        }
+        }  # fmt: skip
         store.write_json(tmp / layout.TOKENIZER_CONFIG, tokenizer_config)
         store.write_json(tmp / layout.SPECIAL_TOKENS_MAP, SPECIAL_TOKENS)
         (tmp / layout.POOLING_MODULE).mkdir()

@@ -27,7 +27,6 @@ if TYPE_CHECKING:  # the loaders import torch: configs and shapes are read witho
 
 
 def read_hf_config(folder: Path) -> ModelConfig:
-    """The ModelConfig of a Hugging Face BERT folder's config.json."""
     file = Path(folder) / layout.HF_CONFIG
     raw = read_json(file)
     if raw.get("model_type", "bert") != "bert":
@@ -70,8 +69,7 @@ TOKENIZER_BYTES_PER_TOKEN = 1024
 
 
 def load_model_tokenizer(file: Path, cfg: ModelConfig) -> Tokenizer:
-    """The tokenizer.json or vocab.txt `file` of a model folder, checked against the model; one too large for its
-    vocab_size (bytes, or vocab.txt lines counted streamed) is refused before it is built, in bounded memory."""
+    """A model folder's tokenizer `file`, checked against `cfg`; one too large for vocab_size refused unread."""
     size, bound, n = Path(file).stat().st_size, TOKENIZER_BYTES_PER_TOKEN * cfg.vocab_size + (1 << 20), cfg.vocab_size
     fix = "another model's? restore the model's own tokenizer"
     if size > bound:
@@ -131,7 +129,6 @@ def check_tokenizer(tok: Tokenizer, cfg: ModelConfig, file: Path) -> None:
 
 
 def weights_file(folder: Path) -> Path:
-    """The model.safetensors of a Hugging Face folder."""
     folder = Path(folder)
     file = folder / layout.WEIGHTS
     if not file.is_file():
@@ -146,8 +143,7 @@ def check_finite_weights(folder: Path) -> None:
 
 
 def load_hf_weights(folder: Path, cfg: ModelConfig) -> tuple[dict[str, torch.Tensor], list[str]]:
-    """Weights of a Hugging Face folder under bertcli's names, checked against a model of `cfg`; and the parts
-    (pooler, MLM head, NSP head) it lacks, which the caller initialises fresh."""
+    """A folder's weights under bertcli's names, checked against `cfg`, and the parts it lacks (initialised fresh)."""
     file = weights_file(folder)
     tensors = hf_names.from_hf(weights.load(file, "restore it, or use another model"), cfg)
     shapes = {k: tuple(v.shape) for k, v in tensors.items()}
@@ -157,8 +153,7 @@ def load_hf_weights(folder: Path, cfg: ModelConfig) -> tuple[dict[str, torch.Ten
 
 
 def load_into(model: BertForPreTraining, folder: Path, uninitialised: bool = False) -> list[str]:
-    """Load a Hugging Face folder into `model`; return the parts it lacked, left fresh (initialised here where the
-    model was built `uninitialised`)."""
+    """Load a folder into `model`; the parts it lacked, left fresh (initialised here where built `uninitialised`)."""
     tensors, fresh = load_hf_weights(folder, model.config)
     if uninitialised:
         missing = set(model.state_dict()) - set(tensors) - set(hf_names.TIED_ALIASES)

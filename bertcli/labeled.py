@@ -23,7 +23,6 @@ class Labeled:
     path: Path | None = None
 
     def take(self, rows: np.ndarray) -> Labeled:
-        """The rows `rows`, in that order."""
         return Labeled([self.texts[i] for i in rows], [self.labels[i] for i in rows], self.path)
 
 

@@ -1,9 +1,6 @@
-"""BERT for pretraining: d2l's BERTEncoder + MaskLM + NextSentencePred, built as the original BERT (post-LN, an MLM
-head tied to the word embeddings, run only at the predicted positions), with Hugging Face's `state_dict()` keys.
-
-Architecture only: no device, dtype or rank decisions live here. Shapes: B batch, T sequence length,
-H hidden size, nh heads of hd, N real tokens of a packed batch, P prediction slots per example, V vocabulary.
-"""
+"""BERT for pretraining (d2l's BERTEncoder + MaskLM + NextSentencePred) as the original: post-LN, an MLM head tied to
+the word embeddings and run at the predicted positions only, Hugging Face's `state_dict()` keys. Architecture only.
+Shapes: B batch, T length, H hidden, nh heads of hd, N real tokens of a packed batch, P predictions per row, V vocab."""
 
 from __future__ import annotations
 
@@ -67,8 +64,7 @@ class BertEmbeddings(nn.Module):
 
 
 class Packing(NamedTuple):
-    """Where the real tokens of a padded (B, T) batch sit once packed into (N, ...), N = valid_lens.sum(); made
-    on the host (`packing()`), so that no step waits for the device to count tokens."""
+    """Where the real tokens of a padded (B, T) batch sit once packed into (N, ...); made on the host (`packing()`)."""
 
     indices: torch.Tensor  # (N,) int64: flat position b*T + t of each real token, row by row
     cu_seqlens: torch.Tensor  # (B+1,) int32: row b is packed[cu_seqlens[b]:cu_seqlens[b+1]]
@@ -102,13 +98,8 @@ def packing(valid_lens: torch.Tensor, width: int) -> Packing:
     keep = torch.arange(width)[None, :] < valid_lens[:, None]  # (B, T)
     cu_seqlens = torch.zeros(len(valid_lens) + 1, dtype=torch.int32)
     cu_seqlens[1:] = valid_lens.cumsum(0)
-    return Packing(
-        indices=keep.flatten().nonzero().squeeze(1),
-        cu_seqlens=cu_seqlens,
-        max_seqlen=int(valid_lens.max()),
-        valid_lens=valid_lens,
-        width=width,
-    )
+    indices = keep.flatten().nonzero().squeeze(1)
+    return Packing(indices, cu_seqlens, max_seqlen=int(valid_lens.max()), valid_lens=valid_lens, width=width)
 
 
 def padding_mask(valid_lens: torch.Tensor, T: int) -> torch.Tensor:
@@ -128,8 +119,7 @@ def varlen_attn() -> Callable | None:
 
 
 def packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pk: Packing) -> torch.Tensor:
-    """Attention of each packed row over its own tokens: (N, nh, hd) x3 -> (N, nh, hd), no dropout. On CUDA in
-    half precision FlashAttention's varlen kernel; elsewhere SDPA over the unpacked (B, T), masked."""
+    """(N, nh, hd) x3 -> (N, nh, hd): each packed row over its own tokens, no dropout (varlen FlashAttention|SDPA)."""
     varlen = varlen_attn()
     if varlen is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
         return varlen(q, k, v, cu_seq_q=pk.cu_seqlens, cu_seq_k=pk.cu_seqlens, max_q=pk.max_seqlen, max_k=pk.max_seqlen)
@@ -153,8 +143,7 @@ class BertSelfAttention(nn.Module):
         self.dropout_p = cfg.attention_probs_dropout_prob
 
     def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(..., H) -> q, k, v, each (..., nh, hd). Fused: one (..., 3H) product over the three weights
-        concatenated (x read once); the parameters stay Hugging Face's three Linears."""
+        """(..., H) -> q, k, v, each (..., nh, hd); fused, one product (x read once) of HF's three Linears' weights."""
         heads = (self.num_heads, self.head_dim)
         if not self.fused_qkv:
             return tuple(proj(x).unflatten(-1, heads) for proj in (self.query, self.key, self.value))
@@ -259,14 +248,9 @@ class BertModel(nn.Module):
         return self.encoder.layer
 
     def hidden_states(
-        self,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor,
-        valid_lens: torch.Tensor | None = None,
-        *,
-        layer: int = -1,
-        packed: Packing | None = None,
-    ) -> torch.Tensor:
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, valid_lens: torch.Tensor | None = None,
+        *, layer: int = -1, packed: Packing | None = None,
+    ) -> torch.Tensor:  # fmt: skip
         """Hidden states after `layer` (ModelConfig.layer_index): (B, T) ids and (B,) valid_lens (None: no
         padding) -> (B, T, H); with the batch's Packing, on the real tokens alone: -> (N, H)."""
         if packed is not None:
@@ -278,13 +262,9 @@ class BertModel(nn.Module):
         return self.encoder(x, mask, self.config.layer_index(layer))
 
     def forward(
-        self,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor,
-        valid_lens: torch.Tensor | None = None,
-        *,
-        packed: Packing | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, valid_lens: torch.Tensor | None = None,
+        *, packed: Packing | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         """(B, T) ids -> the last layer (B, T, H) (packed: (N, H)) and the pooled [CLS] (B, H)."""
         encoded = self.hidden_states(input_ids, token_type_ids, valid_lens, packed=packed)
         if packed is not None:
@@ -359,14 +339,9 @@ class BertForPreTraining(nn.Module):
         return self.bert.blocks
 
     def forward(
-        self,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor,
-        valid_lens: torch.Tensor | None = None,
-        pred_positions: torch.Tensor | None = None,
-        *,
-        packed: Packing | None = None,
-    ) -> PretrainingOutput:
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, valid_lens: torch.Tensor | None = None,
+        pred_positions: torch.Tensor | None = None, *, packed: Packing | None = None,
+    ) -> PretrainingOutput:  # fmt: skip
         encoded, pooled = self.bert(input_ids, token_type_ids, valid_lens, packed=packed)
         # The MLM head (and its V-wide decoder) runs only at the P gathered positions (static shapes).
         if pred_positions is None:

@@ -85,7 +85,7 @@ def encode(
         raise UsageError(line)
     fmt = encode_io.output_format(fmt, output, with_text=with_text, tokens=tokens)
     encode_io.check_inputs(inputs)
-    output = encode_io.check_output(output, inputs, model, fmt) if output is not None else None
+    output = encode_io.check_output(output, inputs, model) if output is not None else None
     return fmt, output, _encode_model(model, layer=layer, pooling=pooling, tokens=tokens)
 
 
@@ -95,9 +95,7 @@ def _encode_model(model: Path, *, layer: int, pooling: str | None, tokens: bool)
     from bertcli.export import check_model_path, read_checkpoint
     from bertcli.sbert import NotReproducible, refuse_a_module
 
-    if not model.exists():
-        raise UsageError(f"--model {model}: no such folder; pass a run, a checkpoint or a Hugging Face BERT folder")
-    refuse_a_module(model, "encode --model")
+    refuse_a_module(model, "encode --model")  # (a missing model: check_model_path)
     hf = hf_import.read_encoder_folder(model)
     check_model_path(model, hf)
     st = hf.sentence if hf is not None else None
@@ -123,13 +121,9 @@ def evaluate(
 
     check_device(device, "--device")
     if not text and probe is None:
-        raise UsageError(
-            "nothing to score: give TEXT files (masked-LM figures), --probe TRAIN (a linear probe), or both"
-        )
+        raise UsageError("nothing to score: give TEXT files (masked-LM figures), --probe TRAIN, or both")
     if probe_test is not None and probe is None:
         raise UsageError("--probe-test scores a probe: add --probe TRAIN, or drop --probe-test")
-    if not model.exists():
-        raise UsageError(f"{model}: no such folder; MODEL is a run, a checkpoint or a Hugging Face BERT folder")
     hf = _encode_model(model, layer=-1, pooling=None, tokens=False)
     if missing := next((t for t in text if not Path(t).expanduser().exists()), None):
         raise UsageError(f"{missing}: no such file or folder; TEXT is a text or JSONL file, or a folder of them")

@@ -18,13 +18,10 @@ SUPPORTED = ("cls", "mean", "max")  # the pooling modes bertcli computes, as sen
 DEFAULT_POOLING = "mean"
 # The older config format: one boolean per mode (all false means mean, as sentence-transformers reads it).
 LEGACY_MODES = {
-    "pooling_mode_cls_token": "cls",
-    "pooling_mode_max_tokens": "max",
-    "pooling_mode_mean_tokens": "mean",
-    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
-    "pooling_mode_weightedmean_tokens": "weightedmean",
+    "pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max", "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens": "weightedmean",
     "pooling_mode_lasttoken": "lasttoken",
-}
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -149,20 +146,14 @@ def read_sentence_model(folder: Path) -> SentenceModel | None:
     name = prompts.get("default_prompt_name")
     text = prompts.get("prompts", {}).get(name) if isinstance(prompts.get("prompts"), dict) else None
     return SentenceModel(
-        folder=folder,
-        transformer=transformer,
-        pooling=pooling or "none (token vectors)",
-        normalize=normalize,
-        max_seq_length=_max_seq_length(raw, transformer),
-        lowercase=bool(raw.get("do_lower_case", False)),
-        unsupported=unsupported,
-        default_prompt=(str(name), text) if isinstance(text, str) and text else None,
-    )
+        folder, transformer, pooling or "none (token vectors)", normalize,
+        max_seq_length=_max_seq_length(raw, transformer), lowercase=bool(raw.get("do_lower_case", False)),
+        unsupported=unsupported, default_prompt=(str(name), text) if isinstance(text, str) and text else None,
+    )  # fmt: skip
 
 
 def sentence_files(hidden_size: int, max_seq_length: int) -> dict[str, Any]:
-    """The files (relative path: JSON value) that make a BERT folder a sentence-transformers one pooling by
-    DEFAULT_POOLING, unnormalised, in the published layout (all-MiniLM-L6-v2's: every version reads it)."""
+    """The files (path: JSON) making a BERT folder a sentence-transformers one (DEFAULT_POOLING), as published."""
     module = "sentence_transformers.models."
     modules = [
         {"idx": 0, "name": "0", "path": "", "type": f"{module}Transformer"},

@@ -1,7 +1,6 @@
 """bertcli's own files and folders on disk, one owner per promise (torch-free): atomic writes (`write_bytes`,
 `folder`, `clean_leftovers`), no link followed (`read_own`), digests (`digest_change`), ownership (`not_owned`,
-`check_apart`, `owner`) and locks (`lock`).
-"""
+`check_apart`, `owner`) and locks (`lock`)."""
 
 from __future__ import annotations
 
@@ -54,7 +53,6 @@ def writing(path: Path) -> Iterator[None]:
 
 
 def fsync_path(path: Path) -> None:
-    """Flush a file's data (or a folder's entries) to disk."""
     with writing(path):
         fd = os.open(path, os.O_RDONLY)
         try:
@@ -346,9 +344,12 @@ class Input:
     inside_ok: bool = False  # writing below it is fine (a run folder holds its prepared data)
 
 
-def _is_proof(file: Path) -> bool:
+def _proves(folder: Path, kind: Layout, *, marked: bool = False) -> bool:
+    """Whether `folder` holds bertcli's proof file of `kind` (one a failing disk cut counts where Layout says so)."""
+    if (kind.damaged_proof_counts or marked) and (folder / kind.proof).is_file():
+        return True
     try:
-        raw = json.loads(file.read_text(encoding="utf-8"))
+        raw = json.loads((folder / kind.proof).read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError):
         return False
     return isinstance(raw, dict) and PROOF_KEY in raw
@@ -381,11 +382,8 @@ def not_owned(target: Path, kind: Layout) -> str | None:
         return None
     if (foreign := first_foreign(target, kind)) is not None:
         return f"holds {foreign}, which is not a file bertcli writes in {kind.noun}"
-    # A proof file cut by a failing disk still counts where Layout says so.
     mark = target / kind.own_mark if kind.own_mark else None
-    marked = mark is not None and mark.is_dir() and any(mark.iterdir())
-    damaged_proof = (kind.damaged_proof_counts or marked) and (target / kind.proof).is_file()
-    if not _is_proof(target / kind.proof) and not damaged_proof:
+    if not _proves(target, kind, marked=mark is not None and mark.is_dir() and any(mark.iterdir())):
         return f"is not {kind.noun} written by bertcli (no {kind.proof} of bertcli's)"
     return None
 
@@ -415,15 +413,11 @@ def check_apart(target: Path, inputs: list[Input], fix: str) -> None:
 
 def owner(folder: Path) -> tuple[Path, str] | None:
     """The nearest folder at or above `folder` that bertcli writes whole or prunes, and what it is."""
-
-    def proves(at: Path, kind: Layout) -> bool:
-        return _is_proof(at / kind.proof) or (kind.damaged_proof_counts and (at / kind.proof).is_file())
-
     for at in (folder, *folder.parents):
         for kind in (layout.CHECKPOINT, layout.PREPARED, layout.EXPORT):
-            if proves(at, kind):
+            if _proves(at, kind):
                 return at, kind.noun
-        if at.name == layout.CHECKPOINTS and at.is_dir() and any(proves(c, layout.CHECKPOINT) for c in at.iterdir()):
+        if at.name == layout.CHECKPOINTS and at.is_dir() and any(_proves(c, layout.CHECKPOINT) for c in at.iterdir()):
             return at, "a run's checkpoints folder"
     return None
 
@@ -447,8 +441,7 @@ def run_file(path: Path) -> tuple[Path, str] | None:
 
 
 def check_not_inside_own(target: Path, fix: str) -> None:
-    """Refuse (exit 2) an output the user names inside a folder bertcli replaces whole or prunes, or a run
-    folder's own file: bertcli would count it as damage or as a file it did not write."""
+    """Refuse (exit 2) an output inside a folder bertcli replaces whole or prunes, or a run folder's own file."""
     resolved = Path(target).expanduser().resolve()
     if (run := run_file(resolved)) is not None:
         raise UsageError(f"{target} is {run[1]} of the run folder {run[0]}, which bertcli reads and writes: {fix}")

@@ -21,12 +21,8 @@ if TYPE_CHECKING:
     from torch import nn
 
 # A float is inf or NaN when its exponent bits are all set: each format's word and those bits.
-EXPONENT_BITS = {
-    "F16": (np.uint16, 0x7C00),
-    "BF16": (np.uint16, 0x7F80),
-    "F32": (np.uint32, 0x7F80_0000),
-    "F64": (np.uint64, 0x7FF0_0000_0000_0000),
-}
+EXPONENT_BITS = {"F16": (np.uint16, 0x7C00), "BF16": (np.uint16, 0x7F80), "F32": (np.uint32, 0x7F80_0000),
+                 "F64": (np.uint64, 0x7FF0_0000_0000_0000)}  # fmt: skip
 FINITE_CHUNK = 1 << 22  # words looked at at once: the masks stay at a few MB whatever the tensor
 # The sizes of a config against the tensors holding them as their shape.
 SIZED = [
@@ -58,8 +54,7 @@ def stored_shapes(file: Path) -> dict[str, tuple[int, ...]]:
 def check_shapes(
     found: dict[str, tuple[int, ...]], expected: dict[str, tuple[int, ...]], file: Path, optional: tuple[str, ...] = ()
 ) -> list[str]:
-    """Refuse weights of shapes `found` that do not fit shapes `expected`; return those missing under the
-    `optional` prefixes (the caller initialises them)."""
+    """Refuse shapes `found` that do not fit `expected`; those missing under the `optional` prefixes (made fresh)."""
     missing = sorted(set(expected) - set(found))
     needed = [k for k in missing if not k.startswith(optional)]
     unexpected = sorted(set(found) - set(expected))
@@ -74,8 +69,7 @@ def check_shapes(
 
 
 def check_file(file: Path, cfg: ModelConfig, config: Path, optional: tuple[str, ...] = ()) -> None:
-    """Refuse a weights file whose tensors are not of the sizes config file `config` says (`cfg`), from the header
-    alone: absurd sizes are refused before anything of that size is allocated."""
+    """Refuse a weights file not of the sizes `config` says (`cfg`), by its header: before anything that size exists."""
     shapes = stored_shapes(file)
     mismatch = "they do not belong together: restore the folder's files"
     layers = {int(m.group(1)) for key in shapes if (m := re.match(r"bert\.encoder\.layer\.(\d+)\.", key))}
