@@ -67,11 +67,8 @@ def _with_tokenizer(cfg: Config, path: Path) -> Config:
 
 def _adopt(cfg: Config, imported: ModelConfig, path: Path) -> Config:
     """cfg with model section `imported` (from `path`); a YAML value that contradicts it is an error."""
-    clashes = [
-        f"model.{k}={getattr(cfg.model, k)!r} but {path} has {getattr(imported, k)!r}"
-        for k in HF_FIELDS
-        if getattr(cfg.model, k) is not None and getattr(cfg.model, k) != getattr(imported, k)
-    ]
+    differ = [k for k in HF_FIELDS if getattr(cfg.model, k) not in (None, getattr(imported, k))]
+    clashes = [f"model.{k}={getattr(cfg.model, k)!r} but {path} has {getattr(imported, k)!r}" for k in differ]
     if clashes:
         raise UsageError(f"{'; '.join(clashes)}: the architecture comes from model.init_from; remove those keys")
     own = {"pad_vocab_multiple": cfg.model.pad_vocab_multiple, "init_from": cfg.model.init_from}  # bertcli's alone
@@ -97,10 +94,9 @@ def continued_pretraining(source: Path, preset: str, overrides: list[str]) -> tu
         check_finite_weights(source)  # refused now (a pickle only, no weights, NaN), not when pretrain starts
     values: dict[str, Any] = {f"model.{k}": getattr(imported, k) for k in HF_FIELDS}
     values["model.init_from"] = str(source)
-    try:
+    tokenizer = None  # none: prepare trains one, as from scratch
+    with contextlib.suppress(UsageError):
         tokenizer = find_tokenizer_file(source)
-    except UsageError:
-        tokenizer = None  # prepare trains one, as from scratch
     if tokenizer is not None:
         loaded = load_model_tokenizer(tokenizer, imported)
         casing = describe(loaded)
@@ -111,8 +107,7 @@ def continued_pretraining(source: Path, preset: str, overrides: list[str]) -> tu
     values |= {"optimizer.lr": CONTINUED_LR, "optimizer.warmup_steps": warmup}
     cfg = preset_config(preset, overrides, values=values)
     if tokenizer is not None and cfg.data.tokenizer.path == str(source):
-        clashes = casing_clashes(loaded, cfg.data.tokenizer)
-        if clashes:  # (written into the config, they would be ignored by the loaded tokenizer)
+        if clashes := casing_clashes(loaded, cfg.data.tokenizer):  # (the loaded tokenizer would ignore them)
             raise UsageError(f"{clashes}: the tokenizer of {source} keeps its own casing; drop those settings")
     o = cfg.optimizer
     note = (

@@ -3,6 +3,7 @@ given twice, unknown keys, wrong types and impossible values are reported togeth
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import functools
@@ -24,12 +25,12 @@ from bertcli.errors import UsageError
 def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
     """defaults < YAML file < --set overrides, strictly checked."""
     extra, origin = parse_overrides(overrides or [])
-    return build_config(_merge(read_yaml(Path(path)), extra), {"": str(path), **origin})
+    return _build_checked(Config, _merge(read_yaml(Path(path)), extra), "", {"": str(path), **origin})
 
 
 def config_from_dict(raw: dict[str, Any], source: str) -> Config:
     """A Config from a nested dict (a checkpoint's config, say), strictly checked; `source` names it in errors."""
-    return build_config(raw, {"": source})
+    return _build_checked(Config, raw, "", {"": source})
 
 
 def preset_config(name: str, overrides: list[str] | None = None, *, values: dict[str, Any] | None = None) -> Config:
@@ -41,13 +42,14 @@ def preset_config(name: str, overrides: list[str] | None = None, *, values: dict
         functools.reduce(lambda node, part: node.setdefault(part, {}), sections, chosen)[last] = value
     extra, origin = parse_overrides(overrides or [])
     labels = {"": f"preset {name}", **dict.fromkeys(values or {}, "--set"), **origin}
-    return build_config(_merge(_merge(preset_dict(name), chosen), extra), labels)
+    return _build_checked(Config, _merge(_merge(preset_dict(name), chosen), extra), "", labels)
 
 
 def debug_config(overrides: list[str] | None = None) -> Config:
     """defaults < preset tiny < config.DEBUG < --set overrides: the debug flavour of the tests."""
     extra, origin = parse_overrides(overrides or [])
-    return build_config(_merge(_merge(preset_dict("tiny"), DEBUG), extra), {"": "the debug config", **origin})
+    raw = _merge(_merge(preset_dict("tiny"), DEBUG), extra)
+    return _build_checked(Config, raw, "", {"": "the debug config", **origin})
 
 
 def as_overrides(nested: dict[str, Any], prefix: str = "") -> list[str]:
@@ -71,12 +73,9 @@ def model_config_from_dict(raw: dict[str, Any], source: str) -> ModelConfig:
 
 def read_yaml(path: Path) -> dict[str, Any]:
     """A YAML mapping; every way reading it fails is one UsageError line."""
-    try:
-        mode = os.stat(path).st_mode
-    except OSError:
-        mode = 0  # the open below says why
-    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):  # <(...): no folder for its relative paths
-        raise UsageError(f"{path}: a pipe, not a file: save it to a file (relative paths need its folder)")
+    with contextlib.suppress(OSError):  # (the open below says why)
+        if stat.S_ISFIFO(mode := os.stat(path).st_mode) or stat.S_ISSOCK(mode):  # <(...): no folder for its paths
+            raise UsageError(f"{path}: a pipe, not a file: save it to a file (relative paths need its folder)")
     try:
         with open(path, "rb") as fh:  # --config /dev/zero, or a 10 GB file, is refused at once
             data = fh.read(MAX_CONFIG_BYTES + 1)
@@ -95,7 +94,7 @@ def read_yaml(path: Path) -> dict[str, Any]:
 def _unreadable(exc: BaseException, path: Path) -> str:
     """Why the config file at `path` could not be read, `exc` being what reading it raised."""
     if isinstance(exc, DuplicateKey):
-        return f"line {exc.line}: key {str(exc.key)!r} is given twice (first at line {exc.first_line}); keep one of them (YAML would silently use the last)"
+        return f"line {exc.line}: key {str(exc.key)!r} is given twice (first at line {exc.first_line}); keep one"
     if isinstance(exc, yaml.YAMLError) and not isinstance(exc, TooManyAliases):
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -244,11 +243,6 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def build_config(raw: dict[str, Any], origin: dict[str, str]) -> Config:
-    """Build and check a Config from a nested dict; raise UsageError listing every problem."""
-    return _build_checked(Config, raw, "", origin)
-
-
 def _origin_of(p: str, origin: dict[str, str]) -> str:
     """Where the value at `p` (or, for a section's check, a key under it) came from: the file, or --set."""
     under = [label for key, label in origin.items() if key.startswith(p + ".")] if p else []
@@ -256,7 +250,7 @@ def _origin_of(p: str, origin: dict[str, str]) -> str:
 
 
 def _build_checked(cls: type, raw: dict[str, Any], path: str, origin: dict[str, str]) -> Any:
-    """Build section `cls` (at `path`: "" for a whole Config) and check its values with its `problems()`."""
+    """Section `cls` (at `path`: "" for a whole Config) built and checked (`problems()`): one UsageError lists all."""
     errors: list[str] = []
     failed: set[str] = set()
     built = _build(cls, raw, path, errors=errors, origin=origin, failed=failed)

@@ -202,10 +202,6 @@ def check_layer(model: Any, layer: int, pooling: str | None) -> int:
 
 
 # ------------------------------------------------------------------------------------------ output
-def _number(x: float) -> float:
-    return float(f"{x:.6g}")
-
-
 class JsonlRows:
     """A JSON object a line: {"line": N, ("text"), "vector": [...]} or, per token, "tokens" and "vectors"."""
 
@@ -217,9 +213,9 @@ class JsonlRows:
     def line(self, number: int, text: str, row: np.ndarray, tokens: list[str] | None) -> str:
         record: dict = {"line": number, **({"text": text} if self.with_text else {})}
         if tokens is not None:
-            record |= {"tokens": tokens, "vectors": [[_number(x) for x in v] for v in row]}
+            record |= {"tokens": tokens, "vectors": [[float(f"{x:.6g}") for x in v] for v in row]}
         else:
-            record["vector"] = [_number(x) for x in row]
+            record["vector"] = [float(f"{x:.6g}") for x in row]  # as TSV writes them
         return json.dumps(record, ensure_ascii=False)
 
 

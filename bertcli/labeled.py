@@ -46,7 +46,14 @@ def read_labeled(path: Path, *, flag: str) -> Labeled:
                 raise UsageError(f"{path}: line {number}: {text}; give {FORMATS}")
             texts.append(text)
             labels.append(label)
-    return check_labeled(Labeled(texts, labels, path), flag=flag, train=not flag.endswith("test"))
+    where, rows, train = f"{flag} {path}", len(labels), not flag.endswith("test")  # TRAIN: --probe, eval.probe
+    if not rows:
+        raise UsageError(f"{where}: no labeled rows; give {FORMATS}")
+    if train and len(set(labels)) < 2:  # a probe learns from two classes or more, MIN_ROWS rows or more
+        raise UsageError(f"{where}: one class, {labels[0]!r}, in every row; a probe needs two or more")
+    if train and rows < MIN_ROWS:
+        raise UsageError(f"{where}: {rows} rows; a probe needs {MIN_ROWS} or more")
+    return Labeled(texts, labels, path)
 
 
 def _jsonl_row(line: str) -> tuple[str, str]:
@@ -68,18 +75,6 @@ def _tsv_row(line: str) -> tuple[str, str]:
     """(text, label) of text<TAB>label (the label after the last TAB), or (what is wrong, '')."""
     text, tab, label = line.rpartition("\t")
     return (text, label.strip()) if tab and label.strip() else ("no label after a TAB", "")
-
-
-def check_labeled(data: Labeled, *, flag: str, train: bool) -> Labeled:
-    """`data` refused where a probe cannot learn from it (TRAIN: two classes, MIN_ROWS rows) or score it (a row)."""
-    where, rows, classes = f"{flag} {data.path}", len(data.labels), len(set(data.labels))
-    if not rows:
-        raise UsageError(f"{where}: no labeled rows; give {FORMATS}")
-    if train and classes < 2:
-        raise UsageError(f"{where}: one class, {data.labels[0]!r}, in every row; a probe needs two or more")
-    if train and rows < MIN_ROWS:
-        raise UsageError(f"{where}: {rows} rows; a probe needs {MIN_ROWS} or more")
-    return data
 
 
 def split(data: Labeled, seed: int, fraction: float = 0.2) -> tuple[Labeled, Labeled]:

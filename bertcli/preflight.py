@@ -26,8 +26,7 @@ def check_device(device: str, flag: str) -> None:
 def init(
     directory: Path, preset: str, *, corpus: str | None, init_from: Path | None, overrides: list[str]
 ) -> tuple[Config, str]:
-    """The config `init` writes (preset < corpus < --init-from's settings < overrides) and its header, checked
-    as pretrain will check it (paths in it: from DIR)."""
+    """The config `init` writes (preset < corpus < --init-from's < overrides), checked as pretrain will; its header."""
     import json
 
     from bertcli.config_load import preset_config
@@ -50,7 +49,7 @@ def init(
         continued, note = continued_pretraining(init_from.expanduser().resolve(), preset, overrides)
         header = header + "\n" + note
     cfg = preset_config(preset, overrides, values=continued)
-    base = directory.expanduser().absolute()
+    base = directory.expanduser().absolute()  # paths in the config: from DIR
     resolved = resolve(cfg, base, adopt_init_from=False)
     if resolved.data.corpus not in KEYWORD_CORPORA:
         corpus_files(Path(resolved.data.corpus), resolved.data.include, resolved.data.exclude)

@@ -73,11 +73,6 @@ def _read_object(file: Path) -> dict[str, Any]:
     return raw if isinstance(raw, dict) else {}
 
 
-def _kind(module: dict[str, Any]) -> str:
-    """'sentence_transformers.models.Pooling' (or a newer module path) -> 'Pooling'."""
-    return str(module.get("type", "")).rsplit(".", 1)[-1]
-
-
 def _pooling_mode(file: Path) -> str:
     raw = read_json(file)
     mode = raw.get("pooling_mode")
@@ -130,7 +125,7 @@ def read_sentence_model(folder: Path) -> SentenceModel | None:
     modules = read_json(file, list)
     if not all(isinstance(m, dict) for m in modules):
         raise UsageError(f"{file}: expected a list of modules")
-    kinds = [_kind(m) for m in modules]
+    kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]  # ...models.Pooling: Pooling
     if not kinds or kinds[0] != "Transformer":
         raise UsageError(f"{file}: the first module is {kinds[0] if kinds else 'missing'}, not a BERT Transformer")
     transformer = folder / str(modules[0].get("path", ""))

@@ -228,7 +228,8 @@ def test_a_key_or_section_given_twice_names_both_lines(tmp_path, text, needle):
     path.write_text(text)
     with pytest.raises(UsageError) as info:
         load_config(path)
-    assert info.value.problems == [f"{path}: {needle}; keep one of them (YAML would silently use the last)"]
+    (problem,) = info.value.problems
+    assert problem.startswith(f"{path}: {needle}"), problem
 
 
 def test_yaml_merge_keys_may_still_be_overridden(tmp_path):
