@@ -84,8 +84,7 @@ def newest_config(output_dir: Path) -> tuple[Path, Config] | None:
 
 
 def continued_pretraining(source: Path, preset: str, overrides: list[str]) -> tuple[dict[str, Any], str]:
-    """What `bertcli init --init-from SOURCE` sets under the user's overrides (preset_config's `values`): the
-    architecture, weights, tokenizer and optimizer values for continuing; and the config header's note."""
+    """What `init --init-from SOURCE` sets under the user's overrides (preset_config's `values`); the header's note."""
     refuse_a_module(source, "init --init-from")
     sentence = read_sentence_model(source) if layout.identify(source).kind is Kind.SENTENCE else None
     source = sentence.transformer if sentence else Path(source)  # a sentence-transformers folder's BERT

@@ -69,14 +69,13 @@ def load_encoder(
     path = Path(path)
     hf = hf or hf_import.read_encoder_folder(path)
     check_model_path(path, hf)
-    sentence = hf.sentence if hf else None
     if hf is not None:
-        tokenizer, model = hf.tokenizer, _uninitialised(hf.config)
+        tokenizer, model, sentence = hf.tokenizer, _uninitialised(hf.config), hf.sentence
         fresh, source = tuple(hf_import.load_into(model, hf.folder, uninitialised=True)), hf.folder
         trained = hf_import.tokenizer_limit(hf.folder) if sentence is None else None  # (its own settings say)
     else:  # a run's checkpoint, pruned while read, is chosen again
         source, (model, tokenizer) = read_checkpoint(path, _load_checkpoint)
-        fresh, trained = (), checkpoint.checkpoint_trained_length(source)
+        fresh, trained, sentence = (), checkpoint.checkpoint_trained_length(source), None
     model.to(device).eval()
     limited = trained is not None and trained < model.config.max_position_embeddings
     rt, trained_length = runtime.Runtime(device, precision), trained if limited else None
@@ -197,9 +196,7 @@ class Prefixes:
         """How many leading tokens of `prefix` (no special tokens) any text starting with it shares."""
         e = self._encode(prefix)
         words, offsets = e.word_ids, e.offsets
-        if not words:
-            return 0
-        last, limit, ends = words[-1], len(prefix) - self.added, {}
+        last, limit, ends = words[-1] if words else None, len(prefix) - self.added, {}
         for word, (_, end) in zip(words, offsets):
             ends[word] = max(ends.get(word, 0), end)
         count = 0
@@ -341,10 +338,9 @@ class _Window:
             self.tokenizer.normalizer = lowercase_first(self.tokenizer.normalizer)
         self.tokenizer.enable_truncation(settings.max_length)
         self.prefixes = Prefixes(self.tokenizer, settings.max_length)
-        self.max_tokens = None  # on a CPU, the token slots whose widest activation fits CPU_BATCH_BYTES
-        if enc.rt.device.type == "cpu":
-            itemsize = (enc.rt.autocast_dtype or torch.float32).itemsize
-            self.max_tokens = CPU_BATCH_BYTES // (itemsize * enc.model.config.intermediate_size)
+        itemsize = (enc.rt.autocast_dtype or torch.float32).itemsize
+        slots = CPU_BATCH_BYTES // (itemsize * enc.model.config.intermediate_size)
+        self.max_tokens = slots if enc.rt.device.type == "cpu" else None  # token slots whose widest activation fits
         self.counts = {"lines": 0, "truncated": 0, "unpaired": 0, "inner_cr": 0}
         self.lines: list[str] = []
         self.first, self.chars = 0.0, 0  # when the window's first line came, and the characters read into it
@@ -451,8 +447,6 @@ def run(
 ) -> None:  # fmt: skip
     """`bertcli encode`, its checks done (preflight.encode): load, resolve `flags`, encode into `writer()`."""
     encoder = load_encoder(model, runtime.parse_device(device, "--device"), dtype, hf=hf)
-    if slow := runtime.slow_autocast(encoder.rt):
-        console.error(f"warning: --dtype {slow}; use --dtype fp32 on this CPU")
     settings = resolve(encoder, **flags)
     if note := set_aside_note(encoder.source):
         console.error(f"bertcli encode: note: {note}")

@@ -20,7 +20,7 @@ from typing import IO, Any, BinaryIO, TextIO
 
 import numpy as np
 
-from bertcli import console, layout, sniff, store
+from bertcli import layout, sniff, store
 from bertcli.errors import PipeClosed, RunError, UsageError
 
 # A line is kept up to this many bytes, far more than a 512-token text uses (the rest is read, checked, dropped).
@@ -263,8 +263,7 @@ def output_format(fmt: str | None, output: Path | None, *, with_text: bool, toke
 
 
 def check_output(output: Path, inputs: list[str], model: Path) -> Path:
-    """The path to write encode's rows to (resolved; a character device or named pipe as given, written in place):
-    never a folder, an input, a file of the model or one in a folder bertcli replaces whole."""
+    """Where rows go (resolved; a device or pipe as given): never a folder, an input, the model's or an owned file."""
     files = [Path(i) for i in inputs if i != "-"]
     reads_stdin = not inputs or "-" in inputs
     if sniff.is_stream(output):
@@ -314,10 +313,7 @@ class Writer:
         self.count, self.in_place = 0, output is not None and sniff.is_stream(output)
         self.tmp = layout.tmp_name(output) if output is not None and not self.in_place else None
         if self.tmp is not None:  # of an encode killed before it put its output in place
-            for left in store.clean_leftovers(
-                output.parent, lambda p, name: name == output.name and p.is_file() and holds_rows(p)
-            ):
-                console.log(f"bertcli encode: removed {left}, left by an encode killed before it finished")
+            store.clean_leftovers(output.parent, lambda p, name: name == output.name and p.is_file() and holds_rows(p))
         binary, path = self.rows.binary, self.tmp or output
         self.target: IO = stream if path is None else open(path, "wb") if binary else open(path, "w", encoding="utf-8")
         folder = self.tmp.parent if self.tmp is not None else None

@@ -66,8 +66,7 @@ DROPPED_SUFFIXES = ("position_ids",)
 
 
 def our_key(key: str) -> str | None:
-    """bertcli's name for Hugging Face (or TF-converted) key `key`; None for a buffer or a tied alias. A key not in
-    KEYS keeps its name, for the shape check to name it."""
+    """bertcli's name of HF (or TF) key `key`, an unknown one kept for the shape check; None: a buffer or an alias."""
     for old, new in LEGACY.items():
         key = key.replace(old, new)
     if key.endswith(DROPPED_SUFFIXES) or key in TIED_ALIASES:
@@ -88,15 +87,13 @@ def our_keys(keys: Iterable[str]) -> dict[str, str]:
 
 
 def to_hf(state_dict: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """bertcli weights (their keys checked: weights.check_file) under Hugging Face's names, the vocabulary padding
-    rows and tied aliases (their targets carry them) dropped."""
+    """bertcli weights (keys checked: weights.check_file) under HF names; vocabulary padding, tied aliases dropped."""
     kept = {k: v for k, v in state_dict.items() if k not in TIED_ALIASES}
     return {k: v[: cfg.vocab_size].contiguous() if k in VOCAB_ROWS else v for k, v in kept.items()}
 
 
 def from_hf(state_dict: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """Hugging Face weights under bertcli's names, the vocabulary rows padded with zeros (a tensor of another
-    number of rows is left for the shape check to refuse)."""
+    """HF weights under bertcli's names, vocabulary rows zero-padded (another row count: the shape check refuses)."""
     import torch
 
     weights = {new: state_dict[key] for new, key in our_keys(state_dict).items()}

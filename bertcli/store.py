@@ -1,6 +1,5 @@
 """bertcli's own files and folders on disk, one owner per promise (torch-free): atomic writes (`write_bytes`,
-`folder`, `clean_leftovers`), no link followed (`read_own`), digests (`digest_change`), ownership (`not_owned`,
-`check_apart`, `owner`) and locks (`lock`)."""
+`folder`, `clean_leftovers`), no link followed (`read_own`), digests, ownership (`not_owned`, `owner`), locks."""
 
 from __future__ import annotations
 

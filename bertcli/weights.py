@@ -34,8 +34,7 @@ SIZED = [
 
 
 def stored_shapes(file: Path) -> dict[str, tuple[int, ...]]:
-    """The shapes of a safetensors file's weights under bertcli's names, from its header alone; refused where it
-    does not read, or a weight is stored twice or not as floating point (quantized or damaged)."""
+    """A safetensors file's shapes (bertcli's names) from its header; refused: unreadable, a weight twice, not float."""
     try:
         with safetensors.safe_open(file, "numpy") as f:  # the header only; "pt" would import torch
             header = {key: (tuple(f.get_slice(key).get_shape()), f.get_slice(key).get_dtype()) for key in f.keys()}

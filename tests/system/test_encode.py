@@ -486,9 +486,9 @@ def test_an_output_that_is_a_device_or_a_pipe_is_written_in_place(trained, tmp_p
 
 def test_leftovers_of_a_killed_encode_are_removed_at_the_next_start(trained, tmp_path, cli):
     """A SIGKILL leaves `.tmp-OUT.PID` beside the output (npy rows wait in an unnamed file: nothing
-    more); the next `encode -o OUT` removes those of processes that are gone, holding rows, and says
-    so; nothing else (a live writer's, a link, another name, a file of the name that holds other text,
-    such as a user's own `.tmp-OUT.PID` notes)."""
+    more); the next `encode -o OUT` removes those of processes that are gone, holding rows; nothing
+    else (a live writer's, a link, another name, a file of the name that holds other text, such as a
+    user's own `.tmp-OUT.PID` notes)."""
     import os
 
     dead = subprocess.Popen(["true"])
@@ -513,9 +513,6 @@ def test_leftovers_of_a_killed_encode_are_removed_at_the_next_start(trained, tmp
         result = cli("encode", "--model", trained, tmp_path / "in.txt", "-o", tmp_path / name)
         assert result.code == 0 and not any(p.exists() for p in gone), result.err
         assert all(p.is_symlink() or p.exists() for p in kept) and kept[3].read_text() == "my own notes\n"
-        said = [line for line in result.err_lines if "removed" in line]
-        assert len(said) == len(gone) and all(str(p) in said[0] for p in gone), result.err
-        assert not [p for p in kept if str(p) in result.err], result.err
         # nothing else left behind: the temporary names there are those kept
         assert {p.name for p in tmp_path.glob(".tmp-*")} == {p.name for p in all_kept}
 
@@ -654,20 +651,15 @@ def test_an_output_folder_that_takes_no_file_is_said_first_naming_the_output(tra
     assert list(readonly.iterdir()) == []
 
 
-def test_dtype_bf16_on_a_cpu_without_its_instructions_is_warned(trained, tmp_path, cli, monkeypatch):
-    """encode --dtype bf16 there is about twice as slow as fp32 (emulated): one warning line."""
+def test_dtype_bf16_on_a_cpu_without_its_instructions_encodes(trained, tmp_path, cli, monkeypatch):
+    """encode --dtype bf16 there is emulated (about twice as slow as fp32): its row, as asked."""
     from bertcli import runtime
 
     for probe in runtime.NATIVE_ON_CPU["bf16"]:
         monkeypatch.setattr(torch.cpu, probe, lambda: False)
     (tmp_path / "in.txt").write_text("hello world\n")
     done = cli("encode", "--model", trained, tmp_path / "in.txt", "--dtype", "bf16")
-    warned = [line for line in done.err_lines if line.startswith("warning:")]
     assert done.code == 0 and len(done.out.splitlines()) == 1, done.err
-    assert len(warned) == 1 and warned[0].startswith("warning: --dtype bf16 on a CPU without bf16 instructions ("), (
-        warned
-    )
-    assert warned[0].endswith("; use --dtype fp32 on this CPU"), warned
 
 
 @pytest.mark.parametrize("per_token", [False, True], ids=["pooled", "per-token"])
