@@ -410,9 +410,11 @@ class CheckpointManager:
         trainer = read_trainer_state(path)
         console.info(f"resuming from {path} (step {int(state['step'])})")
         return Progress(
-            int(state["step"]), int(trainer.get("tokens_seen", 0)), float(trainer.get("train_time_s", 0.0)),
+            int(state["step"]),
+            int(trainer.get("tokens_seen", 0)),
+            float(trainer.get("train_time_s", 0.0)),
             trained_length=checkpoint_trained_length(path) or self.cfg.model.max_position_embeddings,
-        )  # fmt: skip
+        )
 
     def due(self, step: int, last_step: int) -> bool:
         return step % self.cfg.checkpoint.save_every == 0 or step == last_step

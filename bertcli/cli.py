@@ -259,17 +259,35 @@ def encode(
     inputs = inputs or []
     flags = {"pooling": pooling, "layer": layer, "pairs": pairs, "strict_pairs": strict_pairs, "max_length": max_length}
     fmt, output, hf = preflight.encode(
-        model=model, inputs=inputs, output=output, fmt=fmt, with_text=with_text, tokens=tokens, device=device,
-        dtype=dtype, errors=errors, **flags,
-    )  # fmt: skip
+        model=model,
+        inputs=inputs,
+        output=output,
+        fmt=fmt,
+        with_text=with_text,
+        tokens=tokens,
+        device=device,
+        dtype=dtype,
+        errors=errors,
+        **flags,
+    )
     with stopping("nothing was written") as stopper:  # (torch's import and the model's load take seconds)
         from bertcli import encode as enc_mod
 
         enc_mod.run(
-            model, hf=hf, inputs=inputs, writer=lambda: enc_mod.Writer(fmt, sys.stdout, output, with_text),
-            output=output, stopper=stopper, device=device, dtype=dtype, errors=errors, normalize=normalize,
-            per_token=tokens, batch_size=batch_size, **flags,
-        )  # fmt: skip
+            model,
+            hf=hf,
+            inputs=inputs,
+            writer=lambda: enc_mod.Writer(fmt, sys.stdout, output, with_text),
+            output=output,
+            stopper=stopper,
+            device=device,
+            dtype=dtype,
+            errors=errors,
+            normalize=normalize,
+            per_token=tokens,
+            batch_size=batch_size,
+            **flags,
+        )
 
 
 @app.command("eval", short_help="Score a model: masked-LM figures on text, a linear probe on labeled texts.")

@@ -442,9 +442,18 @@ def encode(
 
 
 def run(
-    model: Path, *, hf: hf_import.EncoderFolder | None, inputs: list[str], writer: Callable[[], Writer],
-    output: Path | None, stopper, device: str, dtype: str, errors: str, **flags,
-) -> None:  # fmt: skip
+    model: Path,
+    *,
+    hf: hf_import.EncoderFolder | None,
+    inputs: list[str],
+    writer: Callable[[], Writer],
+    output: Path | None,
+    stopper,
+    device: str,
+    dtype: str,
+    errors: str,
+    **flags,
+) -> None:
     """`bertcli encode`, its checks done (preflight.encode): load, resolve `flags`, encode into `writer()`."""
     encoder = load_encoder(model, runtime.parse_device(device, "--device"), dtype, hf=hf)
     settings = resolve(encoder, **flags)

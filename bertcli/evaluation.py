@@ -56,8 +56,15 @@ def masked_batches(
         ends[[0, -1]] = True
         rng = np.random.default_rng([seed, row])
         masked, positions, labels = mask_tokens(tokens, ends, cfg=cfg, corpus=corpus, rng=rng)
-        examples.append(Example(tokens=masked, segments=np.zeros_like(tokens), pred_positions=positions,
-                                pred_labels=labels, nsp_label=IGNORE))  # fmt: skip
+        examples.append(
+            Example(
+                tokens=masked,
+                segments=np.zeros_like(tokens),
+                pred_positions=positions,
+                pred_labels=labels,
+                nsp_label=IGNORE,
+            )
+        )
         if len(examples) == batch_size:
             yield collate(examples, predictions, special.pad, length)
             examples = []
@@ -87,9 +94,16 @@ def masked_lm(enc: Encoder, files: list[Path], *, seed: int, batch_size: int = 3
 
 
 def run(
-    model: Path, *, hf: hf_import.EncoderFolder | None, files: list[Path], train: Labeled | None,
-    test: Labeled | None, seed: int, device: str, batch_size: int,
-) -> dict[str, Any]:  # fmt: skip
+    model: Path,
+    *,
+    hf: hf_import.EncoderFolder | None,
+    files: list[Path],
+    train: Labeled | None,
+    test: Labeled | None,
+    seed: int,
+    device: str,
+    batch_size: int,
+) -> dict[str, Any]:
     """`bertcli eval`, its checks done (preflight.evaluate): the figures asked of `model`, null where not asked."""
     enc = load_encoder(model, runtime.parse_device(device, "--device"), hf=hf)
     result: dict[str, Any] = {"model": str(enc.source), "seed": seed, "mlm": None, "probe": None}

@@ -156,11 +156,15 @@ def _export(ckpt: Path, out_dir: Path, force: bool) -> Path:
     # The positions trained: what transformers and sentence-transformers truncate at, and bertcli's encode of it.
     trained = checkpoint.checkpoint_trained_length(ckpt) or m.max_position_embeddings
     config = {
-        "architectures": ["BertForPreTraining"], "model_type": "bert", **{k: getattr(m, k) for k in hf_names.HF_FIELDS},
-        "tie_word_embeddings": True, "torch_dtype": "float32", "position_embedding_type": "absolute",
+        "architectures": ["BertForPreTraining"],
+        "model_type": "bert",
+        **{k: getattr(m, k) for k in hf_names.HF_FIELDS},
+        "tie_word_embeddings": True,
+        "torch_dtype": "float32",
+        "position_embedding_type": "absolute",
         "bertcli_version": __version__,  # what marks the folder as bertcli's (layout.EXPORT)
         "bertcli_step": checkpoint.read_trainer_state(ckpt).get("step"),  # which checkpoint of the run this is
-    }  # fmt: skip
+    }
     with store.folder(out_dir, guard) as tmp:
         store.write_json(tmp / layout.HF_CONFIG, config)
         store.save_safetensors(hf_names.to_hf(tensors, m), tmp / layout.WEIGHTS)  # vocabulary padding dropped
@@ -173,10 +177,13 @@ def _export(ckpt: Path, out_dir: Path, force: bool) -> Path:
         lower, strip = casing.get("lowercase", True), casing.get("strip_accents", True)
         strip = None if strip == lower else strip
         tokenizer_config = {
-            "tokenizer_class": "BertTokenizer", "do_lower_case": lower, "strip_accents": strip,
-            "tokenize_chinese_chars": casing.get("tokenize_chinese_chars", True), "model_max_length": trained,
+            "tokenizer_class": "BertTokenizer",
+            "do_lower_case": lower,
+            "strip_accents": strip,
+            "tokenize_chinese_chars": casing.get("tokenize_chinese_chars", True),
+            "model_max_length": trained,
             **SPECIAL_TOKENS,
-        }  # fmt: skip
+        }
         store.write_json(tmp / layout.TOKENIZER_CONFIG, tokenizer_config)
         store.write_json(tmp / layout.SPECIAL_TOKENS_MAP, SPECIAL_TOKENS)
         (tmp / layout.POOLING_MODULE).mkdir()

@@ -20,9 +20,13 @@ HF_FIELDS = [f.name for f in dataclasses.fields(ModelConfig) if f.name not in ("
 ATTENTION = ("self.query", "self.key", "self.value", "output.dense", "output.LayerNorm")
 LAYER_MODULES = (*(f"attention.{m}" for m in ATTENTION), "intermediate.dense", "output.dense", "output.LayerNorm")
 MODULES = (
-    "bert.embeddings.LayerNorm", *(f"bert.encoder.layer.{{}}.{m}" for m in LAYER_MODULES), "bert.pooler.dense",
-    "cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm", "cls.seq_relationship",
-)  # fmt: skip
+    "bert.embeddings.LayerNorm",
+    *(f"bert.encoder.layer.{{}}.{m}" for m in LAYER_MODULES),
+    "bert.pooler.dense",
+    "cls.predictions.transform.dense",
+    "cls.predictions.transform.LayerNorm",
+    "cls.seq_relationship",
+)
 KEYS = (
     *(f"bert.embeddings.{table}_embeddings.weight" for table in ("word", "position", "token_type")),
     "cls.predictions.bias",
@@ -39,13 +43,20 @@ def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """The shape of every weight of a model of `cfg`, vocabulary rows padded, from the config's numbers alone."""
     h, i, V = cfg.hidden_size, cfg.intermediate_size, padded_vocab_size(cfg)
     by_suffix = (  # the first suffix a key ends with gives its shape
-        ("word_embeddings.weight", (V, h)), ("position_embeddings.weight", (cfg.max_position_embeddings, h)),
-        ("token_type_embeddings.weight", (cfg.type_vocab_size, h)), ("attention.output.dense.weight", (h, h)),
-        ("intermediate.dense.weight", (i, h)), ("intermediate.dense.bias", (i,)),
+        ("word_embeddings.weight", (V, h)),
+        ("position_embeddings.weight", (cfg.max_position_embeddings, h)),
+        ("token_type_embeddings.weight", (cfg.type_vocab_size, h)),
+        ("attention.output.dense.weight", (h, h)),
+        ("intermediate.dense.weight", (i, h)),
+        ("intermediate.dense.bias", (i,)),
         ("output.dense.weight", (h, i)),  # the feed-forward block's second product
-        ("predictions.bias", (V,)), ("seq_relationship.weight", (2, h)), ("seq_relationship.bias", (2,)),
-        ("LayerNorm.weight", (h,)), ("weight", (h, h)), ("bias", (h,)),  # weight: Q, K, V, pooler, MLM transform
-    )  # fmt: skip
+        ("predictions.bias", (V,)),
+        ("seq_relationship.weight", (2, h)),
+        ("seq_relationship.bias", (2,)),
+        ("LayerNorm.weight", (h,)),
+        ("weight", (h, h)),
+        ("bias", (h,)),  # weight: Q, K, V, pooler, MLM transform
+    )
     return {key: next(shape for suffix, shape in by_suffix if key.endswith(suffix)) for key in weight_keys(cfg)}
 
 

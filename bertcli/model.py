@@ -248,9 +248,14 @@ class BertModel(nn.Module):
         return self.encoder.layer
 
     def hidden_states(
-        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, valid_lens: torch.Tensor | None = None,
-        *, layer: int = -1, packed: Packing | None = None,
-    ) -> torch.Tensor:  # fmt: skip
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor,
+        valid_lens: torch.Tensor | None = None,
+        *,
+        layer: int = -1,
+        packed: Packing | None = None,
+    ) -> torch.Tensor:
         """Hidden states after `layer` (ModelConfig.layer_index): (B, T) ids and (B,) valid_lens (None: no
         padding) -> (B, T, H); with the batch's Packing, on the real tokens alone: -> (N, H)."""
         if packed is not None:
@@ -262,9 +267,13 @@ class BertModel(nn.Module):
         return self.encoder(x, mask, self.config.layer_index(layer))
 
     def forward(
-        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, valid_lens: torch.Tensor | None = None,
-        *, packed: Packing | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor,
+        valid_lens: torch.Tensor | None = None,
+        *,
+        packed: Packing | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, T) ids -> the last layer (B, T, H) (packed: (N, H)) and the pooled [CLS] (B, H)."""
         encoded = self.hidden_states(input_ids, token_type_ids, valid_lens, packed=packed)
         if packed is not None:
@@ -339,9 +348,14 @@ class BertForPreTraining(nn.Module):
         return self.bert.blocks
 
     def forward(
-        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, valid_lens: torch.Tensor | None = None,
-        pred_positions: torch.Tensor | None = None, *, packed: Packing | None = None,
-    ) -> PretrainingOutput:  # fmt: skip
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor,
+        valid_lens: torch.Tensor | None = None,
+        pred_positions: torch.Tensor | None = None,
+        *,
+        packed: Packing | None = None,
+    ) -> PretrainingOutput:
         encoded, pooled = self.bert(input_ids, token_type_ids, valid_lens, packed=packed)
         # The MLM head (and its V-wide decoder) runs only at the P gathered positions (static shapes).
         if pred_positions is None:

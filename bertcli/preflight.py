@@ -60,10 +60,22 @@ def init(
 
 
 def encode(
-    *, model: Path, inputs: list[str], output: Path | None, fmt: str | None, with_text: bool, tokens: bool,
-    pooling: str | None, layer: int, device: str, dtype: str, errors: str, pairs: bool, strict_pairs: bool,
+    *,
+    model: Path,
+    inputs: list[str],
+    output: Path | None,
+    fmt: str | None,
+    with_text: bool,
+    tokens: bool,
+    pooling: str | None,
+    layer: int,
+    device: str,
+    dtype: str,
+    errors: str,
+    pairs: bool,
+    strict_pairs: bool,
     max_length: int | None,
-) -> tuple[str, Path | None, Any]:  # fmt: skip
+) -> tuple[str, Path | None, Any]:
     """encode's flags, inputs, output and model, checked: (format, output path, Hugging Face folder or None)."""
     from bertcli import encode_io
     from bertcli.config import PRECISIONS

@@ -108,9 +108,14 @@ def macro_f1(truth: np.ndarray, guess: np.ndarray) -> float:
 
 
 def probe(
-    model: Encoder | BertForPreTraining, tokenizer: Tokenizer | None, train: Labeled, test: Labeled | None,
-    *, seed: int = 0, batch_size: int = 32,
-) -> dict[str, Any]:  # fmt: skip
+    model: Encoder | BertForPreTraining,
+    tokenizer: Tokenizer | None,
+    train: Labeled,
+    test: Labeled | None,
+    *,
+    seed: int = 0,
+    batch_size: int = 32,
+) -> dict[str, Any]:
     """The probe of `model` (an Encoder, or a model on its device with `tokenizer`, vectors in fp32) trained on
     `train` and scored on `test` (None: a seeded fifth of `train`). The model is left in the mode it was in."""
     if test is None:
@@ -130,9 +135,16 @@ def probe(
     l2 = _pick_l2(x, y, len(names), seed)
     guess = predict(fit(x, y, len(names), l2), x_test).numpy()
     majority = index[Counter(train.labels).most_common(1)[0][0]]
-    return {"accuracy": float(np.mean(guess == truth)), "macro_f1": macro_f1(truth, guess),
-            "majority": float(np.mean(truth == majority)), "l2": l2, "pooling": pooling,
-            "train": len(train.labels), "test": len(test.labels), "classes": len(names)}  # fmt: skip
+    return {
+        "accuracy": float(np.mean(guess == truth)),
+        "macro_f1": macro_f1(truth, guess),
+        "majority": float(np.mean(truth == majority)),
+        "l2": l2,
+        "pooling": pooling,
+        "train": len(train.labels),
+        "test": len(test.labels),
+        "classes": len(names),
+    }
 
 
 def _pick_l2(x: torch.Tensor, y: torch.Tensor, classes: int, seed: int) -> float:

@@ -18,10 +18,13 @@ SUPPORTED = ("cls", "mean", "max")  # the pooling modes bertcli computes, as sen
 DEFAULT_POOLING = "mean"
 # The older config format: one boolean per mode (all false means mean, as sentence-transformers reads it).
 LEGACY_MODES = {
-    "pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max", "pooling_mode_mean_tokens": "mean",
-    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens": "weightedmean",
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
     "pooling_mode_lasttoken": "lasttoken",
-}  # fmt: skip
+}
 
 
 @dataclass(frozen=True)
@@ -141,10 +144,15 @@ def read_sentence_model(folder: Path) -> SentenceModel | None:
     name = prompts.get("default_prompt_name")
     text = prompts.get("prompts", {}).get(name) if isinstance(prompts.get("prompts"), dict) else None
     return SentenceModel(
-        folder, transformer, pooling or "none (token vectors)", normalize,
-        max_seq_length=_max_seq_length(raw, transformer), lowercase=bool(raw.get("do_lower_case", False)),
-        unsupported=unsupported, default_prompt=(str(name), text) if isinstance(text, str) and text else None,
-    )  # fmt: skip
+        folder,
+        transformer,
+        pooling or "none (token vectors)",
+        normalize,
+        max_seq_length=_max_seq_length(raw, transformer),
+        lowercase=bool(raw.get("do_lower_case", False)),
+        unsupported=unsupported,
+        default_prompt=(str(name), text) if isinstance(text, str) and text else None,
+    )
 
 
 def sentence_files(hidden_size: int, max_seq_length: int) -> dict[str, Any]:

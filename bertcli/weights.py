@@ -21,8 +21,12 @@ if TYPE_CHECKING:
     from torch import nn
 
 # A float is inf or NaN when its exponent bits are all set: each format's word and those bits.
-EXPONENT_BITS = {"F16": (np.uint16, 0x7C00), "BF16": (np.uint16, 0x7F80), "F32": (np.uint32, 0x7F80_0000),
-                 "F64": (np.uint64, 0x7FF0_0000_0000_0000)}  # fmt: skip
+EXPONENT_BITS = {
+    "F16": (np.uint16, 0x7C00),
+    "BF16": (np.uint16, 0x7F80),
+    "F32": (np.uint32, 0x7F80_0000),
+    "F64": (np.uint64, 0x7FF0_0000_0000_0000),
+}
 FINITE_CHUNK = 1 << 22  # words looked at at once: the masks stay at a few MB whatever the tensor
 # The sizes of a config against the tensors holding them as their shape.
 SIZED = [
