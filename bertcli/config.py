@@ -493,6 +493,7 @@ class Config:
         pairs = "is false (single spans, no sentence pairs) but train.nsp_weight is not 0: NSP needs pairs"
         synthetic = "the synthetic corpus has no tokenizer: set model.vocab_size (e.g. 1024)"
         probe = f"is {self.checkpoint.best_metric} but eval.probe is not set"
+        probe_runs = "runs at each evaluation: set train.eval_every and data.validation_fraction above 0"
         checks = [
             (d.max_seq_length <= m.max_position_embeddings, "data.max_seq_length", positions),
             (d.corpus != "synthetic" or m.vocab_size is not None, "model.vocab_size", synthetic),
@@ -500,6 +501,7 @@ class Config:
             (bool(e.probe) or not self.checkpoint.best_metric.startswith("probe"), "checkpoint.best_metric", probe),
             (not e.probe or d.corpus != "synthetic", "eval.probe", "needs a text corpus (a tokenizer)"),
             (not e.probe or t.parallel != "fsdp", "eval.probe", "runs under train.parallel ddp, not fsdp"),
+            (not e.probe or (t.eval_every > 0 and d.validation_fraction > 0), "eval.probe", probe_runs),
         ]
         own, paths = [problem for section in sections for problem in section.problems()], flat(self)
         return own + failing(checks) + [(key, why) for key in PATH_KEYS if (why := path_problem(paths[key]))]

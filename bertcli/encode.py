@@ -72,7 +72,7 @@ def load_encoder(
     if hf is not None:
         tokenizer, model, sentence = hf.tokenizer, _uninitialised(hf.config), hf.sentence
         fresh, source = tuple(hf_import.load_into(model, hf.folder, uninitialised=True)), hf.folder
-        trained = hf_import.tokenizer_limit(hf.folder) if sentence is None else None  # (its own settings say)
+        trained = (sentence and sentence.max_seq_length) or hf_import.tokenizer_limit(hf.folder)
     else:  # a run's checkpoint, pruned while read, is chosen again
         source, (model, tokenizer) = read_checkpoint(path, _load_checkpoint)
         fresh, trained, sentence = (), checkpoint.checkpoint_trained_length(source), None

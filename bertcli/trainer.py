@@ -414,7 +414,7 @@ PROBE_FIGURES = ("accuracy", "macro_f1", "majority")  # the probe's figures logg
 def _probe(cfg: Config, model: BertForPreTraining, tokenizer: dict[str, bytes]) -> Callable[[], dict] | None:
     """eval.probe as a function of `model`'s weights now: its labeled data read once, vectors in fp32 at the
     length trained (positions past it are untrained)."""
-    if not cfg.eval.probe or cfg.train.eval_every == 0:
+    if not cfg.eval.probe:
         return None
     train = read_labeled(Path(cfg.eval.probe), flag="eval.probe")
     test = read_labeled(Path(cfg.eval.probe_test), flag="eval.probe_test") if cfg.eval.probe_test else None
@@ -663,7 +663,11 @@ def _evaluate(
         return None
     metrics = {**held_out, "mlm_acc_baseline": run.baseline_acc}
     if run.probe is not None:
-        metrics.update({f"probe_{key}": value for key, value in run.probe().items() if key in PROBE_FIGURES})
+        probed = run.probe()
+        figures = torch.tensor([probed[key] for key in PROBE_FIGURES], dtype=torch.float64, device=run.rt.device)
+        if run.rt.distributed:  # (as evaluate's) every process takes the same best-checkpoint decision
+            run.rt.all_reduce_sum(figures).div_(run.rt.world_size)
+        metrics.update({f"probe_{key}": value for key, value in zip(PROBE_FIGURES, figures.tolist())})
     window.exclude(time.perf_counter() - start)
     if logger:
         logger.log(step, metrics, split="eval")

@@ -99,6 +99,10 @@ def test_masked_lm_figures_equal_transformers_on_the_same_masked_inputs(kind, tr
     assert ours["positions"] == theirs["positions"] > 100
     for key in ("loss", "accuracy", "perplexity"):
         assert ours[key] == pytest.approx(theirs[key], rel=1e-5, abs=1e-5), key
+    if kind == "checkpoint":  # its export (a sentence-transformers folder) is scored at the length trained too
+        exported = json.loads(cli("eval", tmp_path / "export", text_file, "--seed", "3", "--batch-size", "5").out)
+        assert exported["mlm"]["positions"] == ours["positions"]
+        assert exported["mlm"]["loss"] == pytest.approx(ours["loss"], rel=1e-5)
 
 
 def test_the_probe_learns_separable_labels_and_two_runs_give_the_same_json(trained, text_file, tmp_path, cli):

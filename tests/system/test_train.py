@@ -1171,3 +1171,7 @@ def test_the_probe_runs_at_each_evaluation_is_logged_and_chooses_best(tmp_path, 
     assert score({"probe_accuracy": 0.9}, "probe_accuracy") < score({"probe_accuracy": 0.8}, "probe_accuracy")
     assert score({"mlm_loss": 2.0}, "mlm_loss") < score({"mlm_loss": 3.0}, "mlm_loss")
     assert score({"mlm_loss": math.nan}, "mlm_loss") is None and score({}, "probe_macro_f1") is None
+    from bertcli.config import Config, DataConfig, EvalConfig
+
+    no_held_out = Config(eval=EvalConfig(probe="p.jsonl"), data=DataConfig(validation_fraction=0))
+    assert [key for key, _ in no_held_out.problems()] == ["eval.probe"]  # no evaluation would ever run it
