@@ -671,7 +671,7 @@ CASES = [
         "encode-missing-model",
         lambda d, b: ["encode", "--model", d / "nothing", _write(d, "in.txt", "a\n")],
         2,
-        ("--model", "{d}/nothing", "no such"),
+        ("{d}/nothing", "no such"),
     ),
     (
         "encode-missing-input",
