@@ -753,10 +753,8 @@ def test_a_terminated_encode_leaves_no_half_written_output(trained, tmp_path):
     p.send_signal(signal.SIGTERM)
     _, err = p.communicate(timeout=60)
     assert p.returncode == 143, err
-    assert err.strip().splitlines() == [
-        f"bertcli: stopped by SIGTERM; {tmp_path / 'v.npy'} was not written (what was "
-        "there is intact): run the same command again"
-    ]
+    last = err.strip().splitlines()[-1]  # the stop's line names the signal and the output not written
+    assert "SIGTERM" in last and f"{tmp_path / 'v.npy'} was not written" in last, err
     assert list(tmp_path.iterdir()) == []
     # Started to ignore SIGHUP (nohup): a hang-up does not stop it.
     p = subprocess.Popen(
