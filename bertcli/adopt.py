@@ -1,5 +1,4 @@
-"""A run that starts from a model (model.init_from): its architecture adopted into the run's config, and what
-`bertcli init --init-from` sets for continued pretraining."""
+"""model.init_from: the model's architecture adopted into the run's config; what `init --init-from` sets."""
 
 from __future__ import annotations
 
@@ -49,8 +48,7 @@ def adopt_imported(cfg: Config, path: Path) -> Config:
         own = newest_config(Path(cfg.output_dir))
         if own is None:
             raise  # starting fresh: the source is needed
-        ckpt, model = own[0], own[1].model
-        tokenizer = cfg.data.tokenizer.path
+        ckpt, model, tokenizer = own[0], own[1].model, cfg.data.tokenizer.path
         sources_own = not tokenizer or Path(tokenizer) == path or path in Path(tokenizer).parents
         stand_in = sources_own and (ckpt / layout.TOKENIZER_JSON).is_file()
         what = "architecture and the tokenizer" if stand_in else "architecture"
@@ -91,8 +89,7 @@ def continued_pretraining(source: Path, preset: str, overrides: list[str]) -> tu
     imported = imported_config(source)
     if layout.identify(source).kind is not Kind.CHECKPOINT:
         check_finite_weights(source)  # refused now (a pickle only, no weights, NaN), not when pretrain starts
-    values: dict[str, Any] = {f"model.{k}": getattr(imported, k) for k in HF_FIELDS}
-    values["model.init_from"] = str(source)
+    values = {f"model.{k}": getattr(imported, k) for k in HF_FIELDS} | {"model.init_from": str(source)}
     tokenizer = None  # none: prepare trains one, as from scratch
     with contextlib.suppress(UsageError):
         tokenizer = find_tokenizer_file(source)
@@ -108,10 +105,9 @@ def continued_pretraining(source: Path, preset: str, overrides: list[str]) -> tu
     if tokenizer is not None and cfg.data.tokenizer.path == str(source):
         if clashes := casing_clashes(loaded, cfg.data.tokenizer):  # (the loaded tokenizer would ignore them)
             raise UsageError(f"{clashes}: the tokenizer of {source} keeps its own casing; drop those settings")
-    o = cfg.optimizer
+    o, and_tokenizer = cfg.optimizer, " and tokenizer (data.tokenizer.path)" if tokenizer else ""
     note = (
-        f"\nContinued pretraining from {source}: its architecture (model), weights (model.init_from)"
-        f"{' and tokenizer (data.tokenizer.path)' if tokenizer else ''}.\n"
+        f"\nContinued pretraining from {source}: its architecture (model), weights (model.init_from){and_tokenizer}.\n"
         f"optimizer.lr {o.lr:g} with {o.warmup_steps:,} warm-up steps, against {scratch.optimizer.lr:g} from scratch "
         f"in preset '{preset}':\na model that has learned already needs a lower rate, or the first steps undo it."
     )

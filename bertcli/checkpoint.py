@@ -1,6 +1,5 @@
-"""Checkpoints, `output_dir/checkpoints/step-NNNNNNN/`, written whole (store.folder, WRITERS): model.safetensors
-(part "model"), training_state.pt (the other parts by name), trainer_state.json (progress, the other files' SHA-256),
-config and tokenizer. Parts are saved whole (gathered from FSDP shards): it resumes on any number of processes."""
+"""Checkpoints, `output_dir/checkpoints/step-NNNNNNN/`, written whole: model.safetensors, training_state.pt (the other
+parts, gathered whole from FSDP shards: any number of processes resumes), trainer_state.json, config and tokenizer."""
 
 from __future__ import annotations
 
@@ -11,7 +10,6 @@ import pickle  # only for its exception type: nothing is unpickled here
 import time
 import warnings
 import zipfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,9 +36,11 @@ TRAINED_LENGTH = "trained_length"  # the longest sequences the run has trained o
 PREPARED_DATA = "prepared_data"  # what the examples came from (PreparedData.identity)
 FIX = "use another checkpoint"
 METRICS_START = b'{"step": '  # how every line of metrics.jsonl starts
+MODEL = "model"  # the part written as model.safetensors; every other part goes into training_state.pt
+# checkpoint.best_metric -> the sign that makes a lower score the better one (accuracies are negated)
+BEST_SIGN = {"mlm_loss": 1.0, "mlm_acc": -1.0, "probe_accuracy": -1.0, "probe_macro_f1": -1.0}
 
 
-# ------------------------------------------------------------------------------------------ reading
 def read_trainer_state(path: Path) -> dict[str, Any]:
     return store.read_own_json(Path(path) / layout.TRAINER_STATE)
 
@@ -145,8 +145,7 @@ def check_readable(path: Path) -> Config:
 
 
 def verify(path: Path) -> list[tuple[str, str]]:
-    """What is damaged in complete checkpoint `path`, as (file, reason); none where it resumes. The training
-    state must be a whole archive (no member marked a folder: torch's reader leaves those unwritten)."""
+    """What is damaged in complete checkpoint `path`, as (file, reason); [] where it resumes."""
     damage = [(n, store.file_problem(Path(path) / n)) for n in _links(path)]
     try:
         step = read_trainer_state(path).get("step")
@@ -175,7 +174,7 @@ def _verify_tensors(path: Path, cfg: Config, step: int) -> list[tuple[str, str]]
     try:
         with zipfile.ZipFile(file) as archive:
             bad = archive.testzip()
-            folders = [i.filename for i in archive.infolist() if i.is_dir() or i.external_attr & 0x10]
+            folders = [i.filename for i in archive.infolist() if i.is_dir() or i.external_attr & 0x10]  # torch skips
         if bad or folders:
             return damage + [(layout.TRAINING_STATE, f"{bad or folders[0]} is corrupt")]
         state = _torch_load(file, map_location="cpu", mmap=True)
@@ -190,8 +189,7 @@ def _verify_tensors(path: Path, cfg: Config, step: int) -> list[tuple[str, str]]
 
 
 def trained_length(cfg: Config, _depth: int = 0) -> int | None:
-    """The positions a run of `cfg` trains, where fewer than its model has (None: all): data.max_seq_length,
-    or more where its init_from was trained longer; a source that is gone counts as trained at all."""
+    """The positions a run of `cfg` trains where fewer than its model has (None: all), its init_from's included."""
     length = cfg.data.max_seq_length
     if cfg.model.init_from:
         from bertcli.hf_import import tokenizer_limit
@@ -216,7 +214,6 @@ def checkpoint_trained_length(path: Path, _depth: int = 0) -> int | None:
     return trained_length(cfg, _depth)
 
 
-# ------------------------------------------------------------------------------------------ writing
 @dataclass(frozen=True)
 class Snapshot:
     """One checkpoint's contents; `tokenizer`: name: bytes, as the run read them when it started."""
@@ -228,9 +225,6 @@ class Snapshot:
     tokenizer: dict[str, bytes]
 
 
-MODEL = "model"  # the part written as model.safetensors; every other part goes into training_state.pt
-
-
 def _write_trainer_state(tmp: Path, snap: Snapshot) -> None:
     tokenizer = {name: hashlib.sha256(data).hexdigest() for name, data in snap.tokenizer.items()}
     files = {name: store.sha256_of(tmp / name) for name in HASHED}
@@ -238,19 +232,6 @@ def _write_trainer_state(tmp: Path, snap: Snapshot) -> None:
     head["saved_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     record = {**head, TOKENIZER_SHA256: tokenizer, FILES_SHA256: files, **snap.trainer_state}
     store.write_json(tmp / layout.TRAINER_STATE, record)
-
-
-# How each file is written from a Snapshot, in this order (trainer_state.json last: it hashes the others).
-WRITERS: dict[str, Callable[[Path, Snapshot], None]] = {
-    layout.WEIGHTS: lambda tmp, snap: store.save_safetensors(snap.states[MODEL], tmp / layout.WEIGHTS),
-    layout.CHECKPOINT_CONFIG: lambda tmp, snap: store.write_inside(
-        tmp / layout.CHECKPOINT_CONFIG, to_yaml(snap.cfg, f"Resolved config of the run, saved at step {snap.step}.")
-    ),
-    layout.TRAINING_STATE: lambda tmp, snap: store.save_torch(
-        {**{k: v for k, v in snap.states.items() if k != MODEL}, "step": snap.step}, tmp / layout.TRAINING_STATE
-    ),
-    layout.TRAINER_STATE: _write_trainer_state,
-}
 
 
 def _tensors(state: Any) -> list[torch.Tensor]:
@@ -270,12 +251,15 @@ def write(output_dir: Path, snap: Snapshot, name: str | None = None) -> Path:
     with store.folder(final, guard) as tmp:
         for file, data in snap.tokenizer.items():
             store.write_inside(tmp / file, data)
-        for writer in WRITERS.values():
-            writer(tmp, snap)
+        store.save_safetensors(snap.states[MODEL], tmp / layout.WEIGHTS)
+        config = to_yaml(snap.cfg, f"Resolved config of the run, saved at step {snap.step}.")
+        store.write_inside(tmp / layout.CHECKPOINT_CONFIG, config)
+        rest = {k: v for k, v in snap.states.items() if k != MODEL}
+        store.save_torch({**rest, "step": snap.step}, tmp / layout.TRAINING_STATE)
+        _write_trainer_state(tmp, snap)  # last: it records the others' SHA-256
     return final
 
 
-# ------------------------------------------------------------------------------------------ the run folder
 def guard(target: Path) -> None:
     """Refuse (exit 2) to replace checkpoint folder `target` unless bertcli wrote it all; never through a link."""
     fix = f"move it out of {Path(target).parent}, or set output_dir to a new folder"
@@ -322,7 +306,6 @@ def remove_leftovers(root: Path) -> None:
     store.clean_leftovers(root, ours)
 
 
-# ------------------------------------------------------------------------------------------ the manager
 def _dcp() -> Any:
     from torch.distributed.checkpoint import state_dict  # seconds to import: only when used
 
@@ -407,21 +390,16 @@ class CheckpointManager:
                     part.load_state_dict(state[name])
             except (KeyError, TypeError, ValueError, RuntimeError) as exc:
                 raise DamagedState(f"{file}: the {name} state does not fit this model ({type(exc).__name__})") from None
-        trainer = read_trainer_state(path)
-        console.info(f"resuming from {path} (step {int(state['step'])})")
-        return Progress(
-            int(state["step"]),
-            int(trainer.get("tokens_seen", 0)),
-            float(trainer.get("train_time_s", 0.0)),
-            trained_length=checkpoint_trained_length(path) or self.cfg.model.max_position_embeddings,
-        )
+        step, trainer = int(state["step"]), read_trainer_state(path)
+        console.info(f"resuming from {path} (step {step})")
+        length = checkpoint_trained_length(path) or self.cfg.model.max_position_embeddings
+        return Progress(step, int(trainer.get("tokens_seen", 0)), float(trainer.get("train_time_s", 0.0)), length)
 
     def due(self, step: int, last_step: int) -> bool:
         return step % self.cfg.checkpoint.save_every == 0 or step == last_step
 
     def save(self, step: int, trainer_state: dict[str, Any], periodic: bool) -> None:
-        """Save step `step` where `periodic`, then `best` where `trainer_state` holds an evaluation that beats
-        the best so far (the step first: a disk that fills while `best` is written leaves it resumable)."""
+        """Save step `step` where `periodic`, then `best` where its evaluation beats it (the step first: resumable)."""
         loss = best_score(trainer_state.get("eval_metrics"), self.cfg.checkpoint.best_metric)
         new_best = loss is not None and (self.best is None or loss < self.best)
         if not (periodic or new_best):
@@ -437,10 +415,6 @@ class CheckpointManager:
             self.best = loss
             if self.is_main:
                 write(self.output_dir, snap, name=layout.BEST)
-
-
-# checkpoint.best_metric -> the sign that makes a lower score the better one (accuracies are negated)
-BEST_SIGN = {"mlm_loss": 1.0, "mlm_acc": -1.0, "probe_accuracy": -1.0, "probe_macro_f1": -1.0}
 
 
 def best_score(metrics: Any, metric: str) -> float | None:

@@ -150,8 +150,7 @@ def pretrain(
     ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Print the whole resolved config at the start too."),
 ) -> None:
-    """Pretrain BERT (MLM + NSP) as the config says, resuming from the newest checkpoint (with the run's --set values
-    until they are given again)."""
+    """Pretrain BERT (MLM + NSP), resuming from the newest checkpoint with the run's --set values (until given again)."""
     from bertcli import preflight
     from bertcli.resume import is_foreign, run_config
     from bertcli.stopping import stopping
@@ -256,46 +255,29 @@ def encode(
     from bertcli import preflight
     from bertcli.stopping import stopping
 
-    inputs = inputs or []
     flags = {"pooling": pooling, "layer": layer, "pairs": pairs, "strict_pairs": strict_pairs, "max_length": max_length}
-    fmt, output, hf = preflight.encode(
-        model=model,
-        inputs=inputs,
-        output=output,
-        fmt=fmt,
-        with_text=with_text,
-        tokens=tokens,
-        device=device,
-        dtype=dtype,
-        errors=errors,
-        **flags,
-    )
+    given = {"inputs": inputs or [], "device": device, "dtype": dtype, "errors": errors, **flags}
+    fmt, output, hf = preflight.encode(model=model, output=output, fmt=fmt, with_text=with_text, tokens=tokens, **given)
     with stopping("nothing was written") as stopper:  # (torch's import and the model's load take seconds)
         from bertcli import encode as enc_mod
 
         enc_mod.run(
             model,
             hf=hf,
-            inputs=inputs,
             writer=lambda: enc_mod.Writer(fmt, sys.stdout, output, with_text),
             output=output,
             stopper=stopper,
-            device=device,
-            dtype=dtype,
-            errors=errors,
             normalize=normalize,
             per_token=tokens,
             batch_size=batch_size,
-            **flags,
+            **given,
         )
 
 
 @app.command("eval", short_help="Score a model: masked-LM figures on text, a linear probe on labeled texts.")
 def eval_command(
     model: Path = typer.Argument(..., metavar="MODEL", help="A run, checkpoint or Hugging Face BERT folder."),
-    text: list[str] = typer.Argument(
-        None, metavar="TEXT", help="Text or JSONL files or folders, read as prepare reads."
-    ),
+    text: list[str] = typer.Argument(None, metavar="TEXT", help="Text or JSONL files or folders (as prepare reads)."),
     probe: Optional[Path] = typer.Option(
         None, "--probe", metavar="TRAIN", help="Labeled texts for a linear probe: JSONL (text, label) or TSV."
     ),
@@ -306,8 +288,7 @@ def eval_command(
     batch_size: int = BATCH,
     device: str = DEVICE,
 ) -> None:
-    """Score a model: masked-LM loss, accuracy and perplexity on TEXT (fixed masks), a linear probe on labeled texts.
-    One JSON object on stdout; the figures in words on stderr."""
+    """Score a model: masked-LM figures on TEXT (fixed masks), a linear probe on labeled texts; JSON on stdout."""
     from bertcli import preflight
     from bertcli.stopping import stopping
 
@@ -334,8 +315,7 @@ WRITES = {
 
 
 def os_error_message(exc: OSError, command: str = "") -> str:
-    """One line for a failed read or write of `command` (writes are atomic: what was there is intact), naming
-    the final path where the write failed on its temporary name."""
+    """One line for a failed read or write of `command`, naming the final path where a temporary name failed."""
     from bertcli.layout import TEMPORARY
 
     parts = str(exc.filename).split("/")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import importlib.util
 import inspect
 import re
 import typing
@@ -57,8 +58,6 @@ def is_device_name(name: str) -> bool:
 @cache
 def torch_build() -> tuple[str, str] | None:
     """("cpu" or "gpu", version) of the installed PyTorch from torch/version.py, without importing it; else None."""
-    import importlib.util
-
     try:
         spec = importlib.util.find_spec("torch")
         text = Path(spec.origin).with_name("version.py").read_text() if spec and spec.origin else ""
@@ -95,8 +94,7 @@ def path_problem(value: str) -> str | None:
     if "\0" in value:
         return "holds a NUL character, which no path can"
     if longest > NAME_MAX or len(encoded) > PATH_MAX:
-        sizes = f"{len(encoded):,} bytes, a name of {longest:,} (at most {NAME_MAX}, {PATH_MAX:,} in all)"
-        return f"is no usable path: {sizes}"
+        return f"is no usable path: {len(encoded):,} bytes, a name of {longest:,} (at most {NAME_MAX}, {PATH_MAX:,} in all)"
     return None
 
 
@@ -200,13 +198,9 @@ class SyntheticConfig:
     seed: int = 1234
     """Seed of the generated corpus (independent of train.seed)."""
 
-    def expected_tokens(self) -> float:
-        """The corpus's expected size in tokens (sentences and lengths are drawn uniformly)."""
-        sentences = (self.min_sentences + self.max_sentences) / 2
-        return self.num_documents * sentences * (self.min_sentence_length + self.max_sentence_length) / 2
-
     def problems(self) -> list[Problem]:
-        s, p, expected = self, "data.synthetic", self.expected_tokens()
+        s, p, length_sum = self, "data.synthetic", self.min_sentence_length + self.max_sentence_length
+        expected = s.num_documents * (s.min_sentences + s.max_sentences) * length_sum / 4  # both drawn uniformly
         size = f"about {expected:,.0f} tokens (num_documents x the mean sentences x the mean length); the synthetic corpus is for quick checks, of at most {MAX_SYNTHETIC_TOKENS:,}: lower them"
         lengths = f"need 1 <= min_sentence_length <= max_sentence_length, got {s.min_sentence_length} and {s.max_sentence_length}"
         sentences = f"need 1 <= min_sentences <= max_sentences, got {s.min_sentences} and {s.max_sentences}"
@@ -225,8 +219,6 @@ class SyntheticConfig:
 
 @dataclass
 class TokenizerConfig:
-    """The WordPiece tokenizer: trained on the corpus by `prepare`, or an existing one."""
-
     path: str = ""
     """An existing tokenizer.json or BERT vocab.txt to use; empty = train one on the corpus (with model.init_from: that model's own, whose embeddings need its ids)."""
     vocab_size: int = 30522
@@ -253,8 +245,6 @@ class TokenizerConfig:
 
 @dataclass
 class DataConfig:
-    """Where examples come from and how BERT examples (pairs + masks) are built."""
-
     corpus: str = "sample"
     """sample (the bundled text), synthetic, or a text/JSONL file or folder (relative to this file)."""
     prepared_dir: str = "data"
@@ -428,15 +418,12 @@ class CheckpointConfig:
     """The evaluation metric that chooses checkpoints/best: the held-out MLM loss (lowest) or accuracy, or the probe's (eval.probe) accuracy or macro-F1 (highest)."""
 
     def problems(self) -> list[Problem]:
-        return failing(
-            [at_least("checkpoint.save_every", self.save_every, 1), at_least("checkpoint.keep_last", self.keep_last, 1)]
-        )
+        save_every = at_least("checkpoint.save_every", self.save_every, 1)
+        return failing([save_every, at_least("checkpoint.keep_last", self.keep_last, 1)])
 
 
 @dataclass
 class EvalConfig:
-    """A downstream probe at each evaluation (train.eval_every), as `bertcli eval --probe` runs it."""
-
     probe: str = ""
     """Labeled data for a linear probe on the model's pooled vectors (JSONL {"text", "label"} or TSV text<TAB>label), relative to the config file; empty = no probe."""
     probe_test: str = ""
@@ -448,8 +435,6 @@ class EvalConfig:
 
 @dataclass
 class LoggingConfig:
-    """Metrics: metrics.jsonl, TensorBoard and the progress line."""
-
     log_every: int = 10
     """Log metrics every N steps (the only steps that wait for the GPU)."""
     tensorboard: bool = True
@@ -458,10 +443,8 @@ class LoggingConfig:
     """Device peak (dense bf16 TFLOP/s) for MFU; 0 = known GPUs' datasheet value, none on CPU."""
 
     def problems(self) -> list[Problem]:
-        log_every, peak = self.log_every, self.peak_tflops
-        return failing(
-            [at_least("logging.log_every", log_every, 1), at_least("logging.peak_tflops", peak, 0, " (0 = auto)")]
-        )
+        peak = at_least("logging.peak_tflops", self.peak_tflops, 0, " (0 = auto)")
+        return failing([at_least("logging.log_every", self.log_every, 1), peak])
 
 
 @dataclass
@@ -612,17 +595,13 @@ PATH_KEYS = tuple(
 
 def with_vocab(cfg: Config, vocab_size: int, source: str, pad_id: int | None = None) -> Config:
     """`cfg` with model.vocab_size from `source`'s tokenizer (or checked against it), pad_token_id checked."""
-    if cfg.model.vocab_size is not None and cfg.model.vocab_size != vocab_size:
-        if cfg.model.init_from:  # the size is the weights', which "set null" does not change
-            raise UsageError(
-                f"the tokenizer of {source} has {vocab_size:,} tokens but the weights of model.init_from "
-                f"({cfg.model.init_from}) have {cfg.model.vocab_size:,} rows: a tokenizer of another model; drop "
-                "data.tokenizer.path to use the model's own"
-            )
-        raise UsageError(
-            f"model.vocab_size={cfg.model.vocab_size} but the tokenizer of {source} has {vocab_size:,} "
-            "tokens; set model.vocab_size: null to take the size from the tokenizer"
-        )
+    m, has = cfg.model, f"the tokenizer of {source} has {vocab_size:,} tokens"
+    if m.vocab_size is not None and m.vocab_size != vocab_size:
+        if m.init_from:  # the size is the weights', which "set null" does not change
+            rows = f"the weights of model.init_from ({m.init_from}) have {m.vocab_size:,} rows"
+            raise UsageError(f"{has} but {rows}: drop data.tokenizer.path to use the model's own tokenizer")
+        fix = "set model.vocab_size: null to take the size from the tokenizer"
+        raise UsageError(f"model.vocab_size={m.vocab_size} but {has}; {fix}")
     if pad_id is not None and (problem := cfg.model.pad_problem(pad_id, source)):
         raise UsageError(problem)
-    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab_size))
+    return dataclasses.replace(cfg, model=dataclasses.replace(m, vocab_size=vocab_size))

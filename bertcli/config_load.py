@@ -34,8 +34,7 @@ def config_from_dict(raw: dict[str, Any], source: str) -> Config:
 
 
 def preset_config(name: str, overrides: list[str] | None = None, *, values: dict[str, Any] | None = None) -> Config:
-    """defaults < preset `name` < `values` < --set overrides, strictly checked. `values` ({"model.hidden_size":
-    256}, typed) are what a command sets for the user (init --init-from's): named as --set in messages."""
+    """defaults < preset `name` < `values` (typed, {"model.hidden_size": 256}: named as --set) < --set overrides."""
     chosen: dict[str, Any] = {}
     for key, value in (values or {}).items():
         *sections, last = key.split(".")
@@ -188,20 +187,10 @@ StrictLoader.yaml_implicit_resolvers = {
     first: [(tag, rx) for tag, rx in resolvers if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
-StrictLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:int", re.compile(r"^(?:[-+]?[0-9][0-9_]*|0x[0-9a-fA-F_]+|0o[0-7_]+)$"), list("-+0123456789")
-)
-StrictLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(
-        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?
-        |\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?
-        |[-+]?\.(?:inf|Inf|INF)
-        |\.(?:nan|NaN|NAN))$""",
-        re.X,
-    ),
-    list("-+0123456789."),
-)
+YAML_INT = r"^(?:[-+]?[0-9][0-9_]*|0x[0-9a-fA-F_]+|0o[0-7_]+)$"
+YAML_FLOAT = r"^(?:[-+]?[0-9][0-9_]*\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+StrictLoader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(YAML_INT), list("-+0123456789"))
+StrictLoader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(YAML_FLOAT), list("-+0123456789."))
 StrictLoader.add_constructor("tag:yaml.org,2002:int", StrictLoader.construct_yaml_int)
 
 
@@ -216,12 +205,8 @@ def parse_overrides(overrides: list[str]) -> tuple[dict[str, Any], dict[str, str
             raise UsageError(f"--set {item!r}: expected section.key=value, for example train.max_steps=200")
         try:
             value = load_yaml(text) if text.strip() else ""
-        except TooManyAliases as exc:
-            raise UsageError(f"--set {_shown(item)}: the value is refused: {exc}") from None
         except (yaml.YAMLError, ValueError, RecursionError) as exc:  # ValueError: an integer of 5,000 digits
-            deep = isinstance(exc, RecursionError)
-            problem = "nested too deeply" if deep else getattr(exc, "problem", None) or str(exc).splitlines()[0]
-            raise UsageError(f"--set {_shown(item)}: the value is not a YAML scalar ({problem})") from None
+            raise UsageError(f"--set {_shown(item)}: {_unreadable(exc, Path(key))}") from None
         node = nested
         parts = key.split(".")
         if len(parts) == 1 and dataclasses.is_dataclass(field_types(Config).get(key)):
@@ -316,8 +301,8 @@ def _check_value(value: Any, tp: Any) -> tuple[Any, str | None]:
         if value in choices:
             return value, None
         return None, f"must be one of {', '.join(map(str, choices))}; got {_shown(value)}"
-    if tp is bool:
-        return (value, None) if isinstance(value, bool) else (None, f"expected true or false, got {got}")
+    if tp in (bool, str):
+        return (value, None) if isinstance(value, tp) else (None, f"expected {EXPECTED[tp]}, got {got}")
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             integer = value
@@ -338,8 +323,6 @@ def _check_value(value: Any, tp: Any) -> tuple[Any, str | None]:
         if not math.isfinite(number):  # eps=inf trains with no updates, lr=nan with NaN weights: never meant
             return None, f"expected a finite number, got {got}"
         return number, None
-    if tp is str:
-        return (value, None) if isinstance(value, str) else (None, f"expected a string, got {got}")
     if tp == list[str]:
         strings = isinstance(value, list) and all(isinstance(v, str) for v in value)
         return (list(value), None) if strings else (None, f"expected a list of strings (['*.txt']), got {got}")
@@ -347,6 +330,7 @@ def _check_value(value: Any, tp: Any) -> tuple[Any, str | None]:
 
 
 MAX_INT = 2**63 - 1  # the largest integer numpy and torch take (int64)
+EXPECTED = {bool: "true or false", str: "a string"}
 
 
 def _shown(value: Any, limit: int = 60) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import typing
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -32,44 +33,38 @@ def type_name(tp: Any) -> str:
     return {int: "int", float: "float", str: "str", bool: "bool"}.get(tp, getattr(tp, "__name__", str(tp)))
 
 
+def _fields(obj: Any, prefix: str = "") -> Iterator[tuple[str, type, str, Any]]:
+    """(key with its sections, class, field name, value) of every field of `obj`, a section before its fields."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        yield f"{prefix}{f.name}", type(obj), f.name, value
+        if dataclasses.is_dataclass(value):
+            yield from _fields(value, f"{prefix}{f.name}.")
+
+
 def to_yaml(cfg: Config, header: str = "", comments: bool = True) -> str:
     """The config as YAML: every field, each with a one-line comment (meaning, type, default)."""
     lines = [f"# {line}" if line else "#" for line in header.splitlines()] + ([""] if header else [])
-
-    def emit(obj: Any, indent: int) -> None:
-        cls = type(obj)
-        docs, defaults = field_docs(cls), cls()
-        for f in dataclasses.fields(cls):
-            value, pad, section = getattr(obj, f.name), "  " * indent, dataclasses.is_dataclass(getattr(obj, f.name))
-            if comments:  # a value's comment gives its type and default too
-                tp = type_name(field_types(cls)[f.name])
-                typed = "" if section else f" ({tp}, default {yaml_scalar(getattr(defaults, f.name))})"
-                lines.append(f"{pad}# {docs.get(f.name, '')}{typed}")
-            lines.append(f"{pad}{f.name}:" + ("" if section else f" {yaml_scalar(value)}"))
-            if section:
-                emit(value, indent + 1)
-            if indent == 0:
-                lines.append("")
-
-    emit(cfg, 0)
+    for key, cls, name, value in _fields(cfg):
+        pad, section = "  " * key.count("."), dataclasses.is_dataclass(value)
+        if lines and lines[-1] and "." not in key:
+            lines.append("")  # a blank line before each section
+        doc = f"{pad}# {field_docs(cls).get(name, '')}"
+        if comments and section:
+            lines.append(doc)
+        elif comments:  # a value's comment gives its type and default too
+            lines.append(f"{doc} ({type_name(field_types(cls)[name])}, default {yaml_scalar(getattr(cls(), name))})")
+        lines.append(f"{pad}{name}:" + ("" if section else f" {yaml_scalar(value)}"))
     return "\n".join(lines).rstrip() + "\n"
 
 
 def markdown_reference() -> str:
     """The config reference table of docs/configuration.md, generated from the field docstrings."""
     rows = ["| key | type | default | meaning |", "| --- | --- | --- | --- |"]
-
-    def walk(obj: Any, prefix: str) -> None:
-        cls = type(obj)
-        for f in dataclasses.fields(cls):
-            value = getattr(obj, f.name)
-            if dataclasses.is_dataclass(value):
-                walk(value, f"{prefix}{f.name}.")
-            else:
-                tp = type_name(field_types(cls)[f.name]).replace("|", " \\| ")
-                rows.append(f"| `{prefix}{f.name}` | {tp} | `{yaml_scalar(value)}` | {field_docs(cls)[f.name]} |")
-
-    walk(Config(), "")
+    for key, cls, name, value in _fields(Config()):
+        if not dataclasses.is_dataclass(value):
+            tp = type_name(field_types(cls)[name]).replace("|", " \\| ")
+            rows.append(f"| `{key}` | {tp} | `{yaml_scalar(value)}` | {field_docs(cls)[name]} |")
     return "\n".join(rows)
 
 

@@ -7,8 +7,7 @@ import contextlib
 import sys
 from collections.abc import Iterator
 
-_speaks = True  # False in the processes of a job other than rank 0
-_quiet = False  # a quiet pretrain: `info` lines are left out
+_state = {"speaks": True, "quiet": False}  # speaks: False in a job's processes but rank 0; quiet: no `info` lines
 
 
 MAX_LINE = 2_000  # characters of a message; a value echoed whole (a 10 MB path) would bury the rest
@@ -26,13 +25,12 @@ def _shortened(message: str) -> str:
 
 def speak(enabled: bool) -> None:
     """Whether `log` prints in this process (runtime.setup: rank 0 only)."""
-    global _speaks
-    _speaks = enabled
+    _state["speaks"] = enabled
 
 
 def log(message: str) -> None:
     """A line for the user on stderr, from rank 0 only."""
-    if _speaks:
+    if _state["speaks"]:
         print(_shortened(message), file=sys.stderr, flush=True)
 
 
@@ -43,27 +41,24 @@ def error(message: str) -> None:
 
 def info(message: str) -> None:
     """A line that tells how the work goes (rank 0 only), left out when quiet; warnings go through `log`."""
-    if not _quiet:
+    if not _state["quiet"]:
         log(message)
 
 
 @contextlib.contextmanager
-def quiet(enabled: bool) -> Iterator[None]:
+def _while(key: str, value: bool) -> Iterator[None]:
+    before, _state[key] = _state[key], value
+    try:
+        yield
+    finally:
+        _state[key] = before
+
+
+def quiet(enabled: bool) -> contextlib.AbstractContextManager[None]:
     """While inside: `info` lines are left out if `enabled` (a quiet pretrain)."""
-    global _quiet
-    before, _quiet = _quiet, enabled
-    try:
-        yield
-    finally:
-        _quiet = before
+    return _while("quiet", value=enabled)
 
 
-@contextlib.contextmanager
-def silent() -> Iterator[None]:
+def silent() -> contextlib.AbstractContextManager[None]:
     """While inside: `log` and `info` print nothing (a check run ahead of the work); errors are raised."""
-    global _speaks
-    before, _speaks = _speaks, False
-    try:
-        yield
-    finally:
-        _speaks = before
+    return _while("speaks", value=False)

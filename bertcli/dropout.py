@@ -1,9 +1,5 @@
-"""Dropout with a cheaper mask on CPUs, attention that applies it, and per-step seeding (reproducible dropout).
-
-torch's CPU dropout draws a double per element, serially; here each element takes 32 bits of one 64-bit draw of
-torch's generator (so a function of `seed_step`'s seed), compared with a threshold: about 3x faster on BERT-base.
-On GPUs torch's fused kernels are faster, so there both functions are torch's.
-"""
+"""Dropout, attention that applies it, and per-step seeding. On CPUs each element's mask takes 32 bits of a 64-bit
+draw of torch's generator (torch's draws a double per element: ~3x slower on BERT-base); on GPUs torch's kernels."""
 
 from __future__ import annotations
 
@@ -19,8 +15,7 @@ def keep_mask(shape: torch.Size, p: float, device: torch.device) -> torch.Tensor
     """A bool mask of `shape`, each element True (kept) with probability 1 - p (p rounded to 2^-32)."""
     n = math.prod(shape)
     words = torch.empty((n + 1) // 2, dtype=torch.int64, device=device).random_(-(2**63), None)  # all 64 bits random
-    # Each int32 half is uniform over [-2^31, 2^31): below the threshold with probability p. The
-    # threshold stays inside int32 (p within 2^-33 of 1 would make it 2^31, wrapping to -2^31: all kept).
+    # Each int32 half is uniform over [-2^31, 2^31): below the threshold with probability p (kept inside int32).
     threshold = min(round(p * 2**32), 2**32 - 1) - 2**31
     return words.view(torch.int32)[:n].view(shape) >= threshold
 

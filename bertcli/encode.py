@@ -1,5 +1,4 @@
-"""`bertcli encode`: lines of text in, one vector per line out, streamed a window at a time (bounded memory):
-each window is tokenized, sorted by length into batches with little padding, encoded and written in input order."""
+"""`bertcli encode`: a vector per line, a window of lines at a time (bounded memory), batched by length, in order."""
 
 from __future__ import annotations
 
@@ -15,12 +14,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer, normalizers, pre_tokenizers
+from torch.nn.utils.rnn import pad_sequence
 from torch.overrides import TorchFunctionMode
 
 from bertcli import checkpoint, console, encode_io, hf_import, layout, runtime, sniff
 from bertcli.config import ModelConfig
 from bertcli.data.tokenizer import read_tokenizer_json
-from bertcli.encode_io import Direct, Line, ReadAhead, Writer, check_layer, may_stall, read_lines, stream_full
+from bertcli.encode_io import Line, ReadAhead, Writer, check_layer, may_stall, read_lines, stream_full
 from bertcli.errors import RunError, UsageError
 from bertcli.export import check_model_path, described, read_checkpoint
 from bertcli.model import BertForPreTraining, padding_mask
@@ -29,8 +29,7 @@ from bertcli.sbert import DEFAULT_POOLING, NotReproducible, SentenceModel, lower
 
 WINDOW_BATCHES = 32
 WINDOW_CHARS = 1 << 20  # a window's bound in characters too: memory stays bounded whatever --batch-size asks
-# On a CPU a batch's widest activation (token slots x intermediate_size x itemsize) stays under this: long texts
-# come fewer per batch, and the activations stay in cache (the matrix products are as fast from ~640 rows up).
+# A CPU batch's widest activation (token slots x intermediate_size x itemsize) stays under this: it stays in cache.
 CPU_BATCH_BYTES = 8 << 20
 # A slow producer's (tail -f) lines are written when none comes for STALL_SECONDS or the oldest waited MAX_WAIT_SECONDS.
 STALL_SECONDS, MAX_WAIT_SECONDS = 0.15, 1.0
@@ -40,8 +39,6 @@ PAIR_WHOLE_CHARS = 100_000  # a pair's side tokenized whole up to this: truncati
 
 
 class NonFiniteOutput(RunError):
-    """The model gives NaN or inf for an input: no row of it is written."""
-
     def __init__(self, source: Path | None, where: str, precision: str) -> None:
         fix = "encode in fp32 or bf16" if precision == "fp16" else "use another checkpoint or model"
         super().__init__(f"{source or 'the model'}: its output is NaN or inf for {where}; {fix}")
@@ -109,7 +106,6 @@ def _load_checkpoint(ckpt: Path) -> tuple[BertForPreTraining, Tokenizer]:
 
 
 def _uninitialised(cfg: ModelConfig) -> BertForPreTraining:
-    """A model whose weights are all about to be loaded, built without drawing them."""
     with _SkipInit():
         return BertForPreTraining(cfg)
 
@@ -162,10 +158,8 @@ def _shortened(breaks: set[str]) -> Callable[[re.Match[str]], str]:
 
 
 class Prefixes:
-    """Texts far past the length limit, cut before tokenizing (whose cost grows with the length). A prefix gives the
-    text's truncated encoding when more than the limit's tokens come from words it holds whole: under BERT's
-    normaliser and pre-tokenizer every word of a prefix but its last (and any an added token reaches) is the text's.
-    Other tokenizers are never cut; a pair's cut side keeps more tokens than the whole other side has."""
+    """Texts far past the limit, cut before tokenizing: under BERT's normaliser and pre-tokenizer a prefix's words but
+    its last (and any an added token reaches) are the text's, so more than the limit's tokens of them are its own."""
 
     def __init__(self, tok: Tokenizer, max_length: int) -> None:
         added = list(tok.get_added_tokens_decoder().values())
@@ -179,7 +173,6 @@ class Prefixes:
         self.source, self.probe = tok, None  # probe: a copy that does not truncate, made at the first long text
 
     def _encode(self, text: str):  # noqa: ANN202  (a tokenizers Encoding)
-        """`text` tokenized whole, without special tokens."""
         if self.probe is None:
             self.probe = Tokenizer.from_str(self.source.to_str())
             self.probe.no_truncation()
@@ -187,7 +180,6 @@ class Prefixes:
         return self.probe.encode(text, add_special_tokens=False)
 
     def _words(self, text: str) -> list[str]:
-        """The words the tokenizer makes of `text`, normalised and pre-tokenized."""
         normalizer = self.source.normalizer
         text = normalizer.normalize_str(text) if normalizer is not None else text
         return [w for w, _ in self.source.pre_tokenizer.pre_tokenize_str(text)]
@@ -199,12 +191,8 @@ class Prefixes:
         last, limit, ends = words[-1] if words else None, len(prefix) - self.added, {}
         for word, (_, end) in zip(words, offsets):
             ends[word] = max(ends.get(word, 0), end)
-        count = 0
-        for word, (_, end) in zip(words, offsets):
-            if word == last or (ends[word] if word is not None else end) > limit:
-                break
-            count += 1
-        return count
+        past = [w == last or (ends[w] if w is not None else end) > limit for w, (_, end) in zip(words, offsets)]
+        return next((i for i, stop in enumerate(past) if stop), len(past))
 
     def _cut(self, text: str, need: int) -> tuple[str, bool]:
         """`text`, or a prefix of it with more than `need` tokens shared with it; True: cut at the cap, unproven."""
@@ -222,8 +210,7 @@ class Prefixes:
         return text, False
 
     def _compact(self, text: str) -> str:
-        """`text` shortened where length buys no token: a run of characters giving none becomes one of like effect,
-        a word past max_input_chars_per_word (one [UNK]) keeps one more. Characters are classed by the tokenizer."""
+        """`text` less what gives no token: runs of characters giving none, words past max_input_chars_per_word."""
         breaks, removed, plain = set(), set(), set()
         for c in set(text):
             words = self._words(f"a{c}b")
@@ -269,18 +256,15 @@ class Prefixes:
             return True  # another character: another word, or a break
         return any(set(a.content) <= set(chars) for a in self.source.get_added_tokens_decoder().values())
 
-    def _long(self, text: str, *, pair: bool) -> bool:
-        start = self.budget[pair] * PREFIX_START
-        return len(text) > (max(start, PAIR_WHOLE_CHARS) if pair else start)
-
     def cut(self, item: str | tuple[str, str]) -> tuple[str | tuple[str, str], bool]:
         """A text (or pair) to tokenize in place of `item`, and whether it lost text unproven (truncated)."""
         if not self.enabled:
             return item, False
         if isinstance(item, str):
-            return self._cut(item, self.budget[False]) if self._long(item, pair=False) else (item, False)
+            return self._cut(item, self.budget[False])  # (short: itself)
         budget, sides = self.budget[True], item
-        cuts = [self._cut(x, budget) if self._long(x, pair=True) else (x, False) for x in sides]
+        up_to = max(budget * PREFIX_START, PAIR_WHOLE_CHARS)  # a side tokenized whole
+        cuts = [self._cut(x, budget) if len(x) > up_to else (x, False) for x in sides]
         whole = [len(x) == len(side) for (x, _), side in zip(cuts, sides)]
         if whole[0] != whole[1]:  # the cut side must keep more tokens than the whole one has
             kept = 0 if whole[0] else 1  # the side left whole
@@ -302,12 +286,8 @@ def _pool(hidden: torch.Tensor, valid_lens: torch.Tensor, pooling: str, model: B
 
 def _forward(enc: Encoder, batch: list, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Hidden states of `layer` (0: embeddings) of encodings, padded: (B, T, H) in fp32, (B,) valid lengths."""
-    B, T = len(batch), max(len(e) for e in batch)
-    input_ids = torch.zeros((B, T), dtype=torch.long)
-    token_type_ids = torch.zeros((B, T), dtype=torch.long)
-    for row, e in enumerate(batch):
-        input_ids[row, : len(e)] = torch.tensor(e.ids)
-        token_type_ids[row, : len(e)] = torch.tensor(e.type_ids)
+    input_ids = pad_sequence([torch.tensor(e.ids) for e in batch], batch_first=True)  # (B, T), 0 past each text
+    token_type_ids = pad_sequence([torch.tensor(e.type_ids) for e in batch], batch_first=True)
     device = enc.rt.device
     valid_lens = torch.tensor([len(e) for e in batch], device=device)
     with enc.rt.autocast():
@@ -355,9 +335,7 @@ class _Window:
 
     def wait(self) -> float | None:
         """How long to wait for the next line: with lines pending, only while the input flows."""
-        if not self.lines:
-            return None
-        return max(min(STALL_SECONDS, self.first + MAX_WAIT_SECONDS - time.monotonic()), 0.0)
+        return max(min(STALL_SECONDS, self.first + MAX_WAIT_SECONDS - time.monotonic()), 0.0) if self.lines else None
 
     def where(self, i: int) -> str:
         line = self.lines[i]
@@ -400,20 +378,16 @@ class _Window:
         rows: list = [None] * len(encodings)
         for chunk in _batches(order, lengths, settings.batch_size, self.max_tokens):
             hidden, valid = _forward(enc, [encodings[i] for i in chunk], settings.layer)
-            if settings.per_token:
-                for j, i in enumerate(chunk):
-                    vectors = hidden[j, : int(valid[j])]
-                    if not bool(torch.isfinite(vectors).all()):
-                        raise NonFiniteOutput(enc.source, self.where(i), enc.rt.precision)
-                    rows[i] = (F.normalize(vectors, dim=-1) if settings.normalize else vectors).cpu().numpy()
-                continue
-            pooled = _pool(hidden, valid, settings.pooling, enc.model)
-            bad = (~torch.isfinite(pooled)).any(1).nonzero()  # (n, 1): one host sync per batch
+            if settings.per_token:  # (B, T, H), padding zeroed (cut off below)
+                out = hidden.masked_fill(~padding_mask(valid, hidden.shape[1])[:, 0, 0, :, None], 0.0)
+            else:
+                out = _pool(hidden, valid, settings.pooling, enc.model)  # (B, H)
+            bad = (~torch.isfinite(out)).flatten(1).any(1).nonzero()  # (n, 1): one host sync per batch
             if len(bad):
                 raise NonFiniteOutput(enc.source, self.where(chunk[int(bad[0])]), enc.rt.precision)
-            pooled = F.normalize(pooled, dim=-1) if settings.normalize else pooled
+            out = F.normalize(out, dim=-1) if settings.normalize else out
             for j, i in enumerate(chunk):
-                rows[i] = pooled[j].cpu().numpy()
+                rows[i] = (out[j, : int(valid[j])] if settings.per_token else out[j]).cpu().numpy()
         return rows
 
 
@@ -422,11 +396,12 @@ def encode(
 ) -> dict[str, int]:
     """Hand `out` the rows of `lines` in order; the counts. Input that may stall is read by a thread of its own."""
     window = _Window(enc, out, settings)
-    reader = ReadAhead(lines) if input_may_stall else Direct(lines)
+    lines = iter(lines)
+    reader = ReadAhead(lines) if input_may_stall else None  # else lines come as fast as they can be read
     try:
         while True:
             try:
-                line = reader.get(window.wait())
+                line = reader.get(window.wait()) if reader else next(lines, encode_io.END)
             except queue.Empty:
                 window.flush()
                 continue
@@ -436,7 +411,8 @@ def encode(
                 window.flush()
         window.flush()
     finally:
-        reader.close()
+        if reader:
+            reader.close()
         window.tokenizer.no_truncation()
     return window.counts
 
@@ -480,8 +456,7 @@ def run(
         how = "a vector per token" if settings.per_token else f"{settings.pooling} pooling"
         how += ", normalized" if settings.normalize else ""
         console.error(f"bertcli encode: the vectors of {described(encoder.source)}: {how} (--pooling chooses)")
-    trained_at = asked is None and settings.max_length == trained
-    why = ", the length the model was trained at (--max-length chooses)" if trained_at else ""
+    why = ", the length trained at (--max-length chooses)" if asked is None and settings.max_length == trained else ""
     for key, said in COUNTED.items():  # the rows a reader may take for what they are not
         if counts[key]:
             console.error(said.format(n=counts[key], lines=counts["lines"], max_length=settings.max_length, why=why))
@@ -490,6 +465,5 @@ def run(
 COUNTED = {
     "truncated": "bertcli encode: {n:,} of {lines:,} lines were truncated to {max_length} tokens{why}",
     "unpaired": "bertcli encode: {n:,} of {lines:,} lines had no TAB, each encoded as one sentence (--strict-pairs)",
-    "inner_cr": "warning: {n:,} of {lines:,} lines hold a carriage return (CR) inside; "
-    "if CR ends your lines, run tr '\\r' '\\n'",
+    "inner_cr": "warning: {n:,} of {lines:,} lines hold a carriage return (CR); if CR ends lines, tr '\\r' '\\n'",
 }

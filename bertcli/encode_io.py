@@ -1,5 +1,4 @@
-"""encode's torch-free half: lines in (checked before the model loads), rows out (a format per class in FORMATS;
-a file is written under its temporary name and renamed at the end), and the check of --layer against the model."""
+"""encode's torch-free half: lines in (checked before the model loads), rows out (FORMATS), --layer checked."""
 
 from __future__ import annotations
 
@@ -121,22 +120,8 @@ def may_stall(sources: list[str]) -> bool:
     return False
 
 
-class Direct:
-    """Lines of regular files, read as encode asks for them: they come as fast as they can be read."""
-
-    def __init__(self, lines: Iterator[str]) -> None:
-        self.lines = iter(lines)
-
-    def get(self, timeout: float | None) -> object:
-        return next(self.lines, END)
-
-    def close(self) -> None:
-        pass
-
-
 class ReadAhead:
-    """The input lines read ahead by a thread of their own, so that encode sees when the input stalls; what
-    reading raises, `get` raises. A deque and events set only when the other side may wait (queue.Queue: 10x slower)."""
+    """Lines read ahead by a thread (a deque: queue.Queue is 10x slower), so that encode sees the input stall."""
 
     def __init__(self, lines: Iterator[str]) -> None:
         self.items: collections.deque = collections.deque()
@@ -201,7 +186,6 @@ def check_layer(model: Any, layer: int, pooling: str | None) -> int:
     return index
 
 
-# ------------------------------------------------------------------------------------------ output
 class JsonlRows:
     """A JSON object a line: {"line": N, ("text"), "vector": [...]} or, per token, "tokens" and "vectors"."""
 
@@ -264,8 +248,7 @@ def output_format(fmt: str | None, output: Path | None, *, with_text: bool, toke
 
 def check_output(output: Path, inputs: list[str], model: Path) -> Path:
     """Where rows go (resolved; a device or pipe as given): never a folder, an input, the model's or an owned file."""
-    files = [Path(i) for i in inputs if i != "-"]
-    reads_stdin = not inputs or "-" in inputs
+    files, reads_stdin = [Path(i) for i in inputs if i != "-"], not inputs or "-" in inputs
     if sniff.is_stream(output):
         written = os.stat(Path(output).expanduser())
         sources = [os.stat(p) for p in files if sniff.is_stream(p)] + ([os.fstat(0)] if reads_stdin else [])
@@ -305,8 +288,7 @@ def holds_rows(path: Path) -> bool:
 
 
 class Writer:
-    """Rows of format `fmt` to `stream` (stdout), to file `output` (under its temporary name until `close`), or in
-    place to a character device or named pipe. npy rows wait in an unnamed file until `close`."""
+    """Rows to `stream`, to `output` under its temporary name until `close`, or in place to a device or pipe."""
 
     def __init__(self, fmt: str, stream: TextIO | None, output: Path | None, with_text: bool) -> None:
         self.rows, self.output, self.width = FORMATS[fmt](with_text), output, None

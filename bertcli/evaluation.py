@@ -1,6 +1,5 @@
-"""`bertcli eval`: a model's masked-LM figures on text and its linear probe (probe.py), one JSON object. Each
-document's tokens are cut into rows of the model's length, masked by pretraining's rule from (seed, row) alone (models
-of one tokenizer are scored on the same positions) and scored by the held-out evaluation (trainer.evaluate)."""
+"""`bertcli eval`: masked-LM figures on text (rows masked from (seed, row) alone: models of one tokenizer are scored on
+the same positions, by trainer.evaluate) and the linear probe (probe.py), one JSON object."""
 
 from __future__ import annotations
 
@@ -40,31 +39,25 @@ def pieces(tokenizer: Tokenizer, files: list[Path], width: int) -> Iterator[list
         yield from (ids[start : start + width] for start in range(0, len(ids), width))
 
 
-def masked_batches(
-    tokenizer: Tokenizer, files: list[Path], *, length: int, seed: int, batch_size: int
-) -> Iterator[Batch]:
+def masked_batches(tok: Tokenizer, files: list[Path], *, length: int, seed: int, batch_size: int) -> Iterator[Batch]:
     """Rows of at most `length` tokens, masked from (seed, row), in batches of `batch_size` rows."""
-    special, vocab = special_tokens(tokenizer), tokenizer.get_vocab_size(with_added_tokens=True)
+    special, vocab = special_tokens(tok), tok.get_vocab_size(with_added_tokens=True)
     empty = np.zeros(1, np.int64)  # masking reads a corpus's vocabulary and special tokens, not its text
     corpus = Corpus(tokens=empty[:0], seg_offsets=empty, doc_offsets=empty, vocab_size=vocab, special=special)
     predictions = round(length * MASKING.masked_lm_prob) + 1  # the most a row of `length` masks
     cfg = dataclasses.replace(MASKING, max_seq_length=length, max_predictions_per_seq=predictions)
     examples: list[Example] = []
-    for row, ids in enumerate(pieces(tokenizer, files, length - 2)):
+    for row, ids in enumerate(pieces(tok, files, length - 2)):
         tokens = np.array([special.cls, *ids, special.sep], dtype=np.int64)
         ends = np.zeros(len(tokens), dtype=bool)
         ends[[0, -1]] = True
-        rng = np.random.default_rng([seed, row])
+        rng = np.random.default_rng([seed, row])  # a row's masks: a function of (seed, row) alone
         masked, positions, labels = mask_tokens(tokens, ends, cfg=cfg, corpus=corpus, rng=rng)
-        examples.append(
-            Example(
-                tokens=masked,
-                segments=np.zeros_like(tokens),
-                pred_positions=positions,
-                pred_labels=labels,
-                nsp_label=IGNORE,
-            )
+        segments = np.zeros_like(tokens)
+        example = Example(
+            tokens=masked, segments=segments, pred_positions=positions, pred_labels=labels, nsp_label=IGNORE
         )
+        examples.append(example)
         if len(examples) == batch_size:
             yield collate(examples, predictions, special.pad, length)
             examples = []
@@ -87,9 +80,7 @@ def masked_lm(enc: Encoder, files: list[Path], *, seed: int, batch_size: int = 3
     first = next(batches, None)
     if first is None:
         raise UsageError(f"{', '.join(map(str, files))}: no text to score; give files with text in them")
-    was_training = enc.model.training
     figures = evaluate(enc.model, itertools.chain([first], batches), enc.rt, TrainConfig(), nsp=False)
-    enc.model.train(was_training)
     return {"loss": figures["mlm_loss"], "accuracy": figures["mlm_acc"], "perplexity": figures["perplexity"], **counts}
 
 
@@ -120,17 +111,13 @@ def run(
 
 
 def summary(result: dict[str, Any]) -> list[str]:
-    """The figures of `result` in words, for stderr."""
     lines = []
-    if mlm := result["mlm"]:
-        lines.append(
-            f"masked LM: loss {mlm['loss']:.4f}, accuracy {mlm['accuracy']:.4f}, perplexity {mlm['perplexity']:.4g} "
-            f"({mlm['positions']:,} positions in {mlm['rows']:,} rows, seed {result['seed']})"
-        )
+    if m := result["mlm"]:
+        figures = f"loss {m['loss']:.4f}, accuracy {m['accuracy']:.4f}, perplexity {m['perplexity']:.4g}"
+        counts = f"{m['positions']:,} positions in {m['rows']:,} rows"
+        lines.append(f"masked LM: {figures} ({counts}, seed {result['seed']})")
     if p := result["probe"]:
-        lines.append(
-            f"probe: accuracy {p['accuracy']:.4f}, macro-F1 {p['macro_f1']:.4f}, majority class {p['majority']:.4f} "
-            f"({p['test']:,} test and {p['train']:,} train texts, {p['classes']} classes, {p['pooling']} pooling, "
-            f"L2 {p['l2']:g})"
-        )
+        figures = f"accuracy {p['accuracy']:.4f}, macro-F1 {p['macro_f1']:.4f}, majority class {p['majority']:.4f}"
+        counts = f"{p['test']:,} test and {p['train']:,} train texts, {p['classes']} classes"
+        lines.append(f"probe: {figures} ({counts}, {p['pooling']} pooling, L2 {p['l2']:g})")
     return [f"bertcli eval: {line}" for line in lines]

@@ -1,5 +1,4 @@
-"""Export: a checkpoint as a Hugging Face folder (transformers' BertForPreTraining, safetensors; sentence-transformers
-pooling as `encode` does); and how encode and export find the checkpoint a path names."""
+"""Export: a checkpoint as a Hugging Face and sentence-transformers folder; the checkpoint a path names."""
 
 from __future__ import annotations
 
@@ -125,7 +124,6 @@ def read_checkpoint(path: Path, read: Callable[[Path], T]) -> tuple[Path, T]:
             gone = isinstance(exc, FileNotFoundError) if ckpt is None else not ckpt.exists()
             if layout.identify(path).kind is not Kind.RUN or not gone or tries == 1:
                 raise
-    raise AssertionError("unreachable")  # (the last try returns or raises)
 
 
 def export(source: Path, out_dir: Path, force: bool = False) -> Path:
@@ -155,16 +153,11 @@ def _export(ckpt: Path, out_dir: Path, force: bool) -> Path:
     tensors = checkpoint.read_weights(ckpt)  # (the bytes checked: their digest again)
     # The positions trained: what transformers and sentence-transformers truncate at, and bertcli's encode of it.
     trained = checkpoint.checkpoint_trained_length(ckpt) or m.max_position_embeddings
-    config = {
-        "architectures": ["BertForPreTraining"],
-        "model_type": "bert",
-        **{k: getattr(m, k) for k in hf_names.HF_FIELDS},
-        "tie_word_embeddings": True,
-        "torch_dtype": "float32",
-        "position_embedding_type": "absolute",
-        "bertcli_version": __version__,  # what marks the folder as bertcli's (layout.EXPORT)
-        "bertcli_step": checkpoint.read_trainer_state(ckpt).get("step"),  # which checkpoint of the run this is
-    }
+    architecture = {k: getattr(m, k) for k in hf_names.HF_FIELDS}
+    config = {"architectures": ["BertForPreTraining"], "model_type": "bert", **architecture}
+    config |= {"tie_word_embeddings": True, "torch_dtype": "float32", "position_embedding_type": "absolute"}
+    step = checkpoint.read_trainer_state(ckpt).get("step")  # which checkpoint of the run this is
+    config |= {"bertcli_version": __version__, "bertcli_step": step}  # the version marks it bertcli's (layout.EXPORT)
     with store.folder(out_dir, guard) as tmp:
         store.write_json(tmp / layout.HF_CONFIG, config)
         store.save_safetensors(hf_names.to_hf(tensors, m), tmp / layout.WEIGHTS)  # vocabulary padding dropped
@@ -176,15 +169,10 @@ def _export(ckpt: Path, out_dir: Path, force: bool) -> Path:
         casing = describe(read_tokenizer_json(tmp / layout.TOKENIZER_JSON))
         lower, strip = casing.get("lowercase", True), casing.get("strip_accents", True)
         strip = None if strip == lower else strip
-        tokenizer_config = {
-            "tokenizer_class": "BertTokenizer",
-            "do_lower_case": lower,
-            "strip_accents": strip,
-            "tokenize_chinese_chars": casing.get("tokenize_chinese_chars", True),
-            "model_max_length": trained,
-            **SPECIAL_TOKENS,
-        }
-        store.write_json(tmp / layout.TOKENIZER_CONFIG, tokenizer_config)
+        chinese = casing.get("tokenize_chinese_chars", True)
+        settings = {"do_lower_case": lower, "strip_accents": strip, "tokenize_chinese_chars": chinese}
+        tokenizer_config = {"tokenizer_class": "BertTokenizer", **settings, "model_max_length": trained}
+        store.write_json(tmp / layout.TOKENIZER_CONFIG, tokenizer_config | SPECIAL_TOKENS)
         store.write_json(tmp / layout.SPECIAL_TOKENS_MAP, SPECIAL_TOKENS)
         (tmp / layout.POOLING_MODULE).mkdir()
         for name, value in sentence_files(m.hidden_size, trained).items():  # pooled as encode pools

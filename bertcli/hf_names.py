@@ -1,5 +1,4 @@
-"""Hugging Face names: a weight's key is the same in both. bertcli pads the vocabulary rows (to_hf drops the padding,
-from_hf adds it back), no file stores the tied aliases, and import accepts legacy names."""
+"""Hugging Face weight names: the same keys, vocabulary rows unpadded, no tied aliases; legacy names on import."""
 
 from __future__ import annotations
 
@@ -69,8 +68,7 @@ TIED_ALIASES = {
 # Tensors with a row per token id: padded_vocab_size(cfg) rows in bertcli, vocab_size in Hugging Face.
 VOCAB_ROWS = ("bert.embeddings.word_embeddings.weight", "cls.predictions.bias")
 
-# Accepted on import only. Original TF-converted checkpoints name LayerNorm's parameters gamma and beta;
-# a bare BertModel has no "bert." prefix; old transformers versions store position_ids, a buffer.
+# Import only: TF checkpoints' LayerNorm gamma and beta, a bare BertModel's keys, old transformers' position_ids.
 LEGACY = {"LayerNorm.gamma": "LayerNorm.weight", "LayerNorm.beta": "LayerNorm.bias"}
 BARE_PREFIXES = ("embeddings.", "encoder.", "pooler.")
 DROPPED_SUFFIXES = ("position_ids",)
@@ -86,8 +84,7 @@ def our_key(key: str) -> str | None:
 
 
 def our_keys(keys: Iterable[str]) -> dict[str, str]:
-    """bertcli's name -> the file's key, for the keys of a weights file. Two keys of one weight (`X` and `bert.X`)
-    are a ValueError: which one a loader takes is a guess."""
+    """bertcli's name -> the file's key; two keys of one weight (`X`, `bert.X`) are a ValueError: which is it?"""
     names: dict[str, str] = {}
     for key in keys:
         if (new := our_key(key)) in names:

@@ -1,5 +1,4 @@
-"""Labeled texts for the probe, read before torch loads: JSON Lines ({"text": ..., "label": ...} per line) or TSV
-(text<TAB>label), as the sniffer calls the path; and the seeded split of a set into two."""
+"""The probe's labeled texts (JSONL or TSV), read before torch loads, and the seeded split of a set into two."""
 
 from __future__ import annotations
 
@@ -62,8 +61,7 @@ def _jsonl_row(line: str) -> tuple[str, str]:
         record = json.loads(line)
     except (ValueError, RecursionError):
         return "not valid JSON", ""
-    text = record.get("text") if isinstance(record, dict) else None
-    label = record.get("label") if isinstance(record, dict) else None
+    text, label = (record.get("text"), record.get("label")) if isinstance(record, dict) else (None, None)
     if not isinstance(text, str):
         return 'no "text" string', ""
     if isinstance(label, bool) or not isinstance(label, (str, int)) or label == "":

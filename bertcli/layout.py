@@ -1,7 +1,5 @@
-"""Every name bertcli writes or reads, and `identify`: what a path is. Torch-free. A run folder (output_dir) holds
-config.yaml (the user's: pretrain never rewrites it), resolved-config.yaml (the settings the run trains with),
-metrics.jsonl, tensorboard/, .lock, checkpoints/ (step-N/, best/, and the damaged-* and abandoned-* a resume set
-aside) and by default data/ (the prepared data)."""
+"""Every name bertcli writes or reads, and `identify`: what a path is. A run folder (output_dir) holds config.yaml
+(the user's: never rewritten), resolved-config.yaml, metrics.jsonl, tensorboard/, .lock, checkpoints/, data/."""
 
 from __future__ import annotations
 
@@ -24,7 +22,6 @@ def tmp_name(final: Path, how: str = "", pid: int | None = None) -> Path:
 
 CONFIG_YAML = "config.yaml"
 
-# ---------------------------------------------------------------------------------------- run folder
 RUN_CONFIG = CONFIG_YAML
 RUN_SETTINGS = "resolved-config.yaml"  # the config the run trains with, --set included, written at each start
 METRICS = "metrics.jsonl"
@@ -34,10 +31,8 @@ LOCK = ".lock"
 CHECKPOINTS = "checkpoints"
 RUN_FILES = (RUN_CONFIG, RUN_SETTINGS, METRICS, METRICS_LEFT, LOCK)  # the run folder's own files, next to its folders
 RUN_FOLDERS = (TENSORBOARD,)
-# What pretrain writes there (the lock aside).
-RUN_OUTPUTS = (CHECKPOINTS, TENSORBOARD, METRICS, METRICS_LEFT, RUN_SETTINGS)
+RUN_OUTPUTS = (CHECKPOINTS, TENSORBOARD, METRICS, METRICS_LEFT, RUN_SETTINGS)  # what pretrain writes (the lock aside)
 
-# ---------------------------------------------------------------------------------------- checkpoint
 WEIGHTS = "model.safetensors"  # also a Hugging Face folder's
 CHECKPOINT_CONFIG = CONFIG_YAML  # the run's resolved config, as it was at that step
 TRAINING_STATE = "training_state.pt"
@@ -52,7 +47,6 @@ STEP_DIR = re.compile(rf"^{STEP_PREFIX}(\d+)$")
 DAMAGED_PREFIX = "damaged-"
 ABANDONED_PREFIX = "abandoned-"  # step folders past the one a `--resume PATH` went back to: another history
 
-# ---------------------------------------------------------------------------------------- prepared data
 MANIFEST = "manifest.json"  # written last: what makes the rest valid
 SPLITS = ("train", "valid")
 TOKENS, SEG_OFFSETS, DOC_OFFSETS = "tokens.bin", "seg_offsets.bin", "doc_offsets.bin"  # per split (corpus.Corpus)
@@ -63,7 +57,6 @@ UNIT_RECORD = "unit.json"  # units/KEY/unit.json: the unit's counts, written bef
 INDEX = "index"  # index/DIGEST/
 KEY = "[0-9a-f]{64}"  # a unit's key, an index's digest (a SHA-256)
 
-# ---------------------------------------------------------------------------------------- Hugging Face
 HF_CONFIG = "config.json"
 HF_PICKLE = "pytorch_model.bin"  # refused: loading a pickle can run code
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -98,23 +91,14 @@ CHECKPOINT = Layout(
 )
 _SPLIT, _SHARD, _INDEX = ("|".join(map(re.escape, names)) for names in (SPLITS, SHARD_FILES, INDEX_FILES))
 # Every path a prepared folder holds (this format's and format 3's): `prepare` replaces or removes only these.
-PREPARED = Layout(
-    "prepared data",
-    MANIFEST,
-    frozenset((MANIFEST, *TOKENIZER_FILES, UNITS, INDEX, *SPLITS, *(f"{s}/{n}" for s in SPLITS for n in SHARD_FILES))),
-    patterns=(
-        re.compile(rf"{UNITS}/{KEY}(?:/{re.escape(UNIT_RECORD)}|/(?:{_SPLIT})(?:/(?:{_SHARD}))?)?"),
-        re.compile(rf"{INDEX}/{KEY}(?:/(?:{_SPLIT})(?:/(?:{_INDEX}))?)?"),
-    ),
-    own_mark=UNITS,
-)
+_PREPARED = (MANIFEST, *TOKENIZER_FILES, UNITS, INDEX, *SPLITS, *(f"{s}/{n}" for s in SPLITS for n in SHARD_FILES))
+_UNIT_PATH = re.compile(rf"{UNITS}/{KEY}(?:/{re.escape(UNIT_RECORD)}|/(?:{_SPLIT})(?:/(?:{_SHARD}))?)?")
+_INDEX_PATH = re.compile(rf"{INDEX}/{KEY}(?:/(?:{_SPLIT})(?:/(?:{_INDEX}))?)?")
+PREPARED = Layout("prepared data", MANIFEST, frozenset(_PREPARED), patterns=(_UNIT_PATH, _INDEX_PATH), own_mark=UNITS)
 # A Hugging Face folder that is a sentence-transformers one too (its Transformer at the top, its Pooling below).
-_EXPORT_FILES = (HF_CONFIG, WEIGHTS, *TOKENIZER_FILES, TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP, SENTENCE_MODULES)
-EXPORT = Layout(
-    "an export",
-    HF_CONFIG,
-    frozenset((*_EXPORT_FILES, SENTENCE_SETTINGS, POOLING_MODULE, f"{POOLING_MODULE}/{MODULE_CONFIG}")),
-)
+_HF = (HF_CONFIG, WEIGHTS, *TOKENIZER_FILES, TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP)
+_SENTENCE = (SENTENCE_MODULES, SENTENCE_SETTINGS, POOLING_MODULE, f"{POOLING_MODULE}/{MODULE_CONFIG}")
+EXPORT = Layout("an export", HF_CONFIG, frozenset((*_HF, *_SENTENCE)))
 
 
 def prepared_lock(folder: Path) -> Path:
@@ -142,7 +126,6 @@ def list_step_folders(output_dir: Path) -> list[tuple[int, Path]]:
 
 
 def list_checkpoints(output_dir: Path) -> list[tuple[int, Path]]:
-    """The complete step checkpoints of run folder `output_dir`, oldest first."""
     return [(step, path) for step, path in list_step_folders(output_dir) if is_checkpoint(path)]
 
 
@@ -167,7 +150,6 @@ def incomplete(path: Path) -> str | None:
 
 
 def is_hf_folder(path: Path) -> bool:
-    """A folder with a Hugging Face config.json (its weights are checked where they are read)."""
     return Path(path).is_dir() and (Path(path) / HF_CONFIG).is_file()
 
 
@@ -185,8 +167,6 @@ class Kind(enum.Enum):
 
 @dataclass(frozen=True)
 class Found:
-    """What `identify` found at `path`, with the facts its callers decide on."""
-
     kind: Kind
     path: Path
     missing: tuple[str, ...] = ()  # INCOMPLETE_CHECKPOINT: the checkpoint files it lacks

@@ -21,6 +21,22 @@ from bertcli.sizes import flops_per_token
 if TYPE_CHECKING:  # imported where tensors are made: inspect reads metrics.jsonl without torch
     import torch
 
+# Dense bf16 matrix peak of known GPUs, TFLOP/s, for MFU (logging.peak_tflops overrides).
+PEAK_BF16_TFLOPS = {
+    "H100 SXM": 989.0,
+    "H100 80GB HBM3": 989.0,
+    "H100 PCIe": 756.0,
+    "H100 NVL": 835.0,
+    "H200": 989.0,
+    "A100": 312.0,
+    "L40S": 362.0,
+    "L4": 121.0,
+    "A10G": 125.0,
+}
+MAX_RECORD_BYTES = 1 << 16  # a metrics record is a few hundred bytes: a longer line is damage, never kept whole
+SHOWN = ("loss", "mlm_loss", "mlm_acc", "nsp_acc", "perplexity", "lr", "tokens_per_s")  # in the progress line
+LABELS = {"mlm_loss": "mlm", "perplexity": "ppl", "tokens_per_s": "tok/s"}
+
 
 class LossStats(NamedTuple):
     """What one batch's loss reports: 0-d tensors on the device (floats once summed and read)."""
@@ -34,28 +50,12 @@ class LossStats(NamedTuple):
     nsp_count: Any  # NSP rows
 
 
-# Dense bf16 matrix peak of known GPUs, TFLOP/s, for MFU (logging.peak_tflops overrides).
-PEAK_BF16_TFLOPS = {
-    "H100 SXM": 989.0,
-    "H100 80GB HBM3": 989.0,
-    "H100 PCIe": 756.0,
-    "H100 NVL": 835.0,
-    "H200": 989.0,
-    "A100": 312.0,
-    "L40S": 362.0,
-    "L4": 121.0,
-    "A10G": 125.0,
-}
-
-
 def peak_tflops(device: torch.device, override: float) -> float | None:
     """The device's dense bf16 peak (TFLOP/s), None when unknown (CPUs, unlisted GPUs)."""
     import torch
 
-    if override > 0:
-        return override
-    if device.type != "cuda":
-        return None
+    if override > 0 or device.type != "cuda":
+        return override if override > 0 else None
     name = torch.cuda.get_device_name(device)
     return next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
 
@@ -98,18 +98,12 @@ class MetricsWindow:
         s = LossStats(*self.sums.tolist())  # the sync point
         skipped = int(self.skipped)
         applied = (step - self.start_step - skipped) or math.nan  # steps whose losses are summed (NaN: all skipped)
-        metrics = {
-            "loss": s.loss / applied,
-            "mlm_loss": s.mlm_loss / applied,
-            "mlm_acc": s.mlm_correct / max(s.mlm_count, 1.0),
-        }
+        mlm_acc = s.mlm_correct / max(s.mlm_count, 1.0)
+        metrics = {"loss": s.loss / applied, "mlm_loss": s.mlm_loss / applied, "mlm_acc": mlm_acc}
         if self.nsp:
             metrics.update(nsp_loss=s.nsp_loss / applied, nsp_acc=s.nsp_correct / max(s.nsp_count, 1.0))
         tokens_per_s = tokens / max(elapsed, 1e-9)
         metrics.update(lr=lr, grad_norm=float(grad_norm), skipped_steps=skipped, tokens_per_s=tokens_per_s)
-        if skipped:
-            said = f"skipped {skipped} step(s) of the last {step - self.start_step}: loss or gradients NaN or inf"
-            console.log(f"step {step}: {said}")
         # Model FLOPs at the measured mean sequence length and share of tokens predicted.
         flops = flops_per_token(self.model, tokens / (micro_batches * self.batch_size), s.mlm_count / max(tokens, 1.0))
         metrics["model_tflops"] = tokens_per_s * flops / 1e12
@@ -128,24 +122,15 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return read_metrics_checked(path)[0]
 
 
-MAX_RECORD_BYTES = 1 << 16  # a metrics record is a few hundred bytes: a longer line is damage, never kept whole
-
-
 def read_metrics_checked(path: Path) -> tuple[list[dict[str, Any]], str | None]:
-    """Records of a metrics.jsonl (JSON objects with an integer step) and, in words, the lines that are not (None:
-    none, or only a torn last line, as a crash mid-write leaves). Each line is read up to MAX_RECORD_BYTES."""
+    """Records of a metrics.jsonl and, in words, its damaged lines (None: none but a torn last line, a crash's)."""
     records: list[dict[str, Any]] = []
     if not Path(path).is_file():
         return records, None
     bad: list[str] = []
-    torn = None  # the last line read, when it did not parse: dropped silently if it is the file's last
+    torn = False  # the last line read did not parse: dropped silently if it is the file's last
     with open(path, "rb") as fh:
-        number = 0
-        while line := fh.readline(MAX_RECORD_BYTES + 1):
-            number += 1
-            if torn is not None:
-                bad.append(torn)
-                torn = None
+        for number, line in enumerate(iter(lambda: fh.readline(MAX_RECORD_BYTES + 1), b""), 1):
             long = len(line) > MAX_RECORD_BYTES and not line.endswith(b"\n")
             while long and (rest := fh.readline(MAX_RECORD_BYTES)) and not rest.endswith(b"\n"):
                 pass  # the rest of an over-long line, read and dropped
@@ -153,18 +138,17 @@ def read_metrics_checked(path: Path) -> tuple[list[dict[str, Any]], str | None]:
                 record = None if long else json.loads(line.decode("utf-8", errors="replace"))
             except (ValueError, RecursionError):
                 record = None
+            torn = record is None and not long and bool(line.strip())
             if isinstance(record, dict) and type(record.get("step")) is int:
                 records.append(record)
-            elif line.strip() and (record is not None or long):
-                bad.append(str(number))
             elif line.strip():
-                torn = str(number)
+                bad.append(str(number))
+    if torn:
+        bad.pop()
     if not bad:
         return records, None
     shown = ", ".join(bad[:5]) + (", ..." if len(bad) > 5 else "")
-    return records, (
-        f"{path}: {len(bad)} damaged line(s) skipped (line {shown}): each must be a JSON object with an integer step"
-    )
+    return records, f"{path}: {len(bad)} damaged line(s) skipped (line {shown}): not JSON objects with a step"
 
 
 def _keep_left_behind(path: Path, records: list[dict[str, Any]]) -> Path | None:
@@ -175,9 +159,8 @@ def _keep_left_behind(path: Path, records: list[dict[str, Any]]) -> Path | None:
     if bad:
         return None
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")  # when they were left out: histories left behind stay apart
-    store.write_text(
-        path, "".join(json.dumps(r) + "\n" for r in earlier + [{**r, "left_behind": stamp} for r in records])
-    )
+    rows = earlier + [{**r, "left_behind": stamp} for r in records]
+    store.write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
     return path
 
 
@@ -198,39 +181,26 @@ def _rewrite_history(path: Path, until: int) -> None:
     store.write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
 
 
-SHOWN = ("loss", "mlm_loss", "mlm_acc", "nsp_acc", "perplexity", "lr", "tokens_per_s")  # in the progress line
-LABELS = {"mlm_loss": "mlm", "perplexity": "ppl", "tokens_per_s": "tok/s"}
-
-
 class MetricsLogger:
-    """Where rank 0's metrics go: metrics.jsonl, TensorBoard, a line on stderr (on a terminal above a progress bar,
-    both kept). `own_history` False: the run resumed another run's checkpoint, so none of metrics.jsonl's records
-    are its. `end`: the step this process trains to (the time left is estimated to it)."""
+    """Rank 0's metrics to metrics.jsonl, TensorBoard, stderr; `own` False: no record there is the run's own."""
 
     def __init__(
-        self,
-        output_dir: Path,
-        start_step: int,
-        max_steps: int,
-        tensorboard: bool,
-        quiet: bool,
-        own_history: bool = True,
-        end: int | None = None,
+        self, output: Path, step: int, max_steps: int, tensorboard: bool, quiet: bool, own: bool = True, end: int = 0
     ) -> None:
-        self.jsonl_path = Path(output_dir) / layout.METRICS
-        _rewrite_history(self.jsonl_path, start_step if own_history else -1)
+        self.jsonl_path = Path(output) / layout.METRICS
+        _rewrite_history(self.jsonl_path, step if own else -1)
         self.jsonl = open(self.jsonl_path, "a", encoding="utf-8")
         self.writer = None
-        self.tensorboard_dir = Path(output_dir) / layout.TENSORBOARD
+        self.tensorboard_dir = Path(output) / layout.TENSORBOARD
         self.event_files: list[Path] = []  # what this writer made: removed if the run fails before it logs
         self.made_tensorboard_dir, self.scalars_written = not self.tensorboard_dir.exists(), False
         if tensorboard:
-            self._open_tensorboard((start_step + 1 if own_history else 1) if start_step else None)
+            self._open_tensorboard((step + 1 if own else 1) if step else None)
         self.quiet, self.max_steps, self.end = quiet, max_steps, end or max_steps
-        self.start_step, self.start = start_step, time.perf_counter()
+        self.start_step, self.start = step, time.perf_counter()
         self.bar = None
         if not quiet and sys.stderr.isatty():
-            self.bar = tqdm(total=max_steps, initial=start_step, unit="step", file=sys.stderr, dynamic_ncols=True)
+            self.bar = tqdm(total=max_steps, initial=step, unit="step", file=sys.stderr, dynamic_ncols=True)
 
     def _open_tensorboard(self, purge_step: int | None) -> None:
         before = set(self.tensorboard_dir.iterdir()) if self.tensorboard_dir.is_dir() else set()

@@ -41,8 +41,6 @@ class LayerNorm(nn.LayerNorm):
 
 
 class BertEmbeddings(nn.Module):
-    """Token + segment + learned position embeddings, then LayerNorm and dropout."""
-
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.word_embeddings = nn.Embedding(padded_vocab_size(cfg), cfg.hidden_size, padding_idx=cfg.pad_token_id)
@@ -96,16 +94,14 @@ def packing(valid_lens: torch.Tensor, width: int) -> Packing:
     """The Packing of a batch of `width` columns whose rows hold valid_lens real tokens (host tensors)."""
     valid_lens = valid_lens.cpu()
     keep = torch.arange(width)[None, :] < valid_lens[:, None]  # (B, T)
-    cu_seqlens = torch.zeros(len(valid_lens) + 1, dtype=torch.int32)
-    cu_seqlens[1:] = valid_lens.cumsum(0)
+    cu_seqlens = F.pad(valid_lens.cumsum(0), (1, 0)).to(torch.int32)  # (B+1,): 0, then each row's end
     indices = keep.flatten().nonzero().squeeze(1)
     return Packing(indices, cu_seqlens, max_seqlen=int(valid_lens.max()), valid_lens=valid_lens, width=width)
 
 
 def padding_mask(valid_lens: torch.Tensor, T: int) -> torch.Tensor:
     """Key-padding mask for SDPA, True where a key may be attended: (B,) -> (B, 1, 1, T)."""
-    keep = torch.arange(T, device=valid_lens.device)[None, :] < valid_lens[:, None]  # (B, T)
-    return keep[:, None, None, :]
+    return (torch.arange(T, device=valid_lens.device) < valid_lens[:, None])[:, None, None, :]
 
 
 @cache
@@ -137,9 +133,7 @@ class BertSelfAttention(nn.Module):
         super().__init__()
         self.num_heads = cfg.num_attention_heads
         self.head_dim = cfg.hidden_size // cfg.num_attention_heads
-        self.query = nn.Linear(cfg.hidden_size, cfg.hidden_size)
-        self.key = nn.Linear(cfg.hidden_size, cfg.hidden_size)
-        self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.query, self.key, self.value = (nn.Linear(cfg.hidden_size, cfg.hidden_size) for _ in range(3))
         self.dropout_p = cfg.attention_probs_dropout_prob
 
     def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -174,51 +168,17 @@ class BertOutput(nn.Module):
         return self.LayerNorm(self.dropout(self.dense(hidden)) + residual)
 
 
-class BertAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.self = BertSelfAttention(cfg)
-        self.output = BertOutput(cfg, cfg.hidden_size)
-
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | Packing | None) -> torch.Tensor:
-        return self.output(self.self(x, attn_mask), x)
-
-
-class BertIntermediate(nn.Module):
-    """The feed-forward block's first half: H -> intermediate_size, then the activation."""
-
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.dense = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
-        self.act = ACTIVATIONS[cfg.hidden_act]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.act(self.dense(x))
-
-
 class BertLayer(nn.Module):
-    """One post-LN transformer encoder block."""
-
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.attention = BertAttention(cfg)
-        self.intermediate = BertIntermediate(cfg)
+        self.attention = nn.ModuleDict({"self": BertSelfAttention(cfg), "output": BertOutput(cfg, cfg.hidden_size)})
+        self.intermediate = nn.ModuleDict({"dense": nn.Linear(cfg.hidden_size, cfg.intermediate_size)})
+        self.act = ACTIVATIONS[cfg.hidden_act]
         self.output = BertOutput(cfg, cfg.intermediate_size)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | Packing | None) -> torch.Tensor:
-        x = self.attention(x, attn_mask)
-        return self.output(self.intermediate(x), x)
-
-
-class BertEncoder(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.layer = nn.ModuleList(BertLayer(cfg) for _ in range(cfg.num_hidden_layers))
-
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | Packing | None, num_layers: int) -> torch.Tensor:
-        for layer in islice(self.layer, num_layers):  # islice: no new ModuleList per call
-            x = layer(x, attn_mask)
-        return x
+        x = self.attention.output(self.attention.self(x, attn_mask), x)
+        return self.output(self.act(self.intermediate.dense(x)), x)
 
 
 class BertPooler(nn.Module):
@@ -239,7 +199,7 @@ class BertModel(nn.Module):
         super().__init__()
         self.config = cfg
         self.embeddings = BertEmbeddings(cfg)
-        self.encoder = BertEncoder(cfg)
+        self.encoder = nn.ModuleDict({"layer": nn.ModuleList(BertLayer(cfg) for _ in range(cfg.num_hidden_layers))})
         self.pooler = BertPooler(cfg)
 
     @property
@@ -264,7 +224,9 @@ class BertModel(nn.Module):
         else:
             x = self.embeddings(input_ids, token_type_ids)
             mask = None if valid_lens is None else padding_mask(valid_lens, input_ids.shape[1])
-        return self.encoder(x, mask, self.config.layer_index(layer))
+        for block in islice(self.blocks, self.config.layer_index(layer)):  # islice: no new ModuleList per call
+            x = block(x, mask)
+        return x
 
     def forward(
         self,
@@ -282,36 +244,21 @@ class BertModel(nn.Module):
         return encoded, self.pooler(encoded)
 
 
-class BertPredictionHeadTransform(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
-        self.act = ACTIVATIONS[cfg.hidden_act]
-        self.LayerNorm = LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.act(self.dense(x)))
-
-
 class BertLMPredictionHead(nn.Module):
     """d2l's MaskLM: transform, then a decoder tied to the word embeddings plus its own bias."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.transform = BertPredictionHeadTransform(cfg)
+        norm = LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.transform = nn.ModuleDict({"dense": nn.Linear(cfg.hidden_size, cfg.hidden_size), "LayerNorm": norm})
+        self.act = ACTIVATIONS[cfg.hidden_act]
         self.decoder = nn.Linear(cfg.hidden_size, padded_vocab_size(cfg), bias=False)  # weight tied by the parent
         self.bias = nn.Parameter(torch.zeros(padded_vocab_size(cfg)))
         self.decoder.bias = self.bias  # HF's alias: the key cls.predictions.decoder.bias exists too
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.decoder(self.transform(x))  # (..., V)
-
-
-class BertPreTrainingHeads(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.predictions = BertLMPredictionHead(cfg)
-        self.seq_relationship = nn.Linear(cfg.hidden_size, 2)  # d2l's NextSentencePred
+        t = self.transform
+        return self.decoder(t.LayerNorm(self.act(t.dense(x))))  # (..., V)
 
 
 class PretrainingOutput(NamedTuple):
@@ -321,13 +268,12 @@ class PretrainingOutput(NamedTuple):
 
 
 class BertForPreTraining(nn.Module):
-    """The whole pretraining model; weights map one-to-one onto HF's BertForPreTraining."""
-
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.config = cfg
         self.bert = BertModel(cfg)
-        self.cls = BertPreTrainingHeads(cfg)
+        nsp = nn.Linear(cfg.hidden_size, 2)  # d2l's NextSentencePred
+        self.cls = nn.ModuleDict({"predictions": BertLMPredictionHead(cfg), "seq_relationship": nsp})
         self.apply(self._init_weights)
         self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
 

@@ -27,9 +27,8 @@ def fused_adamw(device: torch.device) -> bool:
 
 def build_optimizer(model: nn.Module, cfg: OptimizerConfig, fused: bool = False) -> torch.optim.AdamW:
     """AdamW; `fused`: one kernel updates every parameter in place (see fused_adamw)."""
-    return torch.optim.AdamW(
-        param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=fused or None
-    )
+    groups = param_groups(model, cfg.weight_decay)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=fused or None)
 
 
 def lr_at(step: int, cfg: OptimizerConfig, max_steps: int) -> float:
@@ -41,16 +40,12 @@ def lr_at(step: int, cfg: OptimizerConfig, max_steps: int) -> float:
     if cfg.schedule == "constant" or max_steps <= warmup:
         return cfg.lr
     progress = min(1.0, (step - warmup) / (max_steps - warmup))  # 0 -> 1 (at max_steps)
-    if cfg.schedule == "linear":
-        factor = 1.0 - progress
-    else:  # cosine
-        factor = 0.5 * (1.0 + math.cos(math.pi * progress))
+    factor = 1.0 - progress if cfg.schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))  # or cosine
     return cfg.lr * (cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * factor)
 
 
 def step_if_finite(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, finite: torch.Tensor) -> None:
-    """Step unless the gradients are not finite (`finite`, () bool): a skipped step changes no weight, moment or
-    step count. fp16: the scaler decides; fused: the kernel skips (`found_inf`), so the host never waits."""
+    """Step unless `finite` (() bool) is False: no weight, moment or count changes; fused, the host never waits."""
     if scaler.is_enabled():
         scaler.step(optimizer)
     elif optimizer.defaults.get("fused"):

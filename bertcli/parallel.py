@@ -18,8 +18,7 @@ COMPILE_BACKEND = "inductor"  # tests use "aot_eager": the same graph capture wi
 def parallelize(
     model: BertForPreTraining, rt: Runtime, *, parallel: str, every_parameter_used: bool, compile: bool = False
 ) -> nn.Module:
-    """Put `model` on the device; return what the step calls: itself, a DDP wrapper, or itself sharded by FSDP2
-    (build the optimizer after). `compile`: each layer, before sharding (as torchtitan: one graph serves all)."""
+    """`model` on the device; what the step calls: itself, DDP-wrapped or FSDP2-sharded (then build the optimizer)."""
     if compile:
         for block in model.blocks:
             block.compile(backend=COMPILE_BACKEND)
@@ -35,12 +34,9 @@ def parallelize(
     model.to(rt.device)
     if not rt.distributed:
         return model
+    ids = [rt.device.index] if rt.device.type == "cuda" else None
     # Without NSP the pooler and NSP head get no gradient: DDP must be told to expect that.
-    return DDP(
-        model,
-        device_ids=[rt.device.index] if rt.device.type == "cuda" else None,
-        find_unused_parameters=not every_parameter_used,
-    )
+    return DDP(model, device_ids=ids, find_unused_parameters=not every_parameter_used)
 
 
 def gradient_sync(train_model: nn.Module, enabled: bool) -> contextlib.AbstractContextManager:

@@ -151,12 +151,11 @@ def launch_env() -> None:
         if value is not None and not re.fullmatch(r"\s*[0-9]+\s*", value):  # (not str.isdigit: '²' is a digit)
             raise UsageError(f"{name}={value!r} in the environment is no process count or index; unset it")
     world = int(values["WORLD_SIZE"] or 1)
-    if values["WORLD_SIZE"] is not None and world < 1:
+    if world < 1:
         raise UsageError("WORLD_SIZE=0 in the environment: a job has at least one process; unset it")
-    if world <= 1:
-        stray = [f"{n}={values[n].strip()}" for n in ("RANK", "LOCAL_RANK") if values[n] and int(values[n])]
-        if (local := values["LOCAL_WORLD_SIZE"]) and int(local) != 1:
-            stray.append(f"LOCAL_WORLD_SIZE={local.strip()}")
+    if world == 1:
+        lone = {"RANK": 0, "LOCAL_RANK": 0, "LOCAL_WORLD_SIZE": 1}  # a process with no job: rank 0 of 1
+        stray = [f"{n}={values[n].strip()}" for n, value in lone.items() if values[n] and int(values[n]) != value]
         if stray:
             raise UsageError(f"{' and '.join(stray)} in the environment, with no WORLD_SIZE above 1: unset them")
         return

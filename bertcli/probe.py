@@ -1,6 +1,5 @@
-"""The linear probe: a frozen model's pooled vectors (encode's default pooling), standardised with TRAIN's mean and
-std, and a multinomial logistic regression on them (float64, full-batch L-BFGS, a fixed number of iterations), its
-L2 strength picked on a seeded fold of TRAIN, refit on all of TRAIN and scored on TEST against the majority class."""
+"""The linear probe: a logistic regression (float64, full-batch L-BFGS) on a frozen model's pooled vectors standardised
+by TRAIN, its L2 strength picked on a seeded fold of TRAIN, refit on TRAIN and scored on TEST."""
 
 from __future__ import annotations
 
@@ -120,9 +119,8 @@ def probe(
     `train` and scored on `test` (None: a seeded fifth of `train`). The model is left in the mode it was in."""
     if test is None:
         train, test = split(train, seed)
-    enc = model
-    if not isinstance(enc, Encoder):  # the trainer's model, on its device
-        enc = Encoder(model, tokenizer, runtime.Runtime(next(model.parameters()).device, "fp32"))
+    device = None if isinstance(model, Encoder) else next(model.parameters()).device  # a model of the trainer's
+    enc = model if device is None else Encoder(model, tokenizer, runtime.Runtime(device, "fp32"))
     x, pooling = vectors(enc, train.texts, batch_size)
     x_test, _ = vectors(enc, test.texts, batch_size)
     mean, std = x.mean(0), x.std(0)
@@ -135,16 +133,9 @@ def probe(
     l2 = _pick_l2(x, y, len(names), seed)
     guess = predict(fit(x, y, len(names), l2), x_test).numpy()
     majority = index[Counter(train.labels).most_common(1)[0][0]]
-    return {
-        "accuracy": float(np.mean(guess == truth)),
-        "macro_f1": macro_f1(truth, guess),
-        "majority": float(np.mean(truth == majority)),
-        "l2": l2,
-        "pooling": pooling,
-        "train": len(train.labels),
-        "test": len(test.labels),
-        "classes": len(names),
-    }
+    scores = {"accuracy": float(np.mean(guess == truth)), "macro_f1": macro_f1(truth, guess)}
+    scores |= {"majority": float(np.mean(truth == majority)), "l2": l2, "pooling": pooling}
+    return scores | {"train": len(train.labels), "test": len(test.labels), "classes": len(names)}
 
 
 def _pick_l2(x: torch.Tensor, y: torch.Tensor, classes: int, seed: int) -> float:

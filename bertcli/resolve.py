@@ -41,23 +41,20 @@ def from_here(overrides: list[str]) -> list[str]:
 
 
 def resolve(cfg: Config, base: Path, adopt_init_from: bool = True) -> Config:
-    """`cfg` with paths absolute from `base` and its init_from's architecture (`adopt_init_from=False`: as
-    written, for `inspect` of a run whose source model has since moved)."""
+    """`cfg` with paths absolute from `base` and (`adopt_init_from`) model.init_from's architecture."""
 
     def absolute(value: str) -> str:
         path = Path(value).expanduser()
         return str(path if path.is_absolute() else base.resolve() / path)
 
-    d, m = cfg.data, cfg.model
+    d, m, e = cfg.data, cfg.model, cfg.eval
     corpus = d.corpus if d.corpus in KEYWORD_CORPORA or not d.corpus.strip() else absolute(d.corpus)
     tokenizer = dataclasses.replace(d.tokenizer, path=d.tokenizer.path and absolute(d.tokenizer.path))
     data = dataclasses.replace(d, corpus=corpus, prepared_dir=absolute(d.prepared_dir), tokenizer=tokenizer)
     model = dataclasses.replace(m, init_from=m.init_from and absolute(m.init_from))
-    e = cfg.eval
-    probe = dataclasses.replace(
-        e, probe=e.probe and absolute(e.probe), probe_test=e.probe_test and absolute(e.probe_test)
-    )
-    cfg = dataclasses.replace(cfg, output_dir=absolute(cfg.output_dir), data=data, model=model, eval=probe)
+    probe, test = e.probe and absolute(e.probe), e.probe_test and absolute(e.probe_test)
+    evals = dataclasses.replace(e, probe=probe, probe_test=test)
+    cfg = dataclasses.replace(cfg, output_dir=absolute(cfg.output_dir), data=data, model=model, eval=evals)
     if cfg.model.init_from and adopt_init_from:
         from bertcli import adopt
 
@@ -66,8 +63,8 @@ def resolve(cfg: Config, base: Path, adopt_init_from: bool = True) -> Config:
 
 
 def check_outputs_apart(cfg: Config) -> None:
-    """Refuse (exit 2), before any work, outputs that overlap the corpus (the next prepare would read them as
-    text), or output_dir where bertcli's own folders, a model folder or / are."""
+    """Refuse (exit 2) outputs that overlap the corpus (prepare would read them), or output_dir on bertcli's own
+    folders, a model folder or /."""
     from bertcli.layout import CHECKPOINTS, RUN_OUTPUTS, TENSORBOARD, Kind, identify
     from bertcli.store import owner, relation, run_file
 

@@ -1,7 +1,5 @@
-"""The resume decision: the checkpoint a run resumes from (`choose`; damaged ones and a history left
-behind are renamed, never deleted), the `best` it keeps, the tokenizer its data must use
-(`run_tokenizer`), the settings it keeps (`run_config`: its --set values, recorded in the run folder), and what
-resuming with other settings or data changes (`differences`)."""
+"""What a run resumes from (`choose`: damaged checkpoints, a history left behind renamed aside), the `best` it keeps,
+its tokenizer (`run_tokenizer`), its --set values (`run_config`) and what resuming changes (`differences`)."""
 
 from __future__ import annotations
 
@@ -33,6 +31,8 @@ SET_ASIDE = {
     layout.ABANDONED_PREFIX: "of a history left behind when the run resumed from an earlier checkpoint (or another run's)",
     layout.DAMAGED_PREFIX: "found damaged when the run resumed",
 }
+SETTINGS_HEADER = "# The settings this run trains with"  # the first line of layout.RUN_SETTINGS, as bertcli writes it
+SET_LINE = "# --set: "  # then the --set values it keeps, as JSON
 
 
 class ResumeRefused(UsageError):
@@ -77,8 +77,7 @@ def _best_loss(best: Path, cfg: Config) -> float | None:
 
 
 def _choose_auto(output_dir: Path, is_main: bool) -> Path | None:
-    """The newest checkpoint that verifies (`best` where it is newer), newer damaged or incomplete step
-    folders set aside (pruning keeps the newest: it would delete good ones)."""
+    """The newest checkpoint that verifies (`best` where newer); newer damaged or incomplete ones are set aside."""
     found, root = layout.list_checkpoints(output_dir), layout.checkpoints_dir(output_dir)
     damaged, chosen, good = [], None, -1
     for step, candidate in reversed(found):
@@ -103,8 +102,7 @@ def _choose_auto(output_dir: Path, is_main: bool) -> Path | None:
 
 
 def _choose_path(path: Path, output_dir: Path, is_main: bool, last_step: int) -> Path:
-    """--resume PATH, a whole checkpoint. The run's checkpoints past its step (all, for another run's) are another
-    history, renamed where there is training to do: `--resume auto` never goes back to them."""
+    """--resume PATH; the run's checkpoints past it (all, for another run's) renamed aside where there is work."""
     check_not_set_aside(path, output_dir)
     if problem := layout.incomplete(path):
         raise UsageError(f"--resume {path}: {problem}")
@@ -116,9 +114,7 @@ def _choose_path(path: Path, output_dir: Path, is_main: bool, last_step: int) ->
     later = [(p, s) for s, p in layout.list_checkpoints(output_dir) if (foreign or s > step) and p.resolve() != here]
     for other, at in later if is_main and step < last_step else []:
         aside = _rename_aside(other, layout.ABANDONED_PREFIX)
-        why = f"past the step resumed from ({step})"
-        if at <= step:
-            why = f"the run resumes from {path}, outside its checkpoints folder"
+        why = f"past the step resumed from ({step})" if at > step else f"the run resumes from {path}, another folder"
         console.log(f"{other} is of step {at}, {why}: a history left behind, renamed {aside.name}")
     return path
 
@@ -144,8 +140,7 @@ def _rename_aside(folder: Path, prefix: str) -> Path:
 
 
 def settle_best(cfg: Config, resumed: Path | None, is_main: bool) -> float | None:
-    """The loss of the `best` kept (None: none). A `best` not of the run's model and history is removed, or
-    renamed where no step folder holds its weights. Every process decides alike, from the same files."""
+    """The loss of the `best` kept (None: none); one of another model or history is removed (or renamed aside)."""
     output_dir = Path(cfg.output_dir)
     best = layout.checkpoints_dir(output_dir) / layout.BEST
     if not best.exists() or (resumed is not None and Path(resumed) == best):
@@ -154,7 +149,7 @@ def settle_best(cfg: Config, resumed: Path | None, is_main: bool) -> float | Non
     if resumed is None:
         reason = "this run starts fresh, so it was of another run"
     elif is_foreign(resumed, output_dir):
-        reason = f"this run resumes from a checkpoint outside its checkpoints folder, {resumed}, so it was of another history"
+        reason = f"this run resumes from a checkpoint outside its checkpoints folder, {resumed}"
     else:
         try:
             checkpoint.check_links(best)
@@ -195,8 +190,7 @@ def _step_kept(output_dir: Path, best: Path) -> bool:
 def catch_up_best(
     output_dir: Path, resumed: Path | None, best: float | None, is_main: bool, *, metric: str
 ) -> float | None:
-    """Copy the step resumed from (a step folder of this run's) to `best` where its evaluation beats
-    `best`'s by `metric`: a run stopped between the two writes (a full disk, a kill) left an older `best`."""
+    """Copy the step resumed from to `best` where it scores better: a run stopped between the two writes left it."""
     if resumed is None or is_foreign(resumed, output_dir) or resumed.name == layout.BEST:
         return best
     loss = checkpoint.best_loss(resumed, metric)
@@ -254,9 +248,7 @@ def check_same_tokenizer(ckpt: Path, source: Path, contents: bytes) -> None:
         raise store.linked(file, checkpoint.FIX)
     ours = tokenizer_identity(read_tokenizer_json(file))
     if ours != tokenizer_identity(Tokenizer.from_str(contents.decode("utf-8"))):
-        raise UsageError(
-            f"{source}: not the tokenizer {ckpt} was trained with: set data.tokenizer.path: {file}, or a new output_dir"
-        )
+        raise UsageError(f"{source}: not the tokenizer of {ckpt}: set data.tokenizer.path: {file} or a new output_dir")
 
 
 def setting_changes(saved: Config, cfg: Config, prefixes: list[str], batches: Batches = None) -> str:
@@ -288,10 +280,6 @@ class Overrides(NamedTuple):
     given: list[str]
 
 
-SETTINGS_HEADER = "# The settings this run trains with"  # the first line of layout.RUN_SETTINGS, as bertcli writes it
-SET_LINE = "# --set: "  # then the --set values it keeps, as JSON
-
-
 def write_settings(cfg: Config, overrides: Overrides) -> Path:
     """Record the config `cfg` of the run (resolved, whole) in its folder, with the --set values among it."""
     path = Path(cfg.output_dir) / layout.RUN_SETTINGS
@@ -305,8 +293,7 @@ def write_settings(cfg: Config, overrides: Overrides) -> Path:
 
 
 def read_settings(output_dir: Path) -> tuple[list[str], Config | None]:
-    """The --set values recorded by the run in `output_dir` and the config it trains with (None where it does not
-    load); ([], None) where it has recorded none. A file of that name that bertcli did not write is refused."""
+    """The --set values recorded in `output_dir` and its config (None: does not load); refused where not bertcli's."""
     path, fix = Path(output_dir) / layout.RUN_SETTINGS, "move it away, or set output_dir to another folder"
     if (problem := store.file_problem(path)) == "missing":
         return [], None
@@ -327,8 +314,7 @@ def read_settings(output_dir: Path) -> tuple[list[str], Config | None]:
 
 
 def kept_overrides(cfg: Config, given: list[str], resume_arg: str) -> list[str]:
-    """The --set values recorded by the run in cfg.output_dir that `given` does not give again: a resumed run keeps
-    them ([] where it starts fresh: no checkpoint of its own, --resume never or another run's checkpoint)."""
+    """The --set values recorded in cfg.output_dir that `given` does not give again ([] where the run starts fresh)."""
     output_dir = Path(cfg.output_dir)
     recorded = read_settings(output_dir)[0]  # (read at every start: a file not bertcli's is refused before any work)
     foreign = resume_arg not in ("auto", "never") and is_foreign(Path(resume_arg), output_dir)
@@ -352,8 +338,7 @@ def run_config(
 def differences(
     saved: Config, cfg: Config, *, step: int, where: str, batches: Batches, then: Any, now: dict[str, Any] | None
 ) -> list[str]:
-    """What resuming checkpoint `where` (at `step`, saved with `saved` on prepared data `then`) under `cfg` on data
-    `now` changes, one line per kind: the examples later steps see, the held-out set, the updates."""
+    """What resuming `where` under `cfg` changes: one line each for the examples, the held-out set, the updates."""
     from bertcli.optim import lr_at
 
     examples = setting_changes(saved, cfg, EXAMPLE_SETTINGS, batches)

@@ -1,5 +1,4 @@
-"""Where this process runs: its device, its precision and its place in the job (rank, world size). The model and
-data code never look at devices or dtypes: the trainer and encode ask this module."""
+"""Where this process runs: its device, its precision and its place in the job (rank, world size)."""
 
 from __future__ import annotations
 
@@ -17,6 +16,10 @@ from bertcli.sizes import Placement
 from bertcli.stopping import exit_on_signal
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}  # fp32: no autocast
+# torch.cpu's probes of the instructions that run each autocast dtype natively on a CPU.
+NATIVE_ON_CPU = {"bf16": ("_is_avx512_bf16_supported", "_is_amx_tile_supported"), "fp16": ("_is_amx_fp16_supported",)}
+# Token slots per micro-batch from which unpadding pays (H100, BERT-base: +6% at 256 x 128, -10% at 64 x 128).
+UNPAD_MIN_TOKENS = 16_384
 
 
 @dataclass
@@ -81,29 +84,21 @@ def parse_device(name: str, what: str = "device") -> torch.device:
     """The torch.device of a device name (its form checked by its owner); UsageError for a GPU not there."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise UsageError(f"{what} {name!r}: no CUDA GPU is visible to PyTorch; use {what} cpu (or auto)")
-        device = torch.device(name)
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise UsageError(f"{what} {name!r}: only {torch.cuda.device_count()} CUDA device(s) are visible")
-        return device
-    return torch.device(name)
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"{what} {name!r}: no CUDA GPU is visible to PyTorch; use {what} cpu (or auto)")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise UsageError(f"{what} {name!r}: only {torch.cuda.device_count()} CUDA device(s) are visible")
+    return device
 
 
 def resolve_precision(mode: str, device: torch.device) -> str:
     """auto: bf16 on GPUs that support it, fp16 (with loss scaling) on older GPUs, fp32 on CPU."""
     if mode == "auto":
-        if device.type != "cuda":
-            return "fp32"
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        return "fp32" if device.type != "cuda" else "bf16" if torch.cuda.is_bf16_supported() else "fp16"
     if mode == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         raise UsageError("precision.mode=bf16: this GPU has no bf16 support; use fp16 or auto")
     return mode
-
-
-# torch.cpu's probes of the instructions that run each autocast dtype natively on a CPU.
-NATIVE_ON_CPU = {"bf16": ("_is_avx512_bf16_supported", "_is_amx_tile_supported"), "fp16": ("_is_amx_fp16_supported",)}
 
 
 def slow_autocast(rt: Runtime) -> str | None:
@@ -138,23 +133,17 @@ def setup(device: str, precision: PrecisionConfig) -> Runtime:
     return Runtime(device=dev, precision=resolve_precision(precision.mode, dev), rank=rank, world_size=world_size)
 
 
-# Token slots per micro-batch from which unpadding pays (H100, BERT-base: +6% at 256 x 128, -10% at 64 x 128).
-UNPAD_MIN_TOKENS = 16_384
-
-
 def unpadded(
     setting: bool | None, *, device: torch.device, precision: str, attention_dropout: float, micro_batch_tokens: int
 ) -> tuple[bool, str | None]:
-    """Whether the encoder runs on the real tokens only (train.unpad), and why not when asked for: its attention
-    has no dropout. null: on GPUs in half precision, for micro-batches large enough for it to pay."""
+    """Whether the encoder runs on the real tokens only (train.unpad; null: where it pays), and why not if asked for."""
     if setting is False:
         return False, None
     if setting is None:
         from bertcli.model import varlen_attn
 
-        half = precision in ("bf16", "fp16")
-        big = micro_batch_tokens >= UNPAD_MIN_TOKENS
-        return device.type == "cuda" and attention_dropout == 0 and big and half and varlen_attn() is not None, None
+        fits = device.type == "cuda" and precision in ("bf16", "fp16") and micro_batch_tokens >= UNPAD_MIN_TOKENS
+        return fits and attention_dropout == 0 and varlen_attn() is not None, None
     if attention_dropout > 0:
         why = f"model.attention_probs_dropout_prob is {attention_dropout} (unpadded attention has none)"
         return False, f"train.unpad is true but {why}: training padded"

@@ -1,5 +1,4 @@
-"""sentence-transformers folders: how one makes its embeddings (modules.json: a Transformer, the BERT folder at its
-`path`; a Pooling; maybe Normalize), which `bertcli encode` follows, and the files that make an export one."""
+"""sentence-transformers folders: how one makes its embeddings (modules.json), which encode follows; an export's."""
 
 from __future__ import annotations
 
@@ -13,9 +12,7 @@ from bertcli.errors import UsageError
 from bertcli.layout import MODULE_CONFIG, POOLING_MODULE, SENTENCE_MODULES, SENTENCE_PROMPTS, SENTENCE_SETTINGS
 
 SUPPORTED = ("cls", "mean", "max")  # the pooling modes bertcli computes, as sentence-transformers names them
-# The pooling of a model that has none of its own (encode.resolve), and the one an export's 1_Pooling names:
-# sentence-transformers pools a plain transformer by the mean.
-DEFAULT_POOLING = "mean"
+DEFAULT_POOLING = "mean"  # sentence-transformers' for a plain transformer: encode.resolve's, an export's 1_Pooling
 # The older config format: one boolean per mode (all false means mean, as sentence-transformers reads it).
 LEGACY_MODES = {
     "pooling_mode_cls_token": "cls",
@@ -29,8 +26,6 @@ LEGACY_MODES = {
 
 @dataclass(frozen=True)
 class SentenceModel:
-    """What a sentence-transformers folder says about its embeddings."""
-
     folder: Path  # the folder holding modules.json
     transformer: Path  # the BERT folder (config.json, weights, tokenizer)
     pooling: str  # as the folder names it: "mean", "cls", "max", "mean_sqrt_len_tokens", "cls+mean" ...
@@ -53,8 +48,6 @@ class SentenceModel:
 
 
 class NotReproducible(UsageError):
-    """A sentence-transformers folder whose own pooling or modules bertcli cannot run."""
-
     def __init__(self, folder: Path, problem: str) -> None:
         super().__init__(f"--model {folder}: {problem}; pass --pooling cls, mean or max")
 
@@ -81,8 +74,7 @@ def _pooling_mode(file: Path) -> str:
     mode = raw.get("pooling_mode")
     if mode is None:
         mode = [name for key, name in LEGACY_MODES.items() if raw.get(key)] or ["mean"]
-    modes = [mode] if isinstance(mode, str) else list(mode)
-    return "+".join(str(m) for m in modes)  # several modes: their vectors concatenated
+    return "+".join(str(m) for m in ([mode] if isinstance(mode, str) else mode))  # several: vectors concatenated
 
 
 def _max_seq_length(settings: dict[str, Any], transformer: Path) -> int | None:
@@ -114,9 +106,7 @@ def refuse_a_module(path: Path, command: str) -> None:
     except (UsageError, OSError, ValueError):  # a damaged modules.json: the command's own checks say so
         return
     if model is not None and model.transformer.resolve() != Path(path).resolve():
-        raise UsageError(
-            f"{path}: a module of the sentence-transformers model {parent}, not a model: {command} {parent}"
-        )
+        raise UsageError(f"{path}: a module of sentence-transformers model {parent}, not a model: {command} {parent}")
 
 
 def read_sentence_model(folder: Path) -> SentenceModel | None:

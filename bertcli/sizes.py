@@ -65,15 +65,13 @@ def parameter_count(model: ModelConfig) -> int:
 
 
 def flops_per_token(cfg: ModelConfig, seq_len: float, pred_share: float) -> float:
-    """Training FLOPs per token of the matrix products (3x forward, 2 per multiply-add): per layer the weights'
-    4H^2 + 2HI and attention's 2Hs, and the MLM head (H^2 + VH) at the share of tokens predicted."""
+    """Training FLOPs per token of the matrix products (3x forward, 2 per multiply-add), the MLM head's at `pred_share`."""
     H, L, I, V = cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size, padded_vocab_size(cfg)
     return 6 * L * (4 * H * H + 2 * H * I) + 12 * L * H * seq_len + 6 * pred_share * (H * H + V * H)
 
 
 def check_memory(model: ModelConfig, where: Placement, parallel: str) -> None:
-    """Refuse a model whose training state (16 bytes a parameter, sharded under FSDP) cannot fit the device, or
-    whose fp32 copies (one per process on this machine) its memory; activations come on top."""
+    """Refuse a model whose training state (sharded under FSDP) cannot fit the device, or its fp32 copies the host."""
     n = parameter_count(model)
     shards = where.world_size if where.world_size > 1 and parallel == "fsdp" else 1
     on_device = BYTES_PER_PARAMETER * n // shards
@@ -104,15 +102,12 @@ def check_disk(model: ModelConfig, output_dir: Path) -> None:
     """Refuse (exit 1) a run whose output disk has no room for one checkpoint (its steps would be lost)."""
     free, need = free_bytes(Path(output_dir)), CHECKPOINT_BYTES_PER_PARAMETER * parameter_count(model)
     if free is not None and free < need:
-        raise RunError(
-            f"{output_dir}: its disk has {free / 2**20:,.1f} MiB free, and one checkpoint of this model takes about "
-            f"{need / 2**20:,.1f} MiB: free space, or set output_dir to another disk"
-        )
+        room = f"its disk has {free / 2**20:,.1f} MiB free, and one checkpoint of this model takes about {need / 2**20:,.1f} MiB"
+        raise RunError(f"{output_dir}: {room}: free space, or set output_dir to another disk")
 
 
 def check_batch(cfg: Config, where: Placement) -> None:
-    """Refuse batch sizes whose tensors cannot fit, before any is built (else the process grows until killed):
-    lower bounds of activations (Q, K, V, output, FFN) and of a step's and the held-out set's token ids."""
+    """Refuse batch sizes whose tensors (lower bounds: activations, a step's and the held-out set's ids) cannot fit."""
     m, t, tokens = cfg.model, cfg.train, cfg.data.max_seq_length
     device = (where.gpu[0], "the GPU's memory") if where.gpu else (machine_memory(), "this machine's memory")
     host = (machine_memory(), "this machine's memory")

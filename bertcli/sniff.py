@@ -1,6 +1,5 @@
-"""What an input is, decided in one place: `sniff(path)` by the path, its first bytes and its name; `sniff_head`
-by a stream's first bytes. Each row of KINDS says, per command, None where it reads the kind, else what to do.
-"""
+"""What an input is (`sniff`: by its path, first bytes and name; `sniff_head`: by a stream's first bytes), and per
+command (a row of KINDS) None where the command reads that kind, else what to do."""
 
 from __future__ import annotations
 
@@ -41,7 +40,6 @@ EXPORT = "export its text first"
 
 
 def _piped(what: str, tool: str, magic: tuple[bytes, ...], suffixes: tuple[str, ...] = (), **more: str) -> Kind:
-    """A kind encode reads piped through `tool`."""
     return Kind(what, encode=PIPE, tool=tool, magic=magic, suffixes=suffixes, **more)
 
 
@@ -128,8 +126,7 @@ PEEK = {"gzip": gzip.open, "bzip2": bz2.open, "xz": lzma.open}  # a compression'
 
 
 def holds_text(path: Path) -> bool:
-    """Whether a file that no corpus name announces is read as text: its kind (a compressed file's: by its first
-    bytes undone) is UTF-8 text, and those bytes decode as UTF-8. Any other kind is left as KINDS says of it."""
+    """Whether a file no corpus name announces is UTF-8 text (a compressed one: by its first bytes undone)."""
     kind = sniff(path)
     if kind is not KINDS["text"] and not kind.codec:
         return False
@@ -153,7 +150,6 @@ def refusal(source: str, kind: Kind, command: str) -> UsageError:
 
 
 def check(path: Path, command: str) -> Kind:
-    """The kind of `path`, refused (exit 2) where `command` does not read it."""
     kind = sniff(path)
     if getattr(kind, command):
         raise refusal(str(path), kind, command)

@@ -1,10 +1,6 @@
-"""Stopping on a signal, the same way in every command: one `Stopper` while a command runs.
-
-SIGINT, SIGTERM and SIGHUP (unless ignored from the start: nohup) raise `Stop` in the main thread (a BaseException:
-no `except Exception` swallows it), which unwinds every write and leaves `stopping()` as `Interrupted`, exit 128 + N.
-Modes: `after_step` saves a checkpoint after the step (a second signal stops at once); `held` waits until an output
-is in place. While a library holds the main thread, the C handler writes the signal to a wakeup pipe `poll` reads.
-"""
+"""One `Stopper` per command: SIGINT, SIGTERM, SIGHUP (unless ignored: nohup) raise `Stop`, a BaseException, in the
+main thread: it unwinds every write and leaves `stopping()` as `Interrupted` (128 + N). `after_step` stops after the
+step (a second signal: at once); `held` waits for an output in place; `poll` reads the wakeup pipe."""
 
 from __future__ import annotations
 
@@ -23,11 +19,7 @@ SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP"
 
 
 class Stop(BaseException):
-    """A stop signal came; raised in the main thread (see the module's docstring)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
+    """Stop(signum): a stop signal came; raised in the main thread (see the module's docstring)."""
 
 
 class Stopper:
@@ -116,19 +108,14 @@ def _interrupted(stopper: Stopper) -> Iterator[None]:
         yield
         stopper.check()  # a stop that something caught on the way
     except Stop as stop:
-        name = signal.Signals(stop.signum).name
-        raise Interrupted(f"stopped by {name}; {stopper.left}: run the same command again", stop.signum) from None
-
-
-def ignored_sigint() -> bool:
-    """Whether SIGINT is ignored while SIGTERM is not (a script's background job): Ctrl-C does nothing."""
-    return signal.getsignal(signal.SIGINT) is signal.SIG_IGN and signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN
+        (signum,) = stop.args
+        name = signal.Signals(signum).name
+        raise Interrupted(f"stopped by {name}; {stopper.left}: run the same command again", signum) from None
 
 
 @contextlib.contextmanager
 def exit_on_signal(words: str) -> Iterator[None]:
-    """While the main thread waits inside a library (torch's rendezvous), a stop signal ends the process
-    at once (exit 128 + N, saying `words`): nothing is written yet, and the wait may never return."""
+    """While the main thread waits in a library (torch's rendezvous), a stop signal exits at once (nothing written)."""
     stopper = _active
     if stopper is None or stopper.wakeup is None:
         yield
@@ -151,8 +138,7 @@ def exit_on_signal(words: str) -> Iterator[None]:
 
 
 def worker_ignores(signums: tuple[int, ...] = SIGNALS) -> None:
-    """In a worker process: stop signals sent to the whole process group (Ctrl-C, a closed terminal) are the
-    parent's to act on, and it stops its workers; the worker takes signals up again (held_while_starting)."""
+    """In a worker: stop signals sent to the process group are the parent's to act on (it stops its workers)."""
     for signum in signums:
         signal.signal(signum, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
@@ -160,13 +146,12 @@ def worker_ignores(signums: tuple[int, ...] = SIGNALS) -> None:
 
 @contextlib.contextmanager
 def held_while_starting() -> Iterator[None]:
-    """Processes started in the block inherit the stop signals blocked, so none dies of Ctrl-C half started. The
-    resource tracker is started first: starting it unblocks them in this thread."""
+    """Processes started in the block inherit the stop signals blocked: none dies of Ctrl-C half started."""
     from multiprocessing import resource_tracker
 
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
     try:
-        resource_tracker.ensure_running()
+        resource_tracker.ensure_running()  # first: starting it unblocks the signals in this thread
         signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
         yield
     finally:

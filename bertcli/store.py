@@ -22,9 +22,7 @@ from bertcli.layout import TEMPORARY, Layout, tmp_name
 
 PROOF_KEY = "bertcli_version"  # in every manifest, trainer state and exported config.json bertcli writes
 
-# ------------------------------------------------------------------------------------------ writing
-# No room for the file: the disk, the user's quota, or the largest file this process may write
-# (ulimit -f: EFBIG). safetensors and tokenizers raise no OSError: they pass on Rust's io::Error text.
+# The disk, the quota, or ulimit -f (EFBIG); safetensors and tokenizers pass on Rust's io::Error text, no OSError.
 DISK_FULL = {
     errno.ENOSPC: ("No space left on device", "os error 28"),
     errno.EDQUOT: ("Disk quota exceeded", "os error 122"),
@@ -154,8 +152,7 @@ def save_torch(obj: Any, path: Path) -> None:
 
 @contextlib.contextmanager
 def folder(final: Path, guard: Callable[[Path], None]) -> Iterator[Path]:
-    """Yield a temporary folder to fill; on success it replaces `final` in one rename. `guard(final)` refuses
-    a `final` not the caller's, before the first write and again before the swap (filled meanwhile)."""
+    """A temporary folder to fill, which then replaces `final` in one rename; `guard(final)` runs before and after."""
     final = Path(final).expanduser().resolve()
     guard(final)
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -220,8 +217,8 @@ def pid_alive(pid: int) -> bool:
 
 
 def clean_leftovers(parent: Path, ours: Callable[[Path, str], bool], *, mine: bool = False) -> list[Path]:
-    """Remove, and return, the temporary names in `parent` of gone writers (`mine`: this process's) that
-    `ours(path, NAME)` accepts; a folder moved aside whose replacement never came is put back."""
+    """Remove (and return) gone writers' (`mine`: this process's) temporary names in `parent` that `ours(path, NAME)`
+    accepts; a folder moved aside whose replacement never came is put back."""
     removed: list[Path] = []
     if not parent.is_dir() or parent.is_symlink():
         return removed
@@ -244,17 +241,14 @@ def clean_leftovers(parent: Path, ours: Callable[[Path, str], bool], *, mine: bo
 
 
 def holds_only(folder: Path, kind: Layout, prefix: str = "") -> bool:
-    """Whether `folder` (at `prefix` inside a folder of `kind`) holds only what bertcli writes there."""
     return folder.is_dir() and not folder.is_symlink() and first_foreign(folder, kind, prefix) is None
 
 
 def clean_folder_leftovers(final: Path, kind: Layout, *, mine: bool = False) -> None:
-    """clean_leftovers for the temporary folders of folder `final` of `kind`."""
     final = Path(final).expanduser().resolve()
     clean_leftovers(final.parent, lambda c, name: name == final.name and holds_only(c, kind), mine=mine)
 
 
-# ------------------------------------------------------------------------------------------ reading
 def file_problem(path: Path) -> str | None:
     """Why `path`, a file of a folder bertcli wrote, may not be read (None: a regular file itself)."""
     try:
@@ -298,8 +292,7 @@ def read_own_json(path: Path, fix: str = "use another checkpoint") -> dict[str, 
     return value
 
 
-# SHA-256 of large files already hashed by this process, by (device, inode, size, mtime, ctime): any write,
-# or a time set back, changes the ctime, so an edit is always hashed anew.
+# SHA-256 of large files hashed by this process, by (device, inode, size, mtime, ctime): any write changes the ctime.
 _HASHED: dict[tuple[int, ...], str] = {}
 HASH_CACHE_BYTES = 16 << 20  # smaller files cost little to hash again
 
@@ -333,7 +326,6 @@ def digest_change(
     return None
 
 
-# ------------------------------------------------------------------------------------------ ownership
 @dataclass(frozen=True)
 class Input:
     """A path a command reads, which its outputs must never replace."""
@@ -388,7 +380,6 @@ def not_owned(target: Path, kind: Layout) -> str | None:
 
 
 def check_replaceable(target: Path, kind: Layout, fix: str) -> None:
-    """Refuse (exit 2) to replace `target` unless bertcli wrote it (not_owned)."""
     if (reason := not_owned(target, kind)) is not None:
         raise UsageError(f"{target} {reason}, so bertcli left it untouched (it replaces only what it wrote): {fix}")
 
@@ -396,9 +387,7 @@ def check_replaceable(target: Path, kind: Layout, fix: str) -> None:
 def relation(target: Path, other: Path) -> str | None:
     """How `target` stands to `other`, resolved: 'is', 'contains', 'is inside', or None (apart)."""
     t, o = Path(target).expanduser().resolve(), Path(other).expanduser().resolve()
-    if t == o:
-        return "is"
-    return "contains" if t in o.parents else "is inside" if o in t.parents else None
+    return "is" if t == o else "contains" if t in o.parents else "is inside" if o in t.parents else None
 
 
 def check_apart(target: Path, inputs: list[Input], fix: str) -> None:
@@ -448,7 +437,6 @@ def check_not_inside_own(target: Path, fix: str) -> None:
         raise UsageError(f"{target} is inside {owned[0]}, {owned[1]} of bertcli's (replaced whole): {fix}")
 
 
-# ------------------------------------------------------------------------------------------ locks
 class Busy(RunError):
     """Another bertcli command holds the lock of a folder."""
 

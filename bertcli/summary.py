@@ -32,10 +32,7 @@ PARTS = {
     "mlm_head": "cls.predictions.",
     "nsp_head": "cls.seq_relationship.",
 }
-CHECKED = (  # what prepared data's reader checks at each use
-    "files regular (no symbolic links), tokenizer.json and vocab.txt hashes, shard sizes, offsets, the index "
-    "against the units, token ids below the vocabulary"
-)
+CHECKED = "no symbolic links, the tokenizer's hashes, shard sizes, offsets, the index, token ids below the vocabulary"
 READS = (
     "a config file, a run folder (with config.yaml), a checkpoint folder, a prepared-data folder (with "
     "manifest.json) or a Hugging Face (or sentence-transformers) model folder (with config.json)"
@@ -43,8 +40,7 @@ READS = (
 
 
 def parameter_counts(cfg: ModelConfig) -> dict[str, int]:
-    """Parameters per part and in total as Hugging Face counts them (no vocabulary padding, the tied decoder once),
-    and `total_with_padding`: what bertcli trains."""
+    """Parameters per part and `total` as Hugging Face counts them (no padding), and `total_with_padding`."""
     counts = sizes.parameter_counts(dataclasses.replace(cfg, pad_vocab_multiple=1))
     return counts | {"total": sum(counts.values()), "total_with_padding": sizes.parameter_count(cfg)}
 
@@ -73,8 +69,7 @@ def _first_line(exc: Exception) -> str:
 
 
 def _readable(ckpt: Path, damaged: list[str]) -> tuple[dict[str, Any], Config] | None:
-    """A checkpoint's trainer state and config, or None; what is wrong (a file changed since written too) is
-    added to `damaged`."""
+    """A checkpoint's trainer state and config, or None; what is wrong (a file changed too) goes to `damaged`."""
     name = layout.TRAINER_STATE
     try:
         state = checkpoint.read_trainer_state(ckpt)
@@ -92,8 +87,7 @@ def _readable(ckpt: Path, damaged: list[str]) -> tuple[dict[str, Any], Config] |
 
 
 def _training(output_dir: Path, cfg: Config, only: Path | None = None, *, with_run: bool = True) -> dict[str, Any]:
-    """The training report of the run in `output_dir`, or of its checkpoint `only` (without `with_run`: nothing
-    of the run's). Files that do not read are listed under "damaged" and the rest is shown."""
+    """The report of the run in `output_dir`, or of its checkpoint `only` (not `with_run`: nothing of the run's)."""
     ckpts = layout.list_checkpoints(output_dir) if with_run else []
     running = resume.read_settings(output_dir)[1] if with_run and not only else None  # what the run trains with
     aside = layout.set_aside(output_dir) if with_run else []
@@ -122,6 +116,7 @@ def _training(output_dir: Path, cfg: Config, only: Path | None = None, *, with_r
     seen = len(damaged)
     best_read = _readable(best, damaged) if has_best and not itself else None
     best_state = best_read[0] if best_read else state if itself else {}
+    logged_steps = [r["step"] for r in records[-1:]]  # a run killed after logging is past its newest checkpoint
     report = {
         "last_eval_metrics": latest("eval", "eval_metrics"),
         "best_checkpoint": str(best) if has_best else None,
@@ -129,11 +124,7 @@ def _training(output_dir: Path, cfg: Config, only: Path | None = None, *, with_r
         "best_step": best_state.get("step"),
         "best_mlm_loss": (best_state.get("eval_metrics") or {}).get("mlm_loss"),
         "output_dir": os.path.normpath(output_dir) if with_run else None,  # (a config's "../other": what it names)
-        # A run's step: its newest checkpoint's, or a later logged one (a run killed after logging);
-        # a checkpoint whose trainer state does not read: unknown (None), as are its tokens.
-        "step": (state.get("step") if source else None)
-        if only
-        else max([state.get("step", 0)] + [r["step"] for r in records[-1:]]),
+        "step": (state.get("step") if source else None) if only else max([state.get("step", 0)] + logged_steps),
         "max_steps": (running or saved or cfg).train.max_steps,  # the run's own (its --set) where it says
         "tokens_seen": state.get("tokens_seen", 0) if source or not only else None,
         "train_time_s": state.get("train_time_s") if isinstance(state.get("train_time_s"), (int, float)) else None,
@@ -148,13 +139,10 @@ def _training(output_dir: Path, cfg: Config, only: Path | None = None, *, with_r
 
 def inspect_path(path: Path) -> dict[str, Any]:
     """The report for what `path` is; made again (three tries) where a run that trains pruned a file read."""
-    for tries in range(3, 0, -1):
-        try:
+    for _ in range(2):
+        with contextlib.suppress(FileNotFoundError):
             return _inspect_path(Path(path))
-        except FileNotFoundError:
-            if tries == 1 or not Path(path).exists():
-                raise
-    raise AssertionError("unreachable")  # (the last try returns or raises)
+    return _inspect_path(Path(path))
 
 
 def _inspect_path(path: Path) -> dict[str, Any]:
@@ -192,9 +180,8 @@ def _model_source(path: Path, found: layout.Found) -> tuple[str, Config, dict[st
             raise UsageError(f"{path}: no checkpoint here has a config.yaml that reads; pass its config file instead")
         return "run", newest[1], _training(path, newest[1]), None
     refuse_a_part_of_a_run(path, "a checkpoint")  # a run's checkpoints/: its run folder
-    raise UsageError(
-        f"{path}: no such file or folder; pass {READS}" if found.kind is Kind.MISSING else f"{path}: not {READS}"
-    )
+    missing = found.kind is Kind.MISSING
+    raise UsageError(f"{path}: no such file or folder; pass {READS}" if missing else f"{path}: not {READS}")
 
 
 def _checkpoint_source(path: Path) -> tuple[str, Config, dict[str, Any], str | None]:
@@ -224,9 +211,8 @@ def _run_training(cfg: Config) -> dict[str, Any]:
     if manifest is not None and (damage := prep.verify(prepared, manifest)):  # as `inspect DATA` checks it
         gone = prep.corpus_gone(manifest)
         fix = f"put its corpus, {gone}, back; then " if gone else ""
-        training.setdefault("damaged", []).append(
-            f"{cfg.data.prepared_dir}: the prepared data is damaged ({damage[0]}); {fix}the next pretrain redoes it"
-        )
+        damaged = f"{prepared}: the prepared data is damaged ({damage[0]}); {fix}the next pretrain redoes it"
+        training.setdefault("damaged", []).append(damaged)
     if manifest is not None:  # next to the run's own tokenizer: they must be the same to resume
         identity = manifest["tokenizer"].get("identity")
         training["prepared_data_tokenizer"] = identity[:12] if isinstance(identity, str) else None
@@ -342,8 +328,7 @@ def data_report(folder: Path, examples: int = 512) -> dict[str, Any]:
 
 
 def _example(prepared: Any, train: Any, cfg: Config, n: int) -> tuple[dict[str, Any], float]:
-    """An example a run of `cfg` builds, decoded with its masks marked; and the share of padding in the token slots of
-    its first micro-batches of at least `n` examples in all, each padded as collate pads it."""
+    """An example a run of `cfg` builds, its masks marked; and the share of padding in its first `n` examples' batches."""
     t = cfg.train
     builder = ExampleBuilder(train, cfg.data, t.batch_size * t.grad_accum_steps)
     e, token = builder.example(t.seed, 0, 0, stream=2), prepared.tokenizer.id_to_token
@@ -416,11 +401,8 @@ def format_report(report: dict[str, Any]) -> str:
     if report.get("absent_parts"):
         absent = ", ".join(report["absent_parts"])
         lines.append(f"  not in the weights file (trained from scratch when pretraining from it): {absent}")
-    lines += [
-        "",
-        f"training FLOPs per token  {f['training_flops_per_token'] / 1e6:,.1f} M "
-        f"(seq {f['seq_len']}, {100 * f['predicted_share']:.1f}% predicted)",
-    ]
+    mflops = f"{f['training_flops_per_token'] / 1e6:,.1f} M"
+    lines += ["", f"training FLOPs per token  {mflops} (seq {f['seq_len']}, {f['predicted_share']:.1%} predicted)"]
     for key, title in SECTIONS:
         if key in report and (report[key] or key == "tokenizer"):
             items = [(k, _num(v)) for k, v in (report[key] or {}).items()]

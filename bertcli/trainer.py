@@ -1,14 +1,5 @@
-"""The pretraining loop, in named pieces (as torchtitan's and litgpt's):
-
-    pretrain(cfg)         runtime, output lock and signals around the two below
-      build_run(...)      data, model, optimizer, resume: a `Run`, built once (or NothingToDo)
-      fit(run, ...)       the loop: per step train_step, then after_step logs / evaluates / saves when due
-        train_step(...)   the micro-batches' forward and backward, clip, a guarded optimizer step
-
-`cfg` arrives resolved (resolve.py). A step's examples and dropout are a pure function of (seed, step), so resuming
-is exact. A step whose gradients are not finite is skipped (`NonFiniteGuard`). The running sums live on the device
-(`metrics.MetricsWindow`): the host syncs only at log, evaluation and save steps.
-"""
+"""The loop: `pretrain` runs `build_run` (a `Run`), then `fit` (per step `train_step`, then `after_step`: log, evaluate,
+save). A step's examples and dropout are a function of (seed, step), so resuming is exact; sums stay on the device."""
 
 from __future__ import annotations
 
@@ -43,7 +34,10 @@ from bertcli.metrics import LossStats, MetricsLogger, MetricsWindow, peak_tflops
 from bertcli.model import BertForPreTraining, PretrainingOutput
 from bertcli.optim import build_optimizer, fused_adamw, lr_at, step_if_finite
 from bertcli.probe import probe
-from bertcli.stopping import Stopper, ignored_sigint, stopping
+from bertcli.stopping import Stopper, stopping
+
+PERPLEXITY_CAP = 700.0  # the largest held-out loss shown as perplexity e^loss (e^709.78 overflows a float)
+PROBE_FIGURES = ("accuracy", "macro_f1", "majority")  # the probe's figures logged at each evaluation
 
 
 class Losses(NamedTuple):
@@ -60,11 +54,8 @@ def pretraining_loss(
     step_counts: torch.Tensor | None = None,
     world_size: int = 1,
 ) -> Losses:
-    """mlm_weight * MLM + nsp_weight * NSP cross-entropy, fp32 (NSP 0 without `nsp`); IGNORE labels add nothing.
-    Each term is this batch's mean, or with `step_counts` (2,), the step's predictions and NSP rows over every
-    micro-batch and process, its sum / count x world_size (DDP and FSDP average gradients): accumulation and
-    processes change only rounding. The stats' losses are this batch's own means, or with `step_counts` its share
-    of the step's: summed over the step's micro-batches and processes, the loss the step optimises."""
+    """mlm_weight * MLM + nsp_weight * NSP cross-entropy in fp32 (NSP 0 without `nsp`); IGNORE labels add nothing.
+    With `step_counts` (2,), the step's over all processes, each term is sum / count x world_size (DDP averages)."""
     V = out.mlm_logits.shape[-1]
     mlm_logits = out.mlm_logits.float().reshape(-1, V)  # (B*P, V)
     labels = batch.mlm_labels.reshape(-1)  # (B*P,)
@@ -73,11 +64,8 @@ def pretraining_loss(
     mlm = mlm_sum / real.sum().clamp(min=1)
     nsp_logits = out.nsp_logits.float()
     nsp_rows = batch.nsp_labels != IGNORE
-    nsp_sum = (
-        F.cross_entropy(nsp_logits, batch.nsp_labels, ignore_index=IGNORE, reduction="sum")
-        if nsp
-        else mlm.new_zeros(())
-    )
+    nsp_ce = F.cross_entropy(nsp_logits, batch.nsp_labels, ignore_index=IGNORE, reduction="sum")
+    nsp_sum = nsp_ce if nsp else mlm.new_zeros(())
     nsp_loss = nsp_sum / nsp_rows.sum().clamp(min=1)
     if step_counts is None:
         total, shown = mlm_weight * mlm + nsp_weight * nsp_loss, (mlm, nsp_loss)
@@ -100,14 +88,8 @@ def pretraining_loss(
 
 def step_counts(batches: list[Batch]) -> torch.Tensor:
     """(2,) float: real MLM predictions and NSP rows in `batches`, counted where they are (no sync)."""
-    return (
-        torch.stack([torch.stack([(b.mlm_labels != IGNORE).sum(), (b.nsp_labels != IGNORE).sum()]) for b in batches])
-        .sum(0)
-        .float()
-    )
-
-
-PERPLEXITY_CAP = 700.0  # the largest held-out loss shown as perplexity e^loss (e^709.78 overflows a float)
+    counts = [torch.stack([(b.mlm_labels != IGNORE).sum(), (b.nsp_labels != IGNORE).sum()]) for b in batches]
+    return torch.stack(counts).sum(0).float()
 
 
 @torch.no_grad()
@@ -137,14 +119,10 @@ def evaluate(
         )
         rows += len(batch.nsp_labels)
     model.train()
-    if rt.distributed:  # the same batches everywhere: averaged, every process takes the same best-checkpoint decision
-        rt.all_reduce_sum(sums).div_(rt.world_size)
+    rt.all_reduce_sum(sums).div_(rt.world_size)  # the same batches everywhere: every process decides the same best
     mlm_loss_sum, mlm_correct, mlm_count, nsp_loss_sum, nsp_correct = sums.tolist()
-    metrics = {
-        "mlm_loss": mlm_loss_sum / mlm_count,
-        "mlm_acc": mlm_correct / mlm_count,
-        "perplexity": math.exp(min(mlm_loss_sum / mlm_count, PERPLEXITY_CAP)),
-    }
+    mlm = mlm_loss_sum / mlm_count
+    metrics = {"mlm_loss": mlm, "mlm_acc": mlm_correct / mlm_count, "perplexity": math.exp(min(mlm, PERPLEXITY_CAP))}
     if nsp:
         metrics.update(nsp_loss=nsp_loss_sum / rows, nsp_acc=nsp_correct / rows)
     return metrics
@@ -173,11 +151,8 @@ def pretrain(
         lock = store.run_lock(Path(cfg.output_dir)) if rt.is_main else contextlib.nullcontext()
         with console.quiet(quiet), lock, stopping("nothing half-written was kept (writes are atomic)") as stopper:
             last_step = min(cfg.train.max_steps, stop_at or cfg.train.max_steps)
-            try:
-                run = build_run(cfg, rt, resume, start or Start(quiet=quiet), last_step=last_step)
-                result = fit(run, last_step, stopper, quiet)
-            except NothingToDo as done:
-                result = done.result
+            run = build_run(cfg, rt, resume, start or Start(quiet=quiet), last_step=last_step)
+            result = run if isinstance(run, dict) else fit(run, last_step, stopper, quiet)
         # Together: a process that ended while rank 0 still saved would make torchrun SIGTERM rank 0 mid-save.
         rt.barrier()
         return result
@@ -187,11 +162,9 @@ def pretrain(
 
 def stop_asked(stopper: Stopper, rt: runtime.Runtime, at_log: bool) -> bool:
     """Whether to stop after this step: a host flag alone; under torchrun agreed at log steps (they sync anyway)."""
-    if not rt.distributed:
-        return stopper.signum is not None
-    if not at_log:
-        return False
-    return float(rt.all_reduce_sum(torch.tensor([float(stopper.signum or 0)], device=rt.device))[0]) > 0
+    if rt.distributed and at_log:
+        return float(rt.all_reduce_sum(torch.tensor([float(stopper.signum or 0)], device=rt.device))[0]) > 0
+    return not rt.distributed and stopper.signum is not None
 
 
 def examples_per_step(cfg: Config, rt: runtime.Runtime) -> int:
@@ -218,26 +191,17 @@ class Run:
     progress: checkpoint.Progress  # step, tokens seen and training time before this process started
 
 
-class NothingToDo(Exception):
-    """The checkpoint resumed from is at or past the stop step: `result` is pretrain's, known before any model."""
-
-    def __init__(self, result: dict[str, Any]) -> None:
-        super().__init__("nothing to do")
-        self.result = result
-
-
 @dataclass(frozen=True)
 class Start:
-    """What pretrain says as it starts (`quiet`: warnings only; `verbose`: the whole config too), and the --set
-    values of the config it trains with, recorded in the run folder (resume.write_settings)."""
+    """What pretrain says as it starts (quiet, verbose) and the --set values it records (resume.write_settings)."""
 
     quiet: bool = False
     verbose: bool = False
     overrides: resume.Overrides = resume.Overrides([], [])
 
 
-def build_run(cfg: Config, rt: runtime.Runtime, resume_arg: str, start: Start, *, last_step: int) -> Run:
-    """Data (prepared by rank 0 if needed), model, optimizer, resumed state; NothingToDo at or past `last_step`."""
+def build_run(cfg: Config, rt: runtime.Runtime, resume_arg: str, start: Start, *, last_step: int) -> Run | dict:
+    """Data, model, optimizer and resumed state; at or past `last_step`, pretrain's result (before any model)."""
     output_dir, quiet = Path(cfg.output_dir), start.quiet
     for warning in cfg.warnings():
         log(f"warning: {warning}")
@@ -250,18 +214,16 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume_arg: str, start: Start, *
     resume_from = Path(resume_arg) if resume_arg not in ("auto", "never") else None
     data, tokenizer = _load_data(cfg, rt, quiet, resume_from)
     cfg = _check_sizes(with_vocab(cfg, data.vocab_size, cfg.data.corpus, pad_id=data.train.special.pad), rt)
-    chosen = resume.choose(
-        cfg, resume_arg, is_main=rt.is_main, last_step=last_step, tokenizer=tokenizer.get(layout.TOKENIZER_JSON)
-    )
+    words = tokenizer.get(layout.TOKENIZER_JSON)
+    chosen = resume.choose(cfg, resume_arg, is_main=rt.is_main, last_step=last_step, tokenizer=words)
     if chosen.path is not None and checkpoint.read_trainer_state(chosen.path)["step"] >= last_step:
-        raise NothingToDo(_nothing_to_do(cfg, rt, chosen.path, last_step))
+        return _nothing_to_do(cfg, rt, chosen.path, last_step)
     output_dir.mkdir(parents=True, exist_ok=True)
     eval_batches, baseline = _held_out(cfg, data)
     model, train_model, optimizer, scaler, unpad = _build_model(cfg, rt, fresh=chosen.path is None)
     probing = _probe(cfg, model, tokenizer)
-    checkpoints = checkpoint.CheckpointManager(
-        cfg, is_main=rt.is_main, tokenizer=tokenizer, best=chosen.best, last=chosen.path
-    )
+    best, last = chosen.best, chosen.path
+    checkpoints = checkpoint.CheckpointManager(cfg, is_main=rt.is_main, tokenizer=tokenizer, best=best, last=last)
     progress = checkpoints.restore(chosen.path, rt.device, model=model, optimizer=optimizer, scaler=scaler)
     if chosen.path is not None:
         cfg = checkpoints.cfg = _resumed(cfg, rt, chosen.path, step=progress.step, data=data, checkpoints=checkpoints)
@@ -294,9 +256,8 @@ def _build_model(
     model = BertForPreTraining(cfg.model)  # on the CPU; with FSDP only each process's shards reach the device
     if cfg.model.init_from and fresh:
         _init_from(model, Path(cfg.model.init_from))
-    train_model = parallel.parallelize(
-        model, rt, parallel=tc.parallel, every_parameter_used=cfg.data.pairs, compile=tc.compile
-    )
+    pairs = cfg.data.pairs
+    train_model = parallel.parallelize(model, rt, parallel=tc.parallel, every_parameter_used=pairs, compile=tc.compile)
     optimizer = build_optimizer(model, cfg.optimizer, fused=fused_adamw(rt.device))
     dropout, tokens = cfg.model.attention_probs_dropout_prob, tc.batch_size * cfg.data.max_seq_length
     unpad, why_not = runtime.unpadded(
@@ -380,15 +341,11 @@ def _resumed(
 def _load_data(
     cfg: Config, rt: runtime.Runtime, quiet: bool, resume_from: Path | None = None
 ) -> tuple[Dataset, dict[str, bytes]]:
-    """The data and its tokenizer's files (name -> bytes): rank 0 prepares a text corpus if needed, the others
-    then read it, under the prepared folder's lock until all have (memory maps outlive a replaced folder)."""
-    text = cfg.data.corpus != "synthetic"
-    if rt.is_main and text:
-        from bertcli.data.prepare import prepared_lock
+    """The data and its tokenizer's files (name -> bytes), rank 0 preparing it first, all under the prepared lock."""
+    from bertcli.data.prepare import prepared_lock
 
-        lock = prepared_lock(cfg)
-    else:
-        lock = contextlib.nullcontext()
+    text = cfg.data.corpus != "synthetic"
+    lock = prepared_lock(cfg) if rt.is_main and text else contextlib.nullcontext()
 
     def vocab_check(vocab_size: int) -> None:  # the disk's room for a checkpoint, before the corpus is tokenized
         sizes.check_disk(dataclasses.replace(cfg.model, vocab_size=vocab_size), Path(cfg.output_dir))
@@ -408,12 +365,8 @@ def _load_data(
     return data, tokenizer
 
 
-PROBE_FIGURES = ("accuracy", "macro_f1", "majority")  # the probe's figures logged at each evaluation
-
-
 def _probe(cfg: Config, model: BertForPreTraining, tokenizer: dict[str, bytes]) -> Callable[[], dict] | None:
-    """eval.probe as a function of `model`'s weights now: its labeled data read once, vectors in fp32 at the
-    length trained (positions past it are untrained)."""
+    """eval.probe of `model`'s weights now: labeled data read once, fp32 vectors at the length trained."""
     if not cfg.eval.probe:
         return None
     train = read_labeled(Path(cfg.eval.probe), flag="eval.probe")
@@ -438,8 +391,7 @@ def _held_out(cfg: Config, data: Dataset) -> tuple[list[Batch], float]:
 
 
 class NonFiniteGuard:
-    """Counts the steps skipped in a row for NaN or inf gradients, on the device; stops the run at
-    train.max_nonfinite_steps. Read where the host syncs anyway (every step on a CPU: free there)."""
+    """Steps skipped in a row for NaN or inf gradients, counted on the device and read where the host syncs anyway."""
 
     def __init__(self, limit: int, device: torch.device) -> None:
         self.limit = limit
@@ -451,20 +403,16 @@ class NonFiniteGuard:
         self.loss_finite = loss_finite
 
     def check(self, step: int, last_checkpoint: Path | None, *, last: bool) -> None:
-        """Stop at `limit` skipped steps in a row; at the `last` step, at any whose loss is NaN or inf (no usable
-        model; gradients alone overflowing, as fp16's scaler makes them, leave the weights as they were)."""
+        """Stop at `limit` skipped steps in a row, and at the `last` step where the loss is NaN or inf."""
         run, saved = int(self.in_a_row), last_checkpoint or "none yet"
         if run >= self.limit:
-            fix = "lower optimizer.lr or raise train.max_nonfinite_steps"
-            raise RunError(
-                f"step {step}: loss or gradients NaN or inf {run} steps in a row; last checkpoint {saved}; {fix}"
-            )
-        if last and run and not bool(self.loss_finite):
+            why, fix = f"loss or gradients NaN or inf {run} steps in a row", "train.max_nonfinite_steps"
+        elif last and run and not bool(self.loss_finite):
             steps = f"the last {run} steps (steps {step - run + 1}-{step})"
-            fix = "lower optimizer.lr or raise optimizer.warmup_steps"
-            raise RunError(
-                f"step {step}: the model's loss is NaN or inf, so {steps} were skipped; last checkpoint {saved}; {fix}"
-            )
+            why, fix = f"the model's loss is NaN or inf, so {steps} were skipped", "optimizer.warmup_steps"
+        else:
+            return
+        raise RunError(f"step {step}: {why}; last checkpoint {saved}; lower optimizer.lr or raise {fix}")
 
 
 @dataclass
@@ -492,10 +440,8 @@ def _start_loop(run: Run, quiet: bool, last_step: int) -> Loop:
     window = MetricsWindow(rt.device, step, cfg, peak_tflops=peak_tflops(rt.device, cfg.logging.peak_tflops))
     logger = None
     if rt.is_main:
-        output_dir = Path(cfg.output_dir)
-        own, tb = not resume.is_foreign(run.checkpoints.last_saved, output_dir), cfg.logging.tensorboard
-        max_steps = cfg.train.max_steps
-        logger = MetricsLogger(output_dir, step, max_steps, tensorboard=tb, quiet=quiet, own_history=own, end=last_step)
+        own, tb = not resume.is_foreign(run.checkpoints.last_saved, Path(cfg.output_dir)), cfg.logging.tensorboard
+        logger = MetricsLogger(cfg.output_dir, step, cfg.train.max_steps, tb, quiet=quiet, own=own, end=last_step)
     if rt.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(rt.device)
     guard = NonFiniteGuard(cfg.train.max_nonfinite_steps, rt.device)
@@ -503,12 +449,9 @@ def _start_loop(run: Run, quiet: bool, last_step: int) -> Loop:
 
 
 def fit(run: Run, last_step: int, stopper: Stopper, quiet: bool) -> dict[str, Any]:
-    """Train from run.progress.step to `last_step`, logging, evaluating and saving when due; return the last
-    metrics and the final checkpoint. A stop signal finishes the step, saves and stops."""
+    """Train to `last_step` (a stop signal: to the end of the step, saved); the last metrics and checkpoint."""
     step = run.progress.step
     loop = _start_loop(run, quiet, last_step)
-    if ignored_sigint():
-        info("SIGINT is ignored in this process: stop it with SIGTERM")
     batches = _train_batches(run, first_step=step, last_step=last_step)
     run.model.train()
     try:
@@ -521,11 +464,9 @@ def fit(run: Run, last_step: int, stopper: Stopper, quiet: bool) -> dict[str, An
                 if after_step(run, loop, step, last_step, stopper=stopper, lr=lr, grad_norm=grad_norm):
                     run.rt.barrier()  # every process stopped at this step, its checkpoint written
                     signum = stopper.signum or signal.SIGTERM
-                    raise Interrupted(
-                        f"stopped by {signal.Signals(signum).name} at step {step}; checkpoint "
-                        f"{run.checkpoints.last_saved}; run the same command again to resume",
-                        signum,
-                    )
+                    name, saved = signal.Signals(signum).name, run.checkpoints.last_saved
+                    said = f"stopped by {name} at step {step}; checkpoint {saved}; run the same command again to resume"
+                    raise Interrupted(said, signum)
     finally:
         del batches  # stops the worker processes
         if loop.logger:
@@ -540,8 +481,7 @@ def _result(step: int, tokens_seen: int, ckpt: Path | None, metrics: dict, rt: r
 def after_step(
     run: Run, loop: Loop, step: int, last_step: int, *, stopper: Stopper, lr: float, grad_norm: torch.Tensor
 ) -> bool:
-    """Log, evaluate and save where due after `step`; whether to stop now (a signal came). Every
-    process reaches the same blocks at the same steps, so that their collectives match."""
+    """Log, evaluate, save where due after `step` (on every process alike: collectives match); whether to stop."""
     cfg, rt, tc, checkpoints = run.cfg, run.rt, run.cfg.train, run.checkpoints
     at_log = step % cfg.logging.log_every == 0 or step == last_step
     saving = checkpoints.due(step, last_step)
@@ -665,8 +605,7 @@ def _evaluate(
     if run.probe is not None:
         probed = run.probe()
         figures = torch.tensor([probed[key] for key in PROBE_FIGURES], dtype=torch.float64, device=run.rt.device)
-        if run.rt.distributed:  # (as evaluate's) every process takes the same best-checkpoint decision
-            run.rt.all_reduce_sum(figures).div_(run.rt.world_size)
+        run.rt.all_reduce_sum(figures).div_(run.rt.world_size)  # (as evaluate's) every process decides alike
         metrics.update({f"probe_{key}": value for key, value in zip(PROBE_FIGURES, figures.tolist())})
     window.exclude(time.perf_counter() - start)
     if logger:

@@ -1,5 +1,4 @@
-"""Weights files (safetensors), checked the same way whoever wrote them: shapes from the header alone, values
-finite from the raw words (no torch) or from the tensors."""
+"""safetensors weights checked whoever wrote them: shapes from the header, values finite from raw words or tensors."""
 
 from __future__ import annotations
 
@@ -27,6 +26,7 @@ EXPONENT_BITS = {
     "F32": (np.uint32, 0x7F80_0000),
     "F64": (np.uint64, 0x7FF0_0000_0000_0000),
 }
+Shapes = dict[str, tuple[int, ...]]  # a weight's name: its shape
 FINITE_CHUNK = 1 << 22  # words looked at at once: the masks stay at a few MB whatever the tensor
 # The sizes of a config against the tensors holding them as their shape.
 SIZED = [
@@ -37,7 +37,7 @@ SIZED = [
 ]
 
 
-def stored_shapes(file: Path) -> dict[str, tuple[int, ...]]:
+def stored_shapes(file: Path) -> Shapes:
     """A safetensors file's shapes (bertcli's names) from its header; refused: unreadable, a weight twice, not float."""
     try:
         with safetensors.safe_open(file, "numpy") as f:  # the header only; "pt" would import torch
@@ -54,9 +54,7 @@ def stored_shapes(file: Path) -> dict[str, tuple[int, ...]]:
     return {new: header[key][0] for new, key in names.items()}
 
 
-def check_shapes(
-    found: dict[str, tuple[int, ...]], expected: dict[str, tuple[int, ...]], file: Path, optional: tuple[str, ...] = ()
-) -> list[str]:
+def check_shapes(found: Shapes, expected: Shapes, file: Path, optional: tuple[str, ...] = ()) -> list[str]:
     """Refuse shapes `found` that do not fit `expected`; those missing under the `optional` prefixes (made fresh)."""
     missing = sorted(set(expected) - set(found))
     needed = [k for k in missing if not k.startswith(optional)]

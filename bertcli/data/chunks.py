@@ -1,7 +1,5 @@
-"""An epoch's cut of a corpus into chunks (Google BERT's create_instances_from_document, vectorised) from the
-segment and document offsets alone, numpy only. A large corpus is cut a window at a time (Windows), so reaching
-an example takes the memory and time of a window, not of the corpus.
-"""
+"""An epoch's cut of a corpus into chunks (Google BERT's create_instances_from_document, vectorised), from the
+offsets alone, a window at a time (Windows): reaching an example takes a window's memory and time, not the corpus's."""
 
 from __future__ import annotations
 
@@ -45,8 +43,7 @@ def cut_pieces(
 ) -> tuple[ChunkIndex, np.ndarray]:
     """The chunks of pieces, unshuffled, and (C,) the piece of each. Piece i is segments start[i]..end[i]-1 of
     `offsets` (s + shift[i] of the corpus), after a segment of its document where has_previous[i]. Round r cuts
-    the r-th chunk of every unfinished piece: segments up to its target (max_tokens, or with pairs and
-    short_seq_prob less)."""
+    the r-th chunk of every unfinished piece."""
     pos = start.astype(np.int64)  # (P,) where each piece's next chunk starts
     piece_end, piece_start = end.astype(np.int64), start.astype(np.int64)
     active = np.arange(len(pos))
@@ -120,7 +117,7 @@ def document_pieces(doc_offsets: np.ndarray, lo: int, hi: int, piece: int) -> tu
 def cut_epoch(
     offsets: np.ndarray, doc_offsets: np.ndarray, *, max_tokens: int, cfg: DataConfig, rng: np.random.Generator
 ) -> ChunkIndex:
-    """The chunks of one epoch of a whole corpus, shuffled, as one window (memory grows with the corpus)."""
+    """The chunks of one epoch of a whole corpus, shuffled, as one window."""
     whole = Windows(offsets, doc_offsets, max_tokens=max_tokens, cfg=cfg, window_blocks=len(offsets))
     return _shuffled(whole.cut(np.arange(whole.num_blocks), rng)[0], rng)
 
@@ -260,7 +257,7 @@ def exact_fit(features: np.ndarray, counts: np.ndarray) -> list[float]:
 
 
 def _runs(lo: np.ndarray, hi: np.ndarray) -> list[tuple[int, int]]:
-    """Blocks lo[i]..hi[i] (ascending) as runs of adjacent ones: one document_pieces call per run."""
+    """Blocks lo[i]..hi[i] (ascending) as runs of adjacent ones."""
     breaks = np.flatnonzero(lo[1:] != hi[:-1]) + 1
     firsts, lasts = np.concatenate([[0], breaks]), np.concatenate([breaks - 1, [len(hi) - 1]])
     return list(zip(lo[firsts].tolist(), hi[lasts].tolist()))

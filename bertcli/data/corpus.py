@@ -25,8 +25,7 @@ class SpecialTokens:
     mask: int = 4
 
     @property
-    def first_regular_id(self) -> int:
-        """The first id above every special one (where the synthetic corpus starts its words)."""
+    def first_regular_id(self) -> int:  # where the synthetic corpus starts its words
         return max(self.ids) + 1
 
     @property
@@ -34,8 +33,7 @@ class SpecialTokens:
         return tuple(sorted({self.pad, self.unk, self.cls, self.sep, self.mask}))
 
     def random_regular(self, rng: np.random.Generator, vocab_size: int, size: int) -> np.ndarray:
-        """`size` ids drawn uniformly from the non-special ids in [0, vocab_size), wherever the specials
-        are (a loaded vocabulary may put [MASK] last); with them first, rng.integers(5, vocab_size, size)."""
+        """`size` ids drawn uniformly from the non-special ids in [0, vocab_size), wherever the specials are."""
         ids = rng.integers(0, vocab_size - len(self.ids), size=size)
         for special in self.ids:  # ascending: each one moves the draws at or above it up by one
             ids += ids >= special
@@ -43,8 +41,7 @@ class SpecialTokens:
 
 
 class PartTokens:
-    """The token ids of a prepared corpus's parts sliced (tokens[a:b] only) as one array without joining them: a
-    slice inside one part is a view (a segment never spans two), one across parts a copy."""
+    """A prepared corpus's token parts, sliced (tokens[a:b]) as one array: a view inside a part, a copy across."""
 
     def __init__(self, pieces: list[np.ndarray]) -> None:
         self.pieces = pieces
@@ -90,8 +87,7 @@ class Corpus:
     def segment(self, s: int) -> np.ndarray:
         return self.tokens[self.seg_offsets[s] : self.seg_offsets[s + 1]]
 
-    def document_of_segment(self) -> np.ndarray:
-        """(S,) the document each segment belongs to."""
+    def document_of_segment(self) -> np.ndarray:  # (S,)
         return np.repeat(np.arange(self.num_documents), np.diff(self.doc_offsets))
 
 
@@ -112,8 +108,7 @@ def held_out_stride(fraction: float) -> int:
 
 
 def is_held_out(document: int, fraction: float, phase: int = 0) -> bool:
-    """Whether document `document` is held out: every k-th, k = round(1/fraction), the first at
-    k - 1 - phase % k (prepared data counts documents per part, each with its own phase: prepare.py)."""
+    """Whether document `document` (of a unit of this `phase`) is held out: every k-th, k = round(1/fraction)."""
     stride = held_out_stride(fraction)
     return bool(stride) and (document + phase) % stride == stride - 1
 
@@ -124,14 +119,13 @@ def held_out(num_documents: int, fraction: float) -> np.ndarray:
 
 
 def synthetic_corpus(cfg: SyntheticConfig, vocab_size: int, special: SpecialTokens = SpecialTokens()) -> Corpus:
-    """Documents from a seeded Markov chain a small BERT can learn: each keeps to one band of the vocabulary (NSP),
-    each token has `branching` successors of falling probability (MLM). config checks model.vocab_size >= 8."""
+    """Documents from a seeded Markov chain: each keeps to one band of the vocabulary (NSP), each token has
+    `branching` successors of falling probability (MLM)."""
     rng = np.random.default_rng(cfg.seed)
     low = special.first_regular_id
     regular = vocab_size - low
     num_topics = max(1, min(cfg.num_topics, regular // max(2, cfg.branching)))
     band = regular // num_topics
-    # successors[t]: `branching` token ids drawn from t's own band.
     topic_of = np.clip((np.arange(vocab_size) - low) // band, 0, num_topics - 1)
     successors = low + topic_of[:, None] * band + rng.integers(0, band, size=(vocab_size, cfg.branching))
     weights = 1.0 / np.arange(1, cfg.branching + 1)

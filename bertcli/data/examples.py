@@ -1,8 +1,6 @@
-"""BERT examples, made on the fly from an epoch's chunks (chunks.Windows): sentence pairs for NSP (without pairs, rows
-packed across documents), dynamic masking for MLM. Example i of step k is example g = k * examples_per_step + i of the stream, position g % L of epoch g // L,
-with its own generator seeded by (seed, stream, k, i): a batch is a pure function of (seed, step), so resuming
-skips nothing and any split of a step over micro-batches or ranks sees the examples of one large batch.
-"""
+"""BERT examples made on the fly from an epoch's chunks (chunks.Windows): NSP pairs (without pairs, rows packed across
+documents), dynamic MLM masks. Example i of step k is example g = k * examples_per_step + i of the stream, seeded by
+(seed, stream, k, i): a batch is a function of (seed, step), whatever the split over micro-batches or ranks."""
 
 from __future__ import annotations
 
@@ -46,7 +44,7 @@ class Batch:
     packed: Packing  # where the real tokens are, for the unpadded encoder (train.unpad)
 
     def has_padding(self) -> bool:
-        """Whether a row is shorter than the batch (attention then needs the mask); ask the host copy, before `to`."""
+        """Whether a row is shorter than the batch (attention needs the mask); asked of the host copy."""
         return bool((self.valid_lens < self.input_ids.shape[1]).any())
 
     def to(self, device: torch.device, non_blocking: bool = False) -> Batch:
@@ -71,7 +69,6 @@ class ExampleBuilder:
         self.offsets = np.asarray(corpus.seg_offsets)  # (S+1,) token offset of each segment
         self.doc_offsets = np.asarray(corpus.doc_offsets)  # (D+1,) first segment of each document
         self.max_tokens = cfg.max_seq_length - (3 if cfg.pairs else 2)
-        # The blocks and their estimated counts, O(S / BLOCK_SEGMENTS), made once (the example workers share them).
         # Without pairs a row is packed across documents (RoBERTa's FULL-SENTENCES): the cut sees spans of PIECE
         # segments, and a [SEP] ends each document inside a row.
         segments = len(self.offsets) - 1
@@ -97,8 +94,7 @@ class ExampleBuilder:
         return np.asarray(self.corpus.tokens[self.offsets[first] : self.offsets[end]], dtype=np.int64)
 
     def _packed(self, first: int, end: int) -> tuple[np.ndarray, np.ndarray]:
-        """(tokens, the positions of their [SEP]s) of segments first..end-1 packed in a row: a [SEP] after each
-        document that ends before `end`, at most max_tokens in all."""
+        """(tokens, positions of their [SEP]s) of segments first..end-1 in a row, a [SEP] after each document's end."""
         doc_ends = self.doc_offsets[self._document(first) + 1 : self._document(end - 1) + 1]  # (k,) segments
         at = np.asarray(self.offsets[doc_ends] - self.offsets[first], dtype=np.int64)  # (k,) in the tokens
         tokens = np.insert(self._tokens(first, end), at, self.corpus.special.sep)[: self.max_tokens]
@@ -119,8 +115,7 @@ class ExampleBuilder:
         return _cached(self._slots, self.CACHED_EPOCHS, (seed, stream, epoch), make)
 
     def _locate(self, seed: int, stream: int, g: int) -> tuple[ChunkIndex, int]:
-        """(the window, the chunk in it) of example g of the stream. A window has the same positions in every epoch
-        (chunks.Windows), so g maps to one without cutting what comes before; one short of chunks wraps around."""
+        """(the window, the chunk in it) of example g of the stream, found without cutting the windows before it."""
         if self.windows.num_windows == 1:  # L: epoch 0's chunk count
             length = _cached(self._epoch_length, 16, (seed, stream), lambda *key: len(self._window(*key, 0, 0).first))
             (epoch, position), w, start = divmod(g, length), 0, 0
@@ -137,8 +132,8 @@ class ExampleBuilder:
         return _chunk_at(*self._locate(seed, stream, g))
 
     def _random_start(self, index: ChunkIndex, *, doc: int, rng: np.random.Generator) -> tuple[int, int]:
-        """(first segment, document) of a random B: a random chunk's start in window `index`, in another document
-        (drawn by length, as A's are); rarely, a uniform start in a uniformly drawn other document."""
+        """(first segment, document) of a random B: a random chunk's start in another document of the window (drawn
+        by length, as A's are); rarely, a uniform start in a uniformly drawn other document."""
         for _ in range(10):
             first = int(index.first[int(rng.integers(len(index.first)))])
             other = self._document(first)
@@ -195,7 +190,7 @@ def _chunk_at(index: ChunkIndex, j: int) -> tuple[int, int, int, bool, int]:
 
 
 def _cached(cache: dict, limit: int, key: tuple, make: Callable) -> Any:
-    """cache[key], made by make(*key) where missing; the oldest entry goes beyond `limit`."""
+    """cache[key], made by make(*key) where missing; the oldest entry goes past `limit`."""
     if key not in cache:
         if len(cache) >= limit:
             del cache[next(iter(cache))]
@@ -280,12 +275,12 @@ def mask_tokens(
 
 
 def padded_width(longest: int, max_length: int) -> int:
-    """The width of a batch whose longest row has `longest` tokens: rounded up to 8, never past max_length."""
+    """A batch's width: its longest row rounded up to 8 (few shapes), never past max_length (no position embedding)."""
     return min(-(-longest // 8) * 8, max(longest, max_length))
 
 
 def collate(examples: list[Example], max_predictions: int, pad_id: int, max_length: int) -> Batch:
-    """Examples padded to the longest, rounded up to 8 (few shapes), never past max_length (no position embedding)."""
+    """Examples padded to padded_width."""
     import torch
 
     from bertcli.model import packing

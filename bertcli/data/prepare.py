@@ -1,7 +1,5 @@
-"""`bertcli prepare`: raw text -> tokenizer -> token-id shards that training memory-maps. `make_plan` decides
-to reuse, update (keep whole units, make the others), prepare afresh, or let the data stand in for a corpus
-that is gone. `update` renames new units in, then a new index, then the manifest (the commit point).
-"""
+"""`bertcli prepare`: raw text -> tokenizer -> token-id shards. `make_plan` decides to reuse, update, prepare afresh
+or let the data stand in for a corpus that is gone; `update` renames units in, then the index, then the manifest."""
 
 from __future__ import annotations
 
@@ -27,31 +25,9 @@ from bertcli.config import Config, DataConfig, changes_line, with_vocab
 from bertcli.console import info, log
 from bertcli.data import prepared as prep
 from bertcli.data import scan
+from bertcli.data import tokenizer as wordpiece
 from bertcli.data.corpus import held_out_stride, is_held_out
-from bertcli.data.scan import (
-    Unit,
-    corpus_files,
-    corpus_path,
-    file_changes,
-    file_entries,
-    index_digest,
-    plan_units,
-    unchanged_bytes,
-)
 from bertcli.data.text import LineSample, read_sentences, read_text
-from bertcli.data.tokenizer import (
-    SPECIAL,
-    casing_clashes,
-    check_ids,
-    describe,
-    find_tokenizer_file,
-    load_tokenizer,
-    read_tokenizer_json,
-    save_tokenizer,
-    scan_characters,
-    tokenizer_identity,
-    train_wordpiece,
-)
 from bertcli.data.units import UnitSettings, one_core, prepare_units, write_index
 from bertcli.errors import RunError, UsageError
 from bertcli.layout import INDEX, KEY, MANIFEST, SPLITS, UNIT_RECORD, UNITS
@@ -84,8 +60,8 @@ class Plan:
     old: dict[str, Any] | None = None  # the manifest found
     why: str | None = None  # why the folder is not reused as it is
     warning: bool = False  # `why` is damage: said even when quiet
-    units: list[Unit] = field(default_factory=list)
-    make: list[Unit] = field(default_factory=list)  # the units to prepare (update)
+    units: list[scan.Unit] = field(default_factory=list)
+    make: list[scan.Unit] = field(default_factory=list)  # the units to prepare (update)
     records: dict[str, dict[str, Any]] = field(default_factory=dict)  # those of the units kept (update)
     index_ok: bool = True
 
@@ -124,9 +100,9 @@ def prepare(
 def fixed_tokenizer(cfg: Config, run_tokenizer: Path | None = None) -> tuple[Path, Tokenizer] | None:
     """(file, tokenizer) of data.tokenizer.path, else of the run's checkpoints; None: one is trained or kept."""
     if cfg.data.tokenizer.path:
-        file = find_tokenizer_file(Path(cfg.data.tokenizer.path))
-        return file, load_tokenizer(file, cfg.data.tokenizer)
-    return (run_tokenizer, read_tokenizer_json(run_tokenizer)) if run_tokenizer is not None else None
+        file = wordpiece.find_tokenizer_file(Path(cfg.data.tokenizer.path))
+        return file, wordpiece.load_tokenizer(file, cfg.data.tokenizer)
+    return (run_tokenizer, wordpiece.read_tokenizer_json(run_tokenizer)) if run_tokenizer is not None else None
 
 
 def tokenizer_sha256(tok: Tokenizer) -> str:
@@ -146,16 +122,17 @@ def make_plan(cfg: Config, *, force: bool, run_tokenizer: Path | None) -> Plan:
     file, tok = fixed_tokenizer(cfg, run_tokenizer) or (None, None)
     source = "given" if data.tokenizer.path else "run" if tok is not None else "train"
     if source == "given":
-        check_ids(tok, file)  # its vocab.txt is written into the data and every checkpoint
-        if clashes := casing_clashes(tok, data.tokenizer):
+        wordpiece.check_ids(tok, file)  # its vocab.txt is written into the data and every checkpoint
+        if clashes := wordpiece.casing_clashes(tok, data.tokenizer):
             log(f"warning: {clashes}: ignored, as the tokenizer of data.tokenizer.path ({file}) keeps its casing")
-    pad = tok.token_to_id("[PAD]") if tok is not None else SPECIAL.index("[PAD]")  # the model's padding row
+    pad = tok.token_to_id("[PAD]") if tok is not None else wordpiece.SPECIAL.index("[PAD]")  # the model's padding row
     if problem := cfg.model.pad_problem(pad, str(file or data.corpus)):
         raise UsageError(problem)
     if stand_in and old is not None:
         return _stand_in(cfg, old=old, source=source, file=file, tok=tok)
-    files = corpus_files(corpus_path(cfg), data.include, data.exclude)
-    entries = file_entries(files, old["corpus"]["files"] if old and old.get("unit_bytes") == scan.UNIT_BYTES else [])
+    files = scan.files_of(cfg)
+    previous = old["corpus"]["files"] if old and old.get("unit_bytes") == scan.UNIT_BYTES else []
+    entries = scan.file_entries(files, previous)
     plan = Plan("fresh", folder, files, entries, source=source, tok=tok, tokenizer_file=file, old=old)
     if old is None or force:
         if why_not and not force:
@@ -164,7 +141,7 @@ def make_plan(cfg: Config, *, force: bool, run_tokenizer: Path | None) -> Plan:
         return plan
     why_new = tokenizer_changed(old, plan, data)
     if why_new is None:
-        kept, total = unchanged_bytes(entries, old["corpus"]["files"]), sum(e["bytes"] for e in entries)
+        kept, total = scan.unchanged_bytes(entries, old["corpus"]["files"]), sum(e["bytes"] for e in entries)
         if source != "train" or kept >= KEEP_TOKENIZER_SHARE * total:
             return _update_plan(plan, cfg)
         new = f"{100 * (1 - kept / max(total, 1)):.0f}% new"
@@ -179,9 +156,9 @@ def make_plan(cfg: Config, *, force: bool, run_tokenizer: Path | None) -> Plan:
 def _update_plan(plan: Plan, cfg: Config) -> Plan:
     """Which units of the kept tokenizer are whole and which to prepare (a unit the index disagrees with too)."""
     folder, old = plan.folder, plan.old
-    plan.action, plan.tok = "update", read_tokenizer_json(folder / layout.TOKENIZER_JSON)
+    plan.action, plan.tok = "update", wordpiece.read_tokenizer_json(folder / layout.TOKENIZER_JSON)
     plan.source = plan.source if plan.source != "train" else "kept"
-    plan.units = plan_units(plan.files, plan.entries, tokenizer_sha256(plan.tok), cfg.data)
+    plan.units = scan.plan_units(plan.files, plan.entries, tokenizer_sha256(plan.tok), cfg.data)
     records, damaged = {u["key"]: u for u in old["units"]}, []
     vocab, dtype = plan.tok.get_vocab_size(with_added_tokens=True), _dtype(plan.tok)
     for unit in {u.key: u for u in plan.units}.values():  # a unit twice (two equal files): prepared once
@@ -197,7 +174,7 @@ def _update_plan(plan: Plan, cfg: Config) -> Plan:
         damaged.append(index[0])
         plan.make.append(next(u for u in plan.units if u.key == index[1]))
         del plan.records[index[1]]
-    plan.index_ok = not damaged and index is None and index_digest(plan.units) == old["index"]
+    plan.index_ok = not damaged and index is None and scan.index_digest(plan.units) == old["index"]
     if not plan.make and plan.index_ok:
         plan.action = "reuse"
     elif damaged or index:
@@ -216,8 +193,8 @@ def _stand_in(cfg: Config, old: dict[str, Any], source: str, file: Path | None, 
     if why is None and old.get("unit_bytes") != scan.UNIT_BYTES:
         why = "was prepared by another version of bertcli (in units of another size)"
     if why is None:
-        sha = tokenizer_sha256(read_tokenizer_json(folder / layout.TOKENIZER_JSON))
-        if index_digest(plan_units(plan.files, entries, sha, data)) != old["index"]:
+        sha = tokenizer_sha256(wordpiece.read_tokenizer_json(folder / layout.TOKENIZER_JSON))
+        if scan.index_digest(scan.plan_units(plan.files, entries, sha, data)) != old["index"]:
             why = "does not hold the corpus's units as recorded"
     if why is None and (damage := prep.verify(folder, old)):
         why = f"is damaged ({damage[0]})"
@@ -228,7 +205,7 @@ def _stand_in(cfg: Config, old: dict[str, Any], source: str, file: Path | None, 
 
 def stands_in(cfg: Config) -> bool:
     """Whether data.corpus is gone (moved, unmounted) while data.prepared_dir holds data prepared from it."""
-    if cfg.data.corpus in ("synthetic", "sample") or corpus_path(cfg).is_symlink():
+    if cfg.data.corpus in ("synthetic", "sample") or scan.corpus_path(cfg).is_symlink():
         return False
     gone = prep.corpus_gone(prep.read_manifest(Path(cfg.data.prepared_dir))[0])
     return gone is not None and os.path.realpath(gone) == os.path.realpath(cfg.data.corpus)
@@ -254,7 +231,7 @@ def tokenizer_changed(old: dict[str, Any], plan: Plan, data: DataConfig) -> str 
     recorded = old["tokenizer"]
     if plan.source == "given" and recorded.get("given_sha256") != tokenizer_sha256(plan.tok):
         return "was prepared with another tokenizer (data.tokenizer.path)"
-    if plan.source == "run" and recorded.get("identity") != tokenizer_identity(plan.tok):
+    if plan.source == "run" and recorded.get("identity") != wordpiece.tokenizer_identity(plan.tok):
         return "was prepared with a tokenizer other than the run's own"
     if plan.source == "train" and not _trained_as_configured(recorded, data):
         return "was prepared with other tokenizer settings (data.tokenizer)"
@@ -268,7 +245,7 @@ def made_from(cfg: Config, manifest: dict[str, Any]) -> bool:
         return False
     with console.silent():  # what it says of the corpus, preparing says
         try:
-            paths = {str(f.resolve()) for f in corpus_files(corpus_path(cfg), cfg.data.include, cfg.data.exclude)}
+            paths = {str(f.resolve()) for f in scan.files_of(cfg)}
         except UsageError:
             return False
     return paths == {e.get("path") for e in manifest["corpus"]["files"]}
@@ -294,7 +271,7 @@ def input_changes(old: dict[str, Any], plan: Plan, cfg: Config) -> str:
     changes = []
     if old["corpus"].get("source") != data.corpus:
         changes.append(f"corpus {old['corpus'].get('source')} -> {data.corpus}")
-    elif files := file_changes(old["corpus"]["files"], plan.entries, corpus_path(cfg)):
+    elif files := scan.file_changes(old["corpus"]["files"], plan.entries, scan.corpus_path(cfg)):
         changes.append(f"corpus files {files}")
     now, then = str(plan.tokenizer_file) if plan.source == "given" else "trained", str(recorded.get("source"))
     own = then != "trained" and layout.checkpoints_dir(Path(cfg.output_dir)) in Path(then).parents  # the run's
@@ -344,7 +321,7 @@ def _update_why(plan: Plan, cfg: Config) -> str:
     old_keys, new_keys = {u["key"] for u in plan.old["units"]}, {u.key for u in plan.units}
     units = ((len(new_keys - old_keys), "new or changed"), (len(old_keys - new_keys), "gone"))
     counts = ", ".join(f"{n} {word}" for n, word in units if n)
-    files = file_changes(plan.old["corpus"]["files"], plan.entries, corpus_path(cfg))
+    files = scan.file_changes(plan.old["corpus"]["files"], plan.entries, scan.corpus_path(cfg))
     settings = unit_setting_changes(plan.old, cfg.data)
     if settings and {u.content for u in plan.units} == {u.get("content") for u in plan.old["units"]}:
         return f"the settings of every unit changed ({settings})"
@@ -370,14 +347,15 @@ def _progress(total: int | None, desc: str, quiet: bool) -> Any:
 def fresh(plan: Plan, cfg: Config, run: Run) -> None:
     """Everything prepared into a temporary folder that then replaces the prepared folder whole."""
     data, start = cfg.data, time.perf_counter()
-    check_enough_documents(plan_units(plan.files, plan.entries, "", data), data)  # before the tokenizer is trained
+    check_enough_documents(scan.plan_units(plan.files, plan.entries, "", data), data)  # before the tokenizer is trained
     _check_room(plan.folder, sum(e["bytes"] for e in plan.entries))
     with store.folder(plan.folder, prepared_guard(cfg, plan.folder)) as tmp:
         plan.tok, sample = (plan.tok, None) if plan.tok is not None else train_tokenizer(plan, data, run)
-        save_tokenizer(plan.tok, tmp)
-        tok = read_tokenizer_json(tmp / layout.TOKENIZER_JSON)  # as every later prepare reads it (the units' keys)
+        wordpiece.save_tokenizer(plan.tok, tmp)
+        # read back as every later prepare reads it (its hash is in the units' keys)
+        tok = wordpiece.read_tokenizer_json(tmp / layout.TOKENIZER_JSON)
         run.vocab_check(tok.get_vocab_size(with_added_tokens=True))
-        plan.units = plan_units(plan.files, plan.entries, tokenizer_sha256(tok), data)
+        plan.units = scan.plan_units(plan.files, plan.entries, tokenizer_sha256(tok), data)
         record = _tokenizer_record(cfg, plan, tok=tok, root=tmp, sample=sample)
         manifest = _tokenize(plan, cfg, tok=tok, root=tmp, run=run, tokenizer=record, start=start)
         store.write_json(tmp / MANIFEST, manifest)
@@ -422,9 +400,9 @@ def _tokenize(plan: Plan, cfg: Config, tok: Tokenizer, root: Path, run: Run, tok
 
 
 def train_tokenizer(plan: Plan, data: DataConfig, run: Run) -> tuple[Tokenizer, dict[str, Any]]:
-    """A WordPiece vocabulary trained on the corpus (or a sample of its lines past sample_chars), and what it
-    was trained on. The trainer holds the main thread: a stop is seen through the wakeup pipe (stopper.poll)."""
-    chars = scan_characters(read_text(plan.files), data.tokenizer)
+    """A WordPiece vocabulary trained on the corpus (or a sample of its lines), and what it was trained on. The
+    trainer holds the main thread: a stop is seen through the wakeup pipe (stopper.poll)."""
+    chars = wordpiece.scan_characters(read_text(plan.files), data.tokenizer)
     lines = LineSample(data.tokenizer.sample_chars or chars.count, chars.count)
     stopper, size = run.stopper, sum(e["bytes"] for e in plan.entries)
     size = None if any(sniff.sniff(f).codec for f in plan.files) else size  # compressed: bytes read are not these
@@ -437,7 +415,8 @@ def train_tokenizer(plan: Plan, data: DataConfig, run: Run) -> tuple[Tokenizer, 
                 stopper.poll()
 
         read = read_sentences(plan.files, split=data.split_sentences, progress=progress, keep=lines)
-        tok = train_wordpiece(_until_stopped((s for s in read if s is not None), stopper), data.tokenizer, chars)
+        sentences = _until_stopped((s for s in read if s is not None), stopper)
+        tok = wordpiece.train_wordpiece(sentences, data.tokenizer, chars)
     stopper.check()
     sample = {"sample_chars": data.tokenizer.sample_chars, "corpus_chars": chars.count, "whole": lines.whole}
     sample |= {"lines": lines.lines, "chars": lines.chars}
@@ -483,11 +462,11 @@ def _stray_record(folder: Path, key: str) -> dict[str, Any] | None:
 
 def _tokenizer_record(cfg: Config, plan: Plan, tok: Tokenizer, root: Path, sample: dict | None) -> dict[str, Any]:
     """The manifest's record of a new folder's tokenizer."""
-    t, casing = cfg.data.tokenizer, describe(tok)
+    t, casing = cfg.data.tokenizer, wordpiece.describe(tok)
     record = {
         "source": str(plan.tokenizer_file) if plan.tokenizer_file else "trained",
         "vocab_size": tok.get_vocab_size(with_added_tokens=True),
-        "identity": tokenizer_identity(tok),
+        "identity": wordpiece.tokenizer_identity(tok),
         "sha256": {name: store.sha256_of(root / name) for name in layout.TOKENIZER_FILES},
         "requested_vocab_size": t.vocab_size,
         "lowercase": casing.get("lowercase", t.lowercase),
@@ -522,7 +501,7 @@ def _manifest(cfg: Config, plan: Plan, records: dict, tokenizer: dict, dtype: st
         "dtype": dtype,
         "splits": splits,
         "unknown_tokens": sum(records[u.key]["unknown_tokens"] for u in units),
-        "index": index_digest(units),
+        "index": scan.index_digest(units),
         "units": [
             {"key": u.key, "content": u.content, "bytes": u.bytes, "pieces": [list(p) for p in u.pieces]}
             | {k: records[u.key][k] for k in ("splits", "unknown_tokens")}
@@ -586,7 +565,7 @@ def prepared_guard(cfg: Config, folder: Path) -> Callable[[Path], None]:
     data bertcli wrote (or an empty folder) is replaced, which store.folder runs before writing and the swap."""
     fix = "set data.prepared_dir to a new or empty folder (the default is data, next to the config)"
     inputs = [
-        store.Input("the corpus", corpus_path(cfg)),
+        store.Input("the corpus", scan.corpus_path(cfg)),
         store.Input("the run folder (output_dir)", Path(cfg.output_dir), inside_ok=True),
     ]
     more = {
@@ -636,7 +615,7 @@ def check_sizes(manifest: dict[str, Any], data: DataConfig) -> None:
         raise UsageError(f"{where}: {train} training document(s); at least {need} are needed{why}: {fix}")
 
 
-def check_enough_documents(units: list[Unit], data: DataConfig) -> None:
+def check_enough_documents(units: list[scan.Unit], data: DataConfig) -> None:
     """check_sizes before any tokenizer work, reading only until there are enough documents (upper bounds)."""
     need, fraction, stride = 2 if data.pairs else 1, data.validation_fraction, held_out_stride(data.validation_fraction)
     counted, total = [], {"train": 0, "valid": 0}
@@ -675,8 +654,8 @@ def check_before_training(cfg: Config, run_tokenizer: Path | None = None) -> Non
     if folder.is_dir() and prep.read_manifest(folder)[0] is None:
         prepared_guard(cfg, folder)(folder)
     with console.silent():  # what it says of the corpus, preparing says
-        files = corpus_files(corpus_path(cfg), cfg.data.include, cfg.data.exclude)
+        files = scan.files_of(cfg)
         sizes = [f.stat().st_size for f in files]
         if sum(sizes) < scan.UNIT_BYTES:  # one unit's worth: no file is cut into parts
             entries = [{"bytes": size, "sha256": store.sha256_of(f)} for f, size in zip(files, sizes)]
-            check_enough_documents(plan_units(files, entries, "", cfg.data), cfg.data)
+            check_enough_documents(scan.plan_units(files, entries, "", cfg.data), cfg.data)

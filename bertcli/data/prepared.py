@@ -26,6 +26,7 @@ from bertcli.errors import UsageError
 from bertcli.layout import DOC_OFFSETS, INDEX, KEY, MANIFEST, SEG_OFFSETS, SPLITS, TOKENIZER_FILES, TOKENS, UNITS
 
 COUNTS = ("documents", "segments", "tokens")
+OFFSETS = {SEG_OFFSETS: ("segments", "tokens"), DOC_OFFSETS: ("documents", "segments")}  # (entries - 1, values in)
 RANDOM_NEXT_MARGIN = 0.1  # warn when the data gives random next sentences this far above random_next_prob
 
 
@@ -61,8 +62,7 @@ def unit_ok(unit: Any, in_manifest: bool = True) -> bool:
 
 
 def read_manifest(folder: Path) -> tuple[dict[str, Any] | None, str | None]:
-    """(manifest, None), (None, why it cannot be used), or (None, None) where there is none. What decides
-    how the shards are read (dtype, splits, counts) is checked here, the files by `verify`."""
+    """(manifest, None), (None, why it cannot be used), or (None, None) where there is none; the files: `verify`."""
     path = Path(folder) / MANIFEST
     if not path.exists() and not path.is_symlink():
         return None, None
@@ -119,58 +119,54 @@ def _rising(offsets: np.ndarray, last: int, block: int = 1 << 20) -> bool:
     return all((np.diff(offsets[lo : lo + block + 1]) > 0).all() for lo in range(0, len(offsets) - 1, block))
 
 
+def _wrong_size(folder: Path, path: str, size: int) -> str | None:
+    actual = (folder / path).stat().st_size
+    return f"{path} holds {actual:,} bytes where {MANIFEST} implies {size:,}" if actual != size else None
+
+
 def check_unit(folder: Path, key: str, record: dict[str, Any], dtype_name: str, vocab_size: int) -> str | None:
     """What is wrong with the shards of unit `key` (naming the file), None where whole."""
     rel, dtype = f"{UNITS}/{key}", np.dtype(dtype_name)
     if problem := _files_problem(folder, rel, layout.SHARD_FILES):
         return problem
     for split, counts in record["splits"].items():
-        base = folder / rel / split
-        sizes = {
-            TOKENS: counts["tokens"] * dtype.itemsize,
-            SEG_OFFSETS: (counts["segments"] + 1) * 8,
-            DOC_OFFSETS: (counts["documents"] + 1) * 8,
-        }
+        base = f"{rel}/{split}"
+        sizes = {TOKENS: counts["tokens"] * dtype.itemsize} | {n: (counts[e] + 1) * 8 for n, (e, _) in OFFSETS.items()}
         for name, size in sizes.items():
-            if (actual := (base / name).stat().st_size) != size:
-                return f"{rel}/{split}/{name} holds {actual:,} bytes where {MANIFEST} implies {size:,}"
-        for name, last in ((SEG_OFFSETS, counts["tokens"]), (DOC_OFFSETS, counts["segments"])):
-            if not _rising(_int64(base / name), last):
-                return f"{rel}/{split}/{name} does not rise from 0 to {last:,}: its offsets are damaged"
+            if problem := _wrong_size(folder, f"{base}/{name}", size):
+                return problem
+        for name, (_, values) in OFFSETS.items():
+            if not _rising(_int64(folder / base / name), counts[values]):
+                return f"{base}/{name} does not rise from 0 to {counts[values]:,}: its offsets are damaged"
         if counts["tokens"] and vocab_size <= np.iinfo(dtype).max:
-            if (top := int(np.memmap(base / TOKENS, dtype=dtype, mode="r").max())) >= vocab_size:
-                return f"{rel}/{split}/tokens.bin holds token id {top:,}, past the vocabulary of {vocab_size:,}"
+            if (top := int(np.memmap(folder / base / TOKENS, dtype=dtype, mode="r").max())) >= vocab_size:
+                return f"{base}/tokens.bin holds token id {top:,}, past the vocabulary of {vocab_size:,}"
     return None
 
 
 def check_index(folder: Path, manifest: dict[str, Any]) -> tuple[str, str | None] | None:
-    """What is wrong with the index (naming the file) and the key of the unit it disagrees with (either may
-    be the damaged one); None where it holds every unit's offsets, shifted by the units before it."""
+    """(what is wrong with the index, the key of the unit it disagrees with: either may be damaged); None: whole."""
     rel = f"{INDEX}/{manifest['index']}"
     if problem := _files_problem(folder, rel, layout.INDEX_FILES):
         return problem, None
     for split, counts in manifest["splits"].items():
-        base, offsets = folder / rel / split, {}
-        for name, length in ((SEG_OFFSETS, counts["segments"] + 1), (DOC_OFFSETS, counts["documents"] + 1)):
-            if (actual := (base / name).stat().st_size) != length * 8:
-                return f"{rel}/{split}/{name} holds {actual:,} bytes where {MANIFEST} implies {length * 8:,}", None
-            offsets[name] = _int64(base / name)
+        base, offsets = f"{rel}/{split}", {}
+        for name, (entries, _) in OFFSETS.items():
+            if problem := _wrong_size(folder, f"{base}/{name}", (counts[entries] + 1) * 8):
+                return problem, None
+            offsets[name] = _int64(folder / base / name)
         start = dict.fromkeys(COUNTS, 0)  # of the units before this one
         for unit in manifest["units"]:
-            own, unit_counts = folder / UNITS / unit["key"] / split, unit["splits"][split]
+            own, unit_counts = f"{UNITS}/{unit['key']}/{split}", unit["splits"][split]
             problem = _files_problem(folder, f"{UNITS}/{unit['key']}", layout.INDEX_FILES)
-            for name, count in ((SEG_OFFSETS, unit_counts["segments"]), (DOC_OFFSETS, unit_counts["documents"])):
-                if problem is None and (own / name).stat().st_size != (count + 1) * 8:
-                    problem = f"{UNITS}/{unit['key']}/{split}/{name} is not of the size {MANIFEST} implies"
+            for name, (entries, _) in OFFSETS.items():
+                problem = problem or _wrong_size(folder, f"{own}/{name}", (unit_counts[entries] + 1) * 8)
             if problem is not None:
                 return problem, unit["key"]
-            for name, at, shift in (
-                (SEG_OFFSETS, start["segments"], start["tokens"]),
-                (DOC_OFFSETS, start["documents"], start["segments"]),
-            ):
-                if not _holds_shifted(offsets[name], at, _int64(own / name), shift):
-                    what = f"{rel}/{split}/{name} does not hold the offsets of {UNITS}/{unit['key']}/{split}"
-                    return f"{what} from its entry {at:,}: one of the two is damaged", unit["key"]
+            for name, (entries, values) in OFFSETS.items():
+                if not _holds_shifted(offsets[name], start[entries], _int64(folder / own / name), start[values]):
+                    what = f"{base}/{name} does not hold the offsets of {own} from its entry {start[entries]:,}"
+                    return f"{what}: one of the two is damaged", unit["key"]
             start = {c: start[c] + unit_counts[c] for c in COUNTS}  # (read_manifest checked the totals)
     return None
 
@@ -269,7 +265,7 @@ def load_prepared(folder: Path, verified: bool = False) -> PreparedData:
 
 
 def corpus_gone(manifest: dict[str, Any] | None) -> str | None:
-    """The corpus prepared data was made from, where it is not there now (or an empty folder: not mounted)."""
+    """The corpus prepared data was made from, where it is gone (or an empty folder: not mounted)."""
     source = manifest.get("corpus", {}).get("source") if isinstance(manifest, dict) else None
     if not isinstance(source, str) or source in ("sample", "synthetic"):
         return None

@@ -1,9 +1,6 @@
-"""The corpus as `prepare` sees it: its files (data.include, data.exclude), their sizes, times and SHA-256, and
-the units of work they make.
-
-A unit is a whole file of at least UNIT_BYTES, a part of a larger uncompressed one (text.document_cuts),
-or a run of smaller files in corpus order, closed after a file with a probability of its size / UNIT_BYTES
-drawn from its SHA-256: a function of the bytes, so adding a small file prepares only its own run again."""
+"""The corpus's files (data.include, data.exclude), their sizes, times and SHA-256, and the units of work they make:
+a file of at least UNIT_BYTES, a part of a larger uncompressed one, or a run of smaller files closed after a file with
+a probability of its size / UNIT_BYTES drawn from its SHA-256 (adding a small file prepares only its run again)."""
 
 from __future__ import annotations
 
@@ -29,23 +26,25 @@ UNIT_BYTES = 4 << 20
 HASH_ALWAYS_BYTES = 1 << 30  # a corpus this large is hashed at every check (1 s a GB); a larger one where changed
 SAMPLE = Path(__file__).resolve().parent / "sample" / "python-docs-sample.txt.gz"
 
-SUFFIXES = (".txt", ".jsonl")  # the corpus names: read as text or JSON Lines, plain or compressed, in any case
+SUFFIXES = (".txt", ".jsonl")  # read as text or JSON Lines, plain or compressed, in any case
 CORPUS_NAMES = "*.txt and *.jsonl files (plain, .gz, .bz2 or .xz)"
 
 
-def corpus_path(cfg: Config) -> Path:
-    """data.corpus as a path: the bundled sample, or the (resolved, absolute) path of the config."""
+def corpus_path(cfg: Config) -> Path:  # the bundled sample, or data.corpus as resolved
     return SAMPLE if cfg.data.corpus == "sample" else Path(cfg.data.corpus)
 
 
+def files_of(cfg: Config) -> list[Path]:
+    return corpus_files(corpus_path(cfg), cfg.data.include, cfg.data.exclude)
+
+
 def is_corpus_file(path: Path) -> bool:
-    """A corpus name: *.txt or *.jsonl, plain or compressed, in any case."""
     return sniff.split_name(path)[0].endswith(SUFFIXES)
 
 
 def selected(relative: str, globs: Sequence[str]) -> bool:
     """Whether a glob matches a file's path in the corpus folder or its name, with or without a compression
-    suffix, without regard to case (as corpus names are read in any case)."""
+    suffix, in any case."""
     names = {relative.lower(), relative.lower().rsplit("/", 1)[-1]}
     names |= {name[: len(name) - len(sniff.split_name(Path(name))[1])] for name in names}
     return any(fnmatch.fnmatchcase(name, glob.lower()) for name in names for glob in globs)
@@ -86,8 +85,7 @@ SKIPPED = {  # why a folder's entry is not read, by its code in _walk
 
 
 def _walk(root: Path, *, include: Sequence[str], exclude: Sequence[str]) -> tuple[list[Path], dict[str, list[Path]]]:
-    """(corpus files under `root`, sorted; what was skipped, by its code (SKIPPED, "name", "excluded"), in walking
-    order)."""
+    """(corpus files under `root`, sorted; what was skipped, by its code in SKIPPED, "name" or "excluded")."""
     seen: set[tuple[int, int]] = set()  # (device, inode) of every folder and file taken
     files: list[Path] = []
     skipped: dict[str, list[Path]] = {}
@@ -140,7 +138,6 @@ NOT_TEXT = {
 
 
 def _not_text(entry: Path) -> bool:
-    """Whether corpus-named file `entry` is a model's or a run's own file (see NOT_TEXT)."""
     return any((entry.parent / mark).exists() for mark in NOT_TEXT.get(entry.name, ()))
 
 
@@ -258,12 +255,12 @@ class Unit:
 
 
 def unit_phase(content: str, stride: int) -> int:
-    """Where a unit's every-k-th held-out documents start: from its bytes, so that small units are held out too."""
+    """Where a unit's every-k-th held-out documents start: from its bytes, so small units are held out too."""
     return int(content[:15], 16) % stride if stride else 0
 
 
 def _reading(path: Path) -> str:
-    """How a file's bytes are read (its format and compression): part of what its shards depend on."""
+    """How a file's bytes are read (format, compression): part of what its shards depend on."""
     codec = sniff.sniff(path).codec
     return ("jsonl" if sniff.is_jsonl(path) else "text") + (f".{codec}" if codec else "")
 

@@ -1,11 +1,11 @@
-"""Reading raw corpora, streamed: text (*.txt: documents separated by blank lines, BERT's input, or a document a
-file: data.document) and JSON Lines (*.jsonl: a "text" field per document), plain or compressed. Reading yields
-sentences and None at each document end."""
+"""Raw corpora read as a stream of sentences, None at each document end: text (*.txt, documents separated by blank
+lines or a document a file: data.document) and JSON Lines (*.jsonl, a "text" field a document), plain or compressed."""
 
 from __future__ import annotations
 
 import bz2
 import codecs
+import contextlib
 import gzip
 import hashlib
 import io
@@ -111,11 +111,8 @@ class LineSample:
         return self.threshold >= 1 << 64
 
     def __call__(self, line: str) -> bool:
-        if self.whole:
-            taken = True
-        else:
-            digest = hashlib.blake2b(line.encode("utf-8", "surrogatepass"), digest_size=8).digest()
-            taken = int.from_bytes(digest, "little") < self.threshold
+        digest = None if self.whole else hashlib.blake2b(line.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+        taken = digest is None or int.from_bytes(digest, "little") < self.threshold
         if taken:
             self.lines += 1
             self.chars += len(line)
@@ -178,7 +175,7 @@ def lines_end_in_cr(path: Path) -> bool:
     try:
         with _open(path) as fh:
             head = fh.read(4096)
-    except (OSError, *COMPRESSED_ERRORS):
+    except COMPRESSED_ERRORS:
         return False
     return head.count(b"\r") > 1 and b"\n" not in head
 
@@ -216,18 +213,14 @@ def document_cuts(path: Path, every: int) -> list[int]:
     """Where an uncompressed corpus file is cut into parts of about `every` bytes: for each multiple m of
     `every`, the end of the first document boundary (a blank line; in JSON Lines, a line end) whose line
     starts at or after m. A function of the file's bytes, so an edit moves only the cuts near it."""
-    size = path.stat().st_size
-    cuts: list[int] = []
-    target = every
+    size, cuts, target = path.stat().st_size, [], every
     pattern = re.compile(rb"\n") if sniff.is_jsonl(path) else _BLANK_LINE
     with open(path, "rb") as fh:
         while target < size:
             found = _boundary(fh, target, pattern)
-            if found is None:
+            if found is None or found[1] >= size:
                 break
             line_start, cut = found
-            if cut >= size:
-                break
             cuts.append(cut)
             target = (line_start // every + 1) * every  # the next multiple past this boundary's line
     return cuts
@@ -256,23 +249,19 @@ def _boundary(fh: BinaryIO, target: int, pattern: re.Pattern[bytes]) -> tuple[in
 COMPRESSED_ERRORS = (EOFError, OSError, zlib.error, lzma.LZMAError)
 
 
-def _compressed_error(path: Path, fh: BinaryIO, exc: Exception, where: str = "") -> UsageError:
+def _compressed_error(path: Path, fh: BinaryIO, exc: Exception, where: str) -> UsageError:
     """A damaged compressed file as one line naming the byte reached; a failing disk is raised as it is."""
-    if (isinstance(exc, OSError) and exc.errno is not None) or not sniff.sniff(path).codec:
+    if (isinstance(exc, OSError) and exc.errno is not None) or not (tool := sniff.sniff(path).codec):
         raise exc
-    tool = sniff.sniff(path).codec or "compressed"
-    check = f"{tool} -t" if tool in OPENERS else "the file's tool"
     at = getattr(fh, "fileobj", None)  # the compressed file under gzip's reader and _strict_streams
-    try:
-        byte = f"compressed byte {at.tell():,}" if at is not None and not at.closed else ""
-    except (OSError, ValueError, AttributeError):
-        byte = ""
-    place = ", ".join(p for p in (where, byte) if p)
-    head = f"{path}: {place}" if place else str(path)
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        where += f", compressed byte {at.tell():,}" if at is not None and not at.closed else ""
     what = "cut short" if isinstance(exc, EOFError) else f"damaged or not {tool} ({exc})"
     if isinstance(exc, EOFError) and os.path.getsize(path) == 0:
         what = "empty (0 bytes: a failed download?)"
-    return UsageError(f"{head}: the {tool} file is {what}; download or compress it again ({check} checks it)")
+    return UsageError(
+        f"{path}: {where}: the {tool} file is {what}; download or compress it again ({tool} -t checks it)"
+    )
 
 
 def _raw_lines(path: Path, fh: BinaryIO, limit: int = -1) -> Iterator[bytes]:
@@ -390,8 +379,7 @@ def _jsonl_sentences(part: Part, split: bool, progress: Callable, keep: Callable
 def _text_sentences(
     part: Part, split: bool, progress: Callable, keep: Callable | None, *, blank_ends: bool
 ) -> Iterator[str | None]:
-    """A blank line ends a document (where `blank_ends`), and so does the file's end; a long line is cut into
-    pieces as it comes."""
+    """A blank line ends a document (where `blank_ends`), and so does the file's end; a long line is cut as it comes."""
     open_document = False
     pending, cut = "", False  # a long line read in parts: its text not yet cut; whether pieces went out
     for _, line, ends in _lines(part, progress):

@@ -1,8 +1,5 @@
-"""The WordPiece tokenizer (Hugging Face `tokenizers`): train one on a corpus, or load a tokenizer.json or
-BERT vocab.txt. A trained vocabulary puts the special tokens first ([PAD]=0 ... [MASK]=4), then the "##c"
-pieces in code-point order. Every tokenizer loaded goes through `unpadded`: one that padded or truncated on
-its own would put [PAD] into the shards and cut sentences.
-"""
+"""WordPiece (Hugging Face `tokenizers`): trained (special tokens first, then the "##c" pieces in code-point order),
+or loaded from a tokenizer.json or vocab.txt; every one loaded is `unpadded`, so no [PAD] or cut gets into the shards."""
 
 from __future__ import annotations
 
@@ -58,13 +55,11 @@ def casing_of(folder: Path) -> Casing | None:
 
 
 def _normalizer(casing: Casing, clean_text: bool = True) -> normalizers.BertNormalizer:
-    """BERT's normalizer: clean text, split CJK characters, lowercase, strip accents."""
     chinese, accents, lower = casing.tokenize_chinese_chars, casing.strip_accents, casing.do_lower_case
     return normalizers.BertNormalizer(clean_text, handle_chinese_chars=chinese, strip_accents=accents, lowercase=lower)
 
 
 def _bert_pipeline(tok: Tokenizer, casing: Casing) -> Tokenizer:
-    """BERT's normalizer and pre-tokenizer."""
     tok.normalizer = _normalizer(casing)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece(prefix=CONTINUATION)
@@ -93,17 +88,14 @@ _KNOWN, _REMOVED, _STARTS_WORD, _ENDS_WORD, _SETTLED = 1, 2, 4, 8, 16
 
 @dataclass(frozen=True)
 class Characters:
-    """What scan_characters finds in a corpus."""
-
     inner: list[str]  # the characters that continue a word: the c of every "##c" the trainer makes, in code-point order
     every: list[str]  # every character of every word (punctuation too) once normalised, in code-point order
     count: int  # characters read but line breaks (which read_text adds): the same however the corpus is cut
 
 
 def scan_characters(texts: Iterable[str], cfg: TokenizerConfig) -> Characters:
-    """The characters of `texts` (the corpus in blocks) once normalised and pre-tokenised. Each distinct one is
-    normalised once, into a table by code point; a character continues a word when its normal form starts
-    with a word character and the previous kept character's ends with one."""
+    """The characters of `texts` (the corpus in blocks) once normalised, each distinct one once (a table by code
+    point); one continues a word where its normal form starts with a word character and the previous one's ends so."""
     tok = _new_tokenizer(cfg)
     normalizer, pre_tokenizer = tok.normalizer, tok.pre_tokenizer
 
@@ -182,8 +174,7 @@ def find_tokenizer_file(path: Path) -> Path:
     return path
 
 
-def unpadded(tok: Tokenizer) -> Tokenizer:
-    """tok with its own padding and truncation off: bertcli pads and truncates itself."""
+def unpadded(tok: Tokenizer) -> Tokenizer:  # bertcli pads and truncates itself
     tok.no_padding()
     tok.no_truncation()
     return tok
@@ -225,7 +216,7 @@ def load_tokenizer(path: Path, cfg: TokenizerConfig) -> Tokenizer:
 
 
 def describe(tok: Tokenizer) -> dict[str, Any]:
-    """What `inspect` shows of a tokenizer: its size and, for BERT's normalizer, its casing."""
+    """A tokenizer's size and, for BERT's normalizer, its casing."""
     info: dict[str, Any] = {"vocab_size": tok.get_vocab_size(with_added_tokens=True)}
     if isinstance(norm := tok.normalizer, normalizers.BertNormalizer):
         lower = bool(norm.lowercase)
@@ -271,7 +262,7 @@ def check_ids(tok: Tokenizer, path: Path) -> None:
 
 
 def vocab_text(tok: Tokenizer) -> str:
-    """The vocab.txt of `tok`: one token per line, in id order."""
+    """One token a line, in id order."""
     by_id = sorted(tok.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
     if [i for _, i in by_id] != list(range(len(by_id))):
         raise UsageError("the tokenizer's ids are not 0..N-1; cannot write vocab.txt")
@@ -294,6 +285,5 @@ def special_tokens(tok: Tokenizer) -> SpecialTokens:
 def continuation_mask(tok: Tokenizer) -> np.ndarray:
     """(V,) True for pieces that continue a word ("##ing"): whole-word masking keeps them with their word."""
     mask = np.zeros(tok.get_vocab_size(with_added_tokens=True), dtype=bool)
-    for token, i in tok.get_vocab(with_added_tokens=True).items():
-        mask[i] = token.startswith(CONTINUATION)
+    mask[[i for token, i in tok.get_vocab(with_added_tokens=True).items() if token.startswith(CONTINUATION)]] = True
     return mask

@@ -34,8 +34,6 @@ ENCODE_CHARS = 1 << 20  # and at most about this many characters (an encoding co
 
 @dataclass(frozen=True)
 class UnitSettings:
-    """What preparing a unit needs besides the unit and the tokenizer."""
-
     split_sentences: bool
     validation_fraction: float
     dtype: str  # of the token ids: uint16 where the vocabulary fits, else uint32
@@ -72,7 +70,7 @@ class ShardWriter:
             self.open_segments = 0
 
     def flush(self) -> None:
-        # Through the file's write(), not ndarray.tofile, which words a full disk without the reason.
+        # the file's write(), not ndarray.tofile: that one words a full disk without the reason
         for name, values, dtype in (
             (TOKENS, self.tokens, self.dtype),
             (SEG_OFFSETS, self.seg_offsets, np.int64),
@@ -224,8 +222,8 @@ def prepare_units(
     progress: Callable[[int], None],
     stop: Callable[[], None],
 ) -> dict[str, dict[str, Any]]:
-    """Prepare `todo` into root/units/ on `workers` spawned processes, largest first; return each unit's
-    record by key. A stop (`stop()` raises) sets the workers' stop event: they end within a batch."""
+    """Each unit's record by key, prepared into root/units/ on `workers` spawned processes, largest first. A stop
+    (`stop()` raises) sets the workers' stop event: they end within a batch."""
     todo = sorted({u.key: u for u in todo}.values(), key=lambda u: -u.bytes)  # a unit twice (two equal files): once
     (root / UNITS).mkdir(parents=True, exist_ok=True)
     if workers <= 1 or len(todo) <= 1:

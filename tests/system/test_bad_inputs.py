@@ -874,7 +874,7 @@ CASES = [
         "encode-hf-tokenizer-past-the-vocabulary",
         lambda d, b: ["encode", "--model", _hf_with_a_larger_tokenizer(b["text"], d), _write(d, "in.txt", "w1090\n")],
         2,
-        ("{d}/hf/vocab.txt", "1,000 lines", "vocab_size 1,000"),
+        ("{d}/hf/vocab.txt", "past vocab_size 1,000"),
     ),
     (
         "inspect-hf-tokenizer-json-past-any-vocabulary-of-the-model",

@@ -305,7 +305,7 @@ def test_inspect_says_what_to_pass_for_paths_it_does_not_read(tmp_path, cli, tra
     ):
         pooling = cli(*args)
         assert pooling.code == 2 and pooling.err_lines == [
-            f"bertcli: error: {model / '1_Pooling'}: a module of the sentence-transformers model {model}, not a model: "
+            f"bertcli: error: {model / '1_Pooling'}: a module of sentence-transformers model {model}, not a model: "
             f"{command} {model}"
         ], pooling.err
     assert not (tmp_path / "cont").exists()

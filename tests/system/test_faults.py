@@ -418,7 +418,6 @@ def test_a_few_non_finite_steps_are_skipped_and_counted(tmp_path, cli, monkeypat
     config = write_config(tmp_path, "train.max_steps=12", "train.max_nonfinite_steps=3", "train.eval_every=0")
     result = cli("pretrain", "--config", config, "--quiet")
     assert result.code == 0, result.err
-    assert "step 8: skipped 2 step(s) of the last 4: loss or gradients NaN or inf" in result.err
     records = {r["step"]: r for r in read_metrics(tmp_path / "metrics.jsonl")}
     assert [records[s]["skipped_steps"] for s in (4, 8, 12)] == [0, 2, 0]
     assert all(records[s]["loss"] is not None for s in (4, 8, 12)), "skipped steps stay out of the averages"

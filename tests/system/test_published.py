@@ -391,7 +391,7 @@ def test_a_tokenizer_of_another_model_with_init_from_is_named_as_such(cli, tmp_p
         )  # fmt: skip
         assert result.code == 2 and result.err_lines == [
             f"bertcli: error: the tokenizer of {vocab} has 15 tokens but the weights of model.init_from ({MINILM}) "
-            "have 30,522 rows: a tokenizer of another model; drop data.tokenizer.path to use the model's own"
+            "have 30,522 rows: drop data.tokenizer.path to use the model's own tokenizer"
         ], result.err
 
 

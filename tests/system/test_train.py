@@ -751,7 +751,7 @@ def test_resume_skips_damaged_metrics_records_and_says_so_once(tmp_path, cli, ei
     result = cli("pretrain", "--config", config, "--quiet", "--stop-at", "9")
     assert result.code == 0, result.err
     assert [line for line in result.err_lines if "damaged line" in line] == [
-        f"{metrics}: 2 damaged line(s) skipped (line 2, 3): each must be a JSON object with an integer step; left out "
+        f"{metrics}: 2 damaged line(s) skipped (line 2, 3): not JSON objects with a step; left out "
         "of the file from now on"
     ]
     assert [r["step"] for r in read_metrics(metrics)] == [4, 8, 9]
@@ -844,9 +844,7 @@ def test_metrics_lines_of_any_length_are_read_in_bounded_memory_and_each_counted
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert [r["step"] for r in records] == [1, 2] and peak < 2 << 20, peak
-    assert damaged == (
-        f"{metrics}: 2 damaged line(s) skipped (line 2, 4): each must be a JSON object with an integer step"
-    )
+    assert damaged == (f"{metrics}: 2 damaged line(s) skipped (line 2, 4): not JSON objects with a step")
     metrics.write_text('{"step": 1}\n{"step": 2, "lo')  # a crash mid-write: said nothing of
     assert read_metrics_checked(metrics) == ([{"step": 1}], None)
 
@@ -993,9 +991,8 @@ def test_a_run_resumed_at_shorter_sequences_keeps_the_longest_it_trained(tmp_pat
     assert checkpoint.checkpoint_trained_length(root / "step-0000010") == 24
 
 
-def test_a_run_whose_sigint_is_ignored_says_how_to_stop_it(tmp_path, cli):
-    """A script's background job starts with SIGINT ignored (POSIX), so `kill -INT` does nothing: the run
-    keeps ignoring it (as under nohup), and says how to stop it."""
+def test_a_run_whose_sigint_is_ignored_keeps_ignoring_it(tmp_path, cli):
+    """A script's background job starts with SIGINT ignored (POSIX): the run keeps ignoring it (as under nohup)."""
     config = write_config(tmp_path, "train.max_steps=1", "train.eval_every=0", "logging.tensorboard=false")
     before = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
@@ -1003,10 +1000,7 @@ def test_a_run_whose_sigint_is_ignored_says_how_to_stop_it(tmp_path, cli):
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN, "ignored stays ignored"
     finally:
         signal.signal(signal.SIGINT, before)
-    said = [line for line in ignored.err_lines if "SIGINT is ignored" in line]
-    assert ignored.code == 0 and len(said) == 1 and "SIGTERM" in said[0], ignored.err
-    fresh = cli("pretrain", "--config", write_config(tmp_path / "other", "train.max_steps=1", "train.eval_every=0"))
-    assert fresh.code == 0 and not any("SIGINT is ignored" in line for line in fresh.err_lines)
+    assert ignored.code == 0, ignored.err
 
 
 def test_a_resume_with_nothing_to_do_changes_none_of_the_runs_checkpoints(tmp_path, cli, eight_steps):

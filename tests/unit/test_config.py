@@ -135,7 +135,7 @@ def test_valid_presets_have_no_problems():
         ("train.max_steps", "expected section.key=value"),
         ("=3", "expected section.key=value"),
         ("train..seed=1", "expected section.key=value"),
-        ("train.seed=[1, 2", "not a YAML scalar"),
+        ("train.seed=[1, 2", "malformed YAML"),
         # a whole section set at once would replace the preset's (train=null gives every global default)
         ("train=null", "train is a section: set its keys one at a time (train.KEY=VALUE)"),
         ("model={}", "model is a section"),
@@ -389,7 +389,7 @@ def test_a_yaml_alias_bomb_is_refused_at_once(tmp_path):
         + "]"
     )
     start = time.perf_counter()
-    with pytest.raises(UsageError, match="--set .*: the value is refused: its aliases"):
+    with pytest.raises(UsageError, match="--set .*: its aliases"):
         parse_overrides([f"output_dir={flow}"])
     assert time.perf_counter() - start < 1.0
     path.write_text("output_dir: &a [*a]\n")

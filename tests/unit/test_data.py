@@ -374,7 +374,7 @@ def test_a_corpus_of_one_document_is_refused_before_the_tokenizer_is_trained(tmp
     def trained(*args, **kwargs):
         raise AssertionError("the tokenizer was trained on a corpus that is refused anyway")
 
-    monkeypatch.setattr(prepare_mod, "train_wordpiece", trained)
+    monkeypatch.setattr(prepare_mod.wordpiece, "train_wordpiece", trained)
     monkeypatch.setattr(prepare_mod, "prepare_units", trained)
     corpus = tmp_path / "one.txt"
     corpus.write_text("".join(f"Line {i} of the only document talks about Python lists.\n" for i in range(20_000)))
