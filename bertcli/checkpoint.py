@@ -105,25 +105,23 @@ def read_config(path: Path) -> Config:
     return config_from_dict(raw, str(file))
 
 
-def read_weights(path: Path) -> dict[str, torch.Tensor]:
-    """The weights of checkpoint `path`, as written (their digest) and finite."""
+def read_weights(path: Path, model: nn.Module | None = None) -> dict[str, torch.Tensor]:
+    """The weights of checkpoint `path`, as written (their digest) and finite; refused where they do not fit `model`."""
     check_links(path)
     check_unchanged(path, (layout.WEIGHTS,))
-    return weights.load(Path(path) / layout.WEIGHTS, FIX)
+    tensors = weights.load(Path(path) / layout.WEIGHTS, FIX)
+    if model is not None:
+        weights.check_fits(tensors, model, Path(path) / layout.WEIGHTS)
+    return tensors
 
 
 def load_weights(model: nn.Module, path: Path) -> None:
     """Load checkpoint `path`'s weights into `model` (one process, unsharded), strictly."""
-    tensors = read_weights(path)
-    weights.check_fits(tensors, model, Path(path) / layout.WEIGHTS)
-    model.load_state_dict(tensors, strict=False)  # the tied aliases follow their targets
+    model.load_state_dict(read_weights(path, model), strict=False)  # the tied aliases follow their targets
 
 
-class DamagedState(RunError):
-    """A checkpoint that cannot be resumed from; `reason` says what and why."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(f"{reason}: resume from another checkpoint (--resume PATH) or start in a new output_dir")
+def damaged_state(reason: str) -> RunError:
+    return RunError(f"{reason}: resume from another checkpoint (--resume PATH) or start in a new output_dir")
 
 
 def _torch_load(file: Path, **options: Any) -> Any:
@@ -225,15 +223,6 @@ class Snapshot:
     tokenizer: dict[str, bytes]
 
 
-def _write_trainer_state(tmp: Path, snap: Snapshot) -> None:
-    tokenizer = {name: hashlib.sha256(data).hexdigest() for name, data in snap.tokenizer.items()}
-    files = {name: store.sha256_of(tmp / name) for name in HASHED}
-    head = {"format_version": FORMAT_VERSION, "bertcli_version": __version__, "step": snap.step}
-    head["saved_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    record = {**head, TOKENIZER_SHA256: tokenizer, FILES_SHA256: files, **snap.trainer_state}
-    store.write_json(tmp / layout.TRAINER_STATE, record)
-
-
 def _tensors(state: Any) -> list[torch.Tensor]:
     """Every tensor in a state dict (nested dicts and lists)."""
     if hasattr(state, "is_floating_point"):
@@ -256,7 +245,13 @@ def write(output_dir: Path, snap: Snapshot, name: str | None = None) -> Path:
         store.write_inside(tmp / layout.CHECKPOINT_CONFIG, config)
         rest = {k: v for k, v in snap.states.items() if k != MODEL}
         store.save_torch({**rest, "step": snap.step}, tmp / layout.TRAINING_STATE)
-        _write_trainer_state(tmp, snap)  # last: it records the others' SHA-256
+        # Last: trainer_state.json records the others' SHA-256.
+        tokenizer = {file: hashlib.sha256(data).hexdigest() for file, data in snap.tokenizer.items()}
+        files = {file: store.sha256_of(tmp / file) for file in HASHED}
+        head = {"format_version": FORMAT_VERSION, "bertcli_version": __version__, "step": snap.step}
+        head["saved_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        record = {**head, TOKENIZER_SHA256: tokenizer, FILES_SHA256: files, **snap.trainer_state}
+        store.write_json(tmp / layout.TRAINER_STATE, record)
     return final
 
 
@@ -350,7 +345,7 @@ class Progress:
     step: int = 0
     tokens_seen: int = 0
     train_time_s: float = 0.0
-    trained_length: int = 0  # the longest sequences trained on (0: none yet)
+    trained_length: int = 0  # the longest sequences of the run's history, model.init_from's included
 
 
 class CheckpointManager:
@@ -367,29 +362,24 @@ class CheckpointManager:
         self, path: Path | None, device: Any, *, model: nn.Module, optimizer: Any, scaler: Any, **more: Any
     ) -> Progress:
         """Take the parts every checkpoint saves (`more`: into training_state.pt by name), restored from `path`."""
-        self.parts = {MODEL: ModelPart(model), "optimizer": OptimizerPart(model, optimizer), "scaler": scaler, **more}
-        if path is None:
-            return Progress()
-        tensors = read_weights(path)
-        weights.check_fits(tensors, model, path / layout.WEIGHTS)
-        self.parts[MODEL].load_state_dict(tensors)
+        rest = {"optimizer": OptimizerPart(model, optimizer), "scaler": scaler, **more}
+        self.parts = {MODEL: ModelPart(model), **rest}
+        if path is None:  # a fresh run: model.init_from's history
+            return Progress(trained_length=trained_length(self.cfg) or self.cfg.model.max_position_embeddings)
+        self.parts[MODEL].load_state_dict(read_weights(path, model))
         file = path / layout.TRAINING_STATE  # (its links refused: read_weights)
         try:
             state = _torch_load(file, map_location=device)
-        except pickle.UnpicklingError:  # objects other than tensors: unpickling them could run code
-            raise DamagedState(f"{file}: holds objects other than tensors and plain values") from None
-        except Exception as exc:  # noqa: BLE001  truncated or otherwise damaged
-            raise DamagedState(f"{file}: damaged ({type(exc).__name__})") from None
-        for name, part in self.parts.items():
-            if name == MODEL:
-                continue
+        except Exception as exc:  # noqa: BLE001  truncated, or objects other than tensors (UnpicklingError)
+            raise damaged_state(f"{file}: damaged ({type(exc).__name__})") from None
+        for name, part in rest.items():
             if not isinstance(state, dict) or name not in state:
-                raise DamagedState(f"{file}: no {name} state in it")
+                raise damaged_state(f"{file}: no {name} state in it")
             try:
                 if state[name]:  # (a scaler that is off has none)
                     part.load_state_dict(state[name])
             except (KeyError, TypeError, ValueError, RuntimeError) as exc:
-                raise DamagedState(f"{file}: the {name} state does not fit this model ({type(exc).__name__})") from None
+                raise damaged_state(f"{file}: the {name} state does not fit the model ({type(exc).__name__})") from None
         step, trainer = int(state["step"]), read_trainer_state(path)
         console.info(f"resuming from {path} (step {step})")
         length = checkpoint_trained_length(path) or self.cfg.model.max_position_embeddings

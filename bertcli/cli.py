@@ -38,7 +38,6 @@ app = typer.Typer(
 Preset = Enum("Preset", {name: name for name in ("tiny", "small", "base", "large")}, type=str)
 SET = typer.Option([], "--set", metavar="KEY=VALUE", help="Override a config value, e.g. --set train.max_steps=200.")
 CONFIG = typer.Option(..., "--config", "-c", metavar="FILE", help="The run's config.yaml (see `bertcli init`).")
-QUIET = typer.Option(False, "--quiet", "-q", help="No progress output; errors, warnings and the summary only.")
 
 
 def out(text: str) -> None:
@@ -144,10 +143,8 @@ def pretrain(
     overrides: list[str] = SET,
     resume: str = typer.Option("auto", "--resume", metavar="auto|never|PATH", help="Or a checkpoint folder."),
     device: Optional[str] = typer.Option(None, "--device", metavar="DEVICE", help="auto, cpu, cuda or cuda:N."),
-    quiet: bool = QUIET,
-    stop_at: Optional[int] = typer.Option(
-        None, "--stop-at", min=1, metavar="N", help="Stop after this step with a checkpoint; rerun to continue."
-    ),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output: errors, warnings, the summary only."),
+    stop_at: Optional[int] = typer.Option(None, "--stop-at", min=1, metavar="N", help="Save and stop after step N."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Print the whole resolved config at the start too."),
 ) -> None:
     """Pretrain BERT (MLM + NSP), resuming from the newest checkpoint with the run's --set values (until given again)."""
@@ -185,10 +182,6 @@ def inspect_command(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
 ) -> None:
     """Explain a config, a run, a checkpoint, prepared data or a model: sizes, parameters, FLOPs, progress, data."""
-    if path.is_file():  # a config: checked before summary loads torch, so that a bad one is refused at once
-        from bertcli.resolve import load_run
-
-        load_run(path, adopt_init_from=False)
     from bertcli.summary import format_report, inspect_path
 
     report = inspect_path(path)
@@ -214,42 +207,30 @@ def export(
     err(f"wrote {folder}{origin}; load it with transformers.BertForPreTraining.from_pretrained({str(folder)!r})")
 
 
-MODEL = typer.Option(..., "--model", "-m", metavar="PATH", help="A run, checkpoint or Hugging Face BERT folder.")
-INPUTS = typer.Argument(None, metavar="FILE", help="Text files, one text per line ('-' or none: stdin).")
 POOLING = typer.Option(None, "--pooling", metavar="cls|mean|max|pooler", help="Default: the folder's own, else mean.")
-LAYER = typer.Option(-1, "--layer", metavar="N", help="0 = embeddings, 1..L, negative from the end (-1 = last).")
 NORMALIZE = typer.Option(None, "--normalize/--no-normalize", help="Unit-length vectors (default: the folder's).")
-FORMAT = typer.Option(None, "--format", "-f", metavar="jsonl|tsv|npy", help="Default: the --output suffix's.")
-OUTPUT = typer.Option(None, "--output", "-o", metavar="FILE", help="Write the rows there, whole or not at all.")
-WITH_TEXT = typer.Option(False, "--with-text", help="Add the text to each row (tsv: escaped, first).")
-TOKENS = typer.Option(False, "--tokens", help="Per-token vectors (JSONL): tokens and one vector each.")
-PAIRS = typer.Option(False, "--pairs", help="Lines are A<TAB>B sentence pairs (segment ids 0 and 1).")
-STRICT_PAIRS = typer.Option(False, "--strict-pairs", help="With --pairs, a line without a TAB is an error.")
 BATCH = typer.Option(32, "--batch-size", min=1, metavar="N", help="Texts per forward pass, at most.")
-MAX_LENGTH = typer.Option(None, "--max-length", min=2, metavar="N", help="Truncate longer texts (tokens).")
 DEVICE = typer.Option("auto", "--device", metavar="DEVICE", help="auto, cpu, cuda or cuda:N.")
-DTYPE = typer.Option("fp32", "--dtype", metavar="fp32|bf16|fp16", help="fp32, bf16 or fp16.")
-ERRORS = typer.Option("strict", "--errors", metavar="strict|replace", help="A line not UTF-8: error or replace.")
 
 
 @app.command(short_help="Turn lines of text into vectors, one row per line, streamed.")
 def encode(
-    model: Path = MODEL,
-    inputs: list[str] = INPUTS,
+    model: Path = typer.Option(..., "--model", "-m", metavar="PATH", help="A run, checkpoint or Hugging Face folder."),
+    inputs: list[str] = typer.Argument(None, metavar="FILE", help="Text files, one text a line ('-' or none: stdin)."),
     pooling: Optional[str] = POOLING,
-    layer: int = LAYER,
+    layer: int = typer.Option(-1, "--layer", metavar="N", help="0 = embeddings, 1..L, or from the end (-1 = last)."),
     normalize: Optional[bool] = NORMALIZE,
-    fmt: Optional[str] = FORMAT,
-    output: Optional[Path] = OUTPUT,
-    with_text: bool = WITH_TEXT,
-    tokens: bool = TOKENS,
-    pairs: bool = PAIRS,
-    strict_pairs: bool = STRICT_PAIRS,
+    fmt: Optional[str] = typer.Option(None, "--format", "-f", metavar="jsonl|tsv|npy", help="Default: from --output."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", metavar="FILE", help="Written whole or not at all."),
+    with_text: bool = typer.Option(False, "--with-text", help="Add the text to each row (tsv: escaped, first)."),
+    tokens: bool = typer.Option(False, "--tokens", help="Per-token vectors (JSONL): tokens and one vector each."),
+    pairs: bool = typer.Option(False, "--pairs", help="Lines are A<TAB>B sentence pairs (segment ids 0 and 1)."),
+    strict_pairs: bool = typer.Option(False, "--strict-pairs", help="With --pairs, a line without a TAB is an error."),
     batch_size: int = BATCH,
-    max_length: Optional[int] = MAX_LENGTH,
+    max_length: Optional[int] = typer.Option(None, "--max-length", min=2, metavar="N", help="Most tokens per text."),
     device: str = DEVICE,
-    dtype: str = DTYPE,
-    errors: str = ERRORS,
+    dtype: str = typer.Option("fp32", "--dtype", metavar="fp32|bf16|fp16", help="fp32, bf16 or fp16."),
+    errors: str = typer.Option("strict", "--errors", metavar="strict|replace", help="Invalid UTF-8: error or replace."),
 ) -> None:
     """Turn lines of text into vectors: one row per input line, in input order, streamed."""
     from bertcli import preflight
@@ -258,20 +239,11 @@ def encode(
     flags = {"pooling": pooling, "layer": layer, "pairs": pairs, "strict_pairs": strict_pairs, "max_length": max_length}
     given = {"inputs": inputs or [], "device": device, "dtype": dtype, "errors": errors, **flags}
     fmt, output, hf = preflight.encode(model=model, output=output, fmt=fmt, with_text=with_text, tokens=tokens, **given)
+    given |= {"output": output, "normalize": normalize, "per_token": tokens, "batch_size": batch_size}
     with stopping("nothing was written") as stopper:  # (torch's import and the model's load take seconds)
-        from bertcli import encode as enc_mod
+        from bertcli.encode import Writer, run
 
-        enc_mod.run(
-            model,
-            hf=hf,
-            writer=lambda: enc_mod.Writer(fmt, sys.stdout, output, with_text),
-            output=output,
-            stopper=stopper,
-            normalize=normalize,
-            per_token=tokens,
-            batch_size=batch_size,
-            **given,
-        )
+        run(model, hf=hf, writer=lambda: Writer(fmt, sys.stdout, output, with_text), stopper=stopper, **given)
 
 
 @app.command("eval", short_help="Score a model: masked-LM figures on text, a linear probe on labeled texts.")
@@ -292,9 +264,7 @@ def eval_command(
     from bertcli import preflight
     from bertcli.stopping import stopping
 
-    hf, files, train, test = preflight.evaluate(
-        model=model, text=text or [], probe=probe, probe_test=probe_test, device=device
-    )
+    hf, files, train, test = preflight.evaluate(model, text or [], probe=probe, probe_test=probe_test, device=device)
     with stopping("nothing was written"):  # (torch's import and the model's load take seconds)
         from bertcli.evaluation import run, summary
 

@@ -153,24 +153,23 @@ class ModelConfig:
         divides = m.hidden_size < 1 or m.num_attention_heads < 1 or m.hidden_size % m.num_attention_heads == 0
         pad = f"must be a token id below vocab_size={m.vocab_size}" if m.vocab_size else "must not be negative"
         heads = f"{m.hidden_size} is not divisible by model.num_attention_heads={m.num_attention_heads}"
-        return failing(
-            [
-                at_least("model.vocab_size", m.vocab_size or 8, 8, " (5 special tokens and some words)"),
-                (0 <= m.pad_token_id < (m.vocab_size or 2**31), "model.pad_token_id", f"{pad}, got {m.pad_token_id}"),
-                at_least("model.pad_vocab_multiple", m.pad_vocab_multiple, 1),
-                positive("model.hidden_size", m.hidden_size),
-                at_least("model.num_hidden_layers", m.num_hidden_layers, 1),
-                at_least("model.num_attention_heads", m.num_attention_heads, 1),
-                (divides, "model.hidden_size", heads),
-                positive("model.intermediate_size", m.intermediate_size),
-                within("model.hidden_dropout_prob", m.hidden_dropout_prob, 0, 1, ends="[)"),
-                within("model.attention_probs_dropout_prob", m.attention_probs_dropout_prob, 0, 1, ends="[)"),
-                positive("model.max_position_embeddings", m.max_position_embeddings),
-                at_least("model.type_vocab_size", m.type_vocab_size, 2, " (segments A and B)"),
-                positive("model.initializer_range", m.initializer_range),
-                positive("model.layer_norm_eps", m.layer_norm_eps),
-            ]
-        )
+        checks = [
+            at_least("model.vocab_size", m.vocab_size or 8, 8, " (5 special tokens and some words)"),
+            (0 <= m.pad_token_id < (m.vocab_size or 2**31), "model.pad_token_id", f"{pad}, got {m.pad_token_id}"),
+            at_least("model.pad_vocab_multiple", m.pad_vocab_multiple, 1),
+            positive("model.hidden_size", m.hidden_size),
+            at_least("model.num_hidden_layers", m.num_hidden_layers, 1),
+            at_least("model.num_attention_heads", m.num_attention_heads, 1),
+            (divides, "model.hidden_size", heads),
+            positive("model.intermediate_size", m.intermediate_size),
+            within("model.hidden_dropout_prob", m.hidden_dropout_prob, 0, 1, ends="[)"),
+            within("model.attention_probs_dropout_prob", m.attention_probs_dropout_prob, 0, 1, ends="[)"),
+            positive("model.max_position_embeddings", m.max_position_embeddings),
+            at_least("model.type_vocab_size", m.type_vocab_size, 2, " (segments A and B)"),
+            positive("model.initializer_range", m.initializer_range),
+            positive("model.layer_norm_eps", m.layer_norm_eps),
+        ]
+        return failing(checks)
 
 
 MAX_SYNTHETIC_TOKENS = 20_000_000  # 100x the default's; generated token by token in Python (about 6 s, 440 MB)
@@ -204,17 +203,16 @@ class SyntheticConfig:
         size = f"about {expected:,.0f} tokens (num_documents x the mean sentences x the mean length); the synthetic corpus is for quick checks, of at most {MAX_SYNTHETIC_TOKENS:,}: lower them"
         lengths = f"need 1 <= min_sentence_length <= max_sentence_length, got {s.min_sentence_length} and {s.max_sentence_length}"
         sentences = f"need 1 <= min_sentences <= max_sentences, got {s.min_sentences} and {s.max_sentences}"
-        return failing(
-            [
-                at_least(f"{p}.num_documents", s.num_documents, 2, " (random next sentences need another document)"),
-                (1 <= s.min_sentences <= s.max_sentences, f"{p}.min_sentences", sentences),
-                (1 <= s.min_sentence_length <= s.max_sentence_length, f"{p}.min_sentence_length", lengths),
-                (expected <= MAX_SYNTHETIC_TOKENS, p, size),
-                from_to(f"{p}.branching", s.branching, 1, MAX_BRANCHING),
-                at_least(f"{p}.num_topics", s.num_topics, 1),
-                at_least(f"{p}.seed", s.seed, 0),
-            ]
-        )
+        checks = [
+            at_least(f"{p}.num_documents", s.num_documents, 2, " (random next sentences need another document)"),
+            (1 <= s.min_sentences <= s.max_sentences, f"{p}.min_sentences", sentences),
+            (1 <= s.min_sentence_length <= s.max_sentence_length, f"{p}.min_sentence_length", lengths),
+            (expected <= MAX_SYNTHETIC_TOKENS, p, size),
+            from_to(f"{p}.branching", s.branching, 1, MAX_BRANCHING),
+            at_least(f"{p}.num_topics", s.num_topics, 1),
+            at_least(f"{p}.seed", s.seed, 0),
+        ]
+        return failing(checks)
 
 
 @dataclass
@@ -233,14 +231,12 @@ class TokenizerConfig:
     """Characters of text that train the vocabulary: a larger corpus trains it on a sample of its lines from all over it (chosen by a hash of each line: the same in every run), so memory stays bounded (the trainer takes about 6 MB per million characters); 0 = the whole corpus."""
 
     def problems(self) -> list[Problem]:
-        sample = f"must be 0 (the whole corpus) or a number of characters, got {self.sample_chars}"
-        return failing(
-            [
-                at_least("data.tokenizer.vocab_size", self.vocab_size, 16),
-                at_least("data.tokenizer.min_frequency", self.min_frequency, 1),
-                (self.sample_chars >= 0, "data.tokenizer.sample_chars", sample),
-            ]
-        )
+        checks = [
+            at_least("data.tokenizer.vocab_size", self.vocab_size, 16),
+            at_least("data.tokenizer.min_frequency", self.min_frequency, 1),
+            at_least("data.tokenizer.sample_chars", self.sample_chars, 0, " (0 = the whole corpus)"),
+        ]
+        return failing(checks)
 
 
 @dataclass
@@ -286,7 +282,6 @@ class DataConfig:
         d, replaced = self, self.mask_token_prob + self.random_token_prob
         once = " (data.max_seq_length: a token is predicted at most once)"
         too_many = f"data.mask_token_prob + data.random_token_prob must be at most 1, got {replaced}"
-        empty = "is empty; use sample, synthetic, or a path to text or JSONL files"
         checks = [
             at_least("data.max_seq_length", d.max_seq_length, 5, " ([CLS] A [SEP] B [SEP])"),
             within("data.masked_lm_prob", d.masked_lm_prob, 0, 1, ends="()"),
@@ -295,7 +290,7 @@ class DataConfig:
             within("data.random_token_prob", d.random_token_prob, 0, 1),
             within("data.random_next_prob", d.random_next_prob, 0, 1),
             (replaced <= 1.0 + 1e-9, "data.random_token_prob", too_many),
-            (d.corpus.strip() != "", "data.corpus", empty),
+            (d.corpus.strip() != "", "data.corpus", "is empty; use sample, synthetic, or a text/JSONL file or folder"),
             within("data.validation_fraction", d.validation_fraction, 0, 0.5),
             within("data.short_seq_prob", d.short_seq_prob, 0, 1),
         ]
@@ -338,25 +333,23 @@ class TrainConfig:
     def problems(self) -> list[Problem]:
         t, workers = self, 0 if self.data_workers is None else self.data_workers
         processes = " or null (each is a process holding a copy of the example builder; 4 keep a GPU fed)"
-        both = "train.mlm_weight and train.nsp_weight are both 0: nothing to learn"
         evaluated = " (each evaluation builds and runs them all)"
-        return failing(
-            [
-                at_least("train.seed", t.seed, 0),
-                at_least("train.max_steps", t.max_steps, 1),
-                at_least("train.eval_every", t.eval_every, 0, " (0 = never)"),
-                from_to("train.eval_examples", t.eval_examples, 1, MAX_EVAL_EXAMPLES, why=evaluated),
-                at_least("train.batch_size", t.batch_size, 1),
-                at_least("train.grad_accum_steps", t.grad_accum_steps, 1),
-                at_least("train.mlm_weight", t.mlm_weight, 0),
-                at_least("train.nsp_weight", t.nsp_weight, 0),
-                (t.mlm_weight > 0 or t.nsp_weight > 0, "train.mlm_weight", both),
-                at_least("train.max_nonfinite_steps", t.max_nonfinite_steps, 1),
-                at_least("train.max_grad_norm", t.max_grad_norm, 0, " (0 = no clipping)"),
-                from_to("train.data_workers", workers, 0, MAX_DATA_WORKERS, why=processes),
-                (is_device_name(t.device), "train.device", f"must be auto, cpu, cuda or cuda:N, got {t.device!r}"),
-            ]
-        )
+        checks = [
+            at_least("train.seed", t.seed, 0),
+            at_least("train.max_steps", t.max_steps, 1),
+            at_least("train.eval_every", t.eval_every, 0, " (0 = never)"),
+            from_to("train.eval_examples", t.eval_examples, 1, MAX_EVAL_EXAMPLES, why=evaluated),
+            at_least("train.batch_size", t.batch_size, 1),
+            at_least("train.grad_accum_steps", t.grad_accum_steps, 1),
+            at_least("train.mlm_weight", t.mlm_weight, 0),
+            at_least("train.nsp_weight", t.nsp_weight, 0),
+            (t.mlm_weight > 0 or t.nsp_weight > 0, "train.mlm_weight", "is 0 as is train.nsp_weight: nothing to learn"),
+            at_least("train.max_nonfinite_steps", t.max_nonfinite_steps, 1),
+            at_least("train.max_grad_norm", t.max_grad_norm, 0, " (0 = no clipping)"),
+            from_to("train.data_workers", workers, 0, MAX_DATA_WORKERS, why=processes),
+            (is_device_name(t.device), "train.device", f"must be auto, cpu, cuda or cuda:N, got {t.device!r}"),
+        ]
+        return failing(checks)
 
 
 @dataclass
@@ -381,18 +374,17 @@ class OptimizerConfig:
     def problems(self) -> list[Problem]:
         o = self
         decay = f"times optimizer.lr must be below 1 (each step scales the weights by 1 - lr x weight_decay: 0 or less zeroes or flips them), got {o.weight_decay:g} x {o.lr:g}; the usual value is 0.01"
-        return failing(
-            [
-                positive("optimizer.lr", o.lr),
-                at_least("optimizer.weight_decay", o.weight_decay, 0),
-                (o.lr * o.weight_decay < 1, "optimizer.weight_decay", decay),
-                within("optimizer.beta1", o.beta1, 0, 1, ends="[)"),
-                within("optimizer.beta2", o.beta2, 0, 1, ends="[)"),
-                positive("optimizer.eps", o.eps),
-                at_least("optimizer.warmup_steps", o.warmup_steps, 0),
-                within("optimizer.min_lr_ratio", o.min_lr_ratio, 0, 1),
-            ]
-        )
+        checks = [
+            positive("optimizer.lr", o.lr),
+            at_least("optimizer.weight_decay", o.weight_decay, 0),
+            (o.lr * o.weight_decay < 1, "optimizer.weight_decay", decay),
+            within("optimizer.beta1", o.beta1, 0, 1, ends="[)"),
+            within("optimizer.beta2", o.beta2, 0, 1, ends="[)"),
+            positive("optimizer.eps", o.eps),
+            at_least("optimizer.warmup_steps", o.warmup_steps, 0),
+            within("optimizer.min_lr_ratio", o.min_lr_ratio, 0, 1),
+        ]
+        return failing(checks)
 
 
 @dataclass
@@ -533,14 +525,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 # The tests' debug flavour (torchtitan's debugmodel, config_load.debug_config): tiny, milliseconds a step.
 DEBUG: dict[str, dict[str, Any]] = {
-    "model": {
-        "vocab_size": 128,
-        "hidden_size": 32,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 2,
-        "intermediate_size": 64,
-        "max_position_embeddings": 64,
-    },
+    "model": {"vocab_size": 128, "hidden_size": 32, "intermediate_size": 64, "max_position_embeddings": 64},
     "data": {
         "corpus": "synthetic",
         "max_seq_length": 32,

@@ -35,32 +35,27 @@ def config_from_dict(raw: dict[str, Any], source: str) -> Config:
 
 def preset_config(name: str, overrides: list[str] | None = None, *, values: dict[str, Any] | None = None) -> Config:
     """defaults < preset `name` < `values` (typed, {"model.hidden_size": 256}: named as --set) < --set overrides."""
+    if name not in PRESETS:
+        raise UsageError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
     chosen: dict[str, Any] = {}
     for key, value in (values or {}).items():
         *sections, last = key.split(".")
         functools.reduce(lambda node, part: node.setdefault(part, {}), sections, chosen)[last] = value
     extra, origin = parse_overrides(overrides or [])
     labels = {"": f"preset {name}", **dict.fromkeys(values or {}, "--set"), **origin}
-    return _build_checked(Config, _merge(_merge(preset_dict(name), chosen), extra), "", labels)
+    return _build_checked(Config, _merge(_merge(PRESETS[name], chosen), extra), "", labels)
 
 
 def debug_config(overrides: list[str] | None = None) -> Config:
     """defaults < preset tiny < config.DEBUG < --set overrides: the debug flavour of the tests."""
     extra, origin = parse_overrides(overrides or [])
-    raw = _merge(_merge(preset_dict("tiny"), DEBUG), extra)
+    raw = _merge(_merge(PRESETS["tiny"], DEBUG), extra)
     return _build_checked(Config, raw, "", {"": "the debug config", **origin})
 
 
 def as_overrides(nested: dict[str, Any], prefix: str = "") -> list[str]:
     """A nested dict as `--set` strings (["model.hidden_size=32", ...]): parse_overrides' inverse."""
     return [f"{key}={yaml_scalar(value)}" for key, value in flat(nested, prefix).items()]
-
-
-def preset_dict(name: str) -> dict[str, Any]:
-    """What preset `name` changes from the defaults, as a nested dict."""
-    if name not in PRESETS:
-        raise UsageError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
-    return PRESETS[name]
 
 
 def model_config_from_dict(raw: dict[str, Any], source: str) -> ModelConfig:
@@ -201,16 +196,15 @@ def parse_overrides(overrides: list[str]) -> tuple[dict[str, Any], dict[str, str
     for item in overrides:
         key, sep, text = item.partition("=")
         key = key.strip()
-        if not sep or not key or any(not part for part in key.split(".")):
+        if not sep or not all(parts := key.split(".")):  # ("".split(".") is [""])
             raise UsageError(f"--set {item!r}: expected section.key=value, for example train.max_steps=200")
         try:
             value = load_yaml(text) if text.strip() else ""
         except (yaml.YAMLError, ValueError, RecursionError) as exc:  # ValueError: an integer of 5,000 digits
             raise UsageError(f"--set {_shown(item)}: {_unreadable(exc, Path(key))}") from None
-        node = nested
-        parts = key.split(".")
         if len(parts) == 1 and dataclasses.is_dataclass(field_types(Config).get(key)):
             raise UsageError(f"--set {_shown(item)}: {key} is a section: set its keys one at a time ({key}.KEY=VALUE)")
+        node = nested
         for part in parts[:-1]:
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
@@ -297,8 +291,7 @@ def _check_value(value: Any, tp: Any) -> tuple[Any, str | None]:
         converted, problem = _check_value(value, inner)
         return converted, (problem + " (or null)" if problem else None)
     if typing.get_origin(tp) is Literal:
-        choices = typing.get_args(tp)
-        if value in choices:
+        if value in (choices := typing.get_args(tp)):
             return value, None
         return None, f"must be one of {', '.join(map(str, choices))}; got {_shown(value)}"
     if tp in (bool, str):

@@ -38,12 +38,6 @@ PREFIX_START, PREFIX_CAP = 8, 1000
 PAIR_WHOLE_CHARS = 100_000  # a pair's side tokenized whole up to this: truncation needs to know the longer side
 
 
-class NonFiniteOutput(RunError):
-    def __init__(self, source: Path | None, where: str, precision: str) -> None:
-        fix = "encode in fp32 or bf16" if precision == "fp16" else "use another checkpoint or model"
-        super().__init__(f"{source or 'the model'}: its output is NaN or inf for {where}; {fix}")
-
-
 @dataclass
 class Encoder:
     model: BertForPreTraining
@@ -384,7 +378,9 @@ class _Window:
                 out = _pool(hidden, valid, settings.pooling, enc.model)  # (B, H)
             bad = (~torch.isfinite(out)).flatten(1).any(1).nonzero()  # (n, 1): one host sync per batch
             if len(bad):
-                raise NonFiniteOutput(enc.source, self.where(chunk[int(bad[0])]), enc.rt.precision)
+                fix = "encode in fp32 or bf16" if enc.rt.precision == "fp16" else "use another checkpoint or model"
+                where = self.where(chunk[int(bad[0])])
+                raise RunError(f"{enc.source or 'the model'}: its output is NaN or inf for {where}; {fix}")
             out = F.normalize(out, dim=-1) if settings.normalize else out
             for j, i in enumerate(chunk):
                 rows[i] = (out[j, : int(valid[j])] if settings.per_token else out[j]).cpu().numpy()

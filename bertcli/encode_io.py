@@ -356,9 +356,8 @@ class Writer:
 
 def stream_full(exc: BaseException, output: Path | None) -> RunError | None:
     """The refusal of a full disk under rows written in place (stdout, a device, a pipe); None: another error."""
-    if not isinstance(exc, OSError) or store.full_errno(exc) is None:
-        return None
-    if output is not None and not sniff.is_stream(output):
+    in_place = output is None or sniff.is_stream(output)
+    if not in_place or not isinstance(exc, OSError) or store.full_errno(exc) is None:
         return None
     fix = "free space" if output is not None else "free space, or pass --output FILE"
     return RunError(f"{output or 'stdout'}: disk full ({exc.strerror}); the rows there are incomplete: {fix}")

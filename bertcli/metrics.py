@@ -22,17 +22,8 @@ if TYPE_CHECKING:  # imported where tensors are made: inspect reads metrics.json
     import torch
 
 # Dense bf16 matrix peak of known GPUs, TFLOP/s, for MFU (logging.peak_tflops overrides).
-PEAK_BF16_TFLOPS = {
-    "H100 SXM": 989.0,
-    "H100 80GB HBM3": 989.0,
-    "H100 PCIe": 756.0,
-    "H100 NVL": 835.0,
-    "H200": 989.0,
-    "A100": 312.0,
-    "L40S": 362.0,
-    "L4": 121.0,
-    "A10G": 125.0,
-}
+PEAK_BF16_TFLOPS = {"H100 SXM": 989.0, "H100 80GB HBM3": 989.0, "H100 PCIe": 756.0, "H100 NVL": 835.0, "H200": 989.0}
+PEAK_BF16_TFLOPS |= {"A100": 312.0, "L40S": 362.0, "L4": 121.0, "A10G": 125.0}  # matched by part: L40S before L4
 MAX_RECORD_BYTES = 1 << 16  # a metrics record is a few hundred bytes: a longer line is damage, never kept whole
 SHOWN = ("loss", "mlm_loss", "mlm_acc", "nsp_acc", "perplexity", "lr", "tokens_per_s")  # in the progress line
 LABELS = {"mlm_loss": "mlm", "perplexity": "ppl", "tokens_per_s": "tok/s"}
@@ -151,17 +142,17 @@ def read_metrics_checked(path: Path) -> tuple[list[dict[str, Any]], str | None]:
     return records, f"{path}: {len(bad)} damaged line(s) skipped (line {shown}): not JSON objects with a step"
 
 
-def _keep_left_behind(path: Path, records: list[dict[str, Any]]) -> Path | None:
-    """Append `records` to `path`, written whole; None, leaving it alone, where it is no file of bertcli's."""
+def _keep_left_behind(path: Path, records: list[dict[str, Any]]) -> bool:
+    """Append `records` to `path`, written whole; False, leaving it alone, where it is no file of bertcli's."""
     if store.file_problem(path) not in (None, "missing"):  # a link, a folder: not ours
-        return None
-    earlier, bad = read_metrics_checked(path) if path.exists() else ([], None)
+        return False
+    earlier, bad = read_metrics_checked(path)
     if bad:
-        return None
+        return False
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")  # when they were left out: histories left behind stay apart
     rows = earlier + [{**r, "left_behind": stamp} for r in records]
     store.write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
-    return path
+    return True
 
 
 def _rewrite_history(path: Path, until: int) -> None:
@@ -175,8 +166,7 @@ def _rewrite_history(path: Path, until: int) -> None:
         span = f" {steps[0]:,}" if len(steps) == 1 else f"s {steps[0]:,}-{steps[-1]:,}"
         why = f"past step {until:,}, where this run resumes" if until > 0 else "of a history this run does not continue"
         left = path.with_name(layout.METRICS_LEFT)
-        where = _keep_left_behind(left, dropped)
-        kept_in = f"kept in {where}" if where else f"not kept ({left} is not bertcli's)"
+        kept_in = f"kept in {left}" if _keep_left_behind(left, dropped) else f"not kept ({left} is not bertcli's)"
         console.log(f"{path}: {len(dropped):,} record(s) of step{span} left out: {why}; {kept_in}")
     store.write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
 

@@ -102,7 +102,7 @@ def encode(
 
 def _encode_model(model: Path, *, layer: int, pooling: str | None, tokens: bool) -> Any:
     """The Hugging Face folder `model` is (None: a bertcli checkpoint or run), its layer checked."""
-    from bertcli import encode_io, hf_import
+    from bertcli import checkpoint, encode_io, hf_import
     from bertcli.export import check_model_path, read_checkpoint
     from bertcli.sbert import NotReproducible, refuse_a_module
 
@@ -114,8 +114,6 @@ def _encode_model(model: Path, *, layer: int, pooling: str | None, tokens: bool)
         raise NotReproducible(st.folder, problem)
     model_cfg = hf.config if hf is not None else None
     if hf is None and layout.identify(model).kind in (layout.Kind.RUN, layout.Kind.CHECKPOINT):
-        from bertcli import checkpoint
-
         with console.silent():  # (what it says of the checkpoint chosen, loading says)
             model_cfg = read_checkpoint(model, checkpoint.check_readable)[1].model
     if model_cfg is not None:
@@ -124,7 +122,7 @@ def _encode_model(model: Path, *, layer: int, pooling: str | None, tokens: bool)
 
 
 def evaluate(
-    *, model: Path, text: list[str], probe: Path | None, probe_test: Path | None, device: str
+    model: Path, text: list[str], *, probe: Path | None, probe_test: Path | None, device: str
 ) -> tuple[Any, list[Path], Any, Any]:
     """eval's flags, model and inputs, checked: (Hugging Face folder or None, the text files, TRAIN and TEST read)."""
     from bertcli.data.scan import corpus_files
@@ -171,7 +169,7 @@ def launch_env() -> None:
 
 def pretrain(cfg: Config, resume_arg: str, *, device_flag: bool) -> None:
     """What pretrain refuses from files alone, before torch loads (each check is its owner's)."""
-    from bertcli import checkpoint, labeled, resume, sizes, store
+    from bertcli import checkpoint, hf_import, labeled, resume, sizes, store
     from bertcli.config import check_gpu_build
     from bertcli.data.prepare import check_before_training
     from bertcli.resolve import check_outputs_apart
@@ -187,9 +185,7 @@ def pretrain(cfg: Config, resume_arg: str, *, device_flag: bool) -> None:
     run_tokenizer = resume.check_before(cfg, resume_arg)
     fresh = resume_arg in ("auto", "never") and not layout.list_checkpoints(output_dir)  # starts from init_from
     if cfg.model.init_from and fresh and layout.identify(Path(cfg.model.init_from)).kind is not layout.Kind.CHECKPOINT:
-        from bertcli.hf_import import check_finite_weights
-
-        check_finite_weights(Path(cfg.model.init_from))
+        hf_import.check_finite_weights(Path(cfg.model.init_from))
     store.check_writable(output_dir, output_dir)
     if main:
         checkpoint.check_run_folder(output_dir, cfg.train.max_steps)

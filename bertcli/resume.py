@@ -3,7 +3,6 @@ its tokenizer (`run_tokenizer`), its --set values (`run_config`) and what resumi
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -35,13 +34,11 @@ SETTINGS_HEADER = "# The settings this run trains with"  # the first line of lay
 SET_LINE = "# --set: "  # then the --set values it keeps, as JSON
 
 
-class ResumeRefused(UsageError):
-    def __init__(self, folder: Path, count: int) -> None:
-        super().__init__(f"{folder} has {count} checkpoint(s) (--resume never): use --resume auto or a new output_dir")
+def _never_refused(folder: Path, count: int) -> UsageError:
+    return UsageError(f"{folder} has {count} checkpoint(s) (--resume never): use --resume auto or a new output_dir")
 
 
-@dataclasses.dataclass(frozen=True)
-class Resume:
+class Resume(NamedTuple):
     """The checkpoint to resume from (None: start fresh) and the held-out loss of the `best` kept."""
 
     path: Path | None
@@ -57,7 +54,7 @@ def choose(cfg: Config, resume: str, *, is_main: bool, last_step: int, tokenizer
     """The checkpoint to resume from per `resume` (auto, never, a path), refused where of another model or tokenizer."""
     output_dir, path, done = Path(cfg.output_dir), None, False
     if resume == "never" and (found := layout.list_checkpoints(output_dir)):
-        raise ResumeRefused(layout.checkpoints_dir(output_dir), len(found))
+        raise _never_refused(layout.checkpoints_dir(output_dir), len(found))
     if resume == "auto":
         path = _choose_auto(output_dir, is_main)
     elif resume != "never":
@@ -69,7 +66,7 @@ def choose(cfg: Config, resume: str, *, is_main: bool, last_step: int, tokenizer
         done = checkpoint.read_trainer_state(path)["step"] >= last_step  # nothing to do: best caught up only
     best = layout.checkpoints_dir(output_dir) / layout.BEST
     loss = _best_loss(best, cfg) if done else settle_best(cfg, path, is_main)
-    return Resume(path, catch_up_best(output_dir, path, loss, is_main, metric=cfg.checkpoint.best_metric))
+    return Resume(path, catch_up_best(cfg, path, loss, is_main))
 
 
 def _best_loss(best: Path, cfg: Config) -> float | None:
@@ -108,7 +105,7 @@ def _choose_path(path: Path, output_dir: Path, is_main: bool, last_step: int) ->
         raise UsageError(f"--resume {path}: {problem}")
     checkpoint.check_links(path)
     if problems := checkpoint.verify(path):
-        raise checkpoint.DamagedState(f"{path} is damaged ({problems[0][0]}: {problems[0][1]})")
+        raise checkpoint.damaged_state(f"{path} is damaged ({problems[0][0]}: {problems[0][1]})")
     step, foreign = checkpoint.read_trainer_state(path)["step"], is_foreign(path, output_dir)
     here = path.resolve()
     later = [(p, s) for s, p in layout.list_checkpoints(output_dir) if (foreign or s > step) and p.resolve() != here]
@@ -143,9 +140,9 @@ def settle_best(cfg: Config, resumed: Path | None, is_main: bool) -> float | Non
     """The loss of the `best` kept (None: none); one of another model or history is removed (or renamed aside)."""
     output_dir = Path(cfg.output_dir)
     best = layout.checkpoints_dir(output_dir) / layout.BEST
-    if not best.exists() or (resumed is not None and Path(resumed) == best):
-        return _best_loss(best, cfg)
     loss, reason = _best_loss(best, cfg), None
+    if not best.exists() or (resumed is not None and Path(resumed) == best):
+        return loss
     if resumed is None:
         reason = "this run starts fresh, so it was of another run"
     elif is_foreign(resumed, output_dir):
@@ -168,7 +165,7 @@ def settle_best(cfg: Config, resumed: Path | None, is_main: bool) -> float | Non
     if cfg.model.init_from and store.relation(best, Path(cfg.model.init_from)) is not None:
         return None  # the weights this run starts from: left in place, replaced at the next best
     if is_main and not best.is_symlink() and store.not_owned(best, layout.CHECKPOINT) is None:
-        if loss is None or _step_kept(output_dir, best):
+        if loss is None or _step_kept(best):
             store.remove_folder(best)
             console.log(f"removed {best}: {reason}")
         else:  # the only copy of those weights
@@ -177,20 +174,18 @@ def settle_best(cfg: Config, resumed: Path | None, is_main: bool) -> float | Non
     return None
 
 
-def _step_kept(output_dir: Path, best: Path) -> bool:
-    """Whether a step folder of the run (kept, or set aside as abandoned) holds best's step."""
+def _step_kept(best: Path) -> bool:
+    """Whether a step folder beside `best` (kept, or set aside as abandoned) holds its step."""
     try:
         name = layout.step_dir_name(checkpoint.read_trainer_state(best)["step"])
     except (OSError, KeyError, TypeError, BertcliError):
         return False
-    root = layout.checkpoints_dir(output_dir)
-    return any(layout.is_checkpoint(root / n) for n in (name, layout.ABANDONED_PREFIX + name))
+    return any(layout.is_checkpoint(best.parent / n) for n in (name, layout.ABANDONED_PREFIX + name))
 
 
-def catch_up_best(
-    output_dir: Path, resumed: Path | None, best: float | None, is_main: bool, *, metric: str
-) -> float | None:
+def catch_up_best(cfg: Config, resumed: Path | None, best: float | None, is_main: bool) -> float | None:
     """Copy the step resumed from to `best` where it scores better: a run stopped between the two writes left it."""
+    output_dir, metric = Path(cfg.output_dir), cfg.checkpoint.best_metric
     if resumed is None or is_foreign(resumed, output_dir) or resumed.name == layout.BEST:
         return best
     loss = checkpoint.best_loss(resumed, metric)
@@ -347,7 +342,7 @@ def differences(
     text = ["data.corpus", "data.split_sentences"]
     same_text = isinstance(then, dict) and now is not None and not setting_changes(saved, cfg, text)
     lines = []
-    if examples or (same_text and then.get("index") != now["index"] and "data.validation_fraction" not in examples):
+    if examples or (same_text and then.get("index") != now["index"]):
         what = f"other settings ({examples})" if examples else "a corpus whose text changed"
         if not examples:
             what += f" ({then.get('documents', '?')} documents then, {now['documents']:,} now)"
@@ -381,14 +376,14 @@ def check_before(cfg: Config, resume: str) -> Path | None:
     output_dir = Path(cfg.output_dir)
     found, path = layout.list_checkpoints(output_dir), None
     if resume == "never" and found:
-        raise ResumeRefused(layout.checkpoints_dir(output_dir), len(found))
+        raise _never_refused(layout.checkpoints_dir(output_dir), len(found))
     if resume not in ("auto", "never"):
         path = Path(resume)
         if problem := resume_problem(path):
             raise UsageError(f"--resume {resume}: {problem}")
         check_not_set_aside(path, output_dir)
         if change := checkpoint.change(path):
-            raise checkpoint.DamagedState(f"{path} is damaged ({change[0]}: {change[1]})")
+            raise checkpoint.damaged_state(f"{path} is damaged ({change[0]}: {change[1]})")
     elif resume == "auto" and found:
         path = found[-1][1]
     tokenizer = run_tokenizer(cfg, path)

@@ -67,16 +67,13 @@ class Runtime:
         return torch.amp.GradScaler(self.device.type, init_scale=cfg.fp16_init_scale, enabled=self.precision == "fp16")
 
     def placement(self) -> Placement:
-        cuda = self.device.type == "cuda"
-        gpu = (torch.cuda.get_device_properties(self.device).total_memory, self.device_name()) if cuda else None
+        props = torch.cuda.get_device_properties(self.device) if self.device.type == "cuda" else None
+        gpu = (props.total_memory, props.name) if props else None
         return Placement(half=self.autocast_dtype is not None, world_size=self.world_size, gpu=gpu)
-
-    def device_name(self) -> str:
-        return torch.cuda.get_device_name(self.device)
 
     def describe(self) -> str:
         threads = f"cpu ({torch.get_num_threads()} threads)"
-        where = f"cuda ({self.device_name()})" if self.device.type == "cuda" else threads
+        where = f"cuda ({torch.cuda.get_device_name(self.device)})" if self.device.type == "cuda" else threads
         return f"device {where}, precision {self.precision}, torch {torch.__version__}"
 
 
@@ -116,9 +113,8 @@ def setup(device: str, precision: PrecisionConfig) -> Runtime:
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     dev = parse_device(device, "train.device")
-    if dev.type == "cuda" and dev.index is None:  # set_device and DDP want an index: one GPU per local rank
-        dev = torch.device("cuda", local_rank)
     if dev.type == "cuda":
+        dev = torch.device("cuda", local_rank) if dev.index is None else dev  # DDP wants an index: a GPU per local rank
         torch.cuda.set_device(dev)
         torch.backends.cuda.matmul.allow_tf32 = precision.allow_tf32
         torch.backends.cudnn.allow_tf32 = precision.allow_tf32
@@ -145,6 +141,5 @@ def unpadded(
         fits = device.type == "cuda" and precision in ("bf16", "fp16") and micro_batch_tokens >= UNPAD_MIN_TOKENS
         return fits and attention_dropout == 0 and varlen_attn() is not None, None
     if attention_dropout > 0:
-        why = f"model.attention_probs_dropout_prob is {attention_dropout} (unpadded attention has none)"
-        return False, f"train.unpad is true but {why}: training padded"
+        return False, f"train.unpad: model.attention_probs_dropout_prob is {attention_dropout}, so training padded"
     return True, None

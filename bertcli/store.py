@@ -437,16 +437,11 @@ def check_not_inside_own(target: Path, fix: str) -> None:
         raise UsageError(f"{target} is inside {owned[0]}, {owned[1]} of bertcli's (replaced whole): {fix}")
 
 
-class Busy(RunError):
-    """Another bertcli command holds the lock of a folder."""
-
-
 @contextlib.contextmanager
 def lock(path: Path, what: str, fix: str, *, peek: bool = False) -> Iterator[None]:
-    """Hold lock file `path` (flock: freed when its holder dies), refusing one held (Busy); `peek`: only check."""
+    """Hold lock file `path` (flock: freed when its holder dies), refusing one held (exit 1); `peek`: only check."""
     import filelock
 
-    path = Path(path)
     if path.is_symlink():  # opened through it, the link's target would be the lock
         raise linked(path, "remove the link, then run the same command again")
     if peek and not path.exists():
@@ -457,7 +452,7 @@ def lock(path: Path, what: str, fix: str, *, peek: bool = False) -> Iterator[Non
         with filelock.FileLock(path, timeout=0):
             yield
     except filelock.Timeout:
-        raise Busy(f"{what} is in use by another bertcli command; {fix}") from None
+        raise RunError(f"{what} is in use by another bertcli command; {fix}") from None
 
 
 def run_lock(output_dir: Path, *, peek: bool = False) -> contextlib.AbstractContextManager[None]:
@@ -474,6 +469,6 @@ def prepared_lock(folder: Path) -> contextlib.AbstractContextManager[None]:
 
 
 def check_free(output_dir: Path) -> None:
-    """Refuse at once (Busy) a run folder another command holds, creating nothing."""
+    """Refuse at once (exit 1) a run folder another command holds, creating nothing."""
     with run_lock(output_dir, peek=True):
         pass

@@ -19,7 +19,7 @@ from bertcli.data import prepared as prep
 from bertcli.data.examples import ExampleBuilder, padded_width
 from bertcli.data.prepare import fixed_tokenizer, made_from
 from bertcli.data.tokenizer import describe, find_tokenizer_file, read_tokenizer_json, tokenizer_identity
-from bertcli.errors import UsageError
+from bertcli.errors import DamagedFile, UsageError
 from bertcli.export import refuse_a_part_of_a_run
 from bertcli.layout import Kind
 from bertcli.metrics import read_metrics_checked
@@ -64,10 +64,6 @@ def flops(cfg: Config) -> dict[str, Any]:
     }
 
 
-def _first_line(exc: Exception) -> str:
-    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-
-
 def _readable(ckpt: Path, damaged: list[str]) -> tuple[dict[str, Any], Config] | None:
     """A checkpoint's trainer state and config, or None; what is wrong (a file changed too) goes to `damaged`."""
     name = layout.TRAINER_STATE
@@ -78,7 +74,7 @@ def _readable(ckpt: Path, damaged: list[str]) -> tuple[dict[str, Any], Config] |
         name = layout.CHECKPOINT_CONFIG
         found = state, checkpoint.read_config(ckpt)
     except Exception as exc:  # noqa: BLE001  damaged in any way: say which file, report the rest
-        text = _first_line(exc)
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         damaged.append(text if text.startswith(f"{ckpt / name}: ") else f"{ckpt / name}: {text}")
         return None
     if change := checkpoint.change(ckpt):
@@ -191,7 +187,7 @@ def _checkpoint_source(path: Path) -> tuple[str, Config, dict[str, Any], str | N
     except UsageError:
         raise
     except Exception as exc:  # noqa: BLE001  YAML or worse
-        raise UsageError(f"{path / layout.CHECKPOINT_CONFIG}: damaged ({_first_line(exc)}); inspect another") from None
+        raise DamagedFile(path / layout.CHECKPOINT_CONFIG, exc, "inspect another") from None
     note = resume.set_aside_note(path)
     apart = note is not None or path.resolve().parent.name != layout.CHECKPOINTS  # out of its run's history
     training = _training(path.parent.parent, cfg, only=path, with_run=not apart)
@@ -209,8 +205,7 @@ def _run_training(cfg: Config) -> dict[str, Any]:
     prepared = Path(cfg.data.prepared_dir)
     manifest, why_not = prep.read_manifest(prepared)
     if manifest is not None and (damage := prep.verify(prepared, manifest)):  # as `inspect DATA` checks it
-        gone = prep.corpus_gone(manifest)
-        fix = f"put its corpus, {gone}, back; then " if gone else ""
+        fix = f"put its corpus, {gone}, back; then " if (gone := prep.corpus_gone(manifest)) else ""
         damaged = f"{prepared}: the prepared data is damaged ({damage[0]}); {fix}the next pretrain redoes it"
         training.setdefault("damaged", []).append(damaged)
     if manifest is not None:  # next to the run's own tokenizer: they must be the same to resume
@@ -218,8 +213,7 @@ def _run_training(cfg: Config) -> dict[str, Any]:
         training["prepared_data_tokenizer"] = identity[:12] if isinstance(identity, str) else None
     elif why_not is not None and why_not.startswith("is damaged"):
         training.setdefault("damaged", []).append(f"{prepared / layout.MANIFEST}: {why_not}")
-    newest = layout.list_checkpoints(Path(cfg.output_dir))[-1:]
-    if newest:  # what pretrain refuses of a config edited after the run trained
+    if newest := layout.list_checkpoints(Path(cfg.output_dir))[-1:]:  # what pretrain refuses of an edited config
         try:
             resume.check_same_model(newest[0][1], cfg)
         except UsageError as exc:

@@ -10,7 +10,6 @@ import math
 import signal
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -56,8 +55,7 @@ def pretraining_loss(
 ) -> Losses:
     """mlm_weight * MLM + nsp_weight * NSP cross-entropy in fp32 (NSP 0 without `nsp`); IGNORE labels add nothing.
     With `step_counts` (2,), the step's over all processes, each term is sum / count x world_size (DDP averages)."""
-    V = out.mlm_logits.shape[-1]
-    mlm_logits = out.mlm_logits.float().reshape(-1, V)  # (B*P, V)
+    mlm_logits = out.mlm_logits.float().flatten(0, -2)  # (B*P, V)
     labels = batch.mlm_labels.reshape(-1)  # (B*P,)
     real = labels != IGNORE
     mlm_sum = F.cross_entropy(mlm_logits, labels, ignore_index=IGNORE, reduction="sum")
@@ -84,12 +82,6 @@ def pretraining_loss(
             nsp_count=nsp_rows.sum().float(),
         )
     return Losses(total, stats)
-
-
-def step_counts(batches: list[Batch]) -> torch.Tensor:
-    """(2,) float: real MLM predictions and NSP rows in `batches`, counted where they are (no sync)."""
-    counts = [torch.stack([(b.mlm_labels != IGNORE).sum(), (b.nsp_labels != IGNORE).sum()]) for b in batches]
-    return torch.stack(counts).sum(0).float()
 
 
 @torch.no_grad()
@@ -136,9 +128,8 @@ def most_frequent_token_accuracy(train: Corpus, batches: list[Batch]) -> float:
         block = np.asarray(train.tokens[lo : min(lo + (1 << 20), end)])
         counts += np.bincount(block, minlength=train.vocab_size)[: train.vocab_size]
     counts[[train.special.pad, train.special.unk, train.special.cls, train.special.sep, train.special.mask]] = 0
-    top = int(counts.argmax())
     labels = torch.cat([b.mlm_labels[b.mlm_labels != IGNORE] for b in batches])
-    return float((labels == top).float().mean())
+    return float((labels == int(counts.argmax())).float().mean())
 
 
 def pretrain(
@@ -172,7 +163,7 @@ def examples_per_step(cfg: Config, rt: runtime.Runtime) -> int:
     return cfg.train.batch_size * cfg.train.grad_accum_steps * rt.world_size
 
 
-@dataclass
+@dataclasses.dataclass
 class Run:
     """Everything `fit` trains with, built once by `build_run`."""
 
@@ -191,7 +182,7 @@ class Run:
     progress: checkpoint.Progress  # step, tokens seen and training time before this process started
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Start:
     """What pretrain says as it starts (quiet, verbose) and the --set values it records (resume.write_settings)."""
 
@@ -290,19 +281,15 @@ def _say_start(cfg: Config, rt: runtime.Runtime, data: Dataset, start: Start, *,
     split = f"train.batch_size {tc.batch_size} x grad_accum_steps {tc.grad_accum_steps} x {processes}"
     until = f", stopping at {last_step:,}" if last_step < tc.max_steps else ""
     every = f"evaluation every {tc.eval_every:,}" if tc.eval_every and valid is not None else "no evaluation"
-    lines = [
-        f"bertcli {__version__}: {rt.describe()}; {processes}",
-        f"model: {shape}, vocabulary {m.vocab_size:,}: {sizes.parameter_count(m):,} parameters",
-        f"data: {cfg.data.corpus}: {train.num_documents:,} documents, {train.num_tokens:,} tokens; {held_out}",
-        f"batch: {examples_per_step(cfg, rt):,} sequences a step, up to {cfg.data.max_seq_length} tokens each ({split})",
-        f"steps: {tc.max_steps:,}{until}; learning rate {opt.lr:g}, {opt.warmup_steps:,} warmup, {opt.schedule}; "
-        f"{every}, a checkpoint every {cfg.checkpoint.save_every:,}",
-        f"output: {cfg.output_dir}; the whole config: {Path(cfg.output_dir) / layout.RUN_SETTINGS}",
-    ]
+    log(f"bertcli {__version__}: {rt.describe()}; {processes}")
+    log(f"model: {shape}, vocabulary {m.vocab_size:,}: {sizes.parameter_count(m):,} parameters")
+    log(f"data: {cfg.data.corpus}: {train.num_documents:,} documents, {train.num_tokens:,} tokens; {held_out}")
+    log(f"batch: {examples_per_step(cfg, rt):,} sequences a step of up to {cfg.data.max_seq_length} tokens ({split})")
+    schedule = f"learning rate {opt.lr:g}, {opt.warmup_steps:,} warmup, {opt.schedule}"
+    log(f"steps: {tc.max_steps:,}{until}; {schedule}; {every}, a checkpoint every {cfg.checkpoint.save_every:,}")
+    log(f"output: {cfg.output_dir}; the whole config: {Path(cfg.output_dir) / layout.RUN_SETTINGS}")
     if start.verbose:
-        lines.append("resolved config:\n" + yaml.safe_dump(to_dict(cfg), sort_keys=False).rstrip())
-    for line in lines:
-        log(line)
+        log("resolved config:\n" + yaml.safe_dump(to_dict(cfg), sort_keys=False).rstrip())
 
 
 def _init_from(model: BertForPreTraining, source: Path) -> None:
@@ -311,8 +298,6 @@ def _init_from(model: BertForPreTraining, source: Path) -> None:
         from bertcli.export import described
 
         checkpoint.load_weights(model, source)
-        if note := resume.set_aside_note(source):
-            log(f"note: {note}")
         info(f"initialised from {described(source)}")  # its step: a run's best moves
     elif fresh := hf_import.load_into(model, source):  # a caveat, said when quiet too
         log(f"initialised from {source}; not in it, so trained from scratch: {', '.join(fresh)}")
@@ -325,16 +310,15 @@ def _resumed(
 ) -> Config:
     """Say what resuming `path` changes; return cfg with the checkpoint's tokenizer settings (those in use)."""
     saved, trainer = checkpoint.read_config(path), checkpoint.read_trainer_state(path)
-    if step < cfg.train.max_steps:
-        recorded = trainer.get("examples_per_step")
-        batches = (recorded if isinstance(recorded, int) else None, examples_per_step(cfg, rt))
-        then, now = trainer.get(checkpoint.PREPARED_DATA), data.identity
-        for line in resume.differences(saved, cfg, step=step, where=path.name, batches=batches, then=then, now=now):
-            log(line)
-        if checkpoints.best is not None and resume.best_of_other_set(Path(cfg.output_dir), cfg, data.identity):
-            checkpoints.best = None
-            best = layout.checkpoints_dir(Path(cfg.output_dir)) / layout.BEST
-            log(f"{best} is replaced at this run's next evaluation: its held-out loss was on the earlier set")
+    recorded = trainer.get("examples_per_step")
+    batches = (recorded if isinstance(recorded, int) else None, examples_per_step(cfg, rt))
+    then, now = trainer.get(checkpoint.PREPARED_DATA), data.identity
+    for line in resume.differences(saved, cfg, step=step, where=path.name, batches=batches, then=then, now=now):
+        log(line)
+    if checkpoints.best is not None and resume.best_of_other_set(Path(cfg.output_dir), cfg, data.identity):
+        checkpoints.best = None
+        best = layout.checkpoints_dir(Path(cfg.output_dir)) / layout.BEST
+        log(f"{best} is replaced at this run's next evaluation: its held-out loss was on the earlier set")
     return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, tokenizer=saved.data.tokenizer))
 
 
@@ -383,10 +367,8 @@ def _held_out(cfg: Config, data: Dataset) -> tuple[list[Batch], float]:
     if data.valid is None or tc.eval_every == 0:
         return [], math.nan
     held_out = ExampleBuilder(data.valid, cfg.data, tc.eval_examples)  # one step of the EVAL stream
-    batches = [
-        held_out.batch(tc.seed, 0, range(i, min(i + tc.batch_size, tc.eval_examples)), ExampleBuilder.EVAL)
-        for i in range(0, tc.eval_examples, tc.batch_size)
-    ]
+    n, size = tc.eval_examples, tc.batch_size
+    batches = [held_out.batch(tc.seed, 0, range(i, min(i + size, n)), ExampleBuilder.EVAL) for i in range(0, n, size)]
     return batches, most_frequent_token_accuracy(data.train, batches)
 
 
@@ -415,7 +397,7 @@ class NonFiniteGuard:
         raise RunError(f"step {step}: {why}; last checkpoint {saved}; lower optimizer.lr or raise {fix}")
 
 
-@dataclass
+@dataclasses.dataclass
 class Loop:
     """What the loop keeps between steps (the logger: rank 0 only)."""
 
@@ -545,11 +527,11 @@ def train_step(
     for _ in range(tc.grad_accum_steps):
         batch = next(batches)  # this process's share of one micro-batch of the step (pinned on GPUs)
         window.add_tokens(int(batch.valid_lens.sum()))  # non-padding tokens, counted on the host copy: no sync
-        padded = batch.has_padding()  # the host copy again
         step_batches.append(batch.to(rt.device, non_blocking=rt.device.type == "cuda"))
-        key_lens.append(step_batches[-1].valid_lens if padded else None)  # None: no attention mask at all
+        key_lens.append(step_batches[-1].valid_lens if batch.has_padding() else None)  # (host copy) None: no mask
     # The losses are means over the whole step (micro-batches and processes): count before the first backward.
-    denominators = rt.all_reduce_sum(step_counts(step_batches))
+    counts = [torch.stack([(b.mlm_labels != IGNORE).sum(), (b.nsp_labels != IGNORE).sum()]) for b in step_batches]
+    denominators = rt.all_reduce_sum(torch.stack(counts).sum(0).float())  # (2,): real MLM predictions, NSP rows
     step_sums = torch.zeros(len(LossStats._fields), device=rt.device)
     for micro, batch in enumerate(step_batches):
         with parallel.gradient_sync(run.train_model, micro == tc.grad_accum_steps - 1):  # reduced on the last only
@@ -577,16 +559,11 @@ def _trainer_state(run: Run, window: MetricsWindow, metrics: dict[str, float], r
     """What a checkpoint's trainer_state.json records (tokens summed over processes: a collective)."""
     cfg, progress = run.cfg, run.progress
     seen = run.rt.all_reduce_sum(torch.tensor([window.tokens_since_start], dtype=torch.float64, device=run.rt.device))
-    # The longest sequences of the run's history, model.init_from's included (a resume may shorten them).
-    if progress.trained_length:
-        length = max(progress.trained_length, cfg.data.max_seq_length)
-    else:
-        length = checkpoint.trained_length(cfg) or cfg.model.max_position_embeddings
     return {
         "tokens_seen": progress.tokens_seen + int(seen[0]),
         "train_time_s": progress.train_time_s + time.perf_counter() - run_start,
         "examples_per_step": examples_per_step(cfg, run.rt),  # what a resume on other processes compares
-        checkpoint.TRAINED_LENGTH: length,
+        checkpoint.TRAINED_LENGTH: max(progress.trained_length, cfg.data.max_seq_length),  # a resume may shorten them
         "metrics": metrics,
         **({checkpoint.PREPARED_DATA: run.data.identity} if run.data.identity is not None else {}),
     }
@@ -598,16 +575,13 @@ def _evaluate(
     """Held-out metrics at `step`, logged; their time is kept out of tokens/s. None: `stop` said to stop."""
     start = time.perf_counter()
     held_out = evaluate(run.model, run.eval_batches, rt=run.rt, tc=run.cfg.train, nsp=run.cfg.data.pairs, stop=stop)
-    if held_out is None:
-        window.exclude(time.perf_counter() - start)
-        return None
-    metrics = {**held_out, "mlm_acc_baseline": run.baseline_acc}
-    if run.probe is not None:
+    metrics = None if held_out is None else {**held_out, "mlm_acc_baseline": run.baseline_acc}
+    if metrics is not None and run.probe is not None:
         probed = run.probe()
         figures = torch.tensor([probed[key] for key in PROBE_FIGURES], dtype=torch.float64, device=run.rt.device)
         run.rt.all_reduce_sum(figures).div_(run.rt.world_size)  # (as evaluate's) every process decides alike
         metrics.update({f"probe_{key}": value for key, value in zip(PROBE_FIGURES, figures.tolist())})
     window.exclude(time.perf_counter() - start)
-    if logger:
+    if logger and metrics is not None:
         logger.log(step, metrics, split="eval")
     return metrics

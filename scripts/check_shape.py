@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "bertcli"
-MAX_LINES, MAX_MODULE, MAX_FUNCTION = 11_700, 800, 60
+MAX_LINES, MAX_MODULE, MAX_FUNCTION = 11_000, 800, 60
 
 # Lowest first. A module may import from its own layer and the ones before it.
 LAYERS = {

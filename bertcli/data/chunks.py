@@ -29,77 +29,6 @@ class ChunkIndex(NamedTuple):
     target: np.ndarray  # (C,) like count: the chunk's target length in tokens
 
 
-def cut_pieces(
-    offsets: np.ndarray,
-    start: np.ndarray,
-    end: np.ndarray,
-    *,
-    has_previous: np.ndarray,
-    shift: np.ndarray,
-    max_tokens: int,
-    cfg: DataConfig,
-    rng: np.random.Generator,
-    num_segments: int,
-) -> tuple[ChunkIndex, np.ndarray]:
-    """The chunks of pieces, unshuffled, and (C,) the piece of each. Piece i is segments start[i]..end[i]-1 of
-    `offsets` (s + shift[i] of the corpus), after a segment of its document where has_previous[i]. Round r cuts
-    the r-th chunk of every unfinished piece."""
-    pos = start.astype(np.int64)  # (P,) where each piece's next chunk starts
-    piece_end, piece_start = end.astype(np.int64), start.astype(np.int64)
-    active = np.arange(len(pos))
-    small = np.uint16 if max_tokens < 1 << 16 else np.int32  # chunk sizes and targets
-    types = (np.int32 if num_segments + 1 < 1 << 31 else np.int64, small, small, bool, small)
-    # Per round, in compact types (~11 bytes a chunk); an empty first round types the columns of no pieces.
-    parts, pieces = [tuple(np.zeros(0, dtype=t) for t in types)], [np.zeros(0, dtype=np.int64)]
-    while len(active):
-        p, stop, n = pos[active], piece_end[active], len(active)
-        target = np.full(n, max_tokens, dtype=np.int64)
-        short = rng.random(n) < (cfg.short_seq_prob if cfg.pairs else 0.0)
-        target[short] = rng.integers(2, max_tokens + 1, size=int(short.sum()))
-        chunk_end = np.searchsorted(offsets, offsets[p] + target, side="left")
-        chunk_end = np.minimum(np.maximum(chunk_end, p + 1), stop)
-        first, count = p.copy(), chunk_end - p
-        if cfg.pairs:
-            after_previous = (p > piece_start[active]) | has_previous[active]
-            a_count, random_next, step_to = _pairs(
-                first, count, chunk_end, after_previous=after_previous, cfg=cfg, rng=rng
-            )
-        else:
-            a_count, random_next, step_to = count, np.ones(n, dtype=bool), chunk_end
-        columns = (first + shift[active], count, a_count, random_next, target)
-        parts.append(tuple(c.astype(t) for c, t in zip(columns, types)))
-        pieces.append(active)
-        pos[active] = step_to
-        active = active[step_to < stop]
-    return ChunkIndex(*(np.concatenate(column) for column in zip(*parts))), np.concatenate(pieces)
-
-
-def _pairs(
-    first: np.ndarray,
-    count: np.ndarray,
-    chunk_end: np.ndarray,
-    *,
-    after_previous: np.ndarray,
-    cfg: DataConfig,
-    rng: np.random.Generator,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A round's chunks as sentence pairs: (a_count, random_next, where each piece goes on). A chunk of several
-    segments splits at a uniform point, B random with random_next_prob (its segments go back to the piece); a lone
-    segment after one of its document (the piece's last, or one that reaches its target alone) is paired with the
-    one before unless B is random: only a document's first segment alone has a random B for want of a real one."""
-    n = len(first)
-    split, coin = rng.random(n), rng.random(n) < cfg.random_next_prob
-    several = count >= 2
-    a_count = np.ones(n, dtype=np.int64)
-    a_count[several] = 1 + (split[several] * (count[several] - 1)).astype(np.int64)
-    lone = ~several & after_previous
-    random_next = coin | (~several & ~lone)
-    paired = lone & ~coin  # A = the sentence before, B = this one
-    first[paired] -= 1
-    count[paired] = 2
-    return a_count, random_next, np.where(random_next & several, first + a_count, chunk_end)
-
-
 def document_pieces(doc_offsets: np.ndarray, lo: int, hi: int, piece: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(start, end, has_previous) of the pieces of segments lo..hi-1: documents, cut every `piece` segments."""
     first_doc = int(np.searchsorted(doc_offsets, lo, side="right")) - 1
@@ -172,35 +101,72 @@ class Windows:
         return np.concatenate([[0], np.cumsum(np.add.reduceat(self.slots[order], self.window_bounds()[:-1]))])
 
     def cut(self, blocks: np.ndarray, rng: np.random.Generator) -> tuple[ChunkIndex, np.ndarray]:
-        """The chunks of `blocks` (ascending), unshuffled, and the block of each, reading only these blocks' offsets."""
+        """The chunks of `blocks` (ascending), unshuffled, and the block of each, reading only these blocks' offsets.
+        The blocks' documents are cut in pieces; round r cuts the r-th chunk of every unfinished piece."""
         lo, hi = self.block_start[blocks], self.block_start[blocks + 1]
-        if len(blocks) == self.num_blocks and self.seps is None:  # the whole corpus: its own numbering
-            local_offsets, base = self.offsets, lo
-        else:  # (n+1,) token offsets of the blocks' segments, back to back
-            sizes = hi - lo
-            base = np.cumsum(sizes) - sizes  # where each block starts in the local numbering
-            segment = np.repeat(lo - base, sizes) + np.arange(int(sizes.sum()))  # (n,) their corpus numbers
-            lengths = np.asarray(self.offsets[segment + 1]) - np.asarray(self.offsets[segment])
-            if self.seps is not None:  # a packed row's [SEP] after each document's last segment takes a slot
-                at = np.minimum(np.searchsorted(self.seps, segment + 1), len(self.seps) - 1)
-                lengths = lengths + (np.asarray(self.seps[at]) == segment + 1)
-            local_offsets = np.concatenate([[0], np.cumsum(lengths)])
+        offsets, base = self._local_offsets(lo, hi)
         parts = [document_pieces(self.doc_offsets, int(a), int(b), self.piece) for a, b in _runs(lo, hi)]
         start, end, has_previous = (np.concatenate(column) for column in zip(*parts))
         block = np.searchsorted(lo, start, side="right") - 1  # (P,) index into blocks of each piece
         shift = lo[block] - base[block]  # corpus number = local number + shift
-        index, piece = cut_pieces(
-            local_offsets,
-            start - shift,
-            end - shift,
-            has_previous=has_previous,
-            shift=shift,
-            max_tokens=self.max_tokens,
-            cfg=self.cfg,
-            rng=rng,
-            num_segments=self.num_segments,
-        )
-        return index, block[piece]
+        piece_start, piece_end = start - shift, end - shift  # (P,) in the local numbering
+        pos = piece_start.copy()  # (P,) where each piece's next chunk starts
+        active = np.arange(len(pos))
+        small = np.uint16 if self.max_tokens < 1 << 16 else np.int32  # chunk sizes and targets
+        types = (np.int32 if self.num_segments + 1 < 1 << 31 else np.int64, small, small, bool, small)
+        # Per round, in compact types (~11 bytes a chunk); an empty first round types the columns of no pieces.
+        parts, pieces = [tuple(np.zeros(0, dtype=t) for t in types)], [np.zeros(0, dtype=np.int64)]
+        while len(active):
+            p, stop, n = pos[active], piece_end[active], len(active)
+            target = np.full(n, self.max_tokens, dtype=np.int64)
+            short = rng.random(n) < (self.cfg.short_seq_prob if self.cfg.pairs else 0.0)
+            target[short] = rng.integers(2, self.max_tokens + 1, size=int(short.sum()))
+            chunk_end = np.searchsorted(offsets, offsets[p] + target, side="left")
+            chunk_end = np.minimum(np.maximum(chunk_end, p + 1), stop)
+            first, count = p.copy(), chunk_end - p
+            if self.cfg.pairs:
+                after_previous = (p > piece_start[active]) | has_previous[active]
+                a_count, random_next, step_to = self._pairs(first, count, chunk_end, after_previous, rng=rng)
+            else:
+                a_count, random_next, step_to = count, np.ones(n, dtype=bool), chunk_end
+            columns = (first + shift[active], count, a_count, random_next, target)
+            parts.append(tuple(c.astype(t) for c, t in zip(columns, types)))
+            pieces.append(active)
+            pos[active] = step_to
+            active = active[step_to < stop]
+        return ChunkIndex(*(np.concatenate(column) for column in zip(*parts))), block[np.concatenate(pieces)]
+
+    def _local_offsets(self, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(n+1,) token offsets of blocks lo..hi's segments back to back, and where each block starts in them."""
+        if len(lo) == self.num_blocks and self.seps is None:  # the whole corpus: its own numbering
+            return self.offsets, lo
+        sizes = hi - lo
+        base = np.cumsum(sizes) - sizes
+        segment = np.repeat(lo - base, sizes) + np.arange(int(sizes.sum()))  # (n,) their corpus numbers
+        lengths = np.asarray(self.offsets[segment + 1]) - np.asarray(self.offsets[segment])
+        if self.seps is not None:  # a packed row's [SEP] after each document's last segment takes a slot
+            at = np.minimum(np.searchsorted(self.seps, segment + 1), len(self.seps) - 1)
+            lengths = lengths + (np.asarray(self.seps[at]) == segment + 1)
+        return np.concatenate([[0], np.cumsum(lengths)]), base
+
+    def _pairs(
+        self, first: np.ndarray, count: np.ndarray, end: np.ndarray, after: np.ndarray, rng: np.random.Generator
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A round's chunks (ending at `end`) as sentence pairs: (a_count, random_next, where each piece goes on). A
+        chunk of several segments splits at a uniform point, B random with random_next_prob (its segments go back to
+        the piece); a lone segment `after` one of its document (the piece's last, or one that reaches its target alone)
+        is paired with the one before unless B is random: only a document's first segment alone has a random B."""
+        n = len(first)
+        split, coin = rng.random(n), rng.random(n) < self.cfg.random_next_prob
+        several = count >= 2
+        a_count = np.ones(n, dtype=np.int64)
+        a_count[several] = 1 + (split[several] * (count[several] - 1)).astype(np.int64)
+        lone = ~several & after
+        random_next = coin | (~several & ~lone)
+        paired = lone & ~coin  # A = the sentence before, B = this one
+        first[paired] -= 1
+        count[paired] = 2
+        return a_count, random_next, np.where(random_next & several, first + a_count, end)
 
     def window(self, seed: int, stream: int, epoch: int, w: int) -> ChunkIndex:
         """Window w of the epoch: its chunks, shuffled."""

@@ -222,22 +222,16 @@ class StepBatches:
         return self.builder.batch(self.seed, self.first_step + step, range(first, first + self.batch_size))
 
 
-def truncate_pair(
-    a: np.ndarray, b: np.ndarray, max_tokens: int, rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray]:
-    """Google BERT's truncate_seq_pair: trim the longer side, one token at a random end each time."""
-    a_lo, a_hi, b_lo, b_hi = 0, len(a), 0, len(b)
-    while (a_hi - a_lo) + (b_hi - b_lo) > max_tokens:
-        if a_hi - a_lo > b_hi - b_lo:
-            if rng.random() < 0.5:
-                a_lo += 1
-            else:
-                a_hi -= 1
-        elif rng.random() < 0.5:
-            b_lo += 1
+def truncate_pair(a: np.ndarray, b: np.ndarray, limit: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Google BERT's truncate_seq_pair: trim the longer side (B where equal), one token at a random end each time."""
+    lo, hi = [0, 0], [len(a), len(b)]  # of A and B
+    while (hi[0] - lo[0]) + (hi[1] - lo[1]) > limit:
+        side = 0 if hi[0] - lo[0] > hi[1] - lo[1] else 1
+        if rng.random() < 0.5:
+            lo[side] += 1
         else:
-            b_hi -= 1
-    return a[a_lo:a_hi], b[b_lo:b_hi]
+            hi[side] -= 1
+    return a[lo[0] : hi[0]], b[lo[1] : hi[1]]
 
 
 def _words(candidates: np.ndarray, tokens: np.ndarray, continuation: np.ndarray) -> list[np.ndarray]:

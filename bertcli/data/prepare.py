@@ -254,15 +254,15 @@ def made_from(cfg: Config, manifest: dict[str, Any]) -> bool:
 UNIT_SETTINGS = ("split_sentences", "validation_fraction", "document")  # in every unit's key (scan.plan_units)
 
 
-def recorded_setting(old: dict[str, Any], key: str) -> Any:
-    """A unit setting as the manifest `old` records it (one without data.document: blank lines ended documents)."""
-    return old.get(key, "blank_line" if key == "document" else None)
+def _unit_settings(old: dict[str, Any], data: DataConfig) -> list[tuple[str, Any, Any]]:
+    """(data.KEY, as `old` records it, as set) of each setting in every unit's key."""
+    then = {"document": "blank_line"} | old  # a manifest without data.document: blank lines ended documents
+    return [(f"data.{k}", then.get(k), getattr(data, k)) for k in UNIT_SETTINGS]
 
 
 def unit_setting_changes(old: dict[str, Any], data: DataConfig) -> str:
     """The settings in every unit's key that differ from those `old` was prepared with."""
-    changed = [(f"data.{k}", recorded_setting(old, k), getattr(data, k)) for k in UNIT_SETTINGS]
-    return changes_line([c for c in changed if c[1] != c[2]])
+    return changes_line([c for c in _unit_settings(old, data) if c[1] != c[2]])
 
 
 def input_changes(old: dict[str, Any], plan: Plan, cfg: Config) -> str:
@@ -279,7 +279,7 @@ def input_changes(old: dict[str, Any], plan: Plan, cfg: Config) -> str:
     settings += [
         ("data.tokenizer.vocab_size", recorded.get("requested_vocab_size"), t.vocab_size),
         ("data.tokenizer.min_frequency", recorded.get("min_frequency"), t.min_frequency),
-        *((f"data.{k}", recorded_setting(old, k), getattr(data, k)) for k in UNIT_SETTINGS),
+        *_unit_settings(old, data),
     ]
     if now == "trained":  # a given tokenizer's casing is its own
         settings += [(f"data.tokenizer.{k}", recorded.get(k), getattr(t, k)) for k in ("lowercase", "strip_accents")]
@@ -383,9 +383,7 @@ def update(plan: Plan, cfg: Config, run: Run) -> None:
 def _tokenize(plan: Plan, cfg: Config, tok: Tokenizer, root: Path, run: Run, tokenizer: dict, start: float) -> dict:
     """Prepare the units to make into `root`, check the sizes, write the index; return the manifest to write."""
     data, todo = cfg.data, plan.make if plan.action == "update" else plan.units
-    settings = UnitSettings(
-        data.split_sentences, data.validation_fraction, _dtype(tok), os.getpid(), document=data.document
-    )
+    settings = UnitSettings(**{k: getattr(data, k) for k in UNIT_SETTINGS}, dtype=_dtype(tok), owner=os.getpid())
     with _progress(sum(u.bytes for u in todo), "tokenizing", run.quiet) as bar:
         made = prepare_units(
             todo, root, tok, settings=settings, workers=run.workers, progress=bar.update, stop=run.stopper.check
@@ -469,8 +467,7 @@ def _tokenizer_record(cfg: Config, plan: Plan, tok: Tokenizer, root: Path, sampl
         "identity": wordpiece.tokenizer_identity(tok),
         "sha256": {name: store.sha256_of(root / name) for name in layout.TOKENIZER_FILES},
         "requested_vocab_size": t.vocab_size,
-        "lowercase": casing.get("lowercase", t.lowercase),
-        "strip_accents": casing.get("strip_accents", t.strip_accents),
+        **{k: casing.get(k, getattr(t, k)) for k in ("lowercase", "strip_accents")},
         "min_frequency": t.min_frequency,
         "sample": sample,
         "given_sha256": tokenizer_sha256(plan.tok) if plan.source == "given" else None,  # as loaded, not as saved
@@ -492,11 +489,7 @@ def _manifest(cfg: Config, plan: Plan, records: dict, tokenizer: dict, dtype: st
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "corpus": {"source": data.corpus, "files": plan.entries},
         "tokenizer": tokenizer,
-        "split_sentences": data.split_sentences,
-        "validation_fraction": data.validation_fraction,
-        "document": data.document,
-        "include": data.include,
-        "exclude": data.exclude,
+        **{k: getattr(data, k) for k in (*UNIT_SETTINGS, "include", "exclude")},
         "unit_bytes": scan.UNIT_BYTES,
         "dtype": dtype,
         "splits": splits,

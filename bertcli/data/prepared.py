@@ -185,12 +185,9 @@ def verify(folder: Path, manifest: dict[str, Any]) -> list[str]:
     """What is damaged in prepared data, each as "FILE: REASON": tokenizer files, units, then the index."""
     if problem := check_tokenizer(folder, manifest):
         return [problem]
-    dtype, vocab_size, units = manifest["dtype"], manifest["tokenizer"]["vocab_size"], manifest["units"]
-    damage = [
-        p
-        for u in {u["key"]: u for u in units}.values()
-        if (p := check_unit(folder, u["key"], u, dtype_name=dtype, vocab_size=vocab_size))
-    ]
+    dtype, vocab_size = manifest["dtype"], manifest["tokenizer"]["vocab_size"]
+    units = {u["key"]: u for u in manifest["units"]}.values()  # a unit twice (two equal files): checked once
+    damage = [p for u in units if (p := check_unit(folder, u["key"], u, dtype_name=dtype, vocab_size=vocab_size))]
     if not damage and (found := check_index(folder, manifest)):
         damage.append(found[0])
     return damage
@@ -218,11 +215,8 @@ class PreparedData:
         """What the examples and the held-out set are drawn from, as a checkpoint records it."""
         m = self.manifest  # read_manifest checked its units and splits
         held_out = digest([u["key"] for u in m["units"] if u["splits"]["valid"]["documents"]])
-        return {
-            "index": m["index"],
-            "held_out": held_out,
-            "documents": sum(m["splits"][s]["documents"] for s in SPLITS),
-        }
+        documents = sum(m["splits"][s]["documents"] for s in SPLITS)
+        return {"index": m["index"], "held_out": held_out, "documents": documents}
 
     def corpus(self, split: str) -> Corpus | None:
         """One split, memory-mapped (each unit now, so that one a later `prepare` removes stays readable)."""
@@ -287,12 +281,9 @@ def corpus_drift(manifest: dict[str, Any]) -> str | None:
             return None
     then = {e.get("path"): (e.get("bytes"), e.get("mtime_ns")) for e in manifest["corpus"]["files"]}
     now = {str(f.resolve()): (st.st_size, st.st_mtime_ns) for f in files for st in [f.stat()]}
-    counts = (
-        (len(now.keys() - then.keys()), "added"),
-        (len(then.keys() - now.keys()), "gone"),
-        (sum(now[p] != then[p] for p in now.keys() & then.keys()), "written to"),
-    )
-    if changed := ", ".join(f"{n} {w}" for n, w in counts if n):
+    counts = {"added": len(now.keys() - then.keys()), "gone": len(then.keys() - now.keys())}
+    counts["written to"] = sum(now[p] != then[p] for p in now.keys() & then.keys())
+    if changed := ", ".join(f"{n} {w}" for w, n in counts.items() if n):
         return f"the corpus's files differ from those prepared ({changed}): the next prepare updates it"
     return None
 

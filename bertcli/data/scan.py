@@ -59,10 +59,7 @@ def corpus_files(path: Path, include: Sequence[str] = CORPUS_GLOBS, exclude: Seq
     files, skipped = _walk(path, include=include, exclude=exclude)
     default = list(include) == list(CORPUS_GLOBS)
     named = CORPUS_NAMES if default else f"files that data.include {list(include)} names"
-    words = SKIPPED | {
-        "name": f"file(s) that are not {named}",
-        "excluded": f"file(s) data.exclude {list(exclude)} names",
-    }
+    words = SKIPPED | {"name": f"file(s) that are not {named}", "excluded": f"file(s) data.exclude {exclude} names"}
     hint = "; data.include: ['*'] reads every file of UTF-8 text" if default else ""
     for why, examples in skipped.items():
         shown = ", ".join(str(e) for e in examples[:3]) + (", ..." if len(examples) > 3 else "")
@@ -227,13 +224,9 @@ def file_changes(then: list[dict[str, Any]], now: list[dict[str, Any]], root: Pa
             renamed.append(f"{short(twin)} -> {short(path)}")
             added.remove(path)
             gone.remove(twin)
-    kinds = (
-        ("changed", [short(p) for p in new if p in old and old[p] != new[p]]),
-        ("added", [short(p) for p in added]),
-        ("gone", [short(p) for p in gone]),
-        ("renamed", renamed),
-    )
-    return ", ".join(f"{len(n)} {word} ({', '.join(n[:2])}{', ...' if len(n) > 2 else ''})" for word, n in kinds if n)
+    changed = [short(p) for p in new if p in old and old[p] != new[p]]
+    kinds = {"changed": changed, "added": [*map(short, added)], "gone": [*map(short, gone)], "renamed": renamed}
+    return ", ".join(f"{len(n)} {w} ({', '.join(n[:2])}{', ...' if len(n) > 2 else ''})" for w, n in kinds.items() if n)
 
 
 @dataclass(frozen=True)

@@ -36,18 +36,15 @@ _SPACE = re.compile(r"\s+")
 class _NoStream(io.RawIOBase):
     """A .gz file of 0 bytes holds no gzip stream (`gzip -t` calls it damaged; Python's gzip reads it as empty)."""
 
-    def readable(self) -> bool:
-        return True
-
     def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
         raise EOFError("no gzip stream: the file is empty")
 
 
 # The corpus reader of each compression sniff.KINDS names (a codec); `CODEC -t` checks a file of it.
 OPENERS = {
-    "gzip": lambda path: io.BufferedReader(_NoStream()) if os.path.getsize(path) == 0 else gzip.open(path, "rb"),
-    "bzip2": lambda path: _strict_streams(path, bz2.BZ2Decompressor),
-    "xz": lambda path: _strict_streams(path, lzma.LZMADecompressor),
+    "gzip": lambda path: _NoStream() if os.path.getsize(path) == 0 else gzip.open(path, "rb"),
+    "bzip2": lambda path: io.BufferedReader(_Streams(path, bz2.BZ2Decompressor), READ_BYTES),
+    "xz": lambda path: io.BufferedReader(_Streams(path, lzma.LZMADecompressor), READ_BYTES),
 }
 
 
@@ -67,24 +64,18 @@ def split_sentences(line: str) -> list[str]:
     return [s for s in sentences if s]
 
 
-def _cut_point(text: str, start: int, limit: int) -> tuple[int, int]:
-    """(end of the piece from `start`, start of the rest): the last sentence end, else white space, near the limit."""
-    lo, hi = start + max(limit - CUT_WINDOW, 1), start + limit
-    for pattern in (_BOUNDARY, _SPACE):
-        match = None
-        for match in pattern.finditer(text, lo, hi):  # noqa: B007 (the last match is wanted)
-            pass
-        if match is not None:
-            return match.start("gap") if pattern is _BOUNDARY else match.start(), match.end()
-    return hi, hi
-
-
 def cut_long_line(line: str, limit: int = MAX_LINE_CHARS) -> Iterator[str]:
-    """`line` in pieces of at most `limit` characters (see _cut_point); the work per piece is bounded."""
+    """`line` in pieces of at most `limit` characters, each cut at its last sentence end, else white space, in the
+    CUT_WINDOW characters before the limit (else at the limit): the work per piece is bounded."""
     start = 0
     while len(line) - start > limit:
-        cut, rest = _cut_point(line, start, limit)
-        yield line[start:cut]
+        lo, end = start + max(limit - CUT_WINDOW, 1), start + limit
+        rest = end
+        for pattern, group in ((_BOUNDARY, "gap"), (_SPACE, 0)):
+            if found := [*pattern.finditer(line, lo, end)]:
+                end, rest = found[-1].start(group), found[-1].end()
+                break
+        yield line[start:end]
         start = rest
     yield line[start:]
 
@@ -157,12 +148,6 @@ class _Streams(io.RawIOBase):
         super().close()
 
 
-def _strict_streams(path: Path, decompressor: Callable[[], bz2.BZ2Decompressor | lzma.LZMADecompressor]) -> BinaryIO:
-    reader = io.BufferedReader(_Streams(path, decompressor), READ_BYTES)
-    reader.fileobj = reader.raw.fileobj  # type: ignore[attr-defined]  # where _compressed_error reads the byte reached
-    return reader  # type: ignore[return-value]
-
-
 def _open(path: Path) -> BinaryIO:
     codec = sniff.sniff(path).codec
     return OPENERS[codec](path) if codec else open(path, "rb")  # type: ignore[return-value]
@@ -188,19 +173,6 @@ class Part:
     start: int = 0
     end: int | None = None
     line: int = 1
-
-
-class _Bounded:
-    """A binary file read from where it stands for at most `left` more bytes (readline only)."""
-
-    def __init__(self, fh: BinaryIO, left: int) -> None:
-        self.fh, self.left = fh, left
-
-    def readline(self, limit: int = -1) -> bytes:
-        size = self.left if limit < 0 else min(limit, self.left)
-        raw = self.fh.readline(size) if size > 0 else b""
-        self.left -= len(raw)
-        return raw
 
 
 # A blank line (a document boundary in text) of at most 1,024 white-space bytes: the bound keeps finding one in
@@ -253,15 +225,13 @@ def _compressed_error(path: Path, fh: BinaryIO, exc: Exception, where: str) -> U
     """A damaged compressed file as one line naming the byte reached; a failing disk is raised as it is."""
     if (isinstance(exc, OSError) and exc.errno is not None) or not (tool := sniff.sniff(path).codec):
         raise exc
-    at = getattr(fh, "fileobj", None)  # the compressed file under gzip's reader and _strict_streams
+    at = getattr(getattr(fh, "raw", fh), "fileobj", None)  # the compressed file under gzip's reader or _Streams
     with contextlib.suppress(OSError, ValueError, AttributeError):
         where += f", compressed byte {at.tell():,}" if at is not None and not at.closed else ""
     what = "cut short" if isinstance(exc, EOFError) else f"damaged or not {tool} ({exc})"
     if isinstance(exc, EOFError) and os.path.getsize(path) == 0:
         what = "empty (0 bytes: a failed download?)"
-    return UsageError(
-        f"{path}: {where}: the {tool} file is {what}; download or compress it again ({tool} -t checks it)"
-    )
+    return UsageError(f"{path}: {where}: the {tool} file is {what}; download or compress it again ({tool} -t checks)")
 
 
 def _raw_lines(path: Path, fh: BinaryIO, limit: int = -1) -> Iterator[bytes]:
@@ -293,12 +263,9 @@ def _lines(part: Part, progress: Callable[[int], None]) -> Iterator[tuple[int, s
             ) from None
 
     with _open(path) as fh:
-        if part.start or part.end is not None:  # a part of an uncompressed file (never a compressed one)
+        if part.start:  # a part of an uncompressed file (never a compressed one)
             fh.seek(part.start)
-            reader: BinaryIO = _Bounded(fh, (part.end if part.end is not None else path.stat().st_size) - part.start)  # type: ignore[assignment]
-        else:
-            reader = fh
-        for raw in _raw_lines(path, reader, limit):
+        for raw in _raw_lines(path, fh, limit):
             nul = raw.find(b"\x00")
             if nul >= 0:
                 raise UsageError(f"{path}: byte {offset + nul}: a NUL byte (not text); remove the file from the corpus")
@@ -308,6 +275,8 @@ def _lines(part: Part, progress: Callable[[int], None]) -> Iterator[tuple[int, s
             progress(len(raw))
             yield number, text, ends
             number += ends
+            if part.end is not None and offset >= part.end:  # a part ends at a line end (document_cuts)
+                break
         if not ends:  # the file ended with a part exactly READ_BYTES long
             yield number, decode(b"", final=True), True
 
@@ -384,14 +353,11 @@ def _text_sentences(
     pending, cut = "", False  # a long line read in parts: its text not yet cut; whether pieces went out
     for _, line, ends in _lines(part, progress):
         if not ends or pending:
-            pending = pending + line if pending else line.lstrip()
-            while len(pending) > MAX_LINE_CHARS:
-                end, rest = _cut_point(pending, 0, MAX_LINE_CHARS)
-                piece = pending[:end].strip()
+            *pieces, pending = cut_long_line(pending + line if pending else line.lstrip())
+            for piece in map(str.strip, pieces):
                 yield from _sentences(piece, split, keep)
                 if piece:  # a piece left out of a sample (keep) still belongs to the document
                     open_document = cut = True
-                pending = pending[rest:]
             if not ends:
                 continue
             line, pending = pending, ""
@@ -415,10 +381,8 @@ def _record_text(path: Path, number: int, line: str) -> str:
     except json.JSONDecodeError as exc:
         if line.lstrip().startswith("["):  # a pretty-printed array: its first line, "["
             raise _an_array(path, number) from None
-        raise UsageError(
-            f"{path}: line {number}: not valid JSON ({exc.msg.removesuffix(' at')} at column {exc.colno}); "
-            'write one JSON object per line, such as {"text": "..."}'
-        ) from None
+        what = f"not valid JSON ({exc.msg.removesuffix(' at')} at column {exc.colno})"
+        raise UsageError(f'{path}: line {number}: {what}; write one object per line: {{"text": "..."}}') from None
     except _TextTwice:
         raise UsageError(f'{path}: line {number}: two "text" fields (JSON readers keep the last); keep one') from None
     except RecursionError:
@@ -456,7 +420,5 @@ def _check_surrogates(path: Path, number: int, line: str | bytes, text: str) -> 
     hold it, and no tokenizer reads it. Cheap: searched only in lines with an escape."""
     found = _SURROGATE.search(text) if (b"\\u" if isinstance(line, bytes) else "\\u") in line else None
     if found:
-        raise UsageError(
-            f"{path}: line {number:,}: the text holds a lone surrogate (\\u{ord(found.group()):04x}), which is no "
-            "Unicode character; remove it, or escape the character it should be as a pair (\\ud83d\\ude00)"
-        )
+        what = f"the text holds a lone surrogate (\\u{ord(found.group()):04x}), which is no Unicode character"
+        raise UsageError(f"{path}: line {number:,}: {what}; remove it or escape its pair (\\ud83d\\ude00)")

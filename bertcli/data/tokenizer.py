@@ -240,8 +240,7 @@ def save_tokenizer(tok: Tokenizer, folder: Path) -> None:
     tokenizer_json, vocab = Path(folder) / TOKENIZER_JSON, Path(folder) / VOCAB
     with store.writing(tokenizer_json):  # a full disk named, whatever tokenizers calls it
         tok.save(str(tokenizer_json))
-    with store.writing(vocab):
-        vocab.write_text(vocab_text(tok), encoding="utf-8")
+    store.write_inside(vocab, vocab_text(tok))
 
 
 def check_ids(tok: Tokenizer, path: Path) -> None:

@@ -91,7 +91,7 @@ class ShardWriter:
 
 @contextlib.contextmanager
 def _new_folder(final: Path, root: Path, pid: int | None = None) -> Iterator[Path]:
-    """A temporary folder renamed to `final` in prepared folder `root` at the end, removed on an error or a stop."""
+    """A temporary folder renamed to `final` in prepared folder `root` (over a damaged copy), removed on a failure."""
     tmp = layout.tmp_name(final, pid=pid)
     try:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -99,7 +99,12 @@ def _new_folder(final: Path, root: Path, pid: int | None = None) -> Iterator[Pat
         yield tmp
         for path in (*tmp.rglob("*"), tmp):
             store.fsync_path(path)
-        replace_folder(tmp, final, root)
+        if final.exists() or final.is_symlink():
+            if not store.holds_only(final, layout.PREPARED, final.relative_to(root).as_posix() + "/"):
+                raise UsageError(f"{final} holds files bertcli did not write: move it out, then run the same command")
+            store.remove_folder(final)
+        os.replace(tmp, final)
+        store.fsync_path(final.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -149,9 +154,8 @@ def _encode(
     pending = chars = 0
     for part, size in zip(unit.parts, unit.sizes):
         compressed = sniff.sniff(part.path).codec is not None  # progress in the file's bytes: at its end
-        for item in read_sentences(
-            [part], settings.split_sentences, (lambda n: None) if compressed else progress, document=settings.document
-        ):
+        report = (lambda n: None) if compressed else progress
+        for item in read_sentences([part], settings.split_sentences, report, document=settings.document):
             batch.append(item)
             pending, chars = pending + (item is not None), chars + len(item or "")
             if pending >= ENCODE_BATCH or chars >= ENCODE_CHARS:
@@ -161,16 +165,6 @@ def _encode(
             progress(size)
     flush(batch)
     return counts["unknown"]
-
-
-def replace_folder(tmp: Path, final: Path, root: Path) -> None:
-    """Rename folder `tmp` to `final` inside `root`, removing a damaged copy of bertcli's there first."""
-    if final.exists() or final.is_symlink():
-        if not store.holds_only(final, layout.PREPARED, final.relative_to(root).as_posix() + "/"):
-            raise UsageError(f"{final} holds files bertcli did not write: move it out, then run the same command")
-        store.remove_folder(final)
-    os.replace(tmp, final)
-    store.fsync_path(final.parent)
 
 
 # ------------------------------------------------------------------------------------------ workers

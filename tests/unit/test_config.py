@@ -104,7 +104,10 @@ def test_wrong_types_are_reported(tmp_path):
         (["data.masked_lm_prob=0"], "data.masked_lm_prob: must be in (0, 1)"),
         (["data.masked_lm_prob=1.0"], "data.masked_lm_prob: must be in (0, 1)"),
         (["train.mlm_weight=-1"], "train.mlm_weight: must not be negative"),
-        (["train.mlm_weight=0", "train.nsp_weight=0"], "both 0"),
+        (
+            ["train.mlm_weight=0", "train.nsp_weight=0"],
+            "train.mlm_weight: is 0 as is train.nsp_weight: nothing to learn",
+        ),
         (["data.mask_token_prob=0.9", "data.random_token_prob=0.2"], "at most 1"),
         (["checkpoint.keep_last=0"], "checkpoint.keep_last: must be at least 1"),
         (["train.device=gpu"], "train.device: must be auto, cpu, cuda or cuda:N"),

@@ -1055,8 +1055,7 @@ def test_a_corpus_folder_reads_compressed_files_any_case_and_says_what_it_skips(
     (root / "b.txt.bz2").write_bytes(bz2.compress(b"From bzip2.\n")[:20])
     with pytest.raises(
         UsageError,
-        match=r"b\.txt\.bz2: line 1.*the bzip2 file is cut short; download or compress it "
-        r"again \(bzip2 -t checks it\)",
+        match=r"b\.txt\.bz2: line 1.*the bzip2 file is cut short; download or compress it again \(bzip2 -t",
     ):
         list(read_sentences(files))
 
