@@ -1063,8 +1063,8 @@ def test_a_corpus_folder_reads_compressed_files_any_case_and_says_what_it_skips(
 @pytest.mark.parametrize("suffix", [".bz2", ".xz"])
 def test_a_multi_stream_file_is_read_whole_and_a_damaged_later_stream_is_refused(tmp_path, suffix):
     """pbzip2 and pixz write one stream after another. bz2.open and lzma.open end the file quietly at
-    bytes that do not start a stream: a damaged second stream cut the corpus in two, exit 0 (trial
-    12 S-1; gzip refused the same damage)."""
+    bytes that do not start a stream: a damaged second stream would cut the corpus in two with exit 0
+    (gzip refuses the same damage)."""
     import bz2
     import lzma
 
