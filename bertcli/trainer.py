@@ -62,8 +62,9 @@ def pretraining_loss(
     mlm = mlm_sum / real.sum().clamp(min=1)
     nsp_logits = out.nsp_logits.float()
     nsp_rows = batch.nsp_labels != IGNORE
-    nsp_ce = F.cross_entropy(nsp_logits, batch.nsp_labels, ignore_index=IGNORE, reduction="sum")
-    nsp_sum = nsp_ce if nsp else mlm.new_zeros(())
+    nsp_sum = mlm.new_zeros(())
+    if nsp:  # False for unpaired rows (no NSP labels) and models without an NSP head: nothing to compute
+        nsp_sum = F.cross_entropy(nsp_logits, batch.nsp_labels, ignore_index=IGNORE, reduction="sum")
     nsp_loss = nsp_sum / nsp_rows.sum().clamp(min=1)
     if step_counts is None:
         total, shown = mlm_weight * mlm + nsp_weight * nsp_loss, (mlm, nsp_loss)
