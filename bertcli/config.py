@@ -304,9 +304,10 @@ class TrainConfig:
     max_steps: int = 1_000_000
     """Optimizer steps to train for."""
     batch_size: int = 32
-    """Examples per micro-batch on each device."""
-    grad_accum_steps: int = 1
-    """Micro-batches accumulated per optimizer step."""
+    """Examples per optimizer step over all processes (the recipe's batch; how a step splits is the machine's)."""
+    micro_batch_size: Optional[int] = None
+    """Examples a process runs forward and backward at once, a divisor of its share of the step; null = the largest
+    that fits the device's memory (on a CPU a quarter of it), chosen where the run starts."""
     mlm_weight: float = 1.0
     """Weight of the masked-LM loss in the total loss."""
     nsp_weight: float = 1.0
@@ -340,7 +341,9 @@ class TrainConfig:
             at_least("train.eval_every", t.eval_every, 0, " (0 = never)"),
             from_to("train.eval_examples", t.eval_examples, 1, MAX_EVAL_EXAMPLES, why=evaluated),
             at_least("train.batch_size", t.batch_size, 1),
-            at_least("train.grad_accum_steps", t.grad_accum_steps, 1),
+            at_least(
+                "train.micro_batch_size", 1 if t.micro_batch_size is None else t.micro_batch_size, 1, " (or null)"
+            ),
             at_least("train.mlm_weight", t.mlm_weight, 0),
             at_least("train.nsp_weight", t.nsp_weight, 0),
             (t.mlm_weight > 0 or t.nsp_weight > 0, "train.mlm_weight", "is 0 as is train.nsp_weight: nothing to learn"),
@@ -511,14 +514,14 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
     "small": {
         "model": {"hidden_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8, "intermediate_size": 2048},
-        "train": {"max_steps": 100_000, "batch_size": 64, "grad_accum_steps": 4},
+        "train": {"max_steps": 100_000, "batch_size": 256},
         "optimizer": {"lr": 5e-4, "warmup_steps": 2_000},
     },
     # BERT-base and BERT-large at sequence 128 with the global batch of the paper (256).
-    "base": {"train": {"batch_size": 64, "grad_accum_steps": 4}},
+    "base": {"train": {"batch_size": 256}},
     "large": {
         "model": {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "intermediate_size": 4096},
-        "train": {"batch_size": 32, "grad_accum_steps": 8},
+        "train": {"batch_size": 256},
     },
 }
 

@@ -232,6 +232,7 @@ def _build_checked(cls: type, raw: dict[str, Any], path: str, origin: dict[str, 
     """Section `cls` (at `path`: "" for a whole Config) built and checked (`problems()`): one UsageError lists all."""
     errors: list[str] = []
     failed: set[str] = set()
+    raw = _from_earlier(raw) if cls is Config else raw
     built = _build(cls, raw, path, errors=errors, origin=origin, failed=failed)
     # A value check that reads a value of the wrong type (left at its default) would mislead: left out.
     problems = [(p, msg) for p, msg in built.problems() if not any(_involves(p, msg, bad) for bad in failed)]
@@ -239,6 +240,23 @@ def _build_checked(cls: type, raw: dict[str, Any], path: str, origin: dict[str, 
     if errors:
         raise UsageError(*errors)
     return built
+
+
+def _from_earlier(raw: dict[str, Any]) -> dict[str, Any]:
+    """A config of bertcli 0.1 in today's keys: its train.batch_size was the micro-batch and train.grad_accum_steps
+    their count, so a step took batch_size x grad_accum_steps x processes examples (the processes of this job)."""
+    train = raw.get("train")
+    if not isinstance(train, dict) or "grad_accum_steps" not in train:
+        return raw
+    if "micro_batch_size" in train:
+        raise UsageError(
+            "train.grad_accum_steps: replaced by train.micro_batch_size (train.batch_size is a whole step's examples): remove it"
+        )
+    micro, accum = train.get("batch_size", 32), train["grad_accum_steps"]  # 32: bertcli 0.1's default
+    if not all(type(n) is int and n > 0 for n in (micro, accum)):
+        return raw  # refused as it stands
+    steps = {"batch_size": micro * accum * int(os.environ.get("WORLD_SIZE", "1")), "micro_batch_size": micro}
+    return raw | {"train": {k: v for k, v in train.items() if k != "grad_accum_steps"} | steps}
 
 
 def _involves(path: str, message: str, bad: str) -> bool:

@@ -57,7 +57,7 @@ class MetricsWindow:
     def __init__(self, device: torch.device, step: int, cfg: Config, *, peak_tflops: float | None) -> None:
         import torch
 
-        self.device, self.micro_per_step, self.batch_size = device, cfg.train.grad_accum_steps, cfg.train.batch_size
+        self.device, self.batch_size = device, cfg.train.batch_size  # examples a step, all processes
         self.model, self.nsp, self.peak = cfg.model, cfg.data.pairs, peak_tflops
         self.sums = torch.zeros(len(LossStats._fields), device=device)  # LossStats summed over steps
         self.skipped = torch.zeros((), device=device)  # steps skipped (non-finite) in this window
@@ -85,7 +85,6 @@ class MetricsWindow:
         tokens = float(rt.all_reduce_sum(torch.tensor([self.tokens], dtype=torch.float64, device=self.device))[0])
         rt.all_reduce_sum(self.sums)
         elapsed = time.perf_counter() - self.start_s
-        micro_batches = (step - self.start_step) * self.micro_per_step * rt.world_size
         s = LossStats(*self.sums.tolist())  # the sync point
         skipped = int(self.skipped)
         applied = (step - self.start_step - skipped) or math.nan  # steps whose losses are summed (NaN: all skipped)
@@ -96,7 +95,9 @@ class MetricsWindow:
         tokens_per_s = tokens / max(elapsed, 1e-9)
         metrics.update(lr=lr, grad_norm=float(grad_norm), skipped_steps=skipped, tokens_per_s=tokens_per_s)
         # Model FLOPs at the measured mean sequence length and share of tokens predicted.
-        flops = flops_per_token(self.model, tokens / (micro_batches * self.batch_size), s.mlm_count / max(tokens, 1.0))
+        flops = flops_per_token(
+            self.model, tokens / ((step - self.start_step) * self.batch_size), s.mlm_count / max(tokens, 1.0)
+        )
         metrics["model_tflops"] = tokens_per_s * flops / 1e12
         if self.peak:
             metrics["mfu"] = metrics["model_tflops"] / (self.peak * rt.world_size)

@@ -19,7 +19,7 @@ from bertcli.errors import BertcliError, RunError, UsageError
 
 # What a change of setting means when a run resumes, by key prefix; others (paths, devices, precision...) go unsaid.
 # "global batch": examples a step over all processes, compared instead of its split where recorded.
-EXAMPLE_SETTINGS = ["train.seed", "global batch", "train.batch_size", "train.grad_accum_steps", "data"]
+EXAMPLE_SETTINGS = ["train.seed", "global batch", "train.batch_size", "data"]
 NOT_EXAMPLES = ("data.tokenizer", "data.prepared_dir")
 HELD_OUT_SETTINGS = ["train.seed", "data", "train.eval_examples"]
 UPDATE_SETTINGS = ["optimizer", "train.max_steps", "train.mlm_weight", "train.nsp_weight", "train.max_grad_norm"]
@@ -249,9 +249,9 @@ def check_same_tokenizer(ckpt: Path, source: Path, contents: bytes) -> None:
 def setting_changes(saved: Config, cfg: Config, prefixes: list[str], batches: Batches = None) -> str:
     """Settings under `prefixes` that differ between `saved` and `cfg`, in words (the global batch, not its split)."""
     old, new = flat(saved), flat(cfg)
+    old.pop("train.micro_batch_size"), new.pop("train.micro_batch_size")  # the machine's split, not the recipe's
     if batches is not None and batches[0] is not None:
-        for key in ("train.batch_size", "train.grad_accum_steps"):
-            old.pop(key), new.pop(key)
+        old.pop("train.batch_size"), new.pop("train.batch_size")
         old["global batch"], new["global batch"] = batches
     synthetic = old["data.corpus"] == new["data.corpus"] == "synthetic"  # its settings matter only then
 

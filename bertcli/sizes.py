@@ -1,8 +1,10 @@
 """A model's sizes from its config alone (closed forms, without torch): vocabulary rows, parameters, training
-FLOPs per token, and whether its training state fits this machine's memory and a checkpoint the run's disk."""
+FLOPs per token, activation bytes per example and the micro-batch they allow here, and whether its training state
+fits this machine's memory and a checkpoint the run's disk."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +15,9 @@ from bertcli.errors import RunError, UsageError
 BYTES_PER_PARAMETER = 16  # fp32 weights, their gradients and AdamW's two moments: 4 x 4 bytes
 CHECKPOINT_BYTES_PER_PARAMETER = 12  # a checkpoint: fp32 weights and AdamW's two moments, 3 x 4 bytes
 BYTES_PER_TOKEN = 16  # a batch's token ids and segment ids (int64) alone, before masks and labels
+GPU_SHARE = 0.8  # of a GPU's memory after the training state: the rest for the CUDA context, cuBLAS workspaces,
+# the backward's temporaries and the caching allocator's fragmentation
+CPU_SHARE = 0.25  # of this machine's memory: it also holds the corpus, data workers and whatever else it runs
 
 
 def machine_memory() -> int:
@@ -106,23 +111,96 @@ def check_disk(model: ModelConfig, output_dir: Path) -> None:
         raise RunError(f"{output_dir}: {room}: free space, or set output_dir to another disk")
 
 
-def check_batch(cfg: Config, where: Placement) -> None:
-    """Refuse batch sizes whose tensors (lower bounds: activations, a step's and the held-out set's ids) cannot fit."""
-    m, t, tokens = cfg.model, cfg.train, cfg.data.max_seq_length
+@dataclass(frozen=True)
+class Split:
+    """How a step's train.batch_size examples run here: `accum` micro-batches of `micro` examples on each process."""
+
+    micro: int
+    accum: int
+    why: str  # how `micro` was chosen, in words
+
+
+def activation_bytes(cfg: Config, where: Placement) -> int:
+    """Bytes one example of data.max_seq_length tokens keeps from the forward pass to the backward: what autograd
+    saves (tests/unit/test_sizes.py measures it with saved-tensor hooks) and its MLM logits."""
+    m, seq, e = cfg.model, cfg.data.max_seq_length, 2 if where.half else 4
+    h, vocab = m.hidden_size, m.vocab_size or m.pad_vocab_multiple
+    # Per token and layer: 8.5 H + 2 I elements (Q, K, V, the context, LayerNorm inputs, the FFN's two I-wide tensors,
+    # dropout masks), LayerNorm statistics; autocast keeps LayerNorm inputs in fp32 as well.
+    layer = e * (8.5 * h + 2 * m.intermediate_size) + 16 + (1.25 * h if where.half else 0)
+    if where.gpu is None and m.attention_probs_dropout_prob > 0:  # dropout.attention keeps (nh, T, T) weights
+        layer += (2 * e + 1) * m.num_attention_heads * seq  # scores, dropped weights, the bool mask
+    rest = (3 * e + (3 if where.half else 0)) * h + 144  # embeddings and heads, per token (144: int64 ids, masks)
+    logits = cfg.data.max_predictions_per_seq * vocab * (e + 4)  # (P, V) logits and their fp32 log-softmax
+    return int(seq * (m.num_hidden_layers * layer + rest) + logits)
+
+
+def largest_micro_batch(share: int, per_example: int, budget: float) -> int:
+    """The largest divisor of `share` whose examples of `per_example` bytes fit `budget` bytes (1 at least)."""
+    fits = max(1, int(budget // max(per_example, 1)))
+    return max(d for d in range(1, min(share, fits) + 1) if share % d == 0)
+
+
+def split(cfg: Config, where: Placement) -> Split:
+    """The micro-batch of this machine: train.micro_batch_size, else the largest that fits `where`'s memory
+    (GPU_SHARE of a GPU's, CPU_SHARE of this machine's, after the training state); refuses a split that cannot be."""
+    t, processes = cfg.train, where.world_size
+    if t.batch_size % processes:
+        raise UsageError(
+            f"train.batch_size={t.batch_size:,} is not a multiple of the {processes} processes: change either"
+        )
+    share, per_example = t.batch_size // processes, activation_bytes(cfg, where)
+    if t.micro_batch_size is not None:
+        if share % t.micro_batch_size:
+            fix = "set a divisor of it, or null to choose one"
+            raise UsageError(
+                f"train.micro_batch_size={t.micro_batch_size:,} does not divide the {share:,} examples each process takes a step: {fix}"
+            )
+        return Split(t.micro_batch_size, share // t.micro_batch_size, "train.micro_batch_size")
+    memory, fraction = (where.gpu[0], GPU_SHARE) if where.gpu else (machine_memory(), CPU_SHARE)
+    if not memory:
+        return Split(share, 1, "the whole share: this machine's memory is unknown")
+    shards = processes if processes > 1 and t.parallel == "fsdp" else 1
+    budget = fraction * (memory - BYTES_PER_PARAMETER * parameter_count(cfg.model) // shards)
+    micro = largest_micro_batch(share, per_example, budget)
+    where_ = f"the GPU's ({where.gpu[1]})" if where.gpu else "this machine's"
+    why = f"the largest divisor of {share:,} fitting {fraction:.0%} of {where_} memory left by the training state, at {per_example / 2**20:,.1f} MiB an example"
+    return Split(micro, share // micro, why)
+
+
+def planned(cfg: Config) -> Split:
+    """The Split of a one-process run of `cfg`: this CPU's where it trains here, else its GPU's (its largest)."""
+    if (where := cpu_placement(cfg)) is not None:
+        return split(cfg, dataclasses.replace(where, world_size=1))
+    if cfg.train.micro_batch_size is not None:
+        return split(cfg, Placement(half=True))
+    mib = activation_bytes(cfg, Placement(half=cfg.precision.mode != "fp32", gpu=(0, ""))) / 2**20
+    why = f"chosen when pretrain starts: the largest fitting {GPU_SHARE:.0%} of the GPU's memory left, at {mib:,.1f} MiB an example"
+    return Split(cfg.train.batch_size, 1, why)
+
+
+def check_batch(cfg: Config, where: Placement) -> Split:
+    """This machine's Split; refuses batches whose tensors (activations, a step's and the held-out set's ids) cannot fit."""
+    t, tokens = cfg.train, cfg.data.max_seq_length
     device = (where.gpu[0], "the GPU's memory") if where.gpu else (machine_memory(), "this machine's memory")
     host = (machine_memory(), "this machine's memory")
-    per_example = tokens * m.num_hidden_layers * (4 * m.hidden_size + m.intermediate_size) * (2 if where.half else 4)
-    step = t.batch_size * t.grad_accum_steps
-    activations = f"train.batch_size={t.batch_size:,} examples of data.max_seq_length={tokens:,} tokens need at least {{need}} of activations"
-    accumulated = f"a step's train.batch_size x train.grad_accum_steps = {step:,} examples of {tokens:,} tokens need at least {{need}}"
+    chosen = split(cfg, where)
+    share = t.batch_size // where.world_size
+    activations = f"micro-batches of {chosen.micro:,} examples of data.max_seq_length={tokens:,} tokens need about {{need}} of activations"
+    accumulated = f"train.batch_size={t.batch_size:,}: a process's {share:,} examples a step of {tokens:,} tokens need at least {{need}}"
     held_out = f"train.eval_examples={t.eval_examples:,} held-out examples of {tokens:,} tokens need at least {{need}}"
-    smaller = "lower train.batch_size (and raise train.grad_accum_steps for the same batch per step)"
+    smaller = (
+        "lower train.micro_batch_size (or set it null)"
+        if t.micro_batch_size
+        else "lower data.max_seq_length or the model's size"
+    )
     needs = [  # (bytes, (the memory that holds them, its name), what they are, the fix)
-        (t.batch_size * per_example, device, activations, smaller),
-        (step * tokens * BYTES_PER_TOKEN, device, accumulated, "lower train.grad_accum_steps"),
+        (chosen.micro * activation_bytes(cfg, where), device, activations, smaller),
+        (share * tokens * BYTES_PER_TOKEN, device, accumulated, "lower train.batch_size"),
         (t.eval_examples * tokens * BYTES_PER_TOKEN, host, held_out, "lower train.eval_examples"),
     ]
     for need, (have, memory), what, fix in needs:
         if have and need > have:
             said = what.format(need=f"{need / 2**30:,.1f} GiB")
             raise UsageError(f"{said}, but {memory} is {have / 2**30:,.1f} GiB: {fix}")
+    return chosen

@@ -156,6 +156,7 @@ def _inspect_path(path: Path) -> dict[str, Any]:
         "architecture": architecture(cfg) | ({"vocab_size_note": vocab_note} if vocab_note else {}),
         "parameters": parameter_counts(cfg.model),
         "flops": flops(cfg),
+        "batch": dataclasses.asdict(sizes.planned(cfg)) | {"examples_per_step": cfg.train.batch_size},
     }
     return report | ({"note": note} if note else {}) | ({"training": training} if training is not None else {})
 
@@ -323,13 +324,13 @@ def data_report(folder: Path, examples: int = 512) -> dict[str, Any]:
 
 def _example(prepared: Any, train: Any, cfg: Config, n: int) -> tuple[dict[str, Any], float]:
     """An example a run of `cfg` builds, its masks marked; and the share of padding in its first `n` examples' batches."""
-    t = cfg.train
-    builder = ExampleBuilder(train, cfg.data, t.batch_size * t.grad_accum_steps)
+    t, micro = cfg.train, sizes.planned(cfg).micro
+    builder = ExampleBuilder(train, cfg.data, t.batch_size)
     e, token = builder.example(t.seed, 0, 0, stream=2), prepared.tokenizer.id_to_token
     lengths = [
-        [len(builder.example(t.seed, *divmod(g, builder.examples_per_step)).tokens) for g in range(m, m + t.batch_size)]
-        for m in range(0, max(n, t.batch_size), t.batch_size)
-    ]  # (micro-batches, batch_size): the rows of steps 0, 1, ... in order
+        [len(builder.example(t.seed, *divmod(g, builder.examples_per_step)).tokens) for g in range(m, m + micro)]
+        for m in range(0, max(n, micro), micro)
+    ]  # (micro-batches, micro): the rows of steps 0, 1, ... in order
     slots = sum(padded_width(max(rows), cfg.data.max_seq_length) * len(rows) for rows in lengths)
     shown = [token(int(t)) for t in e.tokens]
     for position, label in zip(e.pred_positions, e.pred_labels):
@@ -397,6 +398,10 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(f"  not in the weights file (trained from scratch when pretraining from it): {absent}")
     mflops = f"{f['training_flops_per_token'] / 1e6:,.1f} M"
     lines += ["", f"training FLOPs per token  {mflops} (seq {f['seq_len']}, {f['predicted_share']:.1%} predicted)"]
+    if b := report.get("batch"):
+        lines.append(
+            f"batch  {b['examples_per_step']:,} examples a step: {b['accum']} micro-batch(es) of {b['micro']:,} ({b['why']})"
+        )
     for key, title in SECTIONS:
         if key in report and (report[key] or key == "tokenizer"):
             items = [(k, _num(v)) for k, v in (report[key] or {}).items()]

@@ -159,16 +159,12 @@ def stop_asked(stopper: Stopper, rt: runtime.Runtime, at_log: bool) -> bool:
     return not rt.distributed and stopper.signum is not None
 
 
-def examples_per_step(cfg: Config, rt: runtime.Runtime) -> int:
-    """The global batch: examples per optimizer step over all processes (what resuming compares)."""
-    return cfg.train.batch_size * cfg.train.grad_accum_steps * rt.world_size
-
-
 @dataclasses.dataclass
 class Run:
     """Everything `fit` trains with, built once by `build_run`."""
 
     cfg: Config  # resolved, model.vocab_size included
+    split: sizes.Split  # a step's examples in micro-batches on this machine
     rt: runtime.Runtime
     data: Dataset
     model: BertForPreTraining  # the weights (on the CPU until parallelize moved or sharded them)
@@ -205,14 +201,15 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume_arg: str, start: Start, *
     _check_sizes(cfg, rt)  # before the data, without a vocabulary yet: a lower bound
     resume_from = Path(resume_arg) if resume_arg not in ("auto", "never") else None
     data, tokenizer = _load_data(cfg, rt, quiet, resume_from)
-    cfg = _check_sizes(with_vocab(cfg, data.vocab_size, cfg.data.corpus, pad_id=data.train.special.pad), rt)
+    cfg = with_vocab(cfg, data.vocab_size, cfg.data.corpus, pad_id=data.train.special.pad)
+    split = _check_sizes(cfg, rt)
     words = tokenizer.get(layout.TOKENIZER_JSON)
     chosen = resume.choose(cfg, resume_arg, is_main=rt.is_main, last_step=last_step, tokenizer=words)
     if chosen.path is not None and checkpoint.read_trainer_state(chosen.path)["step"] >= last_step:
         return _nothing_to_do(cfg, rt, chosen.path, last_step)
     output_dir.mkdir(parents=True, exist_ok=True)
-    eval_batches, baseline = _held_out(cfg, data)
-    model, train_model, optimizer, scaler, unpad = _build_model(cfg, rt, fresh=chosen.path is None)
+    eval_batches, baseline = _held_out(cfg, data, split.micro)
+    model, train_model, optimizer, scaler, unpad = _build_model(cfg, rt, fresh=chosen.path is None, micro=split.micro)
     probing = _probe(cfg, model, tokenizer)
     best, last = chosen.best, chosen.path
     checkpoints = checkpoint.CheckpointManager(cfg, is_main=rt.is_main, tokenizer=tokenizer, best=best, last=last)
@@ -221,9 +218,10 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume_arg: str, start: Start, *
         cfg = checkpoints.cfg = _resumed(cfg, rt, chosen.path, step=progress.step, data=data, checkpoints=checkpoints)
     if rt.is_main:  # the settings it trains with: what a plain pretrain of the run continues, and inspect shows
         resume.write_settings(cfg, start.overrides)
-    _say_start(cfg, rt, data, start, last_step=last_step)
+    _say_start(cfg, rt, data, start, split=split, last_step=last_step)
     return Run(
         cfg=cfg,
+        split=split,
         rt=rt,
         data=data,
         model=model,
@@ -240,7 +238,7 @@ def build_run(cfg: Config, rt: runtime.Runtime, resume_arg: str, start: Start, *
 
 
 def _build_model(
-    cfg: Config, rt: runtime.Runtime, *, fresh: bool
+    cfg: Config, rt: runtime.Runtime, *, fresh: bool, micro: int
 ) -> tuple[BertForPreTraining, torch.nn.Module, torch.optim.Optimizer, torch.amp.GradScaler, bool]:
     """The model (model.init_from's weights if `fresh`), what the step calls, optimizer, scaler, and unpad."""
     tc = cfg.train
@@ -251,7 +249,7 @@ def _build_model(
     pairs = cfg.data.pairs
     train_model = parallel.parallelize(model, rt, parallel=tc.parallel, every_parameter_used=pairs, compile=tc.compile)
     optimizer = build_optimizer(model, cfg.optimizer, fused=fused_adamw(rt.device))
-    dropout, tokens = cfg.model.attention_probs_dropout_prob, tc.batch_size * cfg.data.max_seq_length
+    dropout, tokens = cfg.model.attention_probs_dropout_prob, micro * cfg.data.max_seq_length
     unpad, why_not = runtime.unpadded(
         tc.unpad, device=rt.device, precision=rt.precision, attention_dropout=dropout, micro_batch_tokens=tokens
     )
@@ -260,16 +258,19 @@ def _build_model(
     return model, train_model, optimizer, rt.grad_scaler(cfg.precision), unpad
 
 
-def _check_sizes(cfg: Config, rt: runtime.Runtime) -> Config:
-    """Refuse a model or batch this machine's memory cannot train, or whose checkpoint its disk cannot hold."""
+def _check_sizes(cfg: Config, rt: runtime.Runtime) -> sizes.Split:
+    """This machine's micro-batches; refuses a model or batch its memory cannot train, or a disk without room for a
+    checkpoint."""
     sizes.check_memory(cfg.model, rt.placement(), cfg.train.parallel)
-    sizes.check_batch(cfg, rt.placement())
+    split = sizes.check_batch(cfg, rt.placement())
     if rt.is_main:  # the process that writes checkpoints
         sizes.check_disk(cfg.model, Path(cfg.output_dir))
-    return cfg
+    return split
 
 
-def _say_start(cfg: Config, rt: runtime.Runtime, data: Dataset, start: Start, *, last_step: int) -> None:
+def _say_start(
+    cfg: Config, rt: runtime.Runtime, data: Dataset, start: Start, *, split: sizes.Split, last_step: int
+) -> None:
     """What the run is, in a few lines (quiet: errors, warnings and the final summary only)."""
     if slow := runtime.slow_autocast(rt):
         log(f"warning: precision.mode={slow}; use fp32 (or auto) on this CPU")
@@ -279,13 +280,13 @@ def _say_start(cfg: Config, rt: runtime.Runtime, data: Dataset, start: Start, *,
     processes = f"{rt.world_size} processes ({tc.parallel})" if rt.distributed else "1 process"
     shape = f"{m.num_hidden_layers} layers, hidden {m.hidden_size}, {m.num_attention_heads} heads"
     held_out = f"{valid.num_documents:,} documents held out" if valid is not None else "none held out"
-    split = f"train.batch_size {tc.batch_size} x grad_accum_steps {tc.grad_accum_steps} x {processes}"
+    micro = f"{split.accum} micro-batch(es) of {split.micro:,} on each of {rt.world_size} process(es)"
     until = f", stopping at {last_step:,}" if last_step < tc.max_steps else ""
     every = f"evaluation every {tc.eval_every:,}" if tc.eval_every and valid is not None else "no evaluation"
     log(f"bertcli {__version__}: {rt.describe()}; {processes}")
     log(f"model: {shape}, vocabulary {m.vocab_size:,}: {sizes.parameter_count(m):,} parameters")
     log(f"data: {cfg.data.corpus}: {train.num_documents:,} documents, {train.num_tokens:,} tokens; {held_out}")
-    log(f"batch: {examples_per_step(cfg, rt):,} sequences a step of up to {cfg.data.max_seq_length} tokens ({split})")
+    log(f"batch: {tc.batch_size:,} sequences a step of up to {cfg.data.max_seq_length} tokens: {micro} ({split.why})")
     schedule = f"learning rate {opt.lr:g}, {opt.warmup_steps:,} warmup, {opt.schedule}"
     log(f"steps: {tc.max_steps:,}{until}; {schedule}; {every}, a checkpoint every {cfg.checkpoint.save_every:,}")
     log(f"output: {cfg.output_dir}; the whole config: {Path(cfg.output_dir) / layout.RUN_SETTINGS}")
@@ -312,7 +313,7 @@ def _resumed(
     """Say what resuming `path` changes; return cfg with the checkpoint's tokenizer settings (those in use)."""
     saved, trainer = checkpoint.read_config(path), checkpoint.read_trainer_state(path)
     recorded = trainer.get("examples_per_step")
-    batches = (recorded if isinstance(recorded, int) else None, examples_per_step(cfg, rt))
+    batches = (recorded if isinstance(recorded, int) else None, cfg.train.batch_size)
     then, now = trainer.get(checkpoint.PREPARED_DATA), data.identity
     for line in resume.differences(saved, cfg, step=step, where=path.name, batches=batches, then=then, now=now):
         log(line)
@@ -362,13 +363,13 @@ def _probe(cfg: Config, model: BertForPreTraining, tokenizer: dict[str, bytes]) 
     return functools.partial(probe, enc, tokenizer=None, train=train, test=test, seed=cfg.train.seed)
 
 
-def _held_out(cfg: Config, data: Dataset) -> tuple[list[Batch], float]:
-    """The fixed held-out batches and the most-frequent-token accuracy on them ([] without evaluation)."""
+def _held_out(cfg: Config, data: Dataset, size: int) -> tuple[list[Batch], float]:
+    """The fixed held-out batches of `size` and the most-frequent-token accuracy on them ([] without evaluation)."""
     tc = cfg.train
     if data.valid is None or tc.eval_every == 0:
         return [], math.nan
     held_out = ExampleBuilder(data.valid, cfg.data, tc.eval_examples)  # one step of the EVAL stream
-    n, size = tc.eval_examples, tc.batch_size
+    n = tc.eval_examples
     batches = [held_out.batch(tc.seed, 0, range(i, min(i + size, n)), ExampleBuilder.EVAL) for i in range(0, n, size)]
     return batches, most_frequent_token_accuracy(data.train, batches)
 
@@ -502,12 +503,12 @@ def _train_batches(run: Run, *, first_step: int, last_step: int) -> Iterator[Bat
     """This process's micro-batches of steps first_step+1 .. last_step: a function of (seed, step, rank)."""
     cfg, rt, tc = run.cfg, run.rt, run.cfg.train
     micro_batches = StepBatches(
-        ExampleBuilder(run.data.train, cfg.data, examples_per_step(cfg, rt)),
+        ExampleBuilder(run.data.train, cfg.data, tc.batch_size),
         seed=tc.seed,
         first_step=first_step,
         last_step=last_step,
-        batch_size=tc.batch_size,
-        accum_steps=tc.grad_accum_steps,
+        batch_size=run.split.micro,
+        accum_steps=run.split.accum,
         rank=rt.rank,
         world_size=rt.world_size,
     )
@@ -525,7 +526,7 @@ def train_step(
     for group in run.optimizer.param_groups:
         group["lr"] = lr
     step_batches, key_lens = [], []
-    for _ in range(tc.grad_accum_steps):
+    for _ in range(run.split.accum):
         batch = next(batches)  # this process's share of one micro-batch of the step (pinned on GPUs)
         window.add_tokens(int(batch.valid_lens.sum()))  # non-padding tokens, counted on the host copy: no sync
         step_batches.append(batch.to(rt.device, non_blocking=rt.device.type == "cuda"))
@@ -535,7 +536,7 @@ def train_step(
     denominators = rt.all_reduce_sum(torch.stack(counts).sum(0).float())  # (2,): real MLM predictions, NSP rows
     step_sums = torch.zeros(len(LossStats._fields), device=rt.device)
     for micro, batch in enumerate(step_batches):
-        with parallel.gradient_sync(run.train_model, micro == tc.grad_accum_steps - 1):  # reduced on the last only
+        with parallel.gradient_sync(run.train_model, micro == run.split.accum - 1):  # reduced on the last only
             with rt.autocast():
                 packed = batch.packed if run.unpad else None
                 out = run.train_model(
@@ -563,7 +564,7 @@ def _trainer_state(run: Run, window: MetricsWindow, metrics: dict[str, float], r
     return {
         "tokens_seen": progress.tokens_seen + int(seen[0]),
         "train_time_s": progress.train_time_s + time.perf_counter() - run_start,
-        "examples_per_step": examples_per_step(cfg, run.rt),  # what a resume on other processes compares
+        "examples_per_step": cfg.train.batch_size,  # what a resume on other processes compares
         checkpoint.TRAINED_LENGTH: max(progress.trained_length, cfg.data.max_seq_length),  # a resume may shorten them
         "metrics": metrics,
         **({checkpoint.PREPARED_DATA: run.data.identity} if run.data.identity is not None else {}),

@@ -38,8 +38,8 @@ def main() -> None:
         ("dropout 0", ["model.hidden_dropout_prob=0", "model.attention_probs_dropout_prob=0"]),
     ]:
         with tempfile.TemporaryDirectory() as tmp:
-            a = run(Path(tmp) / "a", "train.batch_size=32", *extra)
-            b = run(Path(tmp) / "b", "train.batch_size=16", "train.grad_accum_steps=2", *extra)
+            a = run(Path(tmp) / "a", "train.batch_size=32", "train.micro_batch_size=32", *extra)
+            b = run(Path(tmp) / "b", "train.batch_size=32", "train.micro_batch_size=16", *extra)
             gap = max((a[k] - b[k]).abs().max().item() for k in a)
             print(f"{label}: max |w(1 x 32) - w(2 x 16)| after {steps} steps = {gap:.2e}", flush=True)
 

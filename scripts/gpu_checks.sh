@@ -9,8 +9,8 @@
 #     bertcli at base size is also timed with each lever of issue 21 undone (--ablate: fp32 norms,
 #     three QKV products, both; and bf16 weights without autocast, a bound);
 #   - end to end: the base preset on the bundled sample for 60 steps in bf16 (tokens/s, MFU and
-#     peak memory land in metrics.jsonl) as init writes it (micro-batch 64 x 4) and as one
-#     micro-batch of 256, in fp16 with the grad scaler, compiled, unpadded, and with FSDP under
+#     peak memory land in metrics.jsonl) as init writes it (the micro-batch chosen on the GPU) and as the earlier
+#     preset's 64 x 4, in fp16 with the grad scaler, compiled, unpadded, and with FSDP under
 #     torchrun on every visible GPU;
 #   - encode --dtype bf16 against sentence-transformers in fp16 (scripts/bench_encode.py --gpu), when
 #     a sentence-transformers model folder is at $ENCODE_MODEL (default .gpu/minilm). GPU machines may
@@ -78,12 +78,12 @@ fi
 
 if wanted runs; then
 RUNS=$(mktemp -d)  # checkpoints stay out of $OUT; their last metrics are copied
-# The base preset as init writes it: micro-batch 64 x 4 accumulation (bf16_256: one micro-batch of 256)
+# The base preset as init writes it: the micro-batch chosen on the GPU (bf16_64x4: the earlier preset's 64 x 4)
 COMMON=(--set train.max_steps="$STEPS" --set logging.log_every=20 --set checkpoint.save_every="$STEPS"
         --set train.eval_every="$STEPS" --quiet)
 python3 -m bertcli init "$RUNS/base" --preset "$PRESET" --force >"$OUT/init.txt" 2>&1
 run bf16 --set precision.mode=bf16
-run bf16_256 --set precision.mode=bf16 --set train.batch_size=256 --set train.grad_accum_steps=1
+run bf16_64x4 --set precision.mode=bf16 --set train.micro_batch_size=64
 run fp16 --set precision.mode=fp16
 run compiled --set train.compile=true
 run unpadded --set train.unpad=true --set model.attention_probs_dropout_prob=0

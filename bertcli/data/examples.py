@@ -55,7 +55,7 @@ class Batch:
 
 
 class ExampleBuilder:
-    """Examples of a corpus; `examples_per_step`: the global batch (batch_size x grad_accum_steps x processes)."""
+    """Examples of a corpus; `examples_per_step`: train.batch_size, over all processes."""
 
     TRAIN, EVAL = 0, 1  # example streams: the held-out set never shares a seed with training
     PIECE, BLOCK_SEGMENTS, WINDOW_BLOCKS = PIECE, BLOCK_SEGMENTS, WINDOW_BLOCKS  # chunks'; tests set smaller ones

@@ -988,10 +988,14 @@ CASES = [
         ("train.batch_size=1,000,000,000", "memory"),
     ),
     (
-        "grad-accum-past-memory",
-        lambda d, b: ["pretrain", "-c", write_config(d, "train.grad_accum_steps=1000000000")],
+        "micro-batch-past-memory",
+        lambda d, b: [
+            "pretrain",
+            "-c",
+            write_config(d, "train.batch_size=1000000000", "train.micro_batch_size=1000000000"),
+        ],
         2,
-        ("train.grad_accum_steps", "8,000,000,000", "memory"),
+        ("train.micro_batch_size", "1,000,000,000", "memory"),
     ),
     (
         "eval-examples-a-million",

@@ -46,8 +46,8 @@ def weights(folder, step):
     return safetensors.torch.load_file(folder / "checkpoints" / f"step-{step:07d}" / "model.safetensors")
 
 
-# The global batch of the two-process runs below: 8 examples x 2 micro-batches, 8 steps, no dropout.
-GLOBAL = ["train.batch_size=8", "train.grad_accum_steps=2", "train.max_steps=8", *NO_DROPOUT]
+# The global batch of the runs below: 16 examples, in micro-batches of 8 in one process, 8 steps, no dropout.
+GLOBAL = ["train.batch_size=16", "train.micro_batch_size=8", "train.max_steps=8", *NO_DROPOUT]
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +63,7 @@ def one(tmp_path_factory):
 
 
 def test_two_processes_equal_one_process_with_the_global_batch(tmp_path, one, beside_a_clone):
-    two = write_config(tmp_path / "two", *GLOBAL, "train.batch_size=4")
+    two = write_config(tmp_path / "two", *GLOBAL, "train.micro_batch_size=4")
     result = torchrun(two, cwd=beside_a_clone)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stderr.count("done: step 8") == 1, "only rank 0 reports"
@@ -87,7 +87,7 @@ def test_two_processes_equal_one_process_with_the_global_batch(tmp_path, one, be
 
 
 def test_killed_two_process_run_resumes(tmp_path, beside_a_clone):
-    overrides = ["train.batch_size=4", "train.max_steps=30", "checkpoint.save_every=5", "logging.log_every=5"]
+    overrides = ["train.batch_size=8", "train.max_steps=30", "checkpoint.save_every=5", "logging.log_every=5"]
     config = write_config(tmp_path / "killed", *overrides)
     command = [
         sys.executable,
@@ -133,7 +133,7 @@ def test_fsdp_equals_one_process_and_its_checkpoint_resumes_in_one_process(tmp_p
     """FSDP2 (2 processes, accumulation without gradient sync on the first micro-batch) trains
     like one process with the global batch; its checkpoints hold the gathered weights and
     optimizer state, so one process (here, this one) resumes them."""
-    mixed = write_config(tmp_path / "mixed", *GLOBAL, "train.batch_size=4", "train.parallel=fsdp")
+    mixed = write_config(tmp_path / "mixed", *GLOBAL, "train.micro_batch_size=4", "train.parallel=fsdp")
     first = torchrun(mixed, "--stop-at", "4", cwd=beside_a_clone, quiet=False)  # 2 processes x 4 examples
     assert first.returncode == 0, first.stderr[-2000:]
     assert "2 processes (fsdp)" in first.stderr and first.stderr.count("done: step 4") == 1

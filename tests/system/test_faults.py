@@ -62,7 +62,8 @@ def test_signal_finishes_the_step_saves_and_says_how_to_resume(tmp_path, signum,
         "checkpoint.save_every=10",
         "logging.log_every=10",
         "train.data_workers=2",
-        "train.grad_accum_steps=2",
+        "train.batch_size=16",
+        "train.micro_batch_size=8",
     )
     proc = start(config)
     wait_for(tmp_path / "checkpoints" / "step-0000010", proc)
@@ -91,7 +92,8 @@ def test_a_second_signal_stops_at_once_and_the_last_checkpoint_stays_valid(tmp_p
         "train.max_steps=100000",
         "checkpoint.save_every=2",
         "logging.log_every=1",
-        "train.grad_accum_steps=40",
+        "train.batch_size=320",
+        "train.micro_batch_size=8",
     )
     proc = start(config)
     wait_for(tmp_path / "checkpoints" / "step-0000002", proc)

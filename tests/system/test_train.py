@@ -158,12 +158,14 @@ def test_sizes_that_cannot_fit_on_this_cpu_are_refused_before_torch_loads(tmp_pa
     from conftest import refuse_in_fresh_interpreter
 
     config = write_config(tmp_path)
-    for setting, said in (
-        ("train.batch_size=100000000", "of activations, but this machine's memory is"),
-        ("model.hidden_size=1000000", "the model is too large to train here"),
+    huge = ["--set", "train.batch_size=100000000", "--set", "train.micro_batch_size=100000000"]
+    for settings, said in (
+        (huge, "of activations, but this machine's memory is"),
+        (["--set", "train.batch_size=10000000000"], "train.batch_size=10,000,000,000: a process's"),
+        (["--set", "model.hidden_size=1000000"], "the model is too large to train here"),
     ):
         (code, imported), err = refuse_in_fresh_interpreter(
-            "pretrain", "--config", config, "--device", "cpu", "--set", setting, cwd=tmp_path
+            "pretrain", "--config", config, "--device", "cpu", *settings, cwd=tmp_path
         )
         assert (code, imported) == ("2", "False") and said in err, err
     assert not (tmp_path / "checkpoints").exists()
@@ -454,7 +456,7 @@ def test_grad_accumulation_is_exactly_a_larger_batch(tmp_path):
     over the whole step (MLM predictions differ in number from micro-batch to micro-batch)."""
     varied = ["data.short_seq_prob=0.5", "train.max_steps=4", *NO_DROPOUT]  # predictions per row: 1 to 4
     a = train(tmp_path / "a", "train.batch_size=8", *varied)
-    b = train(tmp_path / "b", "train.batch_size=4", "train.grad_accum_steps=2", *varied)
+    b = train(tmp_path / "b", "train.batch_size=8", "train.micro_batch_size=4", *varied)
     assert a["tokens_seen"] == b["tokens_seen"]
     wa, wb = weights(tmp_path / "a/checkpoints/step-0000004"), weights(tmp_path / "b/checkpoints/step-0000004")
     start = BertForPreTraining(micro_config().model).state_dict()
@@ -709,7 +711,8 @@ def test_a_runs_set_values_stay_with_it_and_its_start_and_step_lines_say_what_a_
 ):
     """--set train.max_steps=10 is recorded in the run folder: a plain pretrain keeps it (said), inspect shows it
     during and after the run, a new --set changes it. The start is at most 12 lines; every step line, stderr not a
-    terminal, has the learning rate, the time so far and an estimate of the end."""
+    terminal, has the learning rate, the time so far and an estimate of the end. The batch line and inspect say how a
+    step splits into micro-batches here, and why."""
     import shutil
 
     from bertcli import summary, trainer
@@ -723,6 +726,12 @@ def test_a_runs_set_values_stay_with_it_and_its_start_and_step_lines_say_what_a_
     for i in steps:
         assert re.search(r"^step \d+/10 \|.* lr [\d.e-]+ .*elapsed, ~[\d:]+ left$", first.err_lines[i]), first.err
     assert "train.max_steps=10" in (tmp_path / layout.RUN_SETTINGS).read_text()
+    chosen = json.loads(cli("inspect", config, "--json").out)["batch"]  # what this CPU chooses, and why
+    assert (chosen["micro"], chosen["accum"]) == (8, 1) and "25% of this machine's memory" in chosen["why"]
+    assert (
+        f"batch: 8 sequences a step of up to 32 tokens: 1 micro-batch(es) of 8 on each of 1 process(es) ({chosen['why']})"
+        in first.err_lines
+    )
     plain = cli("pretrain", "--config", config, "--quiet")
     assert plain.code == 0 and "nothing to do" in plain.err, plain.err
     assert "train.max_steps=10" in plain.err_lines[0] and layout.list_checkpoints(tmp_path)[-1][0] == 10

@@ -1,0 +1,108 @@
+"""sizes: the activation bytes of an example against what autograd saves, and the micro-batch a machine gets."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+from bertcli import sizes
+from bertcli.config_load import config_from_dict, debug_config, preset_config
+from bertcli.errors import UsageError
+from bertcli.model import BertForPreTraining
+from bertcli.sizes import Placement, largest_micro_batch, split
+from bertcli.trainer import pretraining_loss
+
+GIB = 2**30
+
+
+def saved_bytes(cfg, rows: int, half: bool) -> int:
+    """Bytes autograd saves for the backward of `rows` examples (the loss's included), and their MLM logits."""
+    torch.manual_seed(0)
+    model = BertForPreTraining(cfg.model).train()
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    storages: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if (ptr := t.untyped_storage().data_ptr()) not in weights:
+            storages[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    seq, p, vocab = cfg.data.max_seq_length, cfg.data.max_predictions_per_seq, cfg.model.vocab_size
+    ids, segments = torch.randint(5, vocab, (rows, seq)), torch.zeros(rows, seq, dtype=torch.long)
+    positions = torch.stack([torch.randperm(seq)[:p] for _ in range(rows)])  # (rows, P)
+    batch = type(
+        "Batch",
+        (),
+        {"mlm_labels": torch.randint(5, vocab, (rows, p)), "nsp_labels": torch.zeros(rows, dtype=torch.long)},
+    )
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if half else contextlib.nullcontext()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
+        out = model(ids, segments, None, positions)
+        pretraining_loss(out, batch, mlm_weight=1.0, nsp_weight=1.0)
+    return sum(storages.values()) + out.mlm_logits.nbytes  # the logits live until the backward
+
+
+@pytest.mark.parametrize("half", [False, True], ids=["fp32", "bf16"])
+@pytest.mark.parametrize(
+    "shape",
+    [
+        ["model.hidden_size=64", "model.num_attention_heads=2", "model.intermediate_size=256"],
+        [
+            "model.hidden_size=96",
+            "model.num_attention_heads=4",
+            "model.attention_probs_dropout_prob=0",
+            "data.max_seq_length=64",
+        ],
+    ],
+    ids=["dropout", "no-attention-dropout"],
+)
+def test_activation_bytes_bound_what_autograd_saves_closely(shape, half):
+    cfg = debug_config(
+        ["model.vocab_size=512", "model.max_position_embeddings=64", "data.max_predictions_per_seq=9", *shape]
+    )
+    measured = (saved_bytes(cfg, 6, half) - saved_bytes(cfg, 2, half)) / 4  # per example: without the weights' casts
+    estimate = sizes.activation_bytes(cfg, Placement(half=half))
+    assert measured <= estimate <= 1.1 * measured, (measured, estimate)
+
+
+def test_the_largest_divisor_that_fits_is_the_micro_batch():
+    assert largest_micro_batch(256, 10, 640) == 64
+    assert largest_micro_batch(256, 10, 639) == 32
+    assert largest_micro_batch(256, 10, 10**9) == 256  # never more than the share
+    assert largest_micro_batch(250, 10, 730) == 50  # divisors of 250 below 73
+    assert largest_micro_batch(7, 10**9, 0) == 1  # nothing fits: one example (check_batch refuses it)
+
+
+def test_the_base_preset_takes_the_whole_step_on_a_gpu_and_splits_it_on_a_small_one():
+    cfg = preset_config("base", ["model.vocab_size=30522"])
+    h100 = split(cfg, Placement(half=True, gpu=(80 * GIB, "H100")))
+    assert (h100.micro, h100.accum) == (256, 1) and "H100" in h100.why
+    small = split(cfg, Placement(half=True, gpu=(8 * GIB, "small")))
+    per_example = sizes.activation_bytes(cfg, Placement(half=True, gpu=(8 * GIB, "small")))
+    budget = sizes.GPU_SHARE * (8 * GIB - sizes.BYTES_PER_PARAMETER * sizes.parameter_count(cfg.model))
+    assert small.micro * per_example <= budget < 2 * small.micro * per_example and small.micro * small.accum == 256
+    two = split(cfg, Placement(half=True, world_size=2, gpu=(80 * GIB, "H100")))
+    assert (two.micro, two.accum) == (128, 1), "each of 2 processes takes half the step"
+
+
+def test_a_fixed_micro_batch_must_divide_a_process_share():
+    cfg = debug_config(["train.batch_size=24", "train.micro_batch_size=6"])
+    assert (split(cfg, Placement(half=False)).accum, split(cfg, Placement(half=False, world_size=2)).accum) == (4, 2)
+    with pytest.raises(UsageError, match="train.micro_batch_size=6 does not divide the 8 examples"):
+        split(cfg, Placement(half=False, world_size=3))
+    with pytest.raises(UsageError, match="train.batch_size=24 is not a multiple of the 5 processes"):
+        split(cfg, Placement(half=False, world_size=5))
+
+
+def test_a_config_of_bertcli_0_1_keeps_its_step(monkeypatch):
+    """Its train.batch_size was the micro-batch and train.grad_accum_steps their count, per process."""
+    old = {"train": {"batch_size": 64, "grad_accum_steps": 4}}
+    cfg = config_from_dict(old, "old.yaml")
+    assert (cfg.train.batch_size, cfg.train.micro_batch_size) == (256, 64)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert config_from_dict(old, "old.yaml").train.batch_size == 512
+    with pytest.raises(UsageError, match="train.grad_accum_steps: replaced by train.micro_batch_size"):
+        config_from_dict({"train": {"grad_accum_steps": 4, "micro_batch_size": None}}, "mixed.yaml")
+    assert preset_config("base").train.batch_size == 256 and preset_config("base").train.micro_batch_size is None
