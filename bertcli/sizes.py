@@ -15,8 +15,10 @@ from bertcli.errors import RunError, UsageError
 BYTES_PER_PARAMETER = 16  # fp32 weights, their gradients and AdamW's two moments: 4 x 4 bytes
 CHECKPOINT_BYTES_PER_PARAMETER = 12  # a checkpoint: fp32 weights and AdamW's two moments, 3 x 4 bytes
 BYTES_PER_TOKEN = 16  # a batch's token ids and segment ids (int64) alone, before masks and labels
-GPU_SHARE = 0.8  # of a GPU's memory after the training state: the rest for the CUDA context, cuBLAS workspaces,
-# the backward's temporaries and the caching allocator's fragmentation
+# Of a GPU's memory after the training state, what the saved activations may take: on an H100 the step's peak less
+# the state was 1.62x activation_bytes at base/128 x 256 and 1.27x at large/512 x 32 (the backward's temporaries,
+# bf16 copies of the weights; benchmarks/gpu-2026-11-26-h100/final/bench_*.txt), and the allocator fragments.
+GPU_SHARE = 0.5
 CPU_SHARE = 0.25  # of this machine's memory: it also holds the corpus, data workers and whatever else it runs
 
 

