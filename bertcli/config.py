@@ -344,6 +344,7 @@ class TrainConfig:
             at_least(
                 "train.micro_batch_size", 1 if t.micro_batch_size is None else t.micro_batch_size, 1, " (or null)"
             ),
+            (t.batch_size % (t.micro_batch_size or 1) == 0, "train.micro_batch_size", "must divide train.batch_size"),
             at_least("train.mlm_weight", t.mlm_weight, 0),
             at_least("train.nsp_weight", t.nsp_weight, 0),
             (t.mlm_weight > 0 or t.nsp_weight > 0, "train.mlm_weight", "is 0 as is train.nsp_weight: nothing to learn"),

@@ -25,7 +25,8 @@ from bertcli.errors import UsageError
 def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
     """defaults < YAML file < --set overrides, strictly checked."""
     extra, origin = parse_overrides(overrides or [])
-    return _build_checked(Config, _merge(read_yaml(Path(path)), extra), "", {"": str(path), **origin})
+    file = _from_earlier(read_yaml(Path(path)))  # before --set: its values mean what they mean today
+    return _build_checked(Config, _merge(file, extra), "", {"": str(path), **origin})
 
 
 def config_from_dict(raw: dict[str, Any], source: str) -> Config:
@@ -249,12 +250,13 @@ def _from_earlier(raw: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(train, dict) or "grad_accum_steps" not in train:
         return raw
     if "micro_batch_size" in train:
-        raise UsageError(
-            "train.grad_accum_steps: replaced by train.micro_batch_size (train.batch_size is a whole step's examples): remove it"
-        )
+        fix = "train.batch_size is a whole step's examples: remove it"
+        raise UsageError(f"train.grad_accum_steps (bertcli 0.1's): replaced by train.micro_batch_size; {fix}")
     micro, accum = train.get("batch_size", 32), train["grad_accum_steps"]  # 32: bertcli 0.1's default
     if not all(type(n) is int and n > 0 for n in (micro, accum)):
-        return raw  # refused as it stands
+        raise UsageError(
+            f"train.batch_size and train.grad_accum_steps must be positive integers, got {micro!r}, {accum!r}"
+        )
     steps = {"batch_size": micro * accum * int(os.environ.get("WORLD_SIZE", "1")), "micro_batch_size": micro}
     return raw | {"train": {k: v for k, v in train.items() if k != "grad_accum_steps"} | steps}
 

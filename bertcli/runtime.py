@@ -69,7 +69,8 @@ class Runtime:
     def placement(self) -> Placement:
         props = torch.cuda.get_device_properties(self.device) if self.device.type == "cuda" else None
         gpu = (props.total_memory, props.name) if props else None
-        return Placement(half=self.autocast_dtype is not None, world_size=self.world_size, gpu=gpu)
+        half, fp16 = self.autocast_dtype is not None, self.autocast_dtype == torch.float16
+        return Placement(half=half, world_size=self.world_size, gpu=gpu, fp16=fp16)
 
     def describe(self) -> str:
         threads = f"cpu ({torch.get_num_threads()} threads)"

@@ -37,13 +37,15 @@ class Placement:
     half: bool  # activations in 2 bytes (autocast), else 4
     world_size: int = 1  # processes in the job
     gpu: tuple[int, str] | None = None  # the training GPU's memory in bytes and its name; None: the CPU
+    fp16: bool = False  # fp16 autocast: LayerNorm outputs stay fp32 (model.LayerNorm), so the residual stream too
 
 
 def cpu_placement(cfg: Config) -> Placement | None:
     """The Placement of a run of `cfg` sure to train on this CPU (device cpu, or auto with a CPU torch), else None."""
     if cfg.train.device != "cpu" and not (cfg.train.device == "auto" and (torch_build() or ("",))[0] == "cpu"):
         return None
-    return Placement(half=cfg.precision.mode in ("bf16", "fp16"), world_size=int(os.environ.get("WORLD_SIZE", "1")))
+    world_size, mode = int(os.environ.get("WORLD_SIZE", "1")), cfg.precision.mode
+    return Placement(half=mode in ("bf16", "fp16"), world_size=world_size, fp16=mode == "fp16")
 
 
 def padded_vocab_size(cfg: ModelConfig) -> int:
@@ -77,13 +79,17 @@ def flops_per_token(cfg: ModelConfig, seq_len: float, pred_share: float) -> floa
     return 6 * L * (4 * H * H + 2 * H * I) + 12 * L * H * seq_len + 6 * pred_share * (H * H + V * H)
 
 
+def local_processes(where: Placement) -> int:
+    """This job's processes on this machine (pretrain refuses the variable where there is no job)."""
+    return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))) if where.world_size > 1 else 1
+
+
 def check_memory(model: ModelConfig, where: Placement, parallel: str) -> None:
     """Refuse a model whose training state (sharded under FSDP) cannot fit the device, or its fp32 copies the host."""
     n = parameter_count(model)
     shards = where.world_size if where.world_size > 1 and parallel == "fsdp" else 1
     on_device = BYTES_PER_PARAMETER * n // shards
-    # This job's processes on this machine (pretrain refuses the variable where there is no job).
-    local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))) if where.world_size > 1 else 1
+    local = local_processes(where)
     shared = f", shared by this job's {local} processes on it (LOCAL_WORLD_SIZE)," if local > 1 else ""
     host = (4 * n if where.gpu else max(4 * n, on_device)) * local
     checks = [(on_device, where.gpu[0], f"the GPU's memory ({where.gpu[1]})")] if where.gpu else []
@@ -133,6 +139,8 @@ def activation_bytes(cfg: Config, where: Placement) -> int:
     if where.gpu is None and m.attention_probs_dropout_prob > 0:  # dropout.attention keeps (nh, T, T) weights
         layer += (2 * e + 1) * m.num_attention_heads * seq  # scores, dropped weights, the bool mask
     rest = (3 * e + (3 if where.half else 0)) * h + 144  # embeddings and heads, per token (144: int64 ids, masks)
+    if where.fp16:  # the fp32 residual stream: two more bytes for each H-wide tensor it carries
+        layer, rest = layer + 4 * h + 8, rest + 2 * h + 8
     logits = cfg.data.max_predictions_per_seq * vocab * (e + 4)  # (P, V) logits and their fp32 log-softmax
     return int(seq * (m.num_hidden_layers * layer + rest) + logits)
 
@@ -163,7 +171,8 @@ def split(cfg: Config, where: Placement) -> Split:
     if not memory:
         return Split(share, 1, "the whole share: this machine's memory is unknown")
     shards = processes if processes > 1 and t.parallel == "fsdp" else 1
-    budget = fraction * (memory - BYTES_PER_PARAMETER * parameter_count(cfg.model) // shards)
+    sharing = 1 if where.gpu else local_processes(where)  # a GPU each, or this machine's memory for them all
+    budget = fraction * (memory / sharing - BYTES_PER_PARAMETER * parameter_count(cfg.model) // shards)
     micro = largest_micro_batch(share, per_example, budget)
     where_ = f"the GPU's ({where.gpu[1]})" if where.gpu else "this machine's"
     why = f"the largest divisor of {share:,} fitting {fraction:.0%} of {where_} memory left by the training state, at {per_example / 2**20:,.1f} MiB an example"
@@ -176,7 +185,8 @@ def planned(cfg: Config) -> Split:
         return split(cfg, dataclasses.replace(where, world_size=1))
     if cfg.train.micro_batch_size is not None:
         return split(cfg, Placement(half=True))
-    mib = activation_bytes(cfg, Placement(half=cfg.precision.mode != "fp32", gpu=(0, ""))) / 2**20
+    mode = cfg.precision.mode
+    mib = activation_bytes(cfg, Placement(half=mode != "fp32", gpu=(0, ""), fp16=mode == "fp16")) / 2**20
     why = f"chosen when pretrain starts: the largest fitting {GPU_SHARE:.0%} of the GPU's memory left, at {mib:,.1f} MiB an example"
     return Split(cfg.train.batch_size, 1, why)
 

@@ -265,6 +265,11 @@ def _check_sizes(cfg: Config, rt: runtime.Runtime) -> sizes.Split:
     split = sizes.check_batch(cfg, rt.placement())
     if rt.is_main:  # the process that writes checkpoints
         sizes.check_disk(cfg.model, Path(cfg.output_dir))
+    if rt.distributed and cfg.train.micro_batch_size is None:  # one split for all: the smallest any device allows
+        micro = torch.tensor([split.micro], device=rt.device)
+        torch.distributed.all_reduce(micro, op=torch.distributed.ReduceOp.MIN)
+        share = cfg.train.batch_size // rt.world_size
+        split = dataclasses.replace(split, micro=int(micro), accum=share // int(micro))
     return split
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from bertcli import sizes
-from bertcli.config_load import config_from_dict, debug_config, preset_config
+from bertcli.config_load import config_from_dict, debug_config, load_config, preset_config
 from bertcli.errors import UsageError
 from bertcli.model import BertForPreTraining
 from bertcli.sizes import Placement, largest_micro_batch, split
@@ -17,7 +17,7 @@ from bertcli.trainer import pretraining_loss
 GIB = 2**30
 
 
-def saved_bytes(cfg, rows: int, half: bool) -> int:
+def saved_bytes(cfg, rows: int, autocast: torch.dtype | None) -> int:
     """Bytes autograd saves for the backward of `rows` examples (the loss's included), and their MLM logits."""
     torch.manual_seed(0)
     model = BertForPreTraining(cfg.model).train()
@@ -37,14 +37,14 @@ def saved_bytes(cfg, rows: int, half: bool) -> int:
         (),
         {"mlm_labels": torch.randint(5, vocab, (rows, p)), "nsp_labels": torch.zeros(rows, dtype=torch.long)},
     )
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if half else contextlib.nullcontext()
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
+    context = torch.autocast("cpu", dtype=autocast) if autocast else contextlib.nullcontext()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), context:
         out = model(ids, segments, None, positions)
         pretraining_loss(out, batch, mlm_weight=1.0, nsp_weight=1.0)
     return sum(storages.values()) + out.mlm_logits.nbytes  # the logits live until the backward
 
 
-@pytest.mark.parametrize("half", [False, True], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("autocast", [None, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
 @pytest.mark.parametrize(
     "shape",
     [
@@ -58,12 +58,12 @@ def saved_bytes(cfg, rows: int, half: bool) -> int:
     ],
     ids=["dropout", "no-attention-dropout"],
 )
-def test_activation_bytes_bound_what_autograd_saves_closely(shape, half):
+def test_activation_bytes_bound_what_autograd_saves_closely(shape, autocast):
     cfg = debug_config(
         ["model.vocab_size=512", "model.max_position_embeddings=64", "data.max_predictions_per_seq=9", *shape]
     )
-    measured = (saved_bytes(cfg, 6, half) - saved_bytes(cfg, 2, half)) / 4  # per example: without the weights' casts
-    estimate = sizes.activation_bytes(cfg, Placement(half=half))
+    measured = (saved_bytes(cfg, 6, autocast) - saved_bytes(cfg, 2, autocast)) / 4  # per example: no weights' casts
+    estimate = sizes.activation_bytes(cfg, Placement(half=autocast is not None, fp16=autocast == torch.float16))
     assert measured <= estimate <= 1.1 * measured, (measured, estimate)
 
 
@@ -96,14 +96,32 @@ def test_a_fixed_micro_batch_must_divide_a_process_share():
         split(cfg, Placement(half=False, world_size=5))
 
 
-def test_a_config_of_bertcli_0_1_keeps_its_step(monkeypatch):
-    """Its train.batch_size was the micro-batch and train.grad_accum_steps their count, per process."""
+def test_processes_on_one_cpu_machine_share_its_memory(monkeypatch):
+    cfg = preset_config("base", ["model.vocab_size=30522"])
+    monkeypatch.setattr(sizes, "machine_memory", lambda: 64 * GIB)
+    alone = split(cfg, Placement(half=False, world_size=4))  # 4 machines of 64 GiB
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    shared = split(cfg, Placement(half=False, world_size=4))  # 4 processes on this one
+    per_example, state = sizes.activation_bytes(cfg, Placement(half=False)), 16 * sizes.parameter_count(cfg.model)
+    assert 4 * (shared.micro * per_example + state) <= 64 * GIB * sizes.CPU_SHARE + 4 * state
+    assert shared.micro < alone.micro and shared.micro * shared.accum == alone.micro * alone.accum == 64
+
+
+def test_a_config_of_bertcli_0_1_keeps_its_step(monkeypatch, tmp_path):
+    """Its train.batch_size was the micro-batch and train.grad_accum_steps their count, per process; --set on it
+    means what it means today."""
     old = {"train": {"batch_size": 64, "grad_accum_steps": 4}}
     cfg = config_from_dict(old, "old.yaml")
     assert (cfg.train.batch_size, cfg.train.micro_batch_size) == (256, 64)
+    (tmp_path / "old.yaml").write_text("train:\n  batch_size: 64\n  grad_accum_steps: 4\n")
+    assert load_config(tmp_path / "old.yaml", ["train.batch_size=512"]).train.batch_size == 512
+    with pytest.raises(UsageError, match="must be positive integers, got 64, 0"):
+        config_from_dict({"train": {"batch_size": 64, "grad_accum_steps": 0}}, "old.yaml")
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert config_from_dict(old, "old.yaml").train.batch_size == 512
-    with pytest.raises(UsageError, match="train.grad_accum_steps: replaced by train.micro_batch_size"):
+    with pytest.raises(
+        UsageError, match=r"train.grad_accum_steps \(bertcli 0.1.s\): replaced by train.micro_batch_size"
+    ):
         config_from_dict({"train": {"grad_accum_steps": 4, "micro_batch_size": None}}, "mixed.yaml")
     assert preset_config("base").train.batch_size == 256 and preset_config("base").train.micro_batch_size is None
 
