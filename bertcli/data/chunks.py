@@ -20,13 +20,15 @@ WINDOW_KEY, ORDER_KEY, CALIBRATION_KEY = 1, 2, 3
 
 class ChunkIndex(NamedTuple):
     """Chunks, in a window's (shuffled) order. Chunk j is segments first[j]..first[j] + count[j] - 1 of one document;
-    A is its first a_count[j], B the rest, or (random_next[j]) about target[j] - len(A) tokens of another."""
+    A is its first a_count[j], B the rest, or (random_next[j]) about target[j] - len(A) tokens of another. A packed
+    row (no pairs) is target[j] tokens of a piece from skip[j] tokens into segment first[j]: rows tile the piece."""
 
     first: np.ndarray  # (C,) int32 or int64
     count: np.ndarray  # (C,) uint16 or int32, >= 1
     a_count: np.ndarray  # (C,) like count, 1..count (count only when B is random)
     random_next: np.ndarray  # (C,) bool
     target: np.ndarray  # (C,) like count: the chunk's target length in tokens
+    skip: np.ndarray  # (C,) like first: tokens of segment first[j] in the row before (packed rows; else 0)
 
 
 def document_pieces(doc_offsets: np.ndarray, lo: int, hi: int, piece: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -111,25 +113,31 @@ class Windows:
         shift = lo[block] - base[block]  # corpus number = local number + shift
         piece_start, piece_end = start - shift, end - shift  # (P,) in the local numbering
         pos = piece_start.copy()  # (P,) where each piece's next chunk starts
+        skip = np.zeros(len(pos), dtype=np.int64)  # (P,) and how many of that segment's tokens are in a row already
         active = np.arange(len(pos))
         small = np.uint16 if self.max_tokens < 1 << 16 else np.int32  # chunk sizes and targets
-        types = (np.int32 if self.num_segments + 1 < 1 << 31 else np.int64, small, small, bool, small)
-        # Per round, in compact types (~11 bytes a chunk); an empty first round types the columns of no pieces.
+        wide = np.int32 if max(self.num_segments + 1, int(offsets[-1])) < 1 << 31 else np.int64
+        types = (wide, small, small, bool, small, wide)
+        # Per round, in compact types (~15 bytes a chunk); an empty first round types the columns of no pieces.
         parts, pieces = [tuple(np.zeros(0, dtype=t) for t in types)], [np.zeros(0, dtype=np.int64)]
         while len(active):
-            p, stop, n = pos[active], piece_end[active], len(active)
+            p, stop, n, s = pos[active], piece_end[active], len(active), skip[active]
             target = np.full(n, self.max_tokens, dtype=np.int64)
             short = rng.random(n) < (self.cfg.short_seq_prob if self.cfg.pairs else 0.0)
             target[short] = rng.integers(2, self.max_tokens + 1, size=int(short.sum()))
-            chunk_end = np.searchsorted(offsets, offsets[p] + target, side="left")
+            reach = offsets[p] + s + target  # (n,) one past the chunk's last token
+            chunk_end = np.searchsorted(offsets, reach, side="left")
             chunk_end = np.minimum(np.maximum(chunk_end, p + 1), stop)
             first, count = p.copy(), chunk_end - p
             if self.cfg.pairs:
                 after_previous = (p > piece_start[active]) | has_previous[active]
                 a_count, random_next, step_to = self._pairs(first, count, chunk_end, after_previous, rng=rng)
-            else:
-                a_count, random_next, step_to = count, np.ones(n, dtype=bool), chunk_end
-            columns = (first + shift[active], count, a_count, random_next, target)
+            else:  # a row ending inside a segment: the next row starts at its next token, so every token is in one
+                inside = reach < offsets[chunk_end]
+                step_to = np.where(inside, chunk_end - 1, chunk_end)
+                a_count, random_next = count, np.ones(n, dtype=bool)
+                skip[active] = np.where(inside, reach - offsets[step_to], 0)
+            columns = (first + shift[active], count, a_count, random_next, target, s)
             parts.append(tuple(c.astype(t) for c, t in zip(columns, types)))
             pieces.append(active)
             pos[active] = step_to

@@ -93,13 +93,14 @@ class ExampleBuilder:
     def _tokens(self, first: int, end: int) -> np.ndarray:
         return np.asarray(self.corpus.tokens[self.offsets[first] : self.offsets[end]], dtype=np.int64)
 
-    def _packed(self, first: int, end: int) -> tuple[np.ndarray, np.ndarray]:
-        """(tokens, positions of their [SEP]s) of segments first..end-1 in a row, a [SEP] after each document's end."""
+    def _packed(self, first: int, end: int, skip: int) -> tuple[np.ndarray, np.ndarray]:
+        """(tokens, positions of their [SEP]s) of a row: segments first..end-1, a [SEP] after each document's end,
+        from `skip` tokens in."""
         doc_ends = self.doc_offsets[self._document(first) + 1 : self._document(end - 1) + 1]  # (k,) segments
         at = np.asarray(self.offsets[doc_ends] - self.offsets[first], dtype=np.int64)  # (k,) in the tokens
-        tokens = np.insert(self._tokens(first, end), at, self.corpus.special.sep)[: self.max_tokens]
-        ends = at + np.arange(len(at))  # where each [SEP] landed
-        return tokens, ends[ends < len(tokens)]
+        tokens = np.insert(self._tokens(first, end), at, self.corpus.special.sep)[skip : skip + self.max_tokens]
+        ends = at + np.arange(len(at)) - skip  # where each [SEP] landed
+        return tokens, ends[(ends >= 0) & (ends < len(tokens))]
 
     def build_epoch(self, seed: int, stream: int, epoch: int) -> ChunkIndex:
         """Every window of the epoch, in order (for tests and inspection; training holds CACHED_WINDOWS)."""
@@ -128,7 +129,7 @@ class ExampleBuilder:
         return index, (position - start) % len(index.first)
 
     def chunk(self, seed: int, stream: int, g: int) -> tuple[int, int, int, bool, int]:
-        """(first segment, end, end of A, random B, target) of example number g of the stream."""
+        """(first segment, end, end of A, random B, target, skip) of example number g of the stream."""
         return _chunk_at(*self._locate(seed, stream, g))
 
     def _random_start(self, index: ChunkIndex, *, doc: int, rng: np.random.Generator) -> tuple[int, int]:
@@ -146,12 +147,12 @@ class ExampleBuilder:
         """Example i of step `step`: its chunk, then B, trimming and masking drawn from seed (seed, stream, step, i)."""
         c, cfg, sp = self.corpus, self.cfg, self.corpus.special
         index, j = self._locate(seed, stream, step * self.examples_per_step + i)
-        first, end, a_end, random_next, target = _chunk_at(index, j)
+        first, end, a_end, random_next, target, skip = _chunk_at(index, j)
         rng = np.random.default_rng([seed, stream, step, i])
         doc = self._document(first)
         ends = np.zeros(0, dtype=np.int64)  # the [SEP]s that end documents inside a packed row (positions in A)
         if not cfg.pairs:
-            (a, ends), b, nsp_label, b_doc = self._packed(first, end), [], IGNORE, self._document(end - 1)
+            (a, ends), b, nsp_label, b_doc = self._packed(first, end, skip), [], IGNORE, self._document(end - 1)
         else:
             a = self._tokens(first, a_end)
             if random_next:
@@ -183,10 +184,10 @@ class ExampleBuilder:
         return collate(examples, self.cfg.max_predictions_per_seq, self.corpus.special.pad, self.cfg.max_seq_length)
 
 
-def _chunk_at(index: ChunkIndex, j: int) -> tuple[int, int, int, bool, int]:
-    """(first segment, end, end of A, random B, target) of chunk j of a window."""
-    first, count, a_count, random_next, target = (column[j].item() for column in index)
-    return first, first + count, first + a_count, bool(random_next), target
+def _chunk_at(index: ChunkIndex, j: int) -> tuple[int, int, int, bool, int, int]:
+    """(first segment, end, end of A, random B, target, skip) of chunk j of a window."""
+    first, count, a_count, random_next, target, skip = (column[j].item() for column in index)
+    return first, first + count, first + a_count, bool(random_next), target, skip
 
 
 def _cached(cache: dict, limit: int, key: tuple, make: Callable) -> Any:

@@ -113,7 +113,7 @@ def test_an_epoch_cuts_every_document_from_its_start_and_shows_each_sentence_onc
     # Seen twice: only the sentence before one left alone (a piece's last, or one that reaches its target
     # alone), paired with it as A rather than given a forced random B.
     lengths, lone = np.diff(corpus.seg_offsets), {s - 1 for s in piece_last}
-    for first, count, a_count, random_next, target in zip(*index):
+    for first, count, a_count, random_next, target, _ in zip(*index):
         if count == 2 and a_count == 1 and not random_next and lengths[first + 1] >= target:
             lone.add(int(first))
     assert set(np.flatnonzero(shown == 2)) <= lone and shown.max() == 2
@@ -179,11 +179,11 @@ def test_windows_place_an_epoch_s_chunks_in_its_positions(monkeypatch):
     length = int(builder.windows.slots.sum())
     for epoch in (0, 1):
         cut = builder.build_epoch(3, ExampleBuilder.TRAIN, epoch)
-        every = {tuple(int(x) for x in c) for c in zip(cut.first, cut.count, cut.a_count, cut.random_next, cut.target)}
+        every = {tuple(int(x) for x in c) for c in zip(*cut)}
         shown = [builder.chunk(3, ExampleBuilder.TRAIN, epoch * length + g) for g in range(length)]
         placed = {
-            (first, end - first, a_end - first, int(random_next), target)
-            for first, end, a_end, random_next, target in shown
+            (first, end - first, a_end - first, int(random_next), target, skip)
+            for first, end, a_end, random_next, target, skip in shown
         }
         assert placed <= every
         assert len(placed) > 0.9 * len(every)
@@ -449,6 +449,30 @@ def test_a_batch_has_padding_when_a_row_is_shorter_than_its_width():
     assert not batch(16, 16).has_padding()
     assert batch(12, 12).has_padding() and batch(12, 12).input_ids.shape[1] == 16
     assert batch(16, 9).has_padding()
+
+
+@pytest.mark.parametrize("windows", ["one", "several"])
+def test_packed_rows_of_an_epoch_hold_every_token_once(monkeypatch, windows):
+    """Without pairs an epoch's rows tile the corpus: a row that ends inside a sentence (or a sentence longer than a
+    row) goes on in the next row, so each token is in exactly one row and only a piece's last row is short."""
+    if windows == "several":
+        small_windows(monkeypatch)
+        monkeypatch.setattr(ExampleBuilder, "PIECE", 8)  # pieces of 8 sentences, blocks of about 16
+    corpus = one_token_per_document_corpus(num_docs=400)  # sentences of 3 to 11 tokens
+    at, doc = int(corpus.seg_offsets[7]), int(np.searchsorted(corpus.doc_offsets, 6, side="right")) - 1
+    tokens = np.insert(np.asarray(corpus.tokens), at, np.full(40, 10 + doc, dtype=np.uint16))
+    offsets = corpus.seg_offsets + 40 * (np.arange(len(corpus.seg_offsets)) >= 7)  # sentence 6: over 3 rows
+    corpus = Corpus(tokens=tokens, seg_offsets=offsets, doc_offsets=corpus.doc_offsets, vocab_size=410, special=SP)
+    builder = ExampleBuilder(corpus, DataConfig(pairs=False, max_seq_length=16, max_predictions_per_seq=2), 8)
+    assert (builder.windows.num_windows > 1) == (windows == "several")
+    cut, seen, short = builder.build_epoch(3, ExampleBuilder.TRAIN, 0), [], 0
+    for first, count, skip in zip(cut.first.tolist(), cut.count.tolist(), cut.skip.tolist()):
+        row, ends = builder._packed(first, first + count, skip)
+        seen.append(np.delete(row, ends))
+        short += len(row) < 13  # (13: a row's last [SEP] ends its last document)
+    assert np.array_equal(np.sort(np.concatenate(seen)), np.sort(tokens))
+    pieces = -(-(len(offsets) - 1) // builder.PIECE)
+    assert short <= pieces, (short, pieces)
 
 
 def test_rows_without_pairs_are_packed_across_documents_with_a_sep_after_each():
