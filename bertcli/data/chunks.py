@@ -9,7 +9,7 @@ import numpy as np
 
 from bertcli.config import DataConfig
 
-PIECE = 4096  # segments: longer documents are cut in pieces of this many, bounding the rounds of cut_pieces
+PIECE = 4096  # segments: longer documents are cut in pieces of this many, bounding the rounds of Windows.cut
 BLOCK_SEGMENTS = 512  # segments: blocks (whole pieces, about this many segments) are what an epoch shuffles
 WINDOW_BLOCKS = 512  # blocks cut and shuffled together: a window of about 262,144 segments
 CALIBRATION_BLOCKS = 256  # blocks cut once to estimate every block's chunk count (Windows.slots)
@@ -132,10 +132,9 @@ class Windows:
             if self.cfg.pairs:
                 after_previous = (p > piece_start[active]) | has_previous[active]
                 a_count, random_next, step_to = self._pairs(first, count, chunk_end, after_previous, rng=rng)
-            else:  # a row ending inside a segment: the next row starts at its next token, so every token is in one
-                inside = reach < offsets[chunk_end]
-                step_to = np.where(inside, chunk_end - 1, chunk_end)
-                a_count, random_next = count, np.ones(n, dtype=bool)
+            else:  # a row ending inside a segment leaves the rest to the next; at a document's end, its own [SEP]
+                inside = reach < offsets[chunk_end] - self._sep_after(chunk_end - 1 + shift[active])
+                a_count, random_next, step_to = count, np.ones(n, bool), np.where(inside, chunk_end - 1, chunk_end)
                 skip[active] = np.where(inside, reach - offsets[step_to], 0)
             columns = (first + shift[active], count, a_count, random_next, target, s)
             parts.append(tuple(c.astype(t) for c, t in zip(columns, types)))
@@ -153,9 +152,13 @@ class Windows:
         segment = np.repeat(lo - base, sizes) + np.arange(int(sizes.sum()))  # (n,) their corpus numbers
         lengths = np.asarray(self.offsets[segment + 1]) - np.asarray(self.offsets[segment])
         if self.seps is not None:  # a packed row's [SEP] after each document's last segment takes a slot
-            at = np.minimum(np.searchsorted(self.seps, segment + 1), len(self.seps) - 1)
-            lengths = lengths + (np.asarray(self.seps[at]) == segment + 1)
+            lengths = lengths + self._sep_after(segment)
         return np.concatenate([[0], np.cumsum(lengths)]), base
+
+    def _sep_after(self, segment: np.ndarray) -> np.ndarray:
+        """(n,) 1 where a packed row's [SEP] follows `segment` (corpus numbers): a document's last, else 0."""
+        at = np.minimum(np.searchsorted(self.seps, segment + 1), len(self.seps) - 1)
+        return (np.asarray(self.seps[at]) == segment + 1).astype(np.int64)
 
     def _pairs(
         self, first: np.ndarray, count: np.ndarray, end: np.ndarray, after: np.ndarray, rng: np.random.Generator
@@ -204,7 +207,9 @@ class Windows:
         estimate = coef[0] * documents.astype(np.float64)
         for c, f in zip(coef[1:], features[1:]):
             estimate = estimate + c * f.astype(np.float64)  # one IEEE rounding per operation: no fused multiply-add
-        return np.clip(np.rint(estimate), np.maximum(documents, 1), segments).astype(np.int64)
+        # A chunk takes a segment, or a packed row fills max_tokens slots (a long segment gives several rows).
+        most = segments if self.cfg.pairs else segments + -(-(tokens + segments) // self.max_tokens)
+        return np.clip(np.rint(estimate), np.maximum(documents, 1), most).astype(np.int64)
 
 
 def exact_fit(features: np.ndarray, counts: np.ndarray) -> list[float]:

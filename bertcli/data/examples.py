@@ -94,13 +94,16 @@ class ExampleBuilder:
         return np.asarray(self.corpus.tokens[self.offsets[first] : self.offsets[end]], dtype=np.int64)
 
     def _packed(self, first: int, end: int, skip: int) -> tuple[np.ndarray, np.ndarray]:
-        """(tokens, positions of their [SEP]s) of a row: segments first..end-1, a [SEP] after each document's end,
-        from `skip` tokens in."""
+        """(tokens, positions of their [SEP]s) of a row: from slot `skip` of segments first..end-1 with a [SEP] after
+        each document's end, max_tokens slots at most (read alone: a long segment's rows each read their own)."""
         doc_ends = self.doc_offsets[self._document(first) + 1 : self._document(end - 1) + 1]  # (k,) segments
-        at = np.asarray(self.offsets[doc_ends] - self.offsets[first], dtype=np.int64)  # (k,) in the tokens
-        tokens = np.insert(self._tokens(first, end), at, self.corpus.special.sep)[skip : skip + self.max_tokens]
-        ends = at + np.arange(len(at)) - skip  # where each [SEP] landed
-        return tokens, ends[(ends >= 0) & (ends < len(tokens))]
+        at = np.asarray(self.offsets[doc_ends] - self.offsets[first], dtype=np.int64)  # (k,) tokens before each
+        slots = at + np.arange(len(at))  # (k,) each [SEP]'s slot
+        before = int(np.searchsorted(slots, skip))  # [SEP]s in the rows before
+        lo = int(self.offsets[first]) + skip - before  # the row's first token
+        tokens = np.asarray(self.corpus.tokens[lo : min(lo + self.max_tokens, int(self.offsets[end]))], np.int64)
+        ends = slots[(slots >= skip) & (slots < skip + self.max_tokens)] - skip  # the row's (none past its tokens)
+        return np.insert(tokens, ends - np.arange(len(ends)), self.corpus.special.sep)[: self.max_tokens], ends
 
     def build_epoch(self, seed: int, stream: int, epoch: int) -> ChunkIndex:
         """Every window of the epoch, in order (for tests and inspection; training holds CACHED_WINDOWS)."""
@@ -128,7 +131,7 @@ class ExampleBuilder:
         index = self._window(seed, stream, epoch, w)
         return index, (position - start) % len(index.first)
 
-    def chunk(self, seed: int, stream: int, g: int) -> tuple[int, int, int, bool, int]:
+    def chunk(self, seed: int, stream: int, g: int) -> tuple[int, int, int, bool, int, int]:
         """(first segment, end, end of A, random B, target, skip) of example number g of the stream."""
         return _chunk_at(*self._locate(seed, stream, g))
 

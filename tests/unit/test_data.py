@@ -454,7 +454,8 @@ def test_a_batch_has_padding_when_a_row_is_shorter_than_its_width():
 @pytest.mark.parametrize("windows", ["one", "several"])
 def test_packed_rows_of_an_epoch_hold_every_token_once(monkeypatch, windows):
     """Without pairs an epoch's rows tile the corpus: a row that ends inside a sentence (or a sentence longer than a
-    row) goes on in the next row, so each token is in exactly one row and only a piece's last row is short."""
+    row) goes on in the next row, so each token is in exactly one row, only a piece's last row is short, and a row
+    that ends at a document's last token leaves no [SEP] to the next."""
     if windows == "several":
         small_windows(monkeypatch)
         monkeypatch.setattr(ExampleBuilder, "PIECE", 8)  # pieces of 8 sentences, blocks of about 16
@@ -468,11 +469,24 @@ def test_packed_rows_of_an_epoch_hold_every_token_once(monkeypatch, windows):
     cut, seen, short = builder.build_epoch(3, ExampleBuilder.TRAIN, 0), [], 0
     for first, count, skip in zip(cut.first.tolist(), cut.count.tolist(), cut.skip.tolist()):
         row, ends = builder._packed(first, first + count, skip)
+        assert len(row) and 0 not in ends, (first, count, skip)  # a document's [SEP] never starts a row
         seen.append(np.delete(row, ends))
         short += len(row) < 13  # (13: a row's last [SEP] ends its last document)
     assert np.array_equal(np.sort(np.concatenate(seen)), np.sort(tokens))
     pieces = -(-(len(offsets) - 1) // builder.PIECE)
     assert short <= pieces, (short, pieces)
+
+
+def test_windows_give_packed_rows_of_sentences_longer_than_a_row_their_positions(monkeypatch):
+    """Each window's positions (its estimated chunk count) hold its packed rows, also where sentences are longer than
+    a row and outnumber them: a position short would leave rows out of every epoch."""
+    small_windows(monkeypatch)
+    monkeypatch.setattr(ExampleBuilder, "PIECE", 8)
+    corpus = one_token_per_document_corpus(num_docs=400)  # sentences of 3 to 11 tokens, rows of 3
+    builder = ExampleBuilder(corpus, DataConfig(pairs=False, max_seq_length=5, max_predictions_per_seq=1), 8)
+    rows = len(builder.build_epoch(3, ExampleBuilder.TRAIN, 0).first)
+    assert builder.windows.num_windows > 1 and rows > 2 * corpus.num_segments
+    assert abs(int(builder.windows.slots.sum()) - rows) < 0.02 * rows, (int(builder.windows.slots.sum()), rows)
 
 
 def test_rows_without_pairs_are_packed_across_documents_with_a_sep_after_each():
