@@ -17,7 +17,8 @@ from bertcli.data.tokenizer import find_tokenizer_file, load_tokenizer
 from bertcli.errors import UsageError
 from bertcli.hf_names import HF_FIELDS
 from bertcli.layout import Kind
-from bertcli.sbert import SentenceModel, read_json, read_sentence_model
+from bertcli.sbert import SentenceModel, read_sentence_model
+from bertcli.store import read_json
 
 if TYPE_CHECKING:  # the loaders import torch: configs and shapes are read without it (inspect)
     import torch

@@ -109,11 +109,6 @@ class MetricsWindow:
         return metrics
 
 
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """Records of a metrics.jsonl (see read_metrics_checked)."""
-    return read_metrics_checked(path)[0]
-
-
 def read_metrics_checked(path: Path) -> tuple[list[dict[str, Any]], str | None]:
     """Records of a metrics.jsonl and, in words, its damaged lines (None: none but a torn last line, a crash's)."""
     records: list[dict[str, Any]] = []

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -10,6 +9,7 @@ from typing import Any
 from bertcli import layout
 from bertcli.errors import UsageError
 from bertcli.layout import MODULE_CONFIG, POOLING_MODULE, SENTENCE_MODULES, SENTENCE_PROMPTS, SENTENCE_SETTINGS
+from bertcli.store import read_json
 
 SUPPORTED = ("cls", "mean", "max")  # the pooling modes bertcli computes, as sentence-transformers names them
 DEFAULT_POOLING = "mean"  # sentence-transformers' for a plain transformer: encode.resolve's, an export's 1_Pooling
@@ -50,17 +50,6 @@ class SentenceModel:
 class NotReproducible(UsageError):
     def __init__(self, folder: Path, problem: str) -> None:
         super().__init__(f"--model {folder}: {problem}; pass --pooling cls, mean or max")
-
-
-def read_json(file: Path, kind: type = dict) -> Any:
-    """A JSON file's value, refused where it does not read or is no `kind` (a dict: an object)."""
-    try:
-        raw = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
-        raise UsageError(f"{file}: cannot read ({exc}); restore the file") from None
-    if not isinstance(raw, kind):
-        raise UsageError(f"{file}: expected a JSON {'object' if kind is dict else kind.__name__}")
-    return raw
 
 
 def _read_object(file: Path) -> dict[str, Any]:

@@ -30,6 +30,17 @@ DISK_FULL = {
 }
 
 
+def read_json(file: Path, kind: type = dict) -> Any:
+    """A JSON file's value, refused where it does not read or is no `kind` (a dict: an object)."""
+    try:
+        raw = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
+        raise UsageError(f"{file}: cannot read ({exc}); restore the file") from None
+    if not isinstance(raw, kind):
+        raise UsageError(f"{file}: expected a JSON {'object' if kind is dict else kind.__name__}")
+    return raw
+
+
 def full_errno(exc: BaseException) -> int | None:
     """The errno of a full disk that `exc` reports, in any library's words; None: another error."""
     if isinstance(exc, OSError) and exc.errno in DISK_FULL:

@@ -156,6 +156,13 @@ def read_yaml(path: Path) -> dict:
     return yaml.safe_load(path.read_text())
 
 
+def read_metrics(path: Path) -> list[dict]:
+    """The records of a metrics.jsonl (its damaged lines left out)."""
+    from bertcli.metrics import read_metrics_checked
+
+    return read_metrics_checked(path)[0]
+
+
 class CliResult:
     def __init__(self, code: int, out: str, err: str) -> None:
         self.code, self.out, self.err = code, out, err

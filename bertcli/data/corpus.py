@@ -87,9 +87,6 @@ class Corpus:
     def segment(self, s: int) -> np.ndarray:
         return self.tokens[self.seg_offsets[s] : self.seg_offsets[s + 1]]
 
-    def document_of_segment(self) -> np.ndarray:  # (S,)
-        return np.repeat(np.arange(self.num_documents), np.diff(self.doc_offsets))
-
 
 def select_documents(corpus: Corpus, docs: np.ndarray) -> Corpus:
     """A new in-memory corpus made of the given documents, in order."""

@@ -38,12 +38,7 @@ def casing_of(folder: Path) -> Casing | None:
     file = Path(folder) / TOKENIZER_CONFIG
     if not file.is_file():
         return None
-    try:
-        raw = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
-        raise UsageError(f"{file}: cannot read ({exc}); fix the file, or remove it") from None
-    if not isinstance(raw, dict):
-        raise UsageError(f"{file}: expected a JSON object")
+    raw = store.read_json(file)
     if not str(raw.get("tokenizer_class") or "BertTokenizer").removesuffix("Fast").endswith("BertTokenizer"):
         return None
     defaults = Casing()

@@ -10,10 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, write_config
+from conftest import REPO, read_metrics, write_config
 
 from bertcli import checkpoint, layout
-from bertcli.metrics import read_metrics
 from bertcli.model import BertForPreTraining
 
 
@@ -413,8 +412,6 @@ def saved(folder):
 
 def test_a_few_non_finite_steps_are_skipped_and_counted(tmp_path, cli, monkeypatch):
     import torch
-
-    from bertcli.metrics import read_metrics
 
     poison_losses(monkeypatch, {5, 6})
     config = write_config(tmp_path, "train.max_steps=12", "train.max_nonfinite_steps=3", "train.eval_every=0")

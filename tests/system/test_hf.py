@@ -291,9 +291,8 @@ def test_round_trip_export_import_export_is_byte_identical(trained, tmp_path):
 
 
 def test_continued_pretraining_from_an_exported_folder(tmp_path, small_corpus, capsys):
-    from conftest import text_run
+    from conftest import read_metrics, text_run
 
-    from bertcli.metrics import read_metrics
     from bertcli.resolve import load_run
     from bertcli.trainer import pretrain
 

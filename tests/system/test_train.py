@@ -16,14 +16,13 @@ from pathlib import Path
 import pytest
 import safetensors.torch
 import torch
-from conftest import REPO, micro_config, read_yaml, text_run, without_file_hashes, write_config
+from conftest import REPO, micro_config, read_metrics, read_yaml, text_run, without_file_hashes, write_config
 
 from bertcli import checkpoint, layout, resume, runtime
 from bertcli.config_load import load_config
 from bertcli.data.corpus import synthetic_corpus
 from bertcli.errors import UsageError
 from bertcli.hf_names import TIED_ALIASES
-from bertcli.metrics import read_metrics
 from bertcli.model import BertForPreTraining
 from bertcli.optim import lr_at
 from bertcli.resolve import load_run

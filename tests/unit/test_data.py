@@ -100,7 +100,7 @@ def test_an_epoch_cuts_every_document_from_its_start_and_shows_each_sentence_onc
     builder = ExampleBuilder(corpus, DataConfig(max_seq_length=24, short_seq_prob=0.3), 8)
     assert (builder.windows.num_windows > 1) == (windows == "several")
     index = builder.build_epoch(0, ExampleBuilder.TRAIN, 0)
-    doc_of = corpus.document_of_segment()
+    doc_of = np.repeat(np.arange(corpus.num_documents), np.diff(corpus.doc_offsets))  # (S,)
     starts, ends = corpus.doc_offsets[:-1], corpus.doc_offsets[1:]
     piece_last = {min(s + k + piece, e) - 1 for s, e in zip(starts, ends) for k in range(0, e - s, piece)}
     shown = np.zeros(corpus.num_segments, dtype=int)

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import TEXT, assert_same_batch, prepared_files, text_run
+from conftest import TEXT, assert_same_batch, prepared_files, read_metrics, text_run
 from tokenizers import Tokenizer, models, trainers
 
 from bertcli import layout
@@ -29,7 +29,6 @@ from bertcli.data.scan import FORMAT_VERSION, SAMPLE, unchanged_bytes, unit_phas
 from bertcli.data.text import read_sentences, read_text, split_sentences
 from bertcli.data.tokenizer import SPECIAL, Casing, _bert_pipeline, scan_characters, train_wordpiece
 from bertcli.errors import UsageError
-from bertcli.metrics import read_metrics
 from bertcli.resolve import load_run
 from bertcli.trainer import pretrain
 
