@@ -9,14 +9,12 @@ import os
 import re
 import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 import safetensors.torch
 import torch
-from conftest import REPO, micro_config, read_metrics, read_yaml, text_run, without_file_hashes, write_config
+from conftest import micro_config, read_metrics, read_yaml, text_run, without_file_hashes, write_config
 
 from bertcli import checkpoint, layout, resume, runtime
 from bertcli.config_load import load_config
@@ -521,33 +519,6 @@ def test_training_learns(tmp_path):
         if nsp[-1] > 0.7:
             break
     assert nsp[-1] > 0.7, f"NSP not learnt by step 240 with seeds 1-5: last-window accuracies {nsp}"
-
-
-@pytest.mark.slow
-def test_sigkill_then_rerun_continues_from_the_last_checkpoint(tmp_path, cli):
-    """Kill -9 a real `bertcli pretrain` mid-run; the same command (in this process: a process start
-    saved) then finishes the run, and the result is bitwise what an uninterrupted run gives."""
-    overrides = ["train.max_steps=32", "checkpoint.save_every=4", "logging.log_every=4"]
-    config = write_config(tmp_path / "killed", *overrides)
-    command = [sys.executable, "-m", "bertcli", "pretrain", "--config", str(config), "--quiet"]
-    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
-    while not (tmp_path / "killed" / "checkpoints" / "step-0000008").exists():
-        assert proc.poll() is None, proc.stderr.read()
-        assert time.time() < deadline
-        time.sleep(0.005)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    proc.stderr.close()
-    survivors = [s for s, _ in layout.list_checkpoints(tmp_path / "killed")]
-    assert survivors and survivors[-1] < 32, "killed before the end"
-    rerun = cli("pretrain", "--config", config)  # not --quiet
-    assert rerun.code == 0, rerun.err
-    assert f"resuming from {tmp_path / 'killed' / 'checkpoints'}" in rerun.err
-    train(tmp_path / "clean", *overrides)
-    assert_bitwise_equal(
-        weights(tmp_path / "killed/checkpoints/step-0000032"), weights(tmp_path / "clean/checkpoints/step-0000032")
-    )
 
 
 def test_a_folder_moved_aside_by_an_interrupted_replace_is_put_back(tmp_path):
