@@ -18,7 +18,7 @@ import yaml
 
 from bertcli import __version__, console, layout, store, weights
 from bertcli.config import Config
-from bertcli.config_load import config_from_dict
+from bertcli.config_load import config_from_dict, load_yaml
 from bertcli.config_write import to_yaml
 from bertcli.errors import BertcliError, DamagedFile, RunError, UsageError
 from bertcli.hf_names import TIED_ALIASES, weight_keys
@@ -97,7 +97,7 @@ def read_config(path: Path) -> Config:
     file = Path(path) / layout.CHECKPOINT_CONFIG
     check_unchanged(path, (layout.CHECKPOINT_CONFIG,))
     try:
-        raw = yaml.safe_load(store.read_own(file).decode("utf-8"))
+        raw = load_yaml(store.read_own(file).decode("utf-8"))
     except (yaml.YAMLError, ValueError, RecursionError) as exc:  # cut short (UnicodeDecodeError is a ValueError)
         raise DamagedFile(file, exc) from None
     if not raw:

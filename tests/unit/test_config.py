@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import yaml
 from conftest import REPO, refuse_in_fresh_interpreter, write_config
 
 from bertcli.config import PRESETS, Config, field_docs, to_dict
@@ -372,6 +373,27 @@ def _billion_laughs(levels: int = 9) -> str:
         prev, name = chr(ord("a") + i - 1), chr(ord("a") + i)
         lines.append(f"{name}: &{name} [{', '.join(['*' + prev] * 10)}]")
     return "\n".join(lines)
+
+
+@pytest.mark.skipif(not yaml.__with_libyaml__, reason="PyYAML without libyaml reads with Python's parser alone")
+def test_libyaml_reads_a_config_as_the_python_parser_does_and_a_deep_one_is_refused_in_a_line(tmp_path, monkeypatch):
+    """libyaml reads every preset's config (Python's parser is not asked) to the same values; numbers as YAML 1.2 reads
+    them and keys given twice as StrictLoader does; nesting that would overflow its C stack goes to Python's parser."""
+    from bertcli import config_load
+
+    texts = [to_yaml(preset_config(name)) for name in PRESETS]
+    texts += ["a: [010, 0x1F, 0o17, 1:30, 1e5, 1.0e-05, -.inf, +12, 1_000, 0b101, yes, ~, 2026-01-01, 3.]"]
+    python = [config_load.StrictLoader(text).get_single_data() for text in texts]
+    monkeypatch.setattr(config_load.StrictLoader, "get_single_node", None)  # only libyaml reads below
+    assert [config_load.load_yaml(text) for text in texts] == python
+    monkeypatch.undo()
+    with pytest.raises(config_load.DuplicateKey):
+        config_load.load_yaml("train: {max_steps: 5,\n  max_steps: 6}\n")
+    for deep in ("[" * 100_000 + "]" * 100_000, "- " * 100_000 + "x"):  # libyaml: a segmentation fault
+        path = tmp_path / "config.yaml"
+        path.write_text(deep)
+        with pytest.raises(UsageError, match="nested too deeply"):
+            load_config(path)
 
 
 def test_a_yaml_alias_bomb_is_refused_at_once(tmp_path):
