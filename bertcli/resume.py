@@ -21,7 +21,7 @@ from bertcli.errors import BertcliError, RunError, UsageError
 # "global batch": examples a step over all processes, compared instead of its split where recorded.
 EXAMPLE_SETTINGS = ["train.seed", "global batch", "train.batch_size", "data"]
 NOT_EXAMPLES = ("data.tokenizer", "data.prepared_dir")
-HELD_OUT_SETTINGS = ["train.seed", "data", "train.eval_examples"]
+HELD_OUT_SETTINGS = ["train.seed", "data", "train.eval_examples", "eval"]  # eval: the probe's data (its figures only)
 UPDATE_SETTINGS = ["optimizer", "train.max_steps", "train.mlm_weight", "train.nsp_weight", "train.max_grad_norm"]
 Batches = tuple[int | None, int] | None  # a step's examples over all processes (then, now), where recorded
 
@@ -363,7 +363,8 @@ def best_of_other_set(output_dir: Path, cfg: Config, now: dict[str, Any] | None)
     try:
         then = checkpoint.read_trainer_state(best).get(checkpoint.PREPARED_DATA)
         other_data = isinstance(then, dict) and now is not None and then.get("held_out") != now.get("held_out")
-        other_settings = bool(setting_changes(checkpoint.read_config(best), cfg, HELD_OUT_SETTINGS))
+        settings = [s for s in HELD_OUT_SETTINGS if s != "eval" or cfg.checkpoint.best_metric.startswith("probe_")]
+        other_settings = bool(setting_changes(checkpoint.read_config(best), cfg, settings))
         return cfg.train.eval_every > 0 and (other_settings or other_data)
     except (BertcliError, OSError):
         return False

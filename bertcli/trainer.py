@@ -325,7 +325,7 @@ def _resumed(
     if checkpoints.best is not None and resume.best_of_other_set(Path(cfg.output_dir), cfg, data.identity):
         checkpoints.best = None
         best = layout.checkpoints_dir(Path(cfg.output_dir)) / layout.BEST
-        log(f"{best} is replaced at this run's next evaluation: its held-out loss was on the earlier set")
+        log(f"{best} is replaced at this run's next evaluation: its {cfg.checkpoint.best_metric} was of the set before")
     return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, tokenizer=saved.data.tokenizer))
 
 

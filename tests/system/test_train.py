@@ -1020,8 +1020,7 @@ def test_best_of_an_earlier_held_out_set_is_replaced_at_the_next_evaluation(tmp_
     result = cli("pretrain", "--config", config, "--stop-at", "12", "--set", "train.eval_examples=16")
     assert (
         result.code == 0
-        and f"{best} is replaced at this run's next evaluation: its held-out loss was on the earlier set"
-        in result.err_lines
+        and f"{best} is replaced at this run's next evaluation: its mlm_loss was of the set before" in result.err_lines
     ), result.err
     assert checkpoint.read_trainer_state(best)["step"] == 12, "the first evaluation on the new set"
     # Stopped after the change but before an evaluation: the next resume still knows best is of the earlier
@@ -1140,6 +1139,13 @@ def test_the_probe_runs_at_each_evaluation_is_logged_and_chooses_best(tmp_path, 
     assert [e.step for e in events.Scalars("eval/probe_accuracy")] == [2, 4]
     best = json.loads((tmp_path / "a" / "checkpoints" / "best" / "trainer_state.json").read_text())
     assert best["eval_metrics"]["probe_accuracy"] == max(a for a, _, _ in figures[0])
+    # Resumed with other labeled data, best's probe accuracy is no bar: best is replaced at the next evaluation.
+    cfg = load_run(tmp_path / "a" / "config.yaml")
+    other = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, probe=str(tmp_path / "other.jsonl")))
+    assert resume.best_of_other_set(tmp_path / "a", other, None)
+    assert not resume.best_of_other_set(tmp_path / "a", cfg, None)
+    mlm = dataclasses.replace(other, checkpoint=dataclasses.replace(other.checkpoint, best_metric="mlm_loss"))
+    assert not resume.best_of_other_set(tmp_path / "a", mlm, None), "the held-out loss is of the same examples"
     score = checkpoint.best_score  # lower is better: a loss as it is, an accuracy negated; NaN is no score
     assert score({"probe_accuracy": 0.9}, "probe_accuracy") < score({"probe_accuracy": 0.8}, "probe_accuracy")
     assert score({"mlm_loss": 2.0}, "mlm_loss") < score({"mlm_loss": 3.0}, "mlm_loss")
