@@ -115,20 +115,21 @@ class TooManyAliases(yaml.YAMLError):
 
 def load_yaml(text: str) -> Any:
     """A YAML document with StrictLoader; TooManyAliases, before it is built, if aliases expand it too far or loop."""
-    # libyaml reads a config in 0.9 ms (Python's parser: 12 ms) but recurses on the C stack, which overflows past ~10^4
+    if len(text) > MAX_CONFIG_BYTES:  # libyaml composes every node before _expanded counts them
+        raise ValueError(f"over {MAX_CONFIG_BYTES // 1024} KiB, so not a run config (one is a few KiB)")
+    # libyaml reads a config in 1.3 ms (Python's parser: 12 ms) but recurses on the C stack, which overflows past ~10^4
     # levels; each level starts at one of ":-[{?". What libyaml refuses, Python's parser reads again: it says why.
     shallow = CStrictLoader is not None and sum(map(text.count, ":-[{?")) < 1_000
-    for loader in (kind(text) for kind in ([CStrictLoader] if shallow else []) + [StrictLoader]):
+    for kind in ([CStrictLoader] if shallow else []) + [StrictLoader]:
         try:
+            loader = kind(text)
             node = loader.get_single_node()
             if node is not None and _expanded(node, {}, set()) > MAX_YAML_NODES:
                 raise TooManyAliases(f"its aliases (*name) expand it past {MAX_YAML_NODES:,} values; write them out")
             return None if node is None else loader.construct_document(node)
-        except yaml.YAMLError:
-            if type(loader) is StrictLoader:
+        except Exception:  # noqa: BLE001  (libyaml's: any, read again by Python's parser)
+            if kind is StrictLoader:
                 raise
-        finally:
-            loader.dispose()
 
 
 def _expanded(node: yaml.Node, sizes: dict[int, int], open_: set[int]) -> int:

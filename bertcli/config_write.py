@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
 import typing
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,10 +16,14 @@ from bertcli import layout, store
 from bertcli.config import Config, field_docs, field_types
 from bertcli.errors import UsageError
 
+# SafeDumper quoting a string that may start a number: StrictLoader reads '09' and '0o17' as numbers (YAML 1.2).
+Dumper = type("Dumper", (yaml.SafeDumper,), {})
+Dumper.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^[-+]?\.?[0-9]"), list("-+.0123456789"))
+
 
 def yaml_scalar(value: Any) -> str:
     """A value as a YAML scalar that reads back as the same value (non-ASCII text as it is, not escaped)."""
-    text = yaml.safe_dump(value, default_flow_style=True, width=10_000, allow_unicode=True)
+    text = yaml.dump(value, Dumper=Dumper, default_flow_style=True, width=10_000, allow_unicode=True)
     return text.removesuffix("\n...\n").strip()
 
 

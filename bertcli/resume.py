@@ -15,6 +15,7 @@ import yaml
 from bertcli import __version__, checkpoint, console, layout, store
 from bertcli.config import PATH_KEYS, Config, changes_line, flat, to_dict
 from bertcli.config_load import MAX_CONFIG_BYTES, config_from_dict, load_yaml
+from bertcli.config_write import Dumper
 from bertcli.errors import BertcliError, RunError, UsageError
 
 # What a change of setting means when a run resumes, by key prefix; others (paths, devices, precision...) go unsaid.
@@ -283,7 +284,7 @@ def write_settings(cfg: Config, overrides: Overrides) -> Path:
         "# A plain `bertcli pretrain` of this run keeps the --set values below until they are given again.\n"
         f"{SET_LINE}{json.dumps(overrides.kept + overrides.given)}\n"
     )
-    store.write_text(path, header + yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    store.write_text(path, header + yaml.dump(to_dict(cfg), Dumper=Dumper, sort_keys=False))
     return path
 
 
@@ -358,12 +359,15 @@ def differences(
 
 
 def best_of_other_set(output_dir: Path, cfg: Config, now: dict[str, Any] | None) -> bool:
-    """Whether `best` was evaluated on another held-out set than the run's now (so its loss is not the bar)."""
+    """Whether `best` was scored on other examples than the run's now (held-out text, or the probe's labeled data)."""
     best = layout.checkpoints_dir(output_dir) / layout.BEST
     try:
         then = checkpoint.read_trainer_state(best).get(checkpoint.PREPARED_DATA)
-        other_data = isinstance(then, dict) and now is not None and then.get("held_out") != now.get("held_out")
-        settings = [s for s in HELD_OUT_SETTINGS if s != "eval" or cfg.checkpoint.best_metric.startswith("probe_")]
+        probe = cfg.checkpoint.best_metric.startswith("probe_")  # a figure of eval.*'s labeled data, not held-out text
+        other_data = (
+            not probe and isinstance(then, dict) and now is not None and then.get("held_out") != now.get("held_out")
+        )
+        settings = ["train.seed", "data", "eval"] if probe else HELD_OUT_SETTINGS[:-1]
         other_settings = bool(setting_changes(checkpoint.read_config(best), cfg, settings))
         return cfg.train.eval_every > 0 and (other_settings or other_data)
     except (BertcliError, OSError):

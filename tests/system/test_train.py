@@ -1144,6 +1144,8 @@ def test_the_probe_runs_at_each_evaluation_is_logged_and_chooses_best(tmp_path, 
     other = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, probe=str(tmp_path / "other.jsonl")))
     assert resume.best_of_other_set(tmp_path / "a", other, None)
     assert not resume.best_of_other_set(tmp_path / "a", cfg, None)
+    fewer = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, eval_examples=cfg.train.eval_examples // 2))
+    assert not resume.best_of_other_set(tmp_path / "a", fewer, None), "the probe's figures are not of held-out text"
     mlm = dataclasses.replace(other, checkpoint=dataclasses.replace(other.checkpoint, best_metric="mlm_loss"))
     assert not resume.best_of_other_set(tmp_path / "a", mlm, None), "the held-out loss is of the same examples"
     score = checkpoint.best_score  # lower is better: a loss as it is, an accuracy negated; NaN is no score

@@ -260,10 +260,18 @@ def test_unknown_keys_wrong_types_and_impossible_values_are_reported_together(tm
 
 
 def test_round_trip_through_yaml(tmp_path):
-    path = write_config(tmp_path, "optimizer.lr=1.5e-3", "model.layer_norm_eps=1e-7")
+    """A config as init and checkpoints write it, and as a run records its settings, reads back as it was: strings
+    YAML 1.1 or 1.2 reads as numbers too (quoted)."""
+    from bertcli import resume
+
+    numeric = ["09", "-08", "+09", "0_9", "0o17", "0o_", "1:30", "0x1F", "010", "1e5", ".5", "yes"]
+    path = write_config(tmp_path, "optimizer.lr=1.5e-3", "model.layer_norm_eps=1e-7", f"data.exclude={numeric}")
     cfg = load_config(path)
-    assert cfg.optimizer.lr == 1.5e-3 and cfg.model.layer_norm_eps == 1e-7
+    assert cfg.optimizer.lr == 1.5e-3 and cfg.model.layer_norm_eps == 1e-7 and cfg.data.exclude == numeric
     assert to_dict(load_config(path)) == to_dict(cfg)
+    run = dataclasses.replace(cfg, output_dir=str(tmp_path))
+    resume.write_settings(run, resume.Overrides([], []))
+    assert to_dict(resume.read_settings(tmp_path)[1]) == to_dict(run)
 
 
 def test_a_model_config_alone_is_checked_alone_and_reports_every_problem():
@@ -389,6 +397,10 @@ def test_libyaml_reads_a_config_as_the_python_parser_does_and_a_deep_one_is_refu
     monkeypatch.undo()
     with pytest.raises(config_load.DuplicateKey):
         config_load.load_yaml("train: {max_steps: 5,\n  max_steps: 6}\n")
+    with pytest.raises(yaml.YAMLError, match="special characters"):  # what libyaml cannot encode: Python's words
+        config_load.load_yaml("seed: \udcff")  # (an argument's undecodable byte)
+    with pytest.raises(ValueError, match="over 256 KiB"):  # a checkpoint's config has no other cap
+        config_load.load_yaml("a: [" + "1, " * 100_000 + "]")
     for deep in ("[" * 100_000 + "]" * 100_000, "- " * 100_000 + "x"):  # libyaml: a segmentation fault
         path = tmp_path / "config.yaml"
         path.write_text(deep)
