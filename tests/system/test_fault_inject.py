@@ -15,7 +15,7 @@ def test_fault_injection_two_rounds(capsys):
     spec = importlib.util.spec_from_file_location("fault_inject", REPO / "scripts" / "fault_inject.py")
     fault_inject = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(fault_inject)
-    code = fault_inject.main(["--rounds", "2", "--max-steps", "20", "--seed", "3"])
+    code = fault_inject.main(["--rounds", "2", "--max-steps", "20", "--seed", "2"])
     out = capsys.readouterr().out
     assert code == 0, out[-1000:]
     assert "corrupt checkpoints: 0" in out and "IDENTICAL" in out
