@@ -44,9 +44,7 @@ def gradient_sync(train_model: nn.Module, enabled: bool) -> contextlib.AbstractC
     if hasattr(train_model, "set_requires_gradient_sync"):  # an FSDPModule
         train_model.set_requires_gradient_sync(enabled)
         return contextlib.nullcontext()
-    if isinstance(train_model, DDP) and not enabled:
-        return train_model.no_sync()
-    return contextlib.nullcontext()
+    return train_model.no_sync() if isinstance(train_model, DDP) and not enabled else contextlib.nullcontext()
 
 
 def local(tensor: torch.Tensor) -> torch.Tensor:

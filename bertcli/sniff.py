@@ -95,9 +95,7 @@ def sniff_head(head: bytes, name: str = "") -> Kind:
     by_name = next((k for k in KINDS.values() if not k.magic and inner.endswith(k.suffixes or ("\0",))), None)
     by_bytes = next((k for k in KINDS.values() if any(head.startswith(m) for m in k.magic)), None)
     if by_name is not None and (by_bytes is None or by_bytes.codec or by_bytes is KINDS["zip"]):
-        if by_name is KINDS["json"] and head.lstrip().startswith(b"["):
-            return KINDS["json-array"]
-        return by_name
+        return KINDS["json-array"] if by_name is KINDS["json"] and head.lstrip().startswith(b"[") else by_name
     if by_bytes is not None:
         return by_bytes
     if compression:  # named compressed, and not: the reader opens it as such and names the damage

@@ -35,7 +35,7 @@ def read_json(file: Path, kind: type = dict) -> Any:
     try:
         raw = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
-        raise UsageError(f"{file}: cannot read ({exc}); restore the file") from None
+        raise UsageError(f"{file}: cannot read ({exc}); fix or restore the file") from None
     if not isinstance(raw, kind):
         raise UsageError(f"{file}: expected a JSON {'object' if kind is dict else kind.__name__}")
     return raw

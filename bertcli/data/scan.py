@@ -38,10 +38,6 @@ def files_of(cfg: Config) -> list[Path]:
     return corpus_files(corpus_path(cfg), cfg.data.include, cfg.data.exclude)
 
 
-def is_corpus_file(path: Path) -> bool:
-    return sniff.split_name(path)[0].endswith(SUFFIXES)
-
-
 def selected(relative: str, globs: Sequence[str]) -> bool:
     """Whether a glob matches a file's path in the corpus folder or its name, with or without a compression
     suffix, in any case."""
@@ -104,9 +100,9 @@ def _walk(root: Path, *, include: Sequence[str], exclude: Sequence[str]) -> tupl
             return "hidden" if entry.name.startswith(".") else "special"
         if not selected(relative, include) or selected(relative, exclude):
             return "name" if not selected(relative, include) else "excluded"
-        if not is_corpus_file(entry):
+        if not sniff.split_name(entry)[0].endswith(SUFFIXES):
             return None if sniff.holds_text(entry) else "content"
-        return "model" if _not_text(entry) else None
+        return "model" if any((entry.parent / mark).exists() for mark in NOT_TEXT.get(entry.name, ())) else None
 
     seen.add((root.stat().st_dev, root.stat().st_ino))
     for folder, dirs, names in os.walk(root, followlinks=True, onerror=lambda e: skip("unreadable", Path(e.filename))):
@@ -132,10 +128,6 @@ NOT_TEXT = {
     "merges.txt": ("config.json", "tokenizer.json", "vocab.json"),
     "metrics.jsonl": ("config.yaml", "checkpoints"),
 }
-
-
-def _not_text(entry: Path) -> bool:
-    return any((entry.parent / mark).exists() for mark in NOT_TEXT.get(entry.name, ()))
 
 
 def digest(value: Any) -> str:
