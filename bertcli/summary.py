@@ -310,6 +310,7 @@ def data_report(folder: Path, examples: int = 512) -> dict[str, Any]:
         "segment_length_mean": float(lengths.mean()),
         "segment_length_p95": float(np.percentile(lengths, 95)),
         "max_seq_length": cfg.data.max_seq_length,
+        "settings": f"max_seq_length {cfg.data.max_seq_length}, data.pairs {str(cfg.data.pairs).lower()}: {source}",
         "padding_share": padding,
         "pairs_note": note,
         "corpus_now": prep.corpus_drift(m),
@@ -367,7 +368,7 @@ DATA_ROWS = (
     ("vocabulary from", "{vocabulary_sample}", "vocabulary_sample"),
     ("unknown tokens", "{unknown_rate:.3%}"),
     ("sentence length", "mean {segment_length_mean:.1f}, 95th percentile {segment_length_p95:.0f} tokens"),
-    ("padding", "{padding_share:.1%} of the token slots of the first steps' batches (max_seq_length {max_seq_length})"),
+    ("padding", "{padding_share:.1%} of the token slots of the first steps' batches ({settings})"),
     (
         "random next",
         "{random_next_share:.1%} of NSP pairs (data.random_next_prob {random_next_prob:.0%})",

@@ -1753,3 +1753,4 @@ def test_document_file_gives_real_next_sentences_and_packing_fills_rows(tmp_path
     packed = json.loads(cli("inspect", folder, "--json").out)
     assert packed["padding_share"] < 0.05 and packed["random_next_share"] is None, packed
     assert "padding" in format_report(packed)
+    assert f"data.pairs false: the config at {tmp_path / 'run' / 'config.yaml'}" in format_report(packed)  # its basis
