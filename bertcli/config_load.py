@@ -119,7 +119,8 @@ def load_yaml(text: str) -> Any:
         raise ValueError(f"over {MAX_CONFIG_BYTES // 1024} KiB, so not a run config (one is a few KiB)")
     # libyaml reads a config in 1.3 ms (Python's parser: 12 ms) but recurses on the C stack, which overflows past ~10^4
     # levels; each level starts at one of ":-[{?". What libyaml refuses, Python's parser reads again: it says why.
-    shallow = CStrictLoader is not None and sum(map(text.count, ":-[{?")) < 1_000
+    # A tab goes to Python's parser too: libyaml takes one after `key:` where Python's refuses it, at any depth.
+    shallow = CStrictLoader is not None and sum(map(text.count, ":-[{?")) < 1_000 and "\t" not in text
     for kind in ([CStrictLoader] if shallow else []) + [StrictLoader]:
         try:
             loader = kind(text)
@@ -185,9 +186,10 @@ class StrictLoader(yaml.SafeLoader):
         return sign * (int(digits, 0) if digits[:2].lower() in ("0x", "0o") else int(digits, 10))
 
 
-# YAML 1.2 core schema numbers: no sexagesimal (`1:30` stays text) or binary; leading zeros are decimal.
+# YAML 1.2's core schema: no sexagesimal (`1:30` is text) or binary; leading zeros decimal; no dates (2024-05-01).
+NOT_RESOLVED = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float", "tag:yaml.org,2002:timestamp")
 StrictLoader.yaml_implicit_resolvers = {
-    first: [(tag, rx) for tag, rx in resolvers if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
+    first: [(tag, rx) for tag, rx in resolvers if tag not in NOT_RESOLVED]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
 YAML_INT = r"^(?:[-+]?[0-9][0-9_]*|0x[0-9a-fA-F_]+|0o[0-7_]+)$"

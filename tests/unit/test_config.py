@@ -397,6 +397,11 @@ def test_libyaml_reads_a_config_as_the_python_parser_does_and_a_deep_one_is_refu
     monkeypatch.undo()
     with pytest.raises(config_load.DuplicateKey):
         config_load.load_yaml("train: {max_steps: 5,\n  max_steps: 6}\n")
+    tab = "train:\n  seed:\t3\n"  # libyaml takes it, Python's parser does not: refused whatever the comments
+    for text in (tab, "# " + "-" * 2_000 + "\n" + tab):
+        with pytest.raises(yaml.scanner.ScannerError, match="cannot start any token"):
+            config_load.load_yaml(text)
+    assert config_load.load_yaml("output_dir: 2024-05-01") == {"output_dir": "2024-05-01"}  # YAML 1.2: no dates
     with pytest.raises(yaml.YAMLError, match="special characters"):  # what libyaml cannot encode: Python's words
         config_load.load_yaml("seed: \udcff")  # (an argument's undecodable byte)
     with pytest.raises(ValueError, match="over 256 KiB"):  # a checkpoint's config has no other cap
