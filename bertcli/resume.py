@@ -367,7 +367,7 @@ def best_of_other_set(output_dir: Path, cfg: Config, now: dict[str, Any] | None)
         other_data = (
             not probe and isinstance(then, dict) and now is not None and then.get("held_out") != now.get("held_out")
         )
-        settings = ["train.seed", "data", "eval"] if probe else HELD_OUT_SETTINGS[:-1]
+        settings = [s for s in HELD_OUT_SETTINGS if s != ("train.eval_examples" if probe else "eval")]
         other_settings = bool(setting_changes(checkpoint.read_config(best), cfg, settings))
         return cfg.train.eval_every > 0 and (other_settings or other_data)
     except (BertcliError, OSError):
